@@ -1,1 +1,17 @@
+//! moor: a control plane for CSI volumes.
+//!
+//! Desired state (volumes, allocations, claims) lives in etcd; independent reconcilers
+//! watch it and converge by calling CSI plugins over gRPC. This crate is the API every
+//! moor process shares.
+//!
+//! # Layout
+//! - [`api`]: the resource types, one file per kind, with their validation, id newtypes,
+//!   access-mode claim rules and redacting wrappers for secrets and mount flags.
+//! - [`store`]: the typed store over the etcd v3 API: get, paginated list, guarded
+//!   writes, watch, leases; every value read is validated and a bad one is an error.
+//! - [`runtime`]: our kube-runtime: watcher, reflector, controller (keyed queue,
+//!   backoff, resync), leader election, metrics.
+//! - [`csi`]: the CSI v1 protocol compiled from `proto/csi.proto`.
+
+pub mod api;
 pub mod csi;

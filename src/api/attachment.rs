@@ -1,0 +1,91 @@
+//! Attachment: a volume controller-published to one node, shared by every claim there.
+//!
+//! Writer: the attacher (the agent hosting the volume's controller plugin).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use super::*;
+
+/// Desired state of an attachment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttachmentSpec {
+    /// The moor volume.
+    #[serde(default)]
+    pub volume: VolumeId,
+    /// The moor node.
+    #[serde(default)]
+    pub node: NodeName,
+    /// The volume's plugin.
+    #[serde(default)]
+    pub plugin_id: PluginId,
+    /// The plugin's id of the volume: what ControllerPublish carries.
+    #[serde(default)]
+    pub external_id: ExternalVolumeId,
+    /// The plugin's id of the node (NodeGetInfo's): what ControllerPublish carries.
+    #[serde(default)]
+    pub csi_node_id: CsiNodeId,
+    /// The capability to publish with.
+    pub capability: VolumeCapability,
+    /// Publish read-only.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Set when no live claim remains on the node: ControllerUnpublish, then delete.
+    #[serde(default)]
+    pub detach: bool,
+}
+
+impl Spec for AttachmentSpec {
+    const KIND: &'static str = "Attachment";
+    const DIR: &'static str = "attachments";
+    const NAMESPACED: bool = true;
+    type Status = AttachmentStatus;
+
+    fn key_suffix(&self, meta: &ObjectMeta) -> String {
+        format!("{}/{}/{}", meta.namespace, self.volume, self.node)
+    }
+
+    fn validate(&self, errors: &mut ValidationErrors) {
+        errors.check_id("volume", self.volume.validate());
+        errors.check_id("node", self.node.validate());
+        errors.check_id("plugin_id", self.plugin_id.validate());
+        errors.check_id("external_id", self.external_id.validate());
+        errors.check_id("csi_node_id", self.csi_node_id.validate());
+    }
+}
+
+/// Where an attachment is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachmentPhase {
+    /// ControllerPublish not yet succeeded.
+    #[default]
+    Pending,
+    /// Published to the node.
+    Attached,
+    /// ControllerUnpublish in progress.
+    Detaching,
+    /// Unpublished; about to be deleted.
+    Detached,
+}
+
+/// Observed state of an attachment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AttachmentStatus {
+    /// Lifecycle phase.
+    #[serde(default)]
+    pub phase: AttachmentPhase,
+    /// ControllerPublish's answer, passed to NodeStage and NodePublish.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub publish_context: BTreeMap<String, String>,
+    /// A ControllerPublish timed out or was cut off: it may have taken effect, so
+    /// ControllerUnpublish is still owed on release.
+    #[serde(default)]
+    pub uncertain: bool,
+    /// Generation, conditions, last error.
+    #[serde(flatten)]
+    pub meta: StatusMeta,
+}
+
+/// An attachment object.
+pub type Attachment = Object<AttachmentSpec>;

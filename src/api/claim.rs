@@ -1,0 +1,182 @@
+//! Claim: one allocation's use of one volume, keyed under its node so an agent watches
+//! only `claims/<its node>/`.
+//!
+//! Writer: the controller (spec and status). It denormalises what the node needs
+//! (external volume id, capability, contexts) so the agent does not read other kinds;
+//! secrets stay on the Volume and are read from there.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use super::*;
+
+/// Desired state of a claim.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClaimSpec {
+    /// The claiming allocation.
+    #[serde(default)]
+    pub allocation: AllocationId,
+    /// The allocation's volume request this claim is for.
+    #[serde(default)]
+    pub request: Name,
+    /// The claimed volume (same namespace).
+    #[serde(default)]
+    pub volume: VolumeId,
+    /// The node the allocation runs on.
+    #[serde(default)]
+    pub node: NodeName,
+    /// The volume's plugin.
+    #[serde(default)]
+    pub plugin_id: PluginId,
+    /// Read or write.
+    #[serde(default)]
+    pub mode: ClaimMode,
+    /// The claim's access mode; absent on claims made before per-claim modes existed,
+    /// which use the volume's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<AccessMode>,
+    /// The claim's attachment mode; absent means the volume's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment_mode: Option<AttachmentMode>,
+    /// Merged mount options (the request's replace the volume's).
+    #[serde(default)]
+    pub mount_options: MountOptions,
+    /// The plugin's id of the volume, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_id: Option<ExternalVolumeId>,
+    /// Volume context from CreateVolume or the volume's spec.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub volume_context: BTreeMap<String, String>,
+    /// ControllerPublish's publish_context, once attached.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub publish_context: BTreeMap<String, String>,
+    /// Set by the controller when the allocation no longer needs the volume.
+    #[serde(default)]
+    pub release: bool,
+}
+
+impl ClaimSpec {
+    /// The capability this claim uses: its own modes, or the volume's first capability
+    /// for what it leaves out.
+    pub fn capability(&self, volume: &VolumeSpec) -> Option<VolumeCapability> {
+        let first = volume.capabilities.first();
+        Some(VolumeCapability {
+            access_mode: self.access_mode.or(first.map(|c| c.access_mode))?,
+            attachment_mode: self.attachment_mode.or(first.map(|c| c.attachment_mode))?,
+        })
+    }
+}
+
+impl Spec for ClaimSpec {
+    const KIND: &'static str = "Claim";
+    const DIR: &'static str = "claims";
+    const NAMESPACED: bool = true;
+    type Status = ClaimStatus;
+
+    fn key_suffix(&self, meta: &ObjectMeta) -> String {
+        format!("{}/{}/{}", self.node, meta.namespace, meta.name)
+    }
+
+    fn validate(&self, errors: &mut ValidationErrors) {
+        errors.check_id("allocation", self.allocation.validate());
+        errors.check_id("request", self.request.validate());
+        errors.check_id("volume", self.volume.validate());
+        errors.check_id("node", self.node.validate());
+        errors.check_id("plugin_id", self.plugin_id.validate());
+        if let Some(ext) = &self.external_id {
+            errors.check_id("external_id", ext.validate());
+        }
+        if let Some(mode) = self.access_mode {
+            if self.mode == ClaimMode::Write && !mode.allows_write() {
+                errors.push("mode", format!("write is not allowed by {mode}"));
+            }
+        }
+    }
+}
+
+/// Where a claim is in its lifecycle.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimPhase {
+    /// Waiting for admission.
+    #[default]
+    Pending,
+    /// Refused; `status.reason` says why. Re-admitted when the blocker goes.
+    Denied,
+    /// Admitted; attaching, staging and publishing.
+    Admitted,
+    /// Published on the node.
+    Published,
+    /// Being torn down.
+    Releasing,
+    /// Torn down; kept as a past claim on the volume.
+    Released,
+}
+
+impl ClaimPhase {
+    /// Whether the claim holds (or may hold) the volume.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            ClaimPhase::Admitted | ClaimPhase::Published | ClaimPhase::Releasing
+        )
+    }
+}
+
+/// Observed state of a claim.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClaimStatus {
+    /// Lifecycle phase.
+    #[serde(default)]
+    pub phase: ClaimPhase,
+    /// Why it is denied or blocked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Generation, conditions, last error.
+    #[serde(flatten)]
+    pub meta: StatusMeta,
+}
+
+/// A claim object.
+pub type Claim = Object<ClaimSpec>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_key_is_under_its_node() {
+        let spec = ClaimSpec {
+            node: NodeName::new("n1").unwrap(),
+            ..Default::default()
+        };
+        let c = Claim::new(
+            &Namespace::default_ns(),
+            Name::new("web-1.data").unwrap(),
+            spec,
+        );
+        assert_eq!(c.key(), "claims/n1/default/web-1.data");
+    }
+
+    #[test]
+    fn old_claims_without_modes_use_the_volume_s() {
+        let vol = VolumeSpec {
+            capabilities: vec![VolumeCapability {
+                access_mode: AccessMode::MultiNodeReaderOnly,
+                attachment_mode: AttachmentMode::FileSystem,
+            }],
+            ..Default::default()
+        };
+        let old: ClaimSpec = serde_json::from_str(r#"{"volume":"v","node":"n"}"#).unwrap();
+        assert_eq!(old.capability(&vol), Some(vol.capabilities[0]));
+        let own = ClaimSpec {
+            access_mode: Some(AccessMode::SingleNodeWriter),
+            ..old.clone()
+        };
+        assert_eq!(
+            own.capability(&vol).unwrap().access_mode,
+            AccessMode::SingleNodeWriter
+        );
+        assert_eq!(old.capability(&VolumeSpec::default()), None);
+    }
+}

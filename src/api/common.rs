@@ -1,0 +1,411 @@
+//! Value types shared by several kinds: sizes, timestamps, redacted secrets and mount
+//! flags, mount options, topology, conditions and validation errors.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+/// A size in bytes. Manifests may write plain bytes (`1073741824`) or units (`1GiB`,
+/// `512 MiB`, `2TiB`, SI `10GB`, `500kB`); it is stored as bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Size(pub u64);
+
+impl Size {
+    /// Parses plain bytes or a number with a unit.
+    pub fn parse(s: &str) -> Result<Size, String> {
+        let t = s.trim();
+        if let Ok(n) = t.parse::<u64>() {
+            return Ok(Size(n));
+        }
+        t.parse::<bytesize::ByteSize>()
+            .map(|b| Size(b.as_u64()))
+            .map_err(|_| format!("{s:?} is not a size (write bytes, or e.g. 512MiB, 1GiB, 10GB)"))
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", bytesize::ByteSize(self.0).display().iec())
+    }
+}
+
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bytes(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bytes(n) => Ok(Size(n)),
+            Raw::Text(s) => Size::parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// A point in time, written as RFC 3339 UTC (`2026-11-21T19:18:00.123Z`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub SystemTime);
+
+impl Timestamp {
+    /// The current time.
+    pub fn now() -> Self {
+        Timestamp(SystemTime::now())
+    }
+    /// Time elapsed since this timestamp (zero if it lies in the future).
+    pub fn elapsed(&self) -> Duration {
+        self.0.elapsed().unwrap_or_default()
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_rfc3339_millis(self.0))
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_rfc3339_weak(&s)
+            .map(Timestamp)
+            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not an RFC 3339 time: {e}")))
+    }
+}
+
+/// Secrets passed to a plugin. Stored as given, but Debug and Display print
+/// `[redacted]`, so a log line or an event cannot leak them by accident.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secrets(BTreeMap<String, String>);
+
+impl Secrets {
+    /// Wraps a map of secrets.
+    pub fn new(map: BTreeMap<String, String>) -> Self {
+        Secrets(map)
+    }
+    /// The secret values, for the one place that needs them: the CSI request.
+    pub fn expose(&self) -> &BTreeMap<String, String> {
+        &self.0
+    }
+    /// Whether there are no secrets.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// A copy with every value replaced by `[redacted]`, for output that shows keys.
+    pub fn redacted(&self) -> Secrets {
+        Secrets(
+            self.0
+                .keys()
+                .map(|k| (k.clone(), REDACTED.to_string()))
+                .collect(),
+        )
+    }
+}
+
+/// What redacted values print as.
+pub const REDACTED: &str = "[redacted]";
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl fmt::Display for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+/// Mount flags. The CSI spec says they MAY carry sensitive information, so Debug and
+/// Display print `[redacted]`.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MountFlags(Vec<String>);
+
+impl MountFlags {
+    /// Wraps a list of flags.
+    pub fn new(flags: Vec<String>) -> Self {
+        MountFlags(flags)
+    }
+    /// The flags, for the one place that needs them: the CSI request.
+    pub fn expose(&self) -> &[String] {
+        &self.0
+    }
+    /// Whether there are no flags.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// A copy with every flag replaced by `[redacted]`, for output.
+    pub fn redacted(&self) -> MountFlags {
+        MountFlags(self.0.iter().map(|_| REDACTED.to_string()).collect())
+    }
+}
+
+impl fmt::Debug for MountFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl fmt::Display for MountFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+/// How a file-system volume is mounted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountOptions {
+    /// Filesystem type, e.g. `ext4`; empty means the plugin's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_type: Option<String>,
+    /// Mount flags (redacted in output).
+    #[serde(default, skip_serializing_if = "MountFlags::is_empty")]
+    pub mount_flags: MountFlags,
+}
+
+impl MountOptions {
+    /// The options a claim uses: each option the request sets replaces the volume's
+    /// (an fs_type, and the whole list of flags when the request gives any).
+    pub fn merge(volume: &MountOptions, request: Option<&MountOptions>) -> MountOptions {
+        let mut merged = volume.clone();
+        if let Some(req) = request {
+            if let Some(fs) = req.fs_type.as_ref().filter(|s| !s.is_empty()) {
+                merged.fs_type = Some(fs.clone());
+            }
+            if !req.mount_flags.is_empty() {
+                merged.mount_flags = req.mount_flags.clone();
+            }
+        }
+        merged
+    }
+}
+
+/// A topology segment map, e.g. `{zone: z1}` (CSI `Topology`).
+pub type Topology = BTreeMap<String, String>;
+
+/// Where a volume to be created must (requisite) or should (preferred) be accessible.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologyRequest {
+    /// The volume must be accessible from one of these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub required: Vec<Topology>,
+    /// Preferred, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferred: Vec<Topology>,
+}
+
+/// One observed condition of an object (Kubernetes-shaped).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    /// What the condition is about, e.g. `Attached`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Whether it holds.
+    pub status: bool,
+    /// A machine-readable reason for the last transition.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// A human-readable message.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When `status` last changed.
+    pub last_transition_time: Timestamp,
+}
+
+/// The fields every status section carries.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusMeta {
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default)]
+    pub observed_generation: i64,
+    /// Observed conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The last error met while reconciling, cleared on success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl StatusMeta {
+    /// Sets a condition, keeping its transition time when its status did not change.
+    pub fn set_condition(&mut self, type_: &str, status: bool, reason: &str, message: &str) {
+        let now = Timestamp::now();
+        match self.conditions.iter_mut().find(|c| c.type_ == type_) {
+            Some(c) => {
+                if c.status != status {
+                    c.last_transition_time = now;
+                }
+                c.status = status;
+                c.reason = reason.to_string();
+                c.message = message.to_string();
+            }
+            None => self.conditions.push(Condition {
+                type_: type_.to_string(),
+                status,
+                reason: reason.to_string(),
+                message: message.to_string(),
+                last_transition_time: now,
+            }),
+        }
+    }
+    /// The condition of that type, if any.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+/// One problem found by validation, at a field path such as `spec.capabilities[0]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The field's path.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// Every problem validation found in one object.
+#[derive(Debug, Clone, PartialEq, Eq, Default, thiserror::Error)]
+#[error("{}", self.0.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; "))]
+pub struct ValidationErrors(pub Vec<FieldError>);
+
+impl ValidationErrors {
+    /// Records a problem.
+    pub fn push(&mut self, field: impl Into<String>, message: impl fmt::Display) {
+        self.0.push(FieldError {
+            field: field.into(),
+            message: message.to_string(),
+        });
+    }
+    /// Records the result of an id check.
+    pub fn check_id(&mut self, field: &str, result: Result<(), super::IdError>) {
+        if let Err(e) = result {
+            self.push(field, e);
+        }
+    }
+    /// Whether no problem was found.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// `Ok` when no problem was found.
+    pub fn into_result(self) -> Result<(), ValidationErrors> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(self)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_accept_bytes_and_units() {
+        let cases = [
+            ("1024", 1024),
+            ("1KiB", 1024),
+            ("1GiB", 1 << 30),
+            ("2 TiB", 2 << 40),
+            ("512MiB", 512 << 20),
+            ("10GB", 10_000_000_000),
+            ("1MB", 1_000_000),
+            ("500kB", 500_000),
+        ];
+        for (text, bytes) in cases {
+            assert_eq!(Size::parse(text), Ok(Size(bytes)), "{text}");
+        }
+        let s: Size = serde_json::from_str("\"1GiB\"").unwrap();
+        assert_eq!(s, Size(1 << 30));
+        let s: Size = serde_json::from_str("42").unwrap();
+        assert_eq!(s, Size(42));
+        assert_eq!(serde_json::to_string(&Size(1 << 30)).unwrap(), "1073741824");
+        assert!(Size::parse("lots").is_err());
+        assert!(serde_json::from_str::<Size>("\"-1GiB\"").is_err());
+    }
+
+    #[test]
+    fn secrets_and_mount_flags_never_print() {
+        let secrets = Secrets::new([("password".into(), "hunter2".into())].into());
+        let flags = MountFlags::new(vec!["password=hunter2".into()]);
+        let opts = MountOptions {
+            fs_type: Some("ext4".into()),
+            mount_flags: flags.clone(),
+        };
+        for text in [
+            format!("{secrets:?}"),
+            format!("{secrets}"),
+            format!("{flags:?}"),
+            format!("{flags}"),
+            format!("{opts:?}"),
+            format!("{:?}", secrets.redacted().expose()),
+            format!("{:?}", flags.redacted().expose()),
+        ] {
+            assert!(!text.contains("hunter2"), "leaked in {text}");
+        }
+        // ...but they are stored as given.
+        assert!(serde_json::to_string(&secrets).unwrap().contains("hunter2"));
+        assert_eq!(flags.expose(), ["password=hunter2"]);
+    }
+
+    #[test]
+    fn request_mount_options_replace_the_volume_s() {
+        let vol = MountOptions {
+            fs_type: Some("ext4".into()),
+            mount_flags: MountFlags::new(vec!["noatime".into()]),
+        };
+        assert_eq!(MountOptions::merge(&vol, None), vol);
+        let req = MountOptions {
+            fs_type: Some("xfs".into()),
+            mount_flags: MountFlags::default(),
+        };
+        let merged = MountOptions::merge(&vol, Some(&req));
+        assert_eq!(merged.fs_type.as_deref(), Some("xfs"));
+        assert_eq!(merged.mount_flags.expose(), ["noatime"]);
+        let req = MountOptions {
+            fs_type: None,
+            mount_flags: MountFlags::new(vec!["ro".into(), "nodev".into()]),
+        };
+        let merged = MountOptions::merge(&vol, Some(&req));
+        assert_eq!(merged.fs_type.as_deref(), Some("ext4"));
+        assert_eq!(merged.mount_flags.expose(), ["ro", "nodev"]);
+    }
+
+    #[test]
+    fn timestamps_round_trip_rfc3339() {
+        let t = Timestamp::now();
+        let json = serde_json::to_string(&t).unwrap();
+        let back: Timestamp = serde_json::from_str(&json).unwrap();
+        let diff = t.0.duration_since(back.0).unwrap_or_default();
+        assert!(diff < Duration::from_millis(1));
+        assert!(serde_json::from_str::<Timestamp>("\"yesterday\"").is_err());
+    }
+
+    #[test]
+    fn conditions_keep_transition_time_when_unchanged() {
+        let mut s = StatusMeta::default();
+        s.set_condition("Ready", false, "Waiting", "");
+        let first = s.condition("Ready").unwrap().last_transition_time;
+        s.set_condition("Ready", false, "StillWaiting", "");
+        assert_eq!(s.condition("Ready").unwrap().last_transition_time, first);
+        assert_eq!(s.condition("Ready").unwrap().reason, "StillWaiting");
+        assert_eq!(s.conditions.len(), 1);
+    }
+}

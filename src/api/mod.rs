@@ -1,0 +1,225 @@
+//! The resource model: one JSON object per etcd key, `{apiVersion, kind, metadata, spec,
+//! status}`, one file per kind with its validation beside it.
+//!
+//! Each part of an object has one writer role (see the kind's docs): spec the user's (or
+//! the controller's, for objects the controller derives), each status section one
+//! reconciler's. The etcd key of an object is derived from its metadata and spec
+//! ([`Spec::key_suffix`]), so an agent can watch only its own node's prefixes.
+
+mod allocation;
+mod attachment;
+mod claim;
+mod common;
+mod event;
+mod ids;
+mod modes;
+mod mount;
+mod node;
+mod plugin;
+mod volume;
+
+pub use allocation::*;
+pub use attachment::*;
+pub use claim::*;
+pub use common::*;
+pub use event::*;
+pub use ids::*;
+pub use modes::*;
+pub use mount::*;
+pub use node::*;
+pub use plugin::*;
+pub use volume::*;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+
+/// The `apiVersion` of every moor object.
+pub const API_VERSION: &str = "moor/v1";
+
+/// What makes a type the spec of a kind: its names, its key layout, its status type and
+/// its validation.
+pub trait Spec:
+    Serialize + DeserializeOwned + Clone + PartialEq + Debug + Send + Sync + 'static
+{
+    /// The kind's name, e.g. `Volume`.
+    const KIND: &'static str;
+    /// The kind's directory under the key prefix, e.g. `volumes`.
+    const DIR: &'static str;
+    /// Whether objects of the kind live in a namespace.
+    const NAMESPACED: bool;
+    /// The kind's status.
+    type Status: Serialize
+        + DeserializeOwned
+        + Clone
+        + Default
+        + PartialEq
+        + Debug
+        + Send
+        + Sync
+        + 'static;
+
+    /// The object's key below `<prefix><DIR>/`, e.g. `default/db-data`.
+    fn key_suffix(&self, meta: &ObjectMeta) -> String {
+        if Self::NAMESPACED {
+            format!("{}/{}", meta.namespace, meta.name)
+        } else {
+            meta.name.to_string()
+        }
+    }
+
+    /// Records every problem of the spec; field paths are relative to `spec.`.
+    fn validate(&self, errors: &mut ValidationErrors);
+}
+
+/// Metadata common to every object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    /// The object's name (the id rule applies).
+    #[serde(default)]
+    pub name: Name,
+    /// The namespace; empty for cluster-wide kinds, `default` when a manifest omits it.
+    #[serde(default, skip_serializing_if = "Namespace::is_empty")]
+    pub namespace: Namespace,
+    /// Set by the store at creation; never reused.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+    /// The etcd `mod_revision` the object was read at; not stored in the value.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resource_version: i64,
+    /// Bumped by the store on every spec change; 1 at creation.
+    #[serde(default)]
+    pub generation: i64,
+    /// When the store created the object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<Timestamp>,
+    /// Labels for selection.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Finalizers hold a deletion until their owners remove them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finalizers: Vec<String>,
+    /// Set when deletion was requested while finalizers remained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_timestamp: Option<Timestamp>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+fn default_api_version() -> String {
+    API_VERSION.to_string()
+}
+
+/// A resource: `{apiVersion, kind, metadata, spec, status}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(bound = "")]
+pub struct Object<S: Spec> {
+    /// Always `moor/v1`.
+    #[serde(rename = "apiVersion", default = "default_api_version")]
+    pub api_version: String,
+    /// The kind's name; filled in when empty.
+    #[serde(default)]
+    pub kind: String,
+    /// Identity and bookkeeping.
+    pub metadata: ObjectMeta,
+    /// Desired state.
+    pub spec: S,
+    /// Observed state.
+    #[serde(default)]
+    pub status: S::Status,
+}
+
+impl<S: Spec> Object<S> {
+    /// A new object with an empty status; `namespace` is ignored for cluster-wide kinds.
+    pub fn new(namespace: &Namespace, name: Name, spec: S) -> Self {
+        let mut obj = Object {
+            api_version: API_VERSION.to_string(),
+            kind: S::KIND.to_string(),
+            metadata: ObjectMeta {
+                name,
+                namespace: namespace.clone(),
+                ..ObjectMeta::default()
+            },
+            spec,
+            status: S::Status::default(),
+        };
+        obj.apply_defaults();
+        obj
+    }
+
+    /// Fills what a manifest may leave out: kind, apiVersion, the `default` namespace.
+    pub fn apply_defaults(&mut self) {
+        if self.kind.is_empty() {
+            self.kind = S::KIND.to_string();
+        }
+        if self.api_version.is_empty() {
+            self.api_version = API_VERSION.to_string();
+        }
+        if S::NAMESPACED && self.metadata.namespace.is_empty() {
+            self.metadata.namespace = Namespace::default_ns();
+        }
+        if !S::NAMESPACED {
+            self.metadata.namespace = Namespace::default();
+        }
+    }
+
+    /// The object's key below the store prefix, e.g. `volumes/default/db-data`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", S::DIR, self.spec.key_suffix(&self.metadata))
+    }
+
+    /// Checks the whole object and reports every problem at once.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut errors = ValidationErrors::default();
+        if self.api_version != API_VERSION {
+            errors.push(
+                "apiVersion",
+                format!("is {:?}; expected {API_VERSION:?}", self.api_version),
+            );
+        }
+        if !self.kind.is_empty() && self.kind != S::KIND {
+            errors.push(
+                "kind",
+                format!("is {:?}; expected {:?}", self.kind, S::KIND),
+            );
+        }
+        errors.check_id("metadata.name", self.metadata.name.validate());
+        if S::NAMESPACED {
+            errors.check_id("metadata.namespace", self.metadata.namespace.validate());
+        } else if !self.metadata.namespace.is_empty() {
+            errors.push(
+                "metadata.namespace",
+                format!("{} objects have no namespace", S::KIND),
+            );
+        }
+        let mut spec_errors = ValidationErrors::default();
+        self.spec.validate(&mut spec_errors);
+        for e in spec_errors.0 {
+            errors.push(format!("spec.{}", e.field), e.message);
+        }
+        errors.into_result()
+    }
+
+    /// Whether deletion was requested (it waits on finalizers).
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+}
+
+/// A status for kinds that have none of their own.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoStatus {}
+
+/// Checks that map keys are snake_case identifiers (event details, labels' keys use this).
+pub(crate) fn check_snake_case(field: &str, key: &str, errors: &mut ValidationErrors) {
+    let ok = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !ok {
+        errors.push(format!("{field}.{key}"), "keys must be snake_case");
+    }
+}

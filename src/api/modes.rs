@@ -1,0 +1,239 @@
+//! Access and attachment modes, and the claim rules that follow from them.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use super::NodeName;
+
+/// How a volume may be shared (CSI `VolumeCapability.AccessMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AccessMode {
+    /// Read-only on one node.
+    SingleNodeReaderOnly,
+    /// Read-write by one writer on one node.
+    SingleNodeWriter,
+    /// Read-only on any number of nodes.
+    MultiNodeReaderOnly,
+    /// One writer, any number of readers, on any number of nodes.
+    MultiNodeSingleWriter,
+    /// Any number of writers on any number of nodes.
+    MultiNodeMultiWriter,
+}
+
+/// How a volume is presented to the workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttachmentMode {
+    /// A mounted filesystem (CSI `MountVolume`).
+    FileSystem,
+    /// A raw block device (CSI `BlockVolume`).
+    BlockDevice,
+}
+
+/// Whether a claim reads or writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClaimMode {
+    /// Published read-only (the default: nothing writes unless it asks to).
+    #[default]
+    Read,
+    /// Published read-write.
+    Write,
+}
+
+/// Why a claim cannot be granted beside the claims that already hold the volume.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimDenied {
+    /// A writer asked for a mode that only reads.
+    #[error("access mode {0} is read-only; a write claim is not allowed")]
+    ReadOnlyMode(AccessMode),
+    /// A single-node mode already in use on another node.
+    #[error("access mode {mode} allows one node and the volume is in use on node {node}")]
+    OtherNode {
+        /// The volume's mode.
+        mode: AccessMode,
+        /// The node that holds the volume.
+        node: NodeName,
+    },
+    /// A single-writer mode that already has its writer.
+    #[error("access mode {0} allows one writer and the volume already has one")]
+    WriterTaken(AccessMode),
+}
+
+impl AccessMode {
+    /// Every mode, in the order the CSI spec numbers them.
+    pub const ALL: [AccessMode; 5] = [
+        AccessMode::SingleNodeWriter,
+        AccessMode::SingleNodeReaderOnly,
+        AccessMode::MultiNodeReaderOnly,
+        AccessMode::MultiNodeSingleWriter,
+        AccessMode::MultiNodeMultiWriter,
+    ];
+
+    /// The mode as it is written in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::SingleNodeReaderOnly => "single-node-reader-only",
+            AccessMode::SingleNodeWriter => "single-node-writer",
+            AccessMode::MultiNodeReaderOnly => "multi-node-reader-only",
+            AccessMode::MultiNodeSingleWriter => "multi-node-single-writer",
+            AccessMode::MultiNodeMultiWriter => "multi-node-multi-writer",
+        }
+    }
+
+    /// Whether every claim must be on one node.
+    pub fn is_single_node(self) -> bool {
+        matches!(
+            self,
+            AccessMode::SingleNodeReaderOnly | AccessMode::SingleNodeWriter
+        )
+    }
+
+    /// Whether a claim may write.
+    pub fn allows_write(self) -> bool {
+        !matches!(
+            self,
+            AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly
+        )
+    }
+
+    /// Whether at most one claim may write.
+    pub fn single_writer(self) -> bool {
+        matches!(
+            self,
+            AccessMode::SingleNodeWriter | AccessMode::MultiNodeSingleWriter
+        )
+    }
+
+    /// The claim rules: may a claim `(node, mode)` join the `existing` live claims
+    /// `(node, mode)` of a volume used in this access mode?
+    ///
+    /// Every mode admits readers; the single-node modes keep all claims on one node; the
+    /// single-writer modes admit one writer; the reader-only modes admit none.
+    pub fn admit<'a>(
+        self,
+        node: &NodeName,
+        mode: ClaimMode,
+        existing: impl IntoIterator<Item = (&'a NodeName, ClaimMode)>,
+    ) -> Result<(), ClaimDenied> {
+        if mode == ClaimMode::Write && !self.allows_write() {
+            return Err(ClaimDenied::ReadOnlyMode(self));
+        }
+        for (other_node, other_mode) in existing {
+            if self.is_single_node() && other_node != node {
+                return Err(ClaimDenied::OtherNode {
+                    mode: self,
+                    node: other_node.clone(),
+                });
+            }
+            if self.single_writer() && mode == ClaimMode::Write && other_mode == ClaimMode::Write {
+                return Err(ClaimDenied::WriterTaken(self));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for AccessMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl AttachmentMode {
+    /// The mode as it is written in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachmentMode::FileSystem => "file-system",
+            AttachmentMode::BlockDevice => "block-device",
+        }
+    }
+}
+
+impl fmt::Display for AttachmentMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for ClaimMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ClaimMode::Read => "read",
+            ClaimMode::Write => "write",
+        })
+    }
+}
+
+/// One way a volume can be used: an access mode with an attachment mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct VolumeCapability {
+    /// How the volume may be shared.
+    pub access_mode: AccessMode,
+    /// How it is presented.
+    pub attachment_mode: AttachmentMode,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use AccessMode::*;
+    use ClaimMode::*;
+
+    fn n(s: &str) -> NodeName {
+        NodeName::new(s).unwrap()
+    }
+
+    #[test]
+    fn modes_serialise_as_kebab_case() {
+        for m in AccessMode::ALL {
+            let json = serde_json::to_string(&m).unwrap();
+            assert_eq!(json, format!("\"{}\"", m.as_str()));
+            assert_eq!(serde_json::from_str::<AccessMode>(&json).unwrap(), m);
+        }
+        assert!(serde_json::from_str::<AccessMode>("\"single-node\"").is_err());
+    }
+
+    #[test]
+    fn single_node_modes_deny_a_second_node() {
+        let (a, b) = (n("a"), n("b"));
+        for mode in [SingleNodeReaderOnly, SingleNodeWriter] {
+            assert!(mode.admit(&a, Read, [(&a, Read)]).is_ok());
+            assert!(matches!(
+                mode.admit(&b, Read, [(&a, Read)]),
+                Err(ClaimDenied::OtherNode { .. })
+            ));
+        }
+        assert!(MultiNodeReaderOnly.admit(&b, Read, [(&a, Read)]).is_ok());
+    }
+
+    #[test]
+    fn single_writer_modes_deny_a_second_writer_but_admit_readers() {
+        let (a, b) = (n("a"), n("b"));
+        assert_eq!(
+            SingleNodeWriter.admit(&a, Write, [(&a, Write)]),
+            Err(ClaimDenied::WriterTaken(SingleNodeWriter))
+        );
+        assert!(SingleNodeWriter.admit(&a, Read, [(&a, Write)]).is_ok());
+        assert_eq!(
+            MultiNodeSingleWriter.admit(&b, Write, [(&a, Write)]),
+            Err(ClaimDenied::WriterTaken(MultiNodeSingleWriter))
+        );
+        assert!(MultiNodeSingleWriter.admit(&b, Write, [(&a, Read)]).is_ok());
+        assert!(MultiNodeMultiWriter
+            .admit(&b, Write, [(&a, Write), (&b, Write)])
+            .is_ok());
+    }
+
+    #[test]
+    fn reader_only_modes_deny_writers() {
+        let a = n("a");
+        for mode in [SingleNodeReaderOnly, MultiNodeReaderOnly] {
+            assert_eq!(
+                mode.admit(&a, Write, []),
+                Err(ClaimDenied::ReadOnlyMode(mode))
+            );
+        }
+    }
+}

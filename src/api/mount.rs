@@ -1,0 +1,74 @@
+//! Mount: the node-side observed state of one claim (staged, published, paths).
+//!
+//! Writer: the agent of the node.
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// What is mounted for a claim, and where.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MountSpec {
+    /// The claim this mount serves (same namespace).
+    #[serde(default)]
+    pub claim: Name,
+    /// The claiming allocation.
+    #[serde(default)]
+    pub allocation: AllocationId,
+    /// The moor volume.
+    #[serde(default)]
+    pub volume: VolumeId,
+    /// The node.
+    #[serde(default)]
+    pub node: NodeName,
+    /// Host path of the staging directory, when the plugin stages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging_path: Option<String>,
+    /// Host path the volume is published at.
+    #[serde(default)]
+    pub target_path: String,
+}
+
+impl Spec for MountSpec {
+    const KIND: &'static str = "Mount";
+    const DIR: &'static str = "mounts";
+    const NAMESPACED: bool = true;
+    type Status = MountStatus;
+
+    fn key_suffix(&self, meta: &ObjectMeta) -> String {
+        format!("{}/{}/{}", self.node, meta.namespace, self.claim)
+    }
+
+    fn validate(&self, errors: &mut ValidationErrors) {
+        errors.check_id("claim", self.claim.validate());
+        errors.check_id("allocation", self.allocation.validate());
+        errors.check_id("volume", self.volume.validate());
+        errors.check_id("node", self.node.validate());
+        if self.target_path.is_empty() {
+            errors.push("target_path", "is required");
+        }
+    }
+}
+
+/// Observed node-side state of a claim.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MountStatus {
+    /// NodeStage succeeded (or may have: see `stage_uncertain`).
+    #[serde(default)]
+    pub staged: bool,
+    /// NodeStage timed out or was cut off; NodeUnstage is owed on release.
+    #[serde(default)]
+    pub stage_uncertain: bool,
+    /// NodePublish succeeded.
+    #[serde(default)]
+    pub published: bool,
+    /// NodePublish timed out or was cut off; NodeUnpublish is owed on release.
+    #[serde(default)]
+    pub publish_uncertain: bool,
+    /// Generation, conditions, last error.
+    #[serde(flatten)]
+    pub meta: StatusMeta,
+}
+
+/// A mount object.
+pub type Mount = Object<MountSpec>;

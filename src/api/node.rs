@@ -1,0 +1,98 @@
+//! Node: a machine running `moord agent`, with the CSI plugins it supervises.
+//!
+//! Writer: the agent of the node. Its liveness is a separate key bound to a lease.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+
+/// Which CSI services a plugin instance provides.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PluginType {
+    /// Node service only.
+    #[default]
+    Node,
+    /// Controller service only.
+    Controller,
+    /// Both.
+    Monolith,
+}
+
+/// What a plugin reported of its capabilities, by CSI enum name
+/// (e.g. `PUBLISH_UNPUBLISH_VOLUME`, `STAGE_UNSTAGE_VOLUME`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginCapabilities {
+    /// GetPluginCapabilities' service and expansion capabilities.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub plugin: BTreeSet<String>,
+    /// ControllerGetCapabilities' RPC capabilities.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub controller: BTreeSet<String>,
+    /// NodeGetCapabilities' RPC capabilities.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub node: BTreeSet<String>,
+}
+
+/// One plugin as its node's agent observes it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodePluginStatus {
+    /// Which services this instance provides.
+    #[serde(default)]
+    pub plugin_type: PluginType,
+    /// Probe succeeded and reported ready.
+    #[serde(default)]
+    pub healthy: bool,
+    /// Why it is unhealthy.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub health_message: String,
+    /// GetPluginInfo's name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provider: String,
+    /// GetPluginInfo's vendor_version.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// Reported capabilities.
+    #[serde(default)]
+    pub capabilities: PluginCapabilities,
+    /// NodeGetInfo's node_id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csi_node_id: Option<CsiNodeId>,
+    /// NodeGetInfo's max_volumes_per_node; absent means no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_volumes_per_node: Option<u64>,
+    /// NodeGetInfo's accessible topology.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
+    /// When the plugin was last fingerprinted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<Timestamp>,
+}
+
+/// Desired state of a node: nothing yet (agents register themselves).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeSpec {}
+
+impl Spec for NodeSpec {
+    const KIND: &'static str = "Node";
+    const DIR: &'static str = "nodes";
+    const NAMESPACED: bool = false;
+    type Status = NodeStatus;
+
+    fn validate(&self, _errors: &mut ValidationErrors) {}
+}
+
+/// Observed state of a node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// Each supervised plugin by id.
+    #[serde(default)]
+    pub plugins: BTreeMap<PluginId, NodePluginStatus>,
+    /// Generation, conditions, last error.
+    #[serde(flatten)]
+    pub meta: StatusMeta,
+}
+
+/// A node object.
+pub type Node = Object<NodeSpec>;

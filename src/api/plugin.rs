@@ -1,0 +1,52 @@
+//! Plugin: the cluster-wide view of one CSI plugin id, aggregated from the nodes.
+//!
+//! Writer: the controller.
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// Desired state of a plugin: nothing (plugins are discovered on nodes).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PluginSpec {}
+
+impl Spec for PluginSpec {
+    const KIND: &'static str = "Plugin";
+    const DIR: &'static str = "plugins";
+    const NAMESPACED: bool = false;
+    type Status = PluginStatus;
+
+    fn validate(&self, _errors: &mut ValidationErrors) {}
+}
+
+/// Aggregated state of a plugin (the columns of `moorctl plugin status`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PluginStatus {
+    /// GetPluginInfo's name.
+    #[serde(default)]
+    pub provider: String,
+    /// GetPluginInfo's vendor_version.
+    #[serde(default)]
+    pub version: String,
+    /// Whether volumes need ControllerPublish (PUBLISH_UNPUBLISH_VOLUME).
+    #[serde(default)]
+    pub controller_required: bool,
+    /// Healthy controller instances.
+    #[serde(default)]
+    pub controllers_healthy: u32,
+    /// All controller instances.
+    #[serde(default)]
+    pub controllers_expected: u32,
+    /// Healthy node instances.
+    #[serde(default)]
+    pub nodes_healthy: u32,
+    /// All node instances.
+    #[serde(default)]
+    pub nodes_expected: u32,
+    /// Generation, conditions, last error.
+    #[serde(flatten)]
+    pub meta: StatusMeta,
+}
+
+/// A plugin object.
+pub type Plugin = Object<PluginSpec>;

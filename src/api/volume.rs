@@ -1,0 +1,280 @@
+//! Volume: a CSI volume that moor registers (`external_id`) or creates (creation params).
+//!
+//! Writers: the user owns `spec`; the provisioner owns `status.provisioning`; the
+//! controller owns `status.claims`. Each writes its own section with compare-and-swap.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use super::*;
+
+/// Desired state of a volume.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VolumeSpec {
+    /// The CSI plugin that serves the volume.
+    #[serde(default)]
+    pub plugin_id: PluginId,
+    /// Registers a volume that already exists in the storage system.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_id: Option<ExternalVolumeId>,
+    /// Smallest acceptable capacity when creating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_min: Option<Size>,
+    /// Largest acceptable capacity when creating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_max: Option<Size>,
+    /// The ways the volume may be used; a claim picks one.
+    #[serde(default)]
+    pub capabilities: Vec<VolumeCapability>,
+    /// Default mount options; a claim's request replaces them field by field.
+    #[serde(default)]
+    pub mount_options: MountOptions,
+    /// Plugin parameters for CreateVolume.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parameters: BTreeMap<String, String>,
+    /// Secrets passed to the plugin's calls (redacted in output).
+    #[serde(default, skip_serializing_if = "Secrets::is_empty")]
+    pub secrets: Secrets,
+    /// Volume context for a registered volume (CreateVolume returns it otherwise).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub context: BTreeMap<String, String>,
+    /// Create from a snapshot or clone another volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<VolumeSource>,
+    /// Where a created volume must or should be accessible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_request: Option<TopologyRequest>,
+}
+
+/// Content to create a volume from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VolumeSource {
+    /// The plugin's id of a snapshot.
+    Snapshot(String),
+    /// Another moor volume (in the same namespace) to clone.
+    Volume(VolumeId),
+}
+
+impl VolumeSpec {
+    /// Whether the volume is registered (exists already) rather than created by moor.
+    pub fn is_registration(&self) -> bool {
+        self.external_id.is_some()
+    }
+
+    /// Whether the volume offers a capability.
+    pub fn offers(&self, cap: &VolumeCapability) -> bool {
+        self.capabilities.contains(cap)
+    }
+}
+
+impl Spec for VolumeSpec {
+    const KIND: &'static str = "Volume";
+    const DIR: &'static str = "volumes";
+    const NAMESPACED: bool = true;
+    type Status = VolumeStatus;
+
+    fn validate(&self, errors: &mut ValidationErrors) {
+        errors.check_id("plugin_id", self.plugin_id.validate());
+        if self.capabilities.is_empty() {
+            errors.push(
+                "capabilities",
+                "at least one {access_mode, attachment_mode} is required",
+            );
+        }
+        for (i, cap) in self.capabilities.iter().enumerate() {
+            if self.capabilities[..i].contains(cap) {
+                errors.push(format!("capabilities[{i}]"), "is listed twice");
+            }
+        }
+        if let (Some(min), Some(max)) = (self.capacity_min, self.capacity_max) {
+            if max < min {
+                errors.push(
+                    "capacity_max",
+                    format!("{max} is less than capacity_min {min}"),
+                );
+            }
+        }
+        if let Some(ext) = &self.external_id {
+            errors.check_id("external_id", ext.validate());
+            let creation = [
+                ("capacity_min", self.capacity_min.is_some()),
+                ("capacity_max", self.capacity_max.is_some()),
+                ("source", self.source.is_some()),
+                ("topology_request", self.topology_request.is_some()),
+                ("parameters", !self.parameters.is_empty()),
+            ];
+            for (field, set) in creation {
+                if set {
+                    errors.push(
+                        field,
+                        "is a creation parameter; a volume registered by external_id is not created",
+                    );
+                }
+            }
+        }
+        if let Some(VolumeSource::Volume(id)) = &self.source {
+            errors.check_id("source.volume", id.validate());
+        }
+        if let Some(VolumeSource::Snapshot(id)) = &self.source {
+            if id.is_empty() {
+                errors.push("source.snapshot", "is required");
+            }
+        }
+    }
+}
+
+/// Observed state of a volume: one section per writer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VolumeStatus {
+    /// Written by the provisioner.
+    #[serde(default)]
+    pub provisioning: ProvisioningStatus,
+    /// Written by the controller.
+    #[serde(default)]
+    pub claims: VolumeClaimsStatus,
+}
+
+/// Where a volume is in its life in the storage system.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VolumePhase {
+    /// Not yet created or registered.
+    #[default]
+    Pending,
+    /// CreateVolume in progress.
+    Creating,
+    /// Exists and can be claimed.
+    Ready,
+    /// DeleteVolume in progress.
+    Deleting,
+    /// Creation failed with a final error.
+    Failed,
+}
+
+/// The provisioner's section of a volume's status.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProvisioningStatus {
+    /// Lifecycle phase.
+    #[serde(default)]
+    pub phase: VolumePhase,
+    /// The plugin's id of the volume (CreateVolume's answer, or the spec's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_id: Option<ExternalVolumeId>,
+    /// Capacity the plugin reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
+    /// Volume context the plugin returned.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub volume_context: BTreeMap<String, String>,
+    /// Where the volume is accessible from; empty means everywhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accessible_topology: Vec<Topology>,
+    /// Generation, conditions, last error.
+    #[serde(flatten)]
+    pub meta: StatusMeta,
+}
+
+/// A claim as a volume lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRef {
+    /// The claiming allocation.
+    pub allocation: AllocationId,
+    /// The claim object's name.
+    pub claim: Name,
+    /// Where it is used.
+    pub node: NodeName,
+    /// Read or write.
+    pub mode: ClaimMode,
+}
+
+/// The controller's section of a volume's status.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VolumeClaimsStatus {
+    /// Whether a new claim could be placed (plugin healthy, volume ready).
+    #[serde(default)]
+    pub schedulable: bool,
+    /// Live read claims.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_claims: Vec<ClaimRef>,
+    /// Live write claims.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub write_claims: Vec<ClaimRef>,
+    /// Released claims, most recent last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub past_claims: Vec<ClaimRef>,
+    /// Generation, conditions, last error.
+    #[serde(flatten)]
+    pub meta: StatusMeta,
+}
+
+/// A volume object.
+pub type Volume = Object<VolumeSpec>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn design_example_parses_and_validates() {
+        let json = r#"{
+            "apiVersion": "moor/v1", "kind": "Volume",
+            "metadata": {"name": "db-data", "namespace": "default"},
+            "spec": {
+                "plugin_id": "hostpath.moor.dev",
+                "capacity_min": "1GiB", "capacity_max": "2GiB",
+                "capabilities": [{"access_mode": "single-node-writer", "attachment_mode": "file-system"}],
+                "mount_options": {"fs_type": "ext4", "mount_flags": ["noatime"]},
+                "parameters": {}, "secrets": {}
+            }}"#;
+        let v: Volume = serde_json::from_str(json).unwrap();
+        v.validate().unwrap();
+        assert_eq!(v.spec.capacity_min, Some(Size(1 << 30)));
+        assert_eq!(v.key(), "volumes/default/db-data");
+        assert!(!v.spec.is_registration());
+    }
+
+    #[test]
+    fn validation_reports_every_problem_at_once() {
+        let json = r#"{"kind": "Volume", "metadata": {"name": "", "namespace": "a/b"},
+            "spec": {"external_id": "", "capacity_min": "2GiB", "capacity_max": "1GiB"}}"#;
+        let v: Volume = serde_json::from_str(json).unwrap();
+        let errs = v.validate().unwrap_err();
+        let fields: Vec<&str> = errs.0.iter().map(|e| e.field.as_str()).collect();
+        for f in [
+            "metadata.name",
+            "metadata.namespace",
+            "spec.plugin_id",
+            "spec.capabilities",
+            "spec.capacity_max",
+            "spec.external_id",
+            "spec.capacity_min",
+        ] {
+            assert!(fields.contains(&f), "{f} missing from {errs}");
+        }
+    }
+
+    #[test]
+    fn namespace_defaults_and_wrong_kind_is_reported() {
+        let json = r#"{"kind": "Allocation", "metadata": {"name": "x"},
+            "spec": {"plugin_id": "p", "capabilities": [{"access_mode": "multi-node-reader-only", "attachment_mode": "block-device"}]}}"#;
+        let mut v: Volume = serde_json::from_str(json).unwrap();
+        v.apply_defaults();
+        assert_eq!(v.metadata.namespace.as_str(), "default");
+        let errs = v.validate().unwrap_err();
+        assert_eq!(errs.0.len(), 1);
+        assert_eq!(errs.0[0].field, "kind");
+    }
+
+    #[test]
+    fn secrets_are_stored_but_never_debug_printed() {
+        let mut spec = VolumeSpec {
+            plugin_id: PluginId::new("p").unwrap(),
+            ..Default::default()
+        };
+        spec.secrets = Secrets::new([("token".into(), "s3cr3t".into())].into());
+        let v = Volume::new(&Namespace::default_ns(), Name::new("v").unwrap(), spec);
+        assert!(!format!("{v:?}").contains("s3cr3t"));
+        assert!(serde_json::to_string(&v).unwrap().contains("s3cr3t"));
+    }
+}
