@@ -14,4 +14,5 @@
 //! - [`csi`]: the CSI v1 protocol compiled from `proto/csi.proto`.
 
 pub mod api;
+pub mod store;
 pub mod csi;

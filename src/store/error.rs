@@ -1,0 +1,118 @@
+//! The store's error type: every etcd failure classified so callers can match on cause.
+
+use crate::api::ValidationErrors;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No object at that key.
+    #[error("{key} not found")]
+    NotFound {
+        /// The key below the prefix.
+        key: String,
+    },
+    /// Create of a key that exists.
+    #[error("{key} already exists")]
+    AlreadyExists {
+        /// The key below the prefix.
+        key: String,
+    },
+    /// The object changed (or was deleted) since the revision the write was based on.
+    #[error("conflict on {key}: it is no longer at revision {expected}")]
+    Conflict {
+        /// The key below the prefix.
+        key: String,
+        /// The resource_version the write expected.
+        expected: i64,
+    },
+    /// A read or watch asked for a revision etcd has compacted away.
+    #[error("revision {requested} has been compacted (oldest kept: {compact_revision})")]
+    Compacted {
+        /// The revision asked for.
+        requested: i64,
+        /// The oldest revision etcd still has.
+        compact_revision: i64,
+    },
+    /// etcd could not be reached or did not answer in time; retry.
+    #[error("etcd is unavailable")]
+    Unavailable(#[source] etcd_client::Error),
+    /// A value under a moor key that is not a valid object of its kind.
+    #[error("malformed value at {key}")]
+    Malformed {
+        /// The key below the prefix.
+        key: String,
+        /// What is wrong with it.
+        #[source]
+        cause: MalformedCause,
+    },
+    /// An object that fails validation was not written.
+    #[error("refusing to write an invalid {kind}")]
+    Invalid {
+        /// The kind.
+        kind: &'static str,
+        /// Every problem found.
+        #[source]
+        errors: ValidationErrors,
+    },
+    /// A fenced write whose leadership is gone: the fence key changed.
+    #[error("not the leader any more: fence {fence_key} changed")]
+    Deposed {
+        /// The leader key the writes were fenced on.
+        fence_key: String,
+    },
+    /// A lease that etcd does not know (expired or revoked).
+    #[error("lease {0:x} has expired or been revoked")]
+    LeaseGone(i64),
+    /// Any other failure etcd reported.
+    #[error("etcd request failed")]
+    Etcd(#[source] etcd_client::Error),
+}
+
+/// What is wrong with a malformed value.
+#[derive(Debug, thiserror::Error)]
+pub enum MalformedCause {
+    /// Not JSON of the kind's shape.
+    #[error("not a valid JSON object of this kind")]
+    Json(#[source] serde_json::Error),
+    /// Well-formed but invalid.
+    #[error("invalid object")]
+    Invalid(#[source] ValidationErrors),
+    /// The object names itself differently from the key it is stored at.
+    #[error("object belongs at {actual}")]
+    WrongKey {
+        /// Where its metadata and spec place it.
+        actual: String,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying the same request later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+
+    /// Classifies an etcd client error.
+    pub(crate) fn from_etcd(e: etcd_client::Error) -> StoreError {
+        use etcd_client::Error as E;
+        use tonic::Code;
+        match &e {
+            E::TransportError(_) | E::IoError(_) => StoreError::Unavailable(e),
+            E::GRpcStatus(s) => match s.code() {
+                Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Aborted
+                | Code::ResourceExhausted
+                | Code::Unknown => StoreError::Unavailable(e),
+                Code::OutOfRange if s.message().contains("compacted") => StoreError::Compacted {
+                    requested: 0,
+                    compact_revision: 0,
+                },
+                Code::NotFound if s.message().contains("lease") => StoreError::LeaseGone(0),
+                _ => StoreError::Etcd(e),
+            },
+            E::WatchError(_) | E::LeaseKeepAliveError(_) => StoreError::Unavailable(e),
+            _ => StoreError::Etcd(e),
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Test scaffolding shared by the integration tests: a real etcd process on free
+//! loopback ports with a temporary data directory, stopped when dropped.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use moor::store::Store;
+
+/// A real etcd server owned by one test.
+pub struct Etcd {
+    pub client_url: String,
+    peer_url: String,
+    data_dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    l.local_addr().expect("local addr").port()
+}
+
+impl Etcd {
+    /// Starts etcd and waits until it answers.
+    pub async fn start() -> Etcd {
+        let mut last_error = String::new();
+        for _ in 0..3 {
+            let mut etcd = Etcd {
+                client_url: format!("http://127.0.0.1:{}", free_port()),
+                peer_url: format!("http://127.0.0.1:{}", free_port()),
+                data_dir: tempfile::tempdir().expect("temp dir"),
+                child: None,
+            };
+            match etcd.spawn().await {
+                Ok(()) => return etcd,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("etcd did not start: {last_error}");
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.data_dir.path().join("etcd.log")
+    }
+
+    async fn spawn(&mut self) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .map_err(|e| e.to_string())?;
+        let child = Command::new("etcd")
+            .arg("--name=test")
+            .arg(format!("--data-dir={}", self.data_dir.path().join("data").display()))
+            .arg(format!("--listen-client-urls={}", self.client_url))
+            .arg(format!("--advertise-client-urls={}", self.client_url))
+            .arg(format!("--listen-peer-urls={}", self.peer_url))
+            .arg(format!("--initial-advertise-peer-urls={}", self.peer_url))
+            .arg(format!("--initial-cluster=test={}", self.peer_url))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| format!("cannot run etcd (is etcd-server installed?): {e}"))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+                return Err(format!("etcd exited with {status}: {}", tail(&log)));
+            }
+            if let Ok(mut client) = etcd_client::Client::connect([&self.client_url], None).await {
+                if client.get("health-check", None).await.is_ok() {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.kill();
+        Err("etcd did not answer within 30 s".into())
+    }
+
+    /// Kills etcd with SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts etcd again on the same ports and data.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await.expect("etcd restarts");
+    }
+
+    /// A store on this etcd under a prefix.
+    pub async fn store(&self, prefix: &str) -> Store {
+        Store::connect(&[self.client_url.clone()], prefix)
+            .await
+            .expect("connect to etcd")
+    }
+
+    /// A raw client, for writing what moor never would (garbage values).
+    pub async fn raw_client(&self) -> etcd_client::Client {
+        etcd_client::Client::connect([&self.client_url], None)
+            .await
+            .expect("connect to etcd")
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn tail(s: &str) -> &str {
+    let start = s.len().saturating_sub(2000);
+    let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
+    &s[start..]
+}
+
+/// Waits for `cond` to hold, polling, or panics with `what` after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub mod fixtures {
+    use moor::api::*;
+
+    pub fn volume(name: &str) -> Volume {
+        let spec = VolumeSpec {
+            plugin_id: PluginId::new("hostpath.moor.dev").unwrap(),
+            capacity_min: Some(Size(1 << 30)),
+            capabilities: vec![VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            }],
+            ..Default::default()
+        };
+        Volume::new(&Namespace::default_ns(), Name::new(name).unwrap(), spec)
+    }
+}

@@ -1,0 +1,244 @@
+//! The typed store against a real etcd.
+
+mod common;
+
+use common::{fixtures::volume, Etcd};
+use moor::api::*;
+use moor::store::{Deleted, Fence, MalformedCause, StoreError};
+use std::time::Duration;
+
+#[tokio::test]
+async fn create_get_and_create_again() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    let created = store.create(&volume("v1")).await.unwrap();
+    assert!(created.metadata.resource_version > 0);
+    assert_eq!(created.metadata.generation, 1);
+    assert!(!created.metadata.uid.is_empty());
+    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    assert_eq!(read, created);
+    assert!(matches!(
+        store.create(&volume("v1")).await,
+        Err(StoreError::AlreadyExists { key }) if key == "volumes/default/v1"
+    ));
+    assert!(matches!(
+        store.get::<VolumeSpec>("default/nope").await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
+async fn invalid_objects_are_not_written() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    let mut v = volume("v1");
+    v.spec.capabilities.clear();
+    assert!(matches!(
+        store.create(&v).await,
+        Err(StoreError::Invalid { kind: "Volume", .. })
+    ));
+    assert!(store.try_get::<VolumeSpec>("default/v1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn update_bumps_generation_on_spec_change_and_keeps_status() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    let v = store.create(&volume("v1")).await.unwrap();
+
+    let mut with_status = v.clone();
+    with_status.status.provisioning.phase = VolumePhase::Ready;
+    let v = store.replace_status(&with_status).await.unwrap();
+    assert_eq!(v.metadata.generation, 1, "a status write is not a spec change");
+
+    let mut labelled = v.clone();
+    labelled.metadata.labels.insert("tier".into(), "db".into());
+    labelled.status = VolumeStatus::default(); // a spec writer's stale status is ignored
+    let v = store.replace(&labelled).await.unwrap();
+    assert_eq!(v.metadata.generation, 1);
+    assert_eq!(v.status.provisioning.phase, VolumePhase::Ready);
+
+    let mut bigger = v.clone();
+    bigger.spec.capacity_max = Some(Size(2 << 30));
+    let v = store.replace(&bigger).await.unwrap();
+    assert_eq!(v.metadata.generation, 2);
+    assert_eq!(v.status.provisioning.phase, VolumePhase::Ready);
+    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    assert_eq!(read.spec.capacity_max, Some(Size(2 << 30)));
+    assert_eq!(read.metadata.resource_version, v.metadata.resource_version);
+}
+
+#[tokio::test]
+async fn conflicting_update_is_a_conflict_and_loses_nothing() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    let v = store.create(&volume("v1")).await.unwrap();
+    let (mut a, mut b) = (v.clone(), v.clone());
+    a.spec.capacity_max = Some(Size(5 << 30));
+    b.spec.capacity_max = Some(Size(9 << 30));
+    store.replace(&a).await.unwrap();
+    let err = store.replace(&b).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Conflict { key, expected } if key == "volumes/default/v1" && *expected == v.metadata.resource_version),
+        "{err:?}"
+    );
+    // The same for a status writer working from a stale read.
+    b.status.provisioning.phase = VolumePhase::Failed;
+    assert!(matches!(
+        store.replace_status(&b).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    assert_eq!(read.spec.capacity_max, Some(Size(5 << 30)));
+    assert_eq!(read.status.provisioning.phase, VolumePhase::Pending);
+}
+
+#[tokio::test]
+async fn section_writers_both_land_through_modify_status() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    store.create(&volume("v1")).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            store
+                .modify_status::<VolumeSpec>("default/v1", |_, status| {
+                    status.claims.past_claims.push(ClaimRef {
+                        allocation: AllocationId::new(format!("a{i}")).unwrap(),
+                        claim: Name::new(format!("c{i}")).unwrap(),
+                        node: NodeName::new("n").unwrap(),
+                        mode: ClaimMode::Read,
+                    });
+                    true
+                })
+                .await
+                .unwrap();
+        }));
+    }
+    store
+        .modify_status::<VolumeSpec>("default/v1", |_, status| {
+            status.provisioning.phase = VolumePhase::Ready;
+            true
+        })
+        .await
+        .unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    assert_eq!(read.status.claims.past_claims.len(), 8, "a concurrent write was lost");
+    assert_eq!(read.status.provisioning.phase, VolumePhase::Ready);
+}
+
+#[tokio::test]
+async fn delete_honours_precondition_and_finalizers() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    let v = store.create(&volume("v1")).await.unwrap();
+    assert!(matches!(
+        store.delete::<VolumeSpec>("default/v1", Some(v.metadata.resource_version - 1)).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert!(matches!(
+        store.delete::<VolumeSpec>("default/v1", Some(v.metadata.resource_version)).await,
+        Ok(Deleted::Gone)
+    ));
+    assert!(store.try_get::<VolumeSpec>("default/v1").await.unwrap().is_none());
+
+    let mut held = volume("v2");
+    held.metadata.finalizers.push("moor.dev/provisioner".into());
+    store.create(&held).await.unwrap();
+    let Deleted::Finalizing(marked) = store.delete::<VolumeSpec>("default/v2", None).await.unwrap()
+    else {
+        panic!("deleted despite a finalizer");
+    };
+    assert!(marked.is_deleting());
+    let mut released = store.get::<VolumeSpec>("default/v2").await.unwrap();
+    assert!(released.is_deleting());
+    released.metadata.finalizers.clear();
+    store.replace(&released).await.unwrap();
+    assert!(store.try_get::<VolumeSpec>("default/v2").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn list_pages_through_every_key_and_reports_malformed_ones() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await.with_page_size(7);
+    for i in 0..50 {
+        store.create(&volume(&format!("v{i:02}"))).await.unwrap();
+    }
+    let mut raw = etcd.raw_client().await;
+    raw.put("/t/volumes/default/garbage", "{not json", None).await.unwrap();
+    raw.put("/t/volumes/default/elsewhere", serde_json::to_vec(&volume("v00")).unwrap(), None)
+        .await
+        .unwrap();
+    // Keys of another kind that share a prefix string must not leak in.
+    raw.put("/t/volumesX/default/x", "{}", None).await.unwrap();
+
+    let list = store.list::<VolumeSpec>("").await.unwrap();
+    assert_eq!(list.items.len(), 50);
+    let names: Vec<String> = list.items.iter().map(|v| v.metadata.name.to_string()).collect();
+    let mut sorted = names.clone();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 50, "a page boundary repeated a key");
+    assert_eq!(list.malformed.len(), 2);
+    for e in &list.malformed {
+        assert!(matches!(e, StoreError::Malformed { key, .. } if key == "volumes/default/garbage" || key == "volumes/default/elsewhere"), "{e:?}");
+    }
+    assert!(list.revision > 0);
+
+    // get of a garbage value names the key and its cause.
+    let err = store.get::<VolumeSpec>("default/garbage").await.unwrap_err();
+    assert!(matches!(err, StoreError::Malformed { cause: MalformedCause::Json(_), .. }));
+    assert!(err.to_string().contains("volumes/default/garbage"));
+}
+
+#[tokio::test]
+async fn fenced_writes_fail_once_the_fence_is_gone() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    let mut raw = etcd.raw_client().await;
+    let put = raw.put("/t/leader/test", "me", None).await.unwrap();
+    let fence = Fence {
+        key: "/t/leader/test".into(),
+        create_revision: put.header().unwrap().revision(),
+    };
+    let fenced = store.fenced(fence);
+    let v = fenced.create(&volume("v1")).await.unwrap();
+    raw.delete("/t/leader/test", None).await.unwrap();
+    let mut changed = v.clone();
+    changed.spec.capacity_max = Some(Size(3 << 30));
+    assert!(matches!(
+        fenced.replace(&changed).await,
+        Err(StoreError::Deposed { .. })
+    ));
+    assert!(matches!(
+        fenced.create(&volume("v2")).await,
+        Err(StoreError::Deposed { .. })
+    ));
+    // A new leader's key with the same name is a different fence.
+    raw.put("/t/leader/test", "other", None).await.unwrap();
+    assert!(matches!(
+        fenced.create(&volume("v2")).await,
+        Err(StoreError::Deposed { .. })
+    ));
+    assert!(store.try_get::<VolumeSpec>("default/v2").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn lease_bound_keys_vanish_with_the_lease() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    let lease = store.grant_lease(Duration::from_secs(30)).await.unwrap();
+    let mut keep = store.keep_alive(lease).await.unwrap();
+    assert!(keep.renew().await.unwrap() > Duration::from_secs(20));
+    let node = Node::new(&Namespace::default(), Name::new("n1").unwrap(), NodeSpec {});
+    store.create_with_lease(&node, lease).await.unwrap();
+    assert!(store.try_get::<NodeSpec>("n1").await.unwrap().is_some());
+    store.revoke_lease(lease).await.unwrap();
+    assert!(store.try_get::<NodeSpec>("n1").await.unwrap().is_none());
+    assert!(matches!(keep.renew().await, Err(StoreError::LeaseGone(_))));
+    assert_eq!(store.lease_ttl(lease).await.unwrap(), None);
+    store.revoke_lease(lease).await.unwrap();
+}
