@@ -10,9 +10,10 @@
 //! - [`store`]: the typed store over the etcd v3 API: get, paginated list, guarded
 //!   writes, watch, leases; every value read is validated and a bad one is an error.
 //! - [`runtime`]: our kube-runtime: watcher, reflector, controller (keyed queue,
-//!   backoff, resync), leader election, metrics.
+//!   backoff, resync), leader election, metrics, shutdown.
 //! - [`csi`]: the CSI v1 protocol compiled from `proto/csi.proto`.
 
 pub mod api;
-pub mod store;
 pub mod csi;
+pub mod runtime;
+pub mod store;

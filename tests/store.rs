@@ -37,7 +37,11 @@ async fn invalid_objects_are_not_written() {
         store.create(&v).await,
         Err(StoreError::Invalid { kind: "Volume", .. })
     ));
-    assert!(store.try_get::<VolumeSpec>("default/v1").await.unwrap().is_none());
+    assert!(store
+        .try_get::<VolumeSpec>("default/v1")
+        .await
+        .unwrap()
+        .is_none());
 }
 
 #[tokio::test]
@@ -49,7 +53,10 @@ async fn update_bumps_generation_on_spec_change_and_keeps_status() {
     let mut with_status = v.clone();
     with_status.status.provisioning.phase = VolumePhase::Ready;
     let v = store.replace_status(&with_status).await.unwrap();
-    assert_eq!(v.metadata.generation, 1, "a status write is not a spec change");
+    assert_eq!(
+        v.metadata.generation, 1,
+        "a status write is not a spec change"
+    );
 
     let mut labelled = v.clone();
     labelled.metadata.labels.insert("tier".into(), "db".into());
@@ -127,7 +134,11 @@ async fn section_writers_both_land_through_modify_status() {
         t.await.unwrap();
     }
     let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
-    assert_eq!(read.status.claims.past_claims.len(), 8, "a concurrent write was lost");
+    assert_eq!(
+        read.status.claims.past_claims.len(),
+        8,
+        "a concurrent write was lost"
+    );
     assert_eq!(read.status.provisioning.phase, VolumePhase::Ready);
 }
 
@@ -137,19 +148,30 @@ async fn delete_honours_precondition_and_finalizers() {
     let store = etcd.store("/t/").await;
     let v = store.create(&volume("v1")).await.unwrap();
     assert!(matches!(
-        store.delete::<VolumeSpec>("default/v1", Some(v.metadata.resource_version - 1)).await,
+        store
+            .delete::<VolumeSpec>("default/v1", Some(v.metadata.resource_version - 1))
+            .await,
         Err(StoreError::Conflict { .. })
     ));
     assert!(matches!(
-        store.delete::<VolumeSpec>("default/v1", Some(v.metadata.resource_version)).await,
+        store
+            .delete::<VolumeSpec>("default/v1", Some(v.metadata.resource_version))
+            .await,
         Ok(Deleted::Gone)
     ));
-    assert!(store.try_get::<VolumeSpec>("default/v1").await.unwrap().is_none());
+    assert!(store
+        .try_get::<VolumeSpec>("default/v1")
+        .await
+        .unwrap()
+        .is_none());
 
     let mut held = volume("v2");
     held.metadata.finalizers.push("moor.dev/provisioner".into());
     store.create(&held).await.unwrap();
-    let Deleted::Finalizing(marked) = store.delete::<VolumeSpec>("default/v2", None).await.unwrap()
+    let Deleted::Finalizing(marked) = store
+        .delete::<VolumeSpec>("default/v2", None)
+        .await
+        .unwrap()
     else {
         panic!("deleted despite a finalizer");
     };
@@ -158,7 +180,11 @@ async fn delete_honours_precondition_and_finalizers() {
     assert!(released.is_deleting());
     released.metadata.finalizers.clear();
     store.replace(&released).await.unwrap();
-    assert!(store.try_get::<VolumeSpec>("default/v2").await.unwrap().is_none());
+    assert!(store
+        .try_get::<VolumeSpec>("default/v2")
+        .await
+        .unwrap()
+        .is_none());
 }
 
 #[tokio::test]
@@ -169,28 +195,50 @@ async fn list_pages_through_every_key_and_reports_malformed_ones() {
         store.create(&volume(&format!("v{i:02}"))).await.unwrap();
     }
     let mut raw = etcd.raw_client().await;
-    raw.put("/t/volumes/default/garbage", "{not json", None).await.unwrap();
-    raw.put("/t/volumes/default/elsewhere", serde_json::to_vec(&volume("v00")).unwrap(), None)
+    raw.put("/t/volumes/default/garbage", "{not json", None)
         .await
         .unwrap();
+    raw.put(
+        "/t/volumes/default/elsewhere",
+        serde_json::to_vec(&volume("v00")).unwrap(),
+        None,
+    )
+    .await
+    .unwrap();
     // Keys of another kind that share a prefix string must not leak in.
     raw.put("/t/volumesX/default/x", "{}", None).await.unwrap();
 
     let list = store.list::<VolumeSpec>("").await.unwrap();
     assert_eq!(list.items.len(), 50);
-    let names: Vec<String> = list.items.iter().map(|v| v.metadata.name.to_string()).collect();
+    let names: Vec<String> = list
+        .items
+        .iter()
+        .map(|v| v.metadata.name.to_string())
+        .collect();
     let mut sorted = names.clone();
     sorted.dedup();
     assert_eq!(sorted.len(), 50, "a page boundary repeated a key");
     assert_eq!(list.malformed.len(), 2);
     for e in &list.malformed {
-        assert!(matches!(e, StoreError::Malformed { key, .. } if key == "volumes/default/garbage" || key == "volumes/default/elsewhere"), "{e:?}");
+        assert!(
+            matches!(e, StoreError::Malformed { key, .. } if key == "volumes/default/garbage" || key == "volumes/default/elsewhere"),
+            "{e:?}"
+        );
     }
     assert!(list.revision > 0);
 
     // get of a garbage value names the key and its cause.
-    let err = store.get::<VolumeSpec>("default/garbage").await.unwrap_err();
-    assert!(matches!(err, StoreError::Malformed { cause: MalformedCause::Json(_), .. }));
+    let err = store
+        .get::<VolumeSpec>("default/garbage")
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        StoreError::Malformed {
+            cause: MalformedCause::Json(_),
+            ..
+        }
+    ));
     assert!(err.to_string().contains("volumes/default/garbage"));
 }
 
@@ -223,7 +271,11 @@ async fn fenced_writes_fail_once_the_fence_is_gone() {
         fenced.create(&volume("v2")).await,
         Err(StoreError::Deposed { .. })
     ));
-    assert!(store.try_get::<VolumeSpec>("default/v2").await.unwrap().is_none());
+    assert!(store
+        .try_get::<VolumeSpec>("default/v2")
+        .await
+        .unwrap()
+        .is_none());
 }
 
 #[tokio::test]

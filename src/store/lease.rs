@@ -33,9 +33,9 @@ impl KeepAlive {
         match self.stream.message().await.map_err(StoreError::from_etcd)? {
             Some(resp) if resp.ttl() > 0 => Ok(Duration::from_secs(resp.ttl() as u64)),
             Some(_) => Err(StoreError::LeaseGone(self.id.0)),
-            None => Err(StoreError::Unavailable(etcd_client::Error::LeaseKeepAliveError(
-                "keep-alive stream ended".into(),
-            ))),
+            None => Err(StoreError::Unavailable(
+                etcd_client::Error::LeaseKeepAliveError("keep-alive stream ended".into()),
+            )),
         }
     }
 }

@@ -15,8 +15,7 @@ pub use lease::{KeepAlive, LeaseId};
 pub use watch::{RawEvent, RawEventKind, WatchBatch, WatchStream};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use std::time::Duration;
 
@@ -321,10 +320,7 @@ impl Store {
 
     /// Replaces the status of an object read at `metadata.resource_version`, keeping the
     /// stored metadata and spec; a concurrent change is [`StoreError::Conflict`].
-    pub async fn replace_status<S: Spec>(
-        &self,
-        obj: &Object<S>,
-    ) -> Result<Object<S>, StoreError> {
+    pub async fn replace_status<S: Spec>(&self, obj: &Object<S>) -> Result<Object<S>, StoreError> {
         let mut current = self.current_at(obj).await?;
         current.status = obj.status.clone();
         let rv = current.metadata.resource_version;
@@ -467,7 +463,10 @@ impl Store {
             ));
             otherwise.push(TxnOp::get(fence.key.clone(), None));
         }
-        let txn = Txn::new().when(compares).and_then(vec![op]).or_else(otherwise);
+        let txn = Txn::new()
+            .when(compares)
+            .and_then(vec![op])
+            .or_else(otherwise);
         let resp = self
             .client
             .clone()
@@ -555,7 +554,10 @@ mod tests {
         let err = Store::decode::<VolumeSpec>("volumes/default/b", &bytes, 7).unwrap_err();
         assert!(matches!(
             err,
-            StoreError::Malformed { cause: MalformedCause::WrongKey { .. }, .. }
+            StoreError::Malformed {
+                cause: MalformedCause::WrongKey { .. },
+                ..
+            }
         ));
         let decoded = Store::decode::<VolumeSpec>("volumes/default/a", &bytes, 7).unwrap();
         assert_eq!(decoded.metadata.resource_version, 7);

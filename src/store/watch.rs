@@ -63,7 +63,8 @@ impl WatchStream {
         let Some(resp) = self.inner.message().await.map_err(StoreError::from_etcd)? else {
             return Ok(None);
         };
-        let key_of = |k: &[u8]| String::from_utf8_lossy(k.get(self.prefix_len..).unwrap_or(k)).into_owned();
+        let key_of =
+            |k: &[u8]| String::from_utf8_lossy(k.get(self.prefix_len..).unwrap_or(k)).into_owned();
         let events = resp
             .events()
             .iter()

@@ -54,7 +54,10 @@ impl Etcd {
             .map_err(|e| e.to_string())?;
         let child = Command::new("etcd")
             .arg("--name=test")
-            .arg(format!("--data-dir={}", self.data_dir.path().join("data").display()))
+            .arg(format!(
+                "--data-dir={}",
+                self.data_dir.path().join("data").display()
+            ))
             .arg(format!("--listen-client-urls={}", self.client_url))
             .arg(format!("--advertise-client-urls={}", self.client_url))
             .arg(format!("--listen-peer-urls={}", self.peer_url))
@@ -67,7 +70,11 @@ impl Etcd {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 self.child = None;
                 let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
                 return Err(format!("etcd exited with {status}: {}", tail(&log)));
@@ -120,7 +127,9 @@ impl Drop for Etcd {
 
 fn tail(s: &str) -> &str {
     let start = s.len().saturating_sub(2000);
-    let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
+    let start = (start..s.len())
+        .find(|i| s.is_char_boundary(*i))
+        .unwrap_or(s.len());
     &s[start..]
 }
 

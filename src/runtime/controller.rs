@@ -1,0 +1,541 @@
+//! The controller: triggers → keyed queue → bounded concurrent reconciles.
+//!
+//! Expected flow:
+//! 1. Triggers (the kind's own watcher events, related kinds' events mapped to keys,
+//!    any key stream) schedule keys now; a periodic resync schedules every cached key.
+//! 2. Due keys run, at most `concurrency` at once and never one key twice at once; a
+//!    burst of triggers for one key collapses into one run (plus one more if triggers
+//!    arrived during the run).
+//! 3. `reconcile(key)` returns an [`Action`]: requeue after a delay, or await the next
+//!    change. An error requeues the key after a per-key exponential backoff (jittered)
+//!    that a success resets.
+//! 4. On shutdown no new run starts and the running ones are awaited.
+
+use futures::stream::{BoxStream, SelectAll};
+use futures::{Stream, StreamExt};
+use std::collections::HashMap;
+use std::future::Future;
+
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::backoff::Backoff;
+use super::metrics::ControllerMetrics;
+use super::queue::Queue;
+use super::reflector::Store;
+use super::watcher::Event;
+use super::Resource;
+
+/// What to do with a key after a successful reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Run again after this delay (unless a change triggers it sooner).
+    Requeue(Duration),
+    /// Run again only when something triggers it.
+    AwaitChange,
+}
+
+/// How a controller runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Most reconciles at once.
+    pub concurrency: usize,
+    /// Every cached key is scheduled at this interval; `None` disables resync.
+    pub resync: Option<Duration>,
+    /// The per-key delays after consecutive failures.
+    pub backoff: Backoff,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            concurrency: 8,
+            resync: Some(Duration::from_secs(300)),
+            backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(300)),
+        }
+    }
+}
+
+/// A controller for objects of type `K`, keyed by their store key.
+pub struct Controller<K: Resource> {
+    name: String,
+    reader: Store<K>,
+    triggers: SelectAll<BoxStream<'static, String>>,
+    config: Config,
+    metrics: ControllerMetrics,
+}
+
+/// The error and its causes on one line, `outer: inner: root`.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+impl<K: Resource> Controller<K> {
+    /// A controller over the cache `reader` (used for resync).
+    pub fn new(name: &str, reader: Store<K>, config: Config) -> Self {
+        Controller {
+            name: name.to_string(),
+            reader,
+            triggers: SelectAll::new(),
+            config,
+            metrics: ControllerMetrics::unregistered(),
+        }
+    }
+
+    /// Records into these metric handles.
+    pub fn with_metrics(mut self, metrics: ControllerMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Triggers on the kind's own events (usually the reflector's stream).
+    pub fn owns<E>(self, events: impl Stream<Item = Result<Event<K>, E>> + Send + 'static) -> Self
+    where
+        E: std::error::Error + Send + 'static,
+    {
+        self.watches(events, |obj: &K| vec![obj.key()])
+    }
+
+    /// Triggers on a related kind's events, mapped to the keys they concern.
+    pub fn watches<R, E>(
+        self,
+        events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
+        mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self
+    where
+        R: Resource,
+        E: std::error::Error + Send + 'static,
+    {
+        let name = self.name.clone();
+        let keys = events.flat_map(move |item| {
+            let keys = match item {
+                Ok(Event::Restarted(objs)) => objs.iter().flat_map(&mapper).collect(),
+                Ok(Event::Applied(obj)) => mapper(&obj),
+                Ok(Event::Deleted { key, last }) => match last {
+                    Some(obj) => mapper(&obj),
+                    // Without the last state only the own kind's key is known.
+                    None if std::any::TypeId::of::<R>() == std::any::TypeId::of::<K>() => {
+                        vec![key]
+                    }
+                    None => Vec::new(),
+                },
+                Err(e) => {
+                    tracing::warn!(controller = %name, error = %error_chain(&e), "watch error");
+                    Vec::new()
+                }
+            };
+            futures::stream::iter(keys)
+        });
+        self.trigger(keys)
+    }
+
+    /// Triggers on any stream of keys.
+    pub fn trigger(mut self, keys: impl Stream<Item = String> + Send + 'static) -> Self {
+        self.triggers.push(keys.boxed());
+        self
+    }
+
+    /// Runs until `shutdown` is cancelled, then waits for running reconciles.
+    pub async fn run<F, Fut, E>(self, reconcile: F, shutdown: CancellationToken)
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+    {
+        let Controller {
+            name,
+            reader,
+            mut triggers,
+            config,
+            metrics,
+        } = self;
+        let concurrency = config.concurrency.max(1);
+        let mut queue = Queue::new();
+        let mut failures: HashMap<String, u32> = HashMap::new();
+        let mut tasks: JoinSet<(Duration, Result<Action, E>)> = JoinSet::new();
+        let mut running: HashMap<tokio::task::Id, String> = HashMap::new();
+        let mut triggers_open = true;
+        let mut resync = config
+            .resync
+            .map(|d| tokio::time::interval_at(Instant::now() + d, d));
+
+        let mut finished = |queue: &mut Queue,
+                            key: String,
+                            outcome: Result<(Duration, Result<Action, E>), String>,
+                            reschedule: bool| {
+            queue.finish(&key);
+            let (took, result) = match outcome {
+                Ok((took, result)) => (took, result.map_err(|e| error_chain(&e))),
+                Err(panic) => (Duration::ZERO, Err(panic)),
+            };
+            metrics.record(took, result.is_err());
+            let next = match result {
+                Ok(action) => {
+                    failures.remove(&key);
+                    match action {
+                        Action::Requeue(after) => Some(after),
+                        Action::AwaitChange => None,
+                    }
+                }
+                Err(error) => {
+                    let n = failures.entry(key.clone()).or_default();
+                    *n += 1;
+                    let delay = config.backoff.delay(*n);
+                    tracing::warn!(controller = %name, object = %key, failures = *n,
+                        retry_in = ?delay, %error, "reconcile failed");
+                    Some(delay)
+                }
+            };
+            if let (Some(after), true) = (next, reschedule) {
+                queue.schedule(key, Instant::now() + after);
+            }
+        };
+
+        loop {
+            let now = Instant::now();
+            while tasks.len() < concurrency {
+                let Some(key) = queue.pop_ready(now) else {
+                    break;
+                };
+                let span = tracing::info_span!("reconcile", controller = %name, object = %key);
+                let fut = reconcile(key.clone());
+                let handle = tasks.spawn(
+                    async move {
+                        let start = Instant::now();
+                        let result = fut.await;
+                        (start.elapsed(), result)
+                    }
+                    .instrument(span),
+                );
+                running.insert(handle.id(), key);
+            }
+            metrics.set_queue_depth(queue.depth());
+            let due = queue.next_due();
+            let can_launch = tasks.len() < concurrency;
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                    let (key, outcome) = joined_outcome(&mut running, joined);
+                    finished(&mut queue, key, outcome, true);
+                }
+                next = triggers.next(), if triggers_open => match next {
+                    Some(key) => queue.schedule(key, Instant::now()),
+                    None => triggers_open = false,
+                },
+                _ = tokio::time::sleep_until(due.unwrap_or(now)), if due.is_some() && can_launch => {}
+                _ = tick(&mut resync), if resync.is_some() => {
+                    let now = Instant::now();
+                    for key in reader.keys() {
+                        queue.schedule(key, now);
+                    }
+                }
+            }
+        }
+        while let Some(joined) = tasks.join_next_with_id().await {
+            let (key, outcome) = joined_outcome(&mut running, joined);
+            finished(&mut queue, key, outcome, false);
+        }
+        tracing::debug!(controller = %name, "controller stopped");
+    }
+}
+
+type Joined<T> = Result<(tokio::task::Id, T), tokio::task::JoinError>;
+
+fn joined_outcome<T>(
+    running: &mut HashMap<tokio::task::Id, String>,
+    joined: Joined<T>,
+) -> (String, Result<T, String>) {
+    match joined {
+        Ok((id, value)) => (running.remove(&id).unwrap_or_default(), Ok(value)),
+        Err(e) => (
+            running.remove(&e.id()).unwrap_or_default(),
+            Err(format!("reconcile panicked: {e}")),
+        ),
+    }
+}
+
+async fn tick(interval: &mut Option<tokio::time::Interval>) {
+    match interval {
+        Some(i) => {
+            i.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::reflector;
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use tokio::sync::mpsc;
+
+    #[derive(Clone, Debug)]
+    struct Obj(String);
+    impl Resource for Obj {
+        fn key(&self) -> String {
+            self.0.clone()
+        }
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("boom")]
+    struct Boom;
+
+    fn config(concurrency: usize) -> Config {
+        Config {
+            concurrency,
+            resync: None,
+            backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)).without_jitter(),
+        }
+    }
+
+    fn key_channel() -> (mpsc::UnboundedSender<String>, impl Stream<Item = String>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (tx, tokio_stream_from(rx))
+    }
+
+    fn tokio_stream_from(mut rx: mpsc::UnboundedReceiver<String>) -> impl Stream<Item = String> {
+        futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+    }
+
+    /// Records (key, time since start) of each reconcile start.
+    type Log = Arc<Mutex<Vec<(String, Duration)>>>;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_for_one_key_runs_once_plus_once() {
+        let (reader, _writer) = reflector::store::<Obj>();
+        let (tx, keys) = key_channel();
+        for _ in 0..100 {
+            tx.send("a".into()).unwrap();
+        }
+        let runs = Arc::new(AtomicUsize::new(0));
+        let shutdown = CancellationToken::new();
+        let r = runs.clone();
+        let ctl = Controller::new("t", reader, config(4)).trigger(keys);
+        let handle = tokio::spawn(ctl.run(
+            move |_key| {
+                let r = r.clone();
+                async move {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok::<_, Boom>(Action::AwaitChange)
+                }
+            },
+            shutdown.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        // The first trigger starts a run; the other 99 arrive during it and collapse into
+        // one more run.
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        shutdown.cancel();
+        handle.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_never_runs_twice_at_once_but_keys_run_in_parallel() {
+        let (reader, _writer) = reflector::store::<Obj>();
+        let (tx, keys) = key_channel();
+        let in_flight: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let max_same = Arc::new(AtomicUsize::new(0));
+        let max_total = Arc::new(AtomicUsize::new(0));
+        let shutdown = CancellationToken::new();
+        let (f, ms, mt) = (in_flight.clone(), max_same.clone(), max_total.clone());
+        let ctl = Controller::new("t", reader, config(3)).trigger(keys);
+        let handle = tokio::spawn(ctl.run(
+            move |key: String| {
+                let (f, ms, mt) = (f.clone(), ms.clone(), mt.clone());
+                async move {
+                    {
+                        let mut m = f.lock().unwrap();
+                        *m.entry(key.clone()).or_default() += 1;
+                        ms.fetch_max(m[&key], Ordering::SeqCst);
+                        mt.fetch_max(m.values().sum(), Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    *f.lock().unwrap().get_mut(&key).unwrap() -= 1;
+                    Ok::<_, Boom>(Action::AwaitChange)
+                }
+            },
+            shutdown.clone(),
+        ));
+        for round in 0..20 {
+            for k in ["a", "b", "c", "d", "e"] {
+                tx.send(k.into()).unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(50 + round)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            max_same.load(Ordering::SeqCst),
+            1,
+            "one key ran twice at once"
+        );
+        assert_eq!(
+            max_total.load(Ordering::SeqCst),
+            3,
+            "concurrency bound not used or exceeded"
+        );
+        shutdown.cancel();
+        handle.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_exponentially_and_success_resets() {
+        let (reader, _writer) = reflector::store::<Obj>();
+        let (tx, keys) = key_channel();
+        let log: Log = Arc::default();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let shutdown = CancellationToken::new();
+        let start = Instant::now();
+        let (l, c) = (log.clone(), calls.clone());
+        let ctl = Controller::new("t", reader, config(1)).trigger(keys);
+        let handle = tokio::spawn(ctl.run(
+            move |key: String| {
+                let (l, c) = (l.clone(), c.clone());
+                async move {
+                    l.lock().unwrap().push((key, start.elapsed()));
+                    // Calls 1-3 fail, 4 succeeds, 5 fails, 6 succeeds.
+                    match c.fetch_add(1, Ordering::SeqCst) + 1 {
+                        1..=3 | 5 => Err(Boom),
+                        _ => Ok(Action::AwaitChange),
+                    }
+                }
+            },
+            shutdown.clone(),
+        ));
+        tx.send("a".into()).unwrap();
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        tx.send("a".into()).unwrap();
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        shutdown.cancel();
+        handle.await.unwrap();
+        let times: Vec<u64> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, t)| t.as_secs())
+            .collect();
+        // 0, +1, +2, +4 (success); triggered at 20, fails, retried after 1 s: reset.
+        assert_eq!(times, [0, 1, 3, 7, 20, 21]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requeue_after_and_resync_schedule_runs() {
+        let (reader, mut writer) = reflector::store::<Obj>();
+        writer.apply(&Event::Restarted(vec![Obj("x".into()), Obj("y".into())]));
+        let (tx, keys) = key_channel();
+        let log: Log = Arc::default();
+        let shutdown = CancellationToken::new();
+        let start = Instant::now();
+        let l = log.clone();
+        let cfg = Config {
+            resync: Some(Duration::from_secs(100)),
+            ..config(2)
+        };
+        let ctl = Controller::new("t", reader, cfg).trigger(keys);
+        let handle = tokio::spawn(ctl.run(
+            move |key: String| {
+                let l = l.clone();
+                async move {
+                    l.lock().unwrap().push((key.clone(), start.elapsed()));
+                    Ok::<_, Boom>(if key == "a" {
+                        Action::Requeue(Duration::from_secs(30))
+                    } else {
+                        Action::AwaitChange
+                    })
+                }
+            },
+            shutdown.clone(),
+        ));
+        tx.send("a".into()).unwrap();
+        tokio::time::sleep(Duration::from_secs(150)).await;
+        shutdown.cancel();
+        handle.await.unwrap();
+        let log = log.lock().unwrap();
+        let at = |k: &str| -> Vec<u64> {
+            log.iter()
+                .filter(|(key, _)| key == k)
+                .map(|(_, t)| t.as_secs())
+                .collect()
+        };
+        assert_eq!(at("a"), [0, 30, 60, 90, 120]);
+        assert_eq!(at("x"), [100]);
+        assert_eq!(at("y"), [100]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_waits_for_running_reconciles_and_starts_none() {
+        let (reader, _writer) = reflector::store::<Obj>();
+        let (tx, keys) = key_channel();
+        let done = Arc::new(AtomicUsize::new(0));
+        let shutdown = CancellationToken::new();
+        let d = done.clone();
+        let ctl = Controller::new("t", reader, config(1)).trigger(keys);
+        let handle = tokio::spawn(ctl.run(
+            move |_key: String| {
+                let d = d.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    d.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Boom>(Action::AwaitChange)
+                }
+            },
+            shutdown.clone(),
+        ));
+        tx.send("a".into()).unwrap();
+        tx.send("b".into()).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        shutdown.cancel();
+        handle.await.unwrap();
+        assert_eq!(
+            done.load(Ordering::SeqCst),
+            1,
+            "a finished, b never started"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_reconcile_is_a_failure_not_a_crash() {
+        let (reader, _writer) = reflector::store::<Obj>();
+        let (tx, keys) = key_channel();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let shutdown = CancellationToken::new();
+        let c = calls.clone();
+        let metrics = ControllerMetrics::unregistered();
+        let ctl = Controller::new("t", reader, config(1))
+            .with_metrics(metrics.clone())
+            .trigger(keys);
+        let handle = tokio::spawn(ctl.run(
+            move |_key: String| {
+                let c = c.clone();
+                async move {
+                    if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                        panic!("reconcile bug");
+                    }
+                    Ok::<_, Boom>(Action::AwaitChange)
+                }
+            },
+            shutdown.clone(),
+        ));
+        tx.send("a".into()).unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "retried after the panic");
+        assert_eq!(metrics.reconciles(), 2);
+        assert_eq!(metrics.failures(), 1);
+        shutdown.cancel();
+        handle.await.unwrap();
+    }
+}

@@ -1,0 +1,155 @@
+//! Per-controller metrics in a Prometheus registry the daemons serve on /metrics.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::time::Duration;
+
+/// The label every controller metric carries.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabel {
+    /// The controller's name.
+    pub controller: String,
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms to ~33 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The controller metric families, registered once per registry.
+#[derive(Clone)]
+pub struct Metrics {
+    reconciles: Family<ControllerLabel, Counter>,
+    failures: Family<ControllerLabel, Counter>,
+    queue_depth: Family<ControllerLabel, Gauge>,
+    duration: Family<ControllerLabel, Histogram, fn() -> Histogram>,
+}
+
+impl Metrics {
+    /// Registers the families in `registry`.
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let m = Metrics {
+            reconciles: Family::default(),
+            failures: Family::default(),
+            queue_depth: Family::default(),
+            duration: Family::new_with_constructor(duration_histogram),
+        };
+        registry.register("moor_reconciles", "Reconciles run", m.reconciles.clone());
+        registry.register(
+            "moor_reconcile_failures",
+            "Reconciles that returned an error",
+            m.failures.clone(),
+        );
+        registry.register(
+            "moor_queue_depth",
+            "Keys waiting in a controller's queue",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "moor_reconcile_duration_seconds",
+            "Time spent in reconcile",
+            m.duration.clone(),
+        );
+        m
+    }
+
+    /// The handles for one controller.
+    pub fn controller(&self, name: &str) -> ControllerMetrics {
+        let label = ControllerLabel {
+            controller: name.to_string(),
+        };
+        ControllerMetrics {
+            reconciles: self.reconciles.get_or_create(&label).clone(),
+            failures: self.failures.get_or_create(&label).clone(),
+            queue_depth: self.queue_depth.get_or_create(&label).clone(),
+            duration: self.duration.get_or_create(&label).clone(),
+        }
+    }
+}
+
+/// One controller's metric handles.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    reconciles: Counter,
+    failures: Counter,
+    queue_depth: Gauge,
+    duration: Histogram,
+}
+
+impl ControllerMetrics {
+    /// Handles not registered anywhere, for controllers run without a registry.
+    pub fn unregistered() -> ControllerMetrics {
+        ControllerMetrics {
+            reconciles: Counter::default(),
+            failures: Counter::default(),
+            queue_depth: Gauge::default(),
+            duration: duration_histogram(),
+        }
+    }
+
+    pub(crate) fn record(&self, took: Duration, failed: bool) {
+        self.reconciles.inc();
+        if failed {
+            self.failures.inc();
+        }
+        self.duration.observe(took.as_secs_f64());
+    }
+
+    pub(crate) fn set_queue_depth(&self, depth: usize) {
+        self.queue_depth.set(depth as i64);
+    }
+
+    /// Reconciles run so far.
+    pub fn reconciles(&self) -> u64 {
+        self.reconciles.get()
+    }
+
+    /// Failed reconciles so far.
+    pub fn failures(&self) -> u64 {
+        self.failures.get()
+    }
+}
+
+/// The registry in Prometheus text format.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_labelled_by_controller() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let c = m.controller("claims");
+        c.record(Duration::from_millis(3), false);
+        c.record(Duration::from_millis(3), true);
+        c.set_queue_depth(7);
+        let text = encode(&registry);
+        assert!(
+            text.contains(r#"moor_reconciles_total{controller="claims"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"moor_reconcile_failures_total{controller="claims"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"moor_queue_depth{controller="claims"} 7"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("moor_reconcile_duration_seconds_count{controller=\"claims\"} 2"),
+            "{text}"
+        );
+    }
+}

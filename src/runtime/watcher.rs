@@ -1,0 +1,184 @@
+//! The watcher: list, then watch from the list's revision, as a `Stream`.
+//!
+//! Expected flow:
+//! 1. List every object under the prefix (paged, one revision R) and yield
+//!    [`Event::Restarted`] with them; each malformed value is yielded as an error first.
+//! 2. Watch from R+1 and yield [`Event::Applied`] / [`Event::Deleted`] per change,
+//!    remembering the last revision seen (events, and progress notifications).
+//! 3. If the watch fails or etcd closes it, yield the error and watch again from the last
+//!    revision seen + 1: nothing is missed and nothing is repeated.
+//! 4. If etcd has compacted that revision away, yield [`WatchError::Compacted`] and go
+//!    back to 1 (a relist: the Restarted event replaces what consumers knew).
+//!
+//! Errors are items, never the end of the stream; wrap it in
+//! [`backoff`](super::backoff::backoff) so failures do not spin.
+
+use futures::Stream;
+use std::collections::VecDeque;
+
+use crate::api::{Object, Spec};
+use crate::store::{RawEventKind, Store, StoreError, WatchStream};
+
+/// A change seen by a watcher.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event<K> {
+    /// A fresh list: the complete current set, replacing anything known before.
+    Restarted(Vec<K>),
+    /// An object was created or changed.
+    Applied(K),
+    /// An object was deleted; `last` is its last state when etcd still had it.
+    Deleted {
+        /// The key below the store prefix.
+        key: String,
+        /// The last state, if known and valid.
+        last: Option<K>,
+    },
+}
+
+/// What went wrong while watching; the stream goes on after each.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The initial list failed; it will be retried.
+    #[error("listing failed")]
+    List(#[source] StoreError),
+    /// Opening or reading the watch failed; it resumes from the last revision.
+    #[error("watch failed at revision {revision}")]
+    Watch {
+        /// The last revision seen.
+        revision: i64,
+        /// The cause.
+        #[source]
+        source: StoreError,
+    },
+    /// etcd closed the watch stream; it resumes from the last revision.
+    #[error("etcd closed the watch at revision {0}")]
+    Closed(i64),
+    /// The resume revision was compacted away; the watcher relists.
+    #[error("revision {revision} was compacted (etcd keeps from {compact_revision}); relisting")]
+    Compacted {
+        /// The revision the watcher wanted.
+        revision: i64,
+        /// The oldest revision etcd keeps.
+        compact_revision: i64,
+    },
+    /// A value that is not a valid object was skipped.
+    #[error("skipped a malformed value")]
+    Malformed(#[source] StoreError),
+}
+
+enum State {
+    /// Must (re)list.
+    Empty,
+    /// Knows everything up to `revision`; must open a watch from `revision + 1`.
+    Listed { revision: i64 },
+    /// Watching; has seen everything up to `revision`.
+    Watching { revision: i64, stream: WatchStream },
+}
+
+struct Watcher<S: Spec> {
+    store: Store,
+    scope: String,
+    state: State,
+    pending: VecDeque<Result<Event<Object<S>>, WatchError>>,
+}
+
+/// Watches objects of kind `S` whose keys start with `<kind dir>/<scope>` (`""` for all;
+/// end a narrower scope with `/`, e.g. `"n1/"`).
+pub fn watcher<S: Spec>(
+    store: Store,
+    scope: &str,
+) -> impl Stream<Item = Result<Event<Object<S>>, WatchError>> + Send + 'static {
+    let w = Watcher::<S> {
+        store,
+        scope: scope.to_string(),
+        state: State::Empty,
+        pending: VecDeque::new(),
+    };
+    futures::stream::unfold(w, |mut w| async move {
+        loop {
+            if let Some(item) = w.pending.pop_front() {
+                return Some((item, w));
+            }
+            w.step().await;
+        }
+    })
+}
+
+impl<S: Spec> Watcher<S> {
+    async fn step(&mut self) {
+        self.state = match std::mem::replace(&mut self.state, State::Empty) {
+            State::Empty => match self.store.list::<S>(&self.scope).await {
+                Ok(list) => {
+                    self.pending.extend(
+                        list.malformed
+                            .into_iter()
+                            .map(|e| Err(WatchError::Malformed(e))),
+                    );
+                    self.pending.push_back(Ok(Event::Restarted(list.items)));
+                    State::Listed {
+                        revision: list.revision,
+                    }
+                }
+                Err(e) => {
+                    self.pending.push_back(Err(WatchError::List(e)));
+                    State::Empty
+                }
+            },
+            State::Listed { revision } => {
+                let scope = format!("{}/{}", S::DIR, self.scope);
+                match self.store.watch_raw(&scope, revision + 1).await {
+                    Ok(stream) => State::Watching { revision, stream },
+                    Err(source) => {
+                        self.pending
+                            .push_back(Err(WatchError::Watch { revision, source }));
+                        State::Listed { revision }
+                    }
+                }
+            }
+            State::Watching {
+                mut revision,
+                mut stream,
+            } => match stream.next().await {
+                Ok(Some(batch)) => {
+                    if batch.compact_revision > 0 || batch.canceled {
+                        self.pending.push_back(Err(WatchError::Compacted {
+                            revision,
+                            compact_revision: batch.compact_revision,
+                        }));
+                        return self.state = State::Empty;
+                    }
+                    if batch.is_progress() {
+                        revision = revision.max(batch.header_revision);
+                    }
+                    for ev in batch.events {
+                        revision = revision.max(ev.mod_revision);
+                        let item = match ev.kind {
+                            RawEventKind::Put => {
+                                Store::decode::<S>(&ev.key, &ev.value, ev.mod_revision)
+                                    .map(Event::Applied)
+                                    .map_err(WatchError::Malformed)
+                            }
+                            RawEventKind::Delete => Ok(Event::Deleted {
+                                last: ev.prev_value.and_then(|(value, rev)| {
+                                    Store::decode::<S>(&ev.key, &value, rev).ok()
+                                }),
+                                key: ev.key,
+                            }),
+                        };
+                        self.pending.push_back(item);
+                    }
+                    State::Watching { revision, stream }
+                }
+                Ok(None) => {
+                    self.pending.push_back(Err(WatchError::Closed(revision)));
+                    State::Listed { revision }
+                }
+                Err(source) => {
+                    self.pending
+                        .push_back(Err(WatchError::Watch { revision, source }));
+                    State::Listed { revision }
+                }
+            },
+        };
+    }
+}
