@@ -48,6 +48,11 @@ impl Leadership {
         &self.fence
     }
 
+    /// The lease that holds the election key.
+    pub fn lease(&self) -> LeaseId {
+        self.lease
+    }
+
     /// A store whose writes carry the fence.
     pub fn store(&self) -> &Store {
         &self.store
@@ -235,8 +240,9 @@ async fn keep_leading(
 }
 
 /// Campaigns, runs `work` while leader, and campaigns again after losing, until
-/// `shutdown`. `work` is dropped (cancelling whatever it runs) the moment leadership is
-/// lost; it should also watch [`Leadership::lost`] to stop cleanly.
+/// `shutdown`. `work` gets the fenced store and a token cancelled when it must stop.
+/// On shutdown the token is cancelled and `work` is awaited (a graceful stop); on lost
+/// leadership `work` is dropped at once: it is no longer entitled to act.
 pub async fn lead<F, Fut>(store: Store, cfg: LeaderConfig, shutdown: CancellationToken, mut work: F)
 where
     F: FnMut(Store, CancellationToken) -> Fut,
@@ -246,10 +252,14 @@ where
         let lost = leadership.lost();
         let stop = lost.child_token();
         let work = work(leadership.store().clone(), stop.clone());
+        tokio::pin!(work);
         tokio::select! {
-            _ = work => {}
+            _ = &mut work => {}
             _ = lost.cancelled() => {}
-            _ = shutdown.cancelled() => {}
+            _ = shutdown.cancelled() => {
+                stop.cancel();
+                work.await;
+            }
         }
         stop.cancel();
         leadership.resign().await;

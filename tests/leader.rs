@@ -1,0 +1,162 @@
+//! Leader election against a real etcd.
+
+mod common;
+
+use common::{fixtures::volume, Etcd};
+use moor::runtime::leader::{acquire, LeaderConfig};
+use moor::store::StoreError;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+fn cfg(identity: &str) -> LeaderConfig {
+    LeaderConfig {
+        name: "controller".into(),
+        identity: identity.into(),
+        ttl: Duration::from_secs(3),
+    }
+}
+
+#[tokio::test]
+async fn failover_when_the_leader_s_lease_is_revoked() {
+    let etcd = Etcd::start().await;
+    let (sa, sb) = (etcd.store("/t/").await, etcd.store("/t/").await);
+    let shutdown = CancellationToken::new();
+    let a = acquire(&sa, &cfg("a"), &shutdown)
+        .await
+        .expect("a is elected");
+    let b_task = {
+        let (sb, shutdown) = (sb.clone(), shutdown.clone());
+        tokio::spawn(async move { acquire(&sb, &cfg("b"), &shutdown).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!b_task.is_finished(), "b was elected while a leads");
+    a.store().create(&volume("by-a")).await.unwrap();
+
+    // An operator (or etcd) revokes a's lease.
+    sb.revoke_lease(a.lease()).await.unwrap();
+    let b = tokio::time::timeout(Duration::from_secs(10), b_task)
+        .await
+        .expect("b is elected after the revocation")
+        .unwrap()
+        .expect("b is elected");
+    tokio::time::timeout(Duration::from_secs(10), a.lost().cancelled())
+        .await
+        .expect("a notices it lost leadership");
+
+    // Whatever a still tries is refused by the fence; b's writes land.
+    assert!(matches!(
+        a.store().create(&volume("late-a")).await,
+        Err(StoreError::Deposed { .. })
+    ));
+    b.store().create(&volume("by-b")).await.unwrap();
+    assert!(sa
+        .try_get::<moor::api::VolumeSpec>("default/late-a")
+        .await
+        .unwrap()
+        .is_none());
+    b.resign().await;
+}
+
+#[tokio::test]
+async fn a_leader_cut_off_from_etcd_stops_before_another_starts() {
+    let mut etcd = Etcd::start().await;
+    let sa = etcd.store("/t/").await;
+    let shutdown = CancellationToken::new();
+    let a = acquire(&sa, &cfg("a"), &shutdown)
+        .await
+        .expect("a is elected");
+    let lost = a.lost();
+
+    etcd.kill();
+    let cut_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), lost.cancelled())
+        .await
+        .expect("a stops acting on its own once it cannot renew");
+    let a_stopped = Instant::now();
+    assert!(
+        a_stopped - cut_at <= Duration::from_secs(3),
+        "a acted past its lease TTL"
+    );
+
+    etcd.restart().await;
+    let sb = etcd.store("/t/").await;
+    let b = tokio::time::timeout(Duration::from_secs(30), acquire(&sb, &cfg("b"), &shutdown))
+        .await
+        .expect("b is elected once a's lease expires")
+        .expect("b is elected");
+    let b_started = Instant::now();
+    assert!(a_stopped < b_started);
+    b.store().create(&volume("by-b")).await.unwrap();
+    b.resign().await;
+}
+
+#[tokio::test]
+async fn lead_hands_over_on_resign_and_stops_on_shutdown() {
+    use std::sync::{Arc, Mutex};
+    let etcd = Etcd::start().await;
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut handles = Vec::new();
+    let mut tokens = Vec::new();
+    for who in ["a", "b"] {
+        let store = etcd.store("/t/").await;
+        let shutdown = CancellationToken::new();
+        tokens.push(shutdown.clone());
+        let log = log.clone();
+        handles.push(tokio::spawn(moor::runtime::leader::lead(
+            store,
+            cfg(who),
+            shutdown,
+            move |_store, stop| {
+                let log = log.clone();
+                async move {
+                    log.lock().unwrap().push(format!("{who} start"));
+                    stop.cancelled().await;
+                    log.lock().unwrap().push(format!("{who} stop"));
+                }
+            },
+        )));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    common::wait_for("a leader", Duration::from_secs(10), || async {
+        log.lock().unwrap().len() == 1
+    })
+    .await;
+    let first = log.lock().unwrap()[0].clone();
+    let (first_idx, second) = if first == "a start" {
+        (0, "b")
+    } else {
+        (1, "a")
+    };
+    tokens[first_idx].cancel();
+    common::wait_for(
+        "the other to take over",
+        Duration::from_secs(10),
+        || async {
+            log.lock()
+                .unwrap()
+                .iter()
+                .any(|l| *l == format!("{second} start"))
+        },
+    )
+    .await;
+    let entries = log.lock().unwrap().clone();
+    let stop_first = entries
+        .iter()
+        .position(|l| l.ends_with("stop"))
+        .expect("the first stopped");
+    let start_second = entries
+        .iter()
+        .position(|l| *l == format!("{second} start"))
+        .unwrap();
+    assert!(stop_first < start_second, "{entries:?}");
+    for t in &tokens {
+        t.cancel();
+    }
+    for h in handles {
+        tokio::time::timeout(Duration::from_secs(10), h)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}

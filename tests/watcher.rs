@@ -1,0 +1,260 @@
+//! The watcher and reflector against a real etcd: resume, relist, malformed values.
+
+mod common;
+
+use common::{fixtures::volume, Etcd};
+use futures::{Stream, StreamExt};
+use moor::api::*;
+use moor::runtime::reflector;
+use moor::runtime::watcher::{watcher, Event, WatchError};
+use std::time::Duration;
+
+type Item = Result<Event<Volume>, WatchError>;
+
+async fn next(stream: &mut (impl Stream<Item = Item> + Unpin)) -> Item {
+    tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .expect("the watcher yielded nothing for 30 s")
+        .expect("the watcher stream never ends")
+}
+
+/// Polls until an Ok event, collecting errors on the way.
+async fn next_event(
+    stream: &mut (impl Stream<Item = Item> + Unpin),
+    errors: &mut Vec<WatchError>,
+) -> Event<Volume> {
+    loop {
+        match next(stream).await {
+            Ok(ev) => return ev,
+            Err(e) => errors.push(e),
+        }
+    }
+}
+
+fn names(objs: &[Volume]) -> Vec<String> {
+    let mut n: Vec<String> = objs.iter().map(|v| v.metadata.name.to_string()).collect();
+    n.sort();
+    n
+}
+
+fn applied_name(ev: &Event<Volume>) -> Option<String> {
+    match ev {
+        Event::Applied(v) => Some(v.metadata.name.to_string()),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn lists_then_streams_changes_in_order() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    store.create(&volume("a")).await.unwrap();
+    store.create(&volume("b")).await.unwrap();
+    let mut w = Box::pin(watcher::<VolumeSpec>(store.clone(), ""));
+    let mut errors = Vec::new();
+    match next_event(&mut w, &mut errors).await {
+        Event::Restarted(objs) => assert_eq!(names(&objs), ["a", "b"]),
+        other => panic!("expected the initial list, got {other:?}"),
+    }
+    let c = store.create(&volume("c")).await.unwrap();
+    let mut a = store.get::<VolumeSpec>("default/a").await.unwrap();
+    a.spec.capacity_max = Some(Size(4 << 30));
+    store.replace(&a).await.unwrap();
+    store.delete::<VolumeSpec>("default/b", None).await.unwrap();
+
+    let ev = next_event(&mut w, &mut errors).await;
+    assert_eq!(ev, Event::Applied(c));
+    match next_event(&mut w, &mut errors).await {
+        Event::Applied(v) => assert_eq!(v.spec.capacity_max, Some(Size(4 << 30))),
+        other => panic!("{other:?}"),
+    }
+    match next_event(&mut w, &mut errors).await {
+        Event::Deleted { key, last } => {
+            assert_eq!(key, "volumes/default/b");
+            assert_eq!(last.unwrap().metadata.name.as_str(), "b");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+#[tokio::test]
+async fn resumes_after_etcd_is_killed_and_restarted_missing_nothing() {
+    let mut etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    store.create(&volume("a")).await.unwrap();
+    let mut w = Box::pin(watcher::<VolumeSpec>(store.clone(), ""));
+    let mut errors = Vec::new();
+    assert!(matches!(next_event(&mut w, &mut errors).await, Event::Restarted(v) if v.len() == 1));
+    store.create(&volume("b")).await.unwrap();
+    assert_eq!(
+        applied_name(&next_event(&mut w, &mut errors).await).as_deref(),
+        Some("b")
+    );
+
+    etcd.kill();
+    // The broken connection surfaces as an error item; the stream goes on.
+    assert!(next(&mut w).await.is_err());
+    // While the watcher is not polled, etcd comes back and changes happen.
+    etcd.restart().await;
+    let writer = etcd.store("/t/").await;
+    writer.create(&volume("c")).await.unwrap();
+    writer.create(&volume("d")).await.unwrap();
+    writer
+        .delete::<VolumeSpec>("default/a", None)
+        .await
+        .unwrap();
+
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        match next_event(&mut w, &mut errors).await {
+            Event::Applied(v) => seen.push(format!("applied {}", v.metadata.name)),
+            Event::Deleted { key, .. } => seen.push(format!("deleted {key}")),
+            Event::Restarted(_) => panic!("it relisted instead of resuming from its revision"),
+        }
+    }
+    assert_eq!(
+        seen,
+        ["applied c", "applied d", "deleted volumes/default/a"]
+    );
+    // Nothing is repeated afterwards: the next event is a fresh change.
+    writer.create(&volume("e")).await.unwrap();
+    assert_eq!(
+        applied_name(&next_event(&mut w, &mut errors).await).as_deref(),
+        Some("e")
+    );
+}
+
+#[tokio::test]
+async fn relists_after_a_compaction_past_its_revision() {
+    let mut etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    store.create(&volume("a")).await.unwrap();
+    store.create(&volume("b")).await.unwrap();
+    let (reader, writer) = reflector::store::<Volume>();
+    let mut w = Box::pin(reflector::reflector(
+        writer,
+        watcher::<VolumeSpec>(store.clone(), ""),
+    ));
+    let mut errors = Vec::new();
+    assert!(matches!(next_event(&mut w, &mut errors).await, Event::Restarted(v) if v.len() == 2));
+
+    etcd.kill();
+    assert!(next(&mut w).await.is_err());
+    etcd.restart().await;
+    let other = etcd.store("/t/").await;
+    other.create(&volume("c")).await.unwrap();
+    other.delete::<VolumeSpec>("default/a", None).await.unwrap();
+    let latest = other
+        .create(&volume("d"))
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    other.compact(latest).await.unwrap();
+
+    let mut errors = Vec::new();
+    match next_event(&mut w, &mut errors).await {
+        Event::Restarted(objs) => assert_eq!(names(&objs), ["b", "c", "d"]),
+        other => panic!("expected a relist, got {other:?} after {errors:?}"),
+    }
+    assert!(
+        errors
+            .iter()
+            .any(|e| matches!(e, WatchError::Compacted { .. })),
+        "no compaction reported: {errors:?}"
+    );
+    let mut cached = reader.keys();
+    cached.sort();
+    assert_eq!(
+        cached,
+        [
+            "volumes/default/b",
+            "volumes/default/c",
+            "volumes/default/d"
+        ],
+        "the reflector still holds a deleted object"
+    );
+}
+
+#[tokio::test]
+async fn a_garbage_value_is_reported_and_skipped_while_the_rest_flows() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    let mut raw = etcd.raw_client().await;
+    store.create(&volume("a")).await.unwrap();
+    raw.put("/t/volumes/default/junk1", "\u{0}\u{1}binary", None)
+        .await
+        .unwrap();
+
+    let mut w = Box::pin(watcher::<VolumeSpec>(store.clone(), ""));
+    match next(&mut w).await {
+        Err(WatchError::Malformed(e)) => {
+            assert!(e.to_string().contains("volumes/default/junk1"), "{e}")
+        }
+        other => panic!("expected the listed garbage first, got {other:?}"),
+    }
+    assert!(matches!(next(&mut w).await, Ok(Event::Restarted(v)) if names(&v) == ["a"]));
+
+    store.create(&volume("b")).await.unwrap();
+    raw.put(
+        "/t/volumes/default/junk2",
+        r#"{"kind":"Volume","metadata":{"name":"junk2"},"spec":{}}"#,
+        None,
+    )
+    .await
+    .unwrap();
+    store.create(&volume("c")).await.unwrap();
+    assert_eq!(
+        applied_name(&next(&mut w).await.unwrap()).as_deref(),
+        Some("b")
+    );
+    match next(&mut w).await {
+        Err(WatchError::Malformed(e)) => {
+            let text = moor::runtime::controller::error_chain(&e);
+            assert!(text.contains("volumes/default/junk2"), "{text}");
+            assert!(
+                text.contains("plugin_id"),
+                "the cause should say what is invalid: {text}"
+            );
+        }
+        other => panic!("expected the garbage to be reported, got {other:?}"),
+    }
+    assert_eq!(
+        applied_name(&next(&mut w).await.unwrap()).as_deref(),
+        Some("c")
+    );
+}
+
+#[tokio::test]
+async fn a_scoped_watcher_sees_only_its_node() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/t/").await;
+    let claim = |node: &str, name: &str| {
+        let spec = ClaimSpec {
+            allocation: AllocationId::new("a").unwrap(),
+            request: Name::new("data").unwrap(),
+            volume: VolumeId::new("v").unwrap(),
+            node: NodeName::new(node).unwrap(),
+            plugin_id: PluginId::new("p").unwrap(),
+            ..Default::default()
+        };
+        Claim::new(&Namespace::default_ns(), Name::new(name).unwrap(), spec)
+    };
+    store.create(&claim("n1", "c1")).await.unwrap();
+    store.create(&claim("n10", "c2")).await.unwrap();
+    let mut w = Box::pin(watcher::<ClaimSpec>(store.clone(), "n1/"));
+    match w.next().await.unwrap().unwrap() {
+        Event::Restarted(objs) => {
+            assert_eq!(objs.len(), 1);
+            assert_eq!(objs[0].metadata.name.as_str(), "c1");
+        }
+        other => panic!("{other:?}"),
+    }
+    store.create(&claim("n10", "c3")).await.unwrap();
+    store.create(&claim("n1", "c4")).await.unwrap();
+    match w.next().await.unwrap().unwrap() {
+        Event::Applied(c) => assert_eq!(c.metadata.name.as_str(), "c4"),
+        other => panic!("{other:?}"),
+    }
+}
