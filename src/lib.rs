@@ -12,8 +12,10 @@
 //! - [`runtime`]: our kube-runtime: watcher, reflector, controller (keyed queue,
 //!   backoff, resync), leader election, metrics, shutdown.
 //! - [`csi`]: the CSI v1 protocol compiled from `proto/csi.proto`.
+//! - [`cli`]: moorctl, one file per verb.
 
 pub mod api;
+pub mod cli;
 pub mod csi;
 pub mod runtime;
 pub mod store;

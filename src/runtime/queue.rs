@@ -46,9 +46,7 @@ impl Queue {
             if *at > now {
                 return None;
             }
-            let Some(Reverse((at, _, key))) = self.heap.pop() else {
-                return None;
-            };
+            let Reverse((at, _, key)) = self.heap.pop()?;
             if self.pending.get(&key) != Some(&at) {
                 continue; // superseded by an earlier request
             }

@@ -72,7 +72,10 @@ enum State {
     /// Knows everything up to `revision`; must open a watch from `revision + 1`.
     Listed { revision: i64 },
     /// Watching; has seen everything up to `revision`.
-    Watching { revision: i64, stream: WatchStream },
+    Watching {
+        revision: i64,
+        stream: Box<WatchStream>,
+    },
 }
 
 struct Watcher<S: Spec> {
@@ -127,7 +130,10 @@ impl<S: Spec> Watcher<S> {
             State::Listed { revision } => {
                 let scope = format!("{}/{}", S::DIR, self.scope);
                 match self.store.watch_raw(&scope, revision + 1).await {
-                    Ok(stream) => State::Watching { revision, stream },
+                    Ok(stream) => State::Watching {
+                        revision,
+                        stream: Box::new(stream),
+                    },
                     Err(source) => {
                         self.pending
                             .push_back(Err(WatchError::Watch { revision, source }));

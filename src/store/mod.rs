@@ -44,7 +44,7 @@ pub enum Deleted<S: Spec> {
     /// The key is gone.
     Gone,
     /// Finalizers remain: deletion_timestamp is set and the object waits for them.
-    Finalizing(Object<S>),
+    Finalizing(Box<Object<S>>),
 }
 
 /// A page-by-page list result at one revision.
@@ -377,7 +377,7 @@ impl Store {
             current.metadata.deletion_timestamp = Some(Timestamp::now());
             current = self.write_at(current, rv).await?;
         }
-        Ok(Deleted::Finalizing(current))
+        Ok(Deleted::Finalizing(Box::new(current)))
     }
 
     /// Reads the stored object and checks it is still at the caller's revision.

@@ -106,7 +106,7 @@ impl Etcd {
 
     /// A store on this etcd under a prefix.
     pub async fn store(&self, prefix: &str) -> Store {
-        Store::connect(&[self.client_url.clone()], prefix)
+        Store::connect(std::slice::from_ref(&self.client_url), prefix)
             .await
             .expect("connect to etcd")
     }

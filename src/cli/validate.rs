@@ -1,0 +1,46 @@
+//! `moorctl validate -f FILE|-`: parse and validate manifests, reporting every problem.
+
+use anyhow::Context;
+use std::io::Read;
+
+use crate::api::parse_manifests;
+use crate::runtime::controller::error_chain;
+
+/// Check manifests without applying them.
+#[derive(Debug, clap::Args)]
+pub struct Validate {
+    /// The manifest file, or `-` for standard input.
+    #[arg(short = 'f', long = "filename")]
+    pub file: String,
+}
+
+impl Validate {
+    /// Prints one line per document; exit code 1 if any is invalid.
+    pub fn run(self) -> anyhow::Result<i32> {
+        let text = if self.file == "-" {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading standard input")?;
+            s
+        } else {
+            std::fs::read_to_string(&self.file).with_context(|| format!("reading {}", self.file))?
+        };
+        let mut bad = 0;
+        let results = parse_manifests(&text);
+        if results.is_empty() {
+            eprintln!("{}: no documents", self.file);
+            return Ok(1);
+        }
+        for result in results {
+            match result {
+                Ok(obj) => println!("valid   {}", obj.key()),
+                Err(e) => {
+                    bad += 1;
+                    println!("invalid {}", error_chain(&e));
+                }
+            }
+        }
+        Ok(if bad > 0 { 1 } else { 0 })
+    }
+}

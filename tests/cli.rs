@@ -1,0 +1,73 @@
+//! moorctl as a user runs it.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn moorctl(args: &[&str], stdin: &str) -> (i32, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moorctl"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run moorctl");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn validate_accepts_the_design_example() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/design.yaml");
+    let (code, out, err) = moorctl(&["validate", "-f", path], "");
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "valid   volumes/default/db-data",
+            "valid   volumes/default/archive",
+            "valid   allocations/default/web-1"
+        ]
+    );
+}
+
+#[test]
+fn validate_reports_every_problem_and_never_prints_secrets() {
+    let manifest = r#"
+kind: Volume
+metadata: {name: "..", namespace: "a b"}
+spec:
+  capacity_min: 2GiB
+  capacity_max: 1GiB
+  secrets: {password: hunter2}
+  mount_options: {mount_flags: ["password=hunter2"]}
+"#;
+    let (code, out, err) = moorctl(&["validate", "-f", "-"], manifest);
+    assert_eq!(code, 1, "{out}{err}");
+    for field in [
+        "metadata.name",
+        "metadata.namespace",
+        "spec.plugin_id",
+        "spec.capabilities",
+        "spec.capacity_max",
+    ] {
+        assert!(out.contains(field), "{field} missing from: {out}");
+    }
+    assert!(!out.contains("hunter2") && !err.contains("hunter2"));
+}
+
+#[test]
+fn validate_of_a_missing_file_is_a_clear_error() {
+    let (code, _, err) = moorctl(&["validate", "-f", "/nonexistent/x.yaml"], "");
+    assert_eq!(code, 2);
+    assert!(err.contains("reading /nonexistent/x.yaml"), "{err}");
+}
