@@ -103,7 +103,7 @@ impl<K: Resource> Controller<K> {
     where
         E: std::error::Error + Send + 'static,
     {
-        self.watches(events, |obj: &K| vec![obj.key()])
+        self.map_events(events, |obj: &K| vec![obj.key()], true)
     }
 
     /// Triggers on a related kind's events, mapped to the keys they concern.
@@ -116,19 +116,31 @@ impl<K: Resource> Controller<K> {
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
+        self.map_events(events, mapper, false)
+    }
+
+    /// Turns events into keys. A deletion whose last state is unknown names only its own
+    /// key, which is a key of this controller only when the events are its own kind's.
+    fn map_events<R, E>(
+        self,
+        events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
+        mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
+        own_kind: bool,
+    ) -> Self
+    where
+        R: Resource,
+        E: std::error::Error + Send + 'static,
+    {
         let name = self.name.clone();
         let keys = events.flat_map(move |item| {
             let keys = match item {
                 Ok(Event::Restarted(objs)) => objs.iter().flat_map(&mapper).collect(),
                 Ok(Event::Applied(obj)) => mapper(&obj),
-                Ok(Event::Deleted { key, last }) => match last {
-                    Some(obj) => mapper(&obj),
-                    // Without the last state only the own kind's key is known.
-                    None if std::any::TypeId::of::<R>() == std::any::TypeId::of::<K>() => {
-                        vec![key]
-                    }
-                    None => Vec::new(),
-                },
+                Ok(Event::Deleted {
+                    last: Some(obj), ..
+                }) => mapper(&obj),
+                Ok(Event::Deleted { key, last: None }) if own_kind => vec![key],
+                Ok(Event::Deleted { last: None, .. }) => Vec::new(),
                 Err(e) => {
                     tracing::warn!(controller = %name, error = %error_chain(&e), "watch error");
                     Vec::new()
@@ -505,6 +517,69 @@ mod tests {
             1,
             "a finished, b never started"
         );
+    }
+
+    #[derive(Clone, Debug)]
+    struct Related {
+        name: &'static str,
+        owners: Vec<&'static str>,
+    }
+    impl Resource for Related {
+        fn key(&self) -> String {
+            self.name.to_string()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn related_kinds_trigger_the_keys_they_map_to() {
+        let (reader, _writer) = reflector::store::<Obj>();
+        let related: Vec<Result<Event<Related>, Boom>> = vec![
+            Ok(Event::Restarted(vec![Related {
+                name: "r1",
+                owners: vec!["a"],
+            }])),
+            Ok(Event::Applied(Related {
+                name: "r2",
+                owners: vec!["b", "c"],
+            })),
+            Ok(Event::Deleted {
+                key: "r3".into(),
+                last: Some(Related {
+                    name: "r3",
+                    owners: vec!["d"],
+                }),
+            }),
+            // A related object deleted without its last state names no owner.
+            Ok(Event::Deleted {
+                key: "r4".into(),
+                last: None,
+            }),
+            Err(Boom),
+        ];
+        let log: Log = Arc::default();
+        let shutdown = CancellationToken::new();
+        let l = log.clone();
+        let start = Instant::now();
+        let ctl = Controller::new("t", reader, config(2))
+            .watches(futures::stream::iter(related), |r: &Related| {
+                r.owners.iter().map(|o| o.to_string()).collect()
+            });
+        let handle = tokio::spawn(ctl.run(
+            move |key: String| {
+                let l = l.clone();
+                async move {
+                    l.lock().unwrap().push((key, start.elapsed()));
+                    Ok::<_, Boom>(Action::AwaitChange)
+                }
+            },
+            shutdown.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        shutdown.cancel();
+        handle.await.unwrap();
+        let mut keys: Vec<String> = log.lock().unwrap().iter().map(|(k, _)| k.clone()).collect();
+        keys.sort();
+        assert_eq!(keys, ["a", "b", "c", "d"]);
     }
 
     #[tokio::test(start_paused = true)]
