@@ -4,6 +4,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        .btree_map(".")
         .compile_protos(&["proto/csi.proto"], &["proto"])?;
     Ok(())
 }

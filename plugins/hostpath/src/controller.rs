@@ -1,0 +1,782 @@
+//! The Controller service: volumes are directories under `<state-dir>/volumes`,
+//! snapshots copies under `<state-dir>/snapshots`, attachments a set of node ids per volume.
+
+use moor::csi::v1::{
+    controller_server::Controller, controller_service_capability, list_snapshots_response,
+    list_volumes_response, validate_volume_capabilities_response, volume_capability,
+    volume_content_source, ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
+    ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerModifyVolumeRequest,
+    ControllerModifyVolumeResponse, ControllerPublishVolumeRequest,
+    ControllerPublishVolumeResponse, ControllerServiceCapability, ControllerUnpublishVolumeRequest,
+    ControllerUnpublishVolumeResponse, CreateSnapshotRequest, CreateSnapshotResponse,
+    CreateVolumeRequest, CreateVolumeResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
+    DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
+    ListSnapshotsRequest, ListSnapshotsResponse, ListVolumesRequest, ListVolumesResponse, Snapshot,
+    Topology, ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, Volume,
+    VolumeCapability,
+};
+use std::collections::BTreeMap;
+use std::path::Path;
+use tonic::{Request, Response, Status};
+
+use crate::calllog::Call;
+use crate::state::{SnapshotRec, Source, VolumeRec};
+use crate::{require, Plugin};
+
+/// Capacity of a volume created without a capacity range.
+const DEFAULT_CAPACITY: i64 = 1 << 30;
+
+/// Checks one capability: an access type and a known access mode.
+pub(crate) fn check_capability(cap: &VolumeCapability) -> Result<(bool, i32), Status> {
+    let block = match cap.access_type {
+        Some(volume_capability::AccessType::Block(_)) => true,
+        Some(volume_capability::AccessType::Mount(_)) => false,
+        None => {
+            return Err(Status::invalid_argument(
+                "volume_capability.access_type is required",
+            ))
+        }
+    };
+    let mode = cap
+        .access_mode
+        .as_ref()
+        .map(|m| m.mode)
+        .ok_or_else(|| Status::invalid_argument("volume_capability.access_mode is required"))?;
+    match volume_capability::access_mode::Mode::try_from(mode) {
+        Ok(volume_capability::access_mode::Mode::Unknown) | Err(_) => Err(
+            Status::invalid_argument(format!("access mode {mode} is not supported")),
+        ),
+        Ok(_) => Ok((block, mode)),
+    }
+}
+
+fn is_single_node(mode: i32) -> bool {
+    use volume_capability::access_mode::Mode;
+    matches!(
+        Mode::try_from(mode),
+        Ok(Mode::SingleNodeWriter
+            | Mode::SingleNodeReaderOnly
+            | Mode::SingleNodeSingleWriter
+            | Mode::SingleNodeMultiWriter)
+    )
+}
+
+fn copy_dir(src: &Path, dst: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let to = dst.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &to)?;
+        } else {
+            std::fs::copy(entry.path(), to)?;
+        }
+    }
+    Ok(())
+}
+
+fn internal(what: &str, e: std::io::Error) -> Status {
+    Status::internal(format!("{what}: {e}"))
+}
+
+fn page<T: Clone>(items: &[T], max_entries: i32, token: &str) -> Result<(Vec<T>, String), Status> {
+    if max_entries < 0 {
+        return Err(Status::invalid_argument("max_entries may not be negative"));
+    }
+    let start = if token.is_empty() {
+        0
+    } else {
+        token
+            .parse::<usize>()
+            .ok()
+            .filter(|s| *s <= items.len())
+            .ok_or_else(|| Status::aborted(format!("starting_token {token:?} is not valid")))?
+    };
+    let end = if max_entries == 0 {
+        items.len()
+    } else {
+        (start + max_entries as usize).min(items.len())
+    };
+    let next = if end < items.len() {
+        end.to_string()
+    } else {
+        String::new()
+    };
+    Ok((items[start..end].to_vec(), next))
+}
+
+impl Plugin {
+    fn topology(&self) -> Vec<Topology> {
+        if self.inner.topology.is_empty() {
+            Vec::new()
+        } else {
+            vec![Topology {
+                segments: self.inner.topology.clone(),
+            }]
+        }
+    }
+
+    fn volume_message(&self, v: &VolumeRec) -> Volume {
+        Volume {
+            capacity_bytes: v.capacity,
+            volume_id: v.id.clone(),
+            volume_context: [("path".to_string(), v.path.display().to_string())].into(),
+            content_source: v
+                .source
+                .as_ref()
+                .map(|s| moor::csi::v1::VolumeContentSource {
+                    r#type: Some(match s {
+                        Source::Snapshot(id) => volume_content_source::Type::Snapshot(
+                            volume_content_source::SnapshotSource {
+                                snapshot_id: id.clone(),
+                            },
+                        ),
+                        Source::Volume(id) => volume_content_source::Type::Volume(
+                            volume_content_source::VolumeSource {
+                                volume_id: id.clone(),
+                            },
+                        ),
+                    }),
+                }),
+            accessible_topology: self.topology(),
+        }
+    }
+
+    fn snapshot_message(s: &SnapshotRec) -> Snapshot {
+        Snapshot {
+            size_bytes: s.size,
+            snapshot_id: s.id.clone(),
+            source_volume_id: s.source_volume_id.clone(),
+            creation_time: Some(prost_types::Timestamp {
+                seconds: s.created_secs,
+                nanos: 0,
+            }),
+            ready_to_use: true,
+            group_snapshot_id: String::new(),
+        }
+    }
+
+    /// Whether a topology requirement can be met by this plugin's segments.
+    fn topology_fits(&self, req: Option<&moor::csi::v1::TopologyRequirement>) -> bool {
+        let Some(req) = req else { return true };
+        if self.inner.topology.is_empty() || req.requisite.is_empty() {
+            return true;
+        }
+        req.requisite.iter().any(|t| {
+            t.segments
+                .iter()
+                .all(|(k, v)| self.inner.topology.get(k) == Some(v))
+        })
+    }
+}
+
+fn call(rpc: &str) -> Call {
+    Call {
+        rpc: rpc.into(),
+        ..Default::default()
+    }
+}
+
+#[tonic::async_trait]
+impl Controller for Plugin {
+    async fn create_volume(
+        &self,
+        request: Request<CreateVolumeRequest>,
+    ) -> Result<Response<CreateVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            name: Some(req.name.clone()),
+            ..call("CreateVolume")
+        };
+        self.call(c, async {
+            require(&req.name, "name")?;
+            if req.volume_capabilities.is_empty() {
+                return Err(Status::invalid_argument("volume_capabilities is required"));
+            }
+            let mut single_node = false;
+            for cap in &req.volume_capabilities {
+                single_node |= is_single_node(check_capability(cap)?.1);
+            }
+            let (required, limit) = req
+                .capacity_range
+                .as_ref()
+                .map(|r| (r.required_bytes, r.limit_bytes))
+                .unwrap_or_default();
+            if required < 0 || limit < 0 {
+                return Err(Status::invalid_argument(
+                    "capacity_range may not be negative",
+                ));
+            }
+            if limit > 0 && limit < required {
+                return Err(Status::invalid_argument(
+                    "capacity_range.limit_bytes is below required_bytes",
+                ));
+            }
+            let size = if required > 0 {
+                required
+            } else if limit > 0 {
+                limit.min(DEFAULT_CAPACITY)
+            } else {
+                DEFAULT_CAPACITY
+            };
+            if !self.topology_fits(req.accessibility_requirements.as_ref()) {
+                return Err(Status::resource_exhausted(
+                    "no requisite topology matches this plugin's segments",
+                ));
+            }
+            let source = req
+                .volume_content_source
+                .as_ref()
+                .and_then(|s| s.r#type.as_ref())
+                .map(|t| match t {
+                    volume_content_source::Type::Snapshot(s) => {
+                        Source::Snapshot(s.snapshot_id.clone())
+                    }
+                    volume_content_source::Type::Volume(v) => Source::Volume(v.volume_id.clone()),
+                });
+            let total = self.inner.capacity;
+            let dir = self.cfg().state_dir.clone();
+            let vol = self
+                .mutate(|st| {
+                    if let Some(existing) = st.volume_by_name(&req.name) {
+                        let fits = existing.capacity >= required
+                            && (limit == 0 || existing.capacity <= limit)
+                            && existing.parameters == req.parameters
+                            && existing.source == source;
+                        return if fits {
+                            Ok(existing.clone())
+                        } else {
+                            Err(Status::already_exists(format!(
+                                "volume {:?} exists with other capacity, parameters or source",
+                                req.name
+                            )))
+                        };
+                    }
+                    if st.used_capacity() + size > total {
+                        return Err(Status::resource_exhausted(format!(
+                            "{size} bytes requested, {} available",
+                            total - st.used_capacity()
+                        )));
+                    }
+                    let id = format!("vol-{}", uuid::Uuid::new_v4().simple());
+                    let path = dir.join("volumes").join(&id);
+                    match &source {
+                        Some(Source::Snapshot(sid)) => {
+                            let snap = st.snapshots.get(sid).ok_or_else(|| {
+                                Status::not_found(format!("snapshot {sid} not found"))
+                            })?;
+                            copy_dir(&snap.path, &path)
+                                .map_err(|e| internal("copying the snapshot", e))?;
+                        }
+                        Some(Source::Volume(vid)) => {
+                            let src = st.volumes.get(vid).ok_or_else(|| {
+                                Status::not_found(format!("volume {vid} not found"))
+                            })?;
+                            copy_dir(&src.path, &path)
+                                .map_err(|e| internal("cloning the volume", e))?;
+                        }
+                        None => std::fs::create_dir_all(&path)
+                            .map_err(|e| internal("creating the volume", e))?,
+                    }
+                    let rec = VolumeRec {
+                        id: id.clone(),
+                        name: req.name.clone(),
+                        capacity: size,
+                        parameters: req.parameters.clone(),
+                        source: source.clone(),
+                        path,
+                        topology: self.inner.topology.clone(),
+                        published: BTreeMap::new(),
+                        single_node,
+                    };
+                    st.volumes.insert(id, rec.clone());
+                    Ok(rec)
+                })
+                .await?;
+            Ok(CreateVolumeResponse {
+                volume: Some(self.volume_message(&vol)),
+            })
+        })
+        .await
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<DeleteVolumeRequest>,
+    ) -> Result<Response<DeleteVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            volume_id: Some(req.volume_id.clone()),
+            ..call("DeleteVolume")
+        };
+        self.call(c, async {
+            require(&req.volume_id, "volume_id")?;
+            self.mutate(|st| {
+                let Some(vol) = st.volumes.get(&req.volume_id) else {
+                    return Ok(());
+                };
+                if !vol.published.is_empty() {
+                    return Err(Status::failed_precondition(format!(
+                        "volume {} is still published to {:?}",
+                        vol.id,
+                        vol.published.keys().collect::<Vec<_>>()
+                    )));
+                }
+                match std::fs::remove_dir_all(&vol.path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(internal("removing the volume", e))
+                    }
+                    _ => {}
+                }
+                st.volumes.remove(&req.volume_id);
+                Ok(())
+            })
+            .await?;
+            Ok(DeleteVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        request: Request<ControllerPublishVolumeRequest>,
+    ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            volume_id: Some(req.volume_id.clone()),
+            node_id: Some(req.node_id.clone()),
+            readonly: Some(req.readonly),
+            ..call("ControllerPublishVolume")
+        };
+        self.call(c, async {
+            if !self.cfg().publish_unpublish {
+                return Err(Status::unimplemented(
+                    "PUBLISH_UNPUBLISH_VOLUME is not advertised",
+                ));
+            }
+            require(&req.volume_id, "volume_id")?;
+            require(&req.node_id, "node_id")?;
+            let cap = req
+                .volume_capability
+                .as_ref()
+                .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
+            let (_, mode) = check_capability(cap)?;
+            let max = self.cfg().max_volumes_per_node;
+            self.mutate(|st| {
+                let on_node = st
+                    .volumes
+                    .values()
+                    .filter(|v| v.published.contains_key(&req.node_id))
+                    .count() as i64;
+                let vol = st.volumes.get_mut(&req.volume_id).ok_or_else(|| {
+                    Status::not_found(format!("volume {} not found", req.volume_id))
+                })?;
+                match vol.published.get(&req.node_id) {
+                    Some(ro) if *ro == req.readonly => return Ok(()),
+                    Some(_) => {
+                        return Err(Status::already_exists(
+                            "already published to this node with another readonly flag",
+                        ))
+                    }
+                    None => {}
+                }
+                if is_single_node(mode) {
+                    if let Some(other) = vol.published.keys().next() {
+                        return Err(Status::failed_precondition(format!(
+                            "single-node volume {} is published to node {other}",
+                            vol.id
+                        )));
+                    }
+                }
+                if max > 0 && on_node >= max {
+                    return Err(Status::resource_exhausted(format!(
+                        "node {} already has {on_node} volumes (max {max})",
+                        req.node_id
+                    )));
+                }
+                vol.published.insert(req.node_id.clone(), req.readonly);
+                Ok(())
+            })
+            .await?;
+            Ok(ControllerPublishVolumeResponse {
+                publish_context: [
+                    ("attached_to".to_string(), req.node_id.clone()),
+                    ("readonly".to_string(), req.readonly.to_string()),
+                ]
+                .into(),
+            })
+        })
+        .await
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        request: Request<ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            volume_id: Some(req.volume_id.clone()),
+            node_id: Some(req.node_id.clone()),
+            ..call("ControllerUnpublishVolume")
+        };
+        self.call(c, async {
+            if !self.cfg().publish_unpublish {
+                return Err(Status::unimplemented(
+                    "PUBLISH_UNPUBLISH_VOLUME is not advertised",
+                ));
+            }
+            require(&req.volume_id, "volume_id")?;
+            self.mutate(|st| {
+                if let Some(vol) = st.volumes.get_mut(&req.volume_id) {
+                    if req.node_id.is_empty() {
+                        vol.published.clear();
+                    } else {
+                        vol.published.remove(&req.node_id);
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+            Ok(ControllerUnpublishVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            volume_id: Some(req.volume_id.clone()),
+            ..call("ValidateVolumeCapabilities")
+        };
+        self.call(c, async {
+            require(&req.volume_id, "volume_id")?;
+            if req.volume_capabilities.is_empty() {
+                return Err(Status::invalid_argument("volume_capabilities is required"));
+            }
+            for cap in &req.volume_capabilities {
+                check_capability(cap)?;
+            }
+            if !self
+                .read(|st| st.volumes.contains_key(&req.volume_id))
+                .await
+            {
+                return Err(Status::not_found(format!(
+                    "volume {} not found",
+                    req.volume_id
+                )));
+            }
+            Ok(ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(validate_volume_capabilities_response::Confirmed {
+                    volume_context: req.volume_context.clone(),
+                    volume_capabilities: req.volume_capabilities.clone(),
+                    parameters: req.parameters.clone(),
+                    mutable_parameters: Default::default(),
+                }),
+                message: String::new(),
+            })
+        })
+        .await
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<ListVolumesRequest>,
+    ) -> Result<Response<ListVolumesResponse>, Status> {
+        let req = request.into_inner();
+        self.call(call("ListVolumes"), async {
+            let all: Vec<VolumeRec> = self.read(|st| st.volumes.values().cloned().collect()).await;
+            let (items, next_token) = page(&all, req.max_entries, &req.starting_token)?;
+            Ok(ListVolumesResponse {
+                entries: items
+                    .iter()
+                    .map(|v| list_volumes_response::Entry {
+                        volume: Some(self.volume_message(v)),
+                        status: Some(list_volumes_response::VolumeStatus {
+                            published_node_ids: v.published.keys().cloned().collect(),
+                            volume_condition: None,
+                        }),
+                    })
+                    .collect(),
+                next_token,
+            })
+        })
+        .await
+    }
+
+    async fn get_capacity(
+        &self,
+        _: Request<GetCapacityRequest>,
+    ) -> Result<Response<GetCapacityResponse>, Status> {
+        self.call(call("GetCapacity"), async {
+            let available = self.inner.capacity - self.read(|st| st.used_capacity()).await;
+            Ok(GetCapacityResponse {
+                available_capacity: available.max(0),
+                maximum_volume_size: Some(available.max(0)),
+                minimum_volume_size: None,
+            })
+        })
+        .await
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
+        use controller_service_capability::rpc::Type;
+        self.call(call("ControllerGetCapabilities"), async {
+            let mut types = vec![
+                Type::CreateDeleteVolume,
+                Type::ListVolumes,
+                Type::GetCapacity,
+                Type::CreateDeleteSnapshot,
+                Type::ListSnapshots,
+                Type::CloneVolume,
+                Type::ExpandVolume,
+                Type::GetVolume,
+            ];
+            if self.cfg().publish_unpublish {
+                types.extend([
+                    Type::PublishUnpublishVolume,
+                    Type::PublishReadonly,
+                    Type::ListVolumesPublishedNodes,
+                ]);
+            }
+            Ok(ControllerGetCapabilitiesResponse {
+                capabilities: types
+                    .into_iter()
+                    .map(|t| ControllerServiceCapability {
+                        r#type: Some(controller_service_capability::Type::Rpc(
+                            controller_service_capability::Rpc { r#type: t as i32 },
+                        )),
+                    })
+                    .collect(),
+            })
+        })
+        .await
+    }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<CreateSnapshotRequest>,
+    ) -> Result<Response<CreateSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            volume_id: Some(req.source_volume_id.clone()),
+            name: Some(req.name.clone()),
+            ..call("CreateSnapshot")
+        };
+        self.call(c, async {
+            require(&req.source_volume_id, "source_volume_id")?;
+            require(&req.name, "name")?;
+            let dir = self.cfg().state_dir.clone();
+            let snap = self
+                .mutate(|st| {
+                    if let Some(s) = st.snapshots.values().find(|s| s.name == req.name) {
+                        return if s.source_volume_id == req.source_volume_id {
+                            Ok(s.clone())
+                        } else {
+                            Err(Status::already_exists(format!(
+                                "snapshot {:?} exists for another volume",
+                                req.name
+                            )))
+                        };
+                    }
+                    let vol = st.volumes.get(&req.source_volume_id).ok_or_else(|| {
+                        Status::not_found(format!("volume {} not found", req.source_volume_id))
+                    })?;
+                    let id = format!("snap-{}", uuid::Uuid::new_v4().simple());
+                    let path = dir.join("snapshots").join(&id);
+                    copy_dir(&vol.path, &path).map_err(|e| internal("copying the volume", e))?;
+                    let rec = SnapshotRec {
+                        id: id.clone(),
+                        name: req.name.clone(),
+                        source_volume_id: vol.id.clone(),
+                        size: vol.capacity,
+                        created_secs: std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs() as i64)
+                            .unwrap_or_default(),
+                        path,
+                    };
+                    st.snapshots.insert(id, rec.clone());
+                    Ok(rec)
+                })
+                .await?;
+            Ok(CreateSnapshotResponse {
+                snapshot: Some(Plugin::snapshot_message(&snap)),
+            })
+        })
+        .await
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            snapshot_id: Some(req.snapshot_id.clone()),
+            ..call("DeleteSnapshot")
+        };
+        self.call(c, async {
+            require(&req.snapshot_id, "snapshot_id")?;
+            self.mutate(|st| {
+                if let Some(s) = st.snapshots.remove(&req.snapshot_id) {
+                    match std::fs::remove_dir_all(&s.path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(internal("removing the snapshot", e))
+                        }
+                        _ => {}
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+            Ok(DeleteSnapshotResponse {})
+        })
+        .await
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
+        let req = request.into_inner();
+        self.call(call("ListSnapshots"), async {
+            let all: Vec<SnapshotRec> = self
+                .read(|st| {
+                    st.snapshots
+                        .values()
+                        .filter(|s| req.snapshot_id.is_empty() || s.id == req.snapshot_id)
+                        .filter(|s| {
+                            req.source_volume_id.is_empty()
+                                || s.source_volume_id == req.source_volume_id
+                        })
+                        .cloned()
+                        .collect()
+                })
+                .await;
+            let (items, next_token) = page(&all, req.max_entries, &req.starting_token)?;
+            Ok(ListSnapshotsResponse {
+                entries: items
+                    .iter()
+                    .map(|s| list_snapshots_response::Entry {
+                        snapshot: Some(Plugin::snapshot_message(s)),
+                    })
+                    .collect(),
+                next_token,
+            })
+        })
+        .await
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        request: Request<ControllerExpandVolumeRequest>,
+    ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            volume_id: Some(req.volume_id.clone()),
+            ..call("ControllerExpandVolume")
+        };
+        self.call(c, async {
+            require(&req.volume_id, "volume_id")?;
+            let range = req
+                .capacity_range
+                .ok_or_else(|| Status::invalid_argument("capacity_range is required"))?;
+            let total = self.inner.capacity;
+            let capacity = self
+                .mutate(|st| {
+                    let used = st.used_capacity();
+                    let vol = st.volumes.get_mut(&req.volume_id).ok_or_else(|| {
+                        Status::not_found(format!("volume {} not found", req.volume_id))
+                    })?;
+                    if range.limit_bytes > 0 && range.limit_bytes < vol.capacity {
+                        return Err(Status::out_of_range("volumes do not shrink"));
+                    }
+                    let new = range.required_bytes.max(vol.capacity);
+                    if used - vol.capacity + new > total {
+                        return Err(Status::resource_exhausted("not enough capacity to expand"));
+                    }
+                    vol.capacity = new;
+                    Ok(new)
+                })
+                .await?;
+            Ok(ControllerExpandVolumeResponse {
+                capacity_bytes: capacity,
+                node_expansion_required: false,
+            })
+        })
+        .await
+    }
+
+    async fn controller_get_volume(
+        &self,
+        request: Request<ControllerGetVolumeRequest>,
+    ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            volume_id: Some(req.volume_id.clone()),
+            ..call("ControllerGetVolume")
+        };
+        self.call(c, async {
+            require(&req.volume_id, "volume_id")?;
+            let vol = self
+                .read(|st| st.volumes.get(&req.volume_id).cloned())
+                .await
+                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))?;
+            Ok(ControllerGetVolumeResponse {
+                volume: Some(self.volume_message(&vol)),
+                status: Some(
+                    moor::csi::v1::controller_get_volume_response::VolumeStatus {
+                        published_node_ids: vol.published.keys().cloned().collect(),
+                        volume_condition: None,
+                    },
+                ),
+            })
+        })
+        .await
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        _: Request<ControllerModifyVolumeRequest>,
+    ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
+        self.call(call("ControllerModifyVolume"), async {
+            Err(Status::unimplemented("MODIFY_VOLUME is not advertised"))
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_cover_everything_once_and_bad_tokens_abort() {
+        let items: Vec<u32> = (0..10).collect();
+        let (a, t) = page(&items, 4, "").unwrap();
+        assert_eq!((a, t.as_str()), (vec![0, 1, 2, 3], "4"));
+        let (b, t) = page(&items, 4, &t).unwrap();
+        let (c, t) = page(&items, 4, &t).unwrap();
+        assert_eq!((b.len(), c, t.as_str()), (4, vec![8, 9], ""));
+        assert_eq!(page(&items, 0, "").unwrap().0.len(), 10);
+        assert_eq!(
+            page(&items, 2, "x").unwrap_err().code(),
+            tonic::Code::Aborted
+        );
+        assert_eq!(
+            page(&items, 2, "11").unwrap_err().code(),
+            tonic::Code::Aborted
+        );
+        assert_eq!(
+            page(&items, -1, "").unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+}

@@ -1,0 +1,75 @@
+//! The Identity service.
+
+use moor::csi::v1::{
+    identity_server::Identity, plugin_capability, GetPluginCapabilitiesRequest,
+    GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability,
+    ProbeRequest, ProbeResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::calllog::Call;
+use crate::{Mode, Plugin};
+
+fn service(t: plugin_capability::service::Type) -> PluginCapability {
+    PluginCapability {
+        r#type: Some(plugin_capability::Type::Service(
+            plugin_capability::Service { r#type: t as i32 },
+        )),
+    }
+}
+
+fn call(rpc: &str) -> Call {
+    Call {
+        rpc: rpc.into(),
+        ..Default::default()
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for Plugin {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
+        self.call(call("GetPluginInfo"), async {
+            Ok(GetPluginInfoResponse {
+                name: self.cfg().driver_name.clone(),
+                vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+                manifest: Default::default(),
+            })
+        })
+        .await
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        use plugin_capability::service::Type;
+        self.call(call("GetPluginCapabilities"), async {
+            let mut capabilities = Vec::new();
+            if self.cfg().mode != Mode::Node {
+                capabilities.push(service(Type::ControllerService));
+            }
+            if !self.inner.topology.is_empty() {
+                capabilities.push(service(Type::VolumeAccessibilityConstraints));
+            }
+            capabilities.push(PluginCapability {
+                r#type: Some(plugin_capability::Type::VolumeExpansion(
+                    plugin_capability::VolumeExpansion {
+                        r#type: plugin_capability::volume_expansion::Type::Online as i32,
+                    },
+                )),
+            });
+            Ok(GetPluginCapabilitiesResponse { capabilities })
+        })
+        .await
+    }
+
+    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        self.call(call("Probe"), async {
+            Ok(ProbeResponse { ready: Some(true) })
+        })
+        .await
+    }
+}

@@ -1,0 +1,294 @@
+//! moor-hostpath: a CSI plugin whose volumes are directories on the host, for demos and
+//! for tests that must exercise every branch of the lifecycle.
+//!
+//! # Layout
+//! - [`state`]: volumes, snapshots, attachments, stages and publishes, persisted in the
+//!   state dir after every change.
+//! - `identity`, `controller`, `node`: the three CSI services (the spec's error codes).
+//! - [`mounts`]: real bind mounts (or none, with `--no-mount`).
+//! - [`faults`]: fault injection through the admin socket.
+//! - [`calllog`]: one JSON line per RPC.
+
+pub mod calllog;
+
+mod controller;
+pub mod faults;
+mod identity;
+pub mod mounts;
+mod node;
+pub mod state;
+
+use moor::csi::v1::{
+    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+use tonic::{Response, Status};
+
+use calllog::{Call, CallLog};
+use faults::Faults;
+use state::State;
+
+/// Which CSI services this instance serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Identity, Controller and Node.
+    Monolith,
+    /// Identity and Controller.
+    Controller,
+    /// Identity and Node.
+    Node,
+}
+
+/// How the plugin runs (the command line).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "moor-hostpath", version, about = "moor's reference CSI plugin")]
+pub struct Config {
+    /// Where to serve CSI, `unix:///path/to/csi.sock`.
+    #[arg(long)]
+    pub endpoint: String,
+    /// This node's id, as NodeGetInfo reports it.
+    #[arg(long)]
+    pub node_id: String,
+    /// Where volumes, state, the call log and the admin socket live.
+    #[arg(long)]
+    pub state_dir: PathBuf,
+    /// Which services to serve.
+    #[arg(long, value_enum, default_value = "monolith")]
+    pub mode: Mode,
+    /// The driver name GetPluginInfo reports.
+    #[arg(long, default_value = "hostpath.moor.dev")]
+    pub driver_name: String,
+    /// NodeGetInfo's max_volumes_per_node (0: no limit); ControllerPublish enforces it.
+    #[arg(long, default_value_t = 0)]
+    pub max_volumes_per_node: i64,
+    /// Topology segments of this node, `key=value,...`; enables
+    /// VOLUME_ACCESSIBILITY_CONSTRAINTS.
+    #[arg(long, value_delimiter = ',')]
+    pub topology: Vec<String>,
+    /// Total capacity volumes may take (bytes or units, e.g. 100GiB).
+    #[arg(long, default_value = "100GiB")]
+    pub capacity: String,
+    /// Advertise PUBLISH_UNPUBLISH_VOLUME (ControllerPublish needed).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub publish_unpublish: bool,
+    /// Advertise STAGE_UNSTAGE_VOLUME (NodeStage needed).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub stage_unstage: bool,
+    /// Keep the same state and rules without mounting (unprivileged machines, benchmarks).
+    #[arg(long)]
+    pub no_mount: bool,
+    /// The fault-injection socket (default `<state-dir>/admin.sock`).
+    #[arg(long)]
+    pub admin_socket: Option<PathBuf>,
+    /// The call log (default `<state-dir>/calls.jsonl`).
+    #[arg(long)]
+    pub call_log: Option<PathBuf>,
+}
+
+impl Config {
+    /// The admin socket's path.
+    pub fn admin_path(&self) -> PathBuf {
+        self.admin_socket
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("admin.sock"))
+    }
+
+    /// The call log's path.
+    pub fn call_log_path(&self) -> PathBuf {
+        self.call_log
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("calls.jsonl"))
+    }
+
+    fn socket_path(&self) -> anyhow::Result<PathBuf> {
+        self.endpoint
+            .strip_prefix("unix://")
+            .map(PathBuf::from)
+            .ok_or_else(|| {
+                anyhow::anyhow!("--endpoint must be unix:///path, got {:?}", self.endpoint)
+            })
+    }
+}
+
+struct Inner {
+    cfg: Config,
+    capacity: i64,
+    topology: BTreeMap<String, String>,
+    state: Mutex<State>,
+    log: CallLog,
+    faults: Arc<Faults>,
+}
+
+/// The plugin: a cheap handle shared by the three services.
+#[derive(Clone)]
+pub struct Plugin {
+    inner: Arc<Inner>,
+}
+
+/// Writes the call's log line when it ends, or as `Cancelled` if the caller gave up and
+/// the handler was dropped.
+struct LogGuard<'a> {
+    log: &'a CallLog,
+    call: Option<Call>,
+    start: Instant,
+}
+
+impl LogGuard<'_> {
+    fn finish(&mut self, result: Result<(), &Status>) {
+        if let Some(mut call) = self.call.take() {
+            match result {
+                Ok(()) => call.code = "OK".into(),
+                Err(s) => {
+                    call.code = format!("{:?}", s.code());
+                    call.message = Some(s.message().to_string());
+                }
+            }
+            self.write(call);
+        }
+    }
+
+    fn write(&self, mut call: Call) {
+        call.time = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+        call.duration_ms = self.start.elapsed().as_secs_f64() * 1000.0;
+        self.log.append(&call);
+    }
+}
+
+impl Drop for LogGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(mut call) = self.call.take() {
+            call.code = "Cancelled".into();
+            self.write(call);
+        }
+    }
+}
+
+impl Plugin {
+    /// Loads the state and opens the call log.
+    pub fn new(cfg: Config) -> anyhow::Result<Plugin> {
+        use anyhow::Context;
+        std::fs::create_dir_all(cfg.state_dir.join("volumes"))
+            .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
+        std::fs::create_dir_all(cfg.state_dir.join("snapshots"))?;
+        let capacity = moor::api::Size::parse(&cfg.capacity)
+            .map_err(anyhow::Error::msg)?
+            .0 as i64;
+        let mut topology = BTreeMap::new();
+        for seg in &cfg.topology {
+            let (k, v) = seg
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--topology takes key=value, got {seg:?}"))?;
+            topology.insert(k.to_string(), v.to_string());
+        }
+        let state = State::load(&cfg.state_dir)?;
+        let log = CallLog::open(&cfg.call_log_path())
+            .with_context(|| format!("opening {}", cfg.call_log_path().display()))?;
+        Ok(Plugin {
+            inner: Arc::new(Inner {
+                cfg,
+                capacity,
+                topology,
+                state: Mutex::new(state),
+                log,
+                faults: Arc::new(Faults::default()),
+            }),
+        })
+    }
+
+    fn cfg(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Runs one RPC: faults first, then the operation, then the log line.
+    async fn call<T>(
+        &self,
+        call: Call,
+        op: impl Future<Output = Result<T, Status>>,
+    ) -> Result<Response<T>, Status> {
+        let rpc = call.rpc.clone();
+        let mut guard = LogGuard {
+            log: &self.inner.log,
+            call: Some(call),
+            start: Instant::now(),
+        };
+        let hold = match self.inner.faults.before(&rpc).await {
+            Ok(hold) => hold,
+            Err(status) => {
+                guard.finish(Err(&status));
+                return Err(status);
+            }
+        };
+        let result = op.await;
+        self.inner.faults.after(&rpc, hold).await;
+        guard.finish(result.as_ref().map(|_| ()));
+        result.map(Response::new)
+    }
+
+    /// Changes the state: `f` edits a copy, which is saved before it replaces the live
+    /// state, so a failed save changes nothing.
+    async fn mutate<R>(
+        &self,
+        f: impl FnOnce(&mut State) -> Result<R, Status>,
+    ) -> Result<R, Status> {
+        let mut state = self.inner.state.lock().await;
+        let mut next = state.clone();
+        let r = f(&mut next)?;
+        next.save(&self.cfg().state_dir)
+            .map_err(|e| Status::internal(format!("cannot save state: {e}")))?;
+        *state = next;
+        Ok(r)
+    }
+
+    async fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&*self.inner.state.lock().await)
+    }
+}
+
+/// Serves the plugin on its unix socket, and the admin socket, until `shutdown`.
+pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let socket = cfg.socket_path()?;
+    let admin = cfg.admin_path();
+    let mode = cfg.mode;
+    let plugin = Plugin::new(cfg)?;
+    for path in [&socket, &admin] {
+        if path.exists() {
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing stale {}", path.display()))?;
+        }
+    }
+    let admin_listener = tokio::net::UnixListener::bind(&admin)
+        .with_context(|| format!("binding {}", admin.display()))?;
+    tokio::spawn(plugin.inner.faults.clone().serve_admin(admin_listener));
+    let listener = tokio::net::UnixListener::bind(&socket)
+        .with_context(|| format!("binding {}", socket.display()))?;
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let mut router =
+        tonic::transport::Server::builder().add_service(IdentityServer::new(plugin.clone()));
+    if mode != Mode::Node {
+        router = router.add_service(ControllerServer::new(plugin.clone()));
+    }
+    if mode != Mode::Controller {
+        router = router.add_service(NodeServer::new(plugin.clone()));
+    }
+    tracing::info!(socket = %socket.display(), admin = %admin.display(), ?mode, "serving CSI");
+    router
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled())
+        .await
+        .context("serving CSI")?;
+    Ok(())
+}
+
+fn require(value: &str, field: &str) -> Result<(), Status> {
+    if value.is_empty() {
+        Err(Status::invalid_argument(format!("{field} is required")))
+    } else {
+        Ok(())
+    }
+}

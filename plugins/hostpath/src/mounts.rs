@@ -1,0 +1,83 @@
+//! Bind mounts, read from and checked against `/proc/self/mountinfo`. With `no_mount`
+//! every function keeps its rules but touches no mount table.
+
+use std::io;
+use std::path::Path;
+
+/// Decodes the octal escapes mountinfo uses for spaces, tabs, newlines and backslashes.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            if let Ok(n) = u8::from_str_radix(&field[i + 1..i + 4], 8) {
+                out.push(n);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether `path` is a mount point (its own entry in mountinfo).
+pub fn is_mount_point(path: &Path) -> io::Result<bool> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let want = path.to_string_lossy();
+    Ok(info.lines().any(|line| {
+        line.split(' ')
+            .nth(4)
+            .is_some_and(|mp| unescape(mp) == want.as_ref())
+    }))
+}
+
+/// Bind-mounts `source` on `target` (read-only when asked). A target that is already a
+/// mount point is reused, not mounted twice.
+pub fn bind(source: &Path, target: &Path, readonly: bool, no_mount: bool) -> io::Result<()> {
+    if no_mount || is_mount_point(target)? {
+        return Ok(());
+    }
+    rustix::mount::mount_bind(source, target)?;
+    if readonly {
+        use rustix::mount::MountFlags;
+        if let Err(e) =
+            rustix::mount::mount_remount(target, MountFlags::BIND | MountFlags::RDONLY, "")
+        {
+            let _ = rustix::mount::unmount(target, rustix::mount::UnmountFlags::empty());
+            return Err(e.into());
+        }
+    }
+    Ok(())
+}
+
+/// Unmounts `target` if it is a mount point.
+pub fn unmount(target: &Path, no_mount: bool) -> io::Result<()> {
+    if no_mount || !target.exists() || !is_mount_point(target)? {
+        return Ok(());
+    }
+    rustix::mount::unmount(target, rustix::mount::UnmountFlags::empty())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape(r"/a\040b"), "/a b");
+        assert_eq!(unescape(r"/x\134y"), r"/x\y");
+        assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(unescape(r"/trailing\04"), r"/trailing\04");
+    }
+
+    #[test]
+    fn root_is_a_mount_point_and_a_temp_dir_is_not() {
+        assert!(is_mount_point(Path::new("/")).unwrap());
+        let d = tempfile::tempdir().unwrap();
+        assert!(!is_mount_point(d.path()).unwrap());
+    }
+}

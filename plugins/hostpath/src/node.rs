@@ -1,0 +1,465 @@
+//! The Node service: NodeStage bind-mounts the volume's directory at the staging path,
+//! NodePublish bind-mounts it (from the staging path when staging) at the target path,
+//! read-only when asked; block volumes are a file bind-mounted on a file.
+
+use moor::csi::v1::{
+    node_server::Node, node_service_capability, volume_usage, NodeExpandVolumeRequest,
+    NodeExpandVolumeResponse, NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse,
+    NodeGetInfoRequest, NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
+    NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability,
+    NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnpublishVolumeRequest,
+    NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, Topology,
+    VolumeUsage,
+};
+
+use std::path::{Path, PathBuf};
+use tonic::{Request, Response, Status};
+
+use crate::calllog::Call;
+use crate::controller::check_capability;
+use crate::state::{PublishRec, StageRec};
+use crate::{mounts, require, Plugin};
+
+/// Size of the file that stands for a block device.
+const BLOCK_FILE_SIZE: u64 = 1 << 20;
+
+fn io_err(what: &str, e: std::io::Error) -> Status {
+    Status::internal(format!("{what}: {e}"))
+}
+
+impl Plugin {
+    /// The directory holding a volume's data: the volume context's `path` (set by the
+    /// controller instance), or this instance's own record.
+    async fn volume_dir(
+        &self,
+        volume_id: &str,
+        context: &std::collections::BTreeMap<String, String>,
+    ) -> Result<PathBuf, Status> {
+        let dir = match context.get("path") {
+            Some(p) => PathBuf::from(p),
+            None => self
+                .read(|st| st.volumes.get(volume_id).map(|v| v.path.clone()))
+                .await
+                .ok_or_else(|| Status::not_found(format!("volume {volume_id} not found")))?,
+        };
+        if !dir.is_dir() {
+            return Err(Status::not_found(format!(
+                "volume {volume_id} has no data at {}",
+                dir.display()
+            )));
+        }
+        Ok(dir)
+    }
+
+    fn no_mount(&self) -> bool {
+        self.cfg().no_mount
+    }
+}
+
+fn ensure_block_file(dir: &Path) -> Result<PathBuf, Status> {
+    let file = dir.join("block");
+    if !file.exists() {
+        let f = std::fs::File::create(&file).map_err(|e| io_err("creating the block file", e))?;
+        f.set_len(BLOCK_FILE_SIZE)
+            .map_err(|e| io_err("sizing the block file", e))?;
+    }
+    Ok(file)
+}
+
+fn call(rpc: &str) -> Call {
+    Call {
+        rpc: rpc.into(),
+        ..Default::default()
+    }
+}
+
+fn path_call(rpc: &str, volume_id: &str, staging: &str, target: &str) -> Call {
+    let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    Call {
+        volume_id: Some(volume_id.to_string()),
+        staging_target_path: some(staging),
+        target_path: some(target),
+        ..call(rpc)
+    }
+}
+
+#[tonic::async_trait]
+impl Node for Plugin {
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = path_call(
+            "NodeStageVolume",
+            &req.volume_id,
+            &req.staging_target_path,
+            "",
+        );
+        self.call(c, async {
+            if !self.cfg().stage_unstage {
+                return Err(Status::unimplemented(
+                    "STAGE_UNSTAGE_VOLUME is not advertised",
+                ));
+            }
+            require(&req.volume_id, "volume_id")?;
+            require(&req.staging_target_path, "staging_target_path")?;
+            let cap = req
+                .volume_capability
+                .as_ref()
+                .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
+            let (block, _) = check_capability(cap)?;
+            let context = req.volume_context.clone();
+            let source = self.volume_dir(&req.volume_id, &context).await?;
+            if block {
+                ensure_block_file(&source)?;
+            }
+            let staging = PathBuf::from(&req.staging_target_path);
+            let no_mount = self.no_mount();
+            self.mutate(|st| {
+                if let Some(existing) = st.stages.get(&staging) {
+                    return if existing.volume_id == req.volume_id {
+                        Ok(())
+                    } else {
+                        Err(Status::already_exists(format!(
+                            "{} already stages volume {}",
+                            staging.display(),
+                            existing.volume_id
+                        )))
+                    };
+                }
+                std::fs::create_dir_all(&staging)
+                    .map_err(|e| io_err("creating the staging path", e))?;
+                mounts::bind(&source, &staging, false, no_mount)
+                    .map_err(|e| io_err("bind-mounting", e))?;
+                st.stages.insert(
+                    staging.clone(),
+                    StageRec {
+                        volume_id: req.volume_id.clone(),
+                        staging_path: staging.clone(),
+                        block,
+                    },
+                );
+                Ok(())
+            })
+            .await?;
+            Ok(NodeStageVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = path_call(
+            "NodeUnstageVolume",
+            &req.volume_id,
+            &req.staging_target_path,
+            "",
+        );
+        self.call(c, async {
+            if !self.cfg().stage_unstage {
+                return Err(Status::unimplemented(
+                    "STAGE_UNSTAGE_VOLUME is not advertised",
+                ));
+            }
+            require(&req.volume_id, "volume_id")?;
+            require(&req.staging_target_path, "staging_target_path")?;
+            let staging = PathBuf::from(&req.staging_target_path);
+            let no_mount = self.no_mount();
+            self.mutate(|st| {
+                if st
+                    .stages
+                    .get(&staging)
+                    .is_some_and(|s| s.volume_id == req.volume_id)
+                {
+                    mounts::unmount(&staging, no_mount).map_err(|e| io_err("unmounting", e))?;
+                    st.stages.remove(&staging);
+                }
+                Ok(())
+            })
+            .await?;
+            Ok(NodeUnstageVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            readonly: Some(req.readonly),
+            ..path_call(
+                "NodePublishVolume",
+                &req.volume_id,
+                &req.staging_target_path,
+                &req.target_path,
+            )
+        };
+        self.call(c, async {
+            require(&req.volume_id, "volume_id")?;
+            require(&req.target_path, "target_path")?;
+            let cap = req
+                .volume_capability
+                .as_ref()
+                .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
+            let (block, _) = check_capability(cap)?;
+            let staging = (!req.staging_target_path.is_empty())
+                .then(|| PathBuf::from(&req.staging_target_path));
+            let source_dir = if self.cfg().stage_unstage {
+                let staging = staging.clone().ok_or_else(|| {
+                    Status::failed_precondition(
+                        "staging_target_path is required: the volume must be staged first",
+                    )
+                })?;
+                let staged = self
+                    .read(|st| {
+                        st.stages
+                            .get(&staging)
+                            .is_some_and(|s| s.volume_id == req.volume_id)
+                    })
+                    .await;
+                if !staged {
+                    return Err(Status::failed_precondition(format!(
+                        "volume {} is not staged at {}",
+                        req.volume_id,
+                        staging.display()
+                    )));
+                }
+                // With --no-mount the staging path holds no data: use the volume's own.
+                if self.no_mount() {
+                    let context = req.volume_context.clone();
+                    self.volume_dir(&req.volume_id, &context).await?
+                } else {
+                    staging
+                }
+            } else {
+                let context = req.volume_context.clone();
+                self.volume_dir(&req.volume_id, &context).await?
+            };
+            let source = if block {
+                ensure_block_file(&source_dir)?
+            } else {
+                source_dir
+            };
+            let target = PathBuf::from(&req.target_path);
+            let no_mount = self.no_mount();
+            self.mutate(|st| {
+                if let Some(existing) = st.publishes.get(&target) {
+                    return if existing.volume_id == req.volume_id
+                        && existing.readonly == req.readonly
+                    {
+                        Ok(())
+                    } else {
+                        Err(Status::already_exists(format!(
+                            "{} is already published with another volume or readonly flag",
+                            target.display()
+                        )))
+                    };
+                }
+                if block {
+                    if let Some(parent) = target.parent() {
+                        std::fs::create_dir_all(parent)
+                            .map_err(|e| io_err("creating the target's parent", e))?;
+                    }
+                    if !target.exists() {
+                        std::fs::File::create(&target)
+                            .map_err(|e| io_err("creating the target file", e))?;
+                    }
+                } else {
+                    std::fs::create_dir_all(&target)
+                        .map_err(|e| io_err("creating the target path", e))?;
+                }
+                mounts::bind(&source, &target, req.readonly, no_mount)
+                    .map_err(|e| io_err("bind-mounting", e))?;
+                st.publishes.insert(
+                    target.clone(),
+                    PublishRec {
+                        volume_id: req.volume_id.clone(),
+                        target_path: target.clone(),
+                        staging_path: staging.clone(),
+                        readonly: req.readonly,
+                        block,
+                    },
+                );
+                Ok(())
+            })
+            .await?;
+            Ok(NodePublishVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = path_call("NodeUnpublishVolume", &req.volume_id, "", &req.target_path);
+        self.call(c, async {
+            require(&req.volume_id, "volume_id")?;
+            require(&req.target_path, "target_path")?;
+            let target = PathBuf::from(&req.target_path);
+            let no_mount = self.no_mount();
+            self.mutate(|st| {
+                mounts::unmount(&target, no_mount).map_err(|e| io_err("unmounting", e))?;
+                let removed = if target.is_dir() {
+                    std::fs::remove_dir(&target)
+                } else {
+                    std::fs::remove_file(&target)
+                };
+                match removed {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(io_err("removing the target path", e))
+                    }
+                    _ => {}
+                }
+                st.publishes.remove(&target);
+                Ok(())
+            })
+            .await?;
+            Ok(NodeUnpublishVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        let req = request.into_inner();
+        let c = path_call(
+            "NodeGetVolumeStats",
+            &req.volume_id,
+            &req.staging_target_path,
+            &req.volume_path,
+        );
+        self.call(c, async {
+            require(&req.volume_id, "volume_id")?;
+            require(&req.volume_path, "volume_path")?;
+            let path = PathBuf::from(&req.volume_path);
+            let known = self
+                .read(|st| {
+                    st.publishes
+                        .get(&path)
+                        .is_some_and(|p| p.volume_id == req.volume_id)
+                        || st
+                            .stages
+                            .get(&path)
+                            .is_some_and(|s| s.volume_id == req.volume_id)
+                })
+                .await;
+            if !known {
+                return Err(Status::not_found(format!(
+                    "volume {} is not published or staged at {}",
+                    req.volume_id,
+                    path.display()
+                )));
+            }
+            let fs = rustix::fs::statvfs(&path).map_err(|e| io_err("statvfs", e.into()))?;
+            let bytes = |blocks: u64| (blocks.saturating_mul(fs.f_frsize)) as i64;
+            Ok(NodeGetVolumeStatsResponse {
+                usage: vec![
+                    VolumeUsage {
+                        available: bytes(fs.f_bavail),
+                        total: bytes(fs.f_blocks),
+                        used: bytes(fs.f_blocks.saturating_sub(fs.f_bfree)),
+                        unit: volume_usage::Unit::Bytes as i32,
+                    },
+                    VolumeUsage {
+                        available: fs.f_favail as i64,
+                        total: fs.f_files as i64,
+                        used: fs.f_files.saturating_sub(fs.f_ffree) as i64,
+                        unit: volume_usage::Unit::Inodes as i32,
+                    },
+                ],
+                volume_condition: None,
+            })
+        })
+        .await
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let c = path_call(
+            "NodeExpandVolume",
+            &req.volume_id,
+            &req.staging_target_path,
+            &req.volume_path,
+        );
+        self.call(c, async {
+            require(&req.volume_id, "volume_id")?;
+            require(&req.volume_path, "volume_path")?;
+            let path = PathBuf::from(&req.volume_path);
+            let known = self
+                .read(|st| {
+                    st.publishes
+                        .get(&path)
+                        .is_some_and(|p| p.volume_id == req.volume_id)
+                })
+                .await;
+            if !known {
+                return Err(Status::not_found(format!(
+                    "volume {} is not published at {}",
+                    req.volume_id,
+                    path.display()
+                )));
+            }
+            // A directory needs no filesystem resize.
+            Ok(NodeExpandVolumeResponse {
+                capacity_bytes: req
+                    .capacity_range
+                    .map(|r| r.required_bytes)
+                    .unwrap_or_default(),
+            })
+        })
+        .await
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        use node_service_capability::rpc::Type;
+        self.call(call("NodeGetCapabilities"), async {
+            let mut types = vec![Type::GetVolumeStats, Type::ExpandVolume];
+            if self.cfg().stage_unstage {
+                types.insert(0, Type::StageUnstageVolume);
+            }
+            Ok(NodeGetCapabilitiesResponse {
+                capabilities: types
+                    .into_iter()
+                    .map(|t| NodeServiceCapability {
+                        r#type: Some(node_service_capability::Type::Rpc(
+                            node_service_capability::Rpc { r#type: t as i32 },
+                        )),
+                    })
+                    .collect(),
+            })
+        })
+        .await
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        self.call(call("NodeGetInfo"), async {
+            Ok(NodeGetInfoResponse {
+                node_id: self.cfg().node_id.clone(),
+                max_volumes_per_node: self.cfg().max_volumes_per_node,
+                accessible_topology: (!self.inner.topology.is_empty()).then(|| Topology {
+                    segments: self.inner.topology.clone(),
+                }),
+            })
+        })
+        .await
+    }
+}
