@@ -14,6 +14,9 @@ pub struct Call {
     pub time: String,
     /// The RPC's name, e.g. `NodeStageVolume`.
     pub rpc: String,
+    /// The `--node-id` of the plugin instance that logged it (to merge several logs).
+    #[serde(default)]
+    pub plugin_node: String,
     /// The volume id in the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_id: Option<String>,
@@ -32,6 +35,12 @@ pub struct Call {
     /// The target path in the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_path: Option<String>,
+    /// The access mode in the request's capability (CSI enum name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<String>,
+    /// The volume id CreateVolume answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_volume_id: Option<String>,
     /// The readonly flag in the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readonly: Option<bool>,

@@ -347,6 +347,7 @@ impl Controller for Plugin {
             volume_id: Some(req.volume_id.clone()),
             node_id: Some(req.node_id.clone()),
             readonly: Some(req.readonly),
+            access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
             ..call("ControllerPublishVolume")
         };
         self.call(c, async {

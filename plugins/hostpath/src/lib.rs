@@ -7,9 +7,10 @@
 //! - `identity`, `controller`, `node`: the three CSI services (the spec's error codes).
 //! - [`mounts`]: real bind mounts (or none, with `--no-mount`).
 //! - [`faults`]: fault injection through the admin socket.
-//! - [`calllog`]: one JSON line per RPC.
+//! - [`calllog`]: one JSON line per RPC; [`checker`] reports moor's invariants broken in one.
 
 pub mod calllog;
+pub mod checker;
 
 mod controller;
 pub mod faults;
@@ -206,11 +207,12 @@ impl Plugin {
     }
 
     /// Runs one RPC: faults first, then the operation, then the log line.
-    async fn call<T>(
+    async fn call<T: Logged>(
         &self,
-        call: Call,
+        mut call: Call,
         op: impl Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
+        call.plugin_node = self.cfg().node_id.clone();
         let rpc = call.rpc.clone();
         let mut guard = LogGuard {
             log: &self.inner.log,
@@ -225,6 +227,9 @@ impl Plugin {
             }
         };
         let result = op.await;
+        if let (Ok(resp), Some(call)) = (&result, guard.call.as_mut()) {
+            resp.annotate(call);
+        }
         self.inner.faults.after(&rpc, hold).await;
         guard.finish(result.as_ref().map(|_| ()));
         result.map(Response::new)
@@ -283,6 +288,59 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()>
         .await
         .context("serving CSI")?;
     Ok(())
+}
+
+/// What a response adds to its call's log line.
+trait Logged {
+    fn annotate(&self, _call: &mut Call) {}
+}
+
+macro_rules! logged {
+    ($($t:ty),* $(,)?) => { $(impl Logged for $t {})* };
+}
+
+logged!(
+    moor::csi::v1::GetPluginInfoResponse,
+    moor::csi::v1::GetPluginCapabilitiesResponse,
+    moor::csi::v1::ProbeResponse,
+    moor::csi::v1::DeleteVolumeResponse,
+    moor::csi::v1::ControllerPublishVolumeResponse,
+    moor::csi::v1::ControllerUnpublishVolumeResponse,
+    moor::csi::v1::ValidateVolumeCapabilitiesResponse,
+    moor::csi::v1::ListVolumesResponse,
+    moor::csi::v1::GetCapacityResponse,
+    moor::csi::v1::ControllerGetCapabilitiesResponse,
+    moor::csi::v1::CreateSnapshotResponse,
+    moor::csi::v1::DeleteSnapshotResponse,
+    moor::csi::v1::ListSnapshotsResponse,
+    moor::csi::v1::ControllerExpandVolumeResponse,
+    moor::csi::v1::ControllerGetVolumeResponse,
+    moor::csi::v1::ControllerModifyVolumeResponse,
+    moor::csi::v1::NodeStageVolumeResponse,
+    moor::csi::v1::NodeUnstageVolumeResponse,
+    moor::csi::v1::NodePublishVolumeResponse,
+    moor::csi::v1::NodeUnpublishVolumeResponse,
+    moor::csi::v1::NodeGetVolumeStatsResponse,
+    moor::csi::v1::NodeExpandVolumeResponse,
+    moor::csi::v1::NodeGetCapabilitiesResponse,
+    moor::csi::v1::NodeGetInfoResponse,
+);
+
+impl Logged for moor::csi::v1::CreateVolumeResponse {
+    fn annotate(&self, call: &mut Call) {
+        call.result_volume_id = self.volume.as_ref().map(|v| v.volume_id.clone());
+    }
+}
+
+/// The CSI name of a capability's access mode, for the call log.
+fn access_mode_name(cap: Option<&moor::csi::v1::VolumeCapability>) -> Option<String> {
+    use moor::csi::v1::volume_capability::access_mode::Mode;
+    let mode = cap?.access_mode.as_ref()?.mode;
+    Some(
+        Mode::try_from(mode)
+            .map(|m| m.as_str_name().to_string())
+            .unwrap_or_else(|_| mode.to_string()),
+    )
 }
 
 fn require(value: &str, field: &str) -> Result<(), Status> {

@@ -90,12 +90,15 @@ impl Node for Plugin {
         request: Request<NodeStageVolumeRequest>,
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
         let req = request.into_inner();
-        let c = path_call(
-            "NodeStageVolume",
-            &req.volume_id,
-            &req.staging_target_path,
-            "",
-        );
+        let c = Call {
+            access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
+            ..path_call(
+                "NodeStageVolume",
+                &req.volume_id,
+                &req.staging_target_path,
+                "",
+            )
+        };
         self.call(c, async {
             if !self.cfg().stage_unstage {
                 return Err(Status::unimplemented(
@@ -193,6 +196,7 @@ impl Node for Plugin {
         let req = request.into_inner();
         let c = Call {
             readonly: Some(req.readonly),
+            access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
             ..path_call(
                 "NodePublishVolume",
                 &req.volume_id,

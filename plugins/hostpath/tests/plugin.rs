@@ -561,6 +561,28 @@ async fn stage_and_publish_mount_for_real_and_tear_down() {
         })
         .await;
     assert_eq!(unknown.unwrap_err().code(), Code::NotFound);
+    let expanded = n
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            volume_path: rw.display().to_string(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 2 << 20,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(expanded.capacity_bytes, 2 << 20);
+    let not_published = n
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            volume_path: "/nowhere".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(not_published.unwrap_err().code(), Code::NotFound);
 
     for target in [&rw, &ro, &rw] {
         n.node_unpublish_volume(NodeUnpublishVolumeRequest {
@@ -905,4 +927,117 @@ async fn the_call_log_records_every_rpc_and_never_a_secret() {
         "a secret reached the plugin's log"
     );
     assert!(!v.volume_id.is_empty());
+}
+
+#[tokio::test]
+async fn the_checker_passes_a_real_lifecycle_and_catches_a_wrong_one() {
+    use moor_hostpath::checker::{check, CheckConfig};
+    let hp = HostPath::start(&[]).await;
+    let v = new_volume(&hp, "v1", vec![sw()]).await;
+    let staging = hp.path("staging/v1");
+    let target = hp.path("pods/a/v1");
+    std::fs::create_dir_all(&staging).unwrap();
+    let attach = ControllerPublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: "node-1".into(),
+        volume_capability: Some(sw()),
+        ..Default::default()
+    };
+    let detach = ControllerUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: "node-1".into(),
+        ..Default::default()
+    };
+    let unpublish = NodeUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        target_path: target.display().to_string(),
+    };
+    let unstage = NodeUnstageVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+    };
+    let cfg = CheckConfig {
+        controller_publish_required: true,
+        stage_required: true,
+        expect_released: true,
+        ..Default::default()
+    };
+
+    hp.controller()
+        .controller_publish_volume(attach.clone())
+        .await
+        .unwrap();
+    hp.node()
+        .node_stage_volume(stage_req(&v, &staging, sw()))
+        .await
+        .unwrap();
+    hp.node()
+        .node_publish_volume(publish_req(&v, Some(&staging), &target, false, sw()))
+        .await
+        .unwrap();
+    hp.node()
+        .node_unpublish_volume(unpublish.clone())
+        .await
+        .unwrap();
+    hp.node()
+        .node_unstage_volume(unstage.clone())
+        .await
+        .unwrap();
+    hp.controller()
+        .controller_unpublish_volume(detach.clone())
+        .await
+        .unwrap();
+    let violations = check(&hp.calls(), &cfg);
+    assert!(violations.is_empty(), "{violations:?}");
+
+    // Now in the wrong order: unstage while published, detach while staged.
+    hp.controller()
+        .controller_publish_volume(attach)
+        .await
+        .unwrap();
+    hp.node()
+        .node_stage_volume(stage_req(&v, &staging, sw()))
+        .await
+        .unwrap();
+    hp.node()
+        .node_publish_volume(publish_req(&v, Some(&staging), &target, false, sw()))
+        .await
+        .unwrap();
+    hp.node().node_unstage_volume(unstage).await.unwrap();
+    hp.controller()
+        .controller_unpublish_volume(detach)
+        .await
+        .unwrap();
+    hp.node().node_unpublish_volume(unpublish).await.unwrap();
+    let violations = check(&hp.calls(), &cfg);
+    let found: Vec<u8> = violations.iter().map(|v| v.invariant).collect();
+    assert!(found.contains(&3), "{violations:?}");
+}
+
+#[tokio::test]
+async fn no_mount_keeps_the_rules_without_mounting() {
+    let hp = HostPath::start(&["--no-mount"]).await;
+    let v = new_volume(&hp, "v1", vec![sw()]).await;
+    let staging = hp.path("staging/v1");
+    let target = hp.path("pods/a/v1");
+    let early = hp
+        .node()
+        .node_publish_volume(publish_req(&v, Some(&staging), &target, false, sw()))
+        .await;
+    assert_eq!(early.unwrap_err().code(), Code::FailedPrecondition);
+    hp.node()
+        .node_stage_volume(stage_req(&v, &staging, sw()))
+        .await
+        .unwrap();
+    hp.node()
+        .node_publish_volume(publish_req(&v, Some(&staging), &target, false, sw()))
+        .await
+        .unwrap();
+    assert_eq!(mount_count(&staging), 0);
+    assert_eq!(mount_count(&target), 0);
+    let conflict = hp
+        .node()
+        .node_publish_volume(publish_req(&v, Some(&staging), &target, true, sw()))
+        .await;
+    assert_eq!(conflict.unwrap_err().code(), Code::AlreadyExists);
 }

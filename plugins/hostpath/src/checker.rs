@@ -1,0 +1,622 @@
+//! The invariant checker: given the call logs of one or more plugin instances, report
+//! every invariant of moor's design that the calls break.
+//!
+//! A call's outcome is *done* (OK), *maybe* (Cancelled or DeadlineExceeded: it may have
+//! taken effect) or *failed*. Checked, in log order (merged by end time):
+//! 1. a single-node volume is never controller- or node-published on two nodes at once;
+//!    single-writer modes never have two read-write publishes;
+//! 2. NodeStage only after ControllerPublish succeeded to that node (when required);
+//!    NodePublish only after NodeStage succeeded on its staging path (when required);
+//! 3. NodeUnstage only after every NodePublish from that staging path is unpublished;
+//!    ControllerUnpublish only after that node's stages and publishes are gone;
+//! 4. nothing leaks: at the end, every done or maybe publish/stage was reversed (when the
+//!    test expects everything released);
+//! 5. a reverse is never called for a step whose every attempt failed with a final error;
+//! 6. volume ids are ones the plugin handed out (or registered ones), node ids are CSI
+//!    node ids: a moor id sent where the plugin's belongs is caught.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::calllog::Call;
+
+/// What the checker needs to know beyond the log.
+#[derive(Debug, Clone, Default)]
+pub struct CheckConfig {
+    /// The plugin advertises PUBLISH_UNPUBLISH_VOLUME.
+    pub controller_publish_required: bool,
+    /// The plugin advertises STAGE_UNSTAGE_VOLUME.
+    pub stage_required: bool,
+    /// Every claim was released by the end: anything still attached, staged or
+    /// published is a leak.
+    pub expect_released: bool,
+    /// Volume ids registered (not created through this log).
+    pub known_volume_ids: BTreeSet<String>,
+    /// CSI node ids besides the `plugin_node` of the logs.
+    pub known_node_ids: BTreeSet<String>,
+}
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Which invariant (numbered as in this module's docs).
+    pub invariant: u8,
+    /// The call's position in the merged log.
+    pub index: usize,
+    /// What happened.
+    pub message: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "invariant {} at call {}: {}",
+            self.invariant, self.index, self.message
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Done,
+    Maybe,
+    Failed { final_error: bool },
+}
+
+fn outcome(call: &Call) -> Outcome {
+    match call.code.as_str() {
+        "OK" => Outcome::Done,
+        "Cancelled" | "DeadlineExceeded" => Outcome::Maybe,
+        "Unavailable" | "ResourceExhausted" | "Aborted" | "Unknown" | "Internal" => {
+            Outcome::Failed { final_error: false }
+        }
+        _ => Outcome::Failed { final_error: true },
+    }
+}
+
+fn single_node(mode: Option<&str>) -> bool {
+    mode.is_some_and(|m| m.starts_with("SINGLE_NODE"))
+}
+
+fn single_writer(mode: Option<&str>) -> bool {
+    matches!(
+        mode,
+        Some("SINGLE_NODE_WRITER" | "MULTI_NODE_SINGLE_WRITER" | "SINGLE_NODE_SINGLE_WRITER")
+    )
+}
+
+/// Merges the logs of several plugin instances by end time.
+pub fn merge(logs: impl IntoIterator<Item = Vec<Call>>) -> Vec<Call> {
+    let mut all: Vec<Call> = logs.into_iter().flatten().collect();
+    all.sort_by(|a, b| a.time.cmp(&b.time));
+    all
+}
+
+#[derive(Debug, Clone)]
+struct Publish {
+    staging: Option<String>,
+    readonly: bool,
+}
+
+type Key3 = (String, String, String);
+type Attempts = BTreeMap<(String, Key3), Vec<Outcome>>;
+
+/// Invariant 5: `what` reverses a `fwd` step whose every attempt failed, one of them
+/// with a final error.
+fn never_took_effect(
+    v: &mut Vec<Violation>,
+    attempts: &Attempts,
+    i: usize,
+    fwd: &str,
+    key: Key3,
+    what: &str,
+) {
+    if let Some(outs) = attempts.get(&(fwd.to_string(), key)) {
+        let took = outs
+            .iter()
+            .any(|o| matches!(o, Outcome::Done | Outcome::Maybe));
+        if !took
+            && outs
+                .iter()
+                .any(|o| matches!(o, Outcome::Failed { final_error: true }))
+        {
+            v.push(Violation {
+                invariant: 5,
+                index: i,
+                message: format!(
+                    "{what} reverses a {fwd} that failed with a final error and never took effect"
+                ),
+            });
+        }
+    }
+}
+
+/// Checks a merged log.
+pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
+    let mut v = Vec::new();
+    let mut attached: BTreeMap<(String, String), Outcome> = BTreeMap::new();
+    let mut staged: BTreeMap<Key3, Outcome> = BTreeMap::new();
+    let mut published: BTreeMap<Key3, (Outcome, Publish)> = BTreeMap::new();
+    // Forward step → outcomes of its attempts (for invariant 5).
+    let mut attempts: Attempts = BTreeMap::new();
+    let mut volume_ids = cfg.known_volume_ids.clone();
+    let mut node_ids = cfg.known_node_ids.clone();
+    node_ids.extend(calls.iter().map(|c| c.plugin_node.clone()));
+    let s = |o: &Option<String>| o.clone().unwrap_or_default();
+
+    for (i, c) in calls.iter().enumerate() {
+        let out = outcome(c);
+        let acted = matches!(out, Outcome::Done | Outcome::Maybe);
+        let vol = s(&c.volume_id);
+        let node = c.plugin_node.clone();
+        if c.rpc == "CreateVolume" {
+            if let Some(id) = &c.result_volume_id {
+                volume_ids.insert(id.clone());
+            }
+            continue;
+        }
+        let uses_volume = c.rpc.starts_with("Controller") || c.rpc.starts_with("Node");
+        if uses_volume
+            && !vol.is_empty()
+            && c.rpc != "ControllerGetCapabilities"
+            && !volume_ids.contains(&vol)
+        {
+            v.push(Violation {
+                invariant: 6,
+                index: i,
+                message: format!(
+                    "{} names volume {vol:?}, which the plugin never handed out",
+                    c.rpc
+                ),
+            });
+        }
+        match c.rpc.as_str() {
+            "ControllerPublishVolume" => {
+                let target = s(&c.node_id);
+                if !node_ids.contains(&target) {
+                    v.push(Violation {
+                        invariant: 6,
+                        index: i,
+                        message: format!(
+                            "ControllerPublishVolume names node {target:?}, not a CSI node id"
+                        ),
+                    });
+                }
+                if acted && single_node(c.access_mode.as_deref()) {
+                    if let Some(((_, other), _)) = attached
+                        .iter()
+                        .find(|((av, an), _)| *av == vol && *an != target)
+                    {
+                        v.push(Violation {
+                            invariant: 1,
+                            index: i,
+                            message: format!("single-node volume {vol} published to {target} while attached to {other}"),
+                        });
+                    }
+                }
+                attempts
+                    .entry((c.rpc.clone(), (vol.clone(), target.clone(), String::new())))
+                    .or_default()
+                    .push(out);
+                if acted {
+                    let e = attached.entry((vol, target)).or_insert(out);
+                    if out == Outcome::Done {
+                        *e = Outcome::Done;
+                    }
+                }
+            }
+            "ControllerUnpublishVolume" => {
+                let target = s(&c.node_id);
+                let nodes: Vec<String> = if target.is_empty() {
+                    attached
+                        .keys()
+                        .filter(|(av, _)| *av == vol)
+                        .map(|(_, n)| n.clone())
+                        .collect()
+                } else {
+                    vec![target.clone()]
+                };
+                for n in &nodes {
+                    let busy = staged.keys().any(|(sn, sv, _)| sn == n && *sv == vol)
+                        || published.keys().any(|(pn, pv, _)| pn == n && *pv == vol);
+                    if busy {
+                        v.push(Violation {
+                            invariant: 3,
+                            index: i,
+                            message: format!("ControllerUnpublish of {vol} from {n} while still staged or published there"),
+                        });
+                    }
+                    never_took_effect(
+                        &mut v,
+                        &attempts,
+                        i,
+                        "ControllerPublishVolume",
+                        (vol.clone(), n.clone(), String::new()),
+                        "ControllerUnpublishVolume",
+                    );
+                }
+                if out == Outcome::Done {
+                    for n in nodes {
+                        attached.remove(&(vol.clone(), n));
+                    }
+                }
+            }
+            "NodeStageVolume" => {
+                let path = s(&c.staging_target_path);
+                if cfg.controller_publish_required
+                    && attached.get(&(vol.clone(), node.clone())) != Some(&Outcome::Done)
+                {
+                    v.push(Violation {
+                        invariant: 2,
+                        index: i,
+                        message: format!(
+                            "NodeStage of {vol} on {node} before ControllerPublish succeeded there"
+                        ),
+                    });
+                }
+                let key = (node, vol, path);
+                attempts
+                    .entry((c.rpc.clone(), key.clone()))
+                    .or_default()
+                    .push(out);
+                if acted {
+                    let e = staged.entry(key).or_insert(out);
+                    if out == Outcome::Done {
+                        *e = Outcome::Done;
+                    }
+                }
+            }
+            "NodeUnstageVolume" => {
+                let path = s(&c.staging_target_path);
+                if let Some(((_, _, target), _)) = published.iter().find(|((pn, pv, _), (_, p))| {
+                    *pn == node && *pv == vol && p.staging.as_deref() == Some(path.as_str())
+                }) {
+                    v.push(Violation {
+                        invariant: 3,
+                        index: i,
+                        message: format!(
+                            "NodeUnstage of {path} while {target} is still published from it"
+                        ),
+                    });
+                }
+                let key = (node, vol, path);
+                never_took_effect(
+                    &mut v,
+                    &attempts,
+                    i,
+                    "NodeStageVolume",
+                    key.clone(),
+                    "NodeUnstageVolume",
+                );
+                if out == Outcome::Done {
+                    staged.remove(&key);
+                }
+            }
+            "NodePublishVolume" => {
+                let target = s(&c.target_path);
+                let staging = c.staging_target_path.clone();
+                if cfg.stage_required {
+                    let key = (
+                        node.clone(),
+                        vol.clone(),
+                        staging.clone().unwrap_or_default(),
+                    );
+                    if staged.get(&key) != Some(&Outcome::Done) {
+                        v.push(Violation {
+                            invariant: 2,
+                            index: i,
+                            message: format!(
+                                "NodePublish of {vol} on {node} before NodeStage succeeded at {:?}",
+                                staging
+                            ),
+                        });
+                    }
+                } else if cfg.controller_publish_required
+                    && attached.get(&(vol.clone(), node.clone())) != Some(&Outcome::Done)
+                {
+                    v.push(Violation {
+                        invariant: 2,
+                        index: i,
+                        message: format!("NodePublish of {vol} on {node} before ControllerPublish succeeded there"),
+                    });
+                }
+                let readonly = c.readonly.unwrap_or(false);
+                if acted {
+                    if single_node(c.access_mode.as_deref()) {
+                        if let Some(((other, _, _), _)) = published
+                            .iter()
+                            .find(|((pn, pv, _), _)| *pv == vol && *pn != node)
+                        {
+                            v.push(Violation {
+                                invariant: 1,
+                                index: i,
+                                message: format!("single-node volume {vol} published on {node} while published on {other}"),
+                            });
+                        }
+                    }
+                    if !readonly && single_writer(c.access_mode.as_deref()) {
+                        if let Some(((on, _, other), _)) =
+                            published.iter().find(|((pn, pv, pt), (_, p))| {
+                                *pv == vol && !p.readonly && !(*pn == node && *pt == target)
+                            })
+                        {
+                            v.push(Violation {
+                                invariant: 1,
+                                index: i,
+                                message: format!("second writer of {vol} at {target} while {other} on {on} writes"),
+                            });
+                        }
+                    }
+                }
+                let key = (node, vol, target);
+                attempts
+                    .entry((c.rpc.clone(), key.clone()))
+                    .or_default()
+                    .push(out);
+                if acted {
+                    let e = published
+                        .entry(key)
+                        .or_insert((out, Publish { staging, readonly }));
+                    if out == Outcome::Done {
+                        e.0 = Outcome::Done;
+                    }
+                }
+            }
+            "NodeUnpublishVolume" => {
+                let key = (node, vol, s(&c.target_path));
+                never_took_effect(
+                    &mut v,
+                    &attempts,
+                    i,
+                    "NodePublishVolume",
+                    key.clone(),
+                    "NodeUnpublishVolume",
+                );
+                if out == Outcome::Done {
+                    published.remove(&key);
+                }
+            }
+            _ => {}
+        }
+    }
+    if cfg.expect_released {
+        let end = calls.len();
+        for ((vol, node), o) in &attached {
+            v.push(Violation {
+                invariant: 4,
+                index: end,
+                message: format!("{vol} still attached to {node} ({o:?})"),
+            });
+        }
+        for ((node, vol, path), o) in &staged {
+            v.push(Violation {
+                invariant: 4,
+                index: end,
+                message: format!("{vol} still staged at {path} on {node} ({o:?})"),
+            });
+        }
+        for ((node, vol, path), (o, _)) in &published {
+            v.push(Violation {
+                invariant: 4,
+                index: end,
+                message: format!("{vol} still published at {path} on {node} ({o:?})"),
+            });
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Log {
+        calls: Vec<Call>,
+    }
+
+    impl Log {
+        fn new() -> Log {
+            let mut l = Log { calls: Vec::new() };
+            l.calls.push(Call {
+                rpc: "CreateVolume".into(),
+                plugin_node: "ctl".into(),
+                result_volume_id: Some("vol-1".into()),
+                code: "OK".into(),
+                ..Default::default()
+            });
+            l
+        }
+        fn call(mut self, rpc: &str, node: &str, code: &str, f: impl FnOnce(&mut Call)) -> Log {
+            let mut c = Call {
+                rpc: rpc.into(),
+                plugin_node: node.into(),
+                volume_id: Some("vol-1".into()),
+                code: code.into(),
+                access_mode: Some("SINGLE_NODE_WRITER".into()),
+                ..Default::default()
+            };
+            f(&mut c);
+            self.calls.push(c);
+            self
+        }
+        fn attach(self, node: &str, code: &str) -> Log {
+            let n = node.to_string();
+            self.call("ControllerPublishVolume", "ctl", code, |c| {
+                c.node_id = Some(n)
+            })
+        }
+        fn detach(self, node: &str) -> Log {
+            let n = node.to_string();
+            self.call("ControllerUnpublishVolume", "ctl", "OK", |c| {
+                c.node_id = Some(n)
+            })
+        }
+        fn stage(self, node: &str, code: &str) -> Log {
+            self.call("NodeStageVolume", node, code, |c| {
+                c.staging_target_path = Some("/s".into())
+            })
+        }
+        fn unstage(self, node: &str) -> Log {
+            self.call("NodeUnstageVolume", node, "OK", |c| {
+                c.staging_target_path = Some("/s".into())
+            })
+        }
+        fn publish(self, node: &str, target: &str, ro: bool) -> Log {
+            let t = target.to_string();
+            self.call("NodePublishVolume", node, "OK", |c| {
+                c.staging_target_path = Some("/s".into());
+                c.target_path = Some(t);
+                c.readonly = Some(ro);
+            })
+        }
+        fn unpublish(self, node: &str, target: &str) -> Log {
+            let t = target.to_string();
+            self.call("NodeUnpublishVolume", node, "OK", |c| {
+                c.target_path = Some(t)
+            })
+        }
+        fn check(&self) -> Vec<u8> {
+            let cfg = CheckConfig {
+                controller_publish_required: true,
+                stage_required: true,
+                expect_released: true,
+                ..Default::default()
+            };
+            check(&self.calls, &cfg)
+                .iter()
+                .map(|v| v.invariant)
+                .collect()
+        }
+    }
+
+    fn full_cycle() -> Log {
+        Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "OK")
+            .publish("n1", "/t1", false)
+            .publish("n1", "/t2", true)
+            .unpublish("n1", "/t1")
+            .unpublish("n1", "/t2")
+            .unstage("n1")
+            .detach("n1")
+    }
+
+    #[test]
+    fn a_correct_lifecycle_passes() {
+        assert_eq!(full_cycle().check(), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn invariant_1_two_nodes_or_two_writers() {
+        let two_nodes = Log::new().attach("n1", "OK").attach("n2", "OK");
+        assert!(two_nodes.check().contains(&1));
+        let two_writers = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "OK")
+            .publish("n1", "/t1", false)
+            .publish("n1", "/t2", false);
+        assert!(two_writers.check().contains(&1));
+    }
+
+    #[test]
+    fn invariant_2_out_of_order_forward_steps() {
+        assert!(Log::new().stage("n1", "OK").check().contains(&2));
+        assert!(Log::new()
+            .attach("n1", "OK")
+            .publish("n1", "/t", false)
+            .check()
+            .contains(&2));
+        // A stage that only maybe happened does not license a publish.
+        assert!(Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "DeadlineExceeded")
+            .publish("n1", "/t", false)
+            .check()
+            .contains(&2));
+    }
+
+    #[test]
+    fn invariant_3_early_reverse_steps() {
+        let early_unstage = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "OK")
+            .publish("n1", "/t", false)
+            .unstage("n1");
+        assert!(early_unstage.check().contains(&3));
+        let early_detach = Log::new().attach("n1", "OK").stage("n1", "OK").detach("n1");
+        assert!(early_detach.check().contains(&3));
+    }
+
+    #[test]
+    fn invariant_4_leaks_including_uncertain_steps() {
+        let leak = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "OK")
+            .publish("n1", "/t", false);
+        assert_eq!(leak.check().iter().filter(|i| **i == 4).count(), 3);
+        // A stage that hit its deadline must still be unstaged.
+        let maybe = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "DeadlineExceeded")
+            .detach("n1");
+        let got = maybe.check();
+        assert!(got.contains(&4), "{got:?}");
+        let mended = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "DeadlineExceeded")
+            .unstage("n1")
+            .detach("n1");
+        assert_eq!(mended.check(), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn invariant_5_reverse_after_a_final_error() {
+        let bad = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "InvalidArgument")
+            .unstage("n1")
+            .detach("n1");
+        assert!(bad.check().contains(&5));
+        let transient = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "Unavailable")
+            .unstage("n1")
+            .detach("n1");
+        assert!(!transient.check().contains(&5));
+    }
+
+    #[test]
+    fn invariant_6_moor_ids_where_plugin_ids_belong() {
+        let wrong_volume = Log::new().call("ControllerPublishVolume", "ctl", "OK", |c| {
+            c.volume_id = Some("db-data".into());
+            c.node_id = Some("n1".into());
+        });
+        assert!(wrong_volume.check().contains(&6));
+        let wrong_node = Log::new().stage("n1", "Unavailable").call(
+            "ControllerPublishVolume",
+            "ctl",
+            "OK",
+            |c| c.node_id = Some("moor-node-name".into()),
+        );
+        assert!(wrong_node.check().contains(&6));
+    }
+
+    #[test]
+    fn logs_merge_by_time() {
+        let a = vec![Call {
+            time: "2026-01-01T00:00:02.000Z".into(),
+            rpc: "B".into(),
+            ..Default::default()
+        }];
+        let b = vec![Call {
+            time: "2026-01-01T00:00:01.000Z".into(),
+            rpc: "A".into(),
+            ..Default::default()
+        }];
+        let m = merge([a, b]);
+        assert_eq!(
+            m.iter().map(|c| c.rpc.as_str()).collect::<Vec<_>>(),
+            ["A", "B"]
+        );
+    }
+}
