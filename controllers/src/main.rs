@@ -20,13 +20,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    moor::runtime::logging::init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check(cmd) => cmd.run().await,

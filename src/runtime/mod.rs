@@ -10,10 +10,12 @@
 //! - [`leader`]: leader election on an etcd lease, fenced on its key.
 //! - [`metrics`]: per-controller counters, gauge and histogram in a Prometheus registry.
 //! - [`shutdown`]: a cancellation token tripped by SIGINT/SIGTERM.
+//! - [`logging`]: the daemons' tracing setup.
 
 pub mod backoff;
 pub mod controller;
 pub mod leader;
+pub mod logging;
 pub mod metrics;
 pub mod queue;
 pub mod reflector;

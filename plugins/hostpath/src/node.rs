@@ -51,6 +51,39 @@ impl Plugin {
         Ok(dir)
     }
 
+    /// Checks the request names a volume this node published at `path` (or staged there,
+    /// when `staged_ok`): NOT_FOUND otherwise.
+    async fn volume_at(
+        &self,
+        volume_id: &str,
+        path: &str,
+        staged_ok: bool,
+    ) -> Result<PathBuf, Status> {
+        require(volume_id, "volume_id")?;
+        require(path, "volume_path")?;
+        let path = PathBuf::from(path);
+        let known = self
+            .read(|st| {
+                st.publishes
+                    .get(&path)
+                    .is_some_and(|p| p.volume_id == volume_id)
+                    || (staged_ok
+                        && st
+                            .stages
+                            .get(&path)
+                            .is_some_and(|s| s.volume_id == volume_id))
+            })
+            .await;
+        if !known {
+            return Err(Status::not_found(format!(
+                "volume {volume_id} is not published{} at {}",
+                if staged_ok { " or staged" } else { "" },
+                path.display()
+            )));
+        }
+        Ok(path)
+    }
+
     fn no_mount(&self) -> bool {
         self.cfg().no_mount
     }
@@ -343,27 +376,9 @@ impl Node for Plugin {
             &req.volume_path,
         );
         self.call(c, async {
-            require(&req.volume_id, "volume_id")?;
-            require(&req.volume_path, "volume_path")?;
-            let path = PathBuf::from(&req.volume_path);
-            let known = self
-                .read(|st| {
-                    st.publishes
-                        .get(&path)
-                        .is_some_and(|p| p.volume_id == req.volume_id)
-                        || st
-                            .stages
-                            .get(&path)
-                            .is_some_and(|s| s.volume_id == req.volume_id)
-                })
-                .await;
-            if !known {
-                return Err(Status::not_found(format!(
-                    "volume {} is not published or staged at {}",
-                    req.volume_id,
-                    path.display()
-                )));
-            }
+            let path = self
+                .volume_at(&req.volume_id, &req.volume_path, true)
+                .await?;
             let fs = rustix::fs::statvfs(&path).map_err(|e| io_err("statvfs", e.into()))?;
             let bytes = |blocks: u64| (blocks.saturating_mul(fs.f_frsize)) as i64;
             Ok(NodeGetVolumeStatsResponse {
@@ -399,23 +414,8 @@ impl Node for Plugin {
             &req.volume_path,
         );
         self.call(c, async {
-            require(&req.volume_id, "volume_id")?;
-            require(&req.volume_path, "volume_path")?;
-            let path = PathBuf::from(&req.volume_path);
-            let known = self
-                .read(|st| {
-                    st.publishes
-                        .get(&path)
-                        .is_some_and(|p| p.volume_id == req.volume_id)
-                })
-                .await;
-            if !known {
-                return Err(Status::not_found(format!(
-                    "volume {} is not published at {}",
-                    req.volume_id,
-                    path.display()
-                )));
-            }
+            self.volume_at(&req.volume_id, &req.volume_path, false)
+                .await?;
             // A directory needs no filesystem resize.
             Ok(NodeExpandVolumeResponse {
                 capacity_bytes: req
