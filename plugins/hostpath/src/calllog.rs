@@ -55,6 +55,14 @@ pub struct Call {
 }
 
 impl Call {
+    /// A log line for `rpc`, the other fields to be filled in.
+    pub fn new(rpc: &str) -> Call {
+        Call {
+            rpc: rpc.into(),
+            ..Default::default()
+        }
+    }
+
     /// Whether the call succeeded.
     pub fn ok(&self) -> bool {
         self.code == "OK"

@@ -27,8 +27,10 @@ use crate::{require, Plugin};
 /// Capacity of a volume created without a capacity range.
 const DEFAULT_CAPACITY: i64 = 1 << 30;
 
-/// Checks one capability: an access type and a known access mode.
-pub(crate) fn check_capability(cap: &VolumeCapability) -> Result<(bool, i32), Status> {
+/// Checks a capability: present, with an access type and a known access mode. Returns
+/// (block, access mode).
+pub(crate) fn check_capability(cap: Option<&VolumeCapability>) -> Result<(bool, i32), Status> {
+    let cap = cap.ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
     let block = match cap.access_type {
         Some(volume_capability::AccessType::Block(_)) => true,
         Some(volume_capability::AccessType::Mount(_)) => false,
@@ -171,13 +173,6 @@ impl Plugin {
     }
 }
 
-fn call(rpc: &str) -> Call {
-    Call {
-        rpc: rpc.into(),
-        ..Default::default()
-    }
-}
-
 #[tonic::async_trait]
 impl Controller for Plugin {
     async fn create_volume(
@@ -187,7 +182,7 @@ impl Controller for Plugin {
         let req = request.into_inner();
         let c = Call {
             name: Some(req.name.clone()),
-            ..call("CreateVolume")
+            ..Call::new("CreateVolume")
         };
         self.call(c, async {
             require(&req.name, "name")?;
@@ -196,7 +191,7 @@ impl Controller for Plugin {
             }
             let mut single_node = false;
             for cap in &req.volume_capabilities {
-                single_node |= is_single_node(check_capability(cap)?.1);
+                single_node |= is_single_node(check_capability(Some(cap))?.1);
             }
             let (required, limit) = req
                 .capacity_range
@@ -308,7 +303,7 @@ impl Controller for Plugin {
         let req = request.into_inner();
         let c = Call {
             volume_id: Some(req.volume_id.clone()),
-            ..call("DeleteVolume")
+            ..Call::new("DeleteVolume")
         };
         self.call(c, async {
             require(&req.volume_id, "volume_id")?;
@@ -348,7 +343,7 @@ impl Controller for Plugin {
             node_id: Some(req.node_id.clone()),
             readonly: Some(req.readonly),
             access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
-            ..call("ControllerPublishVolume")
+            ..Call::new("ControllerPublishVolume")
         };
         self.call(c, async {
             if !self.cfg().publish_unpublish {
@@ -358,11 +353,7 @@ impl Controller for Plugin {
             }
             require(&req.volume_id, "volume_id")?;
             require(&req.node_id, "node_id")?;
-            let cap = req
-                .volume_capability
-                .as_ref()
-                .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
-            let (_, mode) = check_capability(cap)?;
+            let (_, mode) = check_capability(req.volume_capability.as_ref())?;
             let max = self.cfg().max_volumes_per_node;
             self.mutate(|st| {
                 let on_node = st
@@ -419,7 +410,7 @@ impl Controller for Plugin {
         let c = Call {
             volume_id: Some(req.volume_id.clone()),
             node_id: Some(req.node_id.clone()),
-            ..call("ControllerUnpublishVolume")
+            ..Call::new("ControllerUnpublishVolume")
         };
         self.call(c, async {
             if !self.cfg().publish_unpublish {
@@ -451,7 +442,7 @@ impl Controller for Plugin {
         let req = request.into_inner();
         let c = Call {
             volume_id: Some(req.volume_id.clone()),
-            ..call("ValidateVolumeCapabilities")
+            ..Call::new("ValidateVolumeCapabilities")
         };
         self.call(c, async {
             require(&req.volume_id, "volume_id")?;
@@ -459,7 +450,7 @@ impl Controller for Plugin {
                 return Err(Status::invalid_argument("volume_capabilities is required"));
             }
             for cap in &req.volume_capabilities {
-                check_capability(cap)?;
+                check_capability(Some(cap))?;
             }
             if !self
                 .read(|st| st.volumes.contains_key(&req.volume_id))
@@ -488,7 +479,7 @@ impl Controller for Plugin {
         request: Request<ListVolumesRequest>,
     ) -> Result<Response<ListVolumesResponse>, Status> {
         let req = request.into_inner();
-        self.call(call("ListVolumes"), async {
+        self.call(Call::new("ListVolumes"), async {
             let all: Vec<VolumeRec> = self.read(|st| st.volumes.values().cloned().collect()).await;
             let (items, next_token) = page(&all, req.max_entries, &req.starting_token)?;
             Ok(ListVolumesResponse {
@@ -512,7 +503,7 @@ impl Controller for Plugin {
         &self,
         _: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
-        self.call(call("GetCapacity"), async {
+        self.call(Call::new("GetCapacity"), async {
             let available = self.inner.capacity - self.read(|st| st.used_capacity()).await;
             Ok(GetCapacityResponse {
                 available_capacity: available.max(0),
@@ -528,7 +519,7 @@ impl Controller for Plugin {
         _: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
         use controller_service_capability::rpc::Type;
-        self.call(call("ControllerGetCapabilities"), async {
+        self.call(Call::new("ControllerGetCapabilities"), async {
             let mut types = vec![
                 Type::CreateDeleteVolume,
                 Type::ListVolumes,
@@ -568,7 +559,7 @@ impl Controller for Plugin {
         let c = Call {
             volume_id: Some(req.source_volume_id.clone()),
             name: Some(req.name.clone()),
-            ..call("CreateSnapshot")
+            ..Call::new("CreateSnapshot")
         };
         self.call(c, async {
             require(&req.source_volume_id, "source_volume_id")?;
@@ -621,7 +612,7 @@ impl Controller for Plugin {
         let req = request.into_inner();
         let c = Call {
             snapshot_id: Some(req.snapshot_id.clone()),
-            ..call("DeleteSnapshot")
+            ..Call::new("DeleteSnapshot")
         };
         self.call(c, async {
             require(&req.snapshot_id, "snapshot_id")?;
@@ -647,7 +638,7 @@ impl Controller for Plugin {
         request: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
         let req = request.into_inner();
-        self.call(call("ListSnapshots"), async {
+        self.call(Call::new("ListSnapshots"), async {
             let all: Vec<SnapshotRec> = self
                 .read(|st| {
                     st.snapshots
@@ -682,7 +673,7 @@ impl Controller for Plugin {
         let req = request.into_inner();
         let c = Call {
             volume_id: Some(req.volume_id.clone()),
-            ..call("ControllerExpandVolume")
+            ..Call::new("ControllerExpandVolume")
         };
         self.call(c, async {
             require(&req.volume_id, "volume_id")?;
@@ -722,7 +713,7 @@ impl Controller for Plugin {
         let req = request.into_inner();
         let c = Call {
             volume_id: Some(req.volume_id.clone()),
-            ..call("ControllerGetVolume")
+            ..Call::new("ControllerGetVolume")
         };
         self.call(c, async {
             require(&req.volume_id, "volume_id")?;
@@ -747,7 +738,7 @@ impl Controller for Plugin {
         &self,
         _: Request<ControllerModifyVolumeRequest>,
     ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
-        self.call(call("ControllerModifyVolume"), async {
+        self.call(Call::new("ControllerModifyVolume"), async {
             Err(Status::unimplemented("MODIFY_VOLUME is not advertised"))
         })
         .await

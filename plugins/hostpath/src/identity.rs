@@ -18,20 +18,13 @@ fn service(t: plugin_capability::service::Type) -> PluginCapability {
     }
 }
 
-fn call(rpc: &str) -> Call {
-    Call {
-        rpc: rpc.into(),
-        ..Default::default()
-    }
-}
-
 #[tonic::async_trait]
 impl Identity for Plugin {
     async fn get_plugin_info(
         &self,
         _: Request<GetPluginInfoRequest>,
     ) -> Result<Response<GetPluginInfoResponse>, Status> {
-        self.call(call("GetPluginInfo"), async {
+        self.call(Call::new("GetPluginInfo"), async {
             Ok(GetPluginInfoResponse {
                 name: self.cfg().driver_name.clone(),
                 vendor_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -46,7 +39,7 @@ impl Identity for Plugin {
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
         use plugin_capability::service::Type;
-        self.call(call("GetPluginCapabilities"), async {
+        self.call(Call::new("GetPluginCapabilities"), async {
             let mut capabilities = Vec::new();
             if self.cfg().mode != Mode::Node {
                 capabilities.push(service(Type::ControllerService));
@@ -67,7 +60,7 @@ impl Identity for Plugin {
     }
 
     async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        self.call(call("Probe"), async {
+        self.call(Call::new("Probe"), async {
             Ok(ProbeResponse { ready: Some(true) })
         })
         .await

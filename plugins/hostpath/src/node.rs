@@ -99,20 +99,13 @@ fn ensure_block_file(dir: &Path) -> Result<PathBuf, Status> {
     Ok(file)
 }
 
-fn call(rpc: &str) -> Call {
-    Call {
-        rpc: rpc.into(),
-        ..Default::default()
-    }
-}
-
 fn path_call(rpc: &str, volume_id: &str, staging: &str, target: &str) -> Call {
     let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
     Call {
         volume_id: Some(volume_id.to_string()),
         staging_target_path: some(staging),
         target_path: some(target),
-        ..call(rpc)
+        ..Call::new(rpc)
     }
 }
 
@@ -140,13 +133,8 @@ impl Node for Plugin {
             }
             require(&req.volume_id, "volume_id")?;
             require(&req.staging_target_path, "staging_target_path")?;
-            let cap = req
-                .volume_capability
-                .as_ref()
-                .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
-            let (block, _) = check_capability(cap)?;
-            let context = req.volume_context.clone();
-            let source = self.volume_dir(&req.volume_id, &context).await?;
+            let (block, _) = check_capability(req.volume_capability.as_ref())?;
+            let source = self.volume_dir(&req.volume_id, &req.volume_context).await?;
             if block {
                 ensure_block_file(&source)?;
             }
@@ -240,15 +228,11 @@ impl Node for Plugin {
         self.call(c, async {
             require(&req.volume_id, "volume_id")?;
             require(&req.target_path, "target_path")?;
-            let cap = req
-                .volume_capability
-                .as_ref()
-                .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
-            let (block, _) = check_capability(cap)?;
+            let (block, _) = check_capability(req.volume_capability.as_ref())?;
             let staging = (!req.staging_target_path.is_empty())
                 .then(|| PathBuf::from(&req.staging_target_path));
-            let source_dir = if self.cfg().stage_unstage {
-                let staging = staging.clone().ok_or_else(|| {
+            if self.cfg().stage_unstage {
+                let staging = staging.as_ref().ok_or_else(|| {
                     Status::failed_precondition(
                         "staging_target_path is required: the volume must be staged first",
                     )
@@ -256,7 +240,7 @@ impl Node for Plugin {
                 let staged = self
                     .read(|st| {
                         st.stages
-                            .get(&staging)
+                            .get(staging)
                             .is_some_and(|s| s.volume_id == req.volume_id)
                     })
                     .await;
@@ -267,16 +251,12 @@ impl Node for Plugin {
                         staging.display()
                     )));
                 }
-                // With --no-mount the staging path holds no data: use the volume's own.
-                if self.no_mount() {
-                    let context = req.volume_context.clone();
-                    self.volume_dir(&req.volume_id, &context).await?
-                } else {
-                    staging
-                }
-            } else {
-                let context = req.volume_context.clone();
-                self.volume_dir(&req.volume_id, &context).await?
+            }
+            // Publish from the staging mount when there is one; without staging (or with
+            // --no-mount, where the staging path holds no data) from the volume's own data.
+            let source_dir = match &staging {
+                Some(staging) if self.cfg().stage_unstage && !self.no_mount() => staging.clone(),
+                _ => self.volume_dir(&req.volume_id, &req.volume_context).await?,
             };
             let source = if block {
                 ensure_block_file(&source_dir)?
@@ -432,7 +412,7 @@ impl Node for Plugin {
         _: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
         use node_service_capability::rpc::Type;
-        self.call(call("NodeGetCapabilities"), async {
+        self.call(Call::new("NodeGetCapabilities"), async {
             let mut types = vec![Type::GetVolumeStats, Type::ExpandVolume];
             if self.cfg().stage_unstage {
                 types.insert(0, Type::StageUnstageVolume);
@@ -455,7 +435,7 @@ impl Node for Plugin {
         &self,
         _: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
-        self.call(call("NodeGetInfo"), async {
+        self.call(Call::new("NodeGetInfo"), async {
             Ok(NodeGetInfoResponse {
                 node_id: self.cfg().node_id.clone(),
                 max_volumes_per_node: self.cfg().max_volumes_per_node,
