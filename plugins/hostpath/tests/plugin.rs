@@ -840,13 +840,8 @@ async fn injected_failures_latency_hangs_and_exit() {
         matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
         "{e:?}"
     );
-    hp.fault(Command::Release {
-        rpc: "NodeStageVolume".into(),
-    })
-    .await;
-    if can_mount() {
-        assert_eq!(mount_count(&staging), 1, "the hung stage took effect");
-    }
+    // The server drops the handler when its own copy of the deadline passes, which may
+    // be a little after the client gave up: wait for that before releasing the hold.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !hp
         .calls()
@@ -858,6 +853,13 @@ async fn injected_failures_latency_hangs_and_exit() {
             "the abandoned call was not logged as Cancelled"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    hp.fault(Command::Release {
+        rpc: "NodeStageVolume".into(),
+    })
+    .await;
+    if can_mount() {
+        assert_eq!(mount_count(&staging), 1, "the hung stage took effect");
     }
 
     // A bad command is refused with a reason.
