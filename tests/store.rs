@@ -116,6 +116,7 @@ async fn section_writers_both_land_through_modify_status() {
                         claim: Name::new(format!("c{i}")).unwrap(),
                         node: NodeName::new("n").unwrap(),
                         mode: ClaimMode::Read,
+                        access_mode: None,
                     });
                     true
                 })

@@ -50,6 +50,11 @@ pub struct ClaimSpec {
     /// ControllerPublish's publish_context, once attached.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub publish_context: BTreeMap<String, String>,
+    /// Set by the controller once the claim is admitted (and attached, where the plugin
+    /// needs ControllerPublish): the node may stage and publish it. Never unset, so the
+    /// controller knows the node may have acted.
+    #[serde(default)]
+    pub publish: bool,
     /// Set by the controller when the allocation no longer needs the volume.
     #[serde(default)]
     pub release: bool,

@@ -21,6 +21,10 @@ pub struct MountSpec {
     /// The node.
     #[serde(default)]
     pub node: NodeName,
+    /// The uid of the claim this mount serves: a claim deleted and made again under
+    /// the same name is another claim.
+    #[serde(default)]
+    pub claim_uid: String,
     /// Host path of the staging directory, when the plugin stages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staging_path: Option<String>,
@@ -65,6 +69,10 @@ pub struct MountStatus {
     /// NodePublish timed out or was cut off; NodeUnpublish is owed on release.
     #[serde(default)]
     pub publish_uncertain: bool,
+    /// The claim was released and everything it used on the node torn down: the
+    /// controller may detach. Once set, the agent never mounts for this claim again.
+    #[serde(default)]
+    pub released: bool,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,

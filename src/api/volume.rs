@@ -44,6 +44,10 @@ pub struct VolumeSpec {
     /// Where a created volume must or should be accessible.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology_request: Option<TopologyRequest>,
+    /// Nodes the operator declared gone for this volume (`moorctl volume detach`): the
+    /// controller releases claims there without waiting for the node, with a Warning.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub force_detach: std::collections::BTreeSet<NodeName>,
 }
 
 /// Content to create a volume from.
@@ -186,6 +190,10 @@ pub struct ClaimRef {
     pub node: NodeName,
     /// Read or write.
     pub mode: ClaimMode,
+    /// The access mode the claim holds the volume in (absent on old records: the
+    /// volume's first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<AccessMode>,
 }
 
 /// The controller's section of a volume's status.

@@ -1,6 +1,9 @@
 //! CSI v1: the generated protocol types and services, and a channel to a plugin's unix
 //! socket.
 
+pub mod convert;
+pub mod policy;
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -7,6 +7,8 @@
 //! - [`queue`] and [`controller`]: triggers into a keyed queue that dedups and never runs
 //!   one key twice at once, bounded concurrency, requeue decisions, per-key backoff that
 //!   resets on success, periodic resync.
+//! - [`informer`]: one watcher and cache per kind shared by a process's controllers.
+//! - [`events`]: the event recorder (events share a lease per time window).
 //! - [`leader`]: leader election on an etcd lease, fenced on its key.
 //! - [`metrics`]: per-controller counters, gauge and histogram in a Prometheus registry.
 //! - [`shutdown`]: a cancellation token tripped by SIGINT/SIGTERM.
@@ -14,6 +16,8 @@
 
 pub mod backoff;
 pub mod controller;
+pub mod events;
+pub mod informer;
 pub mod leader;
 pub mod logging;
 pub mod metrics;

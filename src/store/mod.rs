@@ -404,10 +404,13 @@ impl Store {
         let key = obj.key();
         let full = self.full_key(&key);
         let compare = Compare::mod_revision(full.clone(), CompareOp::Equal, revision);
-        match self
-            .guarded_put(&full, Store::encode(&obj), compare, None)
-            .await?
-        {
+        // An update keeps the key's lease (a Node object lives under its agent's lease).
+        let op = TxnOp::put(
+            full,
+            Store::encode(&obj),
+            Some(PutOptions::new().with_ignore_lease()),
+        );
+        match self.guarded_txn(compare, op).await? {
             Ok(new_revision) => {
                 obj.metadata.resource_version = new_revision;
                 Ok(obj)

@@ -1,0 +1,118 @@
+//! Conversions between moor's types and CSI messages.
+
+use super::v1;
+use crate::api::{AccessMode, AttachmentMode, MountOptions, Topology, VolumeCapability};
+
+/// The CSI capability for a moor capability, with the mount options for file systems.
+pub fn capability(cap: VolumeCapability, options: &MountOptions) -> v1::VolumeCapability {
+    use v1::volume_capability::{access_mode::Mode, AccessType, BlockVolume, MountVolume};
+    let mode = match cap.access_mode {
+        AccessMode::SingleNodeWriter => Mode::SingleNodeWriter,
+        AccessMode::SingleNodeReaderOnly => Mode::SingleNodeReaderOnly,
+        AccessMode::MultiNodeReaderOnly => Mode::MultiNodeReaderOnly,
+        AccessMode::MultiNodeSingleWriter => Mode::MultiNodeSingleWriter,
+        AccessMode::MultiNodeMultiWriter => Mode::MultiNodeMultiWriter,
+    };
+    let access_type = match cap.attachment_mode {
+        AttachmentMode::BlockDevice => AccessType::Block(BlockVolume {}),
+        AttachmentMode::FileSystem => AccessType::Mount(MountVolume {
+            fs_type: options.fs_type.clone().unwrap_or_default(),
+            mount_flags: options.mount_flags.expose().to_vec(),
+            volume_mount_group: String::new(),
+        }),
+    };
+    v1::VolumeCapability {
+        access_mode: Some(v1::volume_capability::AccessMode { mode: mode as i32 }),
+        access_type: Some(access_type),
+    }
+}
+
+/// CSI topology segments.
+pub fn topology(t: &Topology) -> v1::Topology {
+    v1::Topology {
+        segments: t.clone(),
+    }
+}
+
+/// The names of plugin capabilities (`CONTROLLER_SERVICE`, ...).
+pub fn plugin_capability_names(resp: &v1::GetPluginCapabilitiesResponse) -> Vec<String> {
+    use v1::plugin_capability::{service, Type};
+    resp.capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(Type::Service(s)) => service::Type::try_from(s.r#type)
+                .ok()
+                .map(|t| t.as_str_name().to_string()),
+            Some(Type::VolumeExpansion(_)) => Some("VOLUME_EXPANSION".to_string()),
+            None => None,
+        })
+        .collect()
+}
+
+/// The names of controller capabilities (`PUBLISH_UNPUBLISH_VOLUME`, ...).
+pub fn controller_capability_names(resp: &v1::ControllerGetCapabilitiesResponse) -> Vec<String> {
+    use v1::controller_service_capability::{rpc, Type};
+    resp.capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(Type::Rpc(r)) => rpc::Type::try_from(r.r#type)
+                .ok()
+                .map(|t| t.as_str_name().to_string()),
+            None => None,
+        })
+        .collect()
+}
+
+/// The names of node capabilities (`STAGE_UNSTAGE_VOLUME`, ...).
+pub fn node_capability_names(resp: &v1::NodeGetCapabilitiesResponse) -> Vec<String> {
+    use v1::node_service_capability::{rpc, Type};
+    resp.capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(Type::Rpc(r)) => rpc::Type::try_from(r.r#type)
+                .ok()
+                .map(|t| t.as_str_name().to_string()),
+            None => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::MountFlags;
+
+    #[test]
+    fn capability_carries_mode_and_mount_options() {
+        let opts = MountOptions {
+            fs_type: Some("ext4".into()),
+            mount_flags: MountFlags::new(vec!["noatime".into()]),
+        };
+        let c = capability(
+            VolumeCapability {
+                access_mode: AccessMode::MultiNodeSingleWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            },
+            &opts,
+        );
+        assert_eq!(c.access_mode.unwrap().mode, 4);
+        match c.access_type {
+            Some(v1::volume_capability::AccessType::Mount(m)) => {
+                assert_eq!(m.fs_type, "ext4");
+                assert_eq!(m.mount_flags, ["noatime"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let b = capability(
+            VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::BlockDevice,
+            },
+            &opts,
+        );
+        assert!(matches!(
+            b.access_type,
+            Some(v1::volume_capability::AccessType::Block(_))
+        ));
+    }
+}

@@ -1,0 +1,164 @@
+//! An informer: one watcher and one cache per kind, shared by every controller of a
+//! process that needs that kind.
+//!
+//! Expected flow:
+//! 1. `Informer::spawn` starts a task running watcher → backoff → reflector; the cache
+//!    ([`Informer::reader`]) is updated before an event is passed on.
+//! 2. Each [`Informer::subscribe`] gets every later event as a stream for
+//!    `Controller::owns` / `Controller::watches`. A subscriber that falls too far behind
+//!    gets the whole cache as one `Restarted` event instead of the events it missed, so
+//!    it never loses a key.
+//! 3. The task ends with `shutdown`.
+
+use futures::{Stream, StreamExt};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::backoff::{backoff, Backoff};
+use super::controller::error_chain;
+use super::reflector::{self, Store};
+use super::watcher::{watcher, Event, WatchError};
+use super::Resource;
+use crate::api::{Object, Spec};
+use crate::store;
+
+/// How many events a subscriber may fall behind before it is resynced.
+const CAPACITY: usize = 4096;
+
+/// A shared watch and cache of one kind.
+pub struct Informer<K: Resource> {
+    reader: Store<K>,
+    tx: broadcast::Sender<Arc<Event<K>>>,
+}
+
+impl<K: Resource> Clone for Informer<K> {
+    fn clone(&self) -> Self {
+        Informer {
+            reader: self.reader.clone(),
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+/// The error a subscriber never sees (lagging is turned into a resync); it exists so
+/// subscriptions fit `Controller::owns`.
+#[derive(Debug, thiserror::Error)]
+#[error("informer stream error")]
+pub struct InformerError;
+
+impl<S: Spec> Informer<Object<S>> {
+    /// Watches objects of kind `S` under `scope` (see [`watcher`]) until `shutdown`.
+    pub fn spawn(store: store::Store, scope: &str, shutdown: CancellationToken) -> Self {
+        let (reader, writer) = reflector::store::<Object<S>>();
+        let (tx, _) = broadcast::channel(CAPACITY);
+        let informer = Informer {
+            reader,
+            tx: tx.clone(),
+        };
+        let events = watcher::<S>(store, scope);
+        let events = backoff(
+            events,
+            Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
+        );
+        let events = reflector::reflector(writer, events);
+        let kind = S::KIND;
+        tokio::spawn(async move {
+            tokio::pin!(events);
+            loop {
+                let item = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    item = events.next() => item,
+                };
+                match item {
+                    None => return,
+                    Some(Ok(event)) => {
+                        // No subscriber yet is fine: they read the cache when they start.
+                        let _ = tx.send(Arc::new(event));
+                    }
+                    Some(Err(WatchError::Compacted { .. })) => {
+                        tracing::info!(kind, "watch compacted; relisting");
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(kind, error = %error_chain(&e), "watch error");
+                    }
+                }
+            }
+        });
+        informer
+    }
+}
+
+impl<K: Resource> Informer<K> {
+    /// The cache.
+    pub fn reader(&self) -> Store<K> {
+        self.reader.clone()
+    }
+
+    /// Every event from now on. The stream starts with the current cache as a
+    /// `Restarted` event once it is ready, so a late subscriber misses nothing.
+    pub fn subscribe(
+        &self,
+    ) -> impl Stream<Item = Result<Event<K>, InformerError>> + Send + 'static {
+        let rx = self.tx.subscribe();
+        let reader = self.reader.clone();
+        let snapshot = |reader: &Store<K>| {
+            Event::Restarted(reader.state().iter().map(|o| (**o).clone()).collect())
+        };
+        let first = {
+            let reader = reader.clone();
+            futures::stream::once(async move {
+                reader.wait_until_ready().await;
+                Ok(snapshot(&reader))
+            })
+        };
+        let rest = futures::stream::unfold((rx, reader), move |(mut rx, reader)| async move {
+            let item = match rx.recv().await {
+                Ok(event) => Ok((*event).clone()),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::debug!(missed = n, "informer subscriber lagged; resyncing it");
+                    Ok(snapshot(&reader))
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            Some((item, (rx, reader)))
+        });
+        first.chain(rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct Obj(&'static str);
+    impl Resource for Obj {
+        fn key(&self) -> String {
+            self.0.to_string()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lagging_subscriber_gets_the_whole_cache() {
+        let (reader, mut writer) = reflector::store::<Obj>();
+        let (tx, _) = broadcast::channel(2);
+        let informer = Informer { reader, tx };
+        writer.apply(&Event::Restarted(vec![Obj("a")]));
+        let mut sub = Box::pin(informer.subscribe());
+        match sub.next().await {
+            Some(Ok(Event::Restarted(objs))) => assert_eq!(objs, vec![Obj("a")]),
+            other => panic!("expected the cache first, got {other:?}"),
+        }
+        for k in ["b", "c", "d"] {
+            let e = Event::Applied(Obj(k));
+            writer.apply(&e);
+            informer.tx.send(Arc::new(e)).unwrap();
+        }
+        match sub.next().await {
+            Some(Ok(Event::Restarted(objs))) => assert_eq!(objs.len(), 4),
+            other => panic!("expected a resync, got {other:?}"),
+        }
+    }
+}
