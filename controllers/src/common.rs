@@ -39,7 +39,8 @@ impl EtcdArgs {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 Err(e) => {
-                    return Err(e).with_context(|| format!("etcd at {:?} does not answer", self.etcd))
+                    return Err(e)
+                        .with_context(|| format!("etcd at {:?} does not answer", self.etcd))
                 }
             }
         }
@@ -147,11 +148,10 @@ pub fn suffix<S: Spec>(key: &str) -> &str {
 }
 
 /// Details for an event, from pairs.
-pub fn details<const N: usize>(pairs: [(&str, String); N]) -> std::collections::BTreeMap<String, String> {
-    pairs
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
+pub fn details<const N: usize>(
+    pairs: [(&str, String); N],
+) -> std::collections::BTreeMap<String, String> {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
 #[cfg(test)]

@@ -1,7 +1,14 @@
-//! moord: moor's daemon. Today: `check`, a read-only audit of the store. The controller,
-//! the node agent and `dev` arrive with the claim-lifecycle and newcomer issues.
+//! moord: moor's daemon.
+//!
+//! - `moord controller`: cluster-wide bookkeeping, leader-elected ([`controller`]).
+//! - `moord agent`: one per node: plugin supervision, the node reconciler, and the
+//!   provisioner and attacher of the controller plugins it hosts ([`agent`]).
+//! - `moord check`: a read-only audit of the store ([`check`]).
 
+mod agent;
 mod check;
+mod common;
+mod controller;
 
 use clap::{Parser, Subcommand};
 
@@ -14,6 +21,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Runs the controller (allocations → claims, admission, release, status).
+    Controller(controller::Args),
+    /// Runs the node agent for one node.
+    Agent(agent::Args),
     /// Lists every moor object in etcd by kind and reports malformed ones (read-only).
     Check(check::Check),
 }
@@ -22,7 +33,10 @@ enum Command {
 async fn main() {
     moor::runtime::logging::init();
     let cli = Cli::parse();
+    let shutdown = moor::runtime::shutdown::on_signal();
     let result = match cli.command {
+        Command::Controller(args) => controller::run(args, shutdown).await.map(|()| 0),
+        Command::Agent(args) => agent::run(args, shutdown).await.map(|()| 0),
         Command::Check(cmd) => cmd.run().await,
     };
     match result {

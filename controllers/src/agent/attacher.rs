@@ -1,0 +1,275 @@
+//! The attacher: ControllerPublish / ControllerUnpublish for the Attachments of one
+//! plugin, run by the agent leading that plugin's election.
+//!
+//! Expected flow for an Attachment (created by the controller, one per volume + node):
+//! 1. Not attached: record the attempt as uncertain, call ControllerPublish with the
+//!    external volume id and the CSI node id; on success record Attached and the
+//!    publish_context. A timeout or cut-off leaves it uncertain; a final error leaves
+//!    what was known before.
+//! 2. `spec.detach` (set by the controller once no claim on the node needs it):
+//!    ControllerUnpublish if it is or may be attached, then delete the Attachment.
+//!
+//! One controller call per volume at a time (a lock shared with the provisioner).
+
+use moor::api::*;
+use moor::csi::policy::{request, CsiError};
+use moor::csi::{convert, v1};
+use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::informer::Informer;
+use moor::runtime::metrics::ControllerMetrics;
+use moor::store::StoreError;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+use super::ControllerPluginCtx;
+use crate::common::{details, object_ref};
+
+/// Why an attachment could not be converged.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// A CSI call failed.
+    #[error("CSI call failed")]
+    Csi(#[from] CsiError),
+    /// Reading or writing etcd failed.
+    #[error("store operation failed")]
+    Store(#[from] StoreError),
+    /// The plugin has no channel.
+    #[error("plugin {0} has no channel")]
+    NoChannel(PluginId),
+}
+
+/// The attacher of one plugin.
+pub struct Attacher {
+    /// Shared with the provisioner.
+    pub ctx: ControllerPluginCtx,
+    /// Volumes (secrets, context).
+    pub volumes: Informer<Volume>,
+    /// Attachments.
+    pub attachments: Informer<Attachment>,
+}
+
+impl Attacher {
+    /// Runs until `stop`.
+    pub async fn run(self, metrics: ControllerMetrics, stop: CancellationToken) {
+        let reader = self.attachments.reader();
+        let events = self.attachments.subscribe();
+        let this = Arc::new(self);
+        Controller::new("attacher", reader, Config::default())
+            .with_metrics(metrics)
+            .owns(events)
+            .run(
+                move |key| {
+                    let this = this.clone();
+                    async move { this.reconcile(key).await }
+                },
+                stop,
+            )
+            .await;
+    }
+
+    async fn reconcile(&self, key: String) -> Result<Action, AttachError> {
+        let reader = self.attachments.reader();
+        reader.wait_until_ready().await;
+        let Some(att) = reader.get(&key) else {
+            return Ok(Action::AwaitChange);
+        };
+        if att.spec.plugin_id != self.ctx.plugin.id {
+            return Ok(Action::AwaitChange);
+        }
+        let _guard = self
+            .ctx
+            .locks
+            .lock(&format!("{}/{}", att.metadata.namespace, att.spec.volume))
+            .await;
+        // The cache may lag our own last write: act on what etcd holds now.
+        let suffix = crate::common::suffix::<AttachmentSpec>(&key);
+        let Some(att) = self.ctx.reads.try_get::<AttachmentSpec>(suffix).await? else {
+            return Ok(Action::AwaitChange);
+        };
+        if att.spec.detach {
+            self.detach(&att).await?;
+        } else if att.status.phase != AttachmentPhase::Attached {
+            self.attach(&att).await?;
+        }
+        Ok(Action::AwaitChange)
+    }
+
+    fn client(
+        &self,
+    ) -> Result<v1::controller_client::ControllerClient<tonic::transport::Channel>, AttachError>
+    {
+        let ch = self
+            .ctx
+            .supervisor
+            .channel(&self.ctx.plugin.id)
+            .ok_or_else(|| AttachError::NoChannel(self.ctx.plugin.id.clone()))?;
+        Ok(v1::controller_client::ControllerClient::new(ch))
+    }
+
+    fn volume(&self, att: &Attachment) -> Option<Arc<Volume>> {
+        self.volumes.reader().get(&format!(
+            "volumes/{}/{}",
+            att.metadata.namespace, att.spec.volume
+        ))
+    }
+
+    async fn attach(&self, att: &Attachment) -> Result<(), AttachError> {
+        let suffix = att.key();
+        let suffix = crate::common::suffix::<AttachmentSpec>(&suffix).to_string();
+        let was_uncertain = att.status.uncertain;
+        // Checkpoint: from here on the volume may be attached.
+        self.ctx
+            .writes
+            .modify_status::<AttachmentSpec>(&suffix, |_, st| {
+                st.uncertain = true;
+                true
+            })
+            .await?;
+        let volume = self.volume(att);
+        let (secrets, mut context) = match &volume {
+            Some(v) => (v.spec.secrets.expose().clone(), v.spec.context.clone()),
+            None => Default::default(),
+        };
+        if let Some(v) = &volume {
+            context.extend(v.status.provisioning.volume_context.clone());
+        }
+        let req = v1::ControllerPublishVolumeRequest {
+            volume_id: att.spec.external_id.to_string(),
+            node_id: att.spec.csi_node_id.to_string(),
+            volume_capability: Some(convert::capability(
+                att.spec.capability,
+                &volume
+                    .as_ref()
+                    .map(|v| v.spec.mount_options.clone())
+                    .unwrap_or_default(),
+            )),
+            readonly: att.spec.read_only,
+            secrets,
+            volume_context: context,
+        };
+        let client = self.client()?;
+        let r = self
+            .ctx
+            .policy
+            .call("ControllerPublishVolume", |t| {
+                let mut c = client.clone();
+                let req = req.clone();
+                async move { c.controller_publish_volume(request(req, t)).await }
+            })
+            .await;
+        match r {
+            Ok(resp) => {
+                self.ctx
+                    .writes
+                    .modify_status::<AttachmentSpec>(&suffix, |_, st| {
+                        st.phase = AttachmentPhase::Attached;
+                        st.publish_context = resp.publish_context.clone();
+                        st.uncertain = false;
+                        st.meta.last_error = None;
+                        st.meta.set_condition("Attached", true, "Published", "");
+                        true
+                    })
+                    .await?;
+                self.event(att, "Attach volume", None).await;
+                Ok(())
+            }
+            Err(e) => {
+                let uncertain = was_uncertain || e.is_uncertain();
+                let msg = e.to_string();
+                self.ctx
+                    .writes
+                    .modify_status::<AttachmentSpec>(&suffix, |_, st| {
+                        st.uncertain = uncertain;
+                        st.meta.last_error = Some(msg.clone());
+                        st.meta
+                            .set_condition("Attached", false, "PublishFailed", &msg);
+                        true
+                    })
+                    .await?;
+                self.event(att, "Attach volume", Some(msg)).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn detach(&self, att: &Attachment) -> Result<(), AttachError> {
+        let owed = att.status.phase == AttachmentPhase::Attached || att.status.uncertain;
+        let suffix = att.key();
+        let suffix = crate::common::suffix::<AttachmentSpec>(&suffix).to_string();
+        if owed {
+            let secrets = self
+                .volume(att)
+                .map(|v| v.spec.secrets.expose().clone())
+                .unwrap_or_default();
+            let req = v1::ControllerUnpublishVolumeRequest {
+                volume_id: att.spec.external_id.to_string(),
+                node_id: att.spec.csi_node_id.to_string(),
+                secrets,
+            };
+            let client = self.client()?;
+            let r = self
+                .ctx
+                .policy
+                .call("ControllerUnpublishVolume", |t| {
+                    let mut c = client.clone();
+                    let req = req.clone();
+                    async move { c.controller_unpublish_volume(request(req, t)).await }
+                })
+                .await;
+            match r {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => {
+                    let msg = e.to_string();
+                    self.ctx
+                        .writes
+                        .modify_status::<AttachmentSpec>(&suffix, |_, st| {
+                            st.phase = AttachmentPhase::Detaching;
+                            st.meta.last_error = Some(msg.clone());
+                            true
+                        })
+                        .await?;
+                    self.event(att, "Detach volume", Some(msg)).await;
+                    return Err(e.into());
+                }
+            }
+            self.event(att, "Detach volume", None).await;
+        }
+        match self
+            .ctx
+            .writes
+            .delete::<AttachmentSpec>(&suffix, None)
+            .await
+        {
+            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn event(&self, att: &Attachment, reason: &str, error: Option<String>) {
+        let (type_, message) = match &error {
+            None => (
+                EventType::Normal,
+                format!("{} on node {}", reason.to_lowercase(), att.spec.node),
+            ),
+            Some(e) => (
+                EventType::Warning,
+                format!(
+                    "{} on node {} failed: {e}",
+                    reason.to_lowercase(),
+                    att.spec.node
+                ),
+            ),
+        };
+        let d = details([
+            ("volume_id", att.spec.volume.to_string()),
+            ("node", att.spec.node.to_string()),
+            ("success", error.is_none().to_string()),
+            ("error", error.unwrap_or_default()),
+        ]);
+        self.ctx
+            .recorder
+            .record(object_ref(att), type_, reason, message, d)
+            .await;
+    }
+}

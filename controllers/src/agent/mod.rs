@@ -1,0 +1,333 @@
+//! `moord agent`: the node agent.
+//!
+//! Expected flow:
+//! 1. Connect to etcd; grant the node's lease and keep it alive; the Node object lives
+//!    under it (a dead agent's Node disappears when the lease expires).
+//! 2. Supervise each configured plugin ([`plugins`]): probe until ready, fingerprint on
+//!    an interval, publish what was found in the Node object.
+//! 3. Run the node reconciler ([`node`]) over the claims of this node.
+//! 4. For each plugin hosted here as `controller` or `monolith`, campaign for
+//!    `plugin.<id>`; the leader runs the provisioner and the attacher for that plugin.
+
+pub mod attacher;
+pub mod node;
+pub mod plugins;
+pub mod provisioner;
+pub mod state;
+
+use anyhow::Context;
+use moor::api::*;
+use moor::csi::policy::{CsiMetrics, Policy};
+use moor::runtime::events::Recorder;
+use moor::runtime::leader::{self, LeaderConfig};
+use moor::runtime::metrics::Metrics;
+use prometheus_client::registry::Registry;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{EtcdArgs, KeyedLocks};
+
+/// Flags of `moord agent`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// This node's name.
+    #[arg(long)]
+    pub node: String,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// Where the agent keeps what it staged and published.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// A plugin on this node:
+    /// `id=ID,type=node|controller|monolith,endpoint=unix://PATH,mount-dir=HOST_PATH[,container-mount-dir=PATH]`.
+    #[arg(long = "plugin", required = true)]
+    pub plugins: Vec<String>,
+    /// How often plugins are fingerprinted.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub fingerprint_interval: Duration,
+    /// TTL of the node's lease: how long after the agent dies its Node disappears.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub node_ttl: Duration,
+    /// Deadline of each CSI call.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub csi_timeout: Duration,
+    /// Tries per CSI call for retryable errors.
+    #[arg(long, default_value_t = 5)]
+    pub csi_tries: u32,
+    /// TTL of the per-plugin controller election.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub leader_ttl: Duration,
+}
+
+/// One configured plugin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginConfig {
+    /// The plugin id (the name volumes use in `plugin_id`).
+    pub id: PluginId,
+    /// Which services this instance serves.
+    pub plugin_type: PluginType,
+    /// `unix:///path`.
+    pub endpoint: String,
+    /// Host directory under which staging and target paths are made.
+    pub mount_dir: PathBuf,
+    /// The same directory as the plugin sees it (containerised plugins).
+    pub container_mount_dir: PathBuf,
+}
+
+impl PluginConfig {
+    /// Whether this instance serves the node service.
+    pub fn is_node(&self) -> bool {
+        matches!(self.plugin_type, PluginType::Node | PluginType::Monolith)
+    }
+
+    /// Whether this instance serves the controller service.
+    pub fn is_controller(&self) -> bool {
+        matches!(
+            self.plugin_type,
+            PluginType::Controller | PluginType::Monolith
+        )
+    }
+}
+
+impl std::str::FromStr for PluginConfig {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (mut id, mut ty, mut endpoint, mut mount_dir, mut container) =
+            (None, None, None, None, None);
+        for part in s.split(',').filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?} is not key=value"))?;
+            match k {
+                "id" => id = Some(PluginId::new(v).map_err(|e| format!("id: {e}"))?),
+                "type" => {
+                    ty = Some(match v {
+                        "node" => PluginType::Node,
+                        "controller" => PluginType::Controller,
+                        "monolith" => PluginType::Monolith,
+                        _ => return Err(format!("type {v:?} is not node, controller or monolith")),
+                    })
+                }
+                "endpoint" => {
+                    if !v.starts_with("unix:///") {
+                        return Err(format!("endpoint {v:?} is not unix:///PATH"));
+                    }
+                    endpoint = Some(v.to_string())
+                }
+                "mount-dir" => mount_dir = Some(PathBuf::from(v)),
+                "container-mount-dir" => container = Some(PathBuf::from(v)),
+                _ => return Err(format!("unknown plugin option {k:?}")),
+            }
+        }
+        let id = id.ok_or("id= is required")?;
+        let plugin_type = ty.ok_or("type= is required")?;
+        let endpoint = endpoint.ok_or("endpoint= is required")?;
+        let mount_dir = match mount_dir {
+            Some(d) => d,
+            None if plugin_type == PluginType::Controller => PathBuf::new(),
+            None => return Err("mount-dir= is required for a node plugin".into()),
+        };
+        if plugin_type != PluginType::Controller && !mount_dir.is_absolute() {
+            return Err(format!("mount-dir {} is not absolute", mount_dir.display()));
+        }
+        let container_mount_dir = container.unwrap_or_else(|| mount_dir.clone());
+        Ok(PluginConfig {
+            id,
+            plugin_type,
+            endpoint,
+            mount_dir,
+            container_mount_dir,
+        })
+    }
+}
+
+/// Runs the agent until `shutdown`.
+pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let node = NodeName::new(&args.node).context("--node")?;
+    let mut configs = Vec::new();
+    for p in &args.plugins {
+        let cfg: PluginConfig = p
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--plugin {p:?}: {e}"))?;
+        if configs.iter().any(|c: &PluginConfig| c.id == cfg.id) {
+            anyhow::bail!("--plugin {} is given twice", cfg.id);
+        }
+        configs.push(cfg);
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let local = state::LocalState::load(&args.data_dir)?;
+    let store = args.etcd.connect(Duration::from_secs(30)).await?;
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let policy = Policy {
+        per_try_timeout: args.csi_timeout,
+        tries: args.csi_tries,
+        metrics: CsiMetrics::register(&mut registry),
+        ..Policy::default()
+    };
+    let registry = Arc::new(registry);
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(addr) = args.etcd.http {
+        let (registry, shutdown) = (registry.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            if let Err(e) = crate::common::serve_http(addr, registry, shutdown).await {
+                tracing::error!(error = format!("{e:#}"), "http server failed");
+            }
+        });
+    }
+
+    let recorder = Recorder::new(store.clone(), &format!("agent/{node}"));
+    let supervisor = plugins::Supervisor::start(
+        store.clone(),
+        node.clone(),
+        &configs,
+        recorder.clone(),
+        args.fingerprint_interval,
+        args.node_ttl,
+        &mut tasks,
+        shutdown.clone(),
+    );
+
+    let node_ctx = node::NodeReconciler {
+        store: store.clone(),
+        node: node.clone(),
+        plugins: configs.iter().filter(|c| c.is_node()).cloned().collect(),
+        supervisor: supervisor.clone(),
+        local: Arc::new(tokio::sync::Mutex::new(local)),
+        data_dir: args.data_dir.clone(),
+        locks: KeyedLocks::default(),
+        policy: policy.clone(),
+        recorder: recorder.clone(),
+    };
+    {
+        let (shutdown, metrics) = (shutdown.clone(), metrics.controller("node"));
+        tasks.spawn(async move { node_ctx.run(metrics, shutdown).await });
+    }
+
+    for cfg in configs.iter().filter(|c| c.is_controller()) {
+        let election = LeaderConfig {
+            name: format!("plugin.{}", cfg.id),
+            identity: format!("agent@{node}"),
+            ttl: args.leader_ttl,
+        };
+        let base = store.clone();
+        let cfg = cfg.clone();
+        let (policy, recorder, supervisor, metrics) = (
+            policy.clone(),
+            recorder.clone(),
+            supervisor.clone(),
+            metrics.clone(),
+        );
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            leader::lead(base.clone(), election, shutdown, |fenced, stop| {
+                let ctx = ControllerPluginCtx {
+                    reads: base.clone(),
+                    writes: fenced,
+                    plugin: cfg.clone(),
+                    supervisor: supervisor.clone(),
+                    policy: policy.clone(),
+                    recorder: recorder.clone(),
+                    locks: KeyedLocks::default(),
+                };
+                let metrics = metrics.clone();
+                async move { ctx.run(metrics, stop).await }
+            })
+            .await
+        });
+    }
+
+    while let Some(r) = tasks.join_next().await {
+        if let Err(e) = r {
+            tracing::error!(error = %e, "agent task failed");
+            shutdown.cancel();
+        }
+    }
+    Ok(())
+}
+
+/// What the provisioner and the attacher of one controller plugin share while this
+/// agent leads it.
+#[derive(Clone)]
+pub struct ControllerPluginCtx {
+    /// Unfenced store for watches and reads.
+    pub reads: moor::store::Store,
+    /// Fenced store: every write carries the election's fence.
+    pub writes: moor::store::Store,
+    /// The plugin.
+    pub plugin: PluginConfig,
+    /// Its supervisor (channel, fingerprint).
+    pub supervisor: plugins::Supervisor,
+    /// CSI call policy.
+    pub policy: Policy,
+    /// Events.
+    pub recorder: Recorder,
+    /// One in-flight controller call per volume.
+    pub locks: KeyedLocks,
+}
+
+impl ControllerPluginCtx {
+    async fn run(self, metrics: Metrics, stop: CancellationToken) {
+        use moor::runtime::informer::Informer;
+        tracing::info!(plugin = %self.plugin.id, "leading the controller plugin");
+        let volumes = Informer::<Volume>::spawn(self.reads.clone(), "", stop.clone());
+        let attachments = Informer::<Attachment>::spawn(self.reads.clone(), "", stop.clone());
+        let prov = provisioner::Provisioner {
+            ctx: self.clone(),
+            volumes: volumes.clone(),
+        };
+        let att = attacher::Attacher {
+            ctx: self,
+            volumes,
+            attachments,
+        };
+        tokio::join!(
+            prov.run(metrics.controller("provisioner"), stop.clone()),
+            att.run(metrics.controller("attacher"), stop)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_flags_parse_and_explain_mistakes() {
+        let p: PluginConfig =
+            "id=hostpath.moor.dev,type=monolith,endpoint=unix:///run/p.sock,mount-dir=/var/lib/moor"
+                .parse()
+                .unwrap();
+        assert_eq!(p.container_mount_dir, PathBuf::from("/var/lib/moor"));
+        assert!(p.is_node() && p.is_controller());
+        let p: PluginConfig =
+            "id=x,type=node,endpoint=unix:///s,mount-dir=/h,container-mount-dir=/c"
+                .parse()
+                .unwrap();
+        assert_eq!(p.container_mount_dir, PathBuf::from("/c"));
+        let c: PluginConfig = "id=x,type=controller,endpoint=unix:///s".parse().unwrap();
+        assert!(!c.is_node());
+        for (bad, says) in [
+            ("type=node,endpoint=unix:///s,mount-dir=/h", "id="),
+            ("id=x,type=nope,endpoint=unix:///s,mount-dir=/h", "type"),
+            ("id=x,type=node,endpoint=tcp://h,mount-dir=/h", "endpoint"),
+            ("id=x,type=node,endpoint=unix:///s", "mount-dir"),
+            (
+                "id=x,type=node,endpoint=unix:///s,mount-dir=rel",
+                "absolute",
+            ),
+            (
+                "id=x,type=node,endpoint=unix:///s,mount-dir=/h,colour=red",
+                "colour",
+            ),
+        ] {
+            let e = bad.parse::<PluginConfig>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,745 @@
+//! The node reconciler: stages and publishes this node's claims, and tears them down.
+//!
+//! Expected flow for a claim key:
+//! 1. Wait for the claim cache; take the volume's lock (one node call per volume at a
+//!    time, so a stage and an unstage of one staging path never race).
+//! 2. A claim the controller allowed (`spec.publish`) and not released:
+//!    `ensure_staged` (once per staging path, `<mount-dir>/staging/NS/VOL/<usage>`, when
+//!    the plugin has STAGE_UNSTAGE_VOLUME), then `ensure_published` to
+//!    `<mount-dir>/per-alloc/NS/ALLOC/VOL/<ro|rw>-<usage>`. Each step is recorded as
+//!    uncertain in the data dir before its call and done after it, so a restarted agent
+//!    adopts what is done instead of repeating it.
+//! 3. A released (or deleted) claim: `ensure_unpublished`, then `ensure_unstaged` when
+//!    no other claim uses the staging path; then the Mount says `released`, which is
+//!    what lets the controller detach.
+//! 4. Every change is mirrored in the claim's Mount object; failures are recorded there
+//!    (`last_error`) and as "Mount volume" / "Unmount volume" events, and retried with
+//!    the controller's per-key backoff.
+
+use moor::api::*;
+use moor::csi::policy::{request, Class, CsiError, Policy};
+use moor::csi::{convert, v1};
+use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::events::Recorder;
+use moor::runtime::informer::Informer;
+use moor::runtime::metrics::ControllerMetrics;
+use moor::runtime::reflector;
+use moor::store::{Store, StoreError};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::plugins::Supervisor;
+use super::state::{LocalState, PublishRecord, StageRecord, Step};
+use super::PluginConfig;
+use crate::common::{details, KeyedLocks};
+
+/// Why a claim could not be brought to its desired state on this node.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A CSI call failed.
+    #[error("CSI call failed")]
+    Csi(#[from] CsiError),
+    /// Reading or writing etcd failed.
+    #[error("store operation failed")]
+    Store(#[from] StoreError),
+    /// The claim names a plugin this agent does not run as a node plugin.
+    #[error("plugin {0} is not a node plugin on this node")]
+    UnknownPlugin(PluginId),
+    /// The plugin has not been fingerprinted yet.
+    #[error("plugin {0} has not answered a fingerprint yet")]
+    PluginNotReady(PluginId),
+    /// The controller has not filled in what the node needs.
+    #[error("claim is missing {0}")]
+    Incomplete(&'static str),
+    /// The agent's own files.
+    #[error("cannot write {path}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The node reconciler and what it needs.
+pub struct NodeReconciler {
+    /// etcd.
+    pub store: Store,
+    /// This node.
+    pub node: NodeName,
+    /// The node (or monolith) plugins of this node.
+    pub plugins: Vec<PluginConfig>,
+    /// Channels and fingerprints.
+    pub supervisor: Supervisor,
+    /// What was staged and published, persisted in `data_dir`.
+    pub local: Arc<Mutex<LocalState>>,
+    /// The agent's data dir.
+    pub data_dir: PathBuf,
+    /// One node call per volume at a time.
+    pub locks: KeyedLocks,
+    /// CSI call policy.
+    pub policy: Policy,
+    /// Events.
+    pub recorder: Recorder,
+}
+
+/// The paths a claim uses, on the host and as the plugin sees them.
+struct Paths {
+    staging_host: PathBuf,
+    target_host: PathBuf,
+    target_plugin: PathBuf,
+}
+
+fn usage(cap: VolumeCapability) -> String {
+    format!("{}-{}", cap.attachment_mode, cap.access_mode)
+}
+
+fn paths(cfg: &PluginConfig, claim: &Claim, cap: VolumeCapability) -> Paths {
+    let ns = claim.metadata.namespace.as_str();
+    let vol = claim.spec.volume.as_str();
+    let alloc = claim.spec.allocation.as_str();
+    let rw = match claim.spec.mode {
+        ClaimMode::Read => "ro",
+        ClaimMode::Write => "rw",
+    };
+    let staging = Path::new("staging").join(ns).join(vol).join(usage(cap));
+    let target = Path::new("per-alloc")
+        .join(ns)
+        .join(alloc)
+        .join(vol)
+        .join(format!("{rw}-{}", usage(cap)));
+    Paths {
+        staging_host: cfg.mount_dir.join(&staging),
+        target_host: cfg.mount_dir.join(&target),
+        target_plugin: cfg.container_mount_dir.join(&target),
+    }
+}
+
+/// Maps a host path under the plugin's mount dir to the plugin's view of it.
+fn plugin_path(cfg: &PluginConfig, host: &Path) -> PathBuf {
+    match host.strip_prefix(&cfg.mount_dir) {
+        Ok(rel) => cfg.container_mount_dir.join(rel),
+        Err(_) => host.to_path_buf(),
+    }
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+impl NodeReconciler {
+    /// Runs until `shutdown`.
+    pub async fn run(self, metrics: ControllerMetrics, shutdown: CancellationToken) {
+        let claims = Informer::<Claim>::spawn(
+            self.store.clone(),
+            &format!("{}/", self.node),
+            shutdown.clone(),
+        );
+        let reader = claims.reader();
+        // Claims deleted while the agent was down are known only to the local state.
+        let local_keys: Vec<String> = self.local.lock().await.publishes.keys().cloned().collect();
+        let on_plugin_change = {
+            let (reader, local) = (reader.clone(), self.local.clone());
+            futures::stream::unfold(self.supervisor.changes(), move |mut rx| {
+                let (reader, local) = (reader.clone(), local.clone());
+                async move {
+                    rx.changed().await.ok()?;
+                    let mut keys = reader.keys();
+                    keys.extend(local.lock().await.publishes.keys().cloned());
+                    Some((futures::stream::iter(keys), rx))
+                }
+            })
+        };
+        let this = Arc::new(Reconcile {
+            r: self,
+            claims: reader.clone(),
+        });
+        Controller::new("node", reader, Config::default())
+            .with_metrics(metrics)
+            .owns(claims.subscribe())
+            .trigger(futures::stream::iter(local_keys))
+            .trigger(futures::StreamExt::flatten(on_plugin_change))
+            .run(
+                move |key| {
+                    let this = this.clone();
+                    async move { this.reconcile(key).await }
+                },
+                shutdown,
+            )
+            .await;
+    }
+}
+
+struct Reconcile {
+    r: NodeReconciler,
+    claims: reflector::Store<Claim>,
+}
+
+impl Reconcile {
+    async fn reconcile(&self, key: String) -> Result<Action, NodeError> {
+        self.claims.wait_until_ready().await;
+        let claim = self.claims.get(&key);
+        let record = self.r.local.lock().await.publishes.get(&key).cloned();
+        let lock_key = match (&claim, &record) {
+            (Some(c), _) => format!("{}/{}", c.metadata.namespace, c.spec.volume),
+            (None, Some(r)) => format!("{}/{}", r.namespace, r.volume),
+            (None, None) => key.clone(),
+        };
+        let _guard = self.r.locks.lock(&lock_key).await;
+        let Some(claim) = claim else {
+            // Deleted: tear down whatever is left, then forget it.
+            if let Some(rec) = record {
+                self.teardown(&key, &rec).await?;
+                self.forget(&key).await?;
+            }
+            crate::common::ignore_not_found(
+                self.r
+                    .store
+                    .delete::<MountSpec>(crate::common::suffix::<ClaimSpec>(&key), None)
+                    .await
+                    .map(|_| ()),
+            )?;
+            return Ok(Action::AwaitChange);
+        };
+        if let Some(rec) = &record {
+            if rec.claim_uid != claim.metadata.uid {
+                // The claim was deleted and made again while we were away.
+                self.teardown(&key, rec).await?;
+                self.forget(&key).await?;
+            }
+        }
+        if claim.spec.release || claim.is_deleting() {
+            self.release(&key, &claim).await?;
+        } else if claim.spec.publish {
+            self.publish(&key, &claim).await?;
+        }
+        Ok(Action::AwaitChange)
+    }
+
+    fn plugin(&self, id: &PluginId) -> Result<&PluginConfig, NodeError> {
+        self.r
+            .plugins
+            .iter()
+            .find(|p| &p.id == id)
+            .ok_or_else(|| NodeError::UnknownPlugin(id.clone()))
+    }
+
+    async fn save(&self, state: &LocalState) -> Result<(), NodeError> {
+        state
+            .save(&self.r.data_dir)
+            .map_err(|source| NodeError::Io {
+                path: path_str(&self.r.data_dir.join("state.json")),
+                source,
+            })
+    }
+
+    /// Edits the local state and persists it before anything else happens.
+    async fn edit(&self, f: impl FnOnce(&mut LocalState)) -> Result<(), NodeError> {
+        let mut state = self.r.local.lock().await;
+        let mut next = state.clone();
+        f(&mut next);
+        if next != *state {
+            self.save(&next).await?;
+            *state = next;
+        }
+        Ok(())
+    }
+
+    async fn forget(&self, key: &str) -> Result<(), NodeError> {
+        self.edit(|s| {
+            s.publishes.remove(key);
+        })
+        .await
+    }
+
+    async fn publish(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
+        let existing = self.r.local.lock().await.publishes.get(key).cloned();
+        if existing.as_ref().is_some_and(|r| r.released) {
+            return Ok(());
+        }
+        let cfg = self.plugin(&claim.spec.plugin_id)?.clone();
+        let fp = self
+            .r
+            .supervisor
+            .status(&cfg.id)
+            .filter(|s| s.csi_node_id.is_some())
+            .ok_or_else(|| NodeError::PluginNotReady(cfg.id.clone()))?;
+        let stages = fp.capabilities.node.contains("STAGE_UNSTAGE_VOLUME");
+        let cap = match (claim.spec.access_mode, claim.spec.attachment_mode) {
+            (Some(access_mode), Some(attachment_mode)) => VolumeCapability {
+                access_mode,
+                attachment_mode,
+            },
+            _ => return Err(NodeError::Incomplete("its capability")),
+        };
+        let external_id = claim
+            .spec
+            .external_id
+            .clone()
+            .ok_or(NodeError::Incomplete("the volume's external id"))?;
+        let paths = paths(&cfg, claim, cap);
+        let rec = existing.unwrap_or_else(|| PublishRecord {
+            claim_uid: claim.metadata.uid.clone(),
+            namespace: claim.metadata.namespace.clone(),
+            claim: claim.metadata.name.clone(),
+            allocation: claim.spec.allocation.clone(),
+            volume: claim.spec.volume.clone(),
+            plugin_id: cfg.id.clone(),
+            external_id: external_id.clone(),
+            staging_path: stages.then(|| paths.staging_host.clone()),
+            target_path: paths.target_host.clone(),
+            step: Step::Absent,
+            released: false,
+        });
+        self.edit(|s| {
+            s.publishes.insert(key.to_string(), rec.clone());
+        })
+        .await?;
+        if rec.step == Step::Done {
+            // Adopted from an earlier run, or already done.
+            self.sync_mount(key, claim, None).await?;
+            return Ok(());
+        }
+        self.sync_mount(key, claim, None).await?;
+        let volume = self
+            .r
+            .store
+            .get::<VolumeSpec>(&format!(
+                "{}/{}",
+                claim.metadata.namespace, claim.spec.volume
+            ))
+            .await?;
+        let secrets = volume.spec.secrets.expose().clone();
+        let capability = convert::capability(cap, &claim.spec.mount_options);
+        let result = async {
+            if let Some(staging) = &rec.staging_path {
+                self.ensure_staged(&cfg, claim, staging, &external_id, &capability, &secrets)
+                    .await?;
+            }
+            self.ensure_published(
+                &cfg,
+                key,
+                claim,
+                &rec,
+                &paths,
+                &external_id,
+                &capability,
+                &secrets,
+            )
+            .await
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                self.sync_mount(key, claim, None).await?;
+                self.event(claim, "Mount volume", None).await;
+                Ok(())
+            }
+            Err(e) => {
+                let msg = moor::runtime::controller::error_chain(&e);
+                self.sync_mount(key, claim, Some(msg.clone())).await?;
+                self.event(claim, "Mount volume", Some(msg)).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn ensure_staged(
+        &self,
+        cfg: &PluginConfig,
+        claim: &Claim,
+        staging: &Path,
+        external_id: &ExternalVolumeId,
+        capability: &v1::VolumeCapability,
+        secrets: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), NodeError> {
+        let current = self.r.local.lock().await.stages.get(staging).cloned();
+        if current.as_ref().is_some_and(|s| s.step == Step::Done) {
+            return Ok(());
+        }
+        std::fs::create_dir_all(staging).map_err(|source| NodeError::Io {
+            path: path_str(staging),
+            source,
+        })?;
+        let record = StageRecord {
+            namespace: claim.metadata.namespace.clone(),
+            volume: claim.spec.volume.clone(),
+            plugin_id: cfg.id.clone(),
+            external_id: external_id.clone(),
+            step: Step::Uncertain,
+        };
+        self.set_stage(staging, Some(record.clone())).await?;
+        let req = v1::NodeStageVolumeRequest {
+            volume_id: external_id.to_string(),
+            publish_context: claim.spec.publish_context.clone(),
+            staging_target_path: path_str(&plugin_path(cfg, staging)),
+            volume_capability: Some(capability.clone()),
+            secrets: secrets.clone(),
+            volume_context: claim.spec.volume_context.clone(),
+        };
+        let client = self.node_client(cfg)?;
+        let r = self
+            .r
+            .policy
+            .call("NodeStageVolume", |t| {
+                let mut c = client.clone();
+                let req = req.clone();
+                async move { c.node_stage_volume(request(req, t)).await }
+            })
+            .await;
+        match r {
+            Ok(_) => {
+                self.set_stage(
+                    staging,
+                    Some(StageRecord {
+                        step: Step::Done,
+                        ..record
+                    }),
+                )
+                .await
+            }
+            Err(e) => {
+                if e.class() == Class::Final && current.is_none() {
+                    // Took no effect, and nothing was staged before: nothing is owed.
+                    self.set_stage(staging, None).await?;
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn set_stage(&self, staging: &Path, rec: Option<StageRecord>) -> Result<(), NodeError> {
+        self.edit(|s| match rec {
+            Some(r) => {
+                s.stages.insert(staging.to_path_buf(), r);
+            }
+            None => {
+                s.stages.remove(staging);
+            }
+        })
+        .await
+    }
+
+    async fn set_publish_step(&self, key: &str, step: Step) -> Result<(), NodeError> {
+        self.edit(|s| {
+            if let Some(p) = s.publishes.get_mut(key) {
+                p.step = step;
+            }
+        })
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn ensure_published(
+        &self,
+        cfg: &PluginConfig,
+        key: &str,
+        claim: &Claim,
+        rec: &PublishRecord,
+        paths: &Paths,
+        external_id: &ExternalVolumeId,
+        capability: &v1::VolumeCapability,
+        secrets: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), NodeError> {
+        if let Some(parent) = paths.target_host.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| NodeError::Io {
+                path: path_str(parent),
+                source,
+            })?;
+        }
+        let before = rec.step;
+        self.set_publish_step(key, Step::Uncertain).await?;
+        let req = v1::NodePublishVolumeRequest {
+            volume_id: external_id.to_string(),
+            publish_context: claim.spec.publish_context.clone(),
+            staging_target_path: rec
+                .staging_path
+                .as_ref()
+                .map(|s| path_str(&plugin_path(cfg, s)))
+                .unwrap_or_default(),
+            target_path: path_str(&paths.target_plugin),
+            volume_capability: Some(capability.clone()),
+            readonly: claim.spec.mode == ClaimMode::Read,
+            secrets: secrets.clone(),
+            volume_context: claim.spec.volume_context.clone(),
+        };
+        let client = self.node_client(cfg)?;
+        let r = self
+            .r
+            .policy
+            .call("NodePublishVolume", |t| {
+                let mut c = client.clone();
+                let req = req.clone();
+                async move { c.node_publish_volume(request(req, t)).await }
+            })
+            .await;
+        match r {
+            Ok(_) => self.set_publish_step(key, Step::Done).await,
+            Err(e) => {
+                if e.class() == Class::Final && before == Step::Absent {
+                    self.set_publish_step(key, Step::Absent).await?;
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    fn node_client(
+        &self,
+        cfg: &PluginConfig,
+    ) -> Result<v1::node_client::NodeClient<tonic::transport::Channel>, NodeError> {
+        let ch = self
+            .r
+            .supervisor
+            .channel(&cfg.id)
+            .ok_or_else(|| NodeError::UnknownPlugin(cfg.id.clone()))?;
+        Ok(v1::node_client::NodeClient::new(ch))
+    }
+
+    async fn release(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
+        let rec = self.r.local.lock().await.publishes.get(key).cloned();
+        if let Some(rec) = rec.filter(|r| !r.released) {
+            if let Err(e) = self.teardown(key, &rec).await {
+                let msg = moor::runtime::controller::error_chain(&e);
+                self.sync_mount(key, claim, Some(msg)).await?;
+                return Err(e);
+            }
+            self.edit(|s| {
+                if let Some(p) = s.publishes.get_mut(key) {
+                    p.released = true;
+                    p.step = Step::Absent;
+                }
+            })
+            .await?;
+        }
+        self.sync_mount(key, claim, None).await?;
+        Ok(())
+    }
+
+    /// NodeUnpublish if it may be published, then NodeUnstage if no other claim uses the
+    /// staging path and it may be staged.
+    async fn teardown(&self, key: &str, rec: &PublishRecord) -> Result<(), NodeError> {
+        if rec.released {
+            return Ok(());
+        }
+        let cfg = self.plugin(&rec.plugin_id)?.clone();
+        if rec.step.needs_reverse() {
+            self.ensure_unpublished(&cfg, key, rec).await?;
+        }
+        if let Some(staging) = &rec.staging_path {
+            let (in_use, stage) = {
+                let s = self.r.local.lock().await;
+                (
+                    s.staging_in_use(staging, key),
+                    s.stages.get(staging).cloned(),
+                )
+            };
+            if !in_use {
+                if let Some(stage) = stage {
+                    self.ensure_unstaged(&cfg, staging, &stage).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn ensure_unpublished(
+        &self,
+        cfg: &PluginConfig,
+        key: &str,
+        rec: &PublishRecord,
+    ) -> Result<(), NodeError> {
+        let req = v1::NodeUnpublishVolumeRequest {
+            volume_id: rec.external_id.to_string(),
+            target_path: path_str(&plugin_path(cfg, &rec.target_path)),
+        };
+        let client = self.node_client(cfg)?;
+        let r = self
+            .r
+            .policy
+            .call("NodeUnpublishVolume", |t| {
+                let mut c = client.clone();
+                let req = req.clone();
+                async move { c.node_unpublish_volume(request(req, t)).await }
+            })
+            .await;
+        let result = match r {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        };
+        let error = result.as_ref().err().map(|e| e.to_string());
+        self.unmount_event(rec, error).await;
+        result?;
+        self.set_publish_step(key, Step::Absent).await
+    }
+
+    async fn ensure_unstaged(
+        &self,
+        cfg: &PluginConfig,
+        staging: &Path,
+        stage: &StageRecord,
+    ) -> Result<(), NodeError> {
+        if stage.step.needs_reverse() {
+            let req = v1::NodeUnstageVolumeRequest {
+                volume_id: stage.external_id.to_string(),
+                staging_target_path: path_str(&plugin_path(cfg, staging)),
+            };
+            let client = self.node_client(cfg)?;
+            let r = self
+                .r
+                .policy
+                .call("NodeUnstageVolume", |t| {
+                    let mut c = client.clone();
+                    let req = req.clone();
+                    async move { c.node_unstage_volume(request(req, t)).await }
+                })
+                .await;
+            match r {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.set_stage(staging, None).await?;
+        // The staging directory is ours to remove once the plugin let go of it.
+        let _ = std::fs::remove_dir(staging);
+        Ok(())
+    }
+
+    /// Writes the claim's Mount object from the local state.
+    async fn sync_mount(
+        &self,
+        key: &str,
+        claim: &Claim,
+        last_error: Option<String>,
+    ) -> Result<(), NodeError> {
+        let (rec, stage) = {
+            let s = self.r.local.lock().await;
+            let rec = s.publishes.get(key).cloned();
+            let stage = rec
+                .as_ref()
+                .and_then(|r| r.staging_path.as_ref())
+                .and_then(|p| s.stages.get(p))
+                .map(|st| st.step)
+                .unwrap_or_default();
+            (rec, stage)
+        };
+        let spec = MountSpec {
+            claim: claim.metadata.name.clone(),
+            claim_uid: claim.metadata.uid.clone(),
+            allocation: claim.spec.allocation.clone(),
+            volume: claim.spec.volume.clone(),
+            node: self.r.node.clone(),
+            staging_path: rec
+                .as_ref()
+                .and_then(|r| r.staging_path.as_ref())
+                .map(|p| path_str(p)),
+            target_path: rec
+                .as_ref()
+                .map(|r| path_str(&r.target_path))
+                .unwrap_or_else(|| "-".into()),
+        };
+        let released = rec.as_ref().is_none_or(|r| r.released);
+        let publish = rec.as_ref().map(|r| r.step).unwrap_or_default();
+        let status = MountStatus {
+            staged: !released && stage == Step::Done,
+            stage_uncertain: !released && stage == Step::Uncertain,
+            published: publish == Step::Done,
+            publish_uncertain: publish == Step::Uncertain,
+            released: released && (claim.spec.release || claim.is_deleting()),
+            meta: StatusMeta {
+                observed_generation: claim.metadata.generation,
+                last_error,
+                ..Default::default()
+            },
+        };
+        let suffix = crate::common::suffix::<ClaimSpec>(key);
+        let store = &self.r.store;
+        match store.try_get::<MountSpec>(suffix).await? {
+            None => {
+                let mut m =
+                    Mount::new(&claim.metadata.namespace, claim.metadata.name.clone(), spec);
+                m.status = status;
+                store.create(&m).await?;
+            }
+            Some(mut current) => {
+                if current.spec != spec {
+                    current.spec = spec;
+                    current = store.replace(&current).await?;
+                }
+                if current.status != status {
+                    current.status = status;
+                    store.replace_status(&current).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn event(&self, claim: &Claim, reason: &str, error: Option<String>) {
+        let (type_, message) = match &error {
+            None => (
+                EventType::Normal,
+                format!(
+                    "{} published for claim {}",
+                    claim.spec.volume, claim.metadata.name
+                ),
+            ),
+            Some(e) => (
+                EventType::Warning,
+                format!(
+                    "{} could not be published for claim {}: {e}",
+                    claim.spec.volume, claim.metadata.name
+                ),
+            ),
+        };
+        self.node_event(&claim.spec.volume, reason, type_, message, error)
+            .await;
+    }
+
+    async fn unmount_event(&self, rec: &PublishRecord, error: Option<String>) {
+        let (type_, message) = match &error {
+            None => (
+                EventType::Normal,
+                format!("{} unpublished for claim {}", rec.volume, rec.claim),
+            ),
+            Some(e) => (
+                EventType::Warning,
+                format!(
+                    "{} could not be unpublished for claim {}: {e}",
+                    rec.volume, rec.claim
+                ),
+            ),
+        };
+        self.node_event(&rec.volume, "Unmount volume", type_, message, error)
+            .await;
+    }
+
+    async fn node_event(
+        &self,
+        volume: &VolumeId,
+        reason: &str,
+        type_: EventType,
+        message: String,
+        error: Option<String>,
+    ) {
+        let object = ObjectRef {
+            kind: "Node".into(),
+            namespace: Namespace::default(),
+            name: Name::new(self.r.node.as_str()).unwrap_or_default(),
+        };
+        let d = details([
+            ("volume_id", volume.to_string()),
+            ("success", error.is_none().to_string()),
+            ("error", error.unwrap_or_default()),
+        ]);
+        self.r
+            .recorder
+            .record(object, type_, reason, message, d)
+            .await;
+    }
+}

@@ -1,0 +1,334 @@
+//! Plugin supervision: probe, fingerprint, and the Node object under the node's lease.
+//!
+//! Expected flow:
+//! 1. Each plugin is probed until ready, then fingerprinted (GetPluginInfo, plugin,
+//!    controller and node capabilities, NodeGetInfo) every interval; every second while
+//!    unhealthy.
+//! 2. A plugin that stops answering is marked unhealthy with the reason and keeps what
+//!    was last learned of it (it is not forgotten); a health change is an event.
+//! 3. The Node object holds every plugin's status. It is created under the node's lease,
+//!    re-created under a new lease if the old one is lost, and rewritten when a plugin's
+//!    status changes.
+
+use moor::api::*;
+use moor::csi::convert;
+use moor::csi::v1;
+use moor::runtime::backoff::Backoff;
+use moor::runtime::events::Recorder;
+use moor::store::{Store, StoreError};
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use super::PluginConfig;
+
+/// Deadline of each fingerprint call.
+const FINGERPRINT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The plugins of this node: their channels and what was last learned of them.
+#[derive(Clone)]
+pub struct Supervisor {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    channels: BTreeMap<PluginId, Channel>,
+    status: RwLock<BTreeMap<PluginId, NodePluginStatus>>,
+    changed: watch::Sender<u64>,
+}
+
+impl Supervisor {
+    /// Starts a fingerprint task per plugin and the Node object's keeper in `tasks`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        store: Store,
+        node: NodeName,
+        configs: &[PluginConfig],
+        recorder: Recorder,
+        interval: Duration,
+        node_ttl: Duration,
+        tasks: &mut tokio::task::JoinSet<()>,
+        shutdown: CancellationToken,
+    ) -> Supervisor {
+        let mut channels = BTreeMap::new();
+        let mut status = BTreeMap::new();
+        for cfg in configs {
+            // The endpoint was checked to be unix:/// when parsed; channel() only fails
+            // on other schemes.
+            if let Ok(ch) = moor::csi::channel(&cfg.endpoint) {
+                channels.insert(cfg.id.clone(), ch);
+            }
+            status.insert(
+                cfg.id.clone(),
+                NodePluginStatus {
+                    plugin_type: cfg.plugin_type,
+                    health_message: "not probed yet".into(),
+                    ..Default::default()
+                },
+            );
+        }
+        let (changed, _) = watch::channel(0);
+        let sup = Supervisor {
+            inner: Arc::new(Inner {
+                channels,
+                status: RwLock::new(status),
+                changed,
+            }),
+        };
+        for cfg in configs {
+            let (sup, cfg, recorder, node, shutdown) = (
+                sup.clone(),
+                cfg.clone(),
+                recorder.clone(),
+                node.clone(),
+                shutdown.clone(),
+            );
+            tasks.spawn(async move {
+                sup.fingerprint_loop(cfg, node, recorder, interval, shutdown)
+                    .await
+            });
+        }
+        let (keeper, shutdown) = (sup.clone(), shutdown.clone());
+        tasks.spawn(async move { keeper.keep_node(store, node, node_ttl, shutdown).await });
+        sup
+    }
+
+    /// The channel to a plugin.
+    pub fn channel(&self, id: &PluginId) -> Option<Channel> {
+        self.inner.channels.get(id).cloned()
+    }
+
+    /// What was last learned of a plugin.
+    pub fn status(&self, id: &PluginId) -> Option<NodePluginStatus> {
+        self.read().get(id).cloned()
+    }
+
+    /// Ticks whenever a plugin's health or fingerprint changes.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changed.subscribe()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<PluginId, NodePluginStatus>> {
+        self.inner.status.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn fingerprint_loop(
+        &self,
+        cfg: PluginConfig,
+        node: NodeName,
+        recorder: Recorder,
+        interval: Duration,
+        shutdown: CancellationToken,
+    ) {
+        let Some(channel) = self.channel(&cfg.id) else {
+            return;
+        };
+        loop {
+            let found = fingerprint(&cfg, channel.clone()).await;
+            let (was_healthy, now_healthy, message) = {
+                let mut all = self.inner.status.write().unwrap_or_else(|p| p.into_inner());
+                let old = all.get(&cfg.id).cloned().unwrap_or_default();
+                let mut next = match found {
+                    Ok(fp) => fp,
+                    Err(message) => NodePluginStatus {
+                        healthy: false,
+                        health_message: message,
+                        last_seen: None,
+                        // Keep what was learned: a plugin that goes away is unhealthy,
+                        // not forgotten.
+                        ..old.clone()
+                    },
+                };
+                next.last_seen = old.last_seen;
+                let changed = next != old;
+                if changed {
+                    if next.healthy {
+                        next.last_seen = Some(Timestamp::now());
+                    }
+                    all.insert(cfg.id.clone(), next.clone());
+                    self.inner.changed.send_modify(|n| *n += 1);
+                }
+                (old.healthy, next.healthy, next.health_message.clone())
+            };
+            if was_healthy != now_healthy {
+                let object = ObjectRef {
+                    kind: "Node".into(),
+                    namespace: Namespace::default(),
+                    name: Name::new(node.as_str()).unwrap_or_default(),
+                };
+                let details = crate::common::details([("plugin_id", cfg.id.to_string())]);
+                if now_healthy {
+                    recorder
+                        .record(
+                            object,
+                            EventType::Normal,
+                            "Plugin healthy",
+                            format!("plugin {} is healthy", cfg.id),
+                            details,
+                        )
+                        .await;
+                } else {
+                    recorder
+                        .record(
+                            object,
+                            EventType::Warning,
+                            "Plugin unhealthy",
+                            format!("plugin {} is unhealthy: {message}", cfg.id),
+                            details,
+                        )
+                        .await;
+                }
+            }
+            let wait = if now_healthy {
+                interval
+            } else {
+                interval.min(Duration::from_secs(1))
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Keeps the node's lease alive and the Node object current, re-creating both when
+    /// the lease is lost.
+    async fn keep_node(
+        &self,
+        store: Store,
+        node: NodeName,
+        ttl: Duration,
+        shutdown: CancellationToken,
+    ) {
+        let mut retry = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+        let mut changes = self.changes();
+        while !shutdown.is_cancelled() {
+            let result = self
+                .lease_term(&store, &node, ttl, &mut changes, &shutdown)
+                .await;
+            if let Err(e) = result {
+                let delay = retry.next_delay();
+                tracing::warn!(error = %e, ?delay, "node lease lost or unavailable; re-registering");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+
+    /// One lease: grant, register the Node, renew and rewrite until something fails.
+    async fn lease_term(
+        &self,
+        store: &Store,
+        node: &NodeName,
+        ttl: Duration,
+        changes: &mut watch::Receiver<u64>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), StoreError> {
+        let lease = store.grant_lease(ttl).await?;
+        let mut keep = store.keep_alive(lease).await?;
+        let name = Name::new(node.as_str()).unwrap_or_default();
+        // A Node left by an earlier run is bound to that run's lease: replace it.
+        match store.delete::<NodeSpec>(node.as_str(), None).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let mut obj = Node::new(&Namespace::default(), name, NodeSpec {});
+        obj.status.plugins = self.read().clone();
+        store.create_with_lease(&obj, keep.id()).await?;
+        tracing::info!(node = %node, "node registered");
+        let renew_every = ttl / 3;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(renew_every) => {
+                    keep.renew().await?;
+                }
+                r = changes.changed() => {
+                    if r.is_err() {
+                        return Ok(());
+                    }
+                    let plugins = self.read().clone();
+                    store
+                        .modify_status::<NodeSpec>(node.as_str(), |_, st| {
+                            st.plugins = plugins.clone();
+                            true
+                        })
+                        .await?;
+                }
+            }
+        }
+    }
+}
+
+/// Asks the plugin who it is and what it can do; `Err` says why it is unhealthy.
+async fn fingerprint(cfg: &PluginConfig, channel: Channel) -> Result<NodePluginStatus, String> {
+    use moor::csi::policy::request;
+    let t = FINGERPRINT_TIMEOUT;
+    let fail = |what: &str, s: tonic::Status| format!("{what}: {:?}: {}", s.code(), s.message());
+    let mut identity = v1::identity_client::IdentityClient::new(channel.clone());
+    let probe = identity
+        .probe(request(v1::ProbeRequest {}, t))
+        .await
+        .map_err(|s| fail("Probe", s))?
+        .into_inner();
+    if probe.ready == Some(false) {
+        return Err("Probe: not ready".into());
+    }
+    let info = identity
+        .get_plugin_info(request(v1::GetPluginInfoRequest {}, t))
+        .await
+        .map_err(|s| fail("GetPluginInfo", s))?
+        .into_inner();
+    let caps = identity
+        .get_plugin_capabilities(request(v1::GetPluginCapabilitiesRequest {}, t))
+        .await
+        .map_err(|s| fail("GetPluginCapabilities", s))?
+        .into_inner();
+    let mut status = NodePluginStatus {
+        plugin_type: cfg.plugin_type,
+        healthy: true,
+        provider: info.name,
+        version: info.vendor_version,
+        ..Default::default()
+    };
+    status.capabilities.plugin = convert::plugin_capability_names(&caps)
+        .into_iter()
+        .collect();
+    if cfg.is_controller() {
+        let mut c = v1::controller_client::ControllerClient::new(channel.clone());
+        let caps = c
+            .controller_get_capabilities(request(v1::ControllerGetCapabilitiesRequest {}, t))
+            .await
+            .map_err(|s| fail("ControllerGetCapabilities", s))?
+            .into_inner();
+        status.capabilities.controller = convert::controller_capability_names(&caps)
+            .into_iter()
+            .collect();
+    }
+    if cfg.is_node() {
+        let mut n = v1::node_client::NodeClient::new(channel);
+        let caps = n
+            .node_get_capabilities(request(v1::NodeGetCapabilitiesRequest {}, t))
+            .await
+            .map_err(|s| fail("NodeGetCapabilities", s))?
+            .into_inner();
+        status.capabilities.node = convert::node_capability_names(&caps).into_iter().collect();
+        let info = n
+            .node_get_info(request(v1::NodeGetInfoRequest {}, t))
+            .await
+            .map_err(|s| fail("NodeGetInfo", s))?
+            .into_inner();
+        let id = CsiNodeId::new(info.node_id.clone())
+            .map_err(|e| format!("NodeGetInfo: node_id {:?}: {e}", info.node_id))?;
+        status.csi_node_id = Some(id);
+        status.max_volumes_per_node =
+            (info.max_volumes_per_node > 0).then_some(info.max_volumes_per_node as u64);
+        status.topology = info.accessible_topology.map(|t| t.segments);
+    }
+    Ok(status)
+}

@@ -1,0 +1,352 @@
+//! The provisioner: CreateVolume / DeleteVolume for the Volumes of one plugin, run by
+//! the agent leading that plugin's election. It owns `status.provisioning`.
+//!
+//! Expected flow for a Volume:
+//! 1. Registered (`spec.external_id`): nothing to create; provisioning is Ready with
+//!    that id, so every reader finds the id in one place.
+//! 2. To create: add the `moor.dev/provisioner` finalizer, record Creating, call
+//!    CreateVolume (named by the volume's uid, so a repeat is idempotent) with the
+//!    capability list, capacity range, parameters, secrets, source and topology; record
+//!    Ready with the plugin's id, capacity, context and accessible topology.
+//! 3. Deleted: wait until the controller has released every claim (its
+//!    `moor.dev/claims` finalizer is gone), DeleteVolume, drop our finalizer.
+
+use moor::api::*;
+use moor::csi::policy::{request, CsiError};
+use moor::csi::{convert, v1};
+use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::informer::Informer;
+use moor::runtime::metrics::ControllerMetrics;
+use moor::store::StoreError;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+use super::ControllerPluginCtx;
+use crate::common::{details, object_ref};
+
+/// The finalizer that holds a created volume's deletion until DeleteVolume.
+pub const FINALIZER: &str = "moor.dev/provisioner";
+/// The controller's finalizer (held while claims remain).
+pub const CLAIMS_FINALIZER: &str = "moor.dev/claims";
+
+/// Why a volume could not be converged.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    /// A CSI call failed.
+    #[error("CSI call failed")]
+    Csi(#[from] CsiError),
+    /// Reading or writing etcd failed.
+    #[error("store operation failed")]
+    Store(#[from] StoreError),
+    /// The plugin has no channel.
+    #[error("plugin {0} has no channel")]
+    NoChannel(PluginId),
+    /// The clone source is not ready.
+    #[error("source volume {0} has no external id yet")]
+    SourceNotReady(VolumeId),
+    /// The plugin answered without a volume.
+    #[error("CreateVolume answered without a volume id")]
+    NoVolume,
+}
+
+/// The provisioner of one plugin.
+pub struct Provisioner {
+    /// Shared with the attacher.
+    pub ctx: ControllerPluginCtx,
+    /// Volumes.
+    pub volumes: Informer<Volume>,
+}
+
+impl Provisioner {
+    /// Runs until `stop`.
+    pub async fn run(self, metrics: ControllerMetrics, stop: CancellationToken) {
+        let reader = self.volumes.reader();
+        let events = self.volumes.subscribe();
+        let this = Arc::new(self);
+        Controller::new("provisioner", reader, Config::default())
+            .with_metrics(metrics)
+            .owns(events)
+            .run(
+                move |key| {
+                    let this = this.clone();
+                    async move { this.reconcile(key).await }
+                },
+                stop,
+            )
+            .await;
+    }
+
+    async fn reconcile(&self, key: String) -> Result<Action, ProvisionError> {
+        let reader = self.volumes.reader();
+        reader.wait_until_ready().await;
+        match reader.get(&key) {
+            Some(v) if v.spec.plugin_id == self.ctx.plugin.id => {}
+            _ => return Ok(Action::AwaitChange),
+        }
+        let _guard = self
+            .ctx
+            .locks
+            .lock(crate::common::suffix::<VolumeSpec>(&key))
+            .await;
+        let suffix = crate::common::suffix::<VolumeSpec>(&key);
+        let Some(vol) = self.ctx.reads.try_get::<VolumeSpec>(suffix).await? else {
+            return Ok(Action::AwaitChange);
+        };
+        if let Some(ext) = &vol.spec.external_id {
+            if vol.status.provisioning.phase != VolumePhase::Ready
+                || vol.status.provisioning.external_id.as_ref() != Some(ext)
+            {
+                let ext = ext.clone();
+                self.ctx
+                    .writes
+                    .modify_status::<VolumeSpec>(suffix, |_, st| {
+                        st.provisioning.phase = VolumePhase::Ready;
+                        st.provisioning.external_id = Some(ext.clone());
+                        st.provisioning.meta.last_error = None;
+                        true
+                    })
+                    .await?;
+            }
+            return Ok(Action::AwaitChange);
+        }
+        if vol.is_deleting() {
+            return self.delete(&vol).await;
+        }
+        if !vol.metadata.finalizers.iter().any(|f| f == FINALIZER) {
+            let mut v = vol.clone();
+            v.metadata.finalizers.push(FINALIZER.to_string());
+            self.ctx.writes.replace(&v).await?;
+            return Ok(Action::AwaitChange);
+        }
+        if vol.status.provisioning.phase == VolumePhase::Ready
+            && vol.status.provisioning.external_id.is_some()
+        {
+            return Ok(Action::AwaitChange);
+        }
+        self.create(&vol).await?;
+        Ok(Action::AwaitChange)
+    }
+
+    fn client(
+        &self,
+    ) -> Result<v1::controller_client::ControllerClient<tonic::transport::Channel>, ProvisionError>
+    {
+        let ch = self
+            .ctx
+            .supervisor
+            .channel(&self.ctx.plugin.id)
+            .ok_or_else(|| ProvisionError::NoChannel(self.ctx.plugin.id.clone()))?;
+        Ok(v1::controller_client::ControllerClient::new(ch))
+    }
+
+    fn create_request(&self, vol: &Volume) -> Result<v1::CreateVolumeRequest, ProvisionError> {
+        let spec = &vol.spec;
+        let capacity_range =
+            (spec.capacity_min.is_some() || spec.capacity_max.is_some()).then(|| {
+                v1::CapacityRange {
+                    required_bytes: spec.capacity_min.map(|s| s.0 as i64).unwrap_or_default(),
+                    limit_bytes: spec.capacity_max.map(|s| s.0 as i64).unwrap_or_default(),
+                }
+            });
+        let source = match &spec.source {
+            None => None,
+            Some(VolumeSource::Snapshot(id)) => Some(v1::VolumeContentSource {
+                r#type: Some(v1::volume_content_source::Type::Snapshot(
+                    v1::volume_content_source::SnapshotSource {
+                        snapshot_id: id.clone(),
+                    },
+                )),
+            }),
+            Some(VolumeSource::Volume(id)) => {
+                let src = self
+                    .volumes
+                    .reader()
+                    .get(&format!("volumes/{}/{}", vol.metadata.namespace, id))
+                    .and_then(|v| v.status.provisioning.external_id.clone())
+                    .ok_or_else(|| ProvisionError::SourceNotReady(id.clone()))?;
+                Some(v1::VolumeContentSource {
+                    r#type: Some(v1::volume_content_source::Type::Volume(
+                        v1::volume_content_source::VolumeSource {
+                            volume_id: src.to_string(),
+                        },
+                    )),
+                })
+            }
+        };
+        Ok(v1::CreateVolumeRequest {
+            name: vol.metadata.uid.clone(),
+            capacity_range,
+            volume_capabilities: spec
+                .capabilities
+                .iter()
+                .map(|c| convert::capability(*c, &spec.mount_options))
+                .collect(),
+            parameters: spec.parameters.clone(),
+            secrets: spec.secrets.expose().clone(),
+            volume_content_source: source,
+            accessibility_requirements: spec.topology_request.as_ref().map(|t| {
+                v1::TopologyRequirement {
+                    requisite: t.required.iter().map(convert::topology).collect(),
+                    preferred: t.preferred.iter().map(convert::topology).collect(),
+                }
+            }),
+            mutable_parameters: Default::default(),
+        })
+    }
+
+    /// CreateVolume; returns the plugin's volume.
+    async fn call_create(&self, vol: &Volume) -> Result<v1::Volume, ProvisionError> {
+        let req = self.create_request(vol)?;
+        let client = self.client()?;
+        let resp = self
+            .ctx
+            .policy
+            .call("CreateVolume", |t| {
+                let mut c = client.clone();
+                let req = req.clone();
+                async move { c.create_volume(request(req, t)).await }
+            })
+            .await?;
+        resp.volume
+            .filter(|v| !v.volume_id.is_empty())
+            .ok_or(ProvisionError::NoVolume)
+    }
+
+    async fn create(&self, vol: &Volume) -> Result<(), ProvisionError> {
+        let suffix = vol.key();
+        let suffix = crate::common::suffix::<VolumeSpec>(&suffix).to_string();
+        self.ctx
+            .writes
+            .modify_status::<VolumeSpec>(&suffix, |_, st| {
+                st.provisioning.phase = VolumePhase::Creating;
+                true
+            })
+            .await?;
+        match self.call_create(vol).await {
+            Ok(created) => {
+                let ext = ExternalVolumeId::new(created.volume_id.clone())
+                    .map_err(|_| ProvisionError::NoVolume)?;
+                self.ctx
+                    .writes
+                    .modify_status::<VolumeSpec>(&suffix, |_, st| {
+                        let p = &mut st.provisioning;
+                        p.phase = VolumePhase::Ready;
+                        p.external_id = Some(ext.clone());
+                        p.capacity_bytes =
+                            (created.capacity_bytes > 0).then_some(created.capacity_bytes as u64);
+                        p.volume_context = created.volume_context.clone();
+                        p.accessible_topology = created
+                            .accessible_topology
+                            .iter()
+                            .map(|t| t.segments.clone())
+                            .collect();
+                        p.meta.last_error = None;
+                        p.meta.observed_generation = vol.metadata.generation;
+                        p.meta.set_condition("Created", true, "CreateVolume", "");
+                        true
+                    })
+                    .await?;
+                self.event(
+                    vol,
+                    "Volume created",
+                    EventType::Normal,
+                    format!("created as {ext}"),
+                )
+                .await;
+                Ok(())
+            }
+            Err(e) => {
+                let msg = moor::runtime::controller::error_chain(&e);
+                self.ctx
+                    .writes
+                    .modify_status::<VolumeSpec>(&suffix, |_, st| {
+                        st.provisioning.meta.last_error = Some(msg.clone());
+                        st.provisioning.meta.set_condition(
+                            "Created",
+                            false,
+                            "CreateVolumeFailed",
+                            &msg,
+                        );
+                        true
+                    })
+                    .await?;
+                self.event(vol, "Volume create failed", EventType::Warning, msg)
+                    .await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn delete(&self, vol: &Volume) -> Result<Action, ProvisionError> {
+        if !vol.metadata.finalizers.iter().any(|f| f == FINALIZER) {
+            return Ok(Action::AwaitChange);
+        }
+        if vol
+            .metadata
+            .finalizers
+            .iter()
+            .any(|f| f == CLAIMS_FINALIZER)
+        {
+            // Claims still hold it; the controller drops its finalizer when they are gone.
+            return Ok(Action::AwaitChange);
+        }
+        let mut ext = vol.status.provisioning.external_id.clone();
+        if ext.is_none() && vol.status.provisioning.phase == VolumePhase::Creating {
+            // A CreateVolume may have taken effect without us learning the id: ask again
+            // (idempotent by name) so the volume is not leaked.
+            let created = self.call_create(vol).await?;
+            ext = ExternalVolumeId::new(created.volume_id).ok();
+        }
+        if let Some(ext) = ext {
+            let req = v1::DeleteVolumeRequest {
+                volume_id: ext.to_string(),
+                secrets: vol.spec.secrets.expose().clone(),
+            };
+            let client = self.client()?;
+            let r = self
+                .ctx
+                .policy
+                .call("DeleteVolume", |t| {
+                    let mut c = client.clone();
+                    let req = req.clone();
+                    async move { c.delete_volume(request(req, t)).await }
+                })
+                .await;
+            match r {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => {
+                    self.event(
+                        vol,
+                        "Volume delete failed",
+                        EventType::Warning,
+                        e.to_string(),
+                    )
+                    .await;
+                    return Err(e.into());
+                }
+            }
+            self.event(
+                vol,
+                "Volume deleted",
+                EventType::Normal,
+                format!("{ext} deleted"),
+            )
+            .await;
+        }
+        let mut v = vol.clone();
+        v.metadata.finalizers.retain(|f| f != FINALIZER);
+        match self.ctx.writes.replace(&v).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(Action::AwaitChange),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn event(&self, vol: &Volume, reason: &str, type_: EventType, message: String) {
+        let d = details([("volume_id", vol.metadata.name.to_string())]);
+        self.ctx
+            .recorder
+            .record(object_ref(vol), type_, reason, message, d)
+            .await;
+    }
+}

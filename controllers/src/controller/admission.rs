@@ -1,0 +1,395 @@
+//! Admission: may a claim use its volume on its node? Pure rules over the objects the
+//! controller caches, so every rule is unit-tested here.
+//!
+//! Checked in order: the volume exists and is not being deleted; it has been created
+//! (else the claim waits); the claim's capability (its own modes, or the volume's first
+//! for a claim made before per-claim modes existed) is one the volume offers, and allows
+//! writing if the claim writes; the plugin is registered and healthy on the node; the
+//! node's max volumes for the plugin; the volume's accessible topology reaches the node.
+//! The access-mode rules across every node ([`access`]) are checked last, against the
+//! volume's live claims, inside the compare-and-swap that records the claim on the volume.
+
+use moor::api::*;
+
+/// Why a claim is not admitted now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not yet decidable (the volume is being created, the node not registered yet).
+    Wait(String),
+    /// Refused by a rule; re-checked when what it depends on changes.
+    Deny(String),
+}
+
+/// What an admitted claim uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    /// The resolved capability.
+    pub capability: VolumeCapability,
+    /// The plugin's id of the volume.
+    pub external_id: ExternalVolumeId,
+}
+
+/// The external id of a volume, wherever it is recorded.
+pub fn external_id(volume: &Volume) -> Option<ExternalVolumeId> {
+    volume
+        .spec
+        .external_id
+        .clone()
+        .or_else(|| volume.status.provisioning.external_id.clone())
+}
+
+/// Checks every rule but the access modes across nodes.
+pub fn check<'a>(
+    claim: &Claim,
+    volume: Option<&Volume>,
+    node: Option<&Node>,
+    node_claims: impl IntoIterator<Item = &'a Claim>,
+) -> Result<Admitted, Verdict> {
+    let spec = &claim.spec;
+    let Some(volume) = volume else {
+        return Err(Verdict::Deny(format!(
+            "volume {} does not exist",
+            spec.volume
+        )));
+    };
+    if volume.is_deleting() {
+        return Err(Verdict::Deny(format!(
+            "volume {} is being deleted",
+            spec.volume
+        )));
+    }
+    if volume.spec.plugin_id != spec.plugin_id {
+        return Err(Verdict::Deny(format!(
+            "volume {} belongs to plugin {}, not {}",
+            spec.volume, volume.spec.plugin_id, spec.plugin_id
+        )));
+    }
+    let Some(external_id) = external_id(volume) else {
+        return Err(Verdict::Wait(format!(
+            "volume {} is being created",
+            spec.volume
+        )));
+    };
+    let Some(capability) = spec.capability(&volume.spec) else {
+        return Err(Verdict::Deny(format!(
+            "volume {} offers no capability",
+            spec.volume
+        )));
+    };
+    if !volume.spec.offers(&capability) {
+        return Err(Verdict::Deny(format!(
+            "volume {} does not offer {} / {}",
+            spec.volume, capability.access_mode, capability.attachment_mode
+        )));
+    }
+    if spec.mode == ClaimMode::Write && !capability.access_mode.allows_write() {
+        return Err(Verdict::Deny(
+            ClaimDenied::ReadOnlyMode(capability.access_mode).to_string(),
+        ));
+    }
+    let Some(node) = node else {
+        return Err(Verdict::Wait(format!(
+            "node {} is not registered",
+            spec.node
+        )));
+    };
+    let Some(plugin) = node.status.plugins.get(&spec.plugin_id) else {
+        return Err(Verdict::Deny(format!(
+            "plugin {} is not running on node {}",
+            spec.plugin_id, spec.node
+        )));
+    };
+    if plugin.plugin_type == PluginType::Controller {
+        return Err(Verdict::Deny(format!(
+            "plugin {} runs only as a controller on node {}",
+            spec.plugin_id, spec.node
+        )));
+    }
+    if !plugin.healthy {
+        return Err(Verdict::Deny(format!(
+            "plugin {} is unhealthy on node {}: {}",
+            spec.plugin_id, spec.node, plugin.health_message
+        )));
+    }
+    if let Some(max) = plugin.max_volumes_per_node {
+        let mut in_use: Vec<(&Namespace, &VolumeId)> = node_claims
+            .into_iter()
+            .filter(|c| {
+                c.spec.plugin_id == spec.plugin_id
+                    && c.status.phase.is_live()
+                    && !(c.metadata.namespace == claim.metadata.namespace
+                        && c.spec.volume == spec.volume)
+            })
+            .map(|c| (&c.metadata.namespace, &c.spec.volume))
+            .collect();
+        in_use.sort();
+        in_use.dedup();
+        if in_use.len() as u64 >= max {
+            return Err(Verdict::Deny(format!(
+                "node {} already uses {} volumes of plugin {} (max {max})",
+                spec.node,
+                in_use.len(),
+                spec.plugin_id
+            )));
+        }
+    }
+    let reachable = &volume.status.provisioning.accessible_topology;
+    if !reachable.is_empty() {
+        let here = plugin.topology.clone().unwrap_or_default();
+        let fits = reachable
+            .iter()
+            .any(|seg| seg.iter().all(|(k, v)| here.get(k) == Some(v)));
+        if !fits {
+            return Err(Verdict::Deny(format!(
+                "volume {} is not accessible from node {} (topology {:?})",
+                spec.volume, spec.node, here
+            )));
+        }
+    }
+    Ok(Admitted {
+        capability,
+        external_id,
+    })
+}
+
+/// The access-mode rules across nodes: may a claim `(node, mode)` in `access_mode` join
+/// the volume's `existing` live claims? Both ways: the newcomer's mode must admit the
+/// others, and each holder's mode must admit the newcomer.
+pub fn access(
+    volume: &VolumeSpec,
+    access_mode: AccessMode,
+    node: &NodeName,
+    mode: ClaimMode,
+    existing: &[ClaimRef],
+) -> Result<(), ClaimDenied> {
+    let default_mode = volume
+        .capabilities
+        .first()
+        .map(|c| c.access_mode)
+        .unwrap_or(access_mode);
+    access_mode.admit(node, mode, existing.iter().map(|r| (&r.node, r.mode)))?;
+    for holder in existing {
+        let held = holder.access_mode.unwrap_or(default_mode);
+        let me = [(node, mode)];
+        held.admit(&holder.node, holder.mode, me.iter().map(|(n, m)| (*n, *m)))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap(access_mode: AccessMode) -> VolumeCapability {
+        VolumeCapability {
+            access_mode,
+            attachment_mode: AttachmentMode::FileSystem,
+        }
+    }
+
+    fn volume(modes: &[AccessMode]) -> Volume {
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v").unwrap(),
+            VolumeSpec {
+                plugin_id: PluginId::new("p").unwrap(),
+                external_id: Some(ExternalVolumeId::new("ext-v").unwrap()),
+                capabilities: modes.iter().map(|m| cap(*m)).collect(),
+                ..Default::default()
+            },
+        );
+        v.metadata.uid = "uv".into();
+        v
+    }
+
+    fn claim(name: &str, node: &str, mode: ClaimMode, access: Option<AccessMode>) -> Claim {
+        let mut c = Claim::new(
+            &Namespace::default_ns(),
+            Name::new(name).unwrap(),
+            ClaimSpec {
+                allocation: AllocationId::new("a").unwrap(),
+                request: Name::new("r").unwrap(),
+                volume: VolumeId::new("v").unwrap(),
+                node: NodeName::new(node).unwrap(),
+                plugin_id: PluginId::new("p").unwrap(),
+                mode,
+                access_mode: access,
+                ..Default::default()
+            },
+        );
+        c.metadata.uid = format!("u-{name}");
+        c
+    }
+
+    fn node(healthy: bool) -> Node {
+        let mut n = Node::new(&Namespace::default(), Name::new("n1").unwrap(), NodeSpec {});
+        n.status.plugins.insert(
+            PluginId::new("p").unwrap(),
+            NodePluginStatus {
+                plugin_type: PluginType::Node,
+                healthy,
+                health_message: if healthy { "" } else { "probe failed" }.into(),
+                csi_node_id: Some(CsiNodeId::new("csi-n1").unwrap()),
+                ..Default::default()
+            },
+        );
+        n
+    }
+
+    fn denied(r: Result<Admitted, Verdict>) -> String {
+        match r {
+            Err(Verdict::Deny(s)) => s,
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_old_claim_without_modes_uses_the_volume_s_first_capability() {
+        let v = volume(&[
+            AccessMode::MultiNodeReaderOnly,
+            AccessMode::SingleNodeWriter,
+        ]);
+        let c = claim("c", "n1", ClaimMode::Read, None);
+        let a = check(&c, Some(&v), Some(&node(true)), []).unwrap();
+        assert_eq!(a.capability, cap(AccessMode::MultiNodeReaderOnly));
+        assert_eq!(a.external_id.as_str(), "ext-v");
+    }
+
+    #[test]
+    fn the_capability_must_be_offered_and_allow_the_claim_s_mode() {
+        let v = volume(&[AccessMode::MultiNodeReaderOnly]);
+        let c = claim(
+            "c",
+            "n1",
+            ClaimMode::Read,
+            Some(AccessMode::SingleNodeWriter),
+        );
+        assert!(denied(check(&c, Some(&v), Some(&node(true)), [])).contains("does not offer"));
+        let c = claim("c", "n1", ClaimMode::Write, None);
+        assert!(denied(check(&c, Some(&v), Some(&node(true)), [])).contains("read-only"));
+    }
+
+    #[test]
+    fn a_volume_being_created_waits_and_a_missing_one_is_denied() {
+        let mut v = volume(&[AccessMode::SingleNodeWriter]);
+        v.spec.external_id = None;
+        let c = claim("c", "n1", ClaimMode::Write, None);
+        assert!(matches!(
+            check(&c, Some(&v), Some(&node(true)), []),
+            Err(Verdict::Wait(_))
+        ));
+        v.status.provisioning.external_id = Some(ExternalVolumeId::new("made").unwrap());
+        assert!(check(&c, Some(&v), Some(&node(true)), []).is_ok());
+        assert!(denied(check(&c, None, Some(&node(true)), [])).contains("does not exist"));
+    }
+
+    #[test]
+    fn the_plugin_must_be_healthy_on_the_node() {
+        let v = volume(&[AccessMode::SingleNodeWriter]);
+        let c = claim("c", "n1", ClaimMode::Write, None);
+        assert!(denied(check(&c, Some(&v), Some(&node(false)), [])).contains("unhealthy"));
+        let mut other = node(true);
+        other.status.plugins.clear();
+        assert!(denied(check(&c, Some(&v), Some(&other), [])).contains("not running"));
+        assert!(matches!(
+            check(&c, Some(&v), None, []),
+            Err(Verdict::Wait(_))
+        ));
+    }
+
+    #[test]
+    fn max_volumes_per_node_counts_other_live_volumes() {
+        let v = volume(&[AccessMode::SingleNodeWriter]);
+        let mut n = node(true);
+        n.status
+            .plugins
+            .values_mut()
+            .for_each(|p| p.max_volumes_per_node = Some(1));
+        let mut held = claim("h", "n1", ClaimMode::Write, None);
+        held.spec.volume = VolumeId::new("other").unwrap();
+        held.status.phase = ClaimPhase::Published;
+        let c = claim("c", "n1", ClaimMode::Write, None);
+        assert!(denied(check(&c, Some(&v), Some(&n), [&held])).contains("max 1"));
+        held.status.phase = ClaimPhase::Released;
+        assert!(check(&c, Some(&v), Some(&n), [&held]).is_ok());
+        // A second claim of the same volume does not count twice.
+        let mut same = claim("s", "n1", ClaimMode::Read, None);
+        same.status.phase = ClaimPhase::Published;
+        assert!(check(&c, Some(&v), Some(&n), [&same]).is_ok());
+    }
+
+    #[test]
+    fn topology_must_reach_the_node() {
+        let mut v = volume(&[AccessMode::SingleNodeWriter]);
+        v.status.provisioning.accessible_topology =
+            vec![[("zone".to_string(), "a".to_string())].into()];
+        let c = claim("c", "n1", ClaimMode::Write, None);
+        let mut n = node(true);
+        assert!(denied(check(&c, Some(&v), Some(&n), [])).contains("not accessible"));
+        n.status
+            .plugins
+            .values_mut()
+            .for_each(|p| p.topology = Some([("zone".to_string(), "a".to_string())].into()));
+        assert!(check(&c, Some(&v), Some(&n), []).is_ok());
+    }
+
+    #[test]
+    fn access_rules_hold_across_nodes_both_ways() {
+        let v = volume(&[
+            AccessMode::SingleNodeWriter,
+            AccessMode::MultiNodeReaderOnly,
+        ])
+        .spec;
+        let n1 = NodeName::new("n1").unwrap();
+        let n2 = NodeName::new("n2").unwrap();
+        let holder = |node: &NodeName, mode, access| ClaimRef {
+            allocation: AllocationId::new("a").unwrap(),
+            claim: Name::new("h").unwrap(),
+            node: node.clone(),
+            mode,
+            access_mode: access,
+        };
+        let snw = [holder(
+            &n1,
+            ClaimMode::Write,
+            Some(AccessMode::SingleNodeWriter),
+        )];
+        assert!(access(
+            &v,
+            AccessMode::SingleNodeWriter,
+            &n2,
+            ClaimMode::Write,
+            &snw
+        )
+        .is_err());
+        assert!(access(&v, AccessMode::SingleNodeWriter, &n1, ClaimMode::Read, &snw).is_ok());
+        assert!(access(
+            &v,
+            AccessMode::SingleNodeWriter,
+            &n1,
+            ClaimMode::Write,
+            &snw
+        )
+        .is_err());
+        // A reader in a multi-node mode may not join a single-node holder elsewhere.
+        assert!(access(
+            &v,
+            AccessMode::MultiNodeReaderOnly,
+            &n2,
+            ClaimMode::Read,
+            &snw
+        )
+        .is_err());
+        // An old holder without a recorded mode uses the volume's first.
+        let old = [holder(&n1, ClaimMode::Write, None)];
+        assert!(access(
+            &v,
+            AccessMode::MultiNodeReaderOnly,
+            &n2,
+            ClaimMode::Read,
+            &old
+        )
+        .is_err());
+        assert!(access(&v, AccessMode::SingleNodeWriter, &n2, ClaimMode::Read, &[]).is_ok());
+    }
+}

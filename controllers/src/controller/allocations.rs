@@ -1,0 +1,235 @@
+//! The allocation reconciler: one claim per volume request, and the allocation's phase.
+//!
+//! Expected flow:
+//! 1. A running allocation gets a Claim for each volume request, named
+//!    `<allocation>.<request>` (shortened with a hash past the id rule's 128
+//!    characters), under its node. A `per_alloc` request claims the volume
+//!    `<volume>-<allocation>`: each allocation its own.
+//! 2. The claim copies what admission and the node need: mode, the request's access
+//!    and attachment modes (absent: the volume's), the merged mount options, the plugin.
+//! 3. Releasing is the claim reconciler's (it watches allocations); this one only sums
+//!    the claims up in `status.phase`.
+
+use moor::api::*;
+use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::metrics::ControllerMetrics;
+use moor::store::StoreError;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use super::claims::{claim_key, Informers};
+use super::Ctx;
+
+/// Why an allocation could not be converged.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocationError {
+    /// Reading or writing etcd failed.
+    #[error("store operation failed")]
+    Store(#[from] StoreError),
+}
+
+/// FNV-1a, 64 bits: a stable hash for shortening names (std's hasher may change).
+fn fnv1a(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// A name within the id rule: `parts` joined by `sep`, or, when longer than 128, a
+/// prefix and a hash of the whole.
+pub fn bounded_name(parts: &[&str], sep: &str) -> String {
+    let full = parts.join(sep);
+    if full.len() <= 128 {
+        return full;
+    }
+    let hash = format!("{sep}{:016x}", fnv1a(&full));
+    let keep: String = full.chars().take(128 - hash.len()).collect();
+    format!("{keep}{hash}")
+}
+
+/// The claims an allocation asks for: (claim name, volume id) per request.
+pub fn requests(alloc: &Allocation) -> Vec<(Name, VolumeId)> {
+    alloc
+        .spec
+        .volumes
+        .iter()
+        .filter_map(|req| {
+            let name = Name::new(bounded_name(
+                &[alloc.metadata.name.as_str(), req.name.as_str()],
+                ".",
+            ))
+            .ok()?;
+            Some((name, request_volume(alloc, req)?))
+        })
+        .collect()
+}
+
+/// The volume a request claims.
+pub fn request_volume(alloc: &Allocation, req: &VolumeRequest) -> Option<VolumeId> {
+    if req.per_alloc {
+        VolumeId::new(format!("{}-{}", req.volume, alloc.metadata.name)).ok()
+    } else {
+        Some(req.volume.clone())
+    }
+}
+
+/// Runs until `stop`.
+pub async fn run(
+    ctx: Ctx,
+    inf: &Informers,
+    config: Config,
+    metrics: ControllerMetrics,
+    stop: CancellationToken,
+) {
+    let this = Arc::new(ctx);
+    Controller::new("allocations", this.allocations.clone(), config)
+        .with_metrics(metrics)
+        .owns(inf.allocations.subscribe())
+        .watches(inf.claims.subscribe(), |c: &Claim| {
+            vec![format!(
+                "allocations/{}/{}",
+                c.metadata.namespace, c.spec.allocation
+            )]
+        })
+        .run(
+            move |key| {
+                let this = this.clone();
+                async move { reconcile(&this, &key).await }
+            },
+            stop,
+        )
+        .await;
+}
+
+async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
+    ctx.ready().await;
+    let Some(alloc) = ctx.allocations.get(key) else {
+        return Ok(Action::AwaitChange);
+    };
+    let ns = &alloc.metadata.namespace;
+    let terminal = alloc.spec.is_terminal() || alloc.is_deleting();
+    let mut waiting = Vec::new();
+    let mut phases = Vec::new();
+    for req in &alloc.spec.volumes {
+        let Some(volume_id) = request_volume(&alloc, req) else {
+            waiting.push(format!(
+                "request {}: per_alloc volume name is too long",
+                req.name
+            ));
+            continue;
+        };
+        let Ok(name) = Name::new(bounded_name(
+            &[alloc.metadata.name.as_str(), req.name.as_str()],
+            ".",
+        )) else {
+            continue;
+        };
+        let key = claim_key(&alloc.spec.node, ns, &name);
+        if let Some(c) = ctx.claims.get(&key) {
+            phases.push(c.status.phase);
+            continue;
+        }
+        if terminal {
+            continue;
+        }
+        let Some(volume) = ctx.volume(ns, &volume_id) else {
+            waiting.push(format!("volume {volume_id} does not exist"));
+            continue;
+        };
+        let spec = ClaimSpec {
+            allocation: AllocationId::new(alloc.metadata.name.as_str()).unwrap_or_default(),
+            request: req.name.clone(),
+            volume: volume_id.clone(),
+            node: alloc.spec.node.clone(),
+            plugin_id: volume.spec.plugin_id.clone(),
+            mode: req.claim_mode(),
+            access_mode: req.access_mode,
+            attachment_mode: req.attachment_mode,
+            mount_options: MountOptions::merge(
+                &volume.spec.mount_options,
+                req.mount_options.as_ref(),
+            ),
+            ..Default::default()
+        };
+        let claim = Claim::new(ns, name, spec);
+        match ctx.store.create(&claim).await {
+            Ok(_) | Err(StoreError::AlreadyExists { .. }) => phases.push(ClaimPhase::Pending),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let phase = if terminal {
+        if phases.iter().all(|p| *p == ClaimPhase::Released) {
+            AllocationPhase::Released
+        } else {
+            AllocationPhase::Releasing
+        }
+    } else if phases.contains(&ClaimPhase::Denied) {
+        AllocationPhase::Blocked
+    } else if waiting.is_empty() && phases.iter().all(|p| *p == ClaimPhase::Published) {
+        AllocationPhase::Ready
+    } else {
+        AllocationPhase::Pending
+    };
+    let mut status = alloc.status.clone();
+    status.phase = phase;
+    status.meta.observed_generation = alloc.metadata.generation;
+    status.meta.last_error = (!waiting.is_empty()).then(|| waiting.join("; "));
+    if status != alloc.status {
+        let mut a = (*alloc).clone();
+        a.status = status;
+        match ctx.store.replace_status(&a).await {
+            Ok(_) => {}
+            Err(StoreError::Conflict { .. }) => {
+                return Ok(Action::Requeue(Duration::from_millis(50)))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if waiting.is_empty() {
+        Ok(Action::AwaitChange)
+    } else {
+        // A missing volume has no trigger of its own here: look again.
+        Ok(Action::Requeue(Duration::from_secs(2)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_names_stay_within_the_id_rule() {
+        assert_eq!(bounded_name(&["web-1", "data"], "."), "web-1.data");
+        let long = "a".repeat(120);
+        let n = bounded_name(&[&long, "data-volume"], ".");
+        assert_eq!(n.len(), 128);
+        assert!(Name::new(n.clone()).is_ok());
+        assert_ne!(
+            n,
+            bounded_name(&[&long, "data-volume2"], "."),
+            "distinct requests stay distinct"
+        );
+    }
+
+    #[test]
+    fn per_alloc_requests_claim_the_allocation_s_own_volume() {
+        let mut a = Allocation::new(
+            &Namespace::default_ns(),
+            Name::new("web-1").unwrap(),
+            AllocationSpec::default(),
+        );
+        a.spec.volumes.push(VolumeRequest {
+            name: Name::new("data").unwrap(),
+            volume: VolumeId::new("db").unwrap(),
+            per_alloc: true,
+            ..Default::default()
+        });
+        let r = requests(&a);
+        assert_eq!(r[0].0.as_str(), "web-1.data");
+        assert_eq!(r[0].1.as_str(), "db-web-1");
+    }
+}

@@ -1,0 +1,672 @@
+//! The claim reconciler: the controller's half of the claim lifecycle.
+//!
+//! Expected flow (each step a checkpoint in etcd; any replica resumes from it):
+//! 1. A claim whose allocation stopped, finished, was deleted or no longer asks for it
+//!    gets `spec.release`.
+//! 2. Pending / Denied: [`admission::check`]; then the access-mode rules against the
+//!    volume's live claims inside a compare-and-swap that records the claim there.
+//!    Admitted claims get their capability, external id and context in `spec`.
+//! 3. Admitted: if the plugin needs ControllerPublish, an Attachment for (volume, node)
+//!    is created (shared by every claim there) and awaited; then `spec.publish` (with
+//!    the publish_context) lets the node agent act. When the Mount says published, the
+//!    claim is Published.
+//! 4. Releasing: wait for the node agent's `released` on the Mount (or skip the node:
+//!    an operator's force-detach, or a node gone past `--node-gc-timeout`, each with a
+//!    Warning); when no other live claim of the volume remains on the node, ask the
+//!    attacher to detach and wait for the Attachment to go; then drop the claim from
+//!    the volume's live claims (kept as a past claim) and mark it Released. A Released
+//!    claim whose allocation is gone is deleted.
+
+use futures::StreamExt;
+use moor::api::*;
+use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::informer::Informer;
+use moor::runtime::metrics::ControllerMetrics;
+use moor::store::StoreError;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use super::admission::{self, Verdict};
+use super::Ctx;
+use crate::common::{details, object_ref, suffix};
+
+/// How many past claims a volume remembers.
+const PAST_CLAIMS: usize = 16;
+
+/// Why a claim could not be converged.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// Reading or writing etcd failed.
+    #[error("store operation failed")]
+    Store(#[from] StoreError),
+}
+
+/// The informers the controller's reconcilers subscribe to.
+pub struct Informers {
+    /// Allocations.
+    pub allocations: Informer<Allocation>,
+    /// Claims.
+    pub claims: Informer<Claim>,
+    /// Volumes.
+    pub volumes: Informer<Volume>,
+    /// Attachments.
+    pub attachments: Informer<Attachment>,
+    /// Mounts.
+    pub mounts: Informer<Mount>,
+    /// Nodes.
+    pub nodes: Informer<Node>,
+    /// Plugins.
+    pub plugins: Informer<Plugin>,
+}
+
+/// The claim key of a request of an allocation.
+pub fn claim_key(node: &NodeName, ns: &Namespace, name: &Name) -> String {
+    format!("claims/{node}/{ns}/{name}")
+}
+
+/// Runs until `stop`.
+pub async fn run(
+    ctx: Ctx,
+    inf: &Informers,
+    config: Config,
+    metrics: ControllerMetrics,
+    stop: CancellationToken,
+) {
+    let claims = ctx.claims.clone();
+    let by_volume = {
+        let claims = claims.clone();
+        move |ns: &Namespace, volume: &VolumeId, node: Option<&NodeName>| -> Vec<String> {
+            claims
+                .state()
+                .iter()
+                .filter(|c| {
+                    &c.metadata.namespace == ns
+                        && &c.spec.volume == volume
+                        && node.is_none_or(|n| &c.spec.node == n)
+                })
+                .map(|c| c.key())
+                .collect()
+        }
+    };
+    let by_volume2 = by_volume.clone();
+    let claims2 = claims.clone();
+    let claims3 = claims.clone();
+    let this = Arc::new(ctx);
+    Controller::new("claims", claims, config)
+        .with_metrics(metrics)
+        .owns(inf.claims.subscribe())
+        .watches(inf.allocations.subscribe(), |a: &Allocation| {
+            super::allocations::requests(a)
+                .into_iter()
+                .map(|(name, _)| claim_key(&a.spec.node, &a.metadata.namespace, &name))
+                .collect()
+        })
+        .watches(inf.mounts.subscribe(), |m: &Mount| {
+            vec![claim_key(
+                &m.spec.node,
+                &m.metadata.namespace,
+                &m.spec.claim,
+            )]
+        })
+        .watches(inf.attachments.subscribe(), move |a: &Attachment| {
+            by_volume(&a.metadata.namespace, &a.spec.volume, Some(&a.spec.node))
+        })
+        .watches(inf.volumes.subscribe(), move |v: &Volume| {
+            by_volume2(&v.metadata.namespace, &v.metadata.name_as_volume(), None)
+        })
+        .watches(inf.nodes.subscribe(), move |n: &Node| {
+            let prefix = format!("claims/{}/", n.metadata.name);
+            claims2
+                .keys()
+                .into_iter()
+                .filter(|k| k.starts_with(&prefix))
+                .collect()
+        })
+        .watches(inf.plugins.subscribe(), move |p: &Plugin| {
+            claims3
+                .state()
+                .iter()
+                .filter(|c| c.spec.plugin_id.as_str() == p.metadata.name.as_str())
+                .filter(|c| !c.status.phase.is_live() || c.spec.release)
+                .map(|c| c.key())
+                .collect()
+        })
+        .trigger(node_gc_ticks(this.clone()).boxed())
+        .run(
+            move |key| {
+                let this = this.clone();
+                async move {
+                    match reconcile(&this, &key).await {
+                        // Our cache lagged our own write: look again soon, not after
+                        // the failure backoff.
+                        Err(ClaimError::Store(StoreError::Conflict { .. })) => {
+                            Ok(Action::Requeue(Duration::from_millis(50)))
+                        }
+                        other => other,
+                    }
+                }
+            },
+            stop,
+        )
+        .await;
+}
+
+/// With `--node-gc-timeout`, releasing claims on absent nodes are looked at again
+/// every few seconds, so the timeout is noticed without another trigger.
+fn node_gc_ticks(ctx: Arc<Ctx>) -> impl futures::Stream<Item = String> + Send {
+    let every = ctx
+        .node_gc_timeout
+        .map(|t| (t / 4).clamp(Duration::from_millis(200), Duration::from_secs(10)));
+    futures::stream::unfold(ctx, move |ctx| async move {
+        match every {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending::<()>().await,
+        }
+        let keys: Vec<String> = ctx
+            .claims
+            .state()
+            .iter()
+            .filter(|c| c.spec.release && c.status.phase != ClaimPhase::Released)
+            .filter(|c| ctx.nodes.get(&format!("nodes/{}", c.spec.node)).is_none())
+            .map(|c| c.key())
+            .collect();
+        Some((futures::stream::iter(keys), ctx))
+    })
+    .flatten()
+}
+
+trait VolumeName {
+    fn name_as_volume(&self) -> VolumeId;
+}
+
+impl VolumeName for ObjectMeta {
+    fn name_as_volume(&self) -> VolumeId {
+        VolumeId::new(self.name.as_str()).unwrap_or_default()
+    }
+}
+
+async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
+    ctx.ready().await;
+    let Some(cached) = ctx.claims.get(key) else {
+        return Ok(Action::AwaitChange);
+    };
+    let _guard = ctx
+        .volume_locks
+        .lock(&format!(
+            "{}/{}",
+            cached.metadata.namespace, cached.spec.volume
+        ))
+        .await;
+    // Claims of one volume are serialised; read this one fresh so a decision never
+    // rests on a cache older than the last decision.
+    let Some(claim) = ctx
+        .store
+        .try_get::<ClaimSpec>(suffix::<ClaimSpec>(key))
+        .await?
+    else {
+        return Ok(Action::AwaitChange);
+    };
+    let alloc = ctx.allocations.get(&format!(
+        "allocations/{}/{}",
+        claim.metadata.namespace, claim.spec.allocation
+    ));
+    let wanted = alloc.as_ref().is_some_and(|a| {
+        !a.is_deleting()
+            && !a.spec.is_terminal()
+            && super::allocations::requests(a)
+                .iter()
+                .any(|(name, _)| name == &claim.metadata.name)
+    });
+    if !wanted && !claim.spec.release {
+        let mut c = claim.clone();
+        c.spec.release = true;
+        ctx.store.replace(&c).await?;
+        return Ok(Action::AwaitChange);
+    }
+    if claim.spec.release || claim.is_deleting() {
+        return release(ctx, &claim, alloc.is_none()).await;
+    }
+    match claim.status.phase {
+        ClaimPhase::Pending | ClaimPhase::Denied => admit(ctx, &claim).await,
+        ClaimPhase::Admitted | ClaimPhase::Published => publish(ctx, &claim).await,
+        ClaimPhase::Releasing | ClaimPhase::Released => Ok(Action::AwaitChange),
+    }
+}
+
+/// Writes the claim's status if `f` changes it.
+async fn set_status(
+    ctx: &Ctx,
+    claim: &Claim,
+    f: impl Fn(&mut ClaimStatus),
+) -> Result<(), ClaimError> {
+    let mut next = claim.status.clone();
+    f(&mut next);
+    if next != claim.status {
+        next.meta.observed_generation = claim.metadata.generation;
+        let mut c = claim.clone();
+        c.status = next;
+        ctx.store.replace_status(&c).await?;
+    }
+    Ok(())
+}
+
+async fn event(ctx: &Ctx, claim: &Claim, type_: EventType, reason: &str, message: String) {
+    let d = details([
+        ("volume_id", claim.spec.volume.to_string()),
+        ("node", claim.spec.node.to_string()),
+        ("allocation", claim.spec.allocation.to_string()),
+    ]);
+    ctx.recorder
+        .record(object_ref(claim), type_, reason, message, d)
+        .await;
+}
+
+async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
+    let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
+    let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
+    let node_prefix = format!("claims/{}/", claim.spec.node);
+    let on_node: Vec<Arc<Claim>> = ctx
+        .claims
+        .state()
+        .into_iter()
+        .filter(|c| c.key().starts_with(&node_prefix) && c.metadata.uid != claim.metadata.uid)
+        .collect();
+    let checked = admission::check(
+        claim,
+        volume.as_deref(),
+        node.as_deref(),
+        on_node.iter().map(|c| c.as_ref()),
+    );
+    let (admitted, volume) = match (checked, volume) {
+        (Ok(a), Some(v)) => (a, v),
+        (Err(verdict), _) => return refuse(ctx, claim, verdict).await,
+        (Ok(_), None) => return Ok(Action::AwaitChange),
+    };
+    // The access rules, against the volume's live claims, in the same compare-and-swap
+    // that records this claim as one of them.
+    let me = ClaimRef {
+        allocation: claim.spec.allocation.clone(),
+        claim: claim.metadata.name.clone(),
+        node: claim.spec.node.clone(),
+        mode: claim.spec.mode,
+        access_mode: Some(admitted.capability.access_mode),
+    };
+    let mut denied = None;
+    let vol_suffix = format!("{}/{}", claim.metadata.namespace, claim.spec.volume);
+    let result = ctx
+        .store
+        .modify_status::<VolumeSpec>(&vol_suffix, |v, st| {
+            denied = None;
+            let live = &mut st.claims;
+            let mine = |r: &ClaimRef| r.claim == me.claim && r.allocation == me.allocation;
+            if live.read_claims.iter().chain(&live.write_claims).any(mine) {
+                return false;
+            }
+            let existing: Vec<ClaimRef> = live
+                .read_claims
+                .iter()
+                .chain(&live.write_claims)
+                .cloned()
+                .collect();
+            if let Err(e) = admission::access(
+                &v.spec,
+                admitted.capability.access_mode,
+                &me.node,
+                me.mode,
+                &existing,
+            ) {
+                denied = Some(e.to_string());
+                return false;
+            }
+            match me.mode {
+                ClaimMode::Read => live.read_claims.push(me.clone()),
+                ClaimMode::Write => live.write_claims.push(me.clone()),
+            }
+            true
+        })
+        .await;
+    match result {
+        Ok(_) => {}
+        Err(StoreError::NotFound { .. }) => {
+            return refuse(
+                ctx,
+                claim,
+                Verdict::Deny(format!("volume {} does not exist", claim.spec.volume)),
+            )
+            .await
+        }
+        Err(e) => return Err(e.into()),
+    }
+    if let Some(reason) = denied {
+        return refuse(ctx, claim, Verdict::Deny(reason)).await;
+    }
+    let mut context = volume.spec.context.clone();
+    context.extend(volume.status.provisioning.volume_context.clone());
+    let mut c = claim.clone();
+    c.spec.access_mode = Some(admitted.capability.access_mode);
+    c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
+    c.spec.external_id = Some(admitted.external_id);
+    c.spec.volume_context = context;
+    let c = if c.spec != claim.spec {
+        ctx.store.replace(&c).await?
+    } else {
+        c
+    };
+    set_status(ctx, &c, |st| {
+        st.phase = ClaimPhase::Admitted;
+        st.reason = None;
+        st.meta.set_condition("Admitted", true, "Admitted", "");
+    })
+    .await?;
+    Ok(Action::AwaitChange)
+}
+
+async fn refuse(ctx: &Ctx, claim: &Claim, verdict: Verdict) -> Result<Action, ClaimError> {
+    let (phase, reason) = match verdict {
+        Verdict::Wait(r) => (ClaimPhase::Pending, r),
+        Verdict::Deny(r) => (ClaimPhase::Denied, r),
+    };
+    let changed = claim.status.phase != phase || claim.status.reason.as_deref() != Some(&reason);
+    set_status(ctx, claim, |st| {
+        st.phase = phase;
+        st.reason = Some(reason.clone());
+        st.meta
+            .set_condition("Admitted", false, &format!("{phase:?}"), &reason);
+    })
+    .await?;
+    if changed && phase == ClaimPhase::Denied {
+        event(
+            ctx,
+            claim,
+            EventType::Warning,
+            "Claim denied",
+            format!("claim {} denied: {reason}", claim.metadata.name),
+        )
+        .await;
+    }
+    Ok(Action::AwaitChange)
+}
+
+fn attachment_suffix(claim: &Claim) -> String {
+    format!(
+        "{}/{}/{}",
+        claim.metadata.namespace, claim.spec.volume, claim.spec.node
+    )
+}
+
+async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
+    let needs_attach = ctx
+        .plugins
+        .get(&format!("plugins/{}", claim.spec.plugin_id))
+        .is_some_and(|p| p.status.controller_required);
+    let mut publish_context = BTreeMap::new();
+    if needs_attach {
+        let att_suffix = attachment_suffix(claim);
+        match ctx.store.try_get::<AttachmentSpec>(&att_suffix).await? {
+            None => {
+                let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
+                let csi_node_id = node
+                    .as_ref()
+                    .and_then(|n| n.status.plugins.get(&claim.spec.plugin_id))
+                    .and_then(|p| p.csi_node_id.clone());
+                let (Some(csi_node_id), Some(external_id), Some(cap)) = (
+                    csi_node_id,
+                    claim.spec.external_id.clone(),
+                    claim.spec.access_mode.zip(claim.spec.attachment_mode),
+                ) else {
+                    return waiting(ctx, claim, "waiting for the node's CSI node id").await;
+                };
+                let capability = VolumeCapability {
+                    access_mode: cap.0,
+                    attachment_mode: cap.1,
+                };
+                let att = Attachment::new(
+                    &claim.metadata.namespace,
+                    Name::new(format!("{}.{}", claim.spec.volume, claim.spec.node))
+                        .unwrap_or_else(|_| claim.metadata.name.clone()),
+                    AttachmentSpec {
+                        volume: claim.spec.volume.clone(),
+                        node: claim.spec.node.clone(),
+                        plugin_id: claim.spec.plugin_id.clone(),
+                        external_id,
+                        csi_node_id,
+                        capability,
+                        read_only: !capability.access_mode.allows_write(),
+                        detach: false,
+                    },
+                );
+                match ctx.store.create(&att).await {
+                    Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                return waiting(ctx, claim, "waiting for the volume to be attached").await;
+            }
+            Some(att) if att.spec.detach => {
+                return waiting(
+                    ctx,
+                    claim,
+                    "waiting for an earlier attachment to be detached",
+                )
+                .await;
+            }
+            Some(att) if att.status.phase != AttachmentPhase::Attached => {
+                let why = match &att.status.meta.last_error {
+                    Some(e) => format!("waiting for the volume to be attached: {e}"),
+                    None => "waiting for the volume to be attached".to_string(),
+                };
+                return waiting(ctx, claim, &why).await;
+            }
+            Some(att) => publish_context = att.status.publish_context.clone(),
+        }
+    }
+    if !claim.spec.publish || claim.spec.publish_context != publish_context {
+        let mut c = claim.clone();
+        c.spec.publish = true;
+        c.spec.publish_context = publish_context;
+        ctx.store.replace(&c).await?;
+        return Ok(Action::AwaitChange);
+    }
+    let mount = ctx.mounts.get(&format!(
+        "mounts/{}/{}/{}",
+        claim.spec.node, claim.metadata.namespace, claim.metadata.name
+    ));
+    let mount = mount.filter(|m| m.spec.claim_uid == claim.metadata.uid);
+    let published = mount.as_ref().is_some_and(|m| m.status.published);
+    let node_error = mount
+        .as_ref()
+        .and_then(|m| m.status.meta.last_error.clone());
+    let was_published = claim.status.phase == ClaimPhase::Published;
+    set_status(ctx, claim, |st| {
+        if published {
+            st.phase = ClaimPhase::Published;
+            st.reason = None;
+        } else {
+            st.reason = Some(format!("waiting for node {} to publish", claim.spec.node));
+        }
+        st.meta.last_error = node_error.clone();
+    })
+    .await?;
+    if published && !was_published {
+        event(
+            ctx,
+            claim,
+            EventType::Normal,
+            "Claim published",
+            format!(
+                "volume {} published on node {}",
+                claim.spec.volume, claim.spec.node
+            ),
+        )
+        .await;
+    }
+    Ok(Action::AwaitChange)
+}
+
+async fn waiting(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, ClaimError> {
+    set_status(ctx, claim, |st| st.reason = Some(why.to_string())).await?;
+    Ok(Action::AwaitChange)
+}
+
+/// Whether the node side of a claim is finished (or skipped): the agent said released,
+/// or the operator / the node GC timeout lets us go on without it.
+fn node_done(ctx: &Ctx, claim: &Claim) -> NodeDone {
+    if !claim.spec.publish {
+        // The node was never allowed to act.
+        return NodeDone::Agent;
+    }
+    let acked = ctx
+        .mounts
+        .get(&format!(
+            "mounts/{}/{}/{}",
+            claim.spec.node, claim.metadata.namespace, claim.metadata.name
+        ))
+        .is_some_and(|m| m.spec.claim_uid == claim.metadata.uid && m.status.released);
+    if acked {
+        return NodeDone::Agent;
+    }
+    let forced = ctx
+        .volume(&claim.metadata.namespace, &claim.spec.volume)
+        .is_some_and(|v| v.spec.force_detach.contains(&claim.spec.node));
+    if forced {
+        return NodeDone::Skipped(format!(
+            "the operator detached volume {} from node {}",
+            claim.spec.volume, claim.spec.node
+        ));
+    }
+    if let (Some(timeout), Some(gone)) = (ctx.node_gc_timeout, ctx.node_gone_for(&claim.spec.node))
+    {
+        if gone >= timeout {
+            return NodeDone::Skipped(format!(
+                "node {} has been gone for {:?} (timeout {:?})",
+                claim.spec.node, gone, timeout
+            ));
+        }
+    }
+    NodeDone::No
+}
+
+enum NodeDone {
+    Agent,
+    Skipped(String),
+    No,
+}
+
+async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, ClaimError> {
+    if claim.status.phase == ClaimPhase::Released {
+        if alloc_gone {
+            match ctx
+                .store
+                .delete::<ClaimSpec>(suffix::<ClaimSpec>(&claim.key()), None)
+                .await
+            {
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        return Ok(Action::AwaitChange);
+    }
+    match node_done(ctx, claim) {
+        NodeDone::Agent => {}
+        NodeDone::Skipped(why) => {
+            if claim.status.meta.condition("NodeStepsSkipped").is_none() {
+                event(
+                    ctx,
+                    claim,
+                    EventType::Warning,
+                    "Node steps skipped",
+                    format!("releasing without the node: {why}"),
+                )
+                .await;
+            }
+            set_status(ctx, claim, |st| {
+                st.phase = ClaimPhase::Releasing;
+                st.meta
+                    .set_condition("NodeStepsSkipped", true, "NodeGone", &why);
+            })
+            .await?;
+        }
+        NodeDone::No => {
+            let why = format!("waiting for node {} to unpublish", claim.spec.node);
+            set_status(ctx, claim, |st| {
+                st.phase = ClaimPhase::Releasing;
+                st.reason = Some(why.clone());
+            })
+            .await?;
+            return Ok(Action::AwaitChange);
+        }
+    }
+    // Detach when no other claim of the volume on this node still needs the attachment.
+    let att_suffix = attachment_suffix(claim);
+    if let Some(att) = ctx.store.try_get::<AttachmentSpec>(&att_suffix).await? {
+        let scope = format!("{}/{}/", claim.spec.node, claim.metadata.namespace);
+        let others = ctx.store.list::<ClaimSpec>(&scope).await?.items;
+        let needed = others.iter().any(|o| {
+            o.metadata.uid != claim.metadata.uid
+                && o.spec.volume == claim.spec.volume
+                && o.status.phase != ClaimPhase::Released
+                && (o.spec.publish || o.status.phase.is_live())
+                && !matches!(node_done(ctx, o), NodeDone::Agent | NodeDone::Skipped(_))
+        });
+        if !needed {
+            if !att.spec.detach {
+                let mut a = att.clone();
+                a.spec.detach = true;
+                ctx.store.replace(&a).await?;
+            }
+            set_status(ctx, claim, |st| {
+                st.phase = ClaimPhase::Releasing;
+                st.reason = Some("waiting for the volume to be detached".into());
+            })
+            .await?;
+            return Ok(Action::AwaitChange);
+        }
+    }
+    // Done: no longer a live claim of the volume; remembered as a past one.
+    let vol_suffix = format!("{}/{}", claim.metadata.namespace, claim.spec.volume);
+    let r = ctx
+        .store
+        .modify_status::<VolumeSpec>(&vol_suffix, |_, st| {
+            let live = &mut st.claims;
+            let mut gone = None;
+            for list in [&mut live.read_claims, &mut live.write_claims] {
+                if let Some(i) = list.iter().position(|r| {
+                    r.claim == claim.metadata.name && r.allocation == claim.spec.allocation
+                }) {
+                    gone = Some(list.remove(i));
+                }
+            }
+            match gone {
+                Some(r) => {
+                    live.past_claims.push(r);
+                    let extra = live.past_claims.len().saturating_sub(PAST_CLAIMS);
+                    live.past_claims.drain(..extra);
+                    true
+                }
+                None => false,
+            }
+        })
+        .await;
+    match r {
+        Ok(_) | Err(StoreError::NotFound { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    set_status(ctx, claim, |st| {
+        st.phase = ClaimPhase::Released;
+        st.reason = None;
+    })
+    .await?;
+    event(
+        ctx,
+        claim,
+        EventType::Normal,
+        "Claim released",
+        format!(
+            "volume {} released from node {}",
+            claim.spec.volume, claim.spec.node
+        ),
+    )
+    .await;
+    Ok(Action::AwaitChange)
+}

@@ -1,0 +1,218 @@
+//! `moord controller`: cluster-wide bookkeeping. Leader-elected; makes no CSI calls.
+//!
+//! Expected flow:
+//! 1. Campaign for `controller`; replicas that lose wait on the election key.
+//! 2. The leader starts one informer per kind and the reconcilers, all writing through
+//!    the leader's fenced store: [`allocations`] (allocation → claims, allocation
+//!    status), [`claims`] (admission, attach requests, publish permission, release),
+//!    [`volumes`] (the claims finalizer, schedulable), [`plugins`] (aggregation).
+//! 3. Losing leadership drops all of it at once; the next leader resumes from the
+//!    checkpoints in etcd.
+
+pub mod admission;
+pub mod allocations;
+pub mod claims;
+pub mod plugins;
+pub mod volumes;
+
+use moor::api::*;
+use moor::runtime::events::Recorder;
+use moor::runtime::informer::Informer;
+use moor::runtime::leader::{self, LeaderConfig};
+use moor::runtime::metrics::Metrics;
+use moor::runtime::reflector;
+use moor::store::Store;
+use prometheus_client::registry::Registry;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{EtcdArgs, KeyedLocks};
+
+/// Flags of `moord controller`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// This replica's name in the election (default: host name and pid).
+    #[arg(long)]
+    pub identity: Option<String>,
+    /// TTL of the leader lease: how long a dead leader blocks the next one.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub leader_ttl: Duration,
+    /// Release claims on a node whose Node object (its lease) has been gone this long
+    /// without waiting for its agent, with a Warning event. Off by default.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub node_gc_timeout: Option<Duration>,
+    /// Reconciles at once, per reconciler.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+}
+
+/// Runs the controller until `shutdown`.
+pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let store = args.etcd.connect(Duration::from_secs(30)).await?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let registry = Arc::new(registry);
+    if let Some(addr) = args.etcd.http {
+        let (registry, shutdown) = (registry.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = crate::common::serve_http(addr, registry, shutdown).await {
+                tracing::error!(error = format!("{e:#}"), "http server failed");
+            }
+        });
+    }
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("controller@{}/{}", host.trim(), std::process::id())
+    });
+    let election = LeaderConfig {
+        name: "controller".into(),
+        identity,
+        ttl: args.leader_ttl,
+    };
+    let reads = store.clone();
+    leader::lead(store, election, shutdown, |fenced, stop| {
+        let (reads, metrics, args) = (reads.clone(), metrics.clone(), args.clone());
+        async move {
+            tracing::info!("leading: starting reconcilers");
+            lead(reads, fenced, metrics, args, stop).await;
+        }
+    })
+    .await;
+    Ok(())
+}
+
+/// What the reconcilers share.
+#[derive(Clone)]
+pub struct Ctx {
+    /// Fenced: every write carries the leader's fence.
+    pub store: Store,
+    /// Caches.
+    pub allocations: reflector::Store<Allocation>,
+    /// Claims of every node.
+    pub claims: reflector::Store<Claim>,
+    /// Volumes.
+    pub volumes: reflector::Store<Volume>,
+    /// Attachments.
+    pub attachments: reflector::Store<Attachment>,
+    /// Mounts of every node.
+    pub mounts: reflector::Store<Mount>,
+    /// Nodes (present while their agent's lease lives).
+    pub nodes: reflector::Store<Node>,
+    /// Plugins (our own aggregation).
+    pub plugins: reflector::Store<Plugin>,
+    /// Events.
+    pub recorder: Recorder,
+    /// Claims of one volume are reconciled one at a time.
+    pub volume_locks: KeyedLocks,
+    /// When each absent node was first seen absent.
+    pub node_gone_since: Arc<Mutex<HashMap<NodeName, Instant>>>,
+    /// See [`Args::node_gc_timeout`].
+    pub node_gc_timeout: Option<Duration>,
+}
+
+impl Ctx {
+    /// Waits until every cache has listed once.
+    pub async fn ready(&self) {
+        self.allocations.wait_until_ready().await;
+        self.claims.wait_until_ready().await;
+        self.volumes.wait_until_ready().await;
+        self.attachments.wait_until_ready().await;
+        self.mounts.wait_until_ready().await;
+        self.nodes.wait_until_ready().await;
+        self.plugins.wait_until_ready().await;
+    }
+
+    /// How long a node has been gone (no Node object), `None` while it is registered.
+    pub fn node_gone_for(&self, node: &NodeName) -> Option<Duration> {
+        let mut gone = self
+            .node_gone_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if self.nodes.get(&format!("nodes/{node}")).is_some() {
+            gone.remove(node);
+            return None;
+        }
+        Some(
+            gone.entry(node.clone())
+                .or_insert_with(Instant::now)
+                .elapsed(),
+        )
+    }
+
+    /// The volume of a claim-like object.
+    pub fn volume(&self, ns: &Namespace, volume: &VolumeId) -> Option<Arc<Volume>> {
+        self.volumes.get(&format!("volumes/{ns}/{volume}"))
+    }
+}
+
+/// Runs the reconcilers while leading.
+async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: CancellationToken) {
+    let allocations = Informer::<Allocation>::spawn(reads.clone(), "", stop.clone());
+    let claims = Informer::<Claim>::spawn(reads.clone(), "", stop.clone());
+    let volumes = Informer::<Volume>::spawn(reads.clone(), "", stop.clone());
+    let attachments = Informer::<Attachment>::spawn(reads.clone(), "", stop.clone());
+    let mounts = Informer::<Mount>::spawn(reads.clone(), "", stop.clone());
+    let nodes = Informer::<Node>::spawn(reads.clone(), "", stop.clone());
+    let plugins = Informer::<Plugin>::spawn(reads.clone(), "", stop.clone());
+    let ctx = Ctx {
+        store: fenced,
+        allocations: allocations.reader(),
+        claims: claims.reader(),
+        volumes: volumes.reader(),
+        attachments: attachments.reader(),
+        mounts: mounts.reader(),
+        nodes: nodes.reader(),
+        plugins: plugins.reader(),
+        recorder: Recorder::new(reads, "controller"),
+        volume_locks: KeyedLocks::default(),
+        node_gone_since: Arc::default(),
+        node_gc_timeout: args.node_gc_timeout,
+    };
+    let config = moor::runtime::controller::Config {
+        concurrency: args.concurrency,
+        ..Default::default()
+    };
+    let informers = claims::Informers {
+        allocations: allocations.clone(),
+        claims: claims.clone(),
+        volumes: volumes.clone(),
+        attachments,
+        mounts,
+        nodes: nodes.clone(),
+        plugins: plugins.clone(),
+    };
+    tokio::join!(
+        claims::run(
+            ctx.clone(),
+            &informers,
+            config.clone(),
+            metrics.controller("claims"),
+            stop.clone()
+        ),
+        allocations::run(
+            ctx.clone(),
+            &informers,
+            config.clone(),
+            metrics.controller("allocations"),
+            stop.clone()
+        ),
+        volumes::run(
+            ctx.clone(),
+            &informers,
+            config.clone(),
+            metrics.controller("volumes"),
+            stop.clone()
+        ),
+        plugins::run(
+            ctx.clone(),
+            &informers,
+            config,
+            metrics.controller("plugins"),
+            stop.clone()
+        ),
+    );
+}
