@@ -1,0 +1,499 @@
+//! A whole moor cluster of real processes for lifecycle tests: one etcd, `moord
+//! controller` replicas, and nodes, each a `moord agent` with its own moor-hostpath
+//! plugin, data dir and mount dir. Node `n1` runs the plugin as a monolith (it hosts
+//! the controller service, so its agent runs the provisioner and attacher); other
+//! nodes run it in node mode and find the data through the volume context.
+
+#![allow(dead_code)]
+
+use moor::api::*;
+use moor::store::Store;
+use moor_hostpath::calllog::{Call, CallLog};
+use moor_hostpath::checker::{self, CheckConfig};
+use moor_hostpath::faults::{self, Command};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::{wait_for, Etcd};
+
+/// Where cargo put the workspace's binaries; builds them if a partial test run did not.
+pub fn bin(name: &str) -> PathBuf {
+    static BUILD: Mutex<()> = Mutex::new(());
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf();
+    let path = dir.join(name);
+    let _g = BUILD.lock().unwrap_or_else(|p| p.into_inner());
+    if !path.exists() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "--bin", name])
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building {name}");
+    }
+    path
+}
+
+/// A child process that can be killed with SIGKILL and started again.
+pub struct Proc {
+    pub name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    pub fn start(name: &str, program: PathBuf, args: Vec<String>, log: PathBuf) -> Proc {
+        let mut p = Proc {
+            name: name.to_string(),
+            program,
+            args,
+            log,
+            child: None,
+        };
+        p.spawn();
+        p
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open log");
+        let child = std::process::Command::new(&self.program)
+            .args(&self.args)
+            .env("RUST_LOG", "info,moor=debug,moord=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", self.name));
+        self.child = Some(child);
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait (a graceful stop).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = std::process::Command::new("kill")
+                .arg(c.id().to_string())
+                .status();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// How a node's plugin is set up.
+#[derive(Clone, Debug)]
+pub struct PluginOpts {
+    pub publish_unpublish: bool,
+    pub stage_unstage: bool,
+    pub extra: Vec<String>,
+}
+
+impl Default for PluginOpts {
+    fn default() -> Self {
+        PluginOpts {
+            publish_unpublish: true,
+            stage_unstage: true,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// One node: its plugin and its agent.
+pub struct TestNode {
+    pub name: String,
+    pub dir: PathBuf,
+    pub plugin: Proc,
+    pub agent: Proc,
+    pub admin: PathBuf,
+    pub calls: PathBuf,
+    pub mount_dir: PathBuf,
+}
+
+impl TestNode {
+    pub async fn fault(&self, cmd: Command) {
+        faults::send(&self.admin, &cmd)
+            .await
+            .unwrap_or_else(|e| panic!("fault {cmd:?} on {}: {e}", self.name));
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        CallLog::read(&self.calls).unwrap_or_default()
+    }
+
+    /// Calls of `rpc` with `code`.
+    pub fn count(&self, rpc: &str, code: &str) -> usize {
+        self.calls()
+            .iter()
+            .filter(|c| c.rpc == rpc && c.code == code)
+            .count()
+    }
+
+    /// How many calls of `rpc` the plugin is holding now.
+    pub async fn hanging(&self, rpc: &str) -> u64 {
+        let s = faults::send(&self.admin, &Command::Status)
+            .await
+            .unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap_or_default();
+        v["hanging"][rpc].as_u64().unwrap_or(0)
+    }
+}
+
+pub struct Cluster {
+    pub etcd: Etcd,
+    pub store: Store,
+    pub dir: tempfile::TempDir,
+    pub controllers: Vec<Proc>,
+    pub nodes: Vec<TestNode>,
+    pub opts: PluginOpts,
+}
+
+pub const PLUGIN: &str = "hostpath.moor.dev";
+
+impl Cluster {
+    /// etcd, `controllers` controller replicas, and `nodes` nodes n1..nN.
+    pub async fn start(controllers: usize, nodes: usize, opts: PluginOpts) -> Cluster {
+        let etcd = Etcd::start().await;
+        let store = etcd.store("/moor/").await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut c = Cluster {
+            etcd,
+            store,
+            dir,
+            controllers: Vec::new(),
+            nodes: Vec::new(),
+            opts,
+        };
+        for i in 0..controllers {
+            c.add_controller(i);
+        }
+        for i in 1..=nodes {
+            c.add_node(&format!("n{i}"));
+        }
+        c.wait_nodes_healthy().await;
+        c
+    }
+
+    fn add_controller(&mut self, i: usize) {
+        let log = self.dir.path().join(format!("controller-{i}.log"));
+        let args = vec![
+            "controller".into(),
+            format!("--etcd={}", self.etcd.client_url),
+            format!("--identity=controller-{i}"),
+            "--leader-ttl=3s".into(),
+        ];
+        self.controllers
+            .push(Proc::start(&format!("controller-{i}"), bin("moord"), args, log));
+    }
+
+    fn add_node(&mut self, name: &str) {
+        let dir = self.dir.path().join(name);
+        let state = dir.join("plugin");
+        let mount_dir = dir.join("mnt");
+        std::fs::create_dir_all(&mount_dir).expect("mount dir");
+        let sock = dir.join("csi.sock");
+        let monolith = self.nodes.is_empty();
+        let mut pargs = vec![
+            format!("--endpoint=unix://{}", sock.display()),
+            format!("--node-id=csi-{name}"),
+            format!("--state-dir={}", state.display()),
+            format!("--mode={}", if monolith { "monolith" } else { "node" }),
+            format!("--publish-unpublish={}", self.opts.publish_unpublish),
+            format!("--stage-unstage={}", self.opts.stage_unstage),
+        ];
+        if !can_mount() {
+            pargs.push("--no-mount".into());
+        }
+        pargs.extend(self.opts.extra.iter().cloned());
+        let plugin = Proc::start(
+            &format!("plugin-{name}"),
+            bin("moor-hostpath"),
+            pargs,
+            dir.join("plugin.log"),
+        );
+        let kind = if monolith { "monolith" } else { "node" };
+        let aargs = vec![
+            "agent".into(),
+            format!("--node={name}"),
+            format!("--etcd={}", self.etcd.client_url),
+            format!("--data-dir={}", dir.join("agent").display()),
+            format!(
+                "--plugin=id={PLUGIN},type={kind},endpoint=unix://{},mount-dir={}",
+                sock.display(),
+                mount_dir.display()
+            ),
+            "--fingerprint-interval=1s".into(),
+            "--node-ttl=3s".into(),
+            "--leader-ttl=3s".into(),
+            "--csi-timeout=5s".into(),
+            "--csi-tries=2".into(),
+        ];
+        let agent = Proc::start(
+            &format!("agent-{name}"),
+            bin("moord"),
+            aargs,
+            dir.join("agent.log"),
+        );
+        self.nodes.push(TestNode {
+            name: name.to_string(),
+            admin: state.join("admin.sock"),
+            calls: state.join("calls.jsonl"),
+            dir,
+            plugin,
+            agent,
+            mount_dir,
+        });
+    }
+
+    pub fn node(&self, name: &str) -> &TestNode {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .expect("no such node")
+    }
+
+    pub fn node_mut(&mut self, name: &str) -> &mut TestNode {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .expect("no such node")
+    }
+
+    /// Every node registered with a healthy plugin, and the Plugin aggregated.
+    pub async fn wait_nodes_healthy(&self) {
+        let n = self.nodes.len() as u32;
+        let store = self.store.clone();
+        self.wait(&format!("{n} healthy plugin nodes"), Duration::from_secs(30), || {
+            let store = store.clone();
+            async move {
+                store
+                    .try_get::<PluginSpec>(PLUGIN)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|p| p.status.nodes_healthy == n)
+            }
+        })
+        .await;
+    }
+
+    /// Waits, and on timeout prints every process's log tail before failing.
+    pub async fn wait<F, Fut>(&self, what: &str, timeout: Duration, cond: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let r = tokio::time::timeout(timeout + Duration::from_secs(1), async {
+            let inner = std::panic::AssertUnwindSafe(wait_for(what, timeout, cond));
+            futures::FutureExt::catch_unwind(inner).await
+        })
+        .await;
+        if !matches!(r, Ok(Ok(()))) {
+            self.dump_logs();
+            panic!("timed out waiting for {what}");
+        }
+    }
+
+    pub fn dump_logs(&self) {
+        let tail = |s: String| {
+            let lines: Vec<&str> = s.lines().collect();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        };
+        for c in &self.controllers {
+            eprintln!("==== {} ====\n{}", c.name, tail(c.log_text()));
+        }
+        for n in &self.nodes {
+            eprintln!("==== {} ====\n{}", n.agent.name, tail(n.agent.log_text()));
+            eprintln!("==== {} ====\n{}", n.plugin.name, tail(n.plugin.log_text()));
+        }
+    }
+
+    pub async fn apply<S: Spec>(&self, obj: Object<S>) -> Object<S> {
+        self.store.create(&obj).await.expect("create")
+    }
+
+    /// A volume the provisioner creates.
+    pub fn volume(&self, name: &str, mode: AccessMode) -> Volume {
+        Volume::new(
+            &Namespace::default_ns(),
+            Name::new(name).unwrap(),
+            VolumeSpec {
+                plugin_id: PluginId::new(PLUGIN).unwrap(),
+                capacity_min: Some(Size(1 << 20)),
+                capabilities: vec![VolumeCapability {
+                    access_mode: mode,
+                    attachment_mode: AttachmentMode::FileSystem,
+                }],
+                ..Default::default()
+            },
+        )
+    }
+
+    pub fn allocation(&self, name: &str, node: &str, volume: &str, read_only: bool) -> Allocation {
+        Allocation::new(
+            &Namespace::default_ns(),
+            Name::new(name).unwrap(),
+            AllocationSpec {
+                node: NodeName::new(node).unwrap(),
+                volumes: vec![VolumeRequest {
+                    name: Name::new("data").unwrap(),
+                    volume: VolumeId::new(volume).unwrap(),
+                    read_only,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        )
+    }
+
+    pub async fn volume_ready(&self, name: &str) {
+        let store = self.store.clone();
+        let key = format!("default/{name}");
+        self.wait(&format!("volume {name} created"), Duration::from_secs(30), || {
+            let (store, key) = (store.clone(), key.clone());
+            async move {
+                store
+                    .try_get::<VolumeSpec>(&key)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|v| v.status.provisioning.external_id.is_some())
+            }
+        })
+        .await;
+    }
+
+    pub async fn claim(&self, alloc: &str, node: &str) -> Option<Claim> {
+        self.store
+            .try_get::<ClaimSpec>(&format!("{node}/default/{alloc}.data"))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    pub async fn wait_claim(&self, alloc: &str, node: &str, phase: ClaimPhase, timeout: Duration) {
+        let what = format!("claim {alloc}.data on {node} to be {phase:?}");
+        self.wait(&what, timeout, || async move {
+            self.claim(alloc, node)
+                .await
+                .is_some_and(|c| c.status.phase == phase)
+        })
+        .await;
+    }
+
+    pub async fn stop_alloc(&self, alloc: &str) {
+        loop {
+            let mut a = self
+                .store
+                .get::<AllocationSpec>(&format!("default/{alloc}"))
+                .await
+                .expect("allocation");
+            a.spec.desired_status = DesiredStatus::Stop;
+            match self.store.replace(&a).await {
+                Ok(_) => return,
+                Err(moor::store::StoreError::Conflict { .. }) => continue,
+                Err(e) => panic!("stop {alloc}: {e}"),
+            }
+        }
+    }
+
+    pub async fn attachment(&self, volume: &str, node: &str) -> Option<Attachment> {
+        self.store
+            .try_get::<AttachmentSpec>(&format!("default/{volume}/{node}"))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Every plugin's call log, merged, checked against the invariants.
+    pub fn check_calls(&self, expect_released: bool) {
+        let logs: Vec<Vec<Call>> = self.nodes.iter().map(|n| n.calls()).collect();
+        let merged = checker::merge(logs);
+        let cfg = CheckConfig {
+            controller_publish_required: self.opts.publish_unpublish,
+            stage_required: self.opts.stage_unstage,
+            expect_released,
+            ..Default::default()
+        };
+        let violations = checker::check(&merged, &cfg);
+        if !violations.is_empty() {
+            for c in &merged {
+                eprintln!("{}", serde_json::to_string(c).unwrap_or_default());
+            }
+            self.dump_logs();
+        }
+        assert!(
+            violations.is_empty(),
+            "call log violations:\n{}",
+            violations
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
+    /// Mounts currently in the mount table under a node's mount dir.
+    pub fn mounts_under(&self, node: &str) -> usize {
+        let dir = self.node(node).mount_dir.clone();
+        count_mounts_under(&dir)
+    }
+}
+
+pub fn count_mounts_under(dir: &Path) -> usize {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let prefix = dir.to_string_lossy().to_string();
+    table
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|p| p.starts_with(&prefix))
+        .count()
+}
+
+/// Whether this process may mount (real bind mounts are tested only then).
+pub fn can_mount() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
