@@ -43,12 +43,20 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
     if opts.publish_unpublish {
         let att = c.attachment("v1", "n2").await.expect("attachment");
         assert_eq!(att.status.phase, AttachmentPhase::Attached);
-        assert_eq!(att.spec.csi_node_id.as_str(), "csi-n2", "the CSI node id, not moor's");
+        assert_eq!(
+            att.spec.csi_node_id.as_str(),
+            "csi-n2",
+            "the CSI node id, not moor's"
+        );
     } else {
         assert!(c.attachment("v1", "n2").await.is_none());
     }
     if common::cluster::can_mount() {
-        assert_eq!(c.mounts_under("n2"), 1 + stage, "target (and staging) mounted");
+        assert_eq!(
+            c.mounts_under("n2"),
+            1 + stage,
+            "target (and staging) mounted"
+        );
     }
     let mount = c
         .store
@@ -68,8 +76,10 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
     }
     let mounted = events(&c, "Mount volume").await;
     assert!(
-        mounted.iter().any(|e| e.spec.details.get("volume_id").map(String::as_str) == Some("v1")
-            && e.spec.details.get("success").map(String::as_str) == Some("true")),
+        mounted.iter().any(
+            |e| e.spec.details.get("volume_id").map(String::as_str) == Some("v1")
+                && e.spec.details.get("success").map(String::as_str) == Some("true")
+        ),
         "{mounted:?}"
     );
     assert!(!events(&c, "Unmount volume").await.is_empty());
@@ -84,4 +94,272 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
 async fn publish_and_release_with_attach_and_stage() {
     let _slot = SLOTS.acquire().await.unwrap();
     publish_and_release(PluginOpts::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_and_release_without_controller_publish() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    publish_and_release(PluginOpts {
+        publish_unpublish: false,
+        ..Default::default()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_and_release_without_stage() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    publish_and_release(PluginOpts {
+        stage_unstage: false,
+        ..Default::default()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_and_release_without_attach_or_stage() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    publish_and_release(PluginOpts {
+        publish_unpublish: false,
+        stage_unstage: false,
+        ..Default::default()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_created_volume_is_deleted_through_delete_volume_after_release() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = publish_and_release(PluginOpts::default()).await;
+    let vol = c.store.get::<VolumeSpec>("default/v1").await.unwrap();
+    let ext = vol
+        .status
+        .provisioning
+        .external_id
+        .clone()
+        .expect("created");
+    let created = c
+        .node("n1")
+        .calls()
+        .into_iter()
+        .find(|call| call.rpc == "CreateVolume" && call.code == "OK")
+        .expect("CreateVolume was called");
+    assert_eq!(created.result_volume_id.as_deref(), Some(ext.as_str()));
+    c.store
+        .delete::<VolumeSpec>("default/v1", None)
+        .await
+        .expect("delete requested");
+    let store = c.store.clone();
+    c.wait("volume v1 gone", T, || {
+        let store = store.clone();
+        async move { matches!(store.try_get::<VolumeSpec>("default/v1").await, Ok(None)) }
+    })
+    .await;
+    let deletes: Vec<_> = c
+        .node("n1")
+        .calls()
+        .into_iter()
+        .filter(|call| call.rpc == "DeleteVolume" && call.code == "OK")
+        .collect();
+    assert_eq!(deletes.len(), 1);
+    assert_eq!(deletes[0].volume_id.as_deref(), Some(ext.as_str()));
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_volume_in_use_waits_for_its_claims() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n1", "v1", false)).await;
+    c.wait_claim("a1", "n1", ClaimPhase::Published, T).await;
+    c.store
+        .delete::<VolumeSpec>("default/v1", None)
+        .await
+        .unwrap();
+    // Held by the claim: still there, and DeleteVolume not called.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let vol = c.store.get::<VolumeSpec>("default/v1").await.unwrap();
+    assert!(vol.is_deleting());
+    assert_eq!(c.node("n1").count("DeleteVolume", "OK"), 0);
+    c.stop_alloc("a1").await;
+    let store = c.store.clone();
+    c.wait("volume v1 gone", T, || {
+        let store = store.clone();
+        async move { matches!(store.try_get::<VolumeSpec>("default/v1").await, Ok(None)) }
+    })
+    .await;
+    assert_eq!(c.node("n1").count("DeleteVolume", "OK"), 1);
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_writer_second_node_is_denied_then_admitted_after_release() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n1", "v1", false)).await;
+    c.wait_claim("a1", "n1", ClaimPhase::Published, T).await;
+    c.apply(c.allocation("a2", "n2", "v1", false)).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Denied, T).await;
+    let denied = c.claim("a2", "n2").await.unwrap();
+    let reason = denied.status.reason.unwrap_or_default();
+    assert!(reason.contains("one node"), "{reason}");
+    let store = c.store.clone();
+    c.wait("allocation a2 Blocked", T, || {
+        let store = store.clone();
+        async move {
+            store
+                .get::<AllocationSpec>("default/a2")
+                .await
+                .is_ok_and(|a| a.status.phase == AllocationPhase::Blocked)
+        }
+    })
+    .await;
+    assert!(!events(&c, "Claim denied").await.is_empty());
+
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n1", ClaimPhase::Released, T).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, T).await;
+    c.stop_alloc("a2").await;
+    c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_allocations_on_one_node_share_one_attachment_and_one_stage() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::MultiNodeMultiWriter))
+        .await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.apply(c.allocation("a2", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, T).await;
+    let (n1, n2) = (c.node("n1"), c.node("n2"));
+    assert_eq!(n1.count("ControllerPublishVolume", "OK"), 1);
+    assert_eq!(n2.count("NodeStageVolume", "OK"), 1);
+    assert_eq!(n2.count("NodePublishVolume", "OK"), 2);
+
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
+    assert_eq!(
+        n2.count("NodeUnstageVolume", "OK"),
+        0,
+        "a2 still uses the stage"
+    );
+    assert_eq!(
+        n1.count("ControllerUnpublishVolume", "OK"),
+        0,
+        "a2 still uses the attachment"
+    );
+    assert!(c.attachment("v1", "n2").await.is_some());
+
+    c.stop_alloc("a2").await;
+    c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 2);
+    assert_eq!(n2.count("NodeUnstageVolume", "OK"), 1);
+    assert_eq!(n1.count("ControllerUnpublishVolume", "OK"), 1);
+    if common::cluster::can_mount() {
+        assert_eq!(c.mounts_under("n2"), 0);
+    }
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_plugin_unavailable_during_release_is_retried_until_it_succeeds() {
+    use moor_hostpath::faults::Command;
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    c.node("n2")
+        .fault(Command::Fail {
+            rpc: "NodeUnpublishVolume".into(),
+            code: "Unavailable".into(),
+            times: 5,
+        })
+        .await;
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    let n2 = c.node("n2");
+    assert_eq!(n2.count("NodeUnpublishVolume", "Unavailable"), 5);
+    assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
+    let mount = c
+        .store
+        .get::<MountSpec>("n2/default/a1.data")
+        .await
+        .unwrap();
+    assert!(mount.status.released);
+    let failed = events(&c, "Unmount volume").await;
+    assert!(
+        failed
+            .iter()
+            .any(|e| e.spec.details.get("success").map(String::as_str) == Some("false")),
+        "a failed unmount is an event"
+    );
+    c.check_calls(true);
+}
+
+/// NodeStage fails with `code` until the allocation stops; returns the cluster.
+async fn stage_fails_then_stop(code: &str) -> Cluster {
+    use moor_hostpath::faults::Command;
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    c.node("n2")
+        .fault(Command::Fail {
+            rpc: "NodeStageVolume".into(),
+            code: code.into(),
+            times: 1000,
+        })
+        .await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    let n2 = c.node("n2");
+    c.wait(
+        &format!("NodeStage to fail with {code}"),
+        T,
+        || async move { n2.count("NodeStageVolume", code) > 0 },
+    )
+    .await;
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(n2.count("NodePublishVolume", "OK"), 0);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_should_unstage_after_a_stage_that_hit_its_deadline() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = stage_fails_then_stop("DeadlineExceeded").await;
+    assert_eq!(c.node("n2").count("NodeUnstageVolume", "OK"), 1);
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_should_not_unstage_after_a_stage_that_failed_for_good() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = stage_fails_then_stop("InvalidArgument").await;
+    let n2 = c.node("n2");
+    assert_eq!(
+        n2.count("NodeStageVolume", "InvalidArgument"),
+        n2.calls()
+            .iter()
+            .filter(|c| c.rpc == "NodeStageVolume")
+            .count()
+    );
+    assert_eq!(
+        n2.calls()
+            .iter()
+            .filter(|c| c.rpc == "NodeUnstageVolume")
+            .count(),
+        0
+    );
+    c.check_calls(true);
 }

@@ -28,14 +28,24 @@ pub fn bin(name: &str) -> PathBuf {
         .expect("target dir")
         .to_path_buf();
     let path = dir.join(name);
+    // Cargo rebuilds only this package's binaries for its tests: make sure the other
+    // packages' binaries are current too (a no-op when they are), once per process.
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let _g = BUILD.lock().unwrap_or_else(|p| p.into_inner());
-    if !path.exists() {
+    BUILT.get_or_init(|| {
         let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "--bin", name])
+            .args([
+                "build",
+                "-p",
+                "moor-controllers",
+                "-p",
+                "moor-hostpath",
+                "--bins",
+            ])
             .status()
             .expect("run cargo build");
-        assert!(status.success(), "building {name}");
-    }
+        assert!(status.success(), "building moord and moor-hostpath");
+    });
     path
 }
 
@@ -218,8 +228,12 @@ impl Cluster {
             format!("--identity=controller-{i}"),
             "--leader-ttl=3s".into(),
         ];
-        self.controllers
-            .push(Proc::start(&format!("controller-{i}"), bin("moord"), args, log));
+        self.controllers.push(Proc::start(
+            &format!("controller-{i}"),
+            bin("moord"),
+            args,
+            log,
+        ));
     }
 
     fn add_node(&mut self, name: &str) {
@@ -299,17 +313,21 @@ impl Cluster {
     pub async fn wait_nodes_healthy(&self) {
         let n = self.nodes.len() as u32;
         let store = self.store.clone();
-        self.wait(&format!("{n} healthy plugin nodes"), Duration::from_secs(30), || {
-            let store = store.clone();
-            async move {
-                store
-                    .try_get::<PluginSpec>(PLUGIN)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some_and(|p| p.status.nodes_healthy == n)
-            }
-        })
+        self.wait(
+            &format!("{n} healthy plugin nodes"),
+            Duration::from_secs(30),
+            || {
+                let store = store.clone();
+                async move {
+                    store
+                        .try_get::<PluginSpec>(PLUGIN)
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_some_and(|p| p.status.nodes_healthy == n)
+                }
+            },
+        )
         .await;
     }
 
@@ -385,17 +403,21 @@ impl Cluster {
     pub async fn volume_ready(&self, name: &str) {
         let store = self.store.clone();
         let key = format!("default/{name}");
-        self.wait(&format!("volume {name} created"), Duration::from_secs(30), || {
-            let (store, key) = (store.clone(), key.clone());
-            async move {
-                store
-                    .try_get::<VolumeSpec>(&key)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some_and(|v| v.status.provisioning.external_id.is_some())
-            }
-        })
+        self.wait(
+            &format!("volume {name} created"),
+            Duration::from_secs(30),
+            || {
+                let (store, key) = (store.clone(), key.clone());
+                async move {
+                    store
+                        .try_get::<VolumeSpec>(&key)
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_some_and(|v| v.status.provisioning.external_id.is_some())
+                }
+            },
+        )
         .await;
     }
 

@@ -334,11 +334,20 @@ impl Provisioner {
             )
             .await;
         }
-        let mut v = vol.clone();
-        v.metadata.finalizers.retain(|f| f != FINALIZER);
-        match self.ctx.writes.replace(&v).await {
-            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(Action::AwaitChange),
-            Err(e) => Err(e.into()),
+        // The volume is gone from the plugin: drop our finalizer even if the object
+        // changed meanwhile, rather than calling DeleteVolume again after a conflict.
+        let suffix = vol.key();
+        let suffix = crate::common::suffix::<VolumeSpec>(&suffix).to_string();
+        loop {
+            let Some(mut v) = self.ctx.reads.try_get::<VolumeSpec>(&suffix).await? else {
+                return Ok(Action::AwaitChange);
+            };
+            v.metadata.finalizers.retain(|f| f != FINALIZER);
+            match self.ctx.writes.replace(&v).await {
+                Ok(_) | Err(StoreError::NotFound { .. }) => return Ok(Action::AwaitChange),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 
