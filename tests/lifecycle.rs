@@ -3,8 +3,10 @@
 //! plugins' call logs against the invariants.
 
 mod common;
+#[path = "common/cluster.rs"]
+mod cluster;
 
-use common::cluster::{Cluster, PluginOpts};
+use cluster::{Cluster, PluginOpts};
 use moor::api::*;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -51,7 +53,7 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
     } else {
         assert!(c.attachment("v1", "n2").await.is_none());
     }
-    if common::cluster::can_mount() {
+    if cluster::can_mount() {
         assert_eq!(
             c.mounts_under("n2"),
             1 + stage,
@@ -71,7 +73,7 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
     assert_eq!(n2.count("NodeUnstageVolume", "OK"), stage);
     assert_eq!(n1.count("ControllerUnpublishVolume", "OK"), attach);
     assert!(c.attachment("v1", "n2").await.is_none());
-    if common::cluster::can_mount() {
+    if cluster::can_mount() {
         assert_eq!(c.mounts_under("n2"), 0, "nothing left mounted");
     }
     let mounted = events(&c, "Mount volume").await;
@@ -264,7 +266,7 @@ async fn two_allocations_on_one_node_share_one_attachment_and_one_stage() {
     assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 2);
     assert_eq!(n2.count("NodeUnstageVolume", "OK"), 1);
     assert_eq!(n1.count("ControllerUnpublishVolume", "OK"), 1);
-    if common::cluster::can_mount() {
+    if cluster::can_mount() {
         assert_eq!(c.mounts_under("n2"), 0);
     }
     c.check_calls(true);

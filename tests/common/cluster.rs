@@ -16,7 +16,7 @@ use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::{wait_for, Etcd};
+use crate::common::{wait_for, Etcd};
 
 /// Where cargo put the workspace's binaries; builds them if a partial test run did not.
 pub fn bin(name: &str) -> PathBuf {

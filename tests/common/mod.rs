@@ -8,8 +8,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub mod cluster;
-
 use moor::store::Store;
 
 /// A real etcd server owned by one test.
