@@ -2,9 +2,9 @@
 //! agent` per node with its own moor-hostpath process; every test ends by checking the
 //! plugins' call logs against the invariants.
 
-mod common;
 #[path = "common/cluster.rs"]
 mod cluster;
+mod common;
 
 use cluster::{Cluster, PluginOpts};
 use moor::api::*;
@@ -95,7 +95,19 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_and_release_with_attach_and_stage() {
     let _slot = SLOTS.acquire().await.unwrap();
-    publish_and_release(PluginOpts::default()).await;
+    let c = publish_and_release(PluginOpts::default()).await;
+    // The agent serves its metrics: reconciles, and CSI calls by RPC and code.
+    let n2 = c.node("n2");
+    assert!(n2.http_get("/healthz").await.contains("ok"));
+    let metrics = n2.http_get("/metrics").await;
+    for want in [
+        "moor_reconciles_total{controller=\"node\"}",
+        "moor_queue_depth{controller=\"node\"}",
+        "moor_reconcile_duration_seconds_bucket{",
+        "moor_csi_call_duration_seconds_count{rpc=\"NodeStageVolume\",code=\"Ok\"} 1",
+    ] {
+        assert!(metrics.contains(want), "{want} missing from:\n{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -363,5 +375,158 @@ async fn release_should_not_unstage_after_a_stage_that_failed_for_good() {
             .count(),
         0
     );
+    c.check_calls(true);
+}
+
+/// The identity of the leading controller.
+async fn controller_leader(c: &Cluster) -> String {
+    let mut raw = c.etcd.raw_client().await;
+    let resp = raw.get("/moor/leaders/controller", None).await.unwrap();
+    resp.kvs()
+        .first()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+        .unwrap_or_default()
+}
+
+async fn hold(c: &Cluster, node: &str, rpc: &str) {
+    c.node(node)
+        .fault(moor_hostpath::faults::Command::Hang {
+            rpc: rpc.into(),
+            after: false,
+        })
+        .await;
+}
+
+async fn wait_held(c: &Cluster, node: &str, rpc: &str) {
+    let n = c.node(node);
+    c.wait(&format!("{rpc} held on {node}"), T, || async move {
+        n.hanging(rpc).await > 0
+    })
+    .await;
+}
+
+async fn let_go(c: &Cluster, node: &str, rpc: &str) {
+    c.node(node)
+        .fault(moor_hostpath::faults::Command::Release { rpc: rpc.into() })
+        .await;
+    c.node(node)
+        .fault(moor_hostpath::faults::Command::Clear)
+        .await;
+}
+
+/// After a crash: the claim published and released exactly once per step, nothing
+/// left mounted, the logs clean.
+async fn converges_without_repeats(c: &Cluster) {
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    let (n1, n2) = (c.node("n1"), c.node("n2"));
+    assert_eq!(n2.count("NodeStageVolume", "OK"), 1, "no second stage");
+    assert_eq!(n2.count("NodePublishVolume", "OK"), 1, "no second publish");
+    assert_eq!(n1.count("ControllerPublishVolume", "OK"), 1);
+    if cluster::can_mount() {
+        assert_eq!(c.mounts_under("n2"), 2, "staged and published once each");
+    }
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
+    assert_eq!(n2.count("NodeUnstageVolume", "OK"), 1);
+    assert_eq!(n1.count("ControllerUnpublishVolume", "OK"), 1);
+    if cluster::can_mount() {
+        assert_eq!(c.mounts_under("n2"), 0, "nothing leaked");
+    }
+    c.check_calls(true);
+}
+
+async fn published_cluster(controllers: usize) -> Cluster {
+    let c = Cluster::start(controllers, 2, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_mid_publish_adopts_the_stage_and_finishes() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = published_cluster(1).await;
+    hold(&c, "n2", "NodePublishVolume").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    wait_held(&c, "n2", "NodePublishVolume").await;
+    c.node_mut("n2").agent.kill();
+    let_go(&c, "n2", "NodePublishVolume").await;
+    c.node_mut("n2").agent.restart();
+    converges_without_repeats(&c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_mid_release_finishes_the_release() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = published_cluster(1).await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    hold(&c, "n2", "NodeUnpublishVolume").await;
+    c.stop_alloc("a1").await;
+    wait_held(&c, "n2", "NodeUnpublishVolume").await;
+    c.node_mut("n2").agent.kill();
+    let_go(&c, "n2", "NodeUnpublishVolume").await;
+    c.node_mut("n2").agent.restart();
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    let (n1, n2) = (c.node("n1"), c.node("n2"));
+    assert_eq!(n2.count("NodeStageVolume", "OK"), 1);
+    assert_eq!(n2.count("NodePublishVolume", "OK"), 1);
+    assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
+    assert_eq!(n2.count("NodeUnstageVolume", "OK"), 1);
+    assert_eq!(n1.count("ControllerUnpublishVolume", "OK"), 1);
+    if cluster::can_mount() {
+        assert_eq!(c.mounts_under("n2"), 0, "nothing leaked");
+    }
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leading_controller_killed_mid_publish_is_replaced_and_converges() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = published_cluster(2).await;
+    hold(&c, "n1", "ControllerPublishVolume").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    wait_held(&c, "n1", "ControllerPublishVolume").await;
+    let leader = controller_leader(&c).await;
+    let i = c
+        .controllers
+        .iter()
+        .position(|p| p.name == leader)
+        .expect("a controller leads");
+    c.controllers[i].kill();
+    let_go(&c, "n1", "ControllerPublishVolume").await;
+    converges_without_repeats(&c).await;
+    assert_ne!(
+        controller_leader(&c).await,
+        leader,
+        "the other replica took over"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leading_controller_killed_mid_release_is_replaced_and_converges() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = published_cluster(2).await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    hold(&c, "n2", "NodeUnpublishVolume").await;
+    c.stop_alloc("a1").await;
+    wait_held(&c, "n2", "NodeUnpublishVolume").await;
+    let leader = controller_leader(&c).await;
+    let i = c
+        .controllers
+        .iter()
+        .position(|p| p.name == leader)
+        .expect("a controller leads");
+    c.controllers[i].kill();
+    let_go(&c, "n2", "NodeUnpublishVolume").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    let (n1, n2) = (c.node("n1"), c.node("n2"));
+    assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
+    assert_eq!(n2.count("NodeUnstageVolume", "OK"), 1);
+    assert_eq!(n1.count("ControllerUnpublishVolume", "OK"), 1);
+    assert!(c.attachment("v1", "n2").await.is_none());
+    c.controllers[i].restart();
     c.check_calls(true);
 }

@@ -154,9 +154,24 @@ pub struct TestNode {
     pub admin: PathBuf,
     pub calls: PathBuf,
     pub mount_dir: PathBuf,
+    /// The agent's /metrics and /healthz address.
+    pub http: String,
 }
 
 impl TestNode {
+    /// GETs a path from the agent's HTTP server; returns the body.
+    pub async fn http_get(&self, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.http)
+            .await
+            .expect("connect to the agent's http address");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
     pub async fn fault(&self, cmd: Command) {
         faults::send(&self.admin, &cmd)
             .await
@@ -262,6 +277,13 @@ impl Cluster {
             dir.join("plugin.log"),
         );
         let kind = if monolith { "monolith" } else { "node" };
+        let http = format!(
+            "127.0.0.1:{}",
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free port")
+        );
         let aargs = vec![
             "agent".into(),
             format!("--node={name}"),
@@ -277,6 +299,7 @@ impl Cluster {
             "--leader-ttl=3s".into(),
             "--csi-timeout=5s".into(),
             "--csi-tries=2".into(),
+            format!("--http={http}"),
         ];
         let agent = Proc::start(
             &format!("agent-{name}"),
@@ -292,6 +315,7 @@ impl Cluster {
             plugin,
             agent,
             mount_dir,
+            http,
         });
     }
 
