@@ -9,9 +9,10 @@
 //!   access-mode claim rules and redacting wrappers for secrets and mount flags.
 //! - [`store`]: the typed store over the etcd v3 API: get, paginated list, guarded
 //!   writes, watch, leases; every value read is validated and a bad one is an error.
-//! - [`runtime`]: our kube-runtime: watcher, reflector, controller (keyed queue,
-//!   backoff, resync), leader election, metrics, shutdown.
-//! - [`csi`]: the CSI v1 protocol compiled from `proto/csi.proto`.
+//! - [`runtime`]: our kube-runtime: watcher, informer, reflector, controller (keyed
+//!   queue, backoff, resync), leader election, metrics, events, shutdown.
+//! - [`csi`]: the CSI v1 protocol compiled from `proto/csi.proto`, conversions from
+//!   moor's types, and the call policy (retries, deadlines, what an error means).
 //! - [`cli`]: moorctl, one file per verb.
 
 pub mod api;
