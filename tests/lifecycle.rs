@@ -530,3 +530,99 @@ async fn leading_controller_killed_mid_release_is_replaced_and_converges() {
     c.controllers[i].restart();
     c.check_calls(true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_disappears_is_unhealthy_not_forgotten() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = Cluster::start(1, 2, PluginOpts::default()).await;
+    let plugin_on = |c: &Cluster| {
+        let store = c.store.clone();
+        async move {
+            store
+                .try_get::<NodeSpec>("n2")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|n| {
+                    n.status
+                        .plugins
+                        .get(&PluginId::new(cluster::PLUGIN).unwrap())
+                        .cloned()
+                })
+        }
+    };
+    let before = plugin_on(&c).await.expect("fingerprinted");
+    assert!(before.healthy);
+    assert_eq!(
+        before.csi_node_id.as_ref().map(|i| i.as_str()),
+        Some("csi-n2")
+    );
+    assert!(before.capabilities.node.contains("STAGE_UNSTAGE_VOLUME"));
+    c.node_mut("n2").plugin.kill();
+    c.wait("n2's plugin unhealthy", T, || async {
+        plugin_on(&c).await.is_some_and(|p| !p.healthy)
+    })
+    .await;
+    let after = plugin_on(&c).await.unwrap();
+    assert_eq!(
+        after.capabilities, before.capabilities,
+        "what was learned is kept"
+    );
+    assert!(!after.health_message.is_empty());
+    assert!(!events(&c, "Plugin unhealthy").await.is_empty());
+    let store = c.store.clone();
+    c.wait("the plugin aggregate to count one healthy node", T, || {
+        let store = store.clone();
+        async move {
+            store
+                .try_get::<PluginSpec>(cluster::PLUGIN)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|p| p.status.nodes_healthy == 1 && p.status.nodes_expected == 2)
+        }
+    })
+    .await;
+    // A claim there is denied while it is unhealthy, and admitted when it is back.
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Denied, T).await;
+    c.node_mut("n2").plugin.restart();
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    assert!(!events(&c, "Plugin healthy").await.is_empty());
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_force_detach_releases_a_claim_on_a_dead_node() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = published_cluster(1).await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    // The node dies for good.
+    c.node_mut("n2").agent.kill();
+    c.node_mut("n2").plugin.kill();
+    c.stop_alloc("a1").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stuck = c.claim("a1", "n2").await.unwrap();
+    assert_eq!(
+        stuck.status.phase,
+        ClaimPhase::Releasing,
+        "waits for the node"
+    );
+    // `moorctl volume detach v1 --node n2`.
+    loop {
+        let mut v = c.store.get::<VolumeSpec>("default/v1").await.unwrap();
+        v.spec.force_detach.insert(NodeName::new("n2").unwrap());
+        if c.store.replace(&v).await.is_ok() {
+            break;
+        }
+    }
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    assert!(!events(&c, "Node steps skipped").await.is_empty());
+    assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 1);
+    assert!(c.attachment("v1", "n2").await.is_none());
+}
