@@ -34,8 +34,8 @@ pub enum AttachError {
     #[error("store operation failed")]
     Store(#[from] StoreError),
     /// The plugin has no channel.
-    #[error("plugin {0} has no channel")]
-    NoChannel(PluginId),
+    #[error(transparent)]
+    NoChannel(#[from] super::NoChannel),
 }
 
 /// The attacher of one plugin.
@@ -94,18 +94,6 @@ impl Attacher {
         Ok(Action::AwaitChange)
     }
 
-    fn client(
-        &self,
-    ) -> Result<v1::controller_client::ControllerClient<tonic::transport::Channel>, AttachError>
-    {
-        let ch = self
-            .ctx
-            .supervisor
-            .channel(&self.ctx.plugin.id)
-            .ok_or_else(|| AttachError::NoChannel(self.ctx.plugin.id.clone()))?;
-        Ok(v1::controller_client::ControllerClient::new(ch))
-    }
-
     fn volume(&self, att: &Attachment) -> Option<Arc<Volume>> {
         self.volumes.reader().get(&format!(
             "volumes/{}/{}",
@@ -114,8 +102,7 @@ impl Attacher {
     }
 
     async fn attach(&self, att: &Attachment) -> Result<(), AttachError> {
-        let suffix = att.key();
-        let suffix = crate::common::suffix::<AttachmentSpec>(&suffix).to_string();
+        let suffix = att.spec.key_suffix(&att.metadata);
         let was_uncertain = att.status.uncertain;
         // Checkpoint: from here on the volume may be attached.
         self.ctx
@@ -147,7 +134,7 @@ impl Attacher {
             secrets,
             volume_context: context,
         };
-        let client = self.client()?;
+        let client = self.ctx.client()?;
         let r = self
             .ctx
             .policy
@@ -194,8 +181,7 @@ impl Attacher {
 
     async fn detach(&self, att: &Attachment) -> Result<(), AttachError> {
         let owed = att.status.phase == AttachmentPhase::Attached || att.status.uncertain;
-        let suffix = att.key();
-        let suffix = crate::common::suffix::<AttachmentSpec>(&suffix).to_string();
+        let suffix = att.spec.key_suffix(&att.metadata);
         if owed {
             let secrets = self
                 .volume(att)
@@ -206,7 +192,7 @@ impl Attacher {
                 node_id: att.spec.csi_node_id.to_string(),
                 secrets,
             };
-            let client = self.client()?;
+            let client = self.ctx.client()?;
             let r = self
                 .ctx
                 .policy

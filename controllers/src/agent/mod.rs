@@ -271,7 +271,26 @@ pub struct ControllerPluginCtx {
     pub locks: KeyedLocks,
 }
 
+/// The plugin has no channel (its endpoint could not be used).
+#[derive(Debug, thiserror::Error)]
+#[error("plugin {0} has no channel")]
+pub struct NoChannel(pub PluginId);
+
 impl ControllerPluginCtx {
+    /// A controller-service client for the plugin.
+    pub fn client(
+        &self,
+    ) -> Result<
+        moor::csi::v1::controller_client::ControllerClient<tonic::transport::Channel>,
+        NoChannel,
+    > {
+        let ch = self
+            .supervisor
+            .channel(&self.plugin.id)
+            .ok_or_else(|| NoChannel(self.plugin.id.clone()))?;
+        Ok(moor::csi::v1::controller_client::ControllerClient::new(ch))
+    }
+
     async fn run(self, metrics: Metrics, stop: CancellationToken) {
         use moor::runtime::informer::Informer;
         tracing::info!(plugin = %self.plugin.id, "leading the controller plugin");

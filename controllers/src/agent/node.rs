@@ -298,12 +298,11 @@ impl Reconcile {
             s.publishes.insert(key.to_string(), rec.clone());
         })
         .await?;
+        self.sync_mount(key, claim, None).await?;
         if rec.step == Step::Done {
             // Adopted from an earlier run, or already done.
-            self.sync_mount(key, claim, None).await?;
             return Ok(());
         }
-        self.sync_mount(key, claim, None).await?;
         let volume = self
             .r
             .store

@@ -39,8 +39,8 @@ pub enum ProvisionError {
     #[error("store operation failed")]
     Store(#[from] StoreError),
     /// The plugin has no channel.
-    #[error("plugin {0} has no channel")]
-    NoChannel(PluginId),
+    #[error(transparent)]
+    NoChannel(#[from] super::NoChannel),
     /// The clone source is not ready.
     #[error("source volume {0} has no external id yet")]
     SourceNotReady(VolumeId),
@@ -127,18 +127,6 @@ impl Provisioner {
         Ok(Action::AwaitChange)
     }
 
-    fn client(
-        &self,
-    ) -> Result<v1::controller_client::ControllerClient<tonic::transport::Channel>, ProvisionError>
-    {
-        let ch = self
-            .ctx
-            .supervisor
-            .channel(&self.ctx.plugin.id)
-            .ok_or_else(|| ProvisionError::NoChannel(self.ctx.plugin.id.clone()))?;
-        Ok(v1::controller_client::ControllerClient::new(ch))
-    }
-
     fn create_request(&self, vol: &Volume) -> Result<v1::CreateVolumeRequest, ProvisionError> {
         let spec = &vol.spec;
         let capacity_range =
@@ -197,7 +185,7 @@ impl Provisioner {
     /// CreateVolume; returns the plugin's volume.
     async fn call_create(&self, vol: &Volume) -> Result<v1::Volume, ProvisionError> {
         let req = self.create_request(vol)?;
-        let client = self.client()?;
+        let client = self.ctx.client()?;
         let resp = self
             .ctx
             .policy
@@ -213,8 +201,7 @@ impl Provisioner {
     }
 
     async fn create(&self, vol: &Volume) -> Result<(), ProvisionError> {
-        let suffix = vol.key();
-        let suffix = crate::common::suffix::<VolumeSpec>(&suffix).to_string();
+        let suffix = vol.spec.key_suffix(&vol.metadata);
         self.ctx
             .writes
             .modify_status::<VolumeSpec>(&suffix, |_, st| {
@@ -302,7 +289,7 @@ impl Provisioner {
                 volume_id: ext.to_string(),
                 secrets: vol.spec.secrets.expose().clone(),
             };
-            let client = self.client()?;
+            let client = self.ctx.client()?;
             let r = self
                 .ctx
                 .policy
@@ -336,8 +323,7 @@ impl Provisioner {
         }
         // The volume is gone from the plugin: drop our finalizer even if the object
         // changed meanwhile, rather than calling DeleteVolume again after a conflict.
-        let suffix = vol.key();
-        let suffix = crate::common::suffix::<VolumeSpec>(&suffix).to_string();
+        let suffix = vol.spec.key_suffix(&vol.metadata);
         loop {
             let Some(mut v) = self.ctx.reads.try_get::<VolumeSpec>(&suffix).await? else {
                 return Ok(Action::AwaitChange);

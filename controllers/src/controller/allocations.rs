@@ -51,20 +51,22 @@ pub fn bounded_name(parts: &[&str], sep: &str) -> String {
     format!("{keep}{hash}")
 }
 
+/// The name of the claim for a request: `<allocation>.<request>`, bounded.
+pub fn claim_name(alloc: &Allocation, req: &VolumeRequest) -> Option<Name> {
+    Name::new(bounded_name(
+        &[alloc.metadata.name.as_str(), req.name.as_str()],
+        ".",
+    ))
+    .ok()
+}
+
 /// The claims an allocation asks for: (claim name, volume id) per request.
 pub fn requests(alloc: &Allocation) -> Vec<(Name, VolumeId)> {
     alloc
         .spec
         .volumes
         .iter()
-        .filter_map(|req| {
-            let name = Name::new(bounded_name(
-                &[alloc.metadata.name.as_str(), req.name.as_str()],
-                ".",
-            ))
-            .ok()?;
-            Some((name, request_volume(alloc, req)?))
-        })
+        .filter_map(|req| Some((claim_name(alloc, req)?, request_volume(alloc, req)?)))
         .collect()
 }
 
@@ -122,10 +124,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
             ));
             continue;
         };
-        let Ok(name) = Name::new(bounded_name(
-            &[alloc.metadata.name.as_str(), req.name.as_str()],
-            ".",
-        )) else {
+        let Some(name) = claim_name(&alloc, req) else {
             continue;
         };
         let key = claim_key(&alloc.spec.node, ns, &name);

@@ -77,13 +77,13 @@ pub async fn run(
     let claims = ctx.claims.clone();
     let by_volume = {
         let claims = claims.clone();
-        move |ns: &Namespace, volume: &VolumeId, node: Option<&NodeName>| -> Vec<String> {
+        move |ns: &Namespace, volume: &str, node: Option<&NodeName>| -> Vec<String> {
             claims
                 .state()
                 .iter()
                 .filter(|c| {
                     &c.metadata.namespace == ns
-                        && &c.spec.volume == volume
+                        && c.spec.volume.as_str() == volume
                         && node.is_none_or(|n| &c.spec.node == n)
                 })
                 .map(|c| c.key())
@@ -111,10 +111,14 @@ pub async fn run(
             )]
         })
         .watches(inf.attachments.subscribe(), move |a: &Attachment| {
-            by_volume(&a.metadata.namespace, &a.spec.volume, Some(&a.spec.node))
+            by_volume(
+                &a.metadata.namespace,
+                a.spec.volume.as_str(),
+                Some(&a.spec.node),
+            )
         })
         .watches(inf.volumes.subscribe(), move |v: &Volume| {
-            by_volume2(&v.metadata.namespace, &v.metadata.name_as_volume(), None)
+            by_volume2(&v.metadata.namespace, v.metadata.name.as_str(), None)
         })
         .watches(inf.nodes.subscribe(), move |n: &Node| {
             let prefix = format!("claims/{}/", n.metadata.name);
@@ -175,16 +179,6 @@ fn node_gc_ticks(ctx: Arc<Ctx>) -> impl futures::Stream<Item = String> + Send {
         Some((futures::stream::iter(keys), ctx))
     })
     .flatten()
-}
-
-trait VolumeName {
-    fn name_as_volume(&self) -> VolumeId;
-}
-
-impl VolumeName for ObjectMeta {
-    fn name_as_volume(&self) -> VolumeId {
-        VolumeId::new(self.name.as_str()).unwrap_or_default()
-    }
 }
 
 async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
@@ -266,12 +260,11 @@ async fn event(ctx: &Ctx, claim: &Claim, type_: EventType, reason: &str, message
 async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
     let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
-    let node_prefix = format!("claims/{}/", claim.spec.node);
     let on_node: Vec<Arc<Claim>> = ctx
         .claims
         .state()
         .into_iter()
-        .filter(|c| c.key().starts_with(&node_prefix) && c.metadata.uid != claim.metadata.uid)
+        .filter(|c| c.spec.node == claim.spec.node && c.metadata.uid != claim.metadata.uid)
         .collect();
     let checked = admission::check(
         claim,
@@ -558,7 +551,7 @@ async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, C
         if alloc_gone {
             match ctx
                 .store
-                .delete::<ClaimSpec>(suffix::<ClaimSpec>(&claim.key()), None)
+                .delete::<ClaimSpec>(&claim.spec.key_suffix(&claim.metadata), None)
                 .await
             {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
