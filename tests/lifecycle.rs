@@ -405,6 +405,16 @@ async fn wait_held(c: &Cluster, node: &str, rpc: &str) {
     .await;
 }
 
+/// After the caller died: waits until the plugin dropped the held call, so releasing the
+/// hold cannot let it run (the kill is seen by the server a little later than by us).
+async fn wait_abandoned(c: &Cluster, node: &str, rpc: &str) {
+    let n = c.node(node);
+    c.wait(&format!("{rpc} abandoned on {node}"), T, || async move {
+        n.hanging(rpc).await == 0
+    })
+    .await;
+}
+
 async fn let_go(c: &Cluster, node: &str, rpc: &str) {
     c.node(node)
         .fault(moor_hostpath::faults::Command::Release { rpc: rpc.into() })
@@ -451,6 +461,7 @@ async fn agent_killed_mid_publish_adopts_the_stage_and_finishes() {
     c.apply(c.allocation("a1", "n2", "v1", false)).await;
     wait_held(&c, "n2", "NodePublishVolume").await;
     c.node_mut("n2").agent.kill();
+    wait_abandoned(&c, "n2", "NodePublishVolume").await;
     let_go(&c, "n2", "NodePublishVolume").await;
     c.node_mut("n2").agent.restart();
     converges_without_repeats(&c).await;
@@ -466,6 +477,7 @@ async fn agent_killed_mid_release_finishes_the_release() {
     c.stop_alloc("a1").await;
     wait_held(&c, "n2", "NodeUnpublishVolume").await;
     c.node_mut("n2").agent.kill();
+    wait_abandoned(&c, "n2", "NodeUnpublishVolume").await;
     let_go(&c, "n2", "NodeUnpublishVolume").await;
     c.node_mut("n2").agent.restart();
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
