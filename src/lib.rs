@@ -18,5 +18,6 @@
 pub mod api;
 pub mod cli;
 pub mod csi;
+pub mod embedded;
 pub mod runtime;
 pub mod store;

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{fixtures::volume, Etcd};
+use common::{fixtures::volume, Backend, Etcd};
 use moor::runtime::leader::{acquire, LeaderConfig};
 use moor::store::StoreError;
 use std::time::Duration;
@@ -17,9 +17,8 @@ fn cfg(identity: &str) -> LeaderConfig {
     }
 }
 
-#[tokio::test]
-async fn failover_when_the_leader_s_lease_is_revoked() {
-    let etcd = Etcd::start().await;
+async fn failover_when_the_leader_s_lease_is_revoked(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let (sa, sb) = (etcd.store("/t/").await, etcd.store("/t/").await);
     let shutdown = CancellationToken::new();
     let a = acquire(&sa, &cfg("a"), &shutdown)
@@ -58,9 +57,8 @@ async fn failover_when_the_leader_s_lease_is_revoked() {
     b.resign().await;
 }
 
-#[tokio::test]
-async fn a_leader_cut_off_from_etcd_stops_before_another_starts() {
-    let mut etcd = Etcd::start().await;
+async fn a_leader_cut_off_from_etcd_stops_before_another_starts(backend: Backend) {
+    let mut etcd = Etcd::start_on(backend).await;
     let sa = etcd.store("/t/").await;
     let shutdown = CancellationToken::new();
     let a = acquire(&sa, &cfg("a"), &shutdown)
@@ -91,10 +89,9 @@ async fn a_leader_cut_off_from_etcd_stops_before_another_starts() {
     b.resign().await;
 }
 
-#[tokio::test]
-async fn lead_hands_over_on_resign_and_stops_on_shutdown() {
+async fn lead_hands_over_on_resign_and_stops_on_shutdown(backend: Backend) {
     use std::sync::{Arc, Mutex};
-    let etcd = Etcd::start().await;
+    let etcd = Etcd::start_on(backend).await;
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut handles = Vec::new();
     let mut tokens = Vec::new();
@@ -160,3 +157,9 @@ async fn lead_hands_over_on_resign_and_stops_on_shutdown() {
             .unwrap();
     }
 }
+
+crate::both_stores!(
+    failover_when_the_leader_s_lease_is_revoked,
+    a_leader_cut_off_from_etcd_stops_before_another_starts,
+    lead_hands_over_on_resign_and_stops_on_shutdown,
+);

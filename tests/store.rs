@@ -2,14 +2,13 @@
 
 mod common;
 
-use common::{fixtures::volume, Etcd};
+use common::{fixtures::volume, Backend, Etcd};
 use moor::api::*;
 use moor::store::{Deleted, Fence, MalformedCause, StoreError};
 use std::time::Duration;
 
-#[tokio::test]
-async fn create_get_and_create_again() {
-    let etcd = Etcd::start().await;
+async fn create_get_and_create_again(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     let created = store.create(&volume("v1")).await.unwrap();
     assert!(created.metadata.resource_version > 0);
@@ -27,9 +26,8 @@ async fn create_get_and_create_again() {
     ));
 }
 
-#[tokio::test]
-async fn invalid_objects_are_not_written() {
-    let etcd = Etcd::start().await;
+async fn invalid_objects_are_not_written(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     let mut v = volume("v1");
     v.spec.capabilities.clear();
@@ -44,9 +42,8 @@ async fn invalid_objects_are_not_written() {
         .is_none());
 }
 
-#[tokio::test]
-async fn update_bumps_generation_on_spec_change_and_keeps_status() {
-    let etcd = Etcd::start().await;
+async fn update_bumps_generation_on_spec_change_and_keeps_status(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     let v = store.create(&volume("v1")).await.unwrap();
 
@@ -75,9 +72,8 @@ async fn update_bumps_generation_on_spec_change_and_keeps_status() {
     assert_eq!(read.metadata.resource_version, v.metadata.resource_version);
 }
 
-#[tokio::test]
-async fn conflicting_update_is_a_conflict_and_loses_nothing() {
-    let etcd = Etcd::start().await;
+async fn conflicting_update_is_a_conflict_and_loses_nothing(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     let v = store.create(&volume("v1")).await.unwrap();
     let (mut a, mut b) = (v.clone(), v.clone());
@@ -100,9 +96,8 @@ async fn conflicting_update_is_a_conflict_and_loses_nothing() {
     assert_eq!(read.status.provisioning.phase, VolumePhase::Pending);
 }
 
-#[tokio::test]
-async fn section_writers_both_land_through_modify_status() {
-    let etcd = Etcd::start().await;
+async fn section_writers_both_land_through_modify_status(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     store.create(&volume("v1")).await.unwrap();
     let mut tasks = Vec::new();
@@ -143,9 +138,8 @@ async fn section_writers_both_land_through_modify_status() {
     assert_eq!(read.status.provisioning.phase, VolumePhase::Ready);
 }
 
-#[tokio::test]
-async fn delete_honours_precondition_and_finalizers() {
-    let etcd = Etcd::start().await;
+async fn delete_honours_precondition_and_finalizers(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     let v = store.create(&volume("v1")).await.unwrap();
     assert!(matches!(
@@ -188,9 +182,8 @@ async fn delete_honours_precondition_and_finalizers() {
         .is_none());
 }
 
-#[tokio::test]
-async fn list_pages_through_every_key_and_reports_malformed_ones() {
-    let etcd = Etcd::start().await;
+async fn list_pages_through_every_key_and_reports_malformed_ones(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await.with_page_size(7);
     for i in 0..50 {
         store.create(&volume(&format!("v{i:02}"))).await.unwrap();
@@ -243,9 +236,8 @@ async fn list_pages_through_every_key_and_reports_malformed_ones() {
     assert!(err.to_string().contains("volumes/default/garbage"));
 }
 
-#[tokio::test]
-async fn fenced_writes_fail_once_the_fence_is_gone() {
-    let etcd = Etcd::start().await;
+async fn fenced_writes_fail_once_the_fence_is_gone(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     let mut raw = etcd.raw_client().await;
     let put = raw.put("/t/leader/test", "me", None).await.unwrap();
@@ -279,9 +271,8 @@ async fn fenced_writes_fail_once_the_fence_is_gone() {
         .is_none());
 }
 
-#[tokio::test]
-async fn lease_bound_keys_vanish_with_the_lease() {
-    let etcd = Etcd::start().await;
+async fn lease_bound_keys_vanish_with_the_lease(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     let lease = store.grant_lease(Duration::from_secs(30)).await.unwrap();
     let mut keep = store.keep_alive(lease).await.unwrap();
@@ -295,3 +286,15 @@ async fn lease_bound_keys_vanish_with_the_lease() {
     assert_eq!(store.lease_ttl(lease).await.unwrap(), None);
     store.revoke_lease(lease).await.unwrap();
 }
+
+crate::both_stores!(
+    create_get_and_create_again,
+    invalid_objects_are_not_written,
+    update_bumps_generation_on_spec_change_and_keeps_status,
+    conflicting_update_is_a_conflict_and_loses_nothing,
+    section_writers_both_land_through_modify_status,
+    delete_honours_precondition_and_finalizers,
+    list_pages_through_every_key_and_reports_malformed_ones,
+    fenced_writes_fail_once_the_fence_is_gone,
+    lease_bound_keys_vanish_with_the_lease,
+);

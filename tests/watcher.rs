@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{fixtures::volume, Etcd};
+use common::{fixtures::volume, Backend, Etcd};
 use futures::{Stream, StreamExt};
 use moor::api::*;
 use moor::runtime::reflector;
@@ -44,9 +44,8 @@ fn applied_name(ev: &Event<Volume>) -> Option<String> {
     }
 }
 
-#[tokio::test]
-async fn lists_then_streams_changes_in_order() {
-    let etcd = Etcd::start().await;
+async fn lists_then_streams_changes_in_order(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     store.create(&volume("a")).await.unwrap();
     store.create(&volume("b")).await.unwrap();
@@ -78,9 +77,8 @@ async fn lists_then_streams_changes_in_order() {
     assert!(errors.is_empty(), "{errors:?}");
 }
 
-#[tokio::test]
-async fn resumes_after_etcd_is_killed_and_restarted_missing_nothing() {
-    let mut etcd = Etcd::start().await;
+async fn resumes_after_etcd_is_killed_and_restarted_missing_nothing(backend: Backend) {
+    let mut etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     store.create(&volume("a")).await.unwrap();
     let mut w = Box::pin(watcher::<VolumeSpec>(store.clone(), ""));
@@ -125,9 +123,8 @@ async fn resumes_after_etcd_is_killed_and_restarted_missing_nothing() {
     );
 }
 
-#[tokio::test]
-async fn relists_after_a_compaction_past_its_revision() {
-    let mut etcd = Etcd::start().await;
+async fn relists_after_a_compaction_past_its_revision(backend: Backend) {
+    let mut etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     store.create(&volume("a")).await.unwrap();
     store.create(&volume("b")).await.unwrap();
@@ -177,9 +174,8 @@ async fn relists_after_a_compaction_past_its_revision() {
     );
 }
 
-#[tokio::test]
-async fn a_garbage_value_is_reported_and_skipped_while_the_rest_flows() {
-    let etcd = Etcd::start().await;
+async fn a_garbage_value_is_reported_and_skipped_while_the_rest_flows(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     let mut raw = etcd.raw_client().await;
     store.create(&volume("a")).await.unwrap();
@@ -226,9 +222,8 @@ async fn a_garbage_value_is_reported_and_skipped_while_the_rest_flows() {
     );
 }
 
-#[tokio::test]
-async fn a_scoped_watcher_sees_only_its_node() {
-    let etcd = Etcd::start().await;
+async fn a_scoped_watcher_sees_only_its_node(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     let claim = |node: &str, name: &str| {
         let spec = ClaimSpec {
@@ -258,3 +253,11 @@ async fn a_scoped_watcher_sees_only_its_node() {
         other => panic!("{other:?}"),
     }
 }
+
+crate::both_stores!(
+    lists_then_streams_changes_in_order,
+    resumes_after_etcd_is_killed_and_restarted_missing_nothing,
+    relists_after_a_compaction_past_its_revision,
+    a_garbage_value_is_reported_and_skipped_while_the_rest_flows,
+    a_scoped_watcher_sees_only_its_node,
+);

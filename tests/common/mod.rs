@@ -10,8 +10,38 @@ use std::time::{Duration, Instant};
 
 use moor::store::Store;
 
-/// A real etcd server owned by one test.
+/// Which server speaks the etcd API to a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `etcd` from the etcd-server package.
+    Etcd,
+    /// moor's embedded store, as the `moor-store` process.
+    Embedded,
+}
+
+/// Runs each named `async fn NAME(backend: Backend)` as two tests, `etcd::NAME` and
+/// `embedded::NAME`: what works on one server must work on the other.
+#[macro_export]
+macro_rules! both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod etcd {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name($crate::common::Backend::Etcd).await
+            })*
+        }
+        mod embedded {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name($crate::common::Backend::Embedded).await
+            })*
+        }
+    };
+}
+
+/// A real etcd-API server (etcd, or moor-store) owned by one test.
 pub struct Etcd {
+    pub backend: Backend,
     pub client_url: String,
     peer_url: String,
     data_dir: tempfile::TempDir,
@@ -26,9 +56,15 @@ fn free_port() -> u16 {
 impl Etcd {
     /// Starts etcd and waits until it answers.
     pub async fn start() -> Etcd {
+        Etcd::start_on(Backend::Etcd).await
+    }
+
+    /// Starts the given server and waits until it answers.
+    pub async fn start_on(backend: Backend) -> Etcd {
         let mut last_error = String::new();
         for _ in 0..3 {
             let mut etcd = Etcd {
+                backend,
                 client_url: format!("http://127.0.0.1:{}", free_port()),
                 peer_url: format!("http://127.0.0.1:{}", free_port()),
                 data_dir: tempfile::tempdir().expect("temp dir"),
@@ -52,8 +88,38 @@ impl Etcd {
             .append(true)
             .open(self.log_path())
             .map_err(|e| e.to_string())?;
-        let child = Command::new("etcd")
-            .arg("--name=test")
+        let mut cmd = match self.backend {
+            Backend::Etcd => self.etcd_command(),
+            Backend::Embedded => self.embedded_command()?,
+        };
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "cannot run {:?} (is etcd-server installed?): {e}",
+                    cmd.get_program()
+                )
+            })?;
+        self.child = Some(child);
+        self.wait_ready().await
+    }
+
+    fn embedded_command(&self) -> Result<Command, String> {
+        let bin = option_env!("CARGO_BIN_EXE_moor-store")
+            .ok_or("moor-store is a binary of the moor package; run this test there")?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("--listen")
+            .arg(self.client_url.trim_start_matches("http://"))
+            .arg("--data-dir")
+            .arg(self.data_dir.path().join("data"));
+        Ok(cmd)
+    }
+
+    fn etcd_command(&self) -> Command {
+        let mut cmd = Command::new("etcd");
+        cmd.arg("--name=test")
             .arg(format!(
                 "--data-dir={}",
                 self.data_dir.path().join("data").display()
@@ -62,12 +128,11 @@ impl Etcd {
             .arg(format!("--advertise-client-urls={}", self.client_url))
             .arg(format!("--listen-peer-urls={}", self.peer_url))
             .arg(format!("--initial-advertise-peer-urls={}", self.peer_url))
-            .arg(format!("--initial-cluster=test={}", self.peer_url))
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .map_err(|e| format!("cannot run etcd (is etcd-server installed?): {e}"))?;
-        self.child = Some(child);
+            .arg(format!("--initial-cluster=test={}", self.peer_url));
+        cmd
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(status) = self

@@ -1,0 +1,47 @@
+//! moor-store: the embedded etcd-API store as a process of its own (`moord dev` runs the
+//! same store in-process). One machine, loopback, no auth: for development and tests.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+/// Serve the subset of the etcd v3 API that moor uses, durable in DIR.
+#[derive(Debug, Parser)]
+#[command(name = "moor-store", version, about)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:2379")]
+    listen: String,
+    /// Where the data lives (created if missing).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Revisions of history kept for watchers that resume; older ones are compacted.
+    #[arg(long, default_value_t = 100_000)]
+    history: i64,
+}
+
+#[tokio::main]
+async fn main() {
+    moor::runtime::logging::init();
+    let args = Args::parse();
+    if let Err(e) = run(args).await {
+        eprintln!("moor-store: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let store = moor::embedded::EmbeddedStore::open(&args.data_dir, args.history)
+        .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let shutdown: CancellationToken = moor::runtime::shutdown::on_signal();
+    eprintln!(
+        "moor-store: serving the etcd v3 API on http://{}",
+        listener.local_addr()?
+    );
+    moor::embedded::serve(store, listener, shutdown).await
+}
