@@ -22,14 +22,15 @@ pub struct EtcdArgs {
     /// Serve /metrics and /healthz on this address (e.g. 127.0.0.1:9090).
     #[arg(long)]
     pub http: Option<std::net::SocketAddr>,
+    /// TLS and etcd auth.
+    #[command(flatten)]
+    pub auth: moor::store::EtcdAuth,
 }
 
 impl EtcdArgs {
     /// Connects and checks that etcd answers, retrying for up to `wait`.
     pub async fn connect(&self, wait: Duration) -> anyhow::Result<Store> {
-        let store = Store::connect(&self.etcd, &self.prefix)
-            .await
-            .context("connecting to etcd")?;
+        let store = self.auth.connect(&self.etcd, &self.prefix).await?;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             match store.try_get::<NodeSpec>("probe").await {

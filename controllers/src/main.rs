@@ -4,11 +4,13 @@
 //! - `moord agent`: one per node: plugin supervision, the node reconciler, and the
 //!   provisioner and attacher of the controller plugins it hosts ([`agent`]).
 //! - `moord check`: a read-only audit of the store ([`check`]).
+//! - `moord dev`: all of moor on one machine, on the embedded store ([`dev`]).
 
 mod agent;
 mod check;
 mod common;
 mod controller;
+mod dev;
 
 use clap::{Parser, Subcommand};
 
@@ -25,6 +27,8 @@ enum Command {
     Controller(controller::Args),
     /// Runs the node agent for one node.
     Agent(agent::Args),
+    /// Runs moor on one machine: embedded store, controller, agent and moor-hostpath.
+    Dev(dev::Args),
     /// Lists every moor object in etcd by kind and reports malformed ones (read-only).
     Check(check::Check),
 }
@@ -38,6 +42,7 @@ async fn main() {
         Command::Controller(args) => controller::run(args, shutdown).await.map(|()| 0),
         Command::Agent(args) => agent::run(args, shutdown).await.map(|()| 0),
         Command::Check(cmd) => cmd.run().await,
+        Command::Dev(args) => dev::run(args, shutdown).await.map(|()| 0),
     };
     match result {
         Ok(code) => std::process::exit(code),

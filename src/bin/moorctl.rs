@@ -7,8 +7,11 @@ fn main() {
     match cli.run() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
+            // The user's answer (not found, refused, timed out) exits 1; anything else
+            // (usage, connection, store errors) exits 2.
+            let refused = e.downcast_ref::<moor::cli::Refused>().is_some();
             eprintln!("moorctl: {e:#}");
-            std::process::exit(2);
+            std::process::exit(if refused { 1 } else { 2 });
         }
     }
 }

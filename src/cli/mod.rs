@@ -1,30 +1,287 @@
 //! moorctl: the verbs, one file each, dispatched from one enum.
+//!
+//! Exit codes: 0 success; 1 the request was understood but did not succeed (invalid
+//! manifest, conflict, not found, a wait that timed out); 2 usage or connection errors.
 
+mod apply;
+mod describe;
+mod events;
+mod get;
+mod kind;
+mod status;
+mod table;
 mod validate;
+mod wait;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+use crate::api::{Name, Namespace, NodeName};
+use crate::store::{EtcdAuth, Store};
+
+pub use kind::Kind;
 
 /// moorctl: edit moor's desired state and watch it converge.
 #[derive(Debug, Parser)]
 #[command(name = "moorctl", version, about)]
 pub struct Cli {
+    /// etcd endpoints, comma-separated.
+    #[arg(
+        long,
+        env = "MOOR_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379",
+        global = true
+    )]
+    pub endpoints: Vec<String>,
+    /// Key prefix moor uses in etcd.
+    #[arg(long, env = "MOOR_PREFIX", default_value = crate::store::DEFAULT_PREFIX, global = true)]
+    pub prefix: String,
+    /// TLS and etcd auth.
+    #[command(flatten)]
+    pub auth: EtcdAuth,
     /// The verb.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// Where a namespaced object is looked for.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NsArgs {
+    /// Namespace.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// Every namespace.
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    pub all_namespaces: bool,
+}
+
+impl NsArgs {
+    /// The namespace to filter on; `None` for all.
+    pub fn filter(&self) -> anyhow::Result<Option<Namespace>> {
+        if self.all_namespaces {
+            return Ok(None);
+        }
+        Ok(Some(Namespace::new(&self.namespace).map_err(|e| {
+            anyhow::anyhow!("namespace {:?}: {e}", self.namespace)
+        })?))
+    }
+}
+
 /// moorctl's verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Create or update objects from manifests (YAML or JSON, several documents).
+    Apply(apply::Apply),
+    /// List objects, or show one.
+    Get(get::Get),
+    /// Show one object with its related objects and recent events.
+    Describe(describe::Describe),
+    /// Delete an object (finalizers hold it until their owners are done).
+    Delete(Delete),
+    /// Allocation verbs.
+    #[command(subcommand)]
+    Alloc(AllocCmd),
+    /// Volume verbs.
+    #[command(subcommand)]
+    Volume(VolumeCmd),
+    /// Plugin verbs.
+    #[command(subcommand)]
+    Plugin(PluginCmd),
+    /// The reconciliation events, oldest first.
+    Events(events::Events),
+    /// Wait until an object reaches a phase.
+    Wait(wait::Wait),
     /// Check manifests (YAML or JSON, several documents) without applying them.
     Validate(validate::Validate),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// `moorctl delete KIND NAME`.
+#[derive(Debug, clap::Args)]
+pub struct Delete {
+    /// The kind.
+    pub kind: Kind,
+    /// The name.
+    pub name: String,
+    /// Namespace.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+}
+
+/// `moorctl alloc ...`.
+#[derive(Debug, Subcommand)]
+pub enum AllocCmd {
+    /// Stop an allocation: its claims are released.
+    Stop {
+        /// The allocation.
+        name: String,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+}
+
+/// `moorctl volume ...`.
+#[derive(Debug, Subcommand)]
+pub enum VolumeCmd {
+    /// Declare a node gone for a volume: its claims there are released without the node.
+    Detach {
+        /// The volume.
+        volume: String,
+        /// The node that is gone.
+        #[arg(long)]
+        node: String,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Volumes with their plugin, schedulability, access mode and claims.
+    Status(status::VolumeStatusCmd),
+}
+
+/// `moorctl plugin ...`.
+#[derive(Debug, Subcommand)]
+pub enum PluginCmd {
+    /// Plugins with their provider and healthy/expected controllers and nodes.
+    Status(status::PluginStatusCmd),
 }
 
 impl Cli {
     /// Runs the verb; returns the process exit code.
     pub fn run(self) -> anyhow::Result<i32> {
         match self.command {
-            Command::Validate(cmd) => cmd.run(),
+            Command::Validate(cmd) => return cmd.run(),
+            Command::Completion { shell } => {
+                let mut cmd = Cli::command();
+                clap_complete::generate(shell, &mut cmd, "moorctl", &mut std::io::stdout());
+                return Ok(0);
+            }
+            _ => {}
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let store = self.auth.connect(&self.endpoints, &self.prefix).await?;
+            let ctx = Ctx { store };
+            match self.command {
+                Command::Apply(cmd) => cmd.run(&ctx).await,
+                Command::Get(cmd) => cmd.run(&ctx).await,
+                Command::Describe(cmd) => cmd.run(&ctx).await,
+                Command::Delete(cmd) => delete(&ctx, cmd).await,
+                Command::Alloc(AllocCmd::Stop { name, namespace }) => {
+                    alloc_stop(&ctx, &namespace, &name).await
+                }
+                Command::Volume(VolumeCmd::Detach {
+                    volume,
+                    node,
+                    namespace,
+                }) => volume_detach(&ctx, &namespace, &volume, &node).await,
+                Command::Volume(VolumeCmd::Status(cmd)) => cmd.run(&ctx).await,
+                Command::Plugin(PluginCmd::Status(cmd)) => cmd.run(&ctx).await,
+                Command::Events(cmd) => cmd.run(&ctx).await,
+                Command::Wait(cmd) => cmd.run(&ctx).await,
+                Command::Validate(_) | Command::Completion { .. } => unreachable!(),
+            }
+        })
+    }
+}
+
+/// What every verb gets.
+pub struct Ctx {
+    /// The store.
+    pub store: Store,
+}
+
+/// An error that is the user's answer, not a failure of moorctl: printed, exit code 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+fn parse_name(what: &str, s: &str) -> anyhow::Result<Name> {
+    Name::new(s).map_err(|e| anyhow::anyhow!("{what} {s:?}: {e}"))
+}
+
+fn parse_ns(s: &str) -> anyhow::Result<Namespace> {
+    Namespace::new(s).map_err(|e| anyhow::anyhow!("namespace {s:?}: {e}"))
+}
+
+async fn delete(ctx: &Ctx, cmd: Delete) -> anyhow::Result<i32> {
+    let ns = parse_ns(&cmd.namespace)?;
+    let Some(key) = kind::find_key(ctx, cmd.kind, Some(&ns), &cmd.name).await? else {
+        return Err(Refused(format!("{} {}/{} not found", cmd.kind, ns, cmd.name)).into());
+    };
+    let finalizing = kind::delete(ctx, cmd.kind, &key).await?;
+    if finalizing.is_empty() {
+        println!("{} {} deleted", cmd.kind, cmd.name);
+    } else {
+        println!(
+            "{} {} marked for deletion; waiting for {}",
+            cmd.kind,
+            cmd.name,
+            finalizing.join(", ")
+        );
+    }
+    Ok(0)
+}
+
+async fn alloc_stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Result<i32> {
+    use crate::api::{AllocationSpec, DesiredStatus};
+    let ns = parse_ns(namespace)?;
+    let name = parse_name("allocation", name)?;
+    let suffix = format!("{ns}/{name}");
+    loop {
+        let Some(mut alloc) = ctx.store.try_get::<AllocationSpec>(&suffix).await? else {
+            return Err(Refused(format!("allocation {suffix} not found")).into());
+        };
+        if alloc.spec.desired_status == DesiredStatus::Stop {
+            println!("allocation {name} already stopped");
+            return Ok(0);
+        }
+        alloc.spec.desired_status = DesiredStatus::Stop;
+        match ctx.store.replace(&alloc).await {
+            Ok(_) => {
+                println!("allocation {name} stopped; its claims will be released");
+                return Ok(0);
+            }
+            Err(crate::store::StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+async fn volume_detach(
+    ctx: &Ctx,
+    namespace: &str,
+    volume: &str,
+    node: &str,
+) -> anyhow::Result<i32> {
+    use crate::api::VolumeSpec;
+    let ns = parse_ns(namespace)?;
+    let volume = parse_name("volume", volume)?;
+    let node = NodeName::new(node).map_err(|e| anyhow::anyhow!("node {node:?}: {e}"))?;
+    let suffix = format!("{ns}/{volume}");
+    loop {
+        let Some(mut vol) = ctx.store.try_get::<VolumeSpec>(&suffix).await? else {
+            return Err(Refused(format!("volume {suffix} not found")).into());
+        };
+        if !vol.spec.force_detach.insert(node.clone()) {
+            println!("volume {volume}: node {node} already marked gone");
+            return Ok(0);
+        }
+        match ctx.store.replace(&vol).await {
+            Ok(_) => {
+                println!(
+                    "volume {volume}: node {node} marked gone; its claims there will be released without node calls"
+                );
+                return Ok(0);
+            }
+            Err(crate::store::StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }

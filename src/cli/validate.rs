@@ -1,8 +1,5 @@
 //! `moorctl validate -f FILE|-`: parse and validate manifests, reporting every problem.
 
-use anyhow::Context;
-use std::io::Read;
-
 use crate::api::parse_manifests;
 use crate::runtime::controller::error_chain;
 
@@ -17,15 +14,7 @@ pub struct Validate {
 impl Validate {
     /// Prints one line per document; exit code 1 if any is invalid.
     pub fn run(self) -> anyhow::Result<i32> {
-        let text = if self.file == "-" {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .context("reading standard input")?;
-            s
-        } else {
-            std::fs::read_to_string(&self.file).with_context(|| format!("reading {}", self.file))?
-        };
+        let text = super::apply::read_input(&self.file)?;
         let mut bad = 0;
         let results = parse_manifests(&text);
         if results.is_empty() {

@@ -6,10 +6,12 @@
 //! Writes are compare-and-swap on `mod_revision` (the objects' `resource_version`), and a
 //! leader's writes can be fenced on its election key ([`Store::fenced`]).
 
+mod connect;
 mod error;
 mod lease;
 mod watch;
 
+pub use connect::EtcdAuth;
 pub use error::{MalformedCause, StoreError};
 pub use lease::{KeepAlive, LeaseId};
 pub use watch::{RawEvent, RawEventKind, WatchBatch, WatchStream};

@@ -1,0 +1,243 @@
+//! `moord dev`: moor on one machine in one process: the embedded store on a loopback
+//! port, the controller, an agent for node `local`, and moor-hostpath as a child on a
+//! unix socket in the data directory. Everything lives in the data directory and
+//! survives a restart.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use moor::api::{NodeName, NodeSpec};
+use moor::embedded::EmbeddedStore;
+use tokio_util::sync::CancellationToken;
+
+/// The node name the dev agent uses.
+pub const NODE: &str = "local";
+/// The plugin id the dev agent hosts.
+pub const PLUGIN: &str = "hostpath.moor.dev";
+
+/// Flags of `moord dev`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Where the store, the plugin's volumes, the agent's state and the mounts live.
+    #[arg(long, default_value = ".moor-dev")]
+    pub data_dir: PathBuf,
+    /// The embedded store's address (what moorctl's --endpoints points at).
+    #[arg(long, default_value = "127.0.0.1:2379")]
+    pub listen: String,
+    /// The moor-hostpath binary (default: next to moord).
+    #[arg(long)]
+    pub hostpath_bin: Option<PathBuf>,
+    /// Bind-mount for real (default: when running as root).
+    #[arg(long)]
+    pub mount: Option<bool>,
+    /// Serve the controller's /metrics and /healthz here.
+    #[arg(long)]
+    pub http: Option<std::net::SocketAddr>,
+}
+
+#[derive(Parser)]
+struct ControllerArgv {
+    #[command(flatten)]
+    args: crate::controller::Args,
+}
+
+#[derive(Parser)]
+struct AgentArgv {
+    #[command(flatten)]
+    args: crate::agent::Args,
+}
+
+fn hostpath_bin(args: &Args) -> anyhow::Result<PathBuf> {
+    if let Some(bin) = &args.hostpath_bin {
+        return Ok(bin.clone());
+    }
+    let exe = std::env::current_exe().context("locating moord")?;
+    let bin = exe.with_file_name("moor-hostpath");
+    if !bin.exists() {
+        anyhow::bail!(
+            "{} is missing: build it with `cargo build --workspace --bins`, or pass --hostpath-bin",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+fn absolute(dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    dir.canonicalize()
+        .with_context(|| format!("resolving {}", dir.display()))
+}
+
+/// Runs everything until `shutdown`.
+pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let dir = absolute(&args.data_dir)?;
+    let bin = hostpath_bin(&args)?;
+    let root = std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false);
+    let mount = args.mount.unwrap_or(root);
+
+    let store = EmbeddedStore::open(&dir.join("store"), 100_000)
+        .with_context(|| format!("opening the store in {}", dir.join("store").display()))?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| {
+            format!(
+                "listening on {} (is another etcd there? use --listen)",
+                args.listen
+            )
+        })?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let store_stop = CancellationToken::new();
+    let store_task = tokio::spawn(moor::embedded::serve(store, listener, store_stop.clone()));
+
+    let socket = dir.join("csi.sock");
+    let plugin_stop = shutdown.child_token();
+    let plugin_task = tokio::spawn(supervise_plugin(
+        bin,
+        socket.clone(),
+        dir.join("plugin"),
+        mount,
+        plugin_stop.clone(),
+    ));
+
+    let mut controller = vec![
+        "controller",
+        "--etcd",
+        &url,
+        "--identity",
+        "dev",
+        "--leader-ttl",
+        "5s",
+    ];
+    let http = args.http.map(|a| a.to_string());
+    if let Some(http) = &http {
+        controller.extend(["--http", http]);
+    }
+    let controller = ControllerArgv::try_parse_from(controller)?.args;
+    let plugin = format!(
+        "id={PLUGIN},type=monolith,endpoint=unix://{},mount-dir={}",
+        socket.display(),
+        dir.join("mnt").display()
+    );
+    let agent_dir = dir.join("agent").display().to_string();
+    let agent = AgentArgv::try_parse_from([
+        "agent",
+        "--node",
+        NODE,
+        "--etcd",
+        &url,
+        "--data-dir",
+        &agent_dir,
+        "--plugin",
+        &plugin,
+        "--leader-ttl",
+        "5s",
+    ])?
+    .args;
+
+    let daemons = shutdown.child_token();
+    let controller_task = tokio::spawn(crate::controller::run(controller, daemons.clone()));
+    let agent_task = tokio::spawn(crate::agent::run(agent, daemons.clone()));
+
+    let ready = wait_ready(&url, &shutdown);
+    tokio::select! {
+        r = ready => match r {
+            Ok(()) => {
+                eprintln!("\nmoor dev is ready (data in {}; bind mounts {}).", dir.display(), if mount { "on" } else { "off: not root" });
+                eprintln!("  store (etcd API): {url}");
+                eprintln!("  node {NODE}, plugin {PLUGIN}");
+                eprintln!("  try:  export MOOR_ENDPOINTS={url}");
+                eprintln!("        moorctl apply -f deploy/examples/quickstart.yaml");
+                eprintln!("        moorctl get claims -w\n");
+            }
+            Err(e) => tracing::warn!(error = format!("{e:#}"), "moor dev did not become ready"),
+        },
+        _ = shutdown.cancelled() => {}
+    }
+    shutdown.cancelled().await;
+    // Daemons first (they resign their leases and close their watches), then the
+    // plugin, then the store.
+    let (c, a) = tokio::join!(controller_task, agent_task);
+    for (what, r) in [("controller", c), ("agent", a)] {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = format!("{e:#}"), "{what} failed"),
+            Err(e) => tracing::error!(error = %e, "{what} panicked"),
+        }
+    }
+    plugin_stop.cancel();
+    let _ = plugin_task.await;
+    store_stop.cancel();
+    store_task.await??;
+    Ok(())
+}
+
+/// Ready when the agent's Node reports the plugin healthy.
+async fn wait_ready(url: &str, shutdown: &CancellationToken) -> anyhow::Result<()> {
+    let store =
+        moor::store::Store::connect(&[url.to_string()], moor::store::DEFAULT_PREFIX).await?;
+    let node = NodeName::new(NODE)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !shutdown.is_cancelled() {
+        if let Ok(Some(n)) = store.try_get::<NodeSpec>(node.as_str()).await {
+            if n.status.plugins.values().any(|p| p.healthy) {
+                return Ok(());
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("node {NODE} has no healthy plugin after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Runs moor-hostpath, restarting it (after a second) if it exits, until `stop`.
+async fn supervise_plugin(
+    bin: PathBuf,
+    socket: PathBuf,
+    state: PathBuf,
+    mount: bool,
+    stop: CancellationToken,
+) {
+    loop {
+        let mut cmd = tokio::process::Command::new(&bin);
+        cmd.arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .args(["--node-id", NODE, "--mode", "monolith"])
+            .arg("--state-dir")
+            .arg(&state)
+            .kill_on_drop(true);
+        if !mount {
+            cmd.arg("--no-mount");
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(bin = %bin.display(), error = %e, "cannot start moor-hostpath");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => continue,
+                }
+            }
+        };
+        tokio::select! {
+            status = child.wait() => {
+                tracing::warn!(status = ?status.ok(), "moor-hostpath exited; restarting in 1 s");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+            _ = stop.cancelled() => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! `moorctl describe KIND NAME`: the object, its related objects, its recent events.
+
+use serde_json::Value;
+
+use super::get::sort;
+use super::kind::{self, redact, text, Kind};
+use super::table::table;
+use super::{Ctx, Refused};
+use crate::api::Namespace;
+
+/// Show one object with its related objects and recent events.
+#[derive(Debug, clap::Args)]
+pub struct Describe {
+    /// The kind.
+    pub kind: Kind,
+    /// The name.
+    pub name: String,
+    /// Namespace.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// Print secrets and mount flags instead of [redacted].
+    #[arg(long)]
+    pub show_secrets: bool,
+}
+
+impl Describe {
+    /// Prints the description; exit code 1 when the object does not exist.
+    pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
+        let ns = super::parse_ns(&self.namespace)?;
+        let Some(mut obj) = kind::find(ctx, self.kind, Some(&ns), &self.name).await? else {
+            return Err(Refused(format!("{} {}/{} not found", self.kind, ns, self.name)).into());
+        };
+        if !self.show_secrets {
+            redact(&mut obj);
+        }
+        println!("Kind:       {}", self.kind.name());
+        println!("Name:       {}", self.name);
+        if self.kind.namespaced() {
+            println!("Namespace:  {ns}");
+        }
+        println!("UID:        {}", text(&obj, "/metadata/uid"));
+        println!("Version:    {}", text(&obj, "/metadata/resource_version"));
+        println!("Created:    {}", text(&obj, "/metadata/creation_timestamp"));
+        if let Some(phase) = self.kind.phase_pointer() {
+            println!("Phase:      {}", text(&obj, phase));
+        }
+        for (label, pointer) in [
+            ("Deleting:   ", "/metadata/deletion_timestamp"),
+            ("Finalizers: ", "/metadata/finalizers"),
+        ] {
+            if obj.pointer(pointer).is_some() {
+                println!("{label}{}", text(&obj, pointer));
+            }
+        }
+        section("Spec", obj.get("spec"))?;
+        section("Status", obj.get("status"))?;
+
+        // Events about the object and about its claims.
+        let mut about = vec![(self.kind, self.name.clone())];
+        for (related, field) in related(self.kind) {
+            let (items, _) = kind::list(ctx, related, Some(&ns)).await?;
+            let mut items: Vec<Value> = items
+                .into_iter()
+                .filter(|v| text(v, field) == self.name)
+                .collect();
+            sort(related, &mut items);
+            if related == Kind::Claim {
+                about.extend(
+                    items
+                        .iter()
+                        .map(|v| (Kind::Claim, text(v, "/metadata/name"))),
+                );
+            }
+            println!("\n{}s:", related.name());
+            if items.is_empty() {
+                println!("  <none>");
+            } else {
+                for line in table(related, &items, false, false).lines() {
+                    println!("  {line}");
+                }
+            }
+        }
+        print_events(ctx, &about, &ns).await?;
+        Ok(0)
+    }
+}
+
+/// The kinds related to a kind, and the field of theirs that names it.
+fn related(kind: Kind) -> Vec<(Kind, &'static str)> {
+    match kind {
+        Kind::Volume => vec![
+            (Kind::Claim, "/spec/volume"),
+            (Kind::Attachment, "/spec/volume"),
+            (Kind::Mount, "/spec/volume"),
+        ],
+        Kind::Allocation => vec![
+            (Kind::Claim, "/spec/allocation"),
+            (Kind::Mount, "/spec/allocation"),
+        ],
+        Kind::Claim => vec![(Kind::Mount, "/spec/claim")],
+        _ => Vec::new(),
+    }
+}
+
+fn section(title: &str, v: Option<&Value>) -> anyhow::Result<()> {
+    println!("\n{title}:");
+    match v {
+        Some(v) if !v.as_object().is_some_and(|m| m.is_empty()) => {
+            for line in serde_yaml_ng::to_string(v)?.lines() {
+                println!("  {line}");
+            }
+        }
+        _ => println!("  <none>"),
+    }
+    Ok(())
+}
+
+async fn print_events(ctx: &Ctx, about: &[(Kind, String)], ns: &Namespace) -> anyhow::Result<()> {
+    let (events, _) = kind::list(ctx, Kind::Event, None).await?;
+    let mut events: Vec<Value> = events
+        .into_iter()
+        .filter(|e| {
+            about.iter().any(|(kind, name)| {
+                text(e, "/spec/object/kind") == kind.name()
+                    && &text(e, "/spec/object/name") == name
+                    && (!kind.namespaced() || text(e, "/spec/object/namespace") == ns.as_str())
+            })
+        })
+        .collect();
+    sort(Kind::Event, &mut events);
+    println!("\nEvents:");
+    if events.is_empty() {
+        println!("  <none>");
+    } else {
+        for line in table(Kind::Event, &events, false, false).lines() {
+            println!("  {line}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! `moorctl events [-w] [--for KIND/NAME]`: the reconciliation events as they happen.
+
+use futures::StreamExt;
+use serde_json::Value;
+
+use super::get::sort;
+use super::kind::{self, text, Kind};
+use super::table::{columns, render};
+use super::{Ctx, NsArgs};
+use crate::api::EventSpec;
+use crate::runtime::watcher::{watcher, Event};
+
+/// The reconciliation events.
+#[derive(Debug, clap::Args)]
+pub struct Events {
+    /// After the stored events, print new ones as they happen (until interrupted).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// Only events about this object, e.g. `volume/db-data`.
+    #[arg(long = "for")]
+    pub for_object: Option<String>,
+    /// Namespace selection (of the objects the events are about).
+    #[command(flatten)]
+    pub ns: NsArgs,
+}
+
+struct Filter {
+    kind: Option<Kind>,
+    name: Option<String>,
+    ns: Option<String>,
+}
+
+impl Filter {
+    fn matches(&self, v: &Value) -> bool {
+        let object_ns = text(v, "/spec/object/namespace");
+        self.kind.is_none_or(|k| text(v, "/spec/object/kind") == k.name())
+            && self.name.as_ref().is_none_or(|n| &text(v, "/spec/object/name") == n)
+            // Events about cluster-wide objects (nodes, plugins) show in every namespace.
+            && self.ns.as_ref().is_none_or(|ns| object_ns.is_empty() || &object_ns == ns)
+    }
+}
+
+fn row(v: &Value) -> Vec<String> {
+    columns(Kind::Event, false)
+        .iter()
+        .map(|c| (c.cell)(v))
+        .collect()
+}
+
+impl Events {
+    /// Prints the events, oldest first.
+    pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
+        let (kind, name) = match &self.for_object {
+            Some(f) => {
+                let (k, n) = f
+                    .split_once('/')
+                    .ok_or_else(|| anyhow::anyhow!("--for takes KIND/NAME, e.g. volume/db-data"))?;
+                (
+                    Some(k.parse::<Kind>().map_err(anyhow::Error::msg)?),
+                    Some(n.to_string()),
+                )
+            }
+            None => (None, None),
+        };
+        let filter = Filter {
+            kind,
+            name,
+            ns: self.ns.filter()?.map(|n| n.to_string()),
+        };
+        let (events, _) = kind::list(ctx, Kind::Event, None).await?;
+        let mut events: Vec<Value> = events.into_iter().filter(|v| filter.matches(v)).collect();
+        sort(Kind::Event, &mut events);
+        let headers: Vec<&str> = columns(Kind::Event, false)
+            .iter()
+            .map(|c| c.header)
+            .collect();
+        let rows: Vec<Vec<String>> = events.iter().map(row).collect();
+        print!("{}", render(&headers, &rows));
+        if !self.watch {
+            return Ok(0);
+        }
+        let seen: std::collections::HashSet<String> =
+            events.iter().map(|v| text(v, "/metadata/uid")).collect();
+        let mut stream = Box::pin(watcher::<EventSpec>(ctx.store.clone(), ""));
+        while let Some(item) = stream.next().await {
+            let new: Vec<Value> = match item {
+                Ok(Event::Applied(obj)) => vec![serde_json::to_value(&obj)?],
+                Ok(Event::Restarted(objs)) => objs
+                    .iter()
+                    .filter(|o| !seen.contains(&o.metadata.uid))
+                    .map(serde_json::to_value)
+                    .collect::<Result<_, _>>()?,
+                Ok(Event::Deleted { .. }) => continue,
+                Err(e) => {
+                    eprintln!("watch: {e}");
+                    continue;
+                }
+            };
+            for v in new.iter().filter(|v| filter.matches(v)) {
+                if seen.contains(&text(v, "/metadata/uid")) {
+                    continue;
+                }
+                let out = render(&vec![""; headers.len()], &[row(v)]);
+                println!("{}", out.lines().nth(1).unwrap_or_default());
+            }
+        }
+        Ok(0)
+    }
+}

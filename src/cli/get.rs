@@ -1,0 +1,212 @@
+//! `moorctl get KIND [NAME] [-o table|wide|json|yaml] [-w] [-l SELECTOR] [-n NS | -A]`.
+
+use futures::StreamExt;
+use serde_json::Value;
+
+use super::kind::{self, redact, with_spec, Kind, Selector};
+use super::table::{columns, render, table};
+use super::{Ctx, NsArgs, Refused};
+use crate::api::*;
+use crate::runtime::watcher::{watcher, Event};
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Columns.
+    Table,
+    /// More columns.
+    Wide,
+    /// The objects as JSON.
+    Json,
+    /// The objects as YAML.
+    Yaml,
+}
+
+/// List objects, or show one.
+#[derive(Debug, clap::Args)]
+pub struct Get {
+    /// The kind (volume, allocation, claim, attachment, mount, node, plugin, event).
+    pub kind: Kind,
+    /// One object's name.
+    pub name: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: Output,
+    /// After listing, print changes as they happen (until interrupted).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// Only objects whose labels match (k=v, k!=v, k, !k; comma-separated).
+    #[arg(short = 'l', long)]
+    pub selector: Option<Selector>,
+    /// Print secrets and mount flags instead of [redacted].
+    #[arg(long)]
+    pub show_secrets: bool,
+    /// Namespace selection.
+    #[command(flatten)]
+    pub ns: NsArgs,
+}
+
+impl Get {
+    fn wanted(&self, v: &Value) -> bool {
+        self.name
+            .as_deref()
+            .is_none_or(|n| v.pointer("/metadata/name").and_then(Value::as_str) == Some(n))
+            && self.selector.as_ref().is_none_or(|s| s.matches(v))
+    }
+
+    fn prepare(&self, mut v: Value) -> Value {
+        if !self.show_secrets {
+            redact(&mut v);
+        }
+        v
+    }
+
+    /// Prints the objects; exit code 1 when a named object does not exist.
+    pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
+        let ns = self.ns.filter()?;
+        let (items, _) = kind::list(ctx, self.kind, ns.as_ref()).await?;
+        let mut items: Vec<Value> = items
+            .into_iter()
+            .filter(|v| self.wanted(v))
+            .map(|v| self.prepare(v))
+            .collect();
+        sort(self.kind, &mut items);
+        if let (Some(name), true) = (&self.name, items.is_empty()) {
+            if !self.watch {
+                return Err(Refused(format!("{} {name} not found", self.kind)).into());
+            }
+        }
+        let all_ns = self.ns.all_namespaces;
+        match self.output {
+            Output::Table | Output::Wide => {
+                if items.is_empty() && !self.watch {
+                    eprintln!("No {}s found.", self.kind);
+                } else {
+                    print!(
+                        "{}",
+                        table(self.kind, &items, self.output == Output::Wide, all_ns)
+                    );
+                }
+            }
+            Output::Json | Output::Yaml => {
+                let doc = match (&self.name, items.len()) {
+                    (Some(_), 1) => items.remove(0),
+                    _ => {
+                        serde_json::json!({"apiVersion": API_VERSION, "kind": "List", "items": items})
+                    }
+                };
+                print_doc(self.output, &doc)?;
+            }
+        }
+        if !self.watch {
+            return Ok(0);
+        }
+        let scope = match &ns {
+            Some(ns) if matches!(self.kind, Kind::Volume | Kind::Allocation) => format!("{ns}/"),
+            _ => String::new(),
+        };
+        with_spec!(self.kind, S => self.follow::<S>(ctx, &scope, ns.as_ref()).await)
+    }
+
+    async fn follow<S: Spec>(
+        &self,
+        ctx: &Ctx,
+        scope: &str,
+        ns: Option<&Namespace>,
+    ) -> anyhow::Result<i32> {
+        let mut stream = Box::pin(watcher::<S>(ctx.store.clone(), scope));
+        let mut first = true;
+        while let Some(item) = stream.next().await {
+            let (obj, deleted) = match item {
+                Ok(Event::Restarted(_)) if first => {
+                    first = false;
+                    continue;
+                }
+                // After a relist the full set is printed again.
+                Ok(Event::Restarted(objs)) => {
+                    for obj in objs {
+                        self.print_change(&obj, false, ns)?;
+                    }
+                    continue;
+                }
+                Ok(Event::Applied(obj)) => (obj, false),
+                Ok(Event::Deleted {
+                    last: Some(obj), ..
+                }) => (obj, true),
+                Ok(Event::Deleted { last: None, key }) => {
+                    eprintln!("{key} deleted");
+                    continue;
+                }
+                Err(e) => {
+                    eprintln!("watch: {e}");
+                    continue;
+                }
+            };
+            self.print_change(&obj, deleted, ns)?;
+        }
+        Ok(0)
+    }
+
+    fn print_change<S: Spec>(
+        &self,
+        obj: &Object<S>,
+        deleted: bool,
+        ns: Option<&Namespace>,
+    ) -> anyhow::Result<()> {
+        if S::NAMESPACED && ns.is_some_and(|ns| &obj.metadata.namespace != ns) {
+            return Ok(());
+        }
+        let v = serde_json::to_value(obj)?;
+        if !self.wanted(&v) {
+            return Ok(());
+        }
+        let v = self.prepare(v);
+        match self.output {
+            Output::Table | Output::Wide => {
+                let cols = columns(self.kind, self.output == Output::Wide);
+                let mut row: Vec<String> = Vec::new();
+                if self.ns.all_namespaces && self.kind.namespaced() {
+                    row.push(kind::text(&v, "/metadata/namespace"));
+                }
+                row.extend(cols.iter().map(|c| (c.cell)(&v)));
+                if deleted {
+                    row.push("(deleted)".into());
+                }
+                let headers = vec![""; row.len()];
+                let out = render(&headers, &[row]);
+                print!(
+                    "{}",
+                    out.lines().nth(1).unwrap_or_default().to_string() + "\n"
+                );
+            }
+            Output::Json | Output::Yaml => print_doc(self.output, &v)?,
+        }
+        Ok(())
+    }
+}
+
+/// Sorts by namespace and name; events by time.
+pub fn sort(kind: Kind, items: &mut [Value]) {
+    if kind == Kind::Event {
+        items.sort_by_key(|v| kind::text(v, "/spec/time"));
+    } else {
+        items.sort_by_key(|v| {
+            (
+                kind::text(v, "/metadata/namespace"),
+                kind::text(v, "/metadata/name"),
+            )
+        });
+    }
+}
+
+/// Prints one document as JSON or YAML.
+pub fn print_doc(output: Output, doc: &Value) -> anyhow::Result<()> {
+    match output {
+        Output::Yaml => {
+            println!("---");
+            print!("{}", serde_yaml_ng::to_string(doc)?);
+        }
+        _ => println!("{}", serde_json::to_string_pretty(doc)?),
+    }
+    Ok(())
+}

@@ -1,0 +1,338 @@
+//! Kinds as the user names them, and the few generic operations moorctl does on any
+//! kind, on objects as JSON values.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde_json::Value;
+
+use super::Ctx;
+use crate::api::*;
+use crate::store::Deleted;
+
+/// A kind, as `get`, `describe`, `delete` and `wait` take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Volumes.
+    Volume,
+    /// Allocations.
+    Allocation,
+    /// Claims.
+    Claim,
+    /// Attachments.
+    Attachment,
+    /// Mounts.
+    Mount,
+    /// Nodes.
+    Node,
+    /// Plugins.
+    Plugin,
+    /// Events.
+    Event,
+}
+
+impl Kind {
+    /// Every kind.
+    pub const ALL: [Kind; 8] = [
+        Kind::Volume,
+        Kind::Allocation,
+        Kind::Claim,
+        Kind::Attachment,
+        Kind::Mount,
+        Kind::Node,
+        Kind::Plugin,
+        Kind::Event,
+    ];
+
+    /// The kind's name in manifests.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Volume => "Volume",
+            Kind::Allocation => "Allocation",
+            Kind::Claim => "Claim",
+            Kind::Attachment => "Attachment",
+            Kind::Mount => "Mount",
+            Kind::Node => "Node",
+            Kind::Plugin => "Plugin",
+            Kind::Event => "Event",
+        }
+    }
+
+    /// Whether its objects live in a namespace.
+    pub fn namespaced(self) -> bool {
+        !matches!(self, Kind::Node | Kind::Plugin)
+    }
+
+    /// Where its phase is in the JSON of an object.
+    pub fn phase_pointer(self) -> Option<&'static str> {
+        match self {
+            Kind::Volume => Some("/status/provisioning/phase"),
+            Kind::Allocation | Kind::Claim | Kind::Attachment => Some("/status/phase"),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name().to_lowercase())
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Kind, String> {
+        Ok(match s.to_lowercase().as_str() {
+            "volume" | "volumes" | "vol" | "vols" => Kind::Volume,
+            "allocation" | "allocations" | "alloc" | "allocs" => Kind::Allocation,
+            "claim" | "claims" => Kind::Claim,
+            "attachment" | "attachments" => Kind::Attachment,
+            "mount" | "mounts" => Kind::Mount,
+            "node" | "nodes" => Kind::Node,
+            "plugin" | "plugins" => Kind::Plugin,
+            "event" | "events" | "ev" => Kind::Event,
+            _ => {
+                return Err(format!(
+                    "unknown kind {s:?}: one of volume, allocation, claim, attachment, mount, node, plugin, event"
+                ))
+            }
+        })
+    }
+}
+
+/// Runs `$body` with `$S` the spec type of `$kind`.
+macro_rules! with_spec {
+    ($kind:expr, $S:ident => $body:expr) => {
+        match $kind {
+            Kind::Volume => {
+                type $S = VolumeSpec;
+                $body
+            }
+            Kind::Allocation => {
+                type $S = AllocationSpec;
+                $body
+            }
+            Kind::Claim => {
+                type $S = ClaimSpec;
+                $body
+            }
+            Kind::Attachment => {
+                type $S = AttachmentSpec;
+                $body
+            }
+            Kind::Mount => {
+                type $S = MountSpec;
+                $body
+            }
+            Kind::Node => {
+                type $S = NodeSpec;
+                $body
+            }
+            Kind::Plugin => {
+                type $S = PluginSpec;
+                $body
+            }
+            Kind::Event => {
+                type $S = EventSpec;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_spec;
+
+/// Objects of a kind, as JSON, in one namespace (or all); malformed values are
+/// reported on stderr and skipped. Also returns the revision the list is at.
+pub async fn list(
+    ctx: &Ctx,
+    kind: Kind,
+    ns: Option<&Namespace>,
+) -> anyhow::Result<(Vec<Value>, i64)> {
+    with_spec!(kind, S => list_typed::<S>(ctx, ns).await)
+}
+
+async fn list_typed<S: Spec>(
+    ctx: &Ctx,
+    ns: Option<&Namespace>,
+) -> anyhow::Result<(Vec<Value>, i64)> {
+    // Volumes, allocations, attachments and events are keyed by namespace first.
+    let scope = match ns {
+        Some(ns) if S::NAMESPACED && !matches!(S::DIR, "claims" | "mounts") => format!("{ns}/"),
+        _ => String::new(),
+    };
+    let list = ctx.store.list::<S>(&scope).await?;
+    for bad in &list.malformed {
+        eprintln!("warning: skipped a malformed value: {bad}");
+    }
+    let mut out = Vec::with_capacity(list.items.len());
+    for obj in list.items {
+        if S::NAMESPACED && ns.is_some_and(|ns| &obj.metadata.namespace != ns) {
+            continue;
+        }
+        out.push(serde_json::to_value(&obj)?);
+    }
+    Ok((out, list.revision))
+}
+
+/// The object of `kind` named `name` (in `ns` when namespaced), as JSON.
+pub async fn find(
+    ctx: &Ctx,
+    kind: Kind,
+    ns: Option<&Namespace>,
+    name: &str,
+) -> anyhow::Result<Option<Value>> {
+    let ns = if kind.namespaced() { ns } else { None };
+    let (items, _) = list(ctx, kind, ns).await?;
+    Ok(items
+        .into_iter()
+        .find(|v| v.pointer("/metadata/name").and_then(Value::as_str) == Some(name)))
+}
+
+/// The key suffix (below the kind's directory) of the object named `name`.
+pub async fn find_key(
+    ctx: &Ctx,
+    kind: Kind,
+    ns: Option<&Namespace>,
+    name: &str,
+) -> anyhow::Result<Option<String>> {
+    let Some(found) = find(ctx, kind, ns, name).await? else {
+        return Ok(None);
+    };
+    with_spec!(kind, S => {
+        let obj: Object<S> = serde_json::from_value(found)?;
+        Ok(Some(obj.spec.key_suffix(&obj.metadata)))
+    })
+}
+
+/// Deletes by key suffix; returns the finalizers still holding it (empty: gone).
+pub async fn delete(ctx: &Ctx, kind: Kind, suffix: &str) -> anyhow::Result<Vec<String>> {
+    with_spec!(kind, S => match ctx.store.delete::<S>(suffix, None).await? {
+        Deleted::Gone => Ok(Vec::new()),
+        Deleted::Finalizing(obj) => Ok(obj.metadata.finalizers.clone()),
+    })
+}
+
+/// Replaces secret values and mount flags with `[redacted]`, wherever they appear.
+pub fn redact(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            for (k, child) in map.iter_mut() {
+                match (k.as_str(), &mut *child) {
+                    ("secrets", Value::Object(secrets)) => {
+                        for s in secrets.values_mut() {
+                            *s = Value::String("[redacted]".into());
+                        }
+                    }
+                    ("mount_flags", Value::Array(flags)) if !flags.is_empty() => {
+                        *child = Value::String("[redacted]".into());
+                    }
+                    _ => redact(child),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+/// A string at a JSON pointer ("" when absent; numbers and booleans as text).
+pub fn text(v: &Value, pointer: &str) -> String {
+    match v.pointer(pointer) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => String::new(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// A label selector: `k=v`, `k!=v`, `k` (present), `!k` (absent), comma-separated.
+#[derive(Debug, Clone)]
+pub struct Selector(Vec<(String, Op)>);
+
+#[derive(Debug, Clone)]
+enum Op {
+    Eq(String),
+    Ne(String),
+    Exists,
+    Absent,
+}
+
+impl FromStr for Selector {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Selector, String> {
+        let mut terms = Vec::new();
+        for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let parsed = if let Some((k, v)) = term.split_once("!=") {
+                (k.trim().to_string(), Op::Ne(v.trim().to_string()))
+            } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+                (k.trim().to_string(), Op::Eq(v.trim().to_string()))
+            } else if let Some(k) = term.strip_prefix('!') {
+                (k.trim().to_string(), Op::Absent)
+            } else {
+                (term.to_string(), Op::Exists)
+            };
+            if parsed.0.is_empty() {
+                return Err(format!("selector term {term:?} has no label key"));
+            }
+            terms.push(parsed);
+        }
+        Ok(Selector(terms))
+    }
+}
+
+impl Selector {
+    /// Whether an object's labels match every term.
+    pub fn matches(&self, v: &Value) -> bool {
+        let labels = v.pointer("/metadata/labels");
+        self.0.iter().all(|(k, op)| {
+            let have = labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+            match op {
+                Op::Eq(want) => have == Some(want.as_str()),
+                Op::Ne(want) => have != Some(want.as_str()),
+                Op::Exists => have.is_some(),
+                Op::Absent => have.is_none(),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redaction_reaches_nested_secrets_and_flags() {
+        let mut v = serde_json::json!({
+            "spec": {"secrets": {"password": "hunter2"},
+                     "mount_options": {"fs_type": "ext4", "mount_flags": ["noatime", "ro"]},
+                     "volumes": [{"mount_options": {"mount_flags": ["x"]}}]}
+        });
+        redact(&mut v);
+        let s = v.to_string();
+        assert!(
+            !s.contains("hunter2") && !s.contains("noatime") && !s.contains("\"x\""),
+            "{s}"
+        );
+        assert!(s.contains("ext4"), "{s}");
+    }
+
+    #[test]
+    fn selectors_match_labels() {
+        let v = serde_json::json!({"metadata": {"labels": {"app": "db", "tier": "gold"}}});
+        let sel = |s: &str| s.parse::<Selector>().unwrap().matches(&v);
+        assert!(sel("app=db"));
+        assert!(sel("app=db,tier"));
+        assert!(!sel("app=web"));
+        assert!(sel("app!=web,!missing"));
+        assert!(!sel("!app"));
+        assert!("=x".parse::<Selector>().is_err());
+    }
+
+    #[test]
+    fn kinds_parse_by_alias() {
+        assert_eq!("allocs".parse::<Kind>(), Ok(Kind::Allocation));
+        assert_eq!("Volume".parse::<Kind>(), Ok(Kind::Volume));
+        assert!("pods".parse::<Kind>().is_err());
+    }
+}

@@ -1,0 +1,233 @@
+//! `moorctl plugin status [ID]` and `moorctl volume status [ID]`: the views operators
+//! know from Nomad.
+
+use serde_json::Value;
+
+use super::get::sort;
+use super::kind::{self, text, Kind};
+use super::table::{access_modes, render};
+use super::{Ctx, NsArgs, Refused};
+
+/// Plugins, or one plugin with its volumes.
+#[derive(Debug, clap::Args)]
+pub struct PluginStatusCmd {
+    /// One plugin's id.
+    pub id: Option<String>,
+}
+
+/// Volumes, or one volume with its claims.
+#[derive(Debug, clap::Args)]
+pub struct VolumeStatusCmd {
+    /// One volume's name.
+    pub id: Option<String>,
+    /// Namespace selection.
+    #[command(flatten)]
+    pub ns: NsArgs,
+}
+
+fn health(v: &Value, healthy: &str, expected: &str) -> String {
+    format!("{}/{}", text(v, healthy), text(v, expected))
+}
+
+/// The access mode a volume is held in by its live claims, or `<none>`.
+fn held_access_mode(v: &Value) -> String {
+    let mut modes: Vec<String> = ["/status/claims/read_claims", "/status/claims/write_claims"]
+        .iter()
+        .filter_map(|p| v.pointer(p).and_then(Value::as_array))
+        .flatten()
+        .map(|c| text(c, "/access_mode"))
+        .filter(|m| !m.is_empty())
+        .collect();
+    modes.sort();
+    modes.dedup();
+    if modes.is_empty() {
+        "<none>".into()
+    } else {
+        modes.join(",")
+    }
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "true" } else { "false" }.into()
+}
+
+fn fields(pairs: &[(&str, String)]) {
+    let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in pairs {
+        println!("{k:<width$} = {v}");
+    }
+}
+
+impl PluginStatusCmd {
+    /// Prints the table, or one plugin.
+    pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
+        let (mut plugins, _) = kind::list(ctx, Kind::Plugin, None).await?;
+        sort(Kind::Plugin, &mut plugins);
+        let Some(id) = self.id else {
+            let rows: Vec<Vec<String>> = plugins
+                .iter()
+                .map(|p| {
+                    vec![
+                        text(p, "/metadata/name"),
+                        text(p, "/status/provider"),
+                        health(
+                            p,
+                            "/status/controllers_healthy",
+                            "/status/controllers_expected",
+                        ),
+                        health(p, "/status/nodes_healthy", "/status/nodes_expected"),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                render(
+                    &[
+                        "ID",
+                        "PROVIDER",
+                        "CONTROLLERS HEALTHY/EXPECTED",
+                        "NODES HEALTHY/EXPECTED"
+                    ],
+                    &rows
+                )
+            );
+            return Ok(0);
+        };
+        let Some(p) = plugins.iter().find(|p| text(p, "/metadata/name") == id) else {
+            return Err(Refused(format!("plugin {id} not found")).into());
+        };
+        fields(&[
+            ("ID", id.clone()),
+            ("Provider", text(p, "/status/provider")),
+            ("Version", text(p, "/status/version")),
+            (
+                "Controllers Healthy",
+                text(p, "/status/controllers_healthy"),
+            ),
+            (
+                "Controllers Expected",
+                text(p, "/status/controllers_expected"),
+            ),
+            ("Nodes Healthy", text(p, "/status/nodes_healthy")),
+            ("Nodes Expected", text(p, "/status/nodes_expected")),
+            (
+                "Controller Required",
+                text(p, "/status/controller_required"),
+            ),
+        ]);
+        let (mut volumes, _) = kind::list(ctx, Kind::Volume, None).await?;
+        volumes.retain(|v| text(v, "/spec/plugin_id") == id);
+        sort(Kind::Volume, &mut volumes);
+        println!("\nVolumes");
+        print!("{}", volume_table(&volumes, true));
+        Ok(0)
+    }
+}
+
+fn volume_table(volumes: &[Value], with_ns: bool) -> String {
+    let rows: Vec<Vec<String>> = volumes
+        .iter()
+        .map(|v| {
+            let mut row = vec![text(v, "/metadata/name")];
+            if with_ns {
+                row.push(text(v, "/metadata/namespace"));
+            }
+            row.extend([
+                text(v, "/spec/plugin_id"),
+                yes_no(
+                    v.pointer("/status/claims/schedulable")
+                        .and_then(Value::as_bool)
+                        == Some(true),
+                ),
+                held_access_mode(v),
+            ]);
+            row
+        })
+        .collect();
+    let mut headers = vec!["ID"];
+    if with_ns {
+        headers.push("NAMESPACE");
+    }
+    headers.extend(["PLUGIN ID", "SCHEDULABLE", "ACCESS MODE"]);
+    render(&headers, &rows)
+}
+
+impl VolumeStatusCmd {
+    /// Prints the table, or one volume with its allocations.
+    pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
+        let ns = self.ns.filter()?;
+        let (mut volumes, _) = kind::list(ctx, Kind::Volume, ns.as_ref()).await?;
+        sort(Kind::Volume, &mut volumes);
+        let Some(id) = self.id else {
+            print!("{}", volume_table(&volumes, self.ns.all_namespaces));
+            return Ok(0);
+        };
+        let Some(v) = volumes.iter().find(|v| text(v, "/metadata/name") == id) else {
+            return Err(Refused(format!("volume {id} not found")).into());
+        };
+        let plugin_id = text(v, "/spec/plugin_id");
+        let plugin = kind::find(ctx, Kind::Plugin, None, &plugin_id)
+            .await?
+            .unwrap_or(Value::Null);
+        let external = match text(v, "/status/provisioning/external_id") {
+            e if e.is_empty() => text(v, "/spec/external_id"),
+            e => e,
+        };
+        fields(&[
+            ("ID", id.clone()),
+            ("Namespace", text(v, "/metadata/namespace")),
+            ("External ID", external),
+            ("Plugin ID", plugin_id),
+            ("Provider", text(&plugin, "/status/provider")),
+            ("Version", text(&plugin, "/status/version")),
+            ("Phase", text(v, "/status/provisioning/phase")),
+            (
+                "Schedulable",
+                yes_no(
+                    v.pointer("/status/claims/schedulable")
+                        .and_then(Value::as_bool)
+                        == Some(true),
+                ),
+            ),
+            (
+                "Controllers Healthy",
+                text(&plugin, "/status/controllers_healthy"),
+            ),
+            (
+                "Controllers Expected",
+                text(&plugin, "/status/controllers_expected"),
+            ),
+            ("Nodes Healthy", text(&plugin, "/status/nodes_healthy")),
+            ("Nodes Expected", text(&plugin, "/status/nodes_expected")),
+            ("Access Mode", held_access_mode(v)),
+            ("Capabilities", access_modes(v)),
+            ("Capacity", text(v, "/status/provisioning/capacity_bytes")),
+        ]);
+        let mut rows = Vec::new();
+        for (pointer, mode) in [
+            ("/status/claims/read_claims", "read"),
+            ("/status/claims/write_claims", "write"),
+        ] {
+            for c in v
+                .pointer(pointer)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                rows.push(vec![
+                    text(c, "/allocation"),
+                    text(c, "/node"),
+                    mode.to_string(),
+                    text(c, "/claim"),
+                ]);
+            }
+        }
+        println!("\nAllocations");
+        if rows.is_empty() {
+            println!("No allocations placed");
+        } else {
+            print!("{}", render(&["ID", "NODE ID", "MODE", "CLAIM"], &rows));
+        }
+        Ok(0)
+    }
+}

@@ -1,0 +1,277 @@
+//! Tables: the columns of each kind, rendered from objects as JSON.
+
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+
+use super::kind::{text, Kind};
+
+/// One column: its header and how a cell is read from an object.
+pub struct Column {
+    /// Header.
+    pub header: &'static str,
+    /// The cell.
+    pub cell: fn(&Value) -> String,
+}
+
+const fn col(header: &'static str, cell: fn(&Value) -> String) -> Column {
+    Column { header, cell }
+}
+
+fn name(v: &Value) -> String {
+    text(v, "/metadata/name")
+}
+
+fn namespace(v: &Value) -> String {
+    text(v, "/metadata/namespace")
+}
+
+fn age(v: &Value) -> String {
+    ago(&text(v, "/metadata/creation_timestamp"))
+}
+
+/// `5s`, `3m`, `2h`, `4d` since an RFC 3339 time ("" when absent).
+pub fn ago(rfc3339: &str) -> String {
+    let Ok(t) = humantime::parse_rfc3339_weak(rfc3339) else {
+        return String::new();
+    };
+    let d = SystemTime::now()
+        .duration_since(t)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    match d {
+        0..=119 => format!("{d}s"),
+        120..=7199 => format!("{}m", d / 60),
+        7200..=172_799 => format!("{}h", d / 3600),
+        _ => format!("{}d", d / 86400),
+    }
+}
+
+fn count(v: &Value, pointer: &str) -> usize {
+    v.pointer(pointer)
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len)
+}
+
+/// The claims column of a volume: `2r 1w`, or `-`.
+pub fn claims(v: &Value) -> String {
+    let r = count(v, "/status/claims/read_claims");
+    let w = count(v, "/status/claims/write_claims");
+    if r + w == 0 {
+        "-".into()
+    } else {
+        format!("{r}r {w}w")
+    }
+}
+
+/// The access modes a volume offers, comma-separated.
+pub fn access_modes(v: &Value) -> String {
+    let modes: Vec<String> = v
+        .pointer("/spec/capabilities")
+        .and_then(Value::as_array)
+        .map(|caps| caps.iter().map(|c| text(c, "/access_mode")).collect())
+        .unwrap_or_default();
+    modes.join(",")
+}
+
+fn yes_no(v: &Value, pointer: &str) -> String {
+    match v.pointer(pointer).and_then(Value::as_bool) {
+        Some(true) => "yes".into(),
+        _ => "no".into(),
+    }
+}
+
+fn node_plugins(v: &Value) -> String {
+    let Some(plugins) = v.pointer("/status/plugins").and_then(Value::as_object) else {
+        return String::new();
+    };
+    plugins
+        .iter()
+        .map(|(id, p)| {
+            let healthy = p.get("healthy").and_then(Value::as_bool).unwrap_or(false);
+            format!("{id}({})", if healthy { "healthy" } else { "unhealthy" })
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn event_object(v: &Value) -> String {
+    format!(
+        "{}/{}",
+        text(v, "/spec/object/kind").to_lowercase(),
+        text(v, "/spec/object/name")
+    )
+}
+
+/// The columns of a kind (`wide` adds some).
+pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
+    let mut cols = match kind {
+        Kind::Volume => vec![
+            col("NAME", name),
+            col("PLUGIN", |v| text(v, "/spec/plugin_id")),
+            col("PHASE", |v| text(v, "/status/provisioning/phase")),
+            col("SCHEDULABLE", |v| yes_no(v, "/status/claims/schedulable")),
+            col("CLAIMS", claims),
+            col("AGE", age),
+        ],
+        Kind::Allocation => vec![
+            col("NAME", name),
+            col("NODE", |v| text(v, "/spec/node")),
+            col("DESIRED", |v| text(v, "/spec/desired_status")),
+            col("CLIENT", |v| text(v, "/spec/client_status")),
+            col("PHASE", |v| text(v, "/status/phase")),
+            col("VOLUMES", |v| count(v, "/spec/volumes").to_string()),
+            col("AGE", age),
+        ],
+        Kind::Claim => vec![
+            col("NAME", name),
+            col("VOLUME", |v| text(v, "/spec/volume")),
+            col("NODE", |v| text(v, "/spec/node")),
+            col("MODE", |v| text(v, "/spec/mode")),
+            col("PHASE", |v| text(v, "/status/phase")),
+            col("AGE", age),
+        ],
+        Kind::Attachment => vec![
+            col("NAME", name),
+            col("VOLUME", |v| text(v, "/spec/volume")),
+            col("NODE", |v| text(v, "/spec/node")),
+            col("PHASE", |v| text(v, "/status/phase")),
+            col("DETACH", |v| yes_no(v, "/spec/detach")),
+            col("AGE", age),
+        ],
+        Kind::Mount => vec![
+            col("NAME", name),
+            col("VOLUME", |v| text(v, "/spec/volume")),
+            col("NODE", |v| text(v, "/spec/node")),
+            col("STAGED", |v| yes_no(v, "/status/staged")),
+            col("PUBLISHED", |v| yes_no(v, "/status/published")),
+            col("RELEASED", |v| yes_no(v, "/status/released")),
+            col("AGE", age),
+        ],
+        Kind::Node => vec![
+            col("NAME", name),
+            col("PLUGINS", node_plugins),
+            col("AGE", age),
+        ],
+        Kind::Plugin => vec![
+            col("ID", name),
+            col("PROVIDER", |v| text(v, "/status/provider")),
+            col("CONTROLLERS", |v| {
+                format!(
+                    "{}/{}",
+                    text(v, "/status/controllers_healthy"),
+                    text(v, "/status/controllers_expected")
+                )
+            }),
+            col("NODES", |v| {
+                format!(
+                    "{}/{}",
+                    text(v, "/status/nodes_healthy"),
+                    text(v, "/status/nodes_expected")
+                )
+            }),
+        ],
+        Kind::Event => vec![
+            col("AGE", |v| ago(&text(v, "/spec/time"))),
+            col("TYPE", |v| text(v, "/spec/type")),
+            col("REASON", |v| text(v, "/spec/reason")),
+            col("OBJECT", event_object),
+            col("MESSAGE", |v| text(v, "/spec/message")),
+        ],
+    };
+    if wide {
+        let extra: Vec<Column> = match kind {
+            Kind::Volume => vec![
+                col("EXTERNAL ID", |v| {
+                    text(v, "/status/provisioning/external_id")
+                }),
+                col("CAPACITY", |v| {
+                    text(v, "/status/provisioning/capacity_bytes")
+                }),
+                col("ACCESS MODES", access_modes),
+            ],
+            Kind::Claim => vec![
+                col("ALLOCATION", |v| text(v, "/spec/allocation")),
+                col("ACCESS MODE", |v| text(v, "/spec/access_mode")),
+                col("REASON", |v| text(v, "/status/reason")),
+            ],
+            Kind::Attachment => vec![col("EXTERNAL ID", |v| text(v, "/spec/external_id"))],
+            Kind::Mount => vec![col("TARGET", |v| text(v, "/spec/target_path"))],
+            Kind::Plugin => vec![
+                col("VERSION", |v| text(v, "/status/version")),
+                col("CONTROLLER REQUIRED", |v| {
+                    yes_no(v, "/status/controller_required")
+                }),
+            ],
+            Kind::Event => vec![col("SOURCE", |v| text(v, "/spec/source"))],
+            _ => Vec::new(),
+        };
+        cols.extend(extra);
+    }
+    cols
+}
+
+/// Renders rows under headers, columns padded to their widest cell.
+pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, cell) in cells.enumerate() {
+            if i + 1 < widths.len() {
+                l.push_str(&format!("{cell:<w$}   ", w = widths[i]));
+            } else {
+                l.push_str(cell);
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut headers.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+/// A table of objects of one kind; with `all_namespaces`, a NAMESPACE column first.
+pub fn table(kind: Kind, items: &[Value], wide: bool, all_namespaces: bool) -> String {
+    let cols = columns(kind, wide);
+    let mut headers: Vec<&str> = Vec::new();
+    let with_ns = all_namespaces && kind.namespaced();
+    if with_ns {
+        headers.push("NAMESPACE");
+    }
+    headers.extend(cols.iter().map(|c| c.header));
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|v| {
+            let mut row = Vec::new();
+            if with_ns {
+                row.push(namespace(v));
+            }
+            row.extend(cols.iter().map(|c| (c.cell)(v)));
+            row
+        })
+        .collect();
+    render(&headers, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_line_up() {
+        let out = render(
+            &["NAME", "PHASE"],
+            &[vec!["a-long-name".into(), "ready".into()]],
+        );
+        assert_eq!(out, "NAME          PHASE\na-long-name   ready\n");
+    }
+}

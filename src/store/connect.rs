@@ -1,0 +1,79 @@
+//! How a process reaches etcd: endpoints, prefix, TLS files and an etcd user. The same
+//! flags (and `MOOR_*` variables) for moorctl and moord.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+
+use super::Store;
+
+/// TLS and authentication for etcd.
+#[derive(Clone, Default, clap::Args)]
+pub struct EtcdAuth {
+    /// CA certificate (PEM) that signed etcd's server certificate; turns TLS on.
+    #[arg(long, env = "MOOR_CACERT", global = true)]
+    pub cacert: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's client-cert auth; needs --key.
+    #[arg(long, env = "MOOR_CERT", global = true, requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// Client key (PEM) for --cert.
+    #[arg(long, env = "MOOR_KEY", global = true, requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// etcd user as NAME:PASSWORD (etcd auth); prefer MOOR_USER to keep it out of `ps`.
+    #[arg(long, env = "MOOR_USER", global = true, hide_env_values = true)]
+    pub user: Option<String>,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("cacert", &self.cacert)
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field(
+                "user",
+                &self.user.as_ref().map(|u| {
+                    let name = u.split(':').next().unwrap_or_default();
+                    format!("{name}:[redacted]")
+                }),
+            )
+            .finish()
+    }
+}
+
+impl EtcdAuth {
+    /// Connects to `endpoints` under `prefix` with these credentials.
+    pub async fn connect(&self, endpoints: &[String], prefix: &str) -> anyhow::Result<Store> {
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true);
+        if let Some(user) = &self.user {
+            let (name, password) = user
+                .split_once(':')
+                .context("--user must be NAME:PASSWORD")?;
+            opts = opts.with_user(name, password);
+        }
+        if self.cacert.is_some() || self.cert.is_some() {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &self.cacert {
+                let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+                tls = tls.ca_certificate(Certificate::from_pem(pem));
+            }
+            if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+                let cert_pem =
+                    std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+                let key_pem =
+                    std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
+                tls = tls.identity(Identity::from_pem(cert_pem, key_pem));
+            }
+            opts = opts.with_tls(tls);
+        }
+        let client = Client::connect(endpoints, Some(opts))
+            .await
+            .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
+        Ok(Store::new(client, prefix))
+    }
+}
