@@ -47,6 +47,16 @@ fn held_access_mode(v: &Value) -> String {
     }
 }
 
+fn capacity(v: &Value) -> String {
+    match v
+        .pointer("/status/provisioning/capacity_bytes")
+        .and_then(Value::as_u64)
+    {
+        Some(b) => bytesize::ByteSize::b(b).display().iec().to_string(),
+        None => "<unknown>".into(),
+    }
+}
+
 fn yes_no(b: bool) -> String {
     if b { "true" } else { "false" }.into()
 }
@@ -201,7 +211,7 @@ impl VolumeStatusCmd {
             ("Nodes Expected", text(&plugin, "/status/nodes_expected")),
             ("Access Mode", held_access_mode(v)),
             ("Capabilities", access_modes(v)),
-            ("Capacity", text(v, "/status/provisioning/capacity_bytes")),
+            ("Capacity", capacity(v)),
         ]);
         let mut rows = Vec::new();
         for (pointer, mode) in [

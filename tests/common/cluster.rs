@@ -16,38 +16,8 @@ use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
+pub use crate::common::bin;
 use crate::common::{wait_for, Etcd};
-
-/// Where cargo put the workspace's binaries; builds them if a partial test run did not.
-pub fn bin(name: &str) -> PathBuf {
-    static BUILD: Mutex<()> = Mutex::new(());
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf();
-    let path = dir.join(name);
-    // Cargo rebuilds only this package's binaries for its tests: make sure the other
-    // packages' binaries are current too (a no-op when they are), once per process.
-    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    let _g = BUILD.lock().unwrap_or_else(|p| p.into_inner());
-    BUILT.get_or_init(|| {
-        let status = std::process::Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "-p",
-                "moor-controllers",
-                "-p",
-                "moor-hostpath",
-                "--bins",
-            ])
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building moord and moor-hostpath");
-    });
-    path
-}
 
 /// A child process that can be killed with SIGKILL and started again.
 pub struct Proc {

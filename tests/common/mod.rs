@@ -198,6 +198,37 @@ fn tail(s: &str) -> &str {
     &s[start..]
 }
 
+/// Where cargo put the workspace's binaries; builds them if a partial test run did not.
+pub fn bin(name: &str) -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf();
+    let path = dir.join(name);
+    // Cargo rebuilds only this package's binaries for its tests: make sure the other
+    // packages' binaries are current too (a no-op when they are), once per process.
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    let _g = BUILD.lock().unwrap_or_else(|p| p.into_inner());
+    BUILT.get_or_init(|| {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "-p",
+                "moor-controllers",
+                "-p",
+                "moor-hostpath",
+                "--bins",
+            ])
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building moord and moor-hostpath");
+    });
+    path
+}
+
 /// Waits for `cond` to hold, polling, or panics with `what` after `timeout`.
 pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut cond: F)
 where

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The newcomer's demo, start to finish: build moor, start `moord dev` (embedded store,
+# controller, agent for node `local`, moor-hostpath), create a volume, run an allocation
+# that claims it, watch it publish, stop the allocation, watch the release, clean up.
+#
+#   bash deploy/quickstart.sh            # KEEP=1 leaves moord dev running afterwards
+#
+# MOOR_BIN (prebuilt binaries, skips the build), MOOR_DEV_DATA (data dir, default
+# .moor-dev) and MOOR_DEV_LISTEN (store address, default 127.0.0.1:2379) override.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${MOOR_BIN:-target/debug}
+DATA=${MOOR_DEV_DATA:-.moor-dev}
+LISTEN=${MOOR_DEV_LISTEN:-127.0.0.1:2379}
+if [ -z "${MOOR_BIN:-}" ]; then
+    echo "# building moor (cargo build --workspace --bins)"
+    cargo build --quiet --workspace --bins
+fi
+export MOOR_ENDPOINTS="http://$LISTEN"
+mkdir -p "$DATA"
+
+echo "# starting moord dev (data in $DATA, logs in $DATA/moord.log)"
+"$BIN/moord" dev --data-dir "$DATA" --listen "$LISTEN" >"$DATA/moord.log" 2>&1 &
+DEV=$!
+stop_dev() {
+    kill "$DEV" 2>/dev/null || true
+    wait "$DEV" 2>/dev/null || true
+}
+if [ "${KEEP:-}" != 1 ]; then trap stop_dev EXIT; fi
+
+moorctl() {
+    echo
+    echo "\$ moorctl $*"
+    "$BIN/moorctl" "$@"
+}
+
+# Ready when the plugin reports a healthy node (moord dev prints the same on stderr).
+for _ in $(seq 1 300); do
+    status=$("$BIN/moorctl" plugin status hostpath.moor.dev 2>/dev/null || true)
+    if grep -q 'Nodes Healthy *= 1' <<<"$status"; then
+        break
+    fi
+    if ! kill -0 "$DEV" 2>/dev/null; then
+        echo "moord dev exited:" >&2
+        tail -n 20 "$DATA/moord.log" >&2
+        exit 1
+    fi
+    sleep 0.2
+done
+
+moorctl plugin status
+moorctl apply -f deploy/examples/quickstart.yaml
+moorctl wait volume/web-data --for phase=ready --timeout 60s
+moorctl wait claim/web-1.data --for phase=published --timeout 60s
+moorctl get claims
+moorctl volume status web-data
+moorctl alloc stop web-1
+moorctl wait claim/web-1.data --for phase=released --timeout 60s
+moorctl events
+moorctl delete allocation web-1
+moorctl delete volume web-data
+moorctl wait volume/web-data --for delete --timeout 60s
+
+if [ "${KEEP:-}" = 1 ]; then
+    echo
+    echo "# moord dev keeps running (pid $DEV); try: export MOOR_ENDPOINTS=$MOOR_ENDPOINTS"
+fi

@@ -1,0 +1,247 @@
+//! The newcomer's path, end to end and through moorctl: the README's quickstart command
+//! runs as written (against binaries built for the test, on a free port and a temporary
+//! data dir), and `moord dev` keeps its state across a restart.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{bin, wait_for};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn bin_dir() -> PathBuf {
+    bin("moord").parent().unwrap().to_path_buf()
+}
+
+/// The README's quickstart command: the indented line that runs deploy/quickstart.sh.
+fn readme_quickstart() -> String {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    readme
+        .lines()
+        .map(str::trim)
+        .find(|l| l.contains("deploy/quickstart.sh") && !l.starts_with('#') && !l.contains('`'))
+        .expect("README.md gives the quickstart command")
+        .to_string()
+}
+
+#[test]
+fn the_readme_quickstart_publishes_and_releases_a_volume() {
+    let cmd = readme_quickstart();
+    assert_eq!(
+        cmd, "bash deploy/quickstart.sh",
+        "the README's quickstart command changed"
+    );
+    let data = tempfile::tempdir().unwrap();
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&cmd)
+        .current_dir(root())
+        .env("MOOR_BIN", bin_dir())
+        .env("MOOR_DEV_DATA", data.path().join("dev"))
+        .env("MOOR_DEV_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env_remove("KEEP")
+        .output()
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let log = std::fs::read_to_string(data.path().join("dev/moord.log")).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "quickstart failed\n--- stdout\n{stdout}\n--- stderr\n{}\n--- moord.log\n{log}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "volume/default/web-data created",
+        "allocation/default/web-1 created",
+        "volume/web-data: phase=ready",
+        "claim/web-1.data: phase=published",
+        "web-1.data   web-data   local   write   published",
+        "Access Mode          = single-node-writer",
+        "allocation web-1 stopped",
+        "claim/web-1.data: phase=released",
+        "Claim published",
+        "Unmount volume",
+        "Claim released",
+        "volume/web-data: deleted",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in\n{stdout}\n--- moord.log\n{log}"
+        );
+    }
+}
+
+struct Dev {
+    child: Child,
+}
+
+impl Dev {
+    fn start(data: &Path, port: u16) -> Dev {
+        let log = std::fs::File::create(data.with_extension("log")).unwrap();
+        let child = Command::new(bin("moord"))
+            .args(["dev", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(data)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Dev { child }
+    }
+
+    /// SIGTERM, as an operator's Ctrl-C, and wait for it to finish.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "moord dev exited with {status}");
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn moorctl(port: u16, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin_dir().join("moorctl"))
+        .env("MOOR_ENDPOINTS", format!("http://127.0.0.1:{port}"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[tokio::test]
+async fn moord_dev_keeps_its_state_across_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("dev");
+    let port = free_port();
+    let dev = Dev::start(&data, port);
+    let ready = |what: &'static str, args: &'static [&'static str], want: &'static str| async move {
+        wait_for(what, Duration::from_secs(60), || async move {
+            let (_, out) = moorctl(port, args);
+            out.contains(want)
+        })
+        .await
+    };
+    ready("the plugin", &["plugin", "status"], "1/1").await;
+    let (ok, out) = moorctl(port, &["apply", "-f", "deploy/examples/quickstart.yaml"]);
+    assert!(ok, "{out}");
+    let (ok, out) = moorctl(
+        port,
+        &[
+            "wait",
+            "claim/web-1.data",
+            "--for",
+            "phase=published",
+            "--timeout",
+            "60s",
+        ],
+    );
+    assert!(ok, "{out}");
+    let (_, before) = moorctl(port, &["get", "volume", "web-data", "-o", "json"]);
+
+    // Bad input loses nothing: a manifest with a typo is refused whole with the field
+    // named, and a copy older than the stored object is not applied over it.
+    let bad = tmp.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "kind: Volume\nmetadata: {name: web-data}\nspec: {plugin_id: x, capacity_min: lots}\n",
+    )
+    .unwrap();
+    let (ok, out) = moorctl(port, &["apply", "-f", bad.to_str().unwrap()]);
+    assert!(!ok && out.contains("spec.capacity_min"), "{out}");
+    let mut stale: serde_json::Value = serde_json::from_str(&before).unwrap();
+    stale["metadata"]["resource_version"] = serde_json::json!(1);
+    stale["spec"]["capacity_min"] = serde_json::json!("1GiB");
+    let stale_file = tmp.path().join("stale.json");
+    std::fs::write(&stale_file, stale.to_string()).unwrap();
+    let (ok, out) = moorctl(port, &["apply", "-f", stale_file.to_str().unwrap()]);
+    assert!(!ok && out.contains("newer than your copy"), "{out}");
+    let (_, now) = moorctl(port, &["get", "volume", "web-data", "-o", "json"]);
+    assert!(
+        now.contains("104857600") && !now.contains("1073741824"),
+        "{now}"
+    );
+    dev.stop();
+
+    // Restarted on the same data: the objects, their status and the claim are all
+    // there, and the system still converges (release after the restart).
+    let dev = Dev::start(&data, port);
+    ready("the plugin after restart", &["plugin", "status"], "1/1").await;
+    let (ok, after) = moorctl(port, &["get", "volume", "web-data", "-o", "json"]);
+    assert!(ok, "{after}");
+    let uid = |s: &str| {
+        serde_json::from_str::<serde_json::Value>(s).unwrap()["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        uid(&before),
+        uid(&after),
+        "the volume is not the same object"
+    );
+    let (ok, out) = moorctl(port, &["get", "claim", "web-1.data"]);
+    assert!(ok && out.contains("published"), "{out}");
+    let (ok, out) = moorctl(port, &["alloc", "stop", "web-1"]);
+    assert!(ok, "{out}");
+    let (ok, out) = moorctl(
+        port,
+        &[
+            "wait",
+            "claim/web-1.data",
+            "--for",
+            "phase=released",
+            "--timeout",
+            "60s",
+        ],
+    );
+    assert!(ok, "{out}");
+    dev.stop();
+}
+
+#[test]
+fn moorctl_refuses_bad_input_with_clear_errors() {
+    // No server is needed to refuse these; an unreachable one is a connection error.
+    let port = free_port();
+    let (ok, out) = moorctl(port, &["get", "pods"]);
+    assert!(!ok && out.contains("unknown kind \"pods\""), "{out}");
+    let (ok, out) = moorctl(port, &["wait", "volume/x", "--for", "color=red"]);
+    assert!(!ok && out.contains("phase=PHASE or delete"), "{out}");
+    let out = Command::new(bin_dir().join("moorctl"))
+        .env("MOOR_ENDPOINTS", format!("http://127.0.0.1:{port}"))
+        .args(["get", "volumes"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unreachable store is exit code 2"
+    );
+    let out = Command::new(bin_dir().join("moorctl"))
+        .args(["completion", "bash"])
+        .output()
+        .unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("moorctl"));
+}
