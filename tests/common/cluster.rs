@@ -13,7 +13,6 @@ use moor_hostpath::checker::{self, CheckConfig};
 use moor_hostpath::faults::{self, Command};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::sync::Mutex;
 use std::time::Duration;
 
 pub use crate::common::bin;
