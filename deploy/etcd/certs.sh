@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# TLS material for etcd and moor: a CA, a server certificate for etcd, and one client
+# certificate per etcd user (its CN is the user name etcd authenticates with when it
+# runs with --client-cert-auth).
+#
+#   deploy/etcd/certs.sh DIR NODE...
+#
+# Writes DIR/ca.pem, DIR/server.pem (+ -key), and client certificates for root,
+# moor-controller and moor-agent-NODE for each NODE. SERVER_SANS (default
+# IP:127.0.0.1,DNS:localhost) names the server; add your hosts for a real cluster.
+set -euo pipefail
+DIR=${1:?directory}
+shift
+SANS=${SERVER_SANS:-IP:127.0.0.1,DNS:localhost}
+DAYS=${DAYS:-825}
+mkdir -p "$DIR"
+cd "$DIR"
+
+openssl req -x509 -newkey rsa:2048 -nodes -keyout ca-key.pem -out ca.pem -days "$DAYS" \
+    -subj "/CN=moor-etcd-ca" -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+
+issue() { # NAME CN EXTENSIONS
+    openssl req -newkey rsa:2048 -nodes -keyout "$1-key.pem" -out "$1.csr" -subj "/CN=$2" 2>/dev/null
+    printf '%s\n' "$3" >"$1.ext"
+    openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca-key.pem -CAcreateserial \
+        -out "$1.pem" -days "$DAYS" -extfile "$1.ext" 2>/dev/null
+    rm -f "$1.csr" "$1.ext"
+}
+
+issue server etcd "subjectAltName=$SANS
+basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth,clientAuth"
+for user in root moor-controller "${@/#/moor-agent-}"; do
+    issue "$user" "$user" "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+done
+chmod 600 ./*-key.pem
+echo "certificates in $DIR"

@@ -1,0 +1,322 @@
+//! deploy/ works as documented: the 3-member cluster script gives a cluster moor can
+//! use through a member's death, and with certs.sh + roles.sh a TLS etcd confines each
+//! agent to its own node's keys while a real `moord agent` still runs with its
+//! certificate.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{bin, fixtures::volume, wait_for};
+use moor::api::NodeSpec;
+use moor::store::{EtcdAuth, Store};
+
+fn deploy(script: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/etcd")
+        .join(script)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("script runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?} failed:\n{text}");
+    text
+}
+
+/// Ports `base`, `base+1`, `base+10`, ... `base+21` all free (cluster3.sh's layout).
+fn free_base() -> u16 {
+    loop {
+        let base = 20000 + fastrand::u16(0..20000);
+        let free = [0, 1, 10, 11, 20, 21]
+            .iter()
+            .all(|o| std::net::TcpListener::bind(("127.0.0.1", base + o)).is_ok());
+        if free {
+            return base;
+        }
+    }
+}
+
+struct Cluster3(PathBuf);
+
+impl Drop for Cluster3 {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(deploy("cluster3.sh"))
+            .arg("stop")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn the_three_member_cluster_keeps_serving_moor_when_a_member_dies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("etcd");
+    let base = free_base();
+    let out = run(Command::new("bash")
+        .arg(deploy("cluster3.sh"))
+        .arg("start")
+        .arg(&dir)
+        .arg(base.to_string()));
+    let _cluster = Cluster3(dir.clone());
+    let endpoints: Vec<String> = out
+        .trim()
+        .lines()
+        .last()
+        .unwrap()
+        .split(',')
+        .map(String::from)
+        .collect();
+    assert_eq!(endpoints.len(), 3, "{out}");
+    let store = Store::connect(&endpoints, "/moor/").await.unwrap();
+    store.create(&volume("before")).await.unwrap();
+    // Kill the first member: the other two are a quorum.
+    let pid = std::fs::read_to_string(dir.join("m1.pid")).unwrap();
+    Command::new("kill")
+        .arg("-9")
+        .arg(pid.trim())
+        .status()
+        .unwrap();
+    wait_for(
+        "a write after a member died",
+        Duration::from_secs(30),
+        || {
+            let store = store.clone();
+            async move { store.create(&volume("after")).await.is_ok() }
+        },
+    )
+    .await;
+    assert_eq!(
+        store
+            .list::<moor::api::VolumeSpec>("")
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn auth(certs: &Path, user: &str) -> EtcdAuth {
+    EtcdAuth {
+        cacert: Some(certs.join("ca.pem")),
+        cert: Some(certs.join(format!("{user}.pem"))),
+        key: Some(certs.join(format!("{user}-key.pem"))),
+        user: None,
+    }
+}
+
+fn denied(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("permission denied")
+}
+
+#[tokio::test]
+async fn an_agent_cannot_write_another_node_s_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    run(Command::new("bash")
+        .arg(deploy("certs.sh"))
+        .arg(&certs)
+        .args(["n1", "n2"]));
+    let (client, peer) = (free_port(), free_port());
+    let url = format!("https://127.0.0.1:{client}");
+    let log = std::fs::File::create(tmp.path().join("etcd.log")).unwrap();
+    let _etcd = Proc(
+        Command::new("etcd")
+            .args(["--name", "secure", "--data-dir"])
+            .arg(tmp.path().join("data"))
+            .arg(format!("--listen-client-urls={url}"))
+            .arg(format!("--advertise-client-urls={url}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+            ))
+            .arg(format!("--initial-cluster=secure=http://127.0.0.1:{peer}"))
+            .arg(format!(
+                "--cert-file={}",
+                certs.join("server.pem").display()
+            ))
+            .arg(format!(
+                "--key-file={}",
+                certs.join("server-key.pem").display()
+            ))
+            .arg(format!(
+                "--trusted-ca-file={}",
+                certs.join("ca.pem").display()
+            ))
+            .arg("--client-cert-auth")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let ctl = |args: &[&str]| {
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={url}"))
+            .arg(format!("--cacert={}", certs.join("ca.pem").display()))
+            .arg(format!("--cert={}", certs.join("root.pem").display()))
+            .arg(format!("--key={}", certs.join("root-key.pem").display()))
+            .args(args)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    wait_for("etcd with TLS", Duration::from_secs(30), || async {
+        ctl(&["endpoint", "health"])
+    })
+    .await;
+    run(Command::new("bash")
+        .arg(deploy("roles.sh"))
+        .args(["n1", "n2"])
+        .env("ENDPOINT", &url)
+        .env("CERTS", &certs));
+
+    // Agent n1's certificate: its own node's keys yes, another node's no.
+    let n1 = auth(&certs, "moor-agent-n1")
+        .connect(std::slice::from_ref(&url), "/moor/")
+        .await
+        .unwrap();
+    let mut raw = n1.client();
+    for key in [
+        "/moor/nodes/n1",
+        "/moor/mounts/n1/default/web-1.data",
+        "/moor/events/default/e1",
+    ] {
+        raw.put(key, "{}", None)
+            .await
+            .unwrap_or_else(|e| panic!("agent n1 may write {key}: {e}"));
+    }
+    for key in [
+        "/moor/nodes/n2",
+        "/moor/mounts/n2/default/web-1.data",
+        "/moor/volumes/default/v",
+        "/moor/claims/n1/default/c",
+        "/moor/nodes/n1x",
+    ] {
+        let e = raw.put(key, "{}", None).await.expect_err(key);
+        assert!(denied(&e), "{key}: {e}");
+    }
+    raw.delete("/moor/nodes/n1", None).await.unwrap();
+    raw.delete("/moor/mounts/n1/default/web-1.data", None)
+        .await
+        .unwrap();
+    // It reads the rest (volumes, claims) but cannot delete another node's Node.
+    let e = raw
+        .delete("/moor/nodes/n2", None)
+        .await
+        .expect_err("delete n2");
+    assert!(denied(&e), "{e}");
+
+    // The controller's certificate writes anywhere under the prefix; moorctl uses it.
+    let controller = auth(&certs, "moor-controller")
+        .connect(std::slice::from_ref(&url), "/moor/")
+        .await
+        .unwrap();
+    controller.create(&volume("v1")).await.unwrap();
+    let moorctl = |user: &str, args: &[&str]| {
+        Command::new(bin("moord").with_file_name("moorctl"))
+            .env("MOOR_ENDPOINTS", &url)
+            .env("MOOR_CACERT", certs.join("ca.pem"))
+            .env("MOOR_CERT", certs.join(format!("{user}.pem")))
+            .env("MOOR_KEY", certs.join(format!("{user}-key.pem")))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = moorctl("moor-agent-n1", &["volume", "detach", "v1", "--node", "n2"]);
+    assert!(!out.status.success(), "an agent must not edit volumes");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("permission denied"),
+        "{out:?}"
+    );
+    let out = moorctl("moor-controller", &["get", "volumes"]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("v1"),
+        "{out:?}"
+    );
+    // Without a client certificate etcd refuses the connection.
+    let anonymous = EtcdAuth {
+        cert: None,
+        key: None,
+        ..auth(&certs, "root")
+    };
+    let store = anonymous
+        .connect(std::slice::from_ref(&url), "/moor/")
+        .await;
+    let refused = match store {
+        Err(_) => true,
+        Ok(s) => s.try_get::<NodeSpec>("n1").await.is_err(),
+    };
+    assert!(refused, "a client without a certificate was served");
+
+    // A real agent runs with only its node's role: it registers its Node.
+    let plugin_dir = tmp.path().join("plugin");
+    let socket = tmp.path().join("csi.sock");
+    let _plugin = Proc(
+        Command::new(bin("moor-hostpath"))
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .args([
+                "--node-id",
+                "n1",
+                "--mode",
+                "node",
+                "--no-mount",
+                "--state-dir",
+            ])
+            .arg(&plugin_dir)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let agent_log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
+    let _agent = Proc(
+        Command::new(bin("moord"))
+            .args(["agent", "--node", "n1", "--etcd", &url, "--data-dir"])
+            .arg(tmp.path().join("agent"))
+            .arg("--plugin")
+            .arg(format!(
+                "id=hostpath.moor.dev,type=node,endpoint=unix://{},mount-dir={}",
+                socket.display(),
+                tmp.path().join("mnt").display()
+            ))
+            .arg("--cacert")
+            .arg(certs.join("ca.pem"))
+            .arg("--cert")
+            .arg(certs.join("moor-agent-n1.pem"))
+            .arg("--key")
+            .arg(certs.join("moor-agent-n1-key.pem"))
+            .stderr(agent_log)
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("agent n1 to register under its role", Duration::from_secs(60), || {
+        let controller = controller.clone();
+        async move {
+            matches!(controller.try_get::<NodeSpec>("n1").await, Ok(Some(n)) if n.status.plugins.values().any(|p| p.healthy))
+        }
+    })
+    .await;
+}
