@@ -57,8 +57,9 @@ moorctl get claims
 moorctl volume status web-data
 moorctl alloc stop web-1
 moorctl wait claim/web-1.data --for phase=released --timeout 60s
-moorctl events
 moorctl delete allocation web-1
+moorctl wait claim/web-1.data --for delete --timeout 60s
+moorctl events
 moorctl delete volume web-data
 moorctl wait volume/web-data --for delete --timeout 60s
 
