@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{bin, fixtures::volume, wait_for};
+use common::{bin, fixtures::volume, free_port, wait_for};
 use moor::api::NodeSpec;
 use moor::store::{EtcdAuth, Store};
 
@@ -17,14 +17,6 @@ fn deploy(script: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/etcd")
         .join(script)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn run(cmd: &mut Command) -> String {

@@ -8,15 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{bin, wait_for};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{bin, free_port, wait_for};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -131,6 +123,21 @@ fn moorctl(port: u16, args: &[&str]) -> (bool, String) {
     )
 }
 
+fn wait_claim(port: u16, phase: &str) {
+    let (ok, out) = moorctl(
+        port,
+        &[
+            "wait",
+            "claim/web-1.data",
+            "--for",
+            &format!("phase={phase}"),
+            "--timeout",
+            "60s",
+        ],
+    );
+    assert!(ok, "{out}");
+}
+
 #[tokio::test]
 async fn moord_dev_keeps_its_state_across_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
@@ -147,18 +154,7 @@ async fn moord_dev_keeps_its_state_across_a_restart() {
     ready("the plugin", &["plugin", "status"], "1/1").await;
     let (ok, out) = moorctl(port, &["apply", "-f", "deploy/examples/quickstart.yaml"]);
     assert!(ok, "{out}");
-    let (ok, out) = moorctl(
-        port,
-        &[
-            "wait",
-            "claim/web-1.data",
-            "--for",
-            "phase=published",
-            "--timeout",
-            "60s",
-        ],
-    );
-    assert!(ok, "{out}");
+    wait_claim(port, "published");
     let (_, before) = moorctl(port, &["get", "volume", "web-data", "-o", "json"]);
 
     // Bad input loses nothing: a manifest with a typo is refused whole with the field
@@ -206,18 +202,7 @@ async fn moord_dev_keeps_its_state_across_a_restart() {
     assert!(ok && out.contains("published"), "{out}");
     let (ok, out) = moorctl(port, &["alloc", "stop", "web-1"]);
     assert!(ok, "{out}");
-    let (ok, out) = moorctl(
-        port,
-        &[
-            "wait",
-            "claim/web-1.data",
-            "--for",
-            "phase=released",
-            "--timeout",
-            "60s",
-        ],
-    );
-    assert!(ok, "{out}");
+    wait_claim(port, "released");
     dev.stop();
 }
 

@@ -48,7 +48,8 @@ pub struct Etcd {
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
     l.local_addr().expect("local addr").port()
 }
