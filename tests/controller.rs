@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{fixtures::volume, wait_for, Etcd};
+use common::{fixtures::volume, wait_for, Backend, Etcd};
 use moor::api::*;
 use moor::runtime::backoff::{backoff, Backoff};
 use moor::runtime::controller::{Action, Config, Controller};
@@ -14,9 +14,8 @@ use moor::store::StoreError;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-#[tokio::test]
-async fn a_controller_converges_status_to_spec_and_follows_changes() {
-    let etcd = Etcd::start().await;
+async fn a_controller_converges_status_to_spec_and_follows_changes(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     for name in ["a", "b", "c"] {
         store.create(&volume(name)).await.unwrap();
@@ -106,3 +105,5 @@ async fn a_controller_converges_status_to_spec_and_follows_changes() {
         .unwrap()
         .unwrap();
 }
+
+crate::both_stores!(a_controller_converges_status_to_spec_and_follows_changes,);
