@@ -183,6 +183,22 @@ pub async fn find(
     name: &str,
 ) -> anyhow::Result<Option<Value>> {
     let ns = if kind.namespaced() { ns } else { None };
+    // Volumes, allocations, nodes and plugins are keyed by (namespace and) name: one
+    // read. Other kinds' keys hold more than the name: search the list.
+    let direct = match (kind, ns) {
+        (Kind::Volume | Kind::Allocation, Some(ns)) => Some(format!("{ns}/{name}")),
+        (Kind::Node | Kind::Plugin, _) => Some(name.to_string()),
+        _ => None,
+    };
+    if let Some(suffix) = direct {
+        if Name::new(name).is_err() {
+            return Ok(None);
+        }
+        return with_spec!(kind, S => match ctx.store.try_get::<S>(&suffix).await? {
+            Some(obj) => Ok(Some(serde_json::to_value(&obj)?)),
+            None => Ok(None),
+        });
+    }
     let (items, _) = list(ctx, kind, ns).await?;
     Ok(items
         .into_iter()
