@@ -55,7 +55,7 @@ impl Spec for AttachmentSpec {
 }
 
 /// Where an attachment is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttachmentPhase {
     /// ControllerPublish not yet succeeded.

@@ -100,7 +100,7 @@ impl Spec for ClaimSpec {
 }
 
 /// Where a claim is in its lifecycle.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClaimPhase {
     /// Waiting for admission.

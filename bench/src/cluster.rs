@@ -1,0 +1,289 @@
+//! The system under test, as real processes: a store (etcd or moor-store), one `moord
+//! controller`, and per node a `moord agent` with a moor-hostpath plugin that does no
+//! real mounts (or a plugin the operator started).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use moor::api::{NodeName, NodeSpec, PluginSpec};
+use moor::store::Store;
+use tokio::process::{Child, Command};
+
+/// Which server speaks the etcd API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// etcd (`--etcd-bin`).
+    Etcd,
+    /// moor's embedded store (`moor-store`).
+    Embedded,
+}
+
+impl Backend {
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Etcd => "etcd",
+            Backend::Embedded => "moor-store",
+        }
+    }
+}
+
+/// Where the binaries are and how to run the store.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    /// Directory with moord and moor-hostpath (and moor-store).
+    pub dir: PathBuf,
+    /// The etcd binary.
+    pub etcd: PathBuf,
+}
+
+/// A plugin the operator runs: its endpoint and type.
+#[derive(Debug, Clone)]
+pub struct ExternalPlugin {
+    /// `unix:///path`.
+    pub endpoint: String,
+    /// monolith, node or controller.
+    pub plugin_type: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// A child killed when dropped.
+pub struct Proc {
+    child: Child,
+}
+
+impl Proc {
+    fn spawn(name: &str, cmd: &mut Command, log: &Path) -> anyhow::Result<Proc> {
+        let log = std::fs::File::create(log)?;
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {name} ({:?})", cmd.as_std().get_program()))?;
+        Ok(Proc { child })
+    }
+
+    /// SIGKILL and reap.
+    pub async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
+
+/// The store process.
+pub struct StoreProc {
+    /// Its client URL.
+    pub url: String,
+    /// Its version, as the report names it.
+    pub version: String,
+    _proc: Proc,
+}
+
+/// Starts the store in `dir` and waits until it answers.
+pub async fn start_store(backend: Backend, bins: &Bins, dir: &Path) -> anyhow::Result<StoreProc> {
+    let (client, peer) = (free_port(), free_port());
+    let url = format!("http://127.0.0.1:{client}");
+    let (mut cmd, version) = match backend {
+        Backend::Etcd => {
+            let out = std::process::Command::new(&bins.etcd)
+                .arg("--version")
+                .output()
+                .with_context(|| format!("running {} --version", bins.etcd.display()))?;
+            let version = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .unwrap_or("etcd ?")
+                .to_string();
+            let mut cmd = Command::new(&bins.etcd);
+            cmd.args(["--name", "bench", "--data-dir"])
+                .arg(dir.join("etcd"))
+                .arg(format!("--listen-client-urls={url}"))
+                .arg(format!("--advertise-client-urls={url}"))
+                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+                ))
+                .arg(format!("--initial-cluster=bench=http://127.0.0.1:{peer}"))
+                .arg("--quota-backend-bytes=8589934592");
+            (cmd, version)
+        }
+        Backend::Embedded => {
+            let mut cmd = Command::new(bins.dir.join("moor-store"));
+            cmd.arg("--listen")
+                .arg(format!("127.0.0.1:{client}"))
+                .arg("--data-dir")
+                .arg(dir.join("moor-store"));
+            (cmd, format!("moor-store {}", env!("CARGO_PKG_VERSION")))
+        }
+    };
+    let proc = Proc::spawn(backend.name(), &mut cmd, &dir.join("store.log"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(mut c) = etcd_client::Client::connect([&url], None).await {
+            if c.get("probe", None).await.is_ok() {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{} did not answer on {url} within 30 s", backend.name());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(StoreProc {
+        url,
+        version,
+        _proc: proc,
+    })
+}
+
+/// moord controller and the nodes.
+pub struct Cluster {
+    /// The controller (killed and restarted by the restart phase).
+    pub controller: Proc,
+    controller_cmd: Vec<String>,
+    /// Agents and plugins, killed when the cluster is dropped.
+    _procs: Vec<Proc>,
+    /// Node names, n1..nM.
+    pub nodes: Vec<NodeName>,
+    /// Each node's call log, when the harness started its plugin.
+    pub call_logs: Vec<Option<PathBuf>>,
+    dir: PathBuf,
+    bins: Bins,
+}
+
+/// The plugin id the harness uses.
+pub const PLUGIN_ID: &str = "hostpath.moor.dev";
+
+impl Cluster {
+    /// Starts the controller and `nodes` agents (with plugins unless `external`).
+    pub async fn start(
+        bins: &Bins,
+        url: &str,
+        dir: &Path,
+        nodes: usize,
+        external: &[ExternalPlugin],
+        plugin_id: &str,
+    ) -> anyhow::Result<Cluster> {
+        let nodes = if external.is_empty() {
+            nodes
+        } else {
+            external.len()
+        };
+        let controller_cmd = vec![
+            "controller".to_string(),
+            "--etcd".into(),
+            url.into(),
+            "--identity".into(),
+            "bench".into(),
+        ];
+        let controller = Proc::spawn(
+            "controller",
+            Command::new(bins.dir.join("moord")).args(&controller_cmd),
+            &dir.join("controller.log"),
+        )?;
+        let mut procs = Vec::new();
+        let mut names = Vec::new();
+        let mut call_logs = Vec::new();
+        for i in 0..nodes {
+            let node = format!("n{}", i + 1);
+            let ndir = dir.join(&node);
+            std::fs::create_dir_all(&ndir)?;
+            let (endpoint, plugin_type) = match external.get(i) {
+                Some(p) => {
+                    call_logs.push(None);
+                    (p.endpoint.clone(), p.plugin_type.clone())
+                }
+                None => {
+                    let socket = ndir.join("csi.sock");
+                    let mode = if i == 0 { "monolith" } else { "node" };
+                    let plugin = Proc::spawn(
+                        &format!("plugin {node}"),
+                        Command::new(bins.dir.join("moor-hostpath"))
+                            .arg("--endpoint")
+                            .arg(format!("unix://{}", socket.display()))
+                            .args(["--node-id", &node, "--mode", mode, "--no-mount"])
+                            .arg("--state-dir")
+                            .arg(ndir.join("plugin")),
+                        &ndir.join("plugin.log"),
+                    )?;
+                    procs.push(plugin);
+                    call_logs.push(Some(ndir.join("plugin/calls.jsonl")));
+                    (format!("unix://{}", socket.display()), mode.to_string())
+                }
+            };
+            let agent = Proc::spawn(
+                &format!("agent {node}"),
+                Command::new(bins.dir.join("moord"))
+                    .args(["agent", "--node", &node, "--etcd", url, "--data-dir"])
+                    .arg(ndir.join("agent"))
+                    .arg("--plugin")
+                    .arg(format!(
+                        "id={plugin_id},type={plugin_type},endpoint={endpoint},mount-dir={}",
+                        ndir.join("mnt").display()
+                    )),
+                &ndir.join("agent.log"),
+            )?;
+            procs.push(agent);
+            names.push(NodeName::new(&node)?);
+        }
+        Ok(Cluster {
+            controller,
+            controller_cmd,
+            _procs: procs,
+            nodes: names,
+            call_logs,
+            dir: dir.to_path_buf(),
+            bins: bins.clone(),
+        })
+    }
+
+    /// Waits until every node has a healthy plugin and the Plugin object counts them.
+    pub async fn wait_ready(&self, store: &Store, plugin_id: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let mut healthy = 0;
+            for node in &self.nodes {
+                if let Ok(Some(n)) = store.try_get::<NodeSpec>(node.as_str()).await {
+                    if n.status.plugins.values().any(|p| p.healthy) {
+                        healthy += 1;
+                    }
+                }
+            }
+            let plugin_ok = matches!(
+                store.try_get::<PluginSpec>(plugin_id).await,
+                Ok(Some(p)) if p.status.nodes_healthy as usize == self.nodes.len()
+            );
+            if healthy == self.nodes.len() && plugin_ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{healthy}/{} nodes healthy after 120 s; logs in {}",
+                    self.nodes.len(),
+                    self.dir.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills the controller with SIGKILL and starts a new one.
+    pub async fn restart_controller(&mut self) -> anyhow::Result<()> {
+        self.controller.kill().await;
+        self.controller = Proc::spawn(
+            "controller",
+            Command::new(self.bins.dir.join("moord")).args(&self.controller_cmd),
+            &self.dir.join("controller-2.log"),
+        )?;
+        Ok(())
+    }
+}
