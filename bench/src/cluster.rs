@@ -72,10 +72,71 @@ impl Proc {
         Ok(Proc { child })
     }
 
+    /// CPU seconds (user + system) the process has used so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        self.child
+            .id()
+            .map_or(0.0, |pid| cpu_seconds(&format!("/proc/{pid}/stat")))
+    }
+
     /// SIGKILL and reap.
     pub async fn kill(&mut self) {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
+    }
+}
+
+/// CPU seconds (user + system) from a `/proc/PID/stat` file; 0 if unreadable.
+pub fn cpu_seconds(stat: &str) -> f64 {
+    let Ok(text) = std::fs::read_to_string(stat) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces) start at state (field 3);
+    // utime and stime are fields 14 and 15, in clock ticks (100 per second on Linux).
+    let after = text.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU seconds used by each part of the system.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Cpu {
+    /// The store.
+    pub store: f64,
+    /// moord controller(s).
+    pub controller: f64,
+    /// All agents.
+    pub agents: f64,
+    /// All plugins the harness started.
+    pub plugins: f64,
+    /// The harness itself (its writers and watchers).
+    pub harness: f64,
+}
+
+impl Cpu {
+    /// What was used between `earlier` and `self`.
+    pub fn since(&self, earlier: &Cpu) -> Cpu {
+        Cpu {
+            store: self.store - earlier.store,
+            controller: self.controller - earlier.controller,
+            agents: self.agents - earlier.agents,
+            plugins: self.plugins - earlier.plugins,
+            harness: self.harness - earlier.harness,
+        }
+    }
+
+    /// `store 1.2 / controller 3.4 / agents 2.0 / plugins 0.3 / harness 0.8 s`.
+    pub fn cell(&self) -> String {
+        format!(
+            "store {:.1}, ctrl {:.1}, agents {:.1}, plugins {:.1}, bench {:.1} s",
+            self.store, self.controller, self.agents, self.plugins, self.harness
+        )
     }
 }
 
@@ -85,7 +146,8 @@ pub struct StoreProc {
     pub url: String,
     /// Its version, as the report names it.
     pub version: String,
-    _proc: Proc,
+    /// The process.
+    pub proc: Proc,
 }
 
 /// Starts the store in `dir` and waits until it answers.
@@ -138,11 +200,7 @@ pub async fn start_store(backend: Backend, bins: &Bins, dir: &Path) -> anyhow::R
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Ok(StoreProc {
-        url,
-        version,
-        _proc: proc,
-    })
+    Ok(StoreProc { url, version, proc })
 }
 
 /// moord controller and the nodes.
@@ -150,8 +208,12 @@ pub struct Cluster {
     /// The controller (killed and restarted by the restart phase).
     pub controller: Proc,
     controller_cmd: Vec<String>,
-    /// Agents and plugins, killed when the cluster is dropped.
-    _procs: Vec<Proc>,
+    /// Agents, killed when the cluster is dropped.
+    agents: Vec<Proc>,
+    /// Plugins the harness started, likewise.
+    plugins: Vec<Proc>,
+    /// CPU used by controllers killed so far.
+    dead_controller_cpu: f64,
     /// Node names, n1..nM.
     pub nodes: Vec<NodeName>,
     /// Each node's call log, when the harness started its plugin.
@@ -190,7 +252,8 @@ impl Cluster {
             Command::new(bins.dir.join("moord")).args(&controller_cmd),
             &dir.join("controller.log"),
         )?;
-        let mut procs = Vec::new();
+        let mut agents = Vec::new();
+        let mut plugins = Vec::new();
         let mut names = Vec::new();
         let mut call_logs = Vec::new();
         for i in 0..nodes {
@@ -215,7 +278,7 @@ impl Cluster {
                             .arg(ndir.join("plugin")),
                         &ndir.join("plugin.log"),
                     )?;
-                    procs.push(plugin);
+                    plugins.push(plugin);
                     call_logs.push(Some(ndir.join("plugin/calls.jsonl")));
                     (format!("unix://{}", socket.display()), mode.to_string())
                 }
@@ -232,13 +295,15 @@ impl Cluster {
                     )),
                 &ndir.join("agent.log"),
             )?;
-            procs.push(agent);
+            agents.push(agent);
             names.push(NodeName::new(&node)?);
         }
         Ok(Cluster {
             controller,
             controller_cmd,
-            _procs: procs,
+            agents,
+            plugins,
+            dead_controller_cpu: 0.0,
             nodes: names,
             call_logs,
             dir: dir.to_path_buf(),
@@ -276,8 +341,20 @@ impl Cluster {
         }
     }
 
+    /// CPU used so far by each part (the store's from `store`).
+    pub fn cpu(&self, store: &Proc) -> Cpu {
+        Cpu {
+            store: store.cpu_seconds(),
+            controller: self.dead_controller_cpu + self.controller.cpu_seconds(),
+            agents: self.agents.iter().map(Proc::cpu_seconds).sum(),
+            plugins: self.plugins.iter().map(Proc::cpu_seconds).sum(),
+            harness: cpu_seconds("/proc/self/stat"),
+        }
+    }
+
     /// Kills the controller with SIGKILL and starts a new one.
     pub async fn restart_controller(&mut self) -> anyhow::Result<()> {
+        self.dead_controller_cpu += self.controller.cpu_seconds();
         self.controller.kill().await;
         self.controller = Proc::spawn(
             "controller",

@@ -89,6 +89,8 @@ struct Run {
     write_rate_publish: f64,
     write_rate_release: f64,
     write_rate_ceiling_ratio: f64,
+    cpu_publish: cluster::Cpu,
+    cpu_release: cluster::Cpu,
     reaction_burst_ms: Percentiles,
     reaction_idle_ms: Percentiles,
     attach: AttachRun,
@@ -121,7 +123,13 @@ struct RestartRun {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    match run(args).await {
+    // On Ctrl-C or SIGTERM the run is dropped, and with it every process it started.
+    let interrupted = moor::runtime::shutdown::on_signal();
+    let result = tokio::select! {
+        r = run(args) => r,
+        _ = interrupted.cancelled() => Err(anyhow::anyhow!("interrupted")),
+    };
+    match result {
         Ok(()) => {}
         Err(e) => {
             eprintln!("moor-bench: {e:#}");
@@ -254,6 +262,7 @@ async fn run_one(
         .map(|i| phases::allocation("pub", i, &cluster.nodes[i % cluster.nodes.len()]))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let rev0 = phases::revision(&store).await?;
+    let cpu0 = cluster.cpu(&srv.proc);
     let t = Instant::now();
     phases::write_allocations(&store, allocs).await?;
     tracker
@@ -263,6 +272,7 @@ async fn run_one(
         .await?;
     let publish_s = t.elapsed().as_secs_f64();
     let rev1 = phases::revision(&store).await?;
+    let cpu1 = cluster.cpu(&srv.proc);
 
     // Bulk release: every allocation stopped at once.
     step(&format!("releasing {n} claims"));
@@ -275,6 +285,7 @@ async fn run_one(
         .await?;
     let release_s = t.elapsed().as_secs_f64();
     let rev2 = phases::revision(&store).await?;
+    let cpu2 = cluster.cpu(&srv.proc);
     let reaction_burst_ms = phases::Calls::read(&cluster.call_logs)?.reaction(&stops);
 
     // Reaction latency on an idle system: one stop at a time.
@@ -325,6 +336,8 @@ async fn run_one(
         write_rate_ceiling_ratio: write_rate_publish.max(write_rate_release)
             / ceiling.cas_updates_per_s,
         ceiling,
+        cpu_publish: cpu1.since(&cpu0),
+        cpu_release: cpu2.since(&cpu1),
         reaction_burst_ms,
         reaction_idle_ms,
         attach,

@@ -60,6 +60,11 @@ pub struct List<S: Spec> {
     pub revision: i64,
 }
 
+/// Whether a response was refused for exceeding the gRPC message size limit.
+fn too_large(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("message length too large")
+}
+
 /// The typed store: a cheap handle (clone it freely) over one etcd client.
 #[derive(Clone)]
 pub struct Store {
@@ -210,25 +215,32 @@ impl Store {
             malformed: Vec::new(),
             revision: 0,
         };
+        let mut page = self.page_size;
         loop {
             let mut opts = GetOptions::new()
                 .with_range(range_end.clone())
-                .with_limit(self.page_size);
+                .with_limit(page);
             if revision > 0 {
                 opts = opts.with_revision(revision);
             }
-            let resp = self
-                .client
-                .clone()
-                .get(start.clone(), Some(opts))
-                .await
-                .map_err(|e| match StoreError::from_etcd(e) {
-                    StoreError::Compacted { .. } => StoreError::Compacted {
-                        requested: revision,
-                        compact_revision: 0,
-                    },
-                    other => other,
-                })?;
+            let resp = match self.client.clone().get(start.clone(), Some(opts)).await {
+                Ok(resp) => resp,
+                // A page of large objects can exceed gRPC's 4 MiB message limit: halve
+                // the page and ask again, down to one key per request.
+                Err(e) if page > 1 && too_large(&e) => {
+                    page = (page / 2).max(1);
+                    continue;
+                }
+                Err(e) => {
+                    return Err(match StoreError::from_etcd(e) {
+                        StoreError::Compacted { .. } => StoreError::Compacted {
+                            requested: revision,
+                            compact_revision: 0,
+                        },
+                        other => other,
+                    })
+                }
+            };
             if revision == 0 {
                 revision = resp.header().map(|h| h.revision()).unwrap_or_default();
             }
