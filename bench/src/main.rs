@@ -513,6 +513,8 @@ fn table(runs: &[Run]) -> String {
     row("write_rate_ceiling_ratio", &|r| {
         format!("{:.2}", r.write_rate_ceiling_ratio)
     });
+    row("CPU during publish", &|r| r.cpu_publish.cell());
+    row("CPU during release", &|r| r.cpu_release.cell());
     row("reaction: stop -> NodeUnpublish, idle", &|r| {
         r.reaction_idle_ms.cell()
     });
