@@ -379,6 +379,13 @@ async fn attach_phase(
     let calls = phases::Calls::read(&cluster.call_logs)?;
     let (publishes, attachments) = calls.publishes_per_attachment(before);
 
+    // One attach at a time on the idle system: first let the release finish (claims
+    // keep moving after their attachments are gone).
+    tracker
+        .until("every attach-only claim released", long, |t| {
+            t.claims("att", ClaimPhase::Released) >= n
+        })
+        .await?;
     // One attach at a time on the idle system.
     let mut single = Vec::new();
     for i in 0..args.single_attaches {

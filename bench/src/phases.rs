@@ -39,20 +39,31 @@ fn group(claim: &str) -> String {
 pub struct Tracker {
     counts: Arc<Mutex<Counts>>,
     changed: Arc<Notify>,
+    _tasks: Arc<Tasks>,
+}
+
+/// The watch tasks, aborted when the last Tracker goes (a finished run must not keep
+/// watching a dead store and take CPU from the next one).
+struct Tasks(Vec<tokio::task::AbortHandle>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
 }
 
 impl Tracker {
     /// Starts watching.
     pub fn spawn(store: &Store) -> Tracker {
-        let t = Tracker {
-            counts: Arc::default(),
-            changed: Arc::new(Notify::new()),
-        };
-        let (t1, s1) = (t.clone(), store.clone());
-        tokio::spawn(async move {
+        let counts: Arc<Mutex<Counts>> = Arc::default();
+        let changed = Arc::new(Notify::new());
+        let (c1, n1, s1) = (counts.clone(), changed.clone(), store.clone());
+        let claims = tokio::spawn(async move {
             let mut w = Box::pin(watcher::<ClaimSpec>(s1, ""));
             while let Some(ev) = w.next().await {
-                let mut c = t1.counts.lock().unwrap_or_else(|e| e.into_inner());
+                let mut c = c1.lock().unwrap_or_else(|e| e.into_inner());
                 let mut apply = |name: String, phase: Option<ClaimPhase>, rev: i64| {
                     let g = group(&name);
                     let old = match phase {
@@ -88,14 +99,14 @@ impl Tracker {
                     _ => {}
                 }
                 drop(c);
-                t1.changed.notify_waiters();
+                n1.notify_waiters();
             }
         });
-        let (t2, s2) = (t.clone(), store.clone());
-        tokio::spawn(async move {
+        let (c2, n2, s2) = (counts.clone(), changed.clone(), store.clone());
+        let attachments = tokio::spawn(async move {
             let mut w = Box::pin(watcher::<AttachmentSpec>(s2, ""));
             while let Some(ev) = w.next().await {
-                let mut c = t2.counts.lock().unwrap_or_else(|e| e.into_inner());
+                let mut c = c2.lock().unwrap_or_else(|e| e.into_inner());
                 let mut apply = |key: String, phase: Option<AttachmentPhase>| {
                     let old = match phase {
                         Some(p) => c.attachments.insert(key, p),
@@ -123,10 +134,14 @@ impl Tracker {
                     _ => {}
                 }
                 drop(c);
-                t2.changed.notify_waiters();
+                n2.notify_waiters();
             }
         });
-        t
+        Tracker {
+            counts,
+            changed,
+            _tasks: Arc::new(Tasks(vec![claims.abort_handle(), attachments.abort_handle()])),
+        }
     }
 
     /// Claims of allocation group `g` (the name before `-`) in `phase`.
