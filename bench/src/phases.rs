@@ -140,7 +140,10 @@ impl Tracker {
         Tracker {
             counts,
             changed,
-            _tasks: Arc::new(Tasks(vec![claims.abort_handle(), attachments.abort_handle()])),
+            _tasks: Arc::new(Tasks(vec![
+                claims.abort_handle(),
+                attachments.abort_handle(),
+            ])),
         }
     }
 
