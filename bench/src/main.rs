@@ -463,8 +463,7 @@ async fn restart_phase(
             t.last_change() > kill_rev
         })
         .await?;
-    let restarted = killed;
-    let controller_back_s = restarted.elapsed().as_secs_f64();
+    let controller_back_s = killed.elapsed().as_secs_f64();
     writer.await??;
     tracker
         .until("every claim published after the restart", long, |t| {

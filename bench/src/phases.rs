@@ -307,17 +307,13 @@ pub async fn stop_allocations(
 
 /// Sets one allocation's desired status to stop; the time the write returned.
 pub async fn stop_one(store: &Store, name: &str) -> anyhow::Result<SystemTime> {
-    loop {
-        let mut a = store
-            .get::<AllocationSpec>(&format!("default/{name}"))
-            .await?;
-        a.spec.desired_status = DesiredStatus::Stop;
-        match store.replace(&a).await {
-            Ok(_) => return Ok(SystemTime::now()),
-            Err(moor::store::StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
+    store
+        .modify_spec::<AllocationSpec>(&format!("default/{name}"), |spec| {
+            spec.desired_status = DesiredStatus::Stop;
+            true
+        })
+        .await?;
+    Ok(SystemTime::now())
 }
 
 /// The store's current revision (its count of write requests so far).

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::get::sort;
 use super::kind::{self, text, Kind};
-use super::table::{columns, render};
+use super::table::{columns, render, render_row};
 use super::{Ctx, NsArgs};
 use crate::api::EventSpec;
 use crate::runtime::watcher::{watcher, Event};
@@ -100,8 +100,7 @@ impl Events {
                 if seen.contains(&text(v, "/metadata/uid")) {
                     continue;
                 }
-                let out = render(&vec![""; headers.len()], &[row(v)]);
-                println!("{}", out.lines().nth(1).unwrap_or_default());
+                println!("{}", render_row(&row(v)));
             }
         }
         Ok(0)

@@ -4,7 +4,7 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use super::kind::{self, redact, with_spec, Kind, Selector};
-use super::table::{columns, render, table};
+use super::table::{columns, render_row, table};
 use super::{Ctx, NsArgs, Refused};
 use crate::api::*;
 use crate::runtime::watcher::{watcher, Event};
@@ -172,12 +172,7 @@ impl Get {
                 if deleted {
                     row.push("(deleted)".into());
                 }
-                let headers = vec![""; row.len()];
-                let out = render(&headers, &[row]);
-                print!(
-                    "{}",
-                    out.lines().nth(1).unwrap_or_default().to_string() + "\n"
-                );
+                println!("{}", render_row(&row));
             }
             Output::Json | Output::Yaml => print_doc(self.output, &v)?,
         }

@@ -16,7 +16,7 @@ mod wait;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::api::{Name, Namespace, NodeName};
-use crate::store::{EtcdAuth, Store};
+use crate::store::{EtcdAuth, Store, StoreError};
 
 pub use kind::Kind;
 
@@ -234,24 +234,20 @@ async fn alloc_stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Result<i3
     let ns = parse_ns(namespace)?;
     let name = parse_name("allocation", name)?;
     let suffix = format!("{ns}/{name}");
-    loop {
-        let Some(mut alloc) = ctx.store.try_get::<AllocationSpec>(&suffix).await? else {
-            return Err(Refused(format!("allocation {suffix} not found")).into());
-        };
-        if alloc.spec.desired_status == DesiredStatus::Stop {
-            println!("allocation {name} already stopped");
-            return Ok(0);
+    let stop = |spec: &mut AllocationSpec| {
+        let running = spec.desired_status != DesiredStatus::Stop;
+        spec.desired_status = DesiredStatus::Stop;
+        running
+    };
+    match ctx.store.modify_spec(&suffix, stop).await {
+        Ok((_, true)) => println!("allocation {name} stopped; its claims will be released"),
+        Ok((_, false)) => println!("allocation {name} already stopped"),
+        Err(StoreError::NotFound { .. }) => {
+            return Err(Refused(format!("allocation {suffix} not found")).into())
         }
-        alloc.spec.desired_status = DesiredStatus::Stop;
-        match ctx.store.replace(&alloc).await {
-            Ok(_) => {
-                println!("allocation {name} stopped; its claims will be released");
-                return Ok(0);
-            }
-            Err(crate::store::StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
+        Err(e) => return Err(e.into()),
     }
+    Ok(0)
 }
 
 async fn volume_detach(
@@ -265,23 +261,16 @@ async fn volume_detach(
     let volume = parse_name("volume", volume)?;
     let node = NodeName::new(node).map_err(|e| anyhow::anyhow!("node {node:?}: {e}"))?;
     let suffix = format!("{ns}/{volume}");
-    loop {
-        let Some(mut vol) = ctx.store.try_get::<VolumeSpec>(&suffix).await? else {
-            return Err(Refused(format!("volume {suffix} not found")).into());
-        };
-        if !vol.spec.force_detach.insert(node.clone()) {
-            println!("volume {volume}: node {node} already marked gone");
-            return Ok(0);
+    let mark = |spec: &mut VolumeSpec| spec.force_detach.insert(node.clone());
+    match ctx.store.modify_spec(&suffix, mark).await {
+        Ok((_, true)) => println!(
+            "volume {volume}: node {node} marked gone; its claims there will be released without node calls"
+        ),
+        Ok((_, false)) => println!("volume {volume}: node {node} already marked gone"),
+        Err(StoreError::NotFound { .. }) => {
+            return Err(Refused(format!("volume {suffix} not found")).into())
         }
-        match ctx.store.replace(&vol).await {
-            Ok(_) => {
-                println!(
-                    "volume {volume}: node {node} marked gone; its claims there will be released without node calls"
-                );
-                return Ok(0);
-            }
-            Err(crate::store::StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
+        Err(e) => return Err(e.into()),
     }
+    Ok(0)
 }

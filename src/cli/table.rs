@@ -239,6 +239,16 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// One row on its own, cells separated as in a table (for rows printed as they come,
+/// under `-w`).
+pub fn render_row(row: &[String]) -> String {
+    render(&vec![""; row.len()], &[row.to_vec()])
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// A table of objects of one kind; with `all_namespaces`, a NAMESPACE column first.
 pub fn table(kind: Kind, items: &[Value], wide: bool, all_namespaces: bool) -> String {
     let cols = columns(kind, wide);

@@ -9,6 +9,15 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 use super::Store;
 
+/// The client options every connection uses: a bounded connect, and keep-alives that
+/// notice a dead etcd while a watch is idle.
+pub(super) fn options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+        .with_keep_alive_while_idle(true)
+}
+
 /// TLS and authentication for etcd.
 #[derive(Clone, Default, clap::Args)]
 pub struct EtcdAuth {
@@ -46,10 +55,7 @@ impl std::fmt::Debug for EtcdAuth {
 impl EtcdAuth {
     /// Connects to `endpoints` under `prefix` with these credentials.
     pub async fn connect(&self, endpoints: &[String], prefix: &str) -> anyhow::Result<Store> {
-        let mut opts = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true);
+        let mut opts = options();
         if let Some(user) = &self.user {
             let (name, password) = user
                 .split_once(':')

@@ -16,10 +16,7 @@ pub use error::{MalformedCause, StoreError};
 pub use lease::{KeepAlive, LeaseId};
 pub use watch::{RawEvent, RawEventKind, WatchBatch, WatchStream};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-};
-use std::time::Duration;
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::api::{Object, Spec, Timestamp};
 
@@ -86,11 +83,7 @@ impl std::fmt::Debug for Store {
 impl Store {
     /// Connects to etcd (`http://host:port`, comma-free list) under `prefix`.
     pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Store, StoreError> {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true);
-        let client = Client::connect(endpoints, Some(opts))
+        let client = Client::connect(endpoints, Some(connect::options()))
             .await
             .map_err(StoreError::from_etcd)?;
         Ok(Store::new(client, prefix))
@@ -339,6 +332,28 @@ impl Store {
         current.status = obj.status.clone();
         let rv = current.metadata.resource_version;
         self.write_at(current, rv).await
+    }
+
+    /// Read-modify-write of a spec: reads the object, lets `f` edit its spec, and writes
+    /// it back through [`Store::replace`], retrying on conflict. `f` returning false (or
+    /// changing nothing) skips the write. Returns the object and whether it was written.
+    pub async fn modify_spec<S: Spec>(
+        &self,
+        suffix: &str,
+        mut f: impl FnMut(&mut S) -> bool,
+    ) -> Result<(Object<S>, bool), StoreError> {
+        loop {
+            let mut obj = self.get::<S>(suffix).await?;
+            let mut spec = obj.spec.clone();
+            if !f(&mut spec) || spec == obj.spec {
+                return Ok((obj, false));
+            }
+            obj.spec = spec;
+            match self.replace(&obj).await {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map(|o| (o, true)),
+            }
+        }
     }
 
     /// Read-modify-write of a status: reads the object, lets `f` edit its status, and
