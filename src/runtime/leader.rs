@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
-use crate::store::{Fence, LeaseId, RawEventKind, Store, StoreError};
+use crate::store::{Fence, LeaseId, RawEventKind, Repeat, Store, StoreError};
 
 /// Who is campaigning for what.
 #[derive(Debug, Clone)]
@@ -127,7 +127,13 @@ async fn try_acquire(
             Some(PutOptions::new().with_lease(lease.0)),
         )])
         .or_else(vec![TxnOp::get(key.clone(), None)]);
-    let resp = match store.client().txn(txn).await {
+    let resp = match store
+        .send(Repeat::OnlyUnsent, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             let _ = store.revoke_lease(lease).await;

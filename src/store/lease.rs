@@ -4,7 +4,7 @@
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use std::time::Duration;
 
-use super::{Store, StoreError};
+use super::{Repeat, Store, StoreError};
 
 /// An etcd lease id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,8 +45,9 @@ impl Store {
     pub async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
         let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
         let resp = self
-            .client()
-            .lease_grant(secs, None)
+            .send(Repeat::OnlyUnsent, |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
             .await
             .map_err(StoreError::from_etcd)?;
         Ok(LeaseId(resp.id()))
@@ -55,8 +56,9 @@ impl Store {
     /// Opens a keep-alive channel for a lease.
     pub async fn keep_alive(&self, id: LeaseId) -> Result<KeepAlive, StoreError> {
         let (keeper, stream) = self
-            .client()
-            .lease_keep_alive(id.0)
+            .send(Repeat::Idempotent, |mut c| async move {
+                c.lease_keep_alive(id.0).await
+            })
             .await
             .map_err(StoreError::from_etcd)?;
         Ok(KeepAlive { id, keeper, stream })
@@ -64,7 +66,12 @@ impl Store {
 
     /// Revokes a lease, deleting its keys. A lease already gone counts as revoked.
     pub async fn revoke_lease(&self, id: LeaseId) -> Result<(), StoreError> {
-        match self.client().lease_revoke(id.0).await {
+        match self
+            .send(Repeat::Idempotent, |mut c| async move {
+                c.lease_revoke(id.0).await
+            })
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) => match StoreError::from_etcd(e) {
                 StoreError::LeaseGone(_) => Ok(()),
@@ -76,8 +83,9 @@ impl Store {
     /// The time a lease has left, `None` when it is gone.
     pub async fn lease_ttl(&self, id: LeaseId) -> Result<Option<Duration>, StoreError> {
         let resp = self
-            .client()
-            .lease_time_to_live(id.0, None)
+            .send(Repeat::Idempotent, |mut c| async move {
+                c.lease_time_to_live(id.0, None).await
+            })
             .await
             .map_err(StoreError::from_etcd)?;
         Ok((resp.ttl() > 0).then(|| Duration::from_secs(resp.ttl() as u64)))

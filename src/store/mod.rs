@@ -9,11 +9,13 @@
 mod connect;
 mod error;
 mod lease;
+mod send;
 mod watch;
 
 pub use connect::EtcdAuth;
 pub use error::{MalformedCause, StoreError};
 pub use lease::{KeepAlive, LeaseId};
+pub(crate) use send::Repeat;
 pub use watch::{RawEvent, RawEventKind, WatchBatch, WatchStream};
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
@@ -184,10 +186,12 @@ impl Store {
     /// Reads one object, `None` when absent.
     pub async fn try_get<S: Spec>(&self, suffix: &str) -> Result<Option<Object<S>>, StoreError> {
         let key = self.kind_key::<S>(suffix);
+        let full = self.full_key(&key);
         let resp = self
-            .client
-            .clone()
-            .get(self.full_key(&key), None)
+            .send(Repeat::Idempotent, |mut c| {
+                let full = full.clone();
+                async move { c.get(full, None).await }
+            })
             .await
             .map_err(StoreError::from_etcd)?;
         match resp.kvs().first() {
@@ -216,7 +220,13 @@ impl Store {
             if revision > 0 {
                 opts = opts.with_revision(revision);
             }
-            let resp = match self.client.clone().get(start.clone(), Some(opts)).await {
+            let resp = match self
+                .send(Repeat::Idempotent, |mut c| {
+                    let (start, opts) = (start.clone(), opts.clone());
+                    async move { c.get(start, Some(opts)).await }
+                })
+                .await
+            {
                 Ok(resp) => resp,
                 // A page of large objects can exceed gRPC's 4 MiB message limit: halve
                 // the page and ask again, down to one key per request.
@@ -500,9 +510,10 @@ impl Store {
             .and_then(vec![op])
             .or_else(otherwise);
         let resp = self
-            .client
-            .clone()
-            .txn(txn)
+            .send(Repeat::OnlyUnsent, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await
             .map_err(StoreError::from_etcd)?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
@@ -528,11 +539,11 @@ impl Store {
 
     /// Compacts etcd's history up to `revision` (tests and maintenance).
     pub async fn compact(&self, revision: i64) -> Result<(), StoreError> {
-        self.client
-            .clone()
-            .compact(revision, None)
-            .await
-            .map_err(StoreError::from_etcd)?;
+        self.send(Repeat::Idempotent, |mut c| async move {
+            c.compact(revision, None).await
+        })
+        .await
+        .map_err(StoreError::from_etcd)?;
         Ok(())
     }
 }

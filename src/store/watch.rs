@@ -3,7 +3,7 @@
 
 use etcd_client::{EventType, WatchOptions};
 
-use super::{Store, StoreError};
+use super::{Repeat, Store, StoreError};
 
 /// Put or delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,9 +105,12 @@ impl Store {
             .with_prev_key()
             .with_progress_notify()
             .with_start_revision(start_revision);
+        let key = self.full_key(scope);
         let inner = self
-            .client()
-            .watch(self.full_key(scope), Some(opts))
+            .send(Repeat::Idempotent, |mut c| {
+                let (key, opts) = (key.clone(), opts.clone());
+                async move { c.watch(key, Some(opts)).await }
+            })
             .await
             .map_err(StoreError::from_etcd)?;
         Ok(WatchStream {

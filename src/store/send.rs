@@ -1,0 +1,124 @@
+//! Sending a request to etcd again when the member the client picked could not be
+//! reached. With several endpoints the client balances requests over all of them, so
+//! while a member is down some requests still go to it and fail to connect; a request
+//! that never left this process cannot have been applied, and another attempt lands on
+//! a live member. A read is safe to repeat after any transport failure.
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::Client;
+
+use super::Store;
+
+/// Attempts after the first. The client picks a member at random for each attempt, so
+/// with one of three members down, ten more attempts all failing is a one in 177,000
+/// chance.
+const RETRIES: u32 = 10;
+
+/// Whether a request is repeatable after a transport failure that may have reached etcd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Repeat {
+    /// Reads: repeat after any transport failure.
+    Idempotent,
+    /// Writes: repeat only when the request never reached a member.
+    OnlyUnsent,
+}
+
+/// Whether the request failed at the transport, and whether it certainly never reached
+/// a member (the connection could not be made).
+fn failure(e: &etcd_client::Error) -> Option<bool> {
+    use etcd_client::Error as E;
+    let status = match e {
+        E::GRpcStatus(s) if s.code() == tonic::Code::Unavailable => s,
+        E::TransportError(_) | E::IoError(_) => return Some(connect_refused(e)),
+        _ => return None,
+    };
+    Some(status.message().contains("connect error") || connect_refused(status))
+}
+
+/// Whether the error's source chain holds a failed connection attempt.
+fn connect_refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(err) = cause {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            if matches!(
+                io.kind(),
+                K::ConnectionRefused | K::HostUnreachable | K::NetworkUnreachable
+            ) {
+                return true;
+            }
+        }
+        cause = err.source();
+    }
+    false
+}
+
+impl Store {
+    /// Runs `call` on the client, again (up to [`RETRIES`] times, backing off from
+    /// 5 ms) while it fails in a way `repeat` allows.
+    pub(crate) async fn send<T, F, Fut>(
+        &self,
+        repeat: Repeat,
+        mut call: F,
+    ) -> Result<T, etcd_client::Error>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut delay = Duration::from_millis(5);
+        let mut attempt = 0;
+        loop {
+            match call(self.client()).await {
+                Err(e) if attempt < RETRIES && retryable(&e, repeat) => {
+                    tracing::debug!(error = %e, attempt, "etcd request failed, sending it again");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(200));
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+fn retryable(e: &etcd_client::Error, repeat: Repeat) -> bool {
+    match failure(e) {
+        None => false,
+        Some(unsent) => unsent || repeat == Repeat::Idempotent,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused() -> etcd_client::Error {
+        let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let mut status = tonic::Status::unavailable("transport failure");
+        status.set_source(std::sync::Arc::new(io));
+        etcd_client::Error::GRpcStatus(status)
+    }
+
+    #[test]
+    fn a_refused_connection_is_repeatable_even_for_writes() {
+        assert_eq!(failure(&refused()), Some(true));
+        assert!(retryable(&refused(), Repeat::OnlyUnsent));
+    }
+
+    #[test]
+    fn a_failure_after_sending_is_repeated_only_for_reads() {
+        let sent = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("transport error"));
+        assert_eq!(failure(&sent), Some(false));
+        assert!(retryable(&sent, Repeat::Idempotent));
+        assert!(!retryable(&sent, Repeat::OnlyUnsent));
+    }
+
+    #[test]
+    fn an_answer_from_etcd_is_never_repeated() {
+        let answer = etcd_client::Error::GRpcStatus(tonic::Status::failed_precondition("nope"));
+        assert_eq!(failure(&answer), None);
+        assert!(!retryable(&answer, Repeat::Idempotent));
+    }
+}
