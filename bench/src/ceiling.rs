@@ -64,6 +64,15 @@ pub async fn put_watch(client: &Client, samples: usize) -> anyhow::Result<Percen
             Some(WatchOptions::new().with_prefix()),
         )
         .await?;
+    // The client does not wait for the watch to exist: a put sent before the server
+    // has created it is not seen. Wait for the `created` answer first.
+    let first = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .map_err(|_| anyhow::anyhow!("the watch was not created within 10 s"))??;
+    anyhow::ensure!(
+        first.as_ref().is_some_and(|r| r.created()),
+        "the store's first watch answer was not `created`"
+    );
     let mut lat = Vec::with_capacity(samples);
     for i in 0..samples {
         let key = format!("/bench-ceiling/watch/{}", i % 64);

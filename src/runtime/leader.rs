@@ -196,12 +196,21 @@ async fn keep_leading(
     let margin = (cfg.ttl / 5).max(Duration::from_millis(200));
     let mut valid_until = first_deadline - margin;
     let renew_every = (cfg.ttl / 3).max(Duration::from_millis(100));
-    let mut keeper = store.keep_alive(lease).await.ok();
     let scope = format!("leaders/{}", cfg.name);
-    let mut key_watch = store
-        .watch_raw(&scope, fence.create_revision + 1)
-        .await
-        .ok();
+    let opened = tokio::time::timeout_at(valid_until, async {
+        let keeper = store.keep_alive(lease).await.ok();
+        let watch = store
+            .watch_raw(&scope, fence.create_revision + 1)
+            .await
+            .ok();
+        (keeper, watch)
+    })
+    .await;
+    let Ok((mut keeper, mut key_watch)) = opened else {
+        tracing::warn!(election = %cfg.name, identity = %cfg.identity, "lost leadership: lease could not be renewed in time");
+        lost.cancel();
+        return;
+    };
     let reason = loop {
         let watch_next = async {
             match key_watch.as_mut() {
@@ -222,8 +231,13 @@ async fn keep_leading(
             },
             _ = tokio::time::sleep(renew_every) => {
                 let sent = Instant::now();
+                // Everything here is bounded by the deadline: the store sends a request
+                // again while etcd is unreachable, and the deadline must still win.
                 if keeper.is_none() {
-                    keeper = store.keep_alive(lease).await.ok();
+                    match tokio::time::timeout_at(valid_until, store.keep_alive(lease)).await {
+                        Ok(k) => keeper = k.ok(),
+                        Err(_) => break "lease could not be renewed in time",
+                    }
                 }
                 if let Some(k) = keeper.as_mut() {
                     match tokio::time::timeout_at(valid_until, k.renew()).await {
@@ -234,7 +248,11 @@ async fn keep_leading(
                     }
                 }
                 if key_watch.is_none() {
-                    key_watch = store.watch_raw(&scope, fence.create_revision + 1).await.ok();
+                    let reopen = store.watch_raw(&scope, fence.create_revision + 1);
+                    match tokio::time::timeout_at(valid_until, reopen).await {
+                        Ok(w) => key_watch = w.ok(),
+                        Err(_) => break "lease could not be renewed in time",
+                    }
                 }
             }
         }
