@@ -48,7 +48,8 @@ pub struct ExternalPlugin {
     pub plugin_type: String,
 }
 
-fn free_port() -> u16 {
+/// A free loopback port.
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -61,7 +62,8 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(name: &str, cmd: &mut Command, log: &Path) -> anyhow::Result<Proc> {
+    /// Starts `cmd` with stderr to `log`.
+    pub fn spawn(name: &str, cmd: &mut Command, log: &Path) -> anyhow::Result<Proc> {
         let log = std::fs::File::create(log)?;
         let child = cmd
             .stdout(Stdio::null())
@@ -77,6 +79,39 @@ impl Proc {
         self.child
             .id()
             .map_or(0.0, |pid| cpu_seconds(&format!("/proc/{pid}/stat")))
+    }
+
+    /// Resident and peak resident memory in MiB (VmRSS, VmHWM); 0 if unreadable.
+    pub fn memory_mib(&self) -> (f64, f64) {
+        let Some(pid) = self.child.id() else {
+            return (0.0, 0.0);
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kib = |field: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
+    }
+
+    /// SIGTERM (a graceful stop: a leader resigns), then SIGKILL after 20 s.
+    pub async fn terminate(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+            if tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+        self.kill().await;
     }
 
     /// SIGKILL and reap.

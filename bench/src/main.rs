@@ -10,6 +10,7 @@
 mod ceiling;
 mod cluster;
 mod phases;
+mod scale;
 mod stats;
 
 use std::path::PathBuf;
@@ -66,6 +67,12 @@ struct Args {
     /// The plugin's name (GetPluginInfo) when --plugin-endpoint is given.
     #[arg(long, default_value = cluster::PLUGIN_ID)]
     plugin_id: String,
+    /// Volumes, allocations and published claims stored for the scale phase (0 skips it).
+    #[arg(long, default_value_t = 100_000)]
+    scale: usize,
+    /// Claims per node in the scale phase (the real agent's node holds this many).
+    #[arg(long, default_value_t = 1000)]
+    scale_per_node: usize,
     /// Keep the work directory (logs, call logs) instead of deleting it.
     #[arg(long)]
     keep: bool,
@@ -95,6 +102,7 @@ struct Run {
     reaction_idle_ms: Percentiles,
     attach: AttachRun,
     restart: RestartRun,
+    scale: Option<scale::ScaleRun>,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -197,7 +205,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for backend in backends {
         let work = tempfile::Builder::new().prefix("moor-bench-").tempdir()?;
         eprintln!("== {} (work dir {})", backend.name(), work.path().display());
-        let r = run_one(&args, &bins, &external, backend, work.path()).await;
+        let mut r = run_one(&args, &bins, &external, backend, work.path()).await;
+        if let (Ok(run), true) = (&mut r, args.scale > 0) {
+            let dir = work.path().join("scale");
+            std::fs::create_dir_all(&dir)?;
+            match scale::run(&bins, backend, &dir, args.scale, args.scale_per_node).await {
+                Ok(s) => run.scale = Some(s),
+                Err(e) => r = Err(e.context("scale phase")),
+            }
+        }
         if args.keep {
             let kept = work.keep();
             eprintln!("kept {}", kept.display());
@@ -211,7 +227,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn step(what: &str) {
+pub(crate) fn step(what: &str) {
     eprintln!("  .. {what}");
 }
 
@@ -342,6 +358,7 @@ async fn run_one(
         reaction_idle_ms,
         attach,
         restart,
+        scale: None,
     })
 }
 
@@ -554,6 +571,31 @@ fn table(runs: &[Run]) -> String {
     row("restart: CSI publish calls repeated", &|r| {
         r.restart.repeated_calls.to_string()
     });
+    row("scale: claims / nodes stored", &|r| {
+        sc(r, |s| {
+            format!(
+                "{} / {} ({} keys seeded at {:.0}/s)",
+                s.claims, s.nodes, s.seeded_keys, s.seed_keys_per_s
+            )
+        })
+    });
+    row("scale: list every claim", &|r| {
+        sc(r, |s| format!("{:.2} s", s.list_claims_s))
+    });
+    row("scale: controller start -> synced", &|r| {
+        sc(r, |s| s.controller.cell())
+    });
+    row("scale: controller writes while syncing", &|r| {
+        sc(r, |s| s.controller.writes.to_string())
+    });
+    row("scale: agent start -> synced", &|r| {
+        sc(r, |s| {
+            format!("{} ({} claims)", s.agent.cell(), s.agent_claims)
+        })
+    });
+    row("scale: agent writes / CSI calls while syncing", &|r| {
+        sc(r, |s| format!("{} / {}", s.agent.writes, s.agent.csi_calls))
+    });
     let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     let col = rows
         .iter()
@@ -574,4 +616,9 @@ fn table(runs: &[Run]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// A scale figure, or `-` when the scale phase did not run.
+fn sc(r: &Run, f: impl Fn(&scale::ScaleRun) -> String) -> String {
+    r.scale.as_ref().map_or_else(|| "-".to_string(), f)
 }

@@ -51,7 +51,17 @@ pub struct InformerError;
 impl<S: Spec> Informer<Object<S>> {
     /// Watches objects of kind `S` under `scope` (see [`watcher`]) until `shutdown`.
     pub fn spawn(store: store::Store, scope: &str, shutdown: CancellationToken) -> Self {
-        let (reader, writer) = reflector::store::<Object<S>>();
+        Self::spawn_indexed(store, scope, &[], shutdown)
+    }
+
+    /// [`Informer::spawn`] with a cache that keeps `indexes` (see [`Store::by_index`]).
+    pub fn spawn_indexed(
+        store: store::Store,
+        scope: &str,
+        indexes: &[reflector::Index<Object<S>>],
+        shutdown: CancellationToken,
+    ) -> Self {
+        let (reader, writer) = reflector::indexed_store::<Object<S>>(indexes);
         let (tx, _) = broadcast::channel(CAPACITY);
         let informer = Informer {
             reader,

@@ -3,61 +3,141 @@
 //! [`Store`] is a cheap clone handing out `Arc<K>`; [`Writer`] applies watcher events;
 //! [`reflector`] threads a watcher stream through a writer so the cache is current
 //! before a consumer sees each event.
+//!
+//! A cache can keep indexes (client-go's indexers): each names a function giving an
+//! object's index values, and [`Store::by_index`] returns the objects with a value
+//! without looking at the others. A mapper or reconciler that needs "the claims of
+//! this volume" must use one: a scan of every cached object per event makes a
+//! 100,000-object start quadratic.
 
 use futures::{Stream, StreamExt};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
 use super::watcher::Event;
 use super::Resource;
 
-type Map<K> = Arc<RwLock<HashMap<String, Arc<K>>>>;
+/// An index: its name and the values an object is found under.
+pub type Index<K> = (&'static str, fn(&K) -> Vec<String>);
+
+/// One index's entries: value -> keys of the objects with it.
+type Entries = HashMap<String, BTreeSet<String>>;
+
+struct Cache<K> {
+    objects: HashMap<String, Arc<K>>,
+    indexes: Vec<(Index<K>, Entries)>,
+}
+
+impl<K: Resource> Cache<K> {
+    fn insert(&mut self, key: String, obj: Arc<K>) {
+        if let Some(old) = self.objects.insert(key.clone(), obj.clone()) {
+            self.unindex(&key, &old);
+        }
+        for ((_, values_of), entries) in &mut self.indexes {
+            for value in values_of(&obj) {
+                entries.entry(value).or_default().insert(key.clone());
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some(old) = self.objects.remove(key) {
+            self.unindex(key, &old);
+        }
+    }
+
+    fn unindex(&mut self, key: &str, old: &K) {
+        for ((_, values_of), entries) in &mut self.indexes {
+            for value in values_of(old) {
+                if let Some(keys) = entries.get_mut(&value) {
+                    keys.remove(key);
+                    if keys.is_empty() {
+                        entries.remove(&value);
+                    }
+                }
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.objects.clear();
+        for (_, entries) in &mut self.indexes {
+            entries.clear();
+        }
+    }
+}
+
+type Shared<K> = Arc<RwLock<Cache<K>>>;
 
 /// A read-only view of the cache.
 #[derive(Clone)]
 pub struct Store<K> {
-    map: Map<K>,
+    cache: Shared<K>,
     ready: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The single writer of a cache.
 pub struct Writer<K> {
-    map: Map<K>,
+    cache: Shared<K>,
     ready: tokio::sync::watch::Sender<bool>,
 }
 
 /// A new empty cache: its writer, and a reader to clone.
 pub fn store<K: Resource>() -> (Store<K>, Writer<K>) {
-    let map: Map<K> = Arc::default();
+    indexed_store(&[])
+}
+
+/// A new empty cache keeping `indexes`.
+pub fn indexed_store<K: Resource>(indexes: &[Index<K>]) -> (Store<K>, Writer<K>) {
+    let cache = Arc::new(RwLock::new(Cache {
+        objects: HashMap::new(),
+        indexes: indexes.iter().map(|i| (*i, HashMap::new())).collect(),
+    }));
     let (tx, rx) = tokio::sync::watch::channel(false);
     (
         Store {
-            map: map.clone(),
+            cache: cache.clone(),
             ready: rx,
         },
-        Writer { map, ready: tx },
+        Writer { cache, ready: tx },
     )
 }
 
 impl<K: Resource> Store<K> {
     /// The object at a key.
     pub fn get(&self, key: &str) -> Option<Arc<K>> {
-        self.read().get(key).cloned()
+        self.read().objects.get(key).cloned()
     }
 
     /// Every cached object.
     pub fn state(&self) -> Vec<Arc<K>> {
-        self.read().values().cloned().collect()
+        self.read().objects.values().cloned().collect()
     }
 
     /// Every cached key.
     pub fn keys(&self) -> Vec<String> {
-        self.read().keys().cloned().collect()
+        self.read().objects.keys().cloned().collect()
+    }
+
+    /// The objects whose index `name` holds `value`, in key order. An index the cache
+    /// was not built with finds nothing (and is a bug: debug builds panic).
+    pub fn by_index(&self, name: &str, value: &str) -> Vec<Arc<K>> {
+        let cache = self.read();
+        let Some((_, entries)) = cache.indexes.iter().find(|((n, _), _)| *n == name) else {
+            debug_assert!(false, "no index {name} in this cache");
+            return Vec::new();
+        };
+        entries
+            .get(value)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| cache.objects.get(key).cloned())
+            .collect()
     }
 
     /// How many objects are cached.
     pub fn len(&self) -> usize {
-        self.read().len()
+        self.read().objects.len()
     }
 
     /// Whether the cache is empty.
@@ -77,38 +157,34 @@ impl<K: Resource> Store<K> {
         let _ = rx.wait_for(|ready| *ready).await;
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<K>>> {
-        // A writer that panicked mid-update left a map that is still whole: keep serving.
-        self.map.read().unwrap_or_else(|e| e.into_inner())
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Cache<K>> {
+        // A writer that panicked mid-update left a cache that is still whole: keep serving.
+        self.cache.read().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl<K: Resource> Writer<K> {
     /// Applies one watcher event.
     pub fn apply(&mut self, event: &Event<K>) {
-        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
         match event {
             Event::Restarted(objects) => {
-                *map = objects
-                    .iter()
-                    .map(|o| (o.key(), Arc::new(o.clone())))
-                    .collect();
-                drop(map);
+                cache.clear();
+                for o in objects {
+                    cache.insert(o.key(), Arc::new(o.clone()));
+                }
+                drop(cache);
                 self.ready.send_replace(true);
             }
-            Event::Applied(obj) => {
-                map.insert(obj.key(), Arc::new(obj.clone()));
-            }
-            Event::Deleted { key, .. } => {
-                map.remove(key);
-            }
+            Event::Applied(obj) => cache.insert(obj.key(), Arc::new(obj.clone())),
+            Event::Deleted { key, .. } => cache.remove(key),
         }
     }
 
     /// A reader of this writer's cache.
     pub fn reader(&self) -> Store<K> {
         Store {
-            map: self.map.clone(),
+            cache: self.cache.clone(),
             ready: self.ready.subscribe(),
         }
     }
@@ -172,5 +248,31 @@ mod tests {
         writer.apply(&Event::Restarted(vec![Obj("a", 1), Obj("b", 1)]));
         writer.apply(&Event::Restarted(vec![Obj("c", 1)]));
         assert_eq!(reader.keys(), ["c"]);
+    }
+
+    #[tokio::test]
+    async fn an_index_follows_updates_deletes_and_restarts() {
+        fn by_count(o: &Obj) -> Vec<String> {
+            vec![o.1.to_string()]
+        }
+        let (reader, mut writer) = indexed_store::<Obj>(&[("count", by_count)]);
+        let names = |objs: Vec<Arc<Obj>>| objs.iter().map(|o| o.0).collect::<Vec<_>>();
+        writer.apply(&Event::Restarted(vec![
+            Obj("a", 1),
+            Obj("b", 1),
+            Obj("c", 2),
+        ]));
+        assert_eq!(names(reader.by_index("count", "1")), ["a", "b"]);
+        writer.apply(&Event::Applied(Obj("a", 2)));
+        assert_eq!(names(reader.by_index("count", "1")), ["b"]);
+        assert_eq!(names(reader.by_index("count", "2")), ["a", "c"]);
+        writer.apply(&Event::Deleted {
+            key: "c".into(),
+            last: None,
+        });
+        assert_eq!(names(reader.by_index("count", "2")), ["a"]);
+        writer.apply(&Event::Restarted(vec![Obj("d", 1)]));
+        assert_eq!(names(reader.by_index("count", "1")), ["d"]);
+        assert!(reader.by_index("count", "2").is_empty());
     }
 }

@@ -211,12 +211,23 @@ impl Reconcile {
                 self.forget(&key).await?;
             }
         }
-        if claim.spec.release || claim.is_deleting() {
-            self.release(&key, &claim).await?;
+        let done = if claim.spec.release || claim.is_deleting() {
+            self.release(&key, &claim).await
         } else if claim.spec.publish {
-            self.publish(&key, &claim).await?;
+            self.publish(&key, &claim).await
+        } else {
+            Ok(())
+        };
+        match done {
+            // Not a failure to back off from: the plugin's first fingerprint (every
+            // change of it) triggers every claim again. Right after an agent starts,
+            // this is every claim of the node.
+            Err(NodeError::PluginNotReady(id)) => {
+                tracing::debug!(claim = %key, plugin = %id, "waiting for the plugin's fingerprint");
+                Ok(Action::AwaitChange)
+            }
+            other => other.map(|()| Action::AwaitChange),
         }
-        Ok(Action::AwaitChange)
     }
 
     fn plugin(&self, id: &PluginId) -> Result<&PluginConfig, NodeError> {

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Verdict};
-use super::Ctx;
+use super::{volume_index, Ctx, BY_NODE, BY_PLUGIN, BY_VOLUME};
 use crate::common::{details, object_ref, suffix};
 
 /// How many past claims a volume remembers.
@@ -79,13 +79,9 @@ pub async fn run(
         let claims = claims.clone();
         move |ns: &Namespace, volume: &str, node: Option<&NodeName>| -> Vec<String> {
             claims
-                .state()
+                .by_index(BY_VOLUME, &volume_index(ns, volume))
                 .iter()
-                .filter(|c| {
-                    &c.metadata.namespace == ns
-                        && c.spec.volume.as_str() == volume
-                        && node.is_none_or(|n| &c.spec.node == n)
-                })
+                .filter(|c| node.is_none_or(|n| &c.spec.node == n))
                 .map(|c| c.key())
                 .collect()
         }
@@ -121,18 +117,16 @@ pub async fn run(
             by_volume2(&v.metadata.namespace, v.metadata.name.as_str(), None)
         })
         .watches(inf.nodes.subscribe(), move |n: &Node| {
-            let prefix = format!("claims/{}/", n.metadata.name);
             claims2
-                .keys()
-                .into_iter()
-                .filter(|k| k.starts_with(&prefix))
+                .by_index(BY_NODE, n.metadata.name.as_str())
+                .iter()
+                .map(|c| c.key())
                 .collect()
         })
         .watches(inf.plugins.subscribe(), move |p: &Plugin| {
             claims3
-                .state()
+                .by_index(BY_PLUGIN, p.metadata.name.as_str())
                 .iter()
-                .filter(|c| c.spec.plugin_id.as_str() == p.metadata.name.as_str())
                 .filter(|c| !c.status.phase.is_live() || c.spec.release)
                 .map(|c| c.key())
                 .collect()
@@ -262,9 +256,9 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
     let on_node: Vec<Arc<Claim>> = ctx
         .claims
-        .state()
+        .by_index(BY_NODE, claim.spec.node.as_str())
         .into_iter()
-        .filter(|c| c.spec.node == claim.spec.node && c.metadata.uid != claim.metadata.uid)
+        .filter(|c| c.metadata.uid != claim.metadata.uid)
         .collect();
     let checked = admission::check(
         claim,

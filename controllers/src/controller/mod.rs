@@ -149,11 +149,38 @@ impl Ctx {
     }
 }
 
+/// The claims cache's indexes: every lookup of "the claims of X" goes through one, so
+/// no event costs a scan of every claim.
+pub const CLAIM_INDEXES: &[reflector::Index<Claim>] = &[
+    (BY_VOLUME, |c| {
+        vec![volume_index(&c.metadata.namespace, c.spec.volume.as_str())]
+    }),
+    (BY_NODE, |c| vec![c.spec.node.to_string()]),
+    (BY_PLUGIN, |c| vec![c.spec.plugin_id.to_string()]),
+];
+
+/// The volumes cache's indexes.
+pub const VOLUME_INDEXES: &[reflector::Index<Volume>] =
+    &[(BY_PLUGIN, |v| vec![v.spec.plugin_id.to_string()])];
+
+/// Index of claims by `namespace/volume` (see [`volume_index`]).
+pub const BY_VOLUME: &str = "volume";
+/// Index of claims by node name.
+pub const BY_NODE: &str = "node";
+/// Index of claims and volumes by plugin id.
+pub const BY_PLUGIN: &str = "plugin";
+
+/// The [`BY_VOLUME`] value of a volume.
+pub fn volume_index(ns: &Namespace, volume: &str) -> String {
+    format!("{ns}/{volume}")
+}
+
 /// Runs the reconcilers while leading.
 async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: CancellationToken) {
     let allocations = Informer::<Allocation>::spawn(reads.clone(), "", stop.clone());
-    let claims = Informer::<Claim>::spawn(reads.clone(), "", stop.clone());
-    let volumes = Informer::<Volume>::spawn(reads.clone(), "", stop.clone());
+    let claims = Informer::<Claim>::spawn_indexed(reads.clone(), "", CLAIM_INDEXES, stop.clone());
+    let volumes =
+        Informer::<Volume>::spawn_indexed(reads.clone(), "", VOLUME_INDEXES, stop.clone());
     let attachments = Informer::<Attachment>::spawn(reads.clone(), "", stop.clone());
     let mounts = Informer::<Mount>::spawn(reads.clone(), "", stop.clone());
     let nodes = Informer::<Node>::spawn(reads.clone(), "", stop.clone());
@@ -185,6 +212,19 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         nodes: nodes.clone(),
         plugins: plugins.clone(),
     };
+    {
+        let (ctx, started) = (ctx.clone(), Instant::now());
+        tokio::spawn(async move {
+            ctx.ready().await;
+            tracing::info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                claims = ctx.claims.len(),
+                volumes = ctx.volumes.len(),
+                allocations = ctx.allocations.len(),
+                "caches listed"
+            );
+        });
+    }
     tokio::join!(
         claims::run(
             ctx.clone(),

@@ -47,9 +47,8 @@ pub async fn run(
         .owns(inf.volumes.subscribe())
         .watches(inf.plugins.subscribe(), move |p: &Plugin| {
             volumes
-                .state()
+                .by_index(super::BY_PLUGIN, p.metadata.name.as_str())
                 .iter()
-                .filter(|v| v.spec.plugin_id.as_str() == p.metadata.name.as_str())
                 .map(|v| v.key())
                 .collect()
         })

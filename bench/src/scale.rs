@@ -1,0 +1,686 @@
+//! Scale: a controller and an agent starting against a store that already holds a big
+//! cluster (default 100,000 volumes, allocations and published claims).
+//!
+//! Expected flow:
+//! 1. A real system (controller, one agent on node `sn0000` with moor-hostpath
+//!    --no-mount, without PUBLISH_UNPUBLISH so no attachments) creates and publishes
+//!    `per_node` volumes and claims through the plugin.
+//! 2. The controller stops. Every object the system wrote for claim 0 (volume,
+//!    allocation, claim, mounts) is the template for the rest: copies with the names,
+//!    node and uids changed are written in batched txns, `per_node` claims per node,
+//!    plus a Node object (on a lease the harness keeps) for every simulated node. The
+//!    store then holds what the real system would have written for all of them, and
+//!    the harness checks that it all decodes.
+//! 3. A fresh controller starts; synced = every volume, allocation and claim
+//!    reconciled and every queue empty (from its /metrics). Its time, RSS, CPU and the
+//!    writes it made on the way are reported.
+//! 4. The same for a restarted agent of node `sn0000` (its `per_node` claims, and as
+//!    the plugin's controller node, every volume), with the CSI calls it made.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use futures::{stream, StreamExt, TryStreamExt};
+use moor::api::*;
+use moor::store::Store;
+use serde::Serialize;
+use tokio::process::Command;
+
+use crate::cluster::{self, free_port, Bins, Proc};
+use crate::phases;
+
+/// What the scale phase measured.
+#[derive(Debug, Serialize, Default)]
+pub struct ScaleRun {
+    /// Volumes, allocations and claims stored.
+    pub claims: usize,
+    /// Simulated nodes (one runs a real agent).
+    pub nodes: usize,
+    /// Claims on the real agent's node.
+    pub agent_claims: usize,
+    /// Keys written by the seeding, and how fast.
+    pub seeded_keys: usize,
+    pub seed_keys_per_s: f64,
+    /// One typed list of every claim, as a client would do it.
+    pub list_claims_s: f64,
+    pub controller: Synced,
+    pub agent: Synced,
+}
+
+/// One process from start until synced.
+#[derive(Debug, Serialize, Default)]
+pub struct Synced {
+    pub synced_s: f64,
+    pub rss_mib: f64,
+    pub peak_rss_mib: f64,
+    pub cpu_s: f64,
+    /// Successful reconciles per controller when synced.
+    pub reconciles: BTreeMap<String, u64>,
+    /// CPU seconds the store used meanwhile.
+    pub store_cpu_s: f64,
+    /// Store revisions written between its start and synced.
+    pub writes: i64,
+    /// CSI calls made between its start and synced (agents only).
+    pub csi_calls: usize,
+}
+
+impl Synced {
+    /// `12.3 s, RSS 456 MiB (peak 500), CPU 20.1 s`.
+    pub fn cell(&self) -> String {
+        format!(
+            "{:.1} s, RSS {:.0} MiB (peak {:.0}), CPU {:.1} s (store {:.1} s)",
+            self.synced_s, self.rss_mib, self.peak_rss_mib, self.cpu_s, self.store_cpu_s
+        )
+    }
+}
+
+/// Node names of the scale cluster: `sn0000` runs the real agent.
+fn node_name(i: usize) -> String {
+    format!("sn{i:04}")
+}
+fn volume_name(i: usize) -> String {
+    format!("sv{i:06}")
+}
+fn allocation_name(i: usize) -> String {
+    format!("sa-{i:06}")
+}
+
+fn ns() -> Namespace {
+    Namespace::default_ns()
+}
+
+/// Runs the scale phase on a fresh store of `backend` in `dir`.
+pub async fn run(
+    bins: &Bins,
+    backend: cluster::Backend,
+    dir: &Path,
+    claims: usize,
+    per_node: usize,
+) -> anyhow::Result<ScaleRun> {
+    let per_node = per_node.clamp(1, claims.max(1));
+    let nodes = claims.div_ceil(per_node);
+    let srv = cluster::start_store(backend, bins, dir).await?;
+    let store = Store::connect(std::slice::from_ref(&srv.url), moor::store::DEFAULT_PREFIX).await?;
+    let sys = System::new(bins, &srv.url, dir)?;
+    let mut controller = sys.controller(None)?;
+    let mut agent = sys.agent(None)?;
+    sys.wait_node(&store).await?;
+
+    // 1. The real part.
+    crate::step(&format!(
+        "scale: {per_node} real claims on {}",
+        node_name(0)
+    ));
+    let long = Duration::from_secs(600);
+    create_real(&store, per_node, long).await?;
+    controller.terminate().await;
+
+    // 2. The template and the copies.
+    crate::step(&format!(
+        "scale: seeding {claims} volumes and claims on {nodes} nodes"
+    ));
+    let templates = read_templates(&store).await?;
+    let node_lease = store.grant_lease(Duration::from_secs(60)).await?;
+    let keeper = {
+        let mut keep = store.keep_alive(node_lease).await?;
+        tokio::spawn(async move {
+            while keep.renew().await.is_ok() {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+        })
+    };
+    let t = Instant::now();
+    let seeded = seed(
+        &store,
+        &templates,
+        per_node..claims,
+        per_node,
+        nodes,
+        node_lease,
+    )
+    .await?;
+    let seed_keys_per_s = seeded as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let listed = store.list::<ClaimSpec>("").await?;
+    let list_claims_s = t.elapsed().as_secs_f64();
+    check_seeded(&store, &listed, claims).await?;
+
+    // 3. A controller starting on all of it.
+    crate::step("scale: controller start until synced");
+    let want = [
+        ("claims", claims as u64),
+        ("allocations", claims as u64),
+        ("volumes", claims as u64),
+    ];
+    let port = free_port();
+    let rev = phases::revision(&store).await?;
+    let started = Instant::now();
+    let mut controller = sys.controller(Some(port))?;
+    let store_cpu = srv.proc.cpu_seconds();
+    let mut ctrl = wait_synced(&controller, port, &want, started, long).await?;
+    ctrl.writes = phases::revision(&store).await? - rev;
+    ctrl.store_cpu_s = srv.proc.cpu_seconds() - store_cpu;
+
+    // 4. The agent, restarted.
+    crate::step(&format!(
+        "scale: agent of {} restart until synced",
+        node_name(0)
+    ));
+    agent.terminate().await;
+    let calls_before = count_lines(&sys.call_log());
+    let want = [("node", per_node as u64), ("provisioner", claims as u64)];
+    let port = free_port();
+    let rev = phases::revision(&store).await?;
+    let started = Instant::now();
+    let agent = sys.agent(Some(port))?;
+    let store_cpu = srv.proc.cpu_seconds();
+    let mut ag = wait_synced(&agent, port, &want, started, long).await?;
+    ag.writes = phases::revision(&store).await? - rev;
+    ag.store_cpu_s = srv.proc.cpu_seconds() - store_cpu;
+    ag.csi_calls = count_lines(&sys.call_log()).saturating_sub(calls_before);
+
+    keeper.abort();
+    controller.terminate().await;
+    drop(agent);
+    Ok(ScaleRun {
+        claims,
+        nodes,
+        agent_claims: per_node,
+        seeded_keys: seeded,
+        seed_keys_per_s,
+        list_claims_s,
+        controller: ctrl,
+        agent: ag,
+    })
+}
+
+/// The processes of the scale cluster.
+struct System {
+    bins: Bins,
+    url: String,
+    dir: std::path::PathBuf,
+    _plugin: Proc,
+    socket: std::path::PathBuf,
+}
+
+impl System {
+    fn new(bins: &Bins, url: &str, dir: &Path) -> anyhow::Result<System> {
+        let ndir = dir.join(node_name(0));
+        std::fs::create_dir_all(&ndir)?;
+        let socket = ndir.join("csi.sock");
+        let plugin = Proc::spawn(
+            "plugin",
+            Command::new(bins.dir.join("moor-hostpath"))
+                .arg("--endpoint")
+                .arg(format!("unix://{}", socket.display()))
+                .args([
+                    "--node-id",
+                    &node_name(0),
+                    "--mode",
+                    "monolith",
+                    "--no-mount",
+                ])
+                .args(["--publish-unpublish", "false"])
+                .arg("--state-dir")
+                .arg(ndir.join("plugin")),
+            &ndir.join("plugin.log"),
+        )?;
+        Ok(System {
+            bins: bins.clone(),
+            url: url.to_string(),
+            dir: dir.to_path_buf(),
+            _plugin: plugin,
+            socket,
+        })
+    }
+
+    fn call_log(&self) -> std::path::PathBuf {
+        self.dir.join(node_name(0)).join("plugin/calls.jsonl")
+    }
+
+    fn controller(&self, http: Option<u16>) -> anyhow::Result<Proc> {
+        let mut cmd = Command::new(self.bins.dir.join("moord"));
+        cmd.args(["controller", "--etcd", &self.url, "--identity", "scale"]);
+        if let Some(port) = http {
+            cmd.arg("--http").arg(format!("127.0.0.1:{port}"));
+        }
+        let log = self
+            .dir
+            .join(format!("controller-{}.log", http.unwrap_or(0)));
+        Proc::spawn("controller", &mut cmd, &log)
+    }
+
+    fn agent(&self, http: Option<u16>) -> anyhow::Result<Proc> {
+        let ndir = self.dir.join(node_name(0));
+        let mut cmd = Command::new(self.bins.dir.join("moord"));
+        cmd.args(["agent", "--node", &node_name(0), "--etcd", &self.url])
+            .arg("--data-dir")
+            .arg(ndir.join("agent"))
+            .arg("--plugin")
+            .arg(format!(
+                "id={},type=monolith,endpoint=unix://{},mount-dir={}",
+                cluster::PLUGIN_ID,
+                self.socket.display(),
+                ndir.join("mnt").display()
+            ));
+        if let Some(port) = http {
+            cmd.arg("--http").arg(format!("127.0.0.1:{port}"));
+        }
+        let log = ndir.join(format!("agent-{}.log", http.unwrap_or(0)));
+        Proc::spawn("agent", &mut cmd, &log)
+    }
+
+    async fn wait_node(&self, store: &Store) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let healthy = matches!(
+                store.try_get::<PluginSpec>(cluster::PLUGIN_ID).await,
+                Ok(Some(p)) if p.status.nodes_healthy >= 1
+            );
+            if healthy {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the scale cluster's plugin was not healthy within 120 s; logs in {}",
+                    self.dir.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// `n` volumes created through the plugin and `n` allocations on `sn0000` claiming
+/// them, until every claim is Published.
+async fn create_real(store: &Store, n: usize, timeout: Duration) -> anyhow::Result<()> {
+    let node = NodeName::new(node_name(0))?;
+    stream::iter(0..n)
+        .map(|i| async move {
+            let spec = VolumeSpec {
+                plugin_id: PluginId::new(cluster::PLUGIN_ID)?,
+                capacity_min: Some(Size(1 << 20)),
+                capabilities: vec![VolumeCapability {
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: AttachmentMode::FileSystem,
+                }],
+                ..Default::default()
+            };
+            store
+                .create(&Volume::new(&ns(), Name::new(volume_name(i))?, spec))
+                .await?;
+            anyhow::Ok(())
+        })
+        .buffer_unordered(phases::WRITERS)
+        .try_collect::<()>()
+        .await?;
+    let allocs = (0..n)
+        .map(|i| {
+            let spec = AllocationSpec {
+                node: node.clone(),
+                volumes: vec![VolumeRequest {
+                    name: Name::new("data")?,
+                    volume: VolumeId::new(volume_name(i))?,
+                    access_mode: Some(AccessMode::SingleNodeWriter),
+                    attachment_mode: Some(AttachmentMode::FileSystem),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            Ok(Allocation::new(&ns(), Name::new(allocation_name(i))?, spec))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    phases::write_allocations(store, allocs).await?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let list = store.list::<ClaimSpec>("").await?;
+        let published = list
+            .items
+            .iter()
+            .filter(|c| c.status.phase == ClaimPhase::Published)
+            .count();
+        if published >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{published}/{n} real claims published after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// One stored object of claim 0's: its key below the prefix and its value.
+#[derive(Debug, Clone)]
+struct Template {
+    key: String,
+    value: String,
+}
+
+/// Everything the system stored about claim 0 (and the node `sn0000`), and the uids in
+/// it that must differ per copy.
+struct Templates {
+    objects: Vec<Template>,
+    node: Template,
+    uids: BTreeSet<String>,
+}
+
+/// Every key and value under `dir/` (below the prefix), a page at a time.
+async fn raw_list(store: &Store, dir: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let mut c = store.client();
+    let prefix = store.prefix().to_string();
+    let start = format!("{prefix}{dir}/");
+    let end = format!("{prefix}{dir}0");
+    let mut from = start.clone().into_bytes();
+    let mut out = Vec::new();
+    loop {
+        let opts = etcd_client::GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(500);
+        let resp = c.get(from.clone(), Some(opts)).await?;
+        for kv in resp.kvs() {
+            out.push((
+                String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned(),
+                String::from_utf8_lossy(kv.value()).into_owned(),
+            ));
+        }
+        match (resp.more(), resp.kvs().last()) {
+            (true, Some(last)) => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok(out),
+        }
+    }
+}
+
+async fn read_templates(store: &Store) -> anyhow::Result<Templates> {
+    let (v0, a0) = (volume_name(0), allocation_name(0));
+    let mut objects = Vec::new();
+    let mut uids = BTreeSet::new();
+    let node = raw_list(store, "nodes")
+        .await?
+        .into_iter()
+        .find(|(k, _)| *k == format!("nodes/{}", node_name(0)))
+        .map(|(key, value)| Template { key, value });
+    for dir in ["volumes", "allocations", "claims", "mounts", "attachments"] {
+        for (key, value) in raw_list(store, dir).await? {
+            // Claim 0's objects: they name its volume or allocation as a whole string
+            // (other claims' objects never contain `"sv000000"`).
+            let mine = value.contains(&format!("\"{v0}\"")) || value.contains(&format!("\"{a0}\""));
+            if !mine {
+                continue;
+            }
+            let obj: serde_json::Value = serde_json::from_str(&value)
+                .with_context(|| format!("template {key} is not JSON"))?;
+            if let Some(uid) = obj["metadata"]["uid"].as_str() {
+                uids.insert(uid.to_string());
+            }
+            objects.push(Template { key, value });
+        }
+    }
+    let node = node.context("the real node's Node object is missing")?;
+    let kinds: BTreeSet<&str> = objects
+        .iter()
+        .map(|t| t.key.split('/').next().unwrap_or_default())
+        .collect();
+    for needed in ["volumes", "allocations", "claims", "mounts"] {
+        anyhow::ensure!(
+            kinds.contains(needed),
+            "no {needed} object for claim 0 among {kinds:?}"
+        );
+    }
+    Ok(Templates {
+        objects,
+        node,
+        uids,
+    })
+}
+
+/// Claim 0's text made claim `i`'s on `node`: names, node and uids replaced.
+fn copy_of(text: &str, uids: &BTreeSet<String>, i: usize, node: &str) -> String {
+    let mut out = text
+        .replace(&volume_name(0), &volume_name(i))
+        .replace(&allocation_name(0), &allocation_name(i))
+        .replace(&node_name(0), node);
+    for uid in uids {
+        // Same length and shape: the last 12 characters become the copy's number.
+        let keep = uid.len().saturating_sub(12);
+        let new = format!("{}{:012x}", &uid[..keep], i);
+        out = out.replace(uid.as_str(), &new);
+    }
+    out
+}
+
+/// Writes the copies for `range` (and the simulated nodes), 64 keys per txn, 8 txns
+/// in flight. Returns the keys written.
+async fn seed(
+    store: &Store,
+    t: &Templates,
+    range: std::ops::Range<usize>,
+    per_node: usize,
+    nodes: usize,
+    lease: moor::store::LeaseId,
+) -> anyhow::Result<usize> {
+    let prefix = store.prefix().to_string();
+    let mut puts: Vec<(String, String, Option<i64>)> = Vec::new();
+    for n in 1..nodes {
+        let name = node_name(n);
+        puts.push((
+            copy_of(&t.node.key, &BTreeSet::new(), 0, &name),
+            copy_of(&t.node.value, &BTreeSet::new(), 0, &name),
+            Some(lease.0),
+        ));
+    }
+    for i in range {
+        let node = node_name(i / per_node);
+        for o in &t.objects {
+            puts.push((
+                copy_of(&o.key, &t.uids, i, &node),
+                copy_of(&o.value, &t.uids, i, &node),
+                None,
+            ));
+        }
+    }
+    let total = puts.len();
+    let batches: Vec<Vec<_>> = puts.chunks(64).map(|c| c.to_vec()).collect();
+    stream::iter(batches)
+        .map(|batch| {
+            let mut c = store.client();
+            let prefix = prefix.clone();
+            async move {
+                let ops = batch
+                    .into_iter()
+                    .map(|(k, v, lease)| {
+                        let opts = lease.map(|l| etcd_client::PutOptions::new().with_lease(l));
+                        etcd_client::TxnOp::put(format!("{prefix}{k}"), v, opts)
+                    })
+                    .collect::<Vec<_>>();
+                c.txn(etcd_client::Txn::new().and_then(ops)).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(8)
+        .try_collect::<()>()
+        .await?;
+    Ok(total)
+}
+
+/// Every copy decodes, and the counts are what was asked.
+async fn check_seeded(
+    store: &Store,
+    claims: &moor::store::List<ClaimSpec>,
+    n: usize,
+) -> anyhow::Result<()> {
+    let volumes = store.list::<VolumeSpec>("").await?;
+    let allocs = store.list::<AllocationSpec>("").await?;
+    let mounts = store.list::<MountSpec>("").await?;
+    for (kind, items, bad) in [
+        ("claims", claims.items.len(), &claims.malformed),
+        ("volumes", volumes.items.len(), &volumes.malformed),
+        ("allocations", allocs.items.len(), &allocs.malformed),
+    ] {
+        if let Some(e) = bad.first() {
+            bail!("a seeded {kind} object does not decode: {e}");
+        }
+        anyhow::ensure!(items == n, "{items} {kind} stored, {n} wanted");
+    }
+    anyhow::ensure!(
+        mounts.malformed.is_empty(),
+        "a seeded mount does not decode"
+    );
+    let published = claims
+        .items
+        .iter()
+        .filter(|c| c.status.phase == ClaimPhase::Published)
+        .count();
+    anyhow::ensure!(published == n, "{published}/{n} seeded claims published");
+    Ok(())
+}
+
+/// Polls `port`'s /metrics until every controller in `want` has reconciled at least
+/// that many times and every queue is empty on two polls in a row.
+async fn wait_synced(
+    proc: &Proc,
+    port: u16,
+    want: &[(&str, u64)],
+    started: Instant,
+    timeout: Duration,
+) -> anyhow::Result<Synced> {
+    let mut first_empty: Option<(Instant, BTreeMap<String, u64>)> = None;
+    loop {
+        if started.elapsed() > timeout {
+            bail!("not synced within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Ok(text) = http_get(port, "/metrics").await else {
+            continue;
+        };
+        let (reconciles, depth) = parse_metrics(&text);
+        let enough = want
+            .iter()
+            .all(|(c, n)| reconciles.get(*c).copied().unwrap_or(0) >= *n);
+        let empty = depth.values().all(|d| *d == 0);
+        if !(enough && empty) {
+            first_empty = None;
+            continue;
+        }
+        match first_empty.take() {
+            None => first_empty = Some((Instant::now(), reconciles)),
+            Some((at, reconciles)) => {
+                let (rss, peak) = proc.memory_mib();
+                return Ok(Synced {
+                    synced_s: (at - started).as_secs_f64(),
+                    rss_mib: rss,
+                    peak_rss_mib: peak,
+                    cpu_s: proc.cpu_seconds(),
+                    reconciles,
+                    ..Default::default()
+                });
+            }
+        }
+    }
+}
+
+/// Successful reconciles (`moor_reconciles_total` less `moor_reconcile_failures_total`)
+/// and `moor_queue_depth`, per controller.
+fn parse_metrics(text: &str) -> (BTreeMap<String, u64>, BTreeMap<String, i64>) {
+    let mut reconciles = BTreeMap::new();
+    let mut failures = BTreeMap::new();
+    let mut depth = BTreeMap::new();
+    for line in text.lines() {
+        let Some((name_labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Some((name, labels)) = name_labels.split_once('{') else {
+            continue;
+        };
+        let Some(controller) = labels
+            .split("controller=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+        else {
+            continue;
+        };
+        match name {
+            "moor_reconciles_total" => {
+                if let Ok(v) = value.parse::<f64>() {
+                    reconciles.insert(controller.to_string(), v as u64);
+                }
+            }
+            "moor_reconcile_failures_total" => {
+                if let Ok(v) = value.parse::<f64>() {
+                    failures.insert(controller.to_string(), v as u64);
+                }
+            }
+            "moor_queue_depth" => {
+                if let Ok(v) = value.parse::<i64>() {
+                    depth.insert(controller.to_string(), v);
+                }
+            }
+            _ => {}
+        }
+    }
+    for (controller, failed) in failures {
+        if let Some(r) = reconciles.get_mut(&controller) {
+            *r = r.saturating_sub(failed);
+        }
+    }
+    (reconciles, depth)
+}
+
+/// A plain HTTP/1.0 GET on loopback; the body.
+async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await??;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("no end of HTTP headers")?;
+    anyhow::ensure!(head.contains(" 200 "), "GET {path}: {head}");
+    Ok(body.to_string())
+}
+
+fn count_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_read_per_controller() {
+        let text = "# HELP moor_reconciles Reconciles run\n\
+            moor_reconciles_total{controller=\"claims\"} 1200\n\
+            moor_reconcile_failures_total{controller=\"claims\"} 200\n\
+            moor_queue_depth{controller=\"claims\"} 3\n\
+            moor_reconcile_duration_seconds_bucket{controller=\"claims\",le=\"0.001\"} 5\n";
+        let (r, d) = parse_metrics(text);
+        assert_eq!(r.get("claims"), Some(&1000));
+        assert_eq!(d.get("claims"), Some(&3));
+        assert_eq!(r.len(), 1);
+    }
+
+    #[test]
+    fn a_copy_changes_names_node_and_uids_only() {
+        let uid = "0b9c7a3e-1111-4222-8333-abcdefabcdef".to_string();
+        let uids = BTreeSet::from([uid.clone()]);
+        let text = format!(
+            "{{\"name\":\"sv000000\",\"alloc\":\"sa-000000\",\"node\":\"sn0000\",\"uid\":\"{uid}\"}}"
+        );
+        let copy = copy_of(&text, &uids, 4242, "sn0004");
+        assert_eq!(
+            copy,
+            "{\"name\":\"sv004242\",\"alloc\":\"sa-004242\",\"node\":\"sn0004\",\
+             \"uid\":\"0b9c7a3e-1111-4222-8333-000000001092\"}"
+        );
+    }
+}
