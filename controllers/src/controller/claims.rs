@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Verdict};
 use super::{volume_index, Ctx, BY_NODE, BY_PLUGIN, BY_VOLUME};
-use crate::common::{details, object_ref, suffix};
+use crate::common::{details, object_ref};
 
 /// How many past claims a volume remembers.
 const PAST_CLAIMS: usize = 16;
@@ -187,13 +187,9 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
             cached.metadata.namespace, cached.spec.volume
         ))
         .await;
-    // Claims of one volume are serialised; read this one fresh so a decision never
-    // rests on a cache older than the last decision.
-    let Some(claim) = ctx
-        .store
-        .try_get::<ClaimSpec>(suffix::<ClaimSpec>(key))
-        .await?
-    else {
+    // Claims of one volume are serialised; a decision never rests on a cache older
+    // than this process's last write of the claim (then it is read fresh).
+    let Some(claim) = ctx.claim_at_least_as_new_as_our_writes(key, cached).await? else {
         return Ok(Action::AwaitChange);
     };
     let alloc = ctx.allocations.get(&format!(
@@ -208,9 +204,9 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
                 .any(|(name, _)| name == &claim.metadata.name)
     });
     if !wanted && !claim.spec.release {
-        let mut c = claim.clone();
+        let mut c = (*claim).clone();
         c.spec.release = true;
-        ctx.store.replace(&c).await?;
+        ctx.wrote_claim(&ctx.store.replace(&c).await?);
         return Ok(Action::AwaitChange);
     }
     if claim.spec.release || claim.is_deleting() {
@@ -235,7 +231,7 @@ async fn set_status(
         next.meta.observed_generation = claim.metadata.generation;
         let mut c = claim.clone();
         c.status = next;
-        ctx.store.replace_status(&c).await?;
+        ctx.wrote_claim(&ctx.store.replace_status(&c).await?);
     }
     Ok(())
 }
@@ -337,7 +333,9 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     c.spec.external_id = Some(admitted.external_id);
     c.spec.volume_context = context;
     let c = if c.spec != claim.spec {
-        ctx.store.replace(&c).await?
+        let c = ctx.store.replace(&c).await?;
+        ctx.wrote_claim(&c);
+        c
     } else {
         c
     };
@@ -452,7 +450,7 @@ async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
         let mut c = claim.clone();
         c.spec.publish = true;
         c.spec.publish_context = publish_context;
-        ctx.store.replace(&c).await?;
+        ctx.wrote_claim(&ctx.store.replace(&c).await?);
         return Ok(Action::AwaitChange);
     }
     let mount = ctx.mounts.get(&format!(
