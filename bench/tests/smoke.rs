@@ -36,6 +36,10 @@ fn a_small_run_reports_every_figure_on_both_stores() {
             "2",
             "--ceiling-seconds",
             "1",
+            "--scale",
+            "300",
+            "--scale-per-node",
+            "60",
             "--json",
         ])
         .arg(json.path())
@@ -81,5 +85,20 @@ fn a_small_run_reports_every_figure_on_both_stores() {
             .unwrap();
         assert!(per >= 1.0, "{r}");
         assert_eq!(r["restart"]["claims"], 24, "{r}");
+        // The scale phase seeded what was asked and both processes got synced.
+        let scale = &r["scale"];
+        assert_eq!(scale["claims"], 300, "{r}");
+        assert_eq!(scale["nodes"], 5, "{r}");
+        assert_eq!(scale["agent_claims"], 60, "{r}");
+        for who in ["controller", "agent"] {
+            assert!(scale[who]["synced_s"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(scale[who]["rss_mib"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(
+                scale[who]["reconciles"]
+                    .as_object()
+                    .is_some_and(|m| !m.is_empty()),
+                "{r}"
+            );
+        }
     }
 }
