@@ -203,8 +203,18 @@ fn ns() -> Namespace {
 
 /// `n` volumes `v00000`.., single-node-writer, created through the plugin.
 pub async fn create_volumes(store: &Store, plugin: &str, n: usize) -> anyhow::Result<()> {
-    stream::iter(0..n)
-        .map(|i| {
+    create_volumes_named(store, plugin, (0..n).map(|i| format!("v{i:05}"))).await
+}
+
+/// Volumes with these names, single-node-writer, created through the plugin, with
+/// [`WRITERS`] in flight.
+pub async fn create_volumes_named(
+    store: &Store,
+    plugin: &str,
+    names: impl Iterator<Item = String>,
+) -> anyhow::Result<()> {
+    stream::iter(names)
+        .map(|name| {
             let spec = VolumeSpec {
                 plugin_id: PluginId::new(plugin)?,
                 capacity_min: Some(Size(1 << 20)),
@@ -214,7 +224,7 @@ pub async fn create_volumes(store: &Store, plugin: &str, n: usize) -> anyhow::Re
                 }],
                 ..Default::default()
             };
-            Ok(Volume::new(&ns(), volume_name(i)?, spec))
+            Ok(Volume::new(&ns(), Name::new(name)?, spec))
         })
         .map_ok(|v| async move {
             store
@@ -248,28 +258,26 @@ pub async fn wait_volumes_ready(store: &Store, n: usize, timeout: Duration) -> a
     }
 }
 
-fn volume_name(i: usize) -> anyhow::Result<Name> {
-    Ok(Name::new(format!("v{i:05}"))?)
+/// The allocation `<group>-<i>` on `node` claiming volume `v<i>`.
+pub fn allocation(group: &str, i: usize, node: &NodeName) -> anyhow::Result<Allocation> {
+    allocation_named(&format!("{group}-{i:05}"), &format!("v{i:05}"), node)
 }
 
-/// The allocation `<group>-<i>` on `node` claiming volume `i`.
-pub fn allocation(group: &str, i: usize, node: &NodeName) -> anyhow::Result<Allocation> {
+/// The allocation `name` on `node` claiming `volume` (single-node-writer, file system)
+/// as its request `data`.
+pub fn allocation_named(name: &str, volume: &str, node: &NodeName) -> anyhow::Result<Allocation> {
     let spec = AllocationSpec {
         node: node.clone(),
         volumes: vec![VolumeRequest {
             name: Name::new("data")?,
-            volume: VolumeId::new(format!("v{i:05}"))?,
+            volume: VolumeId::new(volume)?,
             access_mode: Some(AccessMode::SingleNodeWriter),
             attachment_mode: Some(AttachmentMode::FileSystem),
             ..Default::default()
         }],
         ..Default::default()
     };
-    Ok(Allocation::new(
-        &ns(),
-        Name::new(format!("{group}-{i:05}"))?,
-        spec,
-    ))
+    Ok(Allocation::new(&ns(), Name::new(name)?, spec))
 }
 
 /// Writes allocations with [`WRITERS`] in flight.

@@ -87,10 +87,6 @@ fn allocation_name(i: usize) -> String {
     format!("sa-{i:06}")
 }
 
-fn ns() -> Namespace {
-    Namespace::default_ns()
-}
-
 /// Runs the scale phase on a fresh store of `backend` in `dir`.
 pub async fn run(
     bins: &Bins,
@@ -297,58 +293,18 @@ impl System {
 /// them, until every claim is Published.
 async fn create_real(store: &Store, n: usize, timeout: Duration) -> anyhow::Result<()> {
     let node = NodeName::new(node_name(0))?;
-    stream::iter(0..n)
-        .map(|i| async move {
-            let spec = VolumeSpec {
-                plugin_id: PluginId::new(cluster::PLUGIN_ID)?,
-                capacity_min: Some(Size(1 << 20)),
-                capabilities: vec![VolumeCapability {
-                    access_mode: AccessMode::SingleNodeWriter,
-                    attachment_mode: AttachmentMode::FileSystem,
-                }],
-                ..Default::default()
-            };
-            store
-                .create(&Volume::new(&ns(), Name::new(volume_name(i))?, spec))
-                .await?;
-            anyhow::Ok(())
-        })
-        .buffer_unordered(phases::WRITERS)
-        .try_collect::<()>()
-        .await?;
+    phases::create_volumes_named(store, cluster::PLUGIN_ID, (0..n).map(volume_name)).await?;
+    let tracker = phases::Tracker::spawn(store);
     let allocs = (0..n)
-        .map(|i| {
-            let spec = AllocationSpec {
-                node: node.clone(),
-                volumes: vec![VolumeRequest {
-                    name: Name::new("data")?,
-                    volume: VolumeId::new(volume_name(i))?,
-                    access_mode: Some(AccessMode::SingleNodeWriter),
-                    attachment_mode: Some(AttachmentMode::FileSystem),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            };
-            Ok(Allocation::new(&ns(), Name::new(allocation_name(i))?, spec))
-        })
+        .map(|i| phases::allocation_named(&allocation_name(i), &volume_name(i), &node))
         .collect::<anyhow::Result<Vec<_>>>()?;
     phases::write_allocations(store, allocs).await?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        let list = store.list::<ClaimSpec>("").await?;
-        let published = list
-            .items
-            .iter()
-            .filter(|c| c.status.phase == ClaimPhase::Published)
-            .count();
-        if published >= n {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("{published}/{n} real claims published after {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    // The tracker groups claims by the allocation name before its `-`: `sa`.
+    tracker
+        .until("every real claim published", timeout, |t| {
+            t.claims("sa", ClaimPhase::Published) >= n
+        })
+        .await
 }
 
 /// One stored object of claim 0's: its key below the prefix and its value.
@@ -366,58 +322,51 @@ struct Templates {
     uids: BTreeSet<String>,
 }
 
-/// Every key and value under `dir/` (below the prefix), a page at a time.
-async fn raw_list(store: &Store, dir: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let mut c = store.client();
-    let prefix = store.prefix().to_string();
-    let start = format!("{prefix}{dir}/");
-    let end = format!("{prefix}{dir}0");
-    let mut from = start.clone().into_bytes();
-    let mut out = Vec::new();
-    loop {
-        let opts = etcd_client::GetOptions::new()
-            .with_range(end.clone())
-            .with_limit(500);
-        let resp = c.get(from.clone(), Some(opts)).await?;
-        for kv in resp.kvs() {
-            out.push((
-                String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned(),
-                String::from_utf8_lossy(kv.value()).into_owned(),
-            ));
-        }
-        match (resp.more(), resp.kvs().last()) {
-            (true, Some(last)) => {
-                from = last.key().to_vec();
-                from.push(0);
-            }
-            _ => return Ok(out),
-        }
-    }
-}
-
 async fn read_templates(store: &Store) -> anyhow::Result<Templates> {
-    let (v0, a0) = (volume_name(0), allocation_name(0));
+    let (v0, a0) = (
+        format!("\"{}\"", volume_name(0)),
+        format!("\"{}\"", allocation_name(0)),
+    );
     let mut objects = Vec::new();
+    let mut node = None;
+    let node_key = format!("nodes/{}", node_name(0));
+    store
+        .scan("nodes/", |key, value, _| {
+            if key == node_key {
+                node = Some(Template {
+                    key: key.to_string(),
+                    value: String::from_utf8_lossy(value).into_owned(),
+                });
+            }
+        })
+        .await?;
+    for dir in [
+        "volumes/",
+        "allocations/",
+        "claims/",
+        "mounts/",
+        "attachments/",
+    ] {
+        store
+            .scan(dir, |key, value, _| {
+                let value = String::from_utf8_lossy(value);
+                // Claim 0's objects: they name its volume or allocation as a whole
+                // string (other claims' objects never contain `"sv000000"`).
+                if value.contains(&v0) || value.contains(&a0) {
+                    objects.push(Template {
+                        key: key.to_string(),
+                        value: value.into_owned(),
+                    });
+                }
+            })
+            .await?;
+    }
     let mut uids = BTreeSet::new();
-    let node = raw_list(store, "nodes")
-        .await?
-        .into_iter()
-        .find(|(k, _)| *k == format!("nodes/{}", node_name(0)))
-        .map(|(key, value)| Template { key, value });
-    for dir in ["volumes", "allocations", "claims", "mounts", "attachments"] {
-        for (key, value) in raw_list(store, dir).await? {
-            // Claim 0's objects: they name its volume or allocation as a whole string
-            // (other claims' objects never contain `"sv000000"`).
-            let mine = value.contains(&format!("\"{v0}\"")) || value.contains(&format!("\"{a0}\""));
-            if !mine {
-                continue;
-            }
-            let obj: serde_json::Value = serde_json::from_str(&value)
-                .with_context(|| format!("template {key} is not JSON"))?;
-            if let Some(uid) = obj["metadata"]["uid"].as_str() {
-                uids.insert(uid.to_string());
-            }
-            objects.push(Template { key, value });
+    for t in &objects {
+        let obj: serde_json::Value = serde_json::from_str(&t.value)
+            .with_context(|| format!("template {} is not JSON", t.key))?;
+        if let Some(uid) = obj["metadata"]["uid"].as_str() {
+            uids.insert(uid.to_string());
         }
     }
     let node = node.context("the real node's Node object is missing")?;

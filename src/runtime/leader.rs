@@ -21,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
-use crate::store::{Fence, LeaseId, RawEventKind, Repeat, Store, StoreError};
+use crate::store::{
+    Fence, KeepAlive, LeaseId, RawEventKind, Repeat, Store, StoreError, WatchStream,
+};
 
 /// Who is campaigning for what.
 #[derive(Debug, Clone)]
@@ -197,61 +199,53 @@ async fn keep_leading(
     let mut valid_until = first_deadline - margin;
     let renew_every = (cfg.ttl / 3).max(Duration::from_millis(100));
     let scope = format!("leaders/{}", cfg.name);
-    let opened = tokio::time::timeout_at(valid_until, async {
-        let keeper = store.keep_alive(lease).await.ok();
-        let watch = store
-            .watch_raw(&scope, fence.create_revision + 1)
-            .await
-            .ok();
-        (keeper, watch)
-    })
-    .await;
-    let Ok((mut keeper, mut key_watch)) = opened else {
-        tracing::warn!(election = %cfg.name, identity = %cfg.identity, "lost leadership: lease could not be renewed in time");
-        lost.cancel();
-        return;
-    };
-    let reason = loop {
-        let watch_next = async {
-            match key_watch.as_mut() {
-                Some(w) => w.next().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = lost.cancelled() => break "resigned",
-            _ = tokio::time::sleep_until(valid_until) => break "lease could not be renewed in time",
-            batch = watch_next => match batch {
-                Ok(Some(b)) if b.events.iter().any(|e| e.kind == RawEventKind::Delete && e.key == scope) => {
-                    break "election key deleted";
+    let from = fence.create_revision + 1;
+    let (mut keeper, mut key_watch) = (None, None);
+    let late = "lease could not be renewed in time";
+    let reason = 'lead: {
+        if !open_missing(
+            &store,
+            lease,
+            &scope,
+            from,
+            &mut keeper,
+            &mut key_watch,
+            valid_until,
+        )
+        .await
+        {
+            break 'lead late;
+        }
+        loop {
+            let watch_next = async {
+                match key_watch.as_mut() {
+                    Some(w) => w.next().await,
+                    None => std::future::pending().await,
                 }
-                Ok(Some(_)) => {}
-                // Watch trouble is not loss of leadership; the lease deadline still holds.
-                Ok(None) | Err(_) => key_watch = None,
-            },
-            _ = tokio::time::sleep(renew_every) => {
-                let sent = Instant::now();
-                // Everything here is bounded by the deadline: the store sends a request
-                // again while etcd is unreachable, and the deadline must still win.
-                if keeper.is_none() {
-                    match tokio::time::timeout_at(valid_until, store.keep_alive(lease)).await {
-                        Ok(k) => keeper = k.ok(),
-                        Err(_) => break "lease could not be renewed in time",
+            };
+            tokio::select! {
+                _ = lost.cancelled() => break "resigned",
+                _ = tokio::time::sleep_until(valid_until) => break late,
+                batch = watch_next => match batch {
+                    Ok(Some(b)) if b.events.iter().any(|e| e.kind == RawEventKind::Delete && e.key == scope) => {
+                        break "election key deleted";
                     }
-                }
-                if let Some(k) = keeper.as_mut() {
-                    match tokio::time::timeout_at(valid_until, k.renew()).await {
-                        Ok(Ok(ttl)) => valid_until = sent + ttl - margin.min(ttl / 2),
-                        Ok(Err(StoreError::LeaseGone(_))) => break "lease revoked or expired",
-                        Ok(Err(_)) => keeper = None,
-                        Err(_) => break "lease could not be renewed in time",
+                    Ok(Some(_)) => {}
+                    // Watch trouble is not loss of leadership; the lease deadline still holds.
+                    Ok(None) | Err(_) => key_watch = None,
+                },
+                _ = tokio::time::sleep(renew_every) => {
+                    let sent = Instant::now();
+                    if !open_missing(&store, lease, &scope, from, &mut keeper, &mut key_watch, valid_until).await {
+                        break late;
                     }
-                }
-                if key_watch.is_none() {
-                    let reopen = store.watch_raw(&scope, fence.create_revision + 1);
-                    match tokio::time::timeout_at(valid_until, reopen).await {
-                        Ok(w) => key_watch = w.ok(),
-                        Err(_) => break "lease could not be renewed in time",
+                    if let Some(k) = keeper.as_mut() {
+                        match tokio::time::timeout_at(valid_until, k.renew()).await {
+                            Ok(Ok(ttl)) => valid_until = sent + ttl - margin.min(ttl / 2),
+                            Ok(Err(StoreError::LeaseGone(_))) => break "lease revoked or expired",
+                            Ok(Err(_)) => keeper = None,
+                            Err(_) => break late,
+                        }
                     }
                 }
             }
@@ -261,6 +255,31 @@ async fn keep_leading(
         tracing::warn!(election = %cfg.name, identity = %cfg.identity, reason, "lost leadership");
     }
     lost.cancel();
+}
+
+/// Opens whichever of the keep-alive channel and the election key's watch (from
+/// revision `from`) is missing; either may fail and stay missing until the next try.
+/// False when `deadline` passed first: the store sends a request again while etcd is
+/// unreachable, and the lease deadline must still win.
+async fn open_missing(
+    store: &Store,
+    lease: LeaseId,
+    scope: &str,
+    from: i64,
+    keeper: &mut Option<KeepAlive>,
+    key_watch: &mut Option<WatchStream>,
+    deadline: Instant,
+) -> bool {
+    tokio::time::timeout_at(deadline, async {
+        if keeper.is_none() {
+            *keeper = store.keep_alive(lease).await.ok();
+        }
+        if key_watch.is_none() {
+            *key_watch = store.watch_raw(scope, from).await.ok();
+        }
+    })
+    .await
+    .is_ok()
 }
 
 /// Campaigns, runs `work` while leader, and campaigns again after losing, until

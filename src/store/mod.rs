@@ -203,15 +203,36 @@ impl Store {
     /// Lists every object whose key starts with `<kind dir>/<scope>` (scope `""` for all,
     /// `"n1/"` for one node's claims), in pages at one consistent revision.
     pub async fn list<S: Spec>(&self, scope: &str) -> Result<List<S>, StoreError> {
-        let prefix = self.full_key(&self.kind_key::<S>(scope));
-        let range_end = prefix_end(prefix.as_bytes());
-        let mut start = prefix.clone().into_bytes();
-        let mut revision = 0;
         let mut list = List {
             items: Vec::new(),
             malformed: Vec::new(),
             revision: 0,
         };
+        list.revision = self
+            .scan(
+                &self.kind_key::<S>(scope),
+                |key, value, mod_revision| match Store::decode::<S>(key, value, mod_revision) {
+                    Ok(obj) => list.items.push(obj),
+                    Err(e) => list.malformed.push(e),
+                },
+            )
+            .await?;
+        Ok(list)
+    }
+
+    /// Calls `each(key below the prefix, value, mod_revision)` for every key starting
+    /// with `scope` (below the prefix), in pages at one consistent revision, which it
+    /// returns. A page of large values can exceed gRPC's 4 MiB message limit: then the
+    /// page is halved and asked again, down to one key per request.
+    pub async fn scan(
+        &self,
+        scope: &str,
+        mut each: impl FnMut(&str, &[u8], i64),
+    ) -> Result<i64, StoreError> {
+        let prefix = self.full_key(scope);
+        let range_end = prefix_end(prefix.as_bytes());
+        let mut start = prefix.into_bytes();
+        let mut revision = 0;
         let mut page = self.page_size;
         loop {
             let mut opts = GetOptions::new()
@@ -228,8 +249,6 @@ impl Store {
                 .await
             {
                 Ok(resp) => resp,
-                // A page of large objects can exceed gRPC's 4 MiB message limit: halve
-                // the page and ask again, down to one key per request.
                 Err(e) if page > 1 && too_large(&e) => {
                     page = (page / 2).max(1);
                     continue;
@@ -248,22 +267,17 @@ impl Store {
                 revision = resp.header().map(|h| h.revision()).unwrap_or_default();
             }
             for kv in resp.kvs() {
-                let key = String::from_utf8_lossy(&kv.key()[self.prefix.len()..]).into_owned();
-                match Store::decode::<S>(&key, kv.value(), kv.mod_revision()) {
-                    Ok(obj) => list.items.push(obj),
-                    Err(e) => list.malformed.push(e),
-                }
+                let key = String::from_utf8_lossy(&kv.key()[self.prefix.len()..]);
+                each(&key, kv.value(), kv.mod_revision());
             }
             match (resp.more(), resp.kvs().last()) {
                 (true, Some(last)) => {
                     start = last.key().to_vec();
                     start.push(0);
                 }
-                _ => break,
+                _ => return Ok(revision),
             }
         }
-        list.revision = revision;
-        Ok(list)
     }
 
     /// Creates an object; fails with [`StoreError::AlreadyExists`] if its key exists.
