@@ -14,10 +14,13 @@
 //! - [`csi`]: the CSI v1 protocol compiled from `proto/csi.proto`, conversions from
 //!   moor's types, and the call policy (retries, deadlines, what an error means).
 //! - [`cli`]: moorctl, one file per verb.
+//! - [`journal`]: a local state of keyed tables kept as an append-only journal (the
+//!   agent's and moor-hostpath's records of what they did).
 
 pub mod api;
 pub mod cli;
 pub mod csi;
 pub mod embedded;
+pub mod journal;
 pub mod runtime;
 pub mod store;

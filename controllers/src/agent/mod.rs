@@ -199,7 +199,6 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         plugins: configs.iter().filter(|c| c.is_node()).cloned().collect(),
         supervisor: supervisor.clone(),
         local: Arc::new(tokio::sync::Mutex::new(local)),
-        data_dir: args.data_dir.clone(),
         locks: KeyedLocks::default(),
         policy: policy.clone(),
         recorder: recorder.clone(),

@@ -19,6 +19,7 @@
 use moor::api::*;
 use moor::csi::policy::{request, Class, CsiError, Policy};
 use moor::csi::{convert, v1};
+use moor::journal::{Journal, JournalError};
 use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::events::Recorder;
 use moor::runtime::informer::Informer;
@@ -53,6 +54,9 @@ pub enum NodeError {
     /// The controller has not filled in what the node needs.
     #[error("claim is missing {0}")]
     Incomplete(&'static str),
+    /// The agent's record of what it did could not be written.
+    #[error("cannot record the node's local state")]
+    State(#[from] JournalError),
     /// The agent's own files.
     #[error("cannot write {path}")]
     Io {
@@ -74,10 +78,8 @@ pub struct NodeReconciler {
     pub plugins: Vec<PluginConfig>,
     /// Channels and fingerprints.
     pub supervisor: Supervisor,
-    /// What was staged and published, persisted in `data_dir`.
-    pub local: Arc<Mutex<LocalState>>,
-    /// The agent's data dir.
-    pub data_dir: PathBuf,
+    /// What was staged and published, journalled in the agent's data dir.
+    pub local: Arc<Mutex<Journal<LocalState>>>,
     /// One node call per volume at a time.
     pub locks: KeyedLocks,
     /// CSI call policy.
@@ -238,25 +240,11 @@ impl Reconcile {
             .ok_or_else(|| NodeError::UnknownPlugin(id.clone()))
     }
 
-    async fn save(&self, state: &LocalState) -> Result<(), NodeError> {
-        state
-            .save(&self.r.data_dir)
-            .map_err(|source| NodeError::Io {
-                path: path_str(&self.r.data_dir.join("state.json")),
-                source,
-            })
-    }
-
-    /// Edits the local state and persists it before anything else happens.
+    /// Edits the local state and persists the change before anything else happens.
     async fn edit(&self, f: impl FnOnce(&mut LocalState)) -> Result<(), NodeError> {
-        let mut state = self.r.local.lock().await;
-        let mut next = state.clone();
-        f(&mut next);
-        if next != *state {
-            self.save(&next).await?;
-            *state = next;
-        }
-        Ok(())
+        let mut local = self.r.local.lock().await;
+        f(local.state_mut());
+        Ok(local.commit()?)
     }
 
     async fn forget(&self, key: &str) -> Result<(), NodeError> {

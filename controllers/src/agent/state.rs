@@ -3,14 +3,15 @@
 //!
 //! A step is recorded as `Uncertain` *before* its CSI call and `Done` after it succeeds,
 //! so a crash in between leaves a record that says the reverse may be owed. A final
-//! error removes the record (the call took no effect). The file is rewritten atomically
-//! (temp file, fsync, rename) on every change.
+//! error removes the record (the call took no effect). Each change is appended (and
+//! fsynced) to `<data-dir>/state.jsonl`, a [`Journal`] of the two tables, before the
+//! agent goes on; the `state.json` of earlier versions is imported once.
 
 use anyhow::Context;
 use moor::api::*;
+use moor::journal::{Journal, Journaled, Table, Tables};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// How far one step got.
@@ -76,48 +77,67 @@ pub struct PublishRecord {
 }
 
 /// Everything the agent did on its node.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LocalState {
     /// By host staging path.
-    #[serde(default)]
-    pub stages: BTreeMap<PathBuf, StageRecord>,
+    pub stages: Table<PathBuf, StageRecord>,
     /// By claim key.
-    #[serde(default)]
-    pub publishes: BTreeMap<String, PublishRecord>,
+    pub publishes: Table<String, PublishRecord>,
 }
 
-const FILE: &str = "state.json";
+impl Tables for LocalState {
+    fn tables(&mut self) -> Vec<(&'static str, &mut dyn Journaled)> {
+        vec![
+            ("stages", &mut self.stages),
+            ("publishes", &mut self.publishes),
+        ]
+    }
+}
+
+/// The journal, in the agent's data dir.
+const FILE: &str = "state.jsonl";
+/// The whole-state file of earlier versions.
+const LEGACY_FILE: &str = "state.json";
+
+/// What earlier versions wrote, whole, to `state.json`.
+#[derive(Deserialize)]
+struct Legacy {
+    #[serde(default)]
+    stages: BTreeMap<PathBuf, StageRecord>,
+    #[serde(default)]
+    publishes: BTreeMap<String, PublishRecord>,
+}
 
 impl LocalState {
-    /// Loads the state of an earlier run; an empty state when there was none. A
-    /// corrupt file is an error (never silently forgotten: it records mounts).
-    pub fn load(dir: &Path) -> anyhow::Result<LocalState> {
+    /// Opens the journal of earlier runs (empty when there was none). A corrupt file
+    /// is an error, never silently forgotten: it records mounts.
+    pub fn load(dir: &Path) -> anyhow::Result<Journal<LocalState>> {
         let path = dir.join(FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| {
-                format!(
-                    "{} is not a valid agent state; move it away to start empty (mounts it records will not be cleaned up)",
-                    path.display()
-                )
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LocalState::default()),
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        let advice = "move it away to start empty (mounts it records will not be cleaned up)";
+        let mut journal = Journal::<LocalState>::open(&path, true)
+            .with_context(|| format!("{} is not a valid agent state; {advice}", path.display()))?;
+        let legacy = dir.join(LEGACY_FILE);
+        let bytes = match std::fs::read(&legacy) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(journal),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", legacy.display())),
+        };
+        let old: Legacy = serde_json::from_slice(&bytes).with_context(|| {
+            format!("{} is not a valid agent state; {advice}", legacy.display())
+        })?;
+        let s = journal.state_mut();
+        for (k, v) in old.stages {
+            s.stages.insert(k, v);
         }
-    }
-
-    /// Writes the state atomically.
-    pub fn save(&self, dir: &Path) -> std::io::Result<()> {
-        let tmp = dir.join(format!("{FILE}.tmp"));
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
-            f.sync_all()?;
+        for (k, v) in old.publishes {
+            s.publishes.insert(k, v);
         }
-        std::fs::rename(&tmp, dir.join(FILE))?;
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        journal
+            .commit()
+            .with_context(|| format!("importing {}", legacy.display()))?;
+        std::fs::remove_file(&legacy)
+            .with_context(|| format!("removing {} once imported", legacy.display()))?;
+        Ok(journal)
     }
 
     /// Whether a claim other than `key` still uses (or may use) a staging path.
@@ -154,17 +174,42 @@ mod tests {
     #[test]
     fn state_round_trips_and_a_corrupt_file_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(LocalState::load(dir.path()).unwrap(), LocalState::default());
-        let mut s = LocalState::default();
-        s.publishes.insert(
+        assert_eq!(
+            *LocalState::load(dir.path()).unwrap(),
+            LocalState::default()
+        );
+        let mut j = LocalState::load(dir.path()).unwrap();
+        j.state_mut().publishes.insert(
             "claims/n/default/c".into(),
             record("/s", Step::Uncertain, false),
         );
-        s.save(dir.path()).unwrap();
-        assert_eq!(LocalState::load(dir.path()).unwrap(), s);
-        std::fs::write(dir.path().join(FILE), b"{not json").unwrap();
+        j.commit().unwrap();
+        assert_eq!(*LocalState::load(dir.path()).unwrap(), *j);
+        std::fs::write(dir.path().join(FILE), b"{not json\n").unwrap();
         let e = format!("{:#}", LocalState::load(dir.path()).unwrap_err());
         assert!(e.contains("not a valid agent state"), "{e}");
+    }
+
+    #[test]
+    fn an_earlier_versions_state_json_is_imported_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = serde_json::json!({
+            "stages": {"/s": {"namespace": "default", "volume": "v", "plugin_id": "p",
+                              "external_id": "e", "step": "done"}},
+            "publishes": {"claims/n/default/c": record("/s", Step::Done, false)},
+        });
+        std::fs::write(dir.path().join(LEGACY_FILE), old.to_string()).unwrap();
+        let j = LocalState::load(dir.path()).unwrap();
+        assert_eq!(j.stages.len(), 1);
+        assert_eq!(j.publishes.len(), 1);
+        assert!(!dir.path().join(LEGACY_FILE).exists());
+        drop(j);
+        let again = LocalState::load(dir.path()).unwrap();
+        assert_eq!(again.publishes["claims/n/default/c"].step, Step::Done);
+
+        std::fs::write(dir.path().join(LEGACY_FILE), b"{not json").unwrap();
+        let e = format!("{:#}", LocalState::load(dir.path()).unwrap_err());
+        assert!(e.contains("state.json is not a valid agent state"), "{e}");
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod state;
 use moor::csi::v1::{
     controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
 };
+use moor::journal::Journal;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -121,7 +122,7 @@ struct Inner {
     cfg: Config,
     capacity: i64,
     topology: BTreeMap<String, String>,
-    state: Mutex<State>,
+    state: Mutex<Journal<State>>,
     log: CallLog,
     faults: Arc<Faults>,
 }
@@ -235,18 +236,26 @@ impl Plugin {
         result.map(Response::new)
     }
 
-    /// Changes the state: `f` edits a copy, which is saved before it replaces the live
-    /// state, so a failed save changes nothing.
+    /// Changes the state: what `f` changed is saved before the call goes on; if `f`
+    /// fails or the save does, nothing changes.
     async fn mutate<R>(
         &self,
         f: impl FnOnce(&mut State) -> Result<R, Status>,
     ) -> Result<R, Status> {
         let mut state = self.inner.state.lock().await;
-        let mut next = state.clone();
-        let r = f(&mut next)?;
-        next.save(&self.cfg().state_dir)
-            .map_err(|e| Status::internal(format!("cannot save state: {e}")))?;
-        *state = next;
+        let r = match f(state.state_mut()) {
+            Ok(r) => r,
+            Err(e) => {
+                state.rollback();
+                return Err(e);
+            }
+        };
+        state.commit().map_err(|e| {
+            Status::internal(format!(
+                "cannot save state: {}",
+                moor::runtime::controller::error_chain(&e)
+            ))
+        })?;
         Ok(r)
     }
 

@@ -1,7 +1,8 @@
 //! The plugin's persisted state: volumes, snapshots, attachments, stages and publishes,
-//! rewritten atomically (temp file + rename) after every change, so a restarted plugin
-//! knows everything it did.
+//! each change appended to `state.jsonl` (a [`Journal`]), so a restarted plugin knows
+//! everything it did.
 
+use moor::journal::{Journal, JournalError, Journaled, Table, Tables};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -87,26 +88,49 @@ pub struct PublishRec {
 }
 
 /// Everything the plugin knows.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct State {
     /// Volumes by id.
-    #[serde(default)]
-    pub volumes: BTreeMap<String, VolumeRec>,
+    pub volumes: Table<String, VolumeRec>,
     /// Snapshots by id.
-    #[serde(default)]
-    pub snapshots: BTreeMap<String, SnapshotRec>,
+    pub snapshots: Table<String, SnapshotRec>,
     /// Stages by staging path.
-    #[serde(default)]
-    pub stages: BTreeMap<PathBuf, StageRec>,
+    pub stages: Table<PathBuf, StageRec>,
     /// Publishes by target path.
-    #[serde(default)]
-    pub publishes: BTreeMap<PathBuf, PublishRec>,
+    pub publishes: Table<PathBuf, PublishRec>,
 }
 
-/// Why state could not be loaded or saved.
+impl Tables for State {
+    fn tables(&mut self) -> Vec<(&'static str, &mut dyn Journaled)> {
+        vec![
+            ("volumes", &mut self.volumes),
+            ("snapshots", &mut self.snapshots),
+            ("stages", &mut self.stages),
+            ("publishes", &mut self.publishes),
+        ]
+    }
+}
+
+/// What earlier versions wrote, whole, to `state.json`.
+#[derive(Deserialize)]
+struct Legacy {
+    #[serde(default)]
+    volumes: BTreeMap<String, VolumeRec>,
+    #[serde(default)]
+    snapshots: BTreeMap<String, SnapshotRec>,
+    #[serde(default)]
+    stages: BTreeMap<PathBuf, StageRec>,
+    #[serde(default)]
+    publishes: BTreeMap<PathBuf, PublishRec>,
+}
+
+/// Why state could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    /// Reading or writing the file failed.
+    /// The journal could not be read or is corrupt.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// Reading or removing the earlier versions' file failed.
     #[error("state file {path}")]
     Io {
         /// The file.
@@ -115,7 +139,7 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
-    /// The file is not valid state.
+    /// The earlier versions' file is not valid state.
     #[error("state file {path} is corrupt")]
     Corrupt {
         /// The file.
@@ -127,34 +151,46 @@ pub enum StateError {
 }
 
 impl State {
-    /// The state file in a state directory.
+    /// The state journal in a state directory.
     pub fn file(dir: &Path) -> PathBuf {
-        dir.join("state.json")
+        dir.join("state.jsonl")
     }
 
-    /// Loads the state, empty when the file does not exist yet.
-    pub fn load(dir: &Path) -> Result<State, StateError> {
-        let path = State::file(dir);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|source| StateError::Corrupt { path, source }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),
-            Err(source) => Err(StateError::Io { path, source }),
-        }
-    }
-
-    /// Saves the state atomically.
-    pub fn save(&self, dir: &Path) -> Result<(), StateError> {
-        let path = State::file(dir);
-        let tmp = dir.join("state.json.tmp");
+    /// Opens the state journal (empty when it does not exist yet), importing the
+    /// `state.json` of earlier versions once. Commits are not fsynced: the file
+    /// outlives the process (a crash or kill), not the machine's page cache.
+    pub fn load(dir: &Path) -> Result<Journal<State>, StateError> {
+        let mut journal = Journal::<State>::open(&State::file(dir), false)?;
+        let legacy = dir.join("state.json");
         let io = |source| StateError::Io {
-            path: path.clone(),
+            path: legacy.clone(),
             source,
         };
-        // Serialising plain data to JSON cannot fail.
-        let bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
-        std::fs::write(&tmp, bytes).map_err(io)?;
-        std::fs::rename(&tmp, &path).map_err(io)
+        let bytes = match std::fs::read(&legacy) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(journal),
+            Err(e) => return Err(io(e)),
+        };
+        let old: Legacy = serde_json::from_slice(&bytes).map_err(|source| StateError::Corrupt {
+            path: legacy.clone(),
+            source,
+        })?;
+        let s = journal.state_mut();
+        old.volumes
+            .into_iter()
+            .for_each(|(k, v)| drop(s.volumes.insert(k, v)));
+        old.snapshots
+            .into_iter()
+            .for_each(|(k, v)| drop(s.snapshots.insert(k, v)));
+        old.stages
+            .into_iter()
+            .for_each(|(k, v)| drop(s.stages.insert(k, v)));
+        old.publishes
+            .into_iter()
+            .for_each(|(k, v)| drop(s.publishes.insert(k, v)));
+        journal.commit()?;
+        std::fs::remove_file(&legacy).map_err(io)?;
+        Ok(journal)
     }
 
     /// The volume created under a name.
@@ -172,22 +208,41 @@ impl State {
 mod tests {
     use super::*;
 
+    fn stage() -> StageRec {
+        StageRec {
+            volume_id: "v".into(),
+            staging_path: "/s".into(),
+            block: false,
+        }
+    }
+
     #[test]
     fn state_round_trips_and_a_corrupt_file_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(State::load(dir.path()).unwrap(), State::default());
-        let mut s = State::default();
-        s.stages.insert(
-            "/s".into(),
-            StageRec {
-                volume_id: "v".into(),
-                staging_path: "/s".into(),
-                block: false,
-            },
+        assert_eq!(*State::load(dir.path()).unwrap(), State::default());
+        let mut j = State::load(dir.path()).unwrap();
+        j.state_mut().stages.insert("/s".into(), stage());
+        j.commit().unwrap();
+        assert_eq!(*State::load(dir.path()).unwrap(), *j);
+        std::fs::write(State::file(dir.path()), "{garbage\n").unwrap();
+        assert!(matches!(
+            State::load(dir.path()),
+            Err(StateError::Journal(JournalError::Corrupt { .. }))
+        ));
+    }
+
+    #[test]
+    fn an_earlier_versions_state_json_is_imported_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = serde_json::json!({"stages": {"/s": stage()}});
+        std::fs::write(dir.path().join("state.json"), old.to_string()).unwrap();
+        assert_eq!(State::load(dir.path()).unwrap().stages.len(), 1);
+        assert!(!dir.path().join("state.json").exists());
+        assert_eq!(
+            State::load(dir.path()).unwrap().stages["/s".as_ref() as &Path],
+            stage()
         );
-        s.save(dir.path()).unwrap();
-        assert_eq!(State::load(dir.path()).unwrap(), s);
-        std::fs::write(State::file(dir.path()), "{garbage").unwrap();
+        std::fs::write(dir.path().join("state.json"), "{garbage").unwrap();
         assert!(matches!(
             State::load(dir.path()),
             Err(StateError::Corrupt { .. })

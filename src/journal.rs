@@ -1,0 +1,533 @@
+//! A small durable state of keyed tables, persisted as a journal of changes.
+//!
+//! The node agent and moor-hostpath each keep what they did (stages, publishes,
+//! volumes) in a local file so a restart loses nothing. Rewriting the whole state on
+//! every change made each change cost as much as the state is large: with thousands of
+//! records a node's publishes became quadratic. Here each commit appends one line
+//! holding only the records it changed, and the file is rewritten whole only when it
+//! holds more than about twice the live records (so a change costs O(its records),
+//! amortised).
+//!
+//! Expected flow:
+//! 1. [`Journal::open`] replays the file into the state (`S`, a struct of [`Table`]s).
+//!    A last line cut short by a crash is dropped: its commit never finished.
+//! 2. Edit through [`Journal::state_mut`]: `insert`, `remove` and `get_mut` on a table
+//!    remember each touched record's value from before.
+//! 3. [`Journal::commit`] appends the touched records as one line (one commit is
+//!    all-or-nothing on replay), with fdatasync when the journal is durable; if the
+//!    write fails the edits are undone. [`Journal::rollback`] undoes them without
+//!    writing.
+//!
+//! Line format: a JSON array of `[table, key, value]`, `value` null for a removal.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::borrow::Borrow;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+
+/// Why a journal could not be opened or written.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Reading or writing the file failed.
+    #[error("journal {path}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A complete line of the file is not a valid commit.
+    #[error("journal {path} is corrupt at line {line}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A line names a table the state does not have.
+    #[error("journal {path} line {line} names an unknown table {table:?}")]
+    UnknownTable {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The table's name.
+        table: String,
+    },
+}
+
+/// A map whose changes since the last commit are remembered (with the values from
+/// before, to undo them). Reads go through `Deref` to the map.
+#[derive(Debug, Clone)]
+pub struct Table<K, V> {
+    map: BTreeMap<K, V>,
+    before: BTreeMap<K, Option<V>>,
+}
+
+impl<K, V> Default for Table<K, V> {
+    fn default() -> Self {
+        Table {
+            map: BTreeMap::new(),
+            before: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: PartialEq, V: PartialEq> PartialEq for Table<K, V> {
+    fn eq(&self, other: &Self) -> bool {
+        self.map == other.map
+    }
+}
+
+impl<K, V> Deref for Table<K, V> {
+    type Target = BTreeMap<K, V>;
+    fn deref(&self) -> &BTreeMap<K, V> {
+        &self.map
+    }
+}
+
+impl<K: Ord + Clone, V: Clone> Table<K, V> {
+    fn remember(&mut self, key: &K) {
+        if !self.before.contains_key(key) {
+            self.before.insert(key.clone(), self.map.get(key).cloned());
+        }
+    }
+
+    /// Inserts or replaces a record.
+    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
+        self.remember(&key);
+        self.map.insert(key, value)
+    }
+
+    /// Removes a record.
+    pub fn remove<Q>(&mut self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let owned = self.map.get_key_value(key)?.0.clone();
+        self.remember(&owned);
+        self.map.remove(key)
+    }
+
+    /// A record to change in place.
+    pub fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let owned = self.map.get_key_value(key)?.0.clone();
+        self.remember(&owned);
+        self.map.get_mut(key)
+    }
+}
+
+/// One table as the journal sees it, whatever its key and value types.
+pub trait Journaled {
+    /// Appends `[name, key, value]` for every record changed since the last settle
+    /// (touched records whose value ended as it was are left out); returns how many.
+    fn write_changes(&self, name: &str, out: &mut Vec<u8>) -> serde_json::Result<usize>;
+    /// Appends `[name, key, value]` for every record.
+    fn write_all(&self, name: &str, out: &mut Vec<u8>) -> serde_json::Result<usize>;
+    /// Applies one replayed change.
+    fn replay(
+        &mut self,
+        key: serde_json::Value,
+        value: Option<serde_json::Value>,
+    ) -> serde_json::Result<()>;
+    /// Forgets the remembered values: the changes are written.
+    fn settle(&mut self);
+    /// Undoes every change since the last settle.
+    fn rollback(&mut self);
+    /// Records held.
+    fn records(&self) -> usize;
+}
+
+fn push_change<K: Serialize, V: Serialize>(
+    out: &mut Vec<u8>,
+    name: &str,
+    key: &K,
+    value: Option<&V>,
+) -> serde_json::Result<()> {
+    if out.last() != Some(&b'[') {
+        out.push(b',');
+    }
+    serde_json::to_writer(&mut *out, &(name, key, value))
+}
+
+impl<K, V> Journaled for Table<K, V>
+where
+    K: Ord + Clone + Serialize + DeserializeOwned,
+    V: Clone + PartialEq + Serialize + DeserializeOwned,
+{
+    fn write_changes(&self, name: &str, out: &mut Vec<u8>) -> serde_json::Result<usize> {
+        let mut n = 0;
+        for (key, before) in &self.before {
+            let now = self.map.get(key);
+            if now != before.as_ref() {
+                push_change(out, name, key, now)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    fn write_all(&self, name: &str, out: &mut Vec<u8>) -> serde_json::Result<usize> {
+        for (key, value) in &self.map {
+            push_change(out, name, key, Some(value))?;
+        }
+        Ok(self.map.len())
+    }
+
+    fn replay(
+        &mut self,
+        key: serde_json::Value,
+        value: Option<serde_json::Value>,
+    ) -> serde_json::Result<()> {
+        let key: K = serde_json::from_value(key)?;
+        match value {
+            Some(v) => {
+                self.map.insert(key, serde_json::from_value(v)?);
+            }
+            None => {
+                self.map.remove(&key);
+            }
+        }
+        Ok(())
+    }
+
+    fn settle(&mut self) {
+        self.before.clear();
+    }
+
+    fn rollback(&mut self) {
+        for (key, before) in std::mem::take(&mut self.before) {
+            match before {
+                Some(v) => self.map.insert(key, v),
+                None => self.map.remove(&key),
+            };
+        }
+    }
+
+    fn records(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// A state made of named tables. The names are written in the file: keep them.
+pub trait Tables: Default {
+    /// Every table with its name.
+    fn tables(&mut self) -> Vec<(&'static str, &mut dyn Journaled)>;
+}
+
+/// Commits written beyond the live records before the file is rewritten whole.
+const SLACK: usize = 1024;
+
+/// A [`Tables`] state and the file its changes are appended to.
+#[derive(Debug)]
+pub struct Journal<S> {
+    state: S,
+    path: PathBuf,
+    file: File,
+    /// Changes in the file (a rewrite makes it the live record count).
+    written: usize,
+    durable: bool,
+}
+
+impl<S> Deref for Journal<S> {
+    type Target = S;
+    fn deref(&self) -> &S {
+        &self.state
+    }
+}
+
+impl<S: Tables> Journal<S> {
+    /// Opens (or creates) the journal at `path` and replays it. `durable` syncs every
+    /// commit to disk (fdatasync) before it returns.
+    pub fn open(path: &Path, durable: bool) -> Result<Journal<S>, JournalError> {
+        let io = |source| JournalError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(io)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io)?;
+        let mut state = S::default();
+        let mut written = 0;
+        // A tail without its newline is a commit a crash cut short: drop it.
+        let complete = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        for (i, line) in bytes[..complete].split(|b| *b == b'\n').enumerate() {
+            if line.is_empty() {
+                continue;
+            }
+            let corrupt = |source| JournalError::Corrupt {
+                path: path.to_path_buf(),
+                line: i + 1,
+                source,
+            };
+            let changes: Vec<(String, serde_json::Value, Option<serde_json::Value>)> =
+                serde_json::from_slice(line).map_err(corrupt)?;
+            let mut tables = state.tables();
+            for (table, key, value) in changes {
+                let Some((_, t)) = tables.iter_mut().find(|(n, _)| *n == table) else {
+                    return Err(JournalError::UnknownTable {
+                        path: path.to_path_buf(),
+                        line: i + 1,
+                        table,
+                    });
+                };
+                t.replay(key, value).map_err(corrupt)?;
+                written += 1;
+            }
+        }
+        if complete < bytes.len() {
+            file.set_len(complete as u64).map_err(io)?;
+        }
+        Ok(Journal {
+            state,
+            path: path.to_path_buf(),
+            file,
+            written,
+            durable,
+        })
+    }
+
+    /// The state as committed (plus any uncommitted edits).
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// The state to edit; [`Journal::commit`] or [`Journal::rollback`] afterwards.
+    pub fn state_mut(&mut self) -> &mut S {
+        &mut self.state
+    }
+
+    /// Writes the edits since the last commit; on failure they are undone.
+    pub fn commit(&mut self) -> Result<(), JournalError> {
+        let mut line = vec![b'['];
+        let mut changes = 0;
+        let serialised: serde_json::Result<()> =
+            self.state.tables().into_iter().try_for_each(|(name, t)| {
+                changes += t.write_changes(name, &mut line)?;
+                Ok(())
+            });
+        if let Err(e) = serialised {
+            self.rollback();
+            return Err(self.io(std::io::Error::other(e)));
+        }
+        if changes == 0 {
+            self.settle();
+            return Ok(());
+        }
+        line.extend_from_slice(b"]\n");
+        if let Err(e) = self.append(&line) {
+            self.rollback();
+            return Err(e);
+        }
+        self.settle();
+        self.written += changes;
+        let live: usize = self.state.tables().iter().map(|(_, t)| t.records()).sum();
+        if self.written > 2 * live + SLACK {
+            // The journal stays valid if this fails; the next commit tries again.
+            if let Err(e) = self.rewrite(live) {
+                tracing::warn!(error = %crate::runtime::controller::error_chain(&e), "cannot compact the journal");
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes the edits since the last commit.
+    pub fn rollback(&mut self) {
+        for (_, t) in self.state.tables() {
+            t.rollback();
+        }
+    }
+
+    fn settle(&mut self) {
+        for (_, t) in self.state.tables() {
+            t.settle();
+        }
+    }
+
+    fn io(&self, source: std::io::Error) -> JournalError {
+        JournalError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn append(&mut self, line: &[u8]) -> Result<(), JournalError> {
+        let len = self.file.metadata().map_err(|e| self.io(e))?.len();
+        let written = self.file.write_all(line).and_then(|()| match self.durable {
+            true => self.file.sync_data(),
+            false => Ok(()),
+        });
+        if let Err(e) = written {
+            // Leave no partial line behind to be taken for a commit.
+            let _ = self.file.set_len(len);
+            return Err(self.io(e));
+        }
+        Ok(())
+    }
+
+    /// Rewrites the file with only the live records: a temp file, synced, renamed over.
+    fn rewrite(&mut self, live: usize) -> Result<(), JournalError> {
+        let mut line = vec![b'['];
+        let serialised: serde_json::Result<()> = self
+            .state
+            .tables()
+            .into_iter()
+            .try_for_each(|(name, t)| t.write_all(name, &mut line).map(drop));
+        serialised.map_err(|e| self.io(std::io::Error::other(e)))?;
+        line.extend_from_slice(b"]\n");
+        let tmp = self.path.with_extension("rewrite");
+        let written = (|| {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&line)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.path)?;
+            if let Some(dir) = self.path.parent().and_then(|d| File::open(d).ok()) {
+                dir.sync_all()?;
+            }
+            OpenOptions::new().append(true).open(&self.path)
+        })();
+        self.file = written.map_err(|e| self.io(e))?;
+        self.written = live;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default, PartialEq)]
+    struct State {
+        names: Table<String, u32>,
+        paths: Table<PathBuf, String>,
+    }
+
+    impl Tables for State {
+        fn tables(&mut self) -> Vec<(&'static str, &mut dyn Journaled)> {
+            vec![("names", &mut self.names), ("paths", &mut self.paths)]
+        }
+    }
+
+    fn open(path: &Path) -> Journal<State> {
+        Journal::open(path, true).unwrap()
+    }
+
+    #[test]
+    fn commits_replay_after_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let mut j = open(&path);
+        j.state_mut().names.insert("a".into(), 1);
+        j.state_mut().paths.insert("/x".into(), "x".into());
+        j.commit().unwrap();
+        *j.state_mut().names.get_mut("a").unwrap() = 2;
+        j.state_mut().paths.remove(Path::new("/x"));
+        j.commit().unwrap();
+        let again = open(&path);
+        assert_eq!(again.state().names.get("a"), Some(&2));
+        assert!(again.state().paths.is_empty());
+        assert_eq!(again.state(), j.state());
+    }
+
+    #[test]
+    fn a_rollback_or_a_failed_edit_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let mut j = open(&path);
+        j.state_mut().names.insert("keep".into(), 1);
+        j.commit().unwrap();
+        j.state_mut().names.insert("new".into(), 2);
+        j.state_mut().names.remove("keep");
+        j.rollback();
+        assert_eq!(j.state().names.keys().collect::<Vec<_>>(), ["keep"]);
+        j.commit().unwrap();
+        assert_eq!(open(&path).state().names.len(), 1);
+    }
+
+    #[test]
+    fn a_commit_touches_only_what_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let mut j = open(&path);
+        for i in 0..100 {
+            j.state_mut().names.insert(format!("n{i}"), i);
+        }
+        j.commit().unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        j.state_mut().names.insert("n5".into(), 500);
+        // Set back to what it was: no change to write.
+        j.state_mut().names.insert("n6".into(), 7);
+        j.state_mut().names.insert("n6".into(), 6);
+        j.commit().unwrap();
+        let grown = std::fs::metadata(&path).unwrap().len() - size;
+        assert_eq!(grown, r#"[["names","n5",500]]"#.len() as u64 + 1);
+        j.commit().unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len() - size, grown);
+    }
+
+    #[test]
+    fn a_line_cut_short_is_dropped_and_a_corrupt_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let mut j = open(&path);
+        j.state_mut().names.insert("a".into(), 1);
+        j.commit().unwrap();
+        drop(j);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(br#"[["names","b",2],["na"#).unwrap();
+        let mut j = open(&path);
+        assert_eq!(j.state().names.len(), 1, "the torn commit is not applied");
+        j.state_mut().names.insert("c".into(), 3);
+        j.commit().unwrap();
+        assert_eq!(open(&path).state().names.len(), 2);
+
+        std::fs::write(&path, "[[\"names\",\"a\",1]]\nnot json\n").unwrap();
+        let e = Journal::<State>::open(&path, true).unwrap_err();
+        assert!(matches!(e, JournalError::Corrupt { line: 2, .. }), "{e:?}");
+        std::fs::write(&path, "[[\"other\",\"a\",1]]\n").unwrap();
+        let e = Journal::<State>::open(&path, true).unwrap_err();
+        assert!(
+            matches!(e, JournalError::UnknownTable { line: 1, .. }),
+            "{e:?}"
+        );
+        std::fs::write(&path, "[[\"names\",\"a\",\"not a number\"]]\n").unwrap();
+        let e = Journal::<State>::open(&path, true).unwrap_err();
+        assert!(matches!(e, JournalError::Corrupt { line: 1, .. }), "{e:?}");
+    }
+
+    #[test]
+    fn the_file_is_rewritten_when_mostly_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let mut j = open(&path);
+        for i in 0..(3 * SLACK) {
+            j.state_mut().names.insert("hot".into(), i as u32);
+            j.commit().unwrap();
+        }
+        assert!(j.written <= SLACK + 2, "written {}", j.written);
+        let lines = std::fs::read_to_string(&path).unwrap().lines().count();
+        assert!(lines <= SLACK + 2, "{lines} lines");
+        assert_eq!(
+            open(&path).state().names.get("hot"),
+            Some(&(3 * SLACK as u32 - 1))
+        );
+    }
+}
