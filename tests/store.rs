@@ -96,6 +96,48 @@ async fn conflicting_update_is_a_conflict_and_loses_nothing(backend: Backend) {
     assert_eq!(read.status.provisioning.phase, VolumePhase::Pending);
 }
 
+async fn one_update_writes_spec_and_status_over_what_was_read(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    let v = store.create(&volume("v1")).await.unwrap();
+
+    let mut next = v.clone();
+    next.spec.capacity_max = Some(Size(3 << 30));
+    next.status.provisioning.phase = VolumePhase::Ready;
+    next.metadata.uid = "forged".into();
+    let written = store.update(&v, &next).await.unwrap();
+    assert_eq!(
+        written.metadata.resource_version,
+        v.metadata.resource_version + 1,
+        "spec and status in one write"
+    );
+    assert_eq!(written.metadata.generation, 2);
+    assert_eq!(written.metadata.uid, v.metadata.uid, "identity comes from the read");
+    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    assert_eq!(read, written);
+
+    // A status-only update keeps the generation.
+    let mut ready = written.clone();
+    ready.status.provisioning.phase = VolumePhase::Failed;
+    let written = store.update(&read, &ready).await.unwrap();
+    assert_eq!(written.metadata.generation, 2);
+
+    // From a stale read: a conflict, and nothing lost.
+    let mut stale = v.clone();
+    stale.spec.capacity_max = Some(Size(9 << 30));
+    assert!(matches!(
+        store.update(&v, &stale).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    let mut moved = written.clone();
+    moved.metadata.name = Name::new("v2").unwrap();
+    let kept = store.update(&written, &moved).await.unwrap();
+    assert_eq!(kept.metadata.name.as_str(), "v1", "an update keeps the key it read");
+    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    assert_eq!(read.spec.capacity_max, Some(Size(3 << 30)));
+    assert_eq!(read.status.provisioning.phase, VolumePhase::Failed);
+}
+
 async fn section_writers_both_land_through_modify_status(backend: Backend) {
     let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
@@ -311,6 +353,7 @@ crate::both_stores!(
     invalid_objects_are_not_written,
     update_bumps_generation_on_spec_change_and_keeps_status,
     conflicting_update_is_a_conflict_and_loses_nothing,
+    one_update_writes_spec_and_status_over_what_was_read,
     section_writers_both_land_through_modify_status,
     delete_honours_precondition_and_finalizers,
     list_pages_through_every_key_and_reports_malformed_ones,

@@ -115,6 +115,8 @@ struct AttachRun {
     single_attach_ms: Percentiles,
     controller_publish_calls: usize,
     controller_publish_calls_per_attachment: f64,
+    cpu_attach: cluster::Cpu,
+    cpu_detach: cluster::Cpu,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -328,7 +330,7 @@ async fn run_one(
     }
     let reaction_idle_ms = phases::Calls::read(&cluster.call_logs)?.reaction(&idle_stops);
 
-    let attach = attach_phase(args, &cluster, &store, &tracker, attach_n, long).await?;
+    let attach = attach_phase(args, &cluster, &srv.proc, &store, &tracker, attach_n, long).await?;
     let restart = restart_phase(&mut cluster, &store, &tracker, n.min(1000), long).await?;
 
     let publish_writes = (rev1 - rev0) as f64;
@@ -366,6 +368,7 @@ async fn run_one(
 async fn attach_phase(
     args: &Args,
     cluster: &Cluster,
+    store_proc: &cluster::Proc,
     store: &Store,
     tracker: &Tracker,
     n: usize,
@@ -377,6 +380,7 @@ async fn attach_phase(
     let allocs = (0..n)
         .map(|i| phases::allocation("att", i, &n1))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let cpu0 = cluster.cpu(store_proc);
     let t = Instant::now();
     phases::write_allocations(store, allocs).await?;
     tracker
@@ -385,6 +389,7 @@ async fn attach_phase(
         })
         .await?;
     let attach_s = t.elapsed().as_secs_f64();
+    let cpu1 = cluster.cpu(store_proc);
     let t = Instant::now();
     phases::stop_allocations(store, "att", 0..n).await?;
     tracker
@@ -393,6 +398,7 @@ async fn attach_phase(
         })
         .await?;
     let detach_s = t.elapsed().as_secs_f64();
+    let cpu2 = cluster.cpu(store_proc);
     let calls = phases::Calls::read(&cluster.call_logs)?;
     let (publishes, attachments) = calls.publishes_per_attachment(before);
 
@@ -431,6 +437,8 @@ async fn attach_phase(
         detaches_per_s: n as f64 / detach_s,
         single_attach_ms: Percentiles::of(&mut single),
         controller_publish_calls: publishes,
+        cpu_attach: cpu1.since(&cpu0),
+        cpu_detach: cpu2.since(&cpu1),
         controller_publish_calls_per_attachment: if have_log && attachments > 0 {
             publishes as f64 / attachments as f64
         } else {
@@ -556,6 +564,8 @@ fn table(runs: &[Run]) -> String {
             r.attach.detaches_per_s, r.attach.detach_s
         )
     });
+    row("CPU during attach", &|r| r.attach.cpu_attach.cell());
+    row("CPU during detach", &|r| r.attach.cpu_detach.cell());
     row("attach only: single attach, idle", &|r| {
         r.attach.single_attach_ms.cell()
     });

@@ -380,6 +380,47 @@ impl Store {
         }
     }
 
+    /// Writes `next` (spec, labels, finalizers and status) over `read`, the object as
+    /// stored at `read.metadata.resource_version` (from this process's cache or its last
+    /// write), guarded by that version: a concurrent change is
+    /// [`StoreError::Conflict`]. For the single writer of both spec and status (the
+    /// controller's claims, an agent's mounts): one write, no read first, where
+    /// [`Store::replace`] then [`Store::replace_status`] cost two reads and two writes.
+    /// Identity and timestamps come from `read`; generation is bumped when the spec
+    /// changed. Removing the last finalizer of an object being deleted deletes it.
+    pub async fn update<S: Spec>(
+        &self,
+        read: &Object<S>,
+        next: &Object<S>,
+    ) -> Result<Object<S>, StoreError> {
+        let mut obj = next.clone();
+        obj.apply_defaults();
+        obj.metadata.name = read.metadata.name.clone();
+        obj.metadata.namespace = read.metadata.namespace.clone();
+        Store::check(&obj)?;
+        if obj.key() != read.key() {
+            let mut errors = crate::api::ValidationErrors::default();
+            errors.push(
+                "spec",
+                format!("would move {} to {}", read.key(), obj.key()),
+            );
+            return Err(StoreError::Invalid {
+                kind: S::KIND,
+                errors,
+            });
+        }
+        obj.metadata.uid = read.metadata.uid.clone();
+        obj.metadata.creation_timestamp = read.metadata.creation_timestamp;
+        obj.metadata.deletion_timestamp = read.metadata.deletion_timestamp;
+        obj.metadata.generation = read.metadata.generation + i64::from(obj.spec != read.spec);
+        let rv = read.metadata.resource_version;
+        if obj.is_deleting() && obj.metadata.finalizers.is_empty() {
+            self.delete_at(&obj.key(), rv).await?;
+            return Ok(obj);
+        }
+        self.write_at(obj, rv).await
+    }
+
     /// Read-modify-write of a status: reads the object, lets `f` edit its status, and
     /// writes it back with compare-and-swap, retrying on conflict. For writers that own
     /// one section of a status shared with another writer. `f` returning false skips the

@@ -81,9 +81,14 @@ impl Attacher {
             .locks
             .lock(&format!("{}/{}", att.metadata.namespace, att.spec.volume))
             .await;
-        // The cache may lag our own last write: act on what etcd holds now.
-        let suffix = crate::common::suffix::<AttachmentSpec>(&key);
-        let Some(att) = self.ctx.reads.try_get::<AttachmentSpec>(suffix).await? else {
+        // The cache may lag our own last write: then act on what etcd holds now.
+        let cached = reader.get(&key);
+        let Some(att) = self
+            .ctx
+            .own_writes
+            .fresh(&self.ctx.reads, &key, cached)
+            .await?
+        else {
             return Ok(Action::AwaitChange);
         };
         if att.spec.detach {
@@ -101,17 +106,39 @@ impl Attacher {
         ))
     }
 
+    /// Writes `f` onto the status of `known` (as last read or written): guarded by its
+    /// version, with no read; if someone wrote since, through a fresh read.
+    async fn write_status(
+        &self,
+        known: &Attachment,
+        f: impl Fn(&mut AttachmentStatus),
+    ) -> Result<Attachment, StoreError> {
+        let mut next = known.clone();
+        f(&mut next.status);
+        if next.status == known.status {
+            return Ok(next);
+        }
+        let written = match self.ctx.writes.update(known, &next).await {
+            Err(StoreError::Conflict { .. }) => {
+                let suffix = known.spec.key_suffix(&known.metadata);
+                self.ctx
+                    .writes
+                    .modify_status::<AttachmentSpec>(&suffix, |_, st| {
+                        f(st);
+                        true
+                    })
+                    .await?
+            }
+            other => other?,
+        };
+        self.ctx.own_writes.wrote(&written);
+        Ok(written)
+    }
+
     async fn attach(&self, att: &Attachment) -> Result<(), AttachError> {
-        let suffix = att.spec.key_suffix(&att.metadata);
         let was_uncertain = att.status.uncertain;
         // Checkpoint: from here on the volume may be attached.
-        self.ctx
-            .writes
-            .modify_status::<AttachmentSpec>(&suffix, |_, st| {
-                st.uncertain = true;
-                true
-            })
-            .await?;
+        let att = &self.write_status(att, |st| st.uncertain = true).await?;
         let volume = self.volume(att);
         let (secrets, mut context) = match &volume {
             Some(v) => (v.spec.secrets.expose().clone(), v.spec.context.clone()),
@@ -146,33 +173,27 @@ impl Attacher {
             .await;
         match r {
             Ok(resp) => {
-                self.ctx
-                    .writes
-                    .modify_status::<AttachmentSpec>(&suffix, |_, st| {
-                        st.phase = AttachmentPhase::Attached;
-                        st.publish_context = resp.publish_context.clone();
-                        st.uncertain = false;
-                        st.meta.last_error = None;
-                        st.meta.set_condition("Attached", true, "Published", "");
-                        true
-                    })
-                    .await?;
+                self.write_status(att, |st| {
+                    st.phase = AttachmentPhase::Attached;
+                    st.publish_context = resp.publish_context.clone();
+                    st.uncertain = false;
+                    st.meta.last_error = None;
+                    st.meta.set_condition("Attached", true, "Published", "");
+                })
+                .await?;
                 self.event(att, "Attach volume", None).await;
                 Ok(())
             }
             Err(e) => {
                 let uncertain = was_uncertain || e.is_uncertain();
                 let msg = e.to_string();
-                self.ctx
-                    .writes
-                    .modify_status::<AttachmentSpec>(&suffix, |_, st| {
-                        st.uncertain = uncertain;
-                        st.meta.last_error = Some(msg.clone());
-                        st.meta
-                            .set_condition("Attached", false, "PublishFailed", &msg);
-                        true
-                    })
-                    .await?;
+                self.write_status(att, |st| {
+                    st.uncertain = uncertain;
+                    st.meta.last_error = Some(msg.clone());
+                    st.meta
+                        .set_condition("Attached", false, "PublishFailed", &msg);
+                })
+                .await?;
                 self.event(att, "Attach volume", Some(msg)).await;
                 Err(e.into())
             }
@@ -207,14 +228,11 @@ impl Attacher {
                 Err(e) if e.is_not_found() => {}
                 Err(e) => {
                     let msg = e.to_string();
-                    self.ctx
-                        .writes
-                        .modify_status::<AttachmentSpec>(&suffix, |_, st| {
-                            st.phase = AttachmentPhase::Detaching;
-                            st.meta.last_error = Some(msg.clone());
-                            true
-                        })
-                        .await?;
+                    self.write_status(att, |st| {
+                        st.phase = AttachmentPhase::Detaching;
+                        st.meta.last_error = Some(msg.clone());
+                    })
+                    .await?;
                     self.event(att, "Detach volume", Some(msg)).await;
                     return Err(e.into());
                 }

@@ -233,6 +233,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
                     policy: policy.clone(),
                     recorder: recorder.clone(),
                     locks: KeyedLocks::default(),
+                    own_writes: Default::default(),
                 };
                 let metrics = metrics.clone();
                 async move { ctx.run(metrics, stop).await }
@@ -268,6 +269,8 @@ pub struct ControllerPluginCtx {
     pub recorder: Recorder,
     /// One in-flight controller call per volume.
     pub locks: KeyedLocks,
+    /// Writes of this agent the caches have not shown yet.
+    pub own_writes: crate::common::OwnWrites,
 }
 
 /// The plugin has no channel (its endpoint could not be used).

@@ -180,7 +180,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
     if status != alloc.status {
         let mut a = (*alloc).clone();
         a.status = status;
-        match ctx.store.replace_status(&a).await {
+        match ctx.store.update(&alloc, &a).await {
             Ok(_) => {}
             Err(StoreError::Conflict { .. }) => {
                 return Ok(Action::Requeue(Duration::from_millis(50)))

@@ -189,7 +189,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
         .await;
     // Claims of one volume are serialised; a decision never rests on a cache older
     // than this process's last write of the claim (then it is read fresh).
-    let Some(claim) = ctx.claim_at_least_as_new_as_our_writes(key, cached).await? else {
+    let Some(claim) = ctx.claim(key).await? else {
         return Ok(Action::AwaitChange);
     };
     let alloc = ctx.allocations.get(&format!(
@@ -206,7 +206,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
     if !wanted && !claim.spec.release {
         let mut c = (*claim).clone();
         c.spec.release = true;
-        ctx.wrote_claim(&ctx.store.replace(&c).await?);
+        write(ctx, &claim, c).await?;
         return Ok(Action::AwaitChange);
     }
     if claim.spec.release || claim.is_deleting() {
@@ -219,21 +219,28 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
     }
 }
 
+/// Writes `next` (spec and status at once) over `claim`, as stored, if it differs.
+async fn write(ctx: &Ctx, claim: &Claim, mut next: Claim) -> Result<(), ClaimError> {
+    if next.spec == claim.spec && next.status == claim.status {
+        return Ok(());
+    }
+    if next.status != claim.status {
+        next.status.meta.observed_generation =
+            claim.metadata.generation + i64::from(next.spec != claim.spec);
+    }
+    ctx.wrote(&ctx.store.update(claim, &next).await?);
+    Ok(())
+}
+
 /// Writes the claim's status if `f` changes it.
 async fn set_status(
     ctx: &Ctx,
     claim: &Claim,
     f: impl Fn(&mut ClaimStatus),
 ) -> Result<(), ClaimError> {
-    let mut next = claim.status.clone();
-    f(&mut next);
-    if next != claim.status {
-        next.meta.observed_generation = claim.metadata.generation;
-        let mut c = claim.clone();
-        c.status = next;
-        ctx.wrote_claim(&ctx.store.replace_status(&c).await?);
-    }
-    Ok(())
+    let mut next = claim.clone();
+    f(&mut next.status);
+    write(ctx, claim, next).await
 }
 
 async fn event(ctx: &Ctx, claim: &Claim, type_: EventType, reason: &str, message: String) {
@@ -332,19 +339,12 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
     c.spec.external_id = Some(admitted.external_id);
     c.spec.volume_context = context;
-    let c = if c.spec != claim.spec {
-        let c = ctx.store.replace(&c).await?;
-        ctx.wrote_claim(&c);
-        c
-    } else {
-        c
-    };
-    set_status(ctx, &c, |st| {
-        st.phase = ClaimPhase::Admitted;
-        st.reason = None;
-        st.meta.set_condition("Admitted", true, "Admitted", "");
-    })
-    .await?;
+    c.status.phase = ClaimPhase::Admitted;
+    c.status.reason = None;
+    c.status
+        .meta
+        .set_condition("Admitted", true, "Admitted", "");
+    write(ctx, claim, c).await?;
     Ok(Action::AwaitChange)
 }
 
@@ -374,13 +374,6 @@ async fn refuse(ctx: &Ctx, claim: &Claim, verdict: Verdict) -> Result<Action, Cl
     Ok(Action::AwaitChange)
 }
 
-fn attachment_suffix(claim: &Claim) -> String {
-    format!(
-        "{}/{}/{}",
-        claim.metadata.namespace, claim.spec.volume, claim.spec.node
-    )
-}
-
 async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     let needs_attach = ctx
         .plugins
@@ -388,8 +381,14 @@ async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
         .is_some_and(|p| p.status.controller_required);
     let mut publish_context = BTreeMap::new();
     if needs_attach {
-        let att_suffix = attachment_suffix(claim);
-        match ctx.store.try_get::<AttachmentSpec>(&att_suffix).await? {
+        let attachment = ctx
+            .attachment(
+                &claim.metadata.namespace,
+                &claim.spec.volume,
+                &claim.spec.node,
+            )
+            .await?;
+        match attachment {
             None => {
                 let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
                 let csi_node_id = node
@@ -423,7 +422,8 @@ async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
                     },
                 );
                 match ctx.store.create(&att).await {
-                    Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+                    Ok(created) => ctx.wrote(&created),
+                    Err(StoreError::AlreadyExists { .. }) => {}
                     Err(e) => return Err(e.into()),
                 }
                 return waiting(ctx, claim, "waiting for the volume to be attached").await;
@@ -450,7 +450,7 @@ async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
         let mut c = claim.clone();
         c.spec.publish = true;
         c.spec.publish_context = publish_context;
-        ctx.wrote_claim(&ctx.store.replace(&c).await?);
+        write(ctx, claim, c).await?;
         return Ok(Action::AwaitChange);
     }
     let mount = ctx.mounts.get(&format!(
@@ -583,22 +583,36 @@ async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, C
         }
     }
     // Detach when no other claim of the volume on this node still needs the attachment.
-    let att_suffix = attachment_suffix(claim);
-    if let Some(att) = ctx.store.try_get::<AttachmentSpec>(&att_suffix).await? {
-        let scope = format!("{}/{}/", claim.spec.node, claim.metadata.namespace);
-        let others = ctx.store.list::<ClaimSpec>(&scope).await?.items;
+    let attachment = ctx
+        .attachment(
+            &claim.metadata.namespace,
+            &claim.spec.volume,
+            &claim.spec.node,
+        )
+        .await?;
+    if let Some(att) = attachment {
+        // The volume's other claims on the node. A claim created since the cache
+        // last heard is safe to miss: it finds the attachment detaching and waits
+        // for a new one.
+        let mut others = Vec::new();
+        for o in ctx.claims.by_index(
+            BY_VOLUME,
+            &volume_index(&claim.metadata.namespace, claim.spec.volume.as_str()),
+        ) {
+            if o.metadata.uid != claim.metadata.uid && o.spec.node == claim.spec.node {
+                others.extend(ctx.claim(&o.key()).await?);
+            }
+        }
         let needed = others.iter().any(|o| {
-            o.metadata.uid != claim.metadata.uid
-                && o.spec.volume == claim.spec.volume
-                && o.status.phase != ClaimPhase::Released
+            o.status.phase != ClaimPhase::Released
                 && (o.spec.publish || o.status.phase.is_live())
                 && !matches!(node_done(ctx, o), NodeDone::Agent | NodeDone::Skipped(_))
         });
         if !needed {
             if !att.spec.detach {
-                let mut a = att.clone();
+                let mut a = (*att).clone();
                 a.spec.detach = true;
-                ctx.store.replace(&a).await?;
+                ctx.wrote(&ctx.store.update(&att, &a).await?);
             }
             set_status(ctx, claim, |st| {
                 st.phase = ClaimPhase::Releasing;
