@@ -112,7 +112,10 @@ async fn one_update_writes_spec_and_status_over_what_was_read(backend: Backend) 
         "spec and status in one write"
     );
     assert_eq!(written.metadata.generation, 2);
-    assert_eq!(written.metadata.uid, v.metadata.uid, "identity comes from the read");
+    assert_eq!(
+        written.metadata.uid, v.metadata.uid,
+        "identity comes from the read"
+    );
     let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
     assert_eq!(read, written);
 
@@ -132,7 +135,11 @@ async fn one_update_writes_spec_and_status_over_what_was_read(backend: Backend) 
     let mut moved = written.clone();
     moved.metadata.name = Name::new("v2").unwrap();
     let kept = store.update(&written, &moved).await.unwrap();
-    assert_eq!(kept.metadata.name.as_str(), "v1", "an update keeps the key it read");
+    assert_eq!(
+        kept.metadata.name.as_str(),
+        "v1",
+        "an update keeps the key it read"
+    );
     let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
     assert_eq!(read.spec.capacity_max, Some(Size(3 << 30)));
     assert_eq!(read.status.provisioning.phase, VolumePhase::Failed);

@@ -474,6 +474,19 @@ impl Store {
         Ok(Deleted::Finalizing(Box::new(current)))
     }
 
+    /// Deletes the object as read (at its `resource_version`) without reading it
+    /// first: a change since, or the object already gone, is [`StoreError::Conflict`].
+    /// An object with finalizers is marked instead, as [`Store::delete`] does.
+    pub async fn delete_read<S: Spec>(&self, read: &Object<S>) -> Result<Deleted<S>, StoreError> {
+        let rv = read.metadata.resource_version;
+        if !read.metadata.finalizers.is_empty() {
+            let key = read.key();
+            return self.delete::<S>(&key[S::DIR.len() + 1..], Some(rv)).await;
+        }
+        self.delete_at(&read.key(), rv).await?;
+        Ok(Deleted::Gone)
+    }
+
     /// Reads the stored object and checks it is still at the caller's revision.
     async fn current_at<S: Spec>(&self, obj: &Object<S>) -> Result<Object<S>, StoreError> {
         let key = obj.key();

@@ -239,12 +239,17 @@ impl Attacher {
             }
             self.event(att, "Detach volume", None).await;
         }
-        match self
-            .ctx
-            .writes
-            .delete::<AttachmentSpec>(&suffix, None)
-            .await
-        {
+        // As last read or written here; if it changed since, as stored now.
+        let deleted = match self.ctx.writes.delete_read(att).await {
+            Err(StoreError::Conflict { .. }) => {
+                self.ctx
+                    .writes
+                    .delete::<AttachmentSpec>(&suffix, None)
+                    .await
+            }
+            other => other,
+        };
+        match deleted {
             Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }

@@ -89,7 +89,14 @@ impl Provisioner {
             .lock(crate::common::suffix::<VolumeSpec>(&key))
             .await;
         let suffix = crate::common::suffix::<VolumeSpec>(&key);
-        let Some(vol) = self.ctx.reads.try_get::<VolumeSpec>(suffix).await? else {
+        // From the cache, unless it lags this agent's own last write of the volume.
+        let cached = reader.get(&key);
+        let Some(vol) = self
+            .ctx
+            .own_writes
+            .fresh(&self.ctx.reads, &key, cached)
+            .await?
+        else {
             return Ok(Action::AwaitChange);
         };
         if let Some(ext) = &vol.spec.external_id {
@@ -97,7 +104,8 @@ impl Provisioner {
                 || vol.status.provisioning.external_id.as_ref() != Some(ext)
             {
                 let ext = ext.clone();
-                self.ctx
+                let written = self
+                    .ctx
                     .writes
                     .modify_status::<VolumeSpec>(suffix, |_, st| {
                         st.provisioning.phase = VolumePhase::Ready;
@@ -106,6 +114,7 @@ impl Provisioner {
                         true
                     })
                     .await?;
+                self.ctx.own_writes.wrote(&written);
             }
             return Ok(Action::AwaitChange);
         }
@@ -113,9 +122,11 @@ impl Provisioner {
             return self.delete(&vol).await;
         }
         if !vol.metadata.finalizers.iter().any(|f| f == FINALIZER) {
-            let mut v = vol.clone();
+            let mut v = (*vol).clone();
             v.metadata.finalizers.push(FINALIZER.to_string());
-            self.ctx.writes.replace(&v).await?;
+            self.ctx
+                .own_writes
+                .wrote(&self.ctx.writes.replace(&v).await?);
             return Ok(Action::AwaitChange);
         }
         if vol.status.provisioning.phase == VolumePhase::Ready
@@ -202,18 +213,21 @@ impl Provisioner {
 
     async fn create(&self, vol: &Volume) -> Result<(), ProvisionError> {
         let suffix = vol.spec.key_suffix(&vol.metadata);
-        self.ctx
+        let written = self
+            .ctx
             .writes
             .modify_status::<VolumeSpec>(&suffix, |_, st| {
                 st.provisioning.phase = VolumePhase::Creating;
                 true
             })
             .await?;
+        self.ctx.own_writes.wrote(&written);
         match self.call_create(vol).await {
             Ok(created) => {
                 let ext = ExternalVolumeId::new(created.volume_id.clone())
                     .map_err(|_| ProvisionError::NoVolume)?;
-                self.ctx
+                let written = self
+                    .ctx
                     .writes
                     .modify_status::<VolumeSpec>(&suffix, |_, st| {
                         let p = &mut st.provisioning;
@@ -233,6 +247,7 @@ impl Provisioner {
                         true
                     })
                     .await?;
+                self.ctx.own_writes.wrote(&written);
                 self.event(
                     vol,
                     "Volume created",
@@ -244,7 +259,8 @@ impl Provisioner {
             }
             Err(e) => {
                 let msg = moor::runtime::controller::error_chain(&e);
-                self.ctx
+                let written = self
+                    .ctx
                     .writes
                     .modify_status::<VolumeSpec>(&suffix, |_, st| {
                         st.provisioning.meta.last_error = Some(msg.clone());
@@ -257,6 +273,7 @@ impl Provisioner {
                         true
                     })
                     .await?;
+                self.ctx.own_writes.wrote(&written);
                 self.event(vol, "Volume create failed", EventType::Warning, msg)
                     .await;
                 Err(e)

@@ -9,7 +9,9 @@
 //! 3. Admitted: if the plugin needs ControllerPublish, an Attachment for (volume, node)
 //!    is created (shared by every claim there) and awaited; then `spec.publish` (with
 //!    the publish_context) lets the node agent act. When the Mount says published, the
-//!    claim is Published.
+//!    claim is Published. The admission's write already carries the first of these
+//!    steps it can take (the attachment asked for, or `spec.publish` when no attachment
+//!    is needed or it is attached already).
 //! 4. Releasing: wait for the node agent's `released` on the Mount (or skip the node:
 //!    an operator's force-detach, or a node gone past `--node-gc-timeout`, each with a
 //!    Warning); when no other live claim of the volume remains on the node, ask the
@@ -232,6 +234,37 @@ async fn write(ctx: &Ctx, claim: &Claim, mut next: Claim) -> Result<(), ClaimErr
     Ok(())
 }
 
+/// Edits the status of the claim's volume with `f` (false: no write): against the
+/// cached volume, guarded by its version, with no read; if it changed since (the
+/// provisioner writes its own section), through a fresh read-modify-write.
+async fn edit_volume_status(
+    ctx: &Ctx,
+    claim: &Claim,
+    mut f: impl FnMut(&Volume, &mut VolumeStatus) -> bool,
+) -> Result<(), StoreError> {
+    let ns = &claim.metadata.namespace;
+    let key = format!("volumes/{ns}/{}", claim.spec.volume);
+    let cached = ctx.volumes.get(&key);
+    if let Some(read) = ctx.own_writes.fresh(&ctx.store, &key, cached).await? {
+        let mut next = (*read).clone();
+        if !f(&read, &mut next.status) || next.status == read.status {
+            return Ok(());
+        }
+        match ctx.store.update(&read, &next).await {
+            Ok(written) => {
+                ctx.wrote(&written);
+                return Ok(());
+            }
+            Err(StoreError::Conflict { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let suffix = format!("{ns}/{}", claim.spec.volume);
+    let written = ctx.store.modify_status::<VolumeSpec>(&suffix, f).await?;
+    ctx.wrote(&written);
+    Ok(())
+}
+
 /// Writes the claim's status if `f` changes it.
 async fn set_status(
     ctx: &Ctx,
@@ -284,39 +317,36 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
         access_mode: Some(admitted.capability.access_mode),
     };
     let mut denied = None;
-    let vol_suffix = format!("{}/{}", claim.metadata.namespace, claim.spec.volume);
-    let result = ctx
-        .store
-        .modify_status::<VolumeSpec>(&vol_suffix, |v, st| {
-            denied = None;
-            let live = &mut st.claims;
-            let mine = |r: &ClaimRef| r.claim == me.claim && r.allocation == me.allocation;
-            if live.read_claims.iter().chain(&live.write_claims).any(mine) {
-                return false;
-            }
-            let existing: Vec<ClaimRef> = live
-                .read_claims
-                .iter()
-                .chain(&live.write_claims)
-                .cloned()
-                .collect();
-            if let Err(e) = admission::access(
-                &v.spec,
-                admitted.capability.access_mode,
-                &me.node,
-                me.mode,
-                &existing,
-            ) {
-                denied = Some(e.to_string());
-                return false;
-            }
-            match me.mode {
-                ClaimMode::Read => live.read_claims.push(me.clone()),
-                ClaimMode::Write => live.write_claims.push(me.clone()),
-            }
-            true
-        })
-        .await;
+    let result = edit_volume_status(ctx, claim, |v, st| {
+        denied = None;
+        let live = &mut st.claims;
+        let mine = |r: &ClaimRef| r.claim == me.claim && r.allocation == me.allocation;
+        if live.read_claims.iter().chain(&live.write_claims).any(mine) {
+            return false;
+        }
+        let existing: Vec<ClaimRef> = live
+            .read_claims
+            .iter()
+            .chain(&live.write_claims)
+            .cloned()
+            .collect();
+        if let Err(e) = admission::access(
+            &v.spec,
+            admitted.capability.access_mode,
+            &me.node,
+            me.mode,
+            &existing,
+        ) {
+            denied = Some(e.to_string());
+            return false;
+        }
+        match me.mode {
+            ClaimMode::Read => live.read_claims.push(me.clone()),
+            ClaimMode::Write => live.write_claims.push(me.clone()),
+        }
+        true
+    })
+    .await;
     match result {
         Ok(_) => {}
         Err(StoreError::NotFound { .. }) => {
@@ -340,10 +370,19 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     c.spec.external_id = Some(admitted.external_id);
     c.spec.volume_context = context;
     c.status.phase = ClaimPhase::Admitted;
-    c.status.reason = None;
     c.status
         .meta
         .set_condition("Admitted", true, "Admitted", "");
+    // The next step in the same write: the attachment asked for (or, when ready or
+    // not needed, the node let act).
+    match ensure_attachment(ctx, &c).await? {
+        Attach::Wait(why) => c.status.reason = Some(why),
+        Attach::Ready(context) => {
+            c.spec.publish = true;
+            c.spec.publish_context = context;
+            c.status.reason = Some(waiting_for_node(&c));
+        }
+    }
     write(ctx, claim, c).await?;
     Ok(Action::AwaitChange)
 }
@@ -374,78 +413,92 @@ async fn refuse(ctx: &Ctx, claim: &Claim, verdict: Verdict) -> Result<Action, Cl
     Ok(Action::AwaitChange)
 }
 
-async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
+/// Where a claim's attachment stands.
+enum Attach {
+    /// Attached, or the plugin needs none: the node may act, with this context.
+    Ready(BTreeMap<String, String>),
+    /// Not yet, and why.
+    Wait(String),
+}
+
+/// Ensures the attachment of the claim's volume on its node when the plugin needs
+/// ControllerPublish: creates it if missing, and says whether the node may act.
+async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach, ClaimError> {
     let needs_attach = ctx
         .plugins
         .get(&format!("plugins/{}", claim.spec.plugin_id))
         .is_some_and(|p| p.status.controller_required);
-    let mut publish_context = BTreeMap::new();
-    if needs_attach {
-        let attachment = ctx
-            .attachment(
-                &claim.metadata.namespace,
-                &claim.spec.volume,
-                &claim.spec.node,
-            )
-            .await?;
-        match attachment {
-            None => {
-                let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
-                let csi_node_id = node
-                    .as_ref()
-                    .and_then(|n| n.status.plugins.get(&claim.spec.plugin_id))
-                    .and_then(|p| p.csi_node_id.clone());
-                let (Some(csi_node_id), Some(external_id), Some(cap)) = (
-                    csi_node_id,
-                    claim.spec.external_id.clone(),
-                    claim.spec.access_mode.zip(claim.spec.attachment_mode),
-                ) else {
-                    return waiting(ctx, claim, "waiting for the node's CSI node id").await;
-                };
-                let capability = VolumeCapability {
-                    access_mode: cap.0,
-                    attachment_mode: cap.1,
-                };
-                let att = Attachment::new(
-                    &claim.metadata.namespace,
-                    Name::new(format!("{}.{}", claim.spec.volume, claim.spec.node))
-                        .unwrap_or_else(|_| claim.metadata.name.clone()),
-                    AttachmentSpec {
-                        volume: claim.spec.volume.clone(),
-                        node: claim.spec.node.clone(),
-                        plugin_id: claim.spec.plugin_id.clone(),
-                        external_id,
-                        csi_node_id,
-                        capability,
-                        read_only: !capability.access_mode.allows_write(),
-                        detach: false,
-                    },
-                );
-                match ctx.store.create(&att).await {
-                    Ok(created) => ctx.wrote(&created),
-                    Err(StoreError::AlreadyExists { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-                return waiting(ctx, claim, "waiting for the volume to be attached").await;
-            }
-            Some(att) if att.spec.detach => {
-                return waiting(
-                    ctx,
-                    claim,
-                    "waiting for an earlier attachment to be detached",
-                )
-                .await;
-            }
-            Some(att) if att.status.phase != AttachmentPhase::Attached => {
-                let why = match &att.status.meta.last_error {
-                    Some(e) => format!("waiting for the volume to be attached: {e}"),
-                    None => "waiting for the volume to be attached".to_string(),
-                };
-                return waiting(ctx, claim, &why).await;
-            }
-            Some(att) => publish_context = att.status.publish_context.clone(),
-        }
+    if !needs_attach {
+        return Ok(Attach::Ready(BTreeMap::new()));
     }
+    let attachment = ctx
+        .attachment(
+            &claim.metadata.namespace,
+            &claim.spec.volume,
+            &claim.spec.node,
+        )
+        .await?;
+    let why = match attachment {
+        None => {
+            let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
+            let csi_node_id = node
+                .as_ref()
+                .and_then(|n| n.status.plugins.get(&claim.spec.plugin_id))
+                .and_then(|p| p.csi_node_id.clone());
+            let (Some(csi_node_id), Some(external_id), Some(cap)) = (
+                csi_node_id,
+                claim.spec.external_id.clone(),
+                claim.spec.access_mode.zip(claim.spec.attachment_mode),
+            ) else {
+                return Ok(Attach::Wait("waiting for the node's CSI node id".into()));
+            };
+            let capability = VolumeCapability {
+                access_mode: cap.0,
+                attachment_mode: cap.1,
+            };
+            let att = Attachment::new(
+                &claim.metadata.namespace,
+                Name::new(format!("{}.{}", claim.spec.volume, claim.spec.node))
+                    .unwrap_or_else(|_| claim.metadata.name.clone()),
+                AttachmentSpec {
+                    volume: claim.spec.volume.clone(),
+                    node: claim.spec.node.clone(),
+                    plugin_id: claim.spec.plugin_id.clone(),
+                    external_id,
+                    csi_node_id,
+                    capability,
+                    read_only: !capability.access_mode.allows_write(),
+                    detach: false,
+                },
+            );
+            match ctx.store.create(&att).await {
+                Ok(created) => ctx.wrote(&created),
+                Err(StoreError::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            "waiting for the volume to be attached".to_string()
+        }
+        Some(att) if att.spec.detach => "waiting for an earlier attachment to be detached".into(),
+        Some(att) if att.status.phase != AttachmentPhase::Attached => {
+            match &att.status.meta.last_error {
+                Some(e) => format!("waiting for the volume to be attached: {e}"),
+                None => "waiting for the volume to be attached".to_string(),
+            }
+        }
+        Some(att) => return Ok(Attach::Ready(att.status.publish_context.clone())),
+    };
+    Ok(Attach::Wait(why))
+}
+
+fn waiting_for_node(claim: &Claim) -> String {
+    format!("waiting for node {} to publish", claim.spec.node)
+}
+
+async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
+    let publish_context = match ensure_attachment(ctx, claim).await? {
+        Attach::Ready(context) => context,
+        Attach::Wait(why) => return waiting(ctx, claim, &why).await,
+    };
     if !claim.spec.publish || claim.spec.publish_context != publish_context {
         let mut c = claim.clone();
         c.spec.publish = true;
@@ -468,7 +521,7 @@ async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
             st.phase = ClaimPhase::Published;
             st.reason = None;
         } else {
-            st.reason = Some(format!("waiting for node {} to publish", claim.spec.node));
+            st.reason = Some(waiting_for_node(claim));
         }
         st.meta.last_error = node_error.clone();
     })
@@ -623,30 +676,27 @@ async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, C
         }
     }
     // Done: no longer a live claim of the volume; remembered as a past one.
-    let vol_suffix = format!("{}/{}", claim.metadata.namespace, claim.spec.volume);
-    let r = ctx
-        .store
-        .modify_status::<VolumeSpec>(&vol_suffix, |_, st| {
-            let live = &mut st.claims;
-            let mut gone = None;
-            for list in [&mut live.read_claims, &mut live.write_claims] {
-                if let Some(i) = list.iter().position(|r| {
-                    r.claim == claim.metadata.name && r.allocation == claim.spec.allocation
-                }) {
-                    gone = Some(list.remove(i));
-                }
+    let r = edit_volume_status(ctx, claim, |_, st| {
+        let live = &mut st.claims;
+        let mut gone = None;
+        for list in [&mut live.read_claims, &mut live.write_claims] {
+            if let Some(i) = list.iter().position(|r| {
+                r.claim == claim.metadata.name && r.allocation == claim.spec.allocation
+            }) {
+                gone = Some(list.remove(i));
             }
-            match gone {
-                Some(r) => {
-                    live.past_claims.push(r);
-                    let extra = live.past_claims.len().saturating_sub(PAST_CLAIMS);
-                    live.past_claims.drain(..extra);
-                    true
-                }
-                None => false,
+        }
+        match gone {
+            Some(r) => {
+                live.past_claims.push(r);
+                let extra = live.past_claims.len().saturating_sub(PAST_CLAIMS);
+                live.past_claims.drain(..extra);
+                true
             }
-        })
-        .await;
+            None => false,
+        }
+    })
+    .await;
     match r {
         Ok(_) | Err(StoreError::NotFound { .. }) => {}
         Err(e) => return Err(e.into()),
