@@ -208,6 +208,11 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
     if !wanted && !claim.spec.release {
         let mut c = (*claim).clone();
         c.spec.release = true;
+        // The release's first step in the same write: waiting for the node.
+        if matches!(node_done(ctx, &c), NodeDone::No) {
+            c.status.phase = ClaimPhase::Releasing;
+            c.status.reason = Some(waiting_for_unpublish(&c));
+        }
         write(ctx, &claim, c).await?;
         return Ok(Action::AwaitChange);
     }
@@ -490,6 +495,10 @@ async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach, ClaimErro
     Ok(Attach::Wait(why))
 }
 
+fn waiting_for_unpublish(claim: &Claim) -> String {
+    format!("waiting for node {} to unpublish", claim.spec.node)
+}
+
 fn waiting_for_node(claim: &Claim) -> String {
     format!("waiting for node {} to publish", claim.spec.node)
 }
@@ -626,7 +635,7 @@ async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, C
             .await?;
         }
         NodeDone::No => {
-            let why = format!("waiting for node {} to unpublish", claim.spec.node);
+            let why = waiting_for_unpublish(claim);
             set_status(ctx, claim, |st| {
                 st.phase = ClaimPhase::Releasing;
                 st.reason = Some(why.clone());
