@@ -4,7 +4,7 @@ mod common;
 
 use common::{fixtures::volume, Backend, Etcd};
 use moor::api::*;
-use moor::store::{Deleted, Fence, MalformedCause, StoreError};
+use moor::store::{Batch, Deleted, Fence, MalformedCause, StoreError};
 use std::time::Duration;
 
 async fn create_get_and_create_again(backend: Backend) {
@@ -143,6 +143,64 @@ async fn one_update_writes_spec_and_status_over_what_was_read(backend: Backend) 
     let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
     assert_eq!(read.spec.capacity_max, Some(Size(3 << 30)));
     assert_eq!(read.status.provisioning.phase, VolumePhase::Failed);
+}
+
+async fn a_batch_writes_every_object_or_none(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    let a = store.create(&volume("a")).await.unwrap();
+    let b = store.create(&volume("b")).await.unwrap();
+
+    let mut batch = Batch::default();
+    let mut a2 = a.clone();
+    a2.status.provisioning.phase = VolumePhase::Ready;
+    batch.update(&store, &a, &a2).unwrap();
+    let mut b2 = b.clone();
+    b2.spec.capacity_max = Some(Size(1 << 30));
+    batch.update(&store, &b, &b2).unwrap();
+    batch.create(&store, &volume("c")).unwrap();
+    let revision = batch.commit(&store).await.unwrap();
+    assert_eq!(revision, b.metadata.resource_version + 1, "one revision");
+    for name in ["a", "b", "c"] {
+        let v = store
+            .get::<VolumeSpec>(&format!("default/{name}"))
+            .await
+            .unwrap();
+        assert_eq!(v.metadata.resource_version, revision, "{name}");
+    }
+    assert_eq!(
+        store
+            .get::<VolumeSpec>("default/b")
+            .await
+            .unwrap()
+            .metadata
+            .generation,
+        2
+    );
+
+    // One stale read (a) fails the whole batch: b is not written either.
+    let fresh_b = store.get::<VolumeSpec>("default/b").await.unwrap();
+    let mut batch = Batch::default();
+    let mut stale = a.clone();
+    stale.status.provisioning.phase = VolumePhase::Failed;
+    batch.update(&store, &a, &stale).unwrap();
+    let mut b3 = fresh_b.clone();
+    b3.spec.capacity_max = Some(Size(4 << 30));
+    batch.update(&store, &fresh_b, &b3).unwrap();
+    let err = batch.commit(&store).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Conflict { key, .. } if key.contains("volumes/default/a")),
+        "{err:?}"
+    );
+    let b_now = store.get::<VolumeSpec>("default/b").await.unwrap();
+    assert_eq!(b_now, fresh_b);
+    // So does creating what exists.
+    let mut batch = Batch::default();
+    batch.create(&store, &volume("c")).unwrap();
+    assert!(matches!(
+        batch.commit(&store).await,
+        Err(StoreError::Conflict { .. })
+    ));
 }
 
 async fn section_writers_both_land_through_modify_status(backend: Backend) {
@@ -361,6 +419,7 @@ crate::both_stores!(
     update_bumps_generation_on_spec_change_and_keeps_status,
     conflicting_update_is_a_conflict_and_loses_nothing,
     one_update_writes_spec_and_status_over_what_was_read,
+    a_batch_writes_every_object_or_none,
     section_writers_both_land_through_modify_status,
     delete_honours_precondition_and_finalizers,
     list_pages_through_every_key_and_reports_malformed_ones,

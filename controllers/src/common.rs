@@ -183,7 +183,8 @@ mod tests {
 pub struct OwnWrites(Arc<Mutex<HashMap<String, i64>>>);
 
 impl OwnWrites {
-    /// Notes a write (the object as the store returned it).
+    /// Notes a write (the object as the store returned it; for a deletion, at the
+    /// deletion's revision).
     pub fn wrote<S: Spec>(&self, written: &Object<S>) {
         self.0
             .lock()
@@ -210,6 +211,11 @@ impl OwnWrites {
                 _ => {}
             }
         }
-        Ok(store.try_get::<S>(suffix::<S>(key)).await?.map(Arc::new))
+        let stored = store.try_get::<S>(suffix::<S>(key)).await?.map(Arc::new);
+        if stored.is_none() && cached.is_none() {
+            // Gone (our write was its deletion, or it went since) and the cache agrees.
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        }
+        Ok(stored)
     }
 }

@@ -6,12 +6,14 @@
 //! Writes are compare-and-swap on `mod_revision` (the objects' `resource_version`), and a
 //! leader's writes can be fenced on its election key ([`Store::fenced`]).
 
+mod batch;
 mod connect;
 mod error;
 mod lease;
 mod send;
 mod watch;
 
+pub use batch::Batch;
 pub use connect::EtcdAuth;
 pub use error::{MalformedCause, StoreError};
 pub use lease::{KeepAlive, LeaseId};
@@ -295,11 +297,8 @@ impl Store {
         self.create_inner(obj, Some(lease)).await
     }
 
-    async fn create_inner<S: Spec>(
-        &self,
-        obj: &Object<S>,
-        lease: Option<LeaseId>,
-    ) -> Result<Object<S>, StoreError> {
+    /// The object as a create stores it: defaults, a new uid, generation 1, now.
+    fn prepared_for_create<S: Spec>(obj: &Object<S>) -> Result<Object<S>, StoreError> {
         let mut obj = obj.clone();
         obj.apply_defaults();
         obj.metadata.uid = uuid::Uuid::new_v4().to_string();
@@ -307,6 +306,15 @@ impl Store {
         obj.metadata.creation_timestamp = Some(Timestamp::now());
         obj.metadata.deletion_timestamp = None;
         Store::check(&obj)?;
+        Ok(obj)
+    }
+
+    async fn create_inner<S: Spec>(
+        &self,
+        obj: &Object<S>,
+        lease: Option<LeaseId>,
+    ) -> Result<Object<S>, StoreError> {
+        let mut obj = Store::prepared_for_create(obj)?;
         let key = obj.key();
         let full = self.full_key(&key);
         let compare = Compare::create_revision(full.clone(), CompareOp::Equal, 0);
@@ -342,7 +350,9 @@ impl Store {
         };
         obj.status = current.status;
         if obj.is_deleting() && obj.metadata.finalizers.is_empty() {
-            self.delete_at(&obj.key(), current.metadata.resource_version)
+            // The deletion's revision: a cache showing an older version lags it.
+            obj.metadata.resource_version = self
+                .delete_at(&obj.key(), current.metadata.resource_version)
                 .await?;
             return Ok(obj);
         }
@@ -393,32 +403,9 @@ impl Store {
         read: &Object<S>,
         next: &Object<S>,
     ) -> Result<Object<S>, StoreError> {
-        let mut obj = next.clone();
-        obj.apply_defaults();
-        obj.metadata.name = read.metadata.name.clone();
-        obj.metadata.namespace = read.metadata.namespace.clone();
-        Store::check(&obj)?;
-        if obj.key() != read.key() {
-            let mut errors = crate::api::ValidationErrors::default();
-            errors.push(
-                "spec",
-                format!("would move {} to {}", read.key(), obj.key()),
-            );
-            return Err(StoreError::Invalid {
-                kind: S::KIND,
-                errors,
-            });
-        }
-        obj.metadata.uid = read.metadata.uid.clone();
-        obj.metadata.creation_timestamp = read.metadata.creation_timestamp;
-        obj.metadata.deletion_timestamp = read.metadata.deletion_timestamp;
-        obj.metadata.generation = read.metadata.generation + i64::from(obj.spec != read.spec);
-        let rv = read.metadata.resource_version;
-        if obj.is_deleting() && obj.metadata.finalizers.is_empty() {
-            self.delete_at(&obj.key(), rv).await?;
-            return Ok(obj);
-        }
-        self.write_at(obj, rv).await
+        let mut batch = Batch::default();
+        let obj = batch.update(self, read, next)?;
+        batch.commit_one(self, obj).await
     }
 
     /// Read-modify-write of a status: reads the object, lets `f` edit its status, and
@@ -476,15 +463,18 @@ impl Store {
 
     /// Deletes the object as read (at its `resource_version`) without reading it
     /// first: a change since, or the object already gone, is [`StoreError::Conflict`].
-    /// An object with finalizers is marked instead, as [`Store::delete`] does.
-    pub async fn delete_read<S: Spec>(&self, read: &Object<S>) -> Result<Deleted<S>, StoreError> {
+    /// An object with finalizers is marked instead, as [`Store::delete`] does. Returns
+    /// the revision of the deletion (or of the marking).
+    pub async fn delete_read<S: Spec>(&self, read: &Object<S>) -> Result<i64, StoreError> {
         let rv = read.metadata.resource_version;
         if !read.metadata.finalizers.is_empty() {
             let key = read.key();
-            return self.delete::<S>(&key[S::DIR.len() + 1..], Some(rv)).await;
+            return match self.delete::<S>(&key[S::DIR.len() + 1..], Some(rv)).await? {
+                Deleted::Gone => Ok(rv),
+                Deleted::Finalizing(marked) => Ok(marked.metadata.resource_version),
+            };
         }
-        self.delete_at(&read.key(), rv).await?;
-        Ok(Deleted::Gone)
+        self.delete_at(&read.key(), rv).await
     }
 
     /// Reads the stored object and checks it is still at the caller's revision.
@@ -529,12 +519,13 @@ impl Store {
         }
     }
 
-    async fn delete_at(&self, key: &str, revision: i64) -> Result<(), StoreError> {
+    /// Deletes `key` if it is still at `revision`; returns the deletion's revision.
+    async fn delete_at(&self, key: &str, revision: i64) -> Result<i64, StoreError> {
         let full = self.full_key(key);
         let compare = Compare::mod_revision(full.clone(), CompareOp::Equal, revision);
         let op = TxnOp::delete(full, None);
         match self.guarded_txn(compare, op).await? {
-            Ok(_) => Ok(()),
+            Ok(deleted_at) => Ok(deleted_at),
             Err(_) => Err(StoreError::Conflict {
                 key: key.to_string(),
                 expected: revision,
@@ -563,7 +554,15 @@ impl Store {
         compare: Compare,
         op: TxnOp,
     ) -> Result<Result<i64, ()>, StoreError> {
-        let mut compares = vec![compare];
+        self.guarded_txn_all(vec![compare], vec![op]).await
+    }
+
+    /// Runs every op if every compare and the fence hold, as one transaction.
+    async fn guarded_txn_all(
+        &self,
+        mut compares: Vec<Compare>,
+        ops: Vec<TxnOp>,
+    ) -> Result<Result<i64, ()>, StoreError> {
         let mut otherwise = Vec::new();
         if let Some(fence) = &self.fence {
             compares.push(Compare::create_revision(
@@ -573,10 +572,7 @@ impl Store {
             ));
             otherwise.push(TxnOp::get(fence.key.clone(), None));
         }
-        let txn = Txn::new()
-            .when(compares)
-            .and_then(vec![op])
-            .or_else(otherwise);
+        let txn = Txn::new().when(compares).and_then(ops).or_else(otherwise);
         let resp = self
             .send(Repeat::OnlyUnsent, |mut c| {
                 let txn = txn.clone();

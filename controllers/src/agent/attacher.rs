@@ -240,17 +240,26 @@ impl Attacher {
             self.event(att, "Detach volume", None).await;
         }
         // As last read or written here; if it changed since, as stored now.
-        let deleted = match self.ctx.writes.delete_read(att).await {
+        match self.ctx.writes.delete_read(att).await {
+            Ok(revision) => {
+                // Noted at the deletion's revision: until the cache shows it gone, a
+                // reconcile reads the store instead of detaching again.
+                let mut gone = att.clone();
+                gone.metadata.resource_version = revision;
+                self.ctx.own_writes.wrote(&gone);
+                Ok(())
+            }
             Err(StoreError::Conflict { .. }) => {
-                self.ctx
+                match self
+                    .ctx
                     .writes
                     .delete::<AttachmentSpec>(&suffix, None)
                     .await
+                {
+                    Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
             }
-            other => other,
-        };
-        match deleted {
-            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }

@@ -347,7 +347,12 @@ impl Provisioner {
             };
             v.metadata.finalizers.retain(|f| f != FINALIZER);
             match self.ctx.writes.replace(&v).await {
-                Ok(_) | Err(StoreError::NotFound { .. }) => return Ok(Action::AwaitChange),
+                Ok(written) => {
+                    // Its deletion: the cache still shows it until the watch says so.
+                    self.ctx.own_writes.wrote(&written);
+                    return Ok(Action::AwaitChange);
+                }
+                Err(StoreError::NotFound { .. }) => return Ok(Action::AwaitChange),
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }

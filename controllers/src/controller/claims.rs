@@ -24,7 +24,7 @@ use moor::api::*;
 use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
-use moor::store::StoreError;
+use moor::store::{Batch, StoreError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -226,48 +226,82 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
     }
 }
 
-/// Writes `next` (spec and status at once) over `claim`, as stored, if it differs.
-async fn write(ctx: &Ctx, claim: &Claim, mut next: Claim) -> Result<(), ClaimError> {
+/// `next` as it is to be written over `claim`, or `None` when nothing changed.
+fn next_claim(claim: &Claim, mut next: Claim) -> Option<Claim> {
     if next.spec == claim.spec && next.status == claim.status {
-        return Ok(());
+        return None;
     }
     if next.status != claim.status {
         next.status.meta.observed_generation =
             claim.metadata.generation + i64::from(next.spec != claim.spec);
     }
-    ctx.wrote(&ctx.store.update(claim, &next).await?);
+    Some(next)
+}
+
+/// Writes `next` (spec and status at once) over `claim`, as stored, if it differs.
+async fn write(ctx: &Ctx, claim: &Claim, next: Claim) -> Result<(), ClaimError> {
+    if let Some(next) = next_claim(claim, next) {
+        ctx.wrote(&ctx.store.update(claim, &next).await?);
+    }
     Ok(())
 }
 
-/// Edits the status of the claim's volume with `f` (false: no write): against the
-/// cached volume, guarded by its version, with no read; if it changed since (the
-/// provisioner writes its own section), through a fresh read-modify-write.
-async fn edit_volume_status(
+/// Edits the status of the claim's volume with `f` (`Ok(false)`: no change; `Err`:
+/// nothing is written and the error returned) and writes `next` over `claim`: one
+/// transaction against the cached volume, guarded by its version and the claim's; if
+/// either changed since (the provisioner writes its own section of the volume), the
+/// volume through a fresh read-modify-write, then the claim.
+async fn with_volume<E>(
     ctx: &Ctx,
     claim: &Claim,
-    mut f: impl FnMut(&Volume, &mut VolumeStatus) -> bool,
-) -> Result<(), StoreError> {
+    mut f: impl FnMut(&Volume, &mut VolumeStatus) -> Result<bool, E>,
+    next: Claim,
+) -> Result<Result<(), E>, ClaimError> {
     let ns = &claim.metadata.namespace;
     let key = format!("volumes/{ns}/{}", claim.spec.volume);
     let cached = ctx.volumes.get(&key);
     if let Some(read) = ctx.own_writes.fresh(&ctx.store, &key, cached).await? {
-        let mut next = (*read).clone();
-        if !f(&read, &mut next.status) || next.status == read.status {
-            return Ok(());
+        let mut volume = (*read).clone();
+        if let Err(e) = f(&read, &mut volume.status) {
+            return Ok(Err(e));
         }
-        match ctx.store.update(&read, &next).await {
-            Ok(written) => {
-                ctx.wrote(&written);
-                return Ok(());
+        let mut batch = Batch::default();
+        let volume = (volume.status != read.status)
+            .then(|| batch.update(&ctx.store, &read, &volume))
+            .transpose()?;
+        let next_claim = next_claim(claim, next.clone())
+            .map(|n| batch.update(&ctx.store, claim, &n))
+            .transpose()?;
+        match batch.commit(&ctx.store).await {
+            Ok(revision) => {
+                ctx.wrote_in(volume, revision);
+                ctx.wrote_in(next_claim, revision);
+                return Ok(Ok(()));
             }
             Err(StoreError::Conflict { .. }) => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
+    let mut verdict = Ok(());
     let suffix = format!("{ns}/{}", claim.spec.volume);
-    let written = ctx.store.modify_status::<VolumeSpec>(&suffix, f).await?;
+    let written = ctx
+        .store
+        .modify_status::<VolumeSpec>(&suffix, |v, st| match f(v, st) {
+            Ok(changed) => {
+                verdict = Ok(());
+                changed
+            }
+            Err(e) => {
+                verdict = Err(e);
+                false
+            }
+        })
+        .await?;
     ctx.wrote(&written);
-    Ok(())
+    if verdict.is_ok() {
+        write(ctx, claim, next).await?;
+    }
+    Ok(verdict)
 }
 
 /// Writes the claim's status if `f` changes it.
@@ -321,52 +355,6 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
         mode: claim.spec.mode,
         access_mode: Some(admitted.capability.access_mode),
     };
-    let mut denied = None;
-    let result = edit_volume_status(ctx, claim, |v, st| {
-        denied = None;
-        let live = &mut st.claims;
-        let mine = |r: &ClaimRef| r.claim == me.claim && r.allocation == me.allocation;
-        if live.read_claims.iter().chain(&live.write_claims).any(mine) {
-            return false;
-        }
-        let existing: Vec<ClaimRef> = live
-            .read_claims
-            .iter()
-            .chain(&live.write_claims)
-            .cloned()
-            .collect();
-        if let Err(e) = admission::access(
-            &v.spec,
-            admitted.capability.access_mode,
-            &me.node,
-            me.mode,
-            &existing,
-        ) {
-            denied = Some(e.to_string());
-            return false;
-        }
-        match me.mode {
-            ClaimMode::Read => live.read_claims.push(me.clone()),
-            ClaimMode::Write => live.write_claims.push(me.clone()),
-        }
-        true
-    })
-    .await;
-    match result {
-        Ok(_) => {}
-        Err(StoreError::NotFound { .. }) => {
-            return refuse(
-                ctx,
-                claim,
-                Verdict::Deny(format!("volume {} does not exist", claim.spec.volume)),
-            )
-            .await
-        }
-        Err(e) => return Err(e.into()),
-    }
-    if let Some(reason) = denied {
-        return refuse(ctx, claim, Verdict::Deny(reason)).await;
-    }
     let mut context = volume.spec.context.clone();
     context.extend(volume.status.provisioning.volume_context.clone());
     let mut c = claim.clone();
@@ -378,9 +366,10 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     c.status
         .meta
         .set_condition("Admitted", true, "Admitted", "");
-    // The next step in the same write: the attachment asked for (or, when ready or
-    // not needed, the node let act).
-    match ensure_attachment(ctx, &c).await? {
+    // The next step in the same write: the node let act when the attachment is ready
+    // or not needed, else the attachment asked for once the admission is recorded.
+    let (state, missing) = attachment_state(ctx, &c).await?;
+    match state {
         Attach::Wait(why) => c.status.reason = Some(why),
         Attach::Ready(context) => {
             c.spec.publish = true;
@@ -388,7 +377,54 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
             c.status.reason = Some(waiting_for_node(&c));
         }
     }
-    write(ctx, claim, c).await?;
+    let recorded = with_volume(
+        ctx,
+        claim,
+        |v, st| {
+            let live = &mut st.claims;
+            let mine = |r: &ClaimRef| r.claim == me.claim && r.allocation == me.allocation;
+            if live.read_claims.iter().chain(&live.write_claims).any(mine) {
+                return Ok(false);
+            }
+            let existing: Vec<ClaimRef> = live
+                .read_claims
+                .iter()
+                .chain(&live.write_claims)
+                .cloned()
+                .collect();
+            admission::access(
+                &v.spec,
+                admitted.capability.access_mode,
+                &me.node,
+                me.mode,
+                &existing,
+            )
+            .map_err(|e| e.to_string())?;
+            match me.mode {
+                ClaimMode::Read => live.read_claims.push(me.clone()),
+                ClaimMode::Write => live.write_claims.push(me.clone()),
+            }
+            Ok(true)
+        },
+        c,
+    )
+    .await;
+    match recorded {
+        Ok(Ok(())) => {}
+        Ok(Err(denied)) => return refuse(ctx, claim, Verdict::Deny(denied)).await,
+        Err(ClaimError::Store(StoreError::NotFound { .. })) => {
+            return refuse(
+                ctx,
+                claim,
+                Verdict::Deny(format!("volume {} does not exist", claim.spec.volume)),
+            )
+            .await
+        }
+        Err(e) => return Err(e),
+    }
+    if let Some(att) = missing {
+        create_attachment(ctx, &att).await?;
+    }
     Ok(Action::AwaitChange)
 }
 
@@ -429,12 +465,34 @@ enum Attach {
 /// Ensures the attachment of the claim's volume on its node when the plugin needs
 /// ControllerPublish: creates it if missing, and says whether the node may act.
 async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach, ClaimError> {
+    let (state, missing) = attachment_state(ctx, claim).await?;
+    if let Some(att) = missing {
+        create_attachment(ctx, &att).await?;
+    }
+    Ok(state)
+}
+
+async fn create_attachment(ctx: &Ctx, att: &Attachment) -> Result<(), ClaimError> {
+    match ctx.store.create(att).await {
+        Ok(created) => ctx.wrote(&created),
+        Err(StoreError::AlreadyExists { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// Where the attachment a claim needs stands, and the attachment to create when it
+/// is missing.
+async fn attachment_state(
+    ctx: &Ctx,
+    claim: &Claim,
+) -> Result<(Attach, Option<Attachment>), ClaimError> {
     let needs_attach = ctx
         .plugins
         .get(&format!("plugins/{}", claim.spec.plugin_id))
         .is_some_and(|p| p.status.controller_required);
     if !needs_attach {
-        return Ok(Attach::Ready(BTreeMap::new()));
+        return Ok((Attach::Ready(BTreeMap::new()), None));
     }
     let attachment = ctx
         .attachment(
@@ -455,7 +513,8 @@ async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach, ClaimErro
                 claim.spec.external_id.clone(),
                 claim.spec.access_mode.zip(claim.spec.attachment_mode),
             ) else {
-                return Ok(Attach::Wait("waiting for the node's CSI node id".into()));
+                let why = "waiting for the node's CSI node id".into();
+                return Ok((Attach::Wait(why), None));
             };
             let capability = VolumeCapability {
                 access_mode: cap.0,
@@ -476,12 +535,8 @@ async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach, ClaimErro
                     detach: false,
                 },
             );
-            match ctx.store.create(&att).await {
-                Ok(created) => ctx.wrote(&created),
-                Err(StoreError::AlreadyExists { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-            "waiting for the volume to be attached".to_string()
+            let why = "waiting for the volume to be attached".to_string();
+            return Ok((Attach::Wait(why), Some(att)));
         }
         Some(att) if att.spec.detach => "waiting for an earlier attachment to be detached".into(),
         Some(att) if att.status.phase != AttachmentPhase::Attached => {
@@ -490,9 +545,9 @@ async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach, ClaimErro
                 None => "waiting for the volume to be attached".to_string(),
             }
         }
-        Some(att) => return Ok(Attach::Ready(att.status.publish_context.clone())),
+        Some(att) => return Ok((Attach::Ready(att.status.publish_context.clone()), None)),
     };
-    Ok(Attach::Wait(why))
+    Ok((Attach::Wait(why), None))
 }
 
 fn waiting_for_unpublish(claim: &Claim) -> String {
@@ -671,50 +726,61 @@ async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, C
                 && !matches!(node_done(ctx, o), NodeDone::Agent | NodeDone::Skipped(_))
         });
         if !needed {
-            if !att.spec.detach {
-                let mut a = (*att).clone();
-                a.spec.detach = true;
-                ctx.wrote(&ctx.store.update(&att, &a).await?);
-            }
-            set_status(ctx, claim, |st| {
-                st.phase = ClaimPhase::Releasing;
-                st.reason = Some("waiting for the volume to be detached".into());
-            })
-            .await?;
+            // The detach asked for and the claim's reason, in one transaction.
+            let mut batch = Batch::default();
+            let detached = (!att.spec.detach)
+                .then(|| {
+                    let mut a = (*att).clone();
+                    a.spec.detach = true;
+                    batch.update(&ctx.store, &att, &a)
+                })
+                .transpose()?;
+            let mut c = claim.clone();
+            c.status.phase = ClaimPhase::Releasing;
+            c.status.reason = Some("waiting for the volume to be detached".into());
+            let waiting = next_claim(claim, c)
+                .map(|c| batch.update(&ctx.store, claim, &c))
+                .transpose()?;
+            let revision = batch.commit(&ctx.store).await?;
+            ctx.wrote_in(detached, revision);
+            ctx.wrote_in(waiting, revision);
             return Ok(Action::AwaitChange);
         }
     }
     // Done: no longer a live claim of the volume; remembered as a past one.
-    let r = edit_volume_status(ctx, claim, |_, st| {
-        let live = &mut st.claims;
-        let mut gone = None;
-        for list in [&mut live.read_claims, &mut live.write_claims] {
-            if let Some(i) = list.iter().position(|r| {
-                r.claim == claim.metadata.name && r.allocation == claim.spec.allocation
-            }) {
-                gone = Some(list.remove(i));
+    // Dropped from the volume's live claims and marked Released in one transaction.
+    let mut released = claim.clone();
+    released.status.phase = ClaimPhase::Released;
+    released.status.reason = None;
+    let dropped = with_volume(
+        ctx,
+        claim,
+        |_, st| {
+            let live = &mut st.claims;
+            let mut gone = None;
+            for list in [&mut live.read_claims, &mut live.write_claims] {
+                if let Some(i) = list.iter().position(|r| {
+                    r.claim == claim.metadata.name && r.allocation == claim.spec.allocation
+                }) {
+                    gone = Some(list.remove(i));
+                }
             }
-        }
-        match gone {
-            Some(r) => {
-                live.past_claims.push(r);
-                let extra = live.past_claims.len().saturating_sub(PAST_CLAIMS);
-                live.past_claims.drain(..extra);
-                true
-            }
-            None => false,
-        }
-    })
+            let Some(r) = gone else {
+                return Ok::<_, std::convert::Infallible>(false);
+            };
+            live.past_claims.push(r);
+            let extra = live.past_claims.len().saturating_sub(PAST_CLAIMS);
+            live.past_claims.drain(..extra);
+            Ok(true)
+        },
+        released.clone(),
+    )
     .await;
-    match r {
-        Ok(_) | Err(StoreError::NotFound { .. }) => {}
-        Err(e) => return Err(e.into()),
+    match dropped {
+        Ok(_) => {}
+        Err(ClaimError::Store(StoreError::NotFound { .. })) => write(ctx, claim, released).await?,
+        Err(e) => return Err(e),
     }
-    set_status(ctx, claim, |st| {
-        st.phase = ClaimPhase::Released;
-        st.reason = None;
-    })
-    .await?;
     event(
         ctx,
         claim,

@@ -150,6 +150,15 @@ impl Ctx {
         self.own_writes.wrote(written);
     }
 
+    /// Notes an object a committed [`moor::store::Batch`] wrote, if any: its version
+    /// is the batch's revision.
+    pub fn wrote_in<S: Spec>(&self, written: Option<Object<S>>, revision: i64) {
+        if let Some(mut obj) = written {
+            obj.metadata.resource_version = revision;
+            self.own_writes.wrote(&obj);
+        }
+    }
+
     /// The claim at `key`, from the cache unless it lags this process's last write.
     pub async fn claim(&self, key: &str) -> Result<Option<Arc<Claim>>, StoreError> {
         let cached = self.claims.get(key);
