@@ -174,6 +174,7 @@ impl<K: Resource> Controller<K> {
         let concurrency = config.concurrency.max(1);
         let mut queue = Queue::new();
         let mut failures: HashMap<String, u32> = HashMap::new();
+        let mut conflicts: HashMap<String, u32> = HashMap::new();
         let mut tasks: JoinSet<(Duration, Result<Action, E>)> = JoinSet::new();
         let mut running: HashMap<tokio::task::Id, String> = HashMap::new();
         let mut triggers_open = true;
@@ -186,10 +187,26 @@ impl<K: Resource> Controller<K> {
                             outcome: Result<(Duration, Result<Action, E>), String>,
                             reschedule: bool| {
             queue.finish(&key);
+            let conflict = matches!(&outcome, Ok((_, Err(e))) if is_conflict(e));
             let (took, result) = match outcome {
+                Ok((took, Err(e))) if conflict => {
+                    // A guarded write lost a race (usually our cache lagged a write):
+                    // look again soon, quietly, unless it keeps happening.
+                    let n = conflicts.entry(key.clone()).or_default();
+                    *n += 1;
+                    if *n <= QUIET_CONFLICTS {
+                        tracing::debug!(controller = %name, object = %key, error = %error_chain(&e), "conflict; looking again");
+                        (took, Ok(Action::Requeue(CONFLICT_RETRY)))
+                    } else {
+                        (took, Err(error_chain(&e)))
+                    }
+                }
                 Ok((took, result)) => (took, result.map_err(|e| error_chain(&e))),
                 Err(panic) => (Duration::ZERO, Err(panic)),
             };
+            if !conflict {
+                conflicts.remove(&key);
+            }
             metrics.record(took, result.is_err());
             let next = match result {
                 Ok(action) => {
@@ -284,6 +301,26 @@ async fn tick(interval: &mut Option<tokio::time::Interval>) {
         }
         None => std::future::pending().await,
     }
+}
+
+/// How soon a reconcile that lost a write race runs again.
+const CONFLICT_RETRY: Duration = Duration::from_millis(50);
+/// Conflicts in a row on one key retried quietly before they count as failures.
+const QUIET_CONFLICTS: u32 = 10;
+
+/// Whether an error (or one of its causes) is a store write conflict.
+fn is_conflict(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(err) = cause {
+        if matches!(
+            err.downcast_ref::<crate::store::StoreError>(),
+            Some(crate::store::StoreError::Conflict { .. })
+        ) {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
 }
 
 #[cfg(test)]
@@ -442,6 +479,48 @@ mod tests {
             .collect();
         // 0, +1, +2, +4 (success); triggered at 20, fails, retried after 1 s: reset.
         assert_eq!(times, [0, 1, 3, 7, 20, 21]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_conflict_is_retried_soon_until_it_keeps_happening() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("reconcile failed")]
+        struct Wrapped(#[source] crate::store::StoreError);
+
+        let (reader, _writer) = reflector::store::<Obj>();
+        let (tx, keys) = key_channel();
+        let log: Log = Arc::default();
+        let shutdown = CancellationToken::new();
+        let start = Instant::now();
+        let l = log.clone();
+        let ctl = Controller::new("t", reader, config(1)).trigger(keys);
+        let handle = tokio::spawn(ctl.run(
+            move |key: String| {
+                let l = l.clone();
+                async move {
+                    l.lock().unwrap().push((key, start.elapsed()));
+                    Err::<Action, _>(Wrapped(crate::store::StoreError::Conflict {
+                        key: "k".into(),
+                        expected: 1,
+                    }))
+                }
+            },
+            shutdown.clone(),
+        ));
+        tx.send("a".into()).unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        shutdown.cancel();
+        handle.await.unwrap();
+        let times: Vec<u128> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, t)| t.as_millis())
+            .collect();
+        // Ten quiet retries 50 ms apart, then the failure backoff: +1 s, +2 s.
+        let quiet: Vec<u128> = (0..=QUIET_CONFLICTS as u128).map(|i| i * 50).collect();
+        assert_eq!(times[..quiet.len()], quiet[..]);
+        assert_eq!(times[quiet.len()..], [1500, 3500]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,5 +1,5 @@
 //! Log setup shared by the daemons: tracing to stderr, filtered by `RUST_LOG` (default
-//! `info`).
+//! `info`), with colours only when stderr is a terminal (not in log files or journald).
 
 /// Installs the tracing subscriber; call once at the start of `main`.
 pub fn init() {
@@ -8,5 +8,6 @@ pub fn init() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }

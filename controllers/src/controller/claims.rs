@@ -137,16 +137,8 @@ pub async fn run(
         .run(
             move |key| {
                 let this = this.clone();
-                async move {
-                    match reconcile(&this, &key).await {
-                        // Our cache lagged our own write: look again soon, not after
-                        // the failure backoff.
-                        Err(ClaimError::Store(StoreError::Conflict { .. })) => {
-                            Ok(Action::Requeue(Duration::from_millis(50)))
-                        }
-                        other => other,
-                    }
-                }
+                // A conflict (our cache lagged a write) is retried soon by the runtime.
+                async move { reconcile(&this, &key).await }
             },
             stop,
         )

@@ -14,7 +14,6 @@ use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::StoreError;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::external_id;
@@ -55,14 +54,7 @@ pub async fn run(
         .run(
             move |key| {
                 let this = this.clone();
-                async move {
-                    match reconcile(&this, &key).await {
-                        Err(VolumeError::Store(StoreError::Conflict { .. })) => {
-                            Ok(Action::Requeue(Duration::from_millis(50)))
-                        }
-                        other => other,
-                    }
-                }
+                async move { reconcile(&this, &key).await }
             },
             stop,
         )
