@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use moor::api::{AttachmentPhase, ClaimPhase};
+use moor::api::{AttachmentPhase, ClaimPhase, VolumePhase};
 use moor::store::Store;
 use serde::Serialize;
 
@@ -271,7 +271,11 @@ async fn run_one(
     step(&format!("creating {volumes} volumes"));
     let t = Instant::now();
     phases::create_volumes(&store, &args.plugin_id, volumes).await?;
-    phases::wait_volumes_ready(&store, volumes, long).await?;
+    tracker
+        .until("every volume ready", long, |t| {
+            t.volumes(VolumePhase::Ready) >= volumes
+        })
+        .await?;
     let volumes_created_per_s = volumes as f64 / t.elapsed().as_secs_f64();
 
     // Bulk publish: N allocations over the nodes, each claiming its own volume.

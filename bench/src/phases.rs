@@ -23,18 +23,87 @@ pub const WRITERS: usize = 16;
 struct Counts {
     claims: HashMap<String, ClaimPhase>,
     claim_counts: HashMap<(String, ClaimPhase), usize>,
-    attachments: HashMap<String, AttachmentPhase>,
-    attachment_counts: HashMap<AttachmentPhase, usize>,
+    attachments: PhaseCounts<AttachmentPhase>,
+    volumes: PhaseCounts<VolumePhase>,
     /// The highest store revision at which a claim changed phase (only the controller
     /// writes claim phases), for the restart phase.
     last_change: i64,
+}
+
+/// The phase of every object of one kind by key, and how many are in each phase.
+struct PhaseCounts<P> {
+    by_key: HashMap<String, P>,
+    counts: HashMap<P, usize>,
+}
+
+impl<P> Default for PhaseCounts<P> {
+    fn default() -> Self {
+        PhaseCounts {
+            by_key: HashMap::new(),
+            counts: HashMap::new(),
+        }
+    }
+}
+
+impl<P: Copy + Eq + std::hash::Hash> PhaseCounts<P> {
+    fn set(&mut self, key: String, phase: Option<P>) {
+        let old = match phase {
+            Some(p) => self.by_key.insert(key, p),
+            None => self.by_key.remove(&key),
+        };
+        if let Some(o) = old {
+            *self.counts.entry(o).or_default() -= 1;
+        }
+        if let Some(p) = phase {
+            *self.counts.entry(p).or_default() += 1;
+        }
+    }
+
+    fn get(&self, phase: P) -> usize {
+        self.counts.get(&phase).copied().unwrap_or(0)
+    }
+}
+
+/// Watches every object of kind `S` into the `PhaseCounts` that `field` picks.
+fn count_phases<S, P>(
+    store: Store,
+    counts: Arc<Mutex<Counts>>,
+    changed: Arc<Notify>,
+    field: fn(&mut Counts) -> &mut PhaseCounts<P>,
+    phase: fn(&Object<S>) -> P,
+) -> tokio::task::JoinHandle<()>
+where
+    S: Spec,
+    P: Copy + Eq + std::hash::Hash + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut w = Box::pin(watcher::<S>(store, ""));
+        while let Some(ev) = w.next().await {
+            let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
+            let t = field(&mut c);
+            match ev {
+                Ok(Event::Applied(o)) => t.set(o.key(), Some(phase(&o))),
+                Ok(Event::Deleted { key, .. }) => t.set(key, None),
+                Ok(Event::Restarted(objs)) => {
+                    *t = PhaseCounts::default();
+                    for o in objs {
+                        t.set(o.key(), Some(phase(&o)));
+                    }
+                }
+                _ => {}
+            }
+            drop(c);
+            changed.notify_waiters();
+        }
+    })
 }
 
 fn group(claim: &str) -> String {
     claim.split('-').next().unwrap_or_default().to_string()
 }
 
-/// Watches claims and attachments (what an observer of moor would do) and keeps counts.
+/// Watches claims, attachments and volumes (what an observer of moor would do) and keeps
+/// counts.
 #[derive(Clone)]
 pub struct Tracker {
     counts: Arc<Mutex<Counts>>,
@@ -102,47 +171,27 @@ impl Tracker {
                 n1.notify_waiters();
             }
         });
-        let (c2, n2, s2) = (counts.clone(), changed.clone(), store.clone());
-        let attachments = tokio::spawn(async move {
-            let mut w = Box::pin(watcher::<AttachmentSpec>(s2, ""));
-            while let Some(ev) = w.next().await {
-                let mut c = c2.lock().unwrap_or_else(|e| e.into_inner());
-                let mut apply = |key: String, phase: Option<AttachmentPhase>| {
-                    let old = match phase {
-                        Some(p) => c.attachments.insert(key, p),
-                        None => c.attachments.remove(&key),
-                    };
-                    if let Some(o) = old {
-                        *c.attachment_counts.entry(o).or_default() -= 1;
-                    }
-                    if let Some(p) = phase {
-                        *c.attachment_counts.entry(p).or_default() += 1;
-                    }
-                };
-                match ev {
-                    Ok(Event::Applied(o)) => apply(o.key(), Some(o.status.phase)),
-                    Ok(Event::Deleted { key, .. }) => apply(key, None),
-                    Ok(Event::Restarted(objs)) => {
-                        c.attachments.clear();
-                        c.attachment_counts.clear();
-                        for o in objs {
-                            let key = o.key();
-                            *c.attachment_counts.entry(o.status.phase).or_default() += 1;
-                            c.attachments.insert(key, o.status.phase);
-                        }
-                    }
-                    _ => {}
-                }
-                drop(c);
-                n2.notify_waiters();
-            }
-        });
+        let attachments = count_phases::<AttachmentSpec, _>(
+            store.clone(),
+            counts.clone(),
+            changed.clone(),
+            |c| &mut c.attachments,
+            |a| a.status.phase,
+        );
+        let volumes = count_phases::<VolumeSpec, _>(
+            store.clone(),
+            counts.clone(),
+            changed.clone(),
+            |c| &mut c.volumes,
+            |v| v.status.provisioning.phase,
+        );
         Tracker {
             counts,
             changed,
             _tasks: Arc::new(Tasks(vec![
                 claims.abort_handle(),
                 attachments.abort_handle(),
+                volumes.abort_handle(),
             ])),
         }
     }
@@ -159,10 +208,13 @@ impl Tracker {
     /// Attachments in `phase`, and in all.
     pub fn attachments(&self, phase: AttachmentPhase) -> (usize, usize) {
         let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        (
-            c.attachment_counts.get(&phase).copied().unwrap_or(0),
-            c.attachments.len(),
-        )
+        (c.attachments.get(phase), c.attachments.by_key.len())
+    }
+
+    /// Volumes whose provisioning is in `phase`.
+    pub fn volumes(&self, phase: VolumePhase) -> usize {
+        let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.volumes.get(phase)
     }
 
     /// The highest revision at which a claim changed phase.
@@ -236,26 +288,6 @@ pub async fn create_volumes_named(
         .try_buffer_unordered(WRITERS)
         .try_collect::<()>()
         .await
-}
-
-/// Waits until `n` volumes are Ready (polled: the harness does not watch volumes).
-pub async fn wait_volumes_ready(store: &Store, n: usize, timeout: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let list = store.list::<VolumeSpec>("").await?;
-        let ready = list
-            .items
-            .iter()
-            .filter(|v| v.status.provisioning.phase == VolumePhase::Ready)
-            .count();
-        if ready >= n {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("{ready}/{n} volumes ready after {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 /// The allocation `<group>-<i>` on `node` claiming volume `v<i>`.

@@ -140,7 +140,7 @@ pub struct VolumeStatus {
 }
 
 /// Where a volume is in its life in the storage system.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VolumePhase {
     /// Not yet created or registered.

@@ -321,18 +321,9 @@ async fn event(ctx: &Ctx, claim: &Claim, type_: EventType, reason: &str, message
 async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
     let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
-    let on_node: Vec<Arc<Claim>> = ctx
-        .claims
-        .by_index(BY_NODE, claim.spec.node.as_str())
-        .into_iter()
-        .filter(|c| c.metadata.uid != claim.metadata.uid)
-        .collect();
-    let checked = admission::check(
-        claim,
-        volume.as_deref(),
-        node.as_deref(),
-        on_node.iter().map(|c| c.as_ref()),
-    );
+    let checked = admission::check(claim, volume.as_deref(), node.as_deref(), || {
+        ctx.claims.by_index(BY_NODE, claim.spec.node.as_str())
+    });
     let (admitted, volume) = match (checked, volume) {
         (Ok(a), Some(v)) => (a, v),
         (Err(verdict), _) => return refuse(ctx, claim, verdict).await,

@@ -356,11 +356,14 @@ impl Controller for Plugin {
             let (_, mode) = check_capability(req.volume_capability.as_ref())?;
             let max = self.cfg().max_volumes_per_node;
             self.mutate(|st| {
-                let on_node = st
-                    .volumes
-                    .values()
-                    .filter(|v| v.published.contains_key(&req.node_id))
-                    .count() as i64;
+                // Counted only when limited: a scan of every volume per call.
+                let on_node = || {
+                    st.volumes
+                        .values()
+                        .filter(|v| v.published.contains_key(&req.node_id))
+                        .count() as i64
+                };
+                let on_node = if max > 0 { on_node() } else { 0 };
                 let vol = st.volumes.get_mut(&req.volume_id).ok_or_else(|| {
                     Status::not_found(format!("volume {} not found", req.volume_id))
                 })?;
