@@ -142,11 +142,14 @@ impl LocalState {
 
     /// Whether a claim other than `key` still uses (or may use) a staging path.
     pub fn staging_in_use(&self, staging: &Path, except: &str) -> bool {
+        // Runs over every record at each release: the cheap tests first, and the paths
+        // compared as bytes (Path equality parses components; it showed in a profile).
+        let staging = staging.as_os_str();
         self.publishes.iter().any(|(k, p)| {
-            k != except
-                && !p.released
+            !p.released
                 && p.step.needs_reverse()
-                && p.staging_path.as_deref() == Some(staging)
+                && p.staging_path.as_deref().map(Path::as_os_str) == Some(staging)
+                && k != except
         })
     }
 }
