@@ -136,6 +136,9 @@ fn wait_claim(port: u16, phase: &str) {
         ],
     );
     assert!(ok, "{out}");
+    // The result once (stdout), not also as a progress line.
+    let result = format!("claim/web-1.data: phase={phase}\n");
+    assert_eq!(out.matches(&result).count(), 1, "{out}");
 }
 
 #[tokio::test]

@@ -73,6 +73,16 @@ impl Wait {
                 }
             };
             let elapsed = start.elapsed();
+            if done {
+                // The result goes to stdout alone (progress is on stderr): on a
+                // terminal the live line is cleared so it does not show twice.
+                if live {
+                    eprint!("\r\x1b[2K");
+                    let _ = std::io::stderr().flush();
+                }
+                println!("{line}");
+                return Ok(0);
+            }
             if live {
                 eprint!("\r\x1b[2K{line} [{:.1}s]", elapsed.as_secs_f64());
                 let _ = std::io::stderr().flush();
@@ -80,13 +90,6 @@ impl Wait {
                 eprintln!("{line}");
             }
             last_line = line;
-            if done {
-                if live {
-                    eprintln!();
-                }
-                println!("{last_line}");
-                return Ok(0);
-            }
             if elapsed >= self.timeout {
                 if live {
                     eprintln!();
