@@ -107,15 +107,29 @@ impl<K: Ord + Clone, V: Clone> Table<K, V> {
         self.map.insert(key, value)
     }
 
+    /// Remembers the record at `key` if there is one; whether there is.
+    fn remember_existing<Q>(&mut self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let Some((owned, _)) = self.map.get_key_value(key) else {
+            return false;
+        };
+        let owned = owned.clone();
+        self.remember(&owned);
+        true
+    }
+
     /// Removes a record.
     pub fn remove<Q>(&mut self, key: &Q) -> Option<V>
     where
         K: Borrow<Q>,
         Q: Ord + ?Sized,
     {
-        let owned = self.map.get_key_value(key)?.0.clone();
-        self.remember(&owned);
-        self.map.remove(key)
+        self.remember_existing(key)
+            .then(|| self.map.remove(key))
+            .flatten()
     }
 
     /// A record to change in place.
@@ -124,8 +138,9 @@ impl<K: Ord + Clone, V: Clone> Table<K, V> {
         K: Borrow<Q>,
         Q: Ord + ?Sized,
     {
-        let owned = self.map.get_key_value(key)?.0.clone();
-        self.remember(&owned);
+        if !self.remember_existing(key) {
+            return None;
+        }
         self.map.get_mut(key)
     }
 }

@@ -477,13 +477,7 @@ async fn attachment_state(
     if !needs_attach {
         return Ok((Attach::Ready(BTreeMap::new()), None));
     }
-    let attachment = ctx
-        .attachment(
-            &claim.metadata.namespace,
-            &claim.spec.volume,
-            &claim.spec.node,
-        )
-        .await?;
+    let attachment = ctx.attachment(claim).await?;
     let why = match attachment {
         None => {
             let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
@@ -683,13 +677,7 @@ async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, C
         }
     }
     // Detach when no other claim of the volume on this node still needs the attachment.
-    let attachment = ctx
-        .attachment(
-            &claim.metadata.namespace,
-            &claim.spec.volume,
-            &claim.spec.node,
-        )
-        .await?;
+    let attachment = ctx.attachment(claim).await?;
     if let Some(att) = attachment {
         // The volume's other claims on the node. A claim created since the cache
         // last heard is safe to miss: it finds the attachment detaching and waits

@@ -165,15 +165,13 @@ impl Ctx {
         self.own_writes.fresh(&self.store, key, cached).await
     }
 
-    /// The attachment of a volume on a node, from the cache unless it lags this
-    /// process's last write of it (the controller creates it and sets `detach`).
-    pub async fn attachment(
-        &self,
-        ns: &Namespace,
-        volume: &VolumeId,
-        node: &NodeName,
-    ) -> Result<Option<Arc<Attachment>>, StoreError> {
-        let key = format!("attachments/{ns}/{volume}/{node}");
+    /// The attachment of a claim's volume on its node, from the cache unless it lags
+    /// this process's last write of it (the controller creates it and sets `detach`).
+    pub async fn attachment(&self, claim: &Claim) -> Result<Option<Arc<Attachment>>, StoreError> {
+        let key = format!(
+            "attachments/{}/{}/{}",
+            claim.metadata.namespace, claim.spec.volume, claim.spec.node
+        );
         let cached = self.attachments.get(&key);
         self.own_writes.fresh(&self.store, &key, cached).await
     }
