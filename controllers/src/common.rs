@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use moor::api::*;
+use moor::runtime::reflector;
 use moor::store::{Store, StoreError};
 use prometheus_client::registry::Registry;
 use std::collections::HashMap;
@@ -192,14 +193,15 @@ impl OwnWrites {
             .insert(written.key(), written.metadata.resource_version);
     }
 
-    /// `cached` when it holds this process's last write of `key` (or there is none),
-    /// else the object read from the store (`None` when gone).
+    /// The object at `key` from `cache` when the cache holds this process's last
+    /// write of it (or there is none), else as read from the store (`None` when gone).
     pub async fn fresh<S: Spec>(
         &self,
         store: &Store,
+        cache: &reflector::Store<Object<S>>,
         key: &str,
-        cached: Option<Arc<Object<S>>>,
     ) -> Result<Option<Arc<Object<S>>>, StoreError> {
+        let cached = cache.get(key);
         {
             let mut writes = self.0.lock().unwrap_or_else(|p| p.into_inner());
             match (writes.get(key), &cached) {

@@ -82,11 +82,10 @@ impl Attacher {
             .lock(&format!("{}/{}", att.metadata.namespace, att.spec.volume))
             .await;
         // The cache may lag our own last write: then act on what etcd holds now.
-        let cached = reader.get(&key);
         let Some(att) = self
             .ctx
             .own_writes
-            .fresh(&self.ctx.reads, &key, cached)
+            .fresh(&self.ctx.reads, &reader, &key)
             .await?
         else {
             return Ok(Action::AwaitChange);

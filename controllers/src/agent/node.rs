@@ -669,8 +669,11 @@ impl Reconcile {
         };
         let store = &self.r.store;
         let mount_key = format!("mounts/{}", crate::common::suffix::<ClaimSpec>(key));
-        let cached = self.mounts.get(&mount_key);
-        let written = match self.own_writes.fresh(store, &mount_key, cached).await? {
+        let current = self
+            .own_writes
+            .fresh(store, &self.mounts, &mount_key)
+            .await?;
+        let written = match current {
             None => {
                 let mut m =
                     Mount::new(&claim.metadata.namespace, claim.metadata.name.clone(), spec);

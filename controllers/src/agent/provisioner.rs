@@ -90,11 +90,10 @@ impl Provisioner {
             .await;
         let suffix = crate::common::suffix::<VolumeSpec>(&key);
         // From the cache, unless it lags this agent's own last write of the volume.
-        let cached = reader.get(&key);
         let Some(vol) = self
             .ctx
             .own_writes
-            .fresh(&self.ctx.reads, &key, cached)
+            .fresh(&self.ctx.reads, &reader, &key)
             .await?
         else {
             return Ok(Action::AwaitChange);

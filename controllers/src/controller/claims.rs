@@ -238,6 +238,28 @@ async fn write(ctx: &Ctx, claim: &Claim, next: Claim) -> Result<(), ClaimError> 
     Ok(())
 }
 
+/// Writes `next` over `read` (when given) and `next_claim` over `claim` (when it
+/// differs) in one transaction, guarded by both versions read.
+async fn write_with<S: Spec>(
+    ctx: &Ctx,
+    read: &Object<S>,
+    next: Option<&Object<S>>,
+    claim: &Claim,
+    next_claim: Claim,
+) -> Result<(), StoreError> {
+    let mut batch = Batch::default();
+    let other = next
+        .map(|n| batch.update(&ctx.store, read, n))
+        .transpose()?;
+    let claim_written = self::next_claim(claim, next_claim)
+        .map(|c| batch.update(&ctx.store, claim, &c))
+        .transpose()?;
+    let revision = batch.commit(&ctx.store).await?;
+    ctx.wrote_in(other, revision);
+    ctx.wrote_in(claim_written, revision);
+    Ok(())
+}
+
 /// Edits the status of the claim's volume with `f` (`Ok(false)`: no change; `Err`:
 /// nothing is written and the error returned) and writes `next` over `claim`: one
 /// transaction against the cached volume, guarded by its version and the claim's; if
@@ -251,25 +273,14 @@ async fn with_volume<E>(
 ) -> Result<Result<(), E>, ClaimError> {
     let ns = &claim.metadata.namespace;
     let key = format!("volumes/{ns}/{}", claim.spec.volume);
-    let cached = ctx.volumes.get(&key);
-    if let Some(read) = ctx.own_writes.fresh(&ctx.store, &key, cached).await? {
+    if let Some(read) = ctx.own_writes.fresh(&ctx.store, &ctx.volumes, &key).await? {
         let mut volume = (*read).clone();
         if let Err(e) = f(&read, &mut volume.status) {
             return Ok(Err(e));
         }
-        let mut batch = Batch::default();
-        let volume = (volume.status != read.status)
-            .then(|| batch.update(&ctx.store, &read, &volume))
-            .transpose()?;
-        let next_claim = next_claim(claim, next.clone())
-            .map(|n| batch.update(&ctx.store, claim, &n))
-            .transpose()?;
-        match batch.commit(&ctx.store).await {
-            Ok(revision) => {
-                ctx.wrote_in(volume, revision);
-                ctx.wrote_in(next_claim, revision);
-                return Ok(Ok(()));
-            }
+        let changed = (volume.status != read.status).then_some(&volume);
+        match write_with(ctx, &read, changed, claim, next.clone()).await {
+            Ok(()) => return Ok(Ok(())),
             Err(StoreError::Conflict { .. }) => {}
             Err(e) => return Err(e.into()),
         }
@@ -698,28 +709,18 @@ async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, C
         });
         if !needed {
             // The detach asked for and the claim's reason, in one transaction.
-            let mut batch = Batch::default();
-            let detached = (!att.spec.detach)
-                .then(|| {
-                    let mut a = (*att).clone();
-                    a.spec.detach = true;
-                    batch.update(&ctx.store, &att, &a)
-                })
-                .transpose()?;
+            let mut detached = (*att).clone();
+            detached.spec.detach = true;
+            let changed = (!att.spec.detach).then_some(&detached);
             let mut c = claim.clone();
             c.status.phase = ClaimPhase::Releasing;
             c.status.reason = Some("waiting for the volume to be detached".into());
-            let waiting = next_claim(claim, c)
-                .map(|c| batch.update(&ctx.store, claim, &c))
-                .transpose()?;
-            let revision = batch.commit(&ctx.store).await?;
-            ctx.wrote_in(detached, revision);
-            ctx.wrote_in(waiting, revision);
+            write_with(ctx, &att, changed, claim, c).await?;
             return Ok(Action::AwaitChange);
         }
     }
-    // Done: no longer a live claim of the volume; remembered as a past one.
-    // Dropped from the volume's live claims and marked Released in one transaction.
+    // Done: dropped from the volume's live claims (remembered as a past one) and marked
+    // Released, in one transaction.
     let mut released = claim.clone();
     released.status.phase = ClaimPhase::Released;
     released.status.reason = None;

@@ -161,8 +161,7 @@ impl Ctx {
 
     /// The claim at `key`, from the cache unless it lags this process's last write.
     pub async fn claim(&self, key: &str) -> Result<Option<Arc<Claim>>, StoreError> {
-        let cached = self.claims.get(key);
-        self.own_writes.fresh(&self.store, key, cached).await
+        self.own_writes.fresh(&self.store, &self.claims, key).await
     }
 
     /// The attachment of a claim's volume on its node, from the cache unless it lags
@@ -172,8 +171,9 @@ impl Ctx {
             "attachments/{}/{}/{}",
             claim.metadata.namespace, claim.spec.volume, claim.spec.node
         );
-        let cached = self.attachments.get(&key);
-        self.own_writes.fresh(&self.store, &key, cached).await
+        self.own_writes
+            .fresh(&self.store, &self.attachments, &key)
+            .await
     }
 
     /// The volume of a claim-like object.
