@@ -628,7 +628,10 @@ async fn an_operator_force_detach_releases_a_claim_on_a_dead_node() {
     // `moorctl volume detach v1 --node n2`.
     loop {
         let mut v = c.store.get::<VolumeSpec>("default/v1").await.unwrap();
-        v.spec.force_detach.insert(NodeName::new("n2").unwrap());
+        let generation = v.metadata.generation + 1;
+        v.spec
+            .force_detach
+            .insert(NodeName::new("n2").unwrap(), generation);
         if c.store.replace(&v).await.is_ok() {
             break;
         }

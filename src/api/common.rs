@@ -245,6 +245,29 @@ pub struct StatusMeta {
     /// The last error met while reconciling, cleared on success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The step that is failing and backing off, cleared on its success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<StepFailure>,
+}
+
+/// A failing step: what `moorctl describe` shows of an object that waits on a call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepFailure {
+    /// The step, e.g. `NodeStageVolume`.
+    pub step: String,
+    /// When it first failed in this run of failures.
+    pub since: Timestamp,
+    /// Failed attempts in a row.
+    pub attempts: u32,
+    /// The last answer's gRPC code.
+    pub code: String,
+    /// The last answer's message.
+    pub message: String,
+    /// The answer was final (retried only at the cap or on a relevant change).
+    #[serde(rename = "final", default)]
+    pub final_answer: bool,
+    /// When it is tried next, unless something it depends on changes first.
+    pub next_retry: Timestamp,
 }
 
 impl StatusMeta {

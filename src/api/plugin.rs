@@ -28,9 +28,11 @@ pub struct PluginStatus {
     /// GetPluginInfo's vendor_version.
     #[serde(default)]
     pub version: String,
-    /// Whether volumes need ControllerPublish (PUBLISH_UNPUBLISH_VOLUME).
+    /// Whether volumes need ControllerPublish (PUBLISH_UNPUBLISH_VOLUME); `None` until
+    /// a controller instance has answered its first fingerprint. Unknown blocks every
+    /// claim of the plugin before the node: it never means "not needed".
     #[serde(default)]
-    pub controller_required: bool,
+    pub controller_required: Option<bool>,
     /// Healthy controller instances.
     #[serde(default)]
     pub controllers_healthy: u32,

@@ -44,10 +44,45 @@ pub struct VolumeSpec {
     /// Where a created volume must or should be accessible.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology_request: Option<TopologyRequest>,
-    /// Nodes the operator declared gone for this volume (`moorctl volume detach`): the
-    /// controller releases claims there without waiting for the node, with a Warning.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
-    pub force_detach: std::collections::BTreeSet<NodeName>,
+    /// Nodes the operator declared gone for this volume (`moorctl volume detach`), each
+    /// with the volume generation the declaration made: the controller releases the
+    /// claims there admitted at an earlier generation without waiting for the node,
+    /// with a Warning. A claim admitted later is never released that way, so a stale
+    /// entry cannot skip the node steps of a node that came back.
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "force_detach_entries"
+    )]
+    pub force_detach: BTreeMap<NodeName, i64>,
+}
+
+/// `force_detach` as a map of node to generation, or as the plain list of nodes
+/// earlier versions wrote (generation 0: it applies only to claims admitted before
+/// claims recorded their volume generation).
+fn force_detach_entries<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<NodeName, i64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Entries {
+        Map(BTreeMap<NodeName, i64>),
+        List(Vec<NodeName>),
+    }
+    Ok(match Entries::deserialize(d)? {
+        Entries::Map(m) => m,
+        Entries::List(l) => l.into_iter().map(|n| (n, 0)).collect(),
+    })
+}
+
+impl VolumeSpec {
+    /// Whether an operator's force detach of `node` covers a claim admitted at volume
+    /// generation `admitted` (unknown for claims admitted by earlier versions).
+    pub fn force_detached(&self, node: &NodeName, admitted: Option<i64>) -> bool {
+        self.force_detach
+            .get(node)
+            .is_some_and(|at| admitted.is_none_or(|a| a < *at))
+    }
 }
 
 /// Content to create a volume from.

@@ -261,16 +261,27 @@ async fn volume_detach(
     let volume = parse_name("volume", volume)?;
     let node = NodeName::new(node).map_err(|e| anyhow::anyhow!("node {node:?}: {e}"))?;
     let suffix = format!("{ns}/{volume}");
-    let mark = |spec: &mut VolumeSpec| spec.force_detach.insert(node.clone());
-    match ctx.store.modify_spec(&suffix, mark).await {
-        Ok((_, true)) => println!(
-            "volume {volume}: node {node} marked gone; its claims there will be released without node calls"
-        ),
-        Ok((_, false)) => println!("volume {volume}: node {node} already marked gone"),
-        Err(StoreError::NotFound { .. }) => {
-            return Err(Refused(format!("volume {suffix} not found")).into())
+    // The entry names the generation this very write makes, so it covers exactly the
+    // claims admitted before it.
+    loop {
+        let mut v = match ctx.store.get::<VolumeSpec>(&suffix).await {
+            Ok(v) => v,
+            Err(StoreError::NotFound { .. }) => {
+                return Err(Refused(format!("volume {suffix} not found")).into())
+            }
+            Err(e) => return Err(e.into()),
+        };
+        v.spec
+            .force_detach
+            .insert(node.clone(), v.metadata.generation + 1);
+        match ctx.store.replace(&v).await {
+            Ok(_) => break,
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => return Err(e.into()),
     }
+    println!(
+        "volume {volume}: node {node} marked gone; its claims there now will be released without node calls"
+    );
     Ok(0)
 }

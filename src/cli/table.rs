@@ -200,7 +200,10 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             Kind::Plugin => vec![
                 col("VERSION", |v| text(v, "/status/version")),
                 col("CONTROLLER REQUIRED", |v| {
-                    yes_no(v, "/status/controller_required")
+                    match v.pointer("/status/controller_required") {
+                        Some(Value::Bool(_)) => yes_no(v, "/status/controller_required"),
+                        _ => "unknown".into(),
+                    }
                 }),
             ],
             Kind::Event => vec![col("SOURCE", |v| text(v, "/spec/source"))],

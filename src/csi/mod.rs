@@ -1,6 +1,7 @@
 //! CSI v1: the generated protocol types and services, and a channel to a plugin's unix
 //! socket.
 
+pub mod client;
 pub mod convert;
 pub mod policy;
 

@@ -11,6 +11,7 @@
 //! - [`events`]: the event recorder (events share a lease per time window).
 //! - [`leader`]: leader election on an etcd lease, fenced on its key.
 //! - [`metrics`]: per-controller counters, gauge and histogram in a Prometheus registry.
+//! - [`steps`]: per (object, step) retry gates that a reconciler's own writes cannot reset.
 //! - [`shutdown`]: a cancellation token tripped by SIGINT/SIGTERM.
 //! - [`logging`]: the daemons' tracing setup.
 
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod queue;
 pub mod reflector;
 pub mod shutdown;
+pub mod steps;
 pub mod watcher;
 
 use crate::api::{Object, Spec};

@@ -7,16 +7,22 @@
 //!    publish_context. A timeout or cut-off leaves it uncertain; a final error leaves
 //!    what was known before.
 //! 2. `spec.detach` (set by the controller once no claim on the node needs it):
-//!    ControllerUnpublish if it is or may be attached, then delete the Attachment.
+//!    ControllerUnpublish if it is or may be attached (Attached, Detaching, or an
+//!    uncertain publish); the Attachment is deleted only after it returned OK or
+//!    NotFound.
+//! 3. A failed call is recorded on the Attachment (`last_error`, `retry`) and tried
+//!    again on its step's schedule ([`moor::runtime::steps`]): the status write does not
+//!    bring the retry forward.
 //!
 //! One controller call per volume at a time (a lock shared with the provisioner).
 
 use moor::api::*;
-use moor::csi::policy::{request, CsiError};
+use moor::csi::policy::{Class, CsiError};
 use moor::csi::{convert, v1};
 use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
+use moor::runtime::steps::{self, Gate};
 use moor::store::StoreError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -91,11 +97,12 @@ impl Attacher {
             return Ok(Action::AwaitChange);
         };
         if att.spec.detach {
-            self.detach(&att).await?;
+            self.detach(&att).await
         } else if att.status.phase != AttachmentPhase::Attached {
-            self.attach(&att).await?;
+            self.attach(&att).await
+        } else {
+            Ok(Action::AwaitChange)
         }
-        Ok(Action::AwaitChange)
     }
 
     fn volume(&self, att: &Attachment) -> Option<Arc<Volume>> {
@@ -134,7 +141,23 @@ impl Attacher {
         Ok(written)
     }
 
-    async fn attach(&self, att: &Attachment) -> Result<(), AttachError> {
+    /// The fingerprint of what the attachment's steps depend on: its spec and the
+    /// plugin's fingerprint. The attacher's own status writes change neither.
+    fn inputs(&self, att: &Attachment) -> u64 {
+        steps::inputs((
+            &att.metadata.uid,
+            att.metadata.generation,
+            self.ctx.plugin_epoch(),
+        ))
+    }
+
+    async fn attach(&self, att: &Attachment) -> Result<Action, AttachError> {
+        const STEP: &str = "ControllerPublishVolume";
+        let key = att.key();
+        let inputs = self.inputs(att);
+        if let Gate::Wait(d) = self.ctx.steps.gate(&key, STEP, inputs) {
+            return Ok(Action::Requeue(d));
+        }
         let was_uncertain = att.status.uncertain;
         // Checkpoint: from here on the volume may be attached.
         let att = &self.write_status(att, |st| st.uncertain = true).await?;
@@ -160,49 +183,67 @@ impl Attacher {
             secrets,
             volume_context: context,
         };
-        let client = self.ctx.client()?;
-        let r = self
-            .ctx
-            .policy
-            .call("ControllerPublishVolume", |t| {
-                let mut c = client.clone();
-                let req = req.clone();
-                async move { c.controller_publish_volume(request(req, t)).await }
-            })
-            .await;
-        match r {
+        match self.ctx.csi()?.controller_publish(req).await {
             Ok(resp) => {
+                self.ctx.steps.succeeded(&key, STEP);
                 self.write_status(att, |st| {
                     st.phase = AttachmentPhase::Attached;
                     st.publish_context = resp.publish_context.clone();
                     st.uncertain = false;
                     st.meta.last_error = None;
+                    st.meta.retry = None;
                     st.meta.set_condition("Attached", true, "Published", "");
                 })
                 .await?;
                 self.event(att, "Attach volume", None).await;
-                Ok(())
+                Ok(Action::AwaitChange)
             }
             Err(e) => {
                 let uncertain = was_uncertain || e.is_uncertain();
+                let (failure, delay) = self.ctx.steps.failed(
+                    &key,
+                    STEP,
+                    inputs,
+                    &format!("{:?}", e.code),
+                    &e.message,
+                    e.class() == Class::Final,
+                );
                 let msg = e.to_string();
                 self.write_status(att, |st| {
                     st.uncertain = uncertain;
                     st.meta.last_error = Some(msg.clone());
+                    st.meta.retry = Some(failure.clone());
                     st.meta
                         .set_condition("Attached", false, "PublishFailed", &msg);
                 })
                 .await?;
                 self.event(att, "Attach volume", Some(msg)).await;
-                Err(e.into())
+                tracing::warn!(attachment = %key, error = %e, retry_in = ?delay, "ControllerPublish failed");
+                Ok(Action::Requeue(delay))
             }
         }
     }
 
-    async fn detach(&self, att: &Attachment) -> Result<(), AttachError> {
-        let owed = att.status.phase == AttachmentPhase::Attached || att.status.uncertain;
+    /// ControllerUnpublish when the volume is or may be attached (Attached, a detach
+    /// under way, or an uncertain publish), then the Attachment is deleted: only after
+    /// an OK (or NotFound: the volume or node is gone). Any other answer keeps the
+    /// Attachment, so the reverse stays owed and is retried on the step's schedule.
+    async fn detach(&self, att: &Attachment) -> Result<Action, AttachError> {
+        const STEP: &str = "ControllerUnpublishVolume";
+        let key = att.key();
+        let owed = matches!(
+            att.status.phase,
+            AttachmentPhase::Attached | AttachmentPhase::Detaching
+        ) || att.status.uncertain;
         let suffix = att.spec.key_suffix(&att.metadata);
         if owed {
+            let inputs = self.inputs(att);
+            if let Gate::Wait(d) = self.ctx.steps.gate(&key, STEP, inputs) {
+                return Ok(Action::Requeue(d));
+            }
+            let att = &self
+                .write_status(att, |st| st.phase = AttachmentPhase::Detaching)
+                .await?;
             let secrets = self
                 .volume(att)
                 .map(|v| v.spec.secrets.expose().clone())
@@ -212,33 +253,37 @@ impl Attacher {
                 node_id: att.spec.csi_node_id.to_string(),
                 secrets,
             };
-            let client = self.ctx.client()?;
-            let r = self
-                .ctx
-                .policy
-                .call("ControllerUnpublishVolume", |t| {
-                    let mut c = client.clone();
-                    let req = req.clone();
-                    async move { c.controller_unpublish_volume(request(req, t)).await }
+            if let Err(e) = self.ctx.csi()?.controller_unpublish(req).await {
+                let (failure, delay) = self.ctx.steps.failed(
+                    &key,
+                    STEP,
+                    inputs,
+                    &format!("{:?}", e.code),
+                    &e.message,
+                    e.class() == Class::Final,
+                );
+                let msg = e.to_string();
+                self.write_status(att, |st| {
+                    st.phase = AttachmentPhase::Detaching;
+                    st.meta.last_error = Some(msg.clone());
+                    st.meta.retry = Some(failure.clone());
                 })
-                .await;
-            match r {
-                Ok(_) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => {
-                    let msg = e.to_string();
-                    self.write_status(att, |st| {
-                        st.phase = AttachmentPhase::Detaching;
-                        st.meta.last_error = Some(msg.clone());
-                    })
-                    .await?;
-                    self.event(att, "Detach volume", Some(msg)).await;
-                    return Err(e.into());
-                }
+                .await?;
+                self.event(att, "Detach volume", Some(msg)).await;
+                tracing::warn!(attachment = %key, error = %e, retry_in = ?delay, "ControllerUnpublish failed");
+                return Ok(Action::Requeue(delay));
             }
+            self.ctx.steps.succeeded(&key, STEP);
             self.event(att, "Detach volume", None).await;
+            return self.delete(att, &suffix).await;
         }
-        // As last read or written here; if it changed since, as stored now.
+        self.delete(att, &suffix).await
+    }
+
+    /// Deletes the attachment as last read or written here; if it changed since, as
+    /// stored now.
+    async fn delete(&self, att: &Attachment, suffix: &str) -> Result<Action, AttachError> {
+        self.ctx.steps.forget(&att.key());
         match self.ctx.writes.delete_read(att).await {
             Ok(revision) => {
                 // Noted at the deletion's revision: until the cache shows it gone, a
@@ -246,16 +291,11 @@ impl Attacher {
                 let mut gone = att.clone();
                 gone.metadata.resource_version = revision;
                 self.ctx.own_writes.wrote(&gone);
-                Ok(())
+                Ok(Action::AwaitChange)
             }
             Err(StoreError::Conflict { .. }) => {
-                match self
-                    .ctx
-                    .writes
-                    .delete::<AttachmentSpec>(&suffix, None)
-                    .await
-                {
-                    Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+                match self.ctx.writes.delete::<AttachmentSpec>(suffix, None).await {
+                    Ok(_) | Err(StoreError::NotFound { .. }) => Ok(Action::AwaitChange),
                     Err(e) => Err(e.into()),
                 }
             }

@@ -59,6 +59,13 @@ pub struct Args {
     /// TTL of the per-plugin controller election.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub leader_ttl: Duration,
+    /// First delay before a failed CSI step is tried again (doubling, jittered).
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub retry_initial: Duration,
+    /// Longest delay before a failed CSI step is tried again; a final answer (such as
+    /// InvalidArgument) waits this long unless the step's inputs change.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub retry_cap: Duration,
 }
 
 /// One configured plugin.
@@ -171,6 +178,11 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         ..Policy::default()
     };
     let registry = Arc::new(registry);
+    let schedule = moor::runtime::steps::Schedule {
+        initial: args.retry_initial,
+        cap: args.retry_cap.max(args.retry_initial),
+        jitter: true,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = args.etcd.http {
         let (registry, shutdown) = (registry.clone(), shutdown.clone());
@@ -201,6 +213,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         local: Arc::new(tokio::sync::Mutex::new(local)),
         locks: KeyedLocks::default(),
         policy: policy.clone(),
+        steps: moor::runtime::steps::Steps::new(schedule.clone()),
         recorder: recorder.clone(),
     };
     {
@@ -216,6 +229,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         };
         let base = store.clone();
         let cfg = cfg.clone();
+        let schedule = schedule.clone();
         let (policy, recorder, supervisor, metrics) = (
             policy.clone(),
             recorder.clone(),
@@ -234,6 +248,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
                     recorder: recorder.clone(),
                     locks: KeyedLocks::default(),
                     own_writes: Default::default(),
+                    steps: moor::runtime::steps::Steps::new(schedule.clone()),
                 };
                 let metrics = metrics.clone();
                 async move { ctx.run(metrics, stop).await }
@@ -271,6 +286,8 @@ pub struct ControllerPluginCtx {
     pub locks: KeyedLocks,
     /// Writes of this agent the caches have not shown yet.
     pub own_writes: crate::common::OwnWrites,
+    /// Retry gates of failing controller steps.
+    pub steps: moor::runtime::steps::Steps,
 }
 
 /// The plugin has no channel (its endpoint could not be used).
@@ -279,18 +296,19 @@ pub struct ControllerPluginCtx {
 pub struct NoChannel(pub PluginId);
 
 impl ControllerPluginCtx {
-    /// A controller-service client for the plugin.
-    pub fn client(
-        &self,
-    ) -> Result<
-        moor::csi::v1::controller_client::ControllerClient<tonic::transport::Channel>,
-        NoChannel,
-    > {
+    /// The typed CSI client of the plugin.
+    pub fn csi(&self) -> Result<moor::csi::client::Csi, NoChannel> {
         let ch = self
             .supervisor
             .channel(&self.plugin.id)
             .ok_or_else(|| NoChannel(self.plugin.id.clone()))?;
-        Ok(moor::csi::v1::controller_client::ControllerClient::new(ch))
+        Ok(moor::csi::client::Csi::new(ch, self.policy.clone()))
+    }
+
+    /// Changes whenever a plugin's health or fingerprint changes (part of every step's
+    /// inputs: a plugin that changed is tried again at once).
+    pub fn plugin_epoch(&self) -> u64 {
+        *self.supervisor.changes().borrow()
     }
 
     async fn run(self, metrics: Metrics, stop: CancellationToken) {

@@ -17,7 +17,8 @@
 //!    the controller's per-key backoff.
 
 use moor::api::*;
-use moor::csi::policy::{request, Class, CsiError, Policy};
+use moor::csi::client::Csi;
+use moor::csi::policy::{Class, CsiError, Policy};
 use moor::csi::{convert, v1};
 use moor::journal::{Journal, JournalError};
 use moor::runtime::controller::{Action, Config, Controller};
@@ -25,6 +26,7 @@ use moor::runtime::events::Recorder;
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
 use moor::runtime::reflector;
+use moor::runtime::steps::{self, Gate, Steps};
 use moor::store::{Store, StoreError};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -57,6 +59,10 @@ pub enum NodeError {
     /// The agent's record of what it did could not be written.
     #[error("cannot record the node's local state")]
     State(#[from] JournalError),
+    /// A failed step is backing off; it is tried again after this long (or when its
+    /// inputs change).
+    #[error("{0} is backing off")]
+    BackingOff(&'static str, std::time::Duration),
     /// The agent's own files.
     #[error("cannot write {path}")]
     Io {
@@ -84,6 +90,8 @@ pub struct NodeReconciler {
     pub locks: KeyedLocks,
     /// CSI call policy.
     pub policy: Policy,
+    /// Retry gates of failing node steps.
+    pub steps: Steps,
     /// Events.
     pub recorder: Recorder,
 }
@@ -184,6 +192,14 @@ impl NodeReconciler {
     }
 }
 
+/// The node steps, as their retry gates name them.
+const NODE_STEPS: [&str; 4] = [
+    "NodeStageVolume",
+    "NodePublishVolume",
+    "NodeUnpublishVolume",
+    "NodeUnstageVolume",
+];
+
 struct Reconcile {
     r: NodeReconciler,
     claims: reflector::Store<Claim>,
@@ -240,8 +256,68 @@ impl Reconcile {
                 tracing::debug!(claim = %key, plugin = %id, "waiting for the plugin's fingerprint");
                 Ok(Action::AwaitChange)
             }
+            // Recorded on the Mount already; the step's own schedule says when.
+            Err(NodeError::BackingOff(_, after)) => Ok(Action::Requeue(after)),
+            Err(NodeError::Csi(_)) => Ok(Action::Requeue(
+                self.r.steps.remaining(&key).unwrap_or_default(),
+            )),
             other => other.map(|()| Action::AwaitChange),
         }
+    }
+
+    /// What a claim's node steps depend on: the claim's identity and spec, and the
+    /// plugin's fingerprint. The agent's Mount writes (and the controller's status
+    /// writes they cause) change none of it.
+    fn inputs(&self, uid: &str, generation: i64) -> u64 {
+        steps::inputs((uid, generation, *self.r.supervisor.changes().borrow()))
+    }
+
+    /// Refuses a step of `key` while it is backing off with unchanged inputs.
+    fn gate(&self, key: &str, step: &'static str, inputs: u64) -> Result<(), NodeError> {
+        match self.r.steps.gate(key, step, inputs) {
+            Gate::Go => Ok(()),
+            Gate::Wait(after) => Err(NodeError::BackingOff(step, after)),
+        }
+    }
+
+    /// Runs one CSI step of `key` under its retry gate: refused while it backs off;
+    /// a failure is recorded with its class and becomes [`NodeError::BackingOff`] once
+    /// the caller has recorded it (the caller gets the CSI error first, to decide what
+    /// is owed).
+    async fn step<T>(
+        &self,
+        key: &str,
+        step: &'static str,
+        inputs: u64,
+        call: impl std::future::Future<Output = Result<T, CsiError>>,
+    ) -> Result<T, NodeError> {
+        self.gate(key, step, inputs)?;
+        match call.await {
+            Ok(v) => {
+                self.r.steps.succeeded(key, step);
+                Ok(v)
+            }
+            Err(e) => {
+                let (_, after) = self.r.steps.failed(
+                    key,
+                    step,
+                    inputs,
+                    &format!("{:?}", e.code),
+                    &e.message,
+                    e.class() == Class::Final,
+                );
+                tracing::warn!(claim = %key, error = %e, retry_in = ?after, "node step failed");
+                Err(NodeError::Csi(e))
+            }
+        }
+    }
+
+    /// The failing step of `key`, if one is backing off.
+    fn failing_step(&self, key: &str) -> Option<StepFailure> {
+        NODE_STEPS
+            .iter()
+            .filter_map(|s| self.r.steps.failure(key, s))
+            .max_by_key(|f| f.next_retry)
     }
 
     fn plugin(&self, id: &PluginId) -> Result<&PluginConfig, NodeError> {
@@ -260,6 +336,7 @@ impl Reconcile {
     }
 
     async fn forget(&self, key: &str) -> Result<(), NodeError> {
+        self.r.steps.forget(key);
         self.edit(|s| {
             s.publishes.remove(key);
         })
@@ -326,8 +403,16 @@ impl Reconcile {
         let capability = convert::capability(cap, &claim.spec.mount_options);
         let result = async {
             if let Some(staging) = &rec.staging_path {
-                self.ensure_staged(&cfg, claim, staging, &external_id, &capability, &secrets)
-                    .await?;
+                self.ensure_staged(
+                    &cfg,
+                    key,
+                    claim,
+                    staging,
+                    &external_id,
+                    &capability,
+                    &secrets,
+                )
+                .await?;
             }
             self.ensure_published(
                 &cfg,
@@ -348,6 +433,8 @@ impl Reconcile {
                 self.event(claim, "Mount volume", None).await;
                 Ok(())
             }
+            // Recorded when it failed; nothing new to say.
+            Err(e @ NodeError::BackingOff(..)) => Err(e),
             Err(e) => {
                 let msg = moor::runtime::controller::error_chain(&e);
                 self.sync_mount(key, claim, Some(msg.clone())).await?;
@@ -357,9 +444,11 @@ impl Reconcile {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn ensure_staged(
         &self,
         cfg: &PluginConfig,
+        key: &str,
         claim: &Claim,
         staging: &Path,
         external_id: &ExternalVolumeId,
@@ -381,6 +470,9 @@ impl Reconcile {
             external_id: external_id.clone(),
             step: Step::Uncertain,
         };
+        // Gated before the checkpoint: a step that is backing off owes nothing new.
+        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
+        self.gate(key, "NodeStageVolume", inputs)?;
         self.set_stage(staging, Some(record.clone())).await?;
         let req = v1::NodeStageVolumeRequest {
             volume_id: external_id.to_string(),
@@ -390,15 +482,9 @@ impl Reconcile {
             secrets: secrets.clone(),
             volume_context: claim.spec.volume_context.clone(),
         };
-        let client = self.node_client(cfg)?;
+        let csi = self.csi(cfg)?;
         let r = self
-            .r
-            .policy
-            .call("NodeStageVolume", |t| {
-                let mut c = client.clone();
-                let req = req.clone();
-                async move { c.node_stage_volume(request(req, t)).await }
-            })
+            .step(key, "NodeStageVolume", inputs, csi.node_stage(req))
             .await;
         match r {
             Ok(_) => {
@@ -412,11 +498,11 @@ impl Reconcile {
                 .await
             }
             Err(e) => {
-                if e.class() == Class::Final && current.is_none() {
+                if is_final(&e) && current.is_none() {
                     // Took no effect, and nothing was staged before: nothing is owed.
                     self.set_stage(staging, None).await?;
                 }
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -461,6 +547,8 @@ impl Reconcile {
             })?;
         }
         let before = rec.step;
+        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
+        self.gate(key, "NodePublishVolume", inputs)?;
         self.set_publish_step(key, Step::Uncertain).await?;
         let req = v1::NodePublishVolumeRequest {
             volume_id: external_id.to_string(),
@@ -476,45 +564,38 @@ impl Reconcile {
             secrets: secrets.clone(),
             volume_context: claim.spec.volume_context.clone(),
         };
-        let client = self.node_client(cfg)?;
+        let csi = self.csi(cfg)?;
         let r = self
-            .r
-            .policy
-            .call("NodePublishVolume", |t| {
-                let mut c = client.clone();
-                let req = req.clone();
-                async move { c.node_publish_volume(request(req, t)).await }
-            })
+            .step(key, "NodePublishVolume", inputs, csi.node_publish(req))
             .await;
         match r {
             Ok(_) => self.set_publish_step(key, Step::Done).await,
             Err(e) => {
-                if e.class() == Class::Final && before == Step::Absent {
+                if is_final(&e) && before == Step::Absent {
                     self.set_publish_step(key, Step::Absent).await?;
                 }
-                Err(e.into())
+                Err(e)
             }
         }
     }
 
-    fn node_client(
-        &self,
-        cfg: &PluginConfig,
-    ) -> Result<v1::node_client::NodeClient<tonic::transport::Channel>, NodeError> {
+    fn csi(&self, cfg: &PluginConfig) -> Result<Csi, NodeError> {
         let ch = self
             .r
             .supervisor
             .channel(&cfg.id)
             .ok_or_else(|| NodeError::UnknownPlugin(cfg.id.clone()))?;
-        Ok(v1::node_client::NodeClient::new(ch))
+        Ok(Csi::new(ch, self.r.policy.clone()))
     }
 
     async fn release(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
         let rec = self.r.local.lock().await.publishes.get(key).cloned();
         if let Some(rec) = rec.filter(|r| !r.released) {
             if let Err(e) = self.teardown(key, &rec).await {
-                let msg = moor::runtime::controller::error_chain(&e);
-                self.sync_mount(key, claim, Some(msg)).await?;
+                if !matches!(e, NodeError::BackingOff(..)) {
+                    let msg = moor::runtime::controller::error_chain(&e);
+                    self.sync_mount(key, claim, Some(msg)).await?;
+                }
                 return Err(e);
             }
             self.edit(|s| {
@@ -549,7 +630,7 @@ impl Reconcile {
             };
             if !in_use {
                 if let Some(stage) = stage {
-                    self.ensure_unstaged(&cfg, staging, &stage).await?;
+                    self.ensure_unstaged(&cfg, key, staging, &stage).await?;
                 }
             }
         }
@@ -566,21 +647,14 @@ impl Reconcile {
             volume_id: rec.external_id.to_string(),
             target_path: path_str(&plugin_path(cfg, &rec.target_path)),
         };
-        let client = self.node_client(cfg)?;
-        let r = self
-            .r
-            .policy
-            .call("NodeUnpublishVolume", |t| {
-                let mut c = client.clone();
-                let req = req.clone();
-                async move { c.node_unpublish_volume(request(req, t)).await }
-            })
+        let csi = self.csi(cfg)?;
+        let inputs = self.inputs(&rec.claim_uid, 0);
+        let result = self
+            .step(key, "NodeUnpublishVolume", inputs, csi.node_unpublish(req))
             .await;
-        let result = match r {
-            Ok(_) => Ok(()),
-            Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => Err(e),
-        };
+        if let Err(NodeError::BackingOff(..)) = result {
+            return result;
+        }
         let error = result.as_ref().err().map(|e| e.to_string());
         self.unmount_event(rec, error).await;
         result?;
@@ -590,6 +664,7 @@ impl Reconcile {
     async fn ensure_unstaged(
         &self,
         cfg: &PluginConfig,
+        key: &str,
         staging: &Path,
         stage: &StageRecord,
     ) -> Result<(), NodeError> {
@@ -598,21 +673,10 @@ impl Reconcile {
                 volume_id: stage.external_id.to_string(),
                 staging_target_path: path_str(&plugin_path(cfg, staging)),
             };
-            let client = self.node_client(cfg)?;
-            let r = self
-                .r
-                .policy
-                .call("NodeUnstageVolume", |t| {
-                    let mut c = client.clone();
-                    let req = req.clone();
-                    async move { c.node_unstage_volume(request(req, t)).await }
-                })
-                .await;
-            match r {
-                Ok(_) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e.into()),
-            }
+            let csi = self.csi(cfg)?;
+            let inputs = self.inputs(key, 0);
+            self.step(key, "NodeUnstageVolume", inputs, csi.node_unstage(req))
+                .await?;
         }
         self.set_stage(staging, None).await?;
         // The staging directory is ours to remove once the plugin let go of it.
@@ -655,6 +719,14 @@ impl Reconcile {
         };
         let released = rec.as_ref().is_none_or(|r| r.released);
         let publish = rec.as_ref().map(|r| r.step).unwrap_or_default();
+        // A failing CSI step stays on the Mount until it succeeds: what it waits on,
+        // since when, the last answer and the next retry.
+        let retry = self.failing_step(key);
+        let last_error = last_error.or_else(|| {
+            retry
+                .as_ref()
+                .map(|f| format!("{} failed with {}: {}", f.step, f.code, f.message))
+        });
         let status = MountStatus {
             staged: !released && stage == Step::Done,
             stage_uncertain: !released && stage == Step::Uncertain,
@@ -664,6 +736,7 @@ impl Reconcile {
             meta: StatusMeta {
                 observed_generation: claim.metadata.generation,
                 last_error,
+                retry,
                 ..Default::default()
             },
         };
@@ -754,4 +827,9 @@ impl Reconcile {
             .record(object, type_, reason, message, d)
             .await;
     }
+}
+
+/// Whether a step failed with a final answer (it took no effect).
+fn is_final(e: &NodeError) -> bool {
+    matches!(e, NodeError::Csi(c) if c.class() == Class::Final)
 }

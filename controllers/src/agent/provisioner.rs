@@ -12,11 +12,12 @@
 //!    `moor.dev/claims` finalizer is gone), DeleteVolume, drop our finalizer.
 
 use moor::api::*;
-use moor::csi::policy::{request, CsiError};
+use moor::csi::policy::{Class, CsiError};
 use moor::csi::{convert, v1};
 use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
+use moor::runtime::steps::{self, Gate};
 use moor::store::StoreError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -133,8 +134,17 @@ impl Provisioner {
         {
             return Ok(Action::AwaitChange);
         }
-        self.create(&vol).await?;
-        Ok(Action::AwaitChange)
+        self.create(&vol).await
+    }
+
+    /// What a volume's steps depend on: its spec and the plugin's fingerprint (the
+    /// status sections written by the provisioner and the controller are not part).
+    fn inputs(&self, vol: &Volume) -> u64 {
+        steps::inputs((
+            &vol.metadata.uid,
+            vol.metadata.generation,
+            self.ctx.plugin_epoch(),
+        ))
     }
 
     fn create_request(&self, vol: &Volume) -> Result<v1::CreateVolumeRequest, ProvisionError> {
@@ -195,22 +205,19 @@ impl Provisioner {
     /// CreateVolume; returns the plugin's volume.
     async fn call_create(&self, vol: &Volume) -> Result<v1::Volume, ProvisionError> {
         let req = self.create_request(vol)?;
-        let client = self.ctx.client()?;
-        let resp = self
-            .ctx
-            .policy
-            .call("CreateVolume", |t| {
-                let mut c = client.clone();
-                let req = req.clone();
-                async move { c.create_volume(request(req, t)).await }
-            })
-            .await?;
+        let resp = self.ctx.csi()?.create_volume(req).await?;
         resp.volume
             .filter(|v| !v.volume_id.is_empty())
             .ok_or(ProvisionError::NoVolume)
     }
 
-    async fn create(&self, vol: &Volume) -> Result<(), ProvisionError> {
+    async fn create(&self, vol: &Volume) -> Result<Action, ProvisionError> {
+        const STEP: &str = "CreateVolume";
+        let key = vol.key();
+        let inputs = self.inputs(vol);
+        if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
+            return Ok(Action::Requeue(after));
+        }
         let suffix = vol.spec.key_suffix(&vol.metadata);
         let written = self
             .ctx
@@ -241,12 +248,14 @@ impl Provisioner {
                             .map(|t| t.segments.clone())
                             .collect();
                         p.meta.last_error = None;
+                        p.meta.retry = None;
                         p.meta.observed_generation = vol.metadata.generation;
                         p.meta.set_condition("Created", true, "CreateVolume", "");
                         true
                     })
                     .await?;
                 self.ctx.own_writes.wrote(&written);
+                self.ctx.steps.succeeded(&key, STEP);
                 self.event(
                     vol,
                     "Volume created",
@@ -254,14 +263,32 @@ impl Provisioner {
                     format!("created as {ext}"),
                 )
                 .await;
-                Ok(())
+                Ok(Action::AwaitChange)
             }
             Err(e) => {
                 let msg = moor::runtime::controller::error_chain(&e);
+                let ProvisionError::Csi(csi) = &e else {
+                    return Err(e);
+                };
+                // A final answer took no effect: the volume shows Failed (retried at
+                // the cap or when its spec or the plugin changes), not "creating".
+                let final_answer = csi.class() == Class::Final;
+                let (failure, after) = self.ctx.steps.failed(
+                    &key,
+                    STEP,
+                    inputs,
+                    &format!("{:?}", csi.code),
+                    &csi.message,
+                    final_answer,
+                );
                 let written = self
                     .ctx
                     .writes
                     .modify_status::<VolumeSpec>(&suffix, |_, st| {
+                        if final_answer {
+                            st.provisioning.phase = VolumePhase::Failed;
+                        }
+                        st.provisioning.meta.retry = Some(failure.clone());
                         st.provisioning.meta.last_error = Some(msg.clone());
                         st.provisioning.meta.set_condition(
                             "Created",
@@ -275,7 +302,7 @@ impl Provisioner {
                 self.ctx.own_writes.wrote(&written);
                 self.event(vol, "Volume create failed", EventType::Warning, msg)
                     .await;
-                Err(e)
+                Ok(Action::Requeue(after))
             }
         }
     }
@@ -305,30 +332,38 @@ impl Provisioner {
                 volume_id: ext.to_string(),
                 secrets: vol.spec.secrets.expose().clone(),
             };
-            let client = self.ctx.client()?;
-            let r = self
-                .ctx
-                .policy
-                .call("DeleteVolume", |t| {
-                    let mut c = client.clone();
-                    let req = req.clone();
-                    async move { c.delete_volume(request(req, t)).await }
-                })
-                .await;
-            match r {
-                Ok(_) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => {
-                    self.event(
-                        vol,
-                        "Volume delete failed",
-                        EventType::Warning,
-                        e.to_string(),
-                    )
-                    .await;
-                    return Err(e.into());
-                }
+            const STEP: &str = "DeleteVolume";
+            let key = vol.key();
+            let inputs = self.inputs(vol);
+            if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
+                return Ok(Action::Requeue(after));
             }
+            if let Err(e) = self.ctx.csi()?.delete_volume(req).await {
+                let (failure, after) = self.ctx.steps.failed(
+                    &key,
+                    STEP,
+                    inputs,
+                    &format!("{:?}", e.code),
+                    &e.message,
+                    e.class() == Class::Final,
+                );
+                let msg = e.to_string();
+                let suffix = vol.spec.key_suffix(&vol.metadata);
+                let written = self
+                    .ctx
+                    .writes
+                    .modify_status::<VolumeSpec>(&suffix, |_, st| {
+                        st.provisioning.meta.retry = Some(failure.clone());
+                        st.provisioning.meta.last_error = Some(msg.clone());
+                        true
+                    })
+                    .await?;
+                self.ctx.own_writes.wrote(&written);
+                self.event(vol, "Volume delete failed", EventType::Warning, msg)
+                    .await;
+                return Ok(Action::Requeue(after));
+            }
+            self.ctx.steps.forget(&key);
             self.event(
                 vol,
                 "Volume deleted",

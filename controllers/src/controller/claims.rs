@@ -31,6 +31,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Verdict};
+use super::plan::{self, AttachPlan, NodeDone};
 use super::{volume_index, Ctx, BY_NODE, BY_PLUGIN, BY_VOLUME};
 use crate::common::{details, object_ref};
 
@@ -91,6 +92,7 @@ pub async fn run(
     let by_volume2 = by_volume.clone();
     let claims2 = claims.clone();
     let claims3 = claims.clone();
+    let claims4 = claims.clone();
     let this = Arc::new(ctx);
     Controller::new("claims", claims, config)
         .with_metrics(metrics)
@@ -129,10 +131,14 @@ pub async fn run(
             claims3
                 .by_index(BY_PLUGIN, p.metadata.name.as_str())
                 .iter()
-                .filter(|c| !c.status.phase.is_live() || c.spec.release)
+                .filter(|c| {
+                    !matches!(c.status.phase, ClaimPhase::Published | ClaimPhase::Released)
+                        || c.spec.release
+                })
                 .map(|c| c.key())
                 .collect()
         })
+        .watches(inf.claims.subscribe(), released_frees(claims4))
         .trigger(node_gc_ticks(this.clone()).boxed())
         .run(
             move |key| {
@@ -143,6 +149,40 @@ pub async fn run(
             stop,
         )
         .await;
+}
+
+/// Maps a claim that reached Released to the Pending and Denied claims its release
+/// may now admit: those of the same volume (access modes), of the same node
+/// (max_volumes_per_node) and of the same plugin.
+fn released_frees(
+    claims: moor::runtime::reflector::Store<Claim>,
+) -> impl Fn(&Claim) -> Vec<String> + Send + Sync + 'static {
+    move |released: &Claim| {
+        if released.status.phase != ClaimPhase::Released {
+            return Vec::new();
+        }
+        let waiting = |c: &Arc<Claim>| {
+            matches!(c.status.phase, ClaimPhase::Pending | ClaimPhase::Denied)
+                && !c.spec.release
+                && c.metadata.uid != released.metadata.uid
+        };
+        let volume = volume_index(&released.metadata.namespace, released.spec.volume.as_str());
+        let mut keys: Vec<String> = claims
+            .by_index(BY_VOLUME, &volume)
+            .iter()
+            .chain(claims.by_index(BY_NODE, released.spec.node.as_str()).iter())
+            .chain(
+                claims
+                    .by_index(BY_PLUGIN, released.spec.plugin_id.as_str())
+                    .iter(),
+            )
+            .filter(|c| waiting(c))
+            .map(|c| c.key())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
 }
 
 /// With `--node-gc-timeout`, releasing claims on absent nodes are looked at again
@@ -356,13 +396,14 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
     c.spec.external_id = Some(admitted.external_id);
     c.spec.volume_context = context;
+    c.spec.volume_generation = Some(volume.metadata.generation);
     c.status.phase = ClaimPhase::Admitted;
     c.status
         .meta
         .set_condition("Admitted", true, "Admitted", "");
     // The next step in the same write: the node let act when the attachment is ready
     // or not needed, else the attachment asked for once the admission is recorded.
-    let (state, missing) = attachment_state(ctx, &c).await?;
+    let (state, todo) = attachment_state(ctx, &c).await?;
     match state {
         Attach::Wait(why) => c.status.reason = Some(why),
         Attach::Ready(context) => {
@@ -380,6 +421,11 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
             if live.read_claims.iter().chain(&live.write_claims).any(mine) {
                 return Ok(false);
             }
+            // The claim records the generation it was admitted at (what an operator's
+            // force detach is compared with): it must be the one admitted against.
+            if v.metadata.generation != volume.metadata.generation {
+                return Err(Refusal::Stale);
+            }
             let existing: Vec<ClaimRef> = live
                 .read_claims
                 .iter()
@@ -393,7 +439,7 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
                 me.mode,
                 &existing,
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Refusal::Deny(e.to_string()))?;
             match me.mode {
                 ClaimMode::Read => live.read_claims.push(me.clone()),
                 ClaimMode::Write => live.write_claims.push(me.clone()),
@@ -405,7 +451,9 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     .await;
     match recorded {
         Ok(Ok(())) => {}
-        Ok(Err(denied)) => return refuse(ctx, claim, Verdict::Deny(denied)).await,
+        Ok(Err(Refusal::Deny(denied))) => return refuse(ctx, claim, Verdict::Deny(denied)).await,
+        // The volume changed since the cache showed it: decide again on the new one.
+        Ok(Err(Refusal::Stale)) => return Ok(Action::Requeue(Duration::from_millis(50))),
         Err(ClaimError::Store(StoreError::NotFound { .. })) => {
             return refuse(
                 ctx,
@@ -416,10 +464,21 @@ async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
         }
         Err(e) => return Err(e),
     }
-    if let Some(att) = missing {
-        create_attachment(ctx, &att).await?;
+    match todo {
+        Some(AttachTodo::Create(att)) => create_attachment(ctx, &att).await?,
+        // Re-planned from the claim as now stored.
+        Some(AttachTodo::Replace(_)) => return Ok(Action::Requeue(Duration::ZERO)),
+        None => {}
     }
     Ok(Action::AwaitChange)
+}
+
+/// Why the admission's compare-and-swap did not record the claim.
+enum Refusal {
+    /// An access-mode rule denies it.
+    Deny(String),
+    /// The volume is not the one the decision was made on.
+    Stale,
 }
 
 async fn refuse(ctx: &Ctx, claim: &Claim, verdict: Verdict) -> Result<Action, ClaimError> {
@@ -456,12 +515,19 @@ enum Attach {
     Wait(String),
 }
 
-/// Ensures the attachment of the claim's volume on its node when the plugin needs
-/// ControllerPublish: creates it if missing, and says whether the node may act.
+/// Carries out the claim's controller-publish step ([`plan::attach`]): creates a
+/// missing attachment, asks for the detach of one that does not cover the claim, and
+/// says whether the node may act.
 async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach, ClaimError> {
-    let (state, missing) = attachment_state(ctx, claim).await?;
-    if let Some(att) = missing {
-        create_attachment(ctx, &att).await?;
+    let (state, todo) = attachment_state(ctx, claim).await?;
+    match todo {
+        Some(AttachTodo::Create(att)) => create_attachment(ctx, &att).await?,
+        Some(AttachTodo::Replace(att)) => {
+            let mut next = (*att).clone();
+            next.spec.detach = true;
+            ctx.wrote(&ctx.store.update(&att, &next).await?);
+        }
+        None => {}
     }
     Ok(state)
 }
@@ -475,67 +541,84 @@ async fn create_attachment(ctx: &Ctx, att: &Attachment) -> Result<(), ClaimError
     Ok(())
 }
 
-/// Where the attachment a claim needs stands, and the attachment to create when it
-/// is missing.
+/// A write the controller-publish step asks for.
+enum AttachTodo {
+    /// Create this attachment.
+    Create(Attachment),
+    /// Set `detach` on this one (it does not cover the claim and nobody uses it).
+    Replace(Arc<Attachment>),
+}
+
+/// Gathers what [`plan::attach`] decides from and returns its verdict: whether the
+/// node may act, and the write to make first.
 async fn attachment_state(
     ctx: &Ctx,
     claim: &Claim,
-) -> Result<(Attach, Option<Attachment>), ClaimError> {
-    let needs_attach = ctx
+) -> Result<(Attach, Option<AttachTodo>), ClaimError> {
+    let plugin = ctx
         .plugins
-        .get(&format!("plugins/{}", claim.spec.plugin_id))
-        .is_some_and(|p| p.status.controller_required);
-    if !needs_attach {
-        return Ok((Attach::Ready(BTreeMap::new()), None));
-    }
-    let attachment = ctx.attachment(claim).await?;
-    let why = match attachment {
-        None => {
-            let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
-            let csi_node_id = node
-                .as_ref()
-                .and_then(|n| n.status.plugins.get(&claim.spec.plugin_id))
-                .and_then(|p| p.csi_node_id.clone());
-            let (Some(csi_node_id), Some(external_id), Some(cap)) = (
-                csi_node_id,
-                claim.spec.external_id.clone(),
-                claim.spec.access_mode.zip(claim.spec.attachment_mode),
-            ) else {
-                let why = "waiting for the node's CSI node id".into();
-                return Ok((Attach::Wait(why), None));
-            };
-            let capability = VolumeCapability {
-                access_mode: cap.0,
-                attachment_mode: cap.1,
-            };
-            let att = Attachment::new(
-                &claim.metadata.namespace,
-                Name::new(format!("{}.{}", claim.spec.volume, claim.spec.node))
-                    .unwrap_or_else(|_| claim.metadata.name.clone()),
-                AttachmentSpec {
-                    volume: claim.spec.volume.clone(),
-                    node: claim.spec.node.clone(),
-                    plugin_id: claim.spec.plugin_id.clone(),
-                    external_id,
-                    csi_node_id,
-                    capability,
-                    read_only: !capability.access_mode.allows_write(),
-                    detach: false,
-                },
-            );
-            let why = "waiting for the volume to be attached".to_string();
-            return Ok((Attach::Wait(why), Some(att)));
-        }
-        Some(att) if att.spec.detach => "waiting for an earlier attachment to be detached".into(),
-        Some(att) if att.status.phase != AttachmentPhase::Attached => {
-            match &att.status.meta.last_error {
-                Some(e) => format!("waiting for the volume to be attached: {e}"),
-                None => "waiting for the volume to be attached".to_string(),
-            }
-        }
-        Some(att) => return Ok((Attach::Ready(att.status.publish_context.clone()), None)),
+        .get(&format!("plugins/{}", claim.spec.plugin_id));
+    let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
+    let needs_attachment = plugin
+        .as_ref()
+        .and_then(|p| p.status.controller_required)
+        .unwrap_or(false);
+    let attachment = if needs_attachment {
+        ctx.attachment(claim).await?
+    } else {
+        None
     };
-    Ok((Attach::Wait(why), None))
+    let in_use = match &attachment {
+        Some(_) => attachment_needed_by_others(ctx, claim).await?,
+        None => false,
+    };
+    let plan = plan::attach(&plan::AttachInputs {
+        claim,
+        plugin: plugin.as_deref(),
+        node: node.as_deref(),
+        attachment: attachment.as_deref(),
+        attachment_in_use: in_use,
+    });
+    Ok(match plan {
+        AttachPlan::Ready(context) => (Attach::Ready(context), None),
+        AttachPlan::Wait(why) => (Attach::Wait(why), None),
+        AttachPlan::Create(spec) => {
+            let name = Name::new(format!("{}.{}", spec.volume, spec.node))
+                .unwrap_or_else(|_| claim.metadata.name.clone());
+            let att = Attachment::new(&claim.metadata.namespace, name, spec);
+            let why = "waiting for the volume to be attached".to_string();
+            (Attach::Wait(why), Some(AttachTodo::Create(att)))
+        }
+        AttachPlan::Replace => {
+            let why = "waiting for the volume's attachment to be replaced by one for this claim's capability".to_string();
+            (Attach::Wait(why), attachment.map(AttachTodo::Replace))
+        }
+    })
+}
+
+/// Whether another claim of the claim's volume on its node may still be using the
+/// attachment there: it was let onto the node and its node side is not finished. A
+/// claim created since the cache last heard is safe to miss: it finds the attachment
+/// detaching and waits for a new one.
+async fn attachment_needed_by_others(ctx: &Ctx, claim: &Claim) -> Result<bool, ClaimError> {
+    for o in ctx.claims.by_index(
+        BY_VOLUME,
+        &volume_index(&claim.metadata.namespace, claim.spec.volume.as_str()),
+    ) {
+        if o.metadata.uid == claim.metadata.uid || o.spec.node != claim.spec.node {
+            continue;
+        }
+        let Some(o) = ctx.claim(&o.key()).await? else {
+            continue;
+        };
+        let needs = o.status.phase != ClaimPhase::Released
+            && (o.spec.publish || o.status.phase.is_live())
+            && node_done(ctx, &o) == NodeDone::No;
+        if needs {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn waiting_for_unpublish(claim: &Claim) -> String {
@@ -567,6 +650,7 @@ async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     let node_error = mount
         .as_ref()
         .and_then(|m| m.status.meta.last_error.clone());
+    let node_retry = mount.as_ref().and_then(|m| m.status.meta.retry.clone());
     let was_published = claim.status.phase == ClaimPhase::Published;
     set_status(ctx, claim, |st| {
         if published {
@@ -576,6 +660,7 @@ async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
             st.reason = Some(waiting_for_node(claim));
         }
         st.meta.last_error = node_error.clone();
+        st.meta.retry = node_retry.clone();
     })
     .await?;
     if published && !was_published {
@@ -599,48 +684,24 @@ async fn waiting(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, ClaimErr
     Ok(Action::AwaitChange)
 }
 
-/// Whether the node side of a claim is finished (or skipped): the agent said released,
-/// or the operator / the node GC timeout lets us go on without it.
+/// Whether the node side of a claim is finished (or skipped): [`plan::node_done`] over
+/// the caches.
 fn node_done(ctx: &Ctx, claim: &Claim) -> NodeDone {
-    if !claim.spec.publish {
-        // The node was never allowed to act.
-        return NodeDone::Agent;
-    }
-    let acked = ctx
-        .mounts
-        .get(&format!(
-            "mounts/{}/{}/{}",
-            claim.spec.node, claim.metadata.namespace, claim.metadata.name
-        ))
-        .is_some_and(|m| m.spec.claim_uid == claim.metadata.uid && m.status.released);
-    if acked {
-        return NodeDone::Agent;
-    }
-    let forced = ctx
-        .volume(&claim.metadata.namespace, &claim.spec.volume)
-        .is_some_and(|v| v.spec.force_detach.contains(&claim.spec.node));
-    if forced {
-        return NodeDone::Skipped(format!(
-            "the operator detached volume {} from node {}",
-            claim.spec.volume, claim.spec.node
-        ));
-    }
-    if let (Some(timeout), Some(gone)) = (ctx.node_gc_timeout, ctx.node_gone_for(&claim.spec.node))
-    {
-        if gone >= timeout {
-            return NodeDone::Skipped(format!(
-                "node {} has been gone for {:?} (timeout {:?})",
-                claim.spec.node, gone, timeout
-            ));
-        }
-    }
-    NodeDone::No
-}
-
-enum NodeDone {
-    Agent,
-    Skipped(String),
-    No,
+    let mount = ctx.mounts.get(&format!(
+        "mounts/{}/{}/{}",
+        claim.spec.node, claim.metadata.namespace, claim.metadata.name
+    ));
+    let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
+    let node_gone_for = ctx
+        .node_gc_timeout
+        .and_then(|_| ctx.node_gone_for(&claim.spec.node));
+    plan::node_done(&plan::NodeInputs {
+        claim,
+        mount: mount.as_deref(),
+        volume: volume.as_deref(),
+        node_gone_for,
+        node_gc_timeout: ctx.node_gc_timeout,
+    })
 }
 
 async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, ClaimError> {
@@ -679,9 +740,25 @@ async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, C
         }
         NodeDone::No => {
             let why = waiting_for_unpublish(claim);
+            // The node's failing step, as its Mount shows it.
+            let mount = ctx.mounts.get(&format!(
+                "mounts/{}/{}/{}",
+                claim.spec.node, claim.metadata.namespace, claim.metadata.name
+            ));
+            let mount = mount.filter(|m| m.spec.claim_uid == claim.metadata.uid);
+            let (error, retry) = mount
+                .map(|m| {
+                    (
+                        m.status.meta.last_error.clone(),
+                        m.status.meta.retry.clone(),
+                    )
+                })
+                .unwrap_or_default();
             set_status(ctx, claim, |st| {
                 st.phase = ClaimPhase::Releasing;
                 st.reason = Some(why.clone());
+                st.meta.last_error = error.clone();
+                st.meta.retry = retry.clone();
             })
             .await?;
             return Ok(Action::AwaitChange);
@@ -690,24 +767,7 @@ async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, C
     // Detach when no other claim of the volume on this node still needs the attachment.
     let attachment = ctx.attachment(claim).await?;
     if let Some(att) = attachment {
-        // The volume's other claims on the node. A claim created since the cache
-        // last heard is safe to miss: it finds the attachment detaching and waits
-        // for a new one.
-        let mut others = Vec::new();
-        for o in ctx.claims.by_index(
-            BY_VOLUME,
-            &volume_index(&claim.metadata.namespace, claim.spec.volume.as_str()),
-        ) {
-            if o.metadata.uid != claim.metadata.uid && o.spec.node == claim.spec.node {
-                others.extend(ctx.claim(&o.key()).await?);
-            }
-        }
-        let needed = others.iter().any(|o| {
-            o.status.phase != ClaimPhase::Released
-                && (o.spec.publish || o.status.phase.is_live())
-                && !matches!(node_done(ctx, o), NodeDone::Agent | NodeDone::Skipped(_))
-        });
-        if !needed {
+        if !attachment_needed_by_others(ctx, claim).await? {
             // The detach asked for and the claim's reason, in one transaction.
             let mut detached = (*att).clone();
             detached.spec.detach = true;

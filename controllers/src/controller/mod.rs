@@ -12,6 +12,7 @@
 pub mod admission;
 pub mod allocations;
 pub mod claims;
+pub mod plan;
 pub mod plugins;
 pub mod volumes;
 

@@ -5,8 +5,9 @@
 //! 1. Count the instances: controllers (controller or monolith) and nodes (node or
 //!    monolith), expected and healthy; provider and version from a healthy instance.
 //! 2. `controller_required`: a controller instance advertises PUBLISH_UNPUBLISH_VOLUME.
-//!    While no controller instance is registered the last answer is kept, so a
-//!    controller plugin that restarts does not make claims skip ControllerPublish.
+//!    Unknown (`None`) until a controller instance answered a fingerprint; while none
+//!    is registered the last answer is kept, so a controller plugin that restarts does
+//!    not make claims skip ControllerPublish.
 //! 3. A plugin no node runs any more is deleted.
 
 use moor::api::*;
@@ -100,15 +101,13 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
         .filter(|s| !s.capabilities.plugin.is_empty() || s.healthy)
         .collect();
     let controller_required = if fingerprinted.is_empty() {
-        current
-            .as_ref()
-            .is_some_and(|p| p.status.controller_required)
+        current.as_ref().and_then(|p| p.status.controller_required)
     } else {
-        fingerprinted.iter().any(|s| {
+        Some(fingerprinted.iter().any(|s| {
             s.capabilities
                 .controller
                 .contains("PUBLISH_UNPUBLISH_VOLUME")
-        })
+        }))
     };
     let source = instances
         .iter()

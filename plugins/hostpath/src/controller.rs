@@ -324,6 +324,10 @@ impl Controller for Plugin {
                     }
                     _ => {}
                 }
+                // Its attach markers' directory, empty once nothing is published.
+                let mut markers = vol.path.as_os_str().to_owned();
+                markers.push(".attached");
+                let _ = std::fs::remove_dir(std::path::PathBuf::from(markers));
                 st.volumes.remove(&req.volume_id);
                 Ok(())
             })
@@ -391,6 +395,9 @@ impl Controller for Plugin {
                     )));
                 }
                 vol.published.insert(req.node_id.clone(), req.readonly);
+                // What a node instance sees of the attachment (a device appearing).
+                crate::attach_marker::set(&vol.path, &req.node_id, true)
+                    .map_err(|e| Status::internal(format!("recording the attachment: {e}")))?;
                 Ok(())
             })
             .await?;
@@ -424,10 +431,16 @@ impl Controller for Plugin {
             require(&req.volume_id, "volume_id")?;
             self.mutate(|st| {
                 if let Some(vol) = st.volumes.get_mut(&req.volume_id) {
-                    if req.node_id.is_empty() {
-                        vol.published.clear();
+                    let nodes: Vec<String> = if req.node_id.is_empty() {
+                        vol.published.keys().cloned().collect()
                     } else {
-                        vol.published.remove(&req.node_id);
+                        vec![req.node_id.clone()]
+                    };
+                    for node in nodes {
+                        vol.published.remove(&node);
+                        crate::attach_marker::set(&vol.path, &node, false).map_err(|e| {
+                            Status::internal(format!("removing the attachment: {e}"))
+                        })?;
                     }
                 }
                 Ok(())

@@ -9,6 +9,7 @@
 //! - [`faults`]: fault injection through the admin socket.
 //! - [`calllog`]: one JSON line per RPC; [`checker`] reports moor's invariants broken in one.
 
+pub mod attach_marker;
 pub mod calllog;
 pub mod checker;
 

@@ -84,6 +84,29 @@ impl Plugin {
         Ok(path)
     }
 
+    /// With PUBLISH_UNPUBLISH_VOLUME advertised, the volume must be controller-published
+    /// to this node before it is staged (or published without staging): the publish
+    /// context names this node and, when the data directory is known, its attach marker
+    /// exists. FAILED_PRECONDITION otherwise, as a strict plugin answers.
+    fn check_attached(
+        &self,
+        volume_id: &str,
+        publish_context: &std::collections::BTreeMap<String, String>,
+        volume_dir: &Path,
+    ) -> Result<(), Status> {
+        if !self.cfg().publish_unpublish {
+            return Ok(());
+        }
+        let me = &self.cfg().node_id;
+        let context_ok = publish_context.get("attached_to") == Some(me);
+        if !context_ok || !crate::attach_marker::is_set(volume_dir, me) {
+            return Err(Status::failed_precondition(format!(
+                "volume {volume_id} is not controller-published to node {me}"
+            )));
+        }
+        Ok(())
+    }
+
     fn no_mount(&self) -> bool {
         self.cfg().no_mount
     }
@@ -135,6 +158,7 @@ impl Node for Plugin {
             require(&req.staging_target_path, "staging_target_path")?;
             let (block, _) = check_capability(req.volume_capability.as_ref())?;
             let source = self.volume_dir(&req.volume_id, &req.volume_context).await?;
+            self.check_attached(&req.volume_id, &req.publish_context, &source)?;
             if block {
                 ensure_block_file(&source)?;
             }
@@ -254,6 +278,10 @@ impl Node for Plugin {
             }
             // Publish from the staging mount when there is one; without staging (or with
             // --no-mount, where the staging path holds no data) from the volume's own data.
+            if !self.cfg().stage_unstage {
+                let data = self.volume_dir(&req.volume_id, &req.volume_context).await?;
+                self.check_attached(&req.volume_id, &req.publish_context, &data)?;
+            }
             let source_dir = match &staging {
                 Some(staging) if self.cfg().stage_unstage && !self.no_mount() => staging.clone(),
                 _ => self.volume_dir(&req.volume_id, &req.volume_context).await?,

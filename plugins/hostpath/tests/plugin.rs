@@ -37,6 +37,7 @@ fn stage_req(v: &Volume, staging: &std::path::Path, c: VolumeCapability) -> Node
         staging_target_path: staging.display().to_string(),
         volume_capability: Some(c),
         volume_context: v.volume_context.clone(),
+        publish_context: attached_context(),
         ..Default::default()
     }
 }
@@ -55,8 +56,29 @@ fn publish_req(
         volume_capability: Some(c),
         readonly: ro,
         volume_context: v.volume_context.clone(),
+        publish_context: attached_context(),
         ..Default::default()
     }
+}
+
+/// The publish context ControllerPublish to the harness's node returns.
+fn attached_context() -> std::collections::BTreeMap<String, String> {
+    [("attached_to".to_string(), "node-1".to_string())].into()
+}
+
+/// A new volume, controller-published to the harness's node (`node-1`).
+async fn attached_volume(hp: &HostPath, name: &str, caps: Vec<VolumeCapability>) -> Volume {
+    let v = new_volume(hp, name, caps.clone()).await;
+    hp.controller()
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: "node-1".into(),
+            volume_capability: caps.into_iter().next(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    v
 }
 
 #[tokio::test]
@@ -491,7 +513,7 @@ async fn snapshots_clones_expansion_and_validation() {
 async fn stage_and_publish_mount_for_real_and_tear_down() {
     let hp = HostPath::start(&[]).await;
     let mut n = hp.node();
-    let v = new_volume(&hp, "v1", vec![sw()]).await;
+    let v = attached_volume(&hp, "v1", vec![sw()]).await;
     let staging = hp.path("staging/v1");
     let rw = hp.path("pods/a/v1");
     let ro = hp.path("pods/b/v1");
@@ -665,7 +687,7 @@ async fn without_stage_unstage_publish_goes_direct_and_block_is_a_file() {
 #[tokio::test]
 async fn a_restarted_plugin_knows_what_it_did() {
     let mut hp = HostPath::start(&[]).await;
-    let v = new_volume(&hp, "v1", vec![sw()]).await;
+    let v = attached_volume(&hp, "v1", vec![sw()]).await;
     hp.controller()
         .controller_publish_volume(ControllerPublishVolumeRequest {
             volume_id: v.volume_id.clone(),
@@ -760,7 +782,7 @@ async fn a_restarted_plugin_knows_what_it_did() {
 #[tokio::test]
 async fn injected_failures_latency_hangs_and_exit() {
     let mut hp = HostPath::start(&[]).await;
-    let v = new_volume(&hp, "v1", vec![sw()]).await;
+    let v = attached_volume(&hp, "v1", vec![sw()]).await;
     let staging = hp.path("staging/v1");
     std::fs::create_dir_all(&staging).unwrap();
 
@@ -1019,7 +1041,7 @@ async fn the_checker_passes_a_real_lifecycle_and_catches_a_wrong_one() {
 #[tokio::test]
 async fn no_mount_keeps_the_rules_without_mounting() {
     let hp = HostPath::start(&["--no-mount"]).await;
-    let v = new_volume(&hp, "v1", vec![sw()]).await;
+    let v = attached_volume(&hp, "v1", vec![sw()]).await;
     let staging = hp.path("staging/v1");
     let target = hp.path("pods/a/v1");
     let early = hp
@@ -1042,4 +1064,57 @@ async fn no_mount_keeps_the_rules_without_mounting() {
         .node_publish_volume(publish_req(&v, Some(&staging), &target, true, sw()))
         .await;
     assert_eq!(conflict.unwrap_err().code(), Code::AlreadyExists);
+}
+
+#[tokio::test]
+async fn with_publish_unpublish_a_volume_not_controller_published_here_is_not_staged() {
+    let hp = HostPath::start(&[]).await;
+    let v = new_volume(&hp, "v1", vec![sw()]).await;
+    let staging = hp.path("staging/v1");
+    std::fs::create_dir_all(&staging).unwrap();
+    // No ControllerPublish yet: a strict plugin refuses, whatever the context claims.
+    let early = hp
+        .node()
+        .node_stage_volume(stage_req(&v, &staging, sw()))
+        .await;
+    assert_eq!(early.unwrap_err().code(), Code::FailedPrecondition);
+    let attach = ControllerPublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: "node-1".into(),
+        volume_capability: Some(sw()),
+        ..Default::default()
+    };
+    let ctx = hp
+        .controller()
+        .controller_publish_volume(attach.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    // Published, but the request does not carry the publish context.
+    let mut no_ctx = stage_req(&v, &staging, sw());
+    no_ctx.publish_context.clear();
+    let e = hp.node().node_stage_volume(no_ctx).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let mut req = stage_req(&v, &staging, sw());
+    req.publish_context = ctx;
+    hp.node().node_stage_volume(req.clone()).await.unwrap();
+    hp.node()
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap();
+    // Unpublished again: a stale context does not get it staged.
+    hp.controller()
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: "node-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let late = hp.node().node_stage_volume(req).await.unwrap_err();
+    assert_eq!(late.code(), Code::FailedPrecondition);
 }

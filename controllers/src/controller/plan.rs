@@ -1,0 +1,454 @@
+//! The claim controller's decisions as pure functions of what it observes: the claim,
+//! the related objects from the caches, the plugin's capabilities. The reconciler
+//! (`claims.rs`) gathers the inputs and carries out what these return; every
+//! transition is unit-tested here, without a store or a clock.
+
+use moor::api::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Where a claim stands on the controller-publish step, and what to do about it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttachPlan {
+    /// The plugin needs no ControllerPublish, or the volume is attached in a way that
+    /// covers the claim: the node may act, with this publish context.
+    Ready(BTreeMap<String, String>),
+    /// Create this attachment, then wait for it.
+    Create(AttachmentSpec),
+    /// The attachment on the node does not cover the claim and no other claim uses
+    /// it: ask for its detach, then wait (a new one is created once it is gone).
+    Replace,
+    /// Nothing to do but wait, for this reason.
+    Wait(String),
+}
+
+/// What [`attach`] decides from.
+pub struct AttachInputs<'a> {
+    /// The claim (admitted).
+    pub claim: &'a Claim,
+    /// Its plugin's aggregate, if the controller has one.
+    pub plugin: Option<&'a Plugin>,
+    /// Its node, if registered.
+    pub node: Option<&'a Node>,
+    /// The attachment of (volume, node), if any.
+    pub attachment: Option<&'a Attachment>,
+    /// Whether another claim of the volume on the node may be using the attachment.
+    pub attachment_in_use: bool,
+}
+
+/// Whether an attachment published with `att`'s capability serves `claim`: the same
+/// capability (writable for a writer), or for a reader any capability of the same
+/// attachment mode.
+pub fn covers(att: &AttachmentSpec, claim: &ClaimSpec) -> bool {
+    let (Some(access), Some(attach)) = (claim.access_mode, claim.attachment_mode) else {
+        return false;
+    };
+    if att.capability.attachment_mode != attach {
+        return false;
+    }
+    match claim.mode {
+        ClaimMode::Read => true,
+        ClaimMode::Write => att.capability.access_mode == access && !att.read_only,
+    }
+}
+
+/// The controller-publish step of an admitted claim. A claim reaches the node only
+/// when the plugin is known not to need ControllerPublish or the attachment covering
+/// it is Attached; unknown capabilities wait, never count as "not needed".
+pub fn attach(i: &AttachInputs) -> AttachPlan {
+    let claim = i.claim;
+    let required = i.plugin.and_then(|p| p.status.controller_required);
+    match required {
+        None => {
+            return AttachPlan::Wait(format!(
+                "waiting for plugin {} to report its controller capabilities",
+                claim.spec.plugin_id
+            ))
+        }
+        Some(false) => return AttachPlan::Ready(BTreeMap::new()),
+        Some(true) => {}
+    }
+    let Some(att) = i.attachment else {
+        let csi_node_id = i
+            .node
+            .and_then(|n| n.status.plugins.get(&claim.spec.plugin_id))
+            .and_then(|p| p.csi_node_id.clone());
+        let (Some(csi_node_id), Some(external_id), Some(access_mode), Some(attachment_mode)) = (
+            csi_node_id,
+            claim.spec.external_id.clone(),
+            claim.spec.access_mode,
+            claim.spec.attachment_mode,
+        ) else {
+            return AttachPlan::Wait("waiting for the node's CSI node id".into());
+        };
+        return AttachPlan::Create(AttachmentSpec {
+            volume: claim.spec.volume.clone(),
+            node: claim.spec.node.clone(),
+            plugin_id: claim.spec.plugin_id.clone(),
+            external_id,
+            csi_node_id,
+            capability: VolumeCapability {
+                access_mode,
+                attachment_mode,
+            },
+            read_only: !access_mode.allows_write(),
+            detach: false,
+        });
+    };
+    if att.spec.detach {
+        return AttachPlan::Wait("waiting for an earlier attachment to be detached".into());
+    }
+    // A claim the node already acts on keeps the attachment it was given.
+    if !claim.spec.publish && !covers(&att.spec, &claim.spec) {
+        if i.attachment_in_use {
+            return AttachPlan::Wait(format!(
+                "waiting for the volume's attachment to node {} ({}{}) to be released by \
+                 the claims using it",
+                claim.spec.node,
+                att.spec.capability.access_mode,
+                if att.spec.read_only {
+                    ", read-only"
+                } else {
+                    ""
+                }
+            ));
+        }
+        return AttachPlan::Replace;
+    }
+    if att.status.phase != AttachmentPhase::Attached {
+        return AttachPlan::Wait(match &att.status.meta.last_error {
+            Some(e) => format!("waiting for the volume to be attached: {e}"),
+            None => "waiting for the volume to be attached".into(),
+        });
+    }
+    AttachPlan::Ready(att.status.publish_context.clone())
+}
+
+/// Whether the node side of a releasing claim is finished or may be skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeDone {
+    /// The agent acknowledged (or the node never had permission to act).
+    Agent,
+    /// Released without the node, for this reason (a Warning).
+    Skipped(String),
+    /// Still waiting for the node.
+    No,
+}
+
+/// What [`node_done`] decides from.
+pub struct NodeInputs<'a> {
+    /// The claim.
+    pub claim: &'a Claim,
+    /// Its Mount, if any.
+    pub mount: Option<&'a Mount>,
+    /// Its volume, if any.
+    pub volume: Option<&'a Volume>,
+    /// How long the claim's node has been without a Node object (`None`: present).
+    pub node_gone_for: Option<Duration>,
+    /// `--node-gc-timeout`.
+    pub node_gc_timeout: Option<Duration>,
+}
+
+/// The node side of a release. The reasons carry no value that changes from one pass
+/// to the next, so a pass that decides the same writes nothing.
+pub fn node_done(i: &NodeInputs) -> NodeDone {
+    let claim = i.claim;
+    if !claim.spec.publish {
+        return NodeDone::Agent;
+    }
+    let acked = i
+        .mount
+        .is_some_and(|m| m.spec.claim_uid == claim.metadata.uid && m.status.released);
+    if acked {
+        return NodeDone::Agent;
+    }
+    let forced = i.volume.is_some_and(|v| {
+        v.spec
+            .force_detached(&claim.spec.node, claim.spec.volume_generation)
+    });
+    if forced {
+        return NodeDone::Skipped(format!(
+            "the operator detached volume {} from node {}",
+            claim.spec.volume, claim.spec.node
+        ));
+    }
+    if let (Some(timeout), Some(gone)) = (i.node_gc_timeout, i.node_gone_for) {
+        if gone >= timeout {
+            return NodeDone::Skipped(format!(
+                "node {} has been gone longer than the node GC timeout ({})",
+                claim.spec.node,
+                humantime::format_duration(timeout)
+            ));
+        }
+    }
+    NodeDone::No
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(mode: ClaimMode, access: AccessMode) -> Claim {
+        let mut c = Claim::new(
+            &Namespace::default_ns(),
+            Name::new("a1.data").unwrap(),
+            ClaimSpec {
+                allocation: AllocationId::new("a1").unwrap(),
+                volume: VolumeId::new("v1").unwrap(),
+                node: NodeName::new("n1").unwrap(),
+                plugin_id: PluginId::new("p").unwrap(),
+                mode,
+                access_mode: Some(access),
+                attachment_mode: Some(AttachmentMode::FileSystem),
+                external_id: Some(ExternalVolumeId::new("ext-1").unwrap()),
+                ..Default::default()
+            },
+        );
+        c.metadata.uid = "u1".into();
+        c.status.phase = ClaimPhase::Admitted;
+        c
+    }
+
+    fn plugin(required: Option<bool>) -> Plugin {
+        let mut p = Plugin::new(
+            &Namespace::default(),
+            Name::new("p").unwrap(),
+            PluginSpec {},
+        );
+        p.status.controller_required = required;
+        p
+    }
+
+    fn node() -> Node {
+        let mut n = Node::new(&Namespace::default(), Name::new("n1").unwrap(), NodeSpec {});
+        n.status.plugins.insert(
+            PluginId::new("p").unwrap(),
+            NodePluginStatus {
+                csi_node_id: Some(CsiNodeId::new("csi-n1").unwrap()),
+                ..Default::default()
+            },
+        );
+        n
+    }
+
+    fn attachment(access: AccessMode, attached: bool) -> Attachment {
+        let mut a = Attachment::new(
+            &Namespace::default_ns(),
+            Name::new("v1.n1").unwrap(),
+            AttachmentSpec {
+                volume: VolumeId::new("v1").unwrap(),
+                node: NodeName::new("n1").unwrap(),
+                plugin_id: PluginId::new("p").unwrap(),
+                external_id: ExternalVolumeId::new("ext-1").unwrap(),
+                csi_node_id: CsiNodeId::new("csi-n1").unwrap(),
+                capability: VolumeCapability {
+                    access_mode: access,
+                    attachment_mode: AttachmentMode::FileSystem,
+                },
+                read_only: !access.allows_write(),
+                detach: false,
+            },
+        );
+        if attached {
+            a.status.phase = AttachmentPhase::Attached;
+            a.status.publish_context = [("k".to_string(), "v".to_string())].into();
+        }
+        a
+    }
+
+    fn inputs<'a>(
+        c: &'a Claim,
+        p: Option<&'a Plugin>,
+        n: Option<&'a Node>,
+        a: Option<&'a Attachment>,
+    ) -> AttachInputs<'a> {
+        AttachInputs {
+            claim: c,
+            plugin: p,
+            node: n,
+            attachment: a,
+            attachment_in_use: false,
+        }
+    }
+
+    #[test]
+    fn unknown_plugin_capabilities_block_the_node() {
+        let c = claim(ClaimMode::Write, AccessMode::SingleNodeWriter);
+        let n = node();
+        for p in [None, Some(plugin(None))] {
+            let plan = attach(&inputs(&c, p.as_ref(), Some(&n), None));
+            assert!(
+                matches!(plan, AttachPlan::Wait(ref w) if w.contains("capabilities")),
+                "{plan:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_controller_publish_needed_lets_the_node_act() {
+        let c = claim(ClaimMode::Write, AccessMode::SingleNodeWriter);
+        let p = plugin(Some(false));
+        assert_eq!(
+            attach(&inputs(&c, Some(&p), None, None)),
+            AttachPlan::Ready(BTreeMap::new())
+        );
+    }
+
+    #[test]
+    fn a_missing_attachment_is_created_with_the_plugin_s_node_id() {
+        let c = claim(ClaimMode::Write, AccessMode::SingleNodeWriter);
+        let p = plugin(Some(true));
+        let n = node();
+        match attach(&inputs(&c, Some(&p), Some(&n), None)) {
+            AttachPlan::Create(spec) => {
+                assert_eq!(spec.csi_node_id.as_str(), "csi-n1");
+                assert_eq!(spec.external_id.as_str(), "ext-1");
+                assert!(!spec.read_only);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without the node's CSI node id there is nothing to publish to.
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), None, None)),
+            AttachPlan::Wait(_)
+        ));
+    }
+
+    #[test]
+    fn the_node_waits_until_the_attachment_is_attached() {
+        let c = claim(ClaimMode::Write, AccessMode::SingleNodeWriter);
+        let p = plugin(Some(true));
+        let pending = attachment(AccessMode::SingleNodeWriter, false);
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), None, Some(&pending))),
+            AttachPlan::Wait(_)
+        ));
+        let done = attachment(AccessMode::SingleNodeWriter, true);
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), None, Some(&done))),
+            AttachPlan::Ready(ctx) if ctx.get("k").map(String::as_str) == Some("v")
+        ));
+    }
+
+    #[test]
+    fn a_writer_never_rides_a_read_only_attachment() {
+        let c = claim(ClaimMode::Write, AccessMode::SingleNodeWriter);
+        let p = plugin(Some(true));
+        let ro = attachment(AccessMode::MultiNodeReaderOnly, true);
+        let mut i = inputs(&c, Some(&p), None, Some(&ro));
+        i.attachment_in_use = true;
+        assert!(matches!(attach(&i), AttachPlan::Wait(w) if w.contains("read-only")));
+        i.attachment_in_use = false;
+        assert_eq!(attach(&i), AttachPlan::Replace);
+        // A reader rides it.
+        let r = claim(ClaimMode::Read, AccessMode::MultiNodeReaderOnly);
+        assert!(matches!(
+            attach(&inputs(&r, Some(&p), None, Some(&ro))),
+            AttachPlan::Ready(_)
+        ));
+    }
+
+    #[test]
+    fn a_claim_already_on_the_node_keeps_its_attachment() {
+        let mut c = claim(ClaimMode::Write, AccessMode::SingleNodeWriter);
+        c.spec.publish = true;
+        let p = plugin(Some(true));
+        let ro = attachment(AccessMode::MultiNodeReaderOnly, true);
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), None, Some(&ro))),
+            AttachPlan::Ready(_)
+        ));
+    }
+
+    #[test]
+    fn a_detaching_attachment_is_waited_out() {
+        let c = claim(ClaimMode::Write, AccessMode::SingleNodeWriter);
+        let p = plugin(Some(true));
+        let mut a = attachment(AccessMode::SingleNodeWriter, true);
+        a.spec.detach = true;
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), None, Some(&a))),
+            AttachPlan::Wait(w) if w.contains("detached")
+        ));
+    }
+
+    fn volume_forced(node: &str, generation: i64) -> Volume {
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v1").unwrap(),
+            VolumeSpec::default(),
+        );
+        v.spec
+            .force_detach
+            .insert(NodeName::new(node).unwrap(), generation);
+        v
+    }
+
+    fn releasing(admitted_at: Option<i64>) -> Claim {
+        let mut c = claim(ClaimMode::Write, AccessMode::SingleNodeWriter);
+        c.spec.publish = true;
+        c.spec.release = true;
+        c.spec.volume_generation = admitted_at;
+        c
+    }
+
+    fn node_inputs<'a>(c: &'a Claim, v: Option<&'a Volume>) -> NodeInputs<'a> {
+        NodeInputs {
+            claim: c,
+            mount: None,
+            volume: v,
+            node_gone_for: None,
+            node_gc_timeout: None,
+        }
+    }
+
+    #[test]
+    fn a_force_detach_covers_only_claims_admitted_before_it() {
+        let v = volume_forced("n1", 5);
+        let before = releasing(Some(4));
+        assert!(matches!(
+            node_done(&node_inputs(&before, Some(&v))),
+            NodeDone::Skipped(_)
+        ));
+        let after = releasing(Some(5));
+        assert_eq!(node_done(&node_inputs(&after, Some(&v))), NodeDone::No);
+        // Another node's entry does not count.
+        let other = volume_forced("n2", 9);
+        assert_eq!(node_done(&node_inputs(&before, Some(&other))), NodeDone::No);
+    }
+
+    #[test]
+    fn the_agent_s_acknowledgement_of_this_claim_is_what_counts() {
+        let c = releasing(Some(1));
+        let mut m = Mount::new(
+            &Namespace::default_ns(),
+            Name::new("a1.data").unwrap(),
+            MountSpec {
+                claim_uid: "someone-else".into(),
+                ..Default::default()
+            },
+        );
+        m.status.released = true;
+        let mut i = node_inputs(&c, None);
+        i.mount = Some(&m);
+        assert_eq!(node_done(&i), NodeDone::No);
+        m.spec.claim_uid = "u1".into();
+        let mut i = node_inputs(&c, None);
+        i.mount = Some(&m);
+        assert_eq!(node_done(&i), NodeDone::Agent);
+    }
+
+    #[test]
+    fn the_node_gc_reason_does_not_change_from_pass_to_pass() {
+        let c = releasing(Some(1));
+        let mut i = node_inputs(&c, None);
+        i.node_gc_timeout = Some(Duration::from_secs(2));
+        i.node_gone_for = Some(Duration::from_secs(1));
+        assert_eq!(node_done(&i), NodeDone::No);
+        i.node_gone_for = Some(Duration::from_millis(2500));
+        let first = node_done(&i);
+        i.node_gone_for = Some(Duration::from_secs(700));
+        assert!(matches!(first, NodeDone::Skipped(_)));
+        assert_eq!(node_done(&i), first);
+    }
+}
