@@ -544,7 +544,7 @@ async fn create_attachment(ctx: &Ctx, att: &Attachment) -> Result<(), ClaimError
 /// A write the controller-publish step asks for.
 enum AttachTodo {
     /// Create this attachment.
-    Create(Attachment),
+    Create(Box<Attachment>),
     /// Set `detach` on this one (it does not cover the claim and nobody uses it).
     Replace(Arc<Attachment>),
 }
@@ -587,7 +587,7 @@ async fn attachment_state(
                 .unwrap_or_else(|_| claim.metadata.name.clone());
             let att = Attachment::new(&claim.metadata.namespace, name, spec);
             let why = "waiting for the volume to be attached".to_string();
-            (Attach::Wait(why), Some(AttachTodo::Create(att)))
+            (Attach::Wait(why), Some(AttachTodo::Create(Box::new(att))))
         }
         AttachPlan::Replace => {
             let why = "waiting for the volume's attachment to be replaced by one for this claim's capability".to_string();

@@ -1,0 +1,336 @@
+//! Regression tests for the lifecycle off the happy path (issue 11): each names the
+//! defect it guards and fails on the code before its fix. Real etcd, `moord` processes
+//! and moor-hostpath plugins (strict: NodeStage of a volume not controller-published to
+//! the node is FAILED_PRECONDITION).
+
+#[path = "common/cluster.rs"]
+mod cluster;
+mod common;
+
+use cluster::{Cluster, PluginOpts};
+use moor::api::*;
+use moor::runtime::steps::Schedule;
+use moor_hostpath::faults::Command;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+static SLOTS: Semaphore = Semaphore::const_new(2);
+
+const T: Duration = Duration::from_secs(30);
+
+/// The agents' retry schedule as the harness runs them (moord's defaults).
+fn schedule() -> Schedule {
+    Schedule::default()
+}
+
+/// Calls per attempt: the harness runs agents with `--csi-tries=2`.
+const TRIES: u32 = 2;
+
+async fn ready_cluster(nodes: usize, opts: PluginOpts) -> Cluster {
+    let c = Cluster::start(1, nodes, opts).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c
+}
+
+fn calls(c: &Cluster, node: &str, rpc: &str) -> usize {
+    c.node(node).calls().iter().filter(|x| x.rpc == rpc).count()
+}
+
+/// Defect 1: with the plugin's controller capabilities unknown, a claim was let onto
+/// the node as if no ControllerPublish were needed, and NodeStage came first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_controller_capabilities_keep_the_claim_off_the_node() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = ready_cluster(2, PluginOpts::default()).await;
+    // The only controller instance goes away, and the controller's Plugin object is
+    // rebuilt from what is left (the node-only n2): nothing says whether
+    // ControllerPublish is needed, as on a fresh cluster before the first fingerprint.
+    c.node_mut("n1").agent.kill();
+    c.node_mut("n1").plugin.kill();
+    let store = c.store.clone();
+    c.wait("n1's Node to expire", T, || {
+        let store = store.clone();
+        async move { matches!(store.try_get::<NodeSpec>("n1").await, Ok(None)) }
+    })
+    .await;
+    c.store
+        .delete::<PluginSpec>(cluster::PLUGIN, None)
+        .await
+        .ok();
+    c.wait("the Plugin rebuilt without a controller", T, || {
+        let store = store.clone();
+        async move {
+            store
+                .try_get::<PluginSpec>(cluster::PLUGIN)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|p| p.status.controllers_expected == 0)
+        }
+    })
+    .await;
+    let plugin = c.store.get::<PluginSpec>(cluster::PLUGIN).await.unwrap();
+    assert_eq!(plugin.status.controller_required, None);
+
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    let claim_waits = || async {
+        c.claim("a1", "n2").await.is_some_and(|cl| {
+            cl.status
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("controller capabilities"))
+        })
+    };
+    c.wait("the claim to wait for the capabilities", T, claim_waits)
+        .await;
+    let claim = c.claim("a1", "n2").await.unwrap();
+    assert!(!claim.spec.publish, "not let onto the node");
+    assert_eq!(calls(&c, "n2", "NodeStageVolume"), 0);
+
+    // The controller instance comes back: ControllerPublish, then the node.
+    c.node_mut("n1").plugin.restart();
+    c.node_mut("n1").agent.restart();
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    assert_eq!(c.node("n1").count("ControllerPublishVolume", "OK"), 1);
+    assert_eq!(calls(&c, "n2", "NodeStageVolume"), 1);
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    c.check_calls(true);
+}
+
+/// Defect 2: after a failed ControllerUnpublish the retry thought nothing was owed and
+/// deleted the Attachment; the volume stayed attached in the plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_controller_unpublish_is_retried_until_it_succeeds() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = ready_cluster(2, PluginOpts::default()).await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    c.node("n1")
+        .fault(Command::Fail {
+            rpc: "ControllerUnpublishVolume".into(),
+            code: "Unavailable".into(),
+            times: 5,
+        })
+        .await;
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    let n1 = c.node("n1");
+    assert_eq!(n1.count("ControllerUnpublishVolume", "Unavailable"), 5);
+    assert_eq!(
+        n1.count("ControllerUnpublishVolume", "OK"),
+        1,
+        "released only after an unpublish that succeeded"
+    );
+    assert!(c.attachment("v1", "n2").await.is_none());
+    c.check_calls(true);
+}
+
+/// Defect 3: a final NodeStage answer was tried again about 200 times a second,
+/// because the step's own status write re-triggered it; retryable ones never backed off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_node_steps_follow_their_backoff_schedule() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = ready_cluster(2, PluginOpts::default()).await;
+    c.node("n2")
+        .fault(Command::Fail {
+            rpc: "NodeStageVolume".into(),
+            code: "InvalidArgument".into(),
+            times: 100_000,
+        })
+        .await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    let n2 = c.node("n2");
+    c.wait("NodeStage to fail", T, || async move {
+        n2.count("NodeStageVolume", "InvalidArgument") > 0
+    })
+    .await;
+    // What the claim shows: the step, the final answer, the attempts, the next retry.
+    c.wait("the claim to show the failing step", T, || async {
+        c.claim("a1", "n2").await.is_some_and(|cl| {
+            cl.status.meta.retry.as_ref().is_some_and(|r| {
+                r.step == "NodeStageVolume" && r.code == "InvalidArgument" && r.final_answer
+            })
+        })
+    })
+    .await;
+    let window = Duration::from_secs(6);
+    tokio::time::sleep(window).await;
+    // A final answer waits for the cap (5 minutes): one attempt in the window.
+    let bound = schedule().max_attempts_within(window + Duration::from_secs(2), true);
+    let made = calls(&c, "n2", "NodeStageVolume") as u32;
+    assert!(
+        made <= bound,
+        "{made} NodeStage calls, at most {bound} allowed"
+    );
+    let claim = c.claim("a1", "n2").await.unwrap();
+    let retry = claim.status.meta.retry.expect("retry shown");
+    assert_eq!(retry.attempts, 1);
+    assert!(retry.next_retry.0 > retry.since.0 + Duration::from_secs(200));
+
+    // A retryable answer backs off from 500 ms, doubling.
+    c.node("n2").fault(Command::Clear).await;
+    c.node("n2")
+        .fault(Command::Fail {
+            rpc: "NodePublishVolume".into(),
+            code: "Unavailable".into(),
+            times: 100_000,
+        })
+        .await;
+    // A volume of its own (a1 holds v1, single-node-writer).
+    c.apply(c.volume("v2", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v2").await;
+    c.apply(c.allocation("a3", "n2", "v2", false)).await;
+    c.wait("NodePublish of a3 to fail", T, || async move {
+        n2.count("NodePublishVolume", "Unavailable") > 0
+    })
+    .await;
+    let first = n2
+        .calls()
+        .iter()
+        .filter(|x| x.rpc == "NodePublishVolume")
+        .count();
+    tokio::time::sleep(window).await;
+    let made = (n2
+        .calls()
+        .iter()
+        .filter(|x| x.rpc == "NodePublishVolume")
+        .count()
+        - first) as u32;
+    let bound = schedule().max_attempts_within(window, false) * TRIES;
+    assert!(
+        made <= bound,
+        "{made} NodePublish calls in {window:?}, at most {bound} allowed"
+    );
+}
+
+/// Defect 3, provisioner: a CreateVolume refused for good was called again and again
+/// and the volume showed "creating".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_refused_for_good_is_failed_and_not_hammered() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    // The plugin cannot serve the requested range (as a vendor answers a size it
+    // does not offer).
+    c.node("n1")
+        .fault(Command::Fail {
+            rpc: "CreateVolume".into(),
+            code: "OutOfRange".into(),
+            times: 100_000,
+        })
+        .await;
+    c.apply(c.volume("big", AccessMode::SingleNodeWriter)).await;
+    let store = c.store.clone();
+    c.wait("the volume to fail", T, || {
+        let store = store.clone();
+        async move {
+            store
+                .try_get::<VolumeSpec>("default/big")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|v| v.status.provisioning.phase == VolumePhase::Failed)
+        }
+    })
+    .await;
+    let v = c.store.get::<VolumeSpec>("default/big").await.unwrap();
+    let retry = v.status.provisioning.meta.retry.expect("retry shown");
+    assert_eq!(retry.step, "CreateVolume");
+    assert!(retry.final_answer);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let made = calls(&c, "n1", "CreateVolume");
+    assert_eq!(made, 1, "a final answer is not retried before the cap");
+}
+
+/// Defect 4: `force_detach` was never cleared, so after the node came back a new claim
+/// there got ControllerUnpublish while its NodeUnpublish was still in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_detach_does_not_apply_to_a_claim_admitted_after_it() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = ready_cluster(2, PluginOpts::default()).await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    c.node_mut("n2").agent.kill();
+    c.stop_alloc("a1").await;
+    // `moorctl volume detach v1 --node n2`, as moorctl writes it.
+    let out = std::process::Command::new(cluster::bin("moorctl"))
+        .args([
+            "--endpoints",
+            &c.etcd.client_url,
+            "volume",
+            "detach",
+            "v1",
+            "--node",
+            "n2",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 1);
+
+    // The node comes back; a new claim there is published.
+    c.node_mut("n2").agent.restart();
+    c.apply(c.allocation("a2", "n2", "v1", false)).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, T).await;
+    // Its release waits for the node: no ControllerUnpublish while NodeUnpublish hangs.
+    c.node("n2")
+        .fault(Command::Hang {
+            rpc: "NodeUnpublishVolume".into(),
+            after: false,
+        })
+        .await;
+    c.stop_alloc("a2").await;
+    let n2 = c.node("n2");
+    c.wait("NodeUnpublish held", T, || async move {
+        n2.hanging("NodeUnpublishVolume").await > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        c.node("n1").count("ControllerUnpublishVolume", "OK"),
+        1,
+        "no detach under a live node's publish"
+    );
+    assert_eq!(
+        c.claim("a2", "n2").await.unwrap().status.phase,
+        ClaimPhase::Releasing
+    );
+    c.node("n2")
+        .fault(Command::Release {
+            rpc: "NodeUnpublishVolume".into(),
+        })
+        .await;
+    c.node("n2").fault(Command::Clear).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 2);
+}
+
+/// Defect 7: a claim denied by max_volumes_per_node waited for an unrelated event
+/// (or the 5-minute resync) after the claim blocking it was released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_admits_the_claims_it_was_blocking() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = ready_cluster(
+        2,
+        PluginOpts {
+            extra: vec!["--max-volumes-per-node=1".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    c.apply(c.volume("v2", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v2").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    c.apply(c.allocation("a2", "n2", "v2", false)).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Denied, T).await;
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, Duration::from_secs(15))
+        .await;
+    c.stop_alloc("a2").await;
+    c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
+    c.check_calls(true);
+}
