@@ -67,13 +67,23 @@ impl<S: Spec> Informer<Object<S>> {
             reader,
             tx: tx.clone(),
         };
-        let events = watcher::<S>(store, scope);
+        let kind = S::KIND;
+        // A malformed value is reported and skipped here, before the backoff: it is not
+        // a failure of the watch, and must not delay the other objects of its kind.
+        let events = watcher::<S>(store, scope).filter_map(move |item| async move {
+            match item {
+                Err(WatchError::Malformed(e)) => {
+                    tracing::warn!(kind, error = %error_chain(&e), "skipping a malformed value");
+                    None
+                }
+                other => Some(other),
+            }
+        });
         let events = backoff(
             events,
             Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
         );
         let events = reflector::reflector(writer, events);
-        let kind = S::KIND;
         tokio::spawn(async move {
             tokio::pin!(events);
             loop {
