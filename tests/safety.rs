@@ -334,3 +334,33 @@ async fn a_release_admits_the_claims_it_was_blocking() {
     c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
     c.check_calls(true);
 }
+
+/// Defect 9: a stopped allocation set back to `run` stayed Pending forever, its claim
+/// Released, with no event and no reason. It runs again, with new claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_allocation_set_back_to_run_runs_again() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = ready_cluster(2, PluginOpts::default()).await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    let first = c.claim("a1", "n2").await.unwrap().metadata.uid;
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    loop {
+        let mut a = c.store.get::<AllocationSpec>("default/a1").await.unwrap();
+        a.spec.desired_status = DesiredStatus::Run;
+        if c.store.replace(&a).await.is_ok() {
+            break;
+        }
+    }
+    c.wait("a new claim published", T, || async {
+        c.claim("a1", "n2")
+            .await
+            .is_some_and(|cl| cl.metadata.uid != first && cl.status.phase == ClaimPhase::Published)
+    })
+    .await;
+    assert_eq!(c.node("n2").count("NodePublishVolume", "OK"), 2);
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    c.check_calls(true);
+}

@@ -116,6 +116,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
     let terminal = alloc.spec.is_terminal() || alloc.is_deleting();
     let mut waiting = Vec::new();
     let mut phases = Vec::new();
+    let mut rerun = false;
     for req in &alloc.spec.volumes {
         let Some(volume_id) = request_volume(&alloc, req) else {
             waiting.push(format!(
@@ -129,6 +130,17 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
         };
         let key = claim_key(&alloc.spec.node, ns, &name);
         if let Some(c) = ctx.claims.get(&key) {
+            if !terminal && c.spec.release && c.status.phase == ClaimPhase::Released {
+                // The allocation runs again (set back to `run`): the released claim of
+                // its earlier run gives way to a new one, admitted from scratch.
+                match ctx.store.delete_read(&c).await {
+                    Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                rerun = true;
+                phases.push(ClaimPhase::Pending);
+                continue;
+            }
             phases.push(c.status.phase);
             continue;
         }
@@ -188,7 +200,10 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
             Err(e) => return Err(e.into()),
         }
     }
-    if waiting.is_empty() {
+    if rerun {
+        // The new claims are made once the old ones are gone from the cache.
+        Ok(Action::Requeue(Duration::from_millis(100)))
+    } else if waiting.is_empty() {
         Ok(Action::AwaitChange)
     } else {
         // A missing volume has no trigger of its own here: look again.
