@@ -43,9 +43,10 @@ fn calls(c: &Cluster, node: &str, rpc: &str) -> usize {
 async fn unknown_controller_capabilities_keep_the_claim_off_the_node() {
     let _slot = SLOTS.acquire().await.unwrap();
     let mut c = ready_cluster(2, PluginOpts::default()).await;
-    // The only controller instance goes away, and the controller's Plugin object is
-    // rebuilt from what is left (the node-only n2): nothing says whether
-    // ControllerPublish is needed, as on a fresh cluster before the first fingerprint.
+    // The only controller instance goes away, and the Plugin object is set to say
+    // nothing of whether ControllerPublish is needed, as on a fresh cluster before the
+    // first fingerprint (the controller keeps that answer while no controller instance
+    // is registered).
     c.node_mut("n1").agent.kill();
     c.node_mut("n1").plugin.kill();
     let store = c.store.clone();
@@ -54,22 +55,16 @@ async fn unknown_controller_capabilities_keep_the_claim_off_the_node() {
         async move { matches!(store.try_get::<NodeSpec>("n1").await, Ok(None)) }
     })
     .await;
-    c.store
-        .delete::<PluginSpec>(cluster::PLUGIN, None)
-        .await
-        .ok();
-    c.wait("the Plugin rebuilt without a controller", T, || {
-        let store = store.clone();
-        async move {
-            store
-                .try_get::<PluginSpec>(cluster::PLUGIN)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|p| p.status.controllers_expected == 0)
+    // What a fresh cluster's Plugin says before its first controller fingerprint.
+    loop {
+        let mut p = c.store.get::<PluginSpec>(cluster::PLUGIN).await.unwrap();
+        p.status.controller_required = None;
+        match c.store.replace_status(&p).await {
+            Ok(_) => break,
+            Err(moor::store::StoreError::Conflict { .. }) => continue,
+            Err(e) => panic!("{e}"),
         }
-    })
-    .await;
+    }
     let plugin = c.store.get::<PluginSpec>(cluster::PLUGIN).await.unwrap();
     assert_eq!(plugin.status.controller_required, None);
 

@@ -16,11 +16,26 @@ impl Size {
     pub fn parse(s: &str) -> Result<Size, String> {
         let t = s.trim();
         if let Ok(n) = t.parse::<u64>() {
-            return Ok(Size(n));
+            return Size::checked(n);
         }
-        t.parse::<bytesize::ByteSize>()
-            .map(|b| Size(b.as_u64()))
-            .map_err(|_| format!("{s:?} is not a size (write bytes, or e.g. 512MiB, 1GiB, 10GB)"))
+        let b = t.parse::<bytesize::ByteSize>().map_err(|_| {
+            format!("{s:?} is not a size (write bytes, or e.g. 512MiB, 1GiB, 10GB)")
+        })?;
+        Size::checked(b.as_u64())
+    }
+
+    /// The largest size: CSI carries sizes as int64.
+    pub const MAX: u64 = i64::MAX as u64;
+
+    /// `n` bytes, refused at 2^63 or more (it would reach the plugin negative).
+    pub fn checked(n: u64) -> Result<Size, String> {
+        if n > Size::MAX {
+            return Err(format!(
+                "{n} bytes is too large; the largest size is {} bytes (2^63 - 1)",
+                Size::MAX
+            ));
+        }
+        Ok(Size(n))
     }
 }
 
@@ -45,7 +60,7 @@ impl<'de> Deserialize<'de> for Size {
             Text(String),
         }
         match Raw::deserialize(d)? {
-            Raw::Bytes(n) => Ok(Size(n)),
+            Raw::Bytes(n) => Size::checked(n).map_err(serde::de::Error::custom),
             Raw::Text(s) => Size::parse(&s).map_err(serde::de::Error::custom),
         }
     }
@@ -338,6 +353,21 @@ impl ValidationErrors {
             Err(self)
         }
     }
+}
+
+/// `s` with control characters and bidirectional overrides escaped (`\u{1b}`), so a
+/// name echoed in an error cannot rewrite the operator's terminal or reorder its text.
+pub fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

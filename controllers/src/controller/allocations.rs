@@ -134,7 +134,8 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
                 // The allocation runs again (set back to `run`): the released claim of
                 // its earlier run gives way to a new one, admitted from scratch.
                 match ctx.store.delete_read(&c).await {
-                    Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {}
+                    Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {
+                    }
                     Err(e) => return Err(e.into()),
                 }
                 rerun = true;

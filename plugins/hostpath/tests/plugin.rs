@@ -1036,6 +1036,15 @@ async fn the_checker_passes_a_real_lifecycle_and_catches_a_wrong_one() {
     let violations = check(&hp.calls(), &cfg);
     let found: Vec<u8> = violations.iter().map(|v| v.invariant).collect();
     assert!(found.contains(&3), "{violations:?}");
+    // The same checker from the command line, as an operator runs it on any logs.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_moor-hostpath"))
+        .args(["check", "--expect-released"])
+        .arg(&hp.calls)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(printed.lines().count(), violations.len(), "{printed}");
 }
 
 #[tokio::test]
