@@ -193,6 +193,19 @@ impl Steps {
         (failure, delay)
     }
 
+    /// [`Steps::failed`] for a CSI call's answer: its code, message and class.
+    pub fn failed_call(
+        &self,
+        key: &str,
+        step: &'static str,
+        inputs: u64,
+        e: &crate::csi::policy::CsiError,
+    ) -> (StepFailure, Duration) {
+        let final_answer = e.class() == crate::csi::policy::Class::Final;
+        let code = format!("{:?}", e.code);
+        self.failed(key, step, inputs, &code, &e.message, final_answer)
+    }
+
     /// Forgets a step after its success.
     pub fn succeeded(&self, key: &str, step: &'static str) {
         self.lock().remove(&(key.to_string(), step));

@@ -17,7 +17,7 @@
 //! One controller call per volume at a time (a lock shared with the provisioner).
 
 use moor::api::*;
-use moor::csi::policy::{Class, CsiError};
+use moor::csi::policy::CsiError;
 use moor::csi::{convert, v1};
 use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::informer::Informer;
@@ -200,14 +200,7 @@ impl Attacher {
             }
             Err(e) => {
                 let uncertain = was_uncertain || e.is_uncertain();
-                let (failure, delay) = self.ctx.steps.failed(
-                    &key,
-                    STEP,
-                    inputs,
-                    &format!("{:?}", e.code),
-                    &e.message,
-                    e.class() == Class::Final,
-                );
+                let (failure, delay) = self.ctx.steps.failed_call(&key, STEP, inputs, &e);
                 let msg = e.to_string();
                 self.write_status(att, |st| {
                     st.uncertain = uncertain;
@@ -254,14 +247,7 @@ impl Attacher {
                 secrets,
             };
             if let Err(e) = self.ctx.csi()?.controller_unpublish(req).await {
-                let (failure, delay) = self.ctx.steps.failed(
-                    &key,
-                    STEP,
-                    inputs,
-                    &format!("{:?}", e.code),
-                    &e.message,
-                    e.class() == Class::Final,
-                );
+                let (failure, delay) = self.ctx.steps.failed_call(&key, STEP, inputs, &e);
                 let msg = e.to_string();
                 self.write_status(att, |st| {
                     st.phase = AttachmentPhase::Detaching;

@@ -298,14 +298,7 @@ impl Reconcile {
                 Ok(v)
             }
             Err(e) => {
-                let (_, after) = self.r.steps.failed(
-                    key,
-                    step,
-                    inputs,
-                    &format!("{:?}", e.code),
-                    &e.message,
-                    e.class() == Class::Final,
-                );
+                let (_, after) = self.r.steps.failed_call(key, step, inputs, &e);
                 tracing::warn!(claim = %key, error = %e, retry_in = ?after, "node step failed");
                 Err(NodeError::Csi(e))
             }

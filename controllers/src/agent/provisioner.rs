@@ -273,14 +273,7 @@ impl Provisioner {
                 // A final answer took no effect: the volume shows Failed (retried at
                 // the cap or when its spec or the plugin changes), not "creating".
                 let final_answer = csi.class() == Class::Final;
-                let (failure, after) = self.ctx.steps.failed(
-                    &key,
-                    STEP,
-                    inputs,
-                    &format!("{:?}", csi.code),
-                    &csi.message,
-                    final_answer,
-                );
+                let (failure, after) = self.ctx.steps.failed_call(&key, STEP, inputs, csi);
                 let written = self
                     .ctx
                     .writes
@@ -339,14 +332,7 @@ impl Provisioner {
                 return Ok(Action::Requeue(after));
             }
             if let Err(e) = self.ctx.csi()?.delete_volume(req).await {
-                let (failure, after) = self.ctx.steps.failed(
-                    &key,
-                    STEP,
-                    inputs,
-                    &format!("{:?}", e.code),
-                    &e.message,
-                    e.class() == Class::Final,
-                );
+                let (failure, after) = self.ctx.steps.failed_call(&key, STEP, inputs, &e);
                 let msg = e.to_string();
                 let suffix = vol.spec.key_suffix(&vol.metadata);
                 let written = self
