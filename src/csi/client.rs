@@ -13,6 +13,7 @@
 //! | NodePublishVolume | OK on repeat | uncertain: NodeUnpublish owed |
 //! | NodeUnpublishVolume | NotFound | uncertain: repeated |
 
+use std::future::Future;
 use tonic::transport::Channel;
 
 use super::policy::{request, CsiError, Policy};
@@ -27,43 +28,14 @@ pub struct Csi {
     policy: Policy,
 }
 
-macro_rules! rpc {
-    ($(#[$doc:meta])* $name:ident, $client:ident, $method:ident, $rpc:literal, $req:ty, $resp:ty) => {
-        $(#[$doc])*
-        pub async fn $name(&self, req: $req) -> Result<$resp, CsiError> {
-            let channel = self.channel.clone();
-            self.policy
-                .call($rpc, |t| {
-                    let mut c = $client::new(channel.clone());
-                    let req = req.clone();
-                    async move { c.$method(request(req, t)).await }
-                })
-                .await
-        }
-    };
-}
-
-macro_rules! reverse_rpc {
-    ($(#[$doc:meta])* $name:ident, $client:ident, $method:ident, $rpc:literal, $req:ty) => {
-        $(#[$doc])*
-        pub async fn $name(&self, req: $req) -> Result<(), CsiError> {
-            let channel = self.channel.clone();
-            let r = self
-                .policy
-                .call($rpc, |t| {
-                    let mut c = $client::new(channel.clone());
-                    let req = req.clone();
-                    async move { c.$method(request(req, t)).await }
-                })
-                .await;
-            match r {
-                Ok(_) => Ok(()),
-                // The spec's answer for something already gone: the reverse is done.
-                Err(e) if e.is_not_found() => Ok(()),
-                Err(e) => Err(e),
-            }
-        }
-    };
+/// A reverse call's answer: NotFound is the spec's answer for something already gone,
+/// so the reverse is done.
+fn done_if_gone<T>(r: Result<T, CsiError>) -> Result<(), CsiError> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 impl Csi {
@@ -72,45 +44,135 @@ impl Csi {
         Csi { channel, policy }
     }
 
-    rpc!(
-        /// CreateVolume.
-        create_volume, ControllerClient, create_volume, "CreateVolume",
-        v1::CreateVolumeRequest, v1::CreateVolumeResponse
-    );
-    reverse_rpc!(
-        /// DeleteVolume; NotFound is done.
-        delete_volume, ControllerClient, delete_volume, "DeleteVolume",
-        v1::DeleteVolumeRequest
-    );
-    rpc!(
-        /// ControllerPublishVolume.
-        controller_publish, ControllerClient, controller_publish_volume,
-        "ControllerPublishVolume", v1::ControllerPublishVolumeRequest,
-        v1::ControllerPublishVolumeResponse
-    );
-    reverse_rpc!(
-        /// ControllerUnpublishVolume; NotFound (volume or node gone) is done.
-        controller_unpublish, ControllerClient, controller_unpublish_volume,
-        "ControllerUnpublishVolume", v1::ControllerUnpublishVolumeRequest
-    );
-    rpc!(
-        /// NodeStageVolume.
-        node_stage, NodeClient, node_stage_volume, "NodeStageVolume",
-        v1::NodeStageVolumeRequest, v1::NodeStageVolumeResponse
-    );
-    reverse_rpc!(
-        /// NodeUnstageVolume; NotFound is done.
-        node_unstage, NodeClient, node_unstage_volume, "NodeUnstageVolume",
-        v1::NodeUnstageVolumeRequest
-    );
-    rpc!(
-        /// NodePublishVolume.
-        node_publish, NodeClient, node_publish_volume, "NodePublishVolume",
-        v1::NodePublishVolumeRequest, v1::NodePublishVolumeResponse
-    );
-    reverse_rpc!(
-        /// NodeUnpublishVolume; NotFound is done.
-        node_unpublish, NodeClient, node_unpublish_volume, "NodeUnpublishVolume",
-        v1::NodeUnpublishVolumeRequest
-    );
+    /// Sends `req` as `rpc` under the policy; `send` makes one try on a fresh client
+    /// of the channel.
+    async fn call<Q, R, F, Fut>(&self, rpc: &'static str, req: Q, send: F) -> Result<R, CsiError>
+    where
+        Q: Clone,
+        F: Fn(Channel, tonic::Request<Q>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        self.policy
+            .call(rpc, |t| send(self.channel.clone(), request(req.clone(), t)))
+            .await
+    }
+
+    /// CreateVolume.
+    pub async fn create_volume(
+        &self,
+        req: v1::CreateVolumeRequest,
+    ) -> Result<v1::CreateVolumeResponse, CsiError> {
+        self.call("CreateVolume", req, |ch, r| async move {
+            ControllerClient::new(ch).create_volume(r).await
+        })
+        .await
+    }
+
+    /// DeleteVolume; NotFound is done.
+    pub async fn delete_volume(&self, req: v1::DeleteVolumeRequest) -> Result<(), CsiError> {
+        done_if_gone(
+            self.call("DeleteVolume", req, |ch, r| async move {
+                ControllerClient::new(ch).delete_volume(r).await
+            })
+            .await,
+        )
+    }
+
+    /// ControllerPublishVolume.
+    pub async fn controller_publish(
+        &self,
+        req: v1::ControllerPublishVolumeRequest,
+    ) -> Result<v1::ControllerPublishVolumeResponse, CsiError> {
+        self.call("ControllerPublishVolume", req, |ch, r| async move {
+            ControllerClient::new(ch).controller_publish_volume(r).await
+        })
+        .await
+    }
+
+    /// ControllerUnpublishVolume; NotFound (volume or node gone) is done.
+    pub async fn controller_unpublish(
+        &self,
+        req: v1::ControllerUnpublishVolumeRequest,
+    ) -> Result<(), CsiError> {
+        done_if_gone(
+            self.call("ControllerUnpublishVolume", req, |ch, r| async move {
+                ControllerClient::new(ch)
+                    .controller_unpublish_volume(r)
+                    .await
+            })
+            .await,
+        )
+    }
+
+    /// NodeStageVolume.
+    pub async fn node_stage(
+        &self,
+        req: v1::NodeStageVolumeRequest,
+    ) -> Result<v1::NodeStageVolumeResponse, CsiError> {
+        self.call("NodeStageVolume", req, |ch, r| async move {
+            NodeClient::new(ch).node_stage_volume(r).await
+        })
+        .await
+    }
+
+    /// NodeUnstageVolume; NotFound is done.
+    pub async fn node_unstage(&self, req: v1::NodeUnstageVolumeRequest) -> Result<(), CsiError> {
+        done_if_gone(
+            self.call("NodeUnstageVolume", req, |ch, r| async move {
+                NodeClient::new(ch).node_unstage_volume(r).await
+            })
+            .await,
+        )
+    }
+
+    /// NodePublishVolume.
+    pub async fn node_publish(
+        &self,
+        req: v1::NodePublishVolumeRequest,
+    ) -> Result<v1::NodePublishVolumeResponse, CsiError> {
+        self.call("NodePublishVolume", req, |ch, r| async move {
+            NodeClient::new(ch).node_publish_volume(r).await
+        })
+        .await
+    }
+
+    /// NodeUnpublishVolume; NotFound is done.
+    pub async fn node_unpublish(
+        &self,
+        req: v1::NodeUnpublishVolumeRequest,
+    ) -> Result<(), CsiError> {
+        done_if_gone(
+            self.call("NodeUnpublishVolume", req, |ch, r| async move {
+                NodeClient::new(ch).node_unpublish_volume(r).await
+            })
+            .await,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    fn failed(code: Code) -> Result<(), CsiError> {
+        Err(CsiError {
+            rpc: "NodeUnstageVolume",
+            code,
+            message: String::new(),
+            tries: 1,
+        })
+    }
+
+    #[test]
+    fn a_reverse_is_done_when_the_plugin_says_it_is_gone() {
+        assert!(done_if_gone(failed(Code::NotFound)).is_ok());
+        for code in [
+            Code::Internal,
+            Code::DeadlineExceeded,
+            Code::FailedPrecondition,
+        ] {
+            assert_eq!(done_if_gone(failed(code)).unwrap_err().code, code);
+        }
+    }
 }

@@ -104,11 +104,12 @@ struct Entry {
     failure: StepFailure,
 }
 
-/// The retry state of every failing step of one reconciler (cheap to clone).
+/// The retry state of every failing step of one reconciler (cheap to clone): per
+/// object key, its failing steps.
 #[derive(Debug, Clone, Default)]
 pub struct Steps {
     schedule: Schedule,
-    entries: Arc<Mutex<HashMap<(String, &'static str), Entry>>>,
+    entries: Arc<Mutex<HashMap<String, HashMap<&'static str, Entry>>>>,
 }
 
 /// A fingerprint of what a step depends on.
@@ -117,6 +118,8 @@ pub fn inputs(parts: impl Hash) -> u64 {
     parts.hash(&mut h);
     h.finish()
 }
+
+type Entries = HashMap<String, HashMap<&'static str, Entry>>;
 
 impl Steps {
     /// Gates under `schedule`.
@@ -127,19 +130,24 @@ impl Steps {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, &'static str), Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `step` of `key` may be tried now, given its inputs' fingerprint.
     pub fn gate(&self, key: &str, step: &'static str, inputs: u64) -> Gate {
         let mut entries = self.lock();
-        let k = (key.to_string(), step);
-        match entries.get(&k) {
+        let Some(steps) = entries.get_mut(key) else {
+            return Gate::Go;
+        };
+        match steps.get(step) {
             None => Gate::Go,
             Some(e) if e.inputs != inputs => {
                 // Something the step depends on changed: try at once, from scratch.
-                entries.remove(&k);
+                steps.remove(step);
+                if steps.is_empty() {
+                    entries.remove(key);
+                }
                 Gate::Go
             }
             Some(e) => {
@@ -164,15 +172,14 @@ impl Steps {
         final_answer: bool,
     ) -> (StepFailure, Duration) {
         let mut entries = self.lock();
-        let k = (key.to_string(), step);
-        let previous = entries.get(&k).filter(|e| e.inputs == inputs);
+        let steps = entries.entry(key.to_string()).or_default();
+        let previous = steps.get(step).filter(|e| e.inputs == inputs);
         let attempts = previous.map_or(0, |e| e.failure.attempts) + 1;
         let since = previous.map_or_else(Timestamp::now, |e| e.failure.since);
         // Whole milliseconds, so the status written round-trips exactly.
         let delay =
             Duration::from_millis(self.schedule.delay(attempts, final_answer).as_millis() as u64);
         let now = Timestamp::now().0;
-        let next_wall = Timestamp(now.checked_add(delay).unwrap_or(now));
         let failure = StepFailure {
             step: step.to_string(),
             since,
@@ -180,10 +187,10 @@ impl Steps {
             code: code.to_string(),
             message: message.to_string(),
             final_answer,
-            next_retry: next_wall,
+            next_retry: Timestamp(now.checked_add(delay).unwrap_or(now)),
         };
-        entries.insert(
-            k,
+        steps.insert(
+            step,
             Entry {
                 inputs,
                 next_at: Instant::now() + delay,
@@ -208,13 +215,26 @@ impl Steps {
 
     /// Forgets a step after its success.
     pub fn succeeded(&self, key: &str, step: &'static str) {
-        self.lock().remove(&(key.to_string(), step));
+        let mut entries = self.lock();
+        if let Some(steps) = entries.get_mut(key) {
+            steps.remove(step);
+            if steps.is_empty() {
+                entries.remove(key);
+            }
+        }
     }
 
     /// The recorded failure of a step, if it is backing off.
     pub fn failure(&self, key: &str, step: &'static str) -> Option<StepFailure> {
+        self.lock().get(key)?.get(step).map(|e| e.failure.clone())
+    }
+
+    /// The failure of `key`'s step tried last, if any of its steps is backing off.
+    pub fn latest_failure(&self, key: &str) -> Option<StepFailure> {
         self.lock()
-            .get(&(key.to_string(), step))
+            .get(key)?
+            .values()
+            .max_by_key(|e| e.next_at)
             .map(|e| e.failure.clone())
     }
 
@@ -222,15 +242,15 @@ impl Steps {
     pub fn remaining(&self, key: &str) -> Option<Duration> {
         let now = Instant::now();
         self.lock()
-            .iter()
-            .filter(|((k, _), _)| k == key)
-            .map(|(_, e)| e.next_at.saturating_duration_since(now))
+            .get(key)?
+            .values()
+            .map(|e| e.next_at.saturating_duration_since(now))
             .min()
     }
 
     /// Forgets every step of an object that is gone.
     pub fn forget(&self, key: &str) {
-        self.lock().retain(|(k, _), _| k != key);
+        self.lock().remove(key);
     }
 }
 

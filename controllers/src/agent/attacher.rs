@@ -147,7 +147,7 @@ impl Attacher {
         steps::inputs((
             &att.metadata.uid,
             att.metadata.generation,
-            self.ctx.plugin_epoch(),
+            self.ctx.supervisor.epoch(),
         ))
     }
 

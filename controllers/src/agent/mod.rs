@@ -305,12 +305,6 @@ impl ControllerPluginCtx {
         Ok(moor::csi::client::Csi::new(ch, self.policy.clone()))
     }
 
-    /// Changes whenever a plugin's health or fingerprint changes (part of every step's
-    /// inputs: a plugin that changed is tried again at once).
-    pub fn plugin_epoch(&self) -> u64 {
-        *self.supervisor.changes().borrow()
-    }
-
     async fn run(self, metrics: Metrics, stop: CancellationToken) {
         use moor::runtime::informer::Informer;
         tracing::info!(plugin = %self.plugin.id, "leading the controller plugin");

@@ -192,14 +192,6 @@ impl NodeReconciler {
     }
 }
 
-/// The node steps, as their retry gates name them.
-const NODE_STEPS: [&str; 4] = [
-    "NodeStageVolume",
-    "NodePublishVolume",
-    "NodeUnpublishVolume",
-    "NodeUnstageVolume",
-];
-
 struct Reconcile {
     r: NodeReconciler,
     claims: reflector::Store<Claim>,
@@ -269,7 +261,7 @@ impl Reconcile {
     /// plugin's fingerprint. The agent's Mount writes (and the controller's status
     /// writes they cause) change none of it.
     fn inputs(&self, uid: &str, generation: i64) -> u64 {
-        steps::inputs((uid, generation, *self.r.supervisor.changes().borrow()))
+        steps::inputs((uid, generation, self.r.supervisor.epoch()))
     }
 
     /// Refuses a step of `key` while it is backing off with unchanged inputs.
@@ -280,10 +272,9 @@ impl Reconcile {
         }
     }
 
-    /// Runs one CSI step of `key` under its retry gate: refused while it backs off;
-    /// a failure is recorded with its class and becomes [`NodeError::BackingOff`] once
-    /// the caller has recorded it (the caller gets the CSI error first, to decide what
-    /// is owed).
+    /// Runs one CSI step of `key` (already let through its [`Reconcile::gate`]) and
+    /// records the outcome on the step's schedule; a failure comes back as the CSI
+    /// error, for the caller to decide what is owed.
     async fn step<T>(
         &self,
         key: &str,
@@ -291,7 +282,6 @@ impl Reconcile {
         inputs: u64,
         call: impl std::future::Future<Output = Result<T, CsiError>>,
     ) -> Result<T, NodeError> {
-        self.gate(key, step, inputs)?;
         match call.await {
             Ok(v) => {
                 self.r.steps.succeeded(key, step);
@@ -303,14 +293,6 @@ impl Reconcile {
                 Err(NodeError::Csi(e))
             }
         }
-    }
-
-    /// The failing step of `key`, if one is backing off.
-    fn failing_step(&self, key: &str) -> Option<StepFailure> {
-        NODE_STEPS
-            .iter()
-            .filter_map(|s| self.r.steps.failure(key, s))
-            .max_by_key(|f| f.next_retry)
     }
 
     fn plugin(&self, id: &PluginId) -> Result<&PluginConfig, NodeError> {
@@ -623,7 +605,9 @@ impl Reconcile {
             };
             if !in_use {
                 if let Some(stage) = stage {
-                    self.ensure_unstaged(&cfg, key, staging, &stage).await?;
+                    let inputs = self.inputs(&rec.claim_uid, 0);
+                    self.ensure_unstaged(&cfg, key, inputs, staging, &stage)
+                        .await?;
                 }
             }
         }
@@ -640,14 +624,12 @@ impl Reconcile {
             volume_id: rec.external_id.to_string(),
             target_path: path_str(&plugin_path(cfg, &rec.target_path)),
         };
-        let csi = self.csi(cfg)?;
         let inputs = self.inputs(&rec.claim_uid, 0);
+        self.gate(key, "NodeUnpublishVolume", inputs)?;
+        let csi = self.csi(cfg)?;
         let result = self
             .step(key, "NodeUnpublishVolume", inputs, csi.node_unpublish(req))
             .await;
-        if let Err(NodeError::BackingOff(..)) = result {
-            return result;
-        }
         let error = result.as_ref().err().map(|e| e.to_string());
         self.unmount_event(rec, error).await;
         result?;
@@ -658,6 +640,7 @@ impl Reconcile {
         &self,
         cfg: &PluginConfig,
         key: &str,
+        inputs: u64,
         staging: &Path,
         stage: &StageRecord,
     ) -> Result<(), NodeError> {
@@ -666,8 +649,8 @@ impl Reconcile {
                 volume_id: stage.external_id.to_string(),
                 staging_target_path: path_str(&plugin_path(cfg, staging)),
             };
+            self.gate(key, "NodeUnstageVolume", inputs)?;
             let csi = self.csi(cfg)?;
-            let inputs = self.inputs(key, 0);
             self.step(key, "NodeUnstageVolume", inputs, csi.node_unstage(req))
                 .await?;
         }
@@ -714,7 +697,7 @@ impl Reconcile {
         let publish = rec.as_ref().map(|r| r.step).unwrap_or_default();
         // A failing CSI step stays on the Mount until it succeeds: what it waits on,
         // since when, the last answer and the next retry.
-        let retry = self.failing_step(key);
+        let retry = self.r.steps.latest_failure(key);
         let last_error = last_error.or_else(|| {
             retry
                 .as_ref()

@@ -106,6 +106,12 @@ impl Supervisor {
         self.read().get(id).cloned()
     }
 
+    /// The number of health or fingerprint changes so far: part of every CSI step's
+    /// inputs, so a step of a plugin that changed is tried again at once.
+    pub fn epoch(&self) -> u64 {
+        *self.inner.changed.borrow()
+    }
+
     /// Ticks whenever a plugin's health or fingerprint changes.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.inner.changed.subscribe()

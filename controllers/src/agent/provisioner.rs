@@ -143,7 +143,7 @@ impl Provisioner {
         steps::inputs((
             &vol.metadata.uid,
             vol.metadata.generation,
-            self.ctx.plugin_epoch(),
+            self.ctx.supervisor.epoch(),
         ))
     }
 

@@ -568,9 +568,13 @@ async fn attachment_state(
     } else {
         None
     };
+    // Who else uses the attachment matters only when it does not cover this claim
+    // (the scan of the volume's claims stays off the common path).
     let in_use = match &attachment {
-        Some(_) => attachment_needed_by_others(ctx, claim).await?,
-        None => false,
+        Some(att) if !claim.spec.publish && !plan::covers(&att.spec, &claim.spec) => {
+            attachment_needed_by_others(ctx, claim).await?
+        }
+        _ => false,
     };
     let plan = plan::attach(&plan::AttachInputs {
         claim,
@@ -641,11 +645,7 @@ async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
         write(ctx, claim, c).await?;
         return Ok(Action::AwaitChange);
     }
-    let mount = ctx.mounts.get(&format!(
-        "mounts/{}/{}/{}",
-        claim.spec.node, claim.metadata.namespace, claim.metadata.name
-    ));
-    let mount = mount.filter(|m| m.spec.claim_uid == claim.metadata.uid);
+    let mount = claim_mount(ctx, claim);
     let published = mount.as_ref().is_some_and(|m| m.status.published);
     let node_error = mount
         .as_ref()
@@ -684,13 +684,20 @@ async fn waiting(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, ClaimErr
     Ok(Action::AwaitChange)
 }
 
+/// The Mount the claim's node agent keeps for this very claim (same uid), if any.
+fn claim_mount(ctx: &Ctx, claim: &Claim) -> Option<Arc<Mount>> {
+    ctx.mounts
+        .get(&format!(
+            "mounts/{}/{}/{}",
+            claim.spec.node, claim.metadata.namespace, claim.metadata.name
+        ))
+        .filter(|m| m.spec.claim_uid == claim.metadata.uid)
+}
+
 /// Whether the node side of a claim is finished (or skipped): [`plan::node_done`] over
 /// the caches.
 fn node_done(ctx: &Ctx, claim: &Claim) -> NodeDone {
-    let mount = ctx.mounts.get(&format!(
-        "mounts/{}/{}/{}",
-        claim.spec.node, claim.metadata.namespace, claim.metadata.name
-    ));
+    let mount = claim_mount(ctx, claim);
     let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
     let node_gone_for = ctx
         .node_gc_timeout
@@ -741,12 +748,7 @@ async fn release(ctx: &Ctx, claim: &Claim, alloc_gone: bool) -> Result<Action, C
         NodeDone::No => {
             let why = waiting_for_unpublish(claim);
             // The node's failing step, as its Mount shows it.
-            let mount = ctx.mounts.get(&format!(
-                "mounts/{}/{}/{}",
-                claim.spec.node, claim.metadata.namespace, claim.metadata.name
-            ));
-            let mount = mount.filter(|m| m.spec.claim_uid == claim.metadata.uid);
-            let (error, retry) = mount
+            let (error, retry) = claim_mount(ctx, claim)
                 .map(|m| {
                     (
                         m.status.meta.last_error.clone(),
