@@ -359,3 +359,42 @@ async fn a_stopped_allocation_set_back_to_run_runs_again() {
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
     c.check_calls(true);
 }
+
+/// Found by the randomized suite (seed 2): the Mount of a claim that never reached the
+/// node outlived the claim when the claim was deleted while the agent was down. The
+/// agent's local state knew nothing of it, so nothing looked at it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_whose_claim_went_while_the_agent_was_down_is_deleted() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = ready_cluster(2, PluginOpts::default()).await;
+    // a2 never reaches n2: v1 is single-node and a1 holds it on n1.
+    c.apply(c.allocation("a1", "n1", "v1", false)).await;
+    c.wait_claim("a1", "n1", ClaimPhase::Published, T).await;
+    c.apply(c.allocation("a2", "n2", "v1", false)).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Denied, T).await;
+    c.stop_alloc("a2").await;
+    c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
+    let store = c.store.clone();
+    let mount = "n2/default/a2.data";
+    c.wait("n2's Mount of a2 written", T, || {
+        let store = store.clone();
+        async move { matches!(store.try_get::<MountSpec>(mount).await, Ok(Some(_))) }
+    })
+    .await;
+    c.node_mut("n2").agent.kill();
+    c.store
+        .delete::<AllocationSpec>("default/a2", None)
+        .await
+        .unwrap();
+    c.wait("a2's claim deleted", T, || async {
+        c.claim("a2", "n2").await.is_none()
+    })
+    .await;
+    c.node_mut("n2").agent.restart();
+    c.wait("the Mount deleted by the restarted agent", T, || {
+        let store = store.clone();
+        async move { matches!(store.try_get::<MountSpec>(mount).await, Ok(None)) }
+    })
+    .await;
+    assert_eq!(calls(&c, "n2", "NodeStageVolume"), 0);
+}

@@ -101,7 +101,12 @@ impl Drop for Proc {
 pub struct PluginOpts {
     pub publish_unpublish: bool,
     pub stage_unstage: bool,
+    /// More flags of the plugins.
     pub extra: Vec<String>,
+    /// More flags of the agents.
+    pub agent_args: Vec<String>,
+    /// More flags of the controllers.
+    pub controller_args: Vec<String>,
 }
 
 impl Default for PluginOpts {
@@ -110,6 +115,8 @@ impl Default for PluginOpts {
             publish_unpublish: true,
             stage_unstage: true,
             extra: Vec::new(),
+            agent_args: Vec::new(),
+            controller_args: Vec::new(),
         }
     }
 }
@@ -206,12 +213,13 @@ impl Cluster {
 
     fn add_controller(&mut self, i: usize) {
         let log = self.dir.path().join(format!("controller-{i}.log"));
-        let args = vec![
+        let mut args = vec![
             "controller".into(),
             format!("--etcd={}", self.etcd.client_url),
             format!("--identity=controller-{i}"),
             "--leader-ttl=3s".into(),
         ];
+        args.extend(self.opts.controller_args.iter().cloned());
         self.controllers.push(Proc::start(
             &format!("controller-{i}"),
             bin("moord"),
@@ -253,7 +261,7 @@ impl Cluster {
                 .map(|a| a.port())
                 .expect("a free port")
         );
-        let aargs = vec![
+        let mut aargs = vec![
             "agent".into(),
             format!("--node={name}"),
             format!("--etcd={}", self.etcd.client_url),
@@ -270,6 +278,7 @@ impl Cluster {
             "--csi-tries=2".into(),
             format!("--http={http}"),
         ];
+        aargs.extend(self.opts.agent_args.iter().cloned());
         let agent = Proc::start(
             &format!("agent-{name}"),
             bin("moord"),
@@ -339,6 +348,15 @@ impl Cluster {
             self.dump_logs();
             panic!("timed out waiting for {what}");
         }
+    }
+
+    /// Keeps the cluster's directory (logs, call logs, state) after the test, and says
+    /// where it is.
+    pub fn keep_dir(&mut self) -> PathBuf {
+        let fresh = tempfile::tempdir().expect("temp dir");
+        let kept = std::mem::replace(&mut self.dir, fresh).keep();
+        eprintln!("cluster directory kept at {}", kept.display());
+        kept
     }
 
     pub fn dump_logs(&self) {

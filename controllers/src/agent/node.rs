@@ -136,6 +136,15 @@ fn plugin_path(cfg: &PluginConfig, host: &Path) -> PathBuf {
     }
 }
 
+/// The key of the claim a Mount mirrors (they share the suffix `NODE/NS/ALLOC.VOLREQ`).
+fn claim_key_of(m: &Mount) -> String {
+    format!(
+        "{}/{}",
+        ClaimSpec::DIR,
+        crate::common::suffix::<MountSpec>(&m.key())
+    )
+}
+
 fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
@@ -170,6 +179,19 @@ impl NodeReconciler {
             &format!("{}/", self.node),
             shutdown.clone(),
         );
+        // A Mount whose claim was deleted while the agent was down, and that the local
+        // state does not know (nothing was staged or published for it), is found only
+        // by listing the Mounts: each (re)list names the claims of the Mounts, so one
+        // without a claim is deleted. The agent's own Mount writes trigger nothing.
+        let listed_mounts = futures::StreamExt::flat_map(mounts.subscribe(), |e| {
+            let keys: Vec<String> = match e {
+                Ok(moor::runtime::watcher::Event::Restarted(all)) => {
+                    all.iter().map(claim_key_of).collect()
+                }
+                _ => Vec::new(),
+            };
+            futures::stream::iter(keys)
+        });
         let this = Arc::new(Reconcile {
             r: self,
             claims: reader.clone(),
@@ -181,6 +203,7 @@ impl NodeReconciler {
             .owns(claims.subscribe())
             .trigger(futures::stream::iter(local_keys))
             .trigger(futures::StreamExt::flatten(on_plugin_change))
+            .trigger(listed_mounts)
             .run(
                 move |key| {
                     let this = this.clone();

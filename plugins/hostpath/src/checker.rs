@@ -13,7 +13,14 @@
 //!    test expects everything released);
 //! 5. a reverse is never called for a step whose every attempt failed with a final error;
 //! 6. volume ids are ones the plugin handed out (or registered ones), node ids are CSI
-//!    node ids: a moor id sent where the plugin's belongs is caught.
+//!    node ids: a moor id sent where the plugin's belongs is caught; a volume is not
+//!    used after a DeleteVolume of it succeeded;
+//! 7. nothing leaks in the plugin: at the end, every volume CreateVolume handed out was
+//!    deleted (when the test expects every volume deleted).
+//!
+//! A node an operator declared gone (`moorctl volume detach`, or a node collected
+//! after `--node-gc-timeout`) is *forced*: its stages and publishes no longer hold the
+//! volume (invariants 1 and 3 skip them), since moor was told to act without it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,6 +40,11 @@ pub struct CheckConfig {
     pub known_volume_ids: BTreeSet<String>,
     /// CSI node ids besides the `plugin_node` of the logs.
     pub known_node_ids: BTreeSet<String>,
+    /// Every volume was deleted by the end: a volume handed out and never deleted is a
+    /// leak (invariant 7).
+    pub expect_deleted: bool,
+    /// CSI node ids declared gone during the run (see the module docs).
+    pub forced_nodes: BTreeSet<String>,
 }
 
 /// One broken invariant.
@@ -142,6 +154,10 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
     let mut volume_ids = cfg.known_volume_ids.clone();
     let mut node_ids = cfg.known_node_ids.clone();
     node_ids.extend(calls.iter().map(|c| c.plugin_node.clone()));
+    // Volumes handed out and not deleted yet; volumes deleted.
+    let mut created: BTreeSet<String> = BTreeSet::new();
+    let mut deleted: BTreeSet<String> = BTreeSet::new();
+    let forced = |n: &str| cfg.forced_nodes.contains(n);
     let s = |o: &Option<String>| o.clone().unwrap_or_default();
 
     for (i, c) in calls.iter().enumerate() {
@@ -152,6 +168,35 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
         if c.rpc == "CreateVolume" {
             if let Some(id) = &c.result_volume_id {
                 volume_ids.insert(id.clone());
+                created.insert(id.clone());
+                deleted.remove(id);
+            }
+            continue;
+        }
+        if c.rpc == "DeleteVolume" {
+            let in_use = attached
+                .keys()
+                .find(|(av, an)| *av == vol && !forced(an))
+                .map(|(_, n)| n.clone())
+                .or_else(|| {
+                    staged
+                        .keys()
+                        .chain(published.keys())
+                        .find(|(n, sv, _)| *sv == vol && !forced(n))
+                        .map(|(n, _, _)| n.clone())
+                });
+            if let (Some(n), true) = (in_use, acted) {
+                v.push(Violation {
+                    invariant: 3,
+                    index: i,
+                    message: format!(
+                        "DeleteVolume of {vol} while still attached, staged or published on {n}"
+                    ),
+                });
+            }
+            if c.code == "OK" || c.code == "NotFound" {
+                created.remove(&vol);
+                deleted.insert(vol);
             }
             continue;
         }
@@ -170,6 +215,13 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                 ),
             });
         }
+        if uses_volume && deleted.contains(&vol) && !forced(&node) {
+            v.push(Violation {
+                invariant: 6,
+                index: i,
+                message: format!("{} of volume {vol} after it was deleted", c.rpc),
+            });
+        }
         match c.rpc.as_str() {
             "ControllerPublishVolume" => {
                 let target = s(&c.node_id);
@@ -185,7 +237,7 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                 if acted && single_node(c.access_mode.as_deref()) {
                     if let Some(((_, other), _)) = attached
                         .iter()
-                        .find(|((av, an), _)| *av == vol && *an != target)
+                        .find(|((av, an), _)| *av == vol && *an != target && !forced(an))
                     {
                         v.push(Violation {
                             invariant: 1,
@@ -217,8 +269,9 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                     vec![target.clone()]
                 };
                 for n in &nodes {
-                    let busy = staged.keys().any(|(sn, sv, _)| sn == n && *sv == vol)
-                        || published.keys().any(|(pn, pv, _)| pn == n && *pv == vol);
+                    let busy = !forced(n)
+                        && (staged.keys().any(|(sn, sv, _)| sn == n && *sv == vol)
+                            || published.keys().any(|(pn, pv, _)| pn == n && *pv == vol));
                     if busy {
                         v.push(Violation {
                             invariant: 3,
@@ -325,7 +378,7 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                     if single_node(c.access_mode.as_deref()) {
                         if let Some(((other, _, _), _)) = published
                             .iter()
-                            .find(|((pn, pv, _), _)| *pv == vol && *pn != node)
+                            .find(|((pn, pv, _), _)| *pv == vol && *pn != node && !forced(pn))
                         {
                             v.push(Violation {
                                 invariant: 1,
@@ -337,7 +390,10 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                     if !readonly && single_writer(c.access_mode.as_deref()) {
                         if let Some(((on, _, other), _)) =
                             published.iter().find(|((pn, pv, pt), (_, p))| {
-                                *pv == vol && !p.readonly && !(*pn == node && *pt == target)
+                                *pv == vol
+                                    && !p.readonly
+                                    && !forced(pn)
+                                    && (*pn != node || *pt != target)
                             })
                         {
                             v.push(Violation {
@@ -400,6 +456,15 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                 invariant: 4,
                 index: end,
                 message: format!("{vol} still published at {path} on {node} ({o:?})"),
+            });
+        }
+    }
+    if cfg.expect_deleted {
+        for vol in &created {
+            v.push(Violation {
+                invariant: 7,
+                index: calls.len(),
+                message: format!("volume {vol} was created and never deleted"),
             });
         }
     }
@@ -474,6 +539,9 @@ mod tests {
             self.call("NodeUnpublishVolume", node, "OK", |c| {
                 c.target_path = Some(t)
             })
+        }
+        fn delete(self) -> Log {
+            self.call("DeleteVolume", "ctl", "OK", |_| {})
         }
         fn check(&self) -> Vec<u8> {
             let cfg = CheckConfig {
@@ -599,6 +667,61 @@ mod tests {
             |c| c.node_id = Some("moor-node-name".into()),
         );
         assert!(wrong_node.check().contains(&6));
+    }
+
+    fn check_with(log: &Log, f: impl FnOnce(&mut CheckConfig)) -> Vec<u8> {
+        let mut cfg = CheckConfig {
+            controller_publish_required: true,
+            stage_required: true,
+            expect_released: true,
+            ..Default::default()
+        };
+        f(&mut cfg);
+        check(&log.calls, &cfg)
+            .iter()
+            .map(|v| v.invariant)
+            .collect()
+    }
+
+    #[test]
+    fn invariant_7_and_6_volumes_deleted_once_and_not_used_after() {
+        let kept = full_cycle();
+        assert!(check_with(&kept, |c| c.expect_deleted = true).contains(&7));
+        assert!(!check_with(&kept, |_| {}).contains(&7));
+        let deleted = full_cycle().delete();
+        assert_eq!(
+            check_with(&deleted, |c| c.expect_deleted = true),
+            Vec::<u8>::new()
+        );
+        let used_after = full_cycle().delete().attach("n1", "OK");
+        assert!(check_with(&used_after, |c| c.expect_released = false).contains(&6));
+        let deleted_in_use = Log::new().attach("n1", "OK").stage("n1", "OK").delete();
+        assert!(check_with(&deleted_in_use, |c| c.expect_released = false).contains(&3));
+    }
+
+    #[test]
+    fn a_forced_node_no_longer_holds_the_volume() {
+        // n1 is declared gone while it has the volume published; the volume is
+        // detached from it and attached to n2; n1 cleans up when it comes back.
+        let log = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "OK")
+            .publish("n1", "/t1", false)
+            .detach("n1")
+            .attach("n2", "OK")
+            .stage("n2", "OK")
+            .publish("n2", "/t2", false)
+            .unpublish("n1", "/t1")
+            .unstage("n1")
+            .unpublish("n2", "/t2")
+            .unstage("n2")
+            .detach("n2");
+        let strict = check_with(&log, |_| {});
+        assert!(strict.contains(&1) && strict.contains(&3), "{strict:?}");
+        let forced = check_with(&log, |c| {
+            c.forced_nodes.insert("n1".into());
+        });
+        assert_eq!(forced, Vec::<u8>::new());
     }
 
     #[test]

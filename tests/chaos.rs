@@ -1,0 +1,829 @@
+//! The randomized fault suite (issue 11): a whole cluster of real processes (etcd, two
+//! `moord controller` replicas, three nodes each with a `moord agent` and a strict
+//! moor-hostpath) driven by a seeded random script of what operators and failures do:
+//! volumes created and deleted, allocations started, stopped, deleted and re-run
+//! (shared readers and contended single-node writers among them), every process
+//! killed with SIGKILL and restarted (etcd included), nodes lost past
+//! `--node-gc-timeout` or force-detached while down, and faults on every RPC: failures
+//! of every class, and hangs before and after the operation took effect.
+//!
+//! At the end every fault is lifted and every process runs again; every allocation is
+//! stopped and must see its claims Released; then everything is deleted and must be
+//! gone. The plugins' call logs are then checked: the checker's invariants (no
+//! NodeStage before ControllerPublish, no reverse step out of order, nothing left
+//! attached, staged, published or created), and each failing (call, object) within the
+//! retry schedule's bound.
+//!
+//! A run prints its seed; `MOOR_CHAOS_SEED=N cargo test --test chaos` replays it (the
+//! same script; the processes' timing still varies). `MOOR_CHAOS_OPS=N` sets the
+//! script's length (default 30). docs/testing.md records the long runs.
+
+#[path = "common/cluster.rs"]
+mod cluster;
+mod common;
+
+use cluster::{Cluster, PluginOpts};
+use moor::api::*;
+use moor::runtime::steps::Schedule;
+use moor::store::StoreError;
+use moor_hostpath::calllog::Call;
+use moor_hostpath::checker::{self, CheckConfig};
+use moor_hostpath::faults::{self, Command};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant, SystemTime};
+
+/// The agents' retry schedule in this suite: short, so that a run drains in seconds.
+const RETRY_INITIAL: Duration = Duration::from_millis(200);
+const RETRY_CAP: Duration = Duration::from_secs(2);
+/// Calls per attempt (the harness runs agents with `--csi-tries=2`).
+const TRIES: u32 = 2;
+/// The harness's `--node-ttl`, and this suite's `--node-gc-timeout`.
+const NODE_TTL: Duration = Duration::from_secs(3);
+const NODE_GC: Duration = Duration::from_secs(3);
+const NODES: usize = 3;
+const CONTROLLERS: usize = 2;
+/// How long the end state may take to converge.
+const DRAIN: Duration = Duration::from_secs(180);
+
+fn schedule() -> Schedule {
+    Schedule {
+        initial: RETRY_INITIAL,
+        cap: RETRY_CAP,
+        jitter: true,
+    }
+}
+
+const NODE_RPCS: [&str; 4] = [
+    "NodeStageVolume",
+    "NodeUnstageVolume",
+    "NodePublishVolume",
+    "NodeUnpublishVolume",
+];
+const CONTROLLER_RPCS: [&str; 4] = [
+    "CreateVolume",
+    "DeleteVolume",
+    "ControllerPublishVolume",
+    "ControllerUnpublishVolume",
+];
+const RETRYABLE: [&str; 4] = ["Unavailable", "Aborted", "Internal", "ResourceExhausted"];
+/// Final answers a plugin may give to a step that can succeed later. NotFound is left
+/// out: for a reverse step it means "already done", and a plugin that says so falsely
+/// lies (moor believes it, by the spec).
+const FINAL: [&str; 2] = ["InvalidArgument", "FailedPrecondition"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Process {
+    Controller(usize),
+    Agent(usize),
+    Plugin(usize),
+}
+
+struct Vol {
+    uid: String,
+    mode: AccessMode,
+    deleted: bool,
+}
+
+struct Alloc {
+    node: usize,
+    volume: String,
+    stopped: bool,
+    deleted: bool,
+}
+
+/// A fault to lift later: (op index due, node, command).
+type Due = (usize, usize, Command);
+
+struct Chaos {
+    rng: fastrand::Rng,
+    c: Cluster,
+    volumes: BTreeMap<String, Vol>,
+    allocs: BTreeMap<String, Alloc>,
+    next: u32,
+    /// Processes down, since when.
+    down: BTreeMap<Process, Instant>,
+    /// Moor node names declared gone (force-detached, or collected).
+    forced: BTreeSet<String>,
+    /// Restarts of each node's agent or plugin.
+    restarts: BTreeMap<usize, u32>,
+    /// (volume, node) → how many allocation runs asked for it there.
+    runs_on: BTreeMap<(String, usize), u32>,
+    due: Vec<Due>,
+    script: Vec<String>,
+}
+
+fn node_name(i: usize) -> String {
+    format!("n{}", i + 1)
+}
+
+impl Chaos {
+    fn log(&mut self, line: String) {
+        eprintln!("chaos[{}] {line}", self.script.len());
+        self.script.push(line);
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
+        if items.is_empty() {
+            None
+        } else {
+            Some(&items[self.rng.usize(..items.len())])
+        }
+    }
+
+    fn live_volumes(&self) -> Vec<String> {
+        self.volumes
+            .iter()
+            .filter(|(_, v)| !v.deleted)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    fn allocs_where(&self, f: impl Fn(&Alloc) -> bool) -> Vec<String> {
+        self.allocs
+            .iter()
+            .filter(|(_, a)| !a.deleted && f(a))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    fn is_down(&self, p: Process) -> bool {
+        self.down.contains_key(&p)
+    }
+
+    /// One random step of the script.
+    async fn step(&mut self, i: usize) {
+        let weights: [(u32, u8); 13] = [
+            (if self.live_volumes().len() < 6 { 3 } else { 0 }, 0),
+            (1, 1),
+            (6, 2),
+            (3, 3),
+            (1, 4),
+            (1, 5),
+            (3, 6),
+            (1, 7),
+            (1, 8),
+            (2, 9),
+            (if self.down.is_empty() { 0 } else { 3 }, 10),
+            (1, 11),
+            (2, 12),
+        ];
+        let total: u32 = weights.iter().map(|w| w.0).sum();
+        let mut roll = self.rng.u32(..total);
+        let mut op = 12;
+        for (w, o) in weights {
+            if roll < w {
+                op = o;
+                break;
+            }
+            roll -= w;
+        }
+        match op {
+            0 => self.create_volume().await,
+            1 => self.delete_volume().await,
+            2 => self.start_alloc().await,
+            3 => self.stop_alloc().await,
+            4 => self.delete_alloc().await,
+            5 => self.rerun_alloc().await,
+            6 => self.fail(i, false).await,
+            7 => self.fail(i, true).await,
+            8 => self.hang(i).await,
+            9 => self.kill().await,
+            10 => self.restart_one().await,
+            11 => self.detach_or_lose_node().await,
+            _ => {
+                let ms = self.rng.u64(0..1500);
+                self.log(format!("pause {ms} ms"));
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+        }
+    }
+
+    async fn create_volume(&mut self) {
+        self.next += 1;
+        let name = format!("v{}", self.next);
+        let mode = match self.rng.u32(0..5) {
+            0 => AccessMode::MultiNodeReaderOnly,
+            1 => AccessMode::MultiNodeMultiWriter,
+            _ => AccessMode::SingleNodeWriter,
+        };
+        self.log(format!("create volume {name} {mode:?}"));
+        let vol = self.c.volume(&name, mode);
+        let created = retry(&format!("create volume {name}"), || {
+            self.c.store.create(&vol)
+        })
+        .await;
+        self.volumes.insert(
+            name,
+            Vol {
+                uid: created.metadata.uid.clone(),
+                mode,
+                deleted: false,
+            },
+        );
+    }
+
+    async fn delete_volume(&mut self) {
+        let live = self.live_volumes();
+        let Some(name) = self.pick(&live).cloned() else {
+            return;
+        };
+        self.log(format!("delete volume {name}"));
+        delete::<VolumeSpec>(&self.c, &format!("default/{name}")).await;
+        if let Some(v) = self.volumes.get_mut(&name) {
+            v.deleted = true;
+        }
+    }
+
+    async fn start_alloc(&mut self) {
+        let live = self.live_volumes();
+        let Some(volume) = self.pick(&live).cloned() else {
+            return;
+        };
+        let mode = self.volumes[&volume].mode;
+        self.next += 1;
+        let name = format!("a{}", self.next);
+        let node = self.rng.usize(0..NODES);
+        let read_only = mode == AccessMode::MultiNodeReaderOnly || self.rng.u32(0..4) == 0;
+        self.log(format!(
+            "start allocation {name} on {} with {volume}{}",
+            node_name(node),
+            if read_only { " read-only" } else { "" }
+        ));
+        let a = self
+            .c
+            .allocation(&name, &node_name(node), &volume, read_only);
+        retry(&format!("create allocation {name}"), || {
+            self.c.store.create(&a)
+        })
+        .await;
+        *self.runs_on.entry((volume.clone(), node)).or_default() += 1;
+        self.allocs.insert(
+            name,
+            Alloc {
+                node,
+                volume,
+                stopped: false,
+                deleted: false,
+            },
+        );
+    }
+
+    async fn set_desired(&mut self, name: &str, status: DesiredStatus) {
+        let key = format!("default/{name}");
+        retry(&format!("set {name} to {status:?}"), || {
+            self.c.store.modify_spec::<AllocationSpec>(&key, |s| {
+                s.desired_status = status;
+                true
+            })
+        })
+        .await;
+    }
+
+    async fn stop_alloc(&mut self) {
+        let running = self.allocs_where(|a| !a.stopped);
+        let Some(name) = self.pick(&running).cloned() else {
+            return;
+        };
+        self.log(format!("stop allocation {name}"));
+        self.set_desired(&name, DesiredStatus::Stop).await;
+        if let Some(a) = self.allocs.get_mut(&name) {
+            a.stopped = true;
+        }
+    }
+
+    async fn rerun_alloc(&mut self) {
+        let stopped = self.allocs_where(|a| a.stopped);
+        let Some(name) = self.pick(&stopped).cloned() else {
+            return;
+        };
+        self.log(format!("re-run allocation {name}"));
+        self.set_desired(&name, DesiredStatus::Run).await;
+        if let Some(a) = self.allocs.get_mut(&name) {
+            a.stopped = false;
+            *self.runs_on.entry((a.volume.clone(), a.node)).or_default() += 1;
+        }
+    }
+
+    async fn delete_alloc(&mut self) {
+        let all = self.allocs_where(|_| true);
+        let Some(name) = self.pick(&all).cloned() else {
+            return;
+        };
+        self.log(format!("delete allocation {name}"));
+        delete::<AllocationSpec>(&self.c, &format!("default/{name}")).await;
+        if let Some(a) = self.allocs.get_mut(&name) {
+            a.deleted = true;
+        }
+    }
+
+    /// A node whose plugin runs, and an RPC it serves.
+    fn fault_target(&mut self) -> Option<(usize, &'static str)> {
+        let up: Vec<usize> = (0..NODES)
+            .filter(|n| !self.is_down(Process::Plugin(*n)))
+            .collect();
+        let node = *self.pick(&up)?;
+        let rpc = if node == 0 && self.rng.bool() {
+            *self.pick(&CONTROLLER_RPCS)?
+        } else {
+            *self.pick(&NODE_RPCS)?
+        };
+        Some((node, rpc))
+    }
+
+    async fn fail(&mut self, i: usize, persistent: bool) {
+        let Some((node, rpc)) = self.fault_target() else {
+            return;
+        };
+        let class = self.rng.u32(0..6);
+        let code = match class {
+            // An uncertain answer: the call may have taken effect.
+            0 => "DeadlineExceeded",
+            // A final answer to a create is a refusal for good (the volume fails);
+            // retryable ones only, so that every volume exists by the end.
+            1 if rpc != "CreateVolume" => *self.pick(&FINAL).unwrap_or(&"InvalidArgument"),
+            _ => *self.pick(&RETRYABLE).unwrap_or(&"Unavailable"),
+        };
+        let times = if persistent {
+            100_000
+        } else {
+            self.rng.u32(1..5)
+        };
+        self.log(format!(
+            "fail {rpc} on {} with {code} x{}",
+            node_name(node),
+            if persistent {
+                "until cleared".to_string()
+            } else {
+                times.to_string()
+            }
+        ));
+        self.send(
+            node,
+            Command::Fail {
+                rpc: rpc.into(),
+                code: code.into(),
+                times,
+            },
+        )
+        .await;
+        if persistent {
+            let at = i + self.rng.usize(2..7);
+            self.due.push((at, node, Command::Clear));
+        }
+    }
+
+    async fn hang(&mut self, i: usize) {
+        let Some((node, rpc)) = self.fault_target() else {
+            return;
+        };
+        let after = self.rng.bool();
+        self.log(format!(
+            "hang {rpc} on {} {} it takes effect",
+            node_name(node),
+            if after { "after" } else { "before" }
+        ));
+        self.send(
+            node,
+            Command::Hang {
+                rpc: rpc.into(),
+                after,
+            },
+        )
+        .await;
+        let at = i + self.rng.usize(1..5);
+        self.due
+            .push((at, node, Command::Release { rpc: rpc.into() }));
+    }
+
+    /// Sends a fault command; a plugin that is down has none to lift.
+    async fn send(&self, node: usize, cmd: Command) {
+        if let Err(e) = faults::send(&self.c.nodes[node].admin, &cmd).await {
+            eprintln!("chaos: {cmd:?} on {}: {e}", node_name(node));
+        }
+    }
+
+    async fn lift_due(&mut self, i: usize) {
+        let (now, later): (Vec<Due>, Vec<Due>) = self.due.drain(..).partition(|d| d.0 <= i);
+        self.due = later;
+        for (_, node, cmd) in now {
+            self.log(format!("lift {cmd:?} on {}", node_name(node)));
+            self.send(node, cmd).await;
+        }
+    }
+
+    async fn kill(&mut self) {
+        let which = self.rng.u32(0..8);
+        if which == 0 {
+            let ms = self.rng.u64(0..2000);
+            self.log(format!("kill -9 etcd, restart after {ms} ms"));
+            self.c.etcd.kill();
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            self.c.etcd.restart().await;
+            return;
+        }
+        let p = match which {
+            1 | 2 => Process::Controller(self.rng.usize(0..CONTROLLERS)),
+            3..=5 => Process::Agent(self.rng.usize(0..NODES)),
+            _ => Process::Plugin(self.rng.usize(0..NODES)),
+        };
+        if self.is_down(p) {
+            return;
+        }
+        self.log(format!("kill -9 {p:?}"));
+        self.proc(p).kill();
+        self.down.insert(p, Instant::now());
+    }
+
+    fn proc(&mut self, p: Process) -> &mut cluster::Proc {
+        match p {
+            Process::Controller(i) => &mut self.c.controllers[i],
+            Process::Agent(i) => &mut self.c.nodes[i].agent,
+            Process::Plugin(i) => &mut self.c.nodes[i].plugin,
+        }
+    }
+
+    async fn restart(&mut self, p: Process) {
+        let Some(since) = self.down.remove(&p) else {
+            return;
+        };
+        let gone = since.elapsed();
+        self.log(format!("restart {p:?} (down {} ms)", gone.as_millis()));
+        if let Process::Agent(n) | Process::Plugin(n) = p {
+            *self.restarts.entry(n).or_default() += 1;
+        }
+        if let Process::Agent(n) = p {
+            // Down long enough for its Node to expire and be collected: the
+            // controller may have released its claims without it.
+            if gone + Duration::from_secs(1) > NODE_TTL + NODE_GC {
+                self.forced.insert(node_name(n));
+            }
+        }
+        self.proc(p).restart();
+    }
+
+    async fn restart_one(&mut self) {
+        let down: Vec<Process> = self.down.keys().copied().collect();
+        if let Some(p) = self.pick(&down).copied() {
+            self.restart(p).await;
+        }
+    }
+
+    /// A node goes away (agent and plugin); while it is down an operator may detach
+    /// one of its volumes; it comes back later (a restart op, or the end).
+    async fn detach_or_lose_node(&mut self) {
+        let down: Vec<usize> = (0..NODES)
+            .filter(|n| self.is_down(Process::Agent(*n)))
+            .collect();
+        if let Some(node) = self.pick(&down).copied() {
+            let vols: Vec<String> = self
+                .allocs
+                .values()
+                .filter(|a| a.node == node)
+                .map(|a| a.volume.clone())
+                .filter(|v| self.volumes.get(v).is_some_and(|v| !v.deleted))
+                .collect();
+            let Some(volume) = self.pick(&vols).cloned() else {
+                return;
+            };
+            self.log(format!(
+                "moorctl volume detach {volume} --node {}",
+                node_name(node)
+            ));
+            self.forced.insert(node_name(node));
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_moorctl"))
+                .args([
+                    "--endpoints",
+                    &self.c.etcd.client_url,
+                    "volume",
+                    "detach",
+                    &volume,
+                    "--node",
+                    &node_name(node),
+                ])
+                .output()
+                .expect("run moorctl");
+            assert!(
+                out.status.success(),
+                "moorctl volume detach: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
+        let node = self.rng.usize(0..NODES);
+        self.log(format!("lose node {}", node_name(node)));
+        for p in [Process::Agent(node), Process::Plugin(node)] {
+            if !self.is_down(p) {
+                self.proc(p).kill();
+                self.down.insert(p, Instant::now());
+            }
+        }
+    }
+
+    /// Lifts every fault, runs every process, stops every allocation and waits for
+    /// every claim to be Released; then deletes everything and waits for it to go.
+    async fn drain(&mut self) {
+        let down: Vec<Process> = self.down.keys().copied().collect();
+        for p in down {
+            self.restart(p).await;
+        }
+        for n in 0..NODES {
+            self.send(n, Command::Clear).await;
+        }
+        self.due.clear();
+        self.c.wait_nodes_healthy().await;
+        let running = self.allocs_where(|a| !a.stopped);
+        for name in running {
+            self.set_desired(&name, DesiredStatus::Stop).await;
+            if let Some(a) = self.allocs.get_mut(&name) {
+                a.stopped = true;
+            }
+        }
+        let store = self.c.store.clone();
+        self.settle("every claim Released", || async {
+            match store.list::<ClaimSpec>("").await {
+                Ok(l) => l
+                    .items
+                    .iter()
+                    .filter(|c| c.status.phase != ClaimPhase::Released)
+                    .map(|c| {
+                        format!(
+                            "Claim {}: {}",
+                            c.key(),
+                            serde_json::to_string(&c.status).unwrap_or_default()
+                        )
+                    })
+                    .collect(),
+                Err(e) => vec![format!("claims: {e}")],
+            }
+        })
+        .await;
+        for name in self.allocs_where(|_| true) {
+            delete::<AllocationSpec>(&self.c, &format!("default/{name}")).await;
+        }
+        for name in self.live_volumes() {
+            delete::<VolumeSpec>(&self.c, &format!("default/{name}")).await;
+        }
+        self.settle("everything gone", || remaining(&store)).await;
+    }
+
+    /// Waits for `left` to list nothing; after [`DRAIN`], fails with what it lists.
+    async fn settle<F, Fut>(&mut self, what: &str, mut left: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Vec<String>>,
+    {
+        let deadline = Instant::now() + DRAIN;
+        loop {
+            let now = left().await;
+            if now.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                self.c.dump_logs();
+                self.c.keep_dir();
+                panic!(
+                    "no {what} after {DRAIN:?}; these remain:\n{}\nscript:\n{}",
+                    now.join("\n"),
+                    self.script.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The call logs against the invariants and the retry schedule.
+    fn check(&mut self) {
+        // Stop the agents first, so that no call is in flight while the logs are read.
+        for n in &mut self.c.nodes {
+            n.agent.stop();
+        }
+        for n in &mut self.c.nodes {
+            n.plugin.stop();
+        }
+        let logs: Vec<Vec<Call>> = self.c.nodes.iter().map(|n| n.calls()).collect();
+        let merged = checker::merge(logs);
+        let cfg = CheckConfig {
+            controller_publish_required: true,
+            stage_required: true,
+            expect_released: true,
+            expect_deleted: true,
+            forced_nodes: self.forced.iter().map(|n| format!("csi-{n}")).collect(),
+            ..Default::default()
+        };
+        let mut problems: Vec<String> = checker::check(&merged, &cfg)
+            .iter()
+            .map(|v| format!("{v}: {}", describe(merged.get(v.index))))
+            .collect();
+        problems.extend(self.over_schedule(&merged));
+        eprintln!(
+            "chaos: {} ops, {} calls, {} failed, forced nodes {:?}",
+            self.script.len(),
+            merged.len(),
+            merged.iter().filter(|c| c.code != "OK").count(),
+            self.forced
+        );
+        if !problems.is_empty() {
+            self.c.dump_logs();
+            self.c.keep_dir();
+        }
+        assert!(
+            problems.is_empty(),
+            "{} problems:\n{}",
+            problems.len(),
+            problems.join("\n")
+        );
+    }
+
+    /// Each (RPC, object) that failed, against the most calls the retry schedule allows
+    /// over the time it kept failing. Besides the schedule, each restart of the node's
+    /// agent or plugin and each new input (a claim's spec changes a few times over its
+    /// life; a re-run makes a new claim) may bring one attempt forward.
+    fn over_schedule(&self, calls: &[Call]) -> Vec<String> {
+        // The CSI volume id → the moor volume, through CreateVolume's name (its uid).
+        let by_uid: BTreeMap<&str, &str> = self
+            .volumes
+            .iter()
+            .map(|(n, v)| (v.uid.as_str(), n.as_str()))
+            .collect();
+        let mut names: BTreeMap<String, String> = BTreeMap::new();
+        for c in calls {
+            if let (Some(id), Some(uid)) = (&c.result_volume_id, &c.name) {
+                if let Some(n) = by_uid.get(uid.as_str()) {
+                    names.insert(id.clone(), n.to_string());
+                }
+            }
+        }
+        type Key = (String, String, String, String);
+        let mut failing: BTreeMap<Key, (u32, SystemTime, SystemTime)> = BTreeMap::new();
+        for c in calls.iter().filter(|c| c.code != "OK") {
+            let Ok(t) = humantime::parse_rfc3339(&c.time) else {
+                continue;
+            };
+            let object = c
+                .volume_id
+                .clone()
+                .or_else(|| c.name.clone())
+                .unwrap_or_default();
+            let place = c
+                .target_path
+                .clone()
+                .or_else(|| c.staging_target_path.clone())
+                .or_else(|| c.node_id.clone())
+                .unwrap_or_default();
+            let e = failing
+                .entry((c.rpc.clone(), c.plugin_node.clone(), object, place))
+                .or_insert((0, t, t));
+            e.0 += 1;
+            e.1 = e.1.min(t);
+            e.2 = e.2.max(t);
+        }
+        let mut out = Vec::new();
+        for ((rpc, plugin_node, object, place), (n, first, last)) in failing {
+            let node = plugin_node
+                .trim_start_matches("csi-n")
+                .parse::<usize>()
+                .map(|i| i - 1)
+                .unwrap_or(0);
+            let volume = names.get(&object).cloned().unwrap_or_default();
+            // Claims that drive this call: those of the volume on the node, or on any
+            // node for the controller's calls.
+            let runs: u32 = self
+                .runs_on
+                .iter()
+                .filter(|((v, on), _)| {
+                    *v == volume && (*on == node || rpc.starts_with("Controller"))
+                })
+                .map(|(_, r)| *r)
+                .sum();
+            let resets = self.restarts.get(&node).copied().unwrap_or(0) + 4 * runs + 2;
+            let span = last.duration_since(first).unwrap_or_default() + Duration::from_secs(1);
+            let bound = TRIES * (schedule().max_attempts_within(span, false) + resets);
+            if n > bound {
+                out.push(format!(
+                    "{rpc} of {object} ({volume}) at {place} on {plugin_node}: {n} failed calls in {span:?}, at most {bound} allowed"
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// What is left of the cluster's objects, one line each with its status.
+async fn remaining(store: &moor::store::Store) -> Vec<String> {
+    async fn of<S: Spec>(store: &moor::store::Store, out: &mut Vec<String>) {
+        match store.list::<S>("").await {
+            Ok(l) => out.extend(l.items.iter().map(|o| {
+                format!(
+                    "{} {}: {}",
+                    S::KIND,
+                    o.key(),
+                    serde_json::to_string(&o.status).unwrap_or_default()
+                )
+            })),
+            Err(e) => out.push(format!("{}: {e}", S::KIND)),
+        }
+    }
+    let mut out = Vec::new();
+    of::<ClaimSpec>(store, &mut out).await;
+    of::<AttachmentSpec>(store, &mut out).await;
+    of::<MountSpec>(store, &mut out).await;
+    of::<VolumeSpec>(store, &mut out).await;
+    out
+}
+
+fn describe(c: Option<&Call>) -> String {
+    c.map(|c| serde_json::to_string(c).unwrap_or_default())
+        .unwrap_or_else(|| "(end of log)".into())
+}
+
+/// Retries a store call until it succeeds (etcd may be restarting), for up to a minute.
+async fn retry<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("chaos: {what}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+async fn delete<S: Spec>(c: &Cluster, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match c.store.delete::<S>(key, None).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) => return,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("chaos: delete {key}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("delete {key}: {e}"),
+        }
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("MOOR_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_faults_keep_the_invariants() {
+    let seed = seed();
+    let ops: usize = std::env::var("MOOR_CHAOS_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    eprintln!("chaos: seed {seed} ({ops} ops); replay with MOOR_CHAOS_SEED={seed}");
+    let opts = PluginOpts {
+        agent_args: vec![
+            format!("--retry-initial={}ms", RETRY_INITIAL.as_millis()),
+            format!("--retry-cap={}ms", RETRY_CAP.as_millis()),
+        ],
+        controller_args: vec![format!("--node-gc-timeout={}s", NODE_GC.as_secs())],
+        ..Default::default()
+    };
+    let c = Cluster::start(CONTROLLERS, NODES, opts).await;
+    let mut chaos = Chaos {
+        rng: fastrand::Rng::with_seed(seed),
+        c,
+        volumes: BTreeMap::new(),
+        allocs: BTreeMap::new(),
+        next: 0,
+        down: BTreeMap::new(),
+        forced: BTreeSet::new(),
+        restarts: BTreeMap::new(),
+        runs_on: BTreeMap::new(),
+        due: Vec::new(),
+        script: Vec::new(),
+    };
+    let started = Instant::now();
+    for i in 0..ops {
+        chaos.lift_due(i).await;
+        chaos.step(i).await;
+        let ms = chaos.rng.u64(0..800);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let chaos_time = started.elapsed();
+    chaos.drain().await;
+    eprintln!(
+        "chaos: seed {seed}: script {} ms, drained in {} ms",
+        chaos_time.as_millis(),
+        (started.elapsed() - chaos_time).as_millis()
+    );
+    chaos.check();
+}
