@@ -16,7 +16,7 @@
 //!
 //! A run prints its seed; `MOOR_CHAOS_SEED=N cargo test --test chaos` replays it (the
 //! same script; the processes' timing still varies). `MOOR_CHAOS_OPS=N` sets the
-//! script's length (default 30). docs/testing.md records the long runs.
+//! script's length (default 40). docs/testing.md records the long runs.
 
 #[path = "common/cluster.rs"]
 mod cluster;
@@ -91,8 +91,15 @@ struct Alloc {
     deleted: bool,
 }
 
-/// A fault to lift later: (op index due, node, command).
-type Due = (usize, usize, Command);
+/// Something the script undoes later: a fault lifted, a process started again.
+#[derive(Debug)]
+enum Lift {
+    Fault(usize, Command),
+    Restart(Process),
+}
+
+/// A [`Lift`] and the op index it is due at.
+type Due = (usize, Lift);
 
 struct Chaos {
     rng: fastrand::Rng,
@@ -159,11 +166,11 @@ impl Chaos {
             (3, 3),
             (1, 4),
             (1, 5),
-            (3, 6),
-            (1, 7),
+            (5, 6),
+            (2, 7),
             (1, 8),
             (2, 9),
-            (if self.down.is_empty() { 0 } else { 3 }, 10),
+            (0, 10),
             (1, 11),
             (2, 12),
         ];
@@ -187,9 +194,8 @@ impl Chaos {
             6 => self.fail(i, false).await,
             7 => self.fail(i, true).await,
             8 => self.hang(i).await,
-            9 => self.kill().await,
-            10 => self.restart_one().await,
-            11 => self.detach_or_lose_node().await,
+            9 => self.kill(i).await,
+            11 => self.detach_or_lose_node(i).await,
             _ => {
                 let ms = self.rng.u64(0..1500);
                 self.log(format!("pause {ms} ms"));
@@ -321,7 +327,16 @@ impl Chaos {
         let up: Vec<usize> = (0..NODES)
             .filter(|n| !self.is_down(Process::Plugin(*n)))
             .collect();
-        let node = *self.pick(&up)?;
+        let busy: Vec<usize> = up
+            .iter()
+            .copied()
+            .filter(|n| self.allocs.values().any(|a| !a.deleted && a.node == *n))
+            .collect();
+        let node = if !busy.is_empty() && self.rng.u32(0..4) != 0 {
+            *self.pick(&busy)?
+        } else {
+            *self.pick(&up)?
+        };
         let rpc = if node == 0 && self.rng.bool() {
             *self.pick(&CONTROLLER_RPCS)?
         } else {
@@ -367,8 +382,8 @@ impl Chaos {
         )
         .await;
         if persistent {
-            let at = i + self.rng.usize(2..7);
-            self.due.push((at, node, Command::Clear));
+            let at = i + self.rng.usize(3..10);
+            self.due.push((at, Lift::Fault(node, Command::Clear)));
         }
     }
 
@@ -392,7 +407,7 @@ impl Chaos {
         .await;
         let at = i + self.rng.usize(1..5);
         self.due
-            .push((at, node, Command::Release { rpc: rpc.into() }));
+            .push((at, Lift::Fault(node, Command::Release { rpc: rpc.into() })));
     }
 
     /// Sends a fault command; a plugin that is down has none to lift.
@@ -405,13 +420,18 @@ impl Chaos {
     async fn lift_due(&mut self, i: usize) {
         let (now, later): (Vec<Due>, Vec<Due>) = self.due.drain(..).partition(|d| d.0 <= i);
         self.due = later;
-        for (_, node, cmd) in now {
-            self.log(format!("lift {cmd:?} on {}", node_name(node)));
-            self.send(node, cmd).await;
+        for (_, lift) in now {
+            match lift {
+                Lift::Fault(node, cmd) => {
+                    self.log(format!("lift {cmd:?} on {}", node_name(node)));
+                    self.send(node, cmd).await;
+                }
+                Lift::Restart(p) => self.restart(p).await,
+            }
         }
     }
 
-    async fn kill(&mut self) {
+    async fn kill(&mut self, i: usize) {
         let which = self.rng.u32(0..8);
         if which == 0 {
             let ms = self.rng.u64(0..2000);
@@ -432,6 +452,8 @@ impl Chaos {
         self.log(format!("kill -9 {p:?}"));
         self.proc(p).kill();
         self.down.insert(p, Instant::now());
+        let at = i + self.rng.usize(1..4);
+        self.due.push((at, Lift::Restart(p)));
     }
 
     fn proc(&mut self, p: Process) -> &mut cluster::Proc {
@@ -461,16 +483,9 @@ impl Chaos {
         self.proc(p).restart();
     }
 
-    async fn restart_one(&mut self) {
-        let down: Vec<Process> = self.down.keys().copied().collect();
-        if let Some(p) = self.pick(&down).copied() {
-            self.restart(p).await;
-        }
-    }
-
     /// A node goes away (agent and plugin); while it is down an operator may detach
     /// one of its volumes; it comes back later (a restart op, or the end).
-    async fn detach_or_lose_node(&mut self) {
+    async fn detach_or_lose_node(&mut self, i: usize) {
         let down: Vec<usize> = (0..NODES)
             .filter(|n| self.is_down(Process::Agent(*n)))
             .collect();
@@ -511,10 +526,12 @@ impl Chaos {
         }
         let node = self.rng.usize(0..NODES);
         self.log(format!("lose node {}", node_name(node)));
+        let back = i + self.rng.usize(6..14);
         for p in [Process::Agent(node), Process::Plugin(node)] {
             if !self.is_down(p) {
                 self.proc(p).kill();
                 self.down.insert(p, Instant::now());
+                self.due.push((back, Lift::Restart(p)));
             }
         }
     }
@@ -615,8 +632,12 @@ impl Chaos {
             .map(|v| format!("{v}: {}", describe(merged.get(v.index))))
             .collect();
         problems.extend(self.over_schedule(&merged));
+        let mut failed: BTreeMap<&str, u32> = BTreeMap::new();
+        for c in merged.iter().filter(|c| c.code != "OK") {
+            *failed.entry(c.rpc.as_str()).or_default() += 1;
+        }
         eprintln!(
-            "chaos: {} ops, {} calls, {} failed, forced nodes {:?}",
+            "chaos: {} ops, {} calls, {} failed {failed:?}, forced nodes {:?}",
             self.script.len(),
             merged.len(),
             merged.iter().filter(|c| c.code != "OK").count(),
@@ -787,7 +808,7 @@ async fn random_faults_keep_the_invariants() {
     let ops: usize = std::env::var("MOOR_CHAOS_OPS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(30);
+        .unwrap_or(40);
     eprintln!("chaos: seed {seed} ({ops} ops); replay with MOOR_CHAOS_SEED={seed}");
     let opts = PluginOpts {
         agent_args: vec![
