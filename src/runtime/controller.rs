@@ -7,8 +7,9 @@
 //!    burst of triggers for one key collapses into one run (plus one more if triggers
 //!    arrived during the run).
 //! 3. `reconcile(key)` returns an [`Action`]: requeue after a delay, or await the next
-//!    change. An error requeues the key after a per-key exponential backoff (jittered)
-//!    that a success resets.
+//!    change. An error says how it is treated ([`ReconcileError::policy`]): a lost
+//!    write race is looked at again soon and quietly; anything else requeues the key
+//!    after a per-key exponential backoff (jittered) that a success resets.
 //! 4. On shutdown no new run starts and the running ones are awaited.
 
 use futures::stream::{BoxStream, SelectAll};
@@ -36,6 +37,23 @@ pub enum Action {
     Requeue(Duration),
     /// Run again only when something triggers it.
     AwaitChange,
+}
+
+/// How the runtime treats a failed reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorPolicy {
+    /// A guarded write lost a race (usually the cache lagged a write): run again soon,
+    /// quietly, unless it keeps happening.
+    Conflict,
+    /// A failure: logged, and retried on the key's backoff.
+    Backoff,
+}
+
+/// A reconciler's error, which says how the runtime should treat it. Each reconciler
+/// decides; the runtime does not look inside errors.
+pub trait ReconcileError: std::error::Error + Send + 'static {
+    /// How this error is treated.
+    fn policy(&self) -> ErrorPolicy;
 }
 
 /// How a controller runs.
@@ -162,7 +180,7 @@ impl<K: Resource> Controller<K> {
     where
         F: Fn(String) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        E: std::error::Error + Send + 'static,
+        E: ReconcileError,
     {
         let Controller {
             name,
@@ -187,7 +205,8 @@ impl<K: Resource> Controller<K> {
                             outcome: Result<(Duration, Result<Action, E>), String>,
                             reschedule: bool| {
             queue.finish(&key);
-            let conflict = matches!(&outcome, Ok((_, Err(e))) if is_conflict(e));
+            let conflict =
+                matches!(&outcome, Ok((_, Err(e))) if e.policy() == ErrorPolicy::Conflict);
             let (took, result) = match outcome {
                 Ok((took, Err(e))) if conflict => {
                     // A guarded write lost a race (usually our cache lagged a write):
@@ -308,21 +327,6 @@ const CONFLICT_RETRY: Duration = Duration::from_millis(50);
 /// Conflicts in a row on one key retried quietly before they count as failures.
 const QUIET_CONFLICTS: u32 = 10;
 
-/// Whether an error (or one of its causes) is a store write conflict.
-fn is_conflict(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(e);
-    while let Some(err) = cause {
-        if matches!(
-            err.downcast_ref::<crate::store::StoreError>(),
-            Some(crate::store::StoreError::Conflict { .. })
-        ) {
-            return true;
-        }
-        cause = err.source();
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::reflector;
@@ -342,6 +346,12 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("boom")]
     struct Boom;
+
+    impl ReconcileError for Boom {
+        fn policy(&self) -> ErrorPolicy {
+            ErrorPolicy::Backoff
+        }
+    }
 
     fn config(concurrency: usize) -> Config {
         Config {
@@ -486,6 +496,12 @@ mod tests {
         #[derive(Debug, thiserror::Error)]
         #[error("reconcile failed")]
         struct Wrapped(#[source] crate::store::StoreError);
+
+        impl ReconcileError for Wrapped {
+            fn policy(&self) -> ErrorPolicy {
+                self.0.policy()
+            }
+        }
 
         let (reader, _writer) = reflector::store::<Obj>();
         let (tx, keys) = key_channel();

@@ -86,6 +86,11 @@ pub enum MalformedCause {
 }
 
 impl StoreError {
+    /// Whether a guarded write lost to a concurrent change.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StoreError::Conflict { .. })
+    }
+
     /// Whether retrying the same request later may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))
@@ -113,6 +118,17 @@ impl StoreError {
             },
             E::WatchError(_) | E::LeaseKeepAliveError(_) => StoreError::Unavailable(e),
             _ => StoreError::Etcd(e),
+        }
+    }
+}
+
+/// A lost write race is looked at again soon; anything else backs off.
+impl crate::runtime::controller::ReconcileError for StoreError {
+    fn policy(&self) -> crate::runtime::controller::ErrorPolicy {
+        if self.is_conflict() {
+            crate::runtime::controller::ErrorPolicy::Conflict
+        } else {
+            crate::runtime::controller::ErrorPolicy::Backoff
         }
     }
 }

@@ -19,7 +19,7 @@
 use moor::api::*;
 use moor::csi::policy::CsiError;
 use moor::csi::{convert, v1};
-use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
 use moor::runtime::steps::{self, Gate};
@@ -42,6 +42,15 @@ pub enum AttachError {
     /// The plugin has no channel.
     #[error(transparent)]
     NoChannel(#[from] super::NoChannel),
+}
+
+impl ReconcileError for AttachError {
+    fn policy(&self) -> ErrorPolicy {
+        match self {
+            AttachError::Store(e) => e.policy(),
+            _ => ErrorPolicy::Backoff,
+        }
+    }
 }
 
 /// The attacher of one plugin.

@@ -21,7 +21,7 @@ use moor::csi::client::Csi;
 use moor::csi::policy::{Class, CsiError, Policy};
 use moor::csi::{convert, v1};
 use moor::journal::{Journal, JournalError};
-use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::events::Recorder;
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
@@ -72,6 +72,15 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl ReconcileError for NodeError {
+    fn policy(&self) -> ErrorPolicy {
+        match self {
+            NodeError::Store(e) => e.policy(),
+            _ => ErrorPolicy::Backoff,
+        }
+    }
 }
 
 /// The node reconciler and what it needs.

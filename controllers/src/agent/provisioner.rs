@@ -14,7 +14,7 @@
 use moor::api::*;
 use moor::csi::policy::{Class, CsiError};
 use moor::csi::{convert, v1};
-use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
 use moor::runtime::steps::{self, Gate};
@@ -48,6 +48,15 @@ pub enum ProvisionError {
     /// The plugin answered without a volume.
     #[error("CreateVolume answered without a volume id")]
     NoVolume,
+}
+
+impl ReconcileError for ProvisionError {
+    fn policy(&self) -> ErrorPolicy {
+        match self {
+            ProvisionError::Store(e) => e.policy(),
+            _ => ErrorPolicy::Backoff,
+        }
+    }
 }
 
 /// The provisioner of one plugin.

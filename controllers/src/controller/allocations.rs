@@ -11,7 +11,7 @@
 //!    the claims up in `status.phase`.
 
 use moor::api::*;
-use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::StoreError;
 use std::sync::Arc;
@@ -27,6 +27,13 @@ pub enum AllocationError {
     /// Reading or writing etcd failed.
     #[error("store operation failed")]
     Store(#[from] StoreError),
+}
+
+impl ReconcileError for AllocationError {
+    fn policy(&self) -> ErrorPolicy {
+        let AllocationError::Store(e) = self;
+        e.policy()
+    }
 }
 
 /// FNV-1a, 64 bits: a stable hash for shortening names (std's hasher may change).

@@ -21,7 +21,7 @@
 
 use futures::StreamExt;
 use moor::api::*;
-use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::{Batch, StoreError};
@@ -44,6 +44,13 @@ pub enum ClaimError {
     /// Reading or writing etcd failed.
     #[error("store operation failed")]
     Store(#[from] StoreError),
+}
+
+impl ReconcileError for ClaimError {
+    fn policy(&self) -> ErrorPolicy {
+        let ClaimError::Store(e) = self;
+        e.policy()
+    }
 }
 
 /// The informers the controller's reconcilers subscribe to.

@@ -11,7 +11,7 @@
 //! 3. A plugin no node runs any more is deleted.
 
 use moor::api::*;
-use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::StoreError;
 use std::sync::Arc;
@@ -27,6 +27,13 @@ pub enum PluginError {
     /// Reading or writing etcd failed.
     #[error("store operation failed")]
     Store(#[from] StoreError),
+}
+
+impl ReconcileError for PluginError {
+    fn policy(&self) -> ErrorPolicy {
+        let PluginError::Store(e) = self;
+        e.policy()
+    }
 }
 
 /// Runs until `stop`.

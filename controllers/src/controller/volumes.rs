@@ -10,7 +10,7 @@
 //!    claim reconciler as it admits and releases.
 
 use moor::api::*;
-use moor::runtime::controller::{Action, Config, Controller};
+use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::StoreError;
 use std::sync::Arc;
@@ -29,6 +29,13 @@ pub enum VolumeError {
     /// Reading or writing etcd failed.
     #[error("store operation failed")]
     Store(#[from] StoreError),
+}
+
+impl ReconcileError for VolumeError {
+    fn policy(&self) -> ErrorPolicy {
+        let VolumeError::Store(e) = self;
+        e.policy()
+    }
 }
 
 /// Runs until `stop`.
