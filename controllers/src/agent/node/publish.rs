@@ -1,0 +1,266 @@
+//! A claim the controller let onto the node: NodeStage once per staging path (when
+//! the plugin stages), then NodePublish to the allocation's target path. Each step is
+//! recorded as uncertain before its call and done after it.
+
+use super::*;
+
+impl Reconcile {
+    pub(super) async fn publish(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
+        let existing = self.r.local.lock().await.publishes.get(key).cloned();
+        if existing.as_ref().is_some_and(|r| r.released) {
+            return Ok(());
+        }
+        let cfg = self.plugin(&claim.spec.plugin_id)?.clone();
+        let fp = self
+            .r
+            .supervisor
+            .status(&cfg.id)
+            .filter(|s| s.csi_node_id.is_some())
+            .ok_or_else(|| NodeError::PluginNotReady(cfg.id.clone()))?;
+        let stages = fp.capabilities.node.contains("STAGE_UNSTAGE_VOLUME");
+        let cap = match (claim.spec.access_mode, claim.spec.attachment_mode) {
+            (Some(access_mode), Some(attachment_mode)) => VolumeCapability {
+                access_mode,
+                attachment_mode,
+            },
+            _ => return Err(NodeError::Incomplete("its capability")),
+        };
+        let external_id = claim
+            .spec
+            .external_id
+            .clone()
+            .ok_or(NodeError::Incomplete("the volume's external id"))?;
+        let paths = paths(&cfg, claim, cap);
+        let rec = existing.unwrap_or_else(|| PublishRecord {
+            claim_uid: claim.metadata.uid.clone(),
+            namespace: claim.metadata.namespace.clone(),
+            claim: claim.metadata.name.clone(),
+            allocation: claim.spec.allocation.clone(),
+            volume: claim.spec.volume.clone(),
+            plugin_id: cfg.id.clone(),
+            external_id: external_id.clone(),
+            staging_path: stages.then(|| paths.staging_host.clone()),
+            target_path: paths.target_host.clone(),
+            step: Step::Absent,
+            released: false,
+        });
+        self.edit(|s| {
+            s.publishes.insert(key.to_string(), rec.clone());
+        })
+        .await?;
+        self.sync_mount(key, claim, None).await?;
+        let staged = {
+            let local = self.r.local.lock().await;
+            rec.staging_path
+                .as_ref()
+                .and_then(|p| local.stages.get(p))
+                .map(|st| st.step)
+        };
+        let steps = plan::to_publish(&plan::Facts {
+            published: rec.step,
+            released: rec.released,
+            stages: rec.staging_path.is_some(),
+            staged,
+            staging_shared: false,
+        });
+        if steps.is_empty() {
+            // Adopted from an earlier run, or already done.
+            return Ok(());
+        }
+        let volume = self
+            .r
+            .store
+            .get::<VolumeSpec>(&format!(
+                "{}/{}",
+                claim.metadata.namespace, claim.spec.volume
+            ))
+            .await?;
+        let secrets = volume.spec.secrets.expose().clone();
+        let capability = convert::capability(cap, &claim.spec.mount_options);
+        let result = async {
+            for step in steps {
+                match (step, &rec.staging_path) {
+                    (plan::Forward::Stage, Some(staging)) => {
+                        self.ensure_staged(
+                            &cfg,
+                            key,
+                            claim,
+                            staging,
+                            &external_id,
+                            &capability,
+                            &secrets,
+                        )
+                        .await?
+                    }
+                    (plan::Forward::Stage, None) => {}
+                    (plan::Forward::Publish, _) => {
+                        self.ensure_published(
+                            &cfg,
+                            key,
+                            claim,
+                            &rec,
+                            &paths,
+                            &external_id,
+                            &capability,
+                            &secrets,
+                        )
+                        .await?
+                    }
+                }
+            }
+            Ok::<(), NodeError>(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                self.sync_mount(key, claim, None).await?;
+                self.event(claim, "Mount volume", None).await;
+                Ok(())
+            }
+            // Recorded when it failed; nothing new to say.
+            Err(e @ NodeError::BackingOff(..)) => Err(e),
+            Err(e) => {
+                let msg = moor::runtime::controller::error_chain(&e);
+                self.sync_mount(key, claim, Some(msg.clone())).await?;
+                self.event(claim, "Mount volume", Some(msg)).await;
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn ensure_staged(
+        &self,
+        cfg: &PluginConfig,
+        key: &str,
+        claim: &Claim,
+        staging: &Path,
+        external_id: &ExternalVolumeId,
+        capability: &v1::VolumeCapability,
+        secrets: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), NodeError> {
+        let current = self.r.local.lock().await.stages.get(staging).cloned();
+        std::fs::create_dir_all(staging).map_err(|source| NodeError::Io {
+            path: path_str(staging),
+            source,
+        })?;
+        let record = StageRecord {
+            namespace: claim.metadata.namespace.clone(),
+            volume: claim.spec.volume.clone(),
+            plugin_id: cfg.id.clone(),
+            external_id: external_id.clone(),
+            step: Step::Uncertain,
+        };
+        // Gated before the checkpoint: a step that is backing off owes nothing new.
+        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
+        self.gate(key, "NodeStageVolume", inputs)?;
+        self.set_stage(staging, Some(record.clone())).await?;
+        let req = v1::NodeStageVolumeRequest {
+            volume_id: external_id.to_string(),
+            publish_context: claim.spec.publish_context.clone(),
+            staging_target_path: path_str(&plugin_path(cfg, staging)),
+            volume_capability: Some(capability.clone()),
+            secrets: secrets.clone(),
+            volume_context: claim.spec.volume_context.clone(),
+        };
+        let csi = self.csi(cfg)?;
+        let r = self
+            .step(key, "NodeStageVolume", inputs, csi.node_stage(req))
+            .await;
+        match r {
+            Ok(_) => {
+                self.set_stage(
+                    staging,
+                    Some(StageRecord {
+                        step: Step::Done,
+                        ..record
+                    }),
+                )
+                .await
+            }
+            Err(e) => {
+                if is_final(&e) && current.is_none() {
+                    // Took no effect, and nothing was staged before: nothing is owed.
+                    self.set_stage(staging, None).await?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) async fn set_stage(
+        &self,
+        staging: &Path,
+        rec: Option<StageRecord>,
+    ) -> Result<(), NodeError> {
+        self.edit(|s| match rec {
+            Some(r) => {
+                s.stages.insert(staging.to_path_buf(), r);
+            }
+            None => {
+                s.stages.remove(staging);
+            }
+        })
+        .await
+    }
+
+    pub(super) async fn set_publish_step(&self, key: &str, step: Step) -> Result<(), NodeError> {
+        self.edit(|s| {
+            if let Some(p) = s.publishes.get_mut(key) {
+                p.step = step;
+            }
+        })
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn ensure_published(
+        &self,
+        cfg: &PluginConfig,
+        key: &str,
+        claim: &Claim,
+        rec: &PublishRecord,
+        paths: &Paths,
+        external_id: &ExternalVolumeId,
+        capability: &v1::VolumeCapability,
+        secrets: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), NodeError> {
+        if let Some(parent) = paths.target_host.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| NodeError::Io {
+                path: path_str(parent),
+                source,
+            })?;
+        }
+        let before = rec.step;
+        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
+        self.gate(key, "NodePublishVolume", inputs)?;
+        self.set_publish_step(key, Step::Uncertain).await?;
+        let req = v1::NodePublishVolumeRequest {
+            volume_id: external_id.to_string(),
+            publish_context: claim.spec.publish_context.clone(),
+            staging_target_path: rec
+                .staging_path
+                .as_ref()
+                .map(|s| path_str(&plugin_path(cfg, s)))
+                .unwrap_or_default(),
+            target_path: path_str(&paths.target_plugin),
+            volume_capability: Some(capability.clone()),
+            readonly: claim.spec.mode == ClaimMode::Read,
+            secrets: secrets.clone(),
+            volume_context: claim.spec.volume_context.clone(),
+        };
+        let csi = self.csi(cfg)?;
+        let r = self
+            .step(key, "NodePublishVolume", inputs, csi.node_publish(req))
+            .await;
+        match r {
+            Ok(_) => self.set_publish_step(key, Step::Done).await,
+            Err(e) => {
+                if is_final(&e) && before == Step::Absent {
+                    self.set_publish_step(key, Step::Absent).await?;
+                }
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! A released or deleted claim: NodeUnpublish if it may be published, then NodeUnstage
+//! when no other claim uses the staging path and it may be staged; a step whose every
+//! attempt failed with a final answer owes no reverse.
+
+use super::*;
+
+impl Reconcile {
+    pub(super) async fn release(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
+        let rec = self.r.local.lock().await.publishes.get(key).cloned();
+        if let Some(rec) = rec.filter(|r| !r.released) {
+            if let Err(e) = self.teardown(key, &rec).await {
+                if !matches!(e, NodeError::BackingOff(..)) {
+                    let msg = moor::runtime::controller::error_chain(&e);
+                    self.sync_mount(key, claim, Some(msg)).await?;
+                }
+                return Err(e);
+            }
+            self.edit(|s| {
+                if let Some(p) = s.publishes.get_mut(key) {
+                    p.released = true;
+                    p.step = Step::Absent;
+                }
+            })
+            .await?;
+        }
+        self.sync_mount(key, claim, None).await?;
+        Ok(())
+    }
+
+    /// NodeUnpublish if it may be published, then NodeUnstage if no other claim uses the
+    /// staging path and it may be staged.
+    pub(super) async fn teardown(&self, key: &str, rec: &PublishRecord) -> Result<(), NodeError> {
+        if rec.released {
+            return Ok(());
+        }
+        let cfg = self.plugin(&rec.plugin_id)?.clone();
+        let (staging_shared, stage) = match &rec.staging_path {
+            Some(staging) => {
+                let s = self.r.local.lock().await;
+                (
+                    s.staging_in_use(staging, key),
+                    s.stages.get(staging).cloned(),
+                )
+            }
+            None => (false, None),
+        };
+        let steps = plan::to_release(&plan::Facts {
+            published: rec.step,
+            released: rec.released,
+            stages: rec.staging_path.is_some(),
+            staged: stage.as_ref().map(|st| st.step),
+            staging_shared,
+        });
+        let inputs = self.inputs(&rec.claim_uid, 0);
+        for step in steps {
+            match (step, &rec.staging_path) {
+                (plan::Reverse::Unpublish, _) => self.ensure_unpublished(&cfg, key, rec).await?,
+                (plan::Reverse::Unstage, Some(staging)) => {
+                    let volume_id = stage
+                        .as_ref()
+                        .map_or(&rec.external_id, |st| &st.external_id);
+                    let req = v1::NodeUnstageVolumeRequest {
+                        volume_id: volume_id.to_string(),
+                        staging_target_path: path_str(&plugin_path(&cfg, staging)),
+                    };
+                    self.gate(key, "NodeUnstageVolume", inputs)?;
+                    let csi = self.csi(&cfg)?;
+                    self.step(key, "NodeUnstageVolume", inputs, csi.node_unstage(req))
+                        .await?;
+                    self.forget_stage(staging).await?;
+                }
+                (plan::Reverse::ForgetStage, Some(staging)) => self.forget_stage(staging).await?,
+                (plan::Reverse::Unstage | plan::Reverse::ForgetStage, None) => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn ensure_unpublished(
+        &self,
+        cfg: &PluginConfig,
+        key: &str,
+        rec: &PublishRecord,
+    ) -> Result<(), NodeError> {
+        let req = v1::NodeUnpublishVolumeRequest {
+            volume_id: rec.external_id.to_string(),
+            target_path: path_str(&plugin_path(cfg, &rec.target_path)),
+        };
+        let inputs = self.inputs(&rec.claim_uid, 0);
+        self.gate(key, "NodeUnpublishVolume", inputs)?;
+        let csi = self.csi(cfg)?;
+        let result = self
+            .step(key, "NodeUnpublishVolume", inputs, csi.node_unpublish(req))
+            .await;
+        let error = result.as_ref().err().map(|e| e.to_string());
+        self.unmount_event(rec, error).await;
+        result?;
+        self.set_publish_step(key, Step::Absent).await
+    }
+
+    /// Drops the staging path's record; the directory is ours to remove once the
+    /// plugin let go of it.
+    async fn forget_stage(&self, staging: &Path) -> Result<(), NodeError> {
+        self.set_stage(staging, None).await?;
+        let _ = std::fs::remove_dir(staging);
+        Ok(())
+    }
+}

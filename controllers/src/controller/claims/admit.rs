@@ -1,0 +1,147 @@
+//! Admission of a Pending or Denied claim: the pure verdict of [`admission::check`],
+//! then the access-mode rules against the volume's live claims inside one
+//! compare-and-swap that records the claim there.
+
+use super::*;
+
+pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
+    let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
+    let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
+    let checked = admission::check(claim, volume.as_deref(), node.as_deref(), || {
+        ctx.claims.by_index(BY_NODE, claim.spec.node.as_str())
+    });
+    let (admitted, volume) = match (checked, volume) {
+        (Ok(a), Some(v)) => (a, v),
+        (Err(verdict), _) => return refuse(ctx, claim, verdict).await,
+        (Ok(_), None) => return Ok(Action::AwaitChange),
+    };
+    // The access rules, against the volume's live claims, in the same compare-and-swap
+    // that records this claim as one of them.
+    let me = ClaimRef {
+        allocation: claim.spec.allocation.clone(),
+        claim: claim.metadata.name.clone(),
+        node: claim.spec.node.clone(),
+        mode: claim.spec.mode,
+        access_mode: Some(admitted.capability.access_mode),
+    };
+    let mut context = volume.spec.context.clone();
+    context.extend(volume.status.provisioning.volume_context.clone());
+    let mut c = claim.clone();
+    c.spec.access_mode = Some(admitted.capability.access_mode);
+    c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
+    c.spec.external_id = Some(admitted.external_id);
+    c.spec.volume_context = context;
+    c.spec.volume_generation = Some(volume.metadata.generation);
+    c.status.phase = ClaimPhase::Admitted;
+    c.status
+        .meta
+        .set_condition("Admitted", true, "Admitted", "");
+    // The next step in the same write: the node let act when the attachment is ready
+    // or not needed, else the attachment asked for once the admission is recorded.
+    let (state, todo) = attachment_state(ctx, &c).await?;
+    match state {
+        Attach::Wait(why) => c.status.reason = Some(why),
+        Attach::Ready(context) => {
+            c.spec.publish = true;
+            c.spec.publish_context = context;
+            c.status.reason = Some(waiting_for_node(&c));
+        }
+    }
+    let recorded = with_volume(
+        ctx,
+        claim,
+        |v, st| {
+            let live = &mut st.claims;
+            let mine = |r: &ClaimRef| r.claim == me.claim && r.allocation == me.allocation;
+            if live.read_claims.iter().chain(&live.write_claims).any(mine) {
+                return Ok(false);
+            }
+            // The claim records the generation it was admitted at (what an operator's
+            // force detach is compared with): it must be the one admitted against.
+            if v.metadata.generation != volume.metadata.generation {
+                return Err(Refusal::Stale);
+            }
+            let existing: Vec<ClaimRef> = live
+                .read_claims
+                .iter()
+                .chain(&live.write_claims)
+                .cloned()
+                .collect();
+            admission::access(
+                &v.spec,
+                admitted.capability.access_mode,
+                &me.node,
+                me.mode,
+                &existing,
+            )
+            .map_err(|e| Refusal::Deny(e.to_string()))?;
+            match me.mode {
+                ClaimMode::Read => live.read_claims.push(me.clone()),
+                ClaimMode::Write => live.write_claims.push(me.clone()),
+            }
+            Ok(true)
+        },
+        c,
+    )
+    .await;
+    match recorded {
+        Ok(Ok(())) => {}
+        Ok(Err(Refusal::Deny(denied))) => return refuse(ctx, claim, Verdict::Deny(denied)).await,
+        // The volume changed since the cache showed it: decide again on the new one.
+        Ok(Err(Refusal::Stale)) => return Ok(Action::Requeue(Duration::from_millis(50))),
+        Err(ClaimError::Store(StoreError::NotFound { .. })) => {
+            return refuse(
+                ctx,
+                claim,
+                Verdict::Deny(format!("volume {} does not exist", claim.spec.volume)),
+            )
+            .await
+        }
+        Err(e) => return Err(e),
+    }
+    match todo {
+        Some(AttachTodo::Create(att)) => create_attachment(ctx, &att).await?,
+        // Re-planned from the claim as now stored.
+        Some(AttachTodo::Replace(_)) => return Ok(Action::Requeue(Duration::ZERO)),
+        None => {}
+    }
+    Ok(Action::AwaitChange)
+}
+
+/// Why the admission's compare-and-swap did not record the claim.
+pub(super) enum Refusal {
+    /// An access-mode rule denies it.
+    Deny(String),
+    /// The volume is not the one the decision was made on.
+    Stale,
+}
+
+pub(super) async fn refuse(
+    ctx: &Ctx,
+    claim: &Claim,
+    verdict: Verdict,
+) -> Result<Action, ClaimError> {
+    let (phase, reason) = match verdict {
+        Verdict::Wait(r) => (ClaimPhase::Pending, r),
+        Verdict::Deny(r) => (ClaimPhase::Denied, r),
+    };
+    let changed = claim.status.phase != phase || claim.status.reason.as_deref() != Some(&reason);
+    set_status(ctx, claim, |st| {
+        st.phase = phase;
+        st.reason = Some(reason.clone());
+        st.meta
+            .set_condition("Admitted", false, &format!("{phase:?}"), &reason);
+    })
+    .await?;
+    if changed && phase == ClaimPhase::Denied {
+        event(
+            ctx,
+            claim,
+            EventType::Warning,
+            "Claim denied",
+            format!("claim {} denied: {reason}", claim.metadata.name),
+        )
+        .await;
+    }
+    Ok(Action::AwaitChange)
+}

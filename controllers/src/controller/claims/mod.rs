@@ -1,0 +1,332 @@
+//! The claim reconciler: the controller's half of the claim lifecycle.
+//!
+//! Expected flow (each step a checkpoint in etcd; any replica resumes from it):
+//! 1. A claim whose allocation stopped, finished, was deleted or no longer asks for it
+//!    gets `spec.release`.
+//! 2. Pending / Denied: [`admission::check`]; then the access-mode rules against the
+//!    volume's live claims inside a compare-and-swap that records the claim there.
+//!    Admitted claims get their capability, external id and context in `spec`.
+//! 3. Admitted: if the plugin needs ControllerPublish, an Attachment for (volume, node)
+//!    is created (shared by every claim there) and awaited; then `spec.publish` (with
+//!    the publish_context) lets the node agent act. When the Mount says published, the
+//!    claim is Published. The admission's write already carries the first of these
+//!    steps it can take (the attachment asked for, or `spec.publish` when no attachment
+//!    is needed or it is attached already).
+//! 4. Releasing: wait for the node agent's `released` on the Mount (or skip the node:
+//!    an operator's force-detach, or a node gone past `--node-gc-timeout`, each with a
+//!    Warning); when no other live claim of the volume remains on the node, ask the
+//!    attacher to detach and wait for the Attachment to go; then drop the claim from
+//!    the volume's live claims (kept as a past claim) and mark it Released. A Released
+//!    claim whose allocation is gone is deleted.
+
+use futures::StreamExt;
+use moor::api::*;
+use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
+use moor::runtime::informer::Informer;
+use moor::runtime::metrics::ControllerMetrics;
+use moor::store::{Batch, StoreError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+mod admit;
+mod publish;
+mod release;
+
+use admit::admit;
+use publish::{
+    attachment_needed_by_others, attachment_state, create_attachment, publish, waiting_for_node,
+    Attach, AttachTodo,
+};
+use release::{
+    claim_mount, node_done, node_gc_ticks, release, released_frees, waiting_for_unpublish,
+};
+
+use super::admission::{self, Verdict};
+use super::plan::{self, AttachPlan, NodeDone};
+use super::{volume_index, Ctx, BY_NODE, BY_PLUGIN, BY_VOLUME};
+use crate::common::{details, object_ref};
+
+/// How many past claims a volume remembers.
+const PAST_CLAIMS: usize = 16;
+
+/// Why a claim could not be converged.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// Reading or writing etcd failed.
+    #[error("store operation failed")]
+    Store(#[from] StoreError),
+}
+
+impl ReconcileError for ClaimError {
+    fn policy(&self) -> ErrorPolicy {
+        let ClaimError::Store(e) = self;
+        e.policy()
+    }
+}
+
+/// The informers the controller's reconcilers subscribe to.
+pub struct Informers {
+    /// Allocations.
+    pub allocations: Informer<Allocation>,
+    /// Claims.
+    pub claims: Informer<Claim>,
+    /// Volumes.
+    pub volumes: Informer<Volume>,
+    /// Attachments.
+    pub attachments: Informer<Attachment>,
+    /// Mounts.
+    pub mounts: Informer<Mount>,
+    /// Nodes.
+    pub nodes: Informer<Node>,
+    /// Plugins.
+    pub plugins: Informer<Plugin>,
+}
+
+/// The claim key of a request of an allocation.
+pub fn claim_key(node: &NodeName, ns: &Namespace, name: &Name) -> String {
+    format!("claims/{node}/{ns}/{name}")
+}
+
+/// Runs until `stop`.
+pub async fn run(
+    ctx: Ctx,
+    inf: &Informers,
+    config: Config,
+    metrics: ControllerMetrics,
+    stop: CancellationToken,
+) {
+    let claims = ctx.claims.clone();
+    let by_volume = {
+        let claims = claims.clone();
+        move |ns: &Namespace, volume: &str, node: Option<&NodeName>| -> Vec<String> {
+            claims
+                .by_index(BY_VOLUME, &volume_index(ns, volume))
+                .iter()
+                .filter(|c| node.is_none_or(|n| &c.spec.node == n))
+                .map(|c| c.key())
+                .collect()
+        }
+    };
+    let by_volume2 = by_volume.clone();
+    let claims2 = claims.clone();
+    let claims3 = claims.clone();
+    let claims4 = claims.clone();
+    let this = Arc::new(ctx);
+    Controller::new("claims", claims, config)
+        .with_metrics(metrics)
+        .owns(inf.claims.subscribe())
+        .watches(inf.allocations.subscribe(), |a: &Allocation| {
+            super::allocations::requests(a)
+                .into_iter()
+                .map(|(name, _)| claim_key(&a.spec.node, &a.metadata.namespace, &name))
+                .collect()
+        })
+        .watches(inf.mounts.subscribe(), |m: &Mount| {
+            vec![claim_key(
+                &m.spec.node,
+                &m.metadata.namespace,
+                &m.spec.claim,
+            )]
+        })
+        .watches(inf.attachments.subscribe(), move |a: &Attachment| {
+            by_volume(
+                &a.metadata.namespace,
+                a.spec.volume.as_str(),
+                Some(&a.spec.node),
+            )
+        })
+        .watches(inf.volumes.subscribe(), move |v: &Volume| {
+            by_volume2(&v.metadata.namespace, v.metadata.name.as_str(), None)
+        })
+        .watches(inf.nodes.subscribe(), move |n: &Node| {
+            claims2
+                .by_index(BY_NODE, n.metadata.name.as_str())
+                .iter()
+                .map(|c| c.key())
+                .collect()
+        })
+        .watches(inf.plugins.subscribe(), move |p: &Plugin| {
+            claims3
+                .by_index(BY_PLUGIN, p.metadata.name.as_str())
+                .iter()
+                .filter(|c| {
+                    !matches!(c.status.phase, ClaimPhase::Published | ClaimPhase::Released)
+                        || c.spec.release
+                })
+                .map(|c| c.key())
+                .collect()
+        })
+        .watches(inf.claims.subscribe(), released_frees(claims4))
+        .trigger(node_gc_ticks(this.clone()).boxed())
+        .run(
+            move |key| {
+                let this = this.clone();
+                // A conflict (our cache lagged a write) is retried soon by the runtime.
+                async move { reconcile(&this, &key).await }
+            },
+            stop,
+        )
+        .await;
+}
+
+async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
+    ctx.ready().await;
+    let Some(cached) = ctx.claims.get(key) else {
+        return Ok(Action::AwaitChange);
+    };
+    let _guard = ctx
+        .volume_locks
+        .lock(&format!(
+            "{}/{}",
+            cached.metadata.namespace, cached.spec.volume
+        ))
+        .await;
+    // Claims of one volume are serialised; a decision never rests on a cache older
+    // than this process's last write of the claim (then it is read fresh).
+    let Some(claim) = ctx.claim(key).await? else {
+        return Ok(Action::AwaitChange);
+    };
+    let alloc = ctx.allocations.get(&format!(
+        "allocations/{}/{}",
+        claim.metadata.namespace, claim.spec.allocation
+    ));
+    let wanted = alloc.as_ref().is_some_and(|a| {
+        !a.is_deleting()
+            && !a.spec.is_terminal()
+            && super::allocations::requests(a)
+                .iter()
+                .any(|(name, _)| name == &claim.metadata.name)
+    });
+    if !wanted && !claim.spec.release {
+        let mut c = (*claim).clone();
+        c.spec.release = true;
+        // The release's first step in the same write: waiting for the node.
+        if matches!(node_done(ctx, &c), NodeDone::No) {
+            c.status.phase = ClaimPhase::Releasing;
+            c.status.reason = Some(waiting_for_unpublish(&c));
+        }
+        write(ctx, &claim, c).await?;
+        return Ok(Action::AwaitChange);
+    }
+    if claim.spec.release || claim.is_deleting() {
+        return release(ctx, &claim, alloc.is_none()).await;
+    }
+    match claim.status.phase {
+        ClaimPhase::Pending | ClaimPhase::Denied => admit(ctx, &claim).await,
+        ClaimPhase::Admitted | ClaimPhase::Published => publish(ctx, &claim).await,
+        ClaimPhase::Releasing | ClaimPhase::Released => Ok(Action::AwaitChange),
+    }
+}
+
+/// `next` as it is to be written over `claim`, or `None` when nothing changed.
+fn next_claim(claim: &Claim, mut next: Claim) -> Option<Claim> {
+    if next.spec == claim.spec && next.status == claim.status {
+        return None;
+    }
+    if next.status != claim.status {
+        next.status.meta.observed_generation =
+            claim.metadata.generation + i64::from(next.spec != claim.spec);
+    }
+    Some(next)
+}
+
+/// Writes `next` (spec and status at once) over `claim`, as stored, if it differs.
+async fn write(ctx: &Ctx, claim: &Claim, next: Claim) -> Result<(), ClaimError> {
+    if let Some(next) = next_claim(claim, next) {
+        ctx.wrote(&ctx.store.update(claim, &next).await?);
+    }
+    Ok(())
+}
+
+/// Writes `next` over `read` (when given) and `next_claim` over `claim` (when it
+/// differs) in one transaction, guarded by both versions read.
+async fn write_with<S: Spec>(
+    ctx: &Ctx,
+    read: &Object<S>,
+    next: Option<&Object<S>>,
+    claim: &Claim,
+    next_claim: Claim,
+) -> Result<(), StoreError> {
+    let mut batch = Batch::default();
+    let other = next
+        .map(|n| batch.update(&ctx.store, read, n))
+        .transpose()?;
+    let claim_written = self::next_claim(claim, next_claim)
+        .map(|c| batch.update(&ctx.store, claim, &c))
+        .transpose()?;
+    let revision = batch.commit(&ctx.store).await?;
+    ctx.wrote_in(other, revision);
+    ctx.wrote_in(claim_written, revision);
+    Ok(())
+}
+
+/// Edits the status of the claim's volume with `f` (`Ok(false)`: no change; `Err`:
+/// nothing is written and the error returned) and writes `next` over `claim`: one
+/// transaction against the cached volume, guarded by its version and the claim's; if
+/// either changed since (the provisioner writes its own section of the volume), the
+/// volume through a fresh read-modify-write, then the claim.
+async fn with_volume<E>(
+    ctx: &Ctx,
+    claim: &Claim,
+    mut f: impl FnMut(&Volume, &mut VolumeStatus) -> Result<bool, E>,
+    next: Claim,
+) -> Result<Result<(), E>, ClaimError> {
+    let ns = &claim.metadata.namespace;
+    let key = format!("volumes/{ns}/{}", claim.spec.volume);
+    if let Some(read) = ctx.own_writes.fresh(&ctx.store, &ctx.volumes, &key).await? {
+        let mut volume = (*read).clone();
+        if let Err(e) = f(&read, &mut volume.status) {
+            return Ok(Err(e));
+        }
+        let changed = (volume.status != read.status).then_some(&volume);
+        match write_with(ctx, &read, changed, claim, next.clone()).await {
+            Ok(()) => return Ok(Ok(())),
+            Err(StoreError::Conflict { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut verdict = Ok(());
+    let suffix = format!("{ns}/{}", claim.spec.volume);
+    let written = ctx
+        .store
+        .modify_status::<VolumeSpec>(&suffix, |v, st| match f(v, st) {
+            Ok(changed) => {
+                verdict = Ok(());
+                changed
+            }
+            Err(e) => {
+                verdict = Err(e);
+                false
+            }
+        })
+        .await?;
+    ctx.wrote(&written);
+    if verdict.is_ok() {
+        write(ctx, claim, next).await?;
+    }
+    Ok(verdict)
+}
+
+/// Writes the claim's status if `f` changes it.
+async fn set_status(
+    ctx: &Ctx,
+    claim: &Claim,
+    f: impl Fn(&mut ClaimStatus),
+) -> Result<(), ClaimError> {
+    let mut next = claim.clone();
+    f(&mut next.status);
+    write(ctx, claim, next).await
+}
+
+async fn event(ctx: &Ctx, claim: &Claim, type_: EventType, reason: &str, message: String) {
+    let d = details([
+        ("volume_id", claim.spec.volume.to_string()),
+        ("node", claim.spec.node.to_string()),
+        ("allocation", claim.spec.allocation.to_string()),
+    ]);
+    ctx.recorder
+        .record(object_ref(claim), type_, reason, message, d)
+        .await;
+}

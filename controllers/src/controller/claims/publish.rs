@@ -1,0 +1,181 @@
+//! An admitted claim on its way to the node: the Attachment the plugin's capabilities
+//! require ([`plan::attach`]), then `spec.publish` with the publish_context, then
+//! Published when the node's Mount says so.
+
+use super::*;
+
+/// Where a claim's attachment stands.
+pub(super) enum Attach {
+    /// Attached, or the plugin needs none: the node may act, with this context.
+    Ready(BTreeMap<String, String>),
+    /// Not yet, and why.
+    Wait(String),
+}
+
+/// Carries out the claim's controller-publish step ([`plan::attach`]): creates a
+/// missing attachment, asks for the detach of one that does not cover the claim, and
+/// says whether the node may act.
+pub(super) async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach, ClaimError> {
+    let (state, todo) = attachment_state(ctx, claim).await?;
+    match todo {
+        Some(AttachTodo::Create(att)) => create_attachment(ctx, &att).await?,
+        Some(AttachTodo::Replace(att)) => {
+            let mut next = (*att).clone();
+            next.spec.detach = true;
+            ctx.wrote(&ctx.store.update(&att, &next).await?);
+        }
+        None => {}
+    }
+    Ok(state)
+}
+
+pub(super) async fn create_attachment(ctx: &Ctx, att: &Attachment) -> Result<(), ClaimError> {
+    match ctx.store.create(att).await {
+        Ok(created) => ctx.wrote(&created),
+        Err(StoreError::AlreadyExists { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// A write the controller-publish step asks for.
+pub(super) enum AttachTodo {
+    /// Create this attachment.
+    Create(Box<Attachment>),
+    /// Set `detach` on this one (it does not cover the claim and nobody uses it).
+    Replace(Arc<Attachment>),
+}
+
+/// Gathers what [`plan::attach`] decides from and returns its verdict: whether the
+/// node may act, and the write to make first.
+pub(super) async fn attachment_state(
+    ctx: &Ctx,
+    claim: &Claim,
+) -> Result<(Attach, Option<AttachTodo>), ClaimError> {
+    let plugin = ctx
+        .plugins
+        .get(&format!("plugins/{}", claim.spec.plugin_id));
+    let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
+    let needs_attachment = plugin
+        .as_ref()
+        .and_then(|p| p.status.controller_required)
+        .unwrap_or(false);
+    let attachment = if needs_attachment {
+        ctx.attachment(claim).await?
+    } else {
+        None
+    };
+    // Who else uses the attachment matters only when it does not cover this claim
+    // (the scan of the volume's claims stays off the common path).
+    let in_use = match &attachment {
+        Some(att) if !claim.spec.publish && !plan::covers(&att.spec, &claim.spec) => {
+            attachment_needed_by_others(ctx, claim).await?
+        }
+        _ => false,
+    };
+    let plan = plan::attach(&plan::AttachInputs {
+        claim,
+        plugin: plugin.as_deref(),
+        node: node.as_deref(),
+        attachment: attachment.as_deref(),
+        attachment_in_use: in_use,
+    });
+    Ok(match plan {
+        AttachPlan::Ready(context) => (Attach::Ready(context), None),
+        AttachPlan::Wait(why) => (Attach::Wait(why), None),
+        AttachPlan::Create(spec) => {
+            let name = Name::new(format!("{}.{}", spec.volume, spec.node))
+                .unwrap_or_else(|_| claim.metadata.name.clone());
+            let att = Attachment::new(&claim.metadata.namespace, name, spec);
+            let why = "waiting for the volume to be attached".to_string();
+            (Attach::Wait(why), Some(AttachTodo::Create(Box::new(att))))
+        }
+        AttachPlan::Replace => {
+            let why = "waiting for the volume's attachment to be replaced by one for this claim's capability".to_string();
+            (Attach::Wait(why), attachment.map(AttachTodo::Replace))
+        }
+    })
+}
+
+/// Whether another claim of the claim's volume on its node may still be using the
+/// attachment there: it was let onto the node and its node side is not finished. A
+/// claim created since the cache last heard is safe to miss: it finds the attachment
+/// detaching and waits for a new one.
+pub(super) async fn attachment_needed_by_others(
+    ctx: &Ctx,
+    claim: &Claim,
+) -> Result<bool, ClaimError> {
+    for o in ctx.claims.by_index(
+        BY_VOLUME,
+        &volume_index(&claim.metadata.namespace, claim.spec.volume.as_str()),
+    ) {
+        if o.metadata.uid == claim.metadata.uid || o.spec.node != claim.spec.node {
+            continue;
+        }
+        let Some(o) = ctx.claim(&o.key()).await? else {
+            continue;
+        };
+        let needs = o.status.phase != ClaimPhase::Released
+            && (o.spec.publish || o.status.phase.is_live())
+            && node_done(ctx, &o) == NodeDone::No;
+        if needs {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+pub(super) fn waiting_for_node(claim: &Claim) -> String {
+    format!("waiting for node {} to publish", claim.spec.node)
+}
+
+pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
+    let publish_context = match ensure_attachment(ctx, claim).await? {
+        Attach::Ready(context) => context,
+        Attach::Wait(why) => return waiting(ctx, claim, &why).await,
+    };
+    if !claim.spec.publish || claim.spec.publish_context != publish_context {
+        let mut c = claim.clone();
+        c.spec.publish = true;
+        c.spec.publish_context = publish_context;
+        write(ctx, claim, c).await?;
+        return Ok(Action::AwaitChange);
+    }
+    let mount = claim_mount(ctx, claim);
+    let published = mount.as_ref().is_some_and(|m| m.status.published);
+    let node_error = mount
+        .as_ref()
+        .and_then(|m| m.status.meta.last_error.clone());
+    let node_retry = mount.as_ref().and_then(|m| m.status.meta.retry.clone());
+    let was_published = claim.status.phase == ClaimPhase::Published;
+    set_status(ctx, claim, |st| {
+        if published {
+            st.phase = ClaimPhase::Published;
+            st.reason = None;
+        } else {
+            st.reason = Some(waiting_for_node(claim));
+        }
+        st.meta.last_error = node_error.clone();
+        st.meta.retry = node_retry.clone();
+    })
+    .await?;
+    if published && !was_published {
+        event(
+            ctx,
+            claim,
+            EventType::Normal,
+            "Claim published",
+            format!(
+                "volume {} published on node {}",
+                claim.spec.volume, claim.spec.node
+            ),
+        )
+        .await;
+    }
+    Ok(Action::AwaitChange)
+}
+
+async fn waiting(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, ClaimError> {
+    set_status(ctx, claim, |st| st.reason = Some(why.to_string())).await?;
+    Ok(Action::AwaitChange)
+}

@@ -1,0 +1,217 @@
+//! A released claim: wait for the node ([`plan::node_done`]), detach when no other
+//! live claim of the volume remains on the node, drop the claim from the volume, mark
+//! it Released; and the triggers that bring such claims back (a release that frees
+//! others, absent nodes past `--node-gc-timeout`).
+
+use super::*;
+
+/// Maps a claim that reached Released to the Pending and Denied claims its release
+/// may now admit: those of the same volume (access modes), of the same node
+/// (max_volumes_per_node) and of the same plugin.
+pub(super) fn released_frees(
+    claims: moor::runtime::reflector::Store<Claim>,
+) -> impl Fn(&Claim) -> Vec<String> + Send + Sync + 'static {
+    move |released: &Claim| {
+        if released.status.phase != ClaimPhase::Released {
+            return Vec::new();
+        }
+        let waiting = |c: &Arc<Claim>| {
+            matches!(c.status.phase, ClaimPhase::Pending | ClaimPhase::Denied)
+                && !c.spec.release
+                && c.metadata.uid != released.metadata.uid
+        };
+        let volume = volume_index(&released.metadata.namespace, released.spec.volume.as_str());
+        let mut keys: Vec<String> = claims
+            .by_index(BY_VOLUME, &volume)
+            .iter()
+            .chain(claims.by_index(BY_NODE, released.spec.node.as_str()).iter())
+            .chain(
+                claims
+                    .by_index(BY_PLUGIN, released.spec.plugin_id.as_str())
+                    .iter(),
+            )
+            .filter(|c| waiting(c))
+            .map(|c| c.key())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+}
+
+/// With `--node-gc-timeout`, releasing claims on absent nodes are looked at again
+/// every few seconds, so the timeout is noticed without another trigger.
+pub(super) fn node_gc_ticks(ctx: Arc<Ctx>) -> impl futures::Stream<Item = String> + Send {
+    let every = ctx
+        .node_gc_timeout
+        .map(|t| (t / 4).clamp(Duration::from_millis(200), Duration::from_secs(10)));
+    futures::stream::unfold(ctx, move |ctx| async move {
+        match every {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending::<()>().await,
+        }
+        let keys: Vec<String> = ctx
+            .claims
+            .state()
+            .iter()
+            .filter(|c| c.spec.release && c.status.phase != ClaimPhase::Released)
+            .filter(|c| ctx.nodes.get(&format!("nodes/{}", c.spec.node)).is_none())
+            .map(|c| c.key())
+            .collect();
+        Some((futures::stream::iter(keys), ctx))
+    })
+    .flatten()
+}
+
+pub(super) fn waiting_for_unpublish(claim: &Claim) -> String {
+    format!("waiting for node {} to unpublish", claim.spec.node)
+}
+
+/// The Mount the claim's node agent keeps for this very claim (same uid), if any.
+pub(super) fn claim_mount(ctx: &Ctx, claim: &Claim) -> Option<Arc<Mount>> {
+    ctx.mounts
+        .get(&format!(
+            "mounts/{}/{}/{}",
+            claim.spec.node, claim.metadata.namespace, claim.metadata.name
+        ))
+        .filter(|m| m.spec.claim_uid == claim.metadata.uid)
+}
+
+/// Whether the node side of a claim is finished (or skipped): [`plan::node_done`] over
+/// the caches.
+pub(super) fn node_done(ctx: &Ctx, claim: &Claim) -> NodeDone {
+    let mount = claim_mount(ctx, claim);
+    let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
+    let node_gone_for = ctx
+        .node_gc_timeout
+        .and_then(|_| ctx.node_gone_for(&claim.spec.node));
+    plan::node_done(&plan::NodeInputs {
+        claim,
+        mount: mount.as_deref(),
+        volume: volume.as_deref(),
+        node_gone_for,
+        node_gc_timeout: ctx.node_gc_timeout,
+    })
+}
+
+pub(super) async fn release(
+    ctx: &Ctx,
+    claim: &Claim,
+    alloc_gone: bool,
+) -> Result<Action, ClaimError> {
+    if claim.status.phase == ClaimPhase::Released {
+        if alloc_gone {
+            match ctx
+                .store
+                .delete::<ClaimSpec>(&claim.spec.key_suffix(&claim.metadata), None)
+                .await
+            {
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        return Ok(Action::AwaitChange);
+    }
+    match node_done(ctx, claim) {
+        NodeDone::Agent => {}
+        NodeDone::Skipped(why) => {
+            if claim.status.meta.condition("NodeStepsSkipped").is_none() {
+                event(
+                    ctx,
+                    claim,
+                    EventType::Warning,
+                    "Node steps skipped",
+                    format!("releasing without the node: {why}"),
+                )
+                .await;
+            }
+            set_status(ctx, claim, |st| {
+                st.phase = ClaimPhase::Releasing;
+                st.meta
+                    .set_condition("NodeStepsSkipped", true, "NodeGone", &why);
+            })
+            .await?;
+        }
+        NodeDone::No => {
+            let why = waiting_for_unpublish(claim);
+            // The node's failing step, as its Mount shows it.
+            let (error, retry) = claim_mount(ctx, claim)
+                .map(|m| {
+                    (
+                        m.status.meta.last_error.clone(),
+                        m.status.meta.retry.clone(),
+                    )
+                })
+                .unwrap_or_default();
+            set_status(ctx, claim, |st| {
+                st.phase = ClaimPhase::Releasing;
+                st.reason = Some(why.clone());
+                st.meta.last_error = error.clone();
+                st.meta.retry = retry.clone();
+            })
+            .await?;
+            return Ok(Action::AwaitChange);
+        }
+    }
+    // Detach when no other claim of the volume on this node still needs the attachment.
+    let attachment = ctx.attachment(claim).await?;
+    if let Some(att) = attachment {
+        if !attachment_needed_by_others(ctx, claim).await? {
+            // The detach asked for and the claim's reason, in one transaction.
+            let mut detached = (*att).clone();
+            detached.spec.detach = true;
+            let changed = (!att.spec.detach).then_some(&detached);
+            let mut c = claim.clone();
+            c.status.phase = ClaimPhase::Releasing;
+            c.status.reason = Some("waiting for the volume to be detached".into());
+            write_with(ctx, &att, changed, claim, c).await?;
+            return Ok(Action::AwaitChange);
+        }
+    }
+    // Done: dropped from the volume's live claims (remembered as a past one) and marked
+    // Released, in one transaction.
+    let mut released = claim.clone();
+    released.status.phase = ClaimPhase::Released;
+    released.status.reason = None;
+    let dropped = with_volume(
+        ctx,
+        claim,
+        |_, st| {
+            let live = &mut st.claims;
+            let mut gone = None;
+            for list in [&mut live.read_claims, &mut live.write_claims] {
+                if let Some(i) = list.iter().position(|r| {
+                    r.claim == claim.metadata.name && r.allocation == claim.spec.allocation
+                }) {
+                    gone = Some(list.remove(i));
+                }
+            }
+            let Some(r) = gone else {
+                return Ok::<_, std::convert::Infallible>(false);
+            };
+            live.past_claims.push(r);
+            let extra = live.past_claims.len().saturating_sub(PAST_CLAIMS);
+            live.past_claims.drain(..extra);
+            Ok(true)
+        },
+        released.clone(),
+    )
+    .await;
+    match dropped {
+        Ok(_) => {}
+        Err(ClaimError::Store(StoreError::NotFound { .. })) => write(ctx, claim, released).await?,
+        Err(e) => return Err(e),
+    }
+    event(
+        ctx,
+        claim,
+        EventType::Normal,
+        "Claim released",
+        format!(
+            "volume {} released from node {}",
+            claim.spec.volume, claim.spec.node
+        ),
+    )
+    .await;
+    Ok(Action::AwaitChange)
+}
