@@ -142,6 +142,8 @@ async fn malformed_values_do_not_delay_the_rest_of_their_kind(backend: Backend) 
     })
     .await;
     assert_eq!(reader.state().len(), 2, "malformed values are not cached");
+    // Counted where an operator looks (the count is per process: both stores' runs).
+    assert!(moor::runtime::metrics::malformed_count("Volume") >= 60);
     shutdown.cancel();
 }
 

@@ -74,6 +74,7 @@ impl<S: Spec> Informer<Object<S>> {
             match item {
                 Err(WatchError::Malformed(e)) => {
                     tracing::warn!(kind, error = %error_chain(&e), "skipping a malformed value");
+                    super::metrics::malformed_skipped(kind);
                     None
                 }
                 other => Some(other),

@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// The label every controller metric carries.
@@ -13,6 +14,36 @@ use std::time::Duration;
 pub struct ControllerLabel {
     /// The controller's name.
     pub controller: String,
+}
+
+/// The label of per-kind metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The kind's name, e.g. `Volume`.
+    pub kind: String,
+}
+
+/// Stored values skipped because they do not decode as their kind, counted by every
+/// informer of the process each time one is listed or watched. One family per process,
+/// registered in each registry.
+static MALFORMED: LazyLock<Family<KindLabel, Counter>> = LazyLock::new(Family::default);
+
+/// Counts a malformed value of `kind` skipped.
+pub fn malformed_skipped(kind: &str) {
+    MALFORMED
+        .get_or_create(&KindLabel {
+            kind: kind.to_string(),
+        })
+        .inc();
+}
+
+/// Malformed values of `kind` skipped so far in this process.
+pub fn malformed_count(kind: &str) -> u64 {
+    MALFORMED
+        .get_or_create(&KindLabel {
+            kind: kind.to_string(),
+        })
+        .get()
 }
 
 fn duration_histogram() -> Histogram {
@@ -53,6 +84,11 @@ impl Metrics {
             "moor_reconcile_duration_seconds",
             "Time spent in reconcile",
             m.duration.clone(),
+        );
+        registry.register(
+            "moor_malformed_values_skipped",
+            "Stored values skipped because they do not decode as their kind",
+            MALFORMED.clone(),
         );
         m
     }
@@ -134,7 +170,12 @@ mod tests {
         c.record(Duration::from_millis(3), false);
         c.record(Duration::from_millis(3), true);
         c.set_queue_depth(7);
+        malformed_skipped("Claim");
         let text = encode(&registry);
+        assert!(
+            text.contains(r#"moor_malformed_values_skipped_total{kind="Claim"}"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"moor_reconciles_total{controller="claims"} 2"#),
             "{text}"
