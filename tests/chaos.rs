@@ -16,7 +16,7 @@
 //!
 //! A run prints its seed; `MOOR_CHAOS_SEED=N cargo test --test chaos` replays it (the
 //! same script; the processes' timing still varies). `MOOR_CHAOS_OPS=N` sets the
-//! script's length (default 40). docs/testing.md records the long runs.
+//! script's length (default 200). docs/testing.md records the long runs.
 
 #[path = "common/cluster.rs"]
 mod cluster;
@@ -29,7 +29,7 @@ use moor::store::StoreError;
 use moor_hostpath::calllog::Call;
 use moor_hostpath::checker::{self, CheckConfig};
 use moor_hostpath::faults::{self, Command};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The agents' retry schedule in this suite: short, so that a run drains in seconds.
@@ -70,6 +70,11 @@ const RETRYABLE: [&str; 4] = ["Unavailable", "Aborted", "Internal", "ResourceExh
 /// out: for a reverse step it means "already done", and a plugin that says so falsely
 /// lies (moor believes it, by the spec).
 const FINAL: [&str; 2] = ["InvalidArgument", "FailedPrecondition"];
+const FORWARD: [&str; 3] = [
+    "NodeStageVolume",
+    "NodePublishVolume",
+    "ControllerPublishVolume",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Process {
@@ -108,9 +113,11 @@ struct Chaos {
     allocs: BTreeMap<String, Alloc>,
     next: u32,
     /// Processes down, since when.
-    down: BTreeMap<Process, Instant>,
-    /// Moor node names declared gone (force-detached, or collected).
-    forced: BTreeSet<String>,
+    down: BTreeMap<Process, SystemTime>,
+    /// Moor node names declared gone (force-detached, or collected), and since when.
+    forced: BTreeMap<String, SystemTime>,
+    /// Names of the volumes the script created through CSI itself and registered.
+    registered: Vec<(String, AccessMode)>,
     /// Restarts of each node's agent or plugin.
     restarts: BTreeMap<usize, u32>,
     /// (volume, node) → how many allocation runs asked for it there.
@@ -159,7 +166,7 @@ impl Chaos {
 
     /// One random step of the script.
     async fn step(&mut self, i: usize) {
-        let weights: [(u32, u8); 13] = [
+        let weights: [(u32, u8); 14] = [
             (if self.live_volumes().len() < 6 { 3 } else { 0 }, 0),
             (1, 1),
             (6, 2),
@@ -173,6 +180,7 @@ impl Chaos {
             (0, 10),
             (1, 11),
             (2, 12),
+            (if self.live_volumes().len() < 6 { 1 } else { 0 }, 13),
         ];
         let total: u32 = weights.iter().map(|w| w.0).sum();
         let mut roll = self.rng.u32(..total);
@@ -196,6 +204,7 @@ impl Chaos {
             8 => self.hang(i).await,
             9 => self.kill(i).await,
             11 => self.detach_or_lose_node(i).await,
+            13 => self.register_volume().await,
             _ => {
                 let ms = self.rng.u64(0..1500);
                 self.log(format!("pause {ms} ms"));
@@ -356,6 +365,8 @@ impl Chaos {
             // A final answer to a create is a refusal for good (the volume fails);
             // retryable ones only, so that every volume exists by the end.
             1 if rpc != "CreateVolume" => *self.pick(&FINAL).unwrap_or(&"InvalidArgument"),
+            // NotFound is final for a forward step (for a reverse one it means done).
+            2 if FORWARD.contains(&rpc) => "NotFound",
             _ => *self.pick(&RETRYABLE).unwrap_or(&"Unavailable"),
         };
         let times = if persistent {
@@ -405,7 +416,8 @@ impl Chaos {
             },
         )
         .await;
-        let at = i + self.rng.usize(1..5);
+        // Often past the agents' --csi-timeout (5 s): the caller gives up first.
+        let at = i + self.rng.usize(1..12);
         self.due
             .push((at, Lift::Fault(node, Command::Release { rpc: rpc.into() })));
     }
@@ -451,7 +463,7 @@ impl Chaos {
         }
         self.log(format!("kill -9 {p:?}"));
         self.proc(p).kill();
-        self.down.insert(p, Instant::now());
+        self.down.insert(p, SystemTime::now());
         let at = i + self.rng.usize(1..4);
         self.due.push((at, Lift::Restart(p)));
     }
@@ -468,7 +480,7 @@ impl Chaos {
         let Some(since) = self.down.remove(&p) else {
             return;
         };
-        let gone = since.elapsed();
+        let gone = since.elapsed().unwrap_or_default();
         self.log(format!("restart {p:?} (down {} ms)", gone.as_millis()));
         if let Process::Agent(n) | Process::Plugin(n) = p {
             *self.restarts.entry(n).or_default() += 1;
@@ -477,10 +489,97 @@ impl Chaos {
             // Down long enough for its Node to expire and be collected: the
             // controller may have released its claims without it.
             if gone + Duration::from_secs(1) > NODE_TTL + NODE_GC {
-                self.forced.insert(node_name(n));
+                self.forced.entry(node_name(n)).or_insert(since);
             }
         }
         self.proc(p).restart();
+    }
+
+    /// `moorctl volume detach` of one of the volumes a node's allocations use; from
+    /// then on the node counts as gone for that volume's invariants.
+    async fn detach(&mut self, node: usize) {
+        let vols: Vec<String> = self
+            .allocs
+            .values()
+            .filter(|a| a.node == node)
+            .map(|a| a.volume.clone())
+            .filter(|v| self.volumes.get(v).is_some_and(|v| !v.deleted))
+            .collect();
+        let Some(volume) = self.pick(&vols).cloned() else {
+            return;
+        };
+        let up = if self.is_down(Process::Agent(node)) {
+            "down"
+        } else {
+            "up"
+        };
+        self.log(format!(
+            "moorctl volume detach {volume} --node {} (node {up})",
+            node_name(node)
+        ));
+        self.forced
+            .entry(node_name(node))
+            .or_insert_with(SystemTime::now);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_moorctl"))
+            .args([
+                "--endpoints",
+                &self.c.etcd.client_url,
+                "volume",
+                "detach",
+                &volume,
+                "--node",
+                &node_name(node),
+            ])
+            .output()
+            .expect("run moorctl");
+        assert!(
+            out.status.success(),
+            "moorctl volume detach: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A volume created through the plugin's own CreateVolume (as an operator's storage
+    /// team would) and registered by its external id.
+    async fn register_volume(&mut self) {
+        if self.is_down(Process::Plugin(0)) {
+            return;
+        }
+        self.next += 1;
+        let name = format!("r{}", self.next);
+        let mode = if self.rng.bool() {
+            AccessMode::SingleNodeWriter
+        } else {
+            AccessMode::MultiNodeReaderOnly
+        };
+        self.log(format!("register volume {name} {mode:?}"));
+        // Deleted through the plugin at the end, whether this call answers or not.
+        self.registered.push((name.clone(), mode));
+        let created = match csi_create(&self.c, &name, mode).await {
+            Ok(v) => v,
+            Err(e) => {
+                self.log(format!("register volume {name}: CreateVolume failed: {e}"));
+                return;
+            }
+        };
+        let mut vol = self.c.volume(&name, mode);
+        vol.spec.capacity_min = None;
+        vol.spec.external_id =
+            Some(ExternalVolumeId::new(&created.volume_id).expect("a volume id"));
+        vol.spec.context = created.volume_context.into_iter().collect();
+        retry(&format!("register volume {name}"), || {
+            self.c.store.create(&vol)
+        })
+        .await;
+        self.volumes.insert(
+            name.clone(),
+            Vol {
+                // CreateVolume's name: how the call log names it.
+                uid: name,
+                mode,
+                deleted: false,
+            },
+        );
     }
 
     /// A node goes away (agent and plugin); while it is down an operator may detach
@@ -490,47 +589,18 @@ impl Chaos {
             .filter(|n| self.is_down(Process::Agent(*n)))
             .collect();
         if let Some(node) = self.pick(&down).copied() {
-            let vols: Vec<String> = self
-                .allocs
-                .values()
-                .filter(|a| a.node == node)
-                .map(|a| a.volume.clone())
-                .filter(|v| self.volumes.get(v).is_some_and(|v| !v.deleted))
-                .collect();
-            let Some(volume) = self.pick(&vols).cloned() else {
-                return;
-            };
-            self.log(format!(
-                "moorctl volume detach {volume} --node {}",
-                node_name(node)
-            ));
-            self.forced.insert(node_name(node));
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_moorctl"))
-                .args([
-                    "--endpoints",
-                    &self.c.etcd.client_url,
-                    "volume",
-                    "detach",
-                    &volume,
-                    "--node",
-                    &node_name(node),
-                ])
-                .output()
-                .expect("run moorctl");
-            assert!(
-                out.status.success(),
-                "moorctl volume detach: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return;
+            return self.detach(node).await;
         }
         let node = self.rng.usize(0..NODES);
+        if self.rng.u32(0..3) == 0 {
+            return self.detach(node).await;
+        }
         self.log(format!("lose node {}", node_name(node)));
         let back = i + self.rng.usize(6..14);
         for p in [Process::Agent(node), Process::Plugin(node)] {
             if !self.is_down(p) {
                 self.proc(p).kill();
-                self.down.insert(p, Instant::now());
+                self.down.insert(p, SystemTime::now());
                 self.due.push((back, Lift::Restart(p)));
             }
         }
@@ -581,6 +651,25 @@ impl Chaos {
             delete::<VolumeSpec>(&self.c, &format!("default/{name}")).await;
         }
         self.settle("everything gone", || remaining(&store)).await;
+        // The registered volumes are the storage team's to delete (moor never creates
+        // or deletes them).
+        for (name, mode) in self.registered.clone() {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let r = match csi_create(&self.c, &name, mode).await {
+                    Ok(v) => csi_delete(&self.c, &v.volume_id).await,
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(()) => break,
+                    Err(e) if Instant::now() < deadline => {
+                        eprintln!("chaos: delete registered {name}: {e}; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => panic!("delete registered {name}: {e}"),
+                }
+            }
+        }
     }
 
     /// Waits for `left` to list nothing; after [`DRAIN`], fails with what it lists.
@@ -624,7 +713,16 @@ impl Chaos {
             stage_required: true,
             expect_released: true,
             expect_deleted: true,
-            forced_nodes: self.forced.iter().map(|n| format!("csi-{n}")).collect(),
+            forced_nodes: self
+                .forced
+                .iter()
+                .map(|(n, t)| {
+                    (
+                        format!("csi-{n}"),
+                        humantime::format_rfc3339_millis(*t).to_string(),
+                    )
+                })
+                .collect(),
             ..Default::default()
         };
         let mut problems: Vec<String> = checker::check(&merged, &cfg)
@@ -641,7 +739,7 @@ impl Chaos {
             self.script.len(),
             merged.len(),
             merged.iter().filter(|c| c.code != "OK").count(),
-            self.forced
+            self.forced.keys().collect::<Vec<_>>()
         );
         if !problems.is_empty() {
             self.c.dump_logs();
@@ -729,6 +827,52 @@ impl Chaos {
     }
 }
 
+/// The CSI client of n1's plugin (the controller service), for what the script does
+/// as the storage team.
+fn csi(c: &Cluster) -> moor::csi::client::Csi {
+    let sock = c.nodes[0].dir.join("csi.sock");
+    let channel = moor::csi::channel(&format!("unix://{}", sock.display())).expect("a channel");
+    let policy = moor::csi::policy::Policy {
+        tries: 1,
+        per_try_timeout: Duration::from_secs(3),
+        ..Default::default()
+    };
+    moor::csi::client::Csi::new(channel, policy)
+}
+
+async fn csi_create(
+    c: &Cluster,
+    name: &str,
+    mode: AccessMode,
+) -> Result<moor::csi::v1::Volume, moor::csi::policy::CsiError> {
+    let cap = VolumeCapability {
+        access_mode: mode,
+        attachment_mode: AttachmentMode::FileSystem,
+    };
+    let req = moor::csi::v1::CreateVolumeRequest {
+        name: name.to_string(),
+        capacity_range: Some(moor::csi::v1::CapacityRange {
+            required_bytes: 1 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![moor::csi::convert::capability(
+            cap,
+            &MountOptions::default(),
+        )],
+        ..Default::default()
+    };
+    let r = csi(c).create_volume(req).await?;
+    Ok(r.volume.unwrap_or_default())
+}
+
+async fn csi_delete(c: &Cluster, id: &str) -> Result<(), moor::csi::policy::CsiError> {
+    let req = moor::csi::v1::DeleteVolumeRequest {
+        volume_id: id.to_string(),
+        ..Default::default()
+    };
+    csi(c).delete_volume(req).await.map(|_| ())
+}
+
 /// What is left of the cluster's objects, one line each with its status.
 async fn remaining(store: &moor::store::Store) -> Vec<String> {
     async fn of<S: Spec>(store: &moor::store::Store, out: &mut Vec<String>) {
@@ -808,7 +952,7 @@ async fn random_faults_keep_the_invariants() {
     let ops: usize = std::env::var("MOOR_CHAOS_OPS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
+        .unwrap_or(200);
     eprintln!("chaos: seed {seed} ({ops} ops); replay with MOOR_CHAOS_SEED={seed}");
     let opts = PluginOpts {
         agent_args: vec![
@@ -826,7 +970,8 @@ async fn random_faults_keep_the_invariants() {
         allocs: BTreeMap::new(),
         next: 0,
         down: BTreeMap::new(),
-        forced: BTreeSet::new(),
+        forced: BTreeMap::new(),
+        registered: Vec::new(),
         restarts: BTreeMap::new(),
         runs_on: BTreeMap::new(),
         due: Vec::new(),

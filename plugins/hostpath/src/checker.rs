@@ -19,8 +19,9 @@
 //!    deleted (when the test expects every volume deleted).
 //!
 //! A node an operator declared gone (`moorctl volume detach`, or a node collected
-//! after `--node-gc-timeout`) is *forced*: its stages and publishes no longer hold the
-//! volume (invariants 1 and 3 skip them), since moor was told to act without it.
+//! after `--node-gc-timeout`) is *forced* from that time on: its stages and publishes
+//! no longer hold the volume (invariants 1 and 3 skip them), since moor was told to act
+//! without it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -43,8 +44,9 @@ pub struct CheckConfig {
     /// Every volume was deleted by the end: a volume handed out and never deleted is a
     /// leak (invariant 7).
     pub expect_deleted: bool,
-    /// CSI node ids declared gone during the run (see the module docs).
-    pub forced_nodes: BTreeSet<String>,
+    /// CSI node ids declared gone during the run, each with the time (RFC 3339, as
+    /// the call log writes it) from which it counts as gone (see the module docs).
+    pub forced_nodes: BTreeMap<String, String>,
 }
 
 /// One broken invariant.
@@ -157,7 +159,11 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
     // Volumes handed out and not deleted yet; volumes deleted.
     let mut created: BTreeSet<String> = BTreeSet::new();
     let mut deleted: BTreeSet<String> = BTreeSet::new();
-    let forced = |n: &str| cfg.forced_nodes.contains(n);
+    let forced = |n: &str, at: &str| {
+        cfg.forced_nodes
+            .get(n)
+            .is_some_and(|from| at >= from.as_str())
+    };
     let s = |o: &Option<String>| o.clone().unwrap_or_default();
 
     for (i, c) in calls.iter().enumerate() {
@@ -176,13 +182,13 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
         if c.rpc == "DeleteVolume" {
             let in_use = attached
                 .keys()
-                .find(|(av, an)| *av == vol && !forced(an))
+                .find(|(av, an)| *av == vol && !forced(an, &c.time))
                 .map(|(_, n)| n.clone())
                 .or_else(|| {
                     staged
                         .keys()
                         .chain(published.keys())
-                        .find(|(n, sv, _)| *sv == vol && !forced(n))
+                        .find(|(n, sv, _)| *sv == vol && !forced(n, &c.time))
                         .map(|(n, _, _)| n.clone())
                 });
             if let (Some(n), true) = (in_use, acted) {
@@ -215,7 +221,7 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                 ),
             });
         }
-        if uses_volume && deleted.contains(&vol) && !forced(&node) {
+        if uses_volume && deleted.contains(&vol) && !forced(&node, &c.time) {
             v.push(Violation {
                 invariant: 6,
                 index: i,
@@ -237,7 +243,7 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                 if acted && single_node(c.access_mode.as_deref()) {
                     if let Some(((_, other), _)) = attached
                         .iter()
-                        .find(|((av, an), _)| *av == vol && *an != target && !forced(an))
+                        .find(|((av, an), _)| *av == vol && *an != target && !forced(an, &c.time))
                     {
                         v.push(Violation {
                             invariant: 1,
@@ -269,7 +275,7 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                     vec![target.clone()]
                 };
                 for n in &nodes {
-                    let busy = !forced(n)
+                    let busy = !forced(n, &c.time)
                         && (staged.keys().any(|(sn, sv, _)| sn == n && *sv == vol)
                             || published.keys().any(|(pn, pv, _)| pn == n && *pv == vol));
                     if busy {
@@ -376,9 +382,10 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                 let readonly = c.readonly.unwrap_or(false);
                 if acted {
                     if single_node(c.access_mode.as_deref()) {
-                        if let Some(((other, _, _), _)) = published
-                            .iter()
-                            .find(|((pn, pv, _), _)| *pv == vol && *pn != node && !forced(pn))
+                        if let Some(((other, _, _), _)) =
+                            published.iter().find(|((pn, pv, _), _)| {
+                                *pv == vol && *pn != node && !forced(pn, &c.time)
+                            })
                         {
                             v.push(Violation {
                                 invariant: 1,
@@ -392,7 +399,7 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                             published.iter().find(|((pn, pv, pt), (_, p))| {
                                 *pv == vol
                                     && !p.readonly
-                                    && !forced(pn)
+                                    && !forced(pn, &c.time)
                                     && (*pn != node || *pt != target)
                             })
                         {
@@ -719,9 +726,15 @@ mod tests {
         let strict = check_with(&log, |_| {});
         assert!(strict.contains(&1) && strict.contains(&3), "{strict:?}");
         let forced = check_with(&log, |c| {
-            c.forced_nodes.insert("n1".into());
+            c.forced_nodes.insert("n1".into(), String::new());
         });
         assert_eq!(forced, Vec::<u8>::new());
+        // Declared gone only after all of it: nothing excused.
+        let late = check_with(&log, |c| {
+            c.forced_nodes
+                .insert("n1".into(), "9999-01-01T00:00:00.000Z".into());
+        });
+        assert_eq!(late, strict);
     }
 
     #[test]
