@@ -331,6 +331,36 @@ impl Reconcile {
         }
     }
 
+    /// Runs a forward CSI step as a checkpoint in the local state: gated first (a step
+    /// that is backing off records nothing new), then recorded as uncertain by `mark`
+    /// before the call and done after OK. A final answer to a step that had not taken
+    /// effect before (`before` Absent) records it Absent again: nothing is owed. Any
+    /// other failure leaves it uncertain, so its reverse stays owed.
+    async fn checkpointed<T>(
+        &self,
+        key: &str,
+        step: &'static str,
+        inputs: u64,
+        before: Step,
+        mark: impl Fn(&mut LocalState, Step),
+        call: impl std::future::Future<Output = Result<T, CsiError>>,
+    ) -> Result<T, NodeError> {
+        self.gate(key, step, inputs)?;
+        self.edit(|s| mark(s, Step::Uncertain)).await?;
+        match self.step(key, step, inputs, call).await {
+            Ok(v) => {
+                self.edit(|s| mark(s, Step::Done)).await?;
+                Ok(v)
+            }
+            Err(e) => {
+                if is_final(&e) && before == Step::Absent {
+                    self.edit(|s| mark(s, Step::Absent)).await?;
+                }
+                Err(e)
+            }
+        }
+    }
+
     fn plugin(&self, id: &PluginId) -> Result<&PluginConfig, NodeError> {
         self.r
             .plugins

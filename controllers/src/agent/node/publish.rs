@@ -151,10 +151,6 @@ impl Reconcile {
             external_id: external_id.clone(),
             step: Step::Uncertain,
         };
-        // Gated before the checkpoint: a step that is backing off owes nothing new.
-        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
-        self.gate(key, "NodeStageVolume", inputs)?;
-        self.set_stage(staging, Some(record.clone())).await?;
         let req = v1::NodeStageVolumeRequest {
             volume_id: external_id.to_string(),
             publish_context: claim.spec.publish_context.clone(),
@@ -164,28 +160,31 @@ impl Reconcile {
             volume_context: claim.spec.volume_context.clone(),
         };
         let csi = self.csi(cfg)?;
-        let r = self
-            .step(key, "NodeStageVolume", inputs, csi.node_stage(req))
-            .await;
-        match r {
-            Ok(_) => {
-                self.set_stage(
-                    staging,
-                    Some(StageRecord {
-                        step: Step::Done,
-                        ..record
-                    }),
-                )
-                .await
+        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
+        let before = current.map_or(Step::Absent, |c| c.step);
+        let mark = |s: &mut LocalState, step: Step| {
+            if step == Step::Absent {
+                s.stages.remove(staging);
+            } else {
+                s.stages.insert(
+                    staging.to_path_buf(),
+                    StageRecord {
+                        step,
+                        ..record.clone()
+                    },
+                );
             }
-            Err(e) => {
-                if is_final(&e) && current.is_none() {
-                    // Took no effect, and nothing was staged before: nothing is owed.
-                    self.set_stage(staging, None).await?;
-                }
-                Err(e)
-            }
-        }
+        };
+        self.checkpointed(
+            key,
+            "NodeStageVolume",
+            inputs,
+            before,
+            mark,
+            csi.node_stage(req),
+        )
+        .await
+        .map(|_| ())
     }
 
     pub(super) async fn set_stage(
@@ -231,10 +230,6 @@ impl Reconcile {
                 source,
             })?;
         }
-        let before = rec.step;
-        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
-        self.gate(key, "NodePublishVolume", inputs)?;
-        self.set_publish_step(key, Step::Uncertain).await?;
         let req = v1::NodePublishVolumeRequest {
             volume_id: external_id.to_string(),
             publish_context: claim.spec.publish_context.clone(),
@@ -250,17 +245,21 @@ impl Reconcile {
             volume_context: claim.spec.volume_context.clone(),
         };
         let csi = self.csi(cfg)?;
-        let r = self
-            .step(key, "NodePublishVolume", inputs, csi.node_publish(req))
-            .await;
-        match r {
-            Ok(_) => self.set_publish_step(key, Step::Done).await,
-            Err(e) => {
-                if is_final(&e) && before == Step::Absent {
-                    self.set_publish_step(key, Step::Absent).await?;
-                }
-                Err(e)
+        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
+        let mark = |s: &mut LocalState, step: Step| {
+            if let Some(p) = s.publishes.get_mut(key) {
+                p.step = step;
             }
-        }
+        };
+        self.checkpointed(
+            key,
+            "NodePublishVolume",
+            inputs,
+            rec.step,
+            mark,
+            csi.node_publish(req),
+        )
+        .await
+        .map(|_| ())
     }
 }
