@@ -315,3 +315,130 @@ async fn an_agent_cannot_write_another_node_s_keys() {
     })
     .await;
 }
+
+/// The endpoint (index) of the member that leads the cluster now.
+async fn leader_index(endpoints: &[String]) -> Option<usize> {
+    for (i, ep) in endpoints.iter().enumerate() {
+        let Ok(mut c) = etcd_client::Client::connect([ep], None).await else {
+            continue;
+        };
+        if let Ok(s) = c.status().await {
+            if s.header().map(|h| h.member_id()) == Some(s.leader()) {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+/// `n` volumes and `n` allocations claiming them, as one manifest.
+fn big_manifest(n: usize, seed: u64) -> String {
+    let mut out = String::new();
+    for i in 0..n {
+        out.push_str(&format!(
+            "apiVersion: moor/v1\nkind: Volume\nmetadata: {{name: v{i}, labels: {{seed: \"{seed}\"}}}}\nspec:\n  plugin_id: hostpath.moor.dev\n  capacity_min: {}MiB\n  capabilities:\n    - {{access_mode: single-node-writer, attachment_mode: file-system}}\n---\n",
+            1 + i
+        ));
+        out.push_str(&format!(
+            "apiVersion: moor/v1\nkind: Allocation\nmetadata: {{name: a{i}}}\nspec:\n  node: n{}\n  volumes:\n    - {{name: data, volume: v{i}}}\n---\n",
+            i % 3
+        ));
+    }
+    out
+}
+
+fn moorctl(endpoints: &[String]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_moorctl"));
+    cmd.arg("--endpoints").arg(endpoints.join(","));
+    cmd
+}
+
+/// Issue 16: the leader member killed (SIGKILL) at a random point of an apply of a few
+/// hundred objects; the apply ends with every object written exactly as the manifest
+/// says and exit 0, and a second apply changes nothing.
+#[tokio::test]
+async fn moorctl_apply_rides_out_the_death_of_the_leader_member() {
+    for seed in [1u64, 2, 3] {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("etcd");
+        let out = run(Command::new("bash")
+            .arg(deploy("cluster3.sh"))
+            .arg("start")
+            .arg(&dir)
+            .arg(free_base().to_string()));
+        let _cluster = Cluster3(dir.clone());
+        let endpoints: Vec<String> = out
+            .trim()
+            .lines()
+            .last()
+            .unwrap()
+            .split(',')
+            .map(String::from)
+            .collect();
+        let manifest = tmp.path().join("many.yaml");
+        std::fs::write(&manifest, big_manifest(150, seed)).unwrap();
+        let apply = moorctl(&endpoints)
+            .arg("apply")
+            .arg("-f")
+            .arg(&manifest)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let leader = leader_index(&endpoints).await.expect("a leader");
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..1500))).await;
+        let pid = std::fs::read_to_string(dir.join(format!("m{}.pid", leader + 1))).unwrap();
+        Command::new("kill")
+            .arg("-9")
+            .arg(pid.trim())
+            .status()
+            .unwrap();
+        let done = apply.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&done.stdout);
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        assert!(
+            done.status.success(),
+            "seed {seed}: apply failed:\n{stdout}\n{stderr}"
+        );
+        assert_eq!(stdout.lines().count(), 300, "seed {seed}: {stdout}");
+        // Every object as the manifest says, read from the surviving members.
+        let store = Store::connect(&endpoints, "/moor/").await.unwrap();
+        let wanted = moor::api::parse_manifests(&std::fs::read_to_string(&manifest).unwrap());
+        let volumes = store.list::<moor::api::VolumeSpec>("").await.unwrap();
+        let allocations = store.list::<moor::api::AllocationSpec>("").await.unwrap();
+        assert_eq!(volumes.items.len(), 150, "seed {seed}");
+        assert_eq!(allocations.items.len(), 150, "seed {seed}");
+        for w in wanted {
+            match w.unwrap() {
+                moor::api::AnyObject::Volume(v) => {
+                    let got = volumes.items.iter().find(|s| s.key() == v.key()).unwrap();
+                    assert_eq!(got.spec, v.spec, "seed {seed}: {}", v.key());
+                    assert_eq!(got.metadata.labels, v.metadata.labels);
+                }
+                moor::api::AnyObject::Allocation(a) => {
+                    let got = allocations
+                        .items
+                        .iter()
+                        .find(|s| s.key() == a.key())
+                        .unwrap();
+                    assert_eq!(got.spec, a.spec, "seed {seed}: {}", a.key());
+                }
+                other => panic!("unexpected {}", other.key()),
+            }
+        }
+        // A second apply changes nothing.
+        let again = moorctl(&endpoints)
+            .arg("apply")
+            .arg("-f")
+            .arg(&manifest)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&again.stdout);
+        assert!(again.status.success(), "seed {seed}: {text}");
+        assert!(
+            text.lines().all(|l| l.ends_with(" unchanged")),
+            "seed {seed}: {text}"
+        );
+    }
+}

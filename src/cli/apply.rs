@@ -40,21 +40,33 @@ impl Apply {
             eprintln!("{}: no documents", self.file);
             return Ok(1);
         }
-        let mut failed = 0;
-        for result in results {
-            let outcome = match result {
-                Ok(obj) => apply_any(ctx, obj).await,
-                Err(e) => Err(anyhow::Error::new(e)),
+        let total = results.len();
+        let mut not_applied = Vec::new();
+        let mut last_error = String::new();
+        for (i, result) in results.into_iter().enumerate() {
+            let (name, outcome) = match result {
+                Ok(obj) => (obj.key(), apply_any(ctx, obj).await),
+                Err(e) => (format!("document {}", i + 1), Err(anyhow::Error::new(e))),
             };
             match outcome {
                 Ok(line) => println!("{line}"),
                 Err(e) => {
-                    failed += 1;
-                    eprintln!("error: {}", error_chain(e.as_ref()));
+                    last_error = error_chain(e.as_ref());
+                    eprintln!("error: {last_error}");
+                    not_applied.push(name);
                 }
             }
         }
-        Ok(if failed > 0 { 1 } else { 0 })
+        if not_applied.is_empty() {
+            return Ok(0);
+        }
+        // Every other object was written (the lines above say how); these were not.
+        eprintln!(
+            "{} of {total} objects applied; not applied: {}; last error: {last_error}",
+            total - not_applied.len(),
+            not_applied.join(", ")
+        );
+        Ok(1)
     }
 }
 
@@ -71,48 +83,135 @@ async fn apply_any(ctx: &Ctx, obj: AnyObject) -> anyhow::Result<String> {
     }
 }
 
+/// How long a write whose outcome is unknown (etcd unreachable, a member gone, a
+/// deadline) is retried before apply gives up on the object.
+const UNKNOWN_OUTCOME_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What apply sent for an object whose answer never came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Nothing,
+    Create,
+    Update,
+}
+
 /// Creates the object, or updates the stored one's spec and labels (status and
 /// finalizers stay the reconcilers'). A manifest that carries a resource_version is
 /// applied only over that version, so a stale copy never overwrites a newer one.
+///
+/// A write whose outcome is unknown (etcd unavailable: a connection reset, a member
+/// gone, a deadline) is not an answer: the object is read again, on whichever member
+/// answers, to learn whether the write took effect, and applied again if it did not.
+/// A create that landed is recognised by its content; an update is re-applied over the
+/// version now stored.
 async fn apply_one<S: Spec>(ctx: &Ctx, obj: Object<S>) -> anyhow::Result<String> {
+    let deadline = tokio::time::Instant::now() + UNKNOWN_OUTCOME_RETRY;
+    let mut sent = Sent::Nothing;
+    let mut delay = std::time::Duration::from_millis(100);
+    loop {
+        match apply_once(ctx, &obj, &mut sent).await {
+            Err(ApplyError::Store(e))
+                if e.is_transient() && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::debug!(error = %error_chain(&e), "outcome unknown; reading the object again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(2));
+            }
+            // A write of ours whose answer was lost landed after all: look again.
+            Err(ApplyError::Again) if tokio::time::Instant::now() < deadline => {}
+            Err(ApplyError::Again) => {
+                return Err(
+                    Refused("it kept changing while applying; run apply again".into()).into(),
+                )
+            }
+            Err(ApplyError::Store(e)) => return Err(e.into()),
+            Err(ApplyError::Refused(r)) => return Err(r.into()),
+            Ok(line) => return Ok(line),
+        }
+    }
+}
+
+enum ApplyError {
+    Store(StoreError),
+    Refused(Refused),
+    /// The stored object changed under a write after an earlier write's answer was
+    /// lost (that write may be what changed it): read it again.
+    Again,
+}
+
+impl From<StoreError> for ApplyError {
+    fn from(e: StoreError) -> Self {
+        ApplyError::Store(e)
+    }
+}
+
+fn refused(msg: String) -> ApplyError {
+    ApplyError::Refused(Refused(msg))
+}
+
+/// One read-decide-write pass of [`apply_one`]; `sent` remembers a write whose answer
+/// was lost, so that finding its content stored is reported as that write.
+async fn apply_once<S: Spec>(
+    ctx: &Ctx,
+    obj: &Object<S>,
+    sent: &mut Sent,
+) -> Result<String, ApplyError> {
     let suffix = obj.spec.key_suffix(&obj.metadata);
     let what = format!("{}/{}", S::KIND.to_lowercase(), suffix);
     let yours = obj.metadata.resource_version;
     let Some(current) = ctx.store.try_get::<S>(&suffix).await? else {
-        if yours != 0 {
-            return Err(Refused(format!(
+        if yours != 0 && *sent == Sent::Nothing {
+            return Err(refused(format!(
                 "{what}: not applied: your copy is of version {yours}, but the object no longer exists"
-            ))
-            .into());
+            )));
         }
-        let mut fresh = obj;
+        let mut fresh = obj.clone();
         fresh.status = S::Status::default();
         fresh.metadata.finalizers.clear();
-        ctx.store.create(&fresh).await?;
-        return Ok(format!("{what} created"));
+        fresh.metadata.resource_version = 0;
+        let before = *sent;
+        *sent = Sent::Create;
+        return match ctx.store.create(&fresh).await {
+            Ok(_) => Ok(format!("{what} created")),
+            Err(StoreError::AlreadyExists { .. }) if before != Sent::Nothing => {
+                Err(ApplyError::Again)
+            }
+            // Another writer created it between the read and the write.
+            Err(StoreError::AlreadyExists { .. }) => Err(refused(format!(
+                "{what}: not applied: it was created by someone else while applying; run apply again"
+            ))),
+            Err(e) => Err(e.into()),
+        };
     };
+    let ours = current.spec == obj.spec && current.metadata.labels == obj.metadata.labels;
+    if ours {
+        return Ok(match sent {
+            Sent::Nothing => format!("{what} unchanged"),
+            Sent::Create => format!("{what} created"),
+            Sent::Update => format!("{what} configured"),
+        });
+    }
     let stored = current.metadata.resource_version;
-    if yours != 0 && yours != stored {
-        return Err(Refused(format!(
+    // After a lost answer the stored version may be one this apply made.
+    if yours != 0 && yours != stored && *sent == Sent::Nothing {
+        return Err(refused(format!(
             "{what}: not applied: the stored object (version {stored}) is newer than your copy (version {yours}); get it again and re-apply"
-        ))
-        .into());
+        )));
     }
     if current.metadata.deletion_timestamp.is_some() {
-        return Err(Refused(format!("{what}: not applied: it is being deleted")).into());
-    }
-    if current.spec == obj.spec && current.metadata.labels == obj.metadata.labels {
-        return Ok(format!("{what} unchanged"));
+        return Err(refused(format!("{what}: not applied: it is being deleted")));
     }
     let mut next = current;
-    next.spec = obj.spec;
-    next.metadata.labels = obj.metadata.labels;
+    next.spec = obj.spec.clone();
+    next.metadata.labels = obj.metadata.labels.clone();
+    let before = *sent;
+    *sent = Sent::Update;
     match ctx.store.replace(&next).await {
         Ok(_) => Ok(format!("{what} configured")),
-        Err(StoreError::Conflict { .. }) => Err(Refused(format!(
+        Err(StoreError::Conflict { .. }) if before != Sent::Nothing => Err(ApplyError::Again),
+        Err(StoreError::Conflict { .. }) => Err(refused(format!(
             "{what}: not applied: it changed while applying; run apply again"
-        ))
-        .into()),
+        ))),
         Err(e) => Err(e.into()),
     }
 }
