@@ -442,3 +442,129 @@ async fn moorctl_apply_rides_out_the_death_of_the_leader_member() {
         );
     }
 }
+
+/// Issue 16: the other writing verbs and a watch ride out the leader member's death.
+#[tokio::test]
+async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("etcd");
+    let out = run(Command::new("bash")
+        .arg(deploy("cluster3.sh"))
+        .arg("start")
+        .arg(&dir)
+        .arg(free_base().to_string()));
+    let _cluster = Cluster3(dir.clone());
+    let endpoints: Vec<String> = out
+        .trim()
+        .lines()
+        .last()
+        .unwrap()
+        .split(',')
+        .map(String::from)
+        .collect();
+    let manifest = tmp.path().join("few.yaml");
+    std::fs::write(&manifest, big_manifest(80, 0)).unwrap();
+    run(moorctl(&endpoints).arg("apply").arg("-f").arg(&manifest));
+    // A watch started before the death.
+    let mut watch = moorctl(&endpoints)
+        .args(["get", "volumes", "-w"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = {
+        use std::io::BufRead;
+        let stdout = watch.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    };
+    // Each verb, one object after another (three verbs at once), while the leader dies
+    // among them: every one ends with its effect and exit 0.
+    let verb = |list: Vec<Vec<String>>| {
+        let eps = endpoints.clone();
+        std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            for args in list {
+                let out = moorctl(&eps).args(&args).output().unwrap();
+                if !out.status.success() {
+                    failures.push(format!(
+                        "{args:?}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    ));
+                }
+            }
+            failures
+        })
+    };
+    let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+    let verbs = [
+        verb(
+            (0..80)
+                .map(|i| words(&["alloc", "stop", &format!("a{i}")]))
+                .collect(),
+        ),
+        verb(
+            (0..40)
+                .map(|i| words(&["volume", "detach", &format!("v{i}"), "--node", "n1"]))
+                .collect(),
+        ),
+        verb(
+            (40..80)
+                .map(|i| words(&["delete", "volume", &format!("v{i}")]))
+                .collect(),
+        ),
+    ];
+    tokio::time::sleep(Duration::from_millis(fastrand::u64(300..1500))).await;
+    let leader = leader_index(&endpoints).await.expect("a leader");
+    let pid = std::fs::read_to_string(dir.join(format!("m{}.pid", leader + 1))).unwrap();
+    Command::new("kill")
+        .arg("-9")
+        .arg(pid.trim())
+        .status()
+        .unwrap();
+    let failures: Vec<String> = verbs.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+    let store = Store::connect(&endpoints, "/moor/").await.unwrap();
+    let volumes = store.list::<moor::api::VolumeSpec>("").await.unwrap();
+    assert_eq!(volumes.items.len(), 40);
+    assert!(volumes
+        .items
+        .iter()
+        .all(|v| v.spec.force_detach.keys().any(|n| n.as_str() == "n1")));
+    let allocations = store.list::<moor::api::AllocationSpec>("").await.unwrap();
+    assert!(allocations
+        .items
+        .iter()
+        .all(|a| a.spec.desired_status == moor::api::DesiredStatus::Stop));
+    // The watch goes on: a volume created after the death shows up in it.
+    store.create(&volume("after-death")).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while std::time::Instant::now() < deadline {
+        match lines.recv_timeout(Duration::from_millis(200)) {
+            Ok(l) => {
+                if l.contains("after-death") {
+                    break;
+                }
+                seen.push(l);
+            }
+            Err(_) => continue,
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(
+        std::time::Instant::now() < deadline,
+        "the watch did not show the new volume; it printed: {seen:?}"
+    );
+}

@@ -4,7 +4,7 @@ use std::io::Read;
 
 use anyhow::Context;
 
-use super::{Ctx, Refused};
+use super::{Ctx, Refused, UNKNOWN_OUTCOME_RETRY};
 use crate::api::{parse_manifests, AnyObject, Object, Spec};
 use crate::runtime::controller::error_chain;
 use crate::store::StoreError;
@@ -82,10 +82,6 @@ async fn apply_any(ctx: &Ctx, obj: AnyObject) -> anyhow::Result<String> {
         .into()),
     }
 }
-
-/// How long a write whose outcome is unknown (etcd unreachable, a member gone, a
-/// deadline) is retried before apply gives up on the object.
-const UNKNOWN_OUTCOME_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What apply sent for an object whose answer never came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

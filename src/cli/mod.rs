@@ -210,12 +210,68 @@ fn parse_ns(s: &str) -> anyhow::Result<Namespace> {
     Namespace::new(s).map_err(|e| anyhow::anyhow!("namespace {s:?}: {e}"))
 }
 
+/// How long a write whose outcome is unknown is retried.
+const UNKNOWN_OUTCOME_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs a writing step again while its outcome is unknown (etcd unavailable: a member
+/// gone, a connection reset, a deadline), for up to a minute, on whichever member
+/// answers. Every step reads before it writes, so a run after a lost answer learns
+/// whether that write landed; `retrying` tells it one may have.
+pub(crate) async fn ride_out<T, F, Fut>(mut step: F) -> anyhow::Result<T>
+where
+    F: FnMut(bool) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + UNKNOWN_OUTCOME_RETRY;
+    let mut delay = std::time::Duration::from_millis(100);
+    let mut retrying = false;
+    loop {
+        match step(retrying).await {
+            Err(e)
+                if e.downcast_ref::<StoreError>()
+                    .is_some_and(StoreError::is_transient)
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::debug!(error = format!("{e:#}"), "outcome unknown; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(2));
+                retrying = true;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn is_not_found(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<StoreError>(),
+        Some(StoreError::NotFound { .. })
+    )
+}
+
 async fn delete(ctx: &Ctx, cmd: Delete) -> anyhow::Result<i32> {
     let ns = parse_ns(&cmd.namespace)?;
-    let Some(key) = kind::find_key(ctx, cmd.kind, Some(&ns), &cmd.name).await? else {
+    // None: not found; after a lost answer, that is our deletion having landed.
+    let outcome = ride_out(|retrying| {
+        let ns = &ns;
+        let cmd = &cmd;
+        async move {
+            let key = kind::find_key(ctx, cmd.kind, Some(ns), &cmd.name).await?;
+            match key {
+                Some(key) => match kind::delete(ctx, cmd.kind, &key).await {
+                    Ok(f) => Ok(Some(f)),
+                    Err(e) if retrying && is_not_found(&e) => Ok(Some(Vec::new())),
+                    Err(e) => Err(e),
+                },
+                None if retrying => Ok(Some(Vec::new())),
+                None => Ok(None),
+            }
+        }
+    })
+    .await?;
+    let Some(finalizing) = outcome else {
         return Err(Refused(format!("{} {}/{} not found", cmd.kind, ns, cmd.name)).into());
     };
-    let finalizing = kind::delete(ctx, cmd.kind, &key).await?;
     if finalizing.is_empty() {
         println!("{} {} deleted", cmd.kind, cmd.name);
     } else {
@@ -239,13 +295,22 @@ async fn alloc_stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Result<i3
         spec.desired_status = DesiredStatus::Stop;
         running
     };
-    match ctx.store.modify_spec(&suffix, stop).await {
-        Ok((_, true)) => println!("allocation {name} stopped; its claims will be released"),
-        Ok((_, false)) => println!("allocation {name} already stopped"),
-        Err(StoreError::NotFound { .. }) => {
+    let outcome = ride_out(|retrying| {
+        let suffix = &suffix;
+        async move {
+            let (_, wrote) = ctx.store.modify_spec(suffix, stop).await?;
+            // After a lost answer, "already stopped" may be our write.
+            Ok(wrote || retrying)
+        }
+    })
+    .await;
+    match outcome {
+        Ok(true) => println!("allocation {name} stopped; its claims will be released"),
+        Ok(false) => println!("allocation {name} already stopped"),
+        Err(e) if is_not_found(&e) => {
             return Err(Refused(format!("allocation {suffix} not found")).into())
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e),
     }
     Ok(0)
 }
@@ -262,23 +327,33 @@ async fn volume_detach(
     let node = NodeName::new(node).map_err(|e| anyhow::anyhow!("node {node:?}: {e}"))?;
     let suffix = format!("{ns}/{volume}");
     // The entry names the generation this very write makes, so it covers exactly the
-    // claims admitted before it.
-    loop {
-        let mut v = match ctx.store.get::<VolumeSpec>(&suffix).await {
-            Ok(v) => v,
-            Err(StoreError::NotFound { .. }) => {
-                return Err(Refused(format!("volume {suffix} not found")).into())
+    // claims admitted before it. After a lost answer, an entry naming the stored
+    // generation is that write.
+    let outcome = ride_out(|retrying| {
+        let (suffix, node) = (&suffix, &node);
+        async move {
+            loop {
+                let mut v = ctx.store.get::<VolumeSpec>(suffix).await?;
+                if retrying && v.spec.force_detach.get(node) == Some(&v.metadata.generation) {
+                    return Ok(());
+                }
+                v.spec
+                    .force_detach
+                    .insert(node.clone(), v.metadata.generation + 1);
+                match ctx.store.replace(&v).await {
+                    Err(StoreError::Conflict { .. }) => continue,
+                    other => return other.map(|_| ()).map_err(anyhow::Error::from),
+                }
             }
-            Err(e) => return Err(e.into()),
-        };
-        v.spec
-            .force_detach
-            .insert(node.clone(), v.metadata.generation + 1);
-        match ctx.store.replace(&v).await {
-            Ok(_) => break,
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
         }
+    })
+    .await;
+    match outcome {
+        Ok(()) => {}
+        Err(e) if is_not_found(&e) => {
+            return Err(Refused(format!("volume {suffix} not found")).into())
+        }
+        Err(e) => return Err(e),
     }
     println!(
         "volume {volume}: node {node} marked gone; its claims there now will be released without node calls"
