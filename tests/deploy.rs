@@ -488,6 +488,13 @@ async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
         });
         rx
     };
+    // A wait polling through the death: v79 is the last volume deleted below.
+    let wait = moorctl(&endpoints)
+        .args(["wait", "volume/v79", "--for", "delete", "--timeout", "60s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // Each verb, one object after another (three verbs at once), while the leader dies
     // among them: every one ends with its effect and exit 0.
     let verb = |list: Vec<Vec<String>>| {
@@ -534,6 +541,12 @@ async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
         .unwrap();
     let failures: Vec<String> = verbs.into_iter().flat_map(|t| t.join().unwrap()).collect();
     assert!(failures.is_empty(), "{failures:#?}");
+    let waited = wait.wait_with_output().unwrap();
+    assert!(
+        waited.status.success(),
+        "wait: {}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
     let store = Store::connect(&endpoints, "/moor/").await.unwrap();
     let volumes = store.list::<moor::api::VolumeSpec>("").await.unwrap();
     assert_eq!(volumes.items.len(), 40);

@@ -227,11 +227,7 @@ where
     let mut retrying = false;
     loop {
         match step(retrying).await {
-            Err(e)
-                if e.downcast_ref::<StoreError>()
-                    .is_some_and(StoreError::is_transient)
-                    && tokio::time::Instant::now() < deadline =>
-            {
+            Err(e) if is_transient(&e) && tokio::time::Instant::now() < deadline => {
                 tracing::debug!(error = format!("{e:#}"), "outcome unknown; trying again");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(std::time::Duration::from_secs(2));
@@ -240,6 +236,12 @@ where
             other => return other,
         }
     }
+}
+
+/// Whether the error is etcd being unavailable (retry later, on any member).
+fn is_transient(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<StoreError>()
+        .is_some_and(StoreError::is_transient)
 }
 
 fn is_not_found(e: &anyhow::Error) -> bool {

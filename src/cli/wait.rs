@@ -50,7 +50,15 @@ impl Wait {
         let start = Instant::now();
         let mut last_line = String::new();
         loop {
-            let found = kind::find(ctx, kind, Some(&ns), name).await?;
+            let found = match kind::find(ctx, kind, Some(&ns), name).await {
+                Ok(found) => found,
+                // etcd unavailable (a member dying): keep looking until the timeout.
+                Err(e) if super::is_transient(&e) && start.elapsed() < self.timeout => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let (done, line) = match (&goal, &found) {
                 (Goal::Deleted, None) => (true, format!("{kind}/{name}: deleted")),
                 (Goal::Deleted, Some(_)) => (false, format!("{kind}/{name}: still there")),
