@@ -581,3 +581,46 @@ async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
         "the watch did not show the new volume; it printed: {seen:?}"
     );
 }
+
+/// Issue 16: with the quorum gone, apply gives up after `--retry-for` and says which
+/// objects it did not apply, and why.
+#[tokio::test]
+async fn moorctl_apply_without_a_quorum_lists_what_it_did_not_apply() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("etcd");
+    let out = run(Command::new("bash")
+        .arg(deploy("cluster3.sh"))
+        .arg("start")
+        .arg(&dir)
+        .arg(free_base().to_string()));
+    let _cluster = Cluster3(dir.clone());
+    let endpoints: Vec<String> = out
+        .trim()
+        .lines()
+        .last()
+        .unwrap()
+        .split(',')
+        .map(String::from)
+        .collect();
+    let manifest = tmp.path().join("few.yaml");
+    std::fs::write(&manifest, big_manifest(2, 0)).unwrap();
+    for m in [2, 3] {
+        let pid = std::fs::read_to_string(dir.join(format!("m{m}.pid"))).unwrap();
+        Command::new("kill")
+            .arg("-9")
+            .arg(pid.trim())
+            .status()
+            .unwrap();
+    }
+    let out = moorctl(&endpoints)
+        .args(["--retry-for", "2s", "apply", "-f"])
+        .arg(&manifest)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("0 of 4 objects applied; not applied: volumes/default/v0, allocations/default/a0, volumes/default/v1, allocations/default/a1; last error: etcd is unavailable"),
+        "{stderr}"
+    );
+}

@@ -4,7 +4,7 @@ use std::io::Read;
 
 use anyhow::Context;
 
-use super::{Ctx, Refused, UNKNOWN_OUTCOME_RETRY};
+use super::{Ctx, Refused};
 use crate::api::{parse_manifests, AnyObject, Object, Spec};
 use crate::runtime::controller::error_chain;
 use crate::store::StoreError;
@@ -43,14 +43,22 @@ impl Apply {
         let total = results.len();
         let mut not_applied = Vec::new();
         let mut last_error = String::new();
+        // Once an object could not be written for `--retry-for` because etcd was
+        // unavailable, the rest are not tried: they would each wait as long.
+        let mut unavailable = false;
         for (i, result) in results.into_iter().enumerate() {
             let (name, outcome) = match result {
+                Ok(obj) if unavailable => {
+                    not_applied.push(obj.key());
+                    continue;
+                }
                 Ok(obj) => (obj.key(), apply_any(ctx, obj).await),
                 Err(e) => (format!("document {}", i + 1), Err(anyhow::Error::new(e))),
             };
             match outcome {
                 Ok(line) => println!("{line}"),
                 Err(e) => {
+                    unavailable = super::is_transient(&e);
                     last_error = error_chain(e.as_ref());
                     eprintln!("error: {last_error}");
                     not_applied.push(name);
@@ -101,7 +109,7 @@ enum Sent {
 /// A create that landed is recognised by its content; an update is re-applied over the
 /// version now stored.
 async fn apply_one<S: Spec>(ctx: &Ctx, obj: Object<S>) -> anyhow::Result<String> {
-    let deadline = tokio::time::Instant::now() + UNKNOWN_OUTCOME_RETRY;
+    let deadline = tokio::time::Instant::now() + ctx.retry_for;
     let mut sent = Sent::Nothing;
     let mut delay = std::time::Duration::from_millis(100);
     loop {

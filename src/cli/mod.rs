@@ -39,6 +39,10 @@ pub struct Cli {
     /// TLS and etcd auth.
     #[command(flatten)]
     pub auth: EtcdAuth,
+    /// How long a write whose answer was lost (etcd unavailable: a member dying, the
+    /// quorum gone) is retried before the verb gives up on the object.
+    #[arg(long, env = "MOOR_RETRY_FOR", default_value = "60s", value_parser = humantime::parse_duration, global = true)]
+    pub retry_for: std::time::Duration,
     /// The verb.
     #[command(subcommand)]
     pub command: Command,
@@ -167,7 +171,10 @@ impl Cli {
             .build()?;
         rt.block_on(async move {
             let store = self.auth.connect(&self.endpoints, &self.prefix).await?;
-            let ctx = Ctx { store };
+            let ctx = Ctx {
+                store,
+                retry_for: self.retry_for,
+            };
             match self.command {
                 Command::Apply(cmd) => cmd.run(&ctx).await,
                 Command::Get(cmd) => cmd.run(&ctx).await,
@@ -195,6 +202,8 @@ impl Cli {
 pub struct Ctx {
     /// The store.
     pub store: Store,
+    /// See [`Cli::retry_for`].
+    pub retry_for: std::time::Duration,
 }
 
 /// An error that is the user's answer, not a failure of moorctl: printed, exit code 1.
@@ -210,19 +219,16 @@ fn parse_ns(s: &str) -> anyhow::Result<Namespace> {
     Namespace::new(s).map_err(|e| anyhow::anyhow!("namespace {s:?}: {e}"))
 }
 
-/// How long a write whose outcome is unknown is retried.
-const UNKNOWN_OUTCOME_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// Runs a writing step again while its outcome is unknown (etcd unavailable: a member
-/// gone, a connection reset, a deadline), for up to a minute, on whichever member
+/// gone, a connection reset, a deadline), for `--retry-for` (a minute), on whichever member
 /// answers. Every step reads before it writes, so a run after a lost answer learns
 /// whether that write landed; `retrying` tells it one may have.
-pub(crate) async fn ride_out<T, F, Fut>(mut step: F) -> anyhow::Result<T>
+pub(crate) async fn ride_out<T, F, Fut>(ctx: &Ctx, mut step: F) -> anyhow::Result<T>
 where
     F: FnMut(bool) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<T>>,
 {
-    let deadline = tokio::time::Instant::now() + UNKNOWN_OUTCOME_RETRY;
+    let deadline = tokio::time::Instant::now() + ctx.retry_for;
     let mut delay = std::time::Duration::from_millis(100);
     let mut retrying = false;
     loop {
@@ -239,7 +245,7 @@ where
 }
 
 /// Whether the error is etcd being unavailable (retry later, on any member).
-fn is_transient(e: &anyhow::Error) -> bool {
+pub(crate) fn is_transient(e: &anyhow::Error) -> bool {
     e.downcast_ref::<StoreError>()
         .is_some_and(StoreError::is_transient)
 }
@@ -254,7 +260,7 @@ fn is_not_found(e: &anyhow::Error) -> bool {
 async fn delete(ctx: &Ctx, cmd: Delete) -> anyhow::Result<i32> {
     let ns = parse_ns(&cmd.namespace)?;
     // None: not found; after a lost answer, that is our deletion having landed.
-    let outcome = ride_out(|retrying| {
+    let outcome = ride_out(ctx, |retrying| {
         let ns = &ns;
         let cmd = &cmd;
         async move {
@@ -297,7 +303,7 @@ async fn alloc_stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Result<i3
         spec.desired_status = DesiredStatus::Stop;
         running
     };
-    let outcome = ride_out(|retrying| {
+    let outcome = ride_out(ctx, |retrying| {
         let suffix = &suffix;
         async move {
             let (_, wrote) = ctx.store.modify_spec(suffix, stop).await?;
@@ -331,7 +337,7 @@ async fn volume_detach(
     // The entry names the generation this very write makes, so it covers exactly the
     // claims admitted before it. After a lost answer, an entry naming the stored
     // generation is that write.
-    let outcome = ride_out(|retrying| {
+    let outcome = ride_out(ctx, |retrying| {
         let (suffix, node) = (&suffix, &node);
         async move {
             loop {
