@@ -398,3 +398,45 @@ async fn a_mount_whose_claim_went_while_the_agent_was_down_is_deleted() {
     .await;
     assert_eq!(calls(&c, "n2", "NodeStageVolume"), 0);
 }
+
+/// Found by the randomized suite (seed 204 at 600 ops): a NodePublish refused for good
+/// and then refused as retryable (ResourceExhausted: the plugin refused, nothing took
+/// effect) was left "uncertain", and releasing the claim called NodeUnpublish for a
+/// publish that never happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_publish_is_not_reversed() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    // A final answer waits the cap: a short one, so the retryable refusals follow.
+    let opts = PluginOpts {
+        agent_args: vec!["--retry-cap=2s".into()],
+        ..Default::default()
+    };
+    let c = ready_cluster(2, opts).await;
+    let n2 = c.node("n2");
+    n2.fault(Command::Fail {
+        rpc: "NodePublishVolume".into(),
+        code: "NotFound".into(),
+        times: 1,
+    })
+    .await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait("NodePublish refused for good", T, || async move {
+        n2.count("NodePublishVolume", "NotFound") == 1
+    })
+    .await;
+    n2.fault(Command::Fail {
+        rpc: "NodePublishVolume".into(),
+        code: "ResourceExhausted".into(),
+        times: 100_000,
+    })
+    .await;
+    c.wait("NodePublish refused as retryable", T, || async move {
+        n2.count("NodePublishVolume", "ResourceExhausted") > 0
+    })
+    .await;
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(calls(&c, "n2", "NodeUnpublishVolume"), 0);
+    assert_eq!(calls(&c, "n2", "NodeUnstageVolume"), 1);
+    c.check_calls(true);
+}

@@ -1,8 +1,10 @@
 //! The invariant checker: given the call logs of one or more plugin instances, report
 //! every invariant of moor's design that the calls break.
 //!
-//! A call's outcome is *done* (OK), *maybe* (Cancelled or DeadlineExceeded: it may have
-//! taken effect) or *failed*. Checked, in log order (merged by end time):
+//! A call's outcome is *done* (OK), *maybe* (Cancelled, DeadlineExceeded, Unavailable,
+//! Unknown, Internal, DataLoss: it may have taken effect) or *failed* (refused:
+//! ResourceExhausted and Aborted, worth retrying; any other code, final). Checked, in
+//! log order (merged by end time):
 //! 1. a single-node volume is never controller- or node-published on two nodes at once;
 //!    single-writer modes never have two read-write publishes;
 //! 2. NodeStage only after ControllerPublish succeeded to that node (when required);
@@ -80,10 +82,13 @@ enum Outcome {
 fn outcome(call: &Call) -> Outcome {
     match call.code.as_str() {
         "OK" => Outcome::Done,
-        "Cancelled" | "DeadlineExceeded" => Outcome::Maybe,
-        "Unavailable" | "ResourceExhausted" | "Aborted" | "Unknown" | "Internal" => {
-            Outcome::Failed { final_error: false }
+        // As moor classifies answers: these may have taken effect (a plugin dying
+        // mid-call answers Unavailable, Internal or Unknown).
+        "Cancelled" | "DeadlineExceeded" | "Unavailable" | "Unknown" | "Internal" | "DataLoss" => {
+            Outcome::Maybe
         }
+        // The plugin refused: no effect, but worth trying again.
+        "ResourceExhausted" | "Aborted" => Outcome::Failed { final_error: false },
         _ => Outcome::Failed { final_error: true },
     }
 }

@@ -333,9 +333,10 @@ impl Reconcile {
 
     /// Runs a forward CSI step as a checkpoint in the local state: gated first (a step
     /// that is backing off records nothing new), then recorded as uncertain by `mark`
-    /// before the call and done after OK. A final answer to a step that had not taken
-    /// effect before (`before` Absent) records it Absent again: nothing is owed. Any
-    /// other failure leaves it uncertain, so its reverse stays owed.
+    /// before the call and done after OK. A final or transient answer (the plugin
+    /// refused: it took no effect) to a step that had not taken effect before
+    /// (`before` Absent) records it Absent again: nothing is owed. An uncertain answer
+    /// leaves it uncertain, so its reverse stays owed.
     async fn checkpointed<T>(
         &self,
         key: &str,
@@ -353,7 +354,7 @@ impl Reconcile {
                 Ok(v)
             }
             Err(e) => {
-                if is_final(&e) && before == Step::Absent {
+                if took_no_effect(&e) && before == Step::Absent {
                     self.edit(|s| mark(s, Step::Absent)).await?;
                 }
                 Err(e)
@@ -539,6 +540,8 @@ impl Reconcile {
 }
 
 /// Whether a step failed with a final answer (it took no effect).
-fn is_final(e: &NodeError) -> bool {
-    matches!(e, NodeError::Csi(c) if c.class() == Class::Final)
+/// A final or transient answer (ResourceExhausted, Aborted): the plugin refused, the
+/// call did not take effect. Only an uncertain answer may have.
+fn took_no_effect(e: &NodeError) -> bool {
+    matches!(e, NodeError::Csi(c) if matches!(c.class(), Class::Final | Class::Transient))
 }
