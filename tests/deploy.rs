@@ -42,6 +42,37 @@ fn free_base() -> u16 {
 
 struct Cluster3(PathBuf);
 
+impl Cluster3 {
+    /// Starts cluster3.sh's three members in `dir`; returns it and their endpoints.
+    fn start(dir: &Path) -> (Cluster3, Vec<String>) {
+        let out = run(Command::new("bash")
+            .arg(deploy("cluster3.sh"))
+            .arg("start")
+            .arg(dir)
+            .arg(free_base().to_string()));
+        let endpoints: Vec<String> = out
+            .trim()
+            .lines()
+            .last()
+            .unwrap()
+            .split(',')
+            .map(String::from)
+            .collect();
+        assert_eq!(endpoints.len(), 3, "{out}");
+        (Cluster3(dir.to_path_buf()), endpoints)
+    }
+
+    /// SIGKILLs member `m` (1-3).
+    fn kill(&self, m: usize) {
+        let pid = std::fs::read_to_string(self.0.join(format!("m{m}.pid"))).unwrap();
+        Command::new("kill")
+            .arg("-9")
+            .arg(pid.trim())
+            .status()
+            .unwrap();
+    }
+}
+
 impl Drop for Cluster3 {
     fn drop(&mut self) {
         let _ = Command::new("bash")
@@ -56,31 +87,11 @@ impl Drop for Cluster3 {
 async fn the_three_member_cluster_keeps_serving_moor_when_a_member_dies() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("etcd");
-    let base = free_base();
-    let out = run(Command::new("bash")
-        .arg(deploy("cluster3.sh"))
-        .arg("start")
-        .arg(&dir)
-        .arg(base.to_string()));
-    let _cluster = Cluster3(dir.clone());
-    let endpoints: Vec<String> = out
-        .trim()
-        .lines()
-        .last()
-        .unwrap()
-        .split(',')
-        .map(String::from)
-        .collect();
-    assert_eq!(endpoints.len(), 3, "{out}");
+    let (cluster, endpoints) = Cluster3::start(&dir);
     let store = Store::connect(&endpoints, "/moor/").await.unwrap();
     store.create(&volume("before")).await.unwrap();
     // Kill the first member: the other two are a quorum.
-    let pid = std::fs::read_to_string(dir.join("m1.pid")).unwrap();
-    Command::new("kill")
-        .arg("-9")
-        .arg(pid.trim())
-        .status()
-        .unwrap();
+    cluster.kill(1);
     wait_for(
         "a write after a member died",
         Duration::from_secs(30),
@@ -362,20 +373,7 @@ async fn moorctl_apply_rides_out_the_death_of_the_leader_member() {
         let mut rng = fastrand::Rng::with_seed(seed);
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("etcd");
-        let out = run(Command::new("bash")
-            .arg(deploy("cluster3.sh"))
-            .arg("start")
-            .arg(&dir)
-            .arg(free_base().to_string()));
-        let _cluster = Cluster3(dir.clone());
-        let endpoints: Vec<String> = out
-            .trim()
-            .lines()
-            .last()
-            .unwrap()
-            .split(',')
-            .map(String::from)
-            .collect();
+        let (cluster, endpoints) = Cluster3::start(&dir);
         let manifest = tmp.path().join("many.yaml");
         std::fs::write(&manifest, big_manifest(150, seed)).unwrap();
         let apply = moorctl(&endpoints)
@@ -388,12 +386,7 @@ async fn moorctl_apply_rides_out_the_death_of_the_leader_member() {
             .unwrap();
         let leader = leader_index(&endpoints).await.expect("a leader");
         tokio::time::sleep(Duration::from_millis(rng.u64(0..1500))).await;
-        let pid = std::fs::read_to_string(dir.join(format!("m{}.pid", leader + 1))).unwrap();
-        Command::new("kill")
-            .arg("-9")
-            .arg(pid.trim())
-            .status()
-            .unwrap();
+        cluster.kill(leader + 1);
         let done = apply.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&done.stdout);
         let stderr = String::from_utf8_lossy(&done.stderr);
@@ -448,20 +441,7 @@ async fn moorctl_apply_rides_out_the_death_of_the_leader_member() {
 async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("etcd");
-    let out = run(Command::new("bash")
-        .arg(deploy("cluster3.sh"))
-        .arg("start")
-        .arg(&dir)
-        .arg(free_base().to_string()));
-    let _cluster = Cluster3(dir.clone());
-    let endpoints: Vec<String> = out
-        .trim()
-        .lines()
-        .last()
-        .unwrap()
-        .split(',')
-        .map(String::from)
-        .collect();
+    let (cluster, endpoints) = Cluster3::start(&dir);
     let manifest = tmp.path().join("few.yaml");
     std::fs::write(&manifest, big_manifest(80, 0)).unwrap();
     run(moorctl(&endpoints).arg("apply").arg("-f").arg(&manifest));
@@ -533,12 +513,7 @@ async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
     ];
     tokio::time::sleep(Duration::from_millis(fastrand::u64(300..1500))).await;
     let leader = leader_index(&endpoints).await.expect("a leader");
-    let pid = std::fs::read_to_string(dir.join(format!("m{}.pid", leader + 1))).unwrap();
-    Command::new("kill")
-        .arg("-9")
-        .arg(pid.trim())
-        .status()
-        .unwrap();
+    cluster.kill(leader + 1);
     let failures: Vec<String> = verbs.into_iter().flat_map(|t| t.join().unwrap()).collect();
     assert!(failures.is_empty(), "{failures:#?}");
     let waited = wait.wait_with_output().unwrap();
@@ -588,30 +563,11 @@ async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
 async fn moorctl_apply_without_a_quorum_lists_what_it_did_not_apply() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("etcd");
-    let out = run(Command::new("bash")
-        .arg(deploy("cluster3.sh"))
-        .arg("start")
-        .arg(&dir)
-        .arg(free_base().to_string()));
-    let _cluster = Cluster3(dir.clone());
-    let endpoints: Vec<String> = out
-        .trim()
-        .lines()
-        .last()
-        .unwrap()
-        .split(',')
-        .map(String::from)
-        .collect();
+    let (cluster, endpoints) = Cluster3::start(&dir);
     let manifest = tmp.path().join("few.yaml");
     std::fs::write(&manifest, big_manifest(2, 0)).unwrap();
-    for m in [2, 3] {
-        let pid = std::fs::read_to_string(dir.join(format!("m{m}.pid"))).unwrap();
-        Command::new("kill")
-            .arg("-9")
-            .arg(pid.trim())
-            .status()
-            .unwrap();
-    }
+    cluster.kill(2);
+    cluster.kill(3);
     let out = moorctl(&endpoints)
         .args(["--retry-for", "2s", "apply", "-f"])
         .arg(&manifest)
