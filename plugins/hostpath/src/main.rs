@@ -20,6 +20,15 @@ struct Check {
     /// published is a leak.
     #[arg(long)]
     expect_released: bool,
+    /// Every volume was deleted by the end: a volume CreateVolume handed out and never
+    /// deleted is a leak.
+    #[arg(long)]
+    expect_deleted: bool,
+    /// A CSI node id declared gone (force-detached, or collected after
+    /// `--node-gc-timeout`), from a time on (`NODE=2026-11-23T07:45:00.000Z`; without
+    /// a time, from the start): its stages and publishes no longer hold its volumes.
+    #[arg(long = "gone", value_name = "NODE[=TIME]")]
+    gone: Vec<String>,
     /// Call logs (`calls.jsonl` of each plugin instance).
     #[arg(required = true)]
     logs: Vec<std::path::PathBuf>,
@@ -41,6 +50,15 @@ fn check(args: Check) -> i32 {
         controller_publish_required: !args.no_controller_publish,
         stage_required: !args.no_stage,
         expect_released: args.expect_released,
+        expect_deleted: args.expect_deleted,
+        forced_nodes: args
+            .gone
+            .iter()
+            .map(|g| match g.split_once('=') {
+                Some((node, from)) => (node.to_string(), from.to_string()),
+                None => (g.clone(), String::new()),
+            })
+            .collect(),
         ..Default::default()
     };
     let violations = checker::check(&merged, &cfg);

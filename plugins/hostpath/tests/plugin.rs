@@ -1045,6 +1045,24 @@ async fn the_checker_passes_a_real_lifecycle_and_catches_a_wrong_one() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let printed = String::from_utf8_lossy(&out.stdout);
     assert_eq!(printed.lines().count(), violations.len(), "{printed}");
+    assert!(printed.contains("ControllerUnpublish"), "{printed}");
+    // The volume was never deleted: a leak with --expect-deleted. With the node declared
+    // gone from the start, the detach while it was still staged is excused (the early
+    // unstage is the node's own order, and is not).
+    let node = hp.calls()[0].plugin_node.clone();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_moor-hostpath"))
+        .args(["check", "--expect-deleted", "--gone", &node])
+        .arg(&hp.calls)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        printed.lines().any(|l| l.starts_with("invariant 7")),
+        "{printed}"
+    );
+    assert!(!printed.contains("ControllerUnpublish"), "{printed}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("NodeUnstage"));
 }
 
 #[tokio::test]
