@@ -4,10 +4,11 @@ use std::io::Read;
 
 use anyhow::Context;
 
-use super::{Ctx, Refused};
+use super::{ride_out, Ctx, LookAgain, Refused};
 use crate::api::{parse_manifests, AnyObject, Object, Spec};
 use crate::runtime::controller::error_chain;
 use crate::store::StoreError;
+use std::cell::Cell;
 
 /// Create or update objects from manifests.
 #[derive(Debug, clap::Args)]
@@ -109,48 +110,8 @@ enum Sent {
 /// A create that landed is recognised by its content; an update is re-applied over the
 /// version now stored.
 async fn apply_one<S: Spec>(ctx: &Ctx, obj: Object<S>) -> anyhow::Result<String> {
-    let deadline = tokio::time::Instant::now() + ctx.retry_for;
-    let mut sent = Sent::Nothing;
-    let mut delay = std::time::Duration::from_millis(100);
-    loop {
-        match apply_once(ctx, &obj, &mut sent).await {
-            Err(ApplyError::Store(e))
-                if e.is_transient() && tokio::time::Instant::now() < deadline =>
-            {
-                tracing::debug!(error = %error_chain(&e), "outcome unknown; reading the object again");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(2));
-            }
-            // A write of ours whose answer was lost landed after all: look again.
-            Err(ApplyError::Again) if tokio::time::Instant::now() < deadline => {}
-            Err(ApplyError::Again) => {
-                return Err(
-                    Refused("it kept changing while applying; run apply again".into()).into(),
-                )
-            }
-            Err(ApplyError::Store(e)) => return Err(e.into()),
-            Err(ApplyError::Refused(r)) => return Err(r.into()),
-            Ok(line) => return Ok(line),
-        }
-    }
-}
-
-enum ApplyError {
-    Store(StoreError),
-    Refused(Refused),
-    /// The stored object changed under a write after an earlier write's answer was
-    /// lost (that write may be what changed it): read it again.
-    Again,
-}
-
-impl From<StoreError> for ApplyError {
-    fn from(e: StoreError) -> Self {
-        ApplyError::Store(e)
-    }
-}
-
-fn refused(msg: String) -> ApplyError {
-    ApplyError::Refused(Refused(msg))
+    let sent = Cell::new(Sent::Nothing);
+    ride_out(ctx, |_| apply_once(ctx, &obj, &sent)).await
 }
 
 /// One read-decide-write pass of [`apply_one`]; `sent` remembers a write whose answer
@@ -158,38 +119,37 @@ fn refused(msg: String) -> ApplyError {
 async fn apply_once<S: Spec>(
     ctx: &Ctx,
     obj: &Object<S>,
-    sent: &mut Sent,
-) -> Result<String, ApplyError> {
+    sent: &Cell<Sent>,
+) -> anyhow::Result<String> {
     let suffix = obj.spec.key_suffix(&obj.metadata);
     let what = format!("{}/{}", S::KIND.to_lowercase(), suffix);
     let yours = obj.metadata.resource_version;
     let Some(current) = ctx.store.try_get::<S>(&suffix).await? else {
-        if yours != 0 && *sent == Sent::Nothing {
-            return Err(refused(format!(
+        if yours != 0 && sent.get() == Sent::Nothing {
+            return Err(Refused(format!(
                 "{what}: not applied: your copy is of version {yours}, but the object no longer exists"
-            )));
+            )).into());
         }
         let mut fresh = obj.clone();
         fresh.status = S::Status::default();
         fresh.metadata.finalizers.clear();
         fresh.metadata.resource_version = 0;
-        let before = *sent;
-        *sent = Sent::Create;
+        let before = sent.replace(Sent::Create);
         return match ctx.store.create(&fresh).await {
             Ok(_) => Ok(format!("{what} created")),
             Err(StoreError::AlreadyExists { .. }) if before != Sent::Nothing => {
-                Err(ApplyError::Again)
+                Err(LookAgain.into())
             }
             // Another writer created it between the read and the write.
-            Err(StoreError::AlreadyExists { .. }) => Err(refused(format!(
+            Err(StoreError::AlreadyExists { .. }) => Err(Refused(format!(
                 "{what}: not applied: it was created by someone else while applying; run apply again"
-            ))),
+            )).into()),
             Err(e) => Err(e.into()),
         };
     };
     let ours = current.spec == obj.spec && current.metadata.labels == obj.metadata.labels;
     if ours {
-        return Ok(match sent {
+        return Ok(match sent.get() {
             Sent::Nothing => format!("{what} unchanged"),
             Sent::Create => format!("{what} created"),
             Sent::Update => format!("{what} configured"),
@@ -197,25 +157,25 @@ async fn apply_once<S: Spec>(
     }
     let stored = current.metadata.resource_version;
     // After a lost answer the stored version may be one this apply made.
-    if yours != 0 && yours != stored && *sent == Sent::Nothing {
-        return Err(refused(format!(
+    if yours != 0 && yours != stored && sent.get() == Sent::Nothing {
+        return Err(Refused(format!(
             "{what}: not applied: the stored object (version {stored}) is newer than your copy (version {yours}); get it again and re-apply"
-        )));
+        )).into());
     }
     if current.metadata.deletion_timestamp.is_some() {
-        return Err(refused(format!("{what}: not applied: it is being deleted")));
+        return Err(Refused(format!("{what}: not applied: it is being deleted")).into());
     }
     let mut next = current;
     next.spec = obj.spec.clone();
     next.metadata.labels = obj.metadata.labels.clone();
-    let before = *sent;
-    *sent = Sent::Update;
+    let before = sent.replace(Sent::Update);
     match ctx.store.replace(&next).await {
         Ok(_) => Ok(format!("{what} configured")),
-        Err(StoreError::Conflict { .. }) if before != Sent::Nothing => Err(ApplyError::Again),
-        Err(StoreError::Conflict { .. }) => Err(refused(format!(
+        Err(StoreError::Conflict { .. }) if before != Sent::Nothing => Err(LookAgain.into()),
+        Err(StoreError::Conflict { .. }) => Err(Refused(format!(
             "{what}: not applied: it changed while applying; run apply again"
-        ))),
+        ))
+        .into()),
         Err(e) => Err(e.into()),
     }
 }

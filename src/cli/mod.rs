@@ -219,10 +219,18 @@ fn parse_ns(s: &str) -> anyhow::Result<Namespace> {
     Namespace::new(s).map_err(|e| anyhow::anyhow!("namespace {s:?}: {e}"))
 }
 
+/// A step's write failed on a change that an earlier write of the same step, whose
+/// answer was lost, may have made: [`ride_out`] reads again at once. Past
+/// `--retry-for` it is a refusal.
+#[derive(Debug, thiserror::Error)]
+#[error("it kept changing while applying; run apply again")]
+pub(crate) struct LookAgain;
+
 /// Runs a writing step again while its outcome is unknown (etcd unavailable: a member
 /// gone, a connection reset, a deadline), for `--retry-for` (a minute), on whichever member
 /// answers. Every step reads before it writes, so a run after a lost answer learns
-/// whether that write landed; `retrying` tells it one may have.
+/// whether that write landed; `retrying` tells it one may have. A step that answers
+/// [`LookAgain`] is run again at once.
 pub(crate) async fn ride_out<T, F, Fut>(ctx: &Ctx, mut step: F) -> anyhow::Result<T>
 where
     F: FnMut(bool) -> Fut,
@@ -239,6 +247,10 @@ where
                 delay = (delay * 2).min(std::time::Duration::from_secs(2));
                 retrying = true;
             }
+            Err(e) if e.is::<LookAgain>() && tokio::time::Instant::now() < deadline => {
+                retrying = true;
+            }
+            Err(e) if e.is::<LookAgain>() => return Err(Refused(e.to_string()).into()),
             other => return other,
         }
     }
