@@ -10,17 +10,19 @@
 //! - [`store`]: the typed store over the etcd v3 API: get, paginated list, guarded
 //!   writes, watch, leases; every value read is validated and a bad one is an error.
 //! - [`runtime`]: our kube-runtime: watcher, informer, reflector, controller (keyed
-//!   queue, backoff, resync), leader election, metrics, events, shutdown.
-//! - [`csi`]: the CSI v1 protocol compiled from `proto/csi.proto`, conversions from
-//!   moor's types, and the call policy (retries, deadlines, what an error means).
-//! - [`cli`]: moorctl, one file per verb.
-//! - [`journal`]: a local state of keyed tables kept as an append-only journal (the
-//!   agent's and moor-hostpath's records of what they did).
+//!   queue, backoff, resync), leader election, metrics, events, retry gates.
+//! - [`csi`]: moor's side of CSI: the typed client, the call policy (retries, deadlines,
+//!   what an answer means) and conversions from moor's types. The protocol itself, the
+//!   journal and the process basics are the `moor-csi` crate, re-exported as
+//!   [`csi::v1`], [`journal`] and [`process`].
+//!
+//! The other crates: `moorctl` (the CLI), `moor-embedded` (the embedded etcd-API store
+//! and `moor-store`), `moor-controllers` (`moord`: reconcilers and node agent),
+//! `moor-hostpath` (the reference plugin, on `moor-csi` alone) and `moor-bench`.
 
 pub mod api;
-pub mod cli;
 pub mod csi;
-pub mod embedded;
-pub mod journal;
 pub mod runtime;
 pub mod store;
+
+pub use moor_csi::{journal, process};

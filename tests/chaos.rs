@@ -521,7 +521,7 @@ impl Chaos {
         self.forced
             .entry(node_name(node))
             .or_insert_with(SystemTime::now);
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_moorctl"))
+        let out = std::process::Command::new(common::bin("moorctl"))
             .args([
                 "--endpoints",
                 &self.c.etcd.client_url,

@@ -367,7 +367,7 @@ fn big_manifest(n: usize, seed: u64) -> String {
 }
 
 fn moorctl(endpoints: &[String]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_moorctl"));
+    let mut cmd = Command::new(common::bin("moorctl"));
     cmd.arg("--endpoints").arg(endpoints.join(","));
     cmd
 }

@@ -207,7 +207,7 @@ async fn a_garbage_value_is_reported_and_skipped_while_the_rest_flows(backend: B
     );
     match next(&mut w).await {
         Err(WatchError::Malformed(e)) => {
-            let text = moor::runtime::controller::error_chain(&e);
+            let text = moor::process::error_chain(&e);
             assert!(text.contains("volumes/default/junk2"), "{text}");
             assert!(
                 text.contains("plugin_id"),

@@ -134,7 +134,7 @@ struct RestartRun {
 async fn main() {
     let args = Args::parse();
     // On Ctrl-C or SIGTERM the run is dropped, and with it every process it started.
-    let interrupted = moor::runtime::shutdown::on_signal();
+    let interrupted = moor::process::on_signal();
     let result = tokio::select! {
         r = run(args) => r,
         _ = interrupted.cancelled() => Err(anyhow::anyhow!("interrupted")),

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use moor::api::*;
-use moor::runtime::controller::error_chain;
+use moor::process::error_chain;
 use moor::store::{Store, DEFAULT_PREFIX};
 
 /// Audit the store: every object of every kind is read and validated.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use moor::api::{NodeName, NodeSpec};
-use moor::embedded::EmbeddedStore;
+use moor_embedded::EmbeddedStore;
 use tokio_util::sync::CancellationToken;
 
 /// The node name the dev agent uses.
@@ -92,7 +92,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         })?;
     let url = format!("http://{}", listener.local_addr()?);
     let store_stop = CancellationToken::new();
-    let store_task = tokio::spawn(moor::embedded::serve(store, listener, store_stop.clone()));
+    let store_task = tokio::spawn(moor_embedded::serve(store, listener, store_stop.clone()));
 
     let socket = dir.join("csi.sock");
     let plugin_stop = shutdown.child_token();

@@ -35,9 +35,9 @@ enum Command {
 
 #[tokio::main]
 async fn main() {
-    moor::runtime::logging::init();
+    moor::process::init_logging();
     let cli = Cli::parse();
-    let shutdown = moor::runtime::shutdown::on_signal();
+    let shutdown = moor::process::on_signal();
     let result = match cli.command {
         Command::Controller(args) => controller::run(args, shutdown).await.map(|()| 0),
         Command::Agent(args) => agent::run(args, shutdown).await.map(|()| 0),

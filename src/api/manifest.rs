@@ -443,6 +443,6 @@ metadata: {name: g}
     }
 
     fn moor_chain(e: &ManifestError) -> String {
-        crate::runtime::controller::error_chain(e)
+        crate::process::error_chain(e)
     }
 }

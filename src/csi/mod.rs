@@ -1,48 +1,9 @@
-//! CSI v1: the generated protocol types and services, and a channel to a plugin's unix
-//! socket.
+//! moor's side of CSI: the typed client the reconcilers call plugins through, the call
+//! policy (deadlines, retries, what each answer means), and conversions from moor's
+//! types. The protocol itself is the `moor-csi` crate, re-exported here.
 
 pub mod client;
 pub mod convert;
 pub mod policy;
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-/// Code generated from `proto/csi.proto` (package `csi.v1`): messages, clients, servers.
-#[allow(clippy::all, missing_docs)]
-pub mod v1 {
-    tonic::include_proto!("csi.v1");
-}
-
-/// Why a plugin endpoint could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum EndpointError {
-    /// Only `unix://` endpoints are supported.
-    #[error("endpoint {0:?} is not unix:///path")]
-    NotUnix(String),
-    /// The channel could not be built.
-    #[error("cannot connect to {0}")]
-    Connect(String, #[source] tonic::transport::Error),
-}
-
-/// A gRPC channel to a plugin at `unix:///path`. It connects lazily and reconnects after
-/// the plugin restarts, so a supervisor can keep one per plugin.
-pub fn channel(endpoint: &str) -> Result<tonic::transport::Channel, EndpointError> {
-    let path = PathBuf::from(
-        endpoint
-            .strip_prefix("unix://")
-            .ok_or_else(|| EndpointError::NotUnix(endpoint.to_string()))?,
-    );
-    // The URI is required by tonic but unused: the connector dials the socket.
-    let ep = tonic::transport::Endpoint::from_static("http://csi.plugin")
-        .connect_timeout(Duration::from_secs(5));
-    Ok(
-        ep.connect_with_connector_lazy(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        })),
-    )
-}
+pub use moor_csi::{channel, v1, EndpointError};

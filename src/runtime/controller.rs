@@ -29,6 +29,7 @@ use super::queue::Queue;
 use super::reflector::Store;
 use super::watcher::Event;
 use super::Resource;
+use crate::process::error_chain;
 
 /// What to do with a key after a successful reconcile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,18 +85,6 @@ pub struct Controller<K: Resource> {
     triggers: SelectAll<BoxStream<'static, String>>,
     config: Config,
     metrics: ControllerMetrics,
-}
-
-/// The error and its causes on one line, `outer: inner: root`.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 impl<K: Resource> Controller<K> {

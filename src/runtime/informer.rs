@@ -17,11 +17,11 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::backoff::{backoff, Backoff};
-use super::controller::error_chain;
 use super::reflector::{self, Store};
 use super::watcher::{watcher, Event, WatchError};
 use super::Resource;
 use crate::api::{Object, Spec};
+use crate::process::error_chain;
 use crate::store;
 
 /// How many events a subscriber may fall behind before it is resynced.

@@ -12,19 +12,15 @@
 //! - [`leader`]: leader election on an etcd lease, fenced on its key.
 //! - [`metrics`]: per-controller counters, gauge and histogram in a Prometheus registry.
 //! - [`steps`]: per (object, step) retry gates that a reconciler's own writes cannot reset.
-//! - [`shutdown`]: a cancellation token tripped by SIGINT/SIGTERM.
-//! - [`logging`]: the daemons' tracing setup.
 
 pub mod backoff;
 pub mod controller;
 pub mod events;
 pub mod informer;
 pub mod leader;
-pub mod logging;
 pub mod metrics;
 pub mod queue;
 pub mod reflector;
-pub mod shutdown;
 pub mod steps;
 pub mod watcher;
 

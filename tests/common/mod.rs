@@ -91,7 +91,7 @@ impl Etcd {
             .map_err(|e| e.to_string())?;
         let mut cmd = match self.backend {
             Backend::Etcd => self.etcd_command(),
-            Backend::Embedded => self.embedded_command()?,
+            Backend::Embedded => self.embedded_command(),
         };
         let child = cmd
             .stdout(Stdio::null())
@@ -107,15 +107,13 @@ impl Etcd {
         self.wait_ready().await
     }
 
-    fn embedded_command(&self) -> Result<Command, String> {
-        let bin = option_env!("CARGO_BIN_EXE_moor-store")
-            .ok_or("moor-store is a binary of the moor package; run this test there")?;
-        let mut cmd = Command::new(bin);
+    fn embedded_command(&self) -> Command {
+        let mut cmd = Command::new(bin("moor-store"));
         cmd.arg("--listen")
             .arg(self.client_url.trim_start_matches("http://"))
             .arg("--data-dir")
             .arg(self.data_dir.path().join("data"));
-        Ok(cmd)
+        cmd
     }
 
     fn etcd_command(&self) -> Command {
@@ -221,11 +219,15 @@ pub fn bin(name: &str) -> PathBuf {
                 "moor-controllers",
                 "-p",
                 "moor-hostpath",
+                "-p",
+                "moorctl",
+                "-p",
+                "moor-embedded",
                 "--bins",
             ])
             .status()
             .expect("run cargo build");
-        assert!(status.success(), "building moord and moor-hostpath");
+        assert!(status.success(), "building the workspace binaries");
     });
     path
 }

@@ -275,7 +275,7 @@ impl Provisioner {
                 Ok(Action::AwaitChange)
             }
             Err(e) => {
-                let msg = moor::runtime::controller::error_chain(&e);
+                let msg = moor::process::error_chain(&e);
                 let ProvisionError::Csi(csi) = &e else {
                     return Err(e);
                 };

@@ -1,7 +1,7 @@
 //! The Controller service: volumes are directories under `<state-dir>/volumes`,
 //! snapshots copies under `<state-dir>/snapshots`, attachments a set of node ids per volume.
 
-use moor::csi::v1::{
+use moor_csi::v1::{
     controller_server::Controller, controller_service_capability, list_snapshots_response,
     list_volumes_response, validate_volume_capabilities_response, volume_capability,
     volume_content_source, ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
@@ -127,7 +127,7 @@ impl Plugin {
             content_source: v
                 .source
                 .as_ref()
-                .map(|s| moor::csi::v1::VolumeContentSource {
+                .map(|s| moor_csi::v1::VolumeContentSource {
                     r#type: Some(match s {
                         Source::Snapshot(id) => volume_content_source::Type::Snapshot(
                             volume_content_source::SnapshotSource {
@@ -160,7 +160,7 @@ impl Plugin {
     }
 
     /// Whether a topology requirement can be met by this plugin's segments.
-    fn topology_fits(&self, req: Option<&moor::csi::v1::TopologyRequirement>) -> bool {
+    fn topology_fits(&self, req: Option<&moor_csi::v1::TopologyRequirement>) -> bool {
         let Some(req) = req else { return true };
         if self.inner.topology.is_empty() || req.requisite.is_empty() {
             return true;
@@ -739,12 +739,10 @@ impl Controller for Plugin {
                 .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))?;
             Ok(ControllerGetVolumeResponse {
                 volume: Some(self.volume_message(&vol)),
-                status: Some(
-                    moor::csi::v1::controller_get_volume_response::VolumeStatus {
-                        published_node_ids: vol.published.keys().cloned().collect(),
-                        volume_condition: None,
-                    },
-                ),
+                status: Some(moor_csi::v1::controller_get_volume_response::VolumeStatus {
+                    published_node_ids: vol.published.keys().cloned().collect(),
+                    volume_condition: None,
+                }),
             })
         })
         .await

@@ -1,6 +1,6 @@
 //! The Identity service.
 
-use moor::csi::v1::{
+use moor_csi::v1::{
     identity_server::Identity, plugin_capability, GetPluginCapabilitiesRequest,
     GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse, PluginCapability,
     ProbeRequest, ProbeResponse,

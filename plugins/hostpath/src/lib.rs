@@ -20,10 +20,10 @@ pub mod mounts;
 mod node;
 pub mod state;
 
-use moor::csi::v1::{
+use moor_csi::journal::Journal;
+use moor_csi::v1::{
     controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
 };
-use moor::journal::Journal;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -179,9 +179,18 @@ impl Plugin {
         std::fs::create_dir_all(cfg.state_dir.join("volumes"))
             .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
         std::fs::create_dir_all(cfg.state_dir.join("snapshots"))?;
-        let capacity = moor::api::Size::parse(&cfg.capacity)
-            .map_err(anyhow::Error::msg)?
-            .0 as i64;
+        let capacity = cfg
+            .capacity
+            .trim()
+            .parse::<bytesize::ByteSize>()
+            .ok()
+            .and_then(|b| i64::try_from(b.as_u64()).ok())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--capacity {:?} is not a size below 2^63 bytes (write bytes, or e.g. 10GiB)",
+                    cfg.capacity
+                )
+            })?;
         let mut topology = BTreeMap::new();
         for seg in &cfg.topology {
             let (k, v) = seg
@@ -254,7 +263,7 @@ impl Plugin {
         state.commit().map_err(|e| {
             Status::internal(format!(
                 "cannot save state: {}",
-                moor::runtime::controller::error_chain(&e)
+                moor_csi::process::error_chain(&e)
             ))
         })?;
         Ok(r)
@@ -310,41 +319,41 @@ macro_rules! logged {
 }
 
 logged!(
-    moor::csi::v1::GetPluginInfoResponse,
-    moor::csi::v1::GetPluginCapabilitiesResponse,
-    moor::csi::v1::ProbeResponse,
-    moor::csi::v1::DeleteVolumeResponse,
-    moor::csi::v1::ControllerPublishVolumeResponse,
-    moor::csi::v1::ControllerUnpublishVolumeResponse,
-    moor::csi::v1::ValidateVolumeCapabilitiesResponse,
-    moor::csi::v1::ListVolumesResponse,
-    moor::csi::v1::GetCapacityResponse,
-    moor::csi::v1::ControllerGetCapabilitiesResponse,
-    moor::csi::v1::CreateSnapshotResponse,
-    moor::csi::v1::DeleteSnapshotResponse,
-    moor::csi::v1::ListSnapshotsResponse,
-    moor::csi::v1::ControllerExpandVolumeResponse,
-    moor::csi::v1::ControllerGetVolumeResponse,
-    moor::csi::v1::ControllerModifyVolumeResponse,
-    moor::csi::v1::NodeStageVolumeResponse,
-    moor::csi::v1::NodeUnstageVolumeResponse,
-    moor::csi::v1::NodePublishVolumeResponse,
-    moor::csi::v1::NodeUnpublishVolumeResponse,
-    moor::csi::v1::NodeGetVolumeStatsResponse,
-    moor::csi::v1::NodeExpandVolumeResponse,
-    moor::csi::v1::NodeGetCapabilitiesResponse,
-    moor::csi::v1::NodeGetInfoResponse,
+    moor_csi::v1::GetPluginInfoResponse,
+    moor_csi::v1::GetPluginCapabilitiesResponse,
+    moor_csi::v1::ProbeResponse,
+    moor_csi::v1::DeleteVolumeResponse,
+    moor_csi::v1::ControllerPublishVolumeResponse,
+    moor_csi::v1::ControllerUnpublishVolumeResponse,
+    moor_csi::v1::ValidateVolumeCapabilitiesResponse,
+    moor_csi::v1::ListVolumesResponse,
+    moor_csi::v1::GetCapacityResponse,
+    moor_csi::v1::ControllerGetCapabilitiesResponse,
+    moor_csi::v1::CreateSnapshotResponse,
+    moor_csi::v1::DeleteSnapshotResponse,
+    moor_csi::v1::ListSnapshotsResponse,
+    moor_csi::v1::ControllerExpandVolumeResponse,
+    moor_csi::v1::ControllerGetVolumeResponse,
+    moor_csi::v1::ControllerModifyVolumeResponse,
+    moor_csi::v1::NodeStageVolumeResponse,
+    moor_csi::v1::NodeUnstageVolumeResponse,
+    moor_csi::v1::NodePublishVolumeResponse,
+    moor_csi::v1::NodeUnpublishVolumeResponse,
+    moor_csi::v1::NodeGetVolumeStatsResponse,
+    moor_csi::v1::NodeExpandVolumeResponse,
+    moor_csi::v1::NodeGetCapabilitiesResponse,
+    moor_csi::v1::NodeGetInfoResponse,
 );
 
-impl Logged for moor::csi::v1::CreateVolumeResponse {
+impl Logged for moor_csi::v1::CreateVolumeResponse {
     fn annotate(&self, call: &mut Call) {
         call.result_volume_id = self.volume.as_ref().map(|v| v.volume_id.clone());
     }
 }
 
 /// The CSI name of a capability's access mode, for the call log.
-fn access_mode_name(cap: Option<&moor::csi::v1::VolumeCapability>) -> Option<String> {
-    use moor::csi::v1::volume_capability::access_mode::Mode;
+fn access_mode_name(cap: Option<&moor_csi::v1::VolumeCapability>) -> Option<String> {
+    use moor_csi::v1::volume_capability::access_mode::Mode;
     let mode = cap?.access_mode.as_ref()?.mode;
     Some(
         Mode::try_from(mode)

@@ -79,9 +79,9 @@ async fn main() {
         let args = Check::parse_from(std::env::args().skip(1));
         std::process::exit(check(args));
     }
-    moor::runtime::logging::init();
+    moor_csi::process::init_logging();
     let cfg = moor_hostpath::Config::parse();
-    let shutdown = moor::runtime::shutdown::on_signal();
+    let shutdown = moor_csi::process::on_signal();
     if let Err(e) = moor_hostpath::run(cfg, shutdown).await {
         eprintln!("moor-hostpath: {e:#}");
         std::process::exit(2);

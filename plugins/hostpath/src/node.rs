@@ -2,7 +2,7 @@
 //! NodePublish bind-mounts it (from the staging path when staging) at the target path,
 //! read-only when asked; block volumes are a file bind-mounted on a file.
 
-use moor::csi::v1::{
+use moor_csi::v1::{
     node_server::Node, node_service_capability, volume_usage, NodeExpandVolumeRequest,
     NodeExpandVolumeResponse, NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse,
     NodeGetInfoRequest, NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,

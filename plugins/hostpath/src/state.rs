@@ -2,7 +2,7 @@
 //! each change appended to `state.jsonl` (a [`Journal`]), so a restarted plugin knows
 //! everything it did.
 
-use moor::journal::{Journal, JournalError, Journaled, Table, Tables};
+use moor_csi::journal::{Journal, JournalError, Journaled, Table, Tables};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

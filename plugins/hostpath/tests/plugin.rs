@@ -3,7 +3,7 @@
 mod harness;
 
 use harness::{can_mount, cap, mnmw, mount_count, sw, HostPath};
-use moor::csi::v1::*;
+use moor_csi::v1::*;
 use moor_hostpath::faults::Command;
 use std::time::{Duration, Instant};
 use tonic::{Code, Request};

@@ -120,7 +120,7 @@ impl Reconcile {
             // Recorded when it failed; nothing new to say.
             Err(e @ NodeError::BackingOff(..)) => Err(e),
             Err(e) => {
-                let msg = moor::runtime::controller::error_chain(&e);
+                let msg = moor::process::error_chain(&e);
                 self.sync_mount(key, claim, Some(msg.clone())).await?;
                 self.event(claim, "Mount volume", Some(msg)).await;
                 Err(e)

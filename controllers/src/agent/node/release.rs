@@ -10,7 +10,7 @@ impl Reconcile {
         if let Some(rec) = rec.filter(|r| !r.released) {
             if let Err(e) = self.teardown(key, &rec).await {
                 if !matches!(e, NodeError::BackingOff(..)) {
-                    let msg = moor::runtime::controller::error_chain(&e);
+                    let msg = moor::process::error_chain(&e);
                     self.sync_mount(key, claim, Some(msg)).await?;
                 }
                 return Err(e);

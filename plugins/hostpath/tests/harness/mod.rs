@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use moor::csi::v1::{
+use moor_csi::v1::{
     controller_client::ControllerClient, identity_client::IdentityClient, node_client::NodeClient,
     volume_capability, ProbeRequest, VolumeCapability,
 };
@@ -52,7 +52,7 @@ impl HostPath {
         let mut hp = HostPath {
             admin: dir.path().join("state/admin.sock"),
             calls: dir.path().join("state/calls.jsonl"),
-            channel: moor::csi::channel(&endpoint).unwrap(),
+            channel: moor_csi::channel(&endpoint).unwrap(),
             endpoint,
             dir,
             args,

@@ -358,7 +358,7 @@ impl<S: Tables> Journal<S> {
         if self.written > 2 * live + SLACK {
             // The journal stays valid if this fails; the next commit tries again.
             if let Err(e) = self.rewrite(live) {
-                tracing::warn!(error = %crate::runtime::controller::error_chain(&e), "cannot compact the journal");
+                tracing::warn!(error = %crate::process::error_chain(&e), "cannot compact the journal");
             }
         }
         Ok(())

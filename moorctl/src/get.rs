@@ -6,8 +6,8 @@ use serde_json::Value;
 use super::kind::{self, redact, with_spec, Kind, Selector};
 use super::table::{columns, render_row, table};
 use super::{Ctx, NsArgs, Refused};
-use crate::api::*;
-use crate::runtime::watcher::{watcher, Event};
+use moor::api::*;
+use moor::runtime::watcher::{watcher, Event};
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

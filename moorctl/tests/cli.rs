@@ -27,7 +27,10 @@ fn moorctl(args: &[&str], stdin: &str) -> (i32, String, String) {
 
 #[test]
 fn validate_accepts_the_design_example() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/design.yaml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/examples/design.yaml"
+    );
     let (code, out, err) = moorctl(&["validate", "-f", path], "");
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(

@@ -7,8 +7,8 @@ use std::str::FromStr;
 use serde_json::Value;
 
 use super::Ctx;
-use crate::api::*;
-use crate::store::Deleted;
+use moor::api::*;
+use moor::store::Deleted;
 
 /// A kind, as `get`, `describe`, `delete` and `wait` take it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! `moorctl validate -f FILE|-`: parse and validate manifests, reporting every problem.
 
-use crate::api::parse_manifests;
-use crate::runtime::controller::error_chain;
+use moor::api::parse_manifests;
+use moor::process::error_chain;
 
 /// Check manifests without applying them.
 #[derive(Debug, clap::Args)]

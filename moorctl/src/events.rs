@@ -7,8 +7,8 @@ use super::get::sort;
 use super::kind::{self, text, Kind};
 use super::table::{columns, render, render_row};
 use super::{Ctx, NsArgs};
-use crate::api::EventSpec;
-use crate::runtime::watcher::{watcher, Event};
+use moor::api::EventSpec;
+use moor::runtime::watcher::{watcher, Event};
 
 /// The reconciliation events.
 #[derive(Debug, clap::Args)]

@@ -23,7 +23,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() {
-    moor::runtime::logging::init();
+    moor_csi::process::init_logging();
     let args = Args::parse();
     if let Err(e) = run(args).await {
         eprintln!("moor-store: {e:#}");
@@ -33,15 +33,15 @@ async fn main() {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     use anyhow::Context;
-    let store = moor::embedded::EmbeddedStore::open(&args.data_dir, args.history)
+    let store = moor_embedded::EmbeddedStore::open(&args.data_dir, args.history)
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let shutdown: CancellationToken = moor::runtime::shutdown::on_signal();
+    let shutdown: CancellationToken = moor_csi::process::on_signal();
     eprintln!(
         "moor-store: serving the etcd v3 API on http://{}",
         listener.local_addr()?
     );
-    moor::embedded::serve(store, listener, shutdown).await
+    moor_embedded::serve(store, listener, shutdown).await
 }

@@ -6,7 +6,7 @@ use super::get::sort;
 use super::kind::{self, redact, text, Kind};
 use super::table::table;
 use super::{Ctx, Refused};
-use crate::api::Namespace;
+use moor::api::Namespace;
 
 /// Show one object with its related objects and recent events.
 #[derive(Debug, clap::Args)]

@@ -3,13 +3,13 @@
 use clap::Parser;
 
 fn main() {
-    let cli = moor::cli::Cli::parse();
+    let cli = moorctl::Cli::parse();
     match cli.run() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // The user's answer (not found, refused, timed out) exits 1; anything else
             // (usage, connection, store errors) exits 2.
-            let refused = e.downcast_ref::<moor::cli::Refused>().is_some();
+            let refused = e.downcast_ref::<moorctl::Refused>().is_some();
             eprintln!("moorctl: {e:#}");
             std::process::exit(if refused { 1 } else { 2 });
         }

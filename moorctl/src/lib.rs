@@ -15,8 +15,8 @@ mod wait;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use crate::api::{Name, Namespace, NodeName};
-use crate::store::{EtcdAuth, Store, StoreError};
+use moor::api::{Name, Namespace, NodeName};
+use moor::store::{EtcdAuth, Store, StoreError};
 
 pub use kind::Kind;
 
@@ -34,7 +34,7 @@ pub struct Cli {
     )]
     pub endpoints: Vec<String>,
     /// Key prefix moor uses in etcd.
-    #[arg(long, env = "MOOR_PREFIX", default_value = crate::store::DEFAULT_PREFIX, global = true)]
+    #[arg(long, env = "MOOR_PREFIX", default_value = moor::store::DEFAULT_PREFIX, global = true)]
     pub prefix: String,
     /// TLS and etcd auth.
     #[command(flatten)]
@@ -306,7 +306,7 @@ async fn delete(ctx: &Ctx, cmd: Delete) -> anyhow::Result<i32> {
 }
 
 async fn alloc_stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Result<i32> {
-    use crate::api::{AllocationSpec, DesiredStatus};
+    use moor::api::{AllocationSpec, DesiredStatus};
     let ns = parse_ns(namespace)?;
     let name = parse_name("allocation", name)?;
     let suffix = format!("{ns}/{name}");
@@ -341,7 +341,7 @@ async fn volume_detach(
     volume: &str,
     node: &str,
 ) -> anyhow::Result<i32> {
-    use crate::api::VolumeSpec;
+    use moor::api::VolumeSpec;
     let ns = parse_ns(namespace)?;
     let volume = parse_name("volume", volume)?;
     let node = NodeName::new(node).map_err(|e| anyhow::anyhow!("node {node:?}: {e}"))?;

@@ -5,9 +5,9 @@ use std::io::Read;
 use anyhow::Context;
 
 use super::{ride_out, Ctx, LookAgain, Refused};
-use crate::api::{parse_manifests, AnyObject, Object, Spec};
-use crate::runtime::controller::error_chain;
-use crate::store::StoreError;
+use moor::api::{parse_manifests, AnyObject, Object, Spec};
+use moor::process::error_chain;
+use moor::store::StoreError;
 use std::cell::Cell;
 
 /// Create or update objects from manifests.
