@@ -14,6 +14,9 @@ BIN=${MOOR_BIN:-target/debug}
 DATA=${MOOR_DEV_DATA:-.moor-dev}
 LISTEN=${MOOR_DEV_LISTEN:-127.0.0.1:2379}
 if [ -z "${MOOR_BIN:-}" ]; then
+    # The build compiles the CSI and etcd protocols: it needs protoc.
+    . deploy/needs.sh
+    need protoc protobuf-compiler
     echo "# building moor (cargo build --workspace --bins)"
     cargo build --quiet --workspace --bins
 fi

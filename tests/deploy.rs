@@ -149,6 +149,7 @@ fn denied(e: &etcd_client::Error) -> bool {
 async fn an_agent_cannot_write_another_node_s_keys() {
     let tmp = tempfile::tempdir().unwrap();
     let certs = tmp.path().join("certs");
+    common::need("openssl");
     run(Command::new("bash")
         .arg(deploy("certs.sh"))
         .arg(&certs)
@@ -157,7 +158,7 @@ async fn an_agent_cannot_write_another_node_s_keys() {
     let url = format!("https://127.0.0.1:{client}");
     let log = std::fs::File::create(tmp.path().join("etcd.log")).unwrap();
     let _etcd = Proc(
-        Command::new("etcd")
+        Command::new(common::need("etcd"))
             .args(["--name", "secure", "--data-dir"])
             .arg(tmp.path().join("data"))
             .arg(format!("--listen-client-urls={url}"))
@@ -186,7 +187,7 @@ async fn an_agent_cannot_write_another_node_s_keys() {
             .unwrap(),
     );
     let ctl = |args: &[&str]| {
-        Command::new("etcdctl")
+        Command::new(common::need("etcdctl"))
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={url}"))
             .arg(format!("--cacert={}", certs.join("ca.pem").display()))
@@ -250,7 +251,7 @@ async fn an_agent_cannot_write_another_node_s_keys() {
         .unwrap();
     controller.create(&volume("v1")).await.unwrap();
     let moorctl = |user: &str, args: &[&str]| {
-        Command::new(bin("moord").with_file_name("moorctl"))
+        Command::new(bin("moorctl"))
             .env("MOOR_ENDPOINTS", &url)
             .env("MOOR_CACERT", certs.join("ca.pem"))
             .env("MOOR_CERT", certs.join(format!("{user}.pem")))
@@ -262,7 +263,36 @@ async fn an_agent_cannot_write_another_node_s_keys() {
     let out = moorctl("moor-agent-n1", &["volume", "detach", "v1", "--node", "n2"]);
     assert!(!out.status.success(), "an agent must not edit volumes");
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("permission denied"),
+        String::from_utf8_lossy(&out.stderr).contains(&format!(
+            "moorctl: etcd at {url} refused: permission denied; this identity's etcd role \
+             does not allow it (see deploy/etcd/roles.sh)"
+        )),
+        "{out:?}"
+    );
+    // A person reads what was tried and what to do, in one line; the causes under -v.
+    let out = Command::new(bin("moorctl"))
+        .env("MOOR_ENDPOINTS", &url)
+        .args(["get", "volumes"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "moorctl: cannot reach etcd at {url}: etcd's certificate is not signed by a CA \
+             moorctl trusts; give the CA that signed it with --cacert or MOOR_CACERT"
+        ),
+        "{out:?}"
+    );
+    let out = moorctl(
+        "moor-agent-n1",
+        &["get", "volumes", "--user", "bob:wrong", "-v"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!(
+            "moorctl: etcd at {url} refused: wrong user name or password; check --user"
+        )) && stderr.contains("  root: "),
         "{out:?}"
     );
     let out = moorctl("moor-controller", &["get", "volumes"]);
@@ -584,7 +614,7 @@ async fn moorctl_apply_without_a_quorum_lists_what_it_did_not_apply() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("0 of 4 objects applied; not applied: volumes/default/v0, allocations/default/a0, volumes/default/v1, allocations/default/a1; last error: etcd is unavailable"),
+        stderr.contains("0 of 4 objects applied; not applied: volumes/default/v0, allocations/default/a0, volumes/default/v1, allocations/default/a1; last error: cannot reach etcd at "),
         "{stderr}"
     );
 }

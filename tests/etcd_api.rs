@@ -415,7 +415,7 @@ async fn an_expired_lease_deletes_its_keys(backend: Backend) {
 crate::both_stores!(survives_a_restart, an_expired_lease_deletes_its_keys);
 
 fn etcdctl(url: &str, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new("etcdctl")
+    let out = std::process::Command::new(crate::common::need("etcdctl"))
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={url}"))
         .args(args)
@@ -430,7 +430,7 @@ fn etcdctl(url: &str, args: &[&str]) -> (bool, String) {
 async fn etcdctl_gets_puts_watches_and_leases_against_moor_store() {
     let etcd = Etcd::start_on(Backend::Embedded).await;
     let url = etcd.client_url.clone();
-    let mut watch = std::process::Command::new("etcdctl")
+    let mut watch = std::process::Command::new(crate::common::need("etcdctl"))
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={url}"))
         .args(["watch", "--prefix", "w/"])

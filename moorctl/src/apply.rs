@@ -6,7 +6,6 @@ use anyhow::Context;
 
 use super::{ride_out, Ctx, LookAgain, Refused};
 use moor::api::{parse_manifests, AnyObject, Object, Spec};
-use moor::process::error_chain;
 use moor::store::StoreError;
 use std::cell::Cell;
 
@@ -60,7 +59,7 @@ impl Apply {
                 Ok(line) => println!("{line}"),
                 Err(e) => {
                     unavailable = super::is_transient(&e);
-                    last_error = error_chain(e.as_ref());
+                    last_error = crate::explain::explain(&e, &ctx.endpoints);
                     eprintln!("error: {last_error}");
                     not_applied.push(name);
                 }

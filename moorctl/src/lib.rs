@@ -3,19 +3,23 @@
 //! Exit codes: 0 success; 1 the request was understood but did not succeed (invalid
 //! manifest, conflict, not found, a wait that timed out); 2 usage or connection errors.
 
+mod alloc;
 mod apply;
+mod delete;
 mod describe;
 mod events;
+pub mod explain;
 mod get;
 mod kind;
 mod status;
 mod table;
 mod validate;
+mod volume;
 mod wait;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use moor::api::{Name, Namespace, NodeName};
+use moor::api::{Name, Namespace};
 use moor::store::{EtcdAuth, Store, StoreError};
 
 pub use kind::Kind;
@@ -43,6 +47,9 @@ pub struct Cli {
     /// quorum gone) is retried before the verb gives up on the object.
     #[arg(long, env = "MOOR_RETRY_FOR", default_value = "60s", value_parser = humantime::parse_duration, global = true)]
     pub retry_for: std::time::Duration,
+    /// On failure, print every cause under the one-line explanation.
+    #[arg(short = 'v', long, global = true)]
+    pub verbose: bool,
     /// The verb.
     #[command(subcommand)]
     pub command: Command,
@@ -81,7 +88,7 @@ pub enum Command {
     /// Show one object with its related objects and recent events.
     Describe(describe::Describe),
     /// Delete an object (finalizers hold it until their owners are done).
-    Delete(Delete),
+    Delete(delete::Delete),
     /// Allocation verbs.
     #[command(subcommand)]
     Alloc(AllocCmd),
@@ -102,18 +109,6 @@ pub enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-}
-
-/// `moorctl delete KIND NAME`.
-#[derive(Debug, clap::Args)]
-pub struct Delete {
-    /// The kind.
-    pub kind: Kind,
-    /// The name.
-    pub name: String,
-    /// Namespace.
-    #[arg(short = 'n', long, default_value = "default")]
-    pub namespace: String,
 }
 
 /// `moorctl alloc ...`.
@@ -173,21 +168,22 @@ impl Cli {
             let store = self.auth.connect(&self.endpoints, &self.prefix).await?;
             let ctx = Ctx {
                 store,
+                endpoints: self.endpoints.clone(),
                 retry_for: self.retry_for,
             };
             match self.command {
                 Command::Apply(cmd) => cmd.run(&ctx).await,
                 Command::Get(cmd) => cmd.run(&ctx).await,
                 Command::Describe(cmd) => cmd.run(&ctx).await,
-                Command::Delete(cmd) => delete(&ctx, cmd).await,
+                Command::Delete(cmd) => cmd.run(&ctx).await,
                 Command::Alloc(AllocCmd::Stop { name, namespace }) => {
-                    alloc_stop(&ctx, &namespace, &name).await
+                    alloc::stop(&ctx, &namespace, &name).await
                 }
                 Command::Volume(VolumeCmd::Detach {
                     volume,
                     node,
                     namespace,
-                }) => volume_detach(&ctx, &namespace, &volume, &node).await,
+                }) => volume::detach(&ctx, &namespace, &volume, &node).await,
                 Command::Volume(VolumeCmd::Status(cmd)) => cmd.run(&ctx).await,
                 Command::Plugin(PluginCmd::Status(cmd)) => cmd.run(&ctx).await,
                 Command::Events(cmd) => cmd.run(&ctx).await,
@@ -202,6 +198,8 @@ impl Cli {
 pub struct Ctx {
     /// The store.
     pub store: Store,
+    /// Where it is (for error messages).
+    pub endpoints: Vec<String>,
     /// See [`Cli::retry_for`].
     pub retry_for: std::time::Duration,
 }
@@ -211,11 +209,11 @@ pub struct Ctx {
 #[error("{0}")]
 pub struct Refused(pub String);
 
-fn parse_name(what: &str, s: &str) -> anyhow::Result<Name> {
+pub(crate) fn parse_name(what: &str, s: &str) -> anyhow::Result<Name> {
     Name::new(s).map_err(|e| anyhow::anyhow!("{what} {s:?}: {e}"))
 }
 
-fn parse_ns(s: &str) -> anyhow::Result<Namespace> {
+pub(crate) fn parse_ns(s: &str) -> anyhow::Result<Namespace> {
     Namespace::new(s).map_err(|e| anyhow::anyhow!("namespace {s:?}: {e}"))
 }
 
@@ -262,121 +260,9 @@ pub(crate) fn is_transient(e: &anyhow::Error) -> bool {
         .is_some_and(StoreError::is_transient)
 }
 
-fn is_not_found(e: &anyhow::Error) -> bool {
+pub(crate) fn is_not_found(e: &anyhow::Error) -> bool {
     matches!(
         e.downcast_ref::<StoreError>(),
         Some(StoreError::NotFound { .. })
     )
-}
-
-async fn delete(ctx: &Ctx, cmd: Delete) -> anyhow::Result<i32> {
-    let ns = parse_ns(&cmd.namespace)?;
-    // None: not found; after a lost answer, that is our deletion having landed.
-    let outcome = ride_out(ctx, |retrying| {
-        let ns = &ns;
-        let cmd = &cmd;
-        async move {
-            let key = kind::find_key(ctx, cmd.kind, Some(ns), &cmd.name).await?;
-            match key {
-                Some(key) => match kind::delete(ctx, cmd.kind, &key).await {
-                    Ok(f) => Ok(Some(f)),
-                    Err(e) if retrying && is_not_found(&e) => Ok(Some(Vec::new())),
-                    Err(e) => Err(e),
-                },
-                None if retrying => Ok(Some(Vec::new())),
-                None => Ok(None),
-            }
-        }
-    })
-    .await?;
-    let Some(finalizing) = outcome else {
-        return Err(Refused(format!("{} {}/{} not found", cmd.kind, ns, cmd.name)).into());
-    };
-    if finalizing.is_empty() {
-        println!("{} {} deleted", cmd.kind, cmd.name);
-    } else {
-        println!(
-            "{} {} marked for deletion; waiting for {}",
-            cmd.kind,
-            cmd.name,
-            finalizing.join(", ")
-        );
-    }
-    Ok(0)
-}
-
-async fn alloc_stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Result<i32> {
-    use moor::api::{AllocationSpec, DesiredStatus};
-    let ns = parse_ns(namespace)?;
-    let name = parse_name("allocation", name)?;
-    let suffix = format!("{ns}/{name}");
-    let stop = |spec: &mut AllocationSpec| {
-        let running = spec.desired_status != DesiredStatus::Stop;
-        spec.desired_status = DesiredStatus::Stop;
-        running
-    };
-    let outcome = ride_out(ctx, |retrying| {
-        let suffix = &suffix;
-        async move {
-            let (_, wrote) = ctx.store.modify_spec(suffix, stop).await?;
-            // After a lost answer, "already stopped" may be our write.
-            Ok(wrote || retrying)
-        }
-    })
-    .await;
-    match outcome {
-        Ok(true) => println!("allocation {name} stopped; its claims will be released"),
-        Ok(false) => println!("allocation {name} already stopped"),
-        Err(e) if is_not_found(&e) => {
-            return Err(Refused(format!("allocation {suffix} not found")).into())
-        }
-        Err(e) => return Err(e),
-    }
-    Ok(0)
-}
-
-async fn volume_detach(
-    ctx: &Ctx,
-    namespace: &str,
-    volume: &str,
-    node: &str,
-) -> anyhow::Result<i32> {
-    use moor::api::VolumeSpec;
-    let ns = parse_ns(namespace)?;
-    let volume = parse_name("volume", volume)?;
-    let node = NodeName::new(node).map_err(|e| anyhow::anyhow!("node {node:?}: {e}"))?;
-    let suffix = format!("{ns}/{volume}");
-    // The entry names the generation this very write makes, so it covers exactly the
-    // claims admitted before it. After a lost answer, an entry naming the stored
-    // generation is that write.
-    let outcome = ride_out(ctx, |retrying| {
-        let (suffix, node) = (&suffix, &node);
-        async move {
-            loop {
-                let mut v = ctx.store.get::<VolumeSpec>(suffix).await?;
-                if retrying && v.spec.force_detach.get(node) == Some(&v.metadata.generation) {
-                    return Ok(());
-                }
-                v.spec
-                    .force_detach
-                    .insert(node.clone(), v.metadata.generation + 1);
-                match ctx.store.replace(&v).await {
-                    Err(StoreError::Conflict { .. }) => continue,
-                    other => return other.map(|_| ()).map_err(anyhow::Error::from),
-                }
-            }
-        }
-    })
-    .await;
-    match outcome {
-        Ok(()) => {}
-        Err(e) if is_not_found(&e) => {
-            return Err(Refused(format!("volume {suffix} not found")).into())
-        }
-        Err(e) => return Err(e),
-    }
-    println!(
-        "volume {volume}: node {node} marked gone; its claims there now will be released without node calls"
-    );
-    Ok(0)
 }

@@ -4,13 +4,17 @@ use clap::Parser;
 
 fn main() {
     let cli = moorctl::Cli::parse();
+    let (endpoints, verbose) = (cli.endpoints.clone(), cli.verbose);
     match cli.run() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // The user's answer (not found, refused, timed out) exits 1; anything else
             // (usage, connection, store errors) exits 2.
             let refused = e.downcast_ref::<moorctl::Refused>().is_some();
-            eprintln!("moorctl: {e:#}");
+            eprintln!("moorctl: {}", moorctl::explain::explain(&e, &endpoints));
+            if verbose {
+                eprint!("{}", moorctl::explain::causes(&e));
+            }
             std::process::exit(if refused { 1 } else { 2 });
         }
     }

@@ -74,3 +74,28 @@ fn validate_of_a_missing_file_is_a_clear_error() {
     assert_eq!(code, 2);
     assert!(err.contains("reading /nonexistent/x.yaml"), "{err}");
 }
+
+#[test]
+fn an_unreachable_etcd_is_one_line_that_says_what_to_do() {
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let (code, out, err) = moorctl(&["--endpoints", &url, "get", "volumes"], "");
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "moorctl: cannot reach etcd at {url}: connection refused; is etcd (or moord dev) \
+             running there? set --endpoints or MOOR_ENDPOINTS\n"
+        )
+    );
+    let (_, _, err) = moorctl(&["--endpoints", &url, "get", "volumes", "-v"], "");
+    assert!(
+        err.lines().count() > 2 && err.contains("  root: ") && err.contains("ConnectionRefused"),
+        "{err}"
+    );
+}

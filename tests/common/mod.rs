@@ -117,7 +117,7 @@ impl Etcd {
     }
 
     fn etcd_command(&self) -> Command {
-        let mut cmd = Command::new("etcd");
+        let mut cmd = Command::new(need("etcd"));
         cmd.arg("--name=test")
             .arg(format!(
                 "--data-dir={}",
@@ -195,6 +195,24 @@ fn tail(s: &str) -> &str {
         .find(|i| s.is_char_boundary(*i))
         .unwrap_or(s.len());
     &s[start..]
+}
+
+/// `cmd`, an external program a test runs, checked to be installed: a missing one fails
+/// the test with the one command that installs it (a test never skips for want of it).
+pub fn need(cmd: &'static str) -> &'static str {
+    let package = match cmd {
+        "etcd" => "etcd-server",
+        "etcdctl" => "etcd-client",
+        other => other,
+    };
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(cmd).is_file()));
+    assert!(
+        found,
+        "{cmd} is not installed; install it with `sudo apt-get install -y {package}` \
+         (or run the tests with `bash tests/run.sh`, which installs what they need)"
+    );
+    cmd
 }
 
 /// Where cargo put the workspace's binaries; builds them if a partial test run did not.

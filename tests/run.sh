@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need and a fresh machine lacks, then runs
+# every crate's tests. Arguments go to cargo test (e.g. `bash tests/run.sh --test chaos`).
+#
+#   protoc   (protobuf-compiler)  the build compiles proto/csi.proto and etcd-client's protos
+#   etcd     (etcd-server)        the tests start real etcd processes
+#   etcdctl  (etcd-client)        tests drive the embedded store and the TLS roles with it
+#   openssl  (openssl)            the TLS test makes its certificates with deploy/etcd/certs.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. deploy/needs.sh
+need protoc protobuf-compiler
+need etcd etcd-server
+need etcdctl etcd-client
+need openssl openssl
+exec cargo test --workspace "$@"
