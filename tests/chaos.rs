@@ -244,7 +244,7 @@ impl Chaos {
             return;
         };
         self.log(format!("delete volume {name}"));
-        delete::<VolumeSpec>(&self.c, &format!("default/{name}")).await;
+        delete(&self.c, &Volume::key_for(&Namespace::default_ns(), &name)).await;
         if let Some(v) = self.volumes.get_mut(&name) {
             v.deleted = true;
         }
@@ -285,9 +285,9 @@ impl Chaos {
     }
 
     async fn set_desired(&mut self, name: &str, status: DesiredStatus) {
-        let key = format!("default/{name}");
+        let key = Allocation::key_for(&Namespace::default_ns(), name);
         retry(&format!("set {name} to {status:?}"), || {
-            self.c.store.modify_spec::<AllocationSpec>(&key, |s| {
+            self.c.store.modify_spec(&key, |s: &mut AllocationSpec| {
                 s.desired_status = status;
                 true
             })
@@ -326,7 +326,11 @@ impl Chaos {
             return;
         };
         self.log(format!("delete allocation {name}"));
-        delete::<AllocationSpec>(&self.c, &format!("default/{name}")).await;
+        delete(
+            &self.c,
+            &Allocation::key_for(&Namespace::default_ns(), &name),
+        )
+        .await;
         if let Some(a) = self.allocs.get_mut(&name) {
             a.deleted = true;
         }
@@ -628,7 +632,7 @@ impl Chaos {
         }
         let store = self.c.store.clone();
         self.settle("every claim Released", || async {
-            match store.list::<ClaimSpec>("").await {
+            match store.list::<ClaimSpec>(&moor::api::KeyScope::all()).await {
                 Ok(l) => l
                     .items
                     .iter()
@@ -646,10 +650,14 @@ impl Chaos {
         })
         .await;
         for name in self.allocs_where(|_| true) {
-            delete::<AllocationSpec>(&self.c, &format!("default/{name}")).await;
+            delete(
+                &self.c,
+                &Allocation::key_for(&Namespace::default_ns(), &name),
+            )
+            .await;
         }
         for name in self.live_volumes() {
-            delete::<VolumeSpec>(&self.c, &format!("default/{name}")).await;
+            delete(&self.c, &Volume::key_for(&Namespace::default_ns(), &name)).await;
         }
         self.settle("everything gone", || remaining(&store)).await;
         // The registered volumes are the storage team's to delete (moor never creates
@@ -877,7 +885,7 @@ async fn csi_delete(c: &Cluster, id: &str) -> Result<(), moor::csi::policy::CsiE
 /// What is left of the cluster's objects, one line each with its status.
 async fn remaining(store: &moor::store::Store) -> Vec<String> {
     async fn of<S: Spec>(store: &moor::store::Store, out: &mut Vec<String>) {
-        match store.list::<S>("").await {
+        match store.list::<S>(&moor::api::KeyScope::all()).await {
             Ok(l) => out.extend(l.items.iter().map(|o| {
                 format!(
                     "{} {}: {}",
@@ -921,10 +929,10 @@ where
     }
 }
 
-async fn delete<S: Spec>(c: &Cluster, key: &str) {
+async fn delete<S: Spec>(c: &Cluster, key: &ObjectKey<S>) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match c.store.delete::<S>(key, None).await {
+        match c.store.delete(key, None).await {
             Ok(_) | Err(StoreError::NotFound { .. }) => return,
             Err(e) if Instant::now() < deadline => {
                 eprintln!("chaos: delete {key}: {e}; retrying");

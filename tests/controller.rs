@@ -26,7 +26,10 @@ async fn a_controller_converges_status_to_spec_and_follows_changes(backend: Back
     let (reader, writer) = reflector::store::<Volume>();
     let events = reflector::reflector(
         writer,
-        backoff(watcher::<VolumeSpec>(store.clone(), ""), Backoff::default()),
+        backoff(
+            watcher::<VolumeSpec>(store.clone(), moor::api::KeyScope::all()),
+            Backoff::default(),
+        ),
     );
     let shutdown = CancellationToken::new();
     let ctl = Controller::new("volume-status", reader.clone(), Config::default())
@@ -41,9 +44,8 @@ async fn a_controller_converges_status_to_spec_and_follows_changes(backend: Back
                     return Ok(Action::AwaitChange);
                 };
                 let generation = obj.metadata.generation;
-                let suffix = key.trim_start_matches("volumes/").to_string();
                 store
-                    .modify_status::<VolumeSpec>(&suffix, |_, status| {
+                    .modify_status(&obj.object_key(), |_, status| {
                         status.claims.schedulable = true;
                         status.claims.meta.observed_generation = generation;
                         true
@@ -60,7 +62,10 @@ async fn a_controller_converges_status_to_spec_and_follows_changes(backend: Back
         move || {
             let store = store.clone();
             async move {
-                let list = store.list::<VolumeSpec>("").await.unwrap();
+                let list = store
+                    .list::<VolumeSpec>(&moor::api::KeyScope::all())
+                    .await
+                    .unwrap();
                 list.items.len() == 3
                     && list.items.iter().all(|v| {
                         v.status.claims.schedulable
@@ -79,7 +84,7 @@ async fn a_controller_converges_status_to_spec_and_follows_changes(backend: Back
     // A spec change is seen through the watch and reconciled again.
     for name in ["a", "b", "c"] {
         let mut v = store
-            .get::<VolumeSpec>(&format!("default/{name}"))
+            .get(&Volume::key_for(&Namespace::default_ns(), name))
             .await
             .unwrap();
         v.spec.capacity_max = Some(Size(8 << 30));
@@ -121,7 +126,8 @@ async fn malformed_values_do_not_delay_the_rest_of_their_kind(backend: Backend) 
     }
     store.create(&volume("before")).await.unwrap();
     let shutdown = CancellationToken::new();
-    let informer = Informer::<Volume>::spawn(store.clone(), "", shutdown.clone());
+    let informer =
+        Informer::<Volume>::spawn(store.clone(), moor::api::KeyScope::all(), shutdown.clone());
     let reader = informer.reader();
     // Well under the first backoffs' sum (30 malformed values: minutes before).
     let deadline = Duration::from_secs(5);

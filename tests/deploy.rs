@@ -107,17 +107,25 @@ async fn the_three_member_cluster_keeps_serving_moor_when_a_member_dies() {
     // transport failure: a few of them find such connections (the client picks a
     // member at random for each request) and leave only refused connections behind.
     for _ in 0..30 {
-        store.list::<moor::api::VolumeSpec>("").await.unwrap();
+        store
+            .list::<moor::api::VolumeSpec>(&moor::api::KeyScope::all())
+            .await
+            .unwrap();
     }
     // From now on every request must succeed the first time the test makes it: the
     // client still balances over the dead member's endpoint, and the store must send a
     // request that could not reach it to a live one.
     for i in 0..30 {
         store.create(&volume(&format!("more-{i}"))).await.unwrap();
-        let listed = store.list::<moor::api::VolumeSpec>("").await.unwrap();
+        let listed = store
+            .list::<moor::api::VolumeSpec>(&moor::api::KeyScope::all())
+            .await
+            .unwrap();
         assert_eq!(listed.items.len(), 2 + i + 1);
         store
-            .get::<moor::api::VolumeSpec>("default/before")
+            .get(&crate::common::key::<moor::api::VolumeSpec>(
+                "volumes/default/before",
+            ))
             .await
             .unwrap();
     }
@@ -311,7 +319,10 @@ async fn an_agent_cannot_write_another_node_s_keys() {
         .await;
     let refused = match store {
         Err(_) => true,
-        Ok(s) => s.try_get::<NodeSpec>("n1").await.is_err(),
+        Ok(s) => s
+            .try_get(&crate::common::key::<NodeSpec>("nodes/n1"))
+            .await
+            .is_err(),
     };
     assert!(refused, "a client without a certificate was served");
 
@@ -359,7 +370,7 @@ async fn an_agent_cannot_write_another_node_s_keys() {
     wait_for("agent n1 to register under its role", Duration::from_secs(60), || {
         let controller = controller.clone();
         async move {
-            matches!(controller.try_get::<NodeSpec>("n1").await, Ok(Some(n)) if n.status.plugins.values().any(|p| p.healthy))
+            matches!(controller.try_get(&crate::common::key::<NodeSpec>("nodes/n1")).await, Ok(Some(n)) if n.status.plugins.values().any(|p| p.healthy))
         }
     })
     .await;
@@ -436,8 +447,14 @@ async fn moorctl_apply_rides_out_the_death_of_the_leader_member() {
         // Every object as the manifest says, read from the surviving members.
         let store = Store::connect(&endpoints, "/moor/").await.unwrap();
         let wanted = moor::api::parse_manifests(&std::fs::read_to_string(&manifest).unwrap());
-        let volumes = store.list::<moor::api::VolumeSpec>("").await.unwrap();
-        let allocations = store.list::<moor::api::AllocationSpec>("").await.unwrap();
+        let volumes = store
+            .list::<moor::api::VolumeSpec>(&moor::api::KeyScope::all())
+            .await
+            .unwrap();
+        let allocations = store
+            .list::<moor::api::AllocationSpec>(&moor::api::KeyScope::all())
+            .await
+            .unwrap();
         assert_eq!(volumes.items.len(), 150, "seed {seed}");
         assert_eq!(allocations.items.len(), 150, "seed {seed}");
         for w in wanted {
@@ -561,13 +578,19 @@ async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
         String::from_utf8_lossy(&waited.stderr)
     );
     let store = Store::connect(&endpoints, "/moor/").await.unwrap();
-    let volumes = store.list::<moor::api::VolumeSpec>("").await.unwrap();
+    let volumes = store
+        .list::<moor::api::VolumeSpec>(&moor::api::KeyScope::all())
+        .await
+        .unwrap();
     assert_eq!(volumes.items.len(), 40);
     assert!(volumes
         .items
         .iter()
         .all(|v| v.spec.force_detach.keys().any(|n| n.as_str() == "n1")));
-    let allocations = store.list::<moor::api::AllocationSpec>("").await.unwrap();
+    let allocations = store
+        .list::<moor::api::AllocationSpec>(&moor::api::KeyScope::all())
+        .await
+        .unwrap();
     assert!(allocations
         .items
         .iter()

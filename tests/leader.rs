@@ -50,7 +50,9 @@ async fn failover_when_the_leader_s_lease_is_revoked(backend: Backend) {
     ));
     b.store().create(&volume("by-b")).await.unwrap();
     assert!(sa
-        .try_get::<moor::api::VolumeSpec>("default/late-a")
+        .try_get(&crate::common::key::<moor::api::VolumeSpec>(
+            "volumes/default/late-a"
+        ))
         .await
         .unwrap()
         .is_none());

@@ -18,7 +18,7 @@ const T: Duration = Duration::from_secs(30);
 
 async fn events(c: &Cluster, reason: &str) -> Vec<Event> {
     c.store
-        .list::<EventSpec>("")
+        .list::<EventSpec>(&moor::api::KeyScope::all())
         .await
         .map(|l| l.items)
         .unwrap_or_default()
@@ -62,7 +62,9 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
     }
     let mount = c
         .store
-        .get::<MountSpec>("n2/default/a1.data")
+        .get(&crate::common::key::<MountSpec>(
+            "mounts/n2/default/a1.data",
+        ))
         .await
         .expect("mount object");
     assert!(mount.status.published);
@@ -85,7 +87,11 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
         "{mounted:?}"
     );
     assert!(!events(&c, "Unmount volume").await.is_empty());
-    let vol = c.store.get::<VolumeSpec>("default/v1").await.unwrap();
+    let vol = c
+        .store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+        .await
+        .unwrap();
     assert!(vol.status.claims.write_claims.is_empty());
     assert_eq!(vol.status.claims.past_claims.len(), 1);
     c.check_calls(true);
@@ -145,7 +151,11 @@ async fn publish_and_release_without_attach_or_stage() {
 async fn a_created_volume_is_deleted_through_delete_volume_after_release() {
     let _slot = SLOTS.acquire().await.unwrap();
     let c = publish_and_release(PluginOpts::default()).await;
-    let vol = c.store.get::<VolumeSpec>("default/v1").await.unwrap();
+    let vol = c
+        .store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+        .await
+        .unwrap();
     let ext = vol
         .status
         .provisioning
@@ -160,13 +170,23 @@ async fn a_created_volume_is_deleted_through_delete_volume_after_release() {
         .expect("CreateVolume was called");
     assert_eq!(created.result_volume_id.as_deref(), Some(ext.as_str()));
     c.store
-        .delete::<VolumeSpec>("default/v1", None)
+        .delete(
+            &crate::common::key::<VolumeSpec>("volumes/default/v1"),
+            None,
+        )
         .await
         .expect("delete requested");
     let store = c.store.clone();
     c.wait("volume v1 gone", T, || {
         let store = store.clone();
-        async move { matches!(store.try_get::<VolumeSpec>("default/v1").await, Ok(None)) }
+        async move {
+            matches!(
+                store
+                    .try_get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+                    .await,
+                Ok(None)
+            )
+        }
     })
     .await;
     let deletes: Vec<_> = c
@@ -189,19 +209,33 @@ async fn deleting_a_volume_in_use_waits_for_its_claims() {
     c.apply(c.allocation("a1", "n1", "v1", false)).await;
     c.wait_claim("a1", "n1", ClaimPhase::Published, T).await;
     c.store
-        .delete::<VolumeSpec>("default/v1", None)
+        .delete(
+            &crate::common::key::<VolumeSpec>("volumes/default/v1"),
+            None,
+        )
         .await
         .unwrap();
     // Held by the claim: still there, and DeleteVolume not called.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let vol = c.store.get::<VolumeSpec>("default/v1").await.unwrap();
+    let vol = c
+        .store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+        .await
+        .unwrap();
     assert!(vol.is_deleting());
     assert_eq!(c.node("n1").count("DeleteVolume", "OK"), 0);
     c.stop_alloc("a1").await;
     let store = c.store.clone();
     c.wait("volume v1 gone", T, || {
         let store = store.clone();
-        async move { matches!(store.try_get::<VolumeSpec>("default/v1").await, Ok(None)) }
+        async move {
+            matches!(
+                store
+                    .try_get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+                    .await,
+                Ok(None)
+            )
+        }
     })
     .await;
     assert_eq!(c.node("n1").count("DeleteVolume", "OK"), 1);
@@ -226,7 +260,9 @@ async fn single_node_writer_second_node_is_denied_then_admitted_after_release() 
         let store = store.clone();
         async move {
             store
-                .get::<AllocationSpec>("default/a2")
+                .get(&crate::common::key::<AllocationSpec>(
+                    "allocations/default/a2",
+                ))
                 .await
                 .is_ok_and(|a| a.status.phase == AllocationPhase::Blocked)
         }
@@ -307,7 +343,9 @@ async fn node_plugin_unavailable_during_release_is_retried_until_it_succeeds() {
     assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
     let mount = c
         .store
-        .get::<MountSpec>("n2/default/a1.data")
+        .get(&crate::common::key::<MountSpec>(
+            "mounts/n2/default/a1.data",
+        ))
         .await
         .unwrap();
     assert!(mount.status.released);
@@ -551,7 +589,7 @@ async fn a_plugin_that_disappears_is_unhealthy_not_forgotten() {
         let store = c.store.clone();
         async move {
             store
-                .try_get::<NodeSpec>("n2")
+                .try_get(&crate::common::key::<NodeSpec>("nodes/n2"))
                 .await
                 .ok()
                 .flatten()
@@ -587,7 +625,7 @@ async fn a_plugin_that_disappears_is_unhealthy_not_forgotten() {
         let store = store.clone();
         async move {
             store
-                .try_get::<PluginSpec>(cluster::PLUGIN)
+                .try_get(&cluster::plugin_key())
                 .await
                 .ok()
                 .flatten()
@@ -627,7 +665,11 @@ async fn an_operator_force_detach_releases_a_claim_on_a_dead_node() {
     );
     // `moorctl volume detach v1 --node n2`.
     loop {
-        let mut v = c.store.get::<VolumeSpec>("default/v1").await.unwrap();
+        let mut v = c
+            .store
+            .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+            .await
+            .unwrap();
         let generation = v.metadata.generation + 1;
         v.spec
             .force_detach

@@ -52,12 +52,19 @@ async fn unknown_controller_capabilities_keep_the_claim_off_the_node() {
     let store = c.store.clone();
     c.wait("n1's Node to expire", T, || {
         let store = store.clone();
-        async move { matches!(store.try_get::<NodeSpec>("n1").await, Ok(None)) }
+        async move {
+            matches!(
+                store
+                    .try_get(&crate::common::key::<NodeSpec>("nodes/n1"))
+                    .await,
+                Ok(None)
+            )
+        }
     })
     .await;
     // What a fresh cluster's Plugin says before its first controller fingerprint.
     loop {
-        let mut p = c.store.get::<PluginSpec>(cluster::PLUGIN).await.unwrap();
+        let mut p = c.store.get(&cluster::plugin_key()).await.unwrap();
         p.status.controller_required = None;
         match c.store.replace_status(&p).await {
             Ok(_) => break,
@@ -65,7 +72,7 @@ async fn unknown_controller_capabilities_keep_the_claim_off_the_node() {
             Err(e) => panic!("{e}"),
         }
     }
-    let plugin = c.store.get::<PluginSpec>(cluster::PLUGIN).await.unwrap();
+    let plugin = c.store.get(&cluster::plugin_key()).await.unwrap();
     assert_eq!(plugin.status.controller_required, None);
 
     c.apply(c.allocation("a1", "n2", "v1", false)).await;
@@ -221,7 +228,7 @@ async fn a_create_refused_for_good_is_failed_and_not_hammered() {
         let store = store.clone();
         async move {
             store
-                .try_get::<VolumeSpec>("default/big")
+                .try_get(&crate::common::key::<VolumeSpec>("volumes/default/big"))
                 .await
                 .ok()
                 .flatten()
@@ -229,7 +236,11 @@ async fn a_create_refused_for_good_is_failed_and_not_hammered() {
         }
     })
     .await;
-    let v = c.store.get::<VolumeSpec>("default/big").await.unwrap();
+    let v = c
+        .store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/big"))
+        .await
+        .unwrap();
     let retry = v.status.provisioning.meta.retry.expect("retry shown");
     assert_eq!(retry.step, "CreateVolume");
     assert!(retry.final_answer);
@@ -342,7 +353,13 @@ async fn a_stopped_allocation_set_back_to_run_runs_again() {
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
     loop {
-        let mut a = c.store.get::<AllocationSpec>("default/a1").await.unwrap();
+        let mut a = c
+            .store
+            .get(&crate::common::key::<AllocationSpec>(
+                "allocations/default/a1",
+            ))
+            .await
+            .unwrap();
         a.spec.desired_status = DesiredStatus::Run;
         if c.store.replace(&a).await.is_ok() {
             break;
@@ -375,15 +392,18 @@ async fn a_mount_whose_claim_went_while_the_agent_was_down_is_deleted() {
     c.stop_alloc("a2").await;
     c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
     let store = c.store.clone();
-    let mount = "n2/default/a2.data";
+    let mount = &crate::common::key::<MountSpec>("mounts/n2/default/a2.data");
     c.wait("n2's Mount of a2 written", T, || {
         let store = store.clone();
-        async move { matches!(store.try_get::<MountSpec>(mount).await, Ok(Some(_))) }
+        async move { matches!(store.try_get(mount).await, Ok(Some(_))) }
     })
     .await;
     c.node_mut("n2").agent.kill();
     c.store
-        .delete::<AllocationSpec>("default/a2", None)
+        .delete(
+            &crate::common::key::<AllocationSpec>("allocations/default/a2"),
+            None,
+        )
         .await
         .unwrap();
     c.wait("a2's claim deleted", T, || async {
@@ -393,7 +413,7 @@ async fn a_mount_whose_claim_went_while_the_agent_was_down_is_deleted() {
     c.node_mut("n2").agent.restart();
     c.wait("the Mount deleted by the restarted agent", T, || {
         let store = store.clone();
-        async move { matches!(store.try_get::<MountSpec>(mount).await, Ok(None)) }
+        async move { matches!(store.try_get(mount).await, Ok(None)) }
     })
     .await;
     assert_eq!(calls(&c, "n2", "NodeStageVolume"), 0);

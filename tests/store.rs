@@ -14,14 +14,19 @@ async fn create_get_and_create_again(backend: Backend) {
     assert!(created.metadata.resource_version > 0);
     assert_eq!(created.metadata.generation, 1);
     assert!(!created.metadata.uid.is_empty());
-    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    let read = store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+        .await
+        .unwrap();
     assert_eq!(read, created);
     assert!(matches!(
         store.create(&volume("v1")).await,
         Err(StoreError::AlreadyExists { key }) if key == "volumes/default/v1"
     ));
     assert!(matches!(
-        store.get::<VolumeSpec>("default/nope").await,
+        store
+            .get(&crate::common::key::<VolumeSpec>("volumes/default/nope"))
+            .await,
         Err(StoreError::NotFound { .. })
     ));
 }
@@ -36,7 +41,7 @@ async fn invalid_objects_are_not_written(backend: Backend) {
         Err(StoreError::Invalid { kind: "Volume", .. })
     ));
     assert!(store
-        .try_get::<VolumeSpec>("default/v1")
+        .try_get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
         .await
         .unwrap()
         .is_none());
@@ -67,7 +72,10 @@ async fn update_bumps_generation_on_spec_change_and_keeps_status(backend: Backen
     let v = store.replace(&bigger).await.unwrap();
     assert_eq!(v.metadata.generation, 2);
     assert_eq!(v.status.provisioning.phase, VolumePhase::Ready);
-    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    let read = store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+        .await
+        .unwrap();
     assert_eq!(read.spec.capacity_max, Some(Size(2 << 30)));
     assert_eq!(read.metadata.resource_version, v.metadata.resource_version);
 }
@@ -91,7 +99,10 @@ async fn conflicting_update_is_a_conflict_and_loses_nothing(backend: Backend) {
         store.replace_status(&b).await,
         Err(StoreError::Conflict { .. })
     ));
-    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    let read = store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+        .await
+        .unwrap();
     assert_eq!(read.spec.capacity_max, Some(Size(5 << 30)));
     assert_eq!(read.status.provisioning.phase, VolumePhase::Pending);
 }
@@ -116,7 +127,10 @@ async fn one_update_writes_spec_and_status_over_what_was_read(backend: Backend) 
         written.metadata.uid, v.metadata.uid,
         "identity comes from the read"
     );
-    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    let read = store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+        .await
+        .unwrap();
     assert_eq!(read, written);
 
     // A status-only update keeps the generation.
@@ -140,7 +154,10 @@ async fn one_update_writes_spec_and_status_over_what_was_read(backend: Backend) 
         "v1",
         "an update keeps the key it read"
     );
-    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    let read = store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+        .await
+        .unwrap();
     assert_eq!(read.spec.capacity_max, Some(Size(3 << 30)));
     assert_eq!(read.status.provisioning.phase, VolumePhase::Failed);
 }
@@ -163,14 +180,14 @@ async fn a_batch_writes_every_object_or_none(backend: Backend) {
     assert_eq!(revision, b.metadata.resource_version + 1, "one revision");
     for name in ["a", "b", "c"] {
         let v = store
-            .get::<VolumeSpec>(&format!("default/{name}"))
+            .get(&Volume::key_for(&Namespace::default_ns(), name))
             .await
             .unwrap();
         assert_eq!(v.metadata.resource_version, revision, "{name}");
     }
     assert_eq!(
         store
-            .get::<VolumeSpec>("default/b")
+            .get(&crate::common::key::<VolumeSpec>("volumes/default/b"))
             .await
             .unwrap()
             .metadata
@@ -179,7 +196,10 @@ async fn a_batch_writes_every_object_or_none(backend: Backend) {
     );
 
     // One stale read (a) fails the whole batch: b is not written either.
-    let fresh_b = store.get::<VolumeSpec>("default/b").await.unwrap();
+    let fresh_b = store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/b"))
+        .await
+        .unwrap();
     let mut batch = Batch::default();
     let mut stale = a.clone();
     stale.status.provisioning.phase = VolumePhase::Failed;
@@ -192,7 +212,10 @@ async fn a_batch_writes_every_object_or_none(backend: Backend) {
         matches!(&err, StoreError::Conflict { key, .. } if key.contains("volumes/default/a")),
         "{err:?}"
     );
-    let b_now = store.get::<VolumeSpec>("default/b").await.unwrap();
+    let b_now = store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/b"))
+        .await
+        .unwrap();
     assert_eq!(b_now, fresh_b);
     // So does creating what exists.
     let mut batch = Batch::default();
@@ -212,31 +235,40 @@ async fn section_writers_both_land_through_modify_status(backend: Backend) {
         let store = store.clone();
         tasks.push(tokio::spawn(async move {
             store
-                .modify_status::<VolumeSpec>("default/v1", |_, status| {
-                    status.claims.past_claims.push(ClaimRef {
-                        allocation: AllocationId::new(format!("a{i}")).unwrap(),
-                        claim: Name::new(format!("c{i}")).unwrap(),
-                        node: NodeName::new("n").unwrap(),
-                        mode: ClaimMode::Read,
-                        access_mode: None,
-                    });
-                    true
-                })
+                .modify_status(
+                    &crate::common::key::<VolumeSpec>("volumes/default/v1"),
+                    |_, status| {
+                        status.claims.past_claims.push(ClaimRef {
+                            allocation: AllocationId::new(format!("a{i}")).unwrap(),
+                            claim: Name::new(format!("c{i}")).unwrap(),
+                            node: NodeName::new("n").unwrap(),
+                            mode: ClaimMode::Read,
+                            access_mode: None,
+                        });
+                        true
+                    },
+                )
                 .await
                 .unwrap();
         }));
     }
     store
-        .modify_status::<VolumeSpec>("default/v1", |_, status| {
-            status.provisioning.phase = VolumePhase::Ready;
-            true
-        })
+        .modify_status(
+            &crate::common::key::<VolumeSpec>("volumes/default/v1"),
+            |_, status| {
+                status.provisioning.phase = VolumePhase::Ready;
+                true
+            },
+        )
         .await
         .unwrap();
     for t in tasks {
         t.await.unwrap();
     }
-    let read = store.get::<VolumeSpec>("default/v1").await.unwrap();
+    let read = store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
+        .await
+        .unwrap();
     assert_eq!(
         read.status.claims.past_claims.len(),
         8,
@@ -251,18 +283,24 @@ async fn delete_honours_precondition_and_finalizers(backend: Backend) {
     let v = store.create(&volume("v1")).await.unwrap();
     assert!(matches!(
         store
-            .delete::<VolumeSpec>("default/v1", Some(v.metadata.resource_version - 1))
+            .delete(
+                &crate::common::key::<VolumeSpec>("volumes/default/v1"),
+                Some(v.metadata.resource_version - 1)
+            )
             .await,
         Err(StoreError::Conflict { .. })
     ));
     assert!(matches!(
         store
-            .delete::<VolumeSpec>("default/v1", Some(v.metadata.resource_version))
+            .delete(
+                &crate::common::key::<VolumeSpec>("volumes/default/v1"),
+                Some(v.metadata.resource_version)
+            )
             .await,
         Ok(Deleted::Gone)
     ));
     assert!(store
-        .try_get::<VolumeSpec>("default/v1")
+        .try_get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
         .await
         .unwrap()
         .is_none());
@@ -271,19 +309,25 @@ async fn delete_honours_precondition_and_finalizers(backend: Backend) {
     held.metadata.finalizers.push("moor.dev/provisioner".into());
     store.create(&held).await.unwrap();
     let Deleted::Finalizing(marked) = store
-        .delete::<VolumeSpec>("default/v2", None)
+        .delete(
+            &crate::common::key::<VolumeSpec>("volumes/default/v2"),
+            None,
+        )
         .await
         .unwrap()
     else {
         panic!("deleted despite a finalizer");
     };
     assert!(marked.is_deleting());
-    let mut released = store.get::<VolumeSpec>("default/v2").await.unwrap();
+    let mut released = store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/v2"))
+        .await
+        .unwrap();
     assert!(released.is_deleting());
     released.metadata.finalizers.clear();
     store.replace(&released).await.unwrap();
     assert!(store
-        .try_get::<VolumeSpec>("default/v2")
+        .try_get(&crate::common::key::<VolumeSpec>("volumes/default/v2"))
         .await
         .unwrap()
         .is_none());
@@ -302,7 +346,10 @@ async fn a_page_larger_than_grpc_s_message_limit_is_split(backend: Backend) {
             .insert("padding".into(), "x".repeat(200 * 1024));
         store.create(&v).await.unwrap();
     }
-    let list = store.list::<VolumeSpec>("").await.unwrap();
+    let list = store
+        .list::<VolumeSpec>(&moor::api::KeyScope::all())
+        .await
+        .unwrap();
     assert_eq!(list.items.len(), 48);
     assert!(list.malformed.is_empty());
 }
@@ -327,7 +374,10 @@ async fn list_pages_through_every_key_and_reports_malformed_ones(backend: Backen
     // Keys of another kind that share a prefix string must not leak in.
     raw.put("/t/volumesX/default/x", "{}", None).await.unwrap();
 
-    let list = store.list::<VolumeSpec>("").await.unwrap();
+    let list = store
+        .list::<VolumeSpec>(&moor::api::KeyScope::all())
+        .await
+        .unwrap();
     assert_eq!(list.items.len(), 50);
     let names: Vec<String> = list
         .items
@@ -348,7 +398,7 @@ async fn list_pages_through_every_key_and_reports_malformed_ones(backend: Backen
 
     // get of a garbage value names the key and its cause.
     let err = store
-        .get::<VolumeSpec>("default/garbage")
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/garbage"))
         .await
         .unwrap_err();
     assert!(matches!(
@@ -390,7 +440,7 @@ async fn fenced_writes_fail_once_the_fence_is_gone(backend: Backend) {
         Err(StoreError::Deposed { .. })
     ));
     assert!(store
-        .try_get::<VolumeSpec>("default/v2")
+        .try_get(&crate::common::key::<VolumeSpec>("volumes/default/v2"))
         .await
         .unwrap()
         .is_none());
@@ -404,9 +454,17 @@ async fn lease_bound_keys_vanish_with_the_lease(backend: Backend) {
     assert!(keep.renew().await.unwrap() > Duration::from_secs(20));
     let node = Node::new(&Namespace::default(), Name::new("n1").unwrap(), NodeSpec {});
     store.create_with_lease(&node, lease).await.unwrap();
-    assert!(store.try_get::<NodeSpec>("n1").await.unwrap().is_some());
+    assert!(store
+        .try_get(&crate::common::key::<NodeSpec>("nodes/n1"))
+        .await
+        .unwrap()
+        .is_some());
     store.revoke_lease(lease).await.unwrap();
-    assert!(store.try_get::<NodeSpec>("n1").await.unwrap().is_none());
+    assert!(store
+        .try_get(&crate::common::key::<NodeSpec>("nodes/n1"))
+        .await
+        .unwrap()
+        .is_none());
     assert!(matches!(keep.renew().await, Err(StoreError::LeaseGone(_))));
     assert_eq!(store.lease_ttl(lease).await.unwrap(), None);
     store.revoke_lease(lease).await.unwrap();

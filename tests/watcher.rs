@@ -49,17 +49,26 @@ async fn lists_then_streams_changes_in_order(backend: Backend) {
     let store = etcd.store("/t/").await;
     store.create(&volume("a")).await.unwrap();
     store.create(&volume("b")).await.unwrap();
-    let mut w = Box::pin(watcher::<VolumeSpec>(store.clone(), ""));
+    let mut w = Box::pin(watcher::<VolumeSpec>(
+        store.clone(),
+        moor::api::KeyScope::all(),
+    ));
     let mut errors = Vec::new();
     match next_event(&mut w, &mut errors).await {
         Event::Restarted(objs) => assert_eq!(names(&objs), ["a", "b"]),
         other => panic!("expected the initial list, got {other:?}"),
     }
     let c = store.create(&volume("c")).await.unwrap();
-    let mut a = store.get::<VolumeSpec>("default/a").await.unwrap();
+    let mut a = store
+        .get(&crate::common::key::<VolumeSpec>("volumes/default/a"))
+        .await
+        .unwrap();
     a.spec.capacity_max = Some(Size(4 << 30));
     store.replace(&a).await.unwrap();
-    store.delete::<VolumeSpec>("default/b", None).await.unwrap();
+    store
+        .delete(&crate::common::key::<VolumeSpec>("volumes/default/b"), None)
+        .await
+        .unwrap();
 
     let ev = next_event(&mut w, &mut errors).await;
     assert_eq!(ev, Event::Applied(c));
@@ -81,7 +90,10 @@ async fn resumes_after_etcd_is_killed_and_restarted_missing_nothing(backend: Bac
     let mut etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     store.create(&volume("a")).await.unwrap();
-    let mut w = Box::pin(watcher::<VolumeSpec>(store.clone(), ""));
+    let mut w = Box::pin(watcher::<VolumeSpec>(
+        store.clone(),
+        moor::api::KeyScope::all(),
+    ));
     let mut errors = Vec::new();
     assert!(matches!(next_event(&mut w, &mut errors).await, Event::Restarted(v) if v.len() == 1));
     store.create(&volume("b")).await.unwrap();
@@ -99,7 +111,7 @@ async fn resumes_after_etcd_is_killed_and_restarted_missing_nothing(backend: Bac
     writer.create(&volume("c")).await.unwrap();
     writer.create(&volume("d")).await.unwrap();
     writer
-        .delete::<VolumeSpec>("default/a", None)
+        .delete(&crate::common::key::<VolumeSpec>("volumes/default/a"), None)
         .await
         .unwrap();
 
@@ -131,7 +143,7 @@ async fn relists_after_a_compaction_past_its_revision(backend: Backend) {
     let (reader, writer) = reflector::store::<Volume>();
     let mut w = Box::pin(reflector::reflector(
         writer,
-        watcher::<VolumeSpec>(store.clone(), ""),
+        watcher::<VolumeSpec>(store.clone(), moor::api::KeyScope::all()),
     ));
     let mut errors = Vec::new();
     assert!(matches!(next_event(&mut w, &mut errors).await, Event::Restarted(v) if v.len() == 2));
@@ -141,7 +153,10 @@ async fn relists_after_a_compaction_past_its_revision(backend: Backend) {
     etcd.restart().await;
     let other = etcd.store("/t/").await;
     other.create(&volume("c")).await.unwrap();
-    other.delete::<VolumeSpec>("default/a", None).await.unwrap();
+    other
+        .delete(&crate::common::key::<VolumeSpec>("volumes/default/a"), None)
+        .await
+        .unwrap();
     let latest = other
         .create(&volume("d"))
         .await
@@ -183,7 +198,10 @@ async fn a_garbage_value_is_reported_and_skipped_while_the_rest_flows(backend: B
         .await
         .unwrap();
 
-    let mut w = Box::pin(watcher::<VolumeSpec>(store.clone(), ""));
+    let mut w = Box::pin(watcher::<VolumeSpec>(
+        store.clone(),
+        moor::api::KeyScope::all(),
+    ));
     match next(&mut w).await {
         Err(WatchError::Malformed(e)) => {
             assert!(e.to_string().contains("volumes/default/junk1"), "{e}")
@@ -238,7 +256,10 @@ async fn a_scoped_watcher_sees_only_its_node(backend: Backend) {
     };
     store.create(&claim("n1", "c1")).await.unwrap();
     store.create(&claim("n10", "c2")).await.unwrap();
-    let mut w = Box::pin(watcher::<ClaimSpec>(store.clone(), "n1/"));
+    let mut w = Box::pin(watcher::<ClaimSpec>(
+        store.clone(),
+        Claim::node_scope(&NodeName::new("n1").unwrap()),
+    ));
     match w.next().await.unwrap().unwrap() {
         Event::Restarted(objs) => {
             assert_eq!(objs.len(), 1);

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use moor::api::{NodeName, NodeSpec, PluginSpec};
+use moor::api::{Node, NodeName, Plugin, PluginId};
 use moor::store::Store;
 use tokio::process::{Child, Command};
 
@@ -352,14 +352,14 @@ impl Cluster {
         loop {
             let mut healthy = 0;
             for node in &self.nodes {
-                if let Ok(Some(n)) = store.try_get::<NodeSpec>(node.as_str()).await {
+                if let Ok(Some(n)) = store.try_get(&Node::key_for(node)).await {
                     if n.status.plugins.values().any(|p| p.healthy) {
                         healthy += 1;
                     }
                 }
             }
             let plugin_ok = matches!(
-                store.try_get::<PluginSpec>(plugin_id).await,
+                store.try_get(&Plugin::key_for(&PluginId::new(plugin_id)?)).await,
                 Ok(Some(p)) if p.status.nodes_healthy as usize == self.nodes.len()
             );
             if healthy == self.nodes.len() && plugin_ok {

@@ -77,7 +77,7 @@ where
     P: Copy + Eq + std::hash::Hash + Send + 'static,
 {
     tokio::spawn(async move {
-        let mut w = Box::pin(watcher::<S>(store, ""));
+        let mut w = Box::pin(watcher::<S>(store, moor::api::KeyScope::all()));
         while let Some(ev) = w.next().await {
             let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
             let t = field(&mut c);
@@ -130,7 +130,7 @@ impl Tracker {
         let changed = Arc::new(Notify::new());
         let (c1, n1, s1) = (counts.clone(), changed.clone(), store.clone());
         let claims = tokio::spawn(async move {
-            let mut w = Box::pin(watcher::<ClaimSpec>(s1, ""));
+            let mut w = Box::pin(watcher::<ClaimSpec>(s1, moor::api::KeyScope::all()));
             while let Some(ev) = w.next().await {
                 let mut c = c1.lock().unwrap_or_else(|e| e.into_inner());
                 let mut apply = |name: String, phase: Option<ClaimPhase>, rev: i64| {
@@ -348,10 +348,13 @@ pub async fn stop_allocations(
 /// Sets one allocation's desired status to stop; the time the write returned.
 pub async fn stop_one(store: &Store, name: &str) -> anyhow::Result<SystemTime> {
     store
-        .modify_spec::<AllocationSpec>(&format!("default/{name}"), |spec| {
-            spec.desired_status = DesiredStatus::Stop;
-            true
-        })
+        .modify_spec(
+            &Allocation::key_for(&Namespace::default_ns(), name),
+            |spec: &mut AllocationSpec| {
+                spec.desired_status = DesiredStatus::Stop;
+                true
+            },
+        )
         .await?;
     Ok(SystemTime::now())
 }

@@ -139,7 +139,7 @@ pub async fn run(
     .await?;
     let seed_keys_per_s = seeded as f64 / t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let listed = store.list::<ClaimSpec>("").await?;
+    let listed = store.list::<ClaimSpec>(&moor::api::KeyScope::all()).await?;
     let list_claims_s = t.elapsed().as_secs_f64();
     check_seeded(&store, &listed, claims).await?;
 
@@ -272,7 +272,7 @@ impl System {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let healthy = matches!(
-                store.try_get::<PluginSpec>(cluster::PLUGIN_ID).await,
+                store.try_get(&Plugin::key_for(&PluginId::new(cluster::PLUGIN_ID)?)).await,
                 Ok(Some(p)) if p.status.nodes_healthy >= 1
             );
             if healthy {
@@ -329,9 +329,9 @@ async fn read_templates(store: &Store) -> anyhow::Result<Templates> {
     );
     let mut objects = Vec::new();
     let mut node = None;
-    let node_key = format!("nodes/{}", node_name(0));
+    let node_key = Node::key_for(&NodeName::new(node_name(0))?).to_string();
     store
-        .scan("nodes/", |key, value, _| {
+        .scan(KeyScope::<NodeSpec>::all().as_str(), |key, value, _| {
             if key == node_key {
                 node = Some(Template {
                     key: key.to_string(),
@@ -341,14 +341,14 @@ async fn read_templates(store: &Store) -> anyhow::Result<Templates> {
         })
         .await?;
     for dir in [
-        "volumes/",
-        "allocations/",
-        "claims/",
-        "mounts/",
-        "attachments/",
+        KeyScope::<VolumeSpec>::all().as_str().to_string(),
+        KeyScope::<AllocationSpec>::all().as_str().into(),
+        KeyScope::<ClaimSpec>::all().as_str().into(),
+        KeyScope::<MountSpec>::all().as_str().into(),
+        KeyScope::<AttachmentSpec>::all().as_str().into(),
     ] {
         store
-            .scan(dir, |key, value, _| {
+            .scan(&dir, |key, value, _| {
                 let value = String::from_utf8_lossy(value);
                 // Claim 0's objects: they name its volume or allocation as a whole
                 // string (other claims' objects never contain `"sv000000"`).
@@ -374,7 +374,12 @@ async fn read_templates(store: &Store) -> anyhow::Result<Templates> {
         .iter()
         .map(|t| t.key.split('/').next().unwrap_or_default())
         .collect();
-    for needed in ["volumes", "allocations", "claims", "mounts"] {
+    for needed in [
+        VolumeSpec::DIR,
+        AllocationSpec::DIR,
+        ClaimSpec::DIR,
+        MountSpec::DIR,
+    ] {
         anyhow::ensure!(
             kinds.contains(needed),
             "no {needed} object for claim 0 among {kinds:?}"
@@ -462,9 +467,13 @@ async fn check_seeded(
     claims: &moor::store::List<ClaimSpec>,
     n: usize,
 ) -> anyhow::Result<()> {
-    let volumes = store.list::<VolumeSpec>("").await?;
-    let allocs = store.list::<AllocationSpec>("").await?;
-    let mounts = store.list::<MountSpec>("").await?;
+    let volumes = store
+        .list::<VolumeSpec>(&moor::api::KeyScope::all())
+        .await?;
+    let allocs = store
+        .list::<AllocationSpec>(&moor::api::KeyScope::all())
+        .await?;
+    let mounts = store.list::<MountSpec>(&moor::api::KeyScope::all()).await?;
     for (kind, items, bad) in [
         ("claims", claims.items.len(), &claims.malformed),
         ("volumes", volumes.items.len(), &volumes.malformed),

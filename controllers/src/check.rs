@@ -18,7 +18,7 @@ pub struct Check {
 
 async fn audit<S: Spec>(store: &Store, bad: &mut usize) -> anyhow::Result<()> {
     let list = store
-        .list::<S>("")
+        .list::<S>(&KeyScope::all())
         .await
         .with_context(|| format!("listing {}", S::DIR))?;
     println!(

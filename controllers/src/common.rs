@@ -3,7 +3,6 @@
 
 use anyhow::Context;
 use moor::api::*;
-use moor::runtime::reflector;
 use moor::store::{Store, StoreError};
 use prometheus_client::registry::Registry;
 use std::collections::HashMap;
@@ -34,7 +33,10 @@ impl EtcdArgs {
         let store = self.auth.connect(&self.etcd, &self.prefix).await?;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            match store.try_get::<NodeSpec>("probe").await {
+            match store
+                .try_get(&Node::key_for(&NodeName::new("probe")?))
+                .await
+            {
                 Ok(_) => return Ok(store),
                 Err(e) if tokio::time::Instant::now() < deadline => {
                     tracing::info!(error = %e, endpoints = ?self.etcd, "waiting for etcd");
@@ -142,13 +144,6 @@ pub fn ignore_not_found(r: Result<(), StoreError>) -> Result<(), StoreError> {
     }
 }
 
-/// The suffix of a key below its kind's directory (`claims/n1/default/c` → `n1/default/c`).
-pub fn suffix<S: Spec>(key: &str) -> &str {
-    key.strip_prefix(S::DIR)
-        .and_then(|k| k.strip_prefix('/'))
-        .unwrap_or(key)
-}
-
 /// Details for an event, from pairs.
 pub fn details<const N: usize>(
     pairs: [(&str, String); N],
@@ -172,52 +167,5 @@ mod tests {
         assert!(a2.is_ok());
         drop(a2);
         assert_eq!(locks.locks.lock().unwrap().len(), 1, "only b is still held");
-    }
-}
-
-/// The store revision of this process's last write of each key, kept until this
-/// process's cache shows that write. A reconciler then decides from its cache and
-/// reads fresh only while the cache lags what it wrote itself: reading every object
-/// fresh cost one linearizable read per reconcile (100,000 at a controller start).
-/// Writes by others the cache has not shown yet are caught by the writes' guards.
-#[derive(Debug, Clone, Default)]
-pub struct OwnWrites(Arc<Mutex<HashMap<String, i64>>>);
-
-impl OwnWrites {
-    /// Notes a write (the object as the store returned it; for a deletion, at the
-    /// deletion's revision).
-    pub fn wrote<S: Spec>(&self, written: &Object<S>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(written.key(), written.metadata.resource_version);
-    }
-
-    /// The object at `key` from `cache` when the cache holds this process's last
-    /// write of it (or there is none), else as read from the store (`None` when gone).
-    pub async fn fresh<S: Spec>(
-        &self,
-        store: &Store,
-        cache: &reflector::Store<Object<S>>,
-        key: &str,
-    ) -> Result<Option<Arc<Object<S>>>, StoreError> {
-        let cached = cache.get(key);
-        {
-            let mut writes = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            match (writes.get(key), &cached) {
-                (None, _) => return Ok(cached),
-                (Some(&rev), Some(c)) if c.metadata.resource_version >= rev => {
-                    writes.remove(key);
-                    return Ok(cached);
-                }
-                _ => {}
-            }
-        }
-        let stored = store.try_get::<S>(suffix::<S>(key)).await?.map(Arc::new);
-        if stored.is_none() && cached.is_none() {
-            // Gone (our write was its deletion, or it went since) and the cache agrees.
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
-        }
-        Ok(stored)
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use moor::api::{NodeName, NodeSpec};
+use moor::api::{Node, NodeName};
 use moor_embedded::EmbeddedStore;
 use tokio_util::sync::CancellationToken;
 
@@ -183,7 +183,7 @@ async fn wait_ready(url: &str, shutdown: &CancellationToken) -> anyhow::Result<(
     let node = NodeName::new(NODE)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while !shutdown.is_cancelled() {
-        if let Ok(Some(n)) = store.try_get::<NodeSpec>(node.as_str()).await {
+        if let Ok(Some(n)) = store.try_get(&Node::key_for(&node)).await {
             if n.status.plugins.values().any(|p| p.healthy) {
                 return Ok(());
             }

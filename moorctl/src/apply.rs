@@ -120,10 +120,10 @@ async fn apply_once<S: Spec>(
     obj: &Object<S>,
     sent: &Cell<Sent>,
 ) -> anyhow::Result<String> {
-    let suffix = obj.spec.key_suffix(&obj.metadata);
-    let what = format!("{}/{}", S::KIND.to_lowercase(), suffix);
+    let key = obj.object_key();
+    let what = format!("{}/{}", S::KIND.to_lowercase(), key.suffix());
     let yours = obj.metadata.resource_version;
-    let Some(current) = ctx.store.try_get::<S>(&suffix).await? else {
+    let Some(current) = ctx.store.try_get(&key).await? else {
         if yours != 0 && sent.get() == Sent::Nothing {
             return Err(Refused(format!(
                 "{what}: not applied: your copy is of version {yours}, but the object no longer exists"

@@ -81,7 +81,10 @@ impl Events {
         }
         let seen: std::collections::HashSet<String> =
             events.iter().map(|v| text(v, "/metadata/uid")).collect();
-        let mut stream = Box::pin(watcher::<EventSpec>(ctx.store.clone(), ""));
+        let mut stream = Box::pin(watcher::<EventSpec>(
+            ctx.store.clone(),
+            moor::api::KeyScope::all(),
+        ));
         while let Some(item) = stream.next().await {
             let new: Vec<Value> = match item {
                 Ok(Event::Applied(obj)) => vec![serde_json::to_value(&obj)?],

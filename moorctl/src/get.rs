@@ -101,17 +101,19 @@ impl Get {
         if !self.watch {
             return Ok(0);
         }
-        let scope = match &ns {
-            Some(ns) if matches!(self.kind, Kind::Volume | Kind::Allocation) => format!("{ns}/"),
-            _ => String::new(),
-        };
-        with_spec!(self.kind, S => self.follow::<S>(ctx, &scope, ns.as_ref()).await)
+        with_spec!(self.kind, S => {
+            let scope = ns
+                .as_ref()
+                .and_then(KeyScope::<S>::namespace)
+                .unwrap_or_else(KeyScope::all);
+            self.follow::<S>(ctx, scope, ns.as_ref()).await
+        })
     }
 
     async fn follow<S: Spec>(
         &self,
         ctx: &Ctx,
-        scope: &str,
+        scope: KeyScope<S>,
         ns: Option<&Namespace>,
     ) -> anyhow::Result<i32> {
         let mut stream = Box::pin(watcher::<S>(ctx.store.clone(), scope));

@@ -157,11 +157,10 @@ async fn list_typed<S: Spec>(
     ns: Option<&Namespace>,
 ) -> anyhow::Result<(Vec<Value>, i64)> {
     // Volumes, allocations, attachments and events are keyed by namespace first.
-    let scope = match ns {
-        Some(ns) if S::NAMESPACED && !matches!(S::DIR, "claims" | "mounts") => format!("{ns}/"),
-        _ => String::new(),
-    };
-    let list = ctx.store.list::<S>(&scope).await?;
+    let scope = ns
+        .and_then(KeyScope::<S>::namespace)
+        .unwrap_or_else(KeyScope::all);
+    let list = ctx.store.list(&scope).await?;
     for bad in &list.malformed {
         eprintln!("warning: skipped a malformed value: {bad}");
     }
@@ -183,21 +182,20 @@ pub async fn find(
     name: &str,
 ) -> anyhow::Result<Option<Value>> {
     let ns = if kind.namespaced() { ns } else { None };
-    // Volumes, allocations, nodes and plugins are keyed by (namespace and) name: one
-    // read. Other kinds' keys hold more than the name: search the list.
-    let direct = match (kind, ns) {
-        (Kind::Volume | Kind::Allocation, Some(ns)) => Some(format!("{ns}/{name}")),
-        (Kind::Node | Kind::Plugin, _) => Some(name.to_string()),
-        _ => None,
-    };
-    if let Some(suffix) = direct {
-        if Name::new(name).is_err() {
-            return Ok(None);
-        }
-        return with_spec!(kind, S => match ctx.store.try_get::<S>(&suffix).await? {
-            Some(obj) => Ok(Some(serde_json::to_value(&obj)?)),
-            None => Ok(None),
-        });
+    if Name::new(name).is_err() {
+        return Ok(None);
+    }
+    // Kinds keyed by (namespace and) name: one read. Other kinds' keys hold more than
+    // the name: search the list.
+    let direct = with_spec!(kind, S => match ObjectKey::<S>::named(ns, name) {
+        Some(key) => Some(match ctx.store.try_get(&key).await? {
+            Some(obj) => Some(serde_json::to_value(&obj)?),
+            None => None,
+        }),
+        None => None,
+    });
+    if let Some(found) = direct {
+        return Ok(found);
     }
     let (items, _) = list(ctx, kind, ns).await?;
     Ok(items
@@ -205,7 +203,7 @@ pub async fn find(
         .find(|v| v.pointer("/metadata/name").and_then(Value::as_str) == Some(name)))
 }
 
-/// The key suffix (below the kind's directory) of the object named `name`.
+/// The key of the object named `name`.
 pub async fn find_key(
     ctx: &Ctx,
     kind: Kind,
@@ -217,13 +215,14 @@ pub async fn find_key(
     };
     with_spec!(kind, S => {
         let obj: Object<S> = serde_json::from_value(found)?;
-        Ok(Some(obj.spec.key_suffix(&obj.metadata)))
+        Ok(Some(obj.key()))
     })
 }
 
-/// Deletes by key suffix; returns the finalizers still holding it (empty: gone).
-pub async fn delete(ctx: &Ctx, kind: Kind, suffix: &str) -> anyhow::Result<Vec<String>> {
-    with_spec!(kind, S => match ctx.store.delete::<S>(suffix, None).await? {
+/// Deletes by key (as [`find_key`] gave it); returns the finalizers still holding it
+/// (empty: gone).
+pub async fn delete(ctx: &Ctx, kind: Kind, key: &str) -> anyhow::Result<Vec<String>> {
+    with_spec!(kind, S => match ctx.store.delete(&ObjectKey::<S>::parse(key)?, None).await? {
         Deleted::Gone => Ok(Vec::new()),
         Deleted::Finalizing(obj) => Ok(obj.metadata.finalizers.clone()),
     })

@@ -1,7 +1,7 @@
 //! `moorctl volume detach VOLUME --node NODE`: declares a node gone for a volume, so its
 //! claims there are released without node calls.
 
-use moor::api::{NodeName, VolumeSpec};
+use moor::api::{NodeName, Volume};
 use moor::store::StoreError;
 
 use crate::{is_not_found, parse_name, parse_ns, ride_out, Ctx, Refused};
@@ -16,15 +16,15 @@ pub(crate) async fn detach(
     let ns = parse_ns(namespace)?;
     let volume = parse_name("volume", volume)?;
     let node = NodeName::new(node).map_err(|e| anyhow::anyhow!("node {node:?}: {e}"))?;
-    let suffix = format!("{ns}/{volume}");
+    let key = Volume::key_for(&ns, &volume);
     // The entry names the generation this very write makes, so it covers exactly the
     // claims admitted before it. After a lost answer, an entry naming the stored
     // generation is that write.
     let outcome = ride_out(ctx, |retrying| {
-        let (suffix, node) = (&suffix, &node);
+        let (key, node) = (&key, &node);
         async move {
             loop {
-                let mut v = ctx.store.get::<VolumeSpec>(suffix).await?;
+                let mut v = ctx.store.get(key).await?;
                 if retrying && v.spec.force_detach.get(node) == Some(&v.metadata.generation) {
                     return Ok(());
                 }
@@ -42,7 +42,7 @@ pub(crate) async fn detach(
     match outcome {
         Ok(()) => {}
         Err(e) if is_not_found(&e) => {
-            return Err(Refused(format!("volume {suffix} not found")).into())
+            return Err(Refused(format!("volume {ns}/{volume} not found")).into())
         }
         Err(e) => return Err(e),
     }

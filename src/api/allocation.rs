@@ -160,6 +160,13 @@ pub struct AllocationStatus {
 /// An allocation object.
 pub type Allocation = Object<AllocationSpec>;
 
+impl Allocation {
+    /// The key of allocation `name` in `ns`.
+    pub fn key_for(ns: &Namespace, name: impl std::fmt::Display) -> ObjectKey<AllocationSpec> {
+        ObjectKey::from_parts(&[ns, &name])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

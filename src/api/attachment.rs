@@ -39,6 +39,7 @@ impl Spec for AttachmentSpec {
     const KIND: &'static str = "Attachment";
     const DIR: &'static str = "attachments";
     const NAMESPACED: bool = true;
+    const KEY_SEGMENTS: usize = 3;
     type Status = AttachmentStatus;
 
     fn key_suffix(&self, meta: &ObjectMeta) -> String {
@@ -89,3 +90,14 @@ pub struct AttachmentStatus {
 
 /// An attachment object.
 pub type Attachment = Object<AttachmentSpec>;
+
+impl Attachment {
+    /// The key of the attachment of volume `volume` (in `ns`) to `node`.
+    pub fn key_for(
+        ns: &Namespace,
+        volume: impl std::fmt::Display,
+        node: &NodeName,
+    ) -> ObjectKey<AttachmentSpec> {
+        ObjectKey::from_parts(&[ns, &volume, node])
+    }
+}

@@ -80,6 +80,8 @@ impl Spec for ClaimSpec {
     const KIND: &'static str = "Claim";
     const DIR: &'static str = "claims";
     const NAMESPACED: bool = true;
+    const KEY_SEGMENTS: usize = 3;
+    const KEY_NAMESPACE_FIRST: bool = false;
     type Status = ClaimStatus;
 
     fn key_suffix(&self, meta: &ObjectMeta) -> String {
@@ -148,6 +150,22 @@ pub struct ClaimStatus {
 
 /// A claim object.
 pub type Claim = Object<ClaimSpec>;
+
+impl Claim {
+    /// The key of claim `name` (in `ns`) on `node`.
+    pub fn key_for(
+        node: &NodeName,
+        ns: &Namespace,
+        name: impl std::fmt::Display,
+    ) -> ObjectKey<ClaimSpec> {
+        ObjectKey::from_parts(&[node, ns, &name])
+    }
+
+    /// The claims on `node`: the scope of its agent's watch.
+    pub fn node_scope(node: &NodeName) -> KeyScope<ClaimSpec> {
+        KeyScope::under(node)
+    }
+}
 
 #[cfg(test)]
 mod tests {

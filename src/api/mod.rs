@@ -12,6 +12,7 @@ mod claim;
 mod common;
 mod event;
 mod ids;
+mod key;
 mod manifest;
 mod modes;
 mod mount;
@@ -25,6 +26,7 @@ pub use claim::*;
 pub use common::*;
 pub use event::*;
 pub use ids::*;
+pub use key::*;
 pub use manifest::*;
 pub use modes::*;
 pub use mount::*;
@@ -51,6 +53,11 @@ pub trait Spec:
     const DIR: &'static str;
     /// Whether objects of the kind live in a namespace.
     const NAMESPACED: bool;
+    /// How many ids follow `DIR/` in the kind's keys (see [`Spec::key_suffix`]).
+    const KEY_SEGMENTS: usize = if Self::NAMESPACED { 2 } else { 1 };
+    /// Whether the first id of the kind's keys is the namespace (a namespace is then
+    /// one key range; a node's claims and mounts are keyed by node first).
+    const KEY_NAMESPACE_FIRST: bool = Self::NAMESPACED;
     /// The kind's status.
     type Status: Serialize
         + DeserializeOwned
@@ -62,7 +69,9 @@ pub trait Spec:
         + Sync
         + 'static;
 
-    /// The object's key below `<prefix><DIR>/`, e.g. `default/db-data`.
+    /// The object's key below `<prefix><DIR>/`, e.g. `default/db-data`: the kind's key
+    /// layout, with [`Spec::KEY_SEGMENTS`] parts and the kind's constructor of
+    /// [`ObjectKey`]s beside it.
     fn key_suffix(&self, meta: &ObjectMeta) -> String {
         if Self::NAMESPACED {
             format!("{}/{}", meta.namespace, meta.name)
@@ -170,7 +179,12 @@ impl<S: Spec> Object<S> {
 
     /// The object's key below the store prefix, e.g. `volumes/default/db-data`.
     pub fn key(&self) -> String {
-        format!("{}/{}", S::DIR, self.spec.key_suffix(&self.metadata))
+        ObjectKey::of(self).as_str().to_string()
+    }
+
+    /// The object's typed key.
+    pub fn object_key(&self) -> ObjectKey<S> {
+        ObjectKey::of(self)
     }
 
     /// Checks the whole object and reports every problem at once.

@@ -37,6 +37,8 @@ impl Spec for MountSpec {
     const KIND: &'static str = "Mount";
     const DIR: &'static str = "mounts";
     const NAMESPACED: bool = true;
+    const KEY_SEGMENTS: usize = 3;
+    const KEY_NAMESPACE_FIRST: bool = false;
     type Status = MountStatus;
 
     fn key_suffix(&self, meta: &ObjectMeta) -> String {
@@ -80,3 +82,20 @@ pub struct MountStatus {
 
 /// A mount object.
 pub type Mount = Object<MountSpec>;
+
+impl Mount {
+    /// The key of the Mount of `claim`: keyed like it, below `mounts/`.
+    pub fn key_for(claim: &ObjectKey<ClaimSpec>) -> ObjectKey<MountSpec> {
+        ObjectKey::from_parts(&[&claim.suffix()])
+    }
+
+    /// The key of the claim a Mount mirrors (they share the suffix `NODE/NS/NAME`).
+    pub fn claim_key(mount: &ObjectKey<MountSpec>) -> ObjectKey<ClaimSpec> {
+        ObjectKey::from_parts(&[&mount.suffix()])
+    }
+
+    /// The mounts on `node`: the scope of its agent's watch.
+    pub fn node_scope(node: &NodeName) -> KeyScope<MountSpec> {
+        KeyScope::under(node)
+    }
+}

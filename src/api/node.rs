@@ -96,3 +96,10 @@ pub struct NodeStatus {
 
 /// A node object.
 pub type Node = Object<NodeSpec>;
+
+impl Node {
+    /// The key of node `name`.
+    pub fn key_for(name: &NodeName) -> ObjectKey<NodeSpec> {
+        ObjectKey::from_parts(&[name])
+    }
+}

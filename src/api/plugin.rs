@@ -52,3 +52,10 @@ pub struct PluginStatus {
 
 /// A plugin object.
 pub type Plugin = Object<PluginSpec>;
+
+impl Plugin {
+    /// The key of plugin `id`.
+    pub fn key_for(id: &PluginId) -> ObjectKey<PluginSpec> {
+        ObjectKey::from_parts(&[id])
+    }
+}

@@ -254,6 +254,13 @@ pub struct VolumeClaimsStatus {
 /// A volume object.
 pub type Volume = Object<VolumeSpec>;
 
+impl Volume {
+    /// The key of volume `name` in `ns`.
+    pub fn key_for(ns: &Namespace, name: impl std::fmt::Display) -> ObjectKey<VolumeSpec> {
+        ObjectKey::from_parts(&[ns, &name])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,7 @@ use super::backoff::{backoff, Backoff};
 use super::reflector::{self, Store};
 use super::watcher::{watcher, Event, WatchError};
 use super::Resource;
-use crate::api::{Object, Spec};
+use crate::api::{KeyScope, Object, Spec};
 use crate::process::error_chain;
 use crate::store;
 
@@ -50,14 +50,14 @@ pub struct InformerError;
 
 impl<S: Spec> Informer<Object<S>> {
     /// Watches objects of kind `S` under `scope` (see [`watcher`]) until `shutdown`.
-    pub fn spawn(store: store::Store, scope: &str, shutdown: CancellationToken) -> Self {
+    pub fn spawn(store: store::Store, scope: KeyScope<S>, shutdown: CancellationToken) -> Self {
         Self::spawn_indexed(store, scope, &[], shutdown)
     }
 
     /// [`Informer::spawn`] with a cache that keeps `indexes` (see [`Store::by_index`]).
     pub fn spawn_indexed(
         store: store::Store,
-        scope: &str,
+        scope: KeyScope<S>,
         indexes: &[reflector::Index<Object<S>>],
         shutdown: CancellationToken,
     ) -> Self {

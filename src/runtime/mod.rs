@@ -11,6 +11,8 @@
 //! - [`events`]: the event recorder (events share a lease per time window).
 //! - [`leader`]: leader election on an etcd lease, fenced on its key.
 //! - [`metrics`]: per-controller counters, gauge and histogram in a Prometheus registry.
+//! - [`own_writes`]: a cache view that reads this process's own writes before the cache
+//!   shows them.
 //! - [`steps`]: per (object, step) retry gates that a reconciler's own writes cannot reset.
 
 pub mod backoff;
@@ -19,6 +21,7 @@ pub mod events;
 pub mod informer;
 pub mod leader;
 pub mod metrics;
+pub mod own_writes;
 pub mod queue;
 pub mod reflector;
 pub mod steps;

@@ -16,6 +16,7 @@ use std::sync::{Arc, RwLock};
 
 use super::watcher::Event;
 use super::Resource;
+use crate::api::{Object, ObjectKey, Spec};
 
 /// An index: its name and the values an object is found under.
 pub type Index<K> = (&'static str, fn(&K) -> Vec<String>);
@@ -103,10 +104,35 @@ pub fn indexed_store<K: Resource>(indexes: &[Index<K>]) -> (Store<K>, Writer<K>)
     )
 }
 
+/// What a cache lookup takes: a typed key of the cache's kind, or a key string that
+/// came from the cache or a queue of it (never one assembled by hand).
+pub trait Lookup<K> {
+    /// The key as the cache holds it.
+    fn cache_key(&self) -> &str;
+}
+
+impl<K> Lookup<K> for str {
+    fn cache_key(&self) -> &str {
+        self
+    }
+}
+
+impl<K> Lookup<K> for String {
+    fn cache_key(&self) -> &str {
+        self
+    }
+}
+
+impl<S: Spec> Lookup<Object<S>> for ObjectKey<S> {
+    fn cache_key(&self) -> &str {
+        self.as_str()
+    }
+}
+
 impl<K: Resource> Store<K> {
     /// The object at a key.
-    pub fn get(&self, key: &str) -> Option<Arc<K>> {
-        self.read().objects.get(key).cloned()
+    pub fn get<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> Option<Arc<K>> {
+        self.read().objects.get(key.cache_key()).cloned()
     }
 
     /// Every cached object.

@@ -16,7 +16,7 @@
 use futures::Stream;
 use std::collections::VecDeque;
 
-use crate::api::{Object, Spec};
+use crate::api::{KeyScope, Object, Spec};
 use crate::store::{RawEventKind, Store, StoreError, WatchStream};
 
 /// A change seen by a watcher.
@@ -80,20 +80,19 @@ enum State {
 
 struct Watcher<S: Spec> {
     store: Store,
-    scope: String,
+    scope: KeyScope<S>,
     state: State,
     pending: VecDeque<Result<Event<Object<S>>, WatchError>>,
 }
 
-/// Watches objects of kind `S` whose keys start with `<kind dir>/<scope>` (`""` for all;
-/// end a narrower scope with `/`, e.g. `"n1/"`).
+/// Watches the objects of kind `S` in `scope` (the kind, or one node's claims or mounts).
 pub fn watcher<S: Spec>(
     store: Store,
-    scope: &str,
+    scope: KeyScope<S>,
 ) -> impl Stream<Item = Result<Event<Object<S>>, WatchError>> + Send + 'static {
     let w = Watcher::<S> {
         store,
-        scope: scope.to_string(),
+        scope,
         state: State::Empty,
         pending: VecDeque::new(),
     };
@@ -128,8 +127,11 @@ impl<S: Spec> Watcher<S> {
                 }
             },
             State::Listed { revision } => {
-                let scope = format!("{}/{}", S::DIR, self.scope);
-                match self.store.watch_raw(&scope, revision + 1).await {
+                match self
+                    .store
+                    .watch_raw(self.scope.as_str(), revision + 1)
+                    .await
+                {
                     Ok(stream) => State::Watching {
                         revision,
                         stream: Box::new(stream),

@@ -22,7 +22,7 @@ pub use watch::{RawEvent, RawEventKind, WatchBatch, WatchStream};
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
-use crate::api::{Object, Spec, Timestamp};
+use crate::api::{KeyScope, Object, ObjectKey, Spec, Timestamp};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "/moor/";
@@ -136,10 +136,6 @@ impl Store {
         format!("{}{}", self.prefix, key)
     }
 
-    fn kind_key<S: Spec>(&self, suffix: &str) -> String {
-        format!("{}/{}", S::DIR, suffix)
-    }
-
     /// Decodes and checks a value read at `key` (below the prefix).
     pub fn decode<S: Spec>(
         key: &str,
@@ -176,19 +172,22 @@ impl Store {
         })
     }
 
-    /// Reads one object by its suffix below the kind's directory (e.g. `default/db`).
-    pub async fn get<S: Spec>(&self, suffix: &str) -> Result<Object<S>, StoreError> {
-        self.try_get::<S>(suffix)
+    /// Reads one object.
+    pub async fn get<S: Spec>(&self, key: &ObjectKey<S>) -> Result<Object<S>, StoreError> {
+        self.try_get(key)
             .await?
             .ok_or_else(|| StoreError::NotFound {
-                key: self.kind_key::<S>(suffix),
+                key: key.to_string(),
             })
     }
 
     /// Reads one object, `None` when absent.
-    pub async fn try_get<S: Spec>(&self, suffix: &str) -> Result<Option<Object<S>>, StoreError> {
-        let key = self.kind_key::<S>(suffix);
-        let full = self.full_key(&key);
+    pub async fn try_get<S: Spec>(
+        &self,
+        key: &ObjectKey<S>,
+    ) -> Result<Option<Object<S>>, StoreError> {
+        let key = key.as_str();
+        let full = self.full_key(key);
         let resp = self
             .send(Repeat::Idempotent, |mut c| {
                 let full = full.clone();
@@ -198,13 +197,13 @@ impl Store {
             .map_err(StoreError::from_etcd)?;
         match resp.kvs().first() {
             None => Ok(None),
-            Some(kv) => Store::decode::<S>(&key, kv.value(), kv.mod_revision()).map(Some),
+            Some(kv) => Store::decode::<S>(key, kv.value(), kv.mod_revision()).map(Some),
         }
     }
 
-    /// Lists every object whose key starts with `<kind dir>/<scope>` (scope `""` for all,
-    /// `"n1/"` for one node's claims), in pages at one consistent revision.
-    pub async fn list<S: Spec>(&self, scope: &str) -> Result<List<S>, StoreError> {
+    /// Lists every object in `scope` (the kind, or one node's claims), in pages at one
+    /// consistent revision.
+    pub async fn list<S: Spec>(&self, scope: &KeyScope<S>) -> Result<List<S>, StoreError> {
         let mut list = List {
             items: Vec::new(),
             malformed: Vec::new(),
@@ -212,7 +211,7 @@ impl Store {
         };
         list.revision = self
             .scan(
-                &self.kind_key::<S>(scope),
+                scope.as_str(),
                 |key, value, mod_revision| match Store::decode::<S>(key, value, mod_revision) {
                     Ok(obj) => list.items.push(obj),
                     Err(e) => list.malformed.push(e),
@@ -373,11 +372,11 @@ impl Store {
     /// changing nothing) skips the write. Returns the object and whether it was written.
     pub async fn modify_spec<S: Spec>(
         &self,
-        suffix: &str,
+        key: &ObjectKey<S>,
         mut f: impl FnMut(&mut S) -> bool,
     ) -> Result<(Object<S>, bool), StoreError> {
         loop {
-            let mut obj = self.get::<S>(suffix).await?;
+            let mut obj = self.get(key).await?;
             let mut spec = obj.spec.clone();
             if !f(&mut spec) || spec == obj.spec {
                 return Ok((obj, false));
@@ -414,11 +413,11 @@ impl Store {
     /// write.
     pub async fn modify_status<S: Spec>(
         &self,
-        suffix: &str,
+        key: &ObjectKey<S>,
         mut f: impl FnMut(&Object<S>, &mut S::Status) -> bool,
     ) -> Result<Object<S>, StoreError> {
         loop {
-            let mut obj = self.get::<S>(suffix).await?;
+            let mut obj = self.get(key).await?;
             let mut status = obj.status.clone();
             if !f(&obj, &mut status) || status == obj.status {
                 return Ok(obj);
@@ -437,10 +436,10 @@ impl Store {
     /// returned as [`Deleted::Finalizing`].
     pub async fn delete<S: Spec>(
         &self,
-        suffix: &str,
+        key: &ObjectKey<S>,
         precondition: Option<i64>,
     ) -> Result<Deleted<S>, StoreError> {
-        let mut current = self.get::<S>(suffix).await?;
+        let mut current = self.get(key).await?;
         let rv = current.metadata.resource_version;
         if let Some(expected) = precondition {
             if expected != rv {
@@ -468,8 +467,7 @@ impl Store {
     pub async fn delete_read<S: Spec>(&self, read: &Object<S>) -> Result<i64, StoreError> {
         let rv = read.metadata.resource_version;
         if !read.metadata.finalizers.is_empty() {
-            let key = read.key();
-            return match self.delete::<S>(&key[S::DIR.len() + 1..], Some(rv)).await? {
+            return match self.delete(&read.object_key(), Some(rv)).await? {
                 Deleted::Gone => Ok(rv),
                 Deleted::Finalizing(marked) => Ok(marked.metadata.resource_version),
             };
@@ -479,14 +477,13 @@ impl Store {
 
     /// Reads the stored object and checks it is still at the caller's revision.
     async fn current_at<S: Spec>(&self, obj: &Object<S>) -> Result<Object<S>, StoreError> {
-        let key = obj.key();
+        let key = obj.object_key();
         let expected = obj.metadata.resource_version;
-        let suffix = &key[S::DIR.len() + 1..];
         let conflict = || StoreError::Conflict {
-            key: key.clone(),
+            key: key.to_string(),
             expected,
         };
-        let current = self.try_get::<S>(suffix).await?.ok_or_else(conflict)?;
+        let current = self.try_get(&key).await?.ok_or_else(conflict)?;
         if current.metadata.resource_version != expected {
             return Err(conflict());
         }

@@ -187,6 +187,16 @@ pub struct Cluster {
 
 pub const PLUGIN: &str = "hostpath.moor.dev";
 
+/// The key of the reference plugin's Plugin object.
+pub fn plugin_key() -> ObjectKey<PluginSpec> {
+    Plugin::key_for(&PluginId::new(PLUGIN).unwrap())
+}
+
+/// The node named `name`.
+pub fn node(name: &str) -> NodeName {
+    NodeName::new(name).unwrap()
+}
+
 impl Cluster {
     /// etcd, `controllers` controller replicas, and `nodes` nodes n1..nN.
     pub async fn start(controllers: usize, nodes: usize, opts: PluginOpts) -> Cluster {
@@ -322,7 +332,7 @@ impl Cluster {
                 let store = store.clone();
                 async move {
                     store
-                        .try_get::<PluginSpec>(PLUGIN)
+                        .try_get(&plugin_key())
                         .await
                         .ok()
                         .flatten()
@@ -413,7 +423,7 @@ impl Cluster {
 
     pub async fn volume_ready(&self, name: &str) {
         let store = self.store.clone();
-        let key = format!("default/{name}");
+        let key = Volume::key_for(&Namespace::default_ns(), name);
         self.wait(
             &format!("volume {name} created"),
             Duration::from_secs(30),
@@ -421,7 +431,7 @@ impl Cluster {
                 let (store, key) = (store.clone(), key.clone());
                 async move {
                     store
-                        .try_get::<VolumeSpec>(&key)
+                        .try_get(&key)
                         .await
                         .ok()
                         .flatten()
@@ -432,9 +442,13 @@ impl Cluster {
         .await;
     }
 
-    pub async fn claim(&self, alloc: &str, node: &str) -> Option<Claim> {
+    pub async fn claim(&self, alloc: &str, node_name: &str) -> Option<Claim> {
         self.store
-            .try_get::<ClaimSpec>(&format!("{node}/default/{alloc}.data"))
+            .try_get(&Claim::key_for(
+                &node(node_name),
+                &Namespace::default_ns(),
+                format!("{alloc}.data"),
+            ))
             .await
             .ok()
             .flatten()
@@ -454,7 +468,7 @@ impl Cluster {
         loop {
             let mut a = self
                 .store
-                .get::<AllocationSpec>(&format!("default/{alloc}"))
+                .get(&Allocation::key_for(&Namespace::default_ns(), alloc))
                 .await
                 .expect("allocation");
             a.spec.desired_status = DesiredStatus::Stop;
@@ -466,9 +480,13 @@ impl Cluster {
         }
     }
 
-    pub async fn attachment(&self, volume: &str, node: &str) -> Option<Attachment> {
+    pub async fn attachment(&self, volume: &str, node_name: &str) -> Option<Attachment> {
         self.store
-            .try_get::<AttachmentSpec>(&format!("default/{volume}/{node}"))
+            .try_get(&Attachment::key_for(
+                &Namespace::default_ns(),
+                volume,
+                &node(node_name),
+            ))
             .await
             .ok()
             .flatten()

@@ -197,6 +197,12 @@ fn tail(s: &str) -> &str {
     &s[start..]
 }
 
+/// A typed key from its whole text (`volumes/default/v1`), as a test names an object.
+#[allow(dead_code)]
+pub fn key<S: moor::api::Spec>(key: &str) -> moor::api::ObjectKey<S> {
+    moor::api::ObjectKey::parse(key).unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// `cmd`, an external program a test runs, checked to be installed: a missing one fails
 /// the test with the one command that installs it (a test never skips for want of it).
 pub fn need(cmd: &'static str) -> &'static str {

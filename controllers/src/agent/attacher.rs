@@ -94,13 +94,13 @@ impl Attacher {
         let _guard = self
             .ctx
             .locks
-            .lock(&format!("{}/{}", att.metadata.namespace, att.spec.volume))
+            .lock(Volume::key_for(&att.metadata.namespace, &att.spec.volume).as_str())
             .await;
         // The cache may lag our own last write: then act on what etcd holds now.
         let Some(att) = self
             .ctx
             .own_writes
-            .fresh(&self.ctx.reads, &reader, &key)
+            .fresh(&self.ctx.reads, &reader, &att.object_key())
             .await?
         else {
             return Ok(Action::AwaitChange);
@@ -115,10 +115,9 @@ impl Attacher {
     }
 
     fn volume(&self, att: &Attachment) -> Option<Arc<Volume>> {
-        self.volumes.reader().get(&format!(
-            "volumes/{}/{}",
-            att.metadata.namespace, att.spec.volume
-        ))
+        self.volumes
+            .reader()
+            .get(&Volume::key_for(&att.metadata.namespace, &att.spec.volume))
     }
 
     /// Writes `f` onto the status of `known` (as last read or written): guarded by its
@@ -135,10 +134,9 @@ impl Attacher {
         }
         let written = match self.ctx.writes.update(known, &next).await {
             Err(StoreError::Conflict { .. }) => {
-                let suffix = known.spec.key_suffix(&known.metadata);
                 self.ctx
                     .writes
-                    .modify_status::<AttachmentSpec>(&suffix, |_, st| {
+                    .modify_status(&known.object_key(), |_, st| {
                         f(st);
                         true
                     })
@@ -237,7 +235,6 @@ impl Attacher {
             att.status.phase,
             AttachmentPhase::Attached | AttachmentPhase::Detaching
         ) || att.status.uncertain;
-        let suffix = att.spec.key_suffix(&att.metadata);
         if owed {
             let inputs = self.inputs(att);
             if let Gate::Wait(d) = self.ctx.steps.gate(&key, STEP, inputs) {
@@ -270,14 +267,14 @@ impl Attacher {
             }
             self.ctx.steps.succeeded(&key, STEP);
             self.event(att, "Detach volume", None).await;
-            return self.delete(att, &suffix).await;
+            return self.delete(att).await;
         }
-        self.delete(att, &suffix).await
+        self.delete(att).await
     }
 
     /// Deletes the attachment as last read or written here; if it changed since, as
     /// stored now.
-    async fn delete(&self, att: &Attachment, suffix: &str) -> Result<Action, AttachError> {
+    async fn delete(&self, att: &Attachment) -> Result<Action, AttachError> {
         self.ctx.steps.forget(&att.key());
         match self.ctx.writes.delete_read(att).await {
             Ok(revision) => {
@@ -289,7 +286,7 @@ impl Attacher {
                 Ok(Action::AwaitChange)
             }
             Err(StoreError::Conflict { .. }) => {
-                match self.ctx.writes.delete::<AttachmentSpec>(suffix, None).await {
+                match self.ctx.writes.delete(&att.object_key(), None).await {
                     Ok(_) | Err(StoreError::NotFound { .. }) => Ok(Action::AwaitChange),
                     Err(e) => Err(e.into()),
                 }

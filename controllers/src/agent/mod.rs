@@ -285,7 +285,7 @@ pub struct ControllerPluginCtx {
     /// One in-flight controller call per volume.
     pub locks: KeyedLocks,
     /// Writes of this agent the caches have not shown yet.
-    pub own_writes: crate::common::OwnWrites,
+    pub own_writes: moor::runtime::own_writes::OwnWrites,
     /// Retry gates of failing controller steps.
     pub steps: moor::runtime::steps::Steps,
 }
@@ -308,8 +308,9 @@ impl ControllerPluginCtx {
     async fn run(self, metrics: Metrics, stop: CancellationToken) {
         use moor::runtime::informer::Informer;
         tracing::info!(plugin = %self.plugin.id, "leading the controller plugin");
-        let volumes = Informer::<Volume>::spawn(self.reads.clone(), "", stop.clone());
-        let attachments = Informer::<Attachment>::spawn(self.reads.clone(), "", stop.clone());
+        let volumes = Informer::<Volume>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
+        let attachments =
+            Informer::<Attachment>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
         let prov = provisioner::Provisioner {
             ctx: self.clone(),
             volumes: volumes.clone(),

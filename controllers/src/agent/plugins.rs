@@ -239,7 +239,7 @@ impl Supervisor {
         let mut keep = store.keep_alive(lease).await?;
         let name = Name::new(node.as_str()).unwrap_or_default();
         // A Node left by an earlier run is bound to that run's lease: replace it.
-        match store.delete::<NodeSpec>(node.as_str(), None).await {
+        match store.delete(&Node::key_for(node), None).await {
             Ok(_) | Err(StoreError::NotFound { .. }) => {}
             Err(e) => return Err(e),
         }
@@ -260,7 +260,7 @@ impl Supervisor {
                     }
                     let plugins = self.read().clone();
                     store
-                        .modify_status::<NodeSpec>(node.as_str(), |_, st| {
+                        .modify_status(&Node::key_for(node), |_, st| {
                             st.plugins = plugins.clone();
                             true
                         })

@@ -89,21 +89,16 @@ impl Provisioner {
     async fn reconcile(&self, key: String) -> Result<Action, ProvisionError> {
         let reader = self.volumes.reader();
         reader.wait_until_ready().await;
-        match reader.get(&key) {
-            Some(v) if v.spec.plugin_id == self.ctx.plugin.id => {}
+        let vol_key = match reader.get(&key) {
+            Some(v) if v.spec.plugin_id == self.ctx.plugin.id => v.object_key(),
             _ => return Ok(Action::AwaitChange),
-        }
-        let _guard = self
-            .ctx
-            .locks
-            .lock(crate::common::suffix::<VolumeSpec>(&key))
-            .await;
-        let suffix = crate::common::suffix::<VolumeSpec>(&key);
+        };
+        let _guard = self.ctx.locks.lock(vol_key.as_str()).await;
         // From the cache, unless it lags this agent's own last write of the volume.
         let Some(vol) = self
             .ctx
             .own_writes
-            .fresh(&self.ctx.reads, &reader, &key)
+            .fresh(&self.ctx.reads, &reader, &vol_key)
             .await?
         else {
             return Ok(Action::AwaitChange);
@@ -116,7 +111,7 @@ impl Provisioner {
                 let written = self
                     .ctx
                     .writes
-                    .modify_status::<VolumeSpec>(suffix, |_, st| {
+                    .modify_status(&vol_key, |_, st| {
                         st.provisioning.phase = VolumePhase::Ready;
                         st.provisioning.external_id = Some(ext.clone());
                         st.provisioning.meta.last_error = None;
@@ -178,7 +173,7 @@ impl Provisioner {
                 let src = self
                     .volumes
                     .reader()
-                    .get(&format!("volumes/{}/{}", vol.metadata.namespace, id))
+                    .get(&Volume::key_for(&vol.metadata.namespace, id))
                     .and_then(|v| v.status.provisioning.external_id.clone())
                     .ok_or_else(|| ProvisionError::SourceNotReady(id.clone()))?;
                 Some(v1::VolumeContentSource {
@@ -227,11 +222,10 @@ impl Provisioner {
         if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
             return Ok(Action::Requeue(after));
         }
-        let suffix = vol.spec.key_suffix(&vol.metadata);
         let written = self
             .ctx
             .writes
-            .modify_status::<VolumeSpec>(&suffix, |_, st| {
+            .modify_status(&vol.object_key(), |_, st| {
                 st.provisioning.phase = VolumePhase::Creating;
                 true
             })
@@ -244,7 +238,7 @@ impl Provisioner {
                 let written = self
                     .ctx
                     .writes
-                    .modify_status::<VolumeSpec>(&suffix, |_, st| {
+                    .modify_status(&vol.object_key(), |_, st| {
                         let p = &mut st.provisioning;
                         p.phase = VolumePhase::Ready;
                         p.external_id = Some(ext.clone());
@@ -286,7 +280,7 @@ impl Provisioner {
                 let written = self
                     .ctx
                     .writes
-                    .modify_status::<VolumeSpec>(&suffix, |_, st| {
+                    .modify_status(&vol.object_key(), |_, st| {
                         if final_answer {
                             st.provisioning.phase = VolumePhase::Failed;
                         }
@@ -343,11 +337,10 @@ impl Provisioner {
             if let Err(e) = self.ctx.csi()?.delete_volume(req).await {
                 let (failure, after) = self.ctx.steps.failed_call(&key, STEP, inputs, &e);
                 let msg = e.to_string();
-                let suffix = vol.spec.key_suffix(&vol.metadata);
                 let written = self
                     .ctx
                     .writes
-                    .modify_status::<VolumeSpec>(&suffix, |_, st| {
+                    .modify_status(&vol.object_key(), |_, st| {
                         st.provisioning.meta.retry = Some(failure.clone());
                         st.provisioning.meta.last_error = Some(msg.clone());
                         true
@@ -369,9 +362,9 @@ impl Provisioner {
         }
         // The volume is gone from the plugin: drop our finalizer even if the object
         // changed meanwhile, rather than calling DeleteVolume again after a conflict.
-        let suffix = vol.spec.key_suffix(&vol.metadata);
+        let vol_key = vol.object_key();
         loop {
-            let Some(mut v) = self.ctx.reads.try_get::<VolumeSpec>(&suffix).await? else {
+            let Some(mut v) = self.ctx.reads.try_get(&vol_key).await? else {
                 return Ok(Action::AwaitChange);
             };
             v.metadata.finalizers.retain(|f| f != FINALIZER);

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-use super::claims::{claim_key, Informers};
 use super::Ctx;
+use super::Informers;
 
 /// Why an allocation could not be converged.
 #[derive(Debug, thiserror::Error)]
@@ -99,10 +99,7 @@ pub async fn run(
         .with_metrics(metrics)
         .owns(inf.allocations.subscribe())
         .watches(inf.claims.subscribe(), |c: &Claim| {
-            vec![format!(
-                "allocations/{}/{}",
-                c.metadata.namespace, c.spec.allocation
-            )]
+            vec![Allocation::key_for(&c.metadata.namespace, &c.spec.allocation).to_string()]
         })
         .run(
             move |key| {
@@ -135,7 +132,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
         let Some(name) = claim_name(&alloc, req) else {
             continue;
         };
-        let key = claim_key(&alloc.spec.node, ns, &name);
+        let key = Claim::key_for(&alloc.spec.node, ns, &name);
         if let Some(c) = ctx.claims.get(&key) {
             if !terminal && c.spec.release && c.status.phase == ClaimPhase::Released {
                 // The allocation runs again (set back to `run`): the released claim of

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-use super::claims::Informers;
 use super::Ctx;
+use super::Informers;
 
 /// Why a plugin could not be converged.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +52,7 @@ pub async fn run(
             n.status
                 .plugins
                 .keys()
-                .map(|id| format!("plugins/{id}"))
+                .map(|id| Plugin::key_for(id).to_string())
                 .collect()
         })
         .run(
@@ -75,7 +75,10 @@ pub async fn run(
 
 async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
     ctx.ready().await;
-    let id = crate::common::suffix::<PluginSpec>(key);
+    let Ok(plugin_key) = ObjectKey::<PluginSpec>::parse(key) else {
+        return Ok(Action::AwaitChange);
+    };
+    let id = plugin_key.name();
     let Ok(name) = Name::new(id) else {
         return Ok(Action::AwaitChange);
     };
@@ -88,7 +91,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
     let current = ctx.plugins.get(key);
     if instances.is_empty() {
         if current.is_some() {
-            match ctx.store.delete::<PluginSpec>(id, None).await {
+            match ctx.store.delete(&plugin_key, None).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::external_id;
-use super::claims::Informers;
 use super::Ctx;
+use super::Informers;
 
 /// The controller's finalizer on volumes.
 pub const FINALIZER: &str = "moor.dev/claims";
@@ -94,14 +94,13 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, VolumeError> {
     }
     let plugin_healthy = ctx
         .plugins
-        .get(&format!("plugins/{}", vol.spec.plugin_id))
+        .get(&Plugin::key_for(&vol.spec.plugin_id))
         .is_some_and(|p| p.status.nodes_healthy > 0);
     let schedulable = !vol.is_deleting() && external_id(&vol).is_some() && plugin_healthy;
     if vol.status.claims.schedulable != schedulable {
-        let suffix = crate::common::suffix::<VolumeSpec>(key).to_string();
         let generation = vol.metadata.generation;
         ctx.store
-            .modify_status::<VolumeSpec>(&suffix, |_, st| {
+            .modify_status(&vol.object_key(), |_, st| {
                 st.claims.schedulable = schedulable;
                 st.claims.meta.observed_generation = generation;
                 true

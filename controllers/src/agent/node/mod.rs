@@ -40,7 +40,8 @@ mod release;
 use super::plugins::Supervisor;
 use super::state::{LocalState, PublishRecord, StageRecord, Step};
 use super::PluginConfig;
-use crate::common::{details, KeyedLocks, OwnWrites};
+use crate::common::{details, KeyedLocks};
+use moor::runtime::own_writes::OwnWrites;
 
 /// Why a claim could not be brought to its desired state on this node.
 #[derive(Debug, thiserror::Error)]
@@ -149,13 +150,16 @@ fn plugin_path(cfg: &PluginConfig, host: &Path) -> PathBuf {
     }
 }
 
-/// The key of the claim a Mount mirrors (they share the suffix `NODE/NS/ALLOC.VOLREQ`).
+/// The key of the claim a Mount mirrors, as the claims queue holds it.
 fn claim_key_of(m: &Mount) -> String {
-    format!(
-        "{}/{}",
-        ClaimSpec::DIR,
-        crate::common::suffix::<MountSpec>(&m.key())
-    )
+    Mount::claim_key(&m.object_key()).to_string()
+}
+
+/// The key of the Mount of a claim key from the claims queue (`None`: not a claim key).
+fn mount_key_of(claim: &str) -> Option<ObjectKey<MountSpec>> {
+    ObjectKey::<ClaimSpec>::parse(claim)
+        .ok()
+        .map(|k| Mount::key_for(&k))
 }
 
 fn path_str(p: &Path) -> String {
@@ -167,7 +171,7 @@ impl NodeReconciler {
     pub async fn run(self, metrics: ControllerMetrics, shutdown: CancellationToken) {
         let claims = Informer::<Claim>::spawn(
             self.store.clone(),
-            &format!("{}/", self.node),
+            Claim::node_scope(&self.node),
             shutdown.clone(),
         );
         let reader = claims.reader();
@@ -189,7 +193,7 @@ impl NodeReconciler {
         // its own writes) saves a read before every Mount write.
         let mounts = Informer::<Mount>::spawn(
             self.store.clone(),
-            &format!("{}/", self.node),
+            Mount::node_scope(&self.node),
             shutdown.clone(),
         );
         // A Mount whose claim was deleted while the agent was down, and that the local
@@ -242,8 +246,8 @@ impl Reconcile {
         let claim = self.claims.get(&key);
         let record = self.r.local.lock().await.publishes.get(&key).cloned();
         let lock_key = match (&claim, &record) {
-            (Some(c), _) => format!("{}/{}", c.metadata.namespace, c.spec.volume),
-            (None, Some(r)) => format!("{}/{}", r.namespace, r.volume),
+            (Some(c), _) => Volume::key_for(&c.metadata.namespace, &c.spec.volume).to_string(),
+            (None, Some(r)) => Volume::key_for(&r.namespace, &r.volume).to_string(),
             (None, None) => key.clone(),
         };
         let _guard = self.r.locks.lock(&lock_key).await;
@@ -253,13 +257,11 @@ impl Reconcile {
                 self.teardown(&key, &rec).await?;
                 self.forget(&key).await?;
             }
-            crate::common::ignore_not_found(
-                self.r
-                    .store
-                    .delete::<MountSpec>(crate::common::suffix::<ClaimSpec>(&key), None)
-                    .await
-                    .map(|_| ()),
-            )?;
+            if let Some(mount) = mount_key_of(&key) {
+                crate::common::ignore_not_found(
+                    self.r.store.delete(&mount, None).await.map(|_| ()),
+                )?;
+            }
             return Ok(Action::AwaitChange);
         };
         if let Some(rec) = &record {
@@ -451,7 +453,7 @@ impl Reconcile {
             },
         };
         let store = &self.r.store;
-        let mount_key = format!("mounts/{}", crate::common::suffix::<ClaimSpec>(key));
+        let mount_key = Mount::key_for(&claim.object_key());
         let current = self
             .own_writes
             .fresh(store, &self.mounts, &mount_key)

@@ -70,9 +70,9 @@ impl Reconcile {
         let volume = self
             .r
             .store
-            .get::<VolumeSpec>(&format!(
-                "{}/{}",
-                claim.metadata.namespace, claim.spec.volume
+            .get(&Volume::key_for(
+                &claim.metadata.namespace,
+                &claim.spec.volume,
             ))
             .await?;
         let secrets = volume.spec.secrets.expose().clone();

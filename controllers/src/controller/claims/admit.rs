@@ -6,7 +6,7 @@ use super::*;
 
 pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
     let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
-    let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
+    let node = ctx.nodes.get(&Node::key_for(&claim.spec.node));
     let checked = admission::check(claim, volume.as_deref(), node.as_deref(), || {
         ctx.claims.by_index(BY_NODE, claim.spec.node.as_str())
     });

@@ -22,7 +22,6 @@
 use futures::StreamExt;
 use moor::api::*;
 use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
-use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::{Batch, StoreError};
 use std::collections::BTreeMap;
@@ -45,7 +44,7 @@ use release::{
 
 use super::admission::{self, Verdict};
 use super::plan::{self, AttachPlan, NodeDone};
-use super::{volume_index, Ctx, BY_NODE, BY_PLUGIN, BY_VOLUME};
+use super::{volume_index, Ctx, Informers, BY_NODE, BY_PLUGIN, BY_VOLUME};
 use crate::common::{details, object_ref};
 
 /// How many past claims a volume remembers.
@@ -64,29 +63,6 @@ impl ReconcileError for ClaimError {
         let ClaimError::Store(e) = self;
         e.policy()
     }
-}
-
-/// The informers the controller's reconcilers subscribe to.
-pub struct Informers {
-    /// Allocations.
-    pub allocations: Informer<Allocation>,
-    /// Claims.
-    pub claims: Informer<Claim>,
-    /// Volumes.
-    pub volumes: Informer<Volume>,
-    /// Attachments.
-    pub attachments: Informer<Attachment>,
-    /// Mounts.
-    pub mounts: Informer<Mount>,
-    /// Nodes.
-    pub nodes: Informer<Node>,
-    /// Plugins.
-    pub plugins: Informer<Plugin>,
-}
-
-/// The claim key of a request of an allocation.
-pub fn claim_key(node: &NodeName, ns: &Namespace, name: &Name) -> String {
-    format!("claims/{node}/{ns}/{name}")
 }
 
 /// Runs until `stop`.
@@ -120,15 +96,13 @@ pub async fn run(
         .watches(inf.allocations.subscribe(), |a: &Allocation| {
             super::allocations::requests(a)
                 .into_iter()
-                .map(|(name, _)| claim_key(&a.spec.node, &a.metadata.namespace, &name))
+                .map(|(name, _)| {
+                    Claim::key_for(&a.spec.node, &a.metadata.namespace, &name).to_string()
+                })
                 .collect()
         })
         .watches(inf.mounts.subscribe(), |m: &Mount| {
-            vec![claim_key(
-                &m.spec.node,
-                &m.metadata.namespace,
-                &m.spec.claim,
-            )]
+            vec![Mount::claim_key(&m.object_key()).to_string()]
         })
         .watches(inf.attachments.subscribe(), move |a: &Attachment| {
             by_volume(
@@ -178,19 +152,16 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
     };
     let _guard = ctx
         .volume_locks
-        .lock(&format!(
-            "{}/{}",
-            cached.metadata.namespace, cached.spec.volume
-        ))
+        .lock(Volume::key_for(&cached.metadata.namespace, &cached.spec.volume).as_str())
         .await;
     // Claims of one volume are serialised; a decision never rests on a cache older
     // than this process's last write of the claim (then it is read fresh).
-    let Some(claim) = ctx.claim(key).await? else {
+    let Some(claim) = ctx.claim(&cached.object_key()).await? else {
         return Ok(Action::AwaitChange);
     };
-    let alloc = ctx.allocations.get(&format!(
-        "allocations/{}/{}",
-        claim.metadata.namespace, claim.spec.allocation
+    let alloc = ctx.allocations.get(&Allocation::key_for(
+        &claim.metadata.namespace,
+        &claim.spec.allocation,
     ));
     let wanted = alloc.as_ref().is_some_and(|a| {
         !a.is_deleting()
@@ -274,7 +245,7 @@ async fn with_volume<E>(
     next: Claim,
 ) -> Result<Result<(), E>, ClaimError> {
     let ns = &claim.metadata.namespace;
-    let key = format!("volumes/{ns}/{}", claim.spec.volume);
+    let key = Volume::key_for(ns, &claim.spec.volume);
     if let Some(read) = ctx.own_writes.fresh(&ctx.store, &ctx.volumes, &key).await? {
         let mut volume = (*read).clone();
         if let Err(e) = f(&read, &mut volume.status) {
@@ -288,10 +259,9 @@ async fn with_volume<E>(
         }
     }
     let mut verdict = Ok(());
-    let suffix = format!("{ns}/{}", claim.spec.volume);
     let written = ctx
         .store
-        .modify_status::<VolumeSpec>(&suffix, |v, st| match f(v, st) {
+        .modify_status(&key, |v, st| match f(v, st) {
             Ok(changed) => {
                 verdict = Ok(());
                 changed

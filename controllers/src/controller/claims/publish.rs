@@ -52,10 +52,8 @@ pub(super) async fn attachment_state(
     ctx: &Ctx,
     claim: &Claim,
 ) -> Result<(Attach, Option<AttachTodo>), ClaimError> {
-    let plugin = ctx
-        .plugins
-        .get(&format!("plugins/{}", claim.spec.plugin_id));
-    let node = ctx.nodes.get(&format!("nodes/{}", claim.spec.node));
+    let plugin = ctx.plugins.get(&Plugin::key_for(&claim.spec.plugin_id));
+    let node = ctx.nodes.get(&Node::key_for(&claim.spec.node));
     let needs_attachment = plugin
         .as_ref()
         .and_then(|p| p.status.controller_required)
@@ -112,7 +110,7 @@ pub(super) async fn attachment_needed_by_others(
         if o.metadata.uid == claim.metadata.uid || o.spec.node != claim.spec.node {
             continue;
         }
-        let Some(o) = ctx.claim(&o.key()).await? else {
+        let Some(o) = ctx.claim(&o.object_key()).await? else {
             continue;
         };
         let needs = o.status.phase != ClaimPhase::Released

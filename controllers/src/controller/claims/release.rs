@@ -55,7 +55,7 @@ pub(super) fn node_gc_ticks(ctx: Arc<Ctx>) -> impl futures::Stream<Item = String
             .state()
             .iter()
             .filter(|c| c.spec.release && c.status.phase != ClaimPhase::Released)
-            .filter(|c| ctx.nodes.get(&format!("nodes/{}", c.spec.node)).is_none())
+            .filter(|c| ctx.nodes.get(&Node::key_for(&c.spec.node)).is_none())
             .map(|c| c.key())
             .collect();
         Some((futures::stream::iter(keys), ctx))
@@ -70,10 +70,7 @@ pub(super) fn waiting_for_unpublish(claim: &Claim) -> String {
 /// The Mount the claim's node agent keeps for this very claim (same uid), if any.
 pub(super) fn claim_mount(ctx: &Ctx, claim: &Claim) -> Option<Arc<Mount>> {
     ctx.mounts
-        .get(&format!(
-            "mounts/{}/{}/{}",
-            claim.spec.node, claim.metadata.namespace, claim.metadata.name
-        ))
+        .get(&Mount::key_for(&claim.object_key()))
         .filter(|m| m.spec.claim_uid == claim.metadata.uid)
 }
 
@@ -101,11 +98,7 @@ pub(super) async fn release(
 ) -> Result<Action, ClaimError> {
     if claim.status.phase == ClaimPhase::Released {
         if alloc_gone {
-            match ctx
-                .store
-                .delete::<ClaimSpec>(&claim.spec.key_suffix(&claim.metadata), None)
-                .await
-            {
+            match ctx.store.delete(&claim.object_key(), None).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }

@@ -1,0 +1,259 @@
+//! What the controller's reconcilers share: the fenced store, one cache per kind (with
+//! the claims' and volumes' indexes), the event recorder, per-volume locks, node
+//! absences and the view of this process's own writes.
+
+use moor::api::*;
+use moor::runtime::events::Recorder;
+use moor::runtime::informer::Informer;
+use moor::runtime::own_writes::OwnWrites;
+use moor::runtime::reflector;
+use moor::store::{Store, StoreError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::common::KeyedLocks;
+
+/// The informers the controller's reconcilers subscribe to.
+pub struct Informers {
+    /// Allocations.
+    pub allocations: Informer<Allocation>,
+    /// Claims.
+    pub claims: Informer<Claim>,
+    /// Volumes.
+    pub volumes: Informer<Volume>,
+    /// Attachments.
+    pub attachments: Informer<Attachment>,
+    /// Mounts.
+    pub mounts: Informer<Mount>,
+    /// Nodes.
+    pub nodes: Informer<Node>,
+    /// Plugins.
+    pub plugins: Informer<Plugin>,
+}
+
+/// What the reconcilers share.
+#[derive(Clone)]
+pub struct Ctx {
+    /// Fenced: every write carries the leader's fence.
+    pub store: Store,
+    /// Caches.
+    pub allocations: reflector::Store<Allocation>,
+    /// Claims of every node.
+    pub claims: reflector::Store<Claim>,
+    /// Volumes.
+    pub volumes: reflector::Store<Volume>,
+    /// Attachments.
+    pub attachments: reflector::Store<Attachment>,
+    /// Mounts of every node.
+    pub mounts: reflector::Store<Mount>,
+    /// Nodes (present while their agent's lease lives).
+    pub nodes: reflector::Store<Node>,
+    /// Plugins (our own aggregation).
+    pub plugins: reflector::Store<Plugin>,
+    /// Events.
+    pub recorder: Recorder,
+    /// Claims of one volume are reconciled one at a time.
+    pub volume_locks: KeyedLocks,
+    /// When each absent node went away.
+    pub node_absence: Arc<NodeAbsence>,
+    /// See [`Args::node_gc_timeout`].
+    pub node_gc_timeout: Option<Duration>,
+    /// This process's claim and attachment writes its caches have not shown yet.
+    pub own_writes: OwnWrites,
+}
+
+impl Ctx {
+    /// Waits until every cache has listed once.
+    pub async fn ready(&self) {
+        self.allocations.wait_until_ready().await;
+        self.claims.wait_until_ready().await;
+        self.volumes.wait_until_ready().await;
+        self.attachments.wait_until_ready().await;
+        self.mounts.wait_until_ready().await;
+        self.nodes.wait_until_ready().await;
+        self.plugins.wait_until_ready().await;
+    }
+
+    /// How long a node has been gone (no Node object), `None` while it is registered.
+    pub fn node_gone_for(&self, node: &NodeName) -> Option<Duration> {
+        let present = self.nodes.get(&Node::key_for(node)).is_some();
+        self.node_absence.gone_for(node, present, Instant::now())
+    }
+
+    /// Notes a claim or attachment this process wrote (as the store returned it).
+    pub fn wrote<S: Spec>(&self, written: &Object<S>) {
+        self.own_writes.wrote(written);
+    }
+
+    /// Notes an object a committed [`moor::store::Batch`] wrote, if any: its version
+    /// is the batch's revision.
+    pub fn wrote_in<S: Spec>(&self, written: Option<Object<S>>, revision: i64) {
+        if let Some(mut obj) = written {
+            obj.metadata.resource_version = revision;
+            self.own_writes.wrote(&obj);
+        }
+    }
+
+    /// The claim at `key`, from the cache unless it lags this process's last write.
+    pub async fn claim(
+        &self,
+        key: &ObjectKey<ClaimSpec>,
+    ) -> Result<Option<Arc<Claim>>, StoreError> {
+        self.own_writes.fresh(&self.store, &self.claims, key).await
+    }
+
+    /// The attachment of a claim's volume on its node, from the cache unless it lags
+    /// this process's last write of it (the controller creates it and sets `detach`).
+    pub async fn attachment(&self, claim: &Claim) -> Result<Option<Arc<Attachment>>, StoreError> {
+        let key = Attachment::key_for(
+            &claim.metadata.namespace,
+            &claim.spec.volume,
+            &claim.spec.node,
+        );
+        self.own_writes
+            .fresh(&self.store, &self.attachments, &key)
+            .await
+    }
+
+    /// The volume of a claim-like object.
+    pub fn volume(&self, ns: &Namespace, volume: &VolumeId) -> Option<Arc<Volume>> {
+        self.volumes.get(&Volume::key_for(ns, volume))
+    }
+}
+
+/// The claims cache's indexes: every lookup of "the claims of X" goes through one, so
+/// no event costs a scan of every claim.
+pub const CLAIM_INDEXES: &[reflector::Index<Claim>] = &[
+    (BY_VOLUME, |c| {
+        vec![volume_index(&c.metadata.namespace, c.spec.volume.as_str())]
+    }),
+    (BY_NODE, |c| vec![c.spec.node.to_string()]),
+    (BY_PLUGIN, |c| vec![c.spec.plugin_id.to_string()]),
+];
+
+/// The volumes cache's indexes.
+pub const VOLUME_INDEXES: &[reflector::Index<Volume>] =
+    &[(BY_PLUGIN, |v| vec![v.spec.plugin_id.to_string()])];
+
+/// When each absent node went away, kept from the Node watch: an entry is made when a
+/// node's Node object goes (or when a claim first finds it absent) and dropped when it
+/// is back, so a node that was gone once and came back does not carry that old absence
+/// into its next one (a restarted agent's Node is briefly absent).
+#[derive(Debug, Default)]
+pub struct NodeAbsence(Mutex<HashMap<NodeName, Instant>>);
+
+impl NodeAbsence {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<NodeName, Instant>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies a Node watch event seen at `now`.
+    pub fn observe<E>(&self, event: &Result<moor::runtime::watcher::Event<Node>, E>, now: Instant) {
+        use moor::runtime::watcher::Event;
+        let mut map = self.map();
+        match event {
+            Ok(Event::Applied(n)) => {
+                map.retain(|name, _| name.as_str() != n.metadata.name.as_str());
+            }
+            Ok(Event::Restarted(all)) => {
+                map.retain(|name, _| {
+                    !all.iter()
+                        .any(|n| n.metadata.name.as_str() == name.as_str())
+                });
+            }
+            Ok(Event::Deleted { key, .. }) => {
+                let node = ObjectKey::<NodeSpec>::parse(key).ok();
+                if let Some(name) = node.and_then(|k| NodeName::new(k.name()).ok()) {
+                    map.entry(name).or_insert(now);
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// How long `node` has been gone at `now`, `None` while it is `present`. A node
+    /// not known to be gone counts from now.
+    pub fn gone_for(&self, node: &NodeName, present: bool, now: Instant) -> Option<Duration> {
+        let mut map = self.map();
+        if present {
+            map.remove(node);
+            return None;
+        }
+        Some(now.saturating_duration_since(*map.entry(node.clone()).or_insert(now)))
+    }
+}
+
+/// Index of claims by their volume's key (see [`volume_index`]).
+pub const BY_VOLUME: &str = "volume";
+/// Index of claims by node name.
+pub const BY_NODE: &str = "node";
+/// Index of claims and volumes by plugin id.
+pub const BY_PLUGIN: &str = "plugin";
+
+/// The [`BY_VOLUME`] value of a volume: its key.
+pub fn volume_index(ns: &Namespace, volume: &str) -> String {
+    Volume::key_for(ns, volume).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moor::runtime::watcher::Event;
+
+    fn node(name: &str) -> Node {
+        Node::new(
+            &Namespace::default(),
+            Name::new(name).unwrap(),
+            NodeSpec::default(),
+        )
+    }
+
+    fn deleted(name: &str) -> Result<Event<Node>, ()> {
+        Ok(Event::Deleted {
+            key: Node::key_for(&NodeName::new(name).unwrap()).to_string(),
+            last: None,
+        })
+    }
+
+    #[test]
+    fn an_absence_counts_from_when_the_node_went() {
+        let a = NodeAbsence::default();
+        let n1 = NodeName::new("n1").unwrap();
+        let t0 = Instant::now();
+        a.observe(&deleted("n1"), t0);
+        assert_eq!(
+            a.gone_for(&n1, false, t0 + Duration::from_secs(5)),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(a.gone_for(&n1, true, t0), None);
+    }
+
+    #[test]
+    fn a_node_back_from_an_absence_does_not_carry_it_into_the_next() {
+        // Found by the randomized suite (seed 204 at 600 ops): n2 was found absent by a
+        // claim, came back with no claim looking, and at its agent's next restart its
+        // Node was absent for a moment: the old entry made that moment "gone for 40 s"
+        // and a claim was released without the node while it was still published.
+        let a = NodeAbsence::default();
+        let n2 = NodeName::new("n2").unwrap();
+        let t0 = Instant::now();
+        assert_eq!(a.gone_for(&n2, false, t0), Some(Duration::ZERO));
+        a.observe(
+            &Ok::<_, ()>(Event::Applied(node("n2"))),
+            t0 + Duration::from_secs(1),
+        );
+        let t2 = t0 + Duration::from_secs(40);
+        a.observe(&deleted("n2"), t2);
+        assert_eq!(
+            a.gone_for(&n2, false, t2 + Duration::from_millis(500)),
+            Some(Duration::from_millis(500))
+        );
+        // A relist that shows it clears it too.
+        a.observe(&Ok::<_, ()>(Event::Restarted(vec![node("n2")])), t2);
+        assert_eq!(
+            a.gone_for(&n2, false, t2 + Duration::from_secs(1)),
+            Some(Duration::ZERO)
+        );
+    }
+}
