@@ -165,11 +165,92 @@ impl Allocation {
     pub fn key_for(ns: &Namespace, name: impl std::fmt::Display) -> ObjectKey<AllocationSpec> {
         ObjectKey::from_parts(&[ns, &name])
     }
+
+    /// The claims the allocation asks for: (claim name, volume id) per request.
+    pub fn requests(&self) -> Vec<(Name, VolumeId)> {
+        self.spec
+            .volumes
+            .iter()
+            .filter_map(|req| Some((self.claim_name(req)?, self.request_volume(req)?)))
+            .collect()
+    }
+
+    /// The name of the claim for a request: `<allocation>.<request>`, bounded.
+    pub fn claim_name(&self, req: &VolumeRequest) -> Option<Name> {
+        Name::new(bounded_name(
+            &[self.metadata.name.as_str(), req.name.as_str()],
+            ".",
+        ))
+        .ok()
+    }
+
+    /// The volume a request claims: a per_alloc request its own `<volume>-<allocation>`.
+    pub fn request_volume(&self, req: &VolumeRequest) -> Option<VolumeId> {
+        if req.per_alloc {
+            VolumeId::new(format!("{}-{}", req.volume, self.metadata.name)).ok()
+        } else {
+            Some(req.volume.clone())
+        }
+    }
+}
+
+/// FNV-1a, 64 bits: a stable hash for shortening names (std's hasher may change).
+fn fnv1a(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// A name within the id rule: `parts` joined by `sep`, or, when longer than 128, a
+/// prefix and a hash of the whole.
+fn bounded_name(parts: &[&str], sep: &str) -> String {
+    let full = parts.join(sep);
+    if full.len() <= 128 {
+        return full;
+    }
+    let hash = format!("{sep}{:016x}", fnv1a(&full));
+    let keep: String = full.chars().take(128 - hash.len()).collect();
+    format!("{keep}{hash}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claim_names_stay_within_the_id_rule() {
+        assert_eq!(bounded_name(&["web-1", "data"], "."), "web-1.data");
+        let long = "a".repeat(120);
+        let n = bounded_name(&[&long, "data-volume"], ".");
+        assert_eq!(n.len(), 128);
+        assert!(Name::new(n.clone()).is_ok());
+        assert_ne!(
+            n,
+            bounded_name(&[&long, "data-volume2"], "."),
+            "distinct requests stay distinct"
+        );
+    }
+
+    #[test]
+    fn per_alloc_requests_claim_the_allocation_s_own_volume() {
+        let mut a = Allocation::new(
+            &Namespace::default_ns(),
+            Name::new("web-1").unwrap(),
+            AllocationSpec::default(),
+        );
+        a.spec.volumes.push(VolumeRequest {
+            name: Name::new("data").unwrap(),
+            volume: VolumeId::new("db").unwrap(),
+            per_alloc: true,
+            ..Default::default()
+        });
+        let r = a.requests();
+        assert_eq!(r[0].0.as_str(), "web-1.data");
+        assert_eq!(r[0].1.as_str(), "db-web-1");
+    }
 
     #[test]
     fn terminal_when_stopped_or_finished() {

@@ -5,9 +5,11 @@
 //! 2. Unavailable, ResourceExhausted, Aborted and DeadlineExceeded are retried after
 //!    an exponential delay from `initial` (jittered), up to `tries` tries.
 //! 3. Any other error, or the last retryable one, is returned as a [`CsiError`] whose
-//!    [`Class`] says what the step is now: maybe done (the reverse is owed), not done
-//!    (a final answer: the reverse must not be called), or already done for a reverse
-//!    (NotFound on an unpublish or unstage).
+//!    [`Class`] says what the step is now: [`Class::Uncertain`] (it may have taken
+//!    effect: the reverse is owed), [`Class::Transient`] (refused, no effect; try
+//!    again) or [`Class::Final`] (no effect, and repeating it will not help). NotFound
+//!    is Final for a forward step; for a reverse step (unpublish, unstage, delete) the
+//!    typed client counts it as done ([`CsiError::is_not_found`]).
 //!
 //! Every try is measured in `moor_csi_call_duration_seconds{rpc, code}`.
 
@@ -51,11 +53,13 @@ impl Default for Policy {
 /// What a failed call means for the step it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
-    /// Timed out, cut off or failed inside the plugin: it may have taken effect, so
-    /// its reverse is owed on release. Retried.
+    /// Timed out, cut off, unreachable or failed inside the plugin (DeadlineExceeded,
+    /// Cancelled, Unavailable, Unknown, Internal, DataLoss): it may have taken effect,
+    /// so its reverse is owed on release. Retried.
     Uncertain,
-    /// A transient refusal that took no effect (Unavailable before the plugin acted,
-    /// ResourceExhausted, Aborted). Retried.
+    /// A transient refusal that took no effect (ResourceExhausted, Aborted). Retried.
+    /// Unavailable is not here: a plugin that dies mid-call answers it too, so it is
+    /// [`Class::Uncertain`].
     Transient,
     /// A final answer (InvalidArgument, FailedPrecondition, NotFound, ...): the call
     /// took no effect and will not by repeating it; needs attention.

@@ -94,7 +94,7 @@ pub async fn run(
         .with_metrics(metrics)
         .owns(inf.claims.subscribe())
         .watches(inf.allocations.subscribe(), |a: &Allocation| {
-            super::allocations::requests(a)
+            a.requests()
                 .into_iter()
                 .map(|(name, _)| {
                     Claim::key_for(&a.spec.node, &a.metadata.namespace, &name).to_string()
@@ -166,7 +166,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
     let wanted = alloc.as_ref().is_some_and(|a| {
         !a.is_deleting()
             && !a.spec.is_terminal()
-            && super::allocations::requests(a)
+            && a.requests()
                 .iter()
                 .any(|(name, _)| name == &claim.metadata.name)
     });
