@@ -4,6 +4,7 @@
 //! - `moord agent`: one per node: plugin supervision, the node reconciler, and the
 //!   provisioner and attacher of the controller plugins it hosts ([`agent`]).
 //! - `moord check`: a read-only audit of the store ([`check`]).
+//! - `moord roles`: the etcd roles script, generated from the kinds ([`roles`]).
 //! - `moord dev`: all of moor on one machine, on the embedded store ([`dev`]).
 
 mod agent;
@@ -11,6 +12,7 @@ mod check;
 mod common;
 mod controller;
 mod dev;
+mod roles;
 
 use clap::{Parser, Subcommand};
 
@@ -31,6 +33,8 @@ enum Command {
     Dev(dev::Args),
     /// Lists every moor object in etcd by kind and reports malformed ones (read-only).
     Check(check::Check),
+    /// Prints the etcd users-and-roles script (deploy/etcd/roles.sh) made from the kinds.
+    Roles(roles::Roles),
 }
 
 #[tokio::main]
@@ -42,6 +46,7 @@ async fn main() {
         Command::Controller(args) => controller::run(args, shutdown).await.map(|()| 0),
         Command::Agent(args) => agent::run(args, shutdown).await.map(|()| 0),
         Command::Check(cmd) => cmd.run().await,
+        Command::Roles(cmd) => cmd.run(),
         Command::Dev(args) => dev::run(args, shutdown).await.map(|()| 0),
     };
     match result {

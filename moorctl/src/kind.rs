@@ -1,7 +1,6 @@
-//! Kinds as the user names them, and the few generic operations moorctl does on any
-//! kind, on objects as JSON values.
+//! The few generic operations moorctl does on any kind (the registry of kinds is
+//! `moor::api::Kind`), on objects as JSON values.
 
-use std::fmt;
 use std::str::FromStr;
 
 use serde_json::Value;
@@ -10,137 +9,8 @@ use super::Ctx;
 use moor::api::*;
 use moor::store::Deleted;
 
-/// A kind, as `get`, `describe`, `delete` and `wait` take it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Volumes.
-    Volume,
-    /// Allocations.
-    Allocation,
-    /// Claims.
-    Claim,
-    /// Attachments.
-    Attachment,
-    /// Mounts.
-    Mount,
-    /// Nodes.
-    Node,
-    /// Plugins.
-    Plugin,
-    /// Events.
-    Event,
-}
-
-impl Kind {
-    /// Every kind.
-    pub const ALL: [Kind; 8] = [
-        Kind::Volume,
-        Kind::Allocation,
-        Kind::Claim,
-        Kind::Attachment,
-        Kind::Mount,
-        Kind::Node,
-        Kind::Plugin,
-        Kind::Event,
-    ];
-
-    /// The kind's name in manifests.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Volume => "Volume",
-            Kind::Allocation => "Allocation",
-            Kind::Claim => "Claim",
-            Kind::Attachment => "Attachment",
-            Kind::Mount => "Mount",
-            Kind::Node => "Node",
-            Kind::Plugin => "Plugin",
-            Kind::Event => "Event",
-        }
-    }
-
-    /// Whether its objects live in a namespace.
-    pub fn namespaced(self) -> bool {
-        !matches!(self, Kind::Node | Kind::Plugin)
-    }
-
-    /// Where its phase is in the JSON of an object.
-    pub fn phase_pointer(self) -> Option<&'static str> {
-        match self {
-            Kind::Volume => Some("/status/provisioning/phase"),
-            Kind::Allocation | Kind::Claim | Kind::Attachment => Some("/status/phase"),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.name().to_lowercase())
-    }
-}
-
-impl FromStr for Kind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Kind, String> {
-        Ok(match s.to_lowercase().as_str() {
-            "volume" | "volumes" | "vol" | "vols" => Kind::Volume,
-            "allocation" | "allocations" | "alloc" | "allocs" => Kind::Allocation,
-            "claim" | "claims" => Kind::Claim,
-            "attachment" | "attachments" => Kind::Attachment,
-            "mount" | "mounts" => Kind::Mount,
-            "node" | "nodes" => Kind::Node,
-            "plugin" | "plugins" => Kind::Plugin,
-            "event" | "events" | "ev" => Kind::Event,
-            _ => {
-                return Err(format!(
-                    "unknown kind {s:?}: one of volume, allocation, claim, attachment, mount, node, plugin, event"
-                ))
-            }
-        })
-    }
-}
-
-/// Runs `$body` with `$S` the spec type of `$kind`.
-macro_rules! with_spec {
-    ($kind:expr, $S:ident => $body:expr) => {
-        match $kind {
-            Kind::Volume => {
-                type $S = VolumeSpec;
-                $body
-            }
-            Kind::Allocation => {
-                type $S = AllocationSpec;
-                $body
-            }
-            Kind::Claim => {
-                type $S = ClaimSpec;
-                $body
-            }
-            Kind::Attachment => {
-                type $S = AttachmentSpec;
-                $body
-            }
-            Kind::Mount => {
-                type $S = MountSpec;
-                $body
-            }
-            Kind::Node => {
-                type $S = NodeSpec;
-                $body
-            }
-            Kind::Plugin => {
-                type $S = PluginSpec;
-                $body
-            }
-            Kind::Event => {
-                type $S = EventSpec;
-                $body
-            }
-        }
-    };
-}
-pub(crate) use with_spec;
+pub use moor::api::Kind;
+pub(crate) use moor::with_spec;
 
 /// Objects of a kind, as JSON, in one namespace (or all); malformed values are
 /// reported on stderr and skipped. Also returns the revision the list is at.
@@ -342,12 +212,5 @@ mod tests {
         assert!(sel("app!=web,!missing"));
         assert!(!sel("!app"));
         assert!("=x".parse::<Selector>().is_err());
-    }
-
-    #[test]
-    fn kinds_parse_by_alias() {
-        assert_eq!("allocs".parse::<Kind>(), Ok(Kind::Allocation));
-        assert_eq!("Volume".parse::<Kind>(), Ok(Kind::Volume));
-        assert!("pods".parse::<Kind>().is_err());
     }
 }

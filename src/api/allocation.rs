@@ -104,6 +104,10 @@ impl Spec for AllocationSpec {
     const KIND: &'static str = "Allocation";
     const DIR: &'static str = "allocations";
     const NAMESPACED: bool = true;
+    const ALIASES: &'static [&'static str] = &["alloc", "allocs"];
+    const PHASE: Option<&'static str> = Some("/status/phase");
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::Read;
     type Status = AllocationStatus;
 
     fn validate(&self, errors: &mut ValidationErrors) {

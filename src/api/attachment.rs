@@ -39,6 +39,10 @@ impl Spec for AttachmentSpec {
     const KIND: &'static str = "Attachment";
     const DIR: &'static str = "attachments";
     const NAMESPACED: bool = true;
+    const ALIASES: &'static [&'static str] = &[];
+    const PHASE: Option<&'static str> = Some("/status/phase");
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::ControllerPlugin;
     const KEY_SEGMENTS: usize = 3;
     type Status = AttachmentStatus;
 

@@ -80,6 +80,10 @@ impl Spec for ClaimSpec {
     const KIND: &'static str = "Claim";
     const DIR: &'static str = "claims";
     const NAMESPACED: bool = true;
+    const ALIASES: &'static [&'static str] = &[];
+    const PHASE: Option<&'static str> = Some("/status/phase");
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::Read;
     const KEY_SEGMENTS: usize = 3;
     const KEY_NAMESPACE_FIRST: bool = false;
     type Status = ClaimStatus;

@@ -60,6 +60,10 @@ impl Spec for EventSpec {
     const KIND: &'static str = "Event";
     const DIR: &'static str = "events";
     const NAMESPACED: bool = true;
+    const ALIASES: &'static [&'static str] = &["ev"];
+    const PHASE: Option<&'static str> = None;
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::Write;
     type Status = NoStatus;
 
     fn validate(&self, errors: &mut ValidationErrors) {

@@ -13,6 +13,7 @@ mod common;
 mod event;
 mod ids;
 mod key;
+mod kinds;
 mod manifest;
 mod modes;
 mod mount;
@@ -27,6 +28,7 @@ pub use common::*;
 pub use event::*;
 pub use ids::*;
 pub use key::*;
+pub use kinds::*;
 pub use manifest::*;
 pub use modes::*;
 pub use mount::*;
@@ -53,6 +55,14 @@ pub trait Spec:
     const DIR: &'static str;
     /// Whether objects of the kind live in a namespace.
     const NAMESPACED: bool;
+    /// Other names the tools accept for the kind (besides its name and `DIR`).
+    const ALIASES: &'static [&'static str];
+    /// Where the kind's phase is in the JSON of an object (`moorctl wait`), if any.
+    const PHASE: Option<&'static str>;
+    /// Whether `moord check` audits the kind.
+    const CHECKED: bool;
+    /// What a node agent's etcd role may do with the kind (`moord roles`).
+    const AGENT: AgentAccess;
     /// How many ids follow `DIR/` in the kind's keys (see [`Spec::key_suffix`]).
     const KEY_SEGMENTS: usize = if Self::NAMESPACED { 2 } else { 1 };
     /// Whether the first id of the kind's keys is the namespace (a namespace is then

@@ -37,6 +37,10 @@ impl Spec for MountSpec {
     const KIND: &'static str = "Mount";
     const DIR: &'static str = "mounts";
     const NAMESPACED: bool = true;
+    const ALIASES: &'static [&'static str] = &[];
+    const PHASE: Option<&'static str> = None;
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::OwnNode;
     const KEY_SEGMENTS: usize = 3;
     const KEY_NAMESPACE_FIRST: bool = false;
     type Status = MountStatus;

@@ -78,6 +78,10 @@ impl Spec for NodeSpec {
     const KIND: &'static str = "Node";
     const DIR: &'static str = "nodes";
     const NAMESPACED: bool = false;
+    const ALIASES: &'static [&'static str] = &[];
+    const PHASE: Option<&'static str> = None;
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::OwnNode;
     type Status = NodeStatus;
 
     fn validate(&self, _errors: &mut ValidationErrors) {}

@@ -14,6 +14,10 @@ impl Spec for PluginSpec {
     const KIND: &'static str = "Plugin";
     const DIR: &'static str = "plugins";
     const NAMESPACED: bool = false;
+    const ALIASES: &'static [&'static str] = &[];
+    const PHASE: Option<&'static str> = None;
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::Read;
     type Status = PluginStatus;
 
     fn validate(&self, _errors: &mut ValidationErrors) {}

@@ -111,6 +111,10 @@ impl Spec for VolumeSpec {
     const KIND: &'static str = "Volume";
     const DIR: &'static str = "volumes";
     const NAMESPACED: bool = true;
+    const ALIASES: &'static [&'static str] = &["vol", "vols"];
+    const PHASE: Option<&'static str> = Some("/status/provisioning/phase");
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::ControllerPlugin;
     type Status = VolumeStatus;
 
     fn validate(&self, errors: &mut ValidationErrors) {

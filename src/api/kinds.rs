@@ -1,0 +1,196 @@
+//! The registry of kinds: every kind moor stores, listed once. moorctl's `get`,
+//! `describe`, `delete` and `wait`, `moord check` and `moord roles` (which writes
+//! deploy/etcd/roles.sh) all go through [`Kind`] and [`with_spec!`](crate::with_spec).
+//!
+//! Adding a kind:
+//! 1. Its file in `src/api`: the spec type implementing [`Spec`] (name, key directory
+//!    and layout, aliases, phase, whether `moord check` audits it, what an agent's
+//!    etcd role may do with it, validation) and its `key_for` constructor.
+//! 2. Its line in [`for_each_kind!`] below.
+//! 3. Its table columns in moorctl (`moorctl/src/table.rs`): the match there is
+//!    exhaustive, so a kind without columns does not compile.
+//!
+//! Then regenerate the roles script: `moord roles > deploy/etcd/roles.sh` (a test fails
+//! while it is stale).
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::*;
+
+/// What a node agent's etcd role may do with a kind's keys (the controller may do
+/// anything below the prefix; every agent reads it all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentAccess {
+    /// Read only.
+    Read,
+    /// Write its own node's objects: the key `DIR/NODE` of a cluster-wide kind, the
+    /// keys below `DIR/NODE/` of a kind keyed by node first.
+    OwnNode,
+    /// Write any (events: every process records them).
+    Write,
+    /// Write, on the nodes that host a controller plugin (their provisioner and
+    /// attacher); read elsewhere.
+    ControllerPlugin,
+}
+
+/// Calls `$m! { Variant(SpecType), ... }` with every kind, in the order moorctl and
+/// `moord check` list them. The one list of kinds.
+#[macro_export]
+macro_rules! for_each_kind {
+    ($m:ident) => {
+        $m! {
+            Volume(VolumeSpec),
+            Allocation(AllocationSpec),
+            Claim(ClaimSpec),
+            Attachment(AttachmentSpec),
+            Mount(MountSpec),
+            Node(NodeSpec),
+            Plugin(PluginSpec),
+            Event(EventSpec),
+        }
+    };
+}
+
+macro_rules! define_kinds {
+    ($($kind:ident($spec:ident),)*) => {
+        /// A kind, as the tools name it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Kind {
+            $(
+                #[doc = concat!("[`", stringify!($spec), "`].")]
+                $kind,
+            )*
+        }
+
+        impl Kind {
+            /// Every kind.
+            pub const ALL: &'static [Kind] = &[$(Kind::$kind,)*];
+
+            /// The kind's name in manifests, e.g. `Volume`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => <$spec as Spec>::KIND,)*
+                }
+            }
+
+            /// The kind's key directory, e.g. `volumes` (also its plural).
+            pub fn dir(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => <$spec as Spec>::DIR,)*
+                }
+            }
+
+            /// Whether its objects live in a namespace.
+            pub fn namespaced(self) -> bool {
+                match self {
+                    $(Kind::$kind => <$spec as Spec>::NAMESPACED,)*
+                }
+            }
+
+            /// Other names the tools accept for it.
+            pub fn aliases(self) -> &'static [&'static str] {
+                match self {
+                    $(Kind::$kind => <$spec as Spec>::ALIASES,)*
+                }
+            }
+
+            /// Where its phase is in the JSON of an object, if it has one.
+            pub fn phase_pointer(self) -> Option<&'static str> {
+                match self {
+                    $(Kind::$kind => <$spec as Spec>::PHASE,)*
+                }
+            }
+
+            /// Whether `moord check` audits it.
+            pub fn checked(self) -> bool {
+                match self {
+                    $(Kind::$kind => <$spec as Spec>::CHECKED,)*
+                }
+            }
+
+            /// What a node agent's etcd role may do with it.
+            pub fn agent_access(self) -> AgentAccess {
+                match self {
+                    $(Kind::$kind => <$spec as Spec>::AGENT,)*
+                }
+            }
+
+            /// Whether its keys begin with a node name (`DIR/NODE...`).
+            pub fn keyed_by_node(self) -> bool {
+                match self {
+                    $(Kind::$kind => !<$spec as Spec>::NAMESPACED
+                        || !<$spec as Spec>::KEY_NAMESPACE_FIRST,)*
+                }
+            }
+        }
+
+        /// Runs `$body` with `$S` the spec type of the [`Kind`] `$kind`.
+        #[macro_export]
+        macro_rules! with_spec {
+            ($k:expr, $S:ident => $body:expr) => {
+                match $k {
+                    $($crate::api::Kind::$kind => {
+                        #[allow(dead_code)]
+                        type $S = $crate::api::$spec;
+                        $body
+                    })*
+                }
+            };
+        }
+    };
+}
+
+for_each_kind!(define_kinds);
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name().to_lowercase())
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+
+    /// A kind by its name, its directory (plural) or an alias, in any case.
+    fn from_str(s: &str) -> Result<Kind, String> {
+        let want = s.to_lowercase();
+        Kind::ALL
+            .iter()
+            .copied()
+            .find(|k| {
+                k.name().to_lowercase() == want
+                    || k.dir() == want
+                    || k.aliases().contains(&want.as_str())
+            })
+            .ok_or_else(|| {
+                let names: Vec<String> = Kind::ALL.iter().map(ToString::to_string).collect();
+                format!("unknown kind {s:?}: one of {}", names.join(", "))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_parse_by_name_plural_and_alias() {
+        assert_eq!("allocs".parse::<Kind>(), Ok(Kind::Allocation));
+        assert_eq!("Volume".parse::<Kind>(), Ok(Kind::Volume));
+        assert_eq!("claims".parse::<Kind>(), Ok(Kind::Claim));
+        assert_eq!("ev".parse::<Kind>(), Ok(Kind::Event));
+        assert!("pods".parse::<Kind>().is_err());
+    }
+
+    #[test]
+    fn the_registry_agrees_with_each_spec() {
+        for &kind in Kind::ALL {
+            let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
+            assert_eq!((kind.name(), kind.dir()), (name, dir));
+        }
+        assert_eq!(Kind::ALL.len(), 8);
+        assert!(Kind::Claim.keyed_by_node() && Kind::Node.keyed_by_node());
+        assert!(!Kind::Volume.keyed_by_node() && !Kind::Attachment.keyed_by_node());
+    }
+}
