@@ -160,7 +160,46 @@ async fn lead_hands_over_on_resign_and_stops_on_shutdown(backend: Backend) {
     }
 }
 
+/// Issue 15: an identity allowed to write the election key put a plain value over it
+/// (which strips its lease). Before, the leader's fence compared only the create revision
+/// and carried on; when its lease ended nobody could ever win again.
+async fn an_overwritten_election_key_deposes_at_once_and_the_election_recovers(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
+    let (sa, sb) = (etcd.store("/t/").await, etcd.store("/t/").await);
+    let shutdown = CancellationToken::new();
+    let a = acquire(&sa, &cfg("a"), &shutdown)
+        .await
+        .expect("a is elected");
+    let b_task = {
+        let (sb, shutdown) = (sb.clone(), shutdown.clone());
+        tokio::spawn(async move { acquire(&sb, &cfg("b"), &shutdown).await })
+    };
+    let mut raw = etcd.raw_client().await;
+    raw.put("/t/leaders/controller", "x", None).await.unwrap();
+    // The fence refuses at once, without waiting for a's lease to end.
+    assert!(matches!(
+        a.store().create(&volume("late-a")).await,
+        Err(StoreError::Deposed { .. })
+    ));
+    tokio::time::timeout(Duration::from_secs(2), a.lost().cancelled())
+        .await
+        .expect("a steps down as soon as it sees its key overwritten");
+    // b finds the lease-less key, removes it and wins, long before a's lease (3 s TTL,
+    // renewed) could have ended had a kept renewing it.
+    let b = tokio::time::timeout(Duration::from_secs(10), b_task)
+        .await
+        .expect("the election recovers by itself")
+        .unwrap()
+        .expect("b is elected");
+    b.store().create(&volume("by-b")).await.unwrap();
+    let key = raw.get("/t/leaders/controller", None).await.unwrap();
+    let kv = &key.kvs()[0];
+    assert_eq!((kv.value(), kv.lease()), (&b"b"[..], b.lease().0));
+    b.resign().await;
+}
+
 crate::both_stores!(
+    an_overwritten_election_key_deposes_at_once_and_the_election_recovers,
     failover_when_the_leader_s_lease_is_revoked,
     a_leader_cut_off_from_etcd_stops_before_another_starts,
     lead_hands_over_on_resign_and_stops_on_shutdown,

@@ -419,6 +419,7 @@ async fn fenced_writes_fail_once_the_fence_is_gone(backend: Backend) {
     let fence = Fence {
         key: "/t/leader/test".into(),
         create_revision: put.header().unwrap().revision(),
+        lease: 0,
     };
     let fenced = store.fenced(fence);
     let v = fenced.create(&volume("v1")).await.unwrap();
@@ -444,6 +445,29 @@ async fn fenced_writes_fail_once_the_fence_is_gone(backend: Backend) {
         .await
         .unwrap()
         .is_none());
+
+    // A key that keeps its create revision but lost the leader's lease (overwritten
+    // in place by a plain put) is a lost fence too.
+    let lease = store.grant_lease(Duration::from_secs(30)).await.unwrap();
+    let put = raw
+        .put(
+            "/t/leader/leased",
+            "me",
+            Some(etcd_client::PutOptions::new().with_lease(lease.0)),
+        )
+        .await
+        .unwrap();
+    let fenced = store.fenced(Fence {
+        key: "/t/leader/leased".into(),
+        create_revision: put.header().unwrap().revision(),
+        lease: lease.0,
+    });
+    fenced.create(&volume("v3")).await.unwrap();
+    raw.put("/t/leader/leased", "x", None).await.unwrap();
+    assert!(matches!(
+        fenced.create(&volume("v4")).await,
+        Err(StoreError::Deposed { .. })
+    ));
 }
 
 async fn lease_bound_keys_vanish_with_the_lease(backend: Backend) {

@@ -102,6 +102,13 @@ impl<S: Spec> ObjectKey<S> {
     }
 }
 
+/// The key of the election `name` below the store prefix, e.g. `leaders/controller`,
+/// `leaders/plugin.hostpath.moor.dev`. Elections are not objects: the key's value is
+/// the leader's identity and the key lives on the leader's lease.
+pub fn election_key(name: &str) -> String {
+    format!("leaders/{name}")
+}
+
 /// A part of the key space of kind `S` that a list or watch covers: the whole kind, or
 /// one node's claims or mounts.
 pub struct KeyScope<S> {

@@ -8,10 +8,14 @@
 //!    store handle that adds the fence to every write: a deposed leader's writes fail
 //!    with `StoreError::Deposed` even if it has not noticed yet (Jepsen showed leases
 //!    alone cannot promise mutual exclusion).
+//!    The fence holds only while the key keeps both its create revision and the
+//!    leader's lease: a key overwritten in place (a put strips its lease) deposes.
 //! 3. The leader renews the lease every TTL/3. It considers itself leader only until
 //!    `time a renewal was sent + granted TTL - margin`: etcd cannot expire the lease
 //!    before that, so a leader cut off from etcd stops acting before another can win.
-//!    A revoked lease or a deleted key ends leadership at once.
+//!    A revoked lease, a deleted key or an overwritten one ends leadership at once; a
+//!    candidate that finds the key without a lease removes it and campaigns, so the
+//!    election recovers by itself.
 //! 4. [`Leadership::resign`] revokes the lease so the next candidate wins immediately.
 
 use std::future::Future;
@@ -19,7 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::store::{
     Fence, KeepAlive, LeaseId, RawEventKind, Repeat, Store, StoreError, WatchStream,
@@ -75,7 +79,7 @@ impl Leadership {
 }
 
 fn election_key(store: &Store, name: &str) -> String {
-    store.full_key(&format!("leaders/{name}"))
+    store.full_key(&crate::api::election_key(name))
 }
 
 /// Campaigns until elected (`Some`) or `shutdown` (`None`).
@@ -147,6 +151,7 @@ async fn try_acquire(
         let fence = Fence {
             key: key.clone(),
             create_revision: revision,
+            lease: lease.0,
         };
         let lost = CancellationToken::new();
         tokio::spawn(keep_leading(
@@ -166,8 +171,36 @@ async fn try_acquire(
         }));
     }
     store.revoke_lease(lease).await?;
+    // A key without a lease was overwritten (a put strips the lease): nobody holds it,
+    // and it would never expire. Remove it, if it is still that very key, and campaign.
+    let leaseless = resp.op_responses().iter().find_map(|r| match r {
+        TxnOpResponse::Get(g) => g
+            .kvs()
+            .first()
+            .filter(|kv| kv.lease() == 0)
+            .map(|kv| kv.mod_revision()),
+        _ => None,
+    });
+    if let Some(mod_revision) = leaseless {
+        tracing::warn!(election = %cfg.name, "the election key has no lease (overwritten?); removing it");
+        let txn = Txn::new()
+            .when(vec![Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                mod_revision,
+            )])
+            .and_then(vec![TxnOp::delete(key.clone(), None)]);
+        store
+            .send(Repeat::OnlyUnsent, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(StoreError::from_etcd)?;
+        return Ok(None);
+    }
     // Someone else leads: wait for its key to go, watching from just after our read.
-    let scope = format!("leaders/{}", cfg.name);
+    let scope = crate::api::election_key(&cfg.name);
     let mut watch = store.watch_raw(&scope, revision + 1).await?;
     loop {
         tokio::select! {
@@ -175,8 +208,7 @@ async fn try_acquire(
             batch = watch.next() => match batch? {
                 Some(b) if b.compact_revision > 0 || b.canceled => return Ok(None),
                 Some(b) => {
-                    let exact = format!("leaders/{}", cfg.name);
-                    if b.events.iter().any(|e| e.kind == RawEventKind::Delete && e.key == exact) {
+                    if b.events.iter().any(|e| e.kind == RawEventKind::Delete && e.key == scope) {
                         return Ok(None);
                     }
                 }
@@ -198,7 +230,7 @@ async fn keep_leading(
     let margin = (cfg.ttl / 5).max(Duration::from_millis(200));
     let mut valid_until = first_deadline - margin;
     let renew_every = (cfg.ttl / 3).max(Duration::from_millis(100));
-    let scope = format!("leaders/{}", cfg.name);
+    let scope = crate::api::election_key(&cfg.name);
     let from = fence.create_revision + 1;
     let (mut keeper, mut key_watch) = (None, None);
     let late = "lease could not be renewed in time";
@@ -229,6 +261,11 @@ async fn keep_leading(
                 batch = watch_next => match batch {
                     Ok(Some(b)) if b.events.iter().any(|e| e.kind == RawEventKind::Delete && e.key == scope) => {
                         break "election key deleted";
+                    }
+                    // The leader never writes its key after winning: a put is someone
+                    // overwriting it (which also strips its lease).
+                    Ok(Some(b)) if b.events.iter().any(|e| e.kind == RawEventKind::Put && e.key == scope) => {
+                        break "election key overwritten";
                     }
                     Ok(Some(_)) => {}
                     // Watch trouble is not loss of leadership; the lease deadline still holds.

@@ -31,14 +31,18 @@ pub const DEFAULT_PREFIX: &str = "/moor/";
 /// at 10k per page and 3.5 s at 500).
 pub const DEFAULT_PAGE_SIZE: i64 = 5_000;
 
-/// A leader's fence: writes succeed only while `key` still has this create revision,
-/// i.e. while the election that made this process leader still stands.
+/// A leader's fence: writes succeed only while `key` still has this create revision and
+/// still lives on this lease, i.e. while the election that made this process leader
+/// still stands. A key deleted and made again has another create revision; a key
+/// overwritten in place (a put strips its lease) has another lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
     /// The full election key.
     pub key: String,
     /// Its create_revision when this process won.
     pub create_revision: i64,
+    /// The leader's lease, which the key must still carry (0: the key has none).
+    pub lease: i64,
 }
 
 /// What a delete did.
@@ -567,6 +571,11 @@ impl Store {
                 CompareOp::Equal,
                 fence.create_revision,
             ));
+            compares.push(Compare::lease(
+                fence.key.clone(),
+                CompareOp::Equal,
+                fence.lease,
+            ));
             otherwise.push(TxnOp::get(fence.key.clone(), None));
         }
         let txn = Txn::new().when(compares).and_then(ops).or_else(otherwise);
@@ -583,10 +592,9 @@ impl Store {
         }
         if let Some(fence) = &self.fence {
             let held = resp.op_responses().iter().any(|r| match r {
-                TxnOpResponse::Get(g) => g
-                    .kvs()
-                    .first()
-                    .is_some_and(|kv| kv.create_revision() == fence.create_revision),
+                TxnOpResponse::Get(g) => g.kvs().first().is_some_and(|kv| {
+                    kv.create_revision() == fence.create_revision && kv.lease() == fence.lease
+                }),
                 _ => false,
             });
             if !held {
