@@ -213,6 +213,7 @@ async fn an_agent_cannot_write_another_node_s_keys() {
     run(Command::new("bash")
         .arg(deploy("roles.sh"))
         .args(["n1", "n2"])
+        .env("CONTROLLER_PLUGINS", "n1=hostpath.moor.dev")
         .env("ENDPOINT", &url)
         .env("CERTS", &certs));
 
@@ -231,12 +232,21 @@ async fn an_agent_cannot_write_another_node_s_keys() {
             .await
             .unwrap_or_else(|e| panic!("agent n1 may write {key}: {e}"));
     }
+    // n1 hosts the hostpath controller plugin: it campaigns in that election only.
+    raw.put("/moor/leaders/plugin.hostpath.moor.dev", "n1", None)
+        .await
+        .expect("agent n1 may write its plugin's election key");
+    raw.delete("/moor/leaders/plugin.hostpath.moor.dev", None)
+        .await
+        .unwrap();
     for key in [
         "/moor/nodes/n2",
         "/moor/mounts/n2/default/web-1.data",
-        "/moor/volumes/default/v",
         "/moor/claims/n1/default/c",
         "/moor/nodes/n1x",
+        "/moor/leaders/controller",
+        "/moor/leaders/plugin.other.example.com",
+        "/moor/leaders/plugin.hostpath.moor.devx",
     ] {
         let e = raw.put(key, "{}", None).await.expect_err(key);
         assert!(denied(&e), "{key}: {e}");
@@ -268,7 +278,8 @@ async fn an_agent_cannot_write_another_node_s_keys() {
             .output()
             .unwrap()
     };
-    let out = moorctl("moor-agent-n1", &["volume", "detach", "v1", "--node", "n2"]);
+    // n2 hosts no controller plugin: it may not edit volumes.
+    let out = moorctl("moor-agent-n2", &["volume", "detach", "v1", "--node", "n1"]);
     assert!(!out.status.success(), "an agent must not edit volumes");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains(&format!(
@@ -307,6 +318,22 @@ async fn an_agent_cannot_write_another_node_s_keys() {
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("v1"),
         "{out:?}"
+    );
+    // moord check takes the same TLS flags (it could not reach a TLS etcd before).
+    let check = Command::new(bin("moord"))
+        .args(["check", "--etcd", &url])
+        .env("MOOR_CACERT", certs.join("ca.pem"))
+        .env("MOOR_CERT", certs.join("moor-controller.pem"))
+        .env("MOOR_KEY", certs.join("moor-controller-key.pem"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    // It reads everything: the volume, and the `{}` n1 wrote as an event above (exit 1).
+    assert!(
+        check.status.code() == Some(1)
+            && stdout.contains("Volume              1 objects")
+            && stdout.contains("malformed value at events/default/e1"),
+        "{check:?}"
     );
     // Without a client certificate etcd refuses the connection.
     let anonymous = EtcdAuth {

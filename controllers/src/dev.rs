@@ -27,6 +27,9 @@ pub struct Args {
     /// The embedded store's address (what moorctl's --endpoints points at).
     #[arg(long, default_value = "127.0.0.1:2379")]
     pub listen: String,
+    /// Serve the store on a non-loopback address although it has no TLS and no auth.
+    #[arg(long)]
+    pub insecure_listen: bool,
     /// The moor-hostpath binary (default: next to moord).
     #[arg(long)]
     pub hostpath_bin: Option<PathBuf>,
@@ -82,14 +85,12 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
 
     let store = EmbeddedStore::open(&dir.join("store"), 100_000)
         .with_context(|| format!("opening the store in {}", dir.join("store").display()))?;
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| {
-            format!(
-                "listening on {} (is another etcd there? use --listen)",
-                args.listen
-            )
-        })?;
+    let listener = match moor_embedded::bind(&args.listen, args.insecure_listen).await {
+        Err(e @ moor_embedded::ListenError::Bind(..)) => {
+            return Err(anyhow::Error::new(e).context("is another etcd there? use --listen"))
+        }
+        other => other?,
+    };
     let url = format!("http://{}", listener.local_addr()?);
     let store_stop = CancellationToken::new();
     let store_task = tokio::spawn(moor_embedded::serve(store, listener, store_stop.clone()));

@@ -4,10 +4,12 @@
 #
 # etcd users and roles for moor, then auth on. Each agent may write only its own node's
 # keys (its Node object and its Mounts) and events; it reads the rest of moor's keys.
-# The controller, and agents that host a controller plugin (CONTROLLER_PLUGIN_NODES:
-# their provisioner and attacher write volumes and attachments), get more.
+# The controller, and agents that host a controller plugin (CONTROLLER_PLUGINS, pairs
+# NODE=PLUGIN_ID: their provisioner and attacher write volumes and attachments, and
+# they campaign in that plugin's election only), get more.
 #
-#   ENDPOINT=https://127.0.0.1:2379 CERTS=DIR deploy/etcd/roles.sh NODE...
+#   ENDPOINT=https://127.0.0.1:2379 CERTS=DIR \
+#   CONTROLLER_PLUGINS="n1=hostpath.moor.dev" deploy/etcd/roles.sh NODE...
 #
 # CERTS holds certs.sh's output (root's certificate does the setup). Users have no
 # password: they authenticate by their certificate's CN (etcd --client-cert-auth).
@@ -40,12 +42,19 @@ for node in "$@"; do
     ctl user grant-role "$user" "$user"
 done
 
-for node in ${CONTROLLER_PLUGIN_NODES:-}; do
+for pair in ${CONTROLLER_PLUGINS:-}; do
+    node=${pair%%=*}
+    plugin=${pair#*=}
+    if [ "$node" = "$pair" ] || [ -z "$node" ] || [ -z "$plugin" ]; then
+        echo "CONTROLLER_PLUGINS takes NODE=PLUGIN_ID pairs, got $pair" >&2
+        exit 1
+    fi
     user="moor-agent-$node"
     ctl role grant-permission "$user" readwrite "${PREFIX}volumes/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}attachments/" --prefix
-    # The plugin elections (leaders/plugin.ID) of the controller plugins it hosts.
-    ctl role grant-permission "$user" readwrite "${PREFIX}leaders/plugin." --prefix
+    # The election of the controller plugin it hosts (that key only: not another
+    # plugin's, not the controller's).
+    ctl role grant-permission "$user" readwrite "${PREFIX}leaders/plugin.$plugin"
 done
 
 ctl auth enable

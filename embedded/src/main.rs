@@ -16,6 +16,9 @@ struct Args {
     /// Where the data lives (created if missing).
     #[arg(long)]
     data_dir: PathBuf,
+    /// Serve on a non-loopback address although the store has no TLS and no auth.
+    #[arg(long)]
+    insecure_listen: bool,
     /// Revisions of history kept for watchers that resume; older ones are compacted.
     #[arg(long, default_value_t = 100_000)]
     history: i64,
@@ -35,9 +38,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     use anyhow::Context;
     let store = moor_embedded::EmbeddedStore::open(&args.data_dir, args.history)
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
+    let listener = moor_embedded::bind(&args.listen, args.insecure_listen).await?;
     let shutdown: CancellationToken = moor_csi::process::on_signal();
     eprintln!(
         "moor-store: serving the etcd v3 API on http://{}",
