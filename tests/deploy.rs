@@ -251,6 +251,44 @@ async fn an_agent_cannot_write_another_node_s_keys() {
         let e = raw.put(key, "{}", None).await.expect_err(key);
         assert!(denied(&e), "{key}: {e}");
     }
+    // Node confinement of reads: n2 hosts no controller plugin and reads only its own
+    // Node, claims and mounts, and the plugins.
+    let mut n2 = auth(&certs, "moor-agent-n2")
+        .connect(std::slice::from_ref(&url), "/moor/")
+        .await
+        .unwrap()
+        .client();
+    for key in [
+        "/moor/nodes/n2",
+        "/moor/claims/n2/default/c",
+        "/moor/mounts/n2/default/c",
+        "/moor/plugins/hostpath.moor.dev",
+    ] {
+        n2.get(key, None)
+            .await
+            .unwrap_or_else(|e| panic!("agent n2 may read {key}: {e}"));
+    }
+    for key in [
+        "/moor/volumes/default/v",
+        "/moor/allocations/default/a",
+        "/moor/claims/n1/default/c",
+        "/moor/mounts/n1/default/web-1.data",
+        "/moor/nodes/n1",
+        "/moor/attachments/default/v/n2",
+        "/moor/leaders/controller",
+        "/other/key",
+    ] {
+        let e = n2.get(key, None).await.expect_err(key);
+        assert!(denied(&e), "{key}: {e}");
+    }
+    let e = n2
+        .get(
+            "/moor/volumes/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect_err("volumes");
+    assert!(denied(&e), "{e}");
     raw.delete("/moor/nodes/n1", None).await.unwrap();
     raw.delete("/moor/mounts/n1/default/web-1.data", None)
         .await

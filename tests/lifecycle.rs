@@ -30,10 +30,24 @@ async fn events(c: &Cluster, reason: &str) -> Vec<Event> {
 /// Publishes one claim on n2 and releases it; returns the cluster for more checks.
 async fn publish_and_release(opts: PluginOpts) -> Cluster {
     let c = Cluster::start(1, 2, opts.clone()).await;
-    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    let mut v1 = c.volume("v1", AccessMode::SingleNodeWriter);
+    v1.spec.secrets = Secrets::new([("token".to_string(), "s3cret".to_string())].into());
+    c.apply(v1).await;
     c.volume_ready("v1").await;
     c.apply(c.allocation("a1", "n2", "v1", false)).await;
     c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    // The node steps get the volume's secrets from the claim (the agent reads its
+    // node's claims, not volumes); they leave the claim once it is released.
+    let claim = c.claim("a1", "n2").await.expect("claim");
+    assert_eq!(
+        claim
+            .spec
+            .node_secrets
+            .expose()
+            .get("token")
+            .map(String::as_str),
+        Some("s3cret")
+    );
 
     let n1 = c.node("n1");
     let n2 = c.node("n2");
@@ -69,8 +83,21 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
         .expect("mount object");
     assert!(mount.status.published);
 
+    for call in n2
+        .calls()
+        .iter()
+        .filter(|c| c.rpc == "NodeStageVolume" || c.rpc == "NodePublishVolume")
+    {
+        assert_eq!(call.secret_keys, ["token"], "{call:?}");
+    }
+
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    let claim = c.claim("a1", "n2").await.expect("claim");
+    assert!(
+        claim.spec.node_secrets.is_empty(),
+        "secrets left on {claim:?}"
+    );
     assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
     assert_eq!(n2.count("NodeUnstageVolume", "OK"), stage);
     assert_eq!(n1.count("ControllerUnpublishVolume", "OK"), attach);
@@ -294,8 +321,21 @@ async fn two_allocations_on_one_node_share_one_attachment_and_one_stage() {
     assert_eq!(n2.count("NodeStageVolume", "OK"), 1);
     assert_eq!(n2.count("NodePublishVolume", "OK"), 2);
 
+    for call in n2
+        .calls()
+        .iter()
+        .filter(|c| c.rpc == "NodeStageVolume" || c.rpc == "NodePublishVolume")
+    {
+        assert_eq!(call.secret_keys, ["token"], "{call:?}");
+    }
+
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    let claim = c.claim("a1", "n2").await.expect("claim");
+    assert!(
+        claim.spec.node_secrets.is_empty(),
+        "secrets left on {claim:?}"
+    );
     assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
     assert_eq!(
         n2.count("NodeUnstageVolume", "OK"),
@@ -473,8 +513,21 @@ async fn converges_without_repeats(c: &Cluster) {
     if cluster::can_mount() {
         assert_eq!(c.mounts_under("n2"), 2, "staged and published once each");
     }
+    for call in n2
+        .calls()
+        .iter()
+        .filter(|c| c.rpc == "NodeStageVolume" || c.rpc == "NodePublishVolume")
+    {
+        assert_eq!(call.secret_keys, ["token"], "{call:?}");
+    }
+
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    let claim = c.claim("a1", "n2").await.expect("claim");
+    assert!(
+        claim.spec.node_secrets.is_empty(),
+        "secrets left on {claim:?}"
+    );
     assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
     assert_eq!(n2.count("NodeUnstageVolume", "OK"), 1);
     assert_eq!(n1.count("ControllerUnpublishVolume", "OK"), 1);

@@ -104,7 +104,7 @@ pub fn redact(v: &mut Value) {
         Value::Object(map) => {
             for (k, child) in map.iter_mut() {
                 match (k.as_str(), &mut *child) {
-                    ("secrets", Value::Object(secrets)) => {
+                    (k, Value::Object(secrets)) if k == "secrets" || k.ends_with("_secrets") => {
                         for s in secrets.values_mut() {
                             *s = Value::String("[redacted]".into());
                         }
@@ -189,14 +189,17 @@ mod tests {
     #[test]
     fn redaction_reaches_nested_secrets_and_flags() {
         let mut v = serde_json::json!({
-            "spec": {"secrets": {"password": "hunter2"},
+            "spec": {"secrets": {"password": "hunter2"}, "node_secrets": {"token": "t0ken"},
                      "mount_options": {"fs_type": "ext4", "mount_flags": ["noatime", "ro"]},
                      "volumes": [{"mount_options": {"mount_flags": ["x"]}}]}
         });
         redact(&mut v);
         let s = v.to_string();
         assert!(
-            !s.contains("hunter2") && !s.contains("noatime") && !s.contains("\"x\""),
+            !s.contains("hunter2")
+                && !s.contains("t0ken")
+                && !s.contains("noatime")
+                && !s.contains("\"x\""),
             "{s}"
         );
         assert!(s.contains("ext4"), "{s}");

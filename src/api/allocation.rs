@@ -107,7 +107,7 @@ impl Spec for AllocationSpec {
     const ALIASES: &'static [&'static str] = &["alloc", "allocs"];
     const PHASE: Option<&'static str> = Some("/status/phase");
     const CHECKED: bool = true;
-    const AGENT: AgentAccess = AgentAccess::Read;
+    const AGENT: AgentAccess = AgentAccess::None;
     type Status = AllocationStatus;
 
     fn validate(&self, errors: &mut ValidationErrors) {

@@ -47,6 +47,11 @@ pub struct ClaimSpec {
     /// Volume context from CreateVolume or the volume's spec.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub volume_context: BTreeMap<String, String>,
+    /// The secrets NodeStage and NodePublish carry, copied from the volume by the
+    /// controller at admission and dropped when the claim is released: the node agent
+    /// reads its node's claims, not volumes (see deploy/etcd/roles.sh).
+    #[serde(default, skip_serializing_if = "Secrets::is_empty")]
+    pub node_secrets: Secrets,
     /// ControllerPublish's publish_context, once attached.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub publish_context: BTreeMap<String, String>,
@@ -83,7 +88,7 @@ impl Spec for ClaimSpec {
     const ALIASES: &'static [&'static str] = &[];
     const PHASE: Option<&'static str> = Some("/status/phase");
     const CHECKED: bool = true;
-    const AGENT: AgentAccess = AgentAccess::Read;
+    const AGENT: AgentAccess = AgentAccess::ReadOwnNode;
     const KEY_SEGMENTS: usize = 3;
     const KEY_NAMESPACE_FIRST: bool = false;
     type Status = ClaimStatus;

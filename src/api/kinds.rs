@@ -19,18 +19,23 @@ use std::str::FromStr;
 use super::*;
 
 /// What a node agent's etcd role may do with a kind's keys (the controller may do
-/// anything below the prefix; every agent reads it all).
+/// anything below the prefix). An agent reads nothing it is not granted here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AgentAccess {
-    /// Read only.
-    Read,
-    /// Write its own node's objects: the key `DIR/NODE` of a cluster-wide kind, the
-    /// keys below `DIR/NODE/` of a kind keyed by node first.
+    /// Nothing (allocations: the controller turns them into claims).
+    None,
+    /// Read its own node's objects, keyed by node first (its claims, which carry
+    /// everything a node step needs).
+    ReadOwnNode,
+    /// Read and write its own node's objects: the key `DIR/NODE` of a cluster-wide
+    /// kind, the keys below `DIR/NODE/` of a kind keyed by node first.
     OwnNode,
+    /// Read all (plugins).
+    Read,
     /// Write any (events: every process records them).
     Write,
-    /// Write, on the nodes that host a controller plugin (their provisioner and
-    /// attacher); read elsewhere.
+    /// Read and write, on the nodes that host a controller plugin (their provisioner
+    /// and attacher); nothing elsewhere.
     ControllerPlugin,
 }
 

@@ -91,6 +91,13 @@ impl StoreError {
         matches!(self, StoreError::Conflict { .. })
     }
 
+    /// Whether etcd refused the request for this identity (its role lacks the key):
+    /// etcd answered, so it is up.
+    pub fn is_permission_denied(&self) -> bool {
+        matches!(self, StoreError::Etcd(etcd_client::Error::GRpcStatus(s))
+            if s.code() == tonic::Code::PermissionDenied)
+    }
+
     /// Whether retrying the same request later may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))

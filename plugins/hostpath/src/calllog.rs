@@ -41,6 +41,9 @@ pub struct Call {
     /// The volume id CreateVolume answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_volume_id: Option<String>,
+    /// The names of the secrets the request carried (never their values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_keys: Vec<String>,
     /// The readonly flag in the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readonly: Option<bool>,

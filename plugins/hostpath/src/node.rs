@@ -141,6 +141,7 @@ impl Node for Plugin {
         let req = request.into_inner();
         let c = Call {
             access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
+            secret_keys: req.secrets.keys().cloned().collect(),
             ..path_call(
                 "NodeStageVolume",
                 &req.volume_id,
@@ -242,6 +243,7 @@ impl Node for Plugin {
         let c = Call {
             readonly: Some(req.readonly),
             access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
+            secret_keys: req.secrets.keys().cloned().collect(),
             ..path_call(
                 "NodePublishVolume",
                 &req.volume_id,

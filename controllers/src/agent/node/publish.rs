@@ -67,15 +67,9 @@ impl Reconcile {
             // Adopted from an earlier run, or already done.
             return Ok(());
         }
-        let volume = self
-            .r
-            .store
-            .get(&Volume::key_for(
-                &claim.metadata.namespace,
-                &claim.spec.volume,
-            ))
-            .await?;
-        let secrets = volume.spec.secrets.expose().clone();
+        // The controller copies the volume's secrets onto the claim at admission: an
+        // agent reads its node's claims only.
+        let secrets = claim.spec.node_secrets.expose().clone();
         let capability = convert::capability(cap, &claim.spec.mount_options);
         let result = async {
             for step in steps {

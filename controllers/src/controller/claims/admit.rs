@@ -31,6 +31,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError
     c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
     c.spec.external_id = Some(admitted.external_id);
     c.spec.volume_context = context;
+    c.spec.node_secrets = volume.spec.secrets.clone();
     c.spec.volume_generation = Some(volume.metadata.generation);
     c.status.phase = ClaimPhase::Admitted;
     c.status

@@ -165,6 +165,8 @@ pub(super) async fn release(
     // Released, in one transaction.
     let mut released = claim.clone();
     released.status.phase = ClaimPhase::Released;
+    // The node is done with it: its secrets leave the claim.
+    released.spec.node_secrets = Secrets::default();
     released.status.reason = None;
     let dropped = with_volume(
         ctx,
