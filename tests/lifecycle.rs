@@ -83,6 +83,34 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
         .expect("mount object");
     assert!(mount.status.published);
 
+    // A secret changed on the volume reaches the live claim (and a claim admitted by an
+    // older controller, with none, gets them the same way).
+    c.store
+        .modify_spec(
+            &Volume::key_for(&Namespace::default_ns(), "v1"),
+            |v: &mut VolumeSpec| {
+                v.secrets = Secrets::new([("token".to_string(), "r0tated".to_string())].into());
+                true
+            },
+        )
+        .await
+        .unwrap();
+    let store = c.store.clone();
+    crate::common::wait_for("the rotated secret on the claim", T, || {
+        let store = store.clone();
+        async move {
+            let key = Claim::key_for(&cluster::node("n2"), &Namespace::default_ns(), "a1.data");
+            store.try_get(&key).await.ok().flatten().is_some_and(|c| {
+                c.spec
+                    .node_secrets
+                    .expose()
+                    .get("token")
+                    .map(String::as_str)
+                    == Some("r0tated")
+            })
+        }
+    })
+    .await;
     for call in n2
         .calls()
         .iter()

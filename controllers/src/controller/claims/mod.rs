@@ -184,6 +184,21 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
     if claim.spec.release || claim.is_deleting() {
         return release(ctx, &claim, alloc.is_none()).await;
     }
+    // Node steps take the volume's secrets from the claim: keep them current (a claim
+    // admitted by an older controller has none, and a volume's secrets may change).
+    if matches!(
+        claim.status.phase,
+        ClaimPhase::Admitted | ClaimPhase::Published
+    ) {
+        if let Some(volume) = ctx.volume(&claim.metadata.namespace, &claim.spec.volume) {
+            if volume.spec.secrets != claim.spec.node_secrets {
+                let mut c = (*claim).clone();
+                c.spec.node_secrets = volume.spec.secrets.clone();
+                write(ctx, &claim, c).await?;
+                return Ok(Action::AwaitChange);
+            }
+        }
+    }
     match claim.status.phase {
         ClaimPhase::Pending | ClaimPhase::Denied => admit(ctx, &claim).await,
         ClaimPhase::Admitted | ClaimPhase::Published => publish(ctx, &claim).await,
