@@ -349,21 +349,8 @@ async fn two_allocations_on_one_node_share_one_attachment_and_one_stage() {
     assert_eq!(n2.count("NodeStageVolume", "OK"), 1);
     assert_eq!(n2.count("NodePublishVolume", "OK"), 2);
 
-    for call in n2
-        .calls()
-        .iter()
-        .filter(|c| c.rpc == "NodeStageVolume" || c.rpc == "NodePublishVolume")
-    {
-        assert_eq!(call.secret_keys, ["token"], "{call:?}");
-    }
-
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
-    let claim = c.claim("a1", "n2").await.expect("claim");
-    assert!(
-        claim.spec.node_secrets.is_empty(),
-        "secrets left on {claim:?}"
-    );
     assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
     assert_eq!(
         n2.count("NodeUnstageVolume", "OK"),
@@ -541,21 +528,8 @@ async fn converges_without_repeats(c: &Cluster) {
     if cluster::can_mount() {
         assert_eq!(c.mounts_under("n2"), 2, "staged and published once each");
     }
-    for call in n2
-        .calls()
-        .iter()
-        .filter(|c| c.rpc == "NodeStageVolume" || c.rpc == "NodePublishVolume")
-    {
-        assert_eq!(call.secret_keys, ["token"], "{call:?}");
-    }
-
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
-    let claim = c.claim("a1", "n2").await.expect("claim");
-    assert!(
-        claim.spec.node_secrets.is_empty(),
-        "secrets left on {claim:?}"
-    );
     assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
     assert_eq!(n2.count("NodeUnstageVolume", "OK"), 1);
     assert_eq!(n1.count("ControllerUnpublishVolume", "OK"), 1);
