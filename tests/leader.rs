@@ -3,8 +3,8 @@
 mod common;
 
 use common::{fixtures::volume, Backend, Etcd};
-use moor::runtime::leader::{acquire, LeaderConfig};
-use moor::store::StoreError;
+use moor::runtime::leader::{acquire, LeaderConfig, Leadership};
+use moor::store::{Store, StoreError};
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -17,6 +17,16 @@ fn cfg(identity: &str) -> LeaderConfig {
     }
 }
 
+/// `who` campaigning in the background until elected or `shutdown`.
+fn campaign(
+    store: &Store,
+    who: &'static str,
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<Option<Leadership>> {
+    let (store, shutdown) = (store.clone(), shutdown.clone());
+    tokio::spawn(async move { acquire(&store, &cfg(who), &shutdown).await })
+}
+
 async fn failover_when_the_leader_s_lease_is_revoked(backend: Backend) {
     let etcd = Etcd::start_on(backend).await;
     let (sa, sb) = (etcd.store("/t/").await, etcd.store("/t/").await);
@@ -24,10 +34,7 @@ async fn failover_when_the_leader_s_lease_is_revoked(backend: Backend) {
     let a = acquire(&sa, &cfg("a"), &shutdown)
         .await
         .expect("a is elected");
-    let b_task = {
-        let (sb, shutdown) = (sb.clone(), shutdown.clone());
-        tokio::spawn(async move { acquire(&sb, &cfg("b"), &shutdown).await })
-    };
+    let b_task = campaign(&sb, "b", &shutdown);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!b_task.is_finished(), "b was elected while a leads");
     a.store().create(&volume("by-a")).await.unwrap();
@@ -170,10 +177,7 @@ async fn an_overwritten_election_key_deposes_at_once_and_the_election_recovers(b
     let a = acquire(&sa, &cfg("a"), &shutdown)
         .await
         .expect("a is elected");
-    let b_task = {
-        let (sb, shutdown) = (sb.clone(), shutdown.clone());
-        tokio::spawn(async move { acquire(&sb, &cfg("b"), &shutdown).await })
-    };
+    let b_task = campaign(&sb, "b", &shutdown);
     let mut raw = etcd.raw_client().await;
     raw.put("/t/leaders/controller", "x", None).await.unwrap();
     // The fence refuses at once, without waiting for a's lease to end.

@@ -341,11 +341,11 @@ async fn read_templates(store: &Store) -> anyhow::Result<Templates> {
         })
         .await?;
     for dir in [
-        KeyScope::<VolumeSpec>::all().as_str().to_string(),
-        KeyScope::<AllocationSpec>::all().as_str().into(),
-        KeyScope::<ClaimSpec>::all().as_str().into(),
-        KeyScope::<MountSpec>::all().as_str().into(),
-        KeyScope::<AttachmentSpec>::all().as_str().into(),
+        KeyScope::<VolumeSpec>::all().as_str().to_owned(),
+        KeyScope::<AllocationSpec>::all().as_str().to_owned(),
+        KeyScope::<ClaimSpec>::all().as_str().to_owned(),
+        KeyScope::<MountSpec>::all().as_str().to_owned(),
+        KeyScope::<AttachmentSpec>::all().as_str().to_owned(),
     ] {
         store
             .scan(&dir, |key, value, _| {

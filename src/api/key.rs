@@ -91,6 +91,11 @@ impl<S: Spec> ObjectKey<S> {
         &self.key
     }
 
+    /// The whole key, as an owned string (a queue's or a cache's key).
+    pub fn into_string(self) -> String {
+        self.key
+    }
+
     /// The key below the kind's directory, e.g. `default/db`.
     pub fn suffix(&self) -> &str {
         &self.key[S::DIR.len() + 1..]
@@ -142,11 +147,6 @@ impl<S: Spec> KeyScope<S> {
     /// The scope's key prefix, e.g. `claims/n1/`.
     pub fn as_str(&self) -> &str {
         &self.prefix
-    }
-
-    /// Whether `key` lies in the scope.
-    pub fn contains(&self, key: &str) -> bool {
-        key.starts_with(&self.prefix)
     }
 }
 

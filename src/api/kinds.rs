@@ -120,14 +120,6 @@ macro_rules! define_kinds {
                     $(Kind::$kind => <$spec as Spec>::AGENT,)*
                 }
             }
-
-            /// Whether its keys begin with a node name (`DIR/NODE...`).
-            pub fn keyed_by_node(self) -> bool {
-                match self {
-                    $(Kind::$kind => !<$spec as Spec>::NAMESPACED
-                        || !<$spec as Spec>::KEY_NAMESPACE_FIRST,)*
-                }
-            }
         }
 
         /// Runs `$body` with `$S` the spec type of the [`Kind`] `$kind`.
@@ -195,7 +187,5 @@ mod tests {
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
         assert_eq!(Kind::ALL.len(), 8);
-        assert!(Kind::Claim.keyed_by_node() && Kind::Node.keyed_by_node());
-        assert!(!Kind::Volume.keyed_by_node() && !Kind::Attachment.keyed_by_node());
     }
 }

@@ -189,7 +189,7 @@ impl<S: Spec> Object<S> {
 
     /// The object's key below the store prefix, e.g. `volumes/default/db-data`.
     pub fn key(&self) -> String {
-        ObjectKey::of(self).as_str().to_string()
+        ObjectKey::of(self).into_string()
     }
 
     /// The object's typed key.

@@ -49,7 +49,7 @@ pub async fn run(
         .with_metrics(metrics)
         .owns(inf.allocations.subscribe())
         .watches(inf.claims.subscribe(), |c: &Claim| {
-            vec![Allocation::key_for(&c.metadata.namespace, &c.spec.allocation).to_string()]
+            vec![Allocation::key_for(&c.metadata.namespace, &c.spec.allocation).into_string()]
         })
         .run(
             move |key| {

@@ -193,7 +193,7 @@ pub const BY_PLUGIN: &str = "plugin";
 
 /// The [`BY_VOLUME`] value of a volume: its key.
 pub fn volume_index(ns: &Namespace, volume: &str) -> String {
-    Volume::key_for(ns, volume).to_string()
+    Volume::key_for(ns, volume).into_string()
 }
 
 #[cfg(test)]
@@ -211,7 +211,7 @@ mod tests {
 
     fn deleted(name: &str) -> Result<Event<Node>, ()> {
         Ok(Event::Deleted {
-            key: Node::key_for(&NodeName::new(name).unwrap()).to_string(),
+            key: Node::key_for(&NodeName::new(name).unwrap()).into_string(),
             last: None,
         })
     }

@@ -52,7 +52,7 @@ pub async fn run(
             n.status
                 .plugins
                 .keys()
-                .map(|id| Plugin::key_for(id).to_string())
+                .map(|id| Plugin::key_for(id).into_string())
                 .collect()
         })
         .run(

@@ -152,7 +152,7 @@ fn plugin_path(cfg: &PluginConfig, host: &Path) -> PathBuf {
 
 /// The key of the claim a Mount mirrors, as the claims queue holds it.
 fn claim_key_of(m: &Mount) -> String {
-    Mount::claim_key(&m.object_key()).to_string()
+    Mount::claim_key(&m.object_key()).into_string()
 }
 
 /// The key of the Mount of a claim key from the claims queue (`None`: not a claim key).
@@ -246,8 +246,8 @@ impl Reconcile {
         let claim = self.claims.get(&key);
         let record = self.r.local.lock().await.publishes.get(&key).cloned();
         let lock_key = match (&claim, &record) {
-            (Some(c), _) => Volume::key_for(&c.metadata.namespace, &c.spec.volume).to_string(),
-            (None, Some(r)) => Volume::key_for(&r.namespace, &r.volume).to_string(),
+            (Some(c), _) => Volume::key_for(&c.metadata.namespace, &c.spec.volume).into_string(),
+            (None, Some(r)) => Volume::key_for(&r.namespace, &r.volume).into_string(),
             (None, None) => key.clone(),
         };
         let _guard = self.r.locks.lock(&lock_key).await;

@@ -97,12 +97,12 @@ pub async fn run(
             a.requests()
                 .into_iter()
                 .map(|(name, _)| {
-                    Claim::key_for(&a.spec.node, &a.metadata.namespace, &name).to_string()
+                    Claim::key_for(&a.spec.node, &a.metadata.namespace, &name).into_string()
                 })
                 .collect()
         })
         .watches(inf.mounts.subscribe(), |m: &Mount| {
-            vec![Mount::claim_key(&m.object_key()).to_string()]
+            vec![Mount::claim_key(&m.object_key()).into_string()]
         })
         .watches(inf.attachments.subscribe(), move |a: &Attachment| {
             by_volume(
