@@ -146,6 +146,7 @@ fn auth(certs: &Path, user: &str) -> EtcdAuth {
         cert: Some(certs.join(format!("{user}.pem"))),
         key: Some(certs.join(format!("{user}-key.pem"))),
         user: None,
+        encryption_key_file: None,
     }
 }
 

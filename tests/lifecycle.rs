@@ -44,6 +44,7 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
             .spec
             .node_secrets
             .expose()
+            .unwrap()
             .get("token")
             .map(String::as_str),
         Some("s3cret")
@@ -104,7 +105,8 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
                 c.spec
                     .node_secrets
                     .expose()
-                    .get("token")
+                    .ok()
+                    .and_then(|m| m.get("token"))
                     .map(String::as_str)
                     == Some("r0tated")
             })

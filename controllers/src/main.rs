@@ -5,6 +5,7 @@
 //!   provisioner and attacher of the controller plugins it hosts ([`agent`]).
 //! - `moord check`: a read-only audit of the store ([`check`]).
 //! - `moord roles`: the etcd roles script, generated from the kinds ([`roles`]).
+//! - `moord keys`: key files for secrets at rest ([`keys`]).
 //! - `moord dev`: all of moor on one machine, on the embedded store ([`dev`]).
 
 mod agent;
@@ -12,6 +13,7 @@ mod check;
 mod common;
 mod controller;
 mod dev;
+mod keys;
 mod roles;
 
 use clap::{Parser, Subcommand};
@@ -35,6 +37,8 @@ enum Command {
     Check(check::Check),
     /// Prints the etcd users-and-roles script (deploy/etcd/roles.sh) made from the kinds.
     Roles(roles::Roles),
+    /// Prints key files for secrets at rest (a new cluster key; a node's derived keys).
+    Keys(keys::Keys),
 }
 
 #[tokio::main]
@@ -47,6 +51,7 @@ async fn main() {
         Command::Agent(args) => agent::run(args, shutdown).await.map(|()| 0),
         Command::Check(cmd) => cmd.run().await,
         Command::Roles(cmd) => cmd.run(),
+        Command::Keys(cmd) => cmd.run(),
         Command::Dev(args) => dev::run(args, shutdown).await.map(|()| 0),
     };
     match result {

@@ -80,7 +80,15 @@ impl Apply {
 
 async fn apply_any(ctx: &Ctx, obj: AnyObject) -> anyhow::Result<String> {
     match obj {
-        AnyObject::Volume(o) => apply_one(ctx, *o).await,
+        AnyObject::Volume(o) => {
+            if !o.spec.secrets.is_empty() && ctx.store.keyring().is_none() {
+                eprintln!(
+                    "warning: {}: its secrets are written unencrypted (this moorctl has no --encryption-key-file); a controller that holds the key rewrites them sealed",
+                    o.key()
+                );
+            }
+            apply_one(ctx, *o).await
+        }
         AnyObject::Allocation(o) => apply_one(ctx, *o).await,
         other => Err(Refused(format!(
             "{}: {} objects are written by moor itself; apply Volumes and Allocations",

@@ -30,7 +30,9 @@ impl Describe {
         let Some(mut obj) = kind::find(ctx, self.kind, Some(&ns), &self.name).await? else {
             return Err(Refused(format!("{} {}/{} not found", self.kind, ns, self.name)).into());
         };
-        if !self.show_secrets {
+        if self.show_secrets {
+            kind::revealable(&obj)?;
+        } else {
             redact(&mut obj);
         }
         println!("Kind:       {}", self.kind.name());

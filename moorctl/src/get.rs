@@ -54,11 +54,13 @@ impl Get {
             && self.selector.as_ref().is_none_or(|s| s.matches(v))
     }
 
-    fn prepare(&self, mut v: Value) -> Value {
-        if !self.show_secrets {
+    fn prepare(&self, mut v: Value) -> anyhow::Result<Value> {
+        if self.show_secrets {
+            kind::revealable(&v)?;
+        } else {
             redact(&mut v);
         }
-        v
+        Ok(v)
     }
 
     /// Prints the objects; exit code 1 when a named object does not exist.
@@ -69,7 +71,7 @@ impl Get {
             .into_iter()
             .filter(|v| self.wanted(v))
             .map(|v| self.prepare(v))
-            .collect();
+            .collect::<anyhow::Result<_>>()?;
         sort(self.kind, &mut items);
         if let (Some(name), true) = (&self.name, items.is_empty()) {
             if !self.watch {
@@ -162,7 +164,7 @@ impl Get {
         if !self.wanted(&v) {
             return Ok(());
         }
-        let v = self.prepare(v);
+        let v = self.prepare(v)?;
         match self.output {
             Output::Table | Output::Wide => {
                 let cols = columns(self.kind, self.output == Output::Wide);

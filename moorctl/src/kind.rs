@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
-use super::Ctx;
+use super::{Ctx, Refused};
 use moor::api::*;
 use moor::store::Deleted;
 
@@ -104,10 +104,14 @@ pub fn redact(v: &mut Value) {
         Value::Object(map) => {
             for (k, child) in map.iter_mut() {
                 match (k.as_str(), &mut *child) {
-                    (k, Value::Object(secrets)) if k == "secrets" || k.ends_with("_secrets") => {
+                    (k, Value::Object(secrets)) if is_secrets(k) => {
                         for s in secrets.values_mut() {
                             *s = Value::String("[redacted]".into());
                         }
+                    }
+                    // Sealed secrets: the text says which key sealed them, nothing else.
+                    (k, Value::String(_)) if is_secrets(k) => {
+                        *child = Value::String("[redacted]".into());
                     }
                     ("mount_flags", Value::Array(flags)) if !flags.is_empty() => {
                         *child = Value::String("[redacted]".into());
@@ -118,6 +122,35 @@ pub fn redact(v: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(redact),
         _ => {}
+    }
+}
+
+fn is_secrets(field: &str) -> bool {
+    field == "secrets" || field.ends_with("_secrets")
+}
+
+/// Refuses to print secrets this moorctl could not open: `--show-secrets` shows them
+/// only to an identity that holds the key file.
+pub fn revealable(v: &Value) -> Result<(), Refused> {
+    fn sealed_key(v: &Value) -> Option<String> {
+        match v {
+            Value::Object(map) => map.iter().find_map(|(k, child)| match child {
+                Value::String(s) if is_secrets(k) => {
+                    moor::api::sealed_key_id(s).map(str::to_string)
+                }
+                _ => sealed_key(child),
+            }),
+            Value::Array(items) => items.iter().find_map(sealed_key),
+            _ => None,
+        }
+    }
+    match sealed_key(v) {
+        None => Ok(()),
+        Some(id) => Err(Refused(format!(
+            "{} {}: its secrets are encrypted with key {id:?}, which this moorctl does not hold; --show-secrets needs the cluster's key file (--encryption-key-file or MOOR_ENCRYPTION_KEY_FILE)",
+            text(v, "/kind"),
+            text(v, "/metadata/name")
+        ))),
     }
 }
 

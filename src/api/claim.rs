@@ -97,6 +97,14 @@ impl Spec for ClaimSpec {
         format!("{}/{}/{}", self.node, meta.namespace, meta.name)
     }
 
+    fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
+        vec![SecretField {
+            field: "node_secrets",
+            node: Some(self.node.as_str()),
+            secrets: &mut self.node_secrets,
+        }]
+    }
+
     fn validate(&self, errors: &mut ValidationErrors) {
         errors.check_id("allocation", self.allocation.validate());
         errors.check_id("request", self.request.validate());
@@ -105,6 +113,9 @@ impl Spec for ClaimSpec {
         errors.check_id("plugin_id", self.plugin_id.validate());
         if let Some(ext) = &self.external_id {
             errors.check_id("external_id", ext.validate());
+        }
+        if let Err(e) = self.node_secrets.check() {
+            errors.push("node_secrets", e);
         }
         if let Some(mode) = self.access_mode {
             if self.mode == ClaimMode::Write && !mode.allows_write() {

@@ -92,6 +92,24 @@ pub trait Spec:
 
     /// Records every problem of the spec; field paths are relative to `spec.`.
     fn validate(&self, errors: &mut ValidationErrors);
+
+    /// The secrets the kind stores, which the store seals at rest when it holds a key
+    /// (see [`crate::store::Keyring`]); none by default.
+    fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
+        Vec::new()
+    }
+}
+
+/// One field of secrets of a spec, for sealing at rest.
+pub struct SecretField<'a> {
+    /// The field's name, e.g. `secrets`; bound into the ciphertext with the object's
+    /// key, so sealed text copied elsewhere does not open.
+    pub field: &'static str,
+    /// The node whose agent opens it (a claim's node secrets), sealed with that node's
+    /// key; `None` for secrets only key holders open.
+    pub node: Option<&'a str>,
+    /// The secrets.
+    pub secrets: &'a mut Secrets,
 }
 
 /// Metadata common to every object.

@@ -117,8 +117,19 @@ impl Spec for VolumeSpec {
     const AGENT: AgentAccess = AgentAccess::ControllerPlugin;
     type Status = VolumeStatus;
 
+    fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
+        vec![SecretField {
+            field: "secrets",
+            node: None,
+            secrets: &mut self.secrets,
+        }]
+    }
+
     fn validate(&self, errors: &mut ValidationErrors) {
         errors.check_id("plugin_id", self.plugin_id.validate());
+        if let Err(e) = self.secrets.check() {
+            errors.push("secrets", e);
+        }
         if self.capabilities.is_empty() {
             errors.push(
                 "capabilities",

@@ -161,14 +161,14 @@ impl<S: Spec> Watcher<S> {
                     for ev in batch.events {
                         revision = revision.max(ev.mod_revision);
                         let item = match ev.kind {
-                            RawEventKind::Put => {
-                                Store::decode::<S>(&ev.key, &ev.value, ev.mod_revision)
-                                    .map(Event::Applied)
-                                    .map_err(WatchError::Malformed)
-                            }
+                            RawEventKind::Put => self
+                                .store
+                                .decode::<S>(&ev.key, &ev.value, ev.mod_revision)
+                                .map(Event::Applied)
+                                .map_err(WatchError::Malformed),
                             RawEventKind::Delete => Ok(Event::Deleted {
                                 last: ev.prev_value.and_then(|(value, rev)| {
-                                    Store::decode::<S>(&ev.key, &value, rev).ok()
+                                    self.store.decode::<S>(&ev.key, &value, rev).ok()
                                 }),
                                 key: ev.key,
                             }),

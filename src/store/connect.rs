@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
-use super::Store;
+use super::{Keyring, Store};
 
 /// The client options every connection uses: a bounded connect, and keep-alives that
 /// notice a dead etcd while a watch is idle.
@@ -33,6 +33,10 @@ pub struct EtcdAuth {
     /// etcd user as NAME:PASSWORD (etcd auth); prefer MOOR_USER to keep it out of `ps`.
     #[arg(long, env = "MOOR_USER", global = true, hide_env_values = true)]
     pub user: Option<String>,
+    /// Key file for secrets at rest (`moord keys new`; a node agent's: `moord keys
+    /// node`): secrets are sealed when written and opened when read.
+    #[arg(long, env = "MOOR_ENCRYPTION_KEY_FILE", global = true)]
+    pub encryption_key_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for EtcdAuth {
@@ -48,6 +52,7 @@ impl std::fmt::Debug for EtcdAuth {
                     format!("{name}:[redacted]")
                 }),
             )
+            .field("encryption_key_file", &self.encryption_key_file)
             .finish()
     }
 }
@@ -55,6 +60,11 @@ impl std::fmt::Debug for EtcdAuth {
 impl EtcdAuth {
     /// Connects to `endpoints` under `prefix` with these credentials.
     pub async fn connect(&self, endpoints: &[String], prefix: &str) -> anyhow::Result<Store> {
+        // The key file first: a bad one is an error before any connection is tried.
+        let keyring = match &self.encryption_key_file {
+            Some(path) => Some(Keyring::load(path)?),
+            None => None,
+        };
         let mut opts = options();
         if let Some(user) = &self.user {
             let (name, password) = user
@@ -80,6 +90,10 @@ impl EtcdAuth {
         let client = Client::connect(endpoints, Some(opts))
             .await
             .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
-        Ok(Store::new(client, prefix))
+        let store = Store::new(client, prefix);
+        Ok(match keyring {
+            Some(k) => store.with_keyring(k),
+            None => store,
+        })
     }
 }

@@ -60,6 +60,15 @@ pub enum StoreError {
         /// The leader key the writes were fenced on.
         fence_key: String,
     },
+    /// Secrets that this process cannot seal (it holds only a node's keys).
+    #[error("cannot write {key}")]
+    Sealing {
+        /// The object's key.
+        key: String,
+        /// Why.
+        #[source]
+        cause: super::SealError,
+    },
     /// A lease that etcd does not know (expired or revoked).
     #[error("lease {0:x} has expired or been revoked")]
     LeaseGone(i64),
@@ -83,6 +92,9 @@ pub enum MalformedCause {
         /// Where its metadata and spec place it.
         actual: String,
     },
+    /// Sealed secrets that do not open with the key they name.
+    #[error("its secrets")]
+    Sealed(#[source] super::OpenError),
 }
 
 impl StoreError {

@@ -42,6 +42,9 @@ pub enum AttachError {
     /// The plugin has no channel.
     #[error(transparent)]
     NoChannel(#[from] super::NoChannel),
+    /// The volume's secrets are sealed with a key this agent does not hold.
+    #[error(transparent)]
+    Sealed(#[from] SealedSecrets),
 }
 
 impl ReconcileError for AttachError {
@@ -166,13 +169,13 @@ impl Attacher {
             return Ok(Action::Requeue(d));
         }
         let was_uncertain = att.status.uncertain;
-        // Checkpoint: from here on the volume may be attached.
-        let att = &self.write_status(att, |st| st.uncertain = true).await?;
         let volume = self.volume(att);
         let (secrets, mut context) = match &volume {
-            Some(v) => (v.spec.secrets.expose().clone(), v.spec.context.clone()),
+            Some(v) => (v.spec.secrets.expose()?.clone(), v.spec.context.clone()),
             None => Default::default(),
         };
+        // Checkpoint: from here on the volume may be attached.
+        let att = &self.write_status(att, |st| st.uncertain = true).await?;
         if let Some(v) = &volume {
             context.extend(v.status.provisioning.volume_context.clone());
         }
@@ -240,13 +243,13 @@ impl Attacher {
             if let Gate::Wait(d) = self.ctx.steps.gate(&key, STEP, inputs) {
                 return Ok(Action::Requeue(d));
             }
+            let secrets = match self.volume(att) {
+                Some(v) => v.spec.secrets.expose()?.clone(),
+                None => Default::default(),
+            };
             let att = &self
                 .write_status(att, |st| st.phase = AttachmentPhase::Detaching)
                 .await?;
-            let secrets = self
-                .volume(att)
-                .map(|v| v.spec.secrets.expose().clone())
-                .unwrap_or_default();
             let req = v1::ControllerUnpublishVolumeRequest {
                 volume_id: att.spec.external_id.to_string(),
                 node_id: att.spec.csi_node_id.to_string(),

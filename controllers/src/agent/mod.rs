@@ -168,6 +168,14 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let local = state::LocalState::load(&args.data_dir)?;
     let store = args.etcd.connect(Duration::from_secs(30)).await?;
+    if let Some(owner) = store.keyring().and_then(|k| k.node()) {
+        anyhow::ensure!(
+            owner == args.node,
+            "the key file is node {owner:?}'s; this agent is node {:?} (make its own with `moord keys node --node {}`)",
+            args.node,
+            args.node
+        );
+    }
 
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);

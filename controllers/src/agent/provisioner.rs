@@ -42,6 +42,9 @@ pub enum ProvisionError {
     /// The plugin has no channel.
     #[error(transparent)]
     NoChannel(#[from] super::NoChannel),
+    /// The volume's secrets are sealed with a key this agent does not hold.
+    #[error(transparent)]
+    Sealed(#[from] SealedSecrets),
     /// The clone source is not ready.
     #[error("source volume {0} has no external id yet")]
     SourceNotReady(VolumeId),
@@ -194,7 +197,7 @@ impl Provisioner {
                 .map(|c| convert::capability(*c, &spec.mount_options))
                 .collect(),
             parameters: spec.parameters.clone(),
-            secrets: spec.secrets.expose().clone(),
+            secrets: spec.secrets.expose()?.clone(),
             volume_content_source: source,
             accessibility_requirements: spec.topology_request.as_ref().map(|t| {
                 v1::TopologyRequirement {
@@ -326,7 +329,7 @@ impl Provisioner {
         if let Some(ext) = ext {
             let req = v1::DeleteVolumeRequest {
                 volume_id: ext.to_string(),
-                secrets: vol.spec.secrets.expose().clone(),
+                secrets: vol.spec.secrets.expose()?.clone(),
             };
             const STEP: &str = "DeleteVolume";
             let key = vol.key();

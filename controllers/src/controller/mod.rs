@@ -5,7 +5,8 @@
 //! 2. The leader starts one informer per kind and the reconcilers, all writing through
 //!    the leader's fenced store: [`allocations`] (allocation → claims, allocation
 //!    status), [`claims`] (admission, attach requests, publish permission, release),
-//!    [`volumes`] (the claims finalizer, schedulable), [`plugins`] (aggregation).
+//!    [`volumes`] (the claims finalizer, schedulable), [`plugins`] (aggregation), and
+//!    [`reseal`] (secrets stored in plain text or under an old key, rewritten sealed).
 //! 3. Losing leadership drops all of it at once; the next leader resumes from the
 //!    checkpoints in etcd.
 
@@ -15,6 +16,7 @@ pub mod claims;
 pub mod context;
 pub mod plan;
 pub mod plugins;
+pub mod reseal;
 pub mod volumes;
 
 use moor::api::*;
@@ -163,6 +165,8 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         });
     }
     tokio::join!(
+        reseal::run(ctx.store.clone(), volumes.clone(), stop.clone()),
+        reseal::run(ctx.store.clone(), claims.clone(), stop.clone()),
         claims::run(
             ctx.clone(),
             &informers,

@@ -61,6 +61,9 @@ pub enum NodeError {
     /// The controller has not filled in what the node needs.
     #[error("claim is missing {0}")]
     Incomplete(&'static str),
+    /// The claim's node secrets are sealed with a key this agent does not hold.
+    #[error(transparent)]
+    Sealed(#[from] moor::api::SealedSecrets),
     /// The agent's record of what it did could not be written.
     #[error("cannot record the node's local state")]
     State(#[from] JournalError),

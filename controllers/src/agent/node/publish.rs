@@ -69,7 +69,7 @@ impl Reconcile {
         }
         // The controller copies the volume's secrets onto the claim at admission: an
         // agent reads its node's claims only.
-        let secrets = claim.spec.node_secrets.expose().clone();
+        let secrets = claim.spec.node_secrets.expose()?.clone();
         let capability = convert::capability(cap, &claim.spec.mount_options);
         let result = async {
             for step in steps {
