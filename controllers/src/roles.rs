@@ -14,8 +14,9 @@ const HEAD: &str = r#"#!/usr/bin/env bash
 #
 # etcd users and roles for moor, then auth on. Each agent reads and writes its own
 # node's keys (its Node object and its Mounts), reads its node's claims (which carry
-# everything a node step needs, secrets included, until released) and the plugins, and
-# writes events; it reads nothing else: no volumes, allocations or other nodes' keys.
+# everything a node step needs, secrets sealed with its node's key, until released) and
+# the plugins, and reads and writes its own events (below events/node/NODE/); it reads
+# nothing else: no volumes, allocations, other nodes' keys or other writers' events.
 # The controller, and agents that host a controller plugin (CONTROLLER_PLUGINS, pairs
 # NODE=PLUGIN_ID: their provisioner and attacher write volumes and attachments, and
 # they campaign in that plugin's election only), get more.
@@ -64,8 +65,8 @@ for node in "$@"; do
             AgentAccess::OwnNode => out.push_str(&format!(
                 "    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{dir}/$node\"\n"
             )),
-            AgentAccess::Write => out.push_str(&format!(
-                "    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{dir}/\" --prefix\n"
+            AgentAccess::OwnWriter => out.push_str(&format!(
+                "    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{dir}/node/$node/\" --prefix\n"
             )),
             AgentAccess::ReadOwnNode => out.push_str(&format!(
                 "    ctl role grant-permission \"$user\" read \"${{PREFIX}}{dir}/$node/\" --prefix\n"
@@ -145,5 +146,10 @@ mod tests {
         );
         assert!(!s.contains("read \"$PREFIX\" --prefix"), "{s}");
         assert!(!s.contains("allocations/"), "{s}");
+        assert!(
+            s.contains("readwrite \"${PREFIX}events/node/$node/\" --prefix"),
+            "{s}"
+        );
+        assert!(!s.contains("\"${PREFIX}events/\""), "{s}");
     }
 }

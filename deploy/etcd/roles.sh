@@ -4,8 +4,9 @@
 #
 # etcd users and roles for moor, then auth on. Each agent reads and writes its own
 # node's keys (its Node object and its Mounts), reads its node's claims (which carry
-# everything a node step needs, secrets included, until released) and the plugins, and
-# writes events; it reads nothing else: no volumes, allocations or other nodes' keys.
+# everything a node step needs, secrets sealed with its node's key, until released) and
+# the plugins, and reads and writes its own events (below events/node/NODE/); it reads
+# nothing else: no volumes, allocations, other nodes' keys or other writers' events.
 # The controller, and agents that host a controller plugin (CONTROLLER_PLUGINS, pairs
 # NODE=PLUGIN_ID: their provisioner and attacher write volumes and attachments, and
 # they campaign in that plugin's election only), get more.
@@ -41,7 +42,7 @@ for node in "$@"; do
     ctl role grant-permission "$user" readwrite "${PREFIX}mounts/$node/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}nodes/$node"
     ctl role grant-permission "$user" read "${PREFIX}plugins/" --prefix
-    ctl role grant-permission "$user" readwrite "${PREFIX}events/" --prefix
+    ctl role grant-permission "$user" readwrite "${PREFIX}events/node/$node/" --prefix
     ctl user grant-role "$user" "$user"
 done
 

@@ -1,7 +1,9 @@
 //! Event: a record of something a reconciler did or met, for `moorctl events`.
 //!
-//! Writer: anyone. Events are bound to a lease shared by a time window, so they expire
-//! together without one lease per event. They never carry a secret.
+//! Writers: every process, each under its own prefix (`events/controller/...`,
+//! `events/node/NODE/...`), so an agent's etcd role writes its own events and cannot
+//! touch another writer's. Events are bound to their writer's lease for a time window,
+//! so they expire together without one lease per event. They never carry a secret.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -48,7 +50,8 @@ pub struct EventSpec {
     /// snake_case details, e.g. `volume_id`, `success`, `error`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub details: BTreeMap<String, String>,
-    /// Which component reported it, e.g. `agent/n1`.
+    /// Which component reported it: `controller` or `agent/NODE`; it places the event
+    /// under its writer's prefix.
     #[serde(default)]
     pub source: String,
     /// When it happened.
@@ -63,8 +66,18 @@ impl Spec for EventSpec {
     const ALIASES: &'static [&'static str] = &["ev"];
     const PHASE: Option<&'static str> = None;
     const CHECKED: bool = true;
-    const AGENT: AgentAccess = AgentAccess::Write;
+    const AGENT: AgentAccess = AgentAccess::OwnWriter;
+    const KEY_SEGMENTS: usize = 3;
+    const KEY_NAMESPACE_FIRST: bool = false;
     type Status = NoStatus;
+
+    fn key_suffix(&self, meta: &ObjectMeta) -> String {
+        format!("{}/{}/{}", self.writer_prefix(), meta.namespace, meta.name)
+    }
+
+    fn key_layout(parts: &[&str]) -> bool {
+        matches!(parts, [CONTROLLER, _, _] | [NODE, _, _, _])
+    }
 
     fn validate(&self, errors: &mut ValidationErrors) {
         if self.reason.is_empty() {
@@ -76,6 +89,34 @@ impl Spec for EventSpec {
         errors.check_id("object.name", self.object.name.validate());
         for key in self.details.keys() {
             check_snake_case("details", key, errors);
+        }
+        let writer_ok = match self.source.strip_prefix("agent/") {
+            Some(node) => check_id(node).is_ok(),
+            None => self.source == CONTROLLER,
+        };
+        if !writer_ok {
+            errors.push(
+                "source",
+                format!("is {:?}; expected controller or agent/NODE", self.source),
+            );
+        }
+    }
+}
+
+const CONTROLLER: &str = "controller";
+const NODE: &str = "node";
+
+impl EventSpec {
+    /// The source of the events node `node`'s agent records.
+    pub fn agent_source(node: &str) -> String {
+        format!("agent/{node}")
+    }
+
+    /// The first parts of the keys of its writer's events: `controller` or `node/NODE`.
+    fn writer_prefix(&self) -> String {
+        match self.source.strip_prefix("agent/") {
+            Some(node) => format!("{NODE}/{node}"),
+            None => CONTROLLER.to_string(),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! | namespaced (Volume, Allocation, Event) | `DIR/NS/NAME` |
 //! | Claim, Mount | `DIR/NODE/NS/NAME` (a Mount is keyed like its claim) |
 //! | Attachment | `attachments/NS/VOLUME/NODE` |
+//! | Event | `events/controller/NS/NAME`, `events/node/NODE/NS/NAME` (by writer) |
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -77,7 +78,7 @@ impl<S: Spec> ObjectKey<S> {
             .and_then(|k| k.strip_prefix('/'))
             .ok_or_else(wrong)?;
         let parts: Vec<&str> = suffix.split('/').collect();
-        if parts.len() != S::KEY_SEGMENTS || parts.iter().any(|p| check_id(p).is_err()) {
+        if parts.iter().any(|p| check_id(p).is_err()) || !S::key_layout(&parts) {
             return Err(wrong());
         }
         Ok(ObjectKey {

@@ -32,8 +32,9 @@ pub enum AgentAccess {
     OwnNode,
     /// Read all (plugins).
     Read,
-    /// Write any (events: every process records them).
-    Write,
+    /// Read and write what it wrote itself, below `DIR/node/NODE/` (events: each
+    /// writer records under its own prefix and cannot touch another's).
+    OwnWriter,
     /// Read and write, on the nodes that host a controller plugin (their provisioner
     /// and attacher); nothing elsewhere.
     ControllerPlugin,

@@ -90,6 +90,12 @@ pub trait Spec:
         }
     }
 
+    /// Whether the ids after `DIR/` of a key (`parts`, each already an id) are the
+    /// kind's layout: [`Spec::KEY_SEGMENTS`] of them unless the kind says otherwise.
+    fn key_layout(parts: &[&str]) -> bool {
+        parts.len() == Self::KEY_SEGMENTS
+    }
+
     /// Records every problem of the spec; field paths are relative to `spec.`.
     fn validate(&self, errors: &mut ValidationErrors);
 

@@ -182,6 +182,7 @@ impl Controller for Plugin {
         let req = request.into_inner();
         let c = Call {
             name: Some(req.name.clone()),
+            secret_keys: req.secrets.keys().cloned().collect(),
             ..Call::new("CreateVolume")
         };
         self.call(c, async {
@@ -303,6 +304,7 @@ impl Controller for Plugin {
         let req = request.into_inner();
         let c = Call {
             volume_id: Some(req.volume_id.clone()),
+            secret_keys: req.secrets.keys().cloned().collect(),
             ..Call::new("DeleteVolume")
         };
         self.call(c, async {
@@ -347,6 +349,7 @@ impl Controller for Plugin {
             node_id: Some(req.node_id.clone()),
             readonly: Some(req.readonly),
             access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
+            secret_keys: req.secrets.keys().cloned().collect(),
             ..Call::new("ControllerPublishVolume")
         };
         self.call(c, async {
@@ -420,6 +423,7 @@ impl Controller for Plugin {
         let c = Call {
             volume_id: Some(req.volume_id.clone()),
             node_id: Some(req.node_id.clone()),
+            secret_keys: req.secrets.keys().cloned().collect(),
             ..Call::new("ControllerUnpublishVolume")
         };
         self.call(c, async {

@@ -1,0 +1,613 @@
+//! Least privilege on a real etcd with TLS, client-certificate auth and the roles of
+//! deploy/etcd/roles.sh: each identity is refused what is not its own (other nodes'
+//! keys, volumes and their secrets, other writers' events and leases, the controller's
+//! election, keys outside the prefix) and granted what it needs: the whole lifecycle of
+//! a claim runs with every process under its own certificate, its secrets sealed at
+//! rest with the cluster's key file and the node's derived key.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use common::{bin, fixtures::volume, free_port, wait_for};
+use moor::api::*;
+use moor::store::{EtcdAuth, Store};
+
+const T: Duration = Duration::from_secs(60);
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("command runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+fn deploy(script: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/etcd")
+        .join(script)
+}
+
+fn denied(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("permission denied")
+}
+
+/// A TLS etcd with auth on and roles for nodes n1 and n2 (n1 hosts the hostpath
+/// controller plugin), the cluster's key file and n2's.
+struct Secure {
+    tmp: tempfile::TempDir,
+    certs: PathBuf,
+    url: String,
+    cluster_keys: PathBuf,
+    n2_keys: PathBuf,
+    _etcd: Proc,
+}
+
+impl Secure {
+    async fn start() -> Secure {
+        let tmp = tempfile::tempdir().unwrap();
+        let certs = tmp.path().join("certs");
+        common::need("openssl");
+        run(Command::new("bash")
+            .arg(deploy("certs.sh"))
+            .arg(&certs)
+            .args(["n1", "n2"]));
+        let (client, peer) = (free_port(), free_port());
+        let url = format!("https://127.0.0.1:{client}");
+        let log = std::fs::File::create(tmp.path().join("etcd.log")).unwrap();
+        let etcd = Proc(
+            Command::new(common::need("etcd"))
+                .args(["--name", "secure", "--data-dir"])
+                .arg(tmp.path().join("data"))
+                .arg(format!("--listen-client-urls={url}"))
+                .arg(format!("--advertise-client-urls={url}"))
+                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+                ))
+                .arg(format!("--initial-cluster=secure=http://127.0.0.1:{peer}"))
+                .arg(format!(
+                    "--cert-file={}",
+                    certs.join("server.pem").display()
+                ))
+                .arg(format!(
+                    "--key-file={}",
+                    certs.join("server-key.pem").display()
+                ))
+                .arg(format!(
+                    "--trusted-ca-file={}",
+                    certs.join("ca.pem").display()
+                ))
+                .arg("--client-cert-auth")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+        let health = || {
+            Command::new(common::need("etcdctl"))
+                .env("ETCDCTL_API", "3")
+                .arg(format!("--endpoints={url}"))
+                .arg(format!("--cacert={}", certs.join("ca.pem").display()))
+                .arg(format!("--cert={}", certs.join("root.pem").display()))
+                .arg(format!("--key={}", certs.join("root-key.pem").display()))
+                .args(["endpoint", "health"])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        };
+        wait_for("etcd with TLS", Duration::from_secs(30), || async {
+            health()
+        })
+        .await;
+        run(Command::new("bash")
+            .arg(deploy("roles.sh"))
+            .args(["n1", "n2"])
+            .env("CONTROLLER_PLUGINS", "n1=hostpath.moor.dev")
+            .env("ENDPOINT", &url)
+            .env("CERTS", &certs));
+        let cluster_keys = tmp.path().join("cluster.keys");
+        let text = run(Command::new(bin("moord")).args(["keys", "new", "--id", "k1"]));
+        std::fs::write(&cluster_keys, text).unwrap();
+        let n2_keys = tmp.path().join("n2.keys");
+        let text = run(Command::new(bin("moord"))
+            .args(["keys", "node", "--node", "n2", "--encryption-key-file"])
+            .arg(&cluster_keys));
+        std::fs::write(&n2_keys, text).unwrap();
+        Secure {
+            tmp,
+            certs,
+            url,
+            cluster_keys,
+            n2_keys,
+            _etcd: etcd,
+        }
+    }
+
+    fn auth(&self, user: &str, keys: Option<&Path>) -> EtcdAuth {
+        EtcdAuth {
+            cacert: Some(self.certs.join("ca.pem")),
+            cert: Some(self.certs.join(format!("{user}.pem"))),
+            key: Some(self.certs.join(format!("{user}-key.pem"))),
+            user: None,
+            encryption_key_file: keys.map(Path::to_path_buf),
+        }
+    }
+
+    async fn store(&self, user: &str, keys: Option<&Path>) -> Store {
+        self.auth(user, keys)
+            .connect(std::slice::from_ref(&self.url), "/moor/")
+            .await
+            .unwrap()
+    }
+
+    async fn raw(&self, user: &str) -> etcd_client::Client {
+        self.store(user, None).await.client()
+    }
+
+    /// A moor command (moorctl, moord) under `user`'s certificate and `keys`.
+    fn cmd(&self, program: &str, user: &str, keys: Option<&Path>) -> Command {
+        let mut cmd = Command::new(bin(program));
+        cmd.env("MOOR_ENDPOINTS", &self.url)
+            .env("MOOR_CACERT", self.certs.join("ca.pem"))
+            .env("MOOR_CERT", self.certs.join(format!("{user}.pem")))
+            .env("MOOR_KEY", self.certs.join(format!("{user}-key.pem")))
+            .env_remove("MOOR_ENCRYPTION_KEY_FILE");
+        if let Some(k) = keys {
+            cmd.env("MOOR_ENCRYPTION_KEY_FILE", k);
+        }
+        cmd
+    }
+
+    fn moorctl(&self, user: &str, keys: Option<&Path>, args: &[&str]) -> Output {
+        self.cmd("moorctl", user, keys).args(args).output().unwrap()
+    }
+
+    /// Starts a long-running moord or moor-hostpath, its output in `name`.log.
+    fn spawn(&self, mut cmd: Command, name: &str) -> Proc {
+        let log = std::fs::File::create(self.tmp.path().join(format!("{name}.log"))).unwrap();
+        Proc(cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap())
+    }
+}
+
+#[tokio::test]
+async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
+    let s = Secure::start().await;
+    // Agent n1: its own node's keys and events yes, another node's no.
+    let mut n1 = s.raw("moor-agent-n1").await;
+    for key in [
+        "/moor/nodes/n1",
+        "/moor/mounts/n1/default/web-1.data",
+        "/moor/events/node/n1/default/e1",
+    ] {
+        n1.put(key, "{}", None)
+            .await
+            .unwrap_or_else(|e| panic!("agent n1 may write {key}: {e}"));
+    }
+    // n1 hosts the hostpath controller plugin: it campaigns in that election only.
+    n1.put("/moor/leaders/plugin.hostpath.moor.dev", "n1", None)
+        .await
+        .expect("agent n1 may write its plugin's election key");
+    n1.delete("/moor/leaders/plugin.hostpath.moor.dev", None)
+        .await
+        .unwrap();
+    for key in [
+        "/moor/nodes/n2",
+        "/moor/mounts/n2/default/web-1.data",
+        "/moor/claims/n1/default/c",
+        "/moor/nodes/n1x",
+        "/moor/leaders/controller",
+        "/moor/leaders/plugin.other.example.com",
+        "/moor/leaders/plugin.hostpath.moor.devx",
+        "/moor/events/controller/default/e",
+        "/moor/events/node/n2/default/e",
+        "/moor/events/node/n1x/default/e",
+        "/moor/events/default/e",
+        "/other/key",
+    ] {
+        let e = n1.put(key, "{}", None).await.expect_err(key);
+        assert!(denied(&e), "{key}: {e}");
+    }
+    // Node confinement of reads: n2 hosts no controller plugin and reads only its own
+    // Node, claims, mounts and events, and the plugins.
+    let mut n2 = s.raw("moor-agent-n2").await;
+    for key in [
+        "/moor/nodes/n2",
+        "/moor/claims/n2/default/c",
+        "/moor/mounts/n2/default/c",
+        "/moor/plugins/hostpath.moor.dev",
+        "/moor/events/node/n2/default/e",
+    ] {
+        n2.get(key, None)
+            .await
+            .unwrap_or_else(|e| panic!("agent n2 may read {key}: {e}"));
+    }
+    for key in [
+        "/moor/volumes/default/v",
+        "/moor/allocations/default/a",
+        "/moor/claims/n1/default/c",
+        "/moor/mounts/n1/default/web-1.data",
+        "/moor/nodes/n1",
+        "/moor/attachments/default/v/n2",
+        "/moor/leaders/controller",
+        "/moor/events/node/n1/default/e1",
+        "/moor/events/controller/default/e",
+        "/other/key",
+    ] {
+        let e = n2.get(key, None).await.expect_err(key);
+        assert!(denied(&e), "{key}: {e}");
+    }
+    for prefix in ["/moor/volumes/", "/moor/events/", "/moor/claims/"] {
+        let e = n2
+            .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .expect_err(prefix);
+        assert!(denied(&e), "{prefix}: {e}");
+    }
+    // Events cannot be erased by another writer, nor their lease revoked.
+    let controller = s.store("moor-controller", None).await;
+    let mut c = controller.client();
+    let lease = c.lease_grant(600, None).await.unwrap().id();
+    c.put(
+        "/moor/events/controller/default/e",
+        "{}",
+        Some(etcd_client::PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .unwrap();
+    let e = n1
+        .delete(
+            "/moor/events/",
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .expect_err("delete all events");
+    assert!(denied(&e), "{e}");
+    let e = n1
+        .lease_revoke(lease)
+        .await
+        .expect_err("revoke the controller's lease");
+    assert!(denied(&e), "{e}");
+    assert_eq!(
+        c.get("/moor/events/controller/default/e", None)
+            .await
+            .unwrap()
+            .kvs()
+            .len(),
+        1
+    );
+    n1.delete("/moor/nodes/n1", None).await.unwrap();
+    let e = n1
+        .delete("/moor/nodes/n2", None)
+        .await
+        .expect_err("delete n2");
+    assert!(denied(&e), "{e}");
+
+    // moorctl: one line saying what was refused and what to do.
+    controller.create(&volume("v1")).await.unwrap();
+    let out = s.moorctl(
+        "moor-agent-n2",
+        None,
+        &["volume", "detach", "v1", "--node", "n1"],
+    );
+    assert!(!out.status.success(), "an agent must not edit volumes");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!(
+            "moorctl: etcd at {} refused: permission denied; this identity's etcd role \
+             does not allow it (see deploy/etcd/roles.sh)",
+            s.url
+        )),
+        "{out:?}"
+    );
+    let out = Command::new(bin("moorctl"))
+        .env("MOOR_ENDPOINTS", &s.url)
+        .env_remove("MOOR_CACERT")
+        .args(["get", "volumes"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        format!(
+            "moorctl: cannot reach etcd at {}: etcd's certificate is not signed by a CA \
+             moorctl trusts; give the CA that signed it with --cacert or MOOR_CACERT",
+            s.url
+        ),
+        "{out:?}"
+    );
+    let out = s.moorctl(
+        "moor-agent-n1",
+        None,
+        &["get", "volumes", "--user", "bob:wrong", "-v"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!(
+            "moorctl: etcd at {} refused: wrong user name or password; check --user",
+            s.url
+        )) && stderr.contains("  root: "),
+        "{out:?}"
+    );
+    // moord check takes the same TLS flags; it reads everything, and reports the `{}`
+    // values written above as malformed (exit 1).
+    let check = s
+        .cmd("moord", "moor-controller", None)
+        .args(["check", "--etcd", &s.url])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.code() == Some(1)
+            && stdout.contains("Volume              1 objects")
+            && stdout.contains("malformed value at events/node/n1/default/e1"),
+        "{check:?}"
+    );
+    // Without a client certificate etcd refuses the connection.
+    let anonymous = EtcdAuth {
+        cert: None,
+        key: None,
+        ..s.auth("root", None)
+    };
+    let refused = match anonymous
+        .connect(std::slice::from_ref(&s.url), "/moor/")
+        .await
+    {
+        Err(_) => true,
+        Ok(st) => st
+            .try_get(&common::key::<NodeSpec>("nodes/n1"))
+            .await
+            .is_err(),
+    };
+    assert!(refused, "a client without a certificate was served");
+}
+
+/// The raw value stored at `key`, read as root.
+async fn raw_value(raw: &mut etcd_client::Client, key: &str) -> String {
+    let resp = raw.get(key, None).await.unwrap();
+    resp.kvs()
+        .first()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets_sealed() {
+    let s = Secure::start().await;
+    let keys = Some(s.cluster_keys.as_path());
+    let _controller = s.spawn(
+        {
+            let mut c = s.cmd("moord", "moor-controller", keys);
+            c.args(["controller", "--etcd", &s.url, "--leader-ttl", "3s"]);
+            c
+        },
+        "controller",
+    );
+    let mut procs = Vec::new();
+    for (node, mode, user_keys) in [
+        ("n1", "monolith", s.cluster_keys.clone()),
+        ("n2", "node", s.n2_keys.clone()),
+    ] {
+        let dir = s.tmp.path().join(node);
+        std::fs::create_dir_all(dir.join("mnt")).unwrap();
+        let sock = dir.join("csi.sock");
+        let mut plugin = Command::new(bin("moor-hostpath"));
+        plugin
+            .arg(format!("--endpoint=unix://{}", sock.display()))
+            .arg(format!("--node-id=csi-{node}"))
+            .arg(format!("--state-dir={}", dir.join("plugin").display()))
+            .arg(format!("--mode={mode}"))
+            .arg("--no-mount");
+        procs.push(s.spawn(plugin, &format!("plugin-{node}")));
+        let mut agent = s.cmd("moord", &format!("moor-agent-{node}"), Some(&user_keys));
+        agent
+            .args(["agent", "--node", node, "--etcd", &s.url])
+            .arg(format!("--data-dir={}", dir.join("agent").display()))
+            .arg(format!(
+                "--plugin=id=hostpath.moor.dev,type={mode},endpoint=unix://{},mount-dir={}",
+                sock.display(),
+                dir.join("mnt").display()
+            ))
+            .args([
+                "--fingerprint-interval=1s",
+                "--node-ttl=3s",
+                "--leader-ttl=3s",
+            ]);
+        procs.push(s.spawn(agent, &format!("agent-{node}")));
+    }
+    let manifest = s.tmp.path().join("app.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: moor/v1\nkind: Volume\nmetadata: {name: v1}\nspec:\n  plugin_id: hostpath.moor.dev\n  capacity_min: 1MiB\n  secrets: {token: s3cret}\n  capabilities:\n    - {access_mode: single-node-writer, attachment_mode: file-system}\n---\n\
+         apiVersion: moor/v1\nkind: Allocation\nmetadata: {name: a1}\nspec:\n  node: n2\n  volumes:\n    - {name: data, volume: v1}\n",
+    )
+    .unwrap();
+    let out = s.moorctl(
+        "moor-controller",
+        keys,
+        &["apply", "-f", manifest.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("unencrypted"),
+        "{out:?}"
+    );
+
+    let store = s.store("moor-controller", keys).await;
+    let claim_key = Claim::key_for(
+        &NodeName::new("n2").unwrap(),
+        &Namespace::default_ns(),
+        "a1.data",
+    );
+    wait_for(
+        "the claim published on n2 under the agents' own roles",
+        T,
+        || {
+            let (store, key) = (store.clone(), claim_key.clone());
+            async move {
+                store
+                    .try_get(&key)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|c| c.status.phase == ClaimPhase::Published)
+            }
+        },
+    )
+    .await;
+    // At rest: sealed, with the key's id; nowhere in plain text.
+    let mut root = s.raw("root").await;
+    for key in [
+        "/moor/volumes/default/v1",
+        "/moor/claims/n2/default/a1.data",
+    ] {
+        let value = raw_value(&mut root, key).await;
+        assert!(value.contains("moor:sealed:v1:k1:"), "{key}: {value}");
+        assert!(!value.contains("s3cret"), "{key}: {value}");
+    }
+    // n2's agent opened its claim's secrets with its node key: the plugin got them.
+    let calls = moor_hostpath::calllog::CallLog::read(&s.tmp.path().join("n2/plugin/calls.jsonl"))
+        .unwrap_or_default();
+    let publish = calls
+        .iter()
+        .find(|c| c.rpc == "NodePublishVolume" && c.code == "OK")
+        .expect("a NodePublishVolume on n2");
+    assert_eq!(publish.secret_keys, ["token"], "{publish:?}");
+    // The controller-plugin agent n1 opened the volume's for CreateVolume and
+    // ControllerPublish.
+    let calls = moor_hostpath::calllog::CallLog::read(&s.tmp.path().join("n1/plugin/calls.jsonl"))
+        .unwrap_or_default();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.rpc == "CreateVolume" && c.secret_keys == ["token"])
+            && calls
+                .iter()
+                .any(|c| c.rpc == "ControllerPublishVolume" && c.secret_keys == ["token"]),
+        "{calls:?}"
+    );
+
+    // moorctl shows secrets only to a key holder.
+    let out = s.moorctl(
+        "moor-controller",
+        keys,
+        &["get", "volume", "v1", "-o", "yaml"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("[redacted]") && !text.contains("s3cret"),
+        "{out:?}"
+    );
+    let out = s.moorctl(
+        "moor-controller",
+        keys,
+        &["get", "volume", "v1", "-o", "yaml", "--show-secrets"],
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("s3cret"),
+        "{out:?}"
+    );
+    let out = s.moorctl(
+        "moor-controller",
+        None,
+        &["get", "volume", "v1", "-o", "yaml", "--show-secrets"],
+    );
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr)
+                .contains("encrypted with key \"k1\", which this moorctl does not hold"),
+        "{out:?}"
+    );
+    let out = s.moorctl(
+        "moor-controller",
+        None,
+        &["get", "volume", "v1", "-o", "yaml"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !text.contains("moor:sealed"),
+        "{out:?}"
+    );
+
+    // Events, each writer under its own prefix, merged by moorctl.
+    for prefix in ["/moor/events/controller/", "/moor/events/node/n2/"] {
+        let n = root
+            .get(
+                prefix,
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .unwrap()
+            .count();
+        assert!(n > 0, "no events under {prefix}");
+    }
+    let out = s.moorctl("moor-controller", None, &["events"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        // Agent n2's and the controller's.
+        text.contains("Mount volume") && text.contains("Claim published"),
+        "{out:?}"
+    );
+
+    // Plain text written by a process without the key is read, and rewritten sealed.
+    let v2 = s.tmp.path().join("v2.yaml");
+    std::fs::write(
+        &v2,
+        "apiVersion: moor/v1\nkind: Volume\nmetadata: {name: v2}\nspec:\n  plugin_id: hostpath.moor.dev\n  capacity_min: 1MiB\n  secrets: {token: plain0ld}\n  capabilities:\n    - {access_mode: single-node-writer, attachment_mode: file-system}\n",
+    )
+    .unwrap();
+    let out = s.moorctl(
+        "moor-controller",
+        None,
+        &["apply", "-f", v2.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("written unencrypted"),
+        "{out:?}"
+    );
+    wait_for("v2's secrets sealed by the controller", T, || {
+        let root = root.clone();
+        async move {
+            let mut root = root;
+            let v = raw_value(&mut root, "/moor/volumes/default/v2").await;
+            v.contains("moor:sealed:v1:k1:") && !v.contains("plain0ld")
+        }
+    })
+    .await;
+
+    // Release: the node secrets leave the claim.
+    let out = s.moorctl("moor-controller", keys, &["alloc", "stop", "a1"]);
+    assert!(out.status.success(), "{out:?}");
+    wait_for("the claim released and its secrets gone", T, || {
+        let (store, key) = (store.clone(), claim_key.clone());
+        async move {
+            match store.try_get(&key).await {
+                Ok(None) => true,
+                Ok(Some(c)) => {
+                    c.status.phase == ClaimPhase::Released && c.spec.node_secrets.is_empty()
+                }
+                Err(_) => false,
+            }
+        }
+    })
+    .await;
+    drop(procs);
+}
