@@ -611,3 +611,83 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
     .await;
     drop(procs);
 }
+
+#[tokio::test]
+async fn the_embedded_store_serves_tls_beyond_loopback_and_requires_client_certificates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    common::need("openssl");
+    run(Command::new("bash")
+        .arg(deploy("certs.sh"))
+        .arg(&certs)
+        .arg("n1"));
+    let port = free_port();
+    let plain = Command::new(bin("moor-store"))
+        .args(["--listen", &format!("0.0.0.0:{port}"), "--data-dir"])
+        .arg(tmp.path().join("refused"))
+        .output()
+        .unwrap();
+    assert!(
+        !plain.status.success()
+            && String::from_utf8_lossy(&plain.stderr).contains("--cert and --key"),
+        "{plain:?}"
+    );
+    let _store = Proc(
+        Command::new(bin("moor-store"))
+            .args(["--listen", &format!("0.0.0.0:{port}"), "--data-dir"])
+            .arg(tmp.path().join("data"))
+            .arg("--cert")
+            .arg(certs.join("server.pem"))
+            .arg("--key")
+            .arg(certs.join("server-key.pem"))
+            .arg("--client-ca")
+            .arg(certs.join("ca.pem"))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("https://127.0.0.1:{port}");
+    let auth = EtcdAuth {
+        cacert: Some(certs.join("ca.pem")),
+        cert: Some(certs.join("moor-controller.pem")),
+        key: Some(certs.join("moor-controller-key.pem")),
+        user: None,
+        encryption_key_file: None,
+    };
+    wait_for("moor-store with TLS", Duration::from_secs(30), || {
+        let (auth, url) = (auth.clone(), url.clone());
+        async move {
+            match auth.connect(std::slice::from_ref(&url), "/moor/").await {
+                Ok(s) => s.create(&volume("v1")).await.is_ok(),
+                Err(_) => false,
+            }
+        }
+    })
+    .await;
+    // No client certificate, or no TLS: refused.
+    let anonymous = EtcdAuth {
+        cert: None,
+        key: None,
+        ..auth.clone()
+    };
+    let refused = match anonymous
+        .connect(std::slice::from_ref(&url), "/moor/")
+        .await
+    {
+        Err(_) => true,
+        Ok(s) => s
+            .try_get(&common::key::<VolumeSpec>("volumes/default/v1"))
+            .await
+            .is_err(),
+    };
+    assert!(refused, "a client without a certificate was served");
+    let plain_url = format!("http://127.0.0.1:{port}");
+    let refused = match Store::connect(std::slice::from_ref(&plain_url), "/moor/").await {
+        Err(_) => true,
+        Ok(s) => s
+            .try_get(&common::key::<VolumeSpec>("volumes/default/v1"))
+            .await
+            .is_err(),
+    };
+    assert!(refused, "a plain-text client was served");
+}

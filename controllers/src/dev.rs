@@ -27,9 +27,13 @@ pub struct Args {
     /// The embedded store's address (what moorctl's --endpoints points at).
     #[arg(long, default_value = "127.0.0.1:2379")]
     pub listen: String,
-    /// Serve the store on a non-loopback address although it has no TLS and no auth.
+    /// Serve the store on a non-loopback address without TLS.
     #[arg(long)]
     pub insecure_listen: bool,
+    /// TLS for the store's clients (--cert, --key, --client-ca); moord dev's own
+    /// controller and agent then reach it on a second, loopback-only listener.
+    #[command(flatten)]
+    pub tls: moor_embedded::TlsArgs,
     /// The moor-hostpath binary (default: next to moord).
     #[arg(long)]
     pub hostpath_bin: Option<PathBuf>,
@@ -85,15 +89,41 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
 
     let store = EmbeddedStore::open(&dir.join("store"), 100_000)
         .with_context(|| format!("opening the store in {}", dir.join("store").display()))?;
-    let listener = match moor_embedded::bind(&args.listen, args.insecure_listen).await {
-        Err(e @ moor_embedded::ListenError::Bind(..)) => {
-            return Err(anyhow::Error::new(e).context("is another etcd there? use --listen"))
-        }
-        other => other?,
-    };
-    let url = format!("http://{}", listener.local_addr()?);
+    let tls = args.tls.config()?;
+    let listener =
+        match moor_embedded::bind(&args.listen, args.insecure_listen, tls.is_some()).await {
+            Err(e @ moor_embedded::ListenError::Bind(..)) => {
+                return Err(anyhow::Error::new(e).context("is another etcd there? use --listen"))
+            }
+            other => other?,
+        };
     let store_stop = CancellationToken::new();
-    let store_task = tokio::spawn(moor_embedded::serve(store, listener, store_stop.clone()));
+    let (url, store_task) = match tls {
+        None => (
+            format!("http://{}", listener.local_addr()?),
+            tokio::spawn(moor_embedded::serve(
+                store,
+                listener,
+                None,
+                store_stop.clone(),
+            )),
+        ),
+        Some(tls) => {
+            tracing::info!(addr = %listener.local_addr()?, "serving the store with TLS");
+            let own = moor_embedded::bind("127.0.0.1:0", false, false).await?;
+            let url = format!("http://{}", own.local_addr()?);
+            tokio::spawn(moor_embedded::serve_also(
+                store.clone(),
+                listener,
+                Some(tls),
+                store_stop.clone(),
+            ));
+            (
+                url,
+                tokio::spawn(moor_embedded::serve(store, own, None, store_stop.clone())),
+            )
+        }
+    };
 
     let socket = dir.join("csi.sock");
     let plugin_stop = shutdown.child_token();

@@ -11,7 +11,7 @@ mod mvcc;
 mod services;
 
 pub use mvcc::{Commit, Mvcc, MIN_LEASE_TTL};
-pub use services::{serve, EmbeddedStore};
+pub use services::{serve, serve_also, EmbeddedStore};
 
 /// Why the store would not listen.
 #[derive(Debug, thiserror::Error)]
@@ -19,28 +19,68 @@ pub enum ListenError {
     /// The address could not be bound.
     #[error("listening on {0}")]
     Bind(String, #[source] std::io::Error),
-    /// A non-loopback address without `--insecure-listen`.
+    /// A non-loopback address without TLS or `--insecure-listen`.
     #[error(
-        "refusing to serve the embedded store on {0}: it has no TLS and no auth, so anyone \
-         who reaches it reads and writes every object, secrets included; listen on a \
-         loopback address (127.0.0.1:2379), or pass --insecure-listen if you mean it"
+        "refusing to serve the embedded store on {0} without TLS: anyone who reaches it \
+         would read and write every object; listen on a loopback address (127.0.0.1:2379), \
+         serve TLS with --cert and --key (and --client-ca to require client certificates), \
+         or pass --insecure-listen if you mean it"
     )]
     NotLoopback(std::net::SocketAddr),
 }
 
-/// Binds `listen` for the store: loopback only, unless `insecure` says the operator
-/// means to expose a store that has no TLS and no auth.
-pub async fn bind(listen: &str, insecure: bool) -> Result<tokio::net::TcpListener, ListenError> {
+/// TLS for the embedded store's clients.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// Serve TLS with this certificate (PEM; needs --key); a non-loopback --listen is
+    /// then allowed.
+    #[arg(long, requires = "key")]
+    pub cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long, requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
+    /// Require client certificates signed by this CA (PEM).
+    #[arg(long, requires = "cert")]
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+impl TlsArgs {
+    /// The server's TLS configuration, `None` without --cert.
+    pub fn config(&self) -> anyhow::Result<Option<tonic::transport::ServerTlsConfig>> {
+        use anyhow::Context;
+        let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
+            return Ok(None);
+        };
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let mut tls = tonic::transport::ServerTlsConfig::new().identity(
+            tonic::transport::Identity::from_pem(read(cert)?, read(key)?),
+        );
+        if let Some(ca) = &self.client_ca {
+            tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
+        }
+        Ok(Some(tls))
+    }
+}
+
+/// Binds `listen` for the store: loopback only, unless it serves TLS (`tls`) or
+/// `insecure` says the operator means to expose a store without TLS.
+pub async fn bind(
+    listen: &str,
+    insecure: bool,
+    tls: bool,
+) -> Result<tokio::net::TcpListener, ListenError> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| ListenError::Bind(listen.to_string(), e))?;
     let addr = listener
         .local_addr()
         .map_err(|e| ListenError::Bind(listen.to_string(), e))?;
-    if !addr.ip().is_loopback() && !insecure {
+    if !addr.ip().is_loopback() && !insecure && !tls {
         return Err(ListenError::NotLoopback(addr));
     }
-    if !addr.ip().is_loopback() {
+    if !addr.ip().is_loopback() && !tls {
         tracing::warn!(%addr, "serving the embedded store beyond loopback without TLS or auth (--insecure-listen)");
     }
     Ok(listener)
@@ -50,9 +90,10 @@ pub async fn bind(listen: &str, insecure: bool) -> Result<tokio::net::TcpListene
 mod tests {
     #[tokio::test]
     async fn only_loopback_unless_insecure_listen() {
-        assert!(super::bind("127.0.0.1:0", false).await.is_ok());
-        let e = super::bind("0.0.0.0:0", false).await.unwrap_err();
+        assert!(super::bind("127.0.0.1:0", false, false).await.is_ok());
+        let e = super::bind("0.0.0.0:0", false, false).await.unwrap_err();
         assert!(e.to_string().contains("--insecure-listen"), "{e}");
-        assert!(super::bind("0.0.0.0:0", true).await.is_ok());
+        assert!(super::bind("0.0.0.0:0", true, false).await.is_ok());
+        assert!(super::bind("0.0.0.0:0", false, true).await.is_ok());
     }
 }

@@ -1,5 +1,6 @@
 //! moor-store: the embedded etcd-API store as a process of its own (`moord dev` runs the
-//! same store in-process). One machine, loopback, no auth: for development and tests.
+//! same store in-process). One machine, no auth; loopback, or TLS (--cert/--key, and
+//! --client-ca to require client certificates).
 
 use std::path::PathBuf;
 
@@ -16,9 +17,12 @@ struct Args {
     /// Where the data lives (created if missing).
     #[arg(long)]
     data_dir: PathBuf,
-    /// Serve on a non-loopback address although the store has no TLS and no auth.
+    /// Serve on a non-loopback address without TLS.
     #[arg(long)]
     insecure_listen: bool,
+    /// TLS.
+    #[command(flatten)]
+    tls: moor_embedded::TlsArgs,
     /// Revisions of history kept for watchers that resume; older ones are compacted.
     #[arg(long, default_value_t = 100_000)]
     history: i64,
@@ -38,11 +42,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     use anyhow::Context;
     let store = moor_embedded::EmbeddedStore::open(&args.data_dir, args.history)
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
-    let listener = moor_embedded::bind(&args.listen, args.insecure_listen).await?;
+    let tls = args.tls.config()?;
+    let listener = moor_embedded::bind(&args.listen, args.insecure_listen, tls.is_some()).await?;
     let shutdown: CancellationToken = moor_csi::process::on_signal();
     eprintln!(
-        "moor-store: serving the etcd v3 API on http://{}",
+        "moor-store: serving the etcd v3 API on {}://{}",
+        if tls.is_some() { "https" } else { "http" },
         listener.local_addr()?
     );
-    moor_embedded::serve(store, listener, shutdown).await
+    moor_embedded::serve(store, listener, tls, shutdown).await
 }

@@ -107,10 +107,26 @@ impl EmbeddedStore {
 pub async fn serve(
     store: EmbeddedStore,
     listener: TcpListener,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tokio::spawn(store.clone().expire_leases(shutdown.clone()));
-    let server = tonic::transport::Server::builder()
+    serve_also(store, listener, tls, shutdown).await
+}
+
+/// Serves `store` on one more listener (whose leases [`serve`] already expires): `moord
+/// dev` serves TLS to others and plain loopback to its own components.
+pub async fn serve_also(
+    store: EmbeddedStore,
+    listener: TcpListener,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let server = builder
         .add_service(PbKvServer::new(store.clone()))
         .add_service(PbWatchServer::new(store.clone()))
         .add_service(PbLeaseServer::new(store.clone()))
