@@ -163,12 +163,13 @@ impl<S: Spec> Watcher<S> {
                         let item = match ev.kind {
                             RawEventKind::Put => self
                                 .store
+                                .codec()
                                 .decode::<S>(&ev.key, &ev.value, ev.mod_revision)
                                 .map(Event::Applied)
                                 .map_err(WatchError::Malformed),
                             RawEventKind::Delete => Ok(Event::Deleted {
                                 last: ev.prev_value.and_then(|(value, rev)| {
-                                    self.store.decode::<S>(&ev.key, &value, rev).ok()
+                                    self.store.codec().decode::<S>(&ev.key, &value, rev).ok()
                                 }),
                                 key: ev.key,
                             }),

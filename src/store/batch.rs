@@ -62,7 +62,7 @@ impl Batch {
                 // An update keeps the key's lease (a Node lives under its agent's lease).
                 TxnOp::put(
                     full,
-                    store.encode(&obj)?,
+                    store.codec().encode(&obj)?,
                     Some(PutOptions::new().with_ignore_lease()),
                 )
             });
@@ -81,7 +81,8 @@ impl Batch {
         let full = store.full_key(&obj.key());
         self.compares
             .push(Compare::create_revision(full.clone(), CompareOp::Equal, 0));
-        self.ops.push(TxnOp::put(full, store.encode(&obj)?, None));
+        self.ops
+            .push(TxnOp::put(full, store.codec().encode(&obj)?, None));
         self.keys.push((obj.key(), 0));
         Ok(obj)
     }

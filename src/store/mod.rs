@@ -127,23 +127,9 @@ impl Store {
         self.codec.keyring.as_deref()
     }
 
-    /// Decodes and checks a value read at `key` (see [`Codec::decode`]).
-    pub fn decode<S: Spec>(
-        &self,
-        key: &str,
-        value: &[u8],
-        mod_revision: i64,
-    ) -> Result<Object<S>, StoreError> {
-        self.codec.decode(key, value, mod_revision)
-    }
-
-    fn encode<S: Spec>(&self, obj: &Object<S>) -> Result<Vec<u8>, StoreError> {
-        self.codec.encode(obj)
-    }
-
-    /// Whether `obj` (as read) would be stored differently (see [`Codec::needs_reseal`]).
-    pub fn needs_reseal<S: Spec>(&self, obj: &Object<S>) -> bool {
-        self.codec.needs_reseal(obj)
+    /// How this store turns objects into bytes and back (its keyring's sealing).
+    pub fn codec(&self) -> &Codec {
+        &self.codec
     }
 
     /// The same store listing `page_size` keys per request.
@@ -175,17 +161,15 @@ impl Store {
         format!("{}{}", self.prefix, key)
     }
 
-    /// Rewrites the object at `key` when [`Store::needs_reseal`] says so, guarded by
-    /// the version read; `true` when it wrote.
-    pub async fn reseal<S: Spec>(&self, key: &ObjectKey<S>) -> Result<bool, StoreError> {
-        let Some(obj) = self.try_get(key).await? else {
-            return Ok(false);
-        };
-        if !self.needs_reseal(&obj) {
+    /// Writes `obj` (as read) back when [`Codec::needs_reseal`] says its secrets would
+    /// be stored differently, guarded by the version it was read at (a
+    /// [`StoreError::Conflict`] if it has changed since); `true` when it wrote.
+    pub async fn reseal<S: Spec>(&self, obj: &Object<S>) -> Result<bool, StoreError> {
+        if !self.codec.needs_reseal(obj) {
             return Ok(false);
         }
-        let revision = obj.metadata.resource_version;
-        self.write_at(obj, revision).await?;
+        self.write_at(obj.clone(), obj.metadata.resource_version)
+            .await?;
         Ok(true)
     }
 
@@ -222,6 +206,7 @@ impl Store {
         match resp.kvs().first() {
             None => Ok(None),
             Some(kv) => self
+                .codec
                 .decode::<S>(key, kv.value(), kv.mod_revision())
                 .map(Some),
         }
@@ -237,7 +222,7 @@ impl Store {
         };
         list.revision = self
             .scan(scope.as_str(), |key, value, mod_revision| {
-                match self.decode::<S>(key, value, mod_revision) {
+                match self.codec.decode::<S>(key, value, mod_revision) {
                     Ok(obj) => list.items.push(obj),
                     Err(e) => list.malformed.push(e),
                 }
@@ -343,7 +328,7 @@ impl Store {
         let full = self.full_key(&key);
         let compare = Compare::create_revision(full.clone(), CompareOp::Equal, 0);
         match self
-            .guarded_put(&full, self.encode(&obj)?, compare, lease)
+            .guarded_put(&full, self.codec.encode(&obj)?, compare, lease)
             .await?
         {
             Ok(revision) => {
@@ -526,7 +511,7 @@ impl Store {
         // An update keeps the key's lease (a Node object lives under its agent's lease).
         let op = TxnOp::put(
             full,
-            self.encode(&obj)?,
+            self.codec.encode(&obj)?,
             Some(PutOptions::new().with_ignore_lease()),
         );
         match self.guarded_txn(compare, op).await? {
@@ -650,6 +635,11 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// What a sealed field is bound to: its object's key and its name.
+fn aad(key: &str, field: &str) -> String {
+    format!("{key}#{field}")
+}
+
 /// How objects are stored as bytes: JSON, with secrets sealed when a keyring is held.
 #[derive(Debug, Clone, Default)]
 pub struct Codec {
@@ -689,8 +679,7 @@ impl Codec {
                 let Some(text) = field.secrets.sealed() else {
                     continue;
                 };
-                let aad = format!("{key}#{}", field.field);
-                match keyring.open_map(field.node, &aad, text) {
+                match keyring.open_map(field.node, &aad(key, field.field), text) {
                     Ok((map, id)) => *field.secrets = Secrets::opened(map, &id),
                     // Kept sealed: written back as read, never exposed.
                     Err(OpenError::NotHeld(_)) => {}
@@ -718,7 +707,7 @@ impl Codec {
                 if values.is_empty() || !keyring.serves(field.node) {
                     continue;
                 }
-                let aad = format!("{key}#{}", field.field);
+                let aad = aad(&key, field.field);
                 let text = keyring.seal_map(field.node, &aad, values).map_err(|e| {
                     StoreError::Sealing {
                         key: key.clone(),

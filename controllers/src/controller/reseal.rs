@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 /// How often a failed rewrite is tried again before waiting for the object's next event.
 const ATTEMPTS: u32 = 5;
 
-/// Rewrites every object of kind `S` that [`Store::needs_reseal`] flags, from the
+/// Rewrites every object of kind `S` that [`moor::store::Codec::needs_reseal`] flags, from the
 /// informer's cache and then as objects change, until `stop`.
 pub async fn run<S: Spec>(store: Store, informer: Informer<Object<S>>, stop: CancellationToken) {
     if store.keyring().is_none_or(|k| k.node().is_some()) {
@@ -29,16 +29,18 @@ pub async fn run<S: Spec>(store: Store, informer: Informer<Object<S>>, stop: Can
             Ok(Event::Restarted(all)) => all,
             Ok(Event::Deleted { .. }) | Err(_) => continue,
         };
-        for obj in objects.iter().filter(|o| store.needs_reseal(*o)) {
+        for obj in objects.iter().filter(|o| store.codec().needs_reseal(*o)) {
             reseal(&store, obj).await;
         }
     }
 }
 
+/// Writes the cached object back (no read first: a changed object is a conflict, and
+/// its own event brings it here again).
 async fn reseal<S: Spec>(store: &Store, obj: &Object<S>) {
     let key = obj.object_key();
     for attempt in 1..=ATTEMPTS {
-        match store.reseal(&key).await {
+        match store.reseal(obj).await {
             Ok(wrote) => {
                 if wrote {
                     tracing::info!(key = %key, "secrets sealed with the current key");
