@@ -31,7 +31,7 @@ async fn next_event(
     }
 }
 
-fn names(objs: &[Volume]) -> Vec<String> {
+fn names(objs: &[std::sync::Arc<Volume>]) -> Vec<String> {
     let mut n: Vec<String> = objs.iter().map(|v| v.metadata.name.to_string()).collect();
     n.sort();
     n
@@ -71,7 +71,7 @@ async fn lists_then_streams_changes_in_order(backend: Backend) {
         .unwrap();
 
     let ev = next_event(&mut w, &mut errors).await;
-    assert_eq!(ev, Event::Applied(c));
+    assert_eq!(ev, Event::Applied(std::sync::Arc::new(c)));
     match next_event(&mut w, &mut errors).await {
         Event::Applied(v) => assert_eq!(v.spec.capacity_max, Some(Size(4 << 30))),
         other => panic!("{other:?}"),

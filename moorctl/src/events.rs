@@ -87,11 +87,11 @@ impl Events {
         ));
         while let Some(item) = stream.next().await {
             let new: Vec<Value> = match item {
-                Ok(Event::Applied(obj)) => vec![serde_json::to_value(&obj)?],
+                Ok(Event::Applied(obj)) => vec![serde_json::to_value(&*obj)?],
                 Ok(Event::Restarted(objs)) => objs
                     .iter()
                     .filter(|o| !seen.contains(&o.metadata.uid))
-                    .map(serde_json::to_value)
+                    .map(|o| serde_json::to_value(&**o))
                     .collect::<Result<_, _>>()?,
                 Ok(Event::Deleted { .. }) => continue,
                 Err(e) => {

@@ -141,7 +141,7 @@ impl<K: Resource> Controller<K> {
         let name = self.name.clone();
         let keys = events.flat_map(move |item| {
             let keys = match item {
-                Ok(Event::Restarted(objs)) => objs.iter().flat_map(&mapper).collect(),
+                Ok(Event::Restarted(objs)) => objs.iter().flat_map(|o| mapper(o)).collect(),
                 Ok(Event::Applied(obj)) => mapper(&obj),
                 Ok(Event::Deleted {
                     last: Some(obj), ..
@@ -531,7 +531,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn requeue_after_and_resync_schedule_runs() {
         let (reader, mut writer) = reflector::store::<Obj>();
-        writer.apply(&Event::Restarted(vec![Obj("x".into()), Obj("y".into())]));
+        writer.apply(&Event::restarted(vec![Obj("x".into()), Obj("y".into())]));
         let (tx, keys) = key_channel();
         let log: Log = Arc::default();
         let shutdown = CancellationToken::new();
@@ -618,20 +618,20 @@ mod tests {
     async fn related_kinds_trigger_the_keys_they_map_to() {
         let (reader, _writer) = reflector::store::<Obj>();
         let related: Vec<Result<Event<Related>, Boom>> = vec![
-            Ok(Event::Restarted(vec![Related {
+            Ok(Event::restarted(vec![Related {
                 name: "r1",
                 owners: vec!["a"],
             }])),
-            Ok(Event::Applied(Related {
+            Ok(Event::applied(Related {
                 name: "r2",
                 owners: vec!["b", "c"],
             })),
             Ok(Event::Deleted {
                 key: "r3".into(),
-                last: Some(Related {
+                last: Some(Arc::new(Related {
                     name: "r3",
                     owners: vec!["d"],
-                }),
+                })),
             }),
             // A related object deleted without its last state names no owner.
             Ok(Event::Deleted {

@@ -124,9 +124,7 @@ impl<K: Resource> Informer<K> {
     ) -> impl Stream<Item = Result<Event<K>, InformerError>> + Send + 'static {
         let rx = self.tx.subscribe();
         let reader = self.reader.clone();
-        let snapshot = |reader: &Store<K>| {
-            Event::Restarted(reader.state().iter().map(|o| (**o).clone()).collect())
-        };
+        let snapshot = |reader: &Store<K>| Event::Restarted(reader.state());
         let first = {
             let reader = reader.clone();
             futures::stream::once(async move {
@@ -166,14 +164,14 @@ mod tests {
         let (reader, mut writer) = reflector::store::<Obj>();
         let (tx, _) = broadcast::channel(2);
         let informer = Informer { reader, tx };
-        writer.apply(&Event::Restarted(vec![Obj("a")]));
+        writer.apply(&Event::restarted(vec![Obj("a")]));
         let mut sub = Box::pin(informer.subscribe());
         match sub.next().await {
-            Some(Ok(Event::Restarted(objs))) => assert_eq!(objs, vec![Obj("a")]),
+            Some(Ok(Event::Restarted(objs))) => assert_eq!(objs, vec![Arc::new(Obj("a"))]),
             other => panic!("expected the cache first, got {other:?}"),
         }
         for k in ["b", "c", "d"] {
-            let e = Event::Applied(Obj(k));
+            let e = Event::applied(Obj(k));
             writer.apply(&e);
             informer.tx.send(Arc::new(e)).unwrap();
         }

@@ -197,12 +197,12 @@ impl<K: Resource> Writer<K> {
             Event::Restarted(objects) => {
                 cache.clear();
                 for o in objects {
-                    cache.insert(o.key(), Arc::new(o.clone()));
+                    cache.insert(o.key(), o.clone());
                 }
                 drop(cache);
                 self.ready.send_replace(true);
             }
-            Event::Applied(obj) => cache.insert(obj.key(), Arc::new(obj.clone())),
+            Event::Applied(obj) => cache.insert(obj.key(), obj.clone()),
             Event::Deleted { key, .. } => cache.remove(key),
         }
     }
@@ -247,14 +247,14 @@ mod tests {
         let (reader, writer) = store::<Obj>();
         assert!(!reader.is_ready());
         let events: Vec<Result<Event<Obj>, ()>> = vec![
-            Ok(Event::Restarted(vec![Obj("a", 1), Obj("b", 1)])),
-            Ok(Event::Applied(Obj("a", 2))),
+            Ok(Event::restarted(vec![Obj("a", 1), Obj("b", 1)])),
+            Ok(Event::applied(Obj("a", 2))),
             Err(()),
             Ok(Event::Deleted {
                 key: "b".into(),
                 last: None,
             }),
-            Ok(Event::Applied(Obj("c", 1))),
+            Ok(Event::applied(Obj("c", 1))),
         ];
         let out: Vec<_> = reflector(writer, futures::stream::iter(events))
             .collect()
@@ -271,8 +271,8 @@ mod tests {
     #[tokio::test]
     async fn restart_replaces_everything() {
         let (reader, mut writer) = store::<Obj>();
-        writer.apply(&Event::Restarted(vec![Obj("a", 1), Obj("b", 1)]));
-        writer.apply(&Event::Restarted(vec![Obj("c", 1)]));
+        writer.apply(&Event::restarted(vec![Obj("a", 1), Obj("b", 1)]));
+        writer.apply(&Event::restarted(vec![Obj("c", 1)]));
         assert_eq!(reader.keys(), ["c"]);
     }
 
@@ -283,13 +283,13 @@ mod tests {
         }
         let (reader, mut writer) = indexed_store::<Obj>(&[("count", by_count)]);
         let names = |objs: Vec<Arc<Obj>>| objs.iter().map(|o| o.0).collect::<Vec<_>>();
-        writer.apply(&Event::Restarted(vec![
+        writer.apply(&Event::restarted(vec![
             Obj("a", 1),
             Obj("b", 1),
             Obj("c", 2),
         ]));
         assert_eq!(names(reader.by_index("count", "1")), ["a", "b"]);
-        writer.apply(&Event::Applied(Obj("a", 2)));
+        writer.apply(&Event::applied(Obj("a", 2)));
         assert_eq!(names(reader.by_index("count", "1")), ["b"]);
         assert_eq!(names(reader.by_index("count", "2")), ["a", "c"]);
         writer.apply(&Event::Deleted {
@@ -297,7 +297,7 @@ mod tests {
             last: None,
         });
         assert_eq!(names(reader.by_index("count", "2")), ["a"]);
-        writer.apply(&Event::Restarted(vec![Obj("d", 1)]));
+        writer.apply(&Event::restarted(vec![Obj("d", 1)]));
         assert_eq!(names(reader.by_index("count", "1")), ["d"]);
         assert!(reader.by_index("count", "2").is_empty());
     }

@@ -15,24 +15,52 @@
 
 use futures::Stream;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::api::{KeyScope, Object, Spec};
 use crate::store::{RawEventKind, Store, StoreError, WatchStream};
 
-/// A change seen by a watcher.
-#[derive(Debug, Clone, PartialEq)]
+/// A change seen by a watcher. Objects are shared (`Arc`): the cache, every
+/// subscriber's copy of the event and a resync snapshot hold the one decoded object.
+#[derive(Debug, PartialEq)]
 pub enum Event<K> {
     /// A fresh list: the complete current set, replacing anything known before.
-    Restarted(Vec<K>),
+    Restarted(Vec<Arc<K>>),
     /// An object was created or changed.
-    Applied(K),
+    Applied(Arc<K>),
     /// An object was deleted; `last` is its last state when etcd still had it.
     Deleted {
         /// The key below the store prefix.
         key: String,
         /// The last state, if known and valid.
-        last: Option<K>,
+        last: Option<Arc<K>>,
     },
+}
+
+impl<K> Event<K> {
+    /// A `Restarted` event of `objects`.
+    pub fn restarted(objects: Vec<K>) -> Self {
+        Event::Restarted(objects.into_iter().map(Arc::new).collect())
+    }
+
+    /// An `Applied` event of `object`.
+    pub fn applied(object: K) -> Self {
+        Event::Applied(Arc::new(object))
+    }
+}
+
+// Not derived: cloning an event clones pointers, and needs no `K: Clone`.
+impl<K> Clone for Event<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Event::Restarted(all) => Event::Restarted(all.clone()),
+            Event::Applied(o) => Event::Applied(o.clone()),
+            Event::Deleted { key, last } => Event::Deleted {
+                key: key.clone(),
+                last: last.clone(),
+            },
+        }
+    }
 }
 
 /// What went wrong while watching; the stream goes on after each.
@@ -116,7 +144,9 @@ impl<S: Spec> Watcher<S> {
                             .into_iter()
                             .map(|e| Err(WatchError::Malformed(e))),
                     );
-                    self.pending.push_back(Ok(Event::Restarted(list.items)));
+                    self.pending.push_back(Ok(Event::Restarted(
+                        list.items.into_iter().map(Arc::new).collect(),
+                    )));
                     State::Listed {
                         revision: list.revision,
                     }
@@ -165,11 +195,15 @@ impl<S: Spec> Watcher<S> {
                                 .store
                                 .codec()
                                 .decode::<S>(&ev.key, &ev.value, ev.mod_revision)
-                                .map(Event::Applied)
+                                .map(|o| Event::Applied(Arc::new(o)))
                                 .map_err(WatchError::Malformed),
                             RawEventKind::Delete => Ok(Event::Deleted {
                                 last: ev.prev_value.and_then(|(value, rev)| {
-                                    self.store.codec().decode::<S>(&ev.key, &value, rev).ok()
+                                    self.store
+                                        .codec()
+                                        .decode::<S>(&ev.key, &value, rev)
+                                        .ok()
+                                        .map(Arc::new)
                                 }),
                                 key: ev.key,
                             }),

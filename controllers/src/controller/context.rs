@@ -130,7 +130,42 @@ pub const CLAIM_INDEXES: &[reflector::Index<Claim>] = &[
     }),
     (BY_NODE, |c| vec![c.spec.node.to_string()]),
     (BY_PLUGIN, |c| vec![c.spec.plugin_id.to_string()]),
+    (BY_WAITING, |c| {
+        if waiting_for_admission(c) {
+            vec![
+                format!(
+                    "volume:{}",
+                    volume_index(&c.metadata.namespace, c.spec.volume.as_str())
+                ),
+                format!("node:{}", c.spec.node),
+                format!("plugin:{}", c.spec.plugin_id),
+            ]
+        } else {
+            Vec::new()
+        }
+    }),
+    (BY_UNSETTLED, |c| {
+        if unsettled(c) {
+            vec![c.spec.plugin_id.to_string()]
+        } else {
+            Vec::new()
+        }
+    }),
 ];
+
+/// A claim waiting to be admitted (Pending or Denied, not being released): what a
+/// release or a plugin change may let in. Kept in its own index so a release on a node
+/// with thousands of settled claims looks only at the few that wait.
+pub fn waiting_for_admission(c: &Claim) -> bool {
+    matches!(c.status.phase, ClaimPhase::Pending | ClaimPhase::Denied) && !c.spec.release
+}
+
+/// A claim with steps left that depend on its plugin: not Released, and not Published
+/// unless it is being released.
+pub fn unsettled(c: &Claim) -> bool {
+    c.status.phase != ClaimPhase::Released
+        && (c.status.phase != ClaimPhase::Published || c.spec.release)
+}
 
 /// The volumes cache's indexes.
 pub const VOLUME_INDEXES: &[reflector::Index<Volume>] =
@@ -190,6 +225,11 @@ pub const BY_VOLUME: &str = "volume";
 pub const BY_NODE: &str = "node";
 /// Index of claims and volumes by plugin id.
 pub const BY_PLUGIN: &str = "plugin";
+/// Index of the claims [`waiting_for_admission`] by `volume:KEY`, `node:NAME` and
+/// `plugin:ID`.
+pub const BY_WAITING: &str = "waiting";
+/// Index of the [`unsettled`] claims by plugin id.
+pub const BY_UNSETTLED: &str = "unsettled";
 
 /// The [`BY_VOLUME`] value of a volume: its key.
 pub fn volume_index(ns: &Namespace, volume: &str) -> String {
@@ -240,7 +280,7 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(a.gone_for(&n2, false, t0), Some(Duration::ZERO));
         a.observe(
-            &Ok::<_, ()>(Event::Applied(node("n2"))),
+            &Ok::<_, ()>(Event::applied(node("n2"))),
             t0 + Duration::from_secs(1),
         );
         let t2 = t0 + Duration::from_secs(40);
@@ -250,7 +290,7 @@ mod tests {
             Some(Duration::from_millis(500))
         );
         // A relist that shows it clears it too.
-        a.observe(&Ok::<_, ()>(Event::Restarted(vec![node("n2")])), t2);
+        a.observe(&Ok::<_, ()>(Event::restarted(vec![node("n2")])), t2);
         assert_eq!(
             a.gone_for(&n2, false, t2 + Duration::from_secs(1)),
             Some(Duration::ZERO)

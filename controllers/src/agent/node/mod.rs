@@ -206,7 +206,7 @@ impl NodeReconciler {
         let listed_mounts = futures::StreamExt::flat_map(mounts.subscribe(), |e| {
             let keys: Vec<String> = match e {
                 Ok(moor::runtime::watcher::Event::Restarted(all)) => {
-                    all.iter().map(claim_key_of).collect()
+                    all.iter().map(|m| claim_key_of(m)).collect()
                 }
                 _ => Vec::new(),
             };

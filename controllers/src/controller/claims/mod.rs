@@ -44,7 +44,7 @@ use release::{
 
 use super::admission::{self, Verdict};
 use super::plan::{self, AttachPlan, NodeDone};
-use super::{volume_index, Ctx, Informers, BY_NODE, BY_PLUGIN, BY_VOLUME};
+use super::{volume_index, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use crate::common::{details, object_ref};
 
 /// How many past claims a volume remembers.
@@ -123,12 +123,8 @@ pub async fn run(
         })
         .watches(inf.plugins.subscribe(), move |p: &Plugin| {
             claims3
-                .by_index(BY_PLUGIN, p.metadata.name.as_str())
+                .by_index(BY_UNSETTLED, p.metadata.name.as_str())
                 .iter()
-                .filter(|c| {
-                    !matches!(c.status.phase, ClaimPhase::Published | ClaimPhase::Released)
-                        || c.spec.release
-                })
                 .map(|c| c.key())
                 .collect()
         })

@@ -7,7 +7,8 @@ use super::*;
 
 /// Maps a claim that reached Released to the Pending and Denied claims its release
 /// may now admit: those of the same volume (access modes), of the same node
-/// (max_volumes_per_node) and of the same plugin.
+/// (max_volumes_per_node) and of the same plugin. Only the waiting claims' index is
+/// looked at: a node's settled claims cost nothing here.
 pub(super) fn released_frees(
     claims: moor::runtime::reflector::Store<Claim>,
 ) -> impl Fn(&Claim) -> Vec<String> + Send + Sync + 'static {
@@ -15,24 +16,17 @@ pub(super) fn released_frees(
         if released.status.phase != ClaimPhase::Released {
             return Vec::new();
         }
-        let waiting = |c: &Arc<Claim>| {
-            matches!(c.status.phase, ClaimPhase::Pending | ClaimPhase::Denied)
-                && !c.spec.release
-                && c.metadata.uid != released.metadata.uid
-        };
         let volume = volume_index(&released.metadata.namespace, released.spec.volume.as_str());
-        let mut keys: Vec<String> = claims
-            .by_index(BY_VOLUME, &volume)
-            .iter()
-            .chain(claims.by_index(BY_NODE, released.spec.node.as_str()).iter())
-            .chain(
-                claims
-                    .by_index(BY_PLUGIN, released.spec.plugin_id.as_str())
-                    .iter(),
-            )
-            .filter(|c| waiting(c))
-            .map(|c| c.key())
-            .collect();
+        let mut keys: Vec<String> = [
+            format!("volume:{volume}"),
+            format!("node:{}", released.spec.node),
+            format!("plugin:{}", released.spec.plugin_id),
+        ]
+        .iter()
+        .flat_map(|value| claims.by_index(BY_WAITING, value))
+        .filter(|c| c.metadata.uid != released.metadata.uid)
+        .map(|c| c.key())
+        .collect();
         keys.sort();
         keys.dedup();
         keys
