@@ -494,7 +494,64 @@ async fn lease_bound_keys_vanish_with_the_lease(backend: Backend) {
     store.revoke_lease(lease).await.unwrap();
 }
 
+/// A burst of events is written in a few transactions (the recorder takes what has
+/// queued), none is lost, and each lands under its writer's prefix with the lease.
+async fn a_burst_of_events_is_written_in_few_transactions(backend: Backend) {
+    use moor::runtime::events::{Recorder, MAX_BATCH};
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    let scope = KeyScope::<EventSpec>::all();
+    let before = store.list(&scope).await.unwrap().revision;
+    let recorder = Recorder::new(store.clone(), "controller");
+    const N: usize = 300;
+    for i in 0..N {
+        let object = ObjectRef {
+            kind: "Volume".into(),
+            namespace: Namespace::default(),
+            name: Name::new(format!("v{i}")).unwrap(),
+        };
+        let details = [("n".to_string(), i.to_string())].into();
+        recorder
+            .record(
+                object,
+                EventType::Normal,
+                "Test",
+                format!("event {i}"),
+                details,
+            )
+            .await;
+    }
+    common::wait_for("every event written", Duration::from_secs(20), || async {
+        store.list(&scope).await.unwrap().items.len() == N
+    })
+    .await;
+    let list = store.list(&scope).await.unwrap();
+    let txns = list.revision - before;
+    assert!(
+        txns as usize <= N / MAX_BATCH + 8,
+        "{N} events took {txns} transactions"
+    );
+    let mut seen: Vec<usize> = list
+        .items
+        .iter()
+        .map(|e| e.spec.details["n"].parse().unwrap())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, (0..N).collect::<Vec<_>>(), "each event once");
+    assert!(list
+        .items
+        .iter()
+        .all(|e| e.key().starts_with("events/controller/default/v")));
+    let raw = store
+        .client()
+        .get(store.full_key(&list.items[0].key()), None)
+        .await
+        .unwrap();
+    assert_ne!(raw.kvs()[0].lease(), 0, "events expire with their lease");
+}
+
 crate::both_stores!(
+    a_burst_of_events_is_written_in_few_transactions,
     a_page_larger_than_grpc_s_message_limit_is_split,
     create_get_and_create_again,
     invalid_objects_are_not_written,

@@ -1,58 +1,49 @@
 //! Recording events: what a reconciler did or could not do, for `moorctl events`.
 //!
+//! Recording never waits for the store and never fails the caller: [`Recorder::record`]
+//! logs the event and queues it; one writer task per recorder takes whatever has
+//! queued and writes it in one transaction (up to [`MAX_BATCH`] events), so a burst of
+//! reconciles costs a few event writes instead of one synchronous write each, and an
+//! idle system still writes each event at once. A full queue drops the event (it was
+//! logged) and counts it in `moor_events_dropped_total`.
+//!
 //! Events expire: each is written under a lease shared by every event of the same
 //! time window (not one lease per event, which would cost etcd a lease per write), so
-//! a window's events all go when its lease does. Recording never fails the caller: an
-//! event that cannot be written is logged and dropped.
+//! a window's events all go when its lease does.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Mutex;
+use tokio::sync::mpsc;
 
 use crate::api::{Event, EventSpec, EventType, Name, Namespace, ObjectRef, Timestamp};
-use crate::store::{LeaseId, Store};
+use crate::store::{Batch, LeaseId, Store};
 
 /// How long events are kept.
 pub const RETENTION: Duration = Duration::from_secs(3600);
 /// How long one lease is shared before the next window's.
 const WINDOW: Duration = Duration::from_secs(300);
+/// Most events written in one transaction (etcd refuses more than 128 operations).
+pub const MAX_BATCH: usize = 64;
+/// Events queued behind the one being written before new ones are dropped.
+const QUEUE: usize = 8192;
 
 /// Writes events from one source (`controller`, `agent/n1`, ...).
 #[derive(Clone)]
 pub struct Recorder {
-    store: Store,
     source: String,
-    lease: Arc<Mutex<Option<(LeaseId, Instant)>>>,
+    queue: mpsc::Sender<Event>,
 }
 
 impl Recorder {
-    /// A recorder writing through `store` (unfenced: events are not leader work).
+    /// A recorder writing through `store` (unfenced: events are not leader work). Its
+    /// writer task ends when every clone of the recorder is dropped, after writing
+    /// what was queued. Must be called inside a tokio runtime.
     pub fn new(store: Store, source: &str) -> Recorder {
+        let (queue, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(write_events(store, rx));
         Recorder {
-            store,
             source: source.to_string(),
-            lease: Arc::new(Mutex::new(None)),
-        }
-    }
-
-    /// The current window's lease, granting a new one when the window has passed.
-    async fn lease(&self) -> Option<LeaseId> {
-        let mut current = self.lease.lock().await;
-        if let Some((id, since)) = *current {
-            if since.elapsed() < WINDOW {
-                return Some(id);
-            }
-        }
-        match self.store.grant_lease(RETENTION + WINDOW).await {
-            Ok(id) => {
-                *current = Some((id, Instant::now()));
-                Some(id)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot grant an event lease; event dropped");
-                None
-            }
+            queue,
         }
     }
 
@@ -89,15 +80,68 @@ impl Recorder {
             source: self.source.clone(),
             time: Some(Timestamp::now()),
         };
-        let event = Event::new(&namespace, name, spec);
-        let Some(lease) = self.lease().await else {
-            return;
-        };
-        if let Err(e) = self.store.create_with_lease(&event, lease).await {
-            // The window's lease may have been revoked or expired early: start a new one.
-            *self.lease.lock().await = None;
-            tracing::warn!(error = %e, reason, "cannot record event");
+        if let Err(e) = self.queue.try_send(Event::new(&namespace, name, spec)) {
+            super::metrics::events_dropped(1);
+            if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                tracing::debug!(reason, "event queue full; event dropped");
+            }
         }
+    }
+}
+
+/// The writer task: waits for an event, takes every other one already queued (up to
+/// [`MAX_BATCH`]), writes them in one transaction, and again.
+async fn write_events(store: Store, mut rx: mpsc::Receiver<Event>) {
+    let mut lease: Option<(LeaseId, Instant)> = None;
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let id = match lease {
+            Some((id, since)) if since.elapsed() < WINDOW => id,
+            _ => match store.grant_lease(RETENTION + WINDOW).await {
+                Ok(id) => {
+                    lease = Some((id, Instant::now()));
+                    id
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, events = batch.len(), "cannot grant an event lease; events dropped");
+                    super::metrics::events_dropped(batch.len());
+                    batch.clear();
+                    continue;
+                }
+            },
+        };
+        if let Err(e) = write_batch(&store, &batch, id).await {
+            // The window's lease may have been revoked or expired early: start a new one.
+            lease = None;
+            tracing::warn!(error = %e, events = batch.len(), "cannot record events");
+            super::metrics::events_dropped(batch.len());
+        }
+        batch.clear();
+    }
+}
+
+/// Writes `events` in one transaction; if one name exists already (names are unique
+/// but for a clash of their random part), each on its own.
+async fn write_batch(
+    store: &Store,
+    events: &[Event],
+    lease: LeaseId,
+) -> Result<(), crate::store::StoreError> {
+    let mut batch = Batch::default();
+    for e in events {
+        batch.create_with_lease(store, e, lease)?;
+    }
+    match batch.commit(store).await {
+        Err(crate::store::StoreError::Conflict { .. }) if events.len() > 1 => {
+            for e in events {
+                match store.create_with_lease(e, lease).await {
+                    Ok(_) | Err(crate::store::StoreError::AlreadyExists { .. }) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+            Ok(())
+        }
+        other => other.map(|_| ()),
     }
 }
 

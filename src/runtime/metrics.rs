@@ -37,6 +37,15 @@ pub fn malformed_skipped(kind: &str) {
         .inc();
 }
 
+/// Events recorded but not written (queue full, or the store refused them); the
+/// process's log has each.
+static EVENTS_DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
+
+/// Counts `n` events not written.
+pub fn events_dropped(n: usize) {
+    EVENTS_DROPPED.inc_by(n as u64);
+}
+
 /// Malformed values of `kind` skipped so far in this process.
 pub fn malformed_count(kind: &str) -> u64 {
     MALFORMED
@@ -89,6 +98,11 @@ impl Metrics {
             "moor_malformed_values_skipped",
             "Stored values skipped because they do not decode as their kind",
             MALFORMED.clone(),
+        );
+        registry.register(
+            "moor_events_dropped",
+            "Events recorded but not written to the store (queue full or write refused)",
+            EVENTS_DROPPED.clone(),
         );
         m
     }

@@ -7,7 +7,7 @@
 
 use etcd_client::{Compare, CompareOp, PutOptions, TxnOp};
 
-use super::{Store, StoreError};
+use super::{LeaseId, Store, StoreError};
 use crate::api::{Object, Spec};
 
 /// Writes to commit at once with [`Batch::commit`]. Each is guarded by the version
@@ -77,12 +77,32 @@ impl Batch {
         store: &Store,
         obj: &Object<S>,
     ) -> Result<Object<S>, StoreError> {
+        self.create_inner(store, obj, None)
+    }
+
+    /// Adds the creation of `obj` bound to `lease` (deleted when the lease ends).
+    pub fn create_with_lease<S: Spec>(
+        &mut self,
+        store: &Store,
+        obj: &Object<S>,
+        lease: LeaseId,
+    ) -> Result<Object<S>, StoreError> {
+        self.create_inner(store, obj, Some(lease))
+    }
+
+    fn create_inner<S: Spec>(
+        &mut self,
+        store: &Store,
+        obj: &Object<S>,
+        lease: Option<LeaseId>,
+    ) -> Result<Object<S>, StoreError> {
         let obj = Store::prepared_for_create(obj)?;
         let full = store.full_key(&obj.key());
         self.compares
             .push(Compare::create_revision(full.clone(), CompareOp::Equal, 0));
+        let options = lease.map(|l| PutOptions::new().with_lease(l.0));
         self.ops
-            .push(TxnOp::put(full, store.codec().encode(&obj)?, None));
+            .push(TxnOp::put(full, store.codec().encode(&obj)?, options));
         self.keys.push((obj.key(), 0));
         Ok(obj)
     }
