@@ -166,6 +166,27 @@ impl Cpu {
         }
     }
 
+    /// Milliseconds of CPU per claim when `n` claims took `self`.
+    pub fn per_claim_ms(&self, n: usize) -> Cpu {
+        let f = 1000.0 / n.max(1) as f64;
+        Cpu {
+            store: self.store * f,
+            controller: self.controller * f,
+            agents: self.agents * f,
+            plugins: self.plugins * f,
+            harness: self.harness * f,
+        }
+    }
+
+    /// `s1.2+c0.5+a0.7+p0.1`: milliseconds per claim of store, controller, agents and
+    /// plugins (the harness left out).
+    pub fn ms_cell(&self) -> String {
+        format!(
+            "s{:.2}+c{:.2}+a{:.2}+p{:.2}",
+            self.store, self.controller, self.agents, self.plugins
+        )
+    }
+
     /// `store 1.2 / controller 3.4 / agents 2.0 / plugins 0.3 / harness 0.8 s`.
     pub fn cell(&self) -> String {
         format!(
@@ -253,6 +274,8 @@ pub struct Cluster {
     pub nodes: Vec<NodeName>,
     /// Each node's call log, when the harness started its plugin.
     pub call_logs: Vec<Option<PathBuf>>,
+    /// Each agent's /metrics port (moor's own record of its CSI calls).
+    pub metrics_ports: Vec<u16>,
     dir: PathBuf,
     bins: Bins,
 }
@@ -261,6 +284,17 @@ pub struct Cluster {
 pub const PLUGIN_ID: &str = "hostpath.moor.dev";
 
 impl Cluster {
+    /// CSI calls of `rpc` the agents have made so far (any answer), from their
+    /// /metrics: moor's own record, whatever the plugin logs.
+    pub async fn csi_calls(&self, rpc: &str) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for port in &self.metrics_ports {
+            let text = crate::scale::http_get(*port, "/metrics").await?;
+            total += csi_calls_in(&text, rpc);
+        }
+        Ok(total)
+    }
+
     /// Starts the controller and `nodes` agents (with plugins unless `external`).
     pub async fn start(
         bins: &Bins,
@@ -291,6 +325,7 @@ impl Cluster {
         let mut plugins = Vec::new();
         let mut names = Vec::new();
         let mut call_logs = Vec::new();
+        let mut metrics_ports = Vec::new();
         for i in 0..nodes {
             let node = format!("n{}", i + 1);
             let ndir = dir.join(&node);
@@ -318,6 +353,7 @@ impl Cluster {
                     (format!("unix://{}", socket.display()), mode.to_string())
                 }
             };
+            let port = free_port();
             let agent = Proc::spawn(
                 &format!("agent {node}"),
                 Command::new(bins.dir.join("moord"))
@@ -327,9 +363,12 @@ impl Cluster {
                     .arg(format!(
                         "id={plugin_id},type={plugin_type},endpoint={endpoint},mount-dir={}",
                         ndir.join("mnt").display()
-                    )),
+                    ))
+                    .arg("--http")
+                    .arg(format!("127.0.0.1:{port}")),
                 &ndir.join("agent.log"),
             )?;
+            metrics_ports.push(port);
             agents.push(agent);
             names.push(NodeName::new(&node)?);
         }
@@ -341,6 +380,7 @@ impl Cluster {
             dead_controller_cpu: 0.0,
             nodes: names,
             call_logs,
+            metrics_ports,
             dir: dir.to_path_buf(),
             bins: bins.clone(),
         })
@@ -397,5 +437,31 @@ impl Cluster {
             &self.dir.join("controller-2.log"),
         )?;
         Ok(())
+    }
+}
+
+/// The calls of `rpc` counted in a /metrics text (`moor_csi_call_duration_seconds_count`,
+/// summed over answers).
+pub fn csi_calls_in(text: &str, rpc: &str) -> u64 {
+    let label = format!("rpc=\"{rpc}\"");
+    text.lines()
+        .filter(|l| l.starts_with("moor_csi_call_duration_seconds_count{") && l.contains(&label))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn csi_calls_are_summed_over_answers() {
+        let text = "# HELP x\n\
+moor_csi_call_duration_seconds_count{rpc=\"ControllerPublishVolume\",code=\"Ok\"} 7\n\
+moor_csi_call_duration_seconds_count{rpc=\"ControllerPublishVolume\",code=\"Unavailable\"} 2\n\
+moor_csi_call_duration_seconds_sum{rpc=\"ControllerPublishVolume\",code=\"Ok\"} 0.5\n\
+moor_csi_call_duration_seconds_count{rpc=\"NodePublishVolume\",code=\"Ok\"} 3\n";
+        assert_eq!(super::csi_calls_in(text, "ControllerPublishVolume"), 9);
+        assert_eq!(super::csi_calls_in(text, "NodePublishVolume"), 3);
+        assert_eq!(super::csi_calls_in(text, "NodeStageVolume"), 0);
     }
 }

@@ -98,6 +98,9 @@ struct Run {
     write_rate_ceiling_ratio: f64,
     cpu_publish: cluster::Cpu,
     cpu_release: cluster::Cpu,
+    /// Milliseconds of CPU per claim, per process group.
+    cpu_ms_per_claim_publish: cluster::Cpu,
+    cpu_ms_per_claim_release: cluster::Cpu,
     reaction_burst_ms: Percentiles,
     reaction_idle_ms: Percentiles,
     attach: AttachRun,
@@ -113,10 +116,17 @@ struct AttachRun {
     attaches_per_s: f64,
     detaches_per_s: f64,
     single_attach_ms: Percentiles,
-    controller_publish_calls: usize,
+    /// ControllerPublishVolume calls during the attach, from the agents' /metrics.
+    controller_publish_calls: u64,
     controller_publish_calls_per_attachment: f64,
+    /// The same from the plugin's call log (moor-hostpath only): calls per
+    /// (volume, node) attached.
+    controller_publish_calls_per_attachment_plugin_log: Option<f64>,
     cpu_attach: cluster::Cpu,
     cpu_detach: cluster::Cpu,
+    /// Milliseconds of CPU per attachment, per process group.
+    cpu_ms_per_claim_attach: cluster::Cpu,
+    cpu_ms_per_claim_detach: cluster::Cpu,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -360,6 +370,8 @@ async fn run_one(
         ceiling,
         cpu_publish: cpu1.since(&cpu0),
         cpu_release: cpu2.since(&cpu1),
+        cpu_ms_per_claim_publish: cpu1.since(&cpu0).per_claim_ms(n),
+        cpu_ms_per_claim_release: cpu2.since(&cpu1).per_claim_ms(n),
         reaction_burst_ms,
         reaction_idle_ms,
         attach,
@@ -381,6 +393,7 @@ async fn attach_phase(
     step(&format!("attach only: {n} volumes on node n1"));
     let n1 = cluster.nodes[0].clone();
     let before = phases::Calls::read(&cluster.call_logs)?.count("ControllerPublishVolume");
+    let metrics_before = cluster.csi_calls("ControllerPublishVolume").await?;
     let allocs = (0..n)
         .map(|i| phases::allocation("att", i, &n1))
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -403,8 +416,9 @@ async fn attach_phase(
         .await?;
     let detach_s = t.elapsed().as_secs_f64();
     let cpu2 = cluster.cpu(store_proc);
+    let publishes = cluster.csi_calls("ControllerPublishVolume").await? - metrics_before;
     let calls = phases::Calls::read(&cluster.call_logs)?;
-    let (publishes, attachments) = calls.publishes_per_attachment(before);
+    let (logged, attachments) = calls.publishes_per_attachment(before);
 
     // One attach at a time on the idle system: first let the release finish (claims
     // keep moving after their attachments are gone).
@@ -441,13 +455,13 @@ async fn attach_phase(
         detaches_per_s: n as f64 / detach_s,
         single_attach_ms: Percentiles::of(&mut single),
         controller_publish_calls: publishes,
+        controller_publish_calls_per_attachment: publishes as f64 / n.max(1) as f64,
+        controller_publish_calls_per_attachment_plugin_log: (have_log && attachments > 0)
+            .then(|| logged as f64 / attachments as f64),
         cpu_attach: cpu1.since(&cpu0),
         cpu_detach: cpu2.since(&cpu1),
-        controller_publish_calls_per_attachment: if have_log && attachments > 0 {
-            publishes as f64 / attachments as f64
-        } else {
-            0.0
-        },
+        cpu_ms_per_claim_attach: cpu1.since(&cpu0).per_claim_ms(n),
+        cpu_ms_per_claim_detach: cpu2.since(&cpu1).per_claim_ms(n),
     })
 }
 
@@ -550,6 +564,13 @@ fn table(runs: &[Run]) -> String {
     });
     row("CPU during publish", &|r| r.cpu_publish.cell());
     row("CPU during release", &|r| r.cpu_release.cell());
+    row("CPU ms per claim (publish / release)", &|r| {
+        format!(
+            "{} / {}",
+            r.cpu_ms_per_claim_publish.ms_cell(),
+            r.cpu_ms_per_claim_release.ms_cell()
+        )
+    });
     row("reaction: stop -> NodeUnpublish, idle", &|r| {
         r.reaction_idle_ms.cell()
     });
@@ -573,8 +594,24 @@ fn table(runs: &[Run]) -> String {
     row("attach only: single attach, idle", &|r| {
         r.attach.single_attach_ms.cell()
     });
+    row("CPU ms per attachment (attach / detach)", &|r| {
+        format!(
+            "{} / {}",
+            r.attach.cpu_ms_per_claim_attach.ms_cell(),
+            r.attach.cpu_ms_per_claim_detach.ms_cell()
+        )
+    });
     row("ControllerPublish calls per attachment", &|r| {
-        format!("{:.3}", r.attach.controller_publish_calls_per_attachment)
+        let log = r
+            .attach
+            .controller_publish_calls_per_attachment_plugin_log
+            .map_or("no plugin log".to_string(), |v| {
+                format!("plugin log {v:.3}")
+            });
+        format!(
+            "{:.3} (agents' metrics; {log})",
+            r.attach.controller_publish_calls_per_attachment
+        )
     });
     row("restart: controller acts again after", &|r| {
         format!("{:.2} s", r.restart.controller_back_s)
@@ -602,13 +639,32 @@ fn table(runs: &[Run]) -> String {
     row("scale: controller writes while syncing", &|r| {
         sc(r, |s| s.controller.writes.to_string())
     });
-    row("scale: agent start -> synced", &|r| {
+    row("scale: plugin controller agent start -> synced", &|r| {
         sc(r, |s| {
-            format!("{} ({} claims)", s.agent.cell(), s.agent_claims)
+            format!("{} ({} claims)", s.controller_agent.cell(), s.agent_claims)
         })
     });
-    row("scale: agent writes / CSI calls while syncing", &|r| {
-        sc(r, |s| format!("{} / {}", s.agent.writes, s.agent.csi_calls))
+    row("scale: its writes / CSI calls while syncing", &|r| {
+        sc(r, |s| {
+            format!(
+                "{} / {}",
+                s.controller_agent.writes, s.controller_agent.csi_calls
+            )
+        })
+    });
+    row("scale: node-only agent start -> synced", &|r| {
+        sc(r, |s| {
+            s.node_agent_by_cluster_claims
+                .iter()
+                .map(|(n, a)| format!("{n} stored: {}", a.cell()))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    });
+    row("scale: its writes / CSI calls while syncing", &|r| {
+        sc(r, |s| {
+            format!("{} / {}", s.node_agent.writes, s.node_agent.csi_calls)
+        })
     });
     let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     let col = rows

@@ -36,9 +36,9 @@ use crate::phases;
 pub struct ScaleRun {
     /// Volumes, allocations and claims stored.
     pub claims: usize,
-    /// Simulated nodes (one runs a real agent).
+    /// Simulated nodes (two run a real agent).
     pub nodes: usize,
-    /// Claims on the real agent's node.
+    /// Claims on each real agent's node.
     pub agent_claims: usize,
     /// Keys written by the seeding, and how fast.
     pub seeded_keys: usize,
@@ -46,11 +46,18 @@ pub struct ScaleRun {
     /// One typed list of every claim, as a client would do it.
     pub list_claims_s: f64,
     pub controller: Synced,
-    pub agent: Synced,
+    /// The agent of `sn0000`, which also runs the plugin's controller side (so it
+    /// caches every volume and attachment).
+    pub controller_agent: Synced,
+    /// The node-only agent of `sn0001` with every claim stored.
+    pub node_agent: Synced,
+    /// The node-only agent restarted at each size of the cluster (claims stored): it
+    /// reads only its own node's claims and mounts, so these should be flat.
+    pub node_agent_by_cluster_claims: BTreeMap<usize, Synced>,
 }
 
 /// One process from start until synced.
-#[derive(Debug, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Default)]
 pub struct Synced {
     pub synced_s: f64,
     pub rss_mib: f64,
@@ -96,27 +103,29 @@ pub async fn run(
     per_node: usize,
 ) -> anyhow::Result<ScaleRun> {
     let per_node = per_node.clamp(1, claims.max(1));
+    // Two real nodes: sn0000 (monolith: its agent also leads the plugin's controller
+    // side) and sn0001 (node only).
+    let claims = claims.max(2 * per_node);
     let nodes = claims.div_ceil(per_node);
     let srv = cluster::start_store(backend, bins, dir).await?;
     let store = Store::connect(std::slice::from_ref(&srv.url), moor::store::DEFAULT_PREFIX).await?;
     let sys = System::new(bins, &srv.url, dir)?;
     let mut controller = sys.controller(None)?;
-    let mut agent = sys.agent(None)?;
-    sys.wait_node(&store).await?;
+    let mut agents = [sys.agent(0, None)?, sys.agent(1, None)?];
+    sys.wait_nodes(&store).await?;
 
     // 1. The real part.
     crate::step(&format!(
-        "scale: {per_node} real claims on {}",
-        node_name(0)
+        "scale: {per_node} real claims on each of {} and {}",
+        node_name(0),
+        node_name(1)
     ));
     let long = Duration::from_secs(600);
     create_real(&store, per_node, long).await?;
     controller.terminate().await;
 
-    // 2. The template and the copies.
-    crate::step(&format!(
-        "scale: seeding {claims} volumes and claims on {nodes} nodes"
-    ));
+    // 2. The template and the copies, in two steps: the node-only agent is restarted
+    // at 10,000 claims stored and again at the end.
     let templates = read_templates(&store).await?;
     let node_lease = store.grant_lease(Duration::from_secs(60)).await?;
     let keeper = {
@@ -127,17 +136,41 @@ pub async fn run(
             }
         })
     };
-    let t = Instant::now();
-    let seeded = seed(
-        &store,
-        &templates,
-        per_node..claims,
-        per_node,
-        nodes,
-        node_lease,
-    )
-    .await?;
-    let seed_keys_per_s = seeded as f64 / t.elapsed().as_secs_f64();
+    let checkpoint = claims.min(10_000).max(2 * per_node);
+    let mut node_agent_by_cluster_claims = BTreeMap::new();
+    let mut seeded = 0;
+    let mut seeding_s = 0.0;
+    let mut from = 2 * per_node;
+    for upto in [checkpoint, claims] {
+        if upto > from {
+            crate::step(&format!(
+                "scale: seeding volumes and claims {from}..{upto} on {} nodes",
+                upto.div_ceil(per_node)
+            ));
+            let t = Instant::now();
+            seeded += seed(&store, &templates, from..upto, per_node, node_lease).await?;
+            seeding_s += t.elapsed().as_secs_f64();
+            from = upto;
+        }
+        if upto == checkpoint && upto < claims {
+            crate::step(&format!(
+                "scale: node-only agent of {} restart with {upto} claims stored",
+                node_name(1)
+            ));
+            let synced = sys
+                .restart_agent(
+                    &srv,
+                    &store,
+                    &mut agents[1],
+                    1,
+                    &[("node", per_node as u64)],
+                    long,
+                )
+                .await?;
+            node_agent_by_cluster_claims.insert(upto, synced);
+        }
+    }
+    let seed_keys_per_s = seeded as f64 / seeding_s.max(1e-9);
     let t = Instant::now();
     let listed = store.list::<ClaimSpec>(&moor::api::KeyScope::all()).await?;
     let list_claims_s = t.elapsed().as_secs_f64();
@@ -159,27 +192,34 @@ pub async fn run(
     ctrl.writes = phases::revision(&store).await? - rev;
     ctrl.store_cpu_s = srv.proc.cpu_seconds() - store_cpu;
 
-    // 4. The agent, restarted.
+    // 4. The agents, restarted: the node-only one, then the plugin's controller node.
     crate::step(&format!(
-        "scale: agent of {} restart until synced",
+        "scale: node-only agent of {} restart until synced",
+        node_name(1)
+    ));
+    let node_agent = sys
+        .restart_agent(
+            &srv,
+            &store,
+            &mut agents[1],
+            1,
+            &[("node", per_node as u64)],
+            long,
+        )
+        .await?;
+    node_agent_by_cluster_claims.insert(claims, node_agent.clone());
+    crate::step(&format!(
+        "scale: agent of {} (plugin controller) restart until synced",
         node_name(0)
     ));
-    agent.terminate().await;
-    let calls_before = count_lines(&sys.call_log());
     let want = [("node", per_node as u64), ("provisioner", claims as u64)];
-    let port = free_port();
-    let rev = phases::revision(&store).await?;
-    let started = Instant::now();
-    let agent = sys.agent(Some(port))?;
-    let store_cpu = srv.proc.cpu_seconds();
-    let mut ag = wait_synced(&agent, port, &want, started, long).await?;
-    ag.writes = phases::revision(&store).await? - rev;
-    ag.store_cpu_s = srv.proc.cpu_seconds() - store_cpu;
-    ag.csi_calls = count_lines(&sys.call_log()).saturating_sub(calls_before);
+    let controller_agent = sys
+        .restart_agent(&srv, &store, &mut agents[0], 0, &want, long)
+        .await?;
 
     keeper.abort();
     controller.terminate().await;
-    drop(agent);
+    drop(agents);
     Ok(ScaleRun {
         claims,
         nodes,
@@ -188,52 +228,51 @@ pub async fn run(
         seed_keys_per_s,
         list_claims_s,
         controller: ctrl,
-        agent: ag,
+        controller_agent,
+        node_agent,
+        node_agent_by_cluster_claims,
     })
 }
 
-/// The processes of the scale cluster.
+/// The processes of the scale cluster: the plugins of the two real nodes.
 struct System {
     bins: Bins,
     url: String,
     dir: std::path::PathBuf,
-    _plugin: Proc,
-    socket: std::path::PathBuf,
+    _plugins: Vec<Proc>,
 }
+
+/// The real nodes' plugin types: sn0000 serves the controller side too.
+const REAL_NODES: [&str; 2] = ["monolith", "node"];
 
 impl System {
     fn new(bins: &Bins, url: &str, dir: &Path) -> anyhow::Result<System> {
-        let ndir = dir.join(node_name(0));
-        std::fs::create_dir_all(&ndir)?;
-        let socket = ndir.join("csi.sock");
-        let plugin = Proc::spawn(
-            "plugin",
-            Command::new(bins.dir.join("moor-hostpath"))
-                .arg("--endpoint")
-                .arg(format!("unix://{}", socket.display()))
-                .args([
-                    "--node-id",
-                    &node_name(0),
-                    "--mode",
-                    "monolith",
-                    "--no-mount",
-                ])
-                .args(["--publish-unpublish", "false"])
-                .arg("--state-dir")
-                .arg(ndir.join("plugin")),
-            &ndir.join("plugin.log"),
-        )?;
+        let mut plugins = Vec::new();
+        for (i, mode) in REAL_NODES.iter().enumerate() {
+            let ndir = dir.join(node_name(i));
+            std::fs::create_dir_all(&ndir)?;
+            plugins.push(Proc::spawn(
+                &format!("plugin {}", node_name(i)),
+                Command::new(bins.dir.join("moor-hostpath"))
+                    .arg("--endpoint")
+                    .arg(format!("unix://{}", ndir.join("csi.sock").display()))
+                    .args(["--node-id", &node_name(i), "--mode", mode, "--no-mount"])
+                    .args(["--publish-unpublish", "false"])
+                    .arg("--state-dir")
+                    .arg(ndir.join("plugin")),
+                &ndir.join("plugin.log"),
+            )?);
+        }
         Ok(System {
             bins: bins.clone(),
             url: url.to_string(),
             dir: dir.to_path_buf(),
-            _plugin: plugin,
-            socket,
+            _plugins: plugins,
         })
     }
 
-    fn call_log(&self) -> std::path::PathBuf {
-        self.dir.join(node_name(0)).join("plugin/calls.jsonl")
+    fn call_log(&self, node: usize) -> std::path::PathBuf {
+        self.dir.join(node_name(node)).join("plugin/calls.jsonl")
     }
 
     fn controller(&self, http: Option<u16>) -> anyhow::Result<Proc> {
@@ -248,39 +287,67 @@ impl System {
         Proc::spawn("controller", &mut cmd, &log)
     }
 
-    fn agent(&self, http: Option<u16>) -> anyhow::Result<Proc> {
-        let ndir = self.dir.join(node_name(0));
+    /// The agent of real node `node` (0 or 1).
+    fn agent(&self, node: usize, http: Option<u16>) -> anyhow::Result<Proc> {
+        let ndir = self.dir.join(node_name(node));
         let mut cmd = Command::new(self.bins.dir.join("moord"));
-        cmd.args(["agent", "--node", &node_name(0), "--etcd", &self.url])
+        cmd.args(["agent", "--node", &node_name(node), "--etcd", &self.url])
             .arg("--data-dir")
             .arg(ndir.join("agent"))
             .arg("--plugin")
             .arg(format!(
-                "id={},type=monolith,endpoint=unix://{},mount-dir={}",
+                "id={},type={},endpoint=unix://{},mount-dir={}",
                 cluster::PLUGIN_ID,
-                self.socket.display(),
+                REAL_NODES[node],
+                ndir.join("csi.sock").display(),
                 ndir.join("mnt").display()
             ));
         if let Some(port) = http {
             cmd.arg("--http").arg(format!("127.0.0.1:{port}"));
         }
         let log = ndir.join(format!("agent-{}.log", http.unwrap_or(0)));
-        Proc::spawn("agent", &mut cmd, &log)
+        Proc::spawn(&format!("agent {}", node_name(node)), &mut cmd, &log)
     }
 
-    async fn wait_node(&self, store: &Store) -> anyhow::Result<()> {
+    /// Stops `agent` (of real node `node`) and starts it again with /metrics, until
+    /// synced: its time, memory, CPU, and the writes and CSI calls it made meanwhile.
+    async fn restart_agent(
+        &self,
+        srv: &cluster::StoreProc,
+        store: &Store,
+        agent: &mut Proc,
+        node: usize,
+        want: &[(&str, u64)],
+        long: Duration,
+    ) -> anyhow::Result<Synced> {
+        agent.terminate().await;
+        let calls_before = count_lines(&self.call_log(node));
+        let port = free_port();
+        let rev = phases::revision(store).await?;
+        let started = Instant::now();
+        *agent = self.agent(node, Some(port))?;
+        let store_cpu = srv.proc.cpu_seconds();
+        let mut synced = wait_synced(agent, port, want, started, long).await?;
+        synced.writes = phases::revision(store).await? - rev;
+        synced.store_cpu_s = srv.proc.cpu_seconds() - store_cpu;
+        synced.csi_calls = count_lines(&self.call_log(node)).saturating_sub(calls_before);
+        Ok(synced)
+    }
+
+    /// Until both real nodes run the plugin's node side.
+    async fn wait_nodes(&self, store: &Store) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let healthy = matches!(
                 store.try_get(&Plugin::key_for(&PluginId::new(cluster::PLUGIN_ID)?)).await,
-                Ok(Some(p)) if p.status.nodes_healthy >= 1
+                Ok(Some(p)) if p.status.nodes_healthy as usize >= REAL_NODES.len()
             );
             if healthy {
                 return Ok(());
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the scale cluster's plugin was not healthy within 120 s; logs in {}",
+                    "the scale cluster's plugin was not healthy on both real nodes within 120 s; logs in {}",
                     self.dir.display()
                 );
             }
@@ -289,14 +356,17 @@ impl System {
     }
 }
 
-/// `n` volumes created through the plugin and `n` allocations on `sn0000` claiming
-/// them, until every claim is Published.
-async fn create_real(store: &Store, n: usize, timeout: Duration) -> anyhow::Result<()> {
-    let node = NodeName::new(node_name(0))?;
+/// `per_node` volumes created through the plugin and as many allocations claiming them
+/// on each real node, until every claim is Published.
+async fn create_real(store: &Store, per_node: usize, timeout: Duration) -> anyhow::Result<()> {
+    let n = REAL_NODES.len() * per_node;
     phases::create_volumes_named(store, cluster::PLUGIN_ID, (0..n).map(volume_name)).await?;
     let tracker = phases::Tracker::spawn(store);
     let allocs = (0..n)
-        .map(|i| phases::allocation_named(&allocation_name(i), &volume_name(i), &node))
+        .map(|i| {
+            let node = NodeName::new(node_name(i / per_node))?;
+            phases::allocation_named(&allocation_name(i), &volume_name(i), &node)
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     phases::write_allocations(store, allocs).await?;
     // The tracker groups claims by the allocation name before its `-`: `sa`.
@@ -414,12 +484,13 @@ async fn seed(
     t: &Templates,
     range: std::ops::Range<usize>,
     per_node: usize,
-    nodes: usize,
     lease: moor::store::LeaseId,
 ) -> anyhow::Result<usize> {
     let prefix = store.prefix().to_string();
     let mut puts: Vec<(String, String, Option<i64>)> = Vec::new();
-    for n in 1..nodes {
+    // The Node objects of the simulated nodes in the range (the real ones keep theirs).
+    let first = (range.start / per_node).max(REAL_NODES.len());
+    for n in first..range.end.div_ceil(per_node) {
         let name = node_name(n);
         puts.push((
             copy_of(&t.node.key, &BTreeSet::new(), 0, &name),
@@ -589,7 +660,7 @@ fn parse_metrics(text: &str) -> (BTreeMap<String, u64>, BTreeMap<String, i64>) {
 }
 
 /// A plain HTTP/1.0 GET on loopback; the body.
-async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+pub(crate) async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())

@@ -84,13 +84,31 @@ fn a_small_run_reports_every_figure_on_both_stores() {
             .as_f64()
             .unwrap();
         assert!(per >= 1.0, "{r}");
+        // moor's own count (the agents' metrics) and the plugin's log agree.
+        let logged = r["attach"]["controller_publish_calls_per_attachment_plugin_log"]
+            .as_f64()
+            .unwrap();
+        assert!((per - logged).abs() < 1e-9, "{r}");
+        for phase in ["publish", "release"] {
+            let ms = &r[format!("cpu_ms_per_claim_{phase}")];
+            assert!(ms["controller"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(ms["agents"].as_f64().unwrap() > 0.0, "{r}");
+        }
+        for phase in ["attach", "detach"] {
+            let ms = &r["attach"][format!("cpu_ms_per_claim_{phase}")];
+            assert!(ms["controller"].as_f64().unwrap() > 0.0, "{r}");
+        }
         assert_eq!(r["restart"]["claims"], 24, "{r}");
         // The scale phase seeded what was asked and both processes got synced.
         let scale = &r["scale"];
         assert_eq!(scale["claims"], 300, "{r}");
         assert_eq!(scale["nodes"], 5, "{r}");
         assert_eq!(scale["agent_claims"], 60, "{r}");
-        for who in ["controller", "agent"] {
+        assert!(
+            scale["node_agent_by_cluster_claims"]["300"].is_object(),
+            "{r}"
+        );
+        for who in ["controller", "controller_agent", "node_agent"] {
             assert!(scale[who]["synced_s"].as_f64().unwrap() > 0.0, "{r}");
             assert!(scale[who]["rss_mib"].as_f64().unwrap() > 0.0, "{r}");
             assert!(
