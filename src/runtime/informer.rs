@@ -4,10 +4,12 @@
 //! Expected flow:
 //! 1. `Informer::spawn` starts a task running watcher → backoff → reflector; the cache
 //!    ([`Informer::reader`]) is updated before an event is passed on.
-//! 2. Each [`Informer::subscribe`] gets every later event as a stream for
-//!    `Controller::owns` / `Controller::watches`. A subscriber that falls too far behind
-//!    gets the whole cache as one `Restarted` event instead of the events it missed, so
-//!    it never loses a key.
+//! 2. Each [`Informer::subscribe`] gets the cache as one `Restarted` event, then every
+//!    later event, as a stream for `Controller::owns` / `Controller::watches`. Events
+//!    are numbered as the cache applies them, so a subscriber skips those its snapshot
+//!    already holds (the first list is seen once, not twice). A subscriber that falls
+//!    too far behind gets the whole cache as one `Restarted` event instead of the
+//!    events it missed, so it never loses a key.
 //! 3. The task ends with `shutdown`.
 
 use futures::{Stream, StreamExt};
@@ -30,7 +32,8 @@ const CAPACITY: usize = 4096;
 /// A shared watch and cache of one kind.
 pub struct Informer<K: Resource> {
     reader: Store<K>,
-    tx: broadcast::Sender<Arc<Event<K>>>,
+    /// Each event with its number in the cache (see [`reflector::Writer::apply`]).
+    tx: broadcast::Sender<Arc<(u64, Event<K>)>>,
 }
 
 impl<K: Resource> Clone for Informer<K> {
@@ -61,7 +64,7 @@ impl<S: Spec> Informer<Object<S>> {
         indexes: &[reflector::Index<Object<S>>],
         shutdown: CancellationToken,
     ) -> Self {
-        let (reader, writer) = reflector::indexed_store::<Object<S>>(indexes);
+        let (reader, mut writer) = reflector::indexed_store::<Object<S>>(indexes);
         let (tx, _) = broadcast::channel(CAPACITY);
         let informer = Informer {
             reader,
@@ -84,7 +87,6 @@ impl<S: Spec> Informer<Object<S>> {
             events,
             Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
         );
-        let events = reflector::reflector(writer, events);
         tokio::spawn(async move {
             tokio::pin!(events);
             loop {
@@ -95,8 +97,10 @@ impl<S: Spec> Informer<Object<S>> {
                 match item {
                     None => return,
                     Some(Ok(event)) => {
+                        // The cache first, so a consumer woken by the event finds it.
+                        let version = writer.apply(&event);
                         // No subscriber yet is fine: they read the cache when they start.
-                        let _ = tx.send(Arc::new(event));
+                        let _ = tx.send(Arc::new((version, event)));
                     }
                     Some(Err(WatchError::Compacted { .. })) => {
                         tracing::info!(kind, "watch compacted; relisting");
@@ -122,28 +126,37 @@ impl<K: Resource> Informer<K> {
     pub fn subscribe(
         &self,
     ) -> impl Stream<Item = Result<Event<K>, InformerError>> + Send + 'static {
+        // Subscribed before the snapshot is taken: every event the snapshot lacks is
+        // received, and those it holds are skipped by number.
         let rx = self.tx.subscribe();
         let reader = self.reader.clone();
-        let snapshot = |reader: &Store<K>| Event::Restarted(reader.state());
-        let first = {
-            let reader = reader.clone();
-            futures::stream::once(async move {
-                reader.wait_until_ready().await;
-                Ok(snapshot(&reader))
-            })
-        };
-        let rest = futures::stream::unfold((rx, reader), move |(mut rx, reader)| async move {
-            let item = match rx.recv().await {
-                Ok(event) => Ok((*event).clone()),
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::debug!(missed = n, "informer subscriber lagged; resyncing it");
-                    Ok(snapshot(&reader))
+        futures::stream::unfold(
+            (rx, reader, None::<u64>),
+            |(mut rx, reader, seen)| async move {
+                let Some(seen) = seen else {
+                    reader.wait_until_ready().await;
+                    let (version, all) = reader.snapshot();
+                    return Some((Ok(Event::Restarted(all)), (rx, reader, Some(version))));
+                };
+                loop {
+                    match rx.recv().await {
+                        Ok(item) => {
+                            let (version, event) = &*item;
+                            if *version <= seen {
+                                continue; // already in the snapshot
+                            }
+                            return Some((Ok(event.clone()), (rx, reader, Some(*version))));
+                        }
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            tracing::debug!(missed = n, "informer subscriber lagged; resyncing it");
+                            let (version, all) = reader.snapshot();
+                            return Some((Ok(Event::Restarted(all)), (rx, reader, Some(version))));
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    }
                 }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            };
-            Some((item, (rx, reader)))
-        });
-        first.chain(rest)
+            },
+        )
     }
 }
 
@@ -160,6 +173,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_early_subscriber_sees_the_first_list_once() {
+        let (reader, mut writer) = reflector::store::<Obj>();
+        let (tx, _) = broadcast::channel(16);
+        let informer = Informer { reader, tx };
+        // Subscribed before the first list is applied and sent.
+        let mut sub = Box::pin(informer.subscribe());
+        for e in [Event::restarted(vec![Obj("a")]), Event::applied(Obj("b"))] {
+            let v = writer.apply(&e);
+            informer.tx.send(Arc::new((v, e))).unwrap();
+        }
+        match sub.next().await {
+            Some(Ok(Event::Restarted(objs))) => assert_eq!(objs.len(), 2, "{objs:?}"),
+            other => panic!("expected the cache first, got {other:?}"),
+        }
+        // The list and `b` are in the snapshot: nothing more until a new event.
+        let e = Event::applied(Obj("c"));
+        let v = writer.apply(&e);
+        informer.tx.send(Arc::new((v, e))).unwrap();
+        match sub.next().await {
+            Some(Ok(Event::Applied(o))) => assert_eq!(*o, Obj("c")),
+            other => panic!("expected only the new event, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
     async fn a_lagging_subscriber_gets_the_whole_cache() {
         let (reader, mut writer) = reflector::store::<Obj>();
         let (tx, _) = broadcast::channel(2);
@@ -172,8 +210,8 @@ mod tests {
         }
         for k in ["b", "c", "d"] {
             let e = Event::applied(Obj(k));
-            writer.apply(&e);
-            informer.tx.send(Arc::new(e)).unwrap();
+            let v = writer.apply(&e);
+            informer.tx.send(Arc::new((v, e))).unwrap();
         }
         match sub.next().await {
             Some(Ok(Event::Restarted(objs))) => assert_eq!(objs.len(), 4),

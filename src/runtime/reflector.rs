@@ -27,6 +27,9 @@ type Entries = HashMap<String, BTreeSet<String>>;
 struct Cache<K> {
     objects: HashMap<String, Arc<K>>,
     indexes: Vec<(Index<K>, Entries)>,
+    /// Events applied so far: a snapshot taken at version V contains exactly the
+    /// events numbered up to V.
+    version: u64,
 }
 
 impl<K: Resource> Cache<K> {
@@ -93,6 +96,7 @@ pub fn indexed_store<K: Resource>(indexes: &[Index<K>]) -> (Store<K>, Writer<K>)
     let cache = Arc::new(RwLock::new(Cache {
         objects: HashMap::new(),
         indexes: indexes.iter().map(|i| (*i, HashMap::new())).collect(),
+        version: 0,
     }));
     let (tx, rx) = tokio::sync::watch::channel(false);
     (
@@ -138,6 +142,13 @@ impl<K: Resource> Store<K> {
     /// Every cached object.
     pub fn state(&self) -> Vec<Arc<K>> {
         self.read().objects.values().cloned().collect()
+    }
+
+    /// Every cached object, and the number of the last event applied to them (see
+    /// [`Writer::apply`]).
+    pub fn snapshot(&self) -> (u64, Vec<Arc<K>>) {
+        let cache = self.read();
+        (cache.version, cache.objects.values().cloned().collect())
     }
 
     /// Every cached key.
@@ -190,9 +201,12 @@ impl<K: Resource> Store<K> {
 }
 
 impl<K: Resource> Writer<K> {
-    /// Applies one watcher event.
-    pub fn apply(&mut self, event: &Event<K>) {
+    /// Applies one watcher event; returns its number (1, 2, ...), which a
+    /// [`Store::snapshot`] taken afterwards includes.
+    pub fn apply(&mut self, event: &Event<K>) -> u64 {
         let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        cache.version += 1;
+        let version = cache.version;
         match event {
             Event::Restarted(objects) => {
                 cache.clear();
@@ -205,6 +219,7 @@ impl<K: Resource> Writer<K> {
             Event::Applied(obj) => cache.insert(obj.key(), obj.clone()),
             Event::Deleted { key, .. } => cache.remove(key),
         }
+        version
     }
 
     /// A reader of this writer's cache.

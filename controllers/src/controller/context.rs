@@ -129,7 +129,6 @@ pub const CLAIM_INDEXES: &[reflector::Index<Claim>] = &[
         vec![volume_index(&c.metadata.namespace, c.spec.volume.as_str())]
     }),
     (BY_NODE, |c| vec![c.spec.node.to_string()]),
-    (BY_PLUGIN, |c| vec![c.spec.plugin_id.to_string()]),
     (BY_WAITING, |c| {
         if waiting_for_admission(c) {
             vec![
@@ -168,8 +167,17 @@ pub fn unsettled(c: &Claim) -> bool {
 }
 
 /// The volumes cache's indexes.
-pub const VOLUME_INDEXES: &[reflector::Index<Volume>] =
-    &[(BY_PLUGIN, |v| vec![v.spec.plugin_id.to_string()])];
+pub const VOLUME_INDEXES: &[reflector::Index<Volume>] = &[(BY_SCHEDULABLE, |v| {
+    vec![schedulable_index(
+        &v.spec.plugin_id,
+        v.status.claims.schedulable,
+    )]
+})];
+
+/// The [`BY_SCHEDULABLE`] value of a plugin's volumes that are (or are not) schedulable.
+pub fn schedulable_index(plugin: &PluginId, schedulable: bool) -> String {
+    format!("{plugin}:{schedulable}")
+}
 
 /// When each absent node went away, kept from the Node watch: an entry is made when a
 /// node's Node object goes (or when a claim first finds it absent) and dropped when it
@@ -223,11 +231,12 @@ impl NodeAbsence {
 pub const BY_VOLUME: &str = "volume";
 /// Index of claims by node name.
 pub const BY_NODE: &str = "node";
-/// Index of claims and volumes by plugin id.
-pub const BY_PLUGIN: &str = "plugin";
 /// Index of the claims [`waiting_for_admission`] by `volume:KEY`, `node:NAME` and
 /// `plugin:ID`.
 pub const BY_WAITING: &str = "waiting";
+/// Index of volumes by plugin id and `status.claims.schedulable`
+/// ([`schedulable_index`]).
+pub const BY_SCHEDULABLE: &str = "schedulable";
 /// Index of the [`unsettled`] claims by plugin id.
 pub const BY_UNSETTLED: &str = "unsettled";
 

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::{EtcdArgs, KeyedLocks};
 pub use context::volume_index;
-pub use context::{Ctx, Informers, BY_NODE, BY_PLUGIN, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
+pub use context::{Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use context::{CLAIM_INDEXES, VOLUME_INDEXES};
 use moor::runtime::own_writes::OwnWrites;
 
