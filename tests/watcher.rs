@@ -275,7 +275,60 @@ async fn a_scoped_watcher_sees_only_its_node(backend: Backend) {
     }
 }
 
+/// The informer watches without previous values (etcd reads none), yet a deletion
+/// reaches subscribers with the object's last state, taken from its cache; a watcher
+/// asked for no previous values gets none.
+async fn an_informer_s_deletions_carry_the_last_state_from_its_cache(backend: Backend) {
+    use moor::runtime::informer::Informer;
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let informer = Informer::<Volume>::spawn(store.clone(), KeyScope::all(), stop.clone());
+    let mut sub = Box::pin(informer.subscribe());
+    let mut lean = Box::pin(moor::runtime::watcher::watcher_with::<VolumeSpec>(
+        store.clone(),
+        KeyScope::all(),
+        false,
+    ));
+    let timeout = |what: &'static str| move |_| panic!("no {what} within 30 s");
+    let first = tokio::time::timeout(Duration::from_secs(30), sub.next()).await;
+    assert!(matches!(
+        first.unwrap_or_else(timeout("snapshot")),
+        Some(Ok(Event::Restarted(_)))
+    ));
+    assert!(matches!(next(&mut lean).await, Ok(Event::Restarted(_))));
+    let mut v = volume("v1");
+    v.spec.parameters.insert("size".into(), "big".into());
+    let created = store.create(&v).await.unwrap();
+    store.delete(&created.object_key(), None).await.unwrap();
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(30), sub.next()).await;
+        match ev.unwrap_or_else(timeout("deletion")) {
+            Some(Ok(Event::Deleted { key, last })) => {
+                assert_eq!(key, "volumes/default/v1");
+                let last = last.expect("the informer fills the last state");
+                assert_eq!(last.spec.parameters["size"], "big");
+                break;
+            }
+            Some(Ok(Event::Applied(_))) => continue,
+            other => panic!("expected the deletion, got {other:?}"),
+        }
+    }
+    loop {
+        match next(&mut lean).await {
+            Ok(Event::Deleted { last, .. }) => {
+                assert!(last.is_none(), "no previous values were asked for");
+                break;
+            }
+            Ok(Event::Applied(_)) => continue,
+            other => panic!("expected the deletion, got {other:?}"),
+        }
+    }
+    stop.cancel();
+}
+
 crate::both_stores!(
+    an_informer_s_deletions_carry_the_last_state_from_its_cache,
     lists_then_streams_changes_in_order,
     resumes_after_etcd_is_killed_and_restarted_missing_nothing,
     relists_after_a_compaction_past_its_revision,

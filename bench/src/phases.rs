@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context};
 use futures::{stream, StreamExt, TryStreamExt};
 use moor::api::*;
-use moor::runtime::watcher::{watcher, Event};
+use moor::runtime::watcher::{watcher_with, Event};
 use moor::store::Store;
 use tokio::sync::Notify;
 
@@ -77,7 +77,8 @@ where
     P: Copy + Eq + std::hash::Hash + Send + 'static,
 {
     tokio::spawn(async move {
-        let mut w = Box::pin(watcher::<S>(store, moor::api::KeyScope::all()));
+        // No previous values: the harness must not add backend reads to etcd's work.
+        let mut w = Box::pin(watcher_with::<S>(store, moor::api::KeyScope::all(), false));
         while let Some(ev) = w.next().await {
             let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
             let t = field(&mut c);
@@ -130,7 +131,11 @@ impl Tracker {
         let changed = Arc::new(Notify::new());
         let (c1, n1, s1) = (counts.clone(), changed.clone(), store.clone());
         let claims = tokio::spawn(async move {
-            let mut w = Box::pin(watcher::<ClaimSpec>(s1, moor::api::KeyScope::all()));
+            let mut w = Box::pin(watcher_with::<ClaimSpec>(
+                s1,
+                moor::api::KeyScope::all(),
+                false,
+            ));
             while let Some(ev) = w.next().await {
                 let mut c = c1.lock().unwrap_or_else(|e| e.into_inner());
                 let mut apply = |name: String, phase: Option<ClaimPhase>, rev: i64| {
@@ -156,9 +161,11 @@ impl Tracker {
                         Some(o.status.phase),
                         o.metadata.resource_version,
                     ),
-                    Ok(Event::Deleted { last: Some(o), .. }) => {
-                        apply(o.metadata.name.to_string(), None, 0)
-                    }
+                    Ok(Event::Deleted { key, .. }) => apply(
+                        key.rsplit('/').next().unwrap_or_default().to_string(),
+                        None,
+                        0,
+                    ),
                     Ok(Event::Restarted(objs)) => {
                         for o in objs {
                             let rev = o.metadata.resource_version;

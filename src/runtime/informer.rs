@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backoff::{backoff, Backoff};
 use super::reflector::{self, Store};
-use super::watcher::{watcher, Event, WatchError};
+use super::watcher::{watcher_with, Event, WatchError};
 use super::Resource;
 use crate::api::{KeyScope, Object, Spec};
 use crate::process::error_chain;
@@ -73,7 +73,8 @@ impl<S: Spec> Informer<Object<S>> {
         let kind = S::KIND;
         // A malformed value is reported and skipped here, before the backoff: it is not
         // a failure of the watch, and must not delay the other objects of its kind.
-        let events = watcher::<S>(store, scope).filter_map(move |item| async move {
+        // Without previous values: a deletion's last state comes from the cache.
+        let events = watcher_with::<S>(store, scope, false).filter_map(move |item| async move {
             match item {
                 Err(WatchError::Malformed(e)) => {
                     tracing::warn!(kind, error = %error_chain(&e), "skipping a malformed value");
@@ -87,6 +88,7 @@ impl<S: Spec> Informer<Object<S>> {
             events,
             Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
         );
+        let cache = informer.reader.clone();
         tokio::spawn(async move {
             tokio::pin!(events);
             loop {
@@ -96,7 +98,14 @@ impl<S: Spec> Informer<Object<S>> {
                 };
                 match item {
                     None => return,
-                    Some(Ok(event)) => {
+                    Some(Ok(mut event)) => {
+                        if let Event::Deleted {
+                            key,
+                            last: last @ None,
+                        } = &mut event
+                        {
+                            *last = cache.get(key.as_str());
+                        }
                         // The cache first, so a consumer woken by the event finds it.
                         let version = writer.apply(&event);
                         // No subscriber yet is fine: they read the cache when they start.

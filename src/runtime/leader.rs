@@ -201,7 +201,7 @@ async fn try_acquire(
     }
     // Someone else leads: wait for its key to go, watching from just after our read.
     let scope = crate::api::election_key(&cfg.name);
-    let mut watch = store.watch_raw(&scope, revision + 1).await?;
+    let mut watch = store.watch_raw(&scope, revision + 1, false).await?;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
@@ -312,7 +312,7 @@ async fn open_missing(
             *keeper = store.keep_alive(lease).await.ok();
         }
         if key_watch.is_none() {
-            *key_watch = store.watch_raw(scope, from).await.ok();
+            *key_watch = store.watch_raw(scope, from, false).await.ok();
         }
     })
     .await

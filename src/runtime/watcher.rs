@@ -109,18 +109,32 @@ enum State {
 struct Watcher<S: Spec> {
     store: Store,
     scope: KeyScope<S>,
+    previous: bool,
     state: State,
     pending: VecDeque<Result<Event<Object<S>>, WatchError>>,
 }
 
-/// Watches the objects of kind `S` in `scope` (the kind, or one node's claims or mounts).
+/// Watches the objects of kind `S` in `scope` (the kind, or one node's claims or
+/// mounts); a deletion carries the object's last state.
 pub fn watcher<S: Spec>(
     store: Store,
     scope: KeyScope<S>,
 ) -> impl Stream<Item = Result<Event<Object<S>>, WatchError>> + Send + 'static {
+    watcher_with(store, scope, true)
+}
+
+/// [`watcher`], and with `previous` false a deletion carries no last state
+/// (`last: None`): etcd then does not read each event's prior value, which a consumer
+/// that keeps a cache (the informer fills `last` from it) does not need.
+pub fn watcher_with<S: Spec>(
+    store: Store,
+    scope: KeyScope<S>,
+    previous: bool,
+) -> impl Stream<Item = Result<Event<Object<S>>, WatchError>> + Send + 'static {
     let w = Watcher::<S> {
         store,
         scope,
+        previous,
         state: State::Empty,
         pending: VecDeque::new(),
     };
@@ -159,7 +173,7 @@ impl<S: Spec> Watcher<S> {
             State::Listed { revision } => {
                 match self
                     .store
-                    .watch_raw(self.scope.as_str(), revision + 1)
+                    .watch_raw(self.scope.as_str(), revision + 1, self.previous)
                     .await
                 {
                     Ok(stream) => State::Watching {

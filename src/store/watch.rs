@@ -94,17 +94,23 @@ impl WatchStream {
 
 impl Store {
     /// Watches every key starting with `<prefix><scope>` (e.g. scope `volumes/`) from
-    /// `start_revision` (inclusive), with previous values and progress notifications.
+    /// `start_revision` (inclusive), with progress notifications, and with each event's
+    /// previous value when `previous` is set. Previous values are not free: etcd reads
+    /// the prior revision from its backend for every event of such a watch, so a
+    /// process that caches the objects anyway (an informer) watches without them.
     pub async fn watch_raw(
         &self,
         scope: &str,
         start_revision: i64,
+        previous: bool,
     ) -> Result<WatchStream, StoreError> {
-        let opts = WatchOptions::new()
+        let mut opts = WatchOptions::new()
             .with_prefix()
-            .with_prev_key()
             .with_progress_notify()
             .with_start_revision(start_revision);
+        if previous {
+            opts = opts.with_prev_key();
+        }
         let key = self.full_key(scope);
         let inner = self
             .send(Repeat::Idempotent, |mut c| {
