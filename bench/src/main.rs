@@ -407,6 +407,7 @@ async fn attach_phase(
         .await?;
     let attach_s = t.elapsed().as_secs_f64();
     let cpu1 = cluster.cpu(store_proc);
+    step(&format!("attach only: detaching {n} volumes"));
     let t = Instant::now();
     phases::stop_allocations(store, "att", 0..n).await?;
     tracker

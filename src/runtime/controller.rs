@@ -82,7 +82,8 @@ impl Default for Config {
 pub struct Controller<K: Resource> {
     name: String,
     reader: Store<K>,
-    triggers: SelectAll<BoxStream<'static, String>>,
+    /// Keys, and whether each is urgent (see [`Queue::schedule_urgent`]).
+    triggers: SelectAll<BoxStream<'static, (String, bool)>>,
     config: Config,
     metrics: ControllerMetrics,
 }
@@ -126,8 +127,7 @@ impl<K: Resource> Controller<K> {
         self.map_events(events, mapper, false)
     }
 
-    /// Turns events into keys. A deletion whose last state is unknown names only its own
-    /// key, which is a key of this controller only when the events are its own kind's.
+    /// Triggers on the keys `events` map to (see [`Controller::keys_of`]).
     fn map_events<R, E>(
         self,
         events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
@@ -138,8 +138,23 @@ impl<K: Resource> Controller<K> {
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
-        let name = self.name.clone();
-        let keys = events.flat_map(move |item| {
+        let keys = Controller::<K>::keys_of(self.name.clone(), events, mapper, own_kind);
+        self.trigger(keys)
+    }
+
+    /// Turns events into keys. A deletion whose last state is unknown names only its own
+    /// key, which is a key of this controller only when the events are its own kind's.
+    fn keys_of<R, E>(
+        name: String,
+        events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
+        mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
+        own_kind: bool,
+    ) -> impl Stream<Item = String> + Send + 'static
+    where
+        R: Resource,
+        E: std::error::Error + Send + 'static,
+    {
+        events.flat_map(move |item| {
             let keys = match item {
                 Ok(Event::Restarted(objs)) => objs.iter().flat_map(|o| mapper(o)).collect(),
                 Ok(Event::Applied(obj)) => mapper(&obj),
@@ -154,13 +169,29 @@ impl<K: Resource> Controller<K> {
                 }
             };
             futures::stream::iter(keys)
-        });
-        self.trigger(keys)
+        })
     }
 
     /// Triggers on any stream of keys.
     pub fn trigger(mut self, keys: impl Stream<Item = String> + Send + 'static) -> Self {
-        self.triggers.push(keys.boxed());
+        self.triggers.push(keys.map(|k| (k, false)).boxed());
+        self
+    }
+
+    /// [`Controller::watches`] whose keys run before every other due key: for the
+    /// change an operator waits on (an allocation stopped), which must not queue
+    /// behind the follow-up work of every other object.
+    pub fn watches_urgent<R, E>(
+        mut self,
+        events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
+        mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self
+    where
+        R: Resource,
+        E: std::error::Error + Send + 'static,
+    {
+        let keys = Controller::<K>::keys_of(self.name.clone(), events, mapper, false);
+        self.triggers.push(keys.map(|k| (k, true)).boxed());
         self
     }
 
@@ -267,7 +298,8 @@ impl<K: Resource> Controller<K> {
                     finished(&mut queue, key, outcome, true);
                 }
                 next = triggers.next(), if triggers_open => match next {
-                    Some(key) => queue.schedule(key, Instant::now()),
+                    Some((key, false)) => queue.schedule(key, Instant::now()),
+                    Some((key, true)) => queue.schedule_urgent(key, Instant::now()),
                     None => triggers_open = false,
                 },
                 _ = tokio::time::sleep_until(due.unwrap_or(now)), if due.is_some() && can_launch => {}

@@ -2,17 +2,24 @@
 //!
 //! A key is pending at most once (a burst of triggers collapses to one run at the
 //! earliest requested time) and never handed out while it is running: a key triggered
-//! during its own run is held and handed out again when that run finishes.
+//! during its own run is held and handed out again when that run finishes. A key
+//! scheduled as urgent is handed out before every due key that is not: a change an
+//! operator is waiting on (an allocation stopped) does not queue behind the follow-up
+//! work of a thousand others.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use tokio::time::Instant;
 
+type Heap = BinaryHeap<Reverse<(Instant, u64, String)>>;
+
 /// Pending keys by due time, and which keys are running.
 #[derive(Debug, Default)]
 pub struct Queue {
-    pending: HashMap<String, Instant>,
-    heap: BinaryHeap<Reverse<(Instant, u64, String)>>,
+    /// Each pending key's due time, and whether it is urgent.
+    pending: HashMap<String, (Instant, bool)>,
+    heap: Heap,
+    urgent: Heap,
     seq: u64,
     running: HashSet<String>,
     held: HashSet<String>,
@@ -26,29 +33,51 @@ impl Queue {
 
     /// Asks for `key` to run at `at`; an earlier request already pending wins.
     pub fn schedule(&mut self, key: String, at: Instant) {
-        if self.pending.get(&key).is_some_and(|t| *t <= at) {
-            return;
-        }
-        self.pending.insert(key.clone(), at);
+        self.schedule_as(key, at, false);
+    }
+
+    /// [`Queue::schedule`], ahead of every key that is not urgent once due.
+    pub fn schedule_urgent(&mut self, key: String, at: Instant) {
+        self.schedule_as(key, at, true);
+    }
+
+    fn schedule_as(&mut self, key: String, at: Instant, urgent: bool) {
+        let (at, urgent) = match self.pending.get(&key) {
+            Some(&(t, u)) if t <= at && (u || !urgent) => return,
+            Some(&(t, u)) => (t.min(at), u || urgent),
+            None => (at, urgent),
+        };
+        self.pending.insert(key.clone(), (at, urgent));
         if !self.held.contains(&key) {
-            self.push(key, at);
+            self.push(key, at, urgent);
         }
     }
 
-    fn push(&mut self, key: String, at: Instant) {
+    fn push(&mut self, key: String, at: Instant, urgent: bool) {
         self.seq += 1;
-        self.heap.push(Reverse((at, self.seq, key)));
+        let heap = if urgent {
+            &mut self.urgent
+        } else {
+            &mut self.heap
+        };
+        heap.push(Reverse((at, self.seq, key)));
     }
 
-    /// Takes the next key due by `now` that is not running, and marks it running.
+    /// Takes the next key due by `now` that is not running (urgent ones first), and
+    /// marks it running.
     pub fn pop_ready(&mut self, now: Instant) -> Option<String> {
-        while let Some(Reverse((at, _, _))) = self.heap.peek() {
-            if *at > now {
+        loop {
+            let due = |h: &Heap| h.peek().is_some_and(|Reverse((at, _, _))| *at <= now);
+            let heap = if due(&self.urgent) {
+                &mut self.urgent
+            } else if due(&self.heap) {
+                &mut self.heap
+            } else {
                 return None;
-            }
-            let Reverse((at, _, key)) = self.heap.pop()?;
-            if self.pending.get(&key) != Some(&at) {
-                continue; // superseded by an earlier request
+            };
+            let Reverse((at, _, key)) = heap.pop()?;
+            if self.pending.get(&key).map(|(t, _)| *t) != Some(at) {
+                continue; // superseded by an earlier or urgent request
             }
             if self.running.contains(&key) {
                 self.held.insert(key);
@@ -58,22 +87,25 @@ impl Queue {
             self.running.insert(key.clone());
             return Some(key);
         }
-        None
     }
 
     /// Marks a run of `key` finished; a request held during the run becomes due.
     pub fn finish(&mut self, key: &str) {
         self.running.remove(key);
         if self.held.remove(key) {
-            if let Some(at) = self.pending.get(key).copied() {
-                self.push(key.to_string(), at);
+            if let Some((at, urgent)) = self.pending.get(key).copied() {
+                self.push(key.to_string(), at, urgent);
             }
         }
     }
 
     /// When the earliest pending key is due (may be early; never late).
     pub fn next_due(&self) -> Option<Instant> {
-        self.heap.peek().map(|Reverse((at, _, _))| *at)
+        let top = |h: &Heap| h.peek().map(|Reverse((at, _, _))| *at);
+        match (top(&self.heap), top(&self.urgent)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// How many keys are waiting (due or not).
@@ -122,6 +154,38 @@ mod tests {
             None,
             "later requests were merged"
         );
+    }
+
+    #[test]
+    fn urgent_keys_go_first_once_due_and_stay_urgent_while_held() {
+        let mut q = Queue::new();
+        let now = Instant::now();
+        for k in ["a", "b", "c"] {
+            q.schedule(k.into(), now);
+        }
+        q.schedule_urgent("late".into(), now + Duration::from_secs(5));
+        q.schedule_urgent("u".into(), now);
+        // `c` was pending already: made urgent, it keeps its place among the urgent.
+        q.schedule_urgent("c".into(), now);
+        assert_eq!(q.depth(), 5);
+        assert_eq!(q.pop_ready(now).as_deref(), Some("u"));
+        assert_eq!(q.pop_ready(now).as_deref(), Some("c"));
+        assert_eq!(q.pop_ready(now).as_deref(), Some("a"));
+        // An urgent key triggered while it runs is held, and urgent when released.
+        q.schedule_urgent("u".into(), now);
+        q.finish("u");
+        q.schedule("d".into(), now);
+        assert_eq!(q.pop_ready(now).as_deref(), Some("u"));
+        q.schedule_urgent("a".into(), now);
+        assert_eq!(q.pop_ready(now).as_deref(), Some("b"), "a is running");
+        q.finish("a");
+        assert_eq!(q.pop_ready(now).as_deref(), Some("a"), "held, then first");
+        assert_eq!(q.pop_ready(now).as_deref(), Some("d"));
+        assert_eq!(q.pop_ready(now), None, "nothing left is due");
+        assert_eq!(q.next_due(), Some(now + Duration::from_secs(5)));
+        let later = now + Duration::from_secs(5);
+        assert_eq!(q.pop_ready(later).as_deref(), Some("late"));
+        assert_eq!(q.depth(), 0);
     }
 
     #[test]

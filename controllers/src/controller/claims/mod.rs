@@ -93,7 +93,9 @@ pub async fn run(
     Controller::new("claims", claims, config)
         .with_metrics(metrics)
         .owns(inf.claims.subscribe())
-        .watches(inf.allocations.subscribe(), |a: &Allocation| {
+        // An allocation's change (a stop, above all) comes before the claims' own
+        // follow-up steps: its release is what the operator waits on.
+        .watches_urgent(inf.allocations.subscribe(), |a: &Allocation| {
             a.requests()
                 .into_iter()
                 .map(|(name, _)| {
