@@ -158,14 +158,7 @@ pub async fn run(
                 node_name(1)
             ));
             let synced = sys
-                .restart_agent(
-                    &srv,
-                    &store,
-                    &mut agents[1],
-                    1,
-                    &[("node", per_node as u64)],
-                    long,
-                )
+                .restart_node_agent(&srv, &store, &mut agents[1], per_node, long)
                 .await?;
             node_agent_by_cluster_claims.insert(upto, synced);
         }
@@ -198,14 +191,7 @@ pub async fn run(
         node_name(1)
     ));
     let node_agent = sys
-        .restart_agent(
-            &srv,
-            &store,
-            &mut agents[1],
-            1,
-            &[("node", per_node as u64)],
-            long,
-        )
+        .restart_node_agent(&srv, &store, &mut agents[1], per_node, long)
         .await?;
     node_agent_by_cluster_claims.insert(claims, node_agent.clone());
     crate::step(&format!(
@@ -332,6 +318,19 @@ impl System {
         synced.store_cpu_s = srv.proc.cpu_seconds() - store_cpu;
         synced.csi_calls = count_lines(&self.call_log(node)).saturating_sub(calls_before);
         Ok(synced)
+    }
+
+    /// [`System::restart_agent`] for the node-only agent (`sn0001`, `per_node` claims).
+    async fn restart_node_agent(
+        &self,
+        srv: &cluster::StoreProc,
+        store: &Store,
+        agent: &mut Proc,
+        per_node: usize,
+        long: Duration,
+    ) -> anyhow::Result<Synced> {
+        let want = [("node", per_node as u64)];
+        self.restart_agent(srv, store, agent, 1, &want, long).await
     }
 
     /// Until both real nodes run the plugin's node side.

@@ -111,7 +111,7 @@ impl<K: Resource> Controller<K> {
     where
         E: std::error::Error + Send + 'static,
     {
-        self.map_events(events, |obj: &K| vec![obj.key()], true)
+        self.map_events(events, |obj: &K| vec![obj.key()], true, false)
     }
 
     /// Triggers on a related kind's events, mapped to the keys they concern.
@@ -124,22 +124,39 @@ impl<K: Resource> Controller<K> {
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
-        self.map_events(events, mapper, false)
+        self.map_events(events, mapper, false, false)
     }
 
-    /// Triggers on the keys `events` map to (see [`Controller::keys_of`]).
-    fn map_events<R, E>(
+    /// [`Controller::watches`] whose keys run before every other due key: for the
+    /// change an operator waits on (an allocation stopped), which must not queue
+    /// behind the follow-up work of every other object.
+    pub fn watches_urgent<R, E>(
         self,
         events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
         mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self
+    where
+        R: Resource,
+        E: std::error::Error + Send + 'static,
+    {
+        self.map_events(events, mapper, false, true)
+    }
+
+    /// Triggers on the keys `events` map to (see [`Controller::keys_of`]), urgent or not.
+    fn map_events<R, E>(
+        mut self,
+        events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
+        mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
         own_kind: bool,
+        urgent: bool,
     ) -> Self
     where
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
         let keys = Controller::<K>::keys_of(self.name.clone(), events, mapper, own_kind);
-        self.trigger(keys)
+        self.triggers.push(keys.map(move |k| (k, urgent)).boxed());
+        self
     }
 
     /// Turns events into keys. A deletion whose last state is unknown names only its own
@@ -175,23 +192,6 @@ impl<K: Resource> Controller<K> {
     /// Triggers on any stream of keys.
     pub fn trigger(mut self, keys: impl Stream<Item = String> + Send + 'static) -> Self {
         self.triggers.push(keys.map(|k| (k, false)).boxed());
-        self
-    }
-
-    /// [`Controller::watches`] whose keys run before every other due key: for the
-    /// change an operator waits on (an allocation stopped), which must not queue
-    /// behind the follow-up work of every other object.
-    pub fn watches_urgent<R, E>(
-        mut self,
-        events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
-        mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
-    ) -> Self
-    where
-        R: Resource,
-        E: std::error::Error + Send + 'static,
-    {
-        let keys = Controller::<K>::keys_of(self.name.clone(), events, mapper, false);
-        self.triggers.push(keys.map(|k| (k, true)).boxed());
         self
     }
 
