@@ -2,8 +2,8 @@
 //! process that needs that kind.
 //!
 //! Expected flow:
-//! 1. `Informer::spawn` starts a task running watcher → backoff → reflector; the cache
-//!    ([`Informer::reader`]) is updated before an event is passed on.
+//! 1. `Informer::spawn` starts a task running watcher → backoff, which applies each
+//!    event to the cache ([`Informer::reader`]) before passing it on.
 //! 2. Each [`Informer::subscribe`] gets the cache as one `Restarted` event, then every
 //!    later event, as a stream for `Controller::owns` / `Controller::watches`. Events
 //!    are numbered as the cache applies them, so a subscriber skips those its snapshot

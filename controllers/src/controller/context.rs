@@ -131,14 +131,7 @@ pub const CLAIM_INDEXES: &[reflector::Index<Claim>] = &[
     (BY_NODE, |c| vec![c.spec.node.to_string()]),
     (BY_WAITING, |c| {
         if waiting_for_admission(c) {
-            vec![
-                format!(
-                    "volume:{}",
-                    volume_index(&c.metadata.namespace, c.spec.volume.as_str())
-                ),
-                format!("node:{}", c.spec.node),
-                format!("plugin:{}", c.spec.plugin_id),
-            ]
+            waiting_index(c).to_vec()
         } else {
             Vec::new()
         }
@@ -159,6 +152,19 @@ pub fn waiting_for_admission(c: &Claim) -> bool {
     matches!(c.status.phase, ClaimPhase::Pending | ClaimPhase::Denied) && !c.spec.release
 }
 
+/// The [`BY_WAITING`] values a claim is found under while it waits (and those a
+/// released claim looks up): its volume, its node and its plugin.
+pub fn waiting_index(c: &Claim) -> [String; 3] {
+    [
+        format!(
+            "volume:{}",
+            volume_index(&c.metadata.namespace, c.spec.volume.as_str())
+        ),
+        format!("node:{}", c.spec.node),
+        format!("plugin:{}", c.spec.plugin_id),
+    ]
+}
+
 /// A claim with steps left that depend on its plugin: not Released, and not Published
 /// unless it is being released.
 pub fn unsettled(c: &Claim) -> bool {
@@ -169,13 +175,13 @@ pub fn unsettled(c: &Claim) -> bool {
 /// The volumes cache's indexes.
 pub const VOLUME_INDEXES: &[reflector::Index<Volume>] = &[(BY_SCHEDULABLE, |v| {
     vec![schedulable_index(
-        &v.spec.plugin_id,
+        v.spec.plugin_id.as_str(),
         v.status.claims.schedulable,
     )]
 })];
 
 /// The [`BY_SCHEDULABLE`] value of a plugin's volumes that are (or are not) schedulable.
-pub fn schedulable_index(plugin: &PluginId, schedulable: bool) -> String {
+pub fn schedulable_index(plugin: &str, schedulable: bool) -> String {
     format!("{plugin}:{schedulable}")
 }
 

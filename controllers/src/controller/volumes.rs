@@ -55,17 +55,14 @@ pub async fn run(
             // Only the volumes whose `schedulable` the plugin's health may flip: a
             // plugin's status changes do not wake its 100,000 settled volumes.
             let healthy = p.status.nodes_healthy > 0;
-            let plugin = PluginId::new(p.metadata.name.as_str()).ok();
-            plugin.map_or_else(Vec::new, |id| {
-                volumes
-                    .by_index(
-                        super::context::BY_SCHEDULABLE,
-                        &super::context::schedulable_index(&id, !healthy),
-                    )
-                    .iter()
-                    .map(|v| v.key())
-                    .collect()
-            })
+            volumes
+                .by_index(
+                    super::context::BY_SCHEDULABLE,
+                    &super::context::schedulable_index(p.metadata.name.as_str(), !healthy),
+                )
+                .iter()
+                .map(|v| v.key())
+                .collect()
         })
         .run(
             move |key| {

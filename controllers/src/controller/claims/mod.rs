@@ -43,6 +43,7 @@ use release::{
 };
 
 use super::admission::{self, Verdict};
+use super::context::waiting_index;
 use super::plan::{self, AttachPlan, NodeDone};
 use super::{volume_index, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use crate::common::{details, object_ref};

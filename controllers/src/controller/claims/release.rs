@@ -16,17 +16,12 @@ pub(super) fn released_frees(
         if released.status.phase != ClaimPhase::Released {
             return Vec::new();
         }
-        let volume = volume_index(&released.metadata.namespace, released.spec.volume.as_str());
-        let mut keys: Vec<String> = [
-            format!("volume:{volume}"),
-            format!("node:{}", released.spec.node),
-            format!("plugin:{}", released.spec.plugin_id),
-        ]
-        .iter()
-        .flat_map(|value| claims.by_index(BY_WAITING, value))
-        .filter(|c| c.metadata.uid != released.metadata.uid)
-        .map(|c| c.key())
-        .collect();
+        let mut keys: Vec<String> = waiting_index(released)
+            .iter()
+            .flat_map(|value| claims.by_index(BY_WAITING, value))
+            .filter(|c| c.metadata.uid != released.metadata.uid)
+            .map(|c| c.key())
+            .collect();
         keys.sort();
         keys.dedup();
         keys
