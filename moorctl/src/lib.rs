@@ -11,6 +11,7 @@ mod events;
 pub mod explain;
 mod get;
 mod kind;
+mod plugin;
 mod status;
 mod table;
 mod validate;
@@ -140,6 +141,19 @@ pub enum VolumeCmd {
     },
     /// Volumes with their plugin, schedulability, access mode and claims.
     Status(status::VolumeStatusCmd),
+    /// Remove a volume from moor without any plugin call (a created volume's storage is
+    /// kept); refused while claims hold it.
+    Deregister {
+        /// The volume.
+        volume: String,
+        /// Also drop the claims of terminal allocations (a node that will never release
+        /// them), and their attachments, without plugin calls; printed first.
+        #[arg(long)]
+        force: bool,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
 }
 
 /// `moorctl plugin ...`.
@@ -147,6 +161,15 @@ pub enum VolumeCmd {
 pub enum PluginCmd {
     /// Plugins with their provider and healthy/expected controllers and nodes.
     Status(status::PluginStatusCmd),
+    /// Forget the instance of a plugin on a node that is gone for good: it stops
+    /// counting as expected (refused while the node is live).
+    Deregister {
+        /// The plugin id.
+        plugin: String,
+        /// The gone node.
+        #[arg(long)]
+        node: String,
+    },
 }
 
 impl Cli {
@@ -185,7 +208,15 @@ impl Cli {
                     namespace,
                 }) => volume::detach(&ctx, &namespace, &volume, &node).await,
                 Command::Volume(VolumeCmd::Status(cmd)) => cmd.run(&ctx).await,
+                Command::Volume(VolumeCmd::Deregister {
+                    volume,
+                    force,
+                    namespace,
+                }) => volume::deregister(&ctx, &namespace, &volume, force).await,
                 Command::Plugin(PluginCmd::Status(cmd)) => cmd.run(&ctx).await,
+                Command::Plugin(PluginCmd::Deregister { plugin, node }) => {
+                    plugin::deregister(&ctx, &plugin, &node).await
+                }
                 Command::Events(cmd) => cmd.run(&ctx).await,
                 Command::Wait(cmd) => cmd.run(&ctx).await,
                 Command::Validate(_) | Command::Completion { .. } => unreachable!(),

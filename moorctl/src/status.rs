@@ -125,6 +125,22 @@ impl PluginStatusCmd {
                 text(p, "/status/controller_required"),
             ),
         ]);
+        let rows: Vec<Vec<String>> = p
+            .pointer("/status/instances")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(node, i)| {
+                vec![
+                    node.clone(),
+                    text(i, "/plugin_type"),
+                    yes_no(i.pointer("/healthy").and_then(Value::as_bool) == Some(true)),
+                    text(i, "/message"),
+                ]
+            })
+            .collect();
+        println!("\nInstances");
+        print!("{}", render(&["NODE", "TYPE", "HEALTHY", "MESSAGE"], &rows));
         let (mut volumes, _) = kind::list(ctx, Kind::Volume, None).await?;
         volumes.retain(|v| text(v, "/spec/plugin_id") == id);
         sort(Kind::Volume, &mut volumes);

@@ -3,12 +3,54 @@
 //! Writer: the controller.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 use super::*;
 
-/// Desired state of a plugin: nothing (plugins are discovered on nodes).
+/// Desired state of a plugin: discovered on nodes; the operator only forgets
+/// instances whose node is gone for good (`moorctl plugin deregister`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct PluginSpec {}
+pub struct PluginSpec {
+    /// Instances an operator deregistered: node -> the uid of the Node object the
+    /// instance was seen on. Only that registration is forgotten: a node that comes
+    /// back registers a new Node object and counts again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub deregistered: BTreeMap<NodeName, String>,
+}
+
+/// One instance of a plugin, as the controller last saw it. An instance whose node is
+/// gone (its agent's lease expired) stays, unhealthy, until an operator deregisters
+/// it: a dead instance shows as 1/2 healthy rather than vanishing as 1/1.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PluginInstance {
+    /// Which services the instance provides.
+    #[serde(default)]
+    pub plugin_type: PluginType,
+    /// Its node is live and its probe succeeded.
+    #[serde(default)]
+    pub healthy: bool,
+    /// Why it is not healthy.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// The uid of the Node object it was seen on.
+    #[serde(default)]
+    pub node_uid: String,
+}
+
+impl PluginInstance {
+    /// Whether it provides the controller service.
+    pub fn is_controller(&self) -> bool {
+        matches!(
+            self.plugin_type,
+            PluginType::Controller | PluginType::Monolith
+        )
+    }
+
+    /// Whether it provides the node service.
+    pub fn is_node(&self) -> bool {
+        matches!(self.plugin_type, PluginType::Node | PluginType::Monolith)
+    }
+}
 
 impl Spec for PluginSpec {
     const KIND: &'static str = "Plugin";
@@ -49,9 +91,21 @@ pub struct PluginStatus {
     /// All node instances.
     #[serde(default)]
     pub nodes_expected: u32,
+    /// Every instance by node, live or gone (until deregistered).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub instances: BTreeMap<NodeName, PluginInstance>,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,
+}
+
+impl PluginStatus {
+    /// Whether the plugin can serve its volumes' claims: a healthy node instance, and
+    /// a healthy controller instance unless it is known not to need ControllerPublish.
+    pub fn serves_volumes(&self) -> bool {
+        self.nodes_healthy > 0
+            && (self.controller_required == Some(false) || self.controllers_healthy > 0)
+    }
 }
 
 /// A plugin object.

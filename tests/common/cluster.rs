@@ -383,6 +383,22 @@ impl Cluster {
         }
     }
 
+    /// Runs moorctl against this cluster's etcd; returns success and stdout+stderr.
+    pub fn moorctl(&self, args: &[&str]) -> (bool, String) {
+        let out = std::process::Command::new(bin("moorctl"))
+            .arg(format!("--endpoints={}", self.etcd.client_url))
+            .args(args)
+            .output()
+            .expect("run moorctl");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("$ moorctl {}\n{text}", args.join(" "));
+        (out.status.success(), text)
+    }
+
     pub async fn apply<S: Spec>(&self, obj: Object<S>) -> Object<S> {
         self.store.create(&obj).await.expect("create")
     }

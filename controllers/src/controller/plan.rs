@@ -213,7 +213,7 @@ mod tests {
         let mut p = Plugin::new(
             &Namespace::default(),
             Name::new("p").unwrap(),
-            PluginSpec {},
+            PluginSpec::default(),
         );
         p.status.controller_required = required;
         p

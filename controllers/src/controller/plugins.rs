@@ -2,18 +2,22 @@
 //! objects of the agents that run it.
 //!
 //! Expected flow:
-//! 1. Count the instances: controllers (controller or monolith) and nodes (node or
-//!    monolith), expected and healthy; provider and version from a healthy instance.
+//! 1. Record the instances by node: each live node's, and each earlier one whose Node
+//!    is gone (its lease expired), kept unhealthy until an operator deregisters it
+//!    (`spec.deregistered` names that Node's uid). Count them: controllers (controller
+//!    or monolith) and nodes (node or monolith), expected and healthy; provider and
+//!    version from a healthy instance.
 //! 2. `controller_required`: a controller instance advertises PUBLISH_UNPUBLISH_VOLUME.
 //!    Unknown (`None`) until a controller instance answered a fingerprint; while none
 //!    is registered the last answer is kept, so a controller plugin that restarts does
 //!    not make claims skip ControllerPublish.
-//! 3. A plugin no node runs any more is deleted.
+//! 3. A plugin with no instance left is deleted.
 
 use moor::api::*;
 use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::StoreError;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -83,31 +87,32 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
         return Ok(Action::AwaitChange);
     };
     let nodes = ctx.nodes.state();
-    let instances: Vec<&NodePluginStatus> = nodes
+    let live: Vec<(&Node, &NodePluginStatus)> = nodes
         .iter()
-        .filter_map(|n| n.status.plugins.iter().find(|(p, _)| p.as_str() == id))
-        .map(|(_, s)| s)
+        .filter_map(|n| {
+            n.status
+                .plugins
+                .iter()
+                .find(|(p, _)| p.as_str() == id)
+                .map(|(_, s)| (&**n, s))
+        })
         .collect();
     let current = ctx.plugins.get(key);
+    let instances = instances(&live, current.as_deref());
     if instances.is_empty() {
-        if current.is_some() {
-            match ctx.store.delete(&plugin_key, None).await {
+        if let Some(p) = &current {
+            match ctx.store.delete_read(p).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
         return Ok(Action::AwaitChange);
     }
-    let is_controller = |s: &&&NodePluginStatus| {
-        matches!(s.plugin_type, PluginType::Controller | PluginType::Monolith)
-    };
-    let is_node =
-        |s: &&&NodePluginStatus| matches!(s.plugin_type, PluginType::Node | PluginType::Monolith);
-    let controllers: Vec<_> = instances.iter().filter(is_controller).collect();
-    let node_instances: Vec<_> = instances.iter().filter(is_node).collect();
     // An instance that never answered a fingerprint has no capabilities to go by.
-    let fingerprinted: Vec<_> = controllers
+    let fingerprinted: Vec<_> = live
         .iter()
+        .map(|(_, s)| *s)
+        .filter(|s| matches!(s.plugin_type, PluginType::Controller | PluginType::Monolith))
         .filter(|s| !s.capabilities.plugin.is_empty() || s.healthy)
         .collect();
     let controller_required = if fingerprinted.is_empty() {
@@ -119,27 +124,40 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
                 .contains("PUBLISH_UNPUBLISH_VOLUME")
         }))
     };
-    let source = instances
+    let source = live
         .iter()
+        .map(|(_, s)| *s)
         .find(|s| s.healthy)
-        .or(instances.first())
-        .copied();
+        .or(live.first().map(|(_, s)| *s));
+    let count = |side: fn(&PluginInstance) -> bool, healthy: bool| {
+        instances
+            .values()
+            .filter(|i| side(i) && (i.healthy || !healthy))
+            .count() as u32
+    };
     let status = PluginStatus {
-        provider: source.map(|s| s.provider.clone()).unwrap_or_default(),
-        version: source.map(|s| s.version.clone()).unwrap_or_default(),
+        provider: source
+            .map(|s| s.provider.clone())
+            .or(current.as_ref().map(|p| p.status.provider.clone()))
+            .unwrap_or_default(),
+        version: source
+            .map(|s| s.version.clone())
+            .or(current.as_ref().map(|p| p.status.version.clone()))
+            .unwrap_or_default(),
         controller_required,
-        controllers_healthy: controllers.iter().filter(|s| s.healthy).count() as u32,
-        controllers_expected: controllers.len() as u32,
-        nodes_healthy: node_instances.iter().filter(|s| s.healthy).count() as u32,
-        nodes_expected: node_instances.len() as u32,
+        controllers_healthy: count(PluginInstance::is_controller, true),
+        controllers_expected: count(PluginInstance::is_controller, false),
+        nodes_healthy: count(PluginInstance::is_node, true),
+        nodes_expected: count(PluginInstance::is_node, false),
         meta: current
             .as_ref()
             .map(|p| p.status.meta.clone())
             .unwrap_or_default(),
+        instances,
     };
     match current {
         None => {
-            let mut p = Plugin::new(&Namespace::default(), name, PluginSpec {});
+            let mut p = Plugin::new(&Namespace::default(), name, PluginSpec::default());
             p.status = status;
             ctx.store.create(&p).await?;
         }
@@ -151,4 +169,39 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
         Some(_) => {}
     }
     Ok(Action::AwaitChange)
+}
+
+/// The plugin's instances: each live node's, and each earlier one whose node is gone
+/// (unhealthy), unless an operator deregistered that registration.
+fn instances(
+    live: &[(&Node, &NodePluginStatus)],
+    current: Option<&Plugin>,
+) -> BTreeMap<NodeName, PluginInstance> {
+    let mut out: BTreeMap<NodeName, PluginInstance> = live
+        .iter()
+        .map(|(n, s)| {
+            let name = NodeName::new(n.metadata.name.as_str()).unwrap_or_default();
+            let inst = PluginInstance {
+                plugin_type: s.plugin_type,
+                healthy: s.healthy,
+                message: s.health_message.clone(),
+                node_uid: n.metadata.uid.clone(),
+            };
+            (name, inst)
+        })
+        .collect();
+    for (node, inst) in current.iter().flat_map(|p| &p.status.instances) {
+        if out.contains_key(node)
+            || current.is_some_and(|p| p.spec.deregistered.get(node) == Some(&inst.node_uid))
+        {
+            continue;
+        }
+        let gone = PluginInstance {
+            healthy: false,
+            message: "its node is gone (the agent's lease expired)".into(),
+            ..inst.clone()
+        };
+        out.insert(node.clone(), gone);
+    }
+    out
 }

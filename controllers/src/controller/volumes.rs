@@ -6,7 +6,8 @@
 //!    a volume in use waits for its claims; it is removed once the volume is being
 //!    deleted and no live claim remains (the provisioner then deletes created volumes).
 //! 2. `schedulable`: not being deleted, created (an external id is known), and its
-//!    plugin healthy on at least one node. The live and past claims are written by the
+//!    plugin able to serve it: a healthy node instance, and a healthy controller
+//!    instance unless the plugin is known not to need ControllerPublish. The live and past claims are written by the
 //!    claim reconciler as it admits and releases.
 
 use moor::api::*;
@@ -54,7 +55,7 @@ pub async fn run(
         .watches(inf.plugins.subscribe(), move |p: &Plugin| {
             // Only the volumes whose `schedulable` the plugin's health may flip: a
             // plugin's status changes do not wake its 100,000 settled volumes.
-            let healthy = p.status.nodes_healthy > 0;
+            let healthy = p.status.serves_volumes();
             volumes
                 .by_index(
                     super::context::BY_SCHEDULABLE,
@@ -101,7 +102,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, VolumeError> {
     let plugin_healthy = ctx
         .plugins
         .get(&Plugin::key_for(&vol.spec.plugin_id))
-        .is_some_and(|p| p.status.nodes_healthy > 0);
+        .is_some_and(|p| p.status.serves_volumes());
     let schedulable = !vol.is_deleting() && external_id(&vol).is_some() && plugin_healthy;
     if vol.status.claims.schedulable != schedulable {
         let generation = vol.metadata.generation;

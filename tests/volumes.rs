@@ -1,0 +1,180 @@
+//! The rest of a volume's life, through moorctl against real processes: deregistering
+//! (forced), plugin instance counts, validated registration, expansion and
+//! modification. Each test runs etcd, a `moord controller` and one `moord agent` with
+//! its own moor-hostpath per node.
+
+#[path = "common/cluster.rs"]
+mod cluster;
+mod common;
+
+use cluster::{node, plugin_key, Cluster, PluginOpts};
+use moor::api::*;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Clusters are several processes each: run two tests at a time on two cores.
+static SLOTS: Semaphore = Semaphore::const_new(2);
+
+const T: Duration = Duration::from_secs(30);
+
+fn vol_key(name: &str) -> ObjectKey<VolumeSpec> {
+    Volume::key_for(&Namespace::default_ns(), name)
+}
+
+async fn plugin(c: &Cluster) -> Option<Plugin> {
+    c.store.try_get(&plugin_key()).await.ok().flatten()
+}
+
+/// Waits until the Plugin's status satisfies `f`.
+async fn wait_plugin(c: &Cluster, what: &str, f: impl Fn(&PluginStatus) -> bool) {
+    c.wait(what, T, || async {
+        plugin(c).await.is_some_and(|p| f(&p.status))
+    })
+    .await;
+}
+
+async fn schedulable(c: &Cluster, name: &str) -> bool {
+    c.store
+        .try_get(&vol_key(name))
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|v| v.status.claims.schedulable)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deregister_is_refused_while_claimed_and_force_drops_terminal_claims_without_plugin_calls()
+{
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = Cluster::start(1, 2, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+
+    // Claimed: refused, and nothing changes.
+    let (ok, out) = c.moorctl(&["volume", "deregister", "v1"]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("is claimed") && out.contains("a1"), "{out}");
+    // --force drops only the claims of terminal allocations.
+    let (ok, out) = c.moorctl(&["volume", "deregister", "v1", "--force"]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("is running"), "{out}");
+    assert!(c.store.try_get(&vol_key("v1")).await.unwrap().is_some());
+
+    // The node dies for good; the stopped allocation's claim cannot be released.
+    c.node_mut("n2").agent.kill();
+    c.node_mut("n2").plugin.kill();
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Releasing, T).await;
+    let (ok, out) = c.moorctl(&["volume", "deregister", "v1"]);
+    assert!(!ok && out.contains("releasing"), "{out}");
+    let n1 = c.node("n1");
+    let before: Vec<usize> = ["ControllerUnpublishVolume", "DeleteVolume"]
+        .iter()
+        .map(|rpc| n1.calls().iter().filter(|k| k.rpc == *rpc).count())
+        .collect();
+
+    let (ok, out) = c.moorctl(&["volume", "deregister", "v1", "--force"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("dropping claim a1.data"), "{out}");
+    assert!(
+        out.contains("dropping attachment of v1 to node n2"),
+        "{out}"
+    );
+    assert!(out.contains("is kept"), "{out}");
+    c.wait("v1 gone", T, || async {
+        c.store.try_get(&vol_key("v1")).await.unwrap().is_none()
+    })
+    .await;
+    assert!(c.claim("a1", "n2").await.is_none());
+    assert!(c.attachment("v1", "n2").await.is_none());
+    // The controller and the provisioner had time to act on the deletions.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after: Vec<usize> = ["ControllerUnpublishVolume", "DeleteVolume"]
+        .iter()
+        .map(|rpc| n1.calls().iter().filter(|k| k.rpc == *rpc).count())
+        .collect();
+    assert_eq!(before, after, "no plugin call for a deregistration");
+    let (ok, out) = c.moorctl(&["volume", "deregister", "v1"]);
+    assert!(!ok && out.contains("not found"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deregister_without_claims_removes_a_registered_volume_without_plugin_calls() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    let ext = c.store.get(&vol_key("v1")).await.unwrap();
+    let ext = ext.status.provisioning.external_id.unwrap();
+    let mut reg = c.volume("r1", AccessMode::SingleNodeWriter);
+    reg.spec.capacity_min = None;
+    reg.spec.external_id = Some(ext);
+    c.apply(reg).await;
+    c.volume_ready("r1").await;
+    let (ok, out) = c.moorctl(&["volume", "deregister", "r1"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("volume r1 deregistered"), "{out}");
+    assert!(c.store.try_get(&vol_key("r1")).await.unwrap().is_none());
+    assert_eq!(c.node("n1").count("DeleteVolume", "OK"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_instance_stays_expected_until_deregistered_and_schedulable_needs_both_sides() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = Cluster::start(1, 2, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.wait("v1 schedulable", T, || schedulable(&c, "v1")).await;
+
+    // n2 dies: 1 of 2 nodes healthy, not 1 of 1.
+    c.node_mut("n2").agent.kill();
+    c.node_mut("n2").plugin.kill();
+    wait_plugin(&c, "n2's instance unhealthy and still expected", |s| {
+        s.nodes_healthy == 1
+            && s.nodes_expected == 2
+            && s.instances.get(&node("n2")).is_some_and(|i| !i.healthy)
+    })
+    .await;
+    let (ok, out) = c.moorctl(&["plugin", "status", cluster::PLUGIN]);
+    assert!(ok, "{out}");
+    let line = |label: &str| {
+        out.lines()
+            .find(|l| l.starts_with(label))
+            .map(|l| l.split_whitespace().last().unwrap_or("").to_string())
+    };
+    assert_eq!(line("Nodes Healthy").as_deref(), Some("1"), "{out}");
+    assert_eq!(line("Nodes Expected").as_deref(), Some("2"), "{out}");
+    assert!(out.contains("its node is gone"), "{out}");
+
+    // A live node's instance cannot be deregistered; the dead one can.
+    let (ok, out) = c.moorctl(&["plugin", "deregister", cluster::PLUGIN, "--node", "n1"]);
+    assert!(!ok && out.contains("is live"), "{out}");
+    let (ok, out) = c.moorctl(&["plugin", "deregister", cluster::PLUGIN, "--node", "n2"]);
+    assert!(ok, "{out}");
+    wait_plugin(&c, "n2 forgotten", |s| {
+        s.nodes_expected == 1 && !s.instances.contains_key(&node("n2"))
+    })
+    .await;
+
+    // n2 comes back: a new registration, counted again despite the old entry.
+    c.node_mut("n2").plugin.restart();
+    c.node_mut("n2").agent.restart();
+    wait_plugin(&c, "n2 back", |s| {
+        s.nodes_expected == 2 && s.nodes_healthy == 2
+    })
+    .await;
+
+    // The controller side (n1's monolith) dies: node instances remain, but a plugin
+    // that needs ControllerPublish cannot serve the volume.
+    c.node_mut("n1").plugin.kill();
+    wait_plugin(&c, "no healthy controller", |s| s.controllers_healthy == 0).await;
+    c.wait("v1 not schedulable", T, || async {
+        !schedulable(&c, "v1").await
+    })
+    .await;
+    c.node_mut("n1").plugin.restart();
+    c.wait("v1 schedulable again", T, || schedulable(&c, "v1"))
+        .await;
+}
