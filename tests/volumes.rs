@@ -178,3 +178,158 @@ async fn a_dead_instance_stays_expected_until_deregistered_and_schedulable_needs
     c.wait("v1 schedulable again", T, || schedulable(&c, "v1"))
         .await;
 }
+
+/// Writes `yaml` to a file in the cluster's dir and applies it with moorctl.
+fn apply_yaml(c: &Cluster, name: &str, yaml: &str) {
+    let path = c.dir.path().join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    let (ok, out) = c.moorctl(&["apply", "-f", path.to_str().unwrap()]);
+    assert!(ok, "{out}");
+}
+
+fn registered(name: &str, ext: &str, mode: &str) -> String {
+    format!(
+        "apiVersion: moor/v1\nkind: Volume\nmetadata: {{name: {name}}}\nspec:\n  plugin_id: {}\n  \
+         external_id: {ext}\n  parameters: {{tier: gold}}\n  accessible_topology: [{{rack: r1}}]\n  \
+         capabilities:\n    - {{access_mode: {mode}, attachment_mode: file-system}}\n",
+        cluster::PLUGIN
+    )
+}
+
+async fn volume(c: &Cluster, name: &str) -> Volume {
+    c.store.get(&vol_key(name)).await.expect("volume")
+}
+
+async fn wait_phase(c: &Cluster, name: &str, phase: VolumePhase) {
+    c.wait(&format!("{name} {phase:?}"), T, || async {
+        c.store
+            .try_get(&vol_key(name))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|v| v.status.provisioning.phase == phase)
+    })
+    .await;
+}
+
+fn field(out: &str, label: &str) -> String {
+    out.lines()
+        .find(|l| l.starts_with(label) && l[label.len()..].trim_start().starts_with('='))
+        .and_then(|l| l.split_once('='))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_is_validated_by_the_plugin_and_a_volume_it_cannot_serve_fails() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    let ext = volume(&c, "v1")
+        .await
+        .status
+        .provisioning
+        .external_id
+        .unwrap();
+
+    apply_yaml(
+        &c,
+        "ok",
+        &registered("r-ok", ext.as_str(), "single-node-writer"),
+    );
+    apply_yaml(
+        &c,
+        "missing",
+        &registered("r-missing", "no-such-volume", "single-node-writer"),
+    );
+    apply_yaml(
+        &c,
+        "shared",
+        &registered("r-shared", ext.as_str(), "multi-node-multi-writer"),
+    );
+    wait_phase(&c, "r-ok", VolumePhase::Ready).await;
+    wait_phase(&c, "r-missing", VolumePhase::Failed).await;
+    wait_phase(&c, "r-shared", VolumePhase::Failed).await;
+
+    let ok = volume(&c, "r-ok").await;
+    // ControllerGetVolume (GET_VOLUME) gave the capacity; the declared topology holds.
+    assert_eq!(ok.status.provisioning.capacity_bytes, Some(1 << 20));
+    assert_eq!(
+        ok.status.provisioning.accessible_topology,
+        vec![[("rack".to_string(), "r1".to_string())].into()]
+    );
+    let n1 = c.node("n1");
+    let validations: Vec<_> = n1
+        .calls()
+        .into_iter()
+        .filter(|k| k.rpc == "ValidateVolumeCapabilities")
+        .collect();
+    assert!(validations
+        .iter()
+        .any(|k| k.volume_id.as_deref() == Some(ext.as_str()) && k.code == "OK"));
+    assert!(n1.count("ControllerGetVolume", "OK") >= 1);
+
+    let (ok_run, out) = c.moorctl(&["volume", "status", "r-missing"]);
+    assert!(ok_run, "{out}");
+    assert_eq!(field(&out, "Phase"), "failed", "{out}");
+    assert!(field(&out, "Last Error").contains("not found"), "{out}");
+    let (_, out) = c.moorctl(&["volume", "status", "r-shared"]);
+    assert!(
+        field(&out, "Last Error").contains("created for a single node"),
+        "{out}"
+    );
+    let (_, out) = c.moorctl(&["volume", "status", "r-ok"]);
+    assert_eq!(field(&out, "Phase"), "ready", "{out}");
+    assert_eq!(field(&out, "Capacity"), "1.0 MiB", "{out}");
+    let (_, out) = c.moorctl(&["events", "--for", "volume/r-missing"]);
+    assert!(out.contains("Volume validation failed"), "{out}");
+
+    // A claim on a failed volume is denied with the plugin's reason.
+    c.apply(c.allocation("a1", "n1", "r-missing", false)).await;
+    c.wait("a1's claim denied", T, || async {
+        c.claim("a1", "n1").await.is_some_and(|cl| {
+            cl.status.phase == ClaimPhase::Denied
+                && cl
+                    .status
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("not found"))
+        })
+    })
+    .await;
+    // Fixed by the operator: validated again at the new generation; the declared
+    // topology (rack r1) does not reach n1, then, declared away, it is claimed.
+    apply_yaml(
+        &c,
+        "fixed",
+        &registered("r-missing", ext.as_str(), "single-node-writer"),
+    );
+    wait_phase(&c, "r-missing", VolumePhase::Ready).await;
+    c.wait("a1's claim denied by topology", T, || async {
+        c.claim("a1", "n1").await.is_some_and(|cl| {
+            cl.status
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("not accessible"))
+        })
+    })
+    .await;
+    let anywhere = registered("r-missing", ext.as_str(), "single-node-writer")
+        .replace("  accessible_topology: [{rack: r1}]\n", "");
+    apply_yaml(&c, "anywhere", &anywhere);
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let cl = c.claim("a1", "n1").await.expect("claim");
+        if cl.status.phase == ClaimPhase::Published {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "claim not published: {:?} {:?}",
+            cl.status,
+            volume(&c, "r-missing").await.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -57,6 +57,50 @@ fn capacity(v: &Value) -> String {
     }
 }
 
+/// The spec's capacity range, `min..max`.
+fn requested(v: &Value) -> String {
+    let min = text(v, "/spec/capacity_min");
+    let max = text(v, "/spec/capacity_max");
+    match (min.is_empty(), max.is_empty()) {
+        (true, true) => "<none>".into(),
+        _ => format!("{min}..{max}"),
+    }
+}
+
+/// The names of a map's entries (values may be sensitive to some users: not shown).
+fn keys(v: &Value, pointer: &str) -> String {
+    let names: Vec<&str> = v
+        .pointer(pointer)
+        .and_then(Value::as_object)
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    names.join(",")
+}
+
+/// Each condition of the provisioner's and the controller's sections, `Type=bool(reason)`.
+fn conditions(v: &Value) -> String {
+    let mut out = Vec::new();
+    for section in [
+        "/status/provisioning/conditions",
+        "/status/claims/conditions",
+    ] {
+        for c in v
+            .pointer(section)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            out.push(format!(
+                "{}={}({})",
+                text(c, "/type"),
+                text(c, "/status"),
+                text(c, "/reason")
+            ));
+        }
+    }
+    out.join(" ")
+}
+
 fn yes_no(b: bool) -> String {
     if b { "true" } else { "false" }.into()
 }
@@ -227,7 +271,14 @@ impl VolumeStatusCmd {
             ("Nodes Expected", text(&plugin, "/status/nodes_expected")),
             ("Access Mode", held_access_mode(v)),
             ("Capabilities", access_modes(v)),
+            ("Requested Capacity", requested(v)),
             ("Capacity", capacity(v)),
+            (
+                "Mutable Parameters",
+                keys(v, "/status/provisioning/mutable_parameters"),
+            ),
+            ("Conditions", conditions(v)),
+            ("Last Error", text(v, "/status/provisioning/last_error")),
         ]);
         let mut rows = Vec::new();
         for (pointer, mode) in [

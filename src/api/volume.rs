@@ -29,7 +29,8 @@ pub struct VolumeSpec {
     /// Default mount options; a claim's request replaces them field by field.
     #[serde(default)]
     pub mount_options: MountOptions,
-    /// Plugin parameters for CreateVolume.
+    /// Plugin parameters for CreateVolume (and ValidateVolumeCapabilities when
+    /// registering).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub parameters: BTreeMap<String, String>,
     /// Secrets passed to the plugin's calls (redacted in output).
@@ -44,6 +45,14 @@ pub struct VolumeSpec {
     /// Where a created volume must or should be accessible.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology_request: Option<TopologyRequest>,
+    /// Where a registered volume is accessible from (empty: what ControllerGetVolume
+    /// says, else everywhere).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accessible_topology: Vec<Topology>,
+    /// Parameters the plugin may change on a live volume: passed to CreateVolume, and
+    /// a change on a ready volume calls ControllerModifyVolume (MODIFY_VOLUME).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mutable_parameters: BTreeMap<String, String>,
     /// Nodes the operator declared gone for this volume (`moorctl volume detach`), each
     /// with the volume generation the declaration made: the controller releases the
     /// claims there admitted at an earlier generation without waiting for the node,
@@ -156,7 +165,6 @@ impl Spec for VolumeSpec {
                 ("capacity_max", self.capacity_max.is_some()),
                 ("source", self.source.is_some()),
                 ("topology_request", self.topology_request.is_some()),
-                ("parameters", !self.parameters.is_empty()),
             ];
             for (field, set) in creation {
                 if set {
@@ -166,6 +174,12 @@ impl Spec for VolumeSpec {
                     );
                 }
             }
+        }
+        if self.external_id.is_none() && !self.accessible_topology.is_empty() {
+            errors.push(
+                "accessible_topology",
+                "is declared for a registered volume (external_id); a created volume uses topology_request",
+            );
         }
         if let Some(VolumeSource::Volume(id)) = &self.source {
             errors.check_id("source.volume", id.validate());
@@ -224,6 +238,15 @@ pub struct ProvisioningStatus {
     /// Where the volume is accessible from; empty means everywhere.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accessible_topology: Vec<Topology>,
+    /// The mutable parameters the plugin last accepted (CreateVolume or
+    /// ControllerModifyVolume).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mutable_parameters: BTreeMap<String, String>,
+    /// Set when ControllerExpandVolume answered `node_expansion_required`: the capacity
+    /// every node that stages or publishes the volume expands its filesystem to
+    /// (NodeExpandVolume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_expansion_bytes: Option<u64>,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,

@@ -12,6 +12,9 @@
 //! | NodeUnstageVolume | NotFound | uncertain: repeated |
 //! | NodePublishVolume | OK on repeat | uncertain: NodeUnpublish owed |
 //! | NodeUnpublishVolume | NotFound | uncertain: repeated |
+//! | ValidateVolumeCapabilities, ControllerGetVolume | (reads) | repeated |
+//! | ControllerExpandVolume, NodeExpandVolume | OK on repeat (idempotent by size) | repeated |
+//! | ControllerModifyVolume | OK on repeat (idempotent by parameters) | repeated |
 
 use std::future::Future;
 use tonic::transport::Channel;
@@ -147,6 +150,65 @@ impl Csi {
             })
             .await,
         )
+    }
+}
+
+impl Csi {
+    /// ValidateVolumeCapabilities.
+    pub async fn validate_volume_capabilities(
+        &self,
+        req: v1::ValidateVolumeCapabilitiesRequest,
+    ) -> Result<v1::ValidateVolumeCapabilitiesResponse, CsiError> {
+        self.call("ValidateVolumeCapabilities", req, |ch, r| async move {
+            ControllerClient::new(ch)
+                .validate_volume_capabilities(r)
+                .await
+        })
+        .await
+    }
+
+    /// ControllerGetVolume (GET_VOLUME).
+    pub async fn controller_get_volume(
+        &self,
+        req: v1::ControllerGetVolumeRequest,
+    ) -> Result<v1::ControllerGetVolumeResponse, CsiError> {
+        self.call("ControllerGetVolume", req, |ch, r| async move {
+            ControllerClient::new(ch).controller_get_volume(r).await
+        })
+        .await
+    }
+
+    /// ControllerExpandVolume (EXPAND_VOLUME).
+    pub async fn controller_expand(
+        &self,
+        req: v1::ControllerExpandVolumeRequest,
+    ) -> Result<v1::ControllerExpandVolumeResponse, CsiError> {
+        self.call("ControllerExpandVolume", req, |ch, r| async move {
+            ControllerClient::new(ch).controller_expand_volume(r).await
+        })
+        .await
+    }
+
+    /// ControllerModifyVolume (MODIFY_VOLUME).
+    pub async fn controller_modify(
+        &self,
+        req: v1::ControllerModifyVolumeRequest,
+    ) -> Result<v1::ControllerModifyVolumeResponse, CsiError> {
+        self.call("ControllerModifyVolume", req, |ch, r| async move {
+            ControllerClient::new(ch).controller_modify_volume(r).await
+        })
+        .await
+    }
+
+    /// NodeExpandVolume (node EXPAND_VOLUME).
+    pub async fn node_expand(
+        &self,
+        req: v1::NodeExpandVolumeRequest,
+    ) -> Result<v1::NodeExpandVolumeResponse, CsiError> {
+        self.call("NodeExpandVolume", req, |ch, r| async move {
+            NodeClient::new(ch).node_expand_volume(r).await
+        })
+        .await
     }
 }
 

@@ -14,6 +14,7 @@ pub mod node;
 pub mod plugins;
 pub mod provisioner;
 pub mod state;
+pub mod volume_plan;
 
 use anyhow::Context;
 use moor::api::*;

@@ -22,6 +22,7 @@ use moor::store::StoreError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
+use super::volume_plan::{self, Step, EXPANDED, MODIFIED, VALIDATED};
 use super::ControllerPluginCtx;
 use crate::common::{details, object_ref};
 
@@ -106,42 +107,50 @@ impl Provisioner {
         else {
             return Ok(Action::AwaitChange);
         };
-        if let Some(ext) = &vol.spec.external_id {
-            if vol.status.provisioning.phase != VolumePhase::Ready
-                || vol.status.provisioning.external_id.as_ref() != Some(ext)
-            {
-                let ext = ext.clone();
+        let caps = self.ctx.supervisor.status(&self.ctx.plugin.id);
+        let known = caps
+            .as_ref()
+            .is_some_and(|c| !c.capabilities.plugin.is_empty());
+        let controller = caps.map(|c| c.capabilities.controller).unwrap_or_default();
+        match volume_plan::next(&vol, FINALIZER, &controller) {
+            Step::Nothing => Ok(Action::AwaitChange),
+            Step::Validate => self.validate(&vol).await,
+            Step::AddFinalizer => {
+                let mut v = (*vol).clone();
+                v.metadata.finalizers.push(FINALIZER.to_string());
+                self.ctx
+                    .own_writes
+                    .wrote(&self.ctx.writes.replace(&v).await?);
+                Ok(Action::AwaitChange)
+            }
+            Step::Create => self.create(&vol).await,
+            Step::Delete => self.delete(&vol).await,
+            // What the plugin advertises is not known yet: decide once it is.
+            Step::Expand { .. } | Step::Modify | Step::Refuse { .. } if !known => {
+                Ok(Action::Requeue(std::time::Duration::from_secs(1)))
+            }
+            Step::Expand { required, limit } => self.expand(&vol, required, limit).await,
+            Step::Modify => self.modify(&vol).await,
+            Step::Refuse {
+                condition,
+                reason,
+                message,
+            } => {
                 let written = self
                     .ctx
                     .writes
                     .modify_status(&vol_key, |_, st| {
-                        st.provisioning.phase = VolumePhase::Ready;
-                        st.provisioning.external_id = Some(ext.clone());
-                        st.provisioning.meta.last_error = None;
+                        st.provisioning
+                            .meta
+                            .set_condition(condition, false, reason, &message);
                         true
                     })
                     .await?;
                 self.ctx.own_writes.wrote(&written);
+                self.event(&vol, reason, EventType::Warning, message).await;
+                Ok(Action::AwaitChange)
             }
-            return Ok(Action::AwaitChange);
         }
-        if vol.is_deleting() {
-            return self.delete(&vol).await;
-        }
-        if !vol.metadata.finalizers.iter().any(|f| f == FINALIZER) {
-            let mut v = (*vol).clone();
-            v.metadata.finalizers.push(FINALIZER.to_string());
-            self.ctx
-                .own_writes
-                .wrote(&self.ctx.writes.replace(&v).await?);
-            return Ok(Action::AwaitChange);
-        }
-        if vol.status.provisioning.phase == VolumePhase::Ready
-            && vol.status.provisioning.external_id.is_some()
-        {
-            return Ok(Action::AwaitChange);
-        }
-        self.create(&vol).await
     }
 
     /// What a volume's steps depend on: its spec and the plugin's fingerprint (the
@@ -205,7 +214,7 @@ impl Provisioner {
                     preferred: t.preferred.iter().map(convert::topology).collect(),
                 }
             }),
-            mutable_parameters: Default::default(),
+            mutable_parameters: spec.mutable_parameters.clone(),
         })
     }
 
@@ -255,6 +264,7 @@ impl Provisioner {
                             .collect();
                         p.meta.last_error = None;
                         p.meta.retry = None;
+                        p.mutable_parameters = vol.spec.mutable_parameters.clone();
                         p.meta.observed_generation = vol.metadata.generation;
                         p.meta.set_condition("Created", true, "CreateVolume", "");
                         true
@@ -304,6 +314,277 @@ impl Provisioner {
                 Ok(Action::Requeue(after))
             }
         }
+    }
+
+    /// A registered volume: ValidateVolumeCapabilities with its capabilities,
+    /// parameters and context, then ControllerGetVolume where the plugin has
+    /// GET_VOLUME. Ready with what the plugin reports, or Failed with its message.
+    async fn validate(&self, vol: &Volume) -> Result<Action, ProvisionError> {
+        const STEP: &str = "ValidateVolumeCapabilities";
+        let Some(ext) = vol.spec.external_id.clone() else {
+            return Ok(Action::AwaitChange);
+        };
+        let key = vol.key();
+        let inputs = self.inputs(vol);
+        if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
+            return Ok(Action::Requeue(after));
+        }
+        let csi = self.ctx.csi()?;
+        let spec = &vol.spec;
+        let req = v1::ValidateVolumeCapabilitiesRequest {
+            volume_id: ext.to_string(),
+            volume_context: spec.context.clone(),
+            volume_capabilities: spec
+                .capabilities
+                .iter()
+                .map(|c| convert::capability(*c, &spec.mount_options))
+                .collect(),
+            parameters: spec.parameters.clone(),
+            secrets: spec.secrets.expose()?.clone(),
+            mutable_parameters: spec.mutable_parameters.clone(),
+        };
+        let answer = match csi.validate_volume_capabilities(req).await {
+            Ok(r) if r.confirmed.is_none() => {
+                let why = if r.message.is_empty() {
+                    "the plugin did not confirm the capabilities".to_string()
+                } else {
+                    r.message
+                };
+                Err(CsiError {
+                    rpc: STEP,
+                    code: tonic::Code::InvalidArgument,
+                    message: why,
+                    tries: 1,
+                })
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        };
+        let got = match answer {
+            Err(e) => return self.failed(vol, STEP, inputs, &e, VALIDATED).await,
+            Ok(()) if self.advertises("GET_VOLUME") => {
+                let req = v1::ControllerGetVolumeRequest {
+                    volume_id: ext.to_string(),
+                };
+                match csi.controller_get_volume(req).await {
+                    Ok(r) => r.volume,
+                    Err(e) => return self.failed(vol, STEP, inputs, &e, VALIDATED).await,
+                }
+            }
+            Ok(()) => None,
+        };
+        let was_ready = vol.status.provisioning.phase == VolumePhase::Ready
+            && vol.status.provisioning.external_id.as_ref() == Some(&ext);
+        let generation = vol.metadata.generation;
+        let written = self
+            .ctx
+            .writes
+            .modify_status(&vol.object_key(), |_, st| {
+                let p = &mut st.provisioning;
+                p.phase = VolumePhase::Ready;
+                p.external_id = Some(ext.clone());
+                if let Some(v) = &got {
+                    p.capacity_bytes = (v.capacity_bytes > 0).then_some(v.capacity_bytes as u64);
+                }
+                p.accessible_topology = if !vol.spec.accessible_topology.is_empty() {
+                    vol.spec.accessible_topology.clone()
+                } else {
+                    got.iter()
+                        .flat_map(|v| &v.accessible_topology)
+                        .map(|t| t.segments.clone())
+                        .collect()
+                };
+                p.mutable_parameters = vol.spec.mutable_parameters.clone();
+                p.meta.last_error = None;
+                p.meta.retry = None;
+                p.meta.observed_generation = generation;
+                p.meta.set_condition(VALIDATED, true, STEP, "");
+                true
+            })
+            .await?;
+        self.ctx.own_writes.wrote(&written);
+        self.ctx.steps.succeeded(&key, STEP);
+        if !was_ready {
+            self.event(
+                vol,
+                "Volume registered",
+                EventType::Normal,
+                format!("{ext} validated by the plugin"),
+            )
+            .await;
+        }
+        Ok(Action::AwaitChange)
+    }
+
+    /// ControllerExpandVolume to `required` (at most `limit`); records the capacity and
+    /// whether the nodes must expand too.
+    async fn expand(
+        &self,
+        vol: &Volume,
+        required: u64,
+        limit: u64,
+    ) -> Result<Action, ProvisionError> {
+        const STEP: &str = "ControllerExpandVolume";
+        let Some(ext) = vol.status.provisioning.external_id.clone() else {
+            return Ok(Action::AwaitChange);
+        };
+        let key = vol.key();
+        let inputs = self.inputs(vol);
+        if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
+            return Ok(Action::Requeue(after));
+        }
+        // A volume in use is expanded with the capability it is used with.
+        let capability = vol
+            .spec
+            .capabilities
+            .first()
+            .map(|c| convert::capability(*c, &vol.spec.mount_options));
+        let req = v1::ControllerExpandVolumeRequest {
+            volume_id: ext.to_string(),
+            capacity_range: Some(v1::CapacityRange {
+                required_bytes: required as i64,
+                limit_bytes: limit as i64,
+            }),
+            secrets: vol.spec.secrets.expose()?.clone(),
+            volume_capability: capability,
+        };
+        let resp = match self.ctx.csi()?.controller_expand(req).await {
+            Ok(r) => r,
+            Err(e) => return self.failed(vol, STEP, inputs, &e, EXPANDED).await,
+        };
+        // A plugin may answer 0 (unknown): the request was met.
+        let capacity = if resp.capacity_bytes > 0 {
+            resp.capacity_bytes as u64
+        } else {
+            required
+        };
+        let generation = vol.metadata.generation;
+        let written = self
+            .ctx
+            .writes
+            .modify_status(&vol.object_key(), |_, st| {
+                let p = &mut st.provisioning;
+                p.capacity_bytes = Some(capacity);
+                if resp.node_expansion_required {
+                    p.node_expansion_bytes = Some(capacity);
+                }
+                p.meta.last_error = None;
+                p.meta.retry = None;
+                p.meta.observed_generation = generation;
+                let msg = format!("{}", Size(capacity));
+                p.meta.set_condition(EXPANDED, true, STEP, &msg);
+                true
+            })
+            .await?;
+        self.ctx.own_writes.wrote(&written);
+        self.ctx.steps.succeeded(&key, STEP);
+        let nodes = if resp.node_expansion_required {
+            "; the nodes expand the filesystem"
+        } else {
+            ""
+        };
+        self.event(
+            vol,
+            "Volume expanded",
+            EventType::Normal,
+            format!("{ext} expanded to {}{nodes}", Size(capacity)),
+        )
+        .await;
+        Ok(Action::AwaitChange)
+    }
+
+    /// ControllerModifyVolume with the spec's mutable parameters.
+    async fn modify(&self, vol: &Volume) -> Result<Action, ProvisionError> {
+        const STEP: &str = "ControllerModifyVolume";
+        let Some(ext) = vol.status.provisioning.external_id.clone() else {
+            return Ok(Action::AwaitChange);
+        };
+        let key = vol.key();
+        let inputs = self.inputs(vol);
+        if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
+            return Ok(Action::Requeue(after));
+        }
+        let params = vol.spec.mutable_parameters.clone();
+        let req = v1::ControllerModifyVolumeRequest {
+            volume_id: ext.to_string(),
+            secrets: vol.spec.secrets.expose()?.clone(),
+            mutable_parameters: params.clone(),
+        };
+        if let Err(e) = self.ctx.csi()?.controller_modify(req).await {
+            return self.failed(vol, STEP, inputs, &e, MODIFIED).await;
+        }
+        let generation = vol.metadata.generation;
+        let written = self
+            .ctx
+            .writes
+            .modify_status(&vol.object_key(), |_, st| {
+                let p = &mut st.provisioning;
+                p.mutable_parameters = params.clone();
+                p.meta.last_error = None;
+                p.meta.retry = None;
+                p.meta.observed_generation = generation;
+                p.meta.set_condition(MODIFIED, true, STEP, "");
+                true
+            })
+            .await?;
+        self.ctx.own_writes.wrote(&written);
+        self.ctx.steps.succeeded(&key, STEP);
+        let names: Vec<&str> = params.keys().map(String::as_str).collect();
+        self.event(
+            vol,
+            "Volume modified",
+            EventType::Normal,
+            format!("{ext} now has mutable parameters {}", names.join(", ")),
+        )
+        .await;
+        Ok(Action::AwaitChange)
+    }
+
+    /// A failed step of a volume: its failure (and the retry it waits for) on the
+    /// status, condition `condition` false, a Warning. A final answer to a
+    /// registration makes the volume Failed.
+    async fn failed(
+        &self,
+        vol: &Volume,
+        step: &'static str,
+        inputs: u64,
+        e: &CsiError,
+        condition: &'static str,
+    ) -> Result<Action, ProvisionError> {
+        let (failure, after) = self.ctx.steps.failed_call(&vol.key(), step, inputs, e);
+        let msg = e.to_string();
+        let failed = condition == VALIDATED && e.class() == Class::Final;
+        let written = self
+            .ctx
+            .writes
+            .modify_status(&vol.object_key(), |_, st| {
+                let p = &mut st.provisioning;
+                if failed {
+                    p.phase = VolumePhase::Failed;
+                }
+                p.meta.retry = Some(failure.clone());
+                p.meta.last_error = Some(msg.clone());
+                p.meta
+                    .set_condition(condition, false, &format!("{step}Failed"), &msg);
+                true
+            })
+            .await?;
+        self.ctx.own_writes.wrote(&written);
+        let reason = match condition {
+            VALIDATED => "Volume validation failed",
+            EXPANDED => "Volume expansion failed",
+            _ => "Volume modification failed",
+        };
+        self.event(vol, reason, EventType::Warning, msg).await;
+        Ok(Action::Requeue(after))
+    }
+
+    /// Whether the plugin advertises controller capability `name`.
+    fn advertises(&self, name: &str) -> bool {
+        self.ctx
+            .supervisor
+            .status(&self.ctx.plugin.id)
+            .is_some_and(|s| s.capabilities.controller.contains(name))
     }
 
     async fn delete(&self, vol: &Volume) -> Result<Action, ProvisionError> {

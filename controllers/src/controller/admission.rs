@@ -29,13 +29,16 @@ pub struct Admitted {
     pub external_id: ExternalVolumeId,
 }
 
-/// The external id of a volume, wherever it is recorded.
+/// The external id a claim may use: a created volume's once created, a registered
+/// volume's once the plugin validated it.
 pub fn external_id(volume: &Volume) -> Option<ExternalVolumeId> {
-    volume
-        .spec
-        .external_id
-        .clone()
-        .or_else(|| volume.status.provisioning.external_id.clone())
+    let p = &volume.status.provisioning;
+    match &volume.spec.external_id {
+        // A registered volume is claimable once the plugin validated that id.
+        Some(ext) => (p.phase == VolumePhase::Ready && p.external_id.as_ref() == Some(ext))
+            .then(|| ext.clone()),
+        None => p.external_id.clone(),
+    }
 }
 
 /// Checks every rule but the access modes across nodes. `node_claims` (the claims on
@@ -70,9 +73,27 @@ where
             spec.volume, volume.spec.plugin_id, spec.plugin_id
         )));
     }
+    if volume.status.provisioning.phase == VolumePhase::Failed {
+        return Err(Verdict::Deny(format!(
+            "volume {} failed: {}",
+            spec.volume,
+            volume
+                .status
+                .provisioning
+                .meta
+                .last_error
+                .as_deref()
+                .unwrap_or("see its status")
+        )));
+    }
     let Some(external_id) = external_id(volume) else {
+        let doing = if volume.spec.is_registration() {
+            "validated by its plugin"
+        } else {
+            "created"
+        };
         return Err(Verdict::Wait(format!(
-            "volume {} is being created",
+            "volume {} is being {doing}",
             spec.volume
         )));
     };
@@ -206,6 +227,9 @@ mod tests {
             },
         );
         v.metadata.uid = "uv".into();
+        // Validated by the plugin.
+        v.status.provisioning.phase = VolumePhase::Ready;
+        v.status.provisioning.external_id = v.spec.external_id.clone();
         v
     }
 
@@ -286,6 +310,7 @@ mod tests {
     fn a_volume_being_created_waits_and_a_missing_one_is_denied() {
         let mut v = volume(&[AccessMode::SingleNodeWriter]);
         v.spec.external_id = None;
+        v.status.provisioning = Default::default();
         let c = claim("c", "n1", ClaimMode::Write, None);
         assert!(matches!(
             check(&c, Some(&v), Some(&node(true)), Vec::<&Claim>::new),
@@ -296,6 +321,24 @@ mod tests {
         assert!(
             denied(check(&c, None, Some(&node(true)), Vec::<&Claim>::new))
                 .contains("does not exist")
+        );
+    }
+
+    #[test]
+    fn a_registered_volume_waits_for_its_validation_and_a_failed_one_is_denied() {
+        let mut v = volume(&[AccessMode::SingleNodeWriter]);
+        let c = claim("c", "n1", ClaimMode::Write, None);
+        assert!(check(&c, Some(&v), Some(&node(true)), Vec::<&Claim>::new).is_ok());
+        v.status.provisioning.phase = VolumePhase::Pending;
+        match check(&c, Some(&v), Some(&node(true)), Vec::<&Claim>::new) {
+            Err(Verdict::Wait(why)) => assert!(why.contains("validated"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        v.status.provisioning.phase = VolumePhase::Failed;
+        v.status.provisioning.meta.last_error = Some("volume ext-v not found".into());
+        assert!(
+            denied(check(&c, Some(&v), Some(&node(true)), Vec::<&Claim>::new))
+                .contains("ext-v not found")
         );
     }
 

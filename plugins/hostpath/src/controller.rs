@@ -469,17 +469,33 @@ impl Controller for Plugin {
             if req.volume_capabilities.is_empty() {
                 return Err(Status::invalid_argument("volume_capabilities is required"));
             }
+            let mut modes = Vec::new();
             for cap in &req.volume_capabilities {
-                check_capability(Some(cap))?;
+                modes.push(check_capability(Some(cap))?.1);
             }
-            if !self
-                .read(|st| st.volumes.contains_key(&req.volume_id))
+            let Some(single_node) = self
+                .read(|st| st.volumes.get(&req.volume_id).map(|v| v.single_node))
                 .await
-            {
+            else {
                 return Err(Status::not_found(format!(
                     "volume {} not found",
                     req.volume_id
                 )));
+            };
+            // A volume created for one node cannot be shared: not confirmed, with why.
+            if single_node {
+                if let Some(m) = modes.iter().find(|m| !is_single_node(**m)) {
+                    let name = volume_capability::access_mode::Mode::try_from(*m)
+                        .map(|m| m.as_str_name())
+                        .unwrap_or("?");
+                    return Ok(ValidateVolumeCapabilitiesResponse {
+                        confirmed: None,
+                        message: format!(
+                            "volume {} was created for a single node; {name} is not supported",
+                            req.volume_id
+                        ),
+                    });
+                }
             }
             Ok(ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(validate_volume_capabilities_response::Confirmed {

@@ -1,0 +1,281 @@
+//! The provisioner's decision for one volume (pure, unit tested): which controller step
+//! it owes now, given the volume and the plugin's advertised controller capabilities.
+//! The provisioner executes the step; a step the plugin does not advertise is never
+//! called but refused, once, as a condition and a Warning.
+//!
+//! | volume | step |
+//! |---|---|
+//! | registered, not validated at this generation | ValidateVolumeCapabilities (+ ControllerGetVolume with GET_VOLUME) |
+//! | created, being deleted | DeleteVolume (after the claims) |
+//! | created, no finalizer | add `moor.dev/provisioner` |
+//! | created, not Ready | CreateVolume |
+//! | Ready, `capacity_max` below the capacity | refused: volumes do not shrink |
+//! | Ready, `capacity_min` above the capacity | ControllerExpandVolume (EXPAND_VOLUME) |
+//! | Ready, `mutable_parameters` not those accepted | ControllerModifyVolume (MODIFY_VOLUME) |
+
+use moor::api::*;
+
+/// What the provisioner does next for a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Converged.
+    Nothing,
+    /// Registered: check the plugin knows the volume and can serve the capabilities.
+    Validate,
+    /// Add the provisioner's finalizer before creating.
+    AddFinalizer,
+    /// CreateVolume.
+    Create,
+    /// DeleteVolume (when no claim holds it any more).
+    Delete,
+    /// ControllerExpandVolume to at least `required` bytes, at most `limit` (0: none).
+    Expand {
+        /// The new capacity_min.
+        required: u64,
+        /// capacity_max, or 0.
+        limit: u64,
+    },
+    /// ControllerModifyVolume with the spec's mutable parameters.
+    Modify,
+    /// A step is owed but cannot be made: shown as condition `condition` false with
+    /// `reason` and `message`, and a Warning.
+    Refuse {
+        /// The condition it shows on.
+        condition: &'static str,
+        /// Why, machine-readable.
+        reason: &'static str,
+        /// Why, for a person.
+        message: String,
+    },
+}
+
+/// The condition types the provisioner sets.
+pub const VALIDATED: &str = "Validated";
+/// See [`VALIDATED`].
+pub const EXPANDED: &str = "Expanded";
+/// See [`VALIDATED`].
+pub const MODIFIED: &str = "Modified";
+
+/// The step owed for `vol`; `controller` holds the plugin's controller capabilities.
+pub fn next(
+    vol: &Volume,
+    finalizer: &str,
+    controller: &std::collections::BTreeSet<String>,
+) -> Step {
+    let p = &vol.status.provisioning;
+    if let Some(ext) = &vol.spec.external_id {
+        if vol.is_deleting() {
+            return Step::Nothing;
+        }
+        if p.phase != VolumePhase::Ready
+            || p.external_id.as_ref() != Some(ext)
+            || p.meta.observed_generation != vol.metadata.generation
+        {
+            return Step::Validate;
+        }
+        return ready(vol, controller);
+    }
+    if vol.is_deleting() {
+        return Step::Delete;
+    }
+    if !vol.metadata.finalizers.iter().any(|f| f == finalizer) {
+        return Step::AddFinalizer;
+    }
+    if p.phase != VolumePhase::Ready || p.external_id.is_none() {
+        return Step::Create;
+    }
+    ready(vol, controller)
+}
+
+/// The steps of a Ready volume: expansion, then modification.
+fn ready(vol: &Volume, controller: &std::collections::BTreeSet<String>) -> Step {
+    let spec = &vol.spec;
+    let p = &vol.status.provisioning;
+    let step = match p.capacity_bytes {
+        Some(actual) if spec.capacity_max.is_some_and(|max| max.0 < actual) => Step::Refuse {
+            condition: EXPANDED,
+            reason: "ShrinkRefused",
+            message: format!(
+                "capacity_max {} is below the volume's capacity {}: volumes do not shrink",
+                spec.capacity_max.unwrap_or_default(),
+                Size(actual)
+            ),
+        },
+        Some(actual) if spec.capacity_min.is_some_and(|min| min.0 > actual) => {
+            if controller.contains("EXPAND_VOLUME") {
+                Step::Expand {
+                    required: spec.capacity_min.map(|s| s.0).unwrap_or_default(),
+                    limit: spec.capacity_max.map(|s| s.0).unwrap_or_default(),
+                }
+            } else {
+                Step::Refuse {
+                    condition: EXPANDED,
+                    reason: "ExpansionUnsupported",
+                    message: format!("plugin {} does not advertise EXPAND_VOLUME", spec.plugin_id),
+                }
+            }
+        }
+        _ => Step::Nothing,
+    };
+    if step != Step::Nothing {
+        return refused_once(vol, step);
+    }
+    if spec.mutable_parameters != p.mutable_parameters {
+        let step = if controller.contains("MODIFY_VOLUME") {
+            Step::Modify
+        } else {
+            Step::Refuse {
+                condition: MODIFIED,
+                reason: "ModifyUnsupported",
+                message: format!("plugin {} does not advertise MODIFY_VOLUME", spec.plugin_id),
+            }
+        };
+        return refused_once(vol, step);
+    }
+    Step::Nothing
+}
+
+/// A refusal already shown (same condition, reason and message) is not shown again.
+fn refused_once(vol: &Volume, step: Step) -> Step {
+    if let Step::Refuse {
+        condition,
+        reason,
+        message,
+    } = &step
+    {
+        let shown = vol.status.provisioning.meta.conditions.iter().any(|c| {
+            c.type_ == *condition && !c.status && c.reason == *reason && c.message == *message
+        });
+        if shown {
+            return Step::Nothing;
+        }
+    }
+    step
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    const F: &str = "moor.dev/provisioner";
+
+    fn caps(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn ready_volume() -> Volume {
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v").unwrap(),
+            VolumeSpec {
+                plugin_id: PluginId::new("p").unwrap(),
+                capacity_min: Some(Size(100)),
+                ..Default::default()
+            },
+        );
+        v.metadata.finalizers.push(F.into());
+        v.metadata.generation = 2;
+        let p = &mut v.status.provisioning;
+        p.phase = VolumePhase::Ready;
+        p.external_id = Some(ExternalVolumeId::new("e1").unwrap());
+        p.capacity_bytes = Some(100);
+        v
+    }
+
+    #[test]
+    fn a_created_volume_goes_through_finalizer_create_and_delete() {
+        let mut v = ready_volume();
+        assert_eq!(next(&v, F, &caps(&[])), Step::Nothing);
+        v.status.provisioning.phase = VolumePhase::Creating;
+        assert_eq!(next(&v, F, &caps(&[])), Step::Create);
+        v.metadata.finalizers.clear();
+        assert_eq!(next(&v, F, &caps(&[])), Step::AddFinalizer);
+        v.metadata.deletion_timestamp = Some(Timestamp::now());
+        assert_eq!(next(&v, F, &caps(&[])), Step::Delete);
+    }
+
+    #[test]
+    fn a_registered_volume_is_validated_once_per_generation() {
+        let mut v = ready_volume();
+        v.spec.external_id = Some(ExternalVolumeId::new("e1").unwrap());
+        v.status.provisioning.phase = VolumePhase::Pending;
+        assert_eq!(next(&v, F, &caps(&[])), Step::Validate);
+        v.status.provisioning.phase = VolumePhase::Ready;
+        assert_eq!(next(&v, F, &caps(&[])), Step::Validate, "older generation");
+        v.status.provisioning.meta.observed_generation = 2;
+        assert_eq!(next(&v, F, &caps(&[])), Step::Nothing);
+        v.spec.external_id = Some(ExternalVolumeId::new("e2").unwrap());
+        assert_eq!(next(&v, F, &caps(&[])), Step::Validate, "another id");
+        v.metadata.deletion_timestamp = Some(Timestamp::now());
+        assert_eq!(next(&v, F, &caps(&[])), Step::Nothing, "never deleted");
+    }
+
+    #[test]
+    fn expansion_is_gated_on_the_capability_and_shrinking_is_refused() {
+        let mut v = ready_volume();
+        v.spec.capacity_min = Some(Size(300));
+        v.spec.capacity_max = Some(Size(400));
+        assert_eq!(
+            next(&v, F, &caps(&["EXPAND_VOLUME"])),
+            Step::Expand {
+                required: 300,
+                limit: 400
+            }
+        );
+        let refused = next(&v, F, &caps(&[]));
+        let Step::Refuse {
+            condition,
+            reason,
+            ref message,
+        } = refused
+        else {
+            panic!("{refused:?}")
+        };
+        assert_eq!((condition, reason), (EXPANDED, "ExpansionUnsupported"));
+        // Shown once: the same refusal on the status is not repeated.
+        v.status
+            .provisioning
+            .meta
+            .set_condition(condition, false, reason, message);
+        assert_eq!(next(&v, F, &caps(&[])), Step::Nothing);
+        v.spec.capacity_min = Some(Size(50));
+        v.spec.capacity_max = Some(Size(60));
+        assert!(matches!(
+            next(&v, F, &caps(&["EXPAND_VOLUME"])),
+            Step::Refuse {
+                reason: "ShrinkRefused",
+                ..
+            }
+        ));
+        v.spec.capacity_max = None;
+        assert_eq!(next(&v, F, &caps(&["EXPAND_VOLUME"])), Step::Nothing);
+    }
+
+    #[test]
+    fn modification_follows_expansion_and_is_gated() {
+        let mut v = ready_volume();
+        v.spec
+            .mutable_parameters
+            .insert("iops".into(), "100".into());
+        assert_eq!(next(&v, F, &caps(&["MODIFY_VOLUME"])), Step::Modify);
+        assert!(matches!(
+            next(&v, F, &caps(&[])),
+            Step::Refuse {
+                reason: "ModifyUnsupported",
+                ..
+            }
+        ));
+        v.spec.capacity_min = Some(Size(200));
+        assert!(matches!(
+            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"])),
+            Step::Expand { .. }
+        ));
+        v.status.provisioning.capacity_bytes = Some(200);
+        v.status.provisioning.mutable_parameters = v.spec.mutable_parameters.clone();
+        assert_eq!(
+            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"])),
+            Step::Nothing
+        );
+    }
+}
