@@ -333,3 +333,291 @@ async fn registration_is_validated_by_the_plugin_and_a_volume_it_cannot_serve_fa
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+fn created(name: &str, range: &str) -> String {
+    format!(
+        "apiVersion: moor/v1\nkind: Volume\nmetadata: {{name: {name}}}\nspec:\n  plugin_id: {}\n  \
+         {range}\n  capabilities:\n    - {{access_mode: single-node-writer, attachment_mode: file-system}}\n",
+        cluster::PLUGIN
+    )
+}
+
+async fn mount(c: &Cluster, alloc: &str, node_name: &str) -> Option<Mount> {
+    let claim = Claim::key_for(
+        &node(node_name),
+        &Namespace::default_ns(),
+        format!("{alloc}.data"),
+    );
+    c.store
+        .try_get(&Mount::key_for(&claim))
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn events_of(c: &Cluster, reason: &str) -> Vec<Event> {
+    c.store
+        .list::<EventSpec>(&KeyScope::all())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.spec.reason == reason)
+        .collect()
+}
+
+const MIB: u64 = 1 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raising_capacity_min_expands_the_volume_and_the_node_online_and_shrinking_is_refused() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let opts = PluginOpts {
+        extra: vec!["--node-expansion-required".into()],
+        ..Default::default()
+    };
+    let c = Cluster::start(1, 2, opts).await;
+    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+
+    apply_yaml(&c, "v1-4", &created("v1", "capacity_min: 4MiB"));
+    c.wait("v1 expanded to 4MiB", T, || async {
+        volume(&c, "v1").await.status.provisioning.capacity_bytes == Some(4 * MIB)
+    })
+    .await;
+    assert_eq!(c.node("n1").count("ControllerExpandVolume", "OK"), 1);
+    // The plugin asked for node expansion: n2, where the volume is published, expands
+    // it online at the target path.
+    c.wait("n2 expanded", T, || async {
+        mount(&c, "a1", "n2")
+            .await
+            .is_some_and(|m| m.status.expanded_bytes == Some(4 * MIB))
+    })
+    .await;
+    let target = mount(&c, "a1", "n2").await.unwrap().spec.target_path;
+    let expands: Vec<_> = c
+        .node("n2")
+        .calls()
+        .into_iter()
+        .filter(|k| k.rpc == "NodeExpandVolume")
+        .collect();
+    assert_eq!(expands.len(), 1, "{expands:?}");
+    assert_eq!(expands[0].code, "OK");
+    assert!(expands[0]
+        .target_path
+        .as_deref()
+        .is_some_and(|t| target.ends_with(t) || t.ends_with(&target)));
+    let (_, out) = c.moorctl(&["volume", "status", "v1"]);
+    assert_eq!(field(&out, "Capacity"), "4.0 MiB", "{out}");
+    assert_eq!(field(&out, "Requested Capacity"), "4.0 MiB..", "{out}");
+    assert!(field(&out, "Conditions").contains("Expanded=true"), "{out}");
+    assert!(!events_of(&c, "Volume expanded").await.is_empty());
+
+    // Shrinking: refused once, with a Warning, and no call.
+    apply_yaml(&c, "v1-2", &created("v1", "capacity_max: 2MiB"));
+    c.wait("shrink refused", T, || async {
+        volume(&c, "v1")
+            .await
+            .status
+            .provisioning
+            .meta
+            .conditions
+            .iter()
+            .any(|k| k.reason == "ShrinkRefused" && !k.status)
+    })
+    .await;
+    assert_eq!(events_of(&c, "ShrinkRefused").await.len(), 1);
+    assert_eq!(c.node("n1").count("ControllerExpandVolume", "OK"), 1);
+    c.check_calls(false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_plugin_expands_once_released_and_the_node_expands_at_the_next_stage() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let opts = PluginOpts {
+        extra: vec![
+            "--node-expansion-required".into(),
+            "--expansion=offline".into(),
+        ],
+        ..Default::default()
+    };
+    let c = Cluster::start(1, 2, opts).await;
+    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+
+    apply_yaml(&c, "v1-4", &created("v1", "capacity_min: 4MiB"));
+    c.wait("expansion waits for the release", T, || async {
+        volume(&c, "v1")
+            .await
+            .status
+            .provisioning
+            .meta
+            .conditions
+            .iter()
+            .any(|k| k.reason == "ExpansionWaitsForRelease")
+    })
+    .await;
+    assert_eq!(
+        c.node("n1")
+            .calls()
+            .iter()
+            .filter(|k| k.rpc == "ControllerExpandVolume")
+            .count(),
+        0,
+        "never called while the volume is in use"
+    );
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    c.wait("v1 expanded once released", T, || async {
+        volume(&c, "v1").await.status.provisioning.capacity_bytes == Some(4 * MIB)
+    })
+    .await;
+    assert_eq!(c.node("n1").count("ControllerExpandVolume", "OK"), 1);
+
+    // The next claim: staged, expanded at the staging path, then published.
+    c.apply(c.allocation("a2", "n2", "v1", false)).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, T).await;
+    let m = mount(&c, "a2", "n2").await.unwrap();
+    assert_eq!(m.status.expanded_bytes, Some(4 * MIB));
+    let calls: Vec<_> = c
+        .node("n2")
+        .calls()
+        .into_iter()
+        .filter(|k| k.code == "OK")
+        .map(|k| k.rpc)
+        .collect();
+    let at = |rpc: &str| calls.iter().rposition(|r| r == rpc).unwrap();
+    assert!(at("NodeStageVolume") < at("NodeExpandVolume"), "{calls:?}");
+    assert!(
+        at("NodeExpandVolume") < at("NodePublishVolume"),
+        "{calls:?}"
+    );
+    c.check_calls(false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_mutable_parameters_call_controller_modify_volume() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let opts = PluginOpts {
+        extra: vec!["--mutable-parameters=iops,tier".into()],
+        ..Default::default()
+    };
+    let c = Cluster::start(1, 1, opts).await;
+    let with = |params: &str| {
+        created(
+            "m1",
+            &format!("capacity_min: 1MiB\n  mutable_parameters: {{{params}}}"),
+        )
+    };
+    apply_yaml(&c, "m1", &with("iops: '100'"));
+    c.volume_ready("m1").await;
+    // CreateVolume carried them: nothing to modify.
+    let params = |v: &Volume| v.status.provisioning.mutable_parameters.clone();
+    assert_eq!(
+        params(&volume(&c, "m1").await),
+        [("iops".into(), "100".into())].into()
+    );
+    assert_eq!(
+        c.node("n1")
+            .calls()
+            .iter()
+            .filter(|k| k.rpc == "ControllerModifyVolume")
+            .count(),
+        0
+    );
+
+    apply_yaml(&c, "m1-200", &with("iops: '200', tier: gold"));
+    c.wait("m1 modified", T, || async {
+        params(&volume(&c, "m1").await)
+            .get("iops")
+            .map(String::as_str)
+            == Some("200")
+    })
+    .await;
+    assert_eq!(c.node("n1").count("ControllerModifyVolume", "OK"), 1);
+    let (_, out) = c.moorctl(&["volume", "status", "m1"]);
+    assert_eq!(field(&out, "Mutable Parameters"), "iops,tier", "{out}");
+    assert!(field(&out, "Conditions").contains("Modified=true"), "{out}");
+    assert!(!events_of(&c, "Volume modified").await.is_empty());
+
+    // A parameter the plugin does not accept: its final answer, shown and backed off.
+    apply_yaml(&c, "m1-bad", &with("iops: '200', tier: gold, color: red"));
+    c.wait("modification failed", T, || async {
+        volume(&c, "m1")
+            .await
+            .status
+            .provisioning
+            .meta
+            .last_error
+            .is_some_and(|e| e.contains("color"))
+    })
+    .await;
+    assert!(!events_of(&c, "Volume modification failed").await.is_empty());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        c.node("n1")
+            .count("ControllerModifyVolume", "InvalidArgument"),
+        1,
+        "a final answer is not repeated before the cap"
+    );
+    // A removed parameter cannot be unset through CSI: refused, no call.
+    apply_yaml(&c, "m1-less", &with("iops: '200'"));
+    c.wait("removal refused", T, || async {
+        volume(&c, "m1")
+            .await
+            .status
+            .provisioning
+            .meta
+            .conditions
+            .iter()
+            .any(|k| k.reason == "ParameterRemovalUnsupported")
+    })
+    .await;
+    assert_eq!(
+        c.node("n1")
+            .calls()
+            .iter()
+            .filter(|k| k.rpc == "ControllerModifyVolume")
+            .count(),
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_without_modify_volume_gets_a_warning_and_no_call() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    apply_yaml(&c, "m1", &created("m1", "capacity_min: 1MiB"));
+    c.volume_ready("m1").await;
+    apply_yaml(
+        &c,
+        "m1-p",
+        &created(
+            "m1",
+            "capacity_min: 1MiB\n  mutable_parameters: {iops: '5'}",
+        ),
+    );
+    c.wait("modify refused", T, || async {
+        volume(&c, "m1")
+            .await
+            .status
+            .provisioning
+            .meta
+            .conditions
+            .iter()
+            .any(|k| k.reason == "ModifyUnsupported" && !k.status)
+    })
+    .await;
+    assert_eq!(events_of(&c, "ModifyUnsupported").await.len(), 1);
+    assert_eq!(
+        c.node("n1")
+            .calls()
+            .iter()
+            .filter(|k| k.rpc == "ControllerModifyVolume")
+            .count(),
+        0
+    );
+}

@@ -59,8 +59,12 @@ fn capacity(v: &Value) -> String {
 
 /// The spec's capacity range, `min..max`.
 fn requested(v: &Value) -> String {
-    let min = text(v, "/spec/capacity_min");
-    let max = text(v, "/spec/capacity_max");
+    let size = |pointer| match v.pointer(pointer).and_then(Value::as_u64) {
+        Some(b) => bytesize::ByteSize::b(b).display().iec().to_string(),
+        None => text(v, pointer),
+    };
+    let min = size("/spec/capacity_min");
+    let max = size("/spec/capacity_max");
     match (min.is_empty(), max.is_empty()) {
         (true, true) => "<none>".into(),
         _ => format!("{min}..{max}"),

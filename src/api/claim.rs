@@ -60,6 +60,11 @@ pub struct ClaimSpec {
     /// controller knows the node may have acted.
     #[serde(default)]
     pub publish: bool,
+    /// The capacity the node expands the volume's filesystem to (NodeExpandVolume),
+    /// copied by the controller from the volume when ControllerExpandVolume said the
+    /// nodes must expand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_expansion_bytes: Option<u64>,
     /// Set by the controller when the allocation no longer needs the volume.
     #[serde(default)]
     pub release: bool,

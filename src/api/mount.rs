@@ -75,6 +75,9 @@ pub struct MountStatus {
     /// NodePublish timed out or was cut off; NodeUnpublish is owed on release.
     #[serde(default)]
     pub publish_uncertain: bool,
+    /// The capacity NodeExpandVolume last expanded the volume to on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expanded_bytes: Option<u64>,
     /// The claim was released and everything it used on the node torn down: the
     /// controller may detach. Once set, the agent never mounts for this claim again.
     #[serde(default)]

@@ -43,7 +43,20 @@ pub fn plugin_capability_names(resp: &v1::GetPluginCapabilitiesResponse) -> Vec<
             Some(Type::Service(s)) => service::Type::try_from(s.r#type)
                 .ok()
                 .map(|t| t.as_str_name().to_string()),
-            Some(Type::VolumeExpansion(_)) => Some("VOLUME_EXPANSION".to_string()),
+            // Whether a volume in use can be expanded (ONLINE) or only while not
+            // published (OFFLINE).
+            Some(Type::VolumeExpansion(e)) => Some(
+                match v1::plugin_capability::volume_expansion::Type::try_from(e.r#type) {
+                    Ok(v1::plugin_capability::volume_expansion::Type::Online) => {
+                        "VOLUME_EXPANSION_ONLINE"
+                    }
+                    Ok(v1::plugin_capability::volume_expansion::Type::Offline) => {
+                        "VOLUME_EXPANSION_OFFLINE"
+                    }
+                    _ => "VOLUME_EXPANSION",
+                }
+                .to_string(),
+            ),
             None => None,
         })
         .collect()

@@ -111,8 +111,8 @@ impl Provisioner {
         let known = caps
             .as_ref()
             .is_some_and(|c| !c.capabilities.plugin.is_empty());
-        let controller = caps.map(|c| c.capabilities.controller).unwrap_or_default();
-        match volume_plan::next(&vol, FINALIZER, &controller) {
+        let caps = caps.map(|c| c.capabilities).unwrap_or_default();
+        match volume_plan::next(&vol, FINALIZER, &caps) {
             Step::Nothing => Ok(Action::AwaitChange),
             Step::Validate => self.validate(&vol).await,
             Step::AddFinalizer => {

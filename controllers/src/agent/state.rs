@@ -74,6 +74,9 @@ pub struct PublishRecord {
     pub step: Step,
     /// Torn down after the claim's release: never published again.
     pub released: bool,
+    /// The capacity NodeExpandVolume expanded the volume to for this claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expanded_bytes: Option<u64>,
 }
 
 /// Everything the agent did on its node.
@@ -171,6 +174,7 @@ mod tests {
             target_path: PathBuf::from("/t"),
             step,
             released,
+            expanded_bytes: None,
         }
     }
 

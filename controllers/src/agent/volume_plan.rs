@@ -56,12 +56,8 @@ pub const EXPANDED: &str = "Expanded";
 /// See [`VALIDATED`].
 pub const MODIFIED: &str = "Modified";
 
-/// The step owed for `vol`; `controller` holds the plugin's controller capabilities.
-pub fn next(
-    vol: &Volume,
-    finalizer: &str,
-    controller: &std::collections::BTreeSet<String>,
-) -> Step {
+/// The step owed for `vol`; `caps` are the plugin's advertised capabilities.
+pub fn next(vol: &Volume, finalizer: &str, caps: &PluginCapabilities) -> Step {
     let p = &vol.status.provisioning;
     if let Some(ext) = &vol.spec.external_id {
         if vol.is_deleting() {
@@ -73,7 +69,7 @@ pub fn next(
         {
             return Step::Validate;
         }
-        return ready(vol, controller);
+        return ready(vol, caps);
     }
     if vol.is_deleting() {
         return Step::Delete;
@@ -84,11 +80,15 @@ pub fn next(
     if p.phase != VolumePhase::Ready || p.external_id.is_none() {
         return Step::Create;
     }
-    ready(vol, controller)
+    ready(vol, caps)
 }
 
 /// The steps of a Ready volume: expansion, then modification.
-fn ready(vol: &Volume, controller: &std::collections::BTreeSet<String>) -> Step {
+fn ready(vol: &Volume, caps: &PluginCapabilities) -> Step {
+    let controller = &caps.controller;
+    // Without the capability a plugin is taken to expand volumes in use (the CSI
+    // spec's default for a plugin that does not say).
+    let online = !caps.plugin.contains("VOLUME_EXPANSION_OFFLINE");
     let spec = &vol.spec;
     let p = &vol.status.provisioning;
     let step = match p.capacity_bytes {
@@ -102,7 +102,18 @@ fn ready(vol: &Volume, controller: &std::collections::BTreeSet<String>) -> Step 
             ),
         },
         Some(actual) if spec.capacity_min.is_some_and(|min| min.0 > actual) => {
-            if controller.contains("EXPAND_VOLUME") {
+            let claimed = !vol.status.claims.read_claims.is_empty()
+                || !vol.status.claims.write_claims.is_empty();
+            if controller.contains("EXPAND_VOLUME") && claimed && !online {
+                Step::Refuse {
+                    condition: EXPANDED,
+                    reason: "ExpansionWaitsForRelease",
+                    message: format!(
+                        "plugin {} expands only volumes not in use (no VOLUME_EXPANSION ONLINE)",
+                        spec.plugin_id
+                    ),
+                }
+            } else if controller.contains("EXPAND_VOLUME") {
                 Step::Expand {
                     required: spec.capacity_min.map(|s| s.0).unwrap_or_default(),
                     limit: spec.capacity_max.map(|s| s.0).unwrap_or_default(),
@@ -121,7 +132,23 @@ fn ready(vol: &Volume, controller: &std::collections::BTreeSet<String>) -> Step 
         return refused_once(vol, step);
     }
     if spec.mutable_parameters != p.mutable_parameters {
-        let step = if controller.contains("MODIFY_VOLUME") {
+        let removed: Vec<&str> = p
+            .mutable_parameters
+            .keys()
+            .filter(|k| !spec.mutable_parameters.contains_key(*k))
+            .map(String::as_str)
+            .collect();
+        let step = if !removed.is_empty() {
+            // CSI can set a mutable parameter, not unset one.
+            Step::Refuse {
+                condition: MODIFIED,
+                reason: "ParameterRemovalUnsupported",
+                message: format!(
+                    "mutable parameters cannot be removed ({}); set them to another value",
+                    removed.join(", ")
+                ),
+            }
+        } else if controller.contains("MODIFY_VOLUME") {
             Step::Modify
         } else {
             Step::Refuse {
@@ -156,12 +183,14 @@ fn refused_once(vol: &Volume, step: Step) -> Step {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
 
     const F: &str = "moor.dev/provisioner";
 
-    fn caps(names: &[&str]) -> BTreeSet<String> {
-        names.iter().map(|s| s.to_string()).collect()
+    fn caps(names: &[&str]) -> PluginCapabilities {
+        PluginCapabilities {
+            controller: names.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
     }
 
     fn ready_volume() -> Volume {
@@ -250,6 +279,26 @@ mod tests {
         ));
         v.spec.capacity_max = None;
         assert_eq!(next(&v, F, &caps(&["EXPAND_VOLUME"])), Step::Nothing);
+        // An OFFLINE plugin expands a volume only while no claim holds it.
+        v.spec.capacity_min = Some(Size(300));
+        let mut offline = caps(&["EXPAND_VOLUME"]);
+        offline.plugin.insert("VOLUME_EXPANSION_OFFLINE".into());
+        v.status.claims.write_claims.push(ClaimRef {
+            allocation: AllocationId::new("a").unwrap(),
+            claim: Name::new("a.data").unwrap(),
+            node: NodeName::new("n").unwrap(),
+            mode: ClaimMode::Write,
+            access_mode: None,
+        });
+        assert!(matches!(
+            next(&v, F, &offline),
+            Step::Refuse {
+                reason: "ExpansionWaitsForRelease",
+                ..
+            }
+        ));
+        v.status.claims.write_claims.clear();
+        assert!(matches!(next(&v, F, &offline), Step::Expand { .. }));
     }
 
     #[test]
@@ -273,6 +322,19 @@ mod tests {
         ));
         v.status.provisioning.capacity_bytes = Some(200);
         v.status.provisioning.mutable_parameters = v.spec.mutable_parameters.clone();
+        assert_eq!(
+            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"])),
+            Step::Nothing
+        );
+        v.spec.mutable_parameters.clear();
+        assert!(matches!(
+            next(&v, F, &caps(&["MODIFY_VOLUME"])),
+            Step::Refuse {
+                reason: "ParameterRemovalUnsupported",
+                ..
+            }
+        ));
+        v.spec.mutable_parameters = v.status.provisioning.mutable_parameters.clone();
         assert_eq!(
             next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"])),
             Step::Nothing

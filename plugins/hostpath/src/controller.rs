@@ -119,6 +119,18 @@ impl Plugin {
         }
     }
 
+    /// Mutable parameters must be among `--mutable-parameters`.
+    fn check_mutable(&self, params: &BTreeMap<String, String>) -> Result<(), Status> {
+        let accepted = &self.cfg().mutable_parameters;
+        match params.keys().find(|k| !accepted.contains(k)) {
+            Some(k) => Err(Status::invalid_argument(format!(
+                "mutable parameter {k:?} is not supported (accepted: {})",
+                accepted.join(", ")
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn volume_message(&self, v: &VolumeRec) -> Volume {
         Volume {
             capacity_bytes: v.capacity,
@@ -194,6 +206,7 @@ impl Controller for Plugin {
             for cap in &req.volume_capabilities {
                 single_node |= is_single_node(check_capability(Some(cap))?.1);
             }
+            self.check_mutable(&req.mutable_parameters)?;
             let (required, limit) = req
                 .capacity_range
                 .as_ref()
@@ -285,6 +298,7 @@ impl Controller for Plugin {
                         topology: self.inner.topology.clone(),
                         published: BTreeMap::new(),
                         single_node,
+                        mutable_parameters: req.mutable_parameters.clone(),
                     };
                     st.volumes.insert(id, rec.clone());
                     Ok(rec)
@@ -566,6 +580,9 @@ impl Controller for Plugin {
                 Type::ExpandVolume,
                 Type::GetVolume,
             ];
+            if !self.cfg().mutable_parameters.is_empty() {
+                types.push(Type::ModifyVolume);
+            }
             if self.cfg().publish_unpublish {
                 types.extend([
                     Type::PublishUnpublishVolume,
@@ -717,12 +734,18 @@ impl Controller for Plugin {
                 .capacity_range
                 .ok_or_else(|| Status::invalid_argument("capacity_range is required"))?;
             let total = self.inner.capacity;
+            let offline = self.cfg().expansion == crate::Expansion::Offline;
             let capacity = self
                 .mutate(|st| {
                     let used = st.used_capacity();
                     let vol = st.volumes.get_mut(&req.volume_id).ok_or_else(|| {
                         Status::not_found(format!("volume {} not found", req.volume_id))
                     })?;
+                    if offline && !vol.published.is_empty() {
+                        return Err(Status::failed_precondition(
+                            "VOLUME_EXPANSION is OFFLINE: the volume is published",
+                        ));
+                    }
                     if range.limit_bytes > 0 && range.limit_bytes < vol.capacity {
                         return Err(Status::out_of_range("volumes do not shrink"));
                     }
@@ -736,7 +759,7 @@ impl Controller for Plugin {
                 .await?;
             Ok(ControllerExpandVolumeResponse {
                 capacity_bytes: capacity,
-                node_expansion_required: false,
+                node_expansion_required: self.cfg().node_expansion_required,
             })
         })
         .await
@@ -770,10 +793,33 @@ impl Controller for Plugin {
 
     async fn controller_modify_volume(
         &self,
-        _: Request<ControllerModifyVolumeRequest>,
+        request: Request<ControllerModifyVolumeRequest>,
     ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
-        self.call(Call::new("ControllerModifyVolume"), async {
-            Err(Status::unimplemented("MODIFY_VOLUME is not advertised"))
+        let req = request.into_inner();
+        let c = Call {
+            volume_id: Some(req.volume_id.clone()),
+            secret_keys: req.secrets.keys().cloned().collect(),
+            ..Call::new("ControllerModifyVolume")
+        };
+        self.call(c, async {
+            if self.cfg().mutable_parameters.is_empty() {
+                return Err(Status::unimplemented("MODIFY_VOLUME is not advertised"));
+            }
+            require(&req.volume_id, "volume_id")?;
+            if req.mutable_parameters.is_empty() {
+                return Err(Status::invalid_argument("mutable_parameters is required"));
+            }
+            self.check_mutable(&req.mutable_parameters)?;
+            self.mutate(|st| {
+                let vol = st.volumes.get_mut(&req.volume_id).ok_or_else(|| {
+                    Status::not_found(format!("volume {} not found", req.volume_id))
+                })?;
+                vol.mutable_parameters
+                    .extend(req.mutable_parameters.clone());
+                Ok(())
+            })
+            .await?;
+            Ok(ControllerModifyVolumeResponse {})
         })
         .await
     }

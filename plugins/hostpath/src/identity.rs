@@ -50,7 +50,14 @@ impl Identity for Plugin {
             capabilities.push(PluginCapability {
                 r#type: Some(plugin_capability::Type::VolumeExpansion(
                     plugin_capability::VolumeExpansion {
-                        r#type: plugin_capability::volume_expansion::Type::Online as i32,
+                        r#type: match self.cfg().expansion {
+                            crate::Expansion::Online => {
+                                plugin_capability::volume_expansion::Type::Online
+                            }
+                            crate::Expansion::Offline => {
+                                plugin_capability::volume_expansion::Type::Offline
+                            }
+                        } as i32,
                     },
                 )),
             });

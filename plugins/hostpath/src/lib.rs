@@ -48,6 +48,15 @@ pub enum Mode {
     Node,
 }
 
+/// Which VOLUME_EXPANSION the plugin advertises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Expansion {
+    /// Volumes in use are expanded.
+    Online,
+    /// Only volumes not published are expanded.
+    Offline,
+}
+
 /// How the plugin runs (the command line).
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "moor-hostpath", version, about = "moor's reference CSI plugin")]
@@ -86,6 +95,19 @@ pub struct Config {
     /// Keep the same state and rules without mounting (unprivileged machines, benchmarks).
     #[arg(long)]
     pub no_mount: bool,
+    /// ControllerExpandVolume answers `node_expansion_required` (NodeExpandVolume then
+    /// follows on each node using the volume).
+    #[arg(long)]
+    pub node_expansion_required: bool,
+    /// VOLUME_EXPANSION as advertised: `online` expands volumes in use; `offline`
+    /// refuses to expand a published volume (FailedPrecondition).
+    #[arg(long, value_enum, default_value = "online")]
+    pub expansion: Expansion,
+    /// The mutable parameter names ControllerModifyVolume (and CreateVolume's
+    /// mutable_parameters) accept; when set, MODIFY_VOLUME is advertised. Others are
+    /// InvalidArgument.
+    #[arg(long, value_delimiter = ',')]
+    pub mutable_parameters: Vec<String>,
     /// The fault-injection socket (default `<state-dir>/admin.sock`).
     #[arg(long)]
     pub admin_socket: Option<PathBuf>,

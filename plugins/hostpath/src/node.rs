@@ -424,7 +424,8 @@ impl Node for Plugin {
             &req.volume_path,
         );
         self.call(c, async {
-            self.volume_at(&req.volume_id, &req.volume_path, false)
+            // Online: where it is published; offline: where it is staged.
+            self.volume_at(&req.volume_id, &req.volume_path, true)
                 .await?;
             // A directory needs no filesystem resize.
             Ok(NodeExpandVolumeResponse {

@@ -32,6 +32,9 @@ pub struct VolumeRec {
     /// Whether the first capability it was created with was single-node.
     #[serde(default)]
     pub single_node: bool,
+    /// Mutable parameters (CreateVolume's, then ControllerModifyVolume's).
+    #[serde(default)]
+    pub mutable_parameters: BTreeMap<String, String>,
 }
 
 /// Content a volume was created from.

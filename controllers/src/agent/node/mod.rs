@@ -448,6 +448,7 @@ impl Reconcile {
             published: publish == Step::Done,
             publish_uncertain: publish == Step::Uncertain,
             released: released && (claim.spec.release || claim.is_deleting()),
+            expanded_bytes: rec.as_ref().and_then(|r| r.expanded_bytes),
             meta: StatusMeta {
                 observed_generation: claim.metadata.generation,
                 last_error,

@@ -43,6 +43,7 @@ impl Reconcile {
             target_path: paths.target_host.clone(),
             step: Step::Absent,
             released: false,
+            expanded_bytes: None,
         });
         self.edit(|s| {
             s.publishes.insert(key.to_string(), rec.clone());
@@ -63,16 +64,60 @@ impl Reconcile {
             staged,
             staging_shared: false,
         });
-        if steps.is_empty() {
-            // Adopted from an earlier run, or already done.
-            return Ok(());
-        }
+        // NodeExpandVolume is owed when the controller asked for a larger capacity than
+        // this node expanded to, and the plugin's node service can expand: online on a
+        // published volume when the plugin allows it, else right after the next stage.
+        let expand_to = claim
+            .spec
+            .node_expansion_bytes
+            .filter(|b| rec.expanded_bytes < Some(*b))
+            .filter(|_| fp.capabilities.node.contains("EXPAND_VOLUME"));
+        let online = !fp.capabilities.plugin.contains("VOLUME_EXPANSION_OFFLINE");
         // The controller copies the volume's secrets onto the claim at admission: an
         // agent reads its node's claims only.
         let secrets = claim.spec.node_secrets.expose()?.clone();
         let capability = convert::capability(cap, &claim.spec.mount_options);
+        if steps.is_empty() {
+            // Adopted from an earlier run, or already done.
+            return match expand_to {
+                Some(bytes) if online => {
+                    let volume_path = path_str(&paths.target_plugin);
+                    let r = self
+                        .ensure_expanded(
+                            &cfg,
+                            key,
+                            claim,
+                            &rec,
+                            bytes,
+                            volume_path,
+                            &capability,
+                            &secrets,
+                        )
+                        .await;
+                    self.after_expansion(key, claim, r).await
+                }
+                _ => Ok(()),
+            };
+        }
         let result = async {
             for step in steps {
+                if step == plan::Forward::Publish {
+                    // Offline expansion: staged, not yet published.
+                    if let (Some(bytes), Some(staging)) = (expand_to, &rec.staging_path) {
+                        let volume_path = path_str(&plugin_path(&cfg, staging));
+                        self.ensure_expanded(
+                            &cfg,
+                            key,
+                            claim,
+                            &rec,
+                            bytes,
+                            volume_path,
+                            &capability,
+                            &secrets,
+                        )
+                        .await?;
+                    }
+                }
                 match (step, &rec.staging_path) {
                     (plan::Forward::Stage, Some(staging)) => {
                         self.ensure_staged(
@@ -117,6 +162,98 @@ impl Reconcile {
                 let msg = moor::process::error_chain(&e);
                 self.sync_mount(key, claim, Some(msg.clone())).await?;
                 self.event(claim, "Mount volume", Some(msg)).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// NodeExpandVolume of the volume at `volume_path` to `bytes`; the capacity is
+    /// recorded in the claim's publish record (and so on its Mount).
+    #[allow(clippy::too_many_arguments)]
+    async fn ensure_expanded(
+        &self,
+        cfg: &PluginConfig,
+        key: &str,
+        claim: &Claim,
+        rec: &PublishRecord,
+        bytes: u64,
+        volume_path: String,
+        capability: &v1::VolumeCapability,
+        secrets: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), NodeError> {
+        const STEP: &str = "NodeExpandVolume";
+        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
+        self.gate(key, STEP, inputs)?;
+        let req = v1::NodeExpandVolumeRequest {
+            volume_id: rec.external_id.to_string(),
+            volume_path,
+            capacity_range: Some(v1::CapacityRange {
+                required_bytes: bytes as i64,
+                limit_bytes: 0,
+            }),
+            staging_target_path: rec
+                .staging_path
+                .as_ref()
+                .map(|s| path_str(&plugin_path(cfg, s)))
+                .unwrap_or_default(),
+            volume_capability: Some(capability.clone()),
+            secrets: secrets.clone(),
+        };
+        let csi = self.csi(cfg)?;
+        let resp = self.step(key, STEP, inputs, csi.node_expand(req)).await?;
+        let got = if resp.capacity_bytes > 0 {
+            resp.capacity_bytes as u64
+        } else {
+            bytes
+        };
+        self.edit(|s| {
+            if let Some(p) = s.publishes.get_mut(key) {
+                p.expanded_bytes = Some(got);
+            }
+        })
+        .await
+    }
+
+    /// Mirrors an online expansion's outcome on the Mount, with an event.
+    async fn after_expansion(
+        &self,
+        key: &str,
+        claim: &Claim,
+        r: Result<(), NodeError>,
+    ) -> Result<(), NodeError> {
+        match r {
+            Ok(()) => {
+                self.sync_mount(key, claim, None).await?;
+                let msg = format!(
+                    "{} expanded on the node for claim {}",
+                    claim.spec.volume, claim.metadata.name
+                );
+                self.node_event(
+                    &claim.spec.volume,
+                    "Expand volume",
+                    EventType::Normal,
+                    msg,
+                    None,
+                )
+                .await;
+                Ok(())
+            }
+            Err(e @ NodeError::BackingOff(..)) => Err(e),
+            Err(e) => {
+                let msg = moor::process::error_chain(&e);
+                self.sync_mount(key, claim, Some(msg.clone())).await?;
+                let text = format!(
+                    "{} could not be expanded on the node for claim {}: {msg}",
+                    claim.spec.volume, claim.metadata.name
+                );
+                self.node_event(
+                    &claim.spec.volume,
+                    "Expand volume",
+                    EventType::Warning,
+                    text,
+                    Some(msg),
+                )
+                .await;
                 Err(e)
             }
         }

@@ -185,14 +185,24 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
     }
     // Node steps take the volume's secrets from the claim: keep them current (a claim
     // admitted by an older controller has none, and a volume's secrets may change).
+    // Likewise the capacity the node expands to (NodeExpandVolume).
     if matches!(
         claim.status.phase,
         ClaimPhase::Admitted | ClaimPhase::Published
     ) {
         if let Some(volume) = ctx.volume(&claim.metadata.namespace, &claim.spec.volume) {
-            if volume.spec.secrets != claim.spec.node_secrets {
+            // And the capacity the nodes expand to, once the volume was expanded.
+            let expand = volume
+                .status
+                .provisioning
+                .node_expansion_bytes
+                .filter(|b| claim.spec.node_expansion_bytes < Some(*b));
+            if volume.spec.secrets != claim.spec.node_secrets || expand.is_some() {
                 let mut c = (*claim).clone();
                 c.spec.node_secrets = volume.spec.secrets.clone();
+                if expand.is_some() {
+                    c.spec.node_expansion_bytes = expand;
+                }
                 write(ctx, &claim, c).await?;
                 return Ok(Action::AwaitChange);
             }
