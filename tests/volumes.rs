@@ -621,3 +621,118 @@ async fn a_plugin_without_modify_volume_gets_a_warning_and_no_call() {
         0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_cut_listed_restored_and_deleted_through_moorctl() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
+    c.volume_ready("v1").await;
+    // Data in the volume, to find again in the restored one.
+    let data = |v: &Volume| {
+        std::path::PathBuf::from(v.status.provisioning.volume_context.get("path").unwrap())
+    };
+    std::fs::write(data(&volume(&c, "v1").await).join("hello"), b"from v1").unwrap();
+
+    // A volume restored from a snapshot that does not exist yet waits for it.
+    apply_yaml(
+        &c,
+        "r1",
+        &created("r1", "capacity_min: 1MiB\n  source: {snapshot: s1}"),
+    );
+    c.wait("r1 waits for s1", T, || async {
+        volume(&c, "r1")
+            .await
+            .status
+            .provisioning
+            .meta
+            .conditions
+            .iter()
+            .any(|k| k.reason == "WaitingForSource")
+    })
+    .await;
+
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "v1", "s1"]);
+    assert!(ok, "{out}");
+    let (ok, out) = c.moorctl(&[
+        "wait",
+        "snapshot/s1",
+        "--for",
+        "phase=ready",
+        "--timeout",
+        "30s",
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "list"]);
+    assert!(ok, "{out}");
+    for header in ["SNAPSHOT ID", "VOLUME ID", "SIZE", "CREATE TIME", "READY"] {
+        assert!(out.contains(header), "{out}");
+    }
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("s1 "))
+        .expect("s1 listed");
+    assert!(
+        row.contains("v1") && row.contains("yes") && row.contains("snap-"),
+        "{row}"
+    );
+    let (ok, out) = c.moorctl(&["get", "snapshots"]);
+    assert!(ok && out.contains("s1"), "{out}");
+    let (ok, out) = c.moorctl(&["describe", "snapshot", "s1"]);
+    assert!(ok && out.contains("ready_to_use"), "{out}");
+    assert_eq!(c.node("n1").count("CreateSnapshot", "OK"), 1);
+
+    // Restored once the snapshot is ready: the data came along.
+    wait_phase(&c, "r1", VolumePhase::Ready).await;
+    let restored = data(&volume(&c, "r1").await).join("hello");
+    assert_eq!(std::fs::read(&restored).unwrap(), b"from v1");
+    // A clone of v1 and a restore by the plugin's own snapshot id.
+    let sid = c
+        .store
+        .get(&Snapshot::key_for(&Namespace::default_ns(), "s1"))
+        .await
+        .unwrap()
+        .status
+        .snapshot_id
+        .unwrap();
+    apply_yaml(
+        &c,
+        "c1",
+        &created("c1", "capacity_min: 1MiB\n  source: {volume: v1}"),
+    );
+    apply_yaml(
+        &c,
+        "r2",
+        &created(
+            "r2",
+            &format!("capacity_min: 1MiB\n  source: {{external_snapshot_id: {sid}}}"),
+        ),
+    );
+    wait_phase(&c, "c1", VolumePhase::Ready).await;
+    wait_phase(&c, "r2", VolumePhase::Ready).await;
+    assert_eq!(
+        std::fs::read(data(&volume(&c, "c1").await).join("hello")).unwrap(),
+        b"from v1"
+    );
+
+    // Deleted through the plugin; the finalizer held it until then.
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "delete", "s1"]);
+    assert!(ok, "{out}");
+    c.wait("s1 gone", T, || async {
+        c.store
+            .try_get(&Snapshot::key_for(&Namespace::default_ns(), "s1"))
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    assert_eq!(c.node("n1").count("DeleteSnapshot", "OK"), 1);
+    let (_, out) = c.moorctl(&["events", "--for", "snapshot/s1"]);
+    assert!(
+        out.contains("Snapshot created") && out.contains("Snapshot deleted"),
+        "{out}"
+    );
+    // A snapshot of a volume that does not exist is refused.
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "nope", "s9"]);
+    assert!(!ok && out.contains("not found"), "{out}");
+}

@@ -56,6 +56,7 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     user="moor-agent-$node"
     ctl role grant-permission "$user" readwrite "${PREFIX}volumes/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}attachments/" --prefix
+    ctl role grant-permission "$user" readwrite "${PREFIX}snapshots/" --prefix
     # The election of the controller plugin it hosts (that key only: not another
     # plugin's, not the controller's).
     ctl role grant-permission "$user" readwrite "${PREFIX}leaders/plugin.$plugin"

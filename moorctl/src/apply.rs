@@ -90,8 +90,9 @@ async fn apply_any(ctx: &Ctx, obj: AnyObject) -> anyhow::Result<String> {
             apply_one(ctx, *o).await
         }
         AnyObject::Allocation(o) => apply_one(ctx, *o).await,
+        AnyObject::Snapshot(o) => apply_one(ctx, *o).await,
         other => Err(Refused(format!(
-            "{}: {} objects are written by moor itself; apply Volumes and Allocations",
+            "{}: {} objects are written by moor itself; apply Volumes, Allocations and Snapshots",
             other.key(),
             other.key().split('/').next().unwrap_or_default()
         ))

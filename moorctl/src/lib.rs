@@ -12,6 +12,7 @@ pub mod explain;
 mod get;
 mod kind;
 mod plugin;
+mod snapshot;
 mod status;
 mod table;
 mod validate;
@@ -141,6 +142,9 @@ pub enum VolumeCmd {
     },
     /// Volumes with their plugin, schedulability, access mode and claims.
     Status(status::VolumeStatusCmd),
+    /// Snapshots of volumes: create, delete, list.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCmd),
     /// Remove a volume from moor without any plugin call (a created volume's storage is
     /// kept); refused while claims hold it.
     Deregister {
@@ -208,6 +212,7 @@ impl Cli {
                     namespace,
                 }) => volume::detach(&ctx, &namespace, &volume, &node).await,
                 Command::Volume(VolumeCmd::Status(cmd)) => cmd.run(&ctx).await,
+                Command::Volume(VolumeCmd::Snapshot(cmd)) => cmd.run(&ctx).await,
                 Command::Volume(VolumeCmd::Deregister {
                     volume,
                     force,

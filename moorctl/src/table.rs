@@ -171,6 +171,21 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                 )
             }),
         ],
+        // Nomad's `volume snapshot list` columns.
+        Kind::Snapshot => vec![
+            col("NAME", name),
+            col("SNAPSHOT ID", |v| text(v, "/status/snapshot_id")),
+            col("VOLUME ID", |v| text(v, "/spec/volume")),
+            col("SIZE", |v| {
+                v.pointer("/status/size_bytes")
+                    .and_then(Value::as_u64)
+                    .map(|b| bytesize::ByteSize::b(b).display().iec().to_string())
+                    .unwrap_or_default()
+            }),
+            col("CREATE TIME", |v| text(v, "/status/creation_time")),
+            col("READY", |v| yes_no(v, "/status/ready_to_use")),
+            col("PHASE", |v| text(v, "/status/phase")),
+        ],
         Kind::Event => vec![
             col("AGE", |v| ago(&text(v, "/spec/time"))),
             col("TYPE", |v| text(v, "/spec/type")),

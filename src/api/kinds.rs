@@ -54,6 +54,7 @@ macro_rules! for_each_kind {
             Node(NodeSpec),
             Plugin(PluginSpec),
             Event(EventSpec),
+            Snapshot(SnapshotSpec),
         }
     };
 }
@@ -187,6 +188,6 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 8);
+        assert_eq!(Kind::ALL.len(), 9);
     }
 }

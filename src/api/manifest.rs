@@ -23,6 +23,8 @@ pub enum AnyObject {
     Plugin(Box<Plugin>),
     /// An Event.
     Event(Box<Event>),
+    /// A Snapshot.
+    Snapshot(Box<Snapshot>),
 }
 
 /// Why a manifest document was not accepted.
@@ -38,7 +40,7 @@ pub enum ManifestError {
         source: serde_yaml_ng::Error,
     },
     /// No `kind`, or one moor does not know.
-    #[error("document {doc}: kind {kind:?} is not one of Volume, Allocation, Claim, Attachment, Mount, Node, Plugin, Event")]
+    #[error("document {doc}: kind {kind:?} is not one of Volume, Allocation, Claim, Attachment, Mount, Node, Plugin, Event, Snapshot")]
     UnknownKind {
         /// 1-based document number.
         doc: usize,
@@ -101,6 +103,7 @@ impl AnyObject {
             AnyObject::Node(o) => o.key(),
             AnyObject::Plugin(o) => o.key(),
             AnyObject::Event(o) => o.key(),
+            AnyObject::Snapshot(o) => o.key(),
         }
     }
 }
@@ -280,6 +283,7 @@ pub fn parse_manifests(text: &str) -> Vec<Result<AnyObject, ManifestError>> {
             "Node" => typed(doc, value, AnyObject::Node),
             "Plugin" => typed(doc, value, AnyObject::Plugin),
             "Event" => typed(doc, value, AnyObject::Event),
+            "Snapshot" => typed(doc, value, AnyObject::Snapshot),
             _ => Err(ManifestError::UnknownKind {
                 doc,
                 kind: printable(&kind),

@@ -19,6 +19,7 @@ mod modes;
 mod mount;
 mod node;
 mod plugin;
+mod snapshot;
 mod volume;
 
 pub use allocation::*;
@@ -34,6 +35,7 @@ pub use modes::*;
 pub use mount::*;
 pub use node::*;
 pub use plugin::*;
+pub use snapshot::*;
 pub use volume::*;
 
 use serde::de::DeserializeOwned;

@@ -98,8 +98,10 @@ impl VolumeSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VolumeSource {
-    /// The plugin's id of a snapshot.
-    Snapshot(String),
+    /// A moor Snapshot (in the same namespace) to restore, once it is ready.
+    Snapshot(Name),
+    /// The plugin's own id of a snapshot moor does not manage.
+    ExternalSnapshotId(String),
     /// Another moor volume (in the same namespace) to clone.
     Volume(VolumeId),
 }
@@ -184,9 +186,12 @@ impl Spec for VolumeSpec {
         if let Some(VolumeSource::Volume(id)) = &self.source {
             errors.check_id("source.volume", id.validate());
         }
-        if let Some(VolumeSource::Snapshot(id)) = &self.source {
+        if let Some(VolumeSource::Snapshot(name)) = &self.source {
+            errors.check_id("source.snapshot", name.validate());
+        }
+        if let Some(VolumeSource::ExternalSnapshotId(id)) = &self.source {
             if id.is_empty() {
-                errors.push("source.snapshot", "is required");
+                errors.push("source.external_snapshot_id", "is required");
             }
         }
     }

@@ -15,6 +15,8 @@
 //! | ValidateVolumeCapabilities, ControllerGetVolume | (reads) | repeated |
 //! | ControllerExpandVolume, NodeExpandVolume | OK on repeat (idempotent by size) | repeated |
 //! | ControllerModifyVolume | OK on repeat (idempotent by parameters) | repeated |
+//! | CreateSnapshot | (idempotent by name) | repeated; DeleteSnapshot after re-asking |
+//! | DeleteSnapshot | NotFound | uncertain: repeated |
 
 use std::future::Future;
 use tonic::transport::Channel;
@@ -198,6 +200,28 @@ impl Csi {
             ControllerClient::new(ch).controller_modify_volume(r).await
         })
         .await
+    }
+
+    /// CreateSnapshot (CREATE_DELETE_SNAPSHOT; idempotent by name: asking again is how
+    /// a snapshot not yet ready to use is polled).
+    pub async fn create_snapshot(
+        &self,
+        req: v1::CreateSnapshotRequest,
+    ) -> Result<v1::CreateSnapshotResponse, CsiError> {
+        self.call("CreateSnapshot", req, |ch, r| async move {
+            ControllerClient::new(ch).create_snapshot(r).await
+        })
+        .await
+    }
+
+    /// DeleteSnapshot; NotFound is done.
+    pub async fn delete_snapshot(&self, req: v1::DeleteSnapshotRequest) -> Result<(), CsiError> {
+        done_if_gone(
+            self.call("DeleteSnapshot", req, |ch, r| async move {
+                ControllerClient::new(ch).delete_snapshot(r).await
+            })
+            .await,
+        )
     }
 
     /// NodeExpandVolume (node EXPAND_VOLUME).

@@ -13,6 +13,7 @@ pub mod attacher;
 pub mod node;
 pub mod plugins;
 pub mod provisioner;
+pub mod snapshotter;
 pub mod state;
 pub mod volume_plan;
 
@@ -320,8 +321,16 @@ impl ControllerPluginCtx {
         let volumes = Informer::<Volume>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
         let attachments =
             Informer::<Attachment>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
+        let snapshots =
+            Informer::<Snapshot>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
         let prov = provisioner::Provisioner {
             ctx: self.clone(),
+            volumes: volumes.clone(),
+            snapshots: snapshots.clone(),
+        };
+        let snap = snapshotter::Snapshotter {
+            ctx: self.clone(),
+            snapshots,
             volumes: volumes.clone(),
         };
         let att = attacher::Attacher {
@@ -331,6 +340,7 @@ impl ControllerPluginCtx {
         };
         tokio::join!(
             prov.run(metrics.controller("provisioner"), stop.clone()),
+            snap.run(metrics.controller("snapshotter"), stop.clone()),
             att.run(metrics.controller("attacher"), stop)
         );
     }

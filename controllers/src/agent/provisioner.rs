@@ -49,9 +49,20 @@ pub enum ProvisionError {
     /// The clone source is not ready.
     #[error("source volume {0} has no external id yet")]
     SourceNotReady(VolumeId),
+    /// The snapshot to restore is not ready to use.
+    #[error("snapshot {0} is not ready to use yet")]
+    SnapshotNotReady(Name),
     /// The plugin answered without a volume.
     #[error("CreateVolume answered without a volume id")]
     NoVolume,
+}
+
+fn snapshot_source(snapshot_id: String) -> v1::VolumeContentSource {
+    v1::VolumeContentSource {
+        r#type: Some(v1::volume_content_source::Type::Snapshot(
+            v1::volume_content_source::SnapshotSource { snapshot_id },
+        )),
+    }
 }
 
 impl ReconcileError for ProvisionError {
@@ -69,6 +80,8 @@ pub struct Provisioner {
     pub ctx: ControllerPluginCtx,
     /// Volumes.
     pub volumes: Informer<Volume>,
+    /// Snapshots (a volume restored from one waits until it is ready to use).
+    pub snapshots: Informer<Snapshot>,
 }
 
 impl Provisioner {
@@ -76,10 +89,26 @@ impl Provisioner {
     pub async fn run(self, metrics: ControllerMetrics, stop: CancellationToken) {
         let reader = self.volumes.reader();
         let events = self.volumes.subscribe();
+        let restoring = reader.clone();
+        let snapshots = self.snapshots.subscribe();
         let this = Arc::new(self);
         Controller::new("provisioner", reader, Config::default())
             .with_metrics(metrics)
             .owns(events)
+            // A snapshot becoming ready lets the volumes restored from it be created.
+            .watches(snapshots, move |s: &Snapshot| {
+                restoring
+                    .state()
+                    .iter()
+                    .filter(|v| {
+                        v.metadata.namespace == s.metadata.namespace
+                            && v.status.provisioning.external_id.is_none()
+                            && matches!(&v.spec.source,
+                                Some(VolumeSource::Snapshot(n)) if n == &s.metadata.name)
+                    })
+                    .map(|v| v.key())
+                    .collect()
+            })
             .run(
                 move |key| {
                     let this = this.clone();
@@ -174,13 +203,17 @@ impl Provisioner {
             });
         let source = match &spec.source {
             None => None,
-            Some(VolumeSource::Snapshot(id)) => Some(v1::VolumeContentSource {
-                r#type: Some(v1::volume_content_source::Type::Snapshot(
-                    v1::volume_content_source::SnapshotSource {
-                        snapshot_id: id.clone(),
-                    },
-                )),
-            }),
+            Some(VolumeSource::ExternalSnapshotId(id)) => Some(snapshot_source(id.clone())),
+            Some(VolumeSource::Snapshot(name)) => {
+                let id = self
+                    .snapshots
+                    .reader()
+                    .get(&Snapshot::key_for(&vol.metadata.namespace, name))
+                    .filter(|s| s.status.ready_to_use && !s.is_deleting())
+                    .and_then(|s| s.status.snapshot_id.clone())
+                    .ok_or_else(|| ProvisionError::SnapshotNotReady(name.clone()))?;
+                Some(snapshot_source(id))
+            }
             Some(VolumeSource::Volume(id)) => {
                 let src = self
                     .volumes
@@ -233,6 +266,32 @@ impl Provisioner {
         let inputs = self.inputs(vol);
         if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
             return Ok(Action::Requeue(after));
+        }
+        if let Err(e @ (ProvisionError::SourceNotReady(_) | ProvisionError::SnapshotNotReady(_))) =
+            self.create_request(vol)
+        {
+            // Waiting for the source, shown once (the reason is the same each pass).
+            let msg = e.to_string();
+            let shown = vol.status.provisioning.meta.conditions.iter().any(|c| {
+                c.type_ == "Created" && c.reason == "WaitingForSource" && c.message == msg
+            });
+            if !shown {
+                let written = self
+                    .ctx
+                    .writes
+                    .modify_status(&vol.object_key(), |_, st| {
+                        st.provisioning.meta.set_condition(
+                            "Created",
+                            false,
+                            "WaitingForSource",
+                            &msg,
+                        );
+                        true
+                    })
+                    .await?;
+                self.ctx.own_writes.wrote(&written);
+            }
+            return Ok(Action::Requeue(std::time::Duration::from_secs(2)));
         }
         let written = self
             .ctx

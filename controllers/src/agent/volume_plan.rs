@@ -78,6 +78,21 @@ pub fn next(vol: &Volume, finalizer: &str, caps: &PluginCapabilities) -> Step {
         return Step::AddFinalizer;
     }
     if p.phase != VolumePhase::Ready || p.external_id.is_none() {
+        let needs = match &vol.spec.source {
+            Some(VolumeSource::Snapshot(_) | VolumeSource::ExternalSnapshotId(_)) => {
+                Some(("CREATE_DELETE_SNAPSHOT", "RestoreUnsupported"))
+            }
+            Some(VolumeSource::Volume(_)) => Some(("CLONE_VOLUME", "CloneUnsupported")),
+            None => None,
+        };
+        if let Some((cap, reason)) = needs.filter(|(cap, _)| !caps.controller.contains(*cap)) {
+            let step = Step::Refuse {
+                condition: "Created",
+                reason,
+                message: format!("plugin {} does not advertise {cap}", vol.spec.plugin_id),
+            };
+            return refused_once(vol, step);
+        }
         return Step::Create;
     }
     ready(vol, caps)
@@ -222,6 +237,33 @@ mod tests {
         assert_eq!(next(&v, F, &caps(&[])), Step::AddFinalizer);
         v.metadata.deletion_timestamp = Some(Timestamp::now());
         assert_eq!(next(&v, F, &caps(&[])), Step::Delete);
+    }
+
+    #[test]
+    fn restoring_and_cloning_need_their_capabilities() {
+        let mut v = ready_volume();
+        v.status.provisioning.phase = VolumePhase::Pending;
+        v.spec.source = Some(VolumeSource::Snapshot(Name::new("s").unwrap()));
+        assert!(matches!(
+            next(&v, F, &caps(&[])),
+            Step::Refuse {
+                reason: "RestoreUnsupported",
+                ..
+            }
+        ));
+        assert_eq!(
+            next(&v, F, &caps(&["CREATE_DELETE_SNAPSHOT"])),
+            Step::Create
+        );
+        v.spec.source = Some(VolumeSource::Volume(VolumeId::new("w").unwrap()));
+        assert!(matches!(
+            next(&v, F, &caps(&["CREATE_DELETE_SNAPSHOT"])),
+            Step::Refuse {
+                reason: "CloneUnsupported",
+                ..
+            }
+        ));
+        assert_eq!(next(&v, F, &caps(&["CLONE_VOLUME"])), Step::Create);
     }
 
     #[test]

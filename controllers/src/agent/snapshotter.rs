@@ -1,0 +1,548 @@
+//! The snapshotter: CreateSnapshot / DeleteSnapshot for the Snapshots of one plugin's
+//! volumes, run by the agent leading that plugin's election beside the provisioner. It
+//! owns a Snapshot's `status` and the `moor.dev/snapshotter` finalizer.
+//!
+//! Expected flow for a Snapshot (decided by [`next`], pure and unit tested):
+//! 1. Its volume's plugin is this one (or, once cut, `status.plugin_id` is).
+//! 2. The plugin must advertise CREATE_DELETE_SNAPSHOT: otherwise Failed with a
+//!    Warning, never called.
+//! 3. Add the finalizer; wait until the volume is created (its external id).
+//! 4. CreateSnapshot named by the snapshot's uid (idempotent), from the volume's
+//!    external id; record the plugin's id, size, creation time and ready_to_use
+//!    (Ready); not yet ready to use: asked again until it is (Creating).
+//! 5. Deleted: DeleteSnapshot (NotFound is done; a snapshot whose CreateSnapshot was in
+//!    doubt is asked for again first, so it is not leaked), then drop the finalizer.
+
+use moor::api::*;
+use moor::csi::policy::{Class, CsiError};
+use moor::csi::v1;
+use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
+use moor::runtime::informer::Informer;
+use moor::runtime::metrics::ControllerMetrics;
+use moor::runtime::steps::{self, Gate};
+use moor::store::StoreError;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use super::ControllerPluginCtx;
+use crate::common::{details, object_ref};
+
+/// The finalizer that holds a snapshot's deletion until DeleteSnapshot.
+pub const FINALIZER: &str = "moor.dev/snapshotter";
+
+/// Why a snapshot could not be converged.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Reading or writing etcd failed.
+    #[error("store operation failed")]
+    Store(#[from] StoreError),
+    /// The plugin has no channel.
+    #[error(transparent)]
+    NoChannel(#[from] super::NoChannel),
+    /// The secrets are sealed with a key this agent does not hold.
+    #[error(transparent)]
+    Sealed(#[from] SealedSecrets),
+}
+
+impl ReconcileError for SnapshotError {
+    fn policy(&self) -> ErrorPolicy {
+        match self {
+            SnapshotError::Store(e) => e.policy(),
+            _ => ErrorPolicy::Backoff,
+        }
+    }
+}
+
+/// What the snapshotter does next for a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Not this plugin's, or converged.
+    Nothing,
+    /// Add the finalizer.
+    AddFinalizer,
+    /// The volume has no external id yet.
+    WaitForVolume,
+    /// CreateSnapshot from this external volume id (first time, or polling).
+    Create(String),
+    /// DeleteSnapshot (asking CreateSnapshot again first when its id is unknown).
+    Delete,
+    /// The plugin cannot snapshot: Failed with this message.
+    Refuse(String),
+}
+
+/// The step owed for `snap`, given its volume (if it exists) and the plugin's
+/// controller capabilities; `plugin` is this snapshotter's plugin.
+pub fn next(
+    snap: &Snapshot,
+    volume: Option<&Volume>,
+    plugin: &PluginId,
+    controller: &std::collections::BTreeSet<String>,
+) -> Step {
+    let ours = match (&snap.status.plugin_id, volume) {
+        (Some(p), _) => p == plugin,
+        (None, Some(v)) => &v.spec.plugin_id == plugin,
+        (None, None) => false,
+    };
+    if !ours {
+        return Step::Nothing;
+    }
+    let has = |f: &str| snap.metadata.finalizers.iter().any(|x| x == f);
+    if snap.is_deleting() {
+        return if has(FINALIZER) {
+            Step::Delete
+        } else {
+            Step::Nothing
+        };
+    }
+    if snap.status.phase == SnapshotPhase::Ready && snap.status.ready_to_use {
+        return Step::Nothing;
+    }
+    if !controller.contains("CREATE_DELETE_SNAPSHOT") {
+        let msg = format!("plugin {plugin} does not advertise CREATE_DELETE_SNAPSHOT");
+        if snap.status.phase == SnapshotPhase::Failed
+            && snap.status.meta.last_error.as_deref() == Some(msg.as_str())
+        {
+            return Step::Nothing;
+        }
+        return Step::Refuse(msg);
+    }
+    if !has(FINALIZER) {
+        return Step::AddFinalizer;
+    }
+    // Once cut, the source is what was recorded (the volume may have gone since).
+    if let Some(src) = &snap.status.source_volume_id {
+        return Step::Create(src.clone());
+    }
+    match volume.and_then(|v| v.status.provisioning.external_id.clone()) {
+        Some(ext) if volume.is_some_and(|v| v.status.provisioning.phase == VolumePhase::Ready) => {
+            Step::Create(ext.to_string())
+        }
+        _ => Step::WaitForVolume,
+    }
+}
+
+/// The snapshotter of one plugin.
+pub struct Snapshotter {
+    /// Shared with the provisioner and the attacher.
+    pub ctx: ControllerPluginCtx,
+    /// Snapshots.
+    pub snapshots: Informer<Snapshot>,
+    /// Volumes.
+    pub volumes: Informer<Volume>,
+}
+
+impl Snapshotter {
+    /// Runs until `stop`.
+    pub async fn run(self, metrics: ControllerMetrics, stop: CancellationToken) {
+        let reader = self.snapshots.reader();
+        let snapshots = reader.clone();
+        let this = Arc::new(self);
+        Controller::new("snapshotter", reader, Config::default())
+            .with_metrics(metrics)
+            .owns(this.snapshots.subscribe())
+            // A volume becoming ready lets its waiting snapshots be cut (snapshots are
+            // few: a scan per volume change is cheap).
+            .watches(this.volumes.subscribe(), move |v: &Volume| {
+                snapshots
+                    .state()
+                    .iter()
+                    .filter(|s| {
+                        s.metadata.namespace == v.metadata.namespace
+                            && s.spec.volume.as_str() == v.metadata.name.as_str()
+                            && s.status.snapshot_id.is_none()
+                    })
+                    .map(|s| s.key())
+                    .collect()
+            })
+            .run(
+                {
+                    let this = this.clone();
+                    move |key| {
+                        let this = this.clone();
+                        async move { this.reconcile(key).await }
+                    }
+                },
+                stop,
+            )
+            .await;
+    }
+
+    async fn reconcile(&self, key: String) -> Result<Action, SnapshotError> {
+        let reader = self.snapshots.reader();
+        reader.wait_until_ready().await;
+        self.volumes.reader().wait_until_ready().await;
+        let Some(cached) = reader.get(&key) else {
+            return Ok(Action::AwaitChange);
+        };
+        let snap_key = cached.object_key();
+        let _guard = self.ctx.locks.lock(snap_key.as_str()).await;
+        let Some(snap) = self
+            .ctx
+            .own_writes
+            .fresh(&self.ctx.reads, &reader, &snap_key)
+            .await?
+        else {
+            return Ok(Action::AwaitChange);
+        };
+        let volume = self.volumes.reader().get(&Volume::key_for(
+            &snap.metadata.namespace,
+            &snap.spec.volume,
+        ));
+        let controller = self
+            .ctx
+            .supervisor
+            .status(&self.ctx.plugin.id)
+            .filter(|s| !s.capabilities.plugin.is_empty())
+            .map(|s| s.capabilities.controller);
+        let Some(controller) = controller else {
+            // Not fingerprinted yet: decide once the capabilities are known.
+            return Ok(Action::Requeue(Duration::from_secs(1)));
+        };
+        match next(&snap, volume.as_deref(), &self.ctx.plugin.id, &controller) {
+            Step::Nothing | Step::WaitForVolume => Ok(Action::AwaitChange),
+            Step::AddFinalizer => {
+                let mut s = (*snap).clone();
+                s.metadata.finalizers.push(FINALIZER.to_string());
+                self.ctx
+                    .own_writes
+                    .wrote(&self.ctx.writes.replace(&s).await?);
+                Ok(Action::AwaitChange)
+            }
+            Step::Refuse(msg) => {
+                self.write_status(&snap, |st| {
+                    st.phase = SnapshotPhase::Failed;
+                    st.meta.last_error = Some(msg.clone());
+                    st.meta
+                        .set_condition("Created", false, "SnapshotsUnsupported", &msg);
+                })
+                .await?;
+                self.event(&snap, "Snapshot create failed", EventType::Warning, msg)
+                    .await;
+                Ok(Action::AwaitChange)
+            }
+            Step::Create(src) => self.create(&snap, volume.as_deref(), src).await,
+            Step::Delete => self.delete(&snap, volume.as_deref()).await,
+        }
+    }
+
+    fn secrets(
+        snap: &Snapshot,
+        volume: Option<&Volume>,
+    ) -> Result<std::collections::BTreeMap<String, String>, SnapshotError> {
+        if !snap.spec.secrets.is_empty() {
+            return Ok(snap.spec.secrets.expose()?.clone());
+        }
+        Ok(match volume {
+            Some(v) => v.spec.secrets.expose()?.clone(),
+            None => Default::default(),
+        })
+    }
+
+    fn inputs(&self, snap: &Snapshot) -> u64 {
+        steps::inputs((
+            &snap.metadata.uid,
+            snap.metadata.generation,
+            self.ctx.supervisor.epoch(),
+        ))
+    }
+
+    async fn create(
+        &self,
+        snap: &Snapshot,
+        volume: Option<&Volume>,
+        source: String,
+    ) -> Result<Action, SnapshotError> {
+        const STEP: &str = "CreateSnapshot";
+        let key = snap.key();
+        let inputs = self.inputs(snap);
+        if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
+            return Ok(Action::Requeue(after));
+        }
+        let first = snap.status.source_volume_id.is_none();
+        if first {
+            // In doubt from here on: a deletion asks again before DeleteSnapshot.
+            let plugin = self.ctx.plugin.id.clone();
+            let src = source.clone();
+            self.write_status(snap, |st| {
+                st.phase = SnapshotPhase::Creating;
+                st.plugin_id = Some(plugin.clone());
+                st.source_volume_id = Some(src.clone());
+            })
+            .await?;
+        }
+        let req = v1::CreateSnapshotRequest {
+            source_volume_id: source,
+            name: snap.metadata.uid.clone(),
+            secrets: Self::secrets(snap, volume)?,
+            parameters: snap.spec.parameters.clone(),
+        };
+        let answer = self.ctx.csi()?.create_snapshot(req).await;
+        let cut = match answer.map(|r| r.snapshot) {
+            Ok(Some(s)) if !s.snapshot_id.is_empty() => s,
+            Ok(_) => {
+                let e = CsiError {
+                    rpc: STEP,
+                    code: tonic::Code::Internal,
+                    message: "CreateSnapshot answered without a snapshot id".into(),
+                    tries: 1,
+                };
+                return self.failed(snap, STEP, inputs, &e).await;
+            }
+            Err(e) => return self.failed(snap, STEP, inputs, &e).await,
+        };
+        self.ctx.steps.succeeded(&key, STEP);
+        let ready = cut.ready_to_use;
+        let generation = snap.metadata.generation;
+        self.write_status(snap, |st| {
+            st.phase = if ready {
+                SnapshotPhase::Ready
+            } else {
+                SnapshotPhase::Creating
+            };
+            st.snapshot_id = Some(cut.snapshot_id.clone());
+            st.size_bytes = (cut.size_bytes > 0).then_some(cut.size_bytes as u64);
+            st.creation_time = cut.creation_time.as_ref().and_then(|t| {
+                let d = Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
+                std::time::UNIX_EPOCH.checked_add(d).map(Timestamp)
+            });
+            st.ready_to_use = ready;
+            st.meta.last_error = None;
+            st.meta.retry = None;
+            st.meta.observed_generation = generation;
+            st.meta.set_condition("Created", true, STEP, "");
+        })
+        .await?;
+        if ready {
+            self.event(
+                snap,
+                "Snapshot created",
+                EventType::Normal,
+                format!("{} cut from {}", cut.snapshot_id, snap.spec.volume),
+            )
+            .await;
+            return Ok(Action::AwaitChange);
+        }
+        // Not ready to use yet (a plugin still uploading): ask again.
+        Ok(Action::Requeue(Duration::from_secs(1)))
+    }
+
+    async fn delete(
+        &self,
+        snap: &Snapshot,
+        volume: Option<&Volume>,
+    ) -> Result<Action, SnapshotError> {
+        const STEP: &str = "DeleteSnapshot";
+        let key = snap.key();
+        let inputs = self.inputs(snap);
+        let mut id = snap.status.snapshot_id.clone();
+        if id.is_none() {
+            if let Some(src) = &snap.status.source_volume_id {
+                // CreateSnapshot may have taken effect unanswered: ask again (by name)
+                // to learn the id, so the snapshot is not leaked.
+                let req = v1::CreateSnapshotRequest {
+                    source_volume_id: src.clone(),
+                    name: snap.metadata.uid.clone(),
+                    secrets: Self::secrets(snap, volume)?,
+                    parameters: snap.spec.parameters.clone(),
+                };
+                match self.ctx.csi()?.create_snapshot(req).await {
+                    Ok(r) => id = r.snapshot.map(|s| s.snapshot_id).filter(|s| !s.is_empty()),
+                    // The volume is gone, or the plugin refuses for good: nothing was cut.
+                    Err(e) if e.class() == Class::Final => {}
+                    Err(e) => return self.failed(snap, STEP, inputs, &e).await,
+                }
+            }
+        }
+        if let Some(id) = id {
+            if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
+                return Ok(Action::Requeue(after));
+            }
+            let req = v1::DeleteSnapshotRequest {
+                snapshot_id: id.clone(),
+                secrets: Self::secrets(snap, volume)?,
+            };
+            if let Err(e) = self.ctx.csi()?.delete_snapshot(req).await {
+                return self.failed(snap, STEP, inputs, &e).await;
+            }
+            self.ctx.steps.forget(&key);
+            self.event(
+                snap,
+                "Snapshot deleted",
+                EventType::Normal,
+                format!("{id} deleted"),
+            )
+            .await;
+        }
+        loop {
+            let Some(mut s) = self.ctx.reads.try_get(&snap.object_key()).await? else {
+                return Ok(Action::AwaitChange);
+            };
+            s.metadata.finalizers.retain(|f| f != FINALIZER);
+            match self.ctx.writes.replace(&s).await {
+                Ok(written) => {
+                    self.ctx.own_writes.wrote(&written);
+                    return Ok(Action::AwaitChange);
+                }
+                Err(StoreError::NotFound { .. }) => return Ok(Action::AwaitChange),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// A failed call: its failure and the retry on the status, a Warning; a final
+    /// answer to CreateSnapshot makes the snapshot Failed (retried at the cap or when
+    /// its spec changes).
+    async fn failed(
+        &self,
+        snap: &Snapshot,
+        step: &'static str,
+        inputs: u64,
+        e: &CsiError,
+    ) -> Result<Action, SnapshotError> {
+        let (failure, after) = self.ctx.steps.failed_call(&snap.key(), step, inputs, e);
+        let msg = e.to_string();
+        let failed = step == "CreateSnapshot" && e.class() == Class::Final;
+        self.write_status(snap, |st| {
+            if failed {
+                st.phase = SnapshotPhase::Failed;
+            }
+            st.meta.retry = Some(failure.clone());
+            st.meta.last_error = Some(msg.clone());
+            let cond = if step == "CreateSnapshot" {
+                "Created"
+            } else {
+                "Deleted"
+            };
+            st.meta
+                .set_condition(cond, false, &format!("{step}Failed"), &msg);
+        })
+        .await?;
+        let reason = if step == "CreateSnapshot" {
+            "Snapshot create failed"
+        } else {
+            "Snapshot delete failed"
+        };
+        self.event(snap, reason, EventType::Warning, msg).await;
+        Ok(Action::Requeue(after))
+    }
+
+    async fn write_status(
+        &self,
+        snap: &Snapshot,
+        mut f: impl FnMut(&mut SnapshotStatus),
+    ) -> Result<(), SnapshotError> {
+        let written = self
+            .ctx
+            .writes
+            .modify_status(&snap.object_key(), |_, st| {
+                f(st);
+                true
+            })
+            .await?;
+        self.ctx.own_writes.wrote(&written);
+        Ok(())
+    }
+
+    async fn event(&self, snap: &Snapshot, reason: &str, type_: EventType, message: String) {
+        let d = details([("volume_id", snap.spec.volume.to_string())]);
+        self.ctx
+            .recorder
+            .record(object_ref(snap), type_, reason, message, d)
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn plugin() -> PluginId {
+        PluginId::new("p").unwrap()
+    }
+
+    fn caps(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn snap() -> Snapshot {
+        Snapshot::new(
+            &Namespace::default_ns(),
+            Name::new("s").unwrap(),
+            SnapshotSpec {
+                volume: VolumeId::new("v").unwrap(),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn volume(ready: bool) -> Volume {
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v").unwrap(),
+            VolumeSpec {
+                plugin_id: plugin(),
+                ..Default::default()
+            },
+        );
+        if ready {
+            v.status.provisioning.phase = VolumePhase::Ready;
+            v.status.provisioning.external_id = Some(ExternalVolumeId::new("e1").unwrap());
+        }
+        v
+    }
+
+    #[test]
+    fn a_snapshot_is_cut_once_its_volume_is_created_and_deleted_through_the_plugin() {
+        let all = caps(&["CREATE_DELETE_SNAPSHOT"]);
+        let mut s = snap();
+        assert_eq!(
+            next(&s, Some(&volume(true)), &plugin(), &all),
+            Step::AddFinalizer
+        );
+        s.metadata.finalizers.push(FINALIZER.into());
+        assert_eq!(
+            next(&s, Some(&volume(false)), &plugin(), &all),
+            Step::WaitForVolume
+        );
+        assert_eq!(
+            next(&s, Some(&volume(true)), &plugin(), &all),
+            Step::Create("e1".into())
+        );
+        // Another plugin's volume, or no volume and never cut: not ours.
+        assert_eq!(
+            next(&s, Some(&volume(true)), &PluginId::new("q").unwrap(), &all),
+            Step::Nothing
+        );
+        assert_eq!(next(&s, None, &plugin(), &all), Step::Nothing);
+        // Cut, not yet ready to use: polled from the recorded source, even with the
+        // volume gone.
+        s.status.plugin_id = Some(plugin());
+        s.status.source_volume_id = Some("e1".into());
+        s.status.phase = SnapshotPhase::Creating;
+        assert_eq!(next(&s, None, &plugin(), &all), Step::Create("e1".into()));
+        s.status.phase = SnapshotPhase::Ready;
+        s.status.ready_to_use = true;
+        assert_eq!(next(&s, None, &plugin(), &all), Step::Nothing);
+        s.metadata.deletion_timestamp = Some(Timestamp::now());
+        assert_eq!(next(&s, None, &plugin(), &all), Step::Delete);
+        s.metadata.finalizers.clear();
+        assert_eq!(next(&s, None, &plugin(), &all), Step::Nothing);
+    }
+
+    #[test]
+    fn a_plugin_without_snapshots_is_refused_once() {
+        let mut s = snap();
+        let Step::Refuse(msg) = next(&s, Some(&volume(true)), &plugin(), &caps(&[])) else {
+            panic!("not refused")
+        };
+        s.status.phase = SnapshotPhase::Failed;
+        s.status.meta.last_error = Some(msg);
+        assert_eq!(
+            next(&s, Some(&volume(true)), &plugin(), &caps(&[])),
+            Step::Nothing
+        );
+    }
+}

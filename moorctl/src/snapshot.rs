@@ -1,0 +1,112 @@
+//! `moorctl volume snapshot create|delete|list`: Nomad's verbs over Snapshot objects
+//! (the snapshotter of the volume's plugin cuts and deletes them).
+
+use moor::api::*;
+
+use crate::kind;
+use crate::table;
+use crate::{parse_name, parse_ns, Ctx, Refused};
+
+/// `moorctl volume snapshot ...`.
+#[derive(Debug, clap::Subcommand)]
+pub enum SnapshotCmd {
+    /// Snapshot a volume: a Snapshot object the volume's plugin cuts (CreateSnapshot).
+    Create {
+        /// The volume.
+        volume: String,
+        /// The snapshot's name.
+        name: String,
+        /// CreateSnapshot parameters, `KEY=VALUE` (repeatable).
+        #[arg(long = "parameter", value_parser = parse_kv)]
+        parameters: Vec<(String, String)>,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Delete a snapshot (DeleteSnapshot; its finalizer holds it until the plugin did).
+    Delete {
+        /// The snapshot.
+        name: String,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Snapshots with Nomad's columns (Snapshot ID, Volume ID, Size, Create Time, Ready).
+    List {
+        /// Only this volume's.
+        volume: Option<String>,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+impl SnapshotCmd {
+    /// Runs the verb.
+    pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
+        match self {
+            SnapshotCmd::Create {
+                volume,
+                name,
+                parameters,
+                namespace,
+            } => {
+                let ns = parse_ns(&namespace)?;
+                let name = parse_name("snapshot", &name)?;
+                let volume = VolumeId::new(&volume)
+                    .map_err(|e| anyhow::anyhow!("volume {volume:?}: {e}"))?;
+                if ctx
+                    .store
+                    .try_get(&Volume::key_for(&ns, &volume))
+                    .await?
+                    .is_none()
+                {
+                    return Err(Refused(format!("volume {ns}/{volume} not found")).into());
+                }
+                let snap = Snapshot::new(
+                    &ns,
+                    name.clone(),
+                    SnapshotSpec {
+                        volume,
+                        parameters: parameters.into_iter().collect(),
+                        ..Default::default()
+                    },
+                );
+                match ctx.store.create(&snap).await {
+                    Ok(_) => {}
+                    Err(moor::store::StoreError::AlreadyExists { .. }) => {
+                        return Err(Refused(format!("snapshot {ns}/{name} exists")).into())
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                println!("snapshot/{ns}/{name} created; `moorctl wait snapshot/{name} --for phase=ready` waits until it is cut");
+                Ok(0)
+            }
+            SnapshotCmd::Delete { name, namespace } => {
+                crate::delete::Delete {
+                    kind: Kind::Snapshot,
+                    name,
+                    namespace,
+                }
+                .run(ctx)
+                .await
+            }
+            SnapshotCmd::List { volume, namespace } => {
+                let ns = parse_ns(&namespace)?;
+                let (mut items, _) = kind::list(ctx, Kind::Snapshot, Some(&ns)).await?;
+                if let Some(v) = &volume {
+                    items.retain(|s| kind::text(s, "/spec/volume") == *v);
+                }
+                crate::get::sort(Kind::Snapshot, &mut items);
+                print!("{}", table::table(Kind::Snapshot, &items, false, false));
+                Ok(0)
+            }
+        }
+    }
+}

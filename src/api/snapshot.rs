@@ -1,0 +1,106 @@
+//! Snapshot: a point-in-time copy of a moor Volume, made through the volume's plugin
+//! (CreateSnapshot) and deleted through it (DeleteSnapshot). A Volume restores one with
+//! `spec.source: {snapshot: NAME}`.
+//!
+//! Writers: the user owns `spec`; the snapshotter (run by the agent leading the
+//! volume's controller plugin) owns `status` and the `moor.dev/snapshotter` finalizer.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use super::*;
+
+/// Desired state of a snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotSpec {
+    /// The moor volume (same namespace) to snapshot.
+    #[serde(default)]
+    pub volume: VolumeId,
+    /// Plugin parameters for CreateSnapshot.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parameters: BTreeMap<String, String>,
+    /// Secrets for CreateSnapshot and DeleteSnapshot (redacted in output); absent:
+    /// the volume's.
+    #[serde(default, skip_serializing_if = "Secrets::is_empty")]
+    pub secrets: Secrets,
+}
+
+impl Spec for SnapshotSpec {
+    const KIND: &'static str = "Snapshot";
+    const DIR: &'static str = "snapshots";
+    const NAMESPACED: bool = true;
+    const ALIASES: &'static [&'static str] = &["snap", "snaps"];
+    const PHASE: Option<&'static str> = Some("/status/phase");
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::ControllerPlugin;
+    type Status = SnapshotStatus;
+
+    fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
+        vec![SecretField {
+            field: "secrets",
+            node: None,
+            secrets: &mut self.secrets,
+        }]
+    }
+
+    fn validate(&self, errors: &mut ValidationErrors) {
+        errors.check_id("volume", self.volume.validate());
+        if let Err(e) = self.secrets.check() {
+            errors.push("secrets", e);
+        }
+    }
+}
+
+/// Where a snapshot is in its life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotPhase {
+    /// Not yet asked for (the volume is not created yet, or the plugin not known).
+    #[default]
+    Pending,
+    /// CreateSnapshot answered, not yet ready to use (or in doubt).
+    Creating,
+    /// Cut and ready to restore from.
+    Ready,
+    /// Refused for good (the plugin's final answer, or no CREATE_DELETE_SNAPSHOT).
+    Failed,
+}
+
+/// Observed state of a snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotStatus {
+    /// Lifecycle phase.
+    #[serde(default)]
+    pub phase: SnapshotPhase,
+    /// The plugin that holds it (so it can be deleted after its volume is gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_id: Option<PluginId>,
+    /// The plugin's id of the snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+    /// The plugin's id of the volume it was cut from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_volume_id: Option<String>,
+    /// Its size as the plugin reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// When the plugin cut it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_time: Option<Timestamp>,
+    /// Whether a volume can be restored from it now.
+    #[serde(default)]
+    pub ready_to_use: bool,
+    /// Generation, conditions, last error.
+    #[serde(flatten)]
+    pub meta: StatusMeta,
+}
+
+/// A snapshot object.
+pub type Snapshot = Object<SnapshotSpec>;
+
+impl Snapshot {
+    /// The key of snapshot `name` in `ns`.
+    pub fn key_for(ns: &Namespace, name: impl std::fmt::Display) -> ObjectKey<SnapshotSpec> {
+        ObjectKey::from_parts(&[ns, &name])
+    }
+}
