@@ -736,3 +736,122 @@ async fn snapshots_are_cut_listed_restored_and_deleted_through_moorctl() {
     let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "nope", "s9"]);
     assert!(!ok && out.contains("not found"), "{out}");
 }
+
+fn alloc_yaml(name: &str, node: &str, volume: &str, attach: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: moor/v1\nkind: Allocation\nmetadata: {{name: {name}}}\nspec:\n  node: {node}\n  \
+         volumes:\n    - {{name: data, volume: {volume}, access_mode: single-node-writer, \
+         attachment_mode: {attach}{extra}}}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_group_reaches_the_node_calls_only_where_the_node_advertises_it() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let opts = PluginOpts {
+        extra: vec!["--volume-mount-group".into()],
+        ..Default::default()
+    };
+    let c = Cluster::start(1, 2, opts).await;
+    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
+    c.volume_ready("v1").await;
+    let group = ", mount_options: {mount_group: '4321'}";
+    apply_yaml(
+        &c,
+        "a1",
+        &alloc_yaml("a1", "n2", "v1", "file-system", group),
+    );
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    for rpc in ["NodeStageVolume", "NodePublishVolume"] {
+        let calls: Vec<_> = c
+            .node("n2")
+            .calls()
+            .into_iter()
+            .filter(|k| k.rpc == rpc && k.code == "OK")
+            .collect();
+        assert_eq!(calls.len(), 1, "{rpc}");
+        assert_eq!(calls[0].mount_group.as_deref(), Some("4321"), "{rpc}");
+    }
+    let (ok, out) = c.moorctl(&["get", "claims", "-o", "yaml"]);
+    assert!(ok && out.contains("mount_group: '4321'"), "{out}");
+    // A malformed group is refused at apply time.
+    let bad = alloc_yaml(
+        "a2",
+        "n2",
+        "v1",
+        "file-system",
+        ", mount_options: {mount_group: 'a b'}",
+    );
+    let path = c.dir.path().join("bad.yaml");
+    std::fs::write(&path, bad).unwrap();
+    let (ok, out) = c.moorctl(&["apply", "-f", path.to_str().unwrap()]);
+    assert!(!ok && out.contains("mount_group"), "{out}");
+    c.check_calls(false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_group_is_denied_at_admission_where_the_node_lacks_volume_mount_group() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
+    c.volume_ready("v1").await;
+    let group = ", mount_options: {mount_group: '4321'}";
+    apply_yaml(
+        &c,
+        "a1",
+        &alloc_yaml("a1", "n2", "v1", "file-system", group),
+    );
+    c.wait("a1 denied", T, || async {
+        c.claim("a1", "n2").await.is_some_and(|k| {
+            k.status.phase == ClaimPhase::Denied
+                && k.status
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("VOLUME_MOUNT_GROUP"))
+        })
+    })
+    .await;
+    assert_eq!(
+        c.node("n2")
+            .calls()
+            .iter()
+            .filter(|k| k.rpc.starts_with("Node") && k.rpc.contains("Stage"))
+            .count(),
+        0
+    );
+    let (_, out) = c.moorctl(&["get", "claims", "-o", "wide"]);
+    assert!(out.contains("VOLUME_MOUNT_GROUP"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_volume_is_staged_published_and_released_as_a_device() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    let block = format!(
+        "apiVersion: moor/v1\nkind: Volume\nmetadata: {{name: b1}}\nspec:\n  plugin_id: {}\n  \
+         capacity_min: 1MiB\n  capabilities:\n    - {{access_mode: single-node-writer, attachment_mode: block-device}}\n",
+        cluster::PLUGIN
+    );
+    apply_yaml(&c, "b1", &block);
+    c.volume_ready("b1").await;
+    apply_yaml(&c, "a1", &alloc_yaml("a1", "n2", "b1", "block-device", ""));
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    let m = mount(&c, "a1", "n2").await.unwrap();
+    assert!(
+        m.spec.target_path.contains("block-device"),
+        "{}",
+        m.spec.target_path
+    );
+    if cluster::can_mount() {
+        // The "device": a file bind-mounted on a file.
+        assert!(std::path::Path::new(&m.spec.target_path).is_file());
+    }
+    for rpc in ["NodeStageVolume", "NodePublishVolume"] {
+        assert_eq!(c.node("n2").count(rpc, "OK"), 1, "{rpc}");
+    }
+    let (ok, out) = c.moorctl(&["alloc", "stop", "a1"]);
+    assert!(ok, "{out}");
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(c.node("n2").count("NodeUnstageVolume", "OK"), 1);
+    c.check_calls(true);
+}

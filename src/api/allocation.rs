@@ -115,6 +115,9 @@ impl Spec for AllocationSpec {
         for (i, req) in self.volumes.iter().enumerate() {
             errors.check_id(&format!("volumes[{i}].name"), req.name.validate());
             errors.check_id(&format!("volumes[{i}].volume"), req.volume.validate());
+            if let Some(Err(e)) = req.mount_options.as_ref().map(MountOptions::check) {
+                errors.push(format!("volumes[{i}].mount_options"), e);
+            }
             if self.volumes[..i].iter().any(|r| r.name == req.name) {
                 errors.push(
                     format!("volumes[{i}].name"),

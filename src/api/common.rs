@@ -341,9 +341,31 @@ pub struct MountOptions {
     /// Mount flags (redacted in output).
     #[serde(default, skip_serializing_if = "MountFlags::is_empty")]
     pub mount_flags: MountFlags,
+    /// The group id the node mounts the volume for (CSI `volume_mount_group`, Nomad's
+    /// mount group, Kubernetes' fsGroup); needs the node plugin's VOLUME_MOUNT_GROUP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_group: Option<String>,
 }
 
 impl MountOptions {
+    /// Checks the mount group: 1-64 of `[A-Za-z0-9._-]` (a group id or name).
+    pub fn check(&self) -> Result<(), String> {
+        match &self.mount_group {
+            Some(g)
+                if g.is_empty()
+                    || g.len() > 64
+                    || !g
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
+            {
+                Err(format!(
+                    "mount_group {g:?} must be 1-64 of [A-Za-z0-9._-] (a group id)"
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The options a claim uses: each option the request sets replaces the volume's
     /// (an fs_type, and the whole list of flags when the request gives any).
     pub fn merge(volume: &MountOptions, request: Option<&MountOptions>) -> MountOptions {
@@ -354,6 +376,9 @@ impl MountOptions {
             }
             if !req.mount_flags.is_empty() {
                 merged.mount_flags = req.mount_flags.clone();
+            }
+            if let Some(g) = req.mount_group.as_ref().filter(|s| !s.is_empty()) {
+                merged.mount_group = Some(g.clone());
             }
         }
         merged

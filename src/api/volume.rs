@@ -141,6 +141,9 @@ impl Spec for VolumeSpec {
         if let Err(e) = self.secrets.check() {
             errors.push("secrets", e);
         }
+        if let Err(e) = self.mount_options.check() {
+            errors.push("mount_options", e);
+        }
         if self.capabilities.is_empty() {
             errors.push(
                 "capabilities",

@@ -3,8 +3,19 @@
 use super::v1;
 use crate::api::{AccessMode, AttachmentMode, MountOptions, Topology, VolumeCapability};
 
-/// The CSI capability for a moor capability, with the mount options for file systems.
+/// The CSI capability for a moor capability, with the mount options for file systems,
+/// as the controller calls carry it (no mount group: that is the node's).
 pub fn capability(cap: VolumeCapability, options: &MountOptions) -> v1::VolumeCapability {
+    let mut c = node_capability(cap, options);
+    if let Some(v1::volume_capability::AccessType::Mount(m)) = &mut c.access_type {
+        m.volume_mount_group.clear();
+    }
+    c
+}
+
+/// The CSI capability NodeStage / NodePublish carry: with the mount group (when the
+/// claim has one; admission requires VOLUME_MOUNT_GROUP for it).
+pub fn node_capability(cap: VolumeCapability, options: &MountOptions) -> v1::VolumeCapability {
     use v1::volume_capability::{access_mode::Mode, AccessType, BlockVolume, MountVolume};
     let mode = match cap.access_mode {
         AccessMode::SingleNodeWriter => Mode::SingleNodeWriter,
@@ -18,7 +29,7 @@ pub fn capability(cap: VolumeCapability, options: &MountOptions) -> v1::VolumeCa
         AttachmentMode::FileSystem => AccessType::Mount(MountVolume {
             fs_type: options.fs_type.clone().unwrap_or_default(),
             mount_flags: options.mount_flags.expose().to_vec(),
-            volume_mount_group: String::new(),
+            volume_mount_group: options.mount_group.clone().unwrap_or_default(),
         }),
     };
     v1::VolumeCapability {

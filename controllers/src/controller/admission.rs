@@ -132,6 +132,20 @@ where
             spec.plugin_id, spec.node
         )));
     }
+    if let Some(group) = &spec.mount_options.mount_group {
+        if capability.attachment_mode == AttachmentMode::BlockDevice {
+            return Err(Verdict::Deny(format!(
+                "mount_group {group} applies to file-system volumes, not block devices"
+            )));
+        }
+        if !plugin.capabilities.node.contains("VOLUME_MOUNT_GROUP") {
+            return Err(Verdict::Deny(format!(
+                "plugin {} on node {} does not advertise VOLUME_MOUNT_GROUP: mount_group {group} \
+                 cannot be honoured",
+                spec.plugin_id, spec.node
+            )));
+        }
+    }
     if !plugin.healthy {
         return Err(Verdict::Deny(format!(
             "plugin {} is unhealthy on node {}: {}",
@@ -340,6 +354,24 @@ mod tests {
             denied(check(&c, Some(&v), Some(&node(true)), Vec::<&Claim>::new))
                 .contains("ext-v not found")
         );
+    }
+
+    #[test]
+    fn a_mount_group_needs_volume_mount_group_on_the_node() {
+        let v = volume(&[AccessMode::SingleNodeWriter]);
+        let mut c = claim("c", "n1", ClaimMode::Write, None);
+        c.spec.mount_options.mount_group = Some("1234".into());
+        let mut n = node(true);
+        assert!(denied(check(&c, Some(&v), Some(&n), Vec::<&Claim>::new))
+            .contains("VOLUME_MOUNT_GROUP"));
+        n.status.plugins.values_mut().for_each(|p| {
+            p.capabilities.node.insert("VOLUME_MOUNT_GROUP".into());
+        });
+        assert!(check(&c, Some(&v), Some(&n), Vec::<&Claim>::new).is_ok());
+        c.spec.attachment_mode = Some(AttachmentMode::BlockDevice);
+        let mut vb = volume(&[AccessMode::SingleNodeWriter]);
+        vb.spec.capabilities[0].attachment_mode = AttachmentMode::BlockDevice;
+        assert!(denied(check(&c, Some(&vb), Some(&n), Vec::<&Claim>::new)).contains("block"));
     }
 
     #[test]

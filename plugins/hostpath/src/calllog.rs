@@ -44,6 +44,9 @@ pub struct Call {
     /// The names of the secrets the request carried (never their values).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_keys: Vec<String>,
+    /// The capability's volume_mount_group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_group: Option<String>,
     /// The readonly flag in the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readonly: Option<bool>,

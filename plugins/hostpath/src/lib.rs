@@ -108,6 +108,11 @@ pub struct Config {
     /// InvalidArgument.
     #[arg(long, value_delimiter = ',')]
     pub mutable_parameters: Vec<String>,
+    /// Advertise VOLUME_MOUNT_GROUP: NodeStage/NodePublish honour the capability's
+    /// volume_mount_group (the data directory's group, when mounting); without it a
+    /// mount group is INVALID_ARGUMENT.
+    #[arg(long)]
+    pub volume_mount_group: bool,
     /// The fault-injection socket (default `<state-dir>/admin.sock`).
     #[arg(long)]
     pub admin_socket: Option<PathBuf>,
@@ -382,6 +387,18 @@ fn access_mode_name(cap: Option<&moor_csi::v1::VolumeCapability>) -> Option<Stri
             .map(|m| m.as_str_name().to_string())
             .unwrap_or_else(|_| mode.to_string()),
     )
+}
+
+/// The capability's volume_mount_group, if any.
+fn mount_group_of(cap: Option<&moor_csi::v1::VolumeCapability>) -> Option<String> {
+    match cap?.access_type.as_ref()? {
+        moor_csi::v1::volume_capability::AccessType::Mount(m)
+            if !m.volume_mount_group.is_empty() =>
+        {
+            Some(m.volume_mount_group.clone())
+        }
+        _ => None,
+    }
 }
 
 fn require(value: &str, field: &str) -> Result<(), Status> {

@@ -51,6 +51,29 @@ impl Plugin {
         Ok(dir)
     }
 
+    /// Honours a capability's volume_mount_group: INVALID_ARGUMENT unless
+    /// VOLUME_MOUNT_GROUP is advertised; when mounting, a numeric group becomes the
+    /// group of the data the mount shows.
+    fn apply_mount_group(
+        &self,
+        cap: Option<&moor_csi::v1::VolumeCapability>,
+        data: &std::path::Path,
+    ) -> Result<(), Status> {
+        let Some(group) = crate::mount_group_of(cap) else {
+            return Ok(());
+        };
+        if !self.cfg().volume_mount_group {
+            return Err(Status::invalid_argument(
+                "volume_mount_group is set but VOLUME_MOUNT_GROUP is not advertised",
+            ));
+        }
+        if let (Ok(gid), false) = (group.parse::<u32>(), self.no_mount()) {
+            std::os::unix::fs::chown(data, None, Some(gid))
+                .map_err(|e| io_err("setting the mount group", e))?;
+        }
+        Ok(())
+    }
+
     /// Checks the request names a volume this node published at `path` (or staged there,
     /// when `staged_ok`): NOT_FOUND otherwise.
     async fn volume_at(
@@ -141,6 +164,7 @@ impl Node for Plugin {
         let req = request.into_inner();
         let c = Call {
             access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
+            mount_group: crate::mount_group_of(req.volume_capability.as_ref()),
             secret_keys: req.secrets.keys().cloned().collect(),
             ..path_call(
                 "NodeStageVolume",
@@ -160,6 +184,7 @@ impl Node for Plugin {
             let (block, _) = check_capability(req.volume_capability.as_ref())?;
             let source = self.volume_dir(&req.volume_id, &req.volume_context).await?;
             self.check_attached(&req.volume_id, &req.publish_context, &source)?;
+            self.apply_mount_group(req.volume_capability.as_ref(), &source)?;
             if block {
                 ensure_block_file(&source)?;
             }
@@ -243,6 +268,7 @@ impl Node for Plugin {
         let c = Call {
             readonly: Some(req.readonly),
             access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
+            mount_group: crate::mount_group_of(req.volume_capability.as_ref()),
             secret_keys: req.secrets.keys().cloned().collect(),
             ..path_call(
                 "NodePublishVolume",
@@ -288,6 +314,7 @@ impl Node for Plugin {
                 Some(staging) if self.cfg().stage_unstage && !self.no_mount() => staging.clone(),
                 _ => self.volume_dir(&req.volume_id, &req.volume_context).await?,
             };
+            self.apply_mount_group(req.volume_capability.as_ref(), &source_dir)?;
             let source = if block {
                 ensure_block_file(&source_dir)?
             } else {
@@ -445,6 +472,9 @@ impl Node for Plugin {
         use node_service_capability::rpc::Type;
         self.call(Call::new("NodeGetCapabilities"), async {
             let mut types = vec![Type::GetVolumeStats, Type::ExpandVolume];
+            if self.cfg().volume_mount_group {
+                types.push(Type::VolumeMountGroup);
+            }
             if self.cfg().stage_unstage {
                 types.insert(0, Type::StageUnstageVolume);
             }

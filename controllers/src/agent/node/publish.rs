@@ -76,7 +76,7 @@ impl Reconcile {
         // The controller copies the volume's secrets onto the claim at admission: an
         // agent reads its node's claims only.
         let secrets = claim.spec.node_secrets.expose()?.clone();
-        let capability = convert::capability(cap, &claim.spec.mount_options);
+        let capability = convert::node_capability(cap, &claim.spec.mount_options);
         if steps.is_empty() {
             // Adopted from an earlier run, or already done.
             return match expand_to {
