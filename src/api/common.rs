@@ -574,6 +574,7 @@ mod tests {
         let opts = MountOptions {
             fs_type: Some("ext4".into()),
             mount_flags: flags.clone(),
+            mount_group: None,
         };
         for text in [
             format!("{secrets:?}"),
@@ -596,22 +597,33 @@ mod tests {
         let vol = MountOptions {
             fs_type: Some("ext4".into()),
             mount_flags: MountFlags::new(vec!["noatime".into()]),
+            mount_group: Some("100".into()),
         };
         assert_eq!(MountOptions::merge(&vol, None), vol);
         let req = MountOptions {
             fs_type: Some("xfs".into()),
             mount_flags: MountFlags::default(),
+            mount_group: None,
         };
         let merged = MountOptions::merge(&vol, Some(&req));
         assert_eq!(merged.fs_type.as_deref(), Some("xfs"));
         assert_eq!(merged.mount_flags.expose(), ["noatime"]);
+        assert_eq!(merged.mount_group.as_deref(), Some("100"));
         let req = MountOptions {
             fs_type: None,
             mount_flags: MountFlags::new(vec!["ro".into(), "nodev".into()]),
+            mount_group: Some("200".into()),
         };
         let merged = MountOptions::merge(&vol, Some(&req));
         assert_eq!(merged.fs_type.as_deref(), Some("ext4"));
         assert_eq!(merged.mount_flags.expose(), ["ro", "nodev"]);
+        assert_eq!(merged.mount_group.as_deref(), Some("200"));
+        assert!(req.check().is_ok());
+        let bad = MountOptions {
+            mount_group: Some("a b".into()),
+            ..req
+        };
+        assert!(bad.check().unwrap_err().contains("mount_group"));
     }
 
     #[test]

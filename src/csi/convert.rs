@@ -111,7 +111,19 @@ mod tests {
         let opts = MountOptions {
             fs_type: Some("ext4".into()),
             mount_flags: MountFlags::new(vec!["noatime".into()]),
+            mount_group: Some("4321".into()),
         };
+        let fs = VolumeCapability {
+            access_mode: AccessMode::MultiNodeSingleWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+        };
+        // The node's calls carry the mount group; the controller's do not.
+        match node_capability(fs, &opts).access_type {
+            Some(v1::volume_capability::AccessType::Mount(m)) => {
+                assert_eq!(m.volume_mount_group, "4321")
+            }
+            other => panic!("{other:?}"),
+        }
         let c = capability(
             VolumeCapability {
                 access_mode: AccessMode::MultiNodeSingleWriter,
@@ -124,6 +136,7 @@ mod tests {
             Some(v1::volume_capability::AccessType::Mount(m)) => {
                 assert_eq!(m.fs_type, "ext4");
                 assert_eq!(m.mount_flags, ["noatime"]);
+                assert_eq!(m.volume_mount_group, "");
             }
             other => panic!("{other:?}"),
         }
