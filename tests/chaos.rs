@@ -839,14 +839,7 @@ impl Chaos {
 /// The CSI client of n1's plugin (the controller service), for what the script does
 /// as the storage team.
 fn csi(c: &Cluster) -> moor::csi::client::Csi {
-    let sock = c.nodes[0].dir.join("csi.sock");
-    let channel = moor::csi::channel(&format!("unix://{}", sock.display())).expect("a channel");
-    let policy = moor::csi::policy::Policy {
-        tries: 1,
-        per_try_timeout: Duration::from_secs(3),
-        ..Default::default()
-    };
-    moor::csi::client::Csi::new(channel, policy)
+    c.csi()
 }
 
 async fn csi_create(

@@ -368,6 +368,16 @@ async fn events_of(c: &Cluster, reason: &str) -> Vec<Event> {
 
 const MIB: u64 = 1 << 20;
 
+/// Waits until `n` events with `reason` are stored (events are written in batches,
+/// after the status that caused them), then checks there are no more.
+async fn wait_events(c: &Cluster, reason: &str, n: usize) {
+    c.wait(&format!("{n} {reason:?} events"), T, || async {
+        events_of(c, reason).await.len() >= n
+    })
+    .await;
+    assert_eq!(events_of(c, reason).await.len(), n, "{reason}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raising_capacity_min_expands_the_volume_and_the_node_online_and_shrinking_is_refused() {
     let _slot = SLOTS.acquire().await.unwrap();
@@ -412,7 +422,7 @@ async fn raising_capacity_min_expands_the_volume_and_the_node_online_and_shrinki
     assert_eq!(field(&out, "Capacity"), "4.0 MiB", "{out}");
     assert_eq!(field(&out, "Requested Capacity"), "4.0 MiB..", "{out}");
     assert!(field(&out, "Conditions").contains("Expanded=true"), "{out}");
-    assert!(!events_of(&c, "Volume expanded").await.is_empty());
+    wait_events(&c, "Volume expanded", 1).await;
 
     // Shrinking: refused once, with a Warning, and no call.
     apply_yaml(&c, "v1-2", &created("v1", "capacity_max: 2MiB"));
@@ -427,7 +437,7 @@ async fn raising_capacity_min_expands_the_volume_and_the_node_online_and_shrinki
             .any(|k| k.reason == "ShrinkRefused" && !k.status)
     })
     .await;
-    assert_eq!(events_of(&c, "ShrinkRefused").await.len(), 1);
+    wait_events(&c, "ShrinkRefused", 1).await;
     assert_eq!(c.node("n1").count("ControllerExpandVolume", "OK"), 1);
     c.check_calls(false);
 }
@@ -541,7 +551,7 @@ async fn changed_mutable_parameters_call_controller_modify_volume() {
     let (_, out) = c.moorctl(&["volume", "status", "m1"]);
     assert_eq!(field(&out, "Mutable Parameters"), "iops,tier", "{out}");
     assert!(field(&out, "Conditions").contains("Modified=true"), "{out}");
-    assert!(!events_of(&c, "Volume modified").await.is_empty());
+    wait_events(&c, "Volume modified", 1).await;
 
     // A parameter the plugin does not accept: its final answer, shown and backed off.
     apply_yaml(&c, "m1-bad", &with("iops: '200', tier: gold, color: red"));
@@ -555,7 +565,7 @@ async fn changed_mutable_parameters_call_controller_modify_volume() {
             .is_some_and(|e| e.contains("color"))
     })
     .await;
-    assert!(!events_of(&c, "Volume modification failed").await.is_empty());
+    wait_events(&c, "Volume modification failed", 1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         c.node("n1")
@@ -611,7 +621,7 @@ async fn a_plugin_without_modify_volume_gets_a_warning_and_no_call() {
             .any(|k| k.reason == "ModifyUnsupported" && !k.status)
     })
     .await;
-    assert_eq!(events_of(&c, "ModifyUnsupported").await.len(), 1);
+    wait_events(&c, "ModifyUnsupported", 1).await;
     assert_eq!(
         c.node("n1")
             .calls()
@@ -854,4 +864,287 @@ async fn a_block_volume_is_staged_published_and_released_as_a_device() {
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
     assert_eq!(c.node("n2").count("NodeUnstageVolume", "OK"), 1);
     c.check_calls(true);
+}
+
+fn surveyed() -> PluginOpts {
+    PluginOpts {
+        agent_args: vec![
+            "--volume-stats-interval=1s".into(),
+            "--survey-interval=1s".into(),
+        ],
+        ..Default::default()
+    }
+}
+
+fn condition(v: &Volume, t: &str) -> Option<Condition> {
+    v.status
+        .provisioning
+        .meta
+        .conditions
+        .iter()
+        .chain(&v.status.claims.meta.conditions)
+        .find(|c| c.type_ == t)
+        .cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_and_health_are_read_from_the_node_and_the_controller_plugin() {
+    use moor_hostpath::faults::Command;
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, surveyed()).await;
+    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
+    c.volume_ready("v1").await;
+    let ext = volume(&c, "v1")
+        .await
+        .status
+        .provisioning
+        .external_id
+        .unwrap();
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    // NodeGetVolumeStats at the target path, on the Mount and in n2's /metrics.
+    c.wait("usage on the Mount", T, || async {
+        mount(&c, "a1", "n2").await.is_some_and(|m| {
+            m.status
+                .usage
+                .is_some_and(|u| u.bytes_total.unwrap_or(0) > 0)
+        })
+    })
+    .await;
+    let metrics = c.node("n2").http_get("/metrics").await;
+    assert!(
+        metrics.contains(r#"moor_volume{namespace="default",volume="v1",resource="bytes_total"}"#),
+        "{metrics}"
+    );
+    let (_, out) = c.moorctl(&["volume", "status", "v1"]);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("a1 "))
+        .unwrap_or_default();
+    assert!(row.contains("normal") && row.contains('/'), "{out}");
+
+    // n2's plugin reports the volume abnormal: a condition on the volume, a Warning.
+    c.node("n2")
+        .fault(Command::Condition {
+            volume_id: ext.to_string(),
+            abnormal: true,
+            message: "disk on fire".into(),
+        })
+        .await;
+    c.wait("HealthyOnNodes false", T, || async {
+        condition(&volume(&c, "v1").await, "HealthyOnNodes")
+            .is_some_and(|k| !k.status && k.message.contains("node n2: disk on fire"))
+    })
+    .await;
+    wait_events(&c, "Volume abnormal", 1).await;
+    let metrics = c.node("n2").http_get("/metrics").await;
+    assert!(
+        metrics.contains(r#"moor_volume{namespace="default",volume="v1",resource="abnormal"} 1"#),
+        "{metrics}"
+    );
+    let (_, out) = c.moorctl(&["volume", "status", "v1"]);
+    assert!(out.contains("abnormal: disk on fire"), "{out}");
+    assert!(
+        field(&out, "Conditions").contains("HealthyOnNodes=false"),
+        "{out}"
+    );
+    c.node("n2")
+        .fault(Command::Condition {
+            volume_id: ext.to_string(),
+            abnormal: false,
+            message: String::new(),
+        })
+        .await;
+    c.wait("HealthyOnNodes true again", T, || async {
+        condition(&volume(&c, "v1").await, "HealthyOnNodes").is_some_and(|k| k.status)
+    })
+    .await;
+
+    // The controller plugin's view (ListVolumes with VOLUME_CONDITION).
+    c.node("n1")
+        .fault(Command::Condition {
+            volume_id: ext.to_string(),
+            abnormal: true,
+            message: "replica lost".into(),
+        })
+        .await;
+    c.wait("Healthy false", T, || async {
+        condition(&volume(&c, "v1").await, "Healthy")
+            .is_some_and(|k| !k.status && k.message == "replica lost")
+    })
+    .await;
+    wait_events(&c, "Volume abnormal", 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_capacity_is_recorded_and_a_volume_that_fits_nowhere_is_not_created() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut opts = surveyed();
+    opts.extra.push("--capacity=10MiB".into());
+    let c = Cluster::start(1, 1, opts).await;
+    wait_plugin(&c, "capacity recorded", |s| {
+        s.capacity
+            .iter()
+            .any(|e| e.topology.is_empty() && e.available_bytes == 10 * MIB)
+    })
+    .await;
+    let (_, out) = c.moorctl(&["plugin", "status", cluster::PLUGIN]);
+    assert!(
+        field(&out, "Capacity").contains("10.0 MiB available"),
+        "{out}"
+    );
+
+    apply_yaml(&c, "big", &created("big", "capacity_min: 20MiB"));
+    c.wait("big refused", T, || async {
+        condition(&volume(&c, "big").await, "Created")
+            .is_some_and(|k| !k.status && k.reason == "InsufficientCapacity")
+    })
+    .await;
+    let big = volume(&c, "big").await;
+    assert_eq!(big.status.provisioning.phase, VolumePhase::Pending);
+    wait_events(&c, "InsufficientCapacity", 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let creates = c
+        .node("n1")
+        .calls()
+        .into_iter()
+        .filter(|k| k.rpc == "CreateVolume" && k.name.as_deref() == Some(big.metadata.uid.as_str()))
+        .count();
+    assert_eq!(creates, 0, "never called while it cannot fit");
+
+    // A smaller one fits; the big one, shrunk by its operator, too.
+    apply_yaml(&c, "big", &created("big", "capacity_min: 4MiB"));
+    wait_phase(&c, "big", VolumePhase::Ready).await;
+    wait_plugin(&c, "capacity updated", |s| {
+        s.capacity.iter().any(|e| e.available_bytes == 6 * MIB)
+    })
+    .await;
+}
+
+async fn csi_volume(c: &Cluster, name: &str) -> String {
+    let req = moor::csi::v1::CreateVolumeRequest {
+        name: name.to_string(),
+        capacity_range: Some(moor::csi::v1::CapacityRange {
+            required_bytes: 1 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![moor::csi::convert::capability(
+            VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            },
+            &MountOptions::default(),
+        )],
+        ..Default::default()
+    };
+    c.csi()
+        .create_volume(req)
+        .await
+        .unwrap()
+        .volume
+        .unwrap()
+        .volume_id
+}
+
+/// A volume moor registered that the plugin then loses, and an attachment the plugin
+/// reports that moor never made; returns the cluster and that volume's id.
+async fn drift(opts: PluginOpts) -> (Cluster, String) {
+    let c = Cluster::start(1, 2, opts).await;
+    // Registered volumes over volumes made behind moor's back.
+    let lost = csi_volume(&c, "lost").await;
+    let stray = csi_volume(&c, "stray").await;
+    apply_yaml(
+        &c,
+        "lost",
+        &registered("lost", &lost, "single-node-writer")
+            .replace("  accessible_topology: [{rack: r1}]\n", ""),
+    );
+    apply_yaml(
+        &c,
+        "stray",
+        &registered("stray", &stray, "single-node-writer")
+            .replace("  accessible_topology: [{rack: r1}]\n", ""),
+    );
+    wait_phase(&c, "lost", VolumePhase::Ready).await;
+    wait_phase(&c, "stray", VolumePhase::Ready).await;
+    c.csi()
+        .delete_volume(moor::csi::v1::DeleteVolumeRequest {
+            volume_id: lost,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    c.csi()
+        .controller_publish(moor::csi::v1::ControllerPublishVolumeRequest {
+            volume_id: stray.clone(),
+            node_id: "csi-n2".into(),
+            volume_capability: Some(moor::csi::convert::capability(
+                VolumeCapability {
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: AttachmentMode::FileSystem,
+                },
+                &MountOptions::default(),
+            )),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    c.wait("lost flagged", T, || async {
+        condition(&volume(&c, "lost").await, "Present")
+            .is_some_and(|k| !k.status && k.reason == "MissingFromPlugin")
+    })
+    .await;
+    c.wait("stray attachment reported", T, || async {
+        condition(&volume(&c, "stray").await, "Attachments")
+            .is_some_and(|k| !k.status && k.message.contains("csi-n2"))
+    })
+    .await;
+    wait_events(&c, "Volume missing", 1).await;
+    wait_events(&c, "Unknown attachment", 1).await;
+    // Flagged, never deleted.
+    assert!(c.store.try_get(&vol_key("lost")).await.unwrap().is_some());
+    (c, stray)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_is_reported_and_nothing_is_deleted_or_unpublished_by_default() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let (c, _) = drift(surveyed()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        c.node("n1")
+            .calls()
+            .iter()
+            .filter(|k| k.rpc == "ControllerUnpublishVolume")
+            .count(),
+        0
+    );
+    let (_, out) = c.moorctl(&["volume", "status", "lost"]);
+    assert!(
+        field(&out, "Conditions").contains("Present=false(MissingFromPlugin)"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_attachment_is_unpublished_when_the_operator_opted_in() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut opts = surveyed();
+    opts.agent_args
+        .push("--unpublish-unknown-attachments".into());
+    let (c, stray) = drift(opts).await;
+    c.wait("stray unpublished", T, || async {
+        c.node("n1").calls().iter().any(|k| {
+            k.rpc == "ControllerUnpublishVolume"
+                && k.code == "OK"
+                && k.volume_id.as_deref() == Some(stray.as_str())
+                && k.node_id.as_deref() == Some("csi-n2")
+        })
+    })
+    .await;
+    c.wait("Attachments true again", T, || async {
+        condition(&volume(&c, "stray").await, "Attachments").is_some_and(|k| k.status)
+    })
+    .await;
+    wait_events(&c, "Unknown attachment unpublished", 1).await;
 }

@@ -103,6 +103,8 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
         r#"    # The election of the controller plugin it hosts (that key only: not another
     # plugin's, not the controller's).
     ctl role grant-permission "$user" readwrite "${PREFIX}leaders/plugin.$plugin"
+    # The Plugin object of that plugin, whose status.capacity its survey writes.
+    ctl role grant-permission "$user" readwrite "${PREFIX}plugins/$plugin"
 done
 
 ctl auth enable

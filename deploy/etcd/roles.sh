@@ -60,6 +60,8 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     # The election of the controller plugin it hosts (that key only: not another
     # plugin's, not the controller's).
     ctl role grant-permission "$user" readwrite "${PREFIX}leaders/plugin.$plugin"
+    # The Plugin object of that plugin, whose status.capacity its survey writes.
+    ctl role grant-permission "$user" readwrite "${PREFIX}plugins/$plugin"
 done
 
 ctl auth enable

@@ -57,6 +57,52 @@ fn capacity(v: &Value) -> String {
     }
 }
 
+/// A Mount's usage, `used/total` (bytes).
+fn usage(m: &Value) -> String {
+    let b = |p: &str| {
+        m.pointer(p)
+            .and_then(Value::as_u64)
+            .map(|b| bytesize::ByteSize::b(b).display().iec().to_string())
+    };
+    match (
+        b("/status/usage/bytes_used"),
+        b("/status/usage/bytes_total"),
+    ) {
+        (Some(u), Some(t)) => format!("{u}/{t}"),
+        (Some(u), None) => u,
+        _ => "-".into(),
+    }
+}
+
+/// The Mount of the claim `c` (a volume's ClaimRef) of volume `v`, as JSON (Null when
+/// there is none, or the names do not parse).
+async fn mount_of(ctx: &Ctx, v: &Value, c: &Value) -> anyhow::Result<Value> {
+    use moor::api::{Claim, Mount, Namespace, NodeName};
+    let (Ok(node), Ok(ns)) = (
+        NodeName::new(text(c, "/node")),
+        Namespace::new(text(v, "/metadata/namespace")),
+    ) else {
+        return Ok(Value::Null);
+    };
+    let key = Mount::key_for(&Claim::key_for(&node, &ns, text(c, "/claim")));
+    Ok(match ctx.store.try_get(&key).await? {
+        Some(m) => serde_json::to_value(&m)?,
+        None => Value::Null,
+    })
+}
+
+/// A Mount's health as its node plugin reports it.
+fn mount_health(m: &Value) -> String {
+    match m
+        .pointer("/status/condition/abnormal")
+        .and_then(Value::as_bool)
+    {
+        Some(true) => format!("abnormal: {}", text(m, "/status/condition/message")),
+        Some(false) => "normal".into(),
+        None => "-".into(),
+    }
+}
+
 /// The spec's capacity range, `min..max`.
 fn requested(v: &Value) -> String {
     let size = |pointer| match v.pointer(pointer).and_then(Value::as_u64) {
@@ -103,6 +149,42 @@ fn conditions(v: &Value) -> String {
         }
     }
     out.join(" ")
+}
+
+/// GetCapacity's answers: `available (max N)` for the whole plugin, then per segment.
+fn plugin_capacity(p: &Value) -> String {
+    let size = |b: u64| bytesize::ByteSize::b(b).display().iec().to_string();
+    let entries: Vec<String> = p
+        .pointer("/status/capacity")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let avail = e
+                .pointer("/available_bytes")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+            let mut s = format!("{} available", size(avail));
+            if let Some(max) = e.pointer("/maximum_volume_size").and_then(Value::as_u64) {
+                s.push_str(&format!(" (max volume {})", size(max)));
+            }
+            match e.pointer("/topology").and_then(Value::as_object) {
+                Some(t) if !t.is_empty() => {
+                    let seg: Vec<String> = t
+                        .iter()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                        .collect();
+                    format!("{}: {s}", seg.join(","))
+                }
+                _ => s,
+            }
+        })
+        .collect();
+    if entries.is_empty() {
+        "<unknown>".into()
+    } else {
+        entries.join("; ")
+    }
 }
 
 fn yes_no(b: bool) -> String {
@@ -172,6 +254,7 @@ impl PluginStatusCmd {
                 "Controller Required",
                 text(p, "/status/controller_required"),
             ),
+            ("Capacity", plugin_capacity(p)),
         ]);
         let rows: Vec<Vec<String>> = p
             .pointer("/status/instances")
@@ -295,11 +378,15 @@ impl VolumeStatusCmd {
                 .into_iter()
                 .flatten()
             {
+                // The node's Mount of the claim: usage and health (NodeGetVolumeStats).
+                let m = mount_of(ctx, v, c).await?;
                 rows.push(vec![
                     text(c, "/allocation"),
                     text(c, "/node"),
                     mode.to_string(),
                     text(c, "/claim"),
+                    usage(&m),
+                    mount_health(&m),
                 ]);
             }
         }
@@ -307,7 +394,10 @@ impl VolumeStatusCmd {
         if rows.is_empty() {
             println!("No allocations placed");
         } else {
-            print!("{}", render(&["ID", "NODE ID", "MODE", "CLAIM"], &rows));
+            print!(
+                "{}",
+                render(&["ID", "NODE ID", "MODE", "CLAIM", "USED", "HEALTH"], &rows)
+            );
         }
         Ok(0)
     }

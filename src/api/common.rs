@@ -385,6 +385,39 @@ impl MountOptions {
     }
 }
 
+/// A volume's usage on a node (NodeGetVolumeStats); absent fields were not reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeUsage {
+    /// Bytes used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_used: Option<u64>,
+    /// Bytes available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_available: Option<u64>,
+    /// Bytes in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<u64>,
+    /// Inodes used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes_used: Option<u64>,
+    /// Inodes available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes_available: Option<u64>,
+    /// Inodes in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inodes_total: Option<u64>,
+}
+
+/// A volume's condition as a plugin reports it (CSI VolumeCondition).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeHealth {
+    /// The plugin says the volume is not healthy.
+    pub abnormal: bool,
+    /// The plugin's message.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
 /// A topology segment map, e.g. `{zone: z1}` (CSI `Topology`).
 pub type Topology = BTreeMap<String, String>;
 

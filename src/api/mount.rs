@@ -75,6 +75,13 @@ pub struct MountStatus {
     /// NodePublish timed out or was cut off; NodeUnpublish is owed on release.
     #[serde(default)]
     pub publish_uncertain: bool,
+    /// NodeGetVolumeStats' usage (refreshed every `--volume-stats-interval`, written
+    /// when it moved by 1% or more).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<VolumeUsage>,
+    /// The node plugin's view of the volume's health (VOLUME_CONDITION).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<VolumeHealth>,
     /// The capacity NodeExpandVolume last expanded the volume to on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expanded_bytes: Option<u64>,

@@ -91,12 +91,42 @@ pub struct PluginStatus {
     /// All node instances.
     #[serde(default)]
     pub nodes_expected: u32,
+    /// GetCapacity's answers, whole and per topology segment; written by the agent
+    /// leading the controller plugin (its own section), kept by the controller.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capacity: Vec<CapacityEntry>,
     /// Every instance by node, live or gone (until deregistered).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub instances: BTreeMap<NodeName, PluginInstance>,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,
+}
+
+/// One GetCapacity answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapacityEntry {
+    /// The segment asked about; empty: the plugin as a whole.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub topology: Topology,
+    /// available_capacity.
+    pub available_bytes: u64,
+    /// maximum_volume_size, when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maximum_volume_size: Option<u64>,
+    /// minimum_volume_size, when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minimum_volume_size: Option<u64>,
+}
+
+impl CapacityEntry {
+    /// The largest volume this entry says can be created now.
+    pub fn fits(&self) -> u64 {
+        match self.maximum_volume_size {
+            Some(max) if max > 0 => self.available_bytes.min(max),
+            _ => self.available_bytes,
+        }
+    }
 }
 
 impl PluginStatus {

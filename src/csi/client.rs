@@ -224,6 +224,39 @@ impl Csi {
         )
     }
 
+    /// NodeGetVolumeStats (GET_VOLUME_STATS).
+    pub async fn node_get_volume_stats(
+        &self,
+        req: v1::NodeGetVolumeStatsRequest,
+    ) -> Result<v1::NodeGetVolumeStatsResponse, CsiError> {
+        self.call("NodeGetVolumeStats", req, |ch, r| async move {
+            NodeClient::new(ch).node_get_volume_stats(r).await
+        })
+        .await
+    }
+
+    /// GetCapacity (GET_CAPACITY).
+    pub async fn get_capacity(
+        &self,
+        req: v1::GetCapacityRequest,
+    ) -> Result<v1::GetCapacityResponse, CsiError> {
+        self.call("GetCapacity", req, |ch, r| async move {
+            ControllerClient::new(ch).get_capacity(r).await
+        })
+        .await
+    }
+
+    /// ListVolumes (LIST_VOLUMES), one page.
+    pub async fn list_volumes(
+        &self,
+        req: v1::ListVolumesRequest,
+    ) -> Result<v1::ListVolumesResponse, CsiError> {
+        self.call("ListVolumes", req, |ch, r| async move {
+            ControllerClient::new(ch).list_volumes(r).await
+        })
+        .await
+    }
+
     /// NodeExpandVolume (node EXPAND_VOLUME).
     pub async fn node_expand(
         &self,

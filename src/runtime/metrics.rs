@@ -46,6 +46,61 @@ pub fn events_dropped(n: usize) {
     EVENTS_DROPPED.inc_by(n as u64);
 }
 
+/// The labels of a per-volume gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VolumeLabel {
+    /// The volume's namespace.
+    pub namespace: String,
+    /// The moor volume.
+    pub volume: String,
+    /// What is measured: `bytes_used`, `bytes_available`, `bytes_total`,
+    /// `inodes_used`, `inodes_available`, `inodes_total`; `abnormal` (1 or 0).
+    pub resource: String,
+}
+
+/// Per-volume usage and health on this node (NodeGetVolumeStats).
+static VOLUMES: LazyLock<Family<VolumeLabel, Gauge>> = LazyLock::new(Family::default);
+
+/// Records a volume's usage and health; a field not reported is removed.
+pub fn volume_stats(
+    namespace: &str,
+    volume: &str,
+    usage: &crate::api::VolumeUsage,
+    abnormal: Option<bool>,
+) {
+    let fields = [
+        ("bytes_used", usage.bytes_used),
+        ("bytes_available", usage.bytes_available),
+        ("bytes_total", usage.bytes_total),
+        ("inodes_used", usage.inodes_used),
+        ("inodes_available", usage.inodes_available),
+        ("inodes_total", usage.inodes_total),
+        ("abnormal", abnormal.map(u64::from)),
+    ];
+    for (resource, value) in fields {
+        let label = VolumeLabel {
+            namespace: namespace.to_string(),
+            volume: volume.to_string(),
+            resource: resource.to_string(),
+        };
+        match value {
+            Some(v) => {
+                VOLUMES
+                    .get_or_create(&label)
+                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            }
+            None => {
+                VOLUMES.remove(&label);
+            }
+        }
+    }
+}
+
+/// Forgets a volume no longer published on this node.
+pub fn forget_volume(namespace: &str, volume: &str) {
+    volume_stats(namespace, volume, &Default::default(), None);
+}
+
 /// Malformed values of `kind` skipped so far in this process.
 pub fn malformed_count(kind: &str) -> u64 {
     MALFORMED
@@ -103,6 +158,11 @@ impl Metrics {
             "moor_events_dropped",
             "Events recorded but not written to the store (queue full or write refused)",
             EVENTS_DROPPED.clone(),
+        );
+        registry.register(
+            "moor_volume",
+            "Usage and health of the volumes published on this node, by resource",
+            VOLUMES.clone(),
         );
         m
     }

@@ -383,6 +383,19 @@ impl Cluster {
         }
     }
 
+    /// A CSI client of n1's plugin (the controller service), for what a test does
+    /// behind moor's back.
+    pub fn csi(&self) -> moor::csi::client::Csi {
+        let sock = self.nodes[0].dir.join("csi.sock");
+        let channel = moor::csi::channel(&format!("unix://{}", sock.display())).expect("a channel");
+        let policy = moor::csi::policy::Policy {
+            tries: 1,
+            per_try_timeout: Duration::from_secs(3),
+            ..Default::default()
+        };
+        moor::csi::client::Csi::new(channel, policy)
+    }
+
     /// Runs moorctl against this cluster's etcd; returns success and stdout+stderr.
     pub fn moorctl(&self, args: &[&str]) -> (bool, String) {
         let out = std::process::Command::new(bin("moorctl"))

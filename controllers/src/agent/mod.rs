@@ -15,6 +15,7 @@ pub mod plugins;
 pub mod provisioner;
 pub mod snapshotter;
 pub mod state;
+pub mod survey;
 pub mod volume_plan;
 
 use anyhow::Context;
@@ -64,6 +65,18 @@ pub struct Args {
     /// First delay before a failed CSI step is tried again (doubling, jittered).
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     pub retry_initial: Duration,
+    /// How often the usage and health of each published volume are read
+    /// (NodeGetVolumeStats, where the plugin advertises GET_VOLUME_STATS).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub volume_stats_interval: Duration,
+    /// How often the leader of a controller plugin surveys it: GetCapacity, and
+    /// ListVolumes compared with moor's volumes and attachments.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub survey_interval: Duration,
+    /// Unpublish (ControllerUnpublishVolume) an attachment the plugin reports on a node
+    /// where moor has none, once two surveys in a row saw it; off: only reported.
+    #[arg(long)]
+    pub unpublish_unknown_attachments: bool,
     /// Longest delay before a failed CSI step is tried again; a final answer (such as
     /// InvalidArgument) waits this long unless the step's inputs change.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
@@ -225,6 +238,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         policy: policy.clone(),
         steps: moor::runtime::steps::Steps::new(schedule.clone()),
         recorder: recorder.clone(),
+        stats_interval: args.volume_stats_interval,
     };
     {
         let (shutdown, metrics) = (shutdown.clone(), metrics.controller("node"));
@@ -240,6 +254,8 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         let base = store.clone();
         let cfg = cfg.clone();
         let schedule = schedule.clone();
+        let (survey_interval, unpublish_unknown) =
+            (args.survey_interval, args.unpublish_unknown_attachments);
         let (policy, recorder, supervisor, metrics) = (
             policy.clone(),
             recorder.clone(),
@@ -259,6 +275,10 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
                     locks: KeyedLocks::default(),
                     own_writes: Default::default(),
                     steps: moor::runtime::steps::Steps::new(schedule.clone()),
+                    capacity: Default::default(),
+                    surveyed: Arc::new(tokio::sync::watch::channel(0).0),
+                    survey_interval,
+                    unpublish_unknown,
                 };
                 let metrics = metrics.clone();
                 async move { ctx.run(metrics, stop).await }
@@ -298,6 +318,14 @@ pub struct ControllerPluginCtx {
     pub own_writes: moor::runtime::own_writes::OwnWrites,
     /// Retry gates of failing controller steps.
     pub steps: moor::runtime::steps::Steps,
+    /// GetCapacity's answers from the last survey (none yet: unknown).
+    pub capacity: Arc<std::sync::RwLock<Option<Vec<CapacityEntry>>>>,
+    /// Ticks after each survey that asked GetCapacity.
+    pub surveyed: Arc<tokio::sync::watch::Sender<u64>>,
+    /// `--survey-interval`.
+    pub survey_interval: Duration,
+    /// `--unpublish-unknown-attachments`.
+    pub unpublish_unknown: bool,
 }
 
 /// The plugin has no channel (its endpoint could not be used).
@@ -333,6 +361,13 @@ impl ControllerPluginCtx {
             snapshots,
             volumes: volumes.clone(),
         };
+        let survey = survey::Survey {
+            ctx: self.clone(),
+            volumes: volumes.clone(),
+            attachments: attachments.clone(),
+            every: self.survey_interval,
+            unpublish_unknown: self.unpublish_unknown,
+        };
         let att = attacher::Attacher {
             ctx: self,
             volumes,
@@ -341,6 +376,7 @@ impl ControllerPluginCtx {
         tokio::join!(
             prov.run(metrics.controller("provisioner"), stop.clone()),
             snap.run(metrics.controller("snapshotter"), stop.clone()),
+            survey.run(stop.clone()),
             att.run(metrics.controller("attacher"), stop)
         );
     }

@@ -91,10 +91,34 @@ impl Provisioner {
         let events = self.volumes.subscribe();
         let restoring = reader.clone();
         let snapshots = self.snapshots.subscribe();
+        // After each survey, the volumes still to be created look again at the
+        // capacity the plugin reported.
+        let uncreated = {
+            let (reader, plugin) = (reader.clone(), self.ctx.plugin.id.clone());
+            let rx = self.ctx.surveyed.subscribe();
+            futures::stream::unfold(rx, move |mut rx| {
+                let (reader, plugin) = (reader.clone(), plugin.clone());
+                async move {
+                    rx.changed().await.ok()?;
+                    let keys: Vec<String> = reader
+                        .state()
+                        .iter()
+                        .filter(|v| {
+                            v.spec.plugin_id == plugin
+                                && v.spec.external_id.is_none()
+                                && v.status.provisioning.external_id.is_none()
+                        })
+                        .map(|v| v.key())
+                        .collect();
+                    Some((futures::stream::iter(keys), rx))
+                }
+            })
+        };
         let this = Arc::new(self);
         Controller::new("provisioner", reader, Config::default())
             .with_metrics(metrics)
             .owns(events)
+            .trigger(futures::StreamExt::flatten(uncreated))
             // A snapshot becoming ready lets the volumes restored from it be created.
             .watches(snapshots, move |s: &Snapshot| {
                 restoring
@@ -141,7 +165,13 @@ impl Provisioner {
             .as_ref()
             .is_some_and(|c| !c.capabilities.plugin.is_empty());
         let caps = caps.map(|c| c.capabilities).unwrap_or_default();
-        match volume_plan::next(&vol, FINALIZER, &caps) {
+        let capacity = self
+            .ctx
+            .capacity
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match volume_plan::next(&vol, FINALIZER, &caps, capacity.as_deref()) {
             Step::Nothing => Ok(Action::AwaitChange),
             Step::Validate => self.validate(&vol).await,
             Step::AddFinalizer => {

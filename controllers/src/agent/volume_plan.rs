@@ -56,8 +56,14 @@ pub const EXPANDED: &str = "Expanded";
 /// See [`VALIDATED`].
 pub const MODIFIED: &str = "Modified";
 
-/// The step owed for `vol`; `caps` are the plugin's advertised capabilities.
-pub fn next(vol: &Volume, finalizer: &str, caps: &PluginCapabilities) -> Step {
+/// The step owed for `vol`; `caps` are the plugin's advertised capabilities,
+/// `capacity` what GetCapacity last said (`None`: not known).
+pub fn next(
+    vol: &Volume,
+    finalizer: &str,
+    caps: &PluginCapabilities,
+    capacity: Option<&[CapacityEntry]>,
+) -> Step {
     let p = &vol.status.provisioning;
     if let Some(ext) = &vol.spec.external_id {
         if vol.is_deleting() {
@@ -93,9 +99,48 @@ pub fn next(vol: &Volume, finalizer: &str, caps: &PluginCapabilities) -> Step {
             };
             return refused_once(vol, step);
         }
+        if let Some(message) = capacity.and_then(|c| no_room(vol, c)) {
+            let step = Step::Refuse {
+                condition: "Created",
+                reason: "InsufficientCapacity",
+                message,
+            };
+            return refused_once(vol, step);
+        }
         return Step::Create;
     }
     ready(vol, caps)
+}
+
+/// Why the volume fits nowhere GetCapacity answered for: its `capacity_min` exceeds
+/// what every eligible entry can hold (the entries of its required segments when it
+/// has some and they were asked about, else the whole plugin's). `None`: it may fit.
+fn no_room(vol: &Volume, capacity: &[CapacityEntry]) -> Option<String> {
+    let need = vol.spec.capacity_min?.0;
+    let required: Vec<&Topology> = vol
+        .spec
+        .topology_request
+        .iter()
+        .flat_map(|t| &t.required)
+        .collect();
+    let by_segment: Vec<&CapacityEntry> = capacity
+        .iter()
+        .filter(|e| required.contains(&&e.topology))
+        .collect();
+    let eligible: Vec<&CapacityEntry> = if by_segment.is_empty() {
+        capacity.iter().filter(|e| e.topology.is_empty()).collect()
+    } else {
+        by_segment
+    };
+    let best = eligible.iter().map(|e| e.fits()).max()?;
+    (best < need).then(|| {
+        format!(
+            "capacity_min {} does not fit: plugin {} has room for {} at most",
+            Size(need),
+            vol.spec.plugin_id,
+            Size(best)
+        )
+    })
 }
 
 /// The steps of a Ready volume: expansion, then modification.
@@ -230,13 +275,58 @@ mod tests {
     #[test]
     fn a_created_volume_goes_through_finalizer_create_and_delete() {
         let mut v = ready_volume();
-        assert_eq!(next(&v, F, &caps(&[])), Step::Nothing);
+        assert_eq!(next(&v, F, &caps(&[]), None), Step::Nothing);
         v.status.provisioning.phase = VolumePhase::Creating;
-        assert_eq!(next(&v, F, &caps(&[])), Step::Create);
+        assert_eq!(next(&v, F, &caps(&[]), None), Step::Create);
         v.metadata.finalizers.clear();
-        assert_eq!(next(&v, F, &caps(&[])), Step::AddFinalizer);
+        assert_eq!(next(&v, F, &caps(&[]), None), Step::AddFinalizer);
         v.metadata.deletion_timestamp = Some(Timestamp::now());
-        assert_eq!(next(&v, F, &caps(&[])), Step::Delete);
+        assert_eq!(next(&v, F, &caps(&[]), None), Step::Delete);
+    }
+
+    #[test]
+    fn a_volume_that_fits_nowhere_is_refused_before_create_volume() {
+        let mut v = ready_volume();
+        v.status.provisioning.phase = VolumePhase::Pending;
+        let whole = |avail: u64| CapacityEntry {
+            available_bytes: avail,
+            ..Default::default()
+        };
+        // Unknown capacity, or room enough: create.
+        assert_eq!(next(&v, F, &caps(&[]), None), Step::Create);
+        assert_eq!(next(&v, F, &caps(&[]), Some(&[whole(100)])), Step::Create);
+        assert!(matches!(
+            next(&v, F, &caps(&[]), Some(&[whole(99)])),
+            Step::Refuse {
+                reason: "InsufficientCapacity",
+                ..
+            }
+        ));
+        // The maximum volume size bounds it too.
+        let capped = CapacityEntry {
+            available_bytes: 1000,
+            maximum_volume_size: Some(50),
+            ..Default::default()
+        };
+        assert!(matches!(
+            next(&v, F, &caps(&[]), Some(&[capped])),
+            Step::Refuse { .. }
+        ));
+        // A required segment with room is enough, whatever the whole says.
+        let zone: Topology = [("zone".to_string(), "a".to_string())].into();
+        v.spec.topology_request = Some(TopologyRequest {
+            required: vec![zone.clone()],
+            preferred: Vec::new(),
+        });
+        let in_zone = CapacityEntry {
+            topology: zone,
+            available_bytes: 500,
+            ..Default::default()
+        };
+        assert_eq!(
+            next(&v, F, &caps(&[]), Some(&[whole(10), in_zone])),
+            Step::Create
+        );
     }
 
     #[test]
@@ -245,25 +335,25 @@ mod tests {
         v.status.provisioning.phase = VolumePhase::Pending;
         v.spec.source = Some(VolumeSource::Snapshot(Name::new("s").unwrap()));
         assert!(matches!(
-            next(&v, F, &caps(&[])),
+            next(&v, F, &caps(&[]), None),
             Step::Refuse {
                 reason: "RestoreUnsupported",
                 ..
             }
         ));
         assert_eq!(
-            next(&v, F, &caps(&["CREATE_DELETE_SNAPSHOT"])),
+            next(&v, F, &caps(&["CREATE_DELETE_SNAPSHOT"]), None),
             Step::Create
         );
         v.spec.source = Some(VolumeSource::Volume(VolumeId::new("w").unwrap()));
         assert!(matches!(
-            next(&v, F, &caps(&["CREATE_DELETE_SNAPSHOT"])),
+            next(&v, F, &caps(&["CREATE_DELETE_SNAPSHOT"]), None),
             Step::Refuse {
                 reason: "CloneUnsupported",
                 ..
             }
         ));
-        assert_eq!(next(&v, F, &caps(&["CLONE_VOLUME"])), Step::Create);
+        assert_eq!(next(&v, F, &caps(&["CLONE_VOLUME"]), None), Step::Create);
     }
 
     #[test]
@@ -271,15 +361,23 @@ mod tests {
         let mut v = ready_volume();
         v.spec.external_id = Some(ExternalVolumeId::new("e1").unwrap());
         v.status.provisioning.phase = VolumePhase::Pending;
-        assert_eq!(next(&v, F, &caps(&[])), Step::Validate);
+        assert_eq!(next(&v, F, &caps(&[]), None), Step::Validate);
         v.status.provisioning.phase = VolumePhase::Ready;
-        assert_eq!(next(&v, F, &caps(&[])), Step::Validate, "older generation");
+        assert_eq!(
+            next(&v, F, &caps(&[]), None),
+            Step::Validate,
+            "older generation"
+        );
         v.status.provisioning.meta.observed_generation = 2;
-        assert_eq!(next(&v, F, &caps(&[])), Step::Nothing);
+        assert_eq!(next(&v, F, &caps(&[]), None), Step::Nothing);
         v.spec.external_id = Some(ExternalVolumeId::new("e2").unwrap());
-        assert_eq!(next(&v, F, &caps(&[])), Step::Validate, "another id");
+        assert_eq!(next(&v, F, &caps(&[]), None), Step::Validate, "another id");
         v.metadata.deletion_timestamp = Some(Timestamp::now());
-        assert_eq!(next(&v, F, &caps(&[])), Step::Nothing, "never deleted");
+        assert_eq!(
+            next(&v, F, &caps(&[]), None),
+            Step::Nothing,
+            "never deleted"
+        );
     }
 
     #[test]
@@ -288,13 +386,13 @@ mod tests {
         v.spec.capacity_min = Some(Size(300));
         v.spec.capacity_max = Some(Size(400));
         assert_eq!(
-            next(&v, F, &caps(&["EXPAND_VOLUME"])),
+            next(&v, F, &caps(&["EXPAND_VOLUME"]), None),
             Step::Expand {
                 required: 300,
                 limit: 400
             }
         );
-        let refused = next(&v, F, &caps(&[]));
+        let refused = next(&v, F, &caps(&[]), None);
         let Step::Refuse {
             condition,
             reason,
@@ -309,18 +407,18 @@ mod tests {
             .provisioning
             .meta
             .set_condition(condition, false, reason, message);
-        assert_eq!(next(&v, F, &caps(&[])), Step::Nothing);
+        assert_eq!(next(&v, F, &caps(&[]), None), Step::Nothing);
         v.spec.capacity_min = Some(Size(50));
         v.spec.capacity_max = Some(Size(60));
         assert!(matches!(
-            next(&v, F, &caps(&["EXPAND_VOLUME"])),
+            next(&v, F, &caps(&["EXPAND_VOLUME"]), None),
             Step::Refuse {
                 reason: "ShrinkRefused",
                 ..
             }
         ));
         v.spec.capacity_max = None;
-        assert_eq!(next(&v, F, &caps(&["EXPAND_VOLUME"])), Step::Nothing);
+        assert_eq!(next(&v, F, &caps(&["EXPAND_VOLUME"]), None), Step::Nothing);
         // An OFFLINE plugin expands a volume only while no claim holds it.
         v.spec.capacity_min = Some(Size(300));
         let mut offline = caps(&["EXPAND_VOLUME"]);
@@ -333,14 +431,14 @@ mod tests {
             access_mode: None,
         });
         assert!(matches!(
-            next(&v, F, &offline),
+            next(&v, F, &offline, None),
             Step::Refuse {
                 reason: "ExpansionWaitsForRelease",
                 ..
             }
         ));
         v.status.claims.write_claims.clear();
-        assert!(matches!(next(&v, F, &offline), Step::Expand { .. }));
+        assert!(matches!(next(&v, F, &offline, None), Step::Expand { .. }));
     }
 
     #[test]
@@ -349,9 +447,9 @@ mod tests {
         v.spec
             .mutable_parameters
             .insert("iops".into(), "100".into());
-        assert_eq!(next(&v, F, &caps(&["MODIFY_VOLUME"])), Step::Modify);
+        assert_eq!(next(&v, F, &caps(&["MODIFY_VOLUME"]), None), Step::Modify);
         assert!(matches!(
-            next(&v, F, &caps(&[])),
+            next(&v, F, &caps(&[]), None),
             Step::Refuse {
                 reason: "ModifyUnsupported",
                 ..
@@ -359,18 +457,18 @@ mod tests {
         ));
         v.spec.capacity_min = Some(Size(200));
         assert!(matches!(
-            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"])),
+            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"]), None),
             Step::Expand { .. }
         ));
         v.status.provisioning.capacity_bytes = Some(200);
         v.status.provisioning.mutable_parameters = v.spec.mutable_parameters.clone();
         assert_eq!(
-            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"])),
+            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"]), None),
             Step::Nothing
         );
         v.spec.mutable_parameters.clear();
         assert!(matches!(
-            next(&v, F, &caps(&["MODIFY_VOLUME"])),
+            next(&v, F, &caps(&["MODIFY_VOLUME"]), None),
             Step::Refuse {
                 reason: "ParameterRemovalUnsupported",
                 ..
@@ -378,7 +476,7 @@ mod tests {
         ));
         v.spec.mutable_parameters = v.status.provisioning.mutable_parameters.clone();
         assert_eq!(
-            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"])),
+            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"]), None),
             Step::Nothing
         );
     }

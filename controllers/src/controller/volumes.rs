@@ -65,6 +65,14 @@ pub async fn run(
                 .map(|v| v.key())
                 .collect()
         })
+        // Only Mounts that report a condition (VOLUME_CONDITION): the others' writes
+        // (every publish step) say nothing about health.
+        .watches(inf.mounts.subscribe(), |m: &Mount| {
+            if m.status.condition.is_none() {
+                return Vec::new();
+            }
+            vec![Volume::key_for(&m.metadata.namespace, &m.spec.volume).into_string()]
+        })
         .run(
             move |key| {
                 let this = this.clone();
@@ -104,15 +112,60 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, VolumeError> {
         .get(&Plugin::key_for(&vol.spec.plugin_id))
         .is_some_and(|p| p.status.serves_volumes());
     let schedulable = !vol.is_deleting() && external_id(&vol).is_some() && plugin_healthy;
-    if vol.status.claims.schedulable != schedulable {
+    let health = nodes_health(ctx, &vol);
+    if vol.status.claims.schedulable != schedulable || health.is_some() {
         let generation = vol.metadata.generation;
         ctx.store
             .modify_status(&vol.object_key(), |_, st| {
                 st.claims.schedulable = schedulable;
                 st.claims.meta.observed_generation = generation;
+                if let Some((healthy, message)) = &health {
+                    let reason = if *healthy { "Normal" } else { "VolumeAbnormal" };
+                    st.claims
+                        .meta
+                        .set_condition(HEALTHY_ON_NODES, *healthy, reason, message);
+                }
                 true
             })
             .await?;
     }
     Ok(Action::AwaitChange)
+}
+
+/// The volume's condition from its nodes' Mounts.
+pub const HEALTHY_ON_NODES: &str = "HealthyOnNodes";
+
+/// The `HealthyOnNodes` condition to write, if it changes: false with each abnormal
+/// node's message while a Mount of a live claim reports the volume abnormal; true again
+/// once none does (only after it was false).
+fn nodes_health(ctx: &Ctx, vol: &Volume) -> Option<(bool, String)> {
+    let ns = &vol.metadata.namespace;
+    let mut abnormal: Vec<String> = vol
+        .status
+        .claims
+        .read_claims
+        .iter()
+        .chain(&vol.status.claims.write_claims)
+        .filter_map(|c| {
+            let claim = Claim::key_for(&c.node, ns, &c.claim);
+            let m = ctx.mounts.get(&Mount::key_for(&claim))?;
+            let cond = m.status.condition.as_ref().filter(|h| h.abnormal)?;
+            Some(format!("node {}: {}", c.node, cond.message))
+        })
+        .collect();
+    abnormal.sort();
+    abnormal.dedup();
+    let current = vol
+        .status
+        .claims
+        .meta
+        .conditions
+        .iter()
+        .find(|c| c.type_ == HEALTHY_ON_NODES);
+    let want = if abnormal.is_empty() {
+        current.filter(|c| !c.status).map(|_| (true, String::new()))
+    } else {
+        Some((false, abnormal.join("; ")))
+    };
+    want.filter(|(h, m)| !current.is_some_and(|c| c.status == *h && &c.message == m))
 }

@@ -539,7 +539,7 @@ impl Controller for Plugin {
                         volume: Some(self.volume_message(v)),
                         status: Some(list_volumes_response::VolumeStatus {
                             published_node_ids: v.published.keys().cloned().collect(),
-                            volume_condition: None,
+                            volume_condition: Some(self.inner.faults.condition(&v.id)),
                         }),
                     })
                     .collect(),
@@ -579,6 +579,7 @@ impl Controller for Plugin {
                 Type::CloneVolume,
                 Type::ExpandVolume,
                 Type::GetVolume,
+                Type::VolumeCondition,
             ];
             if !self.cfg().mutable_parameters.is_empty() {
                 types.push(Type::ModifyVolume);
@@ -784,7 +785,7 @@ impl Controller for Plugin {
                 volume: Some(self.volume_message(&vol)),
                 status: Some(moor_csi::v1::controller_get_volume_response::VolumeStatus {
                     published_node_ids: vol.published.keys().cloned().collect(),
-                    volume_condition: None,
+                    volume_condition: Some(self.inner.faults.condition(&vol.id)),
                 }),
             })
         })

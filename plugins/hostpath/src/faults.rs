@@ -57,6 +57,17 @@ pub enum Command {
         /// Which call.
         nth: u32,
     },
+    /// Report a volume's condition (VOLUME_CONDITION) from this instance: abnormal with
+    /// `message`, or normal again.
+    Condition {
+        /// The plugin's volume id.
+        volume_id: String,
+        /// Abnormal or not.
+        abnormal: bool,
+        /// The message reported with it.
+        #[serde(default)]
+        message: String,
+    },
     /// Remove every fault and release every hang.
     Clear,
     /// Answer with the calls counted and the calls held, per RPC.
@@ -83,6 +94,7 @@ struct Rules {
     latency: HashMap<String, Duration>,
     hang: HashMap<String, Hang>,
     exit_at: HashMap<String, u32>,
+    conditions: HashMap<String, (bool, String)>,
     status: FaultStatus,
 }
 
@@ -152,6 +164,13 @@ impl Faults {
             Command::ExitAt { rpc, nth } => {
                 r.exit_at.insert(rpc, nth);
             }
+            Command::Condition {
+                volume_id,
+                abnormal,
+                message,
+            } => {
+                r.conditions.insert(volume_id, (abnormal, message));
+            }
             Command::Clear => {
                 for (_, h) in r.hang.drain() {
                     h.released.send_replace(true);
@@ -165,6 +184,17 @@ impl Faults {
             }
         }
         Ok(None)
+    }
+
+    /// The condition set for a volume (normal unless set).
+    pub fn condition(&self, volume_id: &str) -> moor_csi::v1::VolumeCondition {
+        let (abnormal, message) = self
+            .rules()
+            .conditions
+            .get(volume_id)
+            .cloned()
+            .unwrap_or_default();
+        moor_csi::v1::VolumeCondition { abnormal, message }
     }
 
     /// Runs before an RPC's operation: counts it, exits if asked, delays, holds, or

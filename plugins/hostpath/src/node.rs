@@ -433,7 +433,7 @@ impl Node for Plugin {
                         unit: volume_usage::Unit::Inodes as i32,
                     },
                 ],
-                volume_condition: None,
+                volume_condition: Some(self.inner.faults.condition(&req.volume_id)),
             })
         })
         .await
@@ -471,7 +471,11 @@ impl Node for Plugin {
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
         use node_service_capability::rpc::Type;
         self.call(Call::new("NodeGetCapabilities"), async {
-            let mut types = vec![Type::GetVolumeStats, Type::ExpandVolume];
+            let mut types = vec![
+                Type::GetVolumeStats,
+                Type::ExpandVolume,
+                Type::VolumeCondition,
+            ];
             if self.cfg().volume_mount_group {
                 types.push(Type::VolumeMountGroup);
             }

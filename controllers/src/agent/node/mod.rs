@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 mod plan;
 mod publish;
 mod release;
+mod stats;
 
 use super::plugins::Supervisor;
 use super::state::{LocalState, PublishRecord, StageRecord, Step};
@@ -111,6 +112,8 @@ pub struct NodeReconciler {
     pub steps: Steps,
     /// Events.
     pub recorder: Recorder,
+    /// How often published volumes' usage and health are read (NodeGetVolumeStats).
+    pub stats_interval: std::time::Duration,
 }
 
 /// The paths a claim uses, on the host and as the plugin sees them.
@@ -212,12 +215,14 @@ impl NodeReconciler {
             };
             futures::stream::iter(keys)
         });
+        let stats_interval = self.stats_interval;
         let this = Arc::new(Reconcile {
             r: self,
             claims: reader.clone(),
             mounts: mounts.reader(),
             own_writes: OwnWrites::default(),
         });
+        tokio::spawn(this.clone().stats_loop(stats_interval, shutdown.clone()));
         Controller::new("node", reader, Config::default())
             .with_metrics(metrics)
             .owns(claims.subscribe())
@@ -442,7 +447,9 @@ impl Reconcile {
                 .as_ref()
                 .map(|f| format!("{} failed with {}: {}", f.step, f.code, f.message))
         });
-        let status = MountStatus {
+        let mut status = MountStatus {
+            usage: None,
+            condition: None,
             staged: !released && stage == Step::Done,
             stage_uncertain: !released && stage == Step::Uncertain,
             published: publish == Step::Done,
@@ -462,6 +469,11 @@ impl Reconcile {
             .own_writes
             .fresh(store, &self.mounts, &mount_key)
             .await?;
+        // The volume stats loop's fields are kept as it last wrote them.
+        if let Some(current) = &current {
+            status.usage = current.status.usage.clone();
+            status.condition = current.status.condition.clone();
+        }
         let written = match current {
             None => {
                 let mut m =

@@ -1,0 +1,200 @@
+//! Volume health and usage on the node: every `--volume-stats-interval`, for each claim
+//! published here whose plugin advertises GET_VOLUME_STATS, NodeGetVolumeStats at the
+//! target path. The usage and (with VOLUME_CONDITION) the condition go to the per-volume
+//! gauges of /metrics at once, and to the claim's Mount when the condition changed or
+//! the usage moved by 1% of the total or more (so a busy volume does not rewrite its
+//! Mount every interval). A volume turning abnormal is a Warning event on the volume;
+//! the controller raises the volume's `HealthyOnNodes` condition from the Mounts.
+
+use super::*;
+use std::time::Duration;
+
+/// What one NodeGetVolumeStats answer says.
+fn usage_of(resp: &v1::NodeGetVolumeStatsResponse) -> VolumeUsage {
+    use v1::volume_usage::Unit;
+    let mut u = VolumeUsage::default();
+    let n = |v: i64| u64::try_from(v).ok();
+    for x in &resp.usage {
+        match Unit::try_from(x.unit) {
+            Ok(Unit::Bytes) => {
+                u.bytes_used = n(x.used);
+                u.bytes_available = n(x.available);
+                u.bytes_total = n(x.total);
+            }
+            Ok(Unit::Inodes) => {
+                u.inodes_used = n(x.used);
+                u.inodes_available = n(x.available);
+                u.inodes_total = n(x.total);
+            }
+            _ => {}
+        }
+    }
+    u
+}
+
+/// Whether a new usage is worth writing over the recorded one: none recorded, or a
+/// figure moved by 1% of its total or more.
+pub(super) fn moved(old: Option<&VolumeUsage>, new: &VolumeUsage) -> bool {
+    let Some(old) = old else {
+        return true;
+    };
+    let far = |a: Option<u64>, b: Option<u64>, total: Option<u64>| match (a, b) {
+        (Some(a), Some(b)) => a.abs_diff(b) * 100 >= total.unwrap_or(0).max(1),
+        (None, None) => false,
+        _ => true,
+    };
+    far(old.bytes_used, new.bytes_used, new.bytes_total)
+        || far(old.inodes_used, new.inodes_used, new.inodes_total)
+        || old.bytes_total != new.bytes_total
+        || old.inodes_total != new.inodes_total
+}
+
+impl Reconcile {
+    /// Runs the stats pass every `every` until `stop`.
+    pub(super) async fn stats_loop(self: Arc<Self>, every: Duration, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut measured: std::collections::BTreeSet<(String, String)> = Default::default();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            self.claims.wait_until_ready().await;
+            self.mounts.wait_until_ready().await;
+            let published: Vec<(String, PublishRecord)> = {
+                let local = self.r.local.lock().await;
+                local
+                    .publishes
+                    .iter()
+                    .filter(|(_, r)| r.step == Step::Done && !r.released)
+                    .map(|(k, r)| (k.clone(), r.clone()))
+                    .collect()
+            };
+            let mut now = std::collections::BTreeSet::new();
+            for (key, rec) in &published {
+                match self.volume_stats(key, rec).await {
+                    Ok(true) => {
+                        now.insert((rec.namespace.to_string(), rec.volume.to_string()));
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::debug!(claim = %key, error = %moor::process::error_chain(&e), "volume stats")
+                    }
+                }
+            }
+            for (ns, vol) in measured.difference(&now) {
+                moor::runtime::metrics::forget_volume(ns, vol);
+            }
+            measured = now;
+        }
+    }
+
+    /// One claim's NodeGetVolumeStats; returns whether it was measured.
+    async fn volume_stats(&self, key: &str, rec: &PublishRecord) -> Result<bool, NodeError> {
+        let cfg = self.plugin(&rec.plugin_id)?.clone();
+        let Some(fp) = self.r.supervisor.status(&cfg.id) else {
+            return Ok(false);
+        };
+        if !fp.capabilities.node.contains("GET_VOLUME_STATS") {
+            return Ok(false);
+        }
+        let Some(claim) = self.claims.get(key) else {
+            return Ok(false);
+        };
+        let req = v1::NodeGetVolumeStatsRequest {
+            volume_id: rec.external_id.to_string(),
+            volume_path: path_str(&plugin_path(&cfg, &rec.target_path)),
+            staging_target_path: rec
+                .staging_path
+                .as_ref()
+                .map(|s| path_str(&plugin_path(&cfg, s)))
+                .unwrap_or_default(),
+        };
+        let resp = self.csi(&cfg)?.node_get_volume_stats(req).await?;
+        let usage = usage_of(&resp);
+        let condition = resp
+            .volume_condition
+            .as_ref()
+            .filter(|_| fp.capabilities.node.contains("VOLUME_CONDITION"))
+            .map(|c| VolumeHealth {
+                abnormal: c.abnormal,
+                message: c.message.clone(),
+            });
+        moor::runtime::metrics::volume_stats(
+            rec.namespace.as_str(),
+            rec.volume.as_str(),
+            &usage,
+            condition.as_ref().map(|c| c.abnormal),
+        );
+        // Serialised with the claim's node steps, which write the same Mount.
+        let lock_key = Volume::key_for(&rec.namespace, &rec.volume).into_string();
+        let _guard = self.r.locks.lock(&lock_key).await;
+        let mount_key = Mount::key_for(&claim.object_key());
+        let Some(current) = self
+            .own_writes
+            .fresh(&self.r.store, &self.mounts, &mount_key)
+            .await?
+        else {
+            return Ok(true);
+        };
+        let turned_abnormal = condition.as_ref().is_some_and(|c| c.abnormal)
+            && !current
+                .status
+                .condition
+                .as_ref()
+                .is_some_and(|c| c.abnormal);
+        if current.status.condition == condition && !moved(current.status.usage.as_ref(), &usage) {
+            return Ok(true);
+        }
+        let mut next = (*current).clone();
+        next.status.usage = Some(usage);
+        next.status.condition = condition.clone();
+        let written = self.r.store.update(&current, &next).await?;
+        self.own_writes.wrote(&written);
+        if turned_abnormal {
+            let msg = condition.map(|c| c.message).unwrap_or_default();
+            let object = ObjectRef {
+                kind: "Volume".into(),
+                namespace: rec.namespace.clone(),
+                name: Name::new(rec.volume.as_str()).unwrap_or_default(),
+            };
+            let d = details([
+                ("volume_id", rec.volume.to_string()),
+                ("node", self.r.node.to_string()),
+            ]);
+            self.r
+                .recorder
+                .record(
+                    object,
+                    EventType::Warning,
+                    "Volume abnormal",
+                    format!("{} on node {}: {msg}", rec.volume, self.r.node),
+                    d,
+                )
+                .await;
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_is_rewritten_only_when_it_moved_by_a_percent() {
+        let u = |used: u64| VolumeUsage {
+            bytes_used: Some(used),
+            bytes_total: Some(1000),
+            ..Default::default()
+        };
+        assert!(moved(None, &u(0)));
+        assert!(!moved(Some(&u(100)), &u(109)));
+        assert!(moved(Some(&u(100)), &u(110)));
+        assert!(moved(Some(&u(100)), &u(90)));
+        let mut bigger = u(100);
+        bigger.bytes_total = Some(2000);
+        assert!(moved(Some(&u(100)), &bigger));
+    }
+}

@@ -1,0 +1,364 @@
+//! The survey of a controller plugin, run by the agent leading it every
+//! `--survey-interval`: what the plugin says against what moor holds. Nothing is ever
+//! deleted here; what differs is shown (conditions, Warning events) and, only where an
+//! operator opted in, an unknown attachment is unpublished.
+//!
+//! Expected flow of one pass:
+//! 1. GET_CAPACITY: GetCapacity for the plugin as a whole and, with
+//!    VOLUME_ACCESSIBILITY_CONSTRAINTS, for each segment its volumes require; recorded in
+//!    the Plugin's `status.capacity` and handed to the provisioner, which refuses a
+//!    CreateVolume that fits nowhere (and looks again after each pass).
+//! 2. LIST_VOLUMES: every page of ListVolumes (a failed page ends the pass: no
+//!    conclusion from half a list). A Ready volume of this plugin missing from two
+//!    lists in a row gets condition `Present` false and a `Volume missing` Warning; back
+//!    in the list, `Present` true.
+//! 3. VOLUME_CONDITION: the listed condition becomes the volume's `Healthy` condition;
+//!    turning abnormal is a `Volume abnormal` Warning.
+//! 4. LIST_VOLUMES_PUBLISHED_NODES: a node the plugin says a volume is published to,
+//!    where moor has no Attachment of it, seen in two lists in a row, is condition
+//!    `Attachments` false and an `Unknown attachment` Warning; with
+//!    `--unpublish-unknown-attachments` it is also ControllerUnpublishVolume'd.
+
+use moor::api::*;
+use moor::csi::v1;
+use moor::runtime::informer::Informer;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use super::ControllerPluginCtx;
+use crate::common::{details, object_ref};
+
+/// Condition: the plugin lists the volume.
+pub const PRESENT: &str = "Present";
+/// Condition: the plugin's view of the volume's health.
+pub const HEALTHY: &str = "Healthy";
+/// Condition: no attachment the plugin reports is unknown to moor.
+pub const ATTACHMENTS: &str = "Attachments";
+
+/// The survey of one plugin.
+pub struct Survey {
+    /// Shared with the provisioner.
+    pub ctx: ControllerPluginCtx,
+    /// Volumes.
+    pub volumes: Informer<Volume>,
+    /// Attachments.
+    pub attachments: Informer<Attachment>,
+    /// How often.
+    pub every: Duration,
+    /// `--unpublish-unknown-attachments`.
+    pub unpublish_unknown: bool,
+}
+
+/// What one ListVolumes said of a volume.
+struct Listed {
+    published: BTreeSet<String>,
+    condition: Option<v1::VolumeCondition>,
+}
+
+impl Survey {
+    /// Runs a pass every `every` until `stop`.
+    pub async fn run(self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // What the previous pass found (missing volumes, unknown attachments): a
+        // finding acts only when two passes in a row agree.
+        let mut missing_before = BTreeSet::new();
+        let mut unknown_before = BTreeSet::new();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            self.volumes.reader().wait_until_ready().await;
+            self.attachments.reader().wait_until_ready().await;
+            let Some(caps) = self
+                .ctx
+                .supervisor
+                .status(&self.ctx.plugin.id)
+                .filter(|s| !s.capabilities.plugin.is_empty())
+                .map(|s| s.capabilities)
+            else {
+                continue;
+            };
+            if caps.controller.contains("GET_CAPACITY") {
+                if let Err(e) = self.capacity(&caps).await {
+                    tracing::warn!(plugin = %self.ctx.plugin.id, error = %moor::process::error_chain(&*e), "GetCapacity survey");
+                }
+            }
+            if caps.controller.contains("LIST_VOLUMES") {
+                match self.list().await {
+                    Ok(listed) => {
+                        let (missing, unknown) = self
+                            .compare(&caps, &listed, &missing_before, &unknown_before)
+                            .await;
+                        missing_before = missing;
+                        unknown_before = unknown;
+                    }
+                    Err(e) => {
+                        tracing::warn!(plugin = %self.ctx.plugin.id, error = %e, "ListVolumes survey");
+                    }
+                }
+            }
+        }
+    }
+
+    /// GetCapacity, whole and per required segment; recorded on the Plugin and shared
+    /// with the provisioner.
+    async fn capacity(
+        &self,
+        caps: &PluginCapabilities,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let mut segments: BTreeSet<Topology> = BTreeSet::new();
+        segments.insert(Topology::new());
+        if caps.plugin.contains("VOLUME_ACCESSIBILITY_CONSTRAINTS") {
+            for v in self.volumes.reader().state() {
+                if v.spec.plugin_id != self.ctx.plugin.id {
+                    continue;
+                }
+                for t in v.spec.topology_request.iter().flat_map(|t| &t.required) {
+                    if segments.len() < 64 {
+                        segments.insert(t.clone());
+                    }
+                }
+            }
+        }
+        let csi = self.ctx.csi()?;
+        let mut entries = Vec::new();
+        for t in segments {
+            let req = v1::GetCapacityRequest {
+                volume_capabilities: Vec::new(),
+                parameters: Default::default(),
+                accessible_topology: (!t.is_empty()).then(|| moor::csi::convert::topology(&t)),
+            };
+            let r = csi.get_capacity(req).await?;
+            let size = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).filter(|v| *v > 0);
+            entries.push(CapacityEntry {
+                topology: t,
+                available_bytes: u64::try_from(r.available_capacity).unwrap_or(0),
+                maximum_volume_size: size(r.maximum_volume_size),
+                minimum_volume_size: size(r.minimum_volume_size),
+            });
+        }
+        let key = Plugin::key_for(&self.ctx.plugin.id);
+        if self
+            .ctx
+            .reads
+            .try_get(&key)
+            .await?
+            .is_some_and(|p| p.status.capacity != entries)
+        {
+            let want = entries.clone();
+            self.ctx
+                .writes
+                .modify_status(&key, |_, st| {
+                    st.capacity = want.clone();
+                    true
+                })
+                .await?;
+        }
+        *self.ctx.capacity.write().unwrap_or_else(|e| e.into_inner()) = Some(entries);
+        self.ctx.surveyed.send_modify(|n| *n += 1);
+        Ok(())
+    }
+
+    /// Every page of ListVolumes, by the plugin's volume id.
+    async fn list(
+        &self,
+    ) -> Result<BTreeMap<String, Listed>, Box<dyn std::error::Error + Send + Sync>> {
+        let csi = self.ctx.csi()?;
+        let mut out = BTreeMap::new();
+        let mut token = String::new();
+        for _ in 0..100_000 {
+            let page = csi
+                .list_volumes(v1::ListVolumesRequest {
+                    max_entries: 500,
+                    starting_token: token.clone(),
+                })
+                .await?;
+            for e in page.entries {
+                let Some(vol) = e.volume else { continue };
+                let status = e.status.unwrap_or_default();
+                out.insert(
+                    vol.volume_id,
+                    Listed {
+                        published: status.published_node_ids.into_iter().collect(),
+                        condition: status.volume_condition,
+                    },
+                );
+            }
+            if page.next_token.is_empty() {
+                return Ok(out);
+            }
+            token = page.next_token;
+        }
+        Err("ListVolumes did not end".into())
+    }
+
+    /// Compares the list with moor's volumes and attachments; returns what was missing
+    /// and which attachments were unknown in this pass.
+    async fn compare(
+        &self,
+        caps: &PluginCapabilities,
+        listed: &BTreeMap<String, Listed>,
+        missing_before: &BTreeSet<String>,
+        unknown_before: &BTreeSet<(String, String)>,
+    ) -> (BTreeSet<String>, BTreeSet<(String, String)>) {
+        let with_condition = caps.controller.contains("VOLUME_CONDITION");
+        let with_nodes = caps.controller.contains("LIST_VOLUMES_PUBLISHED_NODES");
+        // moor's attachments, by volume key: the CSI node ids it published to.
+        let mut known: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for a in self.attachments.reader().state() {
+            known
+                .entry(Volume::key_for(&a.metadata.namespace, &a.spec.volume).into_string())
+                .or_default()
+                .insert(a.spec.csi_node_id.to_string());
+        }
+        let mut missing = BTreeSet::new();
+        let mut unknown = BTreeSet::new();
+        for vol in self.volumes.reader().state() {
+            let p = &vol.status.provisioning;
+            if vol.spec.plugin_id != self.ctx.plugin.id
+                || vol.is_deleting()
+                || p.phase != VolumePhase::Ready
+            {
+                continue;
+            }
+            let Some(ext) = p.external_id.as_ref().map(|e| e.to_string()) else {
+                continue;
+            };
+            let mut set: Vec<(&'static str, bool, String, String)> = Vec::new();
+            let mut warn: Vec<(&'static str, String)> = Vec::new();
+            let cond = |t: &str| p.meta.conditions.iter().find(|c| c.type_ == t);
+            let Some(entry) = listed.get(&ext) else {
+                missing.insert(ext.clone());
+                if missing_before.contains(&ext) && cond(PRESENT).is_none_or(|c| c.status) {
+                    let msg = format!("plugin {} does not list volume {ext}", self.ctx.plugin.id);
+                    set.push((PRESENT, false, "MissingFromPlugin".into(), msg.clone()));
+                    warn.push(("Volume missing", msg));
+                }
+                self.write(&vol, set, warn).await;
+                continue;
+            };
+            if cond(PRESENT).is_some_and(|c| !c.status) {
+                set.push((PRESENT, true, "Listed".into(), String::new()));
+            }
+            if let Some(c) = entry.condition.as_ref().filter(|_| with_condition) {
+                let shown = cond(HEALTHY);
+                let healthy = !c.abnormal;
+                if shown.is_none_or(|s| s.status != healthy || s.message != c.message)
+                    && (!healthy || shown.is_some())
+                {
+                    let reason = if healthy { "Normal" } else { "VolumeAbnormal" };
+                    set.push((HEALTHY, healthy, reason.into(), c.message.clone()));
+                    if !healthy && shown.is_none_or(|s| s.status) {
+                        warn.push(("Volume abnormal", format!("{ext}: {}", c.message)));
+                    }
+                }
+            }
+            if with_nodes {
+                let ours = known.get(&vol.key()).cloned().unwrap_or_default();
+                let strangers: Vec<&String> = entry
+                    .published
+                    .iter()
+                    .filter(|n| !ours.contains(*n))
+                    .collect();
+                let mut confirmed = Vec::new();
+                for n in &strangers {
+                    let k = (vol.key(), (*n).clone());
+                    if unknown_before.contains(&k) {
+                        confirmed.push((*n).clone());
+                    }
+                    unknown.insert(k);
+                }
+                let msg = if confirmed.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "plugin {} reports {ext} published to node(s) {} where moor has no attachment",
+                        self.ctx.plugin.id,
+                        confirmed.join(", ")
+                    )
+                };
+                let shown = cond(ATTACHMENTS);
+                if !confirmed.is_empty() && shown.is_none_or(|s| s.status || s.message != msg) {
+                    set.push((ATTACHMENTS, false, "UnknownAttachment".into(), msg.clone()));
+                    warn.push(("Unknown attachment", msg));
+                } else if confirmed.is_empty() && shown.is_some_and(|s| !s.status) {
+                    set.push((ATTACHMENTS, true, "Known".into(), String::new()));
+                }
+                if self.unpublish_unknown {
+                    for node in &confirmed {
+                        self.unpublish(&vol, &ext, node).await;
+                    }
+                }
+            }
+            self.write(&vol, set, warn).await;
+        }
+        (missing, unknown)
+    }
+
+    /// ControllerUnpublishVolume of an attachment moor does not know (opted in).
+    async fn unpublish(&self, vol: &Volume, ext: &str, node: &str) {
+        let req = v1::ControllerUnpublishVolumeRequest {
+            volume_id: ext.to_string(),
+            node_id: node.to_string(),
+            secrets: vol.spec.secrets.expose().cloned().unwrap_or_default(),
+        };
+        let r = match self.ctx.csi() {
+            Ok(csi) => csi
+                .controller_unpublish(req)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let (type_, msg) = match r {
+            Ok(()) => (
+                EventType::Normal,
+                format!("{ext} unpublished from node {node}, where moor had no attachment"),
+            ),
+            Err(e) => (
+                EventType::Warning,
+                format!("unpublishing {ext} from node {node}: {e}"),
+            ),
+        };
+        self.event(vol, "Unknown attachment unpublished", type_, msg)
+            .await;
+    }
+
+    /// Sets conditions on the volume's provisioning section and records the Warnings.
+    async fn write(
+        &self,
+        vol: &Volume,
+        set: Vec<(&'static str, bool, String, String)>,
+        warn: Vec<(&'static str, String)>,
+    ) {
+        if !set.is_empty() {
+            let r = self
+                .ctx
+                .writes
+                .modify_status(&vol.object_key(), |_, st| {
+                    for (t, status, reason, msg) in &set {
+                        st.provisioning.meta.set_condition(t, *status, reason, msg);
+                    }
+                    true
+                })
+                .await;
+            match r {
+                Ok(written) => self.ctx.own_writes.wrote(&written),
+                Err(e) => tracing::warn!(volume = %vol.key(), error = %e, "survey write"),
+            }
+        }
+        for (reason, msg) in warn {
+            self.event(vol, reason, EventType::Warning, msg).await;
+        }
+    }
+
+    async fn event(&self, vol: &Volume, reason: &str, type_: EventType, message: String) {
+        let d = details([("volume_id", vol.metadata.name.to_string())]);
+        self.ctx
+            .recorder
+            .record(object_ref(vol), type_, reason, message, d)
+            .await;
+    }
+}
