@@ -410,6 +410,10 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
             .arg(format!("--node-id=csi-{node}"))
             .arg(format!("--state-dir={}", dir.join("plugin").display()))
             .arg(format!("--mode={mode}"))
+            .arg(format!(
+                "--node-registry={}",
+                s.tmp.path().join("hostpath-nodes").display()
+            ))
             .arg("--no-mount");
         procs.push(s.spawn(plugin, &format!("plugin-{node}")));
         let mut agent = s.cmd("moord", &format!("moor-agent-{node}"), Some(&user_keys));

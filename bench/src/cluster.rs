@@ -345,7 +345,10 @@ impl Cluster {
                             .arg(format!("unix://{}", socket.display()))
                             .args(["--node-id", &node, "--mode", mode, "--no-mount"])
                             .arg("--state-dir")
-                            .arg(ndir.join("plugin")),
+                            .arg(ndir.join("plugin"))
+                            // The nodes the controller instance may publish to.
+                            .arg("--node-registry")
+                            .arg(ndir.with_file_name("hostpath-nodes")),
                         &ndir.join("plugin.log"),
                     )?;
                     plugins.push(plugin);

@@ -252,6 +252,11 @@ impl Cluster {
             format!("--mode={}", if monolith { "monolith" } else { "node" }),
             format!("--publish-unpublish={}", self.opts.publish_unpublish),
             format!("--stage-unstage={}", self.opts.stage_unstage),
+            // The nodes the controller instance may publish to: every node's.
+            format!(
+                "--node-registry={}",
+                self.dir.path().join("hostpath-nodes").display()
+            ),
         ];
         if !can_mount() {
             pargs.push("--no-mount".into());

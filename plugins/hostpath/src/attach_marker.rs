@@ -16,7 +16,7 @@ fn dir(volume_path: &Path) -> PathBuf {
 
 /// A node id as one path component (`/` and other bytes outside `[A-Za-z0-9._-]`
 /// escaped as `%XX`).
-fn file_name(node_id: &str) -> String {
+pub(crate) fn file_name(node_id: &str) -> String {
     let mut out = String::new();
     for b in node_id.bytes() {
         if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && !out.is_empty()) {

@@ -375,6 +375,9 @@ impl Controller for Plugin {
             require(&req.volume_id, "volume_id")?;
             require(&req.node_id, "node_id")?;
             let (_, mode) = check_capability(req.volume_capability.as_ref())?;
+            if !crate::node_known(self.cfg(), &req.node_id) {
+                return Err(Status::not_found(format!("node {} not found", req.node_id)));
+            }
             let max = self.cfg().max_volumes_per_node;
             self.mutate(|st| {
                 // Counted only when limited: a scan of every volume per call.

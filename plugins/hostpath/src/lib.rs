@@ -113,6 +113,11 @@ pub struct Config {
     /// mount group is INVALID_ARGUMENT.
     #[arg(long)]
     pub volume_mount_group: bool,
+    /// The nodes "in the cloud": every instance registers its node id in this
+    /// directory at start, and ControllerPublishVolume for a node id neither its own nor
+    /// registered there is NOT_FOUND. Without it, only its own node id is known.
+    #[arg(long)]
+    pub node_registry: Option<PathBuf>,
     /// The fault-injection socket (default `<state-dir>/admin.sock`).
     #[arg(long)]
     pub admin_socket: Option<PathBuf>,
@@ -307,6 +312,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()>
     let socket = cfg.socket_path()?;
     let admin = cfg.admin_path();
     let mode = cfg.mode;
+    if let Some(reg) = &cfg.node_registry {
+        std::fs::create_dir_all(reg)
+            .and_then(|()| std::fs::write(reg.join(attach_marker::file_name(&cfg.node_id)), b""))
+            .with_context(|| format!("registering node {} in {}", cfg.node_id, reg.display()))?;
+    }
     let plugin = Plugin::new(cfg)?;
     for path in [&socket, &admin] {
         if path.exists() {
@@ -387,6 +397,16 @@ fn access_mode_name(cap: Option<&moor_csi::v1::VolumeCapability>) -> Option<Stri
             .map(|m| m.as_str_name().to_string())
             .unwrap_or_else(|_| mode.to_string()),
     )
+}
+
+/// Whether `node_id` is a node this plugin can publish to: its own, or one registered
+/// in `--node-registry`.
+fn node_known(cfg: &Config, node_id: &str) -> bool {
+    node_id == cfg.node_id
+        || cfg
+            .node_registry
+            .as_ref()
+            .is_some_and(|r| r.join(attach_marker::file_name(node_id)).exists())
 }
 
 /// The capability's volume_mount_group, if any.

@@ -296,6 +296,14 @@ async fn controller_publish_follows_the_spec_rules() {
             .code(),
         Code::InvalidArgument
     );
+    // A node that is not in the cloud (neither this instance's nor registered).
+    assert_eq!(
+        c.controller_publish_volume(publish("some-fake-node-id", false))
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
     let mut unknown = publish("n1", false);
     unknown.volume_id = "vol-nope".into();
     assert_eq!(

@@ -40,10 +40,17 @@ impl HostPath {
     pub async fn start(extra: &[&str]) -> HostPath {
         let dir = tempfile::tempdir().unwrap();
         let endpoint = format!("unix://{}", dir.path().join("csi.sock").display());
+        // Other nodes the tests publish to, "in the cloud" beside this one.
+        let registry = dir.path().join("nodes");
+        std::fs::create_dir_all(&registry).unwrap();
+        for other in ["n1", "n2", "n3"] {
+            std::fs::write(registry.join(other), b"").unwrap();
+        }
         let mut args: Vec<String> = vec![
             format!("--endpoint={endpoint}"),
             "--node-id=node-1".into(),
             format!("--state-dir={}", dir.path().join("state").display()),
+            format!("--node-registry={}", registry.display()),
         ];
         if !can_mount() {
             args.push("--no-mount".into());
