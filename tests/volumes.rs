@@ -368,6 +368,35 @@ async fn events_of(c: &Cluster, reason: &str) -> Vec<Event> {
 
 const MIB: u64 = 1 << 20;
 
+/// A cluster's plugins started with these flags.
+fn plugin_flags(flags: &[&str]) -> PluginOpts {
+    PluginOpts {
+        extra: flags.iter().map(|f| f.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Applies volume `name` of 1 MiB through moorctl and waits until it is created.
+async fn create_ready(c: &Cluster, name: &str) {
+    apply_yaml(c, name, &created(name, "capacity_min: 1MiB"));
+    c.volume_ready(name).await;
+}
+
+/// Waits until a condition of volume `name` is false with `reason`.
+async fn wait_refused(c: &Cluster, name: &str, reason: &str) {
+    c.wait(&format!("{name}: {reason}"), T, || async {
+        let v = volume(c, name).await;
+        v.status
+            .provisioning
+            .meta
+            .conditions
+            .iter()
+            .chain(&v.status.claims.meta.conditions)
+            .any(|k| k.reason == reason && !k.status)
+    })
+    .await;
+}
+
 /// Waits until `n` events with `reason` are stored (events are written in batches,
 /// after the status that caused them), then checks there are no more.
 async fn wait_events(c: &Cluster, reason: &str, n: usize) {
@@ -381,13 +410,9 @@ async fn wait_events(c: &Cluster, reason: &str, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raising_capacity_min_expands_the_volume_and_the_node_online_and_shrinking_is_refused() {
     let _slot = SLOTS.acquire().await.unwrap();
-    let opts = PluginOpts {
-        extra: vec!["--node-expansion-required".into()],
-        ..Default::default()
-    };
+    let opts = plugin_flags(&["--node-expansion-required"]);
     let c = Cluster::start(1, 2, opts).await;
-    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
-    c.volume_ready("v1").await;
+    create_ready(&c, "v1").await;
     c.apply(c.allocation("a1", "n2", "v1", false)).await;
     c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
 
@@ -426,17 +451,7 @@ async fn raising_capacity_min_expands_the_volume_and_the_node_online_and_shrinki
 
     // Shrinking: refused once, with a Warning, and no call.
     apply_yaml(&c, "v1-2", &created("v1", "capacity_max: 2MiB"));
-    c.wait("shrink refused", T, || async {
-        volume(&c, "v1")
-            .await
-            .status
-            .provisioning
-            .meta
-            .conditions
-            .iter()
-            .any(|k| k.reason == "ShrinkRefused" && !k.status)
-    })
-    .await;
+    wait_refused(&c, "v1", "ShrinkRefused").await;
     wait_events(&c, "ShrinkRefused", 1).await;
     assert_eq!(c.node("n1").count("ControllerExpandVolume", "OK"), 1);
     c.check_calls(false);
@@ -445,37 +460,16 @@ async fn raising_capacity_min_expands_the_volume_and_the_node_online_and_shrinki
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offline_plugin_expands_once_released_and_the_node_expands_at_the_next_stage() {
     let _slot = SLOTS.acquire().await.unwrap();
-    let opts = PluginOpts {
-        extra: vec![
-            "--node-expansion-required".into(),
-            "--expansion=offline".into(),
-        ],
-        ..Default::default()
-    };
+    let opts = plugin_flags(&["--node-expansion-required", "--expansion=offline"]);
     let c = Cluster::start(1, 2, opts).await;
-    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
-    c.volume_ready("v1").await;
+    create_ready(&c, "v1").await;
     c.apply(c.allocation("a1", "n2", "v1", false)).await;
     c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
 
     apply_yaml(&c, "v1-4", &created("v1", "capacity_min: 4MiB"));
-    c.wait("expansion waits for the release", T, || async {
-        volume(&c, "v1")
-            .await
-            .status
-            .provisioning
-            .meta
-            .conditions
-            .iter()
-            .any(|k| k.reason == "ExpansionWaitsForRelease")
-    })
-    .await;
+    wait_refused(&c, "v1", "ExpansionWaitsForRelease").await;
     assert_eq!(
-        c.node("n1")
-            .calls()
-            .iter()
-            .filter(|k| k.rpc == "ControllerExpandVolume")
-            .count(),
+        c.node("n1").tried("ControllerExpandVolume"),
         0,
         "never called while the volume is in use"
     );
@@ -511,10 +505,7 @@ async fn an_offline_plugin_expands_once_released_and_the_node_expands_at_the_nex
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changed_mutable_parameters_call_controller_modify_volume() {
     let _slot = SLOTS.acquire().await.unwrap();
-    let opts = PluginOpts {
-        extra: vec!["--mutable-parameters=iops,tier".into()],
-        ..Default::default()
-    };
+    let opts = plugin_flags(&["--mutable-parameters=iops,tier"]);
     let c = Cluster::start(1, 1, opts).await;
     let with = |params: &str| {
         created(
@@ -530,14 +521,7 @@ async fn changed_mutable_parameters_call_controller_modify_volume() {
         params(&volume(&c, "m1").await),
         [("iops".into(), "100".into())].into()
     );
-    assert_eq!(
-        c.node("n1")
-            .calls()
-            .iter()
-            .filter(|k| k.rpc == "ControllerModifyVolume")
-            .count(),
-        0
-    );
+    assert_eq!(c.node("n1").tried("ControllerModifyVolume"), 0);
 
     apply_yaml(&c, "m1-200", &with("iops: '200', tier: gold"));
     c.wait("m1 modified", T, || async {
@@ -575,33 +559,15 @@ async fn changed_mutable_parameters_call_controller_modify_volume() {
     );
     // A removed parameter cannot be unset through CSI: refused, no call.
     apply_yaml(&c, "m1-less", &with("iops: '200'"));
-    c.wait("removal refused", T, || async {
-        volume(&c, "m1")
-            .await
-            .status
-            .provisioning
-            .meta
-            .conditions
-            .iter()
-            .any(|k| k.reason == "ParameterRemovalUnsupported")
-    })
-    .await;
-    assert_eq!(
-        c.node("n1")
-            .calls()
-            .iter()
-            .filter(|k| k.rpc == "ControllerModifyVolume")
-            .count(),
-        2
-    );
+    wait_refused(&c, "m1", "ParameterRemovalUnsupported").await;
+    assert_eq!(c.node("n1").tried("ControllerModifyVolume"), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_without_modify_volume_gets_a_warning_and_no_call() {
     let _slot = SLOTS.acquire().await.unwrap();
     let c = Cluster::start(1, 1, PluginOpts::default()).await;
-    apply_yaml(&c, "m1", &created("m1", "capacity_min: 1MiB"));
-    c.volume_ready("m1").await;
+    create_ready(&c, "m1").await;
     apply_yaml(
         &c,
         "m1-p",
@@ -610,34 +576,16 @@ async fn a_plugin_without_modify_volume_gets_a_warning_and_no_call() {
             "capacity_min: 1MiB\n  mutable_parameters: {iops: '5'}",
         ),
     );
-    c.wait("modify refused", T, || async {
-        volume(&c, "m1")
-            .await
-            .status
-            .provisioning
-            .meta
-            .conditions
-            .iter()
-            .any(|k| k.reason == "ModifyUnsupported" && !k.status)
-    })
-    .await;
+    wait_refused(&c, "m1", "ModifyUnsupported").await;
     wait_events(&c, "ModifyUnsupported", 1).await;
-    assert_eq!(
-        c.node("n1")
-            .calls()
-            .iter()
-            .filter(|k| k.rpc == "ControllerModifyVolume")
-            .count(),
-        0
-    );
+    assert_eq!(c.node("n1").tried("ControllerModifyVolume"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_are_cut_listed_restored_and_deleted_through_moorctl() {
     let _slot = SLOTS.acquire().await.unwrap();
     let c = Cluster::start(1, 1, PluginOpts::default()).await;
-    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
-    c.volume_ready("v1").await;
+    create_ready(&c, "v1").await;
     // Data in the volume, to find again in the restored one.
     let data = |v: &Volume| {
         std::path::PathBuf::from(v.status.provisioning.volume_context.get("path").unwrap())
@@ -650,17 +598,7 @@ async fn snapshots_are_cut_listed_restored_and_deleted_through_moorctl() {
         "r1",
         &created("r1", "capacity_min: 1MiB\n  source: {snapshot: s1}"),
     );
-    c.wait("r1 waits for s1", T, || async {
-        volume(&c, "r1")
-            .await
-            .status
-            .provisioning
-            .meta
-            .conditions
-            .iter()
-            .any(|k| k.reason == "WaitingForSource")
-    })
-    .await;
+    wait_refused(&c, "r1", "WaitingForSource").await;
 
     let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "v1", "s1"]);
     assert!(ok, "{out}");
@@ -758,13 +696,9 @@ fn alloc_yaml(name: &str, node: &str, volume: &str, attach: &str, extra: &str) -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mount_group_reaches_the_node_calls_only_where_the_node_advertises_it() {
     let _slot = SLOTS.acquire().await.unwrap();
-    let opts = PluginOpts {
-        extra: vec!["--volume-mount-group".into()],
-        ..Default::default()
-    };
+    let opts = plugin_flags(&["--volume-mount-group"]);
     let c = Cluster::start(1, 2, opts).await;
-    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
-    c.volume_ready("v1").await;
+    create_ready(&c, "v1").await;
     let group = ", mount_options: {mount_group: '4321'}";
     apply_yaml(
         &c,
@@ -803,8 +737,7 @@ async fn a_mount_group_reaches_the_node_calls_only_where_the_node_advertises_it(
 async fn a_mount_group_is_denied_at_admission_where_the_node_lacks_volume_mount_group() {
     let _slot = SLOTS.acquire().await.unwrap();
     let c = Cluster::start(1, 2, PluginOpts::default()).await;
-    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
-    c.volume_ready("v1").await;
+    create_ready(&c, "v1").await;
     let group = ", mount_options: {mount_group: '4321'}";
     apply_yaml(
         &c,
@@ -892,8 +825,7 @@ async fn usage_and_health_are_read_from_the_node_and_the_controller_plugin() {
     use moor_hostpath::faults::Command;
     let _slot = SLOTS.acquire().await.unwrap();
     let c = Cluster::start(1, 2, surveyed()).await;
-    apply_yaml(&c, "v1", &created("v1", "capacity_min: 1MiB"));
-    c.volume_ready("v1").await;
+    create_ready(&c, "v1").await;
     let ext = volume(&c, "v1")
         .await
         .status
@@ -995,11 +927,7 @@ async fn get_capacity_is_recorded_and_a_volume_that_fits_nowhere_is_not_created(
     );
 
     apply_yaml(&c, "big", &created("big", "capacity_min: 20MiB"));
-    c.wait("big refused", T, || async {
-        condition(&volume(&c, "big").await, "Created")
-            .is_some_and(|k| !k.status && k.reason == "InsufficientCapacity")
-    })
-    .await;
+    wait_refused(&c, "big", "InsufficientCapacity").await;
     let big = volume(&c, "big").await;
     assert_eq!(big.status.provisioning.phase, VolumePhase::Pending);
     wait_events(&c, "InsufficientCapacity", 1).await;
@@ -1089,11 +1017,7 @@ async fn drift(opts: PluginOpts) -> (Cluster, String) {
         })
         .await
         .unwrap();
-    c.wait("lost flagged", T, || async {
-        condition(&volume(&c, "lost").await, "Present")
-            .is_some_and(|k| !k.status && k.reason == "MissingFromPlugin")
-    })
-    .await;
+    wait_refused(&c, "lost", "MissingFromPlugin").await;
     c.wait("stray attachment reported", T, || async {
         condition(&volume(&c, "stray").await, "Attachments")
             .is_some_and(|k| !k.status && k.message.contains("csi-n2"))
@@ -1111,14 +1035,7 @@ async fn drift_is_reported_and_nothing_is_deleted_or_unpublished_by_default() {
     let _slot = SLOTS.acquire().await.unwrap();
     let (c, _) = drift(surveyed()).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        c.node("n1")
-            .calls()
-            .iter()
-            .filter(|k| k.rpc == "ControllerUnpublishVolume")
-            .count(),
-        0
-    );
+    assert_eq!(c.node("n1").tried("ControllerUnpublishVolume"), 0);
     let (_, out) = c.moorctl(&["volume", "status", "lost"]);
     assert!(
         field(&out, "Conditions").contains("Present=false(MissingFromPlugin)"),

@@ -158,6 +158,11 @@ impl TestNode {
         CallLog::read(&self.calls).unwrap_or_default()
     }
 
+    /// Calls of `rpc`, whatever they answered.
+    pub fn tried(&self, rpc: &str) -> usize {
+        self.calls().iter().filter(|c| c.rpc == rpc).count()
+    }
+
     /// Calls of `rpc` with `code`.
     pub fn count(&self, rpc: &str, code: &str) -> usize {
         self.calls()

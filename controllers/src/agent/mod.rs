@@ -343,6 +343,20 @@ impl ControllerPluginCtx {
         Ok(moor::csi::client::Csi::new(ch, self.policy.clone()))
     }
 
+    /// Records an event about a volume.
+    pub async fn volume_event(
+        &self,
+        vol: &Volume,
+        reason: &str,
+        type_: EventType,
+        message: String,
+    ) {
+        let d = crate::common::details([("volume_id", vol.metadata.name.to_string())]);
+        self.recorder
+            .record(crate::common::object_ref(vol), type_, reason, message, d)
+            .await;
+    }
+
     async fn run(self, metrics: Metrics, stop: CancellationToken) {
         use moor::runtime::informer::Informer;
         tracing::info!(plugin = %self.plugin.id, "leading the controller plugin");

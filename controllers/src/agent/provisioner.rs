@@ -24,7 +24,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::volume_plan::{self, Step, EXPANDED, MODIFIED, VALIDATED};
 use super::ControllerPluginCtx;
-use crate::common::{details, object_ref};
 
 /// The finalizer that holds a created volume's deletion until DeleteVolume.
 pub const FINALIZER: &str = "moor.dev/provisioner";
@@ -464,35 +463,23 @@ impl Provisioner {
         };
         let was_ready = vol.status.provisioning.phase == VolumePhase::Ready
             && vol.status.provisioning.external_id.as_ref() == Some(&ext);
-        let generation = vol.metadata.generation;
-        let written = self
-            .ctx
-            .writes
-            .modify_status(&vol.object_key(), |_, st| {
-                let p = &mut st.provisioning;
-                p.phase = VolumePhase::Ready;
-                p.external_id = Some(ext.clone());
-                if let Some(v) = &got {
-                    p.capacity_bytes = (v.capacity_bytes > 0).then_some(v.capacity_bytes as u64);
-                }
-                p.accessible_topology = if !vol.spec.accessible_topology.is_empty() {
-                    vol.spec.accessible_topology.clone()
-                } else {
-                    got.iter()
-                        .flat_map(|v| &v.accessible_topology)
-                        .map(|t| t.segments.clone())
-                        .collect()
-                };
-                p.mutable_parameters = vol.spec.mutable_parameters.clone();
-                p.meta.last_error = None;
-                p.meta.retry = None;
-                p.meta.observed_generation = generation;
-                p.meta.set_condition(VALIDATED, true, STEP, "");
-                true
-            })
-            .await?;
-        self.ctx.own_writes.wrote(&written);
-        self.ctx.steps.succeeded(&key, STEP);
+        self.succeeded(vol, STEP, VALIDATED, "", |p| {
+            p.phase = VolumePhase::Ready;
+            p.external_id = Some(ext.clone());
+            if let Some(v) = &got {
+                p.capacity_bytes = (v.capacity_bytes > 0).then_some(v.capacity_bytes as u64);
+            }
+            p.accessible_topology = if !vol.spec.accessible_topology.is_empty() {
+                vol.spec.accessible_topology.clone()
+            } else {
+                got.iter()
+                    .flat_map(|v| &v.accessible_topology)
+                    .map(|t| t.segments.clone())
+                    .collect()
+            };
+            p.mutable_parameters = vol.spec.mutable_parameters.clone();
+        })
+        .await?;
         if !was_ready {
             self.event(
                 vol,
@@ -547,26 +534,14 @@ impl Provisioner {
         } else {
             required
         };
-        let generation = vol.metadata.generation;
-        let written = self
-            .ctx
-            .writes
-            .modify_status(&vol.object_key(), |_, st| {
-                let p = &mut st.provisioning;
-                p.capacity_bytes = Some(capacity);
-                if resp.node_expansion_required {
-                    p.node_expansion_bytes = Some(capacity);
-                }
-                p.meta.last_error = None;
-                p.meta.retry = None;
-                p.meta.observed_generation = generation;
-                let msg = format!("{}", Size(capacity));
-                p.meta.set_condition(EXPANDED, true, STEP, &msg);
-                true
-            })
-            .await?;
-        self.ctx.own_writes.wrote(&written);
-        self.ctx.steps.succeeded(&key, STEP);
+        let msg = Size(capacity).to_string();
+        self.succeeded(vol, STEP, EXPANDED, &msg, |p| {
+            p.capacity_bytes = Some(capacity);
+            if resp.node_expansion_required {
+                p.node_expansion_bytes = Some(capacity);
+            }
+        })
+        .await?;
         let nodes = if resp.node_expansion_required {
             "; the nodes expand the filesystem"
         } else {
@@ -602,22 +577,10 @@ impl Provisioner {
         if let Err(e) = self.ctx.csi()?.controller_modify(req).await {
             return self.failed(vol, STEP, inputs, &e, MODIFIED).await;
         }
-        let generation = vol.metadata.generation;
-        let written = self
-            .ctx
-            .writes
-            .modify_status(&vol.object_key(), |_, st| {
-                let p = &mut st.provisioning;
-                p.mutable_parameters = params.clone();
-                p.meta.last_error = None;
-                p.meta.retry = None;
-                p.meta.observed_generation = generation;
-                p.meta.set_condition(MODIFIED, true, STEP, "");
-                true
-            })
-            .await?;
-        self.ctx.own_writes.wrote(&written);
-        self.ctx.steps.succeeded(&key, STEP);
+        self.succeeded(vol, STEP, MODIFIED, "", |p| {
+            p.mutable_parameters = params.clone();
+        })
+        .await?;
         let names: Vec<&str> = params.keys().map(String::as_str).collect();
         self.event(
             vol,
@@ -627,6 +590,36 @@ impl Provisioner {
         )
         .await;
         Ok(Action::AwaitChange)
+    }
+
+    /// A step of a volume that succeeded: `f`'s edit of the provisioning section, the
+    /// failure cleared, the generation observed, condition `condition` true, and the
+    /// step's retry gate forgotten.
+    async fn succeeded(
+        &self,
+        vol: &Volume,
+        step: &'static str,
+        condition: &str,
+        message: &str,
+        mut f: impl FnMut(&mut ProvisioningStatus),
+    ) -> Result<(), ProvisionError> {
+        let generation = vol.metadata.generation;
+        let written = self
+            .ctx
+            .writes
+            .modify_status(&vol.object_key(), |_, st| {
+                let p = &mut st.provisioning;
+                f(p);
+                p.meta.last_error = None;
+                p.meta.retry = None;
+                p.meta.observed_generation = generation;
+                p.meta.set_condition(condition, true, step, message);
+                true
+            })
+            .await?;
+        self.ctx.own_writes.wrote(&written);
+        self.ctx.steps.succeeded(&vol.key(), step);
+        Ok(())
     }
 
     /// A failed step of a volume: its failure (and the retry it waits for) on the
@@ -755,10 +748,6 @@ impl Provisioner {
     }
 
     async fn event(&self, vol: &Volume, reason: &str, type_: EventType, message: String) {
-        let d = details([("volume_id", vol.metadata.name.to_string())]);
-        self.ctx
-            .recorder
-            .record(object_ref(vol), type_, reason, message, d)
-            .await;
+        self.ctx.volume_event(vol, reason, type_, message).await;
     }
 }

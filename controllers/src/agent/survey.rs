@@ -27,7 +27,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ControllerPluginCtx;
-use crate::common::{details, object_ref};
 
 /// Condition: the plugin lists the volume.
 pub const PRESENT: &str = "Present";
@@ -355,10 +354,6 @@ impl Survey {
     }
 
     async fn event(&self, vol: &Volume, reason: &str, type_: EventType, message: String) {
-        let d = details([("volume_id", vol.metadata.name.to_string())]);
-        self.ctx
-            .recorder
-            .record(object_ref(vol), type_, reason, message, d)
-            .await;
+        self.ctx.volume_event(vol, reason, type_, message).await;
     }
 }
