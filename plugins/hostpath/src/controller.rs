@@ -12,9 +12,9 @@ use moor_csi::v1::{
     ControllerUnpublishVolumeResponse, CreateSnapshotRequest, CreateSnapshotResponse,
     CreateVolumeRequest, CreateVolumeResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
     DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
-    ListSnapshotsRequest, ListSnapshotsResponse, ListVolumesRequest, ListVolumesResponse, Snapshot,
-    Topology, ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, Volume,
-    VolumeCapability,
+    GetSnapshotRequest, GetSnapshotResponse, ListSnapshotsRequest, ListSnapshotsResponse,
+    ListVolumesRequest, ListVolumesResponse, Snapshot, Topology, ValidateVolumeCapabilitiesRequest,
+    ValidateVolumeCapabilitiesResponse, Volume, VolumeCapability,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,6 +23,14 @@ use tonic::{Request, Response, Status};
 use crate::calllog::Call;
 use crate::state::{SnapshotRec, Source, VolumeRec};
 use crate::{require, Plugin};
+
+/// Seconds since the epoch.
+pub(crate) fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
 
 /// Capacity of a volume created without a capacity range.
 const DEFAULT_CAPACITY: i64 = 1 << 30;
@@ -157,7 +165,7 @@ impl Plugin {
         }
     }
 
-    fn snapshot_message(s: &SnapshotRec) -> Snapshot {
+    pub(crate) fn snapshot_message(s: &SnapshotRec) -> Snapshot {
         Snapshot {
             size_bytes: s.size,
             snapshot_id: s.id.clone(),
@@ -167,8 +175,49 @@ impl Plugin {
                 nanos: 0,
             }),
             ready_to_use: true,
-            group_snapshot_id: String::new(),
+            group_snapshot_id: s.group_id.clone().unwrap_or_default(),
         }
+    }
+
+    /// Copies volume `volume_id` into a new snapshot named `name` (of group `group`).
+    pub(crate) fn cut(
+        dir: &Path,
+        st: &mut crate::state::State,
+        volume_id: &str,
+        name: &str,
+        group: Option<&str>,
+    ) -> Result<SnapshotRec, Status> {
+        let vol = st
+            .volumes
+            .get(volume_id)
+            .ok_or_else(|| Status::not_found(format!("volume {volume_id} not found")))?;
+        let id = format!("snap-{}", uuid::Uuid::new_v4().simple());
+        let path = dir.join("snapshots").join(&id);
+        copy_dir(&vol.path, &path).map_err(|e| internal("copying the volume", e))?;
+        let rec = SnapshotRec {
+            id: id.clone(),
+            name: name.to_string(),
+            source_volume_id: vol.id.clone(),
+            size: vol.capacity,
+            created_secs: now_secs(),
+            path,
+            group_id: group.map(str::to_string),
+        };
+        st.snapshots.insert(id, rec.clone());
+        Ok(rec)
+    }
+
+    /// Removes a snapshot and its copy (absent: nothing to do).
+    pub(crate) fn drop_snapshot(st: &mut crate::state::State, id: &str) -> Result<(), Status> {
+        if let Some(s) = st.snapshots.remove(id) {
+            match std::fs::remove_dir_all(&s.path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(internal("removing the snapshot", e))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Whether a topology requirement can be met by this plugin's segments.
@@ -583,6 +632,7 @@ impl Controller for Plugin {
                 Type::ExpandVolume,
                 Type::GetVolume,
                 Type::VolumeCondition,
+                Type::GetSnapshot,
             ];
             if !self.cfg().mutable_parameters.is_empty() {
                 types.push(Type::ModifyVolume);
@@ -634,25 +684,7 @@ impl Controller for Plugin {
                             )))
                         };
                     }
-                    let vol = st.volumes.get(&req.source_volume_id).ok_or_else(|| {
-                        Status::not_found(format!("volume {} not found", req.source_volume_id))
-                    })?;
-                    let id = format!("snap-{}", uuid::Uuid::new_v4().simple());
-                    let path = dir.join("snapshots").join(&id);
-                    copy_dir(&vol.path, &path).map_err(|e| internal("copying the volume", e))?;
-                    let rec = SnapshotRec {
-                        id: id.clone(),
-                        name: req.name.clone(),
-                        source_volume_id: vol.id.clone(),
-                        size: vol.capacity,
-                        created_secs: std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map(|d| d.as_secs() as i64)
-                            .unwrap_or_default(),
-                        path,
-                    };
-                    st.snapshots.insert(id, rec.clone());
-                    Ok(rec)
+                    Plugin::cut(&dir, st, &req.source_volume_id, &req.name, None)
                 })
                 .await?;
             Ok(CreateSnapshotResponse {
@@ -674,15 +706,17 @@ impl Controller for Plugin {
         self.call(c, async {
             require(&req.snapshot_id, "snapshot_id")?;
             self.mutate(|st| {
-                if let Some(s) = st.snapshots.remove(&req.snapshot_id) {
-                    match std::fs::remove_dir_all(&s.path) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            return Err(internal("removing the snapshot", e))
-                        }
-                        _ => {}
-                    }
+                if let Some(g) = st
+                    .snapshots
+                    .get(&req.snapshot_id)
+                    .and_then(|s| s.group_id.clone())
+                {
+                    return Err(Status::failed_precondition(format!(
+                        "snapshot {} belongs to group snapshot {g}: delete the group",
+                        req.snapshot_id
+                    )));
                 }
-                Ok(())
+                Plugin::drop_snapshot(st, &req.snapshot_id)
             })
             .await?;
             Ok(DeleteSnapshotResponse {})
@@ -790,6 +824,30 @@ impl Controller for Plugin {
                     published_node_ids: vol.published.keys().cloned().collect(),
                     volume_condition: Some(self.inner.faults.condition(&vol.id)),
                 }),
+            })
+        })
+        .await
+    }
+
+    async fn get_snapshot(
+        &self,
+        request: Request<GetSnapshotRequest>,
+    ) -> Result<Response<GetSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let c = Call {
+            snapshot_id: Some(req.snapshot_id.clone()),
+            ..Call::new("GetSnapshot")
+        };
+        self.call(c, async {
+            require(&req.snapshot_id, "snapshot_id")?;
+            let snap = self
+                .read(|st| st.snapshots.get(&req.snapshot_id).cloned())
+                .await
+                .ok_or_else(|| {
+                    Status::not_found(format!("snapshot {} not found", req.snapshot_id))
+                })?;
+            Ok(GetSnapshotResponse {
+                snapshot: Some(Plugin::snapshot_message(&snap)),
             })
         })
         .await

@@ -43,6 +43,7 @@ impl Identity for Plugin {
             let mut capabilities = Vec::new();
             if self.cfg().mode != Mode::Node {
                 capabilities.push(service(Type::ControllerService));
+                capabilities.push(service(Type::GroupControllerService));
             }
             if !self.inner.topology.is_empty() {
                 capabilities.push(service(Type::VolumeAccessibilityConstraints));

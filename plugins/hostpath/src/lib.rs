@@ -15,6 +15,7 @@ pub mod checker;
 
 mod controller;
 pub mod faults;
+mod group;
 mod identity;
 pub mod mounts;
 mod node;
@@ -334,6 +335,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()>
         tonic::transport::Server::builder().add_service(IdentityServer::new(plugin.clone()));
     if mode != Mode::Node {
         router = router.add_service(ControllerServer::new(plugin.clone()));
+        router = router.add_service(
+            moor_csi::v1::group_controller_server::GroupControllerServer::new(plugin.clone()),
+        );
     }
     if mode != Mode::Controller {
         router = router.add_service(NodeServer::new(plugin.clone()));
@@ -368,6 +372,11 @@ logged!(
     moor_csi::v1::ControllerGetCapabilitiesResponse,
     moor_csi::v1::CreateSnapshotResponse,
     moor_csi::v1::DeleteSnapshotResponse,
+    moor_csi::v1::GetSnapshotResponse,
+    moor_csi::v1::GroupControllerGetCapabilitiesResponse,
+    moor_csi::v1::CreateVolumeGroupSnapshotResponse,
+    moor_csi::v1::DeleteVolumeGroupSnapshotResponse,
+    moor_csi::v1::GetVolumeGroupSnapshotResponse,
     moor_csi::v1::ListSnapshotsResponse,
     moor_csi::v1::ControllerExpandVolumeResponse,
     moor_csi::v1::ControllerGetVolumeResponse,

@@ -62,6 +62,22 @@ pub struct SnapshotRec {
     pub created_secs: i64,
     /// Where the copy lives.
     pub path: PathBuf,
+    /// The group snapshot it was cut in (deleted only with its group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<String>,
+}
+
+/// One volume group snapshot: snapshots of several volumes cut together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupRec {
+    /// The plugin's id.
+    pub id: String,
+    /// The CO's name (CreateVolumeGroupSnapshot's idempotency key).
+    pub name: String,
+    /// Its snapshots, one per source volume, in the request's order.
+    pub snapshot_ids: Vec<String>,
+    /// Creation time, seconds since the epoch.
+    pub created_secs: i64,
 }
 
 /// A staged volume on this node.
@@ -97,6 +113,8 @@ pub struct State {
     pub volumes: Table<String, VolumeRec>,
     /// Snapshots by id.
     pub snapshots: Table<String, SnapshotRec>,
+    /// Group snapshots by id.
+    pub groups: Table<String, GroupRec>,
     /// Stages by staging path.
     pub stages: Table<PathBuf, StageRec>,
     /// Publishes by target path.
@@ -108,6 +126,7 @@ impl Tables for State {
         vec![
             ("volumes", &mut self.volumes),
             ("snapshots", &mut self.snapshots),
+            ("groups", &mut self.groups),
             ("stages", &mut self.stages),
             ("publishes", &mut self.publishes),
         ]

@@ -1153,3 +1153,162 @@ async fn with_publish_unpublish_a_volume_not_controller_published_here_is_not_st
     let late = hp.node().node_stage_volume(req).await.unwrap_err();
     assert_eq!(late.code(), Code::FailedPrecondition);
 }
+
+#[tokio::test]
+async fn get_snapshot_answers_for_a_snapshot_and_not_found_otherwise() {
+    let hp = HostPath::start(&[]).await;
+    let mut c = hp.controller();
+    let caps = c
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    let get = controller_service_capability::rpc::Type::GetSnapshot as i32;
+    assert!(caps.iter().any(|k| matches!(
+        &k.r#type,
+        Some(controller_service_capability::Type::Rpc(r)) if r.r#type == get
+    )));
+    let v = new_volume(&hp, "v1", vec![sw()]).await;
+    let snap = c
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: v.volume_id.clone(),
+            name: "s1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let got = c
+        .get_snapshot(GetSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(got, snap);
+    for (id, code) in [("snap-nope", Code::NotFound), ("", Code::InvalidArgument)] {
+        let e = c
+            .get_snapshot(GetSnapshotRequest {
+                snapshot_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{id:?}");
+    }
+}
+
+#[tokio::test]
+async fn group_snapshots_cut_every_volume_and_are_deleted_whole() {
+    let hp = HostPath::start(&[]).await;
+    let mut g = hp.group();
+    let caps = g
+        .group_controller_get_capabilities(GroupControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(caps.len(), 1);
+    let v1 = new_volume(&hp, "v1", vec![sw()]).await;
+    let v2 = new_volume(&hp, "v2", vec![sw()]).await;
+    let req = CreateVolumeGroupSnapshotRequest {
+        name: "g1".into(),
+        source_volume_ids: vec![v1.volume_id.clone(), v2.volume_id.clone()],
+        ..Default::default()
+    };
+    let group = g
+        .create_volume_group_snapshot(req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert_eq!(group.snapshots.len(), 2);
+    assert!(group.ready_to_use);
+    for (s, v) in group.snapshots.iter().zip([&v1, &v2]) {
+        assert_eq!(s.source_volume_id, v.volume_id);
+        assert_eq!(s.group_snapshot_id, group.group_snapshot_id);
+    }
+    // Idempotent by name; the same name for other volumes is AlreadyExists.
+    let again = g
+        .create_volume_group_snapshot(req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert_eq!(again.group_snapshot_id, group.group_snapshot_id);
+    let mut other = req.clone();
+    other.source_volume_ids.pop();
+    assert_eq!(
+        g.create_volume_group_snapshot(other)
+            .await
+            .unwrap_err()
+            .code(),
+        Code::AlreadyExists
+    );
+    // A member is deleted only with its group.
+    let member = group.snapshots[0].snapshot_id.clone();
+    let e = hp
+        .controller()
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: member.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let get = |ids: Vec<String>| GetVolumeGroupSnapshotRequest {
+        group_snapshot_id: group.group_snapshot_id.clone(),
+        snapshot_ids: ids,
+        ..Default::default()
+    };
+    let got = g.get_volume_group_snapshot(get(Vec::new())).await.unwrap();
+    assert_eq!(got.into_inner().group_snapshot.unwrap().snapshots.len(), 2);
+    assert_eq!(
+        g.get_volume_group_snapshot(get(vec!["snap-other".into()]))
+            .await
+            .unwrap_err()
+            .code(),
+        Code::InvalidArgument
+    );
+    let del = DeleteVolumeGroupSnapshotRequest {
+        group_snapshot_id: group.group_snapshot_id.clone(),
+        ..Default::default()
+    };
+    g.delete_volume_group_snapshot(del.clone()).await.unwrap();
+    g.delete_volume_group_snapshot(del).await.unwrap();
+    assert_eq!(
+        g.get_volume_group_snapshot(get(Vec::new()))
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
+    let e = hp
+        .controller()
+        .get_snapshot(GetSnapshotRequest {
+            snapshot_id: member,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    // A source that does not exist.
+    let mut missing = req;
+    missing.name = "g2".into();
+    missing.source_volume_ids = vec!["vol-nope".into()];
+    assert_eq!(
+        g.create_volume_group_snapshot(missing)
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
+}

@@ -135,6 +135,10 @@ impl HostPath {
     pub fn controller(&self) -> ControllerClient<Channel> {
         ControllerClient::new(self.channel.clone())
     }
+    pub fn group(&self) -> moor_csi::v1::group_controller_client::GroupControllerClient<Channel> {
+        moor_csi::v1::group_controller_client::GroupControllerClient::new(self.channel.clone())
+    }
+
     pub fn node(&self) -> NodeClient<Channel> {
         NodeClient::new(self.channel.clone())
     }
