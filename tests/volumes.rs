@@ -1065,3 +1065,49 @@ async fn an_unknown_attachment_is_unpublished_when_the_operator_opted_in() {
     .await;
     wait_events(&c, "Unknown attachment unpublished", 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_list_volumes_the_survey_asks_controller_get_volume_per_volume() {
+    use moor_hostpath::faults::Command;
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut opts = surveyed();
+    opts.extra.push("--list-volumes=false".into());
+    let c = Cluster::start(1, 1, opts).await;
+    create_ready(&c, "v1").await;
+    let ext = volume(&c, "v1")
+        .await
+        .status
+        .provisioning
+        .external_id
+        .unwrap();
+    let lost = csi_volume(&c, "lost").await;
+    let reg = registered("lost", &lost, "single-node-writer")
+        .replace("  accessible_topology: [{rack: r1}]\n", "");
+    apply_yaml(&c, "lost", &reg);
+    wait_phase(&c, "lost", VolumePhase::Ready).await;
+    c.csi()
+        .delete_volume(moor::csi::v1::DeleteVolumeRequest {
+            volume_id: lost,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    c.node("n1")
+        .fault(Command::Condition {
+            volume_id: ext.to_string(),
+            abnormal: true,
+            message: "replica lost".into(),
+        })
+        .await;
+    wait_refused(&c, "lost", "MissingFromPlugin").await;
+    c.wait("v1 Healthy false", T, || async {
+        condition(&volume(&c, "v1").await, "Healthy").is_some_and(|k| !k.status)
+    })
+    .await;
+    assert_eq!(
+        c.node("n1").tried("ListVolumes"),
+        0,
+        "not advertised, never called"
+    );
+    assert!(c.node("n1").count("ControllerGetVolume", "OK") >= 2);
+}

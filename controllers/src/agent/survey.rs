@@ -9,7 +9,8 @@
 //!    the Plugin's `status.capacity` and handed to the provisioner, which refuses a
 //!    CreateVolume that fits nowhere (and looks again after each pass).
 //! 2. LIST_VOLUMES: every page of ListVolumes (a failed page ends the pass: no
-//!    conclusion from half a list). A Ready volume of this plugin missing from two
+//!    conclusion from half a list); without it, with GET_VOLUME, ControllerGetVolume of
+//!    each Ready volume (NotFound counts as not listed). A Ready volume of this plugin missing from two
 //!    lists in a row gets condition `Present` false and a `Volume missing` Warning; back
 //!    in the list, `Present` true.
 //! 3. VOLUME_CONDITION: the listed condition becomes the volume's `Healthy` condition;
@@ -85,8 +86,15 @@ impl Survey {
                     tracing::warn!(plugin = %self.ctx.plugin.id, error = %moor::process::error_chain(&*e), "GetCapacity survey");
                 }
             }
-            if caps.controller.contains("LIST_VOLUMES") {
-                match self.list().await {
+            let listing = if caps.controller.contains("LIST_VOLUMES") {
+                Some(self.list().await)
+            } else if caps.controller.contains("GET_VOLUME") {
+                Some(self.get_each().await)
+            } else {
+                None
+            };
+            if let Some(listing) = listing {
+                match listing {
                     Ok(listed) => {
                         let (missing, unknown) = self
                             .compare(&caps, &listed, &missing_before, &unknown_before)
@@ -192,6 +200,41 @@ impl Survey {
             token = page.next_token;
         }
         Err("ListVolumes did not end".into())
+    }
+
+    /// Without LIST_VOLUMES: ControllerGetVolume (GET_VOLUME) of each Ready volume of
+    /// this plugin, as a list (NotFound: not in it; any other error ends the pass).
+    async fn get_each(
+        &self,
+    ) -> Result<BTreeMap<String, Listed>, Box<dyn std::error::Error + Send + Sync>> {
+        let csi = self.ctx.csi()?;
+        let mut out = BTreeMap::new();
+        for vol in self.volumes.reader().state() {
+            let p = &vol.status.provisioning;
+            let Some(ext) = p.external_id.as_ref().filter(|_| {
+                vol.spec.plugin_id == self.ctx.plugin.id && p.phase == VolumePhase::Ready
+            }) else {
+                continue;
+            };
+            let req = v1::ControllerGetVolumeRequest {
+                volume_id: ext.to_string(),
+            };
+            match csi.controller_get_volume(req).await {
+                Ok(r) => {
+                    let status = r.status.unwrap_or_default();
+                    out.insert(
+                        ext.to_string(),
+                        Listed {
+                            published: status.published_node_ids.into_iter().collect(),
+                            condition: status.volume_condition,
+                        },
+                    );
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
     }
 
     /// Compares the list with moor's volumes and attachments; returns what was missing

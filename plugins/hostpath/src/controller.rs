@@ -582,6 +582,9 @@ impl Controller for Plugin {
     ) -> Result<Response<ListVolumesResponse>, Status> {
         let req = request.into_inner();
         self.call(Call::new("ListVolumes"), async {
+            if !self.cfg().list_volumes {
+                return Err(Status::unimplemented("LIST_VOLUMES is not advertised"));
+            }
             let all: Vec<VolumeRec> = self.read(|st| st.volumes.values().cloned().collect()).await;
             let (items, next_token) = page(&all, req.max_entries, &req.starting_token)?;
             Ok(ListVolumesResponse {
@@ -624,7 +627,6 @@ impl Controller for Plugin {
         self.call(Call::new("ControllerGetCapabilities"), async {
             let mut types = vec![
                 Type::CreateDeleteVolume,
-                Type::ListVolumes,
                 Type::GetCapacity,
                 Type::CreateDeleteSnapshot,
                 Type::ListSnapshots,
@@ -637,12 +639,14 @@ impl Controller for Plugin {
             if !self.cfg().mutable_parameters.is_empty() {
                 types.push(Type::ModifyVolume);
             }
+            if self.cfg().list_volumes {
+                types.push(Type::ListVolumes);
+            }
             if self.cfg().publish_unpublish {
-                types.extend([
-                    Type::PublishUnpublishVolume,
-                    Type::PublishReadonly,
-                    Type::ListVolumesPublishedNodes,
-                ]);
+                types.extend([Type::PublishUnpublishVolume, Type::PublishReadonly]);
+                if self.cfg().list_volumes {
+                    types.push(Type::ListVolumesPublishedNodes);
+                }
             }
             Ok(ControllerGetCapabilitiesResponse {
                 capabilities: types

@@ -90,6 +90,9 @@ pub struct Config {
     /// Advertise PUBLISH_UNPUBLISH_VOLUME (ControllerPublish needed).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub publish_unpublish: bool,
+    /// Advertise LIST_VOLUMES (and answer ListVolumes; UNIMPLEMENTED otherwise).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub list_volumes: bool,
     /// Advertise STAGE_UNSTAGE_VOLUME (NodeStage needed).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub stage_unstage: bool,
