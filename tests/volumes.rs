@@ -1111,3 +1111,26 @@ async fn without_list_volumes_the_survey_asks_controller_get_volume_per_volume()
     );
     assert!(c.node("n1").count("ControllerGetVolume", "OK") >= 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_not_yet_ready_is_polled_with_get_snapshot() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, plugin_flags(&["--snapshot-ready-after=2"])).await;
+    create_ready(&c, "v1").await;
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "v1", "s1"]);
+    assert!(ok, "{out}");
+    let (ok, out) = c.moorctl(&[
+        "wait",
+        "snapshot/s1",
+        "--for",
+        "phase=ready",
+        "--timeout",
+        "30s",
+    ]);
+    assert!(ok, "{out}");
+    // Cut once, then read until ready: CreateSnapshot (not ready), GetSnapshot (not
+    // ready), GetSnapshot (ready).
+    assert_eq!(c.node("n1").tried("CreateSnapshot"), 1);
+    assert_eq!(c.node("n1").count("GetSnapshot", "OK"), 2);
+    wait_events(&c, "Snapshot created", 1).await;
+}

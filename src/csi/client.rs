@@ -214,6 +214,17 @@ impl Csi {
         .await
     }
 
+    /// GetSnapshot (GET_SNAPSHOT): how a snapshot not yet ready to use is polled.
+    pub async fn get_snapshot(
+        &self,
+        req: v1::GetSnapshotRequest,
+    ) -> Result<v1::GetSnapshotResponse, CsiError> {
+        self.call("GetSnapshot", req, |ch, r| async move {
+            ControllerClient::new(ch).get_snapshot(r).await
+        })
+        .await
+    }
+
     /// DeleteSnapshot; NotFound is done.
     pub async fn delete_snapshot(&self, req: v1::DeleteSnapshotRequest) -> Result<(), CsiError> {
         done_if_gone(

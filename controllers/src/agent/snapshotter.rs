@@ -63,8 +63,11 @@ pub enum Step {
     AddFinalizer,
     /// The volume has no external id yet.
     WaitForVolume,
-    /// CreateSnapshot from this external volume id (first time, or polling).
+    /// CreateSnapshot from this external volume id (first time, or polling a plugin
+    /// without GET_SNAPSHOT).
     Create(String),
+    /// GetSnapshot of this snapshot id (cut, not yet ready to use).
+    Poll(String),
     /// DeleteSnapshot (asking CreateSnapshot again first when its id is unknown).
     Delete,
     /// The plugin cannot snapshot: Failed with this message.
@@ -109,6 +112,14 @@ pub fn next(
     }
     if !has(FINALIZER) {
         return Step::AddFinalizer;
+    }
+    if let Some(id) = snap
+        .status
+        .snapshot_id
+        .as_ref()
+        .filter(|_| controller.contains("GET_SNAPSHOT"))
+    {
+        return Step::Poll(id.clone());
     }
     // Once cut, the source is what was recorded (the volume may have gone since).
     if let Some(src) = &snap.status.source_volume_id {
@@ -222,6 +233,7 @@ impl Snapshotter {
                 Ok(Action::AwaitChange)
             }
             Step::Create(src) => self.create(&snap, volume.as_deref(), src).await,
+            Step::Poll(id) => self.poll(&snap, volume.as_deref(), id).await,
             Step::Delete => self.delete(&snap, volume.as_deref()).await,
         }
     }
@@ -278,20 +290,54 @@ impl Snapshotter {
             parameters: snap.spec.parameters.clone(),
         };
         let answer = self.ctx.csi()?.create_snapshot(req).await;
-        let cut = match answer.map(|r| r.snapshot) {
+        self.record(snap, STEP, inputs, answer.map(|r| r.snapshot))
+            .await
+    }
+
+    /// GetSnapshot of a snapshot cut but not yet ready to use.
+    async fn poll(
+        &self,
+        snap: &Snapshot,
+        volume: Option<&Volume>,
+        id: String,
+    ) -> Result<Action, SnapshotError> {
+        const STEP: &str = "GetSnapshot";
+        let inputs = self.inputs(snap);
+        if let Gate::Wait(after) = self.ctx.steps.gate(&snap.key(), STEP, inputs) {
+            return Ok(Action::Requeue(after));
+        }
+        let req = v1::GetSnapshotRequest {
+            snapshot_id: id,
+            secrets: Self::secrets(snap, volume)?,
+        };
+        let answer = self.ctx.csi()?.get_snapshot(req).await;
+        self.record(snap, STEP, inputs, answer.map(|r| r.snapshot))
+            .await
+    }
+
+    /// Records what CreateSnapshot or GetSnapshot said of the snapshot: Ready once it
+    /// is ready to use, else Creating and asked again in a second.
+    async fn record(
+        &self,
+        snap: &Snapshot,
+        step: &'static str,
+        inputs: u64,
+        answer: Result<Option<v1::Snapshot>, CsiError>,
+    ) -> Result<Action, SnapshotError> {
+        let cut = match answer {
             Ok(Some(s)) if !s.snapshot_id.is_empty() => s,
             Ok(_) => {
                 let e = CsiError {
-                    rpc: STEP,
+                    rpc: step,
                     code: tonic::Code::Internal,
-                    message: "CreateSnapshot answered without a snapshot id".into(),
+                    message: format!("{step} answered without a snapshot id"),
                     tries: 1,
                 };
-                return self.failed(snap, STEP, inputs, &e).await;
+                return self.failed(snap, step, inputs, &e).await;
             }
-            Err(e) => return self.failed(snap, STEP, inputs, &e).await,
+            Err(e) => return self.failed(snap, step, inputs, &e).await,
         };
-        self.ctx.steps.succeeded(&key, STEP);
+        self.ctx.steps.succeeded(&snap.key(), step);
         let ready = cut.ready_to_use;
         let generation = snap.metadata.generation;
         self.write_status(snap, |st| {
@@ -310,7 +356,7 @@ impl Snapshotter {
             st.meta.last_error = None;
             st.meta.retry = None;
             st.meta.observed_generation = generation;
-            st.meta.set_condition("Created", true, STEP, "");
+            st.meta.set_condition("Created", true, step, "");
         })
         .await?;
         if ready {
@@ -410,19 +456,19 @@ impl Snapshotter {
             }
             st.meta.retry = Some(failure.clone());
             st.meta.last_error = Some(msg.clone());
-            let cond = if step == "CreateSnapshot" {
-                "Created"
-            } else {
+            let cond = if step == "DeleteSnapshot" {
                 "Deleted"
+            } else {
+                "Created"
             };
             st.meta
                 .set_condition(cond, false, &format!("{step}Failed"), &msg);
         })
         .await?;
-        let reason = if step == "CreateSnapshot" {
-            "Snapshot create failed"
-        } else {
+        let reason = if step == "DeleteSnapshot" {
             "Snapshot delete failed"
+        } else {
+            "Snapshot create failed"
         };
         self.event(snap, reason, EventType::Warning, msg).await;
         Ok(Action::Requeue(after))
@@ -523,6 +569,14 @@ mod tests {
         s.status.source_volume_id = Some("e1".into());
         s.status.phase = SnapshotPhase::Creating;
         assert_eq!(next(&s, None, &plugin(), &all), Step::Create("e1".into()));
+        // Its id known: polled with GetSnapshot where the plugin has it.
+        s.status.snapshot_id = Some("snap-1".into());
+        assert_eq!(next(&s, None, &plugin(), &all), Step::Create("e1".into()));
+        let with_get = caps(&["CREATE_DELETE_SNAPSHOT", "GET_SNAPSHOT"]);
+        assert_eq!(
+            next(&s, None, &plugin(), &with_get),
+            Step::Poll("snap-1".into())
+        );
         s.status.phase = SnapshotPhase::Ready;
         s.status.ready_to_use = true;
         assert_eq!(next(&s, None, &plugin(), &all), Step::Nothing);

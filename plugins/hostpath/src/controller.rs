@@ -165,6 +165,24 @@ impl Plugin {
         }
     }
 
+    /// A snapshot as a read of it answers: not ready to use until it has been read
+    /// more than `--snapshot-ready-after` times.
+    fn read_snapshot(&self, s: &SnapshotRec) -> Snapshot {
+        let after = self.cfg().snapshot_ready_after;
+        let mut m = Plugin::snapshot_message(s);
+        if after > 0 {
+            let mut reads = self
+                .inner
+                .snapshot_reads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let n = reads.entry(s.id.clone()).or_default();
+            *n += 1;
+            m.ready_to_use = *n > after;
+        }
+        m
+    }
+
     pub(crate) fn snapshot_message(s: &SnapshotRec) -> Snapshot {
         Snapshot {
             size_bytes: s.size,
@@ -692,7 +710,7 @@ impl Controller for Plugin {
                 })
                 .await?;
             Ok(CreateSnapshotResponse {
-                snapshot: Some(Plugin::snapshot_message(&snap)),
+                snapshot: Some(self.read_snapshot(&snap)),
             })
         })
         .await
@@ -752,7 +770,7 @@ impl Controller for Plugin {
                 entries: items
                     .iter()
                     .map(|s| list_snapshots_response::Entry {
-                        snapshot: Some(Plugin::snapshot_message(s)),
+                        snapshot: Some(self.read_snapshot(s)),
                     })
                     .collect(),
                 next_token,
@@ -851,7 +869,7 @@ impl Controller for Plugin {
                     Status::not_found(format!("snapshot {} not found", req.snapshot_id))
                 })?;
             Ok(GetSnapshotResponse {
-                snapshot: Some(Plugin::snapshot_message(&snap)),
+                snapshot: Some(self.read_snapshot(&snap)),
             })
         })
         .await

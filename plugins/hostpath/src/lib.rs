@@ -122,6 +122,10 @@ pub struct Config {
     /// registered there is NOT_FOUND. Without it, only its own node id is known.
     #[arg(long)]
     pub node_registry: Option<PathBuf>,
+    /// A snapshot reports ready_to_use only from its (N+1)th read on (CreateSnapshot,
+    /// GetSnapshot, ListSnapshots), as a plugin still uploading it would; 0: at once.
+    #[arg(long, default_value_t = 0)]
+    pub snapshot_ready_after: u32,
     /// The fault-injection socket (default `<state-dir>/admin.sock`).
     #[arg(long)]
     pub admin_socket: Option<PathBuf>,
@@ -162,6 +166,8 @@ struct Inner {
     state: Mutex<Journal<State>>,
     log: CallLog,
     faults: Arc<Faults>,
+    /// Reads of each snapshot so far (`--snapshot-ready-after`).
+    snapshot_reads: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 /// The plugin: a cheap handle shared by the three services.
@@ -245,6 +251,7 @@ impl Plugin {
                 state: Mutex::new(state),
                 log,
                 faults: Arc::new(Faults::default()),
+                snapshot_reads: Default::default(),
             }),
         })
     }
