@@ -769,7 +769,11 @@ async fn a_mount_group_is_denied_at_admission_where_the_node_lacks_volume_mount_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_volume_is_staged_published_and_released_as_a_device() {
     let _slot = SLOTS.acquire().await.unwrap();
-    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    // Real loop devices where the machine allows them; a file standing for the device
+    // otherwise.
+    let loops = cluster::can_loop();
+    let flags: &[&str] = if loops { &["--loop-devices"] } else { &[] };
+    let c = Cluster::start(1, 2, plugin_flags(flags)).await;
     let block = format!(
         "apiVersion: moor/v1\nkind: Volume\nmetadata: {{name: b1}}\nspec:\n  plugin_id: {}\n  \
          capacity_min: 1MiB\n  capabilities:\n    - {{access_mode: single-node-writer, attachment_mode: block-device}}\n",
@@ -785,9 +789,29 @@ async fn a_block_volume_is_staged_published_and_released_as_a_device() {
         "{}",
         m.spec.target_path
     );
-    if cluster::can_mount() {
+    let target = std::path::Path::new(&m.spec.target_path);
+    let backing = std::path::PathBuf::from(
+        volume(&c, "b1")
+            .await
+            .status
+            .provisioning
+            .volume_context
+            .get("path")
+            .unwrap(),
+    )
+    .join("block");
+    if loops {
+        use std::os::unix::fs::FileTypeExt;
+        let kind = std::fs::metadata(target).unwrap().file_type();
+        assert!(
+            kind.is_block_device(),
+            "{} is not a block device",
+            target.display()
+        );
+        assert!(cluster::loops_of(&backing).contains("/dev/loop"));
+    } else if cluster::can_mount() {
         // The "device": a file bind-mounted on a file.
-        assert!(std::path::Path::new(&m.spec.target_path).is_file());
+        assert!(target.is_file());
     }
     for rpc in ["NodeStageVolume", "NodePublishVolume"] {
         assert_eq!(c.node("n2").count(rpc, "OK"), 1, "{rpc}");
@@ -796,6 +820,8 @@ async fn a_block_volume_is_staged_published_and_released_as_a_device() {
     assert!(ok, "{out}");
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
     assert_eq!(c.node("n2").count("NodeUnstageVolume", "OK"), 1);
+    // Released: no loop device left behind.
+    assert_eq!(cluster::loops_of(&backing), "");
     c.check_calls(true);
 }
 

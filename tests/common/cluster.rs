@@ -577,6 +577,27 @@ pub fn count_mounts_under(dir: &Path) -> usize {
 }
 
 /// Whether this process may mount (real bind mounts are tested only then).
+/// Whether this machine lets the tests attach loop devices (root, a loop-control
+/// device, and `losetup --find` finding a free one).
+pub fn can_loop() -> bool {
+    can_mount()
+        && Path::new("/dev/loop-control").exists()
+        && std::process::Command::new("losetup")
+            .arg("--find")
+            .output()
+            .is_ok_and(|o| o.status.success())
+}
+
+/// The loop devices backed by `file` (`losetup --associated`).
+pub fn loops_of(file: &Path) -> String {
+    std::process::Command::new("losetup")
+        .arg("--associated")
+        .arg(file)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
 pub fn can_mount() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()

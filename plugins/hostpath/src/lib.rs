@@ -96,6 +96,12 @@ pub struct Config {
     /// Advertise STAGE_UNSTAGE_VOLUME (NodeStage needed).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub stage_unstage: bool,
+    /// Block volumes are real devices: the backing file is attached to a loop device
+    /// (`losetup`) at NodeStage (or NodePublish without staging) and the device is
+    /// bind-mounted on the target file; detached at NodeUnstage (NodeUnpublish).
+    /// Ignored with --no-mount.
+    #[arg(long)]
+    pub loop_devices: bool,
     /// Keep the same state and rules without mounting (unprivileged machines, benchmarks).
     #[arg(long)]
     pub no_mount: bool,
@@ -254,6 +260,11 @@ impl Plugin {
                 snapshot_reads: Default::default(),
             }),
         })
+    }
+
+    /// Whether block volumes are loop devices (`--loop-devices`, and mounting).
+    fn loop_devices(&self) -> bool {
+        self.inner.cfg.loop_devices && !self.inner.cfg.no_mount
     }
 
     fn cfg(&self) -> &Config {

@@ -53,6 +53,43 @@ pub fn bind(source: &Path, target: &Path, readonly: bool, no_mount: bool) -> io:
     Ok(())
 }
 
+/// Attaches `file` to a free loop device (`losetup --find --show`); returns the device.
+pub fn loop_attach(file: &Path) -> io::Result<std::path::PathBuf> {
+    let out = std::process::Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(file)
+        .output()?;
+    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || dev.is_empty() {
+        return Err(io::Error::other(format!(
+            "losetup --find --show {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(dev.into())
+}
+
+/// Detaches loop device `dev` (one already detached is done).
+pub fn loop_detach(dev: &Path) -> io::Result<()> {
+    let out = std::process::Command::new("losetup")
+        .arg("--detach")
+        .arg(dev)
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success()
+        || err.contains("No such device")
+        || err.contains("No such device or address")
+    {
+        return Ok(());
+    }
+    Err(io::Error::other(format!(
+        "losetup --detach {}: {}",
+        dev.display(),
+        err.trim()
+    )))
+}
+
 /// Unmounts `target` if it is a mount point.
 pub fn unmount(target: &Path, no_mount: bool) -> io::Result<()> {
     if no_mount || !target.exists() || !is_mount_point(target)? {

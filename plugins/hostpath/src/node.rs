@@ -185,10 +185,13 @@ impl Node for Plugin {
             let source = self.volume_dir(&req.volume_id, &req.volume_context).await?;
             self.check_attached(&req.volume_id, &req.publish_context, &source)?;
             self.apply_mount_group(req.volume_capability.as_ref(), &source)?;
-            if block {
-                ensure_block_file(&source)?;
-            }
+            let block_file = if block {
+                Some(ensure_block_file(&source)?)
+            } else {
+                None
+            };
             let staging = PathBuf::from(&req.staging_target_path);
+            let with_loop = self.loop_devices();
             let no_mount = self.no_mount();
             self.mutate(|st| {
                 if let Some(existing) = st.stages.get(&staging) {
@@ -206,12 +209,20 @@ impl Node for Plugin {
                     .map_err(|e| io_err("creating the staging path", e))?;
                 mounts::bind(&source, &staging, false, no_mount)
                     .map_err(|e| io_err("bind-mounting", e))?;
+                let loop_device = match block_file.as_ref().filter(|_| with_loop) {
+                    Some(file) => Some(
+                        mounts::loop_attach(file)
+                            .map_err(|e| io_err("attaching a loop device", e))?,
+                    ),
+                    None => None,
+                };
                 st.stages.insert(
                     staging.clone(),
                     StageRec {
                         volume_id: req.volume_id.clone(),
                         staging_path: staging.clone(),
                         block,
+                        loop_device,
                     },
                 );
                 Ok(())
@@ -250,6 +261,10 @@ impl Node for Plugin {
                     .is_some_and(|s| s.volume_id == req.volume_id)
                 {
                     mounts::unmount(&staging, no_mount).map_err(|e| io_err("unmounting", e))?;
+                    if let Some(dev) = st.stages.get(&staging).and_then(|s| s.loop_device.clone()) {
+                        mounts::loop_detach(&dev)
+                            .map_err(|e| io_err("detaching the loop device", e))?;
+                    }
                     st.stages.remove(&staging);
                 }
                 Ok(())
@@ -322,6 +337,7 @@ impl Node for Plugin {
             };
             let target = PathBuf::from(&req.target_path);
             let no_mount = self.no_mount();
+            let with_loop = block && self.loop_devices();
             self.mutate(|st| {
                 if let Some(existing) = st.publishes.get(&target) {
                     return if existing.volume_id == req.volume_id
@@ -348,7 +364,22 @@ impl Node for Plugin {
                     std::fs::create_dir_all(&target)
                         .map_err(|e| io_err("creating the target path", e))?;
                 }
-                mounts::bind(&source, &target, req.readonly, no_mount)
+                // A real device: the stage's loop device, or one attached here when the
+                // volume is not staged.
+                let staged_loop = staging
+                    .as_ref()
+                    .and_then(|s| st.stages.get(s))
+                    .and_then(|s| s.loop_device.clone());
+                let own_loop = match (with_loop, &staged_loop) {
+                    (true, None) => Some(
+                        mounts::loop_attach(&source)
+                            .map_err(|e| io_err("attaching a loop device", e))?,
+                    ),
+                    _ => None,
+                };
+                let from = own_loop.clone().or(staged_loop).filter(|_| with_loop);
+                let from = from.as_deref().unwrap_or(&source);
+                mounts::bind(from, &target, req.readonly, no_mount)
                     .map_err(|e| io_err("bind-mounting", e))?;
                 st.publishes.insert(
                     target.clone(),
@@ -358,6 +389,7 @@ impl Node for Plugin {
                         staging_path: staging.clone(),
                         readonly: req.readonly,
                         block,
+                        loop_device: own_loop,
                     },
                 );
                 Ok(())
@@ -381,6 +413,14 @@ impl Node for Plugin {
             let no_mount = self.no_mount();
             self.mutate(|st| {
                 mounts::unmount(&target, no_mount).map_err(|e| io_err("unmounting", e))?;
+                if let Some(dev) = st
+                    .publishes
+                    .get(&target)
+                    .and_then(|p| p.loop_device.clone())
+                {
+                    mounts::loop_detach(&dev)
+                        .map_err(|e| io_err("detaching the loop device", e))?;
+                }
                 let removed = if target.is_dir() {
                     std::fs::remove_dir(&target)
                 } else {

@@ -89,6 +89,9 @@ pub struct StageRec {
     pub staging_path: PathBuf,
     /// Block (true) or mount.
     pub block: bool,
+    /// The loop device a block volume is attached to (`--loop-devices`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loop_device: Option<PathBuf>,
 }
 
 /// A published volume on this node.
@@ -104,6 +107,9 @@ pub struct PublishRec {
     pub readonly: bool,
     /// Block (true) or mount.
     pub block: bool,
+    /// The loop device a block volume published without staging is attached to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loop_device: Option<PathBuf>,
 }
 
 /// Everything the plugin knows.
@@ -235,6 +241,7 @@ mod tests {
             volume_id: "v".into(),
             staging_path: "/s".into(),
             block: false,
+            loop_device: None,
         }
     }
 
