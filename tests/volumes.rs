@@ -1160,3 +1160,81 @@ async fn a_snapshot_not_yet_ready_is_polled_with_get_snapshot() {
     assert_eq!(c.node("n1").count("GetSnapshot", "OK"), 2);
     wait_events(&c, "Snapshot created", 1).await;
 }
+
+/// Fails the next `times` calls of `rpc` on `node`'s plugin with `code`.
+async fn fail(c: &Cluster, node: &str, rpc: &str, code: &str, times: u32) {
+    use moor_hostpath::faults::Command;
+    c.node(node)
+        .fault(Command::Fail {
+            rpc: rpc.into(),
+            code: code.into(),
+            times,
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_steps_retry_on_retryable_and_uncertain_answers_and_not_on_final_ones() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    // The agents make 2 tries per call (--csi-tries=2), then the step's gate retries
+    // after 500 ms: 2 failures injected cost exactly one failed step, then it succeeds.
+    let c = Cluster::start(1, 2, plugin_flags(&["--node-expansion-required"])).await;
+    create_ready(&c, "v1").await;
+    let ext = volume(&c, "v1")
+        .await
+        .status
+        .provisioning
+        .external_id
+        .unwrap();
+
+    // Retryable (Unavailable): registration validated on the third call.
+    fail(&c, "n1", "ValidateVolumeCapabilities", "Unavailable", 2).await;
+    let reg = registered("r1", ext.as_str(), "single-node-writer")
+        .replace("  accessible_topology: [{rack: r1}]\n", "");
+    apply_yaml(&c, "r1", &reg);
+    wait_phase(&c, "r1", VolumePhase::Ready).await;
+    assert_eq!(c.node("n1").tried("ValidateVolumeCapabilities"), 3);
+
+    // Uncertain (Internal) on the controller, retryable on the node: both expand on
+    // their third call.
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    fail(&c, "n1", "ControllerExpandVolume", "Internal", 2).await;
+    fail(&c, "n2", "NodeExpandVolume", "Unavailable", 2).await;
+    apply_yaml(&c, "v1-4", &created("v1", "capacity_min: 4MiB"));
+    c.wait("n2 expanded", T, || async {
+        mount(&c, "a1", "n2")
+            .await
+            .is_some_and(|m| m.status.expanded_bytes == Some(4 * MIB))
+    })
+    .await;
+    assert_eq!(c.node("n1").tried("ControllerExpandVolume"), 3);
+    assert_eq!(c.node("n2").tried("NodeExpandVolume"), 3);
+
+    // Transient (ResourceExhausted): the snapshot is cut on the third call.
+    fail(&c, "n1", "CreateSnapshot", "ResourceExhausted", 2).await;
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "v1", "s1"]);
+    assert!(ok, "{out}");
+    let (ok, out) = c.moorctl(&[
+        "wait",
+        "snapshot/s1",
+        "--for",
+        "phase=ready",
+        "--timeout",
+        "30s",
+    ]);
+    assert!(ok, "{out}");
+    assert_eq!(c.node("n1").tried("CreateSnapshot"), 3);
+
+    // Final (FailedPrecondition): shown, and not asked again before the cap (5 min).
+    fail(&c, "n1", "ControllerExpandVolume", "FailedPrecondition", 1).await;
+    apply_yaml(&c, "v1-8", &created("v1", "capacity_min: 8MiB"));
+    wait_refused(&c, "v1", "ControllerExpandVolumeFailed").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(c.node("n1").tried("ControllerExpandVolume"), 4);
+    assert_eq!(
+        volume(&c, "v1").await.status.provisioning.capacity_bytes,
+        Some(4 * MIB)
+    );
+    wait_events(&c, "Volume expansion failed", 3).await;
+}
