@@ -382,6 +382,15 @@ async fn create_ready(c: &Cluster, name: &str) {
     c.volume_ready(name).await;
 }
 
+/// `moorctl volume snapshot create VOLUME NAME`, then `moorctl wait` until it is ready.
+fn snapshot_ready(c: &Cluster, volume: &str, name: &str) {
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", volume, name]);
+    assert!(ok, "{out}");
+    let wait = format!("snapshot/{name}");
+    let (ok, out) = c.moorctl(&["wait", &wait, "--for", "phase=ready", "--timeout", "30s"]);
+    assert!(ok, "{out}");
+}
+
 /// Waits until a condition of volume `name` is false with `reason`.
 async fn wait_refused(c: &Cluster, name: &str, reason: &str) {
     c.wait(&format!("{name}: {reason}"), T, || async {
@@ -600,17 +609,7 @@ async fn snapshots_are_cut_listed_restored_and_deleted_through_moorctl() {
     );
     wait_refused(&c, "r1", "WaitingForSource").await;
 
-    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "v1", "s1"]);
-    assert!(ok, "{out}");
-    let (ok, out) = c.moorctl(&[
-        "wait",
-        "snapshot/s1",
-        "--for",
-        "phase=ready",
-        "--timeout",
-        "30s",
-    ]);
-    assert!(ok, "{out}");
+    snapshot_ready(&c, "v1", "s1");
     let (ok, out) = c.moorctl(&["volume", "snapshot", "list"]);
     assert!(ok, "{out}");
     for header in ["SNAPSHOT ID", "VOLUME ID", "SIZE", "CREATE TIME", "READY"] {
@@ -1143,17 +1142,7 @@ async fn a_snapshot_not_yet_ready_is_polled_with_get_snapshot() {
     let _slot = SLOTS.acquire().await.unwrap();
     let c = Cluster::start(1, 1, plugin_flags(&["--snapshot-ready-after=2"])).await;
     create_ready(&c, "v1").await;
-    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "v1", "s1"]);
-    assert!(ok, "{out}");
-    let (ok, out) = c.moorctl(&[
-        "wait",
-        "snapshot/s1",
-        "--for",
-        "phase=ready",
-        "--timeout",
-        "30s",
-    ]);
-    assert!(ok, "{out}");
+    snapshot_ready(&c, "v1", "s1");
     // Cut once, then read until ready: CreateSnapshot (not ready), GetSnapshot (not
     // ready), GetSnapshot (ready).
     assert_eq!(c.node("n1").tried("CreateSnapshot"), 1);
@@ -1213,17 +1202,7 @@ async fn the_new_steps_retry_on_retryable_and_uncertain_answers_and_not_on_final
 
     // Transient (ResourceExhausted): the snapshot is cut on the third call.
     fail(&c, "n1", "CreateSnapshot", "ResourceExhausted", 2).await;
-    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "v1", "s1"]);
-    assert!(ok, "{out}");
-    let (ok, out) = c.moorctl(&[
-        "wait",
-        "snapshot/s1",
-        "--for",
-        "phase=ready",
-        "--timeout",
-        "30s",
-    ]);
-    assert!(ok, "{out}");
+    snapshot_ready(&c, "v1", "s1");
     assert_eq!(c.node("n1").tried("CreateSnapshot"), 3);
 
     // Final (FailedPrecondition): shown, and not asked again before the cap (5 min).

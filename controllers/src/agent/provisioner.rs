@@ -282,7 +282,14 @@ impl Provisioner {
 
     /// CreateVolume; returns the plugin's volume.
     async fn call_create(&self, vol: &Volume) -> Result<v1::Volume, ProvisionError> {
-        let req = self.create_request(vol)?;
+        self.send_create(self.create_request(vol)?).await
+    }
+
+    /// Sends a CreateVolume request; returns the plugin's volume.
+    async fn send_create(
+        &self,
+        req: v1::CreateVolumeRequest,
+    ) -> Result<v1::Volume, ProvisionError> {
         let resp = self.ctx.csi()?.create_volume(req).await?;
         resp.volume
             .filter(|v| !v.volume_id.is_empty())
@@ -296,32 +303,34 @@ impl Provisioner {
         if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
             return Ok(Action::Requeue(after));
         }
-        if let Err(e @ (ProvisionError::SourceNotReady(_) | ProvisionError::SnapshotNotReady(_))) =
-            self.create_request(vol)
-        {
-            // Waiting for the source, shown once (the reason is the same each pass).
-            let msg = e.to_string();
-            let shown = vol.status.provisioning.meta.conditions.iter().any(|c| {
-                c.type_ == "Created" && c.reason == "WaitingForSource" && c.message == msg
-            });
-            if !shown {
-                let written = self
-                    .ctx
-                    .writes
-                    .modify_status(&vol.object_key(), |_, st| {
-                        st.provisioning.meta.set_condition(
-                            "Created",
-                            false,
-                            "WaitingForSource",
-                            &msg,
-                        );
-                        true
-                    })
-                    .await?;
-                self.ctx.own_writes.wrote(&written);
+        let req = match self.create_request(vol) {
+            Ok(req) => req,
+            Err(e @ (ProvisionError::SourceNotReady(_) | ProvisionError::SnapshotNotReady(_))) => {
+                // Waiting for the source, shown once (the reason is the same each pass).
+                let msg = e.to_string();
+                let shown = vol.status.provisioning.meta.conditions.iter().any(|c| {
+                    c.type_ == "Created" && c.reason == "WaitingForSource" && c.message == msg
+                });
+                if !shown {
+                    let written = self
+                        .ctx
+                        .writes
+                        .modify_status(&vol.object_key(), |_, st| {
+                            st.provisioning.meta.set_condition(
+                                "Created",
+                                false,
+                                "WaitingForSource",
+                                &msg,
+                            );
+                            true
+                        })
+                        .await?;
+                    self.ctx.own_writes.wrote(&written);
+                }
+                return Ok(Action::Requeue(std::time::Duration::from_secs(2)));
             }
-            return Ok(Action::Requeue(std::time::Duration::from_secs(2)));
-        }
+            Err(e) => return Err(e),
+        };
         let written = self
             .ctx
             .writes
@@ -331,7 +340,7 @@ impl Provisioner {
             })
             .await?;
         self.ctx.own_writes.wrote(&written);
-        match self.call_create(vol).await {
+        match self.send_create(req).await {
             Ok(created) => {
                 let ext = ExternalVolumeId::new(created.volume_id.clone())
                     .map_err(|_| ProvisionError::NoVolume)?;
