@@ -115,8 +115,9 @@ struct Chaos {
     next: u32,
     /// Processes down, since when.
     down: BTreeMap<Process, SystemTime>,
-    /// Moor node names declared gone (force-detached, or collected), and since when.
-    forced: BTreeMap<String, SystemTime>,
+    /// Moor node names declared gone (force-detached, or collected), and when: each
+    /// declaration excuses only what the node held before it (see the checker).
+    forced: BTreeMap<String, Vec<SystemTime>>,
     /// Names of the volumes the script created through CSI itself and registered.
     registered: Vec<(String, AccessMode)>,
     /// Restarts of each node's agent or plugin.
@@ -167,7 +168,7 @@ impl Chaos {
 
     /// One random step of the script.
     async fn step(&mut self, i: usize) {
-        let weights: [(u32, u8); 14] = [
+        let weights: [(u32, u8); 18] = [
             (if self.live_volumes().len() < 6 { 3 } else { 0 }, 0),
             (1, 1),
             (6, 2),
@@ -182,6 +183,10 @@ impl Chaos {
             (1, 11),
             (2, 12),
             (if self.live_volumes().len() < 6 { 1 } else { 0 }, 13),
+            (1, 14),
+            (1, 15),
+            (1, 16),
+            (1, 17),
         ];
         let total: u32 = weights.iter().map(|w| w.0).sum();
         let mut roll = self.rng.u32(..total);
@@ -206,6 +211,10 @@ impl Chaos {
             9 => self.kill(i).await,
             11 => self.detach_or_lose_node(i).await,
             13 => self.register_volume().await,
+            14 => self.second_claim_then_lose_node(i).await,
+            15 => self.claim_on_a_down_node().await,
+            16 => self.detach_racing_return().await,
+            17 => self.rerun_on_a_collected_node().await,
             _ => {
                 let ms = self.rng.u64(0..1500);
                 self.log(format!("pause {ms} ms"));
@@ -256,10 +265,15 @@ impl Chaos {
             return;
         };
         let mode = self.volumes[&volume].mode;
-        self.next += 1;
-        let name = format!("a{}", self.next);
         let node = self.rng.usize(0..NODES);
         let read_only = mode == AccessMode::MultiNodeReaderOnly || self.rng.u32(0..4) == 0;
+        self.start_on(node, volume, read_only).await;
+    }
+
+    /// Starts allocation NAME on `node` with `volume`.
+    async fn start_on(&mut self, node: usize, volume: String, read_only: bool) -> String {
+        self.next += 1;
+        let name = format!("a{}", self.next);
         self.log(format!(
             "start allocation {name} on {} with {volume}{}",
             node_name(node),
@@ -274,7 +288,7 @@ impl Chaos {
         .await;
         *self.runs_on.entry((volume.clone(), node)).or_default() += 1;
         self.allocs.insert(
-            name,
+            name.clone(),
             Alloc {
                 node,
                 volume,
@@ -282,6 +296,86 @@ impl Chaos {
                 deleted: false,
             },
         );
+        name
+    }
+
+    /// What found issue 24: a second claim admitted on a node where a running
+    /// allocation already holds the volume, then the node is lost (often past the GC
+    /// timeout) before the new claim is staged.
+    async fn second_claim_then_lose_node(&mut self, i: usize) {
+        let held: Vec<(usize, String)> = self
+            .allocs
+            .values()
+            .filter(|a| !a.deleted && !a.stopped)
+            .filter(|a| !self.is_down(Process::Agent(a.node)))
+            .filter(|a| self.volumes.get(&a.volume).is_some_and(|v| !v.deleted))
+            .map(|a| (a.node, a.volume.clone()))
+            .collect();
+        let Some((node, volume)) = self.pick(&held).cloned() else {
+            return;
+        };
+        self.log(format!(
+            "second claim of {volume} on {}, then lose the node",
+            node_name(node)
+        ));
+        self.start_on(node, volume, true).await;
+        let ms = self.rng.u64(0..300);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        self.lose_node(i, node);
+    }
+
+    /// An allocation started on a node whose agent is down.
+    async fn claim_on_a_down_node(&mut self) {
+        let down: Vec<usize> = (0..NODES)
+            .filter(|n| self.is_down(Process::Agent(*n)))
+            .collect();
+        let live = self.live_volumes();
+        let (Some(node), Some(volume)) = (self.pick(&down).copied(), self.pick(&live).cloned())
+        else {
+            return;
+        };
+        let read_only =
+            self.volumes[&volume].mode == AccessMode::MultiNodeReaderOnly || self.rng.bool();
+        self.log(format!("claim on down node {}", node_name(node)));
+        self.start_on(node, volume, read_only).await;
+    }
+
+    /// An operator's force-detach of a down node's volume just as the node comes back.
+    async fn detach_racing_return(&mut self) {
+        let down: Vec<usize> = (0..NODES)
+            .filter(|n| self.is_down(Process::Agent(*n)))
+            .collect();
+        let Some(node) = self.pick(&down).copied() else {
+            return;
+        };
+        self.log(format!(
+            "force-detach racing the return of {}",
+            node_name(node)
+        ));
+        self.detach(node).await;
+        let ms = self.rng.u64(0..200);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        for p in [Process::Plugin(node), Process::Agent(node)] {
+            self.restart(p).await;
+        }
+    }
+
+    /// A stopped allocation set to run again on a node that was declared gone.
+    async fn rerun_on_a_collected_node(&mut self) {
+        let collected = self.allocs_where(|a| a.stopped);
+        let collected: Vec<String> = collected
+            .into_iter()
+            .filter(|n| self.forced.contains_key(&node_name(self.allocs[n].node)))
+            .collect();
+        let Some(name) = self.pick(&collected).cloned() else {
+            return;
+        };
+        self.log(format!("re-run allocation {name} on a collected node"));
+        self.set_desired(&name, DesiredStatus::Run).await;
+        if let Some(a) = self.allocs.get_mut(&name) {
+            a.stopped = false;
+            *self.runs_on.entry((a.volume.clone(), a.node)).or_default() += 1;
+        }
     }
 
     async fn set_desired(&mut self, name: &str, status: DesiredStatus) {
@@ -494,7 +588,7 @@ impl Chaos {
             // Down long enough for its Node to expire and be collected: the
             // controller may have released its claims without it.
             if gone + Duration::from_secs(1) > NODE_TTL + NODE_GC {
-                self.forced.entry(node_name(n)).or_insert(since);
+                self.forced.entry(node_name(n)).or_default().push(since);
             }
         }
         self.proc(p).restart();
@@ -524,7 +618,8 @@ impl Chaos {
         ));
         self.forced
             .entry(node_name(node))
-            .or_insert_with(SystemTime::now);
+            .or_default()
+            .push(SystemTime::now());
         let out = std::process::Command::new(common::bin("moorctl"))
             .args([
                 "--endpoints",
@@ -600,6 +695,11 @@ impl Chaos {
         if self.rng.u32(0..3) == 0 {
             return self.detach(node).await;
         }
+        self.lose_node(i, node);
+    }
+
+    /// Kills a node's agent and plugin; they come back 6 to 13 ops later.
+    fn lose_node(&mut self, i: usize, node: usize) {
         self.log(format!("lose node {}", node_name(node)));
         let back = i + self.rng.usize(6..14);
         for p in [Process::Agent(node), Process::Plugin(node)] {
@@ -725,11 +825,12 @@ impl Chaos {
             forced_nodes: self
                 .forced
                 .iter()
-                .map(|(n, t)| {
-                    (
-                        format!("csi-{n}"),
-                        humantime::format_rfc3339_millis(*t).to_string(),
-                    )
+                .map(|(n, ts)| {
+                    let ts = ts
+                        .iter()
+                        .map(|t| humantime::format_rfc3339_millis(*t).to_string())
+                        .collect();
+                    (format!("csi-{n}"), ts)
                 })
                 .collect(),
             ..Default::default()

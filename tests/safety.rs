@@ -460,3 +460,128 @@ async fn a_refused_publish_is_not_reversed() {
     assert_eq!(calls(&c, "n2", "NodeUnstageVolume"), 1);
     c.check_calls(true);
 }
+
+/// Issue 24: n2 was lost past the GC timeout while a1 (a writer, published) and a2 (a
+/// reader, granted on the same attachment but not yet staged) held v1 there. The
+/// forced release of a1 detached v1 from n2, but a2 kept its grant, so the returning
+/// agent staged a2 on a volume no longer attached to n2. Now the force-detach
+/// withdraws a2's grant in the same transaction, and the returning node acts only on
+/// a grant made after v1 is attached to it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_node_s_return_acts_only_after_the_volume_is_attached_again() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let opts = PluginOpts {
+        controller_args: vec!["--node-gc-timeout=3s".into()],
+        ..Default::default()
+    };
+    let mut c = ready_cluster(2, opts).await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+
+    // n2 is lost (agent and plugin); a2 is admitted there before its Node expires and
+    // is let onto the node on the attachment a1 stands on.
+    let lost_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    c.node_mut("n2").agent.kill();
+    c.node_mut("n2").plugin.kill();
+    c.apply(c.allocation("a2", "n2", "v1", true)).await;
+    c.wait("a2 granted on n2", T, || async {
+        c.claim("a2", "n2").await.is_some_and(|cl| cl.spec.publish)
+    })
+    .await;
+    let first = c
+        .attachment("v1", "n2")
+        .await
+        .expect("v1's attachment to n2");
+    assert_eq!(
+        c.claim("a2", "n2")
+            .await
+            .unwrap()
+            .spec
+            .attachment
+            .as_deref(),
+        Some(first.metadata.uid.as_str()),
+        "a grant names the attachment it stands on"
+    );
+
+    // a1 ends; n2 stays gone past the GC timeout: a1 is released without the node,
+    // v1 force-detached, and a2's grant withdrawn.
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 1);
+    let a2 = c.claim("a2", "n2").await.unwrap();
+    assert!(
+        !a2.spec.publish && a2.spec.revoked && a2.spec.attachment.is_none(),
+        "a2's grant is withdrawn with the force-detach: {:?}",
+        a2.spec
+    );
+
+    // n2 comes back while v1's new ControllerPublish hangs: its agent tears down a1's
+    // leftovers and does nothing for a2.
+    c.node("n1")
+        .fault(Command::Hang {
+            rpc: "ControllerPublishVolume".into(),
+            after: false,
+        })
+        .await;
+    let back_at = std::time::SystemTime::now();
+    c.node_mut("n2").plugin.restart();
+    c.node_mut("n2").agent.restart();
+    let n1 = c.node("n1");
+    c.wait("the new ControllerPublish held", T, || async move {
+        n1.hanging("ControllerPublishVolume").await > 0
+    })
+    .await;
+    let n2 = c.node("n2");
+    c.wait("a1's leftovers torn down on n2", T, || async move {
+        n2.count("NodeUnstageVolume", "OK") >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let since_back = |rpc: &str| {
+        c.node("n2")
+            .calls()
+            .iter()
+            .filter(|x| x.rpc == rpc)
+            .filter(|x| humantime::parse_rfc3339(&x.time).is_ok_and(|t| t >= back_at))
+            .count()
+    };
+    assert_eq!(
+        since_back("NodeStageVolume"),
+        0,
+        "no stage before the attach"
+    );
+    assert_eq!(
+        since_back("NodePublishVolume"),
+        0,
+        "no publish before the attach"
+    );
+
+    // Attached again: a2 is granted on the new attachment and published.
+    c.node("n1")
+        .fault(Command::Release {
+            rpc: "ControllerPublishVolume".into(),
+        })
+        .await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, T).await;
+    let second = c.attachment("v1", "n2").await.expect("v1 attached again");
+    assert_ne!(second.metadata.uid, first.metadata.uid);
+    assert_eq!(
+        c.claim("a2", "n2")
+            .await
+            .unwrap()
+            .spec
+            .attachment
+            .as_deref(),
+        Some(second.metadata.uid.as_str())
+    );
+    c.stop_alloc("a2").await;
+    c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
+    // Nothing on n2 ran before the new ControllerPublish succeeded; the declaration
+    // excuses only what n2 held when it was lost.
+    c.check_calls_forced(
+        true,
+        [("csi-n2".to_string(), vec![lost_at])]
+            .into_iter()
+            .collect(),
+    );
+}

@@ -56,10 +56,22 @@ pub struct ClaimSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub publish_context: BTreeMap<String, String>,
     /// Set by the controller once the claim is admitted (and attached, where the plugin
-    /// needs ControllerPublish): the node may stage and publish it. Never unset, so the
-    /// controller knows the node may have acted.
+    /// needs ControllerPublish): the node may stage and publish it. Unset only when the
+    /// attachment it stood on was force-detached (see `revoked`).
     #[serde(default)]
     pub publish: bool,
+    /// The uid of the Attachment whose Attached state granted `publish` (none when the
+    /// plugin needs no ControllerPublish). The node acts only on a grant for the
+    /// attachment it stands on: what it staged or published under another one was done
+    /// on a device that has since been detached, and is torn down first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
+    /// Set when the controller withdrew `publish` because the attachment it stood on
+    /// was force-detached (a node collected after `--node-gc-timeout`, or `moorctl
+    /// volume detach`): the node may have acted under the withdrawn grant, so a release
+    /// still waits for it (or skips it, with a Warning). Never unset.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub revoked: bool,
     /// The capacity the node expands the volume's filesystem to (NodeExpandVolume),
     /// copied by the controller from the volume when ControllerExpandVolume said the
     /// nodes must expand.

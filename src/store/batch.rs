@@ -70,6 +70,27 @@ impl Batch {
         Ok(obj)
     }
 
+    /// Adds a guard without a write: the batch commits only while `read` is still
+    /// stored at the version read (a decision taken from it is still true).
+    pub fn unchanged<S: Spec>(&mut self, store: &Store, read: &Object<S>) {
+        let full = store.full_key(&read.key());
+        self.compares.push(Compare::mod_revision(
+            full,
+            CompareOp::Equal,
+            read.metadata.resource_version,
+        ));
+        self.keys.push((read.key(), read.metadata.resource_version));
+    }
+
+    /// Adds a guard without a write: the batch commits only while nothing is stored at
+    /// `key` (what was decided because it is absent still holds).
+    pub fn absent<S: Spec>(&mut self, store: &Store, key: &crate::api::ObjectKey<S>) {
+        let full = store.full_key(key.as_str());
+        self.compares
+            .push(Compare::version(full, CompareOp::Equal, 0));
+        self.keys.push((key.as_str().to_string(), 0));
+    }
+
     /// Adds the creation of `obj`, as [`Store::create`] does (without a lease); returns
     /// it as it will be stored.
     pub fn create<S: Spec>(

@@ -11,6 +11,7 @@ use moor::store::Store;
 use moor_hostpath::calllog::{Call, CallLog};
 use moor_hostpath::checker::{self, CheckConfig};
 use moor_hostpath::faults::{self, Command};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
@@ -533,12 +534,23 @@ impl Cluster {
 
     /// Every plugin's call log, merged, checked against the invariants.
     pub fn check_calls(&self, expect_released: bool) {
+        self.check_calls_forced(expect_released, BTreeMap::new());
+    }
+
+    /// [`Cluster::check_calls`] with nodes declared gone (CSI node id → the times of
+    /// its declarations; see the checker's module docs).
+    pub fn check_calls_forced(
+        &self,
+        expect_released: bool,
+        forced_nodes: BTreeMap<String, Vec<String>>,
+    ) {
         let logs: Vec<Vec<Call>> = self.nodes.iter().map(|n| n.calls()).collect();
         let merged = checker::merge(logs);
         let cfg = CheckConfig {
             controller_publish_required: self.opts.publish_unpublish,
             stage_required: self.opts.stage_unstage,
             expect_released,
+            forced_nodes,
             ..Default::default()
         };
         let violations = checker::check(&merged, &cfg);

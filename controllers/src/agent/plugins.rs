@@ -38,6 +38,8 @@ struct Inner {
     channels: BTreeMap<PluginId, Channel>,
     status: RwLock<BTreeMap<PluginId, NodePluginStatus>>,
     changed: watch::Sender<u64>,
+    /// The lease term whose Node object is registered (counted from 1), 0 while none is.
+    registered: watch::Sender<u64>,
 }
 
 impl Supervisor {
@@ -71,11 +73,13 @@ impl Supervisor {
             );
         }
         let (changed, _) = watch::channel(0);
+        let (registered, _) = watch::channel(0);
         let sup = Supervisor {
             inner: Arc::new(Inner {
                 channels,
                 status: RwLock::new(status),
                 changed,
+                registered,
             }),
         };
         for cfg in configs {
@@ -112,9 +116,25 @@ impl Supervisor {
         *self.inner.changed.borrow()
     }
 
-    /// Ticks whenever a plugin's health or fingerprint changes.
+    /// Ticks whenever a plugin's health or fingerprint changes, and when the node
+    /// registers again.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.inner.changed.subscribe()
+    }
+
+    /// The lease term whose Node object is registered now (1 for the first), 0 while
+    /// the node is not registered (its lease was lost, or not yet granted).
+    pub fn registration(&self) -> u64 {
+        *self.inner.registered.borrow()
+    }
+
+    /// Waits until the node is registered; returns the term (0: shut down first).
+    pub async fn registered(&self, shutdown: &CancellationToken) -> u64 {
+        let mut rx = self.inner.registered.subscribe();
+        tokio::select! {
+            _ = shutdown.cancelled() => 0,
+            r = rx.wait_for(|t| *t != 0) => r.map(|t| *t).unwrap_or(0),
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<PluginId, NodePluginStatus>> {
@@ -211,10 +231,14 @@ impl Supervisor {
     ) {
         let mut retry = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         let mut changes = self.changes();
+        let mut term = 0;
         while !shutdown.is_cancelled() {
+            term += 1;
             let result = self
-                .lease_term(&store, &node, ttl, &mut changes, &shutdown)
+                .lease_term(&store, &node, ttl, term, &mut changes, &shutdown)
                 .await;
+            // Not registered until the next term's Node is: no new node step meanwhile.
+            self.inner.registered.send_replace(0);
             if let Err(e) = result {
                 let delay = retry.next_delay();
                 tracing::warn!(error = %e, ?delay, "node lease lost or unavailable; re-registering");
@@ -232,6 +256,7 @@ impl Supervisor {
         store: &Store,
         node: &NodeName,
         ttl: Duration,
+        term: u64,
         changes: &mut watch::Receiver<u64>,
         shutdown: &CancellationToken,
     ) -> Result<(), StoreError> {
@@ -246,7 +271,15 @@ impl Supervisor {
         let mut obj = Node::new(&Namespace::default(), name, NodeSpec {});
         obj.status.plugins = self.read().clone();
         store.create_with_lease(&obj, keep.id()).await?;
-        tracing::info!(node = %node, "node registered");
+        tracing::info!(node = %node, term, "node registered");
+        // The node reconciler acts only while registered; a term after the first
+        // wakes every claim (it reads each again before acting, see node/mod.rs).
+        self.inner.registered.send_replace(term);
+        if term > 1 {
+            self.inner.changed.send_modify(|n| *n += 1);
+        }
+        // The reads below must not see this term's own update as a change.
+        changes.borrow_and_update();
         let renew_every = ttl / 3;
         loop {
             tokio::select! {

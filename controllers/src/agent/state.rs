@@ -47,6 +47,10 @@ pub struct StageRecord {
     pub external_id: ExternalVolumeId,
     /// NodeStage.
     pub step: Step,
+    /// The attachment (uid) whose grant it was staged under; none where the plugin
+    /// needs no ControllerPublish (or the record predates grants naming one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
 }
 
 /// One claim's publish, and where.
@@ -77,6 +81,17 @@ pub struct PublishRecord {
     /// The capacity NodeExpandVolume expanded the volume to for this claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expanded_bytes: Option<u64>,
+    /// The attachment (uid) whose grant it was published under (see
+    /// [`StageRecord::attachment`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<String>,
+}
+
+/// Whether what was done under `done_under` (a record's attachment) stands on the
+/// claim's grant `granted`: the same attachment, or a record that names none (made
+/// where no ControllerPublish is needed, or before grants named their attachment).
+pub fn same_grant(done_under: Option<&str>, granted: Option<&str>) -> bool {
+    done_under.is_none() || done_under == granted
 }
 
 /// Everything the agent did on its node.
@@ -175,6 +190,7 @@ mod tests {
             step,
             released,
             expanded_bytes: None,
+            attachment: None,
         }
     }
 

@@ -11,8 +11,14 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttachPlan {
     /// The plugin needs no ControllerPublish, or the volume is attached in a way that
-    /// covers the claim: the node may act, with this publish context.
-    Ready(BTreeMap<String, String>),
+    /// covers the claim: the node may act, with this publish context, on the grant of
+    /// this attachment (its uid; none when no ControllerPublish is needed).
+    Ready(BTreeMap<String, String>, Option<String>),
+    /// The claim was let onto the node on an attachment that is gone, detaching, or
+    /// replaced by another (a force-detach: the node was collected or an operator
+    /// detached it): the node's permission is withdrawn before anything else happens,
+    /// and granted again only on an attachment published after this.
+    Revoke(String),
     /// Create this attachment, then wait for it.
     Create(AttachmentSpec),
     /// The attachment on the node does not cover the claim and no other claim uses
@@ -65,8 +71,28 @@ pub fn attach(i: &AttachInputs) -> AttachPlan {
                 claim.spec.plugin_id
             ))
         }
-        Some(false) => return AttachPlan::Ready(BTreeMap::new()),
+        Some(false) => return AttachPlan::Ready(BTreeMap::new(), None),
         Some(true) => {}
+    }
+    // A grant stands only on the attachment it was given for, while that attachment is
+    // not being detached. (A grant from before grants named their attachment is
+    // adopted by the attachment it finds Attached.)
+    if claim.spec.publish {
+        let why = match i.attachment {
+            None => Some("the volume's attachment to the node is gone".to_string()),
+            Some(att) if att.spec.detach => {
+                Some("the volume's attachment to the node is being detached".to_string())
+            }
+            Some(att) => match &claim.spec.attachment {
+                Some(uid) if uid != &att.metadata.uid => {
+                    Some("the volume was attached to the node again since".to_string())
+                }
+                _ => None,
+            },
+        };
+        if let Some(why) = why {
+            return AttachPlan::Revoke(why);
+        }
     }
     let Some(att) = i.attachment else {
         let csi_node_id = i
@@ -121,7 +147,10 @@ pub fn attach(i: &AttachInputs) -> AttachPlan {
             None => "waiting for the volume to be attached".into(),
         });
     }
-    AttachPlan::Ready(att.status.publish_context.clone())
+    AttachPlan::Ready(
+        att.status.publish_context.clone(),
+        Some(att.metadata.uid.clone()),
+    )
 }
 
 /// Whether the node side of a releasing claim is finished or may be skipped.
@@ -153,7 +182,8 @@ pub struct NodeInputs<'a> {
 /// to the next, so a pass that decides the same writes nothing.
 pub fn node_done(i: &NodeInputs) -> NodeDone {
     let claim = i.claim;
-    if !claim.spec.publish {
+    // Never let onto the node: nothing there to wait for. A withdrawn grant still is.
+    if !claim.spec.publish && !claim.spec.revoked {
         return NodeDone::Agent;
     }
     let acked = i
@@ -249,6 +279,7 @@ mod tests {
                 detach: false,
             },
         );
+        a.metadata.uid = "att-1".into();
         if attached {
             a.status.phase = AttachmentPhase::Attached;
             a.status.publish_context = [("k".to_string(), "v".to_string())].into();
@@ -290,7 +321,7 @@ mod tests {
         let p = plugin(Some(false));
         assert_eq!(
             attach(&inputs(&c, Some(&p), None, None)),
-            AttachPlan::Ready(BTreeMap::new())
+            AttachPlan::Ready(BTreeMap::new(), None)
         );
     }
 
@@ -326,7 +357,7 @@ mod tests {
         let done = attachment(AccessMode::SingleNodeWriter, true);
         assert!(matches!(
             attach(&inputs(&c, Some(&p), None, Some(&done))),
-            AttachPlan::Ready(ctx) if ctx.get("k").map(String::as_str) == Some("v")
+            AttachPlan::Ready(ctx, Some(uid)) if ctx.get("k").map(String::as_str) == Some("v") && uid == "att-1"
         ));
     }
 
@@ -344,7 +375,7 @@ mod tests {
         let r = claim(ClaimMode::Read, AccessMode::MultiNodeReaderOnly);
         assert!(matches!(
             attach(&inputs(&r, Some(&p), None, Some(&ro))),
-            AttachPlan::Ready(_)
+            AttachPlan::Ready(..)
         ));
     }
 
@@ -356,7 +387,7 @@ mod tests {
         let ro = attachment(AccessMode::MultiNodeReaderOnly, true);
         assert!(matches!(
             attach(&inputs(&c, Some(&p), None, Some(&ro))),
-            AttachPlan::Ready(_)
+            AttachPlan::Ready(..)
         ));
     }
 
@@ -370,6 +401,98 @@ mod tests {
             attach(&inputs(&c, Some(&p), None, Some(&a))),
             AttachPlan::Wait(w) if w.contains("detached")
         ));
+    }
+
+    fn granted_on(uid: Option<&str>) -> Claim {
+        let mut c = claim(ClaimMode::Read, AccessMode::SingleNodeWriter);
+        c.spec.publish = true;
+        c.spec.attachment = uid.map(str::to_string);
+        c
+    }
+
+    #[test]
+    fn a_grant_whose_attachment_is_gone_is_withdrawn() {
+        let p = plugin(Some(true));
+        let n = node();
+        let c = granted_on(Some("att-1"));
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), Some(&n), None)),
+            AttachPlan::Revoke(w) if w.contains("gone")
+        ));
+    }
+
+    #[test]
+    fn a_grant_whose_attachment_is_detaching_is_withdrawn() {
+        let p = plugin(Some(true));
+        let c = granted_on(Some("att-1"));
+        let mut a = attachment(AccessMode::SingleNodeWriter, true);
+        a.spec.detach = true;
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), None, Some(&a))),
+            AttachPlan::Revoke(w) if w.contains("detached")
+        ));
+    }
+
+    #[test]
+    fn a_grant_on_an_earlier_attachment_is_withdrawn_even_when_attached_again() {
+        // The attachment was force-detached and published again before the controller
+        // looked: Attached, but not the one the node was let on with.
+        let p = plugin(Some(true));
+        let c = granted_on(Some("att-0"));
+        let a = attachment(AccessMode::SingleNodeWriter, true);
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), None, Some(&a))),
+            AttachPlan::Revoke(w) if w.contains("again")
+        ));
+        // Granted on this very attachment: it stands.
+        let c = granted_on(Some("att-1"));
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), None, Some(&a))),
+            AttachPlan::Ready(_, Some(u)) if u == "att-1"
+        ));
+    }
+
+    #[test]
+    fn a_withdrawn_claim_is_granted_again_only_on_an_attached_attachment() {
+        let p = plugin(Some(true));
+        let n = node();
+        let mut c = claim(ClaimMode::Read, AccessMode::SingleNodeWriter);
+        c.spec.revoked = true;
+        // No attachment: one is asked for, the node waits.
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), Some(&n), None)),
+            AttachPlan::Create(_)
+        ));
+        // Asked for, not yet published: the node waits.
+        let pending = attachment(AccessMode::SingleNodeWriter, false);
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), Some(&n), Some(&pending))),
+            AttachPlan::Wait(_)
+        ));
+        let done = attachment(AccessMode::SingleNodeWriter, true);
+        assert!(matches!(
+            attach(&inputs(&c, Some(&p), Some(&n), Some(&done))),
+            AttachPlan::Ready(_, Some(u)) if u == "att-1"
+        ));
+    }
+
+    #[test]
+    fn a_grant_without_controller_publish_names_no_attachment_and_stands() {
+        let p = plugin(Some(false));
+        let c = granted_on(None);
+        assert_eq!(
+            attach(&inputs(&c, Some(&p), None, None)),
+            AttachPlan::Ready(BTreeMap::new(), None)
+        );
+    }
+
+    #[test]
+    fn a_withdrawn_grant_is_still_waited_for_on_release() {
+        let mut c = releasing(Some(1));
+        c.spec.publish = false;
+        assert_eq!(node_done(&node_inputs(&c, None)), NodeDone::Agent);
+        c.spec.revoked = true;
+        assert_eq!(node_done(&node_inputs(&c, None)), NodeDone::No);
     }
 
     fn volume_forced(node: &str, generation: i64) -> Volume {

@@ -21,9 +21,13 @@
 //!    deleted (when the test expects every volume deleted).
 //!
 //! A node an operator declared gone (`moorctl volume detach`, or a node collected
-//! after `--node-gc-timeout`) is *forced* from that time on: its stages and publishes
-//! no longer hold the volume (invariants 1 and 3 skip them), since moor was told to act
-//! without it.
+//! after `--node-gc-timeout`) is *forced* at that time. The declaration covers only
+//! what it allows: the attachments, stages and publishes the node held *before* it no
+//! longer hold the volume from then on (invariants 1 and 3 skip them, and the node may
+//! reverse them later, even on a deleted volume), since moor was told to act without
+//! it. Everything the node does after the declaration (a NodeStage when it returns, a
+//! stage made then) is checked in full. A declaration without a time excuses every
+//! entry of the node at every time (the coarse form, for logs whose times are unknown).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -46,9 +50,10 @@ pub struct CheckConfig {
     /// Every volume was deleted by the end: a volume handed out and never deleted is a
     /// leak (invariant 7).
     pub expect_deleted: bool,
-    /// CSI node ids declared gone during the run, each with the time (RFC 3339, as
-    /// the call log writes it) from which it counts as gone (see the module docs).
-    pub forced_nodes: BTreeMap<String, String>,
+    /// CSI node ids declared gone during the run, each with the times (RFC 3339, as
+    /// the call log writes them) it was declared gone at; an empty time is the coarse
+    /// form (see the module docs).
+    pub forced_nodes: BTreeMap<String, Vec<String>>,
 }
 
 /// One broken invariant.
@@ -117,6 +122,30 @@ struct Publish {
     readonly: bool,
 }
 
+/// An attachment, stage or publish held: how far it got and when it was first made
+/// (the time of its first call that may have taken effect).
+#[derive(Debug, Clone)]
+struct Held {
+    outcome: Outcome,
+    since: String,
+}
+
+impl Held {
+    fn new(outcome: Outcome, since: &str) -> Held {
+        Held {
+            outcome,
+            since: since.to_string(),
+        }
+    }
+
+    /// Records another attempt's outcome (a Done one makes it Done).
+    fn again(&mut self, outcome: Outcome) {
+        if outcome == Outcome::Done {
+            self.outcome = Outcome::Done;
+        }
+    }
+}
+
 type Key3 = (String, String, String);
 type Attempts = BTreeMap<(String, Key3), Vec<Outcome>>;
 
@@ -153,9 +182,9 @@ fn never_took_effect(
 /// Checks a merged log.
 pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
     let mut v = Vec::new();
-    let mut attached: BTreeMap<(String, String), Outcome> = BTreeMap::new();
-    let mut staged: BTreeMap<Key3, Outcome> = BTreeMap::new();
-    let mut published: BTreeMap<Key3, (Outcome, Publish)> = BTreeMap::new();
+    let mut attached: BTreeMap<(String, String), Held> = BTreeMap::new();
+    let mut staged: BTreeMap<Key3, Held> = BTreeMap::new();
+    let mut published: BTreeMap<Key3, (Held, Publish)> = BTreeMap::new();
     // Forward step → outcomes of its attempts (for invariant 5).
     let mut attempts: Attempts = BTreeMap::new();
     let mut volume_ids = cfg.known_volume_ids.clone();
@@ -164,10 +193,20 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
     // Volumes handed out and not deleted yet; volumes deleted.
     let mut created: BTreeSet<String> = BTreeSet::new();
     let mut deleted: BTreeSet<String> = BTreeSet::new();
-    let forced = |n: &str, at: &str| {
+    // Whether node `n`'s entry made at `since` is excused at `now`: a declaration came
+    // after it was made and by `now`.
+    let excused = |n: &str, since: &str, now: &str| {
+        cfg.forced_nodes.get(n).is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t.is_empty() || (since < t.as_str() && t.as_str() <= now))
+        })
+    };
+    // Whether node `n` was declared gone by `now` (its reverse calls of what it held
+    // then are what the declaration allows).
+    let declared = |n: &str, now: &str| {
         cfg.forced_nodes
             .get(n)
-            .is_some_and(|from| at >= from.as_str())
+            .is_some_and(|ts| ts.iter().any(|t| t.as_str() <= now))
     };
     let s = |o: &Option<String>| o.clone().unwrap_or_default();
 
@@ -186,15 +225,15 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
         }
         if c.rpc == "DeleteVolume" {
             let in_use = attached
-                .keys()
-                .find(|(av, an)| *av == vol && !forced(an, &c.time))
-                .map(|(_, n)| n.clone())
+                .iter()
+                .find(|((av, an), h)| *av == vol && !excused(an, &h.since, &c.time))
+                .map(|((_, n), _)| n.clone())
                 .or_else(|| {
                     staged
-                        .keys()
-                        .chain(published.keys())
-                        .find(|(n, sv, _)| *sv == vol && !forced(n, &c.time))
-                        .map(|(n, _, _)| n.clone())
+                        .iter()
+                        .chain(published.iter().map(|(k, (h, _))| (k, h)))
+                        .find(|((n, sv, _), h)| *sv == vol && !excused(n, &h.since, &c.time))
+                        .map(|((n, _, _), _)| n.clone())
                 });
             if let (Some(n), true) = (in_use, acted) {
                 v.push(Violation {
@@ -226,7 +265,11 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                 ),
             });
         }
-        if uses_volume && deleted.contains(&vol) && !forced(&node, &c.time) {
+        let reverse = matches!(
+            c.rpc.as_str(),
+            "NodeUnpublishVolume" | "NodeUnstageVolume" | "ControllerUnpublishVolume"
+        );
+        if uses_volume && deleted.contains(&vol) && !(reverse && declared(&node, &c.time)) {
             v.push(Violation {
                 invariant: 6,
                 index: i,
@@ -246,10 +289,9 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                     });
                 }
                 if acted && single_node(c.access_mode.as_deref()) {
-                    if let Some(((_, other), _)) = attached
-                        .iter()
-                        .find(|((av, an), _)| *av == vol && *an != target && !forced(an, &c.time))
-                    {
+                    if let Some(((_, other), _)) = attached.iter().find(|((av, an), h)| {
+                        *av == vol && *an != target && !excused(an, &h.since, &c.time)
+                    }) {
                         v.push(Violation {
                             invariant: 1,
                             index: i,
@@ -262,10 +304,10 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                     .or_default()
                     .push(out);
                 if acted {
-                    let e = attached.entry((vol, target)).or_insert(out);
-                    if out == Outcome::Done {
-                        *e = Outcome::Done;
-                    }
+                    attached
+                        .entry((vol, target))
+                        .or_insert_with(|| Held::new(out, &c.time))
+                        .again(out);
                 }
             }
             "ControllerUnpublishVolume" => {
@@ -280,9 +322,11 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                     vec![target.clone()]
                 };
                 for n in &nodes {
-                    let busy = !forced(n, &c.time)
-                        && (staged.keys().any(|(sn, sv, _)| sn == n && *sv == vol)
-                            || published.keys().any(|(pn, pv, _)| pn == n && *pv == vol));
+                    let held = |(hn, hv, _): &Key3, h: &Held| {
+                        hn == n && *hv == vol && !excused(n, &h.since, &c.time)
+                    };
+                    let busy = staged.iter().any(|(k, h)| held(k, h))
+                        || published.iter().any(|(k, (h, _))| held(k, h));
                     if busy {
                         v.push(Violation {
                             invariant: 3,
@@ -308,7 +352,10 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
             "NodeStageVolume" => {
                 let path = s(&c.staging_target_path);
                 if cfg.controller_publish_required
-                    && attached.get(&(vol.clone(), node.clone())) != Some(&Outcome::Done)
+                    && attached
+                        .get(&(vol.clone(), node.clone()))
+                        .map(|h| h.outcome)
+                        != Some(Outcome::Done)
                 {
                     v.push(Violation {
                         invariant: 2,
@@ -324,10 +371,10 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                     .or_default()
                     .push(out);
                 if acted {
-                    let e = staged.entry(key).or_insert(out);
-                    if out == Outcome::Done {
-                        *e = Outcome::Done;
-                    }
+                    staged
+                        .entry(key)
+                        .or_insert_with(|| Held::new(out, &c.time))
+                        .again(out);
                 }
             }
             "NodeUnstageVolume" => {
@@ -365,7 +412,7 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                         vol.clone(),
                         staging.clone().unwrap_or_default(),
                     );
-                    if staged.get(&key) != Some(&Outcome::Done) {
+                    if staged.get(&key).map(|h| h.outcome) != Some(Outcome::Done) {
                         v.push(Violation {
                             invariant: 2,
                             index: i,
@@ -376,7 +423,10 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                         });
                     }
                 } else if cfg.controller_publish_required
-                    && attached.get(&(vol.clone(), node.clone())) != Some(&Outcome::Done)
+                    && attached
+                        .get(&(vol.clone(), node.clone()))
+                        .map(|h| h.outcome)
+                        != Some(Outcome::Done)
                 {
                     v.push(Violation {
                         invariant: 2,
@@ -388,8 +438,8 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                 if acted {
                     if single_node(c.access_mode.as_deref()) {
                         if let Some(((other, _, _), _)) =
-                            published.iter().find(|((pn, pv, _), _)| {
-                                *pv == vol && *pn != node && !forced(pn, &c.time)
+                            published.iter().find(|((pn, pv, _), (h, _))| {
+                                *pv == vol && *pn != node && !excused(pn, &h.since, &c.time)
                             })
                         {
                             v.push(Violation {
@@ -401,10 +451,10 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                     }
                     if !readonly && single_writer(c.access_mode.as_deref()) {
                         if let Some(((on, _, other), _)) =
-                            published.iter().find(|((pn, pv, pt), (_, p))| {
+                            published.iter().find(|((pn, pv, pt), (h, p))| {
                                 *pv == vol
                                     && !p.readonly
-                                    && !forced(pn, &c.time)
+                                    && !excused(pn, &h.since, &c.time)
                                     && (*pn != node || *pt != target)
                             })
                         {
@@ -422,12 +472,11 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
                     .or_default()
                     .push(out);
                 if acted {
-                    let e = published
+                    published
                         .entry(key)
-                        .or_insert((out, Publish { staging, readonly }));
-                    if out == Outcome::Done {
-                        e.0 = Outcome::Done;
-                    }
+                        .or_insert_with(|| (Held::new(out, &c.time), Publish { staging, readonly }))
+                        .0
+                        .again(out);
                 }
             }
             "NodeUnpublishVolume" => {
@@ -449,21 +498,24 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
     }
     if cfg.expect_released {
         let end = calls.len();
-        for ((vol, node), o) in &attached {
+        for ((vol, node), h) in &attached {
+            let o = h.outcome;
             v.push(Violation {
                 invariant: 4,
                 index: end,
                 message: format!("{vol} still attached to {node} ({o:?})"),
             });
         }
-        for ((node, vol, path), o) in &staged {
+        for ((node, vol, path), h) in &staged {
+            let o = h.outcome;
             v.push(Violation {
                 invariant: 4,
                 index: end,
                 message: format!("{vol} still staged at {path} on {node} ({o:?})"),
             });
         }
-        for ((node, vol, path), (o, _)) in &published {
+        for ((node, vol, path), (h, _)) in &published {
+            let o = h.outcome;
             v.push(Violation {
                 invariant: 4,
                 index: end,
@@ -491,6 +543,11 @@ mod tests {
         calls: Vec<Call>,
     }
 
+    /// The time of the call at `index` in a test log.
+    fn at(index: usize) -> String {
+        format!("2026-01-01T00:{:02}:{:02}.000Z", index / 60, index % 60)
+    }
+
     impl Log {
         fn new() -> Log {
             let mut l = Log { calls: Vec::new() };
@@ -512,6 +569,9 @@ mod tests {
                 access_mode: Some("SINGLE_NODE_WRITER".into()),
                 ..Default::default()
             };
+            // Each call a second after the one before, so declarations can fall
+            // between them.
+            c.time = at(self.calls.len());
             f(&mut c);
             self.calls.push(c);
             self
@@ -730,16 +790,64 @@ mod tests {
             .detach("n2");
         let strict = check_with(&log, |_| {});
         assert!(strict.contains(&1) && strict.contains(&3), "{strict:?}");
+        let coarse = check_with(&log, |c| {
+            c.forced_nodes.insert("n1".into(), vec![String::new()]);
+        });
+        assert_eq!(coarse, Vec::<u8>::new());
+        // Declared gone just before the detach (call 4): what n1 held is excused.
         let forced = check_with(&log, |c| {
-            c.forced_nodes.insert("n1".into(), String::new());
+            c.forced_nodes.insert("n1".into(), vec![at(4)]);
         });
         assert_eq!(forced, Vec::<u8>::new());
         // Declared gone only after all of it: nothing excused.
         let late = check_with(&log, |c| {
             c.forced_nodes
-                .insert("n1".into(), "9999-01-01T00:00:00.000Z".into());
+                .insert("n1".into(), vec!["9999-01-01T00:00:00.000Z".into()]);
         });
         assert_eq!(late, strict);
+    }
+
+    #[test]
+    fn a_forced_node_that_returns_is_checked_in_full() {
+        // n1 is declared gone (call 4) and its volume force-detached; when it returns
+        // it cleans up (excused) and then stages again before any new ControllerPublish:
+        // the declaration does not cover that.
+        let log = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "OK")
+            .publish("n1", "/t1", false)
+            .detach("n1")
+            .unpublish("n1", "/t1")
+            .unstage("n1")
+            .stage("n1", "FailedPrecondition")
+            .attach("n1", "OK")
+            .stage("n1", "OK")
+            .publish("n1", "/t2", true)
+            .unpublish("n1", "/t2")
+            .unstage("n1")
+            .detach("n1");
+        let v = check_with(&log, |c| {
+            c.forced_nodes.insert("n1".into(), vec![at(4)]);
+        });
+        assert_eq!(v, vec![2], "{v:?}");
+        // What it staged after the declaration holds the volume: a force-detach that
+        // is not declared again finds it staged.
+        let log = Log::new()
+            .attach("n1", "OK")
+            .detach("n1")
+            .attach("n1", "OK")
+            .stage("n1", "OK")
+            .detach("n1")
+            .unstage("n1");
+        let v = check_with(&log, |c| {
+            c.forced_nodes.insert("n1".into(), vec![at(2)]);
+        });
+        assert_eq!(v, vec![3], "{v:?}");
+        // Declared again before that detach: excused.
+        let v = check_with(&log, |c| {
+            c.forced_nodes.insert("n1".into(), vec![at(2), at(5)]);
+        });
+        assert_eq!(v, Vec::<u8>::new(), "{v:?}");
     }
 
     #[test]

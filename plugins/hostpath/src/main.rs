@@ -4,6 +4,7 @@
 use clap::Parser;
 use moor_hostpath::calllog::CallLog;
 use moor_hostpath::checker::{self, CheckConfig};
+use std::collections::BTreeMap;
 
 /// `moor-hostpath check`: merges call logs by time and reports each broken invariant
 /// (exit code 1 if any, 2 if a log cannot be read).
@@ -25,8 +26,9 @@ struct Check {
     #[arg(long)]
     expect_deleted: bool,
     /// A CSI node id declared gone (force-detached, or collected after
-    /// `--node-gc-timeout`), from a time on (`NODE=2026-11-23T07:45:00.000Z`; without
-    /// a time, from the start): its stages and publishes no longer hold its volumes.
+    /// `--node-gc-timeout`) at a time (`NODE=2026-11-23T07:45:00.000Z`; repeat for each
+    /// declaration): what it held before no longer holds its volumes from then on; what
+    /// it does after is checked in full. Without a time, nothing it holds ever counts.
     #[arg(long = "gone", value_name = "NODE[=TIME]")]
     gone: Vec<String>,
     /// Call logs (`calls.jsonl` of each plugin instance).
@@ -51,14 +53,13 @@ fn check(args: Check) -> i32 {
         stage_required: !args.no_stage,
         expect_released: args.expect_released,
         expect_deleted: args.expect_deleted,
-        forced_nodes: args
-            .gone
-            .iter()
-            .map(|g| match g.split_once('=') {
-                Some((node, from)) => (node.to_string(), from.to_string()),
-                None => (g.clone(), String::new()),
-            })
-            .collect(),
+        forced_nodes: args.gone.iter().fold(BTreeMap::new(), |mut all, g| {
+            let (node, at) = g.split_once('=').unwrap_or((g, ""));
+            all.entry(node.to_string())
+                .or_insert_with(Vec::new)
+                .push(at.to_string());
+            all
+        }),
         ..Default::default()
     };
     let violations = checker::check(&merged, &cfg);

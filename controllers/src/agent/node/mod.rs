@@ -39,7 +39,7 @@ mod release;
 mod stats;
 
 use super::plugins::Supervisor;
-use super::state::{LocalState, PublishRecord, StageRecord, Step};
+use super::state::{same_grant, LocalState, PublishRecord, StageRecord, Step};
 use super::PluginConfig;
 use crate::common::{details, KeyedLocks};
 use moor::runtime::own_writes::OwnWrites;
@@ -72,6 +72,14 @@ pub enum NodeError {
     /// inputs change).
     #[error("{0} is backing off")]
     BackingOff(&'static str, std::time::Duration),
+    /// The node is not registered (its lease was lost): it takes no forward step, since
+    /// the controller may be releasing its claims without it.
+    #[error("the node is not registered; no node step until it is")]
+    NotRegistered,
+    /// The staging path was staged under a grant since withdrawn and another claim is
+    /// still published from it.
+    #[error("staging path {0} was staged under an earlier attachment and is still in use; waiting for its other claims to be torn down")]
+    StagingBusy(String),
     /// The agent's own files.
     #[error("cannot write {path}")]
     Io {
@@ -175,6 +183,14 @@ fn path_str(p: &Path) -> String {
 impl NodeReconciler {
     /// Runs until `shutdown`.
     pub async fn run(self, metrics: ControllerMetrics, shutdown: CancellationToken) {
+        // Nothing is read or done before the node is registered: a node that was
+        // collected while away has its grants withdrawn in a transaction that holds
+        // only while its Node is absent, so the claims listed after registering show
+        // every withdrawal made while it was gone.
+        let term = self.supervisor.registered(&shutdown).await;
+        if term == 0 {
+            return;
+        }
         let claims = Informer::<Claim>::spawn(
             self.store.clone(),
             Claim::node_scope(&self.node),
@@ -221,6 +237,7 @@ impl NodeReconciler {
             claims: reader.clone(),
             mounts: mounts.reader(),
             own_writes: OwnWrites::default(),
+            listed_in: term,
         });
         tokio::spawn(this.clone().stats_loop(stats_interval, shutdown.clone()));
         Controller::new("node", reader, Config::default())
@@ -245,6 +262,8 @@ struct Reconcile {
     claims: reflector::Store<Claim>,
     mounts: reflector::Store<Mount>,
     own_writes: OwnWrites,
+    /// The registration term in which the claims were first listed.
+    listed_in: u64,
 }
 
 impl Reconcile {
@@ -282,9 +301,14 @@ impl Reconcile {
         let done = if claim.spec.release || claim.is_deleting() {
             self.release(&key, &claim).await
         } else if claim.spec.publish {
-            self.publish(&key, &claim).await
+            match self.granted(&claim).await {
+                Ok(Some(claim)) => self.publish(&key, &claim).await,
+                // Changed since the cache showed it: its own event comes next.
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            }
         } else {
-            Ok(())
+            self.withdrawn(&key, &claim).await
         };
         match done {
             // Not a failure to back off from: the plugin's first fingerprint (every
@@ -296,11 +320,59 @@ impl Reconcile {
             }
             // Recorded on the Mount already; the step's own schedule says when.
             Err(NodeError::BackingOff(_, after)) => Ok(Action::Requeue(after)),
+            // Registering again wakes every claim.
+            Err(NodeError::NotRegistered) => {
+                tracing::debug!(claim = %key, "waiting for the node to register");
+                Ok(Action::AwaitChange)
+            }
             Err(NodeError::Csi(_)) => Ok(Action::Requeue(
                 self.r.steps.remaining(&key).unwrap_or_default(),
             )),
             other => other.map(|()| Action::AwaitChange),
         }
+    }
+
+    /// The claim as granted now, before any forward step: only while the node is
+    /// registered, and read again from the store when the node registered again since
+    /// its claims were listed (it may have been collected meanwhile, and the cache may
+    /// not show the withdrawal yet). `None`: the grant is no longer as cached.
+    async fn granted(&self, cached: &Arc<Claim>) -> Result<Option<Arc<Claim>>, NodeError> {
+        let term = self.r.supervisor.registration();
+        if term == 0 {
+            return Err(NodeError::NotRegistered);
+        }
+        if term == self.listed_in {
+            return Ok(Some(cached.clone()));
+        }
+        let fresh = self.r.store.try_get(&cached.object_key()).await?;
+        Ok(fresh
+            .filter(|c| {
+                c.metadata.uid == cached.metadata.uid
+                    && c.spec.publish
+                    && !c.spec.release
+                    && !c.is_deleting()
+            })
+            .map(Arc::new))
+    }
+
+    /// A claim the node may not act on (not yet granted, or its grant withdrawn): what
+    /// it did under a withdrawn grant is torn down and forgotten, so that a new grant
+    /// starts from nothing.
+    async fn withdrawn(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
+        let Some(rec) = self.r.local.lock().await.publishes.get(key).cloned() else {
+            return Ok(());
+        };
+        if !rec.released {
+            if let Err(e) = self.teardown(key, &rec).await {
+                if !matches!(e, NodeError::BackingOff(..)) {
+                    let msg = moor::process::error_chain(&e);
+                    self.sync_mount(key, claim, Some(msg)).await?;
+                }
+                return Err(e);
+            }
+        }
+        self.forget(key).await?;
+        self.sync_mount(key, claim, None).await
     }
 
     /// What a claim's node steps depend on: the claim's identity and spec, and the

@@ -37,6 +37,50 @@ pub struct Facts {
     pub staged: Option<Step>,
     /// Another unreleased claim may be published from the same staging path.
     pub staging_shared: bool,
+    /// The claim's publish record was made under the grant the claim holds now (the
+    /// same attachment); false when the attachment it stood on was force-detached and
+    /// the claim was granted again on a new one.
+    pub publish_current: bool,
+    /// Likewise for the staging path's record.
+    pub stage_current: bool,
+}
+
+/// What a granted claim needs before its forward steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Before {
+    /// Nothing: go on with [`to_publish`].
+    Nothing,
+    /// What the claim did was done under an earlier grant, on a device since detached:
+    /// tear it down ([`to_release`]) and start again from nothing.
+    TearDown,
+    /// The staging path was staged under an earlier grant and nobody uses it: unstage
+    /// it (and forget it) before staging again.
+    Unstage,
+    /// The staging path was staged under an earlier grant and another claim is still
+    /// published from it: wait until that claim is torn down (it stands on the same
+    /// earlier grant, so it will be).
+    WaitForStaging,
+}
+
+/// Decides [`Before`]: the node acts only on the grant the claim holds now, never on
+/// what it did under a grant since withdrawn.
+pub fn before_publish(f: &Facts) -> Before {
+    if f.released {
+        return Before::Nothing;
+    }
+    if !f.publish_current && f.published.needs_reverse() {
+        return Before::TearDown;
+    }
+    match f.staged {
+        Some(s) if f.stages && !f.stage_current && s.needs_reverse() => {
+            if f.staging_shared {
+                Before::WaitForStaging
+            } else {
+                Before::Unstage
+            }
+        }
+        _ => Before::Nothing,
+    }
 }
 
 /// The forward steps still owed to publish the claim, in order. A released record
@@ -85,6 +129,8 @@ mod tests {
             stages: true,
             staged: None,
             staging_shared: false,
+            publish_current: true,
+            stage_current: true,
         }
     }
 
@@ -168,6 +214,74 @@ mod tests {
         };
         assert_eq!(to_release(&f), [Reverse::ForgetStage]);
         assert_eq!(to_release(&fresh()), []);
+    }
+
+    #[test]
+    fn what_was_done_under_the_current_grant_stands() {
+        let f = Facts {
+            staged: Some(Step::Done),
+            published: Step::Done,
+            ..fresh()
+        };
+        assert_eq!(before_publish(&f), Before::Nothing);
+        assert_eq!(before_publish(&fresh()), Before::Nothing);
+    }
+
+    #[test]
+    fn a_publish_under_a_withdrawn_grant_is_torn_down_first() {
+        for published in [Step::Done, Step::Uncertain] {
+            let f = Facts {
+                staged: Some(Step::Done),
+                published,
+                publish_current: false,
+                stage_current: false,
+                ..fresh()
+            };
+            assert_eq!(before_publish(&f), Before::TearDown);
+            // The teardown reverses both, in order.
+            assert_eq!(to_release(&f), [Reverse::Unpublish, Reverse::Unstage]);
+        }
+        // A record of an earlier grant that never took effect owes nothing.
+        let f = Facts {
+            publish_current: false,
+            ..fresh()
+        };
+        assert_eq!(before_publish(&f), Before::Nothing);
+    }
+
+    #[test]
+    fn a_staging_path_staged_under_a_withdrawn_grant_is_unstaged_before_staging_again() {
+        for staged in [Step::Done, Step::Uncertain] {
+            let f = Facts {
+                staged: Some(staged),
+                stage_current: false,
+                ..fresh()
+            };
+            assert_eq!(before_publish(&f), Before::Unstage);
+            let shared = Facts {
+                staging_shared: true,
+                ..f
+            };
+            assert_eq!(before_publish(&shared), Before::WaitForStaging);
+        }
+        // A stage of an earlier grant that never took effect is just staged again.
+        let f = Facts {
+            staged: Some(Step::Absent),
+            stage_current: false,
+            ..fresh()
+        };
+        assert_eq!(before_publish(&f), Before::Nothing);
+    }
+
+    #[test]
+    fn a_released_claim_needs_nothing_before() {
+        let f = Facts {
+            released: true,
+            published: Step::Done,
+            publish_current: false,
+            ..fresh()
+        };
+        assert_eq!(before_publish(&f), Before::Nothing);
     }
 
     #[test]

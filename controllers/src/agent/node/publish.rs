@@ -10,6 +10,10 @@ impl Reconcile {
         if existing.as_ref().is_some_and(|r| r.released) {
             return Ok(());
         }
+        let existing = match existing {
+            Some(rec) => self.on_current_grant(key, claim, rec).await?,
+            None => None,
+        };
         let cfg = self.plugin(&claim.spec.plugin_id)?.clone();
         let fp = self
             .r
@@ -44,26 +48,47 @@ impl Reconcile {
             step: Step::Absent,
             released: false,
             expanded_bytes: None,
+            attachment: claim.spec.attachment.clone(),
         });
         self.edit(|s| {
             s.publishes.insert(key.to_string(), rec.clone());
         })
         .await?;
         self.sync_mount(key, claim, None).await?;
-        let staged = {
+        let (staged, stage_current, staging_shared) = {
             let local = self.r.local.lock().await;
-            rec.staging_path
-                .as_ref()
-                .and_then(|p| local.stages.get(p))
-                .map(|st| st.step)
+            let stage = rec.staging_path.as_ref().and_then(|p| local.stages.get(p));
+            (
+                stage.map(|st| st.step),
+                stage.is_none_or(|st| {
+                    same_grant(st.attachment.as_deref(), claim.spec.attachment.as_deref())
+                }),
+                rec.staging_path
+                    .as_ref()
+                    .is_some_and(|p| local.staging_in_use(p, key)),
+            )
         };
-        let steps = plan::to_publish(&plan::Facts {
+        let facts = plan::Facts {
             published: rec.step,
             released: rec.released,
             stages: rec.staging_path.is_some(),
             staged,
-            staging_shared: false,
-        });
+            staging_shared,
+            publish_current: true,
+            stage_current,
+        };
+        match (plan::before_publish(&facts), &rec.staging_path) {
+            (plan::Before::Unstage, Some(staging)) => {
+                self.unstage(&cfg, key, &rec, staging, &claim.metadata.uid)
+                    .await?;
+            }
+            (plan::Before::WaitForStaging, Some(staging)) => {
+                return Err(NodeError::StagingBusy(path_str(staging)));
+            }
+            _ => {}
+        }
+        let staged = if facts.stage_current { staged } else { None };
+        let steps = plan::to_publish(&plan::Facts { staged, ..facts });
         // NodeExpandVolume is owed when the controller asked for a larger capacity than
         // this node expanded to, and the plugin's node service can expand: online on a
         // published volume when the plugin allows it, else right after the next stage.
@@ -281,6 +306,7 @@ impl Reconcile {
             plugin_id: cfg.id.clone(),
             external_id: external_id.clone(),
             step: Step::Uncertain,
+            attachment: claim.spec.attachment.clone(),
         };
         let req = v1::NodeStageVolumeRequest {
             volume_id: external_id.to_string(),
@@ -316,6 +342,36 @@ impl Reconcile {
         )
         .await
         .map(|_| ())
+    }
+
+    /// The claim's publish record if it stands on the claim's current grant; if it was
+    /// made under a grant since withdrawn ([`plan::Before::TearDown`]), what it did is
+    /// torn down and the record forgotten first (`None`: start from nothing).
+    async fn on_current_grant(
+        &self,
+        key: &str,
+        claim: &Claim,
+        rec: PublishRecord,
+    ) -> Result<Option<PublishRecord>, NodeError> {
+        let current = same_grant(rec.attachment.as_deref(), claim.spec.attachment.as_deref());
+        let facts = plan::Facts {
+            published: rec.step,
+            released: rec.released,
+            stages: rec.staging_path.is_some(),
+            staged: None,
+            staging_shared: false,
+            publish_current: current,
+            stage_current: true,
+        };
+        if current {
+            return Ok(Some(rec));
+        }
+        if plan::before_publish(&facts) == plan::Before::TearDown {
+            tracing::info!(claim = %key, "tearing down what was done under a withdrawn grant");
+            self.teardown(key, &rec).await?;
+        }
+        self.forget(key).await?;
+        Ok(None)
     }
 
     pub(super) async fn set_stage(

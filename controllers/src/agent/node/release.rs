@@ -50,30 +50,48 @@ impl Reconcile {
             stages: rec.staging_path.is_some(),
             staged: stage.as_ref().map(|st| st.step),
             staging_shared,
+            // A teardown reverses whatever was done, under any grant.
+            publish_current: true,
+            stage_current: true,
         });
-        let inputs = self.inputs(&rec.claim_uid, 0);
         for step in steps {
             match (step, &rec.staging_path) {
                 (plan::Reverse::Unpublish, _) => self.ensure_unpublished(&cfg, key, rec).await?,
                 (plan::Reverse::Unstage, Some(staging)) => {
-                    let volume_id = stage
-                        .as_ref()
-                        .map_or(&rec.external_id, |st| &st.external_id);
-                    let req = v1::NodeUnstageVolumeRequest {
-                        volume_id: volume_id.to_string(),
-                        staging_target_path: path_str(&plugin_path(&cfg, staging)),
-                    };
-                    self.gate(key, "NodeUnstageVolume", inputs)?;
-                    let csi = self.csi(&cfg)?;
-                    self.step(key, "NodeUnstageVolume", inputs, csi.node_unstage(req))
-                        .await?;
-                    self.forget_stage(staging).await?;
+                    self.unstage(&cfg, key, rec, staging, &rec.claim_uid)
+                        .await?
                 }
                 (plan::Reverse::ForgetStage, Some(staging)) => self.forget_stage(staging).await?,
                 (plan::Reverse::Unstage | plan::Reverse::ForgetStage, None) => {}
             }
         }
         Ok(())
+    }
+
+    /// NodeUnstage of `staging` (with the volume id it was staged with), then its
+    /// record forgotten.
+    pub(super) async fn unstage(
+        &self,
+        cfg: &PluginConfig,
+        key: &str,
+        rec: &PublishRecord,
+        staging: &Path,
+        claim_uid: &str,
+    ) -> Result<(), NodeError> {
+        let stage = self.r.local.lock().await.stages.get(staging).cloned();
+        let volume_id = stage
+            .as_ref()
+            .map_or(&rec.external_id, |st| &st.external_id);
+        let req = v1::NodeUnstageVolumeRequest {
+            volume_id: volume_id.to_string(),
+            staging_target_path: path_str(&plugin_path(cfg, staging)),
+        };
+        let inputs = self.inputs(claim_uid, 0);
+        self.gate(key, "NodeUnstageVolume", inputs)?;
+        let csi = self.csi(cfg)?;
+        self.step(key, "NodeUnstageVolume", inputs, csi.node_unstage(req))
+            .await?;
+        self.forget_stage(staging).await
     }
 
     async fn ensure_unpublished(

@@ -40,12 +40,14 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError
     // The next step in the same write: the node let act when the attachment is ready
     // or not needed, else the attachment asked for once the admission is recorded.
     let (state, todo) = attachment_state(ctx, &c).await?;
+    let mut guard = None;
     match state {
         Attach::Wait(why) => c.status.reason = Some(why),
-        Attach::Ready(context) => {
-            c.spec.publish = true;
-            c.spec.publish_context = context;
+        Attach::Revoke(why) => withdraw(&mut c, &why),
+        Attach::Ready(grant) => {
+            grant.apply(&mut c);
             c.status.reason = Some(waiting_for_node(&c));
+            guard = grant.attachment;
         }
     }
     let recorded = with_volume(
@@ -83,6 +85,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError
             Ok(true)
         },
         c,
+        guard.as_deref(),
     )
     .await;
     match recorded {

@@ -35,8 +35,8 @@ mod release;
 
 use admit::admit;
 use publish::{
-    attachment_needed_by_others, attachment_state, create_attachment, publish, waiting_for_node,
-    Attach, AttachTodo,
+    attachment_needed_by_others, attachment_state, create_attachment, publish, revoked_event,
+    waiting_for_node, withdraw, Attach, AttachTodo,
 };
 use release::{
     claim_mount, node_done, node_gc_ticks, release, released_frees, waiting_for_unpublish,
@@ -243,8 +243,12 @@ async fn write_with<S: Spec>(
     next: Option<&Object<S>>,
     claim: &Claim,
     next_claim: Claim,
+    guard: Option<&Attachment>,
 ) -> Result<(), StoreError> {
     let mut batch = Batch::default();
+    if let Some(g) = guard {
+        batch.unchanged(&ctx.store, g);
+    }
     let other = next
         .map(|n| batch.update(&ctx.store, read, n))
         .transpose()?;
@@ -257,16 +261,37 @@ async fn write_with<S: Spec>(
     Ok(())
 }
 
+/// Writes `next` over `claim` (if it differs) only while `guard` is stored as read:
+/// the write rests on a decision taken from `guard` (a grant from an Attached
+/// attachment), which must not be a stale view of it.
+async fn write_guarded<S: Spec>(
+    ctx: &Ctx,
+    guard: &Object<S>,
+    claim: &Claim,
+    next: Claim,
+) -> Result<(), StoreError> {
+    let Some(next) = next_claim(claim, next) else {
+        return Ok(());
+    };
+    let mut batch = Batch::default();
+    batch.unchanged(&ctx.store, guard);
+    let written = batch.update(&ctx.store, claim, &next)?;
+    let revision = batch.commit(&ctx.store).await?;
+    ctx.wrote_in(Some(written), revision);
+    Ok(())
+}
+
 /// Edits the status of the claim's volume with `f` (`Ok(false)`: no change; `Err`:
 /// nothing is written and the error returned) and writes `next` over `claim`: one
-/// transaction against the cached volume, guarded by its version and the claim's; if
-/// either changed since (the provisioner writes its own section of the volume), the
+/// transaction against the cached volume, guarded by its version and the claim's (and
+/// `guard`'s, the attachment a grant in `next` rests on); if either changed since (the provisioner writes its own section of the volume), the
 /// volume through a fresh read-modify-write, then the claim.
 async fn with_volume<E>(
     ctx: &Ctx,
     claim: &Claim,
     mut f: impl FnMut(&Volume, &mut VolumeStatus) -> Result<bool, E>,
     next: Claim,
+    guard: Option<&Attachment>,
 ) -> Result<Result<(), E>, ClaimError> {
     let ns = &claim.metadata.namespace;
     let key = Volume::key_for(ns, &claim.spec.volume);
@@ -276,7 +301,7 @@ async fn with_volume<E>(
             return Ok(Err(e));
         }
         let changed = (volume.status != read.status).then_some(&volume);
-        match write_with(ctx, &read, changed, claim, next.clone()).await {
+        match write_with(ctx, &read, changed, claim, next.clone(), guard).await {
             Ok(()) => return Ok(Ok(())),
             Err(StoreError::Conflict { .. }) => {}
             Err(e) => return Err(e.into()),
@@ -298,7 +323,10 @@ async fn with_volume<E>(
         .await?;
     ctx.wrote(&written);
     if verdict.is_ok() {
-        write(ctx, claim, next).await?;
+        match guard {
+            Some(g) => write_guarded(ctx, g, claim, next).await?,
+            None => write(ctx, claim, next).await?,
+        }
     }
     Ok(verdict)
 }

@@ -6,10 +6,50 @@ use super::*;
 
 /// Where a claim's attachment stands.
 pub(super) enum Attach {
-    /// Attached, or the plugin needs none: the node may act, with this context.
-    Ready(BTreeMap<String, String>),
+    /// Attached, or the plugin needs none: the node may act on this grant.
+    Ready(Grant),
     /// Not yet, and why.
     Wait(String),
+    /// The grant the claim holds stands on an attachment that is gone, detaching or
+    /// replaced: withdraw it, for this reason.
+    Revoke(String),
+}
+
+/// What lets a claim onto its node: the publish context, and the attachment (as read)
+/// it stands on, whose version guards the write that grants it, so that a grant is
+/// never made from a stale view of the attachment.
+pub(super) struct Grant {
+    pub context: BTreeMap<String, String>,
+    pub attachment: Option<Arc<Attachment>>,
+}
+
+impl Grant {
+    /// Sets the grant on `c`.
+    pub fn apply(&self, c: &mut Claim) {
+        c.spec.publish = true;
+        c.spec.publish_context = self.context.clone();
+        c.spec.attachment = self.attachment.as_ref().map(|a| a.metadata.uid.clone());
+    }
+
+    /// Whether `c` already holds exactly this grant.
+    pub fn held_by(&self, c: &Claim) -> bool {
+        let mut granted = c.clone();
+        self.apply(&mut granted);
+        granted.spec == c.spec
+    }
+}
+
+/// Withdraws the claim's node permission (the grant's attachment was force-detached):
+/// the node tears down what it did under it, and acts again only on a new grant.
+pub(super) fn withdraw(c: &mut Claim, why: &str) {
+    c.spec.publish = false;
+    c.spec.publish_context.clear();
+    c.spec.attachment = None;
+    c.spec.revoked = true;
+    if c.status.phase == ClaimPhase::Published {
+        c.status.phase = ClaimPhase::Admitted;
+    }
+    c.status.reason = Some(format!("node permission withdrawn: {why}"));
 }
 
 /// Carries out the claim's controller-publish step ([`plan::attach`]): creates a
@@ -79,7 +119,17 @@ pub(super) async fn attachment_state(
         attachment_in_use: in_use,
     });
     Ok(match plan {
-        AttachPlan::Ready(context) => (Attach::Ready(context), None),
+        AttachPlan::Ready(context, uid) => {
+            let attachment = uid.and(attachment);
+            (
+                Attach::Ready(Grant {
+                    context,
+                    attachment,
+                }),
+                None,
+            )
+        }
+        AttachPlan::Revoke(why) => (Attach::Revoke(why), None),
         AttachPlan::Wait(why) => (Attach::Wait(why), None),
         AttachPlan::Create(spec) => {
             let name = Name::new(format!("{}.{}", spec.volume, spec.node))
@@ -128,15 +178,19 @@ pub(super) fn waiting_for_node(claim: &Claim) -> String {
 }
 
 pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
-    let publish_context = match ensure_attachment(ctx, claim).await? {
-        Attach::Ready(context) => context,
+    let grant = match ensure_attachment(ctx, claim).await? {
+        Attach::Ready(grant) => grant,
         Attach::Wait(why) => return waiting(ctx, claim, &why).await,
+        Attach::Revoke(why) => return revoke(ctx, claim, &why).await,
     };
-    if !claim.spec.publish || claim.spec.publish_context != publish_context {
+    if !grant.held_by(claim) {
         let mut c = claim.clone();
-        c.spec.publish = true;
-        c.spec.publish_context = publish_context;
-        write(ctx, claim, c).await?;
+        grant.apply(&mut c);
+        // Guarded by the attachment as read: a grant never rests on a stale view of it.
+        match &grant.attachment {
+            Some(att) => write_guarded(ctx, att, claim, c).await?,
+            None => write(ctx, claim, c).await?,
+        }
         return Ok(Action::AwaitChange);
     }
     let mount = claim_mount(ctx, claim);
@@ -171,6 +225,31 @@ pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimErr
         .await;
     }
     Ok(Action::AwaitChange)
+}
+
+/// Withdraws the node permission of a claim whose attachment was force-detached
+/// under it ([`plan::AttachPlan::Revoke`]), with a Warning.
+async fn revoke(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, ClaimError> {
+    let mut c = claim.clone();
+    withdraw(&mut c, why);
+    write(ctx, claim, c).await?;
+    revoked_event(ctx, claim, why).await;
+    Ok(Action::AwaitChange)
+}
+
+pub(super) async fn revoked_event(ctx: &Ctx, claim: &Claim, why: &str) {
+    event(
+        ctx,
+        claim,
+        EventType::Warning,
+        "Node permission withdrawn",
+        format!(
+            "volume {} on node {}: {why}; the node tears down what it did and waits for \
+             the volume to be attached again",
+            claim.spec.volume, claim.spec.node
+        ),
+    )
+    .await;
 }
 
 async fn waiting(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, ClaimError> {

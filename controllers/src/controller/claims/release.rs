@@ -139,14 +139,7 @@ pub(super) async fn release(
     let attachment = ctx.attachment(claim).await?;
     if let Some(att) = attachment {
         if !attachment_needed_by_others(ctx, claim).await? {
-            // The detach asked for and the claim's reason, in one transaction.
-            let mut detached = (*att).clone();
-            detached.spec.detach = true;
-            let changed = (!att.spec.detach).then_some(&detached);
-            let mut c = claim.clone();
-            c.status.phase = ClaimPhase::Releasing;
-            c.status.reason = Some("waiting for the volume to be detached".into());
-            write_with(ctx, &att, changed, claim, c).await?;
+            detach(ctx, claim, &att).await?;
             return Ok(Action::AwaitChange);
         }
     }
@@ -179,6 +172,7 @@ pub(super) async fn release(
             Ok(true)
         },
         released.clone(),
+        None,
     )
     .await;
     match dropped {
@@ -198,4 +192,70 @@ pub(super) async fn release(
     )
     .await;
     Ok(Action::AwaitChange)
+}
+
+/// Asks for the detach of `att` and sets the claim's reason, in one transaction that
+/// also withdraws the node permission of every other live claim that stood on the
+/// attachment (they remain only where the node's steps were skipped: a force-detach),
+/// so that no node acts on a grant whose device is about to go.
+///
+/// When the node is absent (collected, or gone while an operator detached it), the
+/// transaction holds only while it still is: a node that registers again first makes
+/// the decision be taken again with it present, and an agent acts only after it has
+/// registered, so it reads the withdrawals this transaction made.
+async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), ClaimError> {
+    const WHY: &str = "the volume's attachment to the node is being force-detached";
+    let mut batch = Batch::default();
+    let detached = if att.spec.detach {
+        None
+    } else {
+        let mut next = att.clone();
+        next.spec.detach = true;
+        Some(batch.update(&ctx.store, att, &next)?)
+    };
+    let mut claims = Vec::new();
+    let mut withdrawn = Vec::new();
+    for other in ctx.claims.by_index(
+        BY_VOLUME,
+        &volume_index(&claim.metadata.namespace, claim.spec.volume.as_str()),
+    ) {
+        if other.metadata.uid == claim.metadata.uid || other.spec.node != claim.spec.node {
+            continue;
+        }
+        let Some(other) = ctx.claim(&other.object_key()).await? else {
+            continue;
+        };
+        let live = other.spec.publish
+            && !other.spec.release
+            && !other.is_deleting()
+            && other.status.phase != ClaimPhase::Released;
+        if !live {
+            continue;
+        }
+        let mut c = (*other).clone();
+        withdraw(&mut c, WHY);
+        if let Some(c) = next_claim(&other, c) {
+            withdrawn.push(batch.update(&ctx.store, &other, &c)?);
+        }
+    }
+    let mut c = claim.clone();
+    c.status.phase = ClaimPhase::Releasing;
+    c.status.reason = Some("waiting for the volume to be detached".into());
+    if let Some(c) = next_claim(claim, c) {
+        claims.push(batch.update(&ctx.store, claim, &c)?);
+    }
+    let node = Node::key_for(&claim.spec.node);
+    if ctx.nodes.get(&node).is_none() {
+        batch.absent(&ctx.store, &node);
+    }
+    let revision = batch.commit(&ctx.store).await?;
+    ctx.wrote_in(detached, revision);
+    for c in claims {
+        ctx.wrote_in(Some(c), revision);
+    }
+    for c in withdrawn {
+        ctx.wrote_in(Some(c.clone()), revision);
+        revoked_event(ctx, &c, WHY).await;
+    }
+    Ok(())
 }
