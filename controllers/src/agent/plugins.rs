@@ -269,6 +269,9 @@ impl Supervisor {
             Err(e) => return Err(e),
         }
         let mut obj = Node::new(&Namespace::default(), name, NodeSpec {});
+        // What the Node is created with counts as seen; a change from here on is
+        // written after it.
+        changes.borrow_and_update();
         obj.status.plugins = self.read().clone();
         store.create_with_lease(&obj, keep.id()).await?;
         tracing::info!(node = %node, term, "node registered");
@@ -278,8 +281,6 @@ impl Supervisor {
         if term > 1 {
             self.inner.changed.send_modify(|n| *n += 1);
         }
-        // The reads below must not see this term's own update as a change.
-        changes.borrow_and_update();
         let renew_every = ttl / 3;
         loop {
             tokio::select! {
