@@ -844,12 +844,20 @@ impl Chaos {
         for c in merged.iter().filter(|c| c.code != "OK") {
             *failed.entry(c.rpc.as_str()).or_default() += 1;
         }
+        let kills = self
+            .script
+            .iter()
+            .filter(|l| l.starts_with("kill -9") || l.starts_with("lose node"))
+            .count();
         eprintln!(
-            "chaos: {} ops, {} calls, {} failed {failed:?}, forced nodes {:?}",
+            "chaos: {} ops, {} calls, {} failed {failed:?}, {kills} kills, forced nodes {:?}",
             self.script.len(),
             merged.len(),
             merged.iter().filter(|c| c.code != "OK").count(),
-            self.forced.keys().collect::<Vec<_>>()
+            self.forced
+                .iter()
+                .map(|(n, ts)| format!("{n} x{}", ts.len()))
+                .collect::<Vec<_>>()
         );
         if !problems.is_empty() {
             self.c.dump_logs();
