@@ -5,6 +5,8 @@
 //! moor process shares.
 //!
 //! # Layout
+//! - [`admission`]: the pure admission rules (may a claim use its volume on its node);
+//!   the controller admits with them, `moorctl alloc plan` places with them.
 //! - [`api`]: the resource types, one file per kind, with their validation, id newtypes,
 //!   access-mode claim rules and redacting wrappers for secrets and mount flags.
 //! - [`store`]: the typed store over the etcd v3 API: get, paginated list, guarded
@@ -20,6 +22,7 @@
 //! and `moor-store`), `moor-controllers` (`moord`: reconcilers and node agent),
 //! `moor-hostpath` (the reference plugin, on `moor-csi` alone) and `moor-bench`.
 
+pub mod admission;
 pub mod api;
 pub mod csi;
 pub mod runtime;

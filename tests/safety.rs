@@ -585,3 +585,78 @@ async fn a_lost_node_s_return_acts_only_after_the_volume_is_attached_again() {
             .collect(),
     );
 }
+
+/// Found by the long chaos runs (seeds 1001-1004 at 1,000 ops): after `moorctl volume
+/// detach` of a node that is up, every claim there admitted before it was granted again
+/// on a new attachment, but still counted as covered by the force-detach; the next
+/// release on that node detached the new attachment and withdrew the grants again, and
+/// so on (ControllerPublish and ControllerUnpublish alternating every 30 ms). A grant
+/// made again after a withdrawal is a new holding, which that force-detach does not
+/// cover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_granted_again_after_a_force_detach_keeps_its_attachment() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::MultiNodeReaderOnly))
+        .await;
+    c.volume_ready("v1").await;
+    for a in ["a1", "a2", "a3"] {
+        c.apply(c.allocation(a, "n2", "v1", true)).await;
+    }
+    for a in ["a1", "a2", "a3"] {
+        c.wait_claim(a, "n2", ClaimPhase::Published, T).await;
+    }
+    let detach_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let (ok, out) = c.moorctl(&["volume", "detach", "v1", "--node", "n2"]);
+    assert!(ok, "{out}");
+    // a1 ends: released without the node (the force-detach covers it); a2 and a3 lose
+    // their grant, are granted again on a new attachment and published again.
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    let n1 = c.node("n1");
+    c.wait("v1 attached to n2 again", T, || async move {
+        n1.count("ControllerPublishVolume", "OK") >= 2
+    })
+    .await;
+    for a in ["a2", "a3"] {
+        c.wait("the claim granted again", T, || async {
+            c.claim(a, "n2")
+                .await
+                .is_some_and(|cl| cl.spec.publish && cl.status.phase == ClaimPhase::Published)
+        })
+        .await;
+    }
+    // a2 ends too: a3 still holds the new attachment, which stays.
+    c.stop_alloc("a2").await;
+    c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let controller_calls: Vec<String> = c
+        .node("n1")
+        .calls()
+        .iter()
+        .filter(|x| x.rpc.starts_with("Controller"))
+        .map(|x| format!("{} {} {}", x.time, x.rpc, x.code))
+        .collect();
+    assert_eq!(
+        c.node("n1").count("ControllerPublishVolume", "OK"),
+        2,
+        "{controller_calls:#?}"
+    );
+    assert_eq!(
+        c.node("n1").count("ControllerUnpublishVolume", "OK"),
+        1,
+        "{controller_calls:#?}"
+    );
+    assert_eq!(
+        c.claim("a3", "n2").await.unwrap().status.phase,
+        ClaimPhase::Published
+    );
+    c.stop_alloc("a3").await;
+    c.wait_claim("a3", "n2", ClaimPhase::Released, T).await;
+    c.check_calls_forced(
+        true,
+        [("csi-n2".to_string(), vec![detach_at])]
+            .into_iter()
+            .collect(),
+    );
+}

@@ -1,5 +1,5 @@
 //! `moorctl alloc stop NAME`: sets an allocation's desired status to stop; the controller
-//! then releases its claims.
+//! then releases its claims. `moorctl alloc paths NAME`: where its volumes are.
 
 use moor::api::{Allocation, AllocationSpec, DesiredStatus};
 
@@ -33,4 +33,41 @@ pub(crate) async fn stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Resu
         Err(e) => return Err(e),
     }
     Ok(0)
+}
+
+/// Prints `REQ=PATH` (or `export MOOR_VOLUME_<REQ>=PATH`) for each published request.
+pub(crate) async fn paths(
+    ctx: &Ctx,
+    namespace: &str,
+    name: &str,
+    export: bool,
+) -> anyhow::Result<i32> {
+    let ns = parse_ns(namespace)?;
+    let name = parse_name("allocation", name)?;
+    let alloc = match ctx.store.try_get(&Allocation::key_for(&ns, &name)).await? {
+        Some(a) => a,
+        None => return Err(Refused(format!("allocation {ns}/{name} not found")).into()),
+    };
+    let paths = crate::run::paths(ctx, &alloc).await?;
+    if paths.is_empty() {
+        return Err(Refused(format!("allocation {name} has no published volume")).into());
+    }
+    for (req, p) in paths {
+        let path = moor::api::printable(&p.target_path);
+        if export {
+            println!(
+                "export {}={}",
+                crate::run::volume_var(&req),
+                shell_quote(&path)
+            );
+        } else {
+            println!("{req}={path}");
+        }
+    }
+    Ok(0)
+}
+
+/// `s` single-quoted for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
 }

@@ -6,7 +6,7 @@ use super::get::sort;
 use super::kind::{self, redact, text, Kind};
 use super::table::table;
 use super::{Ctx, Refused};
-use moor::api::Namespace;
+use moor::api::{printable, Allocation, Namespace};
 
 /// Show one object with its related objects and recent events.
 #[derive(Debug, clap::Args)]
@@ -21,6 +21,9 @@ pub struct Describe {
     /// Print secrets and mount flags instead of [redacted].
     #[arg(long)]
     pub show_secrets: bool,
+    /// `wide`: also the staging paths of an allocation's volumes.
+    #[arg(short = 'o', long, value_parser = ["wide"])]
+    pub output: Option<String>,
 }
 
 impl Describe {
@@ -54,6 +57,9 @@ impl Describe {
                 println!("{label}{}", text(&obj, pointer));
             }
         }
+        if self.kind == Kind::Allocation {
+            allocation(ctx, &ns, &self.name, self.output.is_some()).await?;
+        }
         section("Spec", obj.get("spec"))?;
         section("Status", obj.get("status"))?;
 
@@ -85,6 +91,60 @@ impl Describe {
         print_events(ctx, &about, &ns).await?;
         Ok(0)
     }
+}
+
+/// An allocation's client status (with how it ended) and where each request's volume
+/// is on its node.
+async fn allocation(ctx: &Ctx, ns: &Namespace, name: &str, wide: bool) -> anyhow::Result<()> {
+    let name = super::parse_name("allocation", name)?;
+    let Some(alloc) = ctx.store.try_get(&Allocation::key_for(ns, &name)).await? else {
+        return Ok(());
+    };
+    let client = match &alloc.spec.exit {
+        Some(exit) => format!("{:?} ({exit})", alloc.client_status()),
+        None => format!("{:?}", alloc.client_status()),
+    };
+    println!("Client:     {}", client.to_lowercase());
+    let paths = super::run::paths(ctx, &alloc).await?;
+    println!("\nVolumes:");
+    let mut headers = vec!["REQUEST", "VOLUME", "MODE", "TARGET PATH"];
+    if wide {
+        headers.push("STAGING PATH");
+    }
+    let rows: Vec<Vec<String>> = alloc
+        .spec
+        .volumes
+        .iter()
+        .map(|req| {
+            let p = paths.iter().find(|(r, _)| r == &req.name).map(|(_, p)| p);
+            let mut row = vec![
+                req.name.to_string(),
+                alloc
+                    .request_volume(req)
+                    .map_or_else(|| "-".to_string(), |v| v.to_string()),
+                if req.read_only { "ro" } else { "rw" }.to_string(),
+                p.map_or_else(
+                    || "- (not published)".to_string(),
+                    |p| printable(&p.target_path),
+                ),
+            ];
+            if wide {
+                row.push(
+                    p.and_then(|p| p.staging_path.as_deref())
+                        .map_or_else(|| "-".to_string(), printable),
+                );
+            }
+            row
+        })
+        .collect();
+    if rows.is_empty() {
+        println!("  <none>");
+    } else {
+        for line in super::table::render(&headers, &rows).lines() {
+            println!("  {line}");
+        }
+    }
+    Ok(())
 }
 
 /// The kinds related to a kind, and the field of theirs that names it.

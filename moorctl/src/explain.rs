@@ -109,6 +109,11 @@ const REASONS: &[(&[&str], Reason)] = &[
 /// The error as one line a person can act on: for a failure to reach or use etcd, what
 /// was tried, why it failed and what to do; anything else as its chain of causes.
 pub fn explain(e: &anyhow::Error, endpoints: &[String]) -> String {
+    // The user's answer (refused, not found, timed out waiting) says what it is; its
+    // words ("timed out") are not etcd's.
+    if let Some(r) = e.downcast_ref::<crate::Refused>() {
+        return r.to_string();
+    }
     let mut words = String::new();
     for cause in e.chain() {
         words.push_str(&format!("{cause} {cause:?} ").to_lowercase());

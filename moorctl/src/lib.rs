@@ -12,6 +12,7 @@ pub mod explain;
 mod get;
 mod kind;
 mod plugin;
+mod run;
 mod snapshot;
 mod status;
 mod table;
@@ -116,6 +117,21 @@ pub enum Command {
 /// `moorctl alloc ...`.
 #[derive(Debug, Subcommand)]
 pub enum AllocCmd {
+    /// Run a command bound to an allocation: create (or adopt) it, wait for its volumes,
+    /// run CMD with MOOR_VOLUME_<REQ> set to their paths, then end the allocation with
+    /// CMD's exit and release its claims.
+    Run(run::Run),
+    /// Print where each request's volume is on the node (REQ=PATH lines).
+    Paths {
+        /// The allocation.
+        name: String,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+        /// Print `export MOOR_VOLUME_<REQ>=PATH` lines, for `eval`.
+        #[arg(long)]
+        export: bool,
+    },
     /// Stop an allocation: its claims are released.
     Stop {
         /// The allocation.
@@ -206,6 +222,12 @@ impl Cli {
                 Command::Alloc(AllocCmd::Stop { name, namespace }) => {
                     alloc::stop(&ctx, &namespace, &name).await
                 }
+                Command::Alloc(AllocCmd::Run(cmd)) => cmd.run(&ctx).await,
+                Command::Alloc(AllocCmd::Paths {
+                    name,
+                    namespace,
+                    export,
+                }) => alloc::paths(&ctx, &namespace, &name, export).await,
                 Command::Volume(VolumeCmd::Detach {
                     volume,
                     node,

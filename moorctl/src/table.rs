@@ -118,7 +118,13 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             col("NAME", name),
             col("NODE", |v| text(v, "/spec/node")),
             col("DESIRED", |v| text(v, "/spec/desired_status")),
-            col("CLIENT", |v| text(v, "/spec/client_status")),
+            col("CLIENT", |v| {
+                if v.pointer("/status/lost") == Some(&Value::Bool(true)) {
+                    "lost".to_string()
+                } else {
+                    text(v, "/spec/client_status")
+                }
+            }),
             col("PHASE", |v| text(v, "/status/phase")),
             col("VOLUMES", |v| count(v, "/spec/volumes").to_string()),
             col("AGE", age),
@@ -170,6 +176,15 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                     text(v, "/status/nodes_expected")
                 )
             }),
+        ],
+        Kind::Lease => vec![
+            col("NAME", name),
+            col("HOLDER", |v| text(v, "/spec/holder")),
+            col("DURATION", |v| {
+                format!("{}s", text(v, "/spec/duration_seconds"))
+            }),
+            col("RENEWED", |v| text(v, "/spec/renew_time")),
+            col("AGE", age),
         ],
         // Nomad's `volume snapshot list` columns.
         Kind::Snapshot => vec![

@@ -115,7 +115,7 @@ pub(crate) async fn deregister(
             for c in &held.claims {
                 let alloc = Allocation::key_for(ns, &c.spec.allocation);
                 let running = match ctx.store.try_get(&alloc).await? {
-                    Some(a) => !a.spec.is_terminal() && !a.is_deleting(),
+                    Some(a) => !a.is_terminal() && !a.is_deleting(),
                     None => false,
                 };
                 if running {

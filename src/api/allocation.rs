@@ -35,6 +35,28 @@ pub enum ClientStatus {
     Lost,
 }
 
+/// How a workload ended, as its runner saw it (`moorctl alloc run` records it with a
+/// terminal client status).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientExit {
+    /// The exit code, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    /// The signal that ended it (e.g. `SIGKILL`), when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+}
+
+impl std::fmt::Display for ClientExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.code, &self.signal) {
+            (_, Some(sig)) => write!(f, "killed by {sig}"),
+            (Some(code), None) => write!(f, "exit code {code}"),
+            (None, None) => write!(f, "unknown"),
+        }
+    }
+}
+
 /// One volume an allocation asks for.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct VolumeRequest {
@@ -84,6 +106,9 @@ pub struct AllocationSpec {
     /// What the node reports.
     #[serde(default)]
     pub client_status: ClientStatus,
+    /// How the workload ended (with a terminal client status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ClientExit>,
     /// The volumes it needs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeRequest>,
@@ -159,6 +184,11 @@ pub struct AllocationStatus {
     /// Summary phase.
     #[serde(default)]
     pub phase: AllocationPhase,
+    /// Set by the controller when the allocation's runner stopped renewing its Lease
+    /// for the lease's duration: the workload is lost (Nomad's meaning) and its claims
+    /// are released. Never unset.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,
@@ -171,6 +201,21 @@ impl Allocation {
     /// The key of allocation `name` in `ns`.
     pub fn key_for(ns: &Namespace, name: impl std::fmt::Display) -> ObjectKey<AllocationSpec> {
         ObjectKey::from_parts(&[ns, &name])
+    }
+
+    /// Whether its claims should be released: stopped, finished, or lost.
+    pub fn is_terminal(&self) -> bool {
+        self.spec.is_terminal() || self.status.lost
+    }
+
+    /// The client status as moor knows it: the runner's, or `lost` once the controller
+    /// found its lease expired while the runner had not ended it.
+    pub fn client_status(&self) -> ClientStatus {
+        if self.status.lost && !self.spec.is_terminal() {
+            ClientStatus::Lost
+        } else {
+            self.spec.client_status
+        }
     }
 
     /// The claims the allocation asks for: (claim name, volume id) per request.

@@ -80,8 +80,9 @@ pub struct ClaimSpec {
     /// Set by the controller when the allocation no longer needs the volume.
     #[serde(default)]
     pub release: bool,
-    /// The volume's generation when the claim was admitted (an operator's force detach
-    /// applies only to claims admitted before it).
+    /// The volume's generation when the claim was admitted, or when a force-detach
+    /// withdrew its grant (an operator's force detach applies only to claims admitted,
+    /// or withdrawn, before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_generation: Option<i64>,
 }

@@ -55,6 +55,7 @@ macro_rules! for_each_kind {
             Plugin(PluginSpec),
             Event(EventSpec),
             Snapshot(SnapshotSpec),
+            Lease(LeaseSpec),
         }
     };
 }
@@ -188,6 +189,6 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 9);
+        assert_eq!(Kind::ALL.len(), 10);
     }
 }

@@ -9,6 +9,11 @@
 //!    and attachment modes (absent: the volume's), the merged mount options, the plugin.
 //! 3. Releasing is the claim reconciler's (it watches allocations); this one only sums
 //!    the claims up in `status.phase`.
+//! 4. An allocation whose runner holds a Lease of the same name (`moorctl alloc run`)
+//!    is lost when this process has seen that lease go unrenewed for its duration
+//!    ([`plan::liveness`]): `status.lost` is set, with a Warning, which makes it
+//!    terminal, so its claims are released through the normal sequence. A lease whose
+//!    allocation is gone is deleted once it has expired.
 
 use moor::api::*;
 use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
@@ -18,8 +23,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+use super::plan::{self, Liveness};
 use super::Ctx;
 use super::Informers;
+use crate::common::{details, object_ref};
 
 /// Why an allocation could not be converged.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +58,9 @@ pub async fn run(
         .watches(inf.claims.subscribe(), |c: &Claim| {
             vec![Allocation::key_for(&c.metadata.namespace, &c.spec.allocation).into_string()]
         })
+        .watches(inf.leases.subscribe(), |l: &Lease| {
+            vec![Allocation::key_for(&l.metadata.namespace, &l.metadata.name).into_string()]
+        })
         .run(
             move |key| {
                 let this = this.clone();
@@ -61,13 +71,102 @@ pub async fn run(
         .await;
 }
 
+/// The lease of the allocation at `key` (same namespace and name) and how long this
+/// process has seen it go unrenewed.
+fn lease_of(ctx: &Ctx, key: &str) -> Option<(Arc<Lease>, Duration)> {
+    let key = ObjectKey::<AllocationSpec>::parse(key).ok()?;
+    let (ns, name) = key.suffix().split_once('/')?;
+    let lease = ctx
+        .leases
+        .get(&Lease::key_for(&Namespace::new(ns).ok()?, name))?;
+    let unrenewed = ctx
+        .lease_observer
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .observe(&lease, std::time::Instant::now());
+    Some((lease, unrenewed))
+}
+
+/// A lease whose allocation is gone: deleted once expired (its runner may still be
+/// about to create the allocation until then).
+async fn collect_lease(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
+    let Some((lease, unrenewed)) = lease_of(ctx, key) else {
+        return Ok(Action::AwaitChange);
+    };
+    if unrenewed < lease.duration() {
+        return Ok(Action::Requeue(lease.duration() - unrenewed));
+    }
+    match ctx.store.delete_read(&lease).await {
+        Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.lease_observer
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .forget(&lease.key());
+    Ok(Action::AwaitChange)
+}
+
 async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
     ctx.ready().await;
     let Some(alloc) = ctx.allocations.get(key) else {
-        return Ok(Action::AwaitChange);
+        return collect_lease(ctx, key).await;
     };
+    let lease = lease_of(ctx, key);
+    let live = plan::liveness(
+        &alloc,
+        lease.as_ref().map(|(l, _)| &**l),
+        lease.as_ref().map_or(Duration::ZERO, |(_, d)| *d),
+    );
+    if live == Liveness::Lost && !alloc.status.lost {
+        let (holder, duration) = lease
+            .as_ref()
+            .map(|(l, _)| (l.spec.holder.clone(), l.duration()))
+            .unwrap_or_default();
+        let why = format!(
+            "its runner {holder} did not renew its lease for {}",
+            humantime::format_duration(duration)
+        );
+        let mut a = (*alloc).clone();
+        a.status.lost = true;
+        a.status
+            .meta
+            .set_condition("Lost", true, "LeaseExpired", &why);
+        match ctx.store.update(&alloc, &a).await {
+            Ok(_) => {}
+            Err(StoreError::Conflict { .. }) => {
+                return Ok(Action::Requeue(Duration::from_millis(50)))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let d = details([("allocation", alloc.metadata.name.to_string())]);
+        ctx.recorder
+            .record(
+                object_ref(&*alloc),
+                EventType::Warning,
+                "Allocation lost",
+                format!(
+                    "allocation {} is lost: {why}; releasing its claims",
+                    alloc.metadata.name
+                ),
+                d,
+            )
+            .await;
+        return Ok(Action::AwaitChange);
+    }
+    let action = converge(ctx, &alloc).await?;
+    // A live lease is looked at again when it would expire.
+    Ok(match (live, action) {
+        (Liveness::Live(left), Action::AwaitChange) => Action::Requeue(left),
+        (Liveness::Live(left), Action::Requeue(d)) => Action::Requeue(d.min(left)),
+        (_, action) => action,
+    })
+}
+
+/// One claim per request, and the phase.
+async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, AllocationError> {
     let ns = &alloc.metadata.namespace;
-    let terminal = alloc.spec.is_terminal() || alloc.is_deleting();
+    let terminal = alloc.is_terminal() || alloc.is_deleting();
     let mut waiting = Vec::new();
     let mut phases = Vec::new();
     let mut rerun = false;
@@ -145,9 +244,9 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
     status.meta.observed_generation = alloc.metadata.generation;
     status.meta.last_error = (!waiting.is_empty()).then(|| waiting.join("; "));
     if status != alloc.status {
-        let mut a = (*alloc).clone();
+        let mut a = (**alloc).clone();
         a.status = status;
-        match ctx.store.update(&alloc, &a).await {
+        match ctx.store.update(alloc, &a).await {
             Ok(_) => {}
             Err(StoreError::Conflict { .. }) => {
                 return Ok(Action::Requeue(Duration::from_millis(50)))

@@ -30,6 +30,8 @@ pub struct Informers {
     pub nodes: Informer<Node>,
     /// Plugins.
     pub plugins: Informer<Plugin>,
+    /// Leases (allocations' runners).
+    pub leases: Informer<Lease>,
 }
 
 /// What the reconcilers share.
@@ -51,6 +53,10 @@ pub struct Ctx {
     pub nodes: reflector::Store<Node>,
     /// Plugins (our own aggregation).
     pub plugins: reflector::Store<Plugin>,
+    /// Leases: an allocation's is renewed by its runner.
+    pub leases: reflector::Store<Lease>,
+    /// When each lease was last seen to change, by this process's clock.
+    pub lease_observer: Arc<Mutex<LeaseObserver>>,
     /// Events.
     pub recorder: Recorder,
     /// Claims of one volume are reconciled one at a time.
@@ -73,6 +79,7 @@ impl Ctx {
         self.mounts.wait_until_ready().await;
         self.nodes.wait_until_ready().await;
         self.plugins.wait_until_ready().await;
+        self.leases.wait_until_ready().await;
     }
 
     /// How long a node has been gone (no Node object), `None` while it is registered.

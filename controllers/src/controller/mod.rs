@@ -10,7 +10,6 @@
 //! 3. Losing leadership drops all of it at once; the next leader resumes from the
 //!    checkpoints in etcd.
 
-pub mod admission;
 pub mod allocations;
 pub mod claims;
 pub mod context;
@@ -110,6 +109,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     let mounts = Informer::<Mount>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let nodes = Informer::<Node>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let plugins = Informer::<Plugin>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let leases = Informer::<Lease>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let ctx = Ctx {
         store: fenced,
         allocations: allocations.reader(),
@@ -119,6 +119,8 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         mounts: mounts.reader(),
         nodes: nodes.reader(),
         plugins: plugins.reader(),
+        leases: leases.reader(),
+        lease_observer: Arc::default(),
         recorder: Recorder::new(reads, "controller"),
         volume_locks: KeyedLocks::default(),
         node_absence: Arc::default(),
@@ -150,6 +152,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         mounts,
         nodes: nodes.clone(),
         plugins: plugins.clone(),
+        leases,
     };
     {
         let (ctx, started) = (ctx.clone(), Instant::now());

@@ -153,6 +153,38 @@ pub fn attach(i: &AttachInputs) -> AttachPlan {
     )
 }
 
+/// Whether an allocation's runner still runs it, by its Lease (see `api::lease`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Not judged by a lease: none is held for it, or it ended already.
+    Untracked,
+    /// Renewed; it expires after this long without another renewal.
+    Live(Duration),
+    /// Unrenewed for the lease's duration (or found so before): the workload is lost.
+    Lost,
+}
+
+/// Judges an allocation's liveness from its lease and how long this process has seen
+/// that lease go unrenewed. Once lost, always lost (the runner is gone; a new run is a
+/// new allocation).
+pub fn liveness(alloc: &Allocation, lease: Option<&Lease>, unrenewed_for: Duration) -> Liveness {
+    if alloc.status.lost {
+        return Liveness::Lost;
+    }
+    if alloc.spec.is_terminal() || alloc.is_deleting() {
+        return Liveness::Untracked;
+    }
+    let Some(lease) = lease else {
+        return Liveness::Untracked;
+    };
+    let duration = lease.duration();
+    if unrenewed_for >= duration {
+        Liveness::Lost
+    } else {
+        Liveness::Live(duration - unrenewed_for)
+    }
+}
+
 /// Whether the node side of a releasing claim is finished or may be skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeDone {
@@ -493,6 +525,67 @@ mod tests {
         assert_eq!(node_done(&node_inputs(&c, None)), NodeDone::Agent);
         c.spec.revoked = true;
         assert_eq!(node_done(&node_inputs(&c, None)), NodeDone::No);
+    }
+
+    fn running_alloc() -> Allocation {
+        Allocation::new(
+            &Namespace::default_ns(),
+            Name::new("a1").unwrap(),
+            AllocationSpec::default(),
+        )
+    }
+
+    fn runner_lease(seconds: u64) -> Lease {
+        Lease::new(
+            &Namespace::default_ns(),
+            Name::new("a1").unwrap(),
+            LeaseSpec {
+                holder: "moorctl@h/1".into(),
+                duration_seconds: seconds,
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn an_allocation_is_lost_when_its_lease_goes_unrenewed_for_its_duration() {
+        let a = running_alloc();
+        let l = runner_lease(30);
+        assert_eq!(
+            liveness(&a, Some(&l), Duration::from_secs(10)),
+            Liveness::Live(Duration::from_secs(20))
+        );
+        assert_eq!(
+            liveness(&a, Some(&l), Duration::from_secs(30)),
+            Liveness::Lost
+        );
+        // Without a lease nothing judges it.
+        assert_eq!(
+            liveness(&a, None, Duration::from_secs(99)),
+            Liveness::Untracked
+        );
+    }
+
+    #[test]
+    fn an_ended_allocation_is_not_judged_and_a_lost_one_stays_lost() {
+        let l = runner_lease(3);
+        let mut a = running_alloc();
+        a.spec.client_status = ClientStatus::Complete;
+        assert_eq!(
+            liveness(&a, Some(&l), Duration::from_secs(60)),
+            Liveness::Untracked
+        );
+        let mut a = running_alloc();
+        a.spec.desired_status = DesiredStatus::Stop;
+        assert_eq!(
+            liveness(&a, Some(&l), Duration::from_secs(60)),
+            Liveness::Untracked
+        );
+        let mut a = running_alloc();
+        a.status.lost = true;
+        assert_eq!(liveness(&a, None, Duration::ZERO), Liveness::Lost);
+        assert!(a.is_terminal());
+        assert_eq!(a.client_status(), ClientStatus::Lost);
     }
 
     fn volume_forced(node: &str, generation: i64) -> Volume {

@@ -17,9 +17,9 @@ use moor::store::StoreError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use super::admission::external_id;
 use super::Ctx;
 use super::Informers;
+use moor::admission::external_id;
 
 /// The controller's finalizer on volumes.
 pub const FINALIZER: &str = "moor.dev/claims";

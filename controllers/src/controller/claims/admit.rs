@@ -43,7 +43,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError
     let mut guard = None;
     match state {
         Attach::Wait(why) => c.status.reason = Some(why),
-        Attach::Revoke(why) => withdraw(&mut c, &why),
+        Attach::Revoke(why) => withdraw(&mut c, &why, Some(&volume)),
         Attach::Ready(grant) => {
             grant.apply(&mut c);
             c.status.reason = Some(waiting_for_node(&c));

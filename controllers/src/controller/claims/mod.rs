@@ -42,11 +42,11 @@ use release::{
     claim_mount, node_done, node_gc_ticks, release, released_frees, waiting_for_unpublish,
 };
 
-use super::admission::{self, Verdict};
 use super::context::waiting_index;
 use super::plan::{self, AttachPlan, NodeDone};
 use super::{volume_index, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use crate::common::{details, object_ref};
+use moor::admission::{self, Verdict};
 
 /// How many past claims a volume remembers.
 const PAST_CLAIMS: usize = 16;
@@ -164,7 +164,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
     ));
     let wanted = alloc.as_ref().is_some_and(|a| {
         !a.is_deleting()
-            && !a.spec.is_terminal()
+            && !a.is_terminal()
             && a.requests()
                 .iter()
                 .any(|(name, _)| name == &claim.metadata.name)

@@ -41,11 +41,20 @@ impl Grant {
 
 /// Withdraws the claim's node permission (the grant's attachment was force-detached):
 /// the node tears down what it did under it, and acts again only on a new grant.
-pub(super) fn withdraw(c: &mut Claim, why: &str) {
+///
+/// The claim is stamped with the volume's generation now (`volume`'s, when known): the
+/// force-detach that withdrew the grant does not cover what the claim does from here
+/// on. Else a claim waiting for its new attachment would count as gone from the node,
+/// and the next release there would detach that new attachment too (found by the long
+/// chaos runs: ControllerPublish and ControllerUnpublish alternating every 30 ms).
+pub(super) fn withdraw(c: &mut Claim, why: &str, volume: Option<&Volume>) {
     c.spec.publish = false;
     c.spec.publish_context.clear();
     c.spec.attachment = None;
     c.spec.revoked = true;
+    if let Some(v) = volume {
+        c.spec.volume_generation = Some(v.metadata.generation);
+    }
     if c.status.phase == ClaimPhase::Published {
         c.status.phase = ClaimPhase::Admitted;
     }
@@ -186,6 +195,7 @@ pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimErr
     if !grant.held_by(claim) {
         let mut c = claim.clone();
         grant.apply(&mut c);
+
         // Guarded by the attachment as read: a grant never rests on a stale view of it.
         match &grant.attachment {
             Some(att) => write_guarded(ctx, att, claim, c).await?,
@@ -231,7 +241,8 @@ pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimErr
 /// under it ([`plan::AttachPlan::Revoke`]), with a Warning.
 async fn revoke(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, ClaimError> {
     let mut c = claim.clone();
-    withdraw(&mut c, why);
+    let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
+    withdraw(&mut c, why, volume.as_deref());
     write(ctx, claim, c).await?;
     revoked_event(ctx, claim, why).await;
     Ok(Action::AwaitChange)

@@ -233,7 +233,8 @@ async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), ClaimE
             continue;
         }
         let mut c = (*other).clone();
-        withdraw(&mut c, WHY);
+        let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
+        withdraw(&mut c, WHY, volume.as_deref());
         if let Some(c) = next_claim(&other, c) {
             withdrawn.push(batch.update(&ctx.store, &other, &c)?);
         }

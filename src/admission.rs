@@ -1,5 +1,6 @@
 //! Admission: may a claim use its volume on its node? Pure rules over the objects the
-//! controller caches, so every rule is unit-tested here.
+//! controller caches, so every rule is unit-tested here. The controller admits with
+//! them and `moorctl alloc plan` answers placement questions with them: one copy.
 //!
 //! Checked in order: the volume exists and is not being deleted; it has been created
 //! (else the claim waits); the claim's capability (its own modes, or the volume's first
@@ -9,7 +10,7 @@
 //! The access-mode rules across every node ([`access`]) are checked last, against the
 //! volume's live claims, inside the compare-and-swap that records the claim on the volume.
 
-use moor::api::*;
+use crate::api::*;
 
 /// Why a claim is not admitted now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,19 +204,62 @@ pub fn access(
     node: &NodeName,
     mode: ClaimMode,
     existing: &[ClaimRef],
-) -> Result<(), ClaimDenied> {
+) -> Result<(), AccessDenied> {
     let default_mode = volume
         .capabilities
         .first()
         .map(|c| c.access_mode)
         .unwrap_or(access_mode);
-    access_mode.admit(node, mode, existing.iter().map(|r| (&r.node, r.mode)))?;
+    let holder = |cause: &ClaimDenied| match cause {
+        ClaimDenied::WriterTaken(_) => existing.iter().find(|r| r.mode == ClaimMode::Write),
+        ClaimDenied::OtherNode { node: other, .. } => existing.iter().find(|r| &r.node == other),
+        ClaimDenied::ReadOnlyMode(_) => None,
+    };
+    let denied = |cause: ClaimDenied| AccessDenied {
+        holder: holder(&cause).cloned(),
+        cause,
+    };
+    access_mode
+        .admit(node, mode, existing.iter().map(|r| (&r.node, r.mode)))
+        .map_err(denied)?;
     for holder in existing {
         let held = holder.access_mode.unwrap_or(default_mode);
         let me = [(node, mode)];
-        held.admit(&holder.node, holder.mode, me.iter().map(|(n, m)| (*n, *m)))?;
+        held.admit(&holder.node, holder.mode, me.iter().map(|(n, m)| (*n, *m)))
+            .map_err(|cause| AccessDenied {
+                cause,
+                holder: Some(holder.clone()),
+            })?;
     }
     Ok(())
+}
+
+/// An access-mode rule that denies a claim, and the live claim it conflicts with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessDenied {
+    /// The rule.
+    pub cause: ClaimDenied,
+    /// The claim holding the volume in the way (what a person asks next).
+    pub holder: Option<ClaimRef>,
+}
+
+impl std::fmt::Display for AccessDenied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.cause)?;
+        if let Some(h) = &self.holder {
+            write!(
+                f,
+                " (held by allocation {} on node {}, {})",
+                h.allocation,
+                h.node,
+                match h.mode {
+                    ClaimMode::Read => "reading",
+                    ClaimMode::Write => "writing",
+                }
+            )?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

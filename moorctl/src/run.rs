@@ -1,0 +1,796 @@
+//! `moorctl alloc run NAME [--volume REQ=VOLUME[:ro]]... [-f ALLOC.yaml] -- CMD [ARGS...]`:
+//! a process bound to its allocation, as Nomad's task runner binds a task.
+//!
+//! Expected flow:
+//! 1. The runner's Lease (`leases/NS/NAME`, holder `moorctl@HOST/PID`) is created (or
+//!    taken over from an expired runner) and renewed every TTL/3 from then on: while it
+//!    is renewed the controller counts the workload alive; if the runner dies, the
+//!    controller marks the allocation lost once the lease goes unrenewed for the TTL
+//!    and releases its claims.
+//! 2. The Allocation is created, or an existing one of that name adopted when it is
+//!    not terminal and on this node; anything else is refused.
+//! 3. Its claims are awaited until Published, with progress on stderr (the phase, a
+//!    waiting claim's reason, its failing step, last error and next retry). A Denied
+//!    or Failed claim, or `--timeout`, ends the run with exit 1 after stopping an
+//!    allocation it created (so nothing stays claimed).
+//! 4. client_status `running`; CMD runs with MOOR_ALLOC, MOOR_NODE and
+//!    MOOR_VOLUME_<REQ> (the target path of each request); SIGINT, SIGTERM and SIGHUP
+//!    are passed on to it.
+//! 5. When CMD exits: client_status `complete` (0) or `failed` (with the code or
+//!    signal) and desired_status `stop` in one write; the claims are awaited until
+//!    Released (unless `--no-wait`); the lease is deleted; moorctl exits with CMD's
+//!    code (128 + the signal's number when a signal ended it).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use moor::api::*;
+use moor::store::StoreError;
+
+use crate::{parse_name, parse_ns, ride_out, Ctx, Refused};
+
+/// `moorctl alloc run`.
+#[derive(Debug, clap::Args)]
+pub struct Run {
+    /// The allocation's name.
+    pub name: String,
+    /// Namespace.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// The node the workload runs on (default: MOOR_NODE, then the host name).
+    #[arg(long, env = "MOOR_NODE")]
+    pub node: Option<String>,
+    /// A volume request REQ=VOLUME[:ro]: request REQ on volume VOLUME, with the volume's
+    /// first capability (`:ro`: read-only). Repeatable.
+    #[arg(long = "volume", value_name = "REQ=VOLUME[:ro]")]
+    pub volumes: Vec<String>,
+    /// An Allocation manifest (YAML or JSON) instead of --volume; its name must be NAME.
+    #[arg(short = 'f', long = "filename", conflicts_with = "volumes")]
+    pub file: Option<PathBuf>,
+    /// How long the claims may take to be published.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// How long the allocation counts as alive without a renewal of its lease.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lease_ttl: Duration,
+    /// Do not wait for the claims to be released after CMD exits.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Also write the workload's environment (MOOR_*) to FILE as KEY=VALUE lines.
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// Signals passed on to the workload.
+const FORWARDED: [(tokio::signal::unix::SignalKind, rustix::process::Signal); 3] = [
+    (
+        tokio::signal::unix::SignalKind::interrupt(),
+        rustix::process::Signal::INT,
+    ),
+    (
+        tokio::signal::unix::SignalKind::terminate(),
+        rustix::process::Signal::TERM,
+    ),
+    (
+        tokio::signal::unix::SignalKind::hangup(),
+        rustix::process::Signal::HUP,
+    ),
+];
+
+/// How often the claims are looked at while waiting.
+const POLL: Duration = Duration::from_millis(200);
+
+impl Run {
+    /// Runs the workload; returns its exit code.
+    pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
+        let ns = parse_ns(&self.namespace)?;
+        let name = parse_name("allocation", &self.name)?;
+        let node = match &self.node {
+            Some(n) => n.clone(),
+            None => host_name()?,
+        };
+        let node = NodeName::new(&node).map_err(|e| anyhow::anyhow!("node {node:?}: {e}"))?;
+        anyhow::ensure!(
+            self.lease_ttl >= Duration::from_secs(1)
+                && self.lease_ttl.as_secs() <= MAX_LEASE_SECONDS,
+            "--lease-ttl must be 1s to {MAX_LEASE_SECONDS}s"
+        );
+        let wanted = self.allocation(ctx, &ns, &name, &node).await?;
+        let holder = format!(
+            "moorctl@{}/{}",
+            host_name().unwrap_or_default(),
+            std::process::id()
+        );
+        let lease = take_lease(ctx, &ns, &name, &holder, self.lease_ttl).await?;
+        let renewer = tokio::spawn(renew(ctx.store.clone(), lease.object_key(), self.lease_ttl));
+        let result = self.bound(ctx, wanted).await;
+        renewer.abort();
+        // The lease goes last: until the claims are released (or we gave up waiting)
+        // it said the workload was ours.
+        let _ = ctx.store.delete(&lease.object_key(), None).await;
+        result
+    }
+
+    /// Everything after the lease is held: the allocation, the claims, the workload.
+    async fn bound(&self, ctx: &Ctx, wanted: Allocation) -> anyhow::Result<i32> {
+        let key = wanted.object_key();
+        let created = adopt_or_create(ctx, &wanted).await?;
+        let alloc = match wait_published(ctx, &key, self.timeout).await {
+            Ok(alloc) => alloc,
+            Err(e) => {
+                if created {
+                    eprintln!(
+                        "moorctl: stopping allocation {} (it was created for this run)",
+                        wanted.metadata.name
+                    );
+                    end(ctx, &key, ClientStatus::Failed, None).await?;
+                    if !self.no_wait {
+                        wait_released(ctx, &key, Duration::from_secs(300)).await?;
+                    }
+                }
+                return Err(e);
+            }
+        };
+        let env = environment(ctx, &alloc).await?;
+        if let Some(path) = &self.env_file {
+            write_env_file(path, &env)?;
+        }
+        set_running(ctx, &key).await?;
+        let exit = spawn_and_wait(&self.command, &env).await;
+        let (status, info, code) = match exit {
+            Ok(st) => outcome(st),
+            Err(e) => {
+                eprintln!("moorctl: cannot run {:?}: {e}", self.command[0]);
+                (
+                    ClientStatus::Failed,
+                    ClientExit {
+                        code: Some(127),
+                        signal: None,
+                    },
+                    127,
+                )
+            }
+        };
+        eprintln!("moorctl: workload ended ({info}); allocation {status:?}, releasing its claims");
+        end(ctx, &key, status, Some(info)).await?;
+        if !self.no_wait {
+            wait_released(ctx, &key, Duration::from_secs(600)).await?;
+        }
+        Ok(code)
+    }
+
+    /// The allocation this run wants: from the manifest, or from the --volume flags.
+    async fn allocation(
+        &self,
+        ctx: &Ctx,
+        ns: &Namespace,
+        name: &Name,
+        node: &NodeName,
+    ) -> anyhow::Result<Allocation> {
+        if let Some(path) = &self.file {
+            return allocation_from_file(path, ns, name, node);
+        }
+        let mut spec = AllocationSpec {
+            node: node.clone(),
+            ..Default::default()
+        };
+        for v in &self.volumes {
+            spec.volumes.push(request(ctx, ns, v).await?);
+        }
+        let alloc = Allocation::new(ns, name.clone(), spec);
+        alloc
+            .validate()
+            .map_err(|e| Refused(format!("allocation {name}: {e}")))?;
+        Ok(alloc)
+    }
+}
+
+/// One `REQ=VOLUME[:ro]`, with the volume's first capability.
+async fn request(ctx: &Ctx, ns: &Namespace, flag: &str) -> anyhow::Result<VolumeRequest> {
+    let (req, rest) = flag
+        .split_once('=')
+        .ok_or_else(|| Refused(format!("--volume {flag:?}: expected REQ=VOLUME[:ro]")))?;
+    let (volume, read_only) = match rest.strip_suffix(":ro") {
+        Some(v) => (v, true),
+        None => (rest, false),
+    };
+    let req = parse_name("request", req)?;
+    let volume = VolumeId::new(volume)
+        .map_err(|e| Refused(format!("--volume {flag:?}: volume {volume:?}: {e}")))?;
+    let stored = ride_out(ctx, |_| {
+        let key = Volume::key_for(ns, &volume);
+        async move { Ok(ctx.store.try_get(&key).await?) }
+    })
+    .await?
+    .ok_or_else(|| Refused(format!("--volume {flag}: volume {ns}/{volume} not found")))?;
+    let cap = stored
+        .spec
+        .capabilities
+        .first()
+        .copied()
+        .ok_or_else(|| Refused(format!("volume {volume} offers no capability")))?;
+    Ok(VolumeRequest {
+        name: req,
+        volume,
+        read_only: read_only || !cap.access_mode.allows_write(),
+        access_mode: Some(cap.access_mode),
+        attachment_mode: Some(cap.attachment_mode),
+        ..Default::default()
+    })
+}
+
+fn allocation_from_file(
+    path: &std::path::Path,
+    ns: &Namespace,
+    name: &Name,
+    node: &NodeName,
+) -> anyhow::Result<Allocation> {
+    let text = crate::apply::read_input(&path.to_string_lossy())?;
+    let mut found = None;
+    for doc in parse_manifests(&text) {
+        match doc.map_err(|e| Refused(format!("{}: {e}", path.display())))? {
+            AnyObject::Allocation(a) if found.is_none() => found = Some(*a),
+            _ => {
+                return Err(Refused(format!(
+                    "{}: alloc run takes one Allocation",
+                    path.display()
+                ))
+                .into())
+            }
+        }
+    }
+    let mut alloc =
+        found.ok_or_else(|| Refused(format!("{}: no Allocation in it", path.display())))?;
+    if &alloc.metadata.name != name || &alloc.metadata.namespace != ns {
+        return Err(Refused(format!(
+            "{}: the manifest is allocation {}/{}, not {ns}/{name}",
+            path.display(),
+            alloc.metadata.namespace,
+            alloc.metadata.name
+        ))
+        .into());
+    }
+    if alloc.spec.node.as_str().is_empty() {
+        alloc.spec.node = node.clone();
+    }
+    alloc.spec.desired_status = DesiredStatus::Run;
+    alloc.spec.client_status = ClientStatus::Pending;
+    Ok(alloc)
+}
+
+/// The host's name (the node by default).
+fn host_name() -> anyhow::Result<String> {
+    let uname = rustix::system::uname();
+    let name = uname.nodename().to_string_lossy().into_owned();
+    anyhow::ensure!(!name.is_empty(), "the host has no name; give --node");
+    Ok(name)
+}
+
+/// Creates the runner's lease, or takes over one whose holder stopped renewing it (by
+/// our clock: a holder renews every third of its duration).
+async fn take_lease(
+    ctx: &Ctx,
+    ns: &Namespace,
+    name: &Name,
+    holder: &str,
+    ttl: Duration,
+) -> anyhow::Result<Lease> {
+    let spec = LeaseSpec {
+        holder: holder.to_string(),
+        duration_seconds: ttl.as_secs().max(1),
+        renew_time: Some(Timestamp::now()),
+        renewals: 0,
+    };
+    let key = Lease::key_for(ns, name);
+    ride_out(ctx, |_| {
+        let (key, spec) = (&key, spec.clone());
+        async move {
+            match ctx.store.try_get(key).await? {
+                None => {
+                    let lease = Lease::new(ns, name.clone(), spec);
+                    match ctx.store.create(&lease).await {
+                        Ok(l) => Ok(l),
+                        Err(StoreError::AlreadyExists { .. }) => Err(crate::LookAgain.into()),
+                        Err(e) => Err(e.into()),
+                    }
+                }
+                Some(old) if old.spec.holder == holder => Ok(old),
+                Some(old) => {
+                    let fresh = old
+                        .spec
+                        .renew_time
+                        .is_some_and(|t| t.elapsed() < old.duration());
+                    if fresh {
+                        return Err(Refused(format!(
+                            "allocation {ns}/{name} is run by {} (its lease was renewed {} ago)",
+                            old.spec.holder,
+                            humantime::format_duration(Duration::from_secs(
+                                old.spec.renew_time.map_or(0, |t| t.elapsed().as_secs())
+                            ))
+                        ))
+                        .into());
+                    }
+                    let mut next = old.clone();
+                    next.spec = spec;
+                    match ctx.store.replace(&next).await {
+                        Ok(l) => Ok(l),
+                        Err(StoreError::Conflict { .. }) => Err(crate::LookAgain.into()),
+                        Err(e) => Err(e.into()),
+                    }
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// Renews the lease every third of its duration until aborted; a failed renewal is
+/// said once and tried again at the next tick.
+async fn renew(store: moor::store::Store, key: ObjectKey<LeaseSpec>, ttl: Duration) {
+    let every = (ttl / 3).max(Duration::from_millis(300));
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(every).await;
+        let r = store
+            .modify_spec(&key, |s: &mut LeaseSpec| {
+                s.renewals += 1;
+                s.renew_time = Some(Timestamp::now());
+                true
+            })
+            .await;
+        match r {
+            Ok(_) if failing => {
+                eprintln!("moorctl: lease renewed again");
+                failing = false;
+            }
+            Ok(_) => {}
+            Err(e) if !failing => {
+                eprintln!("moorctl: cannot renew the allocation's lease ({e}); trying again");
+                failing = true;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Creates the allocation (`true`), or adopts the stored one of that name when it is not
+/// terminal and is on the same node (`false`).
+async fn adopt_or_create(ctx: &Ctx, wanted: &Allocation) -> anyhow::Result<bool> {
+    let key = wanted.object_key();
+    ride_out(ctx, |retrying| {
+        let key = &key;
+        async move {
+            match ctx.store.try_get(key).await? {
+                None => match ctx.store.create(wanted).await {
+                    Ok(_) => Ok(true),
+                    Err(StoreError::AlreadyExists { .. }) => Err(crate::LookAgain.into()),
+                    Err(e) => Err(e.into()),
+                },
+                // Our own create, whose answer was lost.
+                Some(a) if retrying && a.spec == wanted.spec => Ok(true),
+                Some(a) => {
+                    let why = if a.is_deleting() {
+                        Some("it is being deleted".to_string())
+                    } else if a.is_terminal() {
+                        Some(format!(
+                            "it has ended (desired {:?}, client {:?})",
+                            a.spec.desired_status,
+                            a.client_status()
+                        ))
+                    } else if a.spec.node != wanted.spec.node {
+                        Some(format!(
+                            "it runs on node {}, not {}",
+                            a.spec.node, wanted.spec.node
+                        ))
+                    } else {
+                        None
+                    };
+                    match why {
+                        Some(why) => Err(Refused(format!(
+                            "allocation {} exists and cannot be adopted: {why}",
+                            a.metadata.name
+                        ))
+                        .into()),
+                        None => {
+                            eprintln!("moorctl: adopting allocation {}", a.metadata.name);
+                            Ok(false)
+                        }
+                    }
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// The allocation's claims as stored, by request name (absent: not made yet).
+async fn claims(ctx: &Ctx, alloc: &Allocation) -> Result<Vec<(Name, Option<Claim>)>, StoreError> {
+    let mut out = Vec::new();
+    for req in &alloc.spec.volumes {
+        let Some(claim_name) = alloc.claim_name(req) else {
+            continue;
+        };
+        let key = Claim::key_for(&alloc.spec.node, &alloc.metadata.namespace, &claim_name);
+        out.push((req.name.clone(), ctx.store.try_get(&key).await?));
+    }
+    Ok(out)
+}
+
+/// One line on where the allocation and each unsettled claim stand.
+fn progress(alloc: &Allocation, claims: &[(Name, Option<Claim>)], settled: ClaimPhase) -> String {
+    let mut line = format!(
+        "allocation {}: {:?}",
+        alloc.metadata.name, alloc.status.phase
+    );
+    for (req, claim) in claims {
+        match claim {
+            None => line.push_str(&format!("; {req}: no claim yet")),
+            Some(c) if c.status.phase == settled => {}
+            Some(c) => {
+                line.push_str(&format!("; {req}: {:?}", c.status.phase));
+                if let Some(r) = &c.status.reason {
+                    line.push_str(&format!(" ({})", printable(r)));
+                }
+                if let Some(f) = &c.status.meta.retry {
+                    line.push_str(&format!(
+                        "; {} failed {}x with {}: {}; next try in {}",
+                        f.step,
+                        f.attempts,
+                        f.code,
+                        printable(&f.message),
+                        humantime::format_duration(Duration::from_secs(
+                            f.next_retry
+                                .0
+                                .duration_since(std::time::SystemTime::now())
+                                .map_or(0, |d| d.as_secs())
+                        ))
+                    ));
+                } else if let Some(e) = &c.status.meta.last_error {
+                    line.push_str(&format!("; last error: {}", printable(e)));
+                }
+            }
+        }
+    }
+    line
+}
+
+/// Waits until every claim of the allocation is Published; a Denied claim, a Failed
+/// volume or the timeout is a refusal naming the reason.
+async fn wait_published(
+    ctx: &Ctx,
+    key: &ObjectKey<AllocationSpec>,
+    timeout: Duration,
+) -> anyhow::Result<Allocation> {
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        let (alloc, claims) = match look(ctx, key).await {
+            Ok(x) => x,
+            Err(e) if crate::is_transient(&e) && start.elapsed() < timeout => {
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let line = progress(&alloc, &claims, ClaimPhase::Published);
+        if line != last {
+            eprintln!("moorctl: {line}");
+            last = line;
+        }
+        if alloc.is_terminal() || alloc.is_deleting() {
+            return Err(Refused(format!(
+                "allocation {} ended before its volumes were published",
+                alloc.metadata.name
+            ))
+            .into());
+        }
+        if let Some((req, c)) = claims.iter().find_map(|(r, c)| {
+            c.as_ref()
+                .filter(|c| c.status.phase == ClaimPhase::Denied)
+                .map(|c| (r, c))
+        }) {
+            return Err(Refused(format!(
+                "request {req} was denied: {}",
+                printable(c.status.reason.as_deref().unwrap_or("no reason given"))
+            ))
+            .into());
+        }
+        if let Some(e) = alloc.status.meta.last_error.as_deref() {
+            if start.elapsed() >= timeout {
+                return Err(Refused(format!("timed out: {}", printable(e))).into());
+            }
+        }
+        let published = !claims.is_empty()
+            && claims.iter().all(|(_, c)| {
+                c.as_ref()
+                    .is_some_and(|c| c.status.phase == ClaimPhase::Published)
+            });
+        if published
+            || (alloc.spec.volumes.is_empty() && alloc.status.phase == AllocationPhase::Ready)
+        {
+            return Ok(alloc);
+        }
+        if start.elapsed() >= timeout {
+            return Err(Refused(format!(
+                "timed out after {} waiting for the volumes: {last}",
+                humantime::format_duration(timeout)
+            ))
+            .into());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Waits until every claim of the allocation is Released (or gone).
+async fn wait_released(
+    ctx: &Ctx,
+    key: &ObjectKey<AllocationSpec>,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        let (alloc, claims) = match look(ctx, key).await {
+            Ok(x) => x,
+            Err(e) if crate::is_not_found(&e) => return Ok(()),
+            Err(e) if crate::is_transient(&e) && start.elapsed() < timeout => {
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let released = claims.iter().all(|(_, c)| {
+            c.as_ref()
+                .is_none_or(|c| c.status.phase == ClaimPhase::Released)
+        });
+        if released {
+            eprintln!(
+                "moorctl: allocation {}: every claim released",
+                alloc.metadata.name
+            );
+            return Ok(());
+        }
+        let line = progress(&alloc, &claims, ClaimPhase::Released);
+        if line != last {
+            eprintln!("moorctl: {line}");
+            last = line;
+        }
+        if start.elapsed() >= timeout {
+            return Err(Refused(format!(
+                "timed out after {} waiting for the claims to be released: {last}",
+                humantime::format_duration(timeout)
+            ))
+            .into());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn look(
+    ctx: &Ctx,
+    key: &ObjectKey<AllocationSpec>,
+) -> anyhow::Result<(Allocation, Vec<(Name, Option<Claim>)>)> {
+    let alloc = ctx.store.get(key).await?;
+    let claims = claims(ctx, &alloc).await?;
+    Ok((alloc, claims))
+}
+
+/// MOOR_ALLOC, MOOR_NODE and MOOR_VOLUME_<REQ> for each request (its target path, as
+/// the node's agent published it).
+async fn environment(ctx: &Ctx, alloc: &Allocation) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut env = BTreeMap::new();
+    env.insert("MOOR_ALLOC".to_string(), alloc.metadata.name.to_string());
+    env.insert("MOOR_NODE".to_string(), alloc.spec.node.to_string());
+    for (req, path) in paths(ctx, alloc).await? {
+        env.insert(volume_var(&req), path.target_path);
+    }
+    Ok(env)
+}
+
+/// Where one request's volume is on the node.
+pub(crate) struct RequestPaths {
+    /// The published path (a file system) or device file (a block volume).
+    pub target_path: String,
+    /// The staging path, when the plugin stages.
+    pub staging_path: Option<String>,
+}
+
+/// Each request's paths, from its claim's Mount (requests not published yet are left
+/// out).
+pub(crate) async fn paths(
+    ctx: &Ctx,
+    alloc: &Allocation,
+) -> anyhow::Result<Vec<(Name, RequestPaths)>> {
+    let mut out = Vec::new();
+    for req in &alloc.spec.volumes {
+        let Some(claim_name) = alloc.claim_name(req) else {
+            continue;
+        };
+        let claim_key = Claim::key_for(&alloc.spec.node, &alloc.metadata.namespace, &claim_name);
+        let Some(mount) = ctx.store.try_get(&Mount::key_for(&claim_key)).await? else {
+            continue;
+        };
+        if !mount.status.published {
+            continue;
+        }
+        out.push((
+            req.name.clone(),
+            RequestPaths {
+                target_path: mount.spec.target_path.clone(),
+                staging_path: mount.spec.staging_path.clone(),
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// `MOOR_VOLUME_<REQ>`: REQ upper-cased, every other character than A-Z and 0-9 `_`.
+pub(crate) fn volume_var(req: &Name) -> String {
+    let tail: String = req
+        .as_str()
+        .chars()
+        .map(|c| match c.to_ascii_uppercase() {
+            u @ ('A'..='Z' | '0'..='9') => u,
+            _ => '_',
+        })
+        .collect();
+    format!("MOOR_VOLUME_{tail}")
+}
+
+fn write_env_file(path: &std::path::Path, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    let mut text = String::new();
+    for (k, v) in env {
+        text.push_str(&format!("{k}={v}\n"));
+    }
+    std::fs::write(path, text).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+}
+
+async fn set_running(ctx: &Ctx, key: &ObjectKey<AllocationSpec>) -> anyhow::Result<()> {
+    ride_out(ctx, |_| async move {
+        ctx.store
+            .modify_spec(key, |s: &mut AllocationSpec| {
+                s.client_status = ClientStatus::Running;
+                true
+            })
+            .await?;
+        Ok(())
+    })
+    .await
+}
+
+/// The workload's end in one write: its client status, how it exited, and stop.
+async fn end(
+    ctx: &Ctx,
+    key: &ObjectKey<AllocationSpec>,
+    status: ClientStatus,
+    exit: Option<ClientExit>,
+) -> anyhow::Result<()> {
+    ride_out(ctx, |_| {
+        let exit = exit.clone();
+        async move {
+            ctx.store
+                .modify_spec(key, |s: &mut AllocationSpec| {
+                    s.client_status = status;
+                    s.exit = exit.clone();
+                    s.desired_status = DesiredStatus::Stop;
+                    true
+                })
+                .await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Runs CMD with `env` added, passing SIGINT, SIGTERM and SIGHUP on to it.
+async fn spawn_and_wait(
+    command: &[String],
+    env: &BTreeMap<String, String>,
+) -> std::io::Result<std::process::ExitStatus> {
+    use futures::StreamExt;
+    let mut child = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .envs(env)
+        .spawn()?;
+    let pid = child
+        .id()
+        .and_then(|id| rustix::process::Pid::from_raw(id as i32));
+    let mut signals = Vec::new();
+    for (kind, sig) in FORWARDED {
+        let mut s = tokio::signal::unix::signal(kind)?;
+        signals.push(
+            futures::stream::poll_fn(move |cx| s.poll_recv(cx))
+                .map(move |_| sig)
+                .boxed(),
+        );
+    }
+    let mut signals = futures::stream::select_all(signals);
+    loop {
+        tokio::select! {
+            st = child.wait() => return st,
+            Some(sig) = signals.next() => {
+                if let Some(pid) = pid {
+                    let _ = rustix::process::kill_process(pid, sig);
+                }
+            }
+        }
+    }
+}
+
+/// The client status, the recorded exit and moorctl's own exit code for a workload's
+/// end.
+fn outcome(st: std::process::ExitStatus) -> (ClientStatus, ClientExit, i32) {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = st.code() {
+        let status = if code == 0 {
+            ClientStatus::Complete
+        } else {
+            ClientStatus::Failed
+        };
+        return (
+            status,
+            ClientExit {
+                code: Some(code),
+                signal: None,
+            },
+            code,
+        );
+    }
+    let sig = st.signal().unwrap_or(0);
+    let name = signal_name(sig).unwrap_or_else(|| format!("signal {sig}"));
+    (
+        ClientStatus::Failed,
+        ClientExit {
+            code: None,
+            signal: Some(name),
+        },
+        128 + sig,
+    )
+}
+
+fn signal_name(sig: i32) -> Option<String> {
+    let name = match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return None,
+    };
+    Some(name.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_names_become_environment_variables() {
+        let n = |s| Name::new(s).unwrap();
+        assert_eq!(volume_var(&n("data")), "MOOR_VOLUME_DATA");
+        assert_eq!(volume_var(&n("web-data.v2")), "MOOR_VOLUME_WEB_DATA_V2");
+        assert_eq!(volume_var(&n("a_1")), "MOOR_VOLUME_A_1");
+    }
+
+    #[test]
+    fn an_exit_is_recorded_as_code_or_signal() {
+        use std::os::unix::process::ExitStatusExt;
+        let (s, e, c) = outcome(std::process::ExitStatus::from_raw(0));
+        assert_eq!((s, e.code, c), (ClientStatus::Complete, Some(0), 0));
+        let (s, e, c) = outcome(std::process::ExitStatus::from_raw(3 << 8));
+        assert_eq!((s, e.code, c), (ClientStatus::Failed, Some(3), 3));
+        let (s, e, c) = outcome(std::process::ExitStatus::from_raw(15));
+        assert_eq!(
+            (s, e.signal.as_deref(), c),
+            (ClientStatus::Failed, Some("SIGTERM"), 143)
+        );
+    }
+}
