@@ -15,7 +15,7 @@
 //!    allocation it created (so nothing stays claimed).
 //! 4. client_status `running`; CMD runs with MOOR_ALLOC, MOOR_NODE and
 //!    MOOR_VOLUME_<REQ> (the target path of each request); SIGINT, SIGTERM and SIGHUP
-//!    are passed on to it.
+//!    are passed on to it, and it gets SIGTERM if the runner itself dies.
 //! 5. When CMD exits: client_status `complete` (0) or `failed` (with the code or
 //!    signal) and desired_status `stop` in one write; the claims are awaited until
 //!    Released (unless `--no-wait`); the lease is deleted; moorctl exits with CMD's
@@ -692,10 +692,20 @@ async fn spawn_and_wait(
     env: &BTreeMap<String, String>,
 ) -> std::io::Result<std::process::ExitStatus> {
     use futures::StreamExt;
-    let mut child = tokio::process::Command::new(&command[0])
-        .args(&command[1..])
-        .envs(env)
-        .spawn()?;
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..]).envs(env);
+    // SAFETY: the closure runs in the child between fork and exec and makes one system
+    // call (prctl), which is async-signal-safe; it allocates and locks nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            // If the runner dies (SIGKILL, a crash), the workload is told to stop
+            // (SIGTERM) instead of writing on into a volume the controller is about to
+            // release as lost.
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn()?;
     let pid = child
         .id()
         .and_then(|id| rustix::process::Pid::from_raw(id as i32));

@@ -1,0 +1,320 @@
+//! Workloads through `moorctl alloc run` (issue 25): a real etcd, `moord controller`,
+//! agents and moor-hostpath; the runner and its workload are real processes, and the
+//! plugins' call logs are checked against the invariants.
+
+#[path = "common/cluster.rs"]
+mod cluster;
+mod common;
+
+use cluster::{Cluster, PluginOpts};
+use moor::api::*;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+static SLOTS: Semaphore = Semaphore::const_new(2);
+
+const T: Duration = Duration::from_secs(30);
+
+async fn cluster() -> Cluster {
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c
+}
+
+/// `moorctl alloc run ARGS...` against the cluster.
+fn runner(c: &Cluster, args: &[&str]) -> Command {
+    let mut cmd = Command::new(common::bin("moorctl"));
+    cmd.arg(format!("--endpoints={}", c.etcd.client_url))
+        .args(["alloc", "run"])
+        .args(args);
+    cmd
+}
+
+fn run(c: &Cluster, args: &[&str]) -> Output {
+    let out = runner(c, args).output().expect("run moorctl alloc run");
+    eprintln!(
+        "$ moorctl alloc run {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+async fn allocation(c: &Cluster, name: &str) -> Allocation {
+    c.store
+        .get(&Allocation::key_for(&Namespace::default_ns(), name))
+        .await
+        .expect("allocation")
+}
+
+/// Spawns a runner whose workload prints `started` once it runs; returns when it has.
+fn start(c: &Cluster, args: &[&str]) -> Child {
+    let mut child = runner(c, args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn moorctl alloc run");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the workload's first line");
+    assert_eq!(line.trim(), "started", "the workload runs");
+    child
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_gets_its_volume_and_its_end_releases_it() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = cluster().await;
+    let env_file = c.dir.path().join("w1.env");
+    // The first run writes into the volume and fails with 3.
+    let out = run(
+        &c,
+        &[
+            "w1",
+            "--node",
+            "n2",
+            "--volume",
+            "data=v1",
+            "--env-file",
+            env_file.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo kept > \"$MOOR_VOLUME_DATA/f\" && test \"$MOOR_ALLOC\" = w1 && exit 3",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "the workload's exit code");
+    let w1 = allocation(&c, "w1").await;
+    assert_eq!(w1.spec.client_status, ClientStatus::Failed);
+    assert_eq!(w1.spec.exit.as_ref().and_then(|e| e.code), Some(3));
+    assert_eq!(w1.spec.desired_status, DesiredStatus::Stop);
+    assert_eq!(
+        c.claim("w1", "n2").await.unwrap().status.phase,
+        ClaimPhase::Released,
+        "released before moorctl returned"
+    );
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    assert!(
+        env.contains("MOOR_ALLOC=w1\n") && env.contains("MOOR_NODE=n2\n"),
+        "{env}"
+    );
+    assert!(env.contains("MOOR_VOLUME_DATA=/"), "{env}");
+
+    // A second allocation on the same volume reads it back, read-only.
+    let out = run(
+        &c,
+        &[
+            "w2",
+            "--node",
+            "n2",
+            "--volume",
+            "data=v1:ro",
+            "--",
+            "sh",
+            "-c",
+            "cat \"$MOOR_VOLUME_DATA/f\"",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "kept");
+    let w2 = allocation(&c, "w2").await;
+    assert_eq!(w2.spec.client_status, ClientStatus::Complete);
+    assert_eq!(w2.spec.exit.as_ref().and_then(|e| e.code), Some(0));
+    assert_eq!(
+        c.claim("w2", "n2").await.unwrap().spec.mode,
+        ClaimMode::Read
+    );
+    assert_eq!(
+        c.claim("w2", "n2").await.unwrap().status.phase,
+        ClaimPhase::Released
+    );
+    // The runner's lease is gone with it.
+    let leases = c
+        .store
+        .list::<LeaseSpec>(&KeyScope::all())
+        .await
+        .unwrap()
+        .items;
+    assert!(leases.is_empty(), "{leases:?}");
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_to_the_runner_reaches_the_workload() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = cluster().await;
+    let child = start(
+        &c,
+        &[
+            "w1",
+            "--node",
+            "n1",
+            "--volume",
+            "data=v1",
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 7' TERM; echo started; while :; do sleep 0.1; done",
+        ],
+    );
+    signal(&child, "-TERM");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "the workload's own exit");
+    let w1 = allocation(&c, "w1").await;
+    assert_eq!(w1.spec.client_status, ClientStatus::Failed);
+    assert_eq!(w1.spec.exit.as_ref().and_then(|e| e.code), Some(7));
+    assert_eq!(
+        c.claim("w1", "n1").await.unwrap().status.phase,
+        ClaimPhase::Released
+    );
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_runner_s_allocation_is_lost_and_released_in_order() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = cluster().await;
+    let mark = c.dir.path().join("terminated");
+    let script = format!(
+        "trap 'echo term > {}; exit 0' TERM; echo started; while :; do sleep 0.1; done",
+        mark.display()
+    );
+    let mut child = start(
+        &c,
+        &[
+            "w1",
+            "--node",
+            "n2",
+            "--volume",
+            "data=v1",
+            "--lease-ttl",
+            "3s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    assert_eq!(
+        allocation(&c, "w1").await.spec.client_status,
+        ClientStatus::Running
+    );
+    signal(&child, "-KILL");
+    let _ = child.wait();
+    // The workload is told (the runner's death signal) ...
+    c.wait("the workload terminated", T, || async { mark.exists() })
+        .await;
+    // ... and the controller finds the lease unrenewed: lost, claims released.
+    c.wait("w1 lost", T, || async {
+        allocation(&c, "w1").await.status.lost
+    })
+    .await;
+    c.wait_claim("w1", "n2", ClaimPhase::Released, T).await;
+    let w1 = allocation(&c, "w1").await;
+    assert_eq!(w1.client_status(), ClientStatus::Lost);
+    assert_eq!(
+        w1.spec.desired_status,
+        DesiredStatus::Run,
+        "the controller does not write the runner's spec"
+    );
+    // NodeUnpublish, NodeUnstage, then ControllerUnpublish: the checker holds the order.
+    let n2 = c.node("n2");
+    assert_eq!(n2.count("NodeUnpublishVolume", "OK"), 1);
+    assert_eq!(n2.count("NodeUnstageVolume", "OK"), 1);
+    assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 1);
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_or_timed_out_run_leaves_nothing_claimed() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = cluster().await;
+    // w1 writes v1 (single-node-writer) on n1.
+    let holder = start(
+        &c,
+        &[
+            "w1",
+            "--node",
+            "n1",
+            "--volume",
+            "data=v1",
+            "--",
+            "sh",
+            "-c",
+            "echo started; while :; do sleep 0.1; done",
+        ],
+    );
+    // w2 wants to write it on n2: denied, named, stopped.
+    let out = run(
+        &c,
+        &["w2", "--node", "n2", "--volume", "data=v1", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("denied") && err.contains("allocation w1 on node n1"),
+        "{err}"
+    );
+    let w2 = allocation(&c, "w2").await;
+    assert_eq!(w2.spec.desired_status, DesiredStatus::Stop);
+    c.wait_claim("w2", "n2", ClaimPhase::Released, T).await;
+    // A node that never comes: the timeout, then the same.
+    let out = run(
+        &c,
+        &[
+            "w3",
+            "--node",
+            "nowhere",
+            "--timeout",
+            "2s",
+            "--volume",
+            "data=v1:ro",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("timed out"), "{err}");
+    assert!(!err.contains("etcd"), "a timeout is not etcd's: {err}");
+    assert_eq!(
+        allocation(&c, "w3").await.spec.desired_status,
+        DesiredStatus::Stop
+    );
+    // Adopting: a running allocation on another node is refused, with why.
+    let out = run(
+        &c,
+        &["w1", "--node", "n2", "--volume", "data=v1", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is run by") || err.contains("runs on node n1"),
+        "{err}"
+    );
+    signal(&holder, "-TERM");
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + 15), "killed by SIGTERM");
+    assert_eq!(
+        allocation(&c, "w1").await.spec.exit,
+        Some(ClientExit {
+            code: None,
+            signal: Some("SIGTERM".into())
+        })
+    );
+    c.check_calls(true);
+}
