@@ -234,6 +234,90 @@ pub fn access(
     Ok(())
 }
 
+/// The access-mode rules for `claim`, admitted by [`check`] as `admitted`, against
+/// `volume`'s live claims (its own entry, if recorded already, left out): what the
+/// controller checks inside the compare-and-swap that records the claim on the volume.
+pub fn access_for(volume: &Volume, admitted: &Admitted, claim: &Claim) -> Result<(), AccessDenied> {
+    let live = &volume.status.claims;
+    let existing: Vec<ClaimRef> = live
+        .read_claims
+        .iter()
+        .chain(&live.write_claims)
+        .filter(|r| !(r.claim == claim.metadata.name && r.allocation == claim.spec.allocation))
+        .cloned()
+        .collect();
+    access(
+        &volume.spec,
+        admitted.capability.access_mode,
+        &claim.spec.node,
+        claim.spec.mode,
+        &existing,
+    )
+}
+
+/// Whether one request would be admitted now, and if not why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestFit {
+    /// The request's name.
+    pub request: Name,
+    /// The volume it claims.
+    pub volume: String,
+    /// `None`: admitted; else the verdict that keeps it out.
+    pub refused: Option<Verdict>,
+}
+
+/// Placement: would each request of `alloc` be admitted on its node (`alloc.spec.node`,
+/// `node`) now? The same rules the controller admits with ([`check`], then
+/// [`access_for`]), over the same objects: `volume_of` finds a request's volume,
+/// `node_claims` are the claims on that node. Requests are judged one by one.
+pub fn plan<'a, I>(
+    alloc: &Allocation,
+    node: Option<&Node>,
+    volume_of: impl Fn(&VolumeId) -> Option<&'a Volume>,
+    node_claims: impl Fn() -> I,
+) -> Vec<RequestFit>
+where
+    I: IntoIterator,
+    I::Item: std::ops::Deref<Target = Claim>,
+{
+    alloc
+        .spec
+        .volumes
+        .iter()
+        .map(|req| {
+            let volume_id = alloc.request_volume(req);
+            let volume = volume_id.as_ref().and_then(&volume_of);
+            let name = volume_id
+                .as_ref()
+                .map_or_else(String::new, |v| v.to_string());
+            let refused = match (volume_id, volume) {
+                (None, _) => Some(Verdict::Deny(format!(
+                    "request {}: per_alloc volume name is too long",
+                    req.name
+                ))),
+                (Some(v), None) => Some(Verdict::Deny(format!("volume {v} does not exist"))),
+                (Some(_), Some(volume)) => match alloc.claim_for(req, volume) {
+                    None => Some(Verdict::Deny(format!(
+                        "request {}: the claim's name does not fit the id rule",
+                        req.name
+                    ))),
+                    Some(claim) => match check(&claim, Some(volume), node, &node_claims) {
+                        Err(v) => Some(v),
+                        Ok(admitted) => access_for(volume, &admitted, &claim)
+                            .err()
+                            .map(|e| Verdict::Deny(e.to_string())),
+                    },
+                },
+            };
+            RequestFit {
+                request: req.name.clone(),
+                volume: name,
+                refused,
+            }
+        })
+        .collect()
+}
+
 /// An access-mode rule that denies a claim, and the live claim it conflicts with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccessDenied {

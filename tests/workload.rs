@@ -318,3 +318,121 @@ async fn a_denied_or_timed_out_run_leaves_nothing_claimed() {
     );
     c.check_calls(true);
 }
+
+/// `moorctl alloc plan` against what the controller then does: a seeded random walk over
+/// cluster states (volumes of every access mode held by writers and readers on two
+/// nodes, max_volumes_per_node 2, an unregistered node), and in each state a candidate
+/// allocation planned on one node and then applied there. Plan says it fits exactly when
+/// the controller admits it. `MOOR_PLAN_SEED` replays a walk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alloc_plan_agrees_with_the_controller_s_admission() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let seed = std::env::var("MOOR_PLAN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7_u64);
+    eprintln!("plan walk: seed {seed} (MOOR_PLAN_SEED)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let opts = PluginOpts {
+        extra: vec!["--max-volumes-per-node=2".into()],
+        ..Default::default()
+    };
+    let c = Cluster::start(1, 2, opts).await;
+    let modes = [
+        ("v1", AccessMode::SingleNodeWriter),
+        ("v2", AccessMode::MultiNodeReaderOnly),
+        ("v3", AccessMode::MultiNodeSingleWriter),
+        ("v4", AccessMode::MultiNodeMultiWriter),
+    ];
+    for (v, m) in modes {
+        c.apply(c.volume(v, m)).await;
+    }
+    for (v, _) in modes {
+        c.volume_ready(v).await;
+    }
+    let settled = |cl: &Claim| {
+        matches!(
+            cl.status.phase,
+            ClaimPhase::Admitted | ClaimPhase::Published | ClaimPhase::Denied
+        ) || (cl.status.phase == ClaimPhase::Pending && cl.status.reason.is_some())
+    };
+    let mut live: Vec<(String, String)> = Vec::new();
+    let (mut agreed_fit, mut agreed_no) = (0, 0);
+    for round in 0..14 {
+        // The state: start or stop a holder.
+        if live.len() < 2 || rng.bool() {
+            let name = format!("h{round}");
+            let (v, m) = modes[rng.usize(..modes.len())];
+            let node = ["n1", "n2"][rng.usize(..2)];
+            let ro = !m.allows_write() || rng.bool();
+            c.apply(c.allocation(&name, node, v, ro)).await;
+            c.wait("the holder settled", T, || async {
+                c.claim(&name, node).await.is_some_and(|cl| settled(&cl))
+            })
+            .await;
+            live.push((name, node.to_string()));
+        } else {
+            let (name, node) = live.remove(rng.usize(..live.len()));
+            c.stop_alloc(&name).await;
+            c.wait_claim(&name, &node, ClaimPhase::Released, T).await;
+        }
+        // The candidate: planned, then applied.
+        let (v, m) = modes[rng.usize(..modes.len())];
+        let node = ["n1", "n2", "ghost"][rng.usize(..3)];
+        let ro = !m.allows_write() || rng.bool();
+        let name = format!("c{round}");
+        let cand = c.allocation(&name, node, v, ro);
+        let file = c.dir.path().join(format!("{name}.json"));
+        std::fs::write(&file, serde_json::to_string(&cand).unwrap()).unwrap();
+        let (_, out) = c.moorctl(&[
+            "alloc",
+            "plan",
+            "-f",
+            file.to_str().unwrap(),
+            "--node",
+            node,
+            "-o",
+            "json",
+        ]);
+        let json_start = out.find('[').expect("plan's JSON");
+        let plan: serde_json::Value = serde_json::Deserializer::from_str(&out[json_start..])
+            .into_iter()
+            .next()
+            .expect("a JSON document")
+            .expect("valid JSON");
+        let fits = plan[0]["fits"].as_bool().expect("fits");
+        c.apply(cand).await;
+        c.wait("the candidate settled", T, || async {
+            c.claim(&name, node).await.is_some_and(|cl| settled(&cl))
+        })
+        .await;
+        let claim = c.claim(&name, node).await.unwrap();
+        let admitted = matches!(
+            claim.status.phase,
+            ClaimPhase::Admitted | ClaimPhase::Published
+        );
+        assert_eq!(
+            fits, admitted,
+            "round {round}: plan said fits={fits} for {name} ({v} {m:?}, ro={ro}) on {node}: {plan}; \
+             the controller: {:?} {:?}",
+            claim.status.phase, claim.status.reason
+        );
+        if fits {
+            agreed_fit += 1;
+        } else {
+            agreed_no += 1;
+        }
+        // Kept as a holder now and then, else gone again.
+        if admitted && rng.u32(..3) == 0 {
+            live.push((name, node.to_string()));
+        } else {
+            c.stop_alloc(&name).await;
+            c.wait_claim(&name, node, ClaimPhase::Released, T).await;
+        }
+    }
+    eprintln!("plan walk: {agreed_fit} fits and {agreed_no} refusals agreed");
+    assert!(
+        agreed_fit > 0 && agreed_no > 0,
+        "the walk tried both answers"
+    );
+}

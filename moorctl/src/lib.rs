@@ -11,6 +11,7 @@ mod events;
 pub mod explain;
 mod get;
 mod kind;
+mod plan;
 mod plugin;
 mod run;
 mod snapshot;
@@ -121,6 +122,9 @@ pub enum AllocCmd {
     /// run CMD with MOOR_VOLUME_<REQ> set to their paths, then end the allocation with
     /// CMD's exit and release its claims.
     Run(run::Run),
+    /// Which nodes could take an allocation now, and why the others cannot (the
+    /// controller's own admission rules; nothing is written). Exit 0 when one fits.
+    Plan(plan::Plan),
     /// Print where each request's volume is on the node (REQ=PATH lines).
     Paths {
         /// The allocation.
@@ -223,6 +227,7 @@ impl Cli {
                     alloc::stop(&ctx, &namespace, &name).await
                 }
                 Command::Alloc(AllocCmd::Run(cmd)) => cmd.run(&ctx).await,
+                Command::Alloc(AllocCmd::Plan(cmd)) => cmd.run(&ctx).await,
                 Command::Alloc(AllocCmd::Paths {
                     name,
                     namespace,

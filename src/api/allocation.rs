@@ -227,6 +227,33 @@ impl Allocation {
             .collect()
     }
 
+    /// The claim a request makes on `volume` (the request's volume), as the controller
+    /// creates it: the mode, the request's access and attachment modes (absent: the
+    /// volume's), the merged mount options, the volume's plugin. `None` when the
+    /// request's names do not fit the id rule.
+    pub fn claim_for(&self, req: &VolumeRequest, volume: &Volume) -> Option<Claim> {
+        let spec = ClaimSpec {
+            allocation: AllocationId::new(self.metadata.name.as_str()).ok()?,
+            request: req.name.clone(),
+            volume: self.request_volume(req)?,
+            node: self.spec.node.clone(),
+            plugin_id: volume.spec.plugin_id.clone(),
+            mode: req.claim_mode(),
+            access_mode: req.access_mode,
+            attachment_mode: req.attachment_mode,
+            mount_options: MountOptions::merge(
+                &volume.spec.mount_options,
+                req.mount_options.as_ref(),
+            ),
+            ..Default::default()
+        };
+        Some(Claim::new(
+            &self.metadata.namespace,
+            self.claim_name(req)?,
+            spec,
+        ))
+    }
+
     /// The name of the claim for a request: `<allocation>.<request>`, bounded.
     pub fn claim_name(&self, req: &VolumeRequest) -> Option<Name> {
         Name::new(bounded_name(

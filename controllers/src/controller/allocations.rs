@@ -205,22 +205,9 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, Allocati
             waiting.push(format!("volume {volume_id} does not exist"));
             continue;
         };
-        let spec = ClaimSpec {
-            allocation: AllocationId::new(alloc.metadata.name.as_str()).unwrap_or_default(),
-            request: req.name.clone(),
-            volume: volume_id.clone(),
-            node: alloc.spec.node.clone(),
-            plugin_id: volume.spec.plugin_id.clone(),
-            mode: req.claim_mode(),
-            access_mode: req.access_mode,
-            attachment_mode: req.attachment_mode,
-            mount_options: MountOptions::merge(
-                &volume.spec.mount_options,
-                req.mount_options.as_ref(),
-            ),
-            ..Default::default()
+        let Some(claim) = alloc.claim_for(req, &volume) else {
+            continue;
         };
-        let claim = Claim::new(ns, name, spec);
         match ctx.store.create(&claim).await {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => phases.push(ClaimPhase::Pending),
             Err(e) => return Err(e.into()),

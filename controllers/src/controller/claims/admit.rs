@@ -29,7 +29,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError
     let mut c = claim.clone();
     c.spec.access_mode = Some(admitted.capability.access_mode);
     c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
-    c.spec.external_id = Some(admitted.external_id);
+    c.spec.external_id = Some(admitted.external_id.clone());
     c.spec.volume_context = context;
     c.spec.node_secrets = volume.spec.secrets.clone();
     c.spec.volume_generation = Some(volume.metadata.generation);
@@ -64,20 +64,8 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError
             if v.metadata.generation != volume.metadata.generation {
                 return Err(Refusal::Stale);
             }
-            let existing: Vec<ClaimRef> = live
-                .read_claims
-                .iter()
-                .chain(&live.write_claims)
-                .cloned()
-                .collect();
-            admission::access(
-                &v.spec,
-                admitted.capability.access_mode,
-                &me.node,
-                me.mode,
-                &existing,
-            )
-            .map_err(|e| Refusal::Deny(e.to_string()))?;
+            // The same rules `moorctl alloc plan` places with.
+            admission::access_for(v, &admitted, claim).map_err(|e| Refusal::Deny(e.to_string()))?;
             match me.mode {
                 ClaimMode::Read => live.read_claims.push(me.clone()),
                 ClaimMode::Write => live.write_claims.push(me.clone()),

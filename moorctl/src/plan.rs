@@ -1,0 +1,167 @@
+//! `moorctl alloc plan -f ALLOC.yaml [--node NODE] [-o json]`: which nodes could take an
+//! allocation now, and for each that cannot, the rule that keeps each request out (like
+//! `nomad job plan`). Decided by [`moor::admission::plan`], the rules the controller
+//! admits with, over the objects as stored now; nothing is written.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use moor::admission::{self, RequestFit, Verdict};
+use moor::api::*;
+use serde::Serialize;
+
+use crate::{parse_ns, Ctx, Refused};
+
+/// `moorctl alloc plan`.
+#[derive(Debug, clap::Args)]
+pub struct Plan {
+    /// The Allocation manifest (YAML or JSON; `-` for stdin). Its node, if any, is
+    /// ignored unless --node names it.
+    #[arg(short = 'f', long = "filename")]
+    pub file: String,
+    /// Only this node.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// `json` for schedulers.
+    #[arg(short = 'o', long, value_parser = ["table", "json"], default_value = "table")]
+    pub output: String,
+}
+
+/// One node's answer.
+#[derive(Debug, Serialize)]
+struct NodeFit {
+    node: String,
+    fits: bool,
+    requests: Vec<RequestOut>,
+}
+
+#[derive(Debug, Serialize)]
+struct RequestOut {
+    name: String,
+    volume: String,
+    admitted: bool,
+    /// `wait` (not decidable yet: a volume being created, a node not registered) or
+    /// `deny` (a rule refuses it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verdict: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
+
+impl From<RequestFit> for RequestOut {
+    fn from(f: RequestFit) -> Self {
+        let (verdict, reason) = match f.refused {
+            None => (None, None),
+            Some(Verdict::Wait(r)) => (Some("wait"), Some(printable(&r))),
+            Some(Verdict::Deny(r)) => (Some("deny"), Some(printable(&r))),
+        };
+        RequestOut {
+            name: f.request.to_string(),
+            volume: f.volume,
+            admitted: verdict.is_none(),
+            verdict,
+            reason,
+        }
+    }
+}
+
+impl Plan {
+    /// Exit 0 when at least one node fits, 1 otherwise.
+    pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
+        let text = crate::apply::read_input(&self.file)?;
+        let mut alloc = None;
+        for doc in parse_manifests(&text) {
+            match doc.map_err(|e| Refused(format!("{}: {e}", self.file)))? {
+                AnyObject::Allocation(a) if alloc.is_none() => alloc = Some(*a),
+                _ => {
+                    return Err(Refused(format!("{}: plan takes one Allocation", self.file)).into())
+                }
+            }
+        }
+        let mut alloc =
+            alloc.ok_or_else(|| Refused(format!("{}: no Allocation in it", self.file)))?;
+        let ns = parse_ns(alloc.metadata.namespace.as_str())?;
+        let nodes: Vec<Node> = match &self.node {
+            Some(n) => {
+                let name = NodeName::new(n).map_err(|e| anyhow::anyhow!("node {n:?}: {e}"))?;
+                // An unregistered node is answered too: nothing fits there yet.
+                let found = ctx.store.try_get(&Node::key_for(&name)).await?;
+                vec![found.unwrap_or_else(|| {
+                    let mut n = Node::new(
+                        &Namespace::default(),
+                        Name::new(name.as_str()).unwrap_or_default(),
+                        NodeSpec {},
+                    );
+                    n.metadata.uid.clear();
+                    n
+                })]
+            }
+            None => ctx.store.list::<NodeSpec>(&KeyScope::all()).await?.items,
+        };
+        let volumes: BTreeMap<VolumeId, Volume> = ctx
+            .store
+            .list::<VolumeSpec>(&KeyScope::all())
+            .await?
+            .items
+            .into_iter()
+            .filter(|v| v.metadata.namespace == ns)
+            .filter_map(|v| Some((VolumeId::new(v.metadata.name.as_str()).ok()?, v)))
+            .collect();
+        let mut claims_by_node: BTreeMap<NodeName, Vec<Arc<Claim>>> = BTreeMap::new();
+        for c in ctx.store.list::<ClaimSpec>(&KeyScope::all()).await?.items {
+            claims_by_node
+                .entry(c.spec.node.clone())
+                .or_default()
+                .push(Arc::new(c));
+        }
+        let mut out = Vec::new();
+        for node in &nodes {
+            let name = NodeName::new(node.metadata.name.as_str())?;
+            alloc.spec.node = name.clone();
+            let registered = !node.metadata.uid.is_empty();
+            let fits = admission::plan(
+                &alloc,
+                registered.then_some(node),
+                |v| volumes.get(v),
+                || claims_by_node.get(&name).cloned().unwrap_or_default(),
+            );
+            out.push(NodeFit {
+                node: name.to_string(),
+                fits: fits.iter().all(|f| f.refused.is_none()),
+                requests: fits.into_iter().map(RequestOut::from).collect(),
+            });
+        }
+        let any = out.iter().any(|n| n.fits);
+        if self.output == "json" {
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        } else {
+            let rows: Vec<Vec<String>> = out
+                .iter()
+                .map(|n| {
+                    let why: Vec<String> = n
+                        .requests
+                        .iter()
+                        .filter_map(|r| Some(format!("{}: {}", r.name, r.reason.as_ref()?)))
+                        .collect();
+                    vec![
+                        printable(&n.node),
+                        if n.fits { "yes" } else { "no" }.to_string(),
+                        if why.is_empty() {
+                            "-".to_string()
+                        } else {
+                            why.join("; ")
+                        },
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                crate::table::render(&["NODE", "FITS", "WHY NOT"], &rows)
+            );
+            if out.is_empty() {
+                println!("(no node is registered)");
+            }
+        }
+        Ok(if any { 0 } else { 1 })
+    }
+}
