@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The newcomer's demo, start to finish: build moor, start `moord dev` (embedded store,
-# controller, agent for node `local`, moor-hostpath), create a volume, run an allocation
-# that claims it, watch it publish, stop the allocation, watch the release, clean up.
+# controller, agent for node `local`, moor-hostpath), create a volume, ask where a
+# workload could use it, run one that writes into it (`moorctl alloc run`: the volume is
+# published, the command gets its path, its end releases it), run a second that reads
+# the data back, then clean up.
 #
 #   bash deploy/quickstart.sh            # KEEP=1 leaves moord dev running afterwards
 #
@@ -34,7 +36,7 @@ if [ "${KEEP:-}" != 1 ]; then trap stop_dev EXIT; fi
 
 moorctl() {
     echo
-    echo "\$ moorctl $*"
+    echo "\$ moorctl $(printf '%q ' "$@")"
     "$BIN/moorctl" "$@"
 }
 
@@ -55,14 +57,20 @@ done
 moorctl plugin status
 moorctl apply -f deploy/examples/quickstart.yaml
 moorctl wait volume/web-data --for phase=ready --timeout 60s
-moorctl wait claim/web-1.data --for phase=published --timeout 60s
-moorctl get claims
-moorctl volume status web-data
-moorctl alloc stop web-1
-moorctl wait claim/web-1.data --for phase=released --timeout 60s
-moorctl delete allocation web-1
-moorctl wait claim/web-1.data --for delete --timeout 60s
+moorctl alloc plan -f deploy/examples/web-1.yaml
+# A workload that writes into the volume: moorctl publishes it on node local, runs the
+# command with MOOR_VOLUME_DATA set to its path, and releases it when the command ends.
+moorctl alloc run web-1 -f deploy/examples/web-1.yaml -- \
+    sh -c 'date > "$MOOR_VOLUME_DATA/hello" && echo "web-1 wrote $MOOR_VOLUME_DATA/hello"'
+moorctl get allocations
+# A second workload on the same volume, read-only, reads the data back.
+moorctl alloc run web-2 --node local --volume data=web-data:ro -- \
+    sh -c 'echo "web-2 read: $(cat "$MOOR_VOLUME_DATA/hello")"'
+moorctl describe allocation web-2
 moorctl events
+moorctl delete allocation web-1
+moorctl delete allocation web-2
+moorctl wait claim/web-2.data --for delete --timeout 60s
 moorctl delete volume web-data
 moorctl wait volume/web-data --for delete --timeout 60s
 

@@ -183,6 +183,9 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
                 eprintln!("  node {NODE}, plugin {PLUGIN}");
                 eprintln!("  try:  export MOOR_ENDPOINTS={url}");
                 eprintln!("        moorctl apply -f deploy/examples/quickstart.yaml");
+                eprintln!(
+                    "        moorctl alloc run web-1 --node local --volume data=web-data -- sh -c 'ls $MOOR_VOLUME_DATA'"
+                );
                 eprintln!("        moorctl get claims -w\n");
             }
             Err(e) => tracing::warn!(error = format!("{e:#}"), "moor dev did not become ready"),
