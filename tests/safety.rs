@@ -586,15 +586,17 @@ async fn a_lost_node_s_return_acts_only_after_the_volume_is_attached_again() {
     );
 }
 
-/// Found by the long chaos runs (seeds 1001-1004 at 1,000 ops): after `moorctl volume
-/// detach` of a node that is up, every claim there admitted before it was granted again
-/// on a new attachment, but still counted as covered by the force-detach; the next
-/// release on that node detached the new attachment and withdrew the grants again, and
-/// so on (ControllerPublish and ControllerUnpublish alternating every 30 ms). A grant
-/// made again after a withdrawal is a new holding, which that force-detach does not
-/// cover.
+/// Found by the long chaos runs (seeds 1001-1004 at 1,000 ops, then 1002 again): after
+/// `moorctl volume detach` of a node, a release there (even of a claim that was never
+/// admitted) detached the volume under the node's live claims, withdrew their grants
+/// and, in the first version of the withdrawal, did so again after each new grant
+/// (ControllerPublish and ControllerUnpublish alternating every 30 ms); a node that had
+/// come back had published those claims again meanwhile, so the ControllerUnpublish
+/// came under live publishes. An operator's force-detach skips the node steps of the
+/// releases it covers; it never detaches a volume that live claims on the node use (only
+/// a node collected after `--node-gc-timeout` loses those).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_granted_again_after_a_force_detach_keeps_its_attachment() {
+async fn a_force_detach_never_detaches_a_volume_under_live_claims() {
     let _slot = SLOTS.acquire().await.unwrap();
     let c = Cluster::start(1, 2, PluginOpts::default()).await;
     c.apply(c.volume("v1", AccessMode::MultiNodeReaderOnly))
@@ -609,50 +611,41 @@ async fn a_claim_granted_again_after_a_force_detach_keeps_its_attachment() {
     let detach_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     let (ok, out) = c.moorctl(&["volume", "detach", "v1", "--node", "n2"]);
     assert!(ok, "{out}");
-    // a1 ends: released without the node (the force-detach covers it); a2 and a3 lose
-    // their grant, are granted again on a new attachment and published again.
+    // a1 ends: released without waiting for the node (the force-detach covers it), but
+    // a2 and a3 still use the attachment: it stays, and so do their grants.
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
-    let n1 = c.node("n1");
-    c.wait("v1 attached to n2 again", T, || async move {
-        n1.count("ControllerPublishVolume", "OK") >= 2
-    })
-    .await;
-    for a in ["a2", "a3"] {
-        c.wait("the claim granted again", T, || async {
-            c.claim(a, "n2")
-                .await
-                .is_some_and(|cl| cl.spec.publish && cl.status.phase == ClaimPhase::Published)
-        })
-        .await;
-    }
-    // a2 ends too: a3 still holds the new attachment, which stays.
+    // a2 ends too; then a last look once the controller has settled a2's release.
     c.stop_alloc("a2").await;
     c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
+    let controller_calls = |c: &Cluster| -> Vec<String> {
+        c.node("n1")
+            .calls()
+            .iter()
+            .filter(|x| x.rpc.starts_with("Controller"))
+            .map(|x| format!("{} {} {}", x.time, x.rpc, x.code))
+            .collect()
+    };
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let controller_calls: Vec<String> = c
-        .node("n1")
-        .calls()
-        .iter()
-        .filter(|x| x.rpc.starts_with("Controller"))
-        .map(|x| format!("{} {} {}", x.time, x.rpc, x.code))
-        .collect();
-    assert_eq!(
-        c.node("n1").count("ControllerPublishVolume", "OK"),
-        2,
-        "{controller_calls:#?}"
-    );
     assert_eq!(
         c.node("n1").count("ControllerUnpublishVolume", "OK"),
-        1,
-        "{controller_calls:#?}"
+        0,
+        "{:#?}",
+        controller_calls(&c)
     );
     assert_eq!(
-        c.claim("a3", "n2").await.unwrap().status.phase,
-        ClaimPhase::Published
+        c.node("n1").count("ControllerPublishVolume", "OK"),
+        1,
+        "{:#?}",
+        controller_calls(&c)
     );
+    let a3 = c.claim("a3", "n2").await.unwrap();
+    assert!(a3.spec.publish && !a3.spec.revoked, "{:?}", a3.spec);
+    assert_eq!(a3.status.phase, ClaimPhase::Published);
+    // The last claim ends: now the volume is detached.
     c.stop_alloc("a3").await;
     c.wait_claim("a3", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 1);
     c.check_calls_forced(
         true,
         [("csi-n2".to_string(), vec![detach_at])]

@@ -153,6 +153,28 @@ pub fn attach(i: &AttachInputs) -> AttachPlan {
     )
 }
 
+/// Whether `other`, another claim of the volume on the same node, still needs the
+/// attachment there (so a release must not detach it). A releasing claim needs it until
+/// its node side is done or skipped (`other_done`, [`node_done`]). A live claim needs it
+/// unless its node was collected (`node_collected`: gone past `--node-gc-timeout`):
+/// an operator's force-detach covers the node steps of releases only, never a live
+/// claim's use of the volume (found by the long chaos runs: a denied claim's release
+/// detached the volume under two live claims the node had published again after
+/// returning).
+pub fn needs_attachment(other: &Claim, other_done: &NodeDone, node_collected: bool) -> bool {
+    if other.status.phase == ClaimPhase::Released {
+        return false;
+    }
+    if !(other.spec.publish || other.status.phase.is_live()) {
+        return false;
+    }
+    if other.spec.release || other.is_deleting() {
+        *other_done == NodeDone::No
+    } else {
+        !node_collected
+    }
+}
+
 /// Whether an allocation's runner still runs it, by its Lease (see `api::lease`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
@@ -525,6 +547,41 @@ mod tests {
         assert_eq!(node_done(&node_inputs(&c, None)), NodeDone::Agent);
         c.spec.revoked = true;
         assert_eq!(node_done(&node_inputs(&c, None)), NodeDone::No);
+    }
+
+    #[test]
+    fn a_live_claim_needs_its_attachment_unless_its_node_was_collected() {
+        let mut live = claim(ClaimMode::Read, AccessMode::SingleNodeWriter);
+        live.spec.publish = true;
+        // An operator's force-detach skips a live claim's node steps on release, but
+        // while it lives it keeps the volume attached.
+        let forced = NodeDone::Skipped("the operator detached".into());
+        assert!(needs_attachment(&live, &forced, false));
+        assert!(!needs_attachment(&live, &forced, true));
+        // A withdrawn claim waiting for a new attachment needs it too.
+        let mut withdrawn = live.clone();
+        withdrawn.spec.publish = false;
+        withdrawn.spec.revoked = true;
+        assert!(needs_attachment(&withdrawn, &NodeDone::No, false));
+        // Pending, never let on: it does not.
+        let mut pending = claim(ClaimMode::Read, AccessMode::SingleNodeWriter);
+        pending.status.phase = ClaimPhase::Pending;
+        assert!(!needs_attachment(&pending, &NodeDone::Agent, false));
+    }
+
+    #[test]
+    fn a_releasing_claim_needs_its_attachment_until_its_node_side_is_done_or_skipped() {
+        let c = releasing(Some(1));
+        assert!(needs_attachment(&c, &NodeDone::No, false));
+        assert!(!needs_attachment(&c, &NodeDone::Agent, false));
+        assert!(!needs_attachment(
+            &c,
+            &NodeDone::Skipped("gone".into()),
+            false
+        ));
+        let mut done = c.clone();
+        done.status.phase = ClaimPhase::Released;
+        assert!(!needs_attachment(&done, &NodeDone::No, false));
     }
 
     fn running_alloc() -> Allocation {

@@ -39,7 +39,8 @@ use publish::{
     waiting_for_node, withdraw, Attach, AttachTodo,
 };
 use release::{
-    claim_mount, node_done, node_gc_ticks, release, released_frees, waiting_for_unpublish,
+    claim_mount, node_collected, node_done, node_gc_ticks, release, released_frees,
+    waiting_for_unpublish,
 };
 
 use super::context::waiting_index;

@@ -172,10 +172,7 @@ pub(super) async fn attachment_needed_by_others(
         let Some(o) = ctx.claim(&o.object_key()).await? else {
             continue;
         };
-        let needs = o.status.phase != ClaimPhase::Released
-            && (o.spec.publish || o.status.phase.is_live())
-            && node_done(ctx, &o) == NodeDone::No;
-        if needs {
+        if plan::needs_attachment(&o, &node_done(ctx, &o), node_collected(ctx, &o.spec.node)) {
             return Ok(true);
         }
     }

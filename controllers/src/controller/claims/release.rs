@@ -63,6 +63,14 @@ pub(super) fn claim_mount(ctx: &Ctx, claim: &Claim) -> Option<Arc<Mount>> {
         .filter(|m| m.spec.claim_uid == claim.metadata.uid)
 }
 
+/// Whether `node` has been gone longer than `--node-gc-timeout` (never without one).
+pub(super) fn node_collected(ctx: &Ctx, node: &NodeName) -> bool {
+    match (ctx.node_gc_timeout, ctx.node_gone_for(node)) {
+        (Some(timeout), Some(gone)) => gone >= timeout,
+        _ => false,
+    }
+}
+
 /// Whether the node side of a claim is finished (or skipped): [`plan::node_done`] over
 /// the caches.
 pub(super) fn node_done(ctx: &Ctx, claim: &Claim) -> NodeDone {
