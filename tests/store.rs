@@ -226,6 +226,48 @@ async fn a_batch_writes_every_object_or_none(backend: Backend) {
     ));
 }
 
+/// A grant rests on the attachment as read (issue 24): `Batch::unchanged` guards a
+/// write on another object's version, and `Batch::absent` on a key being absent.
+async fn a_batch_guard_holds_only_while_what_was_read_is_unchanged(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    let guard = store.create(&volume("g")).await.unwrap();
+    let a = store.create(&volume("a")).await.unwrap();
+    let write = |read: &Volume, cap: u64| {
+        let mut next = read.clone();
+        next.spec.capacity_max = Some(Size(cap));
+        next
+    };
+    // The guard as read: the write lands.
+    let mut batch = Batch::default();
+    batch.unchanged(&store, &guard);
+    batch.absent(&store, &Volume::key_for(&Namespace::default_ns(), "nobody"));
+    batch.update(&store, &a, &write(&a, 1 << 30)).unwrap();
+    batch.commit(&store).await.unwrap();
+    let a = store.get(&a.object_key()).await.unwrap();
+    assert_eq!(a.spec.capacity_max, Some(Size(1 << 30)));
+    // The guard changed since it was read: nothing is written.
+    let mut g2 = guard.clone();
+    g2.status.provisioning.phase = VolumePhase::Ready;
+    store.update(&guard, &g2).await.unwrap();
+    let mut batch = Batch::default();
+    batch.unchanged(&store, &guard);
+    batch.update(&store, &a, &write(&a, 2 << 30)).unwrap();
+    assert!(matches!(
+        batch.commit(&store).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    // A key that should be absent exists: nothing is written.
+    let mut batch = Batch::default();
+    batch.absent(&store, &guard.object_key());
+    batch.update(&store, &a, &write(&a, 3 << 30)).unwrap();
+    assert!(matches!(
+        batch.commit(&store).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(store.get(&a.object_key()).await.unwrap(), a);
+}
+
 async fn section_writers_both_land_through_modify_status(backend: Backend) {
     let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
@@ -559,6 +601,7 @@ crate::both_stores!(
     conflicting_update_is_a_conflict_and_loses_nothing,
     one_update_writes_spec_and_status_over_what_was_read,
     a_batch_writes_every_object_or_none,
+    a_batch_guard_holds_only_while_what_was_read_is_unchanged,
     section_writers_both_land_through_modify_status,
     delete_honours_precondition_and_finalizers,
     list_pages_through_every_key_and_reports_malformed_ones,

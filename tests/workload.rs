@@ -171,6 +171,18 @@ async fn sigterm_to_the_runner_reaches_the_workload() {
             "trap 'exit 7' TERM; echo started; while :; do sleep 0.1; done",
         ],
     );
+    // While it runs, where its data is.
+    let (ok, out) = c.moorctl(&["alloc", "paths", "w1"]);
+    assert!(ok && out.starts_with("data=/"), "{out}");
+    let (ok, out) = c.moorctl(&["alloc", "paths", "w1", "--export"]);
+    assert!(ok && out.starts_with("export MOOR_VOLUME_DATA='/"), "{out}");
+    let (ok, out) = c.moorctl(&["describe", "allocation", "w1", "-o", "wide"]);
+    assert!(ok && out.contains("Client:     running"), "{out}");
+    assert!(
+        out.contains("TARGET PATH") && out.contains("STAGING PATH"),
+        "{out}"
+    );
+    assert!(out.contains("/per-alloc/default/w1/v1/"), "{out}");
     signal(&child, "-TERM");
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(7), "the workload's own exit");
