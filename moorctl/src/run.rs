@@ -465,64 +465,39 @@ async fn wait_published(
     key: &ObjectKey<AllocationSpec>,
     timeout: Duration,
 ) -> anyhow::Result<Allocation> {
-    let start = Instant::now();
-    let mut last = String::new();
-    loop {
-        let (alloc, claims) = match look(ctx, key).await {
-            Ok(x) => x,
-            Err(e) if crate::is_transient(&e) && start.elapsed() < timeout => {
-                tokio::time::sleep(POLL).await;
-                continue;
-            }
-            Err(e) => return Err(e),
+    poll_claims(ctx, key, timeout, ClaimPhase::Published, |seen| {
+        let Some((alloc, claims)) = seen else {
+            return Some(Err(Refused("the allocation was deleted".into()).into()));
         };
-        let line = progress(&alloc, &claims, ClaimPhase::Published);
-        if line != last {
-            eprintln!("moorctl: {line}");
-            last = line;
-        }
         if alloc.is_terminal() || alloc.is_deleting() {
-            return Err(Refused(format!(
+            return Some(Err(Refused(format!(
                 "allocation {} ended before its volumes were published",
                 alloc.metadata.name
             ))
-            .into());
+            .into()));
         }
-        if let Some((req, c)) = claims.iter().find_map(|(r, c)| {
+        let denied = claims.iter().find_map(|(r, c)| {
             c.as_ref()
                 .filter(|c| c.status.phase == ClaimPhase::Denied)
                 .map(|c| (r, c))
-        }) {
-            return Err(Refused(format!(
+        });
+        if let Some((req, c)) = denied {
+            return Some(Err(Refused(format!(
                 "request {req} was denied: {}",
                 printable(c.status.reason.as_deref().unwrap_or("no reason given"))
             ))
-            .into());
-        }
-        if let Some(e) = alloc.status.meta.last_error.as_deref() {
-            if start.elapsed() >= timeout {
-                return Err(Refused(format!("timed out: {}", printable(e))).into());
-            }
+            .into()));
         }
         let published = !claims.is_empty()
             && claims.iter().all(|(_, c)| {
                 c.as_ref()
                     .is_some_and(|c| c.status.phase == ClaimPhase::Published)
             });
-        if published
-            || (alloc.spec.volumes.is_empty() && alloc.status.phase == AllocationPhase::Ready)
-        {
-            return Ok(alloc);
-        }
-        if start.elapsed() >= timeout {
-            return Err(Refused(format!(
-                "timed out after {} waiting for the volumes: {last}",
-                humantime::format_duration(timeout)
-            ))
-            .into());
-        }
-        tokio::time::sleep(POLL).await;
-    }
+        let nothing_to_publish =
+            alloc.spec.volumes.is_empty() && alloc.status.phase == AllocationPhase::Ready;
+        (published || nothing_to_publish).then(|| Ok(alloc.clone()))
+    })
+    .await
 }
 
 /// Waits until every claim of the allocation is Released (or gone).
@@ -531,37 +506,64 @@ async fn wait_released(
     key: &ObjectKey<AllocationSpec>,
     timeout: Duration,
 ) -> anyhow::Result<()> {
+    poll_claims(ctx, key, timeout, ClaimPhase::Released, |seen| {
+        let Some((alloc, claims)) = seen else {
+            return Some(Ok(()));
+        };
+        let released = claims.iter().all(|(_, c)| {
+            c.as_ref()
+                .is_none_or(|c| c.status.phase == ClaimPhase::Released)
+        });
+        released.then(|| {
+            eprintln!(
+                "moorctl: allocation {}: every claim released",
+                alloc.metadata.name
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// The allocation and its claims as stored, `None` once the allocation is gone.
+type Seen<'a> = Option<(&'a Allocation, &'a [(Name, Option<Claim>)])>;
+
+/// Reads the allocation and its claims every [`POLL`], printing a progress line when it
+/// changes (claims short of `goal` with their reasons), until `decide` gives a verdict;
+/// after `timeout`, a refusal with the last progress line. etcd being unavailable
+/// meanwhile is waited out.
+async fn poll_claims<T>(
+    ctx: &Ctx,
+    key: &ObjectKey<AllocationSpec>,
+    timeout: Duration,
+    goal: ClaimPhase,
+    mut decide: impl FnMut(Seen<'_>) -> Option<anyhow::Result<T>>,
+) -> anyhow::Result<T> {
     let start = Instant::now();
     let mut last = String::new();
     loop {
-        let (alloc, claims) = match look(ctx, key).await {
-            Ok(x) => x,
-            Err(e) if crate::is_not_found(&e) => return Ok(()),
+        let seen = match look(ctx, key).await {
+            Ok(x) => Some(x),
+            Err(e) if crate::is_not_found(&e) => None,
             Err(e) if crate::is_transient(&e) && start.elapsed() < timeout => {
                 tokio::time::sleep(POLL).await;
                 continue;
             }
             Err(e) => return Err(e),
         };
-        let released = claims.iter().all(|(_, c)| {
-            c.as_ref()
-                .is_none_or(|c| c.status.phase == ClaimPhase::Released)
-        });
-        if released {
-            eprintln!(
-                "moorctl: allocation {}: every claim released",
-                alloc.metadata.name
-            );
-            return Ok(());
+        if let Some((alloc, claims)) = &seen {
+            let line = progress(alloc, claims, goal);
+            if line != last {
+                eprintln!("moorctl: {line}");
+                last = line;
+            }
         }
-        let line = progress(&alloc, &claims, ClaimPhase::Released);
-        if line != last {
-            eprintln!("moorctl: {line}");
-            last = line;
+        if let Some(verdict) = decide(seen.as_ref().map(|(a, c)| (a, c.as_slice()))) {
+            return verdict;
         }
         if start.elapsed() >= timeout {
             return Err(Refused(format!(
-                "timed out after {} waiting for the claims to be released: {last}",
+                "timed out after {} waiting for the claims to be {goal:?}: {last}",
                 humantime::format_duration(timeout)
             ))
             .into());
