@@ -307,6 +307,40 @@ async fn a_denied_or_timed_out_run_leaves_nothing_claimed() {
         allocation(&c, "w3").await.spec.desired_status,
         DesiredStatus::Stop
     );
+    // Interrupted while it waits: the same.
+    let waiting = runner(
+        &c,
+        &[
+            "w4",
+            "--node",
+            "nowhere",
+            "--volume",
+            "data=v1:ro",
+            "--",
+            "true",
+        ],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    c.wait("w4 created", T, || async {
+        c.store
+            .try_get(&Allocation::key_for(&Namespace::default_ns(), "w4"))
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    signal(&waiting, "-TERM");
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("interrupted"), "{err}");
+    assert_eq!(
+        allocation(&c, "w4").await.spec.desired_status,
+        DesiredStatus::Stop
+    );
     // Adopting: a running allocation on another node is refused, with why.
     let out = run(
         &c,

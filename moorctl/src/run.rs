@@ -110,8 +110,21 @@ impl Run {
         let result = self.bound(ctx, wanted).await;
         renewer.abort();
         // The lease goes last: until the claims are released (or we gave up waiting)
-        // it said the workload was ours.
-        let _ = ctx.store.delete(&lease.object_key(), None).await;
+        // it said the workload was ours. When the run failed on the store (the end
+        // could not be recorded), it stays, unrenewed: the controller then finds the
+        // allocation lost once it expires and releases its claims, instead of nobody.
+        let recorded = match &result {
+            Ok(_) => true,
+            Err(e) => e.is::<Refused>(),
+        };
+        if recorded {
+            let _ = ctx.store.delete(&lease.object_key(), None).await;
+        } else {
+            eprintln!(
+                "moorctl: the allocation's end may not be recorded; its lease is left to expire in {} (the controller then releases its claims)",
+                humantime::format_duration(self.lease_ttl)
+            );
+        }
         result
     }
 
@@ -119,7 +132,14 @@ impl Run {
     async fn bound(&self, ctx: &Ctx, wanted: Allocation) -> anyhow::Result<i32> {
         let key = wanted.object_key();
         let created = adopt_or_create(ctx, &wanted).await?;
-        let alloc = match wait_published(ctx, &key, self.timeout).await {
+        let waited = tokio::select! {
+            r = wait_published(ctx, &key, self.timeout) => r,
+            _ = interrupted() => Err(Refused(
+                "interrupted before the workload started".into(),
+            )
+            .into()),
+        };
+        let alloc = match waited {
             Ok(alloc) => alloc,
             Err(e) => {
                 if created {
@@ -686,6 +706,21 @@ async fn end(
         }
     })
     .await
+}
+
+/// Resolves on the first SIGINT, SIGTERM or SIGHUP (never, if they cannot be caught).
+async fn interrupted() {
+    use futures::StreamExt;
+    let mut streams = Vec::new();
+    for (kind, _) in FORWARDED {
+        if let Ok(mut s) = tokio::signal::unix::signal(kind) {
+            streams.push(futures::stream::poll_fn(move |cx| s.poll_recv(cx)).boxed());
+        }
+    }
+    if streams.is_empty() {
+        return std::future::pending().await;
+    }
+    futures::stream::select_all(streams).next().await;
 }
 
 /// Runs CMD with `env` added, passing SIGINT, SIGTERM and SIGHUP on to it.
