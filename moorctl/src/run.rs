@@ -11,15 +11,16 @@
 //!    not terminal and on this node; anything else is refused.
 //! 3. Its claims are awaited until Published, with progress on stderr (the phase, a
 //!    waiting claim's reason, its failing step, last error and next retry). A Denied
-//!    or Failed claim, or `--timeout`, ends the run with exit 1 after stopping an
-//!    allocation it created (so nothing stays claimed).
+//!    or Failed claim, `--timeout` or a signal ends the run with exit 1 after stopping
+//!    an allocation it created (so nothing stays claimed).
 //! 4. client_status `running`; CMD runs with MOOR_ALLOC, MOOR_NODE and
 //!    MOOR_VOLUME_<REQ> (the target path of each request); SIGINT, SIGTERM and SIGHUP
 //!    are passed on to it, and it gets SIGTERM if the runner itself dies.
 //! 5. When CMD exits: client_status `complete` (0) or `failed` (with the code or
 //!    signal) and desired_status `stop` in one write; the claims are awaited until
-//!    Released (unless `--no-wait`); the lease is deleted; moorctl exits with CMD's
-//!    code (128 + the signal's number when a signal ended it).
+//!    Released (unless `--no-wait`); the lease is deleted (left to expire when the end
+//!    could not be recorded, so the controller releases the claims as lost); moorctl
+//!    exits with CMD's code (128 + the signal's number when a signal ended it).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
