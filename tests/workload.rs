@@ -51,9 +51,13 @@ async fn allocation(c: &Cluster, name: &str) -> Allocation {
         .expect("allocation")
 }
 
-/// Spawns a runner whose workload prints `started` once it runs; returns when it has.
-fn start(c: &Cluster, args: &[&str]) -> Child {
-    let mut child = runner(c, args)
+/// Spawns `moorctl alloc run NAME --node NODE --volume data=v1 [FLAGS...] -- sh -c
+/// SCRIPT`, whose script prints `started` once it runs; returns when it has.
+fn start(c: &Cluster, name: &str, node: &str, flags: &[&str], script: &str) -> Child {
+    let mut args = vec![name, "--node", node, "--volume", "data=v1"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    let mut child = runner(c, &args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn moorctl alloc run");
@@ -159,17 +163,10 @@ async fn sigterm_to_the_runner_reaches_the_workload() {
     let c = cluster().await;
     let child = start(
         &c,
-        &[
-            "w1",
-            "--node",
-            "n1",
-            "--volume",
-            "data=v1",
-            "--",
-            "sh",
-            "-c",
-            "trap 'exit 7' TERM; echo started; while :; do sleep 0.1; done",
-        ],
+        "w1",
+        "n1",
+        &[],
+        "trap 'exit 7' TERM; echo started; while :; do sleep 0.1; done",
     );
     // While it runs, where its data is.
     let (ok, out) = c.moorctl(&["alloc", "paths", "w1"]);
@@ -205,22 +202,7 @@ async fn a_killed_runner_s_allocation_is_lost_and_released_in_order() {
         "trap 'echo term > {}; exit 0' TERM; echo started; while :; do sleep 0.1; done",
         mark.display()
     );
-    let mut child = start(
-        &c,
-        &[
-            "w1",
-            "--node",
-            "n2",
-            "--volume",
-            "data=v1",
-            "--lease-ttl",
-            "3s",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
+    let mut child = start(&c, "w1", "n2", &["--lease-ttl", "3s"], &script);
     assert_eq!(
         allocation(&c, "w1").await.spec.client_status,
         ClientStatus::Running
@@ -258,17 +240,10 @@ async fn a_denied_or_timed_out_run_leaves_nothing_claimed() {
     // w1 writes v1 (single-node-writer) on n1.
     let holder = start(
         &c,
-        &[
-            "w1",
-            "--node",
-            "n1",
-            "--volume",
-            "data=v1",
-            "--",
-            "sh",
-            "-c",
-            "echo started; while :; do sleep 0.1; done",
-        ],
+        "w1",
+        "n1",
+        &[],
+        "echo started; while :; do sleep 0.1; done",
     );
     // w2 wants to write it on n2: denied, named, stopped.
     let out = run(
