@@ -76,14 +76,17 @@ pub async fn run(
 fn lease_of(ctx: &Ctx, key: &str) -> Option<(Arc<Lease>, Duration)> {
     let key = ObjectKey::<AllocationSpec>::parse(key).ok()?;
     let (ns, name) = key.suffix().split_once('/')?;
-    let lease = ctx
-        .leases
-        .get(&Lease::key_for(&Namespace::new(ns).ok()?, name))?;
-    let unrenewed = ctx
+    let lease_key = Lease::key_for(&Namespace::new(ns).ok()?, name);
+    let mut observer = ctx
         .lease_observer
         .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .observe(&lease, std::time::Instant::now());
+        .unwrap_or_else(|p| p.into_inner());
+    let Some(lease) = ctx.leases.get(&lease_key) else {
+        // Gone (its runner ended, or it was collected): nothing to remember of it.
+        observer.forget(lease_key.as_str());
+        return None;
+    };
+    let unrenewed = observer.observe(&lease, std::time::Instant::now());
     Some((lease, unrenewed))
 }
 
@@ -96,14 +99,11 @@ async fn collect_lease(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> 
     if unrenewed < lease.duration() {
         return Ok(Action::Requeue(lease.duration() - unrenewed));
     }
+    // Its deletion comes back through the lease watch, which forgets it.
     match ctx.store.delete_read(&lease).await {
         Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {}
         Err(e) => return Err(e.into()),
     }
-    ctx.lease_observer
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .forget(&lease.key());
     Ok(Action::AwaitChange)
 }
 
