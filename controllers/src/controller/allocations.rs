@@ -77,10 +77,7 @@ fn lease_of(ctx: &Ctx, key: &str) -> Option<(Arc<Lease>, Duration)> {
     let key = ObjectKey::<AllocationSpec>::parse(key).ok()?;
     let (ns, name) = key.suffix().split_once('/')?;
     let lease_key = Lease::key_for(&Namespace::new(ns).ok()?, name);
-    let mut observer = ctx
-        .lease_observer
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let mut observer = ctx.lease_observer.lock().unwrap_or_else(|p| p.into_inner());
     let Some(lease) = ctx.leases.get(&lease_key) else {
         // Gone (its runner ended, or it was collected): nothing to remember of it.
         observer.forget(lease_key.as_str());

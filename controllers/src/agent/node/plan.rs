@@ -45,6 +45,17 @@ pub struct Facts {
     pub stage_current: bool,
 }
 
+/// Whether the stats loop may read a published volume's usage (NodeGetVolumeStats): only
+/// for a claim that is granted now, not being released, the same claim the record was
+/// made for (`same_claim`), on the grant the record was made under (`on_grant`). What
+/// a node did under a grant since withdrawn or released is not its to look at: the
+/// volume may have been force-detached, or even deleted (found by the long chaos runs,
+/// seed 1015: a returning node read the usage of a deleted volume it still had a
+/// record of, before tearing that record down).
+pub fn measurable(claim: &moor::api::Claim, same_claim: bool, on_grant: bool) -> bool {
+    same_claim && on_grant && claim.spec.publish && !claim.spec.release && !claim.is_deleting()
+}
+
 /// What a granted claim needs before its forward steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Before {
@@ -282,6 +293,29 @@ mod tests {
             ..fresh()
         };
         assert_eq!(before_publish(&f), Before::Nothing);
+    }
+
+    #[test]
+    fn only_a_granted_claim_s_volume_is_measured() {
+        use moor::api::*;
+        let mut c = Claim::new(
+            &Namespace::default_ns(),
+            Name::new("a1.data").unwrap(),
+            ClaimSpec {
+                publish: true,
+                ..Default::default()
+            },
+        );
+        assert!(measurable(&c, true, true));
+        // Another claim of that name, or a record of an earlier grant: not ours.
+        assert!(!measurable(&c, false, true));
+        assert!(!measurable(&c, true, false));
+        // Being released (a force-detach may have skipped this node), or withdrawn.
+        c.spec.release = true;
+        assert!(!measurable(&c, true, true));
+        c.spec.release = false;
+        c.spec.publish = false;
+        assert!(!measurable(&c, true, true));
     }
 
     #[test]

@@ -102,6 +102,12 @@ impl Reconcile {
         let Some(claim) = self.claims.get(key) else {
             return Ok(false);
         };
+        let same_claim = claim.metadata.uid == rec.claim_uid;
+        let on_grant = same_grant(rec.attachment.as_deref(), claim.spec.attachment.as_deref());
+        if self.r.supervisor.registration() == 0 || !plan::measurable(&claim, same_claim, on_grant)
+        {
+            return Ok(false);
+        }
         let req = v1::NodeGetVolumeStatsRequest {
             volume_id: rec.external_id.to_string(),
             volume_path: path_str(&plugin_path(&cfg, &rec.target_path)),
