@@ -58,15 +58,17 @@ impl Reconcile {
         let (staged, stage_current, staging_shared) = {
             let local = self.r.local.lock().await;
             let stage = rec.staging_path.as_ref().and_then(|p| local.stages.get(p));
-            (
-                stage.map(|st| st.step),
-                stage.is_none_or(|st| {
-                    same_grant(st.attachment.as_deref(), claim.spec.attachment.as_deref())
-                }),
-                rec.staging_path
+            let stage_current = stage.is_none_or(|st| {
+                same_grant(st.attachment.as_deref(), claim.spec.attachment.as_deref())
+            });
+            // Who else uses the staging path matters only for a stage of an earlier
+            // grant (the scan of the node's records stays off the common path).
+            let staging_shared = !stage_current
+                && rec
+                    .staging_path
                     .as_ref()
-                    .is_some_and(|p| local.staging_in_use(p, key)),
-            )
+                    .is_some_and(|p| local.staging_in_use(p, key));
+            (stage.map(|st| st.step), stage_current, staging_shared)
         };
         let facts = plan::Facts {
             published: rec.step,
@@ -354,18 +356,18 @@ impl Reconcile {
         rec: PublishRecord,
     ) -> Result<Option<PublishRecord>, NodeError> {
         let current = same_grant(rec.attachment.as_deref(), claim.spec.attachment.as_deref());
+        if current {
+            return Ok(Some(rec));
+        }
         let facts = plan::Facts {
             published: rec.step,
             released: rec.released,
             stages: rec.staging_path.is_some(),
             staged: None,
             staging_shared: false,
-            publish_current: current,
+            publish_current: false,
             stage_current: true,
         };
-        if current {
-            return Ok(Some(rec));
-        }
         if plan::before_publish(&facts) == plan::Before::TearDown {
             tracing::info!(claim = %key, "tearing down what was done under a withdrawn grant");
             self.teardown(key, &rec).await?;

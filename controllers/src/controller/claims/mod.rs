@@ -285,8 +285,9 @@ async fn write_guarded<S: Spec>(
 /// Edits the status of the claim's volume with `f` (`Ok(false)`: no change; `Err`:
 /// nothing is written and the error returned) and writes `next` over `claim`: one
 /// transaction against the cached volume, guarded by its version and the claim's (and
-/// `guard`'s, the attachment a grant in `next` rests on); if either changed since (the provisioner writes its own section of the volume), the
-/// volume through a fresh read-modify-write, then the claim.
+/// `guard`'s, the attachment a grant in `next` rests on); if either changed since (the
+/// provisioner writes its own section of the volume), the volume through a fresh
+/// read-modify-write, then the claim.
 async fn with_volume<E>(
     ctx: &Ctx,
     claim: &Claim,

@@ -31,11 +31,12 @@ impl Grant {
         c.spec.attachment = self.attachment.as_ref().map(|a| a.metadata.uid.clone());
     }
 
-    /// Whether `c` already holds exactly this grant.
+    /// Whether `c` already holds exactly this grant (the fields [`Grant::apply`] sets).
     pub fn held_by(&self, c: &Claim) -> bool {
-        let mut granted = c.clone();
-        self.apply(&mut granted);
-        granted.spec == c.spec
+        c.spec.publish
+            && c.spec.publish_context == self.context
+            && c.spec.attachment.as_deref()
+                == self.attachment.as_ref().map(|a| a.metadata.uid.as_str())
     }
 }
 

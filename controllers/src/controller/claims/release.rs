@@ -221,7 +221,7 @@ async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), ClaimE
         next.spec.detach = true;
         Some(batch.update(&ctx.store, att, &next)?)
     };
-    let mut claims = Vec::new();
+    let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
     let mut withdrawn = Vec::new();
     for other in ctx.claims.by_index(
         BY_VOLUME,
@@ -241,7 +241,6 @@ async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), ClaimE
             continue;
         }
         let mut c = (*other).clone();
-        let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
         withdraw(&mut c, WHY, volume.as_deref());
         if let Some(c) = next_claim(&other, c) {
             withdrawn.push(batch.update(&ctx.store, &other, &c)?);
@@ -250,18 +249,16 @@ async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), ClaimE
     let mut c = claim.clone();
     c.status.phase = ClaimPhase::Releasing;
     c.status.reason = Some("waiting for the volume to be detached".into());
-    if let Some(c) = next_claim(claim, c) {
-        claims.push(batch.update(&ctx.store, claim, &c)?);
-    }
+    let written = next_claim(claim, c)
+        .map(|c| batch.update(&ctx.store, claim, &c))
+        .transpose()?;
     let node = Node::key_for(&claim.spec.node);
     if ctx.nodes.get(&node).is_none() {
         batch.absent(&ctx.store, &node);
     }
     let revision = batch.commit(&ctx.store).await?;
     ctx.wrote_in(detached, revision);
-    for c in claims {
-        ctx.wrote_in(Some(c), revision);
-    }
+    ctx.wrote_in(written, revision);
     for c in withdrawn {
         ctx.wrote_in(Some(c.clone()), revision);
         revoked_event(ctx, &c, WHY).await;
