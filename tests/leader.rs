@@ -3,7 +3,7 @@
 mod common;
 
 use common::{fixtures::volume, Backend, Etcd};
-use moor::runtime::leader::{acquire, LeaderConfig, Leadership};
+use moor::runtime::leader::{acquire, LeaderConfig, LeaderRecord, Leadership};
 use moor::store::{Store, StoreError};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -198,11 +198,76 @@ async fn an_overwritten_election_key_deposes_at_once_and_the_election_recovers(b
     b.store().create(&volume("by-b")).await.unwrap();
     let key = raw.get("/t/leaders/controller", None).await.unwrap();
     let kv = &key.kvs()[0];
-    assert_eq!((kv.value(), kv.lease()), (&b"b"[..], b.lease().0));
+    assert_eq!(
+        (LeaderRecord::parse(kv.value()).holder.as_str(), kv.lease()),
+        ("b", b.lease().0)
+    );
     b.resign().await;
 }
 
+/// Issue 26: etcd 3.4 checks no permission on LeaseKeepAlive, so any identity could keep
+/// a dead leader's lease alive and, with it, its election key. A holder that stops
+/// renewing its record is replaced after the record's TTL, whoever keeps its lease
+/// alive; a leader renewing its record is never replaced.
+async fn a_dead_leader_kept_alive_by_another_is_replaced_after_its_ttl(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
+    let sb = etcd.store("/t/").await;
+    let shutdown = CancellationToken::new();
+    // A live leader that renews its record keeps b out well past its TTL.
+    let sa = etcd.store("/t/").await;
+    let a = acquire(&sa, &cfg("a"), &shutdown)
+        .await
+        .expect("a is elected");
+    let b_task = campaign(&sb, "b", &shutdown);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!b_task.is_finished(), "b took over from a renewing leader");
+    assert!(!a.lost().is_cancelled());
+    a.resign().await;
+    let b = tokio::time::timeout(Duration::from_secs(10), b_task)
+        .await
+        .expect("b wins once a resigns")
+        .unwrap()
+        .expect("b is elected");
+    b.resign().await;
+
+    // "dead" holds the key with a lease that the attacker keeps alive, and never
+    // renews its record.
+    let mut raw = etcd.raw_client().await;
+    let lease = raw.lease_grant(3, None).await.unwrap().id();
+    let (mut keeper, _responses) = raw.lease_keep_alive(lease).await.unwrap();
+    let record =
+        serde_json::json!({"holder": "dead", "campaign": 7, "ttl_ms": 3000, "renewals": 0});
+    raw.put(
+        "/t/leaders/controller",
+        record.to_string(),
+        Some(etcd_client::PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .unwrap();
+    let attacker = tokio::spawn(async move {
+        loop {
+            let _ = keeper.keep_alive().await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    let started = Instant::now();
+    let c = tokio::time::timeout(Duration::from_secs(15), acquire(&sb, &cfg("c"), &shutdown))
+        .await
+        .expect("c is elected although the dead holder's lease is kept alive")
+        .expect("c is elected");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "c did not wait for the record's TTL"
+    );
+    let ttl = raw.lease_time_to_live(lease, None).await.unwrap().ttl();
+    assert!(ttl > 0, "the attacker's lease was still alive throughout");
+    c.store().create(&volume("by-c")).await.unwrap();
+    attacker.abort();
+    c.resign().await;
+}
+
 crate::both_stores!(
+    a_dead_leader_kept_alive_by_another_is_replaced_after_its_ttl,
     an_overwritten_election_key_deposes_at_once_and_the_election_recovers,
     failover_when_the_leader_s_lease_is_revoked,
     a_leader_cut_off_from_etcd_stops_before_another_starts,

@@ -479,7 +479,7 @@ async fn controller_leader(c: &Cluster) -> String {
     let resp = raw.get("/moor/leaders/controller", None).await.unwrap();
     resp.kvs()
         .first()
-        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+        .map(|kv| moor::runtime::leader::LeaderRecord::parse(kv.value()).holder)
         .unwrap_or_default()
 }
 

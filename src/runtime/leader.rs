@@ -1,23 +1,28 @@
-//! Leader election on an etcd lease, with a fence for every leader write.
+//! Leader election on a renewed record, with a fence for every leader write.
 //!
 //! Expected flow:
 //! 1. A candidate grants a lease and, in one txn, creates `<prefix>leaders/<name>` bound
-//!    to it if the key does not exist. Losing, it revokes the lease and watches the key
-//!    until it is deleted, then tries again.
-//! 2. The winner's [`Leadership`] carries a [`Fence`] (the key's create_revision) and a
-//!    store handle that adds the fence to every write: a deposed leader's writes fail
-//!    with `StoreError::Deposed` even if it has not noticed yet (Jepsen showed leases
-//!    alone cannot promise mutual exclusion).
-//!    The fence holds only while the key keeps both its create revision and the
-//!    leader's lease: a key overwritten in place (a put strips its lease) deposes.
-//! 3. The leader renews the lease every TTL/3. It considers itself leader only until
-//!    `time a renewal was sent + granted TTL - margin`: etcd cannot expire the lease
-//!    before that, so a leader cut off from etcd stops acting before another can win.
-//!    A revoked lease, a deleted key or an overwritten one ends leadership at once; a
-//!    candidate that finds the key without a lease removes it and campaigns, so the
-//!    election recovers by itself.
-//! 4. [`Leadership::resign`] revokes the lease so the next candidate wins immediately.
+//!    to it if the key does not exist. The value is a [`LeaderRecord`]: holder, a
+//!    campaign token, the TTL and a renewal count.
+//! 2. The winner's [`Leadership`] carries a [`Fence`] (the key's create_revision and the
+//!    leader's lease) and a store handle that adds the fence to every write: a deposed
+//!    leader's writes fail with `StoreError::Deposed` even if it has not noticed yet.
+//! 3. The leader renews by *writing* its record every TTL/3 (guarded by the fence), and
+//!    keeps the etcd lease alive. It considers itself leader only until `time the last
+//!    successful renewal write was sent + TTL - margin`.
+//! 4. A losing candidate watches the key. It takes over when the key is deleted, or
+//!    when the record has not changed for its TTL *by the candidate's own clock*: it
+//!    deletes the key guarded by the mod_revision it last saw and campaigns. Liveness
+//!    never rests on the etcd lease alone, because etcd 3.4 lets any authenticated user
+//!    keep any lease alive (LeaseKeepAlive checks no permission); the record can be
+//!    written only by those the roles let write the election key. The lease stays as
+//!    the garbage collector: a holder that dies with nobody keeping its lease alive
+//!    loses its key when the lease expires, and the next candidate wins at once.
+//! 5. A revoked lease, a deleted key or a key overwritten by anyone else ends leadership
+//!    at once; a candidate that finds the key without a lease removes it and campaigns.
+//! 6. [`Leadership::resign`] revokes the lease so the next candidate wins immediately.
 
+use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -28,6 +33,49 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use crate::store::{
     Fence, KeepAlive, LeaseId, RawEventKind, Repeat, Store, StoreError, WatchStream,
 };
+
+/// The longest TTL a candidate honours in a record: a holder cannot make itself
+/// unremovable by writing an absurd TTL.
+const MAX_RECORD_TTL: Duration = Duration::from_secs(600);
+
+/// The value of an election key, rewritten by its holder at every renewal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderRecord {
+    /// Who holds the election, e.g. `controller@host-1`.
+    pub holder: String,
+    /// A random token of this holder's campaign: tells its own writes from another's.
+    pub campaign: u64,
+    /// How long the record lasts without a renewal.
+    pub ttl_ms: u64,
+    /// Renewals so far (every renewal changes the value).
+    pub renewals: u64,
+}
+
+impl LeaderRecord {
+    /// Reads a stored value; an older plain identity string is read as a record with
+    /// that holder and no TTL of its own.
+    pub fn parse(value: &[u8]) -> LeaderRecord {
+        serde_json::from_slice(value).unwrap_or_else(|_| LeaderRecord {
+            holder: String::from_utf8_lossy(value).into_owned(),
+            campaign: 0,
+            ttl_ms: 0,
+            renewals: 0,
+        })
+    }
+
+    /// How long a candidate waits for a renewal: the record's TTL (bounded), or
+    /// `default` when it names none.
+    pub fn ttl_or(&self, default: Duration) -> Duration {
+        match self.ttl_ms {
+            0 => default,
+            ms => Duration::from_millis(ms).min(MAX_RECORD_TTL),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
 
 /// Who is campaigning for what.
 #[derive(Debug, Clone)]
@@ -112,7 +160,8 @@ pub async fn acquire(
     }
 }
 
-/// One attempt: `Some` when elected; `None` after the current leader's key went away.
+/// One attempt: `Some` when elected; `None` after the current leader's key went away
+/// (deleted, expired, or removed by us after it went unrenewed for its TTL).
 async fn try_acquire(
     store: &Store,
     cfg: &LeaderConfig,
@@ -121,6 +170,12 @@ async fn try_acquire(
     let key = election_key(store, &cfg.name);
     let granted_at = Instant::now();
     let lease = store.grant_lease(cfg.ttl).await?;
+    let record = LeaderRecord {
+        holder: cfg.identity.clone(),
+        campaign: fastrand::u64(1..),
+        ttl_ms: cfg.ttl.as_millis() as u64,
+        renewals: 0,
+    };
     let txn = Txn::new()
         .when(vec![Compare::create_revision(
             key.clone(),
@@ -129,21 +184,15 @@ async fn try_acquire(
         )])
         .and_then(vec![TxnOp::put(
             key.clone(),
-            cfg.identity.clone(),
+            record.encode(),
             Some(PutOptions::new().with_lease(lease.0)),
         )])
         .or_else(vec![TxnOp::get(key.clone(), None)]);
-    let resp = match store
-        .send(Repeat::OnlyUnsent, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await
-    {
+    let resp = match send_txn(store, txn).await {
         Ok(r) => r,
         Err(e) => {
             let _ = store.revoke_lease(lease).await;
-            return Err(StoreError::from_etcd(e));
+            return Err(e);
         }
     };
     let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
@@ -157,8 +206,11 @@ async fn try_acquire(
         tokio::spawn(keep_leading(
             store.clone(),
             cfg.clone(),
-            fence.clone(),
-            lease,
+            Held {
+                fence: fence.clone(),
+                lease,
+                record,
+            },
             granted_at + cfg.ttl,
             lost.clone(),
         ));
@@ -171,45 +223,58 @@ async fn try_acquire(
         }));
     }
     store.revoke_lease(lease).await?;
+    let Some((held_lease, mod_revision, value)) =
+        resp.op_responses().iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => g
+                .kvs()
+                .first()
+                .map(|kv| (kv.lease(), kv.mod_revision(), kv.value().to_vec())),
+            _ => None,
+        })
+    else {
+        // Gone between the compare and the read: campaign again.
+        return Ok(None);
+    };
     // A key without a lease was overwritten (a put strips the lease): nobody holds it,
     // and it would never expire. Remove it, if it is still that very key, and campaign.
-    let leaseless = resp.op_responses().iter().find_map(|r| match r {
-        TxnOpResponse::Get(g) => g
-            .kvs()
-            .first()
-            .filter(|kv| kv.lease() == 0)
-            .map(|kv| kv.mod_revision()),
-        _ => None,
-    });
-    if let Some(mod_revision) = leaseless {
+    if held_lease == 0 {
         tracing::warn!(election = %cfg.name, "the election key has no lease (overwritten?); removing it");
-        let txn = Txn::new()
-            .when(vec![Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                mod_revision,
-            )])
-            .and_then(vec![TxnOp::delete(key.clone(), None)]);
-        store
-            .send(Repeat::OnlyUnsent, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await
-            .map_err(StoreError::from_etcd)?;
+        remove_if_unchanged(store, &key, mod_revision).await?;
         return Ok(None);
     }
-    // Someone else leads: wait for its key to go, watching from just after our read.
+    // Someone else leads: wait for its key to go, or for its record to go unrenewed.
     let scope = crate::api::election_key(&cfg.name);
     let mut watch = store.watch_raw(&scope, revision + 1, false).await?;
+    let mut seen = (mod_revision, Instant::now());
+    let mut holder = LeaderRecord::parse(&value);
     loop {
+        let expires = seen.1 + holder.ttl_or(cfg.ttl);
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep_until(expires) => {
+                // Unchanged for its whole TTL by our clock, whoever keeps its etcd
+                // lease alive: the holder is gone. Remove exactly what we saw.
+                if remove_if_unchanged(store, &key, seen.0).await? {
+                    tracing::warn!(
+                        election = %cfg.name,
+                        holder = %crate::api::printable(&holder.holder),
+                        ttl_ms = holder.ttl_or(cfg.ttl).as_millis() as u64,
+                        "the leader did not renew its record within its TTL (its etcd lease may be kept alive by another); removed its key"
+                    );
+                }
+                return Ok(None);
+            }
             batch = watch.next() => match batch? {
                 Some(b) if b.compact_revision > 0 || b.canceled => return Ok(None),
                 Some(b) => {
-                    if b.events.iter().any(|e| e.kind == RawEventKind::Delete && e.key == scope) {
-                        return Ok(None);
+                    for e in b.events.iter().filter(|e| e.key == scope) {
+                        match e.kind {
+                            RawEventKind::Delete => return Ok(None),
+                            RawEventKind::Put => {
+                                seen = (e.mod_revision, Instant::now());
+                                holder = LeaderRecord::parse(&e.value);
+                            }
+                        }
                     }
                 }
                 None => return Ok(None),
@@ -218,12 +283,77 @@ async fn try_acquire(
     }
 }
 
-/// Renews the lease and cancels `lost` when leadership can no longer be vouched for.
+/// Sends an election txn once (never repeated after it may have reached etcd).
+async fn send_txn(store: &Store, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
+    store
+        .send(Repeat::OnlyUnsent, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+        .map_err(StoreError::from_etcd)
+}
+
+/// Deletes the election key if it is still at `mod_revision`; true when it did.
+async fn remove_if_unchanged(
+    store: &Store,
+    key: &str,
+    mod_revision: i64,
+) -> Result<bool, StoreError> {
+    let txn = Txn::new()
+        .when(vec![Compare::mod_revision(
+            key.to_string(),
+            CompareOp::Equal,
+            mod_revision,
+        )])
+        .and_then(vec![TxnOp::delete(key.to_string(), None)]);
+    Ok(send_txn(store, txn).await?.succeeded())
+}
+
+/// What the leader holds: its fence, its lease and its record.
+struct Held {
+    fence: Fence,
+    lease: LeaseId,
+    record: LeaderRecord,
+}
+
+impl Held {
+    /// Whether a value written over the key is this leader's own record.
+    fn is_own(&self, value: &[u8]) -> bool {
+        let r = LeaderRecord::parse(value);
+        r.holder == self.record.holder && r.campaign == self.record.campaign
+    }
+
+    /// Writes the next renewal of the record, guarded by the fence: false when the key
+    /// is no longer this leader's.
+    async fn renew_record(&mut self, store: &Store) -> Result<bool, StoreError> {
+        let mut next = self.record.clone();
+        next.renewals += 1;
+        let key = self.fence.key.clone();
+        let txn = Txn::new()
+            .when(vec![
+                Compare::create_revision(key.clone(), CompareOp::Equal, self.fence.create_revision),
+                Compare::lease(key.clone(), CompareOp::Equal, self.lease.0),
+            ])
+            .and_then(vec![TxnOp::put(
+                key,
+                next.encode(),
+                Some(PutOptions::new().with_lease(self.lease.0)),
+            )]);
+        let ok = send_txn(store, txn).await?.succeeded();
+        if ok {
+            self.record = next;
+        }
+        Ok(ok)
+    }
+}
+
+/// Renews the record and the lease, and cancels `lost` when leadership can no longer be
+/// vouched for.
 async fn keep_leading(
     store: Store,
     cfg: LeaderConfig,
-    fence: Fence,
-    lease: LeaseId,
+    mut held: Held,
     first_deadline: Instant,
     lost: CancellationToken,
 ) {
@@ -231,9 +361,10 @@ async fn keep_leading(
     let mut valid_until = first_deadline - margin;
     let renew_every = (cfg.ttl / 3).max(Duration::from_millis(100));
     let scope = crate::api::election_key(&cfg.name);
-    let from = fence.create_revision + 1;
+    let from = held.fence.create_revision + 1;
+    let lease = held.lease;
     let (mut keeper, mut key_watch) = (None, None);
-    let late = "lease could not be renewed in time";
+    let late = "leadership could not be renewed in time";
     let reason = 'lead: {
         if !open_missing(
             &store,
@@ -262,13 +393,13 @@ async fn keep_leading(
                     Ok(Some(b)) if b.events.iter().any(|e| e.kind == RawEventKind::Delete && e.key == scope) => {
                         break "election key deleted";
                     }
-                    // The leader never writes its key after winning: a put is someone
-                    // overwriting it (which also strips its lease).
-                    Ok(Some(b)) if b.events.iter().any(|e| e.kind == RawEventKind::Put && e.key == scope) => {
+                    // The leader writes only its own record: any other put is someone
+                    // overwriting the key.
+                    Ok(Some(b)) if b.events.iter().any(|e| e.kind == RawEventKind::Put && e.key == scope && !held.is_own(&e.value)) => {
                         break "election key overwritten";
                     }
                     Ok(Some(_)) => {}
-                    // Watch trouble is not loss of leadership; the lease deadline still holds.
+                    // Watch trouble is not loss of leadership; the deadline still holds.
                     Ok(None) | Err(_) => key_watch = None,
                 },
                 _ = tokio::time::sleep(renew_every) => {
@@ -276,13 +407,22 @@ async fn keep_leading(
                     if !open_missing(&store, lease, &scope, from, &mut keeper, &mut key_watch, valid_until).await {
                         break late;
                     }
+                    // The lease only collects the key of a holder that died; keeping it
+                    // alive proves nothing, so it does not extend the deadline.
                     if let Some(k) = keeper.as_mut() {
                         match tokio::time::timeout_at(valid_until, k.renew()).await {
-                            Ok(Ok(ttl)) => valid_until = sent + ttl - margin.min(ttl / 2),
+                            Ok(Ok(_)) => {}
                             Ok(Err(StoreError::LeaseGone(_))) => break "lease revoked or expired",
                             Ok(Err(_)) => keeper = None,
                             Err(_) => break late,
                         }
+                    }
+                    match tokio::time::timeout_at(valid_until, held.renew_record(&store)).await {
+                        Ok(Ok(true)) => valid_until = sent + cfg.ttl - margin.min(cfg.ttl / 2),
+                        Ok(Ok(false)) => break "election key replaced",
+                        // Not renewed this time; the deadline decides.
+                        Ok(Err(_)) => {}
+                        Err(_) => break late,
                     }
                 }
             }
