@@ -178,6 +178,41 @@ impl Secure {
         self.cmd("moorctl", user, keys).args(args).output().unwrap()
     }
 
+    /// Starts moor-hostpath in `mode` and node `node`'s agent under its own
+    /// certificate and `keys`, with 3 s TTLs.
+    fn node(&self, node: &str, mode: &str, keys: &Path) -> [Proc; 2] {
+        let dir = self.tmp.path().join(node);
+        std::fs::create_dir_all(dir.join("mnt")).unwrap();
+        let sock = dir.join("csi.sock");
+        let mut plugin = Command::new(bin("moor-hostpath"));
+        plugin
+            .arg(format!("--endpoint=unix://{}", sock.display()))
+            .arg(format!("--node-id=csi-{node}"))
+            .arg(format!("--state-dir={}", dir.join("plugin").display()))
+            .arg(format!("--mode={mode}"))
+            .arg(format!(
+                "--node-registry={}",
+                self.tmp.path().join("hostpath-nodes").display()
+            ))
+            .arg("--no-mount");
+        let plugin = self.spawn(plugin, &format!("plugin-{node}"));
+        let mut agent = self.cmd("moord", &format!("moor-agent-{node}"), Some(keys));
+        agent
+            .args(["agent", "--node", node, "--etcd", &self.url])
+            .arg(format!("--data-dir={}", dir.join("agent").display()))
+            .arg(format!(
+                "--plugin=id=hostpath.moor.dev,type={mode},endpoint=unix://{},mount-dir={}",
+                sock.display(),
+                dir.join("mnt").display()
+            ))
+            .args([
+                "--fingerprint-interval=1s",
+                "--node-ttl=3s",
+                "--leader-ttl=3s",
+            ]);
+        [plugin, self.spawn(agent, &format!("agent-{node}"))]
+    }
+
     /// Starts a long-running moord or moor-hostpath, its output in `name`.log.
     fn spawn(&self, mut cmd: Command, name: &str) -> Proc {
         let log = std::fs::File::create(self.tmp.path().join(format!("{name}.log"))).unwrap();
@@ -401,36 +436,7 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
         ("n1", "monolith", s.cluster_keys.clone()),
         ("n2", "node", s.n2_keys.clone()),
     ] {
-        let dir = s.tmp.path().join(node);
-        std::fs::create_dir_all(dir.join("mnt")).unwrap();
-        let sock = dir.join("csi.sock");
-        let mut plugin = Command::new(bin("moor-hostpath"));
-        plugin
-            .arg(format!("--endpoint=unix://{}", sock.display()))
-            .arg(format!("--node-id=csi-{node}"))
-            .arg(format!("--state-dir={}", dir.join("plugin").display()))
-            .arg(format!("--mode={mode}"))
-            .arg(format!(
-                "--node-registry={}",
-                s.tmp.path().join("hostpath-nodes").display()
-            ))
-            .arg("--no-mount");
-        procs.push(s.spawn(plugin, &format!("plugin-{node}")));
-        let mut agent = s.cmd("moord", &format!("moor-agent-{node}"), Some(&user_keys));
-        agent
-            .args(["agent", "--node", node, "--etcd", &s.url])
-            .arg(format!("--data-dir={}", dir.join("agent").display()))
-            .arg(format!(
-                "--plugin=id=hostpath.moor.dev,type={mode},endpoint=unix://{},mount-dir={}",
-                sock.display(),
-                dir.join("mnt").display()
-            ))
-            .args([
-                "--fingerprint-interval=1s",
-                "--node-ttl=3s",
-                "--leader-ttl=3s",
-            ]);
-        procs.push(s.spawn(agent, &format!("agent-{node}")));
+        procs.extend(s.node(node, mode, &user_keys));
     }
     let manifest = s.tmp.path().join("app.yaml");
     std::fs::write(
@@ -694,4 +700,99 @@ async fn the_embedded_store_serves_tls_beyond_loopback_and_requires_client_certi
             .is_err(),
     };
     assert!(refused, "a plain-text client was served");
+}
+
+/// The holder named in an election key, as `root` reads it.
+async fn election_holder(s: &Secure, name: &str) -> Option<String> {
+    let mut raw = s.raw("root").await;
+    let resp = raw.get(format!("/moor/leaders/{name}"), None).await.ok()?;
+    resp.kvs()
+        .first()
+        .map(|kv| moor::runtime::leader::LeaderRecord::parse(kv.value()).holder)
+}
+
+/// Issue 26, item 1: etcd 3.4 checks no permission on LeaseKeepAlive and lists every
+/// lease to any user, so node n2's certificate could keep a dead controller's election
+/// lease and a dead node's lease alive: no controller led, and the node stayed healthy.
+/// Liveness now rests on records only their holders may write.
+#[tokio::test]
+async fn a_node_identity_keeping_leases_alive_stalls_neither_the_election_nor_node_health() {
+    let s = Secure::start().await;
+    let keys = Some(s.cluster_keys.as_path());
+    let controller = |id: &str| {
+        let mut c = s.cmd("moord", "moor-controller", keys);
+        c.args(["controller", "--etcd", &s.url, "--leader-ttl", "3s"])
+            .args(["--identity", id]);
+        s.spawn(c, id)
+    };
+    let c1 = controller("c1");
+    wait_for("c1 leads", T, || async {
+        election_holder(&s, "controller").await.as_deref() == Some("c1")
+    })
+    .await;
+    let n1 = s.node("n1", "monolith", &s.cluster_keys);
+    let root = s.store("root", None).await;
+    let n1_key = Node::key_for(&NodeName::new("n1").unwrap());
+    wait_for("n1 registered", T, || {
+        let (root, key) = (root.clone(), n1_key.clone());
+        async move { root.try_get(&key).await.ok().flatten().is_some() }
+    })
+    .await;
+    let _c2 = controller("c2");
+
+    // The attacker: n2's certificate keeps every lease it can list alive.
+    let mut attacker = s.raw("moor-agent-n2").await;
+    let leases: Vec<i64> = attacker
+        .leases()
+        .await
+        .expect("etcd 3.4 lists leases to any user")
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    assert!(
+        leases.len() >= 2,
+        "the controller's and n1's leases: {leases:?}"
+    );
+    let mut keepers = Vec::new();
+    for id in &leases {
+        let (keeper, responses) = attacker.lease_keep_alive(*id).await.unwrap();
+        keepers.push((keeper, responses));
+    }
+    let keeping = tokio::spawn(async move {
+        loop {
+            for (k, _) in keepers.iter_mut() {
+                let _ = k.keep_alive().await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+
+    drop(c1);
+    drop(n1);
+    wait_for(
+        "c2 leads although c1's lease is kept alive",
+        Duration::from_secs(30),
+        || async { election_holder(&s, "controller").await.as_deref() == Some("c2") },
+    )
+    .await;
+    wait_for(
+        "n1's Node is removed although its lease is kept alive",
+        Duration::from_secs(30),
+        || {
+            let (root, key) = (root.clone(), n1_key.clone());
+            async move { matches!(root.try_get(&key).await, Ok(None)) }
+        },
+    )
+    .await;
+    // The attack was live throughout: the leases it kept are still granted.
+    let mut raw = s.raw("root").await;
+    let mut alive = 0;
+    for id in &leases {
+        if raw.lease_time_to_live(*id, None).await.unwrap().ttl() > 0 {
+            alive += 1;
+        }
+    }
+    assert_eq!(alive, leases.len(), "every kept lease outlived its holder");
+    keeping.abort();
 }

@@ -91,8 +91,18 @@ impl LeaseObserver {
     /// it changed since the last look, or is seen for the first time: a reader that
     /// starts counts a full duration before calling anything expired).
     pub fn observe(&mut self, lease: &Lease, now: std::time::Instant) -> std::time::Duration {
-        let rv = lease.metadata.resource_version;
-        let e = self.seen.entry(lease.key()).or_insert((rv, now));
+        self.observe_version(&lease.key(), lease.metadata.resource_version, now)
+    }
+
+    /// [`LeaseObserver::observe`] for any renewed record: the object at `key` read at
+    /// version `rv`.
+    pub fn observe_version(
+        &mut self,
+        key: &str,
+        rv: i64,
+        now: std::time::Instant,
+    ) -> std::time::Duration {
+        let e = self.seen.entry(key.to_string()).or_insert((rv, now));
         if e.0 != rv {
             *e = (rv, now);
         }
@@ -102,6 +112,18 @@ impl LeaseObserver {
     /// Forgets a lease that is gone.
     pub fn forget(&mut self, key: &str) {
         self.seen.remove(key);
+    }
+
+    /// Keeps only the records `keep` still names.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.seen.retain(|k, _| keep(k));
+    }
+
+    /// Forgets every observation: each record counts a full duration again from its
+    /// next look (after this reader could not see the store, nobody's silence is
+    /// evidence).
+    pub fn reset(&mut self) {
+        self.seen.clear();
     }
 }
 

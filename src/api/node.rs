@@ -1,6 +1,10 @@
 //! Node: a machine running `moord agent`, with the CSI plugins it supervises.
 //!
-//! Writer: the agent of the node. Its liveness is a separate key bound to a lease.
+//! Writer: the agent of the node. The Node lives under its agent's etcd lease (so a
+//! dead agent's Node is collected), but its liveness is [`NodeLiveness`]: the agent
+//! rewrites it every TTL/3, and the controller removes a Node it has not seen change for
+//! the TTL by its own clock, whoever keeps the etcd lease alive (etcd 3.4 lets any
+//! authenticated user keep any lease alive).
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -87,12 +91,41 @@ impl Spec for NodeSpec {
     fn validate(&self, _errors: &mut ValidationErrors) {}
 }
 
+/// The agent's renewal record: every renewal changes the Node, and a reader judges it
+/// by when it last saw a change, never by a timestamp the agent wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLiveness {
+    /// How long the Node lasts without a renewal, in milliseconds.
+    #[serde(default)]
+    pub ttl_ms: u64,
+    /// Renewals so far in this registration.
+    #[serde(default)]
+    pub renewals: u64,
+}
+
+/// The bounds the controller applies to a Node's own TTL.
+pub const NODE_TTL_BOUNDS: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_secs(1),
+    std::time::Duration::from_secs(600),
+);
+
+impl NodeLiveness {
+    /// The TTL a reader honours, within [`NODE_TTL_BOUNDS`].
+    pub fn ttl(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ttl_ms).clamp(NODE_TTL_BOUNDS.0, NODE_TTL_BOUNDS.1)
+    }
+}
+
 /// Observed state of a node.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeStatus {
     /// Each supervised plugin by id.
     #[serde(default)]
     pub plugins: BTreeMap<PluginId, NodePluginStatus>,
+    /// The agent's renewals (absent from an agent older than renewal records, whose
+    /// Node is judged by its etcd lease alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness: Option<NodeLiveness>,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,

@@ -273,7 +273,11 @@ impl Supervisor {
         // written after it.
         changes.borrow_and_update();
         obj.status.plugins = self.read().clone();
-        store.create_with_lease(&obj, keep.id()).await?;
+        obj.status.liveness = Some(NodeLiveness {
+            ttl_ms: ttl.as_millis() as u64,
+            renewals: 0,
+        });
+        let mut current = store.create_with_lease(&obj, keep.id()).await?;
         tracing::info!(node = %node, term, "node registered");
         // The node reconciler acts only while registered; a term after the first
         // wakes every claim (it reads each again before acting, see node/mod.rs).
@@ -283,24 +287,27 @@ impl Supervisor {
         }
         let renew_every = ttl / 3;
         loop {
+            let mut next = current.clone();
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = tokio::time::sleep(renew_every) => {
+                    // The lease only collects a dead agent's Node; liveness is the
+                    // renewal written to the Node, which only this agent may write.
                     keep.renew().await?;
+                    let live = next.status.liveness.get_or_insert_with(Default::default);
+                    live.renewals += 1;
                 }
                 r = changes.changed() => {
                     if r.is_err() {
                         return Ok(());
                     }
-                    let plugins = self.read().clone();
-                    store
-                        .modify_status(&Node::key_for(node), |_, st| {
-                            st.plugins = plugins.clone();
-                            true
-                        })
-                        .await?;
+                    next.status.plugins = self.read().clone();
                 }
             }
+            // Guarded by the version this agent wrote last: a Node removed by the
+            // controller (not renewed in time) or overwritten fails here, and the agent
+            // registers again in a new term.
+            current = store.update(&current, &next).await?;
         }
     }
 }

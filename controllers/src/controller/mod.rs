@@ -6,13 +6,15 @@
 //!    the leader's fenced store: [`allocations`] (allocation → claims, allocation
 //!    status), [`claims`] (admission, attach requests, publish permission, release),
 //!    [`volumes`] (the claims finalizer, schedulable), [`plugins`] (aggregation), and
-//!    [`reseal`] (secrets stored in plain text or under an old key, rewritten sealed).
+//!    [`reseal`] (secrets stored in plain text or under an old key, rewritten sealed),
+//!    and [`nodes`] (a Node its agent stopped renewing is removed).
 //! 3. Losing leadership drops all of it at once; the next leader resumes from the
 //!    checkpoints in etcd.
 
 pub mod allocations;
 pub mod claims;
 pub mod context;
+pub mod nodes;
 pub mod plan;
 pub mod plugins;
 pub mod reseal;
@@ -134,7 +136,11 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     // The Node watch keeps each node's absence current: a node back from an absence
     // does not carry it into its next one.
     {
-        let (absence, events, stop) = (ctx.node_absence.clone(), nodes.subscribe(), stop.clone());
+        let (absence, events, stop) = (
+            ctx.node_absence.clone(),
+            nodes::without_renewals(nodes.subscribe()),
+            stop.clone(),
+        );
         tokio::spawn(async move {
             use futures::StreamExt;
             let events = events.take_until(stop.cancelled_owned());
@@ -168,6 +174,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         });
     }
     tokio::join!(
+        nodes::run(ctx.clone(), stop.clone()),
         reseal::run(ctx.store.clone(), volumes.clone(), stop.clone()),
         reseal::run(ctx.store.clone(), claims.clone(), stop.clone()),
         claims::run(

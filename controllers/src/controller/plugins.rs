@@ -52,13 +52,16 @@ pub async fn run(
     Controller::new("plugins", this.plugins.clone(), config)
         .with_metrics(metrics)
         .owns(inf.plugins.subscribe())
-        .watches(inf.nodes.subscribe(), |n: &Node| {
-            n.status
-                .plugins
-                .keys()
-                .map(|id| Plugin::key_for(id).into_string())
-                .collect()
-        })
+        .watches(
+            super::nodes::without_renewals(inf.nodes.subscribe()),
+            |n: &Node| {
+                n.status
+                    .plugins
+                    .keys()
+                    .map(|id| Plugin::key_for(id).into_string())
+                    .collect()
+            },
+        )
         .run(
             move |key| {
                 let this = this.clone();

@@ -118,13 +118,16 @@ pub async fn run(
         .watches(inf.volumes.subscribe(), move |v: &Volume| {
             by_volume2(&v.metadata.namespace, v.metadata.name.as_str(), None)
         })
-        .watches(inf.nodes.subscribe(), move |n: &Node| {
-            claims2
-                .by_index(BY_NODE, n.metadata.name.as_str())
-                .iter()
-                .map(|c| c.key())
-                .collect()
-        })
+        .watches(
+            crate::controller::nodes::without_renewals(inf.nodes.subscribe()),
+            move |n: &Node| {
+                claims2
+                    .by_index(BY_NODE, n.metadata.name.as_str())
+                    .iter()
+                    .map(|c| c.key())
+                    .collect()
+            },
+        )
         .watches(inf.plugins.subscribe(), move |p: &Plugin| {
             claims3
                 .by_index(BY_UNSETTLED, p.metadata.name.as_str())
