@@ -25,8 +25,8 @@ pub(crate) async fn stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Resu
     })
     .await;
     match outcome {
-        Ok(true) => println!("allocation {name} stopped; its claims will be released"),
-        Ok(false) => println!("allocation {name} already stopped"),
+        Ok(true) => outln!("allocation {name} stopped; its claims will be released"),
+        Ok(false) => outln!("allocation {name} already stopped"),
         Err(e) if is_not_found(&e) => {
             return Err(Refused(format!("allocation {ns}/{name} not found")).into())
         }
@@ -55,13 +55,13 @@ pub(crate) async fn paths(
     for (req, p) in paths {
         let path = moor::api::printable(&p.target_path);
         if export {
-            println!(
+            outln!(
                 "export {}={}",
                 crate::run::volume_var(&req),
                 shell_quote(&path)
             );
         } else {
-            println!("{req}={path}");
+            outln!("{req}={path}");
         }
     }
     Ok(0)

@@ -56,7 +56,7 @@ impl Apply {
                 Err(e) => (format!("document {}", i + 1), Err(anyhow::Error::new(e))),
             };
             match outcome {
-                Ok(line) => println!("{line}"),
+                Ok(line) => outln!("{line}"),
                 Err(e) => {
                     unavailable = super::is_transient(&e);
                     last_error = crate::explain::explain(&e, &ctx.endpoints);

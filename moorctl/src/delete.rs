@@ -43,9 +43,9 @@ impl Delete {
             return Err(Refused(format!("{} {}/{} not found", cmd.kind, ns, cmd.name)).into());
         };
         if finalizing.is_empty() {
-            println!("{} {} deleted", cmd.kind, cmd.name);
+            outln!("{} {} deleted", cmd.kind, cmd.name);
         } else {
-            println!(
+            outln!(
                 "{} {} marked for deletion; waiting for {}",
                 cmd.kind,
                 cmd.name,

@@ -38,23 +38,23 @@ impl Describe {
         } else {
             redact(&mut obj);
         }
-        println!("Kind:       {}", self.kind.name());
-        println!("Name:       {}", self.name);
+        outln!("Kind:       {}", self.kind.name());
+        outln!("Name:       {}", self.name);
         if self.kind.namespaced() {
-            println!("Namespace:  {ns}");
+            outln!("Namespace:  {ns}");
         }
-        println!("UID:        {}", text(&obj, "/metadata/uid"));
-        println!("Version:    {}", text(&obj, "/metadata/resource_version"));
-        println!("Created:    {}", text(&obj, "/metadata/creation_timestamp"));
+        outln!("UID:        {}", text(&obj, "/metadata/uid"));
+        outln!("Version:    {}", text(&obj, "/metadata/resource_version"));
+        outln!("Created:    {}", text(&obj, "/metadata/creation_timestamp"));
         if let Some(phase) = self.kind.phase_pointer() {
-            println!("Phase:      {}", text(&obj, phase));
+            outln!("Phase:      {}", text(&obj, phase));
         }
         for (label, pointer) in [
             ("Deleting:   ", "/metadata/deletion_timestamp"),
             ("Finalizers: ", "/metadata/finalizers"),
         ] {
             if obj.pointer(pointer).is_some() {
-                println!("{label}{}", text(&obj, pointer));
+                outln!("{label}{}", text(&obj, pointer));
             }
         }
         if self.kind == Kind::Allocation {
@@ -79,12 +79,12 @@ impl Describe {
                         .map(|v| (Kind::Claim, text(v, "/metadata/name"))),
                 );
             }
-            println!("\n{}s:", related.name());
+            outln!("\n{}s:", related.name());
             if items.is_empty() {
-                println!("  <none>");
+                outln!("  <none>");
             } else {
                 for line in table(related, &items, false, false).lines() {
-                    println!("  {line}");
+                    outln!("  {line}");
                 }
             }
         }
@@ -104,9 +104,9 @@ async fn allocation(ctx: &Ctx, ns: &Namespace, name: &str, wide: bool) -> anyhow
         Some(exit) => format!("{:?} ({exit})", alloc.client_status()),
         None => format!("{:?}", alloc.client_status()),
     };
-    println!("Client:     {}", client.to_lowercase());
+    outln!("Client:     {}", client.to_lowercase());
     let paths = super::run::paths(ctx, &alloc).await?;
-    println!("\nVolumes:");
+    outln!("\nVolumes:");
     let mut headers = vec!["REQUEST", "VOLUME", "MODE", "TARGET PATH"];
     if wide {
         headers.push("STAGING PATH");
@@ -138,10 +138,10 @@ async fn allocation(ctx: &Ctx, ns: &Namespace, name: &str, wide: bool) -> anyhow
         })
         .collect();
     if rows.is_empty() {
-        println!("  <none>");
+        outln!("  <none>");
     } else {
         for line in super::table::render(&headers, &rows).lines() {
-            println!("  {line}");
+            outln!("  {line}");
         }
     }
     Ok(())
@@ -165,14 +165,14 @@ fn related(kind: Kind) -> Vec<(Kind, &'static str)> {
 }
 
 fn section(title: &str, v: Option<&Value>) -> anyhow::Result<()> {
-    println!("\n{title}:");
+    outln!("\n{title}:");
     match v {
         Some(v) if !v.as_object().is_some_and(|m| m.is_empty()) => {
             for line in serde_yaml_ng::to_string(v)?.lines() {
-                println!("  {line}");
+                outln!("  {line}");
             }
         }
-        _ => println!("  <none>"),
+        _ => outln!("  <none>"),
     }
     Ok(())
 }
@@ -190,12 +190,12 @@ async fn print_events(ctx: &Ctx, about: &[(Kind, String)], ns: &Namespace) -> an
         })
         .collect();
     sort(Kind::Event, &mut events);
-    println!("\nEvents:");
+    outln!("\nEvents:");
     if events.is_empty() {
-        println!("  <none>");
+        outln!("  <none>");
     } else {
         for line in table(Kind::Event, &events, false, false).lines() {
-            println!("  {line}");
+            outln!("  {line}");
         }
     }
     Ok(())

@@ -75,7 +75,7 @@ impl Events {
             .map(|c| c.header)
             .collect();
         let rows: Vec<Vec<String>> = events.iter().map(row).collect();
-        print!("{}", render(&headers, &rows));
+        out!("{}", render(&headers, &rows));
         if !self.watch {
             return Ok(0);
         }
@@ -103,7 +103,7 @@ impl Events {
                 if seen.contains(&text(v, "/metadata/uid")) {
                     continue;
                 }
-                println!("{}", render_row(&row(v)));
+                outln!("{}", render_row(&row(v)));
             }
         }
         Ok(0)

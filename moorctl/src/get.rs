@@ -84,7 +84,7 @@ impl Get {
                 if items.is_empty() && !self.watch {
                     eprintln!("No {}s found.", self.kind);
                 } else {
-                    print!(
+                    out!(
                         "{}",
                         table(self.kind, &items, self.output == Output::Wide, all_ns)
                     );
@@ -176,7 +176,7 @@ impl Get {
                 if deleted {
                     row.push("(deleted)".into());
                 }
-                println!("{}", render_row(&row));
+                outln!("{}", render_row(&row));
             }
             Output::Json | Output::Yaml => print_doc(self.output, &v)?,
         }
@@ -202,10 +202,10 @@ pub fn sort(kind: Kind, items: &mut [Value]) {
 pub fn print_doc(output: Output, doc: &Value) -> anyhow::Result<()> {
     match output {
         Output::Yaml => {
-            println!("---");
-            print!("{}", serde_yaml_ng::to_string(doc)?);
+            outln!("---");
+            out!("{}", serde_yaml_ng::to_string(doc)?);
         }
-        _ => println!("{}", serde_json::to_string_pretty(doc)?),
+        _ => outln!("{}", serde_json::to_string_pretty(doc)?),
     }
     Ok(())
 }

@@ -3,6 +3,38 @@
 //! Exit codes: 0 success; 1 the request was understood but did not succeed (invalid
 //! manifest, conflict, not found, a wait that timed out); 2 usage or connection errors.
 
+/// `println!` to stdout, ending the process quietly (exit 0) when the reader went away
+/// (`moorctl get volumes | head -1`): a closed pipe is not an error of ours.
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::out::write(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::out::write(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `print!` to stdout, as [`outln!`] does.
+#[macro_export]
+macro_rules! out {
+    ($($t:tt)*) => { $crate::out::write(format_args!($($t)*)) };
+}
+
+pub mod out {
+    //! Standard output that a closed pipe ends quietly.
+    use std::io::Write;
+
+    /// Writes `args` to stdout; exits 0 on a broken pipe, and 2 on another write error
+    /// (a full disk), saying so on stderr.
+    pub fn write(args: std::fmt::Arguments) {
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = out.write_fmt(args).and_then(|_| out.flush()) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("moorctl: cannot write to standard output: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
 mod alloc;
 mod apply;
 mod delete;
@@ -203,7 +235,9 @@ impl Cli {
             Command::Validate(cmd) => return cmd.run(),
             Command::Completion { shell } => {
                 let mut cmd = Cli::command();
-                clap_complete::generate(shell, &mut cmd, "moorctl", &mut std::io::stdout());
+                let mut script = Vec::new();
+                clap_complete::generate(shell, &mut cmd, "moorctl", &mut script);
+                out!("{}", String::from_utf8_lossy(&script));
                 return Ok(0);
             }
             _ => {}

@@ -133,7 +133,7 @@ impl Plan {
         }
         let any = out.iter().any(|n| n.fits);
         if self.output == "json" {
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            outln!("{}", serde_json::to_string_pretty(&out)?);
         } else {
             let rows: Vec<Vec<String>> = out
                 .iter()
@@ -154,12 +154,12 @@ impl Plan {
                     ]
                 })
                 .collect();
-            print!(
+            out!(
                 "{}",
                 crate::table::render(&["NODE", "FITS", "WHY NOT"], &rows)
             );
             if out.is_empty() {
-                println!("(no node is registered)");
+                outln!("(no node is registered)");
             }
         }
         Ok(if any { 0 } else { 1 })

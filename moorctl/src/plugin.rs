@@ -45,7 +45,7 @@ pub(crate) async fn deregister(ctx: &Ctx, plugin: &str, node: &str) -> anyhow::R
         }
     })
     .await?;
-    println!(
+    outln!(
         "plugin {id}: the instance on node {node} is deregistered; it no longer counts as expected"
     );
     Ok(0)

@@ -85,7 +85,7 @@ impl SnapshotCmd {
                     }
                     Err(e) => return Err(e.into()),
                 }
-                println!("snapshot/{ns}/{name} created; `moorctl wait snapshot/{name} --for phase=ready` waits until it is cut");
+                outln!("snapshot/{ns}/{name} created; `moorctl wait snapshot/{name} --for phase=ready` waits until it is cut");
                 Ok(0)
             }
             SnapshotCmd::Delete { name, namespace } => {
@@ -104,7 +104,7 @@ impl SnapshotCmd {
                     items.retain(|s| kind::text(s, "/spec/volume") == *v);
                 }
                 crate::get::sort(Kind::Snapshot, &mut items);
-                print!("{}", table::table(Kind::Snapshot, &items, false, false));
+                out!("{}", table::table(Kind::Snapshot, &items, false, false));
                 Ok(0)
             }
         }

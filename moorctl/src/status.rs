@@ -194,7 +194,7 @@ fn yes_no(b: bool) -> String {
 fn fields(pairs: &[(&str, String)]) {
     let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, v) in pairs {
-        println!("{k:<width$} = {v}");
+        outln!("{k:<width$} = {v}");
     }
 }
 
@@ -219,7 +219,7 @@ impl PluginStatusCmd {
                     ]
                 })
                 .collect();
-            print!(
+            out!(
                 "{}",
                 render(
                     &[
@@ -270,13 +270,13 @@ impl PluginStatusCmd {
                 ]
             })
             .collect();
-        println!("\nInstances");
-        print!("{}", render(&["NODE", "TYPE", "HEALTHY", "MESSAGE"], &rows));
+        outln!("\nInstances");
+        out!("{}", render(&["NODE", "TYPE", "HEALTHY", "MESSAGE"], &rows));
         let (mut volumes, _) = kind::list(ctx, Kind::Volume, None).await?;
         volumes.retain(|v| text(v, "/spec/plugin_id") == id);
         sort(Kind::Volume, &mut volumes);
-        println!("\nVolumes");
-        print!("{}", volume_table(&volumes, true));
+        outln!("\nVolumes");
+        out!("{}", volume_table(&volumes, true));
         Ok(0)
     }
 }
@@ -316,7 +316,7 @@ impl VolumeStatusCmd {
         let (mut volumes, _) = kind::list(ctx, Kind::Volume, ns.as_ref()).await?;
         sort(Kind::Volume, &mut volumes);
         let Some(id) = self.id else {
-            print!("{}", volume_table(&volumes, self.ns.all_namespaces));
+            out!("{}", volume_table(&volumes, self.ns.all_namespaces));
             return Ok(0);
         };
         let Some(v) = volumes.iter().find(|v| text(v, "/metadata/name") == id) else {
@@ -390,11 +390,11 @@ impl VolumeStatusCmd {
                 ]);
             }
         }
-        println!("\nAllocations");
+        outln!("\nAllocations");
         if rows.is_empty() {
-            println!("No allocations placed");
+            outln!("No allocations placed");
         } else {
-            print!(
+            out!(
                 "{}",
                 render(&["ID", "NODE ID", "MODE", "CLAIM", "USED", "HEALTH"], &rows)
             );

@@ -23,10 +23,10 @@ impl Validate {
         }
         for result in results {
             match result {
-                Ok(obj) => println!("valid   {}", obj.key()),
+                Ok(obj) => outln!("valid   {}", obj.key()),
                 Err(e) => {
                     bad += 1;
-                    println!("invalid {}", error_chain(&e));
+                    outln!("invalid {}", error_chain(&e));
                 }
             }
         }

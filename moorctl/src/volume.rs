@@ -47,7 +47,7 @@ pub(crate) async fn detach(
         }
         Err(e) => return Err(e),
     }
-    println!(
+    outln!(
         "volume {volume}: node {node} marked gone; its claims there now will be released without node calls"
     );
     Ok(0)
@@ -147,7 +147,7 @@ pub(crate) async fn deregister(
         return Err(Refused(format!("volume {ns}/{name} not found")).into());
     };
     for c in &held.claims {
-        println!(
+        outln!(
             "dropping claim {} of allocation {} on node {} ({}), without any plugin call",
             c.metadata.name,
             c.spec.allocation,
@@ -156,9 +156,10 @@ pub(crate) async fn deregister(
         );
     }
     for a in &held.attachments {
-        println!(
+        outln!(
             "dropping attachment of {name} to node {} ({:?}), without ControllerUnpublish",
-            a.spec.node, a.status.phase
+            a.spec.node,
+            a.status.phase
         );
     }
     for c in &held.claims {
@@ -199,11 +200,11 @@ pub(crate) async fn deregister(
     })
     .await?;
     match &vol.status.provisioning.external_id {
-        Some(ext) if !vol.spec.is_registration() => println!(
+        Some(ext) if !vol.spec.is_registration() => outln!(
             "volume {name} deregistered; the plugin's volume {ext} is kept (moorctl delete \
              deletes it)"
         ),
-        _ => println!("volume {name} deregistered"),
+        _ => outln!("volume {name} deregistered"),
     }
     Ok(0)
 }

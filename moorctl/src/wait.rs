@@ -88,7 +88,7 @@ impl Wait {
                     eprint!("\r\x1b[2K");
                     let _ = std::io::stderr().flush();
                 }
-                println!("{line}");
+                outln!("{line}");
                 return Ok(0);
             }
             if live {

@@ -99,3 +99,23 @@ fn an_unreachable_etcd_is_one_line_that_says_what_to_do() {
         "{err}"
     );
 }
+
+/// Issue 26: `moorctl get volumes -o yaml | head -1` exited 101 with a panic. A reader
+/// that goes away ends moorctl quietly. The completion script (over 64 KiB, more than a
+/// pipe holds) is read for 10 bytes, then the pipe is closed.
+#[test]
+fn a_closed_pipe_ends_moorctl_quietly() {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moorctl"))
+        .args(["completion", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run moorctl");
+    let mut head = [0u8; 10];
+    child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
