@@ -37,6 +37,13 @@ fn run(cmd: &mut Command) -> String {
     text
 }
 
+/// Writes a key file readable by its owner only (moor refuses any other).
+fn write_private(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 fn deploy(script: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/etcd")
@@ -123,12 +130,12 @@ impl Secure {
             .env("CERTS", &certs));
         let cluster_keys = tmp.path().join("cluster.keys");
         let text = run(Command::new(bin("moord")).args(["keys", "new", "--id", "k1"]));
-        std::fs::write(&cluster_keys, text).unwrap();
+        write_private(&cluster_keys, &text);
         let n2_keys = tmp.path().join("n2.keys");
         let text = run(Command::new(bin("moord"))
             .args(["keys", "node", "--node", "n2", "--encryption-key-file"])
             .arg(&cluster_keys));
-        std::fs::write(&n2_keys, text).unwrap();
+        write_private(&n2_keys, &text);
         Secure {
             tmp,
             certs,

@@ -24,14 +24,15 @@ impl Size {
         Size::checked(b.as_u64())
     }
 
-    /// The largest size: CSI carries sizes as int64.
-    pub const MAX: u64 = i64::MAX as u64;
+    /// The largest size: 1 EiB (2^60 bytes). CSI carries sizes as int64; the bound
+    /// leaves a plugin room to add several sizes without overflowing.
+    pub const MAX: u64 = 1 << 60;
 
-    /// `n` bytes, refused at 2^63 or more (it would reach the plugin negative).
+    /// `n` bytes, refused above [`Size::MAX`].
     pub fn checked(n: u64) -> Result<Size, String> {
         if n > Size::MAX {
             return Err(format!(
-                "{n} bytes is too large; the largest size is {} bytes (2^63 - 1)",
+                "{n} bytes is too large; the largest size is {} bytes (1 EiB)",
                 Size::MAX
             ));
         }
@@ -53,16 +54,63 @@ impl Serialize for Size {
 
 impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Bytes(u64),
-            Text(String),
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a size: whole bytes, or a number with a unit such as 512MiB or 1GiB")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Size, E> {
+                Size::checked(n).map_err(E::custom)
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Size, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!(
+                        "{n} is negative; a size is 0 or more bytes"
+                    ))),
+                }
+            }
+            fn visit_u128<E: serde::de::Error>(self, n: u128) -> Result<Size, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!(
+                        "{n} bytes is too large; the largest size is {} bytes (1 EiB)",
+                        Size::MAX
+                    ))),
+                }
+            }
+            fn visit_i128<E: serde::de::Error>(self, n: i128) -> Result<Size, E> {
+                match u128::try_from(n) {
+                    Ok(n) => self.visit_u128(n),
+                    Err(_) => Err(E::custom(format!(
+                        "{n} is negative; a size is 0 or more bytes"
+                    ))),
+                }
+            }
+            fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Size, E> {
+                if n < 0.0 {
+                    Err(E::custom(format!(
+                        "{n} is negative; a size is 0 or more bytes"
+                    )))
+                } else if n > Size::MAX as f64 {
+                    Err(E::custom(format!(
+                        "{n} bytes is too large; the largest size is {} bytes (1 EiB)",
+                        Size::MAX
+                    )))
+                } else if n.fract() != 0.0 || !n.is_finite() {
+                    Err(E::custom(format!(
+                        "{n} is not a whole number of bytes (write e.g. 1536MiB for 1.5GiB)"
+                    )))
+                } else {
+                    self.visit_u64(n as u64)
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Size, E> {
+                Size::parse(s).map_err(E::custom)
+            }
         }
-        match Raw::deserialize(d)? {
-            Raw::Bytes(n) => Size::checked(n).map_err(serde::de::Error::custom),
-            Raw::Text(s) => Size::parse(&s).map_err(serde::de::Error::custom),
-        }
+        d.deserialize_any(V)
     }
 }
 

@@ -1,7 +1,5 @@
 //! Manifests: YAML or JSON documents, several per file, of any kind.
 
-use serde::Deserialize;
-
 use super::*;
 
 /// An object of any kind, as read from a manifest.
@@ -76,6 +74,16 @@ pub enum ManifestError {
         /// What exceeds which limit.
         what: String,
     },
+    /// A second document for an object an earlier document of the same text defines.
+    #[error("document {doc}: {key} is also document {first}; one text may define an object once")]
+    Repeated {
+        /// 1-based document number.
+        doc: usize,
+        /// The earlier document.
+        first: usize,
+        /// The object's key.
+        key: String,
+    },
     /// Well-formed but invalid; every problem is listed.
     #[error("document {doc} ({kind} {name}): invalid")]
     Invalid {
@@ -126,9 +134,12 @@ fn typed<S: Spec>(
             source: e.into_inner(),
         })?;
     // Whatever the input says that the typed object does not keep is a field moor does
-    // not know: refused with its path, not silently dropped.
+    // not know: refused with its path, not silently dropped. A known field left at its
+    // default is not written back either: a `false`, `0` or `""` missing from the
+    // write-back is asked again with a non-default value, which a known field keeps.
     if let Ok(kept) = serde_json::to_value(&obj) {
-        if let Some(path) = unknown_field(&value, &kept, String::new()) {
+        let known = |pointer: &str| is_known_field::<S>(&value, pointer);
+        if let Some(path) = unknown_field(&value, &kept, String::new(), String::new(), &known) {
             return Err(ManifestError::UnknownField {
                 doc,
                 kind: S::KIND.to_string(),
@@ -137,12 +148,23 @@ fn typed<S: Spec>(
         }
     }
     obj.apply_defaults();
-    obj.validate().map_err(|errors| ManifestError::Invalid {
-        doc,
-        kind: S::KIND.to_string(),
-        name: printable(&name),
-        errors,
-    })?;
+    let mut invalid = obj.validate().err().unwrap_or_default();
+    // Refused in manifests only: a stored volume that says so still reads.
+    let kept = serde_json::to_value(&obj).unwrap_or_default();
+    if S::KIND == "Volume" && kept.pointer("/spec/capacity_max") == Some(&0.into()) {
+        invalid.push(
+            "spec.capacity_max",
+            "is 0; leave it out for no limit (volumes never shrink to 0)",
+        );
+    }
+    invalid
+        .into_result()
+        .map_err(|errors| ManifestError::Invalid {
+            doc,
+            kind: S::KIND.to_string(),
+            name: printable(&name),
+            errors,
+        })?;
     let size = serde_json::to_vec(&obj).map(|v| v.len()).unwrap_or(0);
     if size > MAX_OBJECT_BYTES {
         return Err(ManifestError::TooLarge {
@@ -165,21 +187,44 @@ pub const MAX_MANIFEST_BYTES: usize = 64 << 20;
 /// The deepest nesting of `[` and `{` accepted (moor's objects need fewer than 10).
 pub const MAX_DEPTH: usize = 64;
 
-/// The first path present in `input` with a non-empty value but absent from `kept`
-/// (the object as typed and written back).
+/// Whether the field at `pointer` of `input` is one `S` knows: with a non-default value
+/// there, the typed object either keeps it or refuses its shape (an unknown field is
+/// ignored by the decoder whatever it holds).
+fn is_known_field<S: Spec>(input: &serde_json::Value, pointer: &str) -> bool {
+    use serde_json::Value;
+    let mut probe = input.clone();
+    let Some(slot) = probe.pointer_mut(pointer) else {
+        return false;
+    };
+    *slot = match slot {
+        Value::Bool(_) => Value::Bool(true),
+        Value::String(_) => Value::String("x".into()),
+        _ => Value::from(1),
+    };
+    match serde_json::from_value::<Object<S>>(probe) {
+        Ok(obj) => serde_json::to_value(&obj)
+            .ok()
+            .is_some_and(|kept| kept.pointer(pointer).is_some()),
+        Err(_) => true,
+    }
+}
+
+/// The first path present in `input` but absent from `kept` (the object as typed and
+/// written back), unless its value is null or an empty list or map, or `known` says a
+/// `false`, `0` or `""` there is a known field at its default.
 fn unknown_field(
     input: &serde_json::Value,
     kept: &serde_json::Value,
     path: String,
+    pointer: String,
+    known: &dyn Fn(&str) -> bool,
 ) -> Option<String> {
     use serde_json::Value;
-    let empty = |v: &Value| match v {
+    let nothing = |v: &Value| match v {
         Value::Null => true,
-        Value::Bool(b) => !b,
-        Value::String(s) => s.is_empty(),
         Value::Array(a) => a.is_empty(),
         Value::Object(o) => o.is_empty(),
-        Value::Number(n) => n.as_f64() == Some(0.0),
+        _ => false,
     };
     match (input, kept) {
         (Value::Object(i), Value::Object(k)) => {
@@ -189,29 +234,134 @@ fn unknown_field(
                 } else {
                     format!("{path}.{key}")
                 };
+                let ptr = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
                 match k.get(key) {
                     Some(kv) => {
-                        if let Some(found) = unknown_field(v, kv, p) {
+                        if let Some(found) = unknown_field(v, kv, p, ptr, known) {
                             return Some(found);
                         }
                     }
-                    None if empty(v) => {}
+                    None if nothing(v) => {}
+                    None if known(&ptr) => {}
                     None => return Some(printable(&p)),
                 }
             }
             None
         }
-        (Value::Array(i), Value::Array(k)) if i.len() == k.len() => i
-            .iter()
-            .zip(k)
-            .enumerate()
-            .find_map(|(n, (iv, kv))| unknown_field(iv, kv, format!("{path}[{n}]"))),
+        (Value::Array(i), Value::Array(k)) if i.len() == k.len() => {
+            i.iter().zip(k).enumerate().find_map(|(n, (iv, kv))| {
+                unknown_field(
+                    iv,
+                    kv,
+                    format!("{path}[{n}]"),
+                    format!("{pointer}/{n}"),
+                    known,
+                )
+            })
+        }
         _ => None,
     }
 }
 
+/// A YAML or JSON value read as `serde_json::Value`, refusing a mapping key given twice
+/// (YAML says keys are unique; a silent last-wins hides a mistake) and nesting deeper
+/// than [`MAX_DEPTH`], and reading integers beyond 64 bits as floats (so that a size
+/// says it is too large instead of the text failing to parse).
+struct Strict {
+    depth: usize,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Strict {
+    type Value = serde_json::Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Strict {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a YAML or JSON value")
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Self::Value, E> {
+        Ok(b.into())
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Self::Value, E> {
+        Ok(n.into())
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<Self::Value, E> {
+        Ok(n.into())
+    }
+    fn visit_i128<E>(self, n: i128) -> Result<Self::Value, E> {
+        Ok(i64::try_from(n).map_or_else(|_| (n as f64).into(), Into::into))
+    }
+    fn visit_u128<E>(self, n: u128) -> Result<Self::Value, E> {
+        Ok(u64::try_from(n).map_or_else(|_| (n as f64).into(), Into::into))
+    }
+    fn visit_f64<E>(self, n: f64) -> Result<Self::Value, E> {
+        Ok(serde_json::Number::from_f64(n).map_or(serde_json::Value::Null, Into::into))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(s.into())
+    }
+    fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+        Ok(s.into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let inner = self.deeper()?;
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(Strict { depth: inner })? {
+            out.push(v);
+        }
+        Ok(out.into())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let inner = self.deeper()?;
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let v = map.next_value_seed(Strict { depth: inner })?;
+            if out.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key {:?} is given twice in one mapping",
+                    printable(&key)
+                )));
+            }
+            out.insert(key, v);
+        }
+        Ok(out.into())
+    }
+}
+
+impl Strict {
+    fn deeper<E: serde::de::Error>(&self) -> Result<usize, E> {
+        if self.depth >= MAX_DEPTH {
+            return Err(E::custom(format!("nested deeper than {MAX_DEPTH} levels")));
+        }
+        Ok(self.depth + 1)
+    }
+}
+
 /// Refuses a text too large or too deeply nested before the parser sees it (a deep
-/// flow-style document costs the parser time quadratic in its depth).
+/// flow-style document costs the YAML parser time quadratic in its depth).
+///
+/// The depth is found by a small YAML lexer, so that no quote or comment can hide the
+/// brackets after it: a double-quoted scalar (with `\\` escapes) or a single-quoted one
+/// (`''` escapes) begins only where a token may begin, a `"` or `'` inside a plain
+/// scalar is a plain character, a comment begins at a `#` after blank space outside
+/// any scalar and ends with its line. Every `[`/`{` outside quoted scalars and comments
+/// counts (inside a block plain scalar it is a plain character, so the count errs on
+/// the safe side), and so does each block sequence entry `- ` chained on one line.
 fn check_limits(text: &str) -> Result<(), ManifestError> {
     if text.len() > MAX_MANIFEST_BYTES {
         return Err(ManifestError::TooLarge {
@@ -221,46 +371,106 @@ fn check_limits(text: &str) -> Result<(), ManifestError> {
             ),
         });
     }
-    let (mut depth, mut deepest, mut quoted, mut escaped) = (0usize, 0usize, false, false);
-    for b in text.bytes() {
-        if quoted {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => quoted = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => quoted = true,
-            b'[' | b'{' => {
-                depth += 1;
-                deepest = deepest.max(depth);
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-        if deepest > MAX_DEPTH {
-            return Err(ManifestError::TooLarge {
-                what: format!("the manifest nests deeper than {MAX_DEPTH} levels"),
-            });
-        }
+    if nesting(text.as_bytes()) > MAX_DEPTH {
+        return Err(ManifestError::TooLarge {
+            what: format!("the manifest nests deeper than {MAX_DEPTH} levels"),
+        });
     }
     Ok(())
+}
+
+/// The deepest nesting [`check_limits`] finds (it stops counting past [`MAX_DEPTH`]).
+fn nesting(text: &[u8]) -> usize {
+    #[derive(PartialEq)]
+    enum In {
+        Token,
+        Plain,
+        Double,
+        Single,
+        Comment,
+    }
+    let (mut flow, mut chain, mut deepest) = (0usize, 0usize, 0usize);
+    let mut state = In::Token;
+    let mut i = 0;
+    while i < text.len() && deepest <= MAX_DEPTH {
+        let b = text[i];
+        let next = text.get(i + 1).copied().unwrap_or(b'\n');
+        let blank_next = matches!(next, b' ' | b'\t' | b'\n' | b'\r');
+        if b == b'\n' {
+            chain = 0;
+        }
+        match state {
+            In::Double => match b {
+                b'\\' => i += 1,
+                b'"' => state = In::Plain,
+                _ => {}
+            },
+            In::Single => {
+                if b == b'\'' {
+                    if next == b'\'' {
+                        i += 1;
+                    } else {
+                        state = In::Plain;
+                    }
+                }
+            }
+            In::Comment => {
+                if b == b'\n' {
+                    state = In::Token;
+                }
+            }
+            In::Token | In::Plain => {
+                let at_token = state == In::Token;
+                match b {
+                    b' ' | b'\t' | b'\r' | b'\n' => {
+                        // Blank space: a comment may follow; in block context a plain
+                        // scalar goes on (`a b`), but a new line starts a token.
+                        if matches!(text.get(i + 1), Some(b'#')) {
+                            state = In::Comment;
+                            i += 1;
+                        } else if b == b'\n' || at_token {
+                            state = In::Token;
+                        }
+                    }
+                    b'#' if at_token => state = In::Comment,
+                    b'"' if at_token => state = In::Double,
+                    b'\'' if at_token => state = In::Single,
+                    b'[' | b'{' => {
+                        flow += 1;
+                        state = In::Token;
+                    }
+                    b']' | b'}' => {
+                        flow = flow.saturating_sub(1);
+                        state = In::Plain;
+                    }
+                    b',' if flow > 0 => state = In::Token,
+                    b':' if blank_next || flow > 0 => state = In::Token,
+                    b'-' | b'?' if at_token && blank_next => chain += 1,
+                    _ => state = In::Plain,
+                }
+            }
+        }
+        deepest = deepest.max(flow + chain);
+        i += 1;
+    }
+    deepest
 }
 
 /// Parses every document of a YAML or JSON text (JSON is YAML), applying defaults and
 /// validating each; one result per non-empty document.
 pub fn parse_manifests(text: &str) -> Vec<Result<AnyObject, ManifestError>> {
+    use serde::de::DeserializeSeed;
+    // A byte order mark (editors on Windows write one) is not part of the text.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut out = Vec::new();
     if let Err(e) = check_limits(text) {
         out.push(Err(e));
         return out;
     }
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (i, de) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let doc = i + 1;
-        let value = match serde_json::Value::deserialize(de) {
+        let value = match (Strict { depth: 0 }).deserialize(de) {
             Ok(serde_json::Value::Null) => continue,
             Ok(v) => v,
             Err(source) => {
@@ -274,7 +484,7 @@ pub fn parse_manifests(text: &str) -> Vec<Result<AnyObject, ManifestError>> {
             .and_then(|k| k.as_str())
             .unwrap_or("")
             .to_string();
-        out.push(match kind.as_str() {
+        let parsed = match kind.as_str() {
             "Volume" => typed(doc, value, AnyObject::Volume),
             "Allocation" => typed(doc, value, AnyObject::Allocation),
             "Claim" => typed(doc, value, AnyObject::Claim),
@@ -288,7 +498,18 @@ pub fn parse_manifests(text: &str) -> Vec<Result<AnyObject, ManifestError>> {
                 doc,
                 kind: printable(&kind),
             }),
-        });
+        };
+        out.push(parsed.and_then(|obj| match seen.entry(obj.key()) {
+            std::collections::hash_map::Entry::Occupied(first) => Err(ManifestError::Repeated {
+                doc,
+                first: *first.get(),
+                key: printable(&obj.key()),
+            }),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(doc);
+                Ok(obj)
+            }
+        }));
     }
     out
 }
@@ -344,16 +565,116 @@ spec:
     }
 
     #[test]
-    fn sizes_of_2_63_bytes_or_more_are_refused() {
-        for size in ["16EiB", "18446744073709551615", "9223372036854775808"] {
+    fn sizes_above_1_eib_are_refused() {
+        for size in [
+            "16EiB",
+            "18446744073709551615",
+            "9223372036854775808",
+            "9223372036854775807",
+        ] {
             let doc = format!("kind: Volume\nmetadata: {{name: v}}\nspec: {{plugin_id: p, capacity_min: {size}, capabilities: [{{access_mode: single-node-writer, attachment_mode: file-system}}]}}\n");
             let r = parse_manifests(&doc).remove(0);
             assert!(r.is_err(), "{size} accepted");
         }
-        assert_eq!(
-            Size::parse("9223372036854775807").unwrap().0,
-            i64::MAX as u64
-        );
+        assert_eq!(Size::parse("1EiB").unwrap().0, 1 << 60);
+    }
+
+    /// A Volume whose spec holds `field` (YAML lines indented by two spaces).
+    fn volume_with(field: &str) -> String {
+        format!(
+            "apiVersion: moor/v1\nkind: Volume\nmetadata: {{name: v}}\nspec:\n  plugin_id: p\n  capabilities:\n    - {{access_mode: single-node-writer, attachment_mode: file-system}}\n{field}"
+        )
+    }
+
+    fn errors_of(text: &str) -> String {
+        parse_manifests(text)
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .map(moor_chain)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Issue 26: hostile manifests, each refused with a message that names the field,
+    /// or accepted where it is legal.
+    #[test]
+    fn hostile_manifests_are_refused_with_the_field_named() {
+        let deep = "[".repeat(100);
+        let cases: Vec<(String, &str)> = vec![
+            // Quotes and comments do not hide brackets from the depth limit.
+            (format!("a: b\"c {deep}"), "nests deeper"),
+            (format!("a: 'it''s \"' {deep}"), "nests deeper"),
+            (format!("# a \" in a comment\na: {deep}"), "nests deeper"),
+            (format!("a: \"x\\\" {deep}\"\nb: {deep}"), "nests deeper"),
+            (format!("{}x\n", "- ".repeat(100)), "nests deeper"),
+            // Sizes.
+            (volume_with("  capacity_min: 1e30\n"), "spec.capacity_min"),
+            (volume_with("  capacity_min: 1e30\n"), "too large"),
+            (volume_with("  capacity_min: -1\n"), "negative"),
+            (volume_with("  capacity_min: 1.5\n"), "whole number"),
+            (
+                volume_with("  capacity_min: 18446744073709551616\n"),
+                "too large",
+            ),
+            (
+                volume_with("  capacity_min: 9223372036854775807\n"),
+                "too large",
+            ),
+            (volume_with("  capacity_max: 0\n"), "spec.capacity_max"),
+            // Unknown fields, whatever their value.
+            (volume_with("  bogus: \"\"\n"), "unknown field spec.bogus"),
+            (volume_with("  bogus: false\n"), "unknown field spec.bogus"),
+            (volume_with("  bogus: 0\n"), "unknown field spec.bogus"),
+            // A key given twice.
+            (
+                volume_with("  capacity_min: 1MiB\n  capacity_min: 2MiB\n"),
+                "\"capacity_min\" is given twice",
+            ),
+            // Node names and labels.
+            (
+                volume_with("  force_detach: {\"../../x\": 1}\n"),
+                "spec.force_detach.../../x",
+            ),
+            (
+                volume_with("").replace(
+                    "metadata: {name: v}",
+                    &format!(
+                        "metadata:\n  name: v\n  labels:\n    ? {}\n    : a",
+                        "k".repeat(100_000)
+                    ),
+                ),
+                "label key",
+            ),
+            (
+                volume_with("").replace("{name: v}", "{name: v, labels: {a: \"\\e[31m\"}}"),
+                "label value",
+            ),
+            // The same object twice in one text.
+            (
+                format!("{}---\n{}", volume_with(""), volume_with("")),
+                "volumes/default/v is also document 1",
+            ),
+        ];
+        for (text, expected) in &cases {
+            let errors = errors_of(text);
+            assert!(
+                errors.contains(expected),
+                "expected {expected:?} for {:?}, got {errors:?}",
+                text.chars().take(120).collect::<String>()
+            );
+            assert!(!errors.contains('\u{1b}'), "{errors:?}");
+        }
+        // Legal input stays accepted: known fields at their defaults, a byte order
+        // mark, plain scalars with quotes and brackets inside, comments with quotes.
+        for text in [
+            volume_with("  parameters: {}\n  secrets: {}\n"),
+            format!("\u{feff}{}", volume_with("")),
+            volume_with("  parameters: {note: it's \"fine\" [really}\n").replace("{note: it's \"fine\" [really}", "\n    note: it's \"fine\" [really"),
+            volume_with("  # a comment with a \" quote\n  parameters: {a: 'it''s'}\n"),
+            "apiVersion: moor/v1\nkind: Allocation\nmetadata: {name: a}\nspec:\n  node: n1\n  volumes:\n    - {name: d, volume: v, read_only: false, per_alloc: false}\n".to_string(),
+        ] {
+            assert_eq!(errors_of(&text), "", "refused: {text:?}");
+        }
     }
 
     #[test]

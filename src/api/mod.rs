@@ -241,6 +241,7 @@ impl<S: Spec> Object<S> {
             );
         }
         errors.check_id("metadata.name", self.metadata.name.validate());
+        check_labels(&self.metadata.labels, &mut errors);
         if S::NAMESPACED {
             errors.check_id("metadata.namespace", self.metadata.namespace.validate());
         } else if !self.metadata.namespace.is_empty() {
@@ -260,6 +261,43 @@ impl<S: Spec> Object<S> {
     /// Whether deletion was requested (it waits on finalizers).
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
+    }
+}
+
+/// The most labels an object may carry.
+pub const MAX_LABELS: usize = 64;
+
+/// Labels as Kubernetes shapes them: a key of up to 253 bytes of `[A-Za-z0-9._/-]`
+/// (an optional DNS prefix and `/`, then a name) and a value of up to 63 bytes of
+/// `[A-Za-z0-9._-]`; at most [`MAX_LABELS`].
+fn check_labels(labels: &BTreeMap<String, String>, errors: &mut ValidationErrors) {
+    if labels.len() > MAX_LABELS {
+        errors.push(
+            "metadata.labels",
+            format!("{} labels; at most {MAX_LABELS}", labels.len()),
+        );
+        return;
+    }
+    let charset = |s: &str, extra: &[char]| {
+        s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c) || extra.contains(&c))
+    };
+    for (k, v) in labels {
+        let field = || {
+            let shown: String = k.chars().take(64).collect();
+            format!("metadata.labels.{}", printable(&shown))
+        };
+        if k.is_empty() || k.len() > 253 || !charset(k, &['/']) {
+            errors.push(
+                field(),
+                "a label key is 1 to 253 bytes of letters, digits, '.', '_', '-' and '/'",
+            );
+        } else if v.len() > 63 || !charset(v, &[]) {
+            errors.push(
+                field(),
+                "a label value is up to 63 bytes of letters, digits, '.', '_' and '-'",
+            );
+        }
     }
 }
 

@@ -155,6 +155,12 @@ impl Spec for VolumeSpec {
                 errors.push(format!("capabilities[{i}]"), "is listed twice");
             }
         }
+        for node in self.force_detach.keys() {
+            if let Err(e) = node.validate() {
+                let shown: String = node.as_str().chars().take(64).collect();
+                errors.push(format!("force_detach.{}", printable(&shown)), e);
+            }
+        }
         if let (Some(min), Some(max)) = (self.capacity_min, self.capacity_max) {
             if max < min {
                 errors.push(

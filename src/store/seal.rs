@@ -107,8 +107,24 @@ pub struct SealError {
 
 impl Keyring {
     /// Reads a key file.
+    /// Refused when group or others may read or write it, as ssh refuses such a private
+    /// key: whoever reads it opens every secret.
     pub fn load(path: &Path) -> anyhow::Result<Keyring> {
         use anyhow::Context;
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)
+            .with_context(|| format!("reading the key file {}", path.display()))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            anyhow::bail!(
+                "the key file {} may be read or written by group or others (mode {:04o}); \
+                 it holds the keys to every secret: `chmod 600 {}`",
+                path.display(),
+                mode & 0o7777,
+                path.display()
+            );
+        }
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the key file {}", path.display()))?;
         Keyring::parse(&text).with_context(|| format!("in the key file {}", path.display()))
@@ -389,6 +405,25 @@ mod tests {
 
     fn secrets() -> BTreeMap<String, String> {
         [("token".to_string(), "hunter2".to_string())].into()
+    }
+
+    #[test]
+    fn a_key_file_readable_by_group_or_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.keys");
+        let text = Keyring::generate("k1").unwrap();
+        std::fs::write(&path, &text).unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o620] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = format!("{:#}", Keyring::load(&path).unwrap_err());
+            assert!(
+                e.contains("chmod 600") && e.contains(&format!("{mode:04o}")),
+                "{e}"
+            );
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(Keyring::load(&path).is_ok());
     }
 
     #[test]

@@ -329,10 +329,10 @@ impl Controller for Plugin {
                             )))
                         };
                     }
-                    if st.used_capacity() + size > total {
+                    if !st.fits(size, total) {
                         return Err(Status::resource_exhausted(format!(
                             "{size} bytes requested, {} available",
-                            total - st.used_capacity()
+                            total.saturating_sub(st.used_capacity()).max(0)
                         )));
                     }
                     let id = format!("vol-{}", uuid::Uuid::new_v4().simple());
@@ -627,7 +627,10 @@ impl Controller for Plugin {
         _: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
         self.call(Call::new("GetCapacity"), async {
-            let available = self.inner.capacity - self.read(|st| st.used_capacity()).await;
+            let available = self
+                .inner
+                .capacity
+                .saturating_sub(self.read(|st| st.used_capacity()).await);
             Ok(GetCapacityResponse {
                 available_capacity: available.max(0),
                 maximum_volume_size: Some(available.max(0)),
@@ -810,7 +813,11 @@ impl Controller for Plugin {
                         return Err(Status::out_of_range("volumes do not shrink"));
                     }
                     let new = range.required_bytes.max(vol.capacity);
-                    if used - vol.capacity + new > total {
+                    if used
+                        .saturating_sub(vol.capacity)
+                        .checked_add(new)
+                        .is_none_or(|after| after > total)
+                    {
                         return Err(Status::resource_exhausted("not enough capacity to expand"));
                     }
                     vol.capacity = new;

@@ -228,7 +228,17 @@ impl State {
 
     /// Bytes allocated to volumes.
     pub fn used_capacity(&self) -> i64 {
-        self.volumes.values().map(|v| v.capacity).sum()
+        self.volumes
+            .values()
+            .fold(0i64, |sum, v| sum.saturating_add(v.capacity.max(0)))
+    }
+
+    /// Whether `size` more bytes fit in `total` (never overflowing: sizes come from
+    /// the request, and a request may carry up to i64::MAX).
+    pub fn fits(&self, size: i64, total: i64) -> bool {
+        self.used_capacity()
+            .checked_add(size)
+            .is_some_and(|after| after <= total)
     }
 }
 

@@ -211,6 +211,15 @@ async fn create_volume_is_idempotent_by_name_and_checks_its_arguments() {
             .code(),
         Code::ResourceExhausted
     );
+    // Issue 26: i64::MAX bytes overflowed the capacity sum (created past --capacity in
+    // release builds, a panic in debug ones). It is refused, and capacity stays right.
+    assert_eq!(
+        c.create_volume(create("huge", vec![sw()], i64::MAX))
+            .await
+            .unwrap_err()
+            .code(),
+        Code::ResourceExhausted
+    );
     let cap_left = c
         .get_capacity(GetCapacityRequest::default())
         .await
