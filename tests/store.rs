@@ -592,7 +592,64 @@ async fn a_burst_of_events_is_written_in_few_transactions(backend: Backend) {
     assert_ne!(raw.kvs()[0].lease(), 0, "events expire with their lease");
 }
 
+/// Issue 26, item 7: garbage written over a live key made its writer's guarded writes
+/// fail forever as "conflict ... no longer at revision N". A batch now names the
+/// malformed value, and the single writer's `update` repairs it from its own state.
+async fn a_malformed_value_is_named_and_its_single_writer_repairs_it(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    let a = store.create(&volume("a")).await.unwrap();
+    let b = store.create(&volume("b")).await.unwrap();
+    let mut raw = etcd.raw_client().await;
+    raw.put("/t/volumes/default/a", "\u{1b}[2Jgarbage", None)
+        .await
+        .unwrap();
+    let mut next = a.clone();
+    next.spec.capacity_max = Some(Size(1 << 30));
+    // In a batch with another object: refused, naming the value, nothing written.
+    let mut batch = Batch::default();
+    batch.update(&store, &a, &next).unwrap();
+    batch.update(&store, &b, &b).unwrap();
+    let err = batch.commit(&store).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Malformed { key, .. } if key == "volumes/default/a"),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("malformed value at volumes/default/a"),
+        "{err}"
+    );
+    assert_eq!(
+        store
+            .get(&b.object_key())
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        b.metadata.resource_version
+    );
+    // The single writer's update writes its own state over exactly that value.
+    let repaired = store.update(&a, &next).await.unwrap();
+    let read = store.get(&a.object_key()).await.unwrap();
+    assert_eq!(read.spec.capacity_max, Some(Size(1 << 30)));
+    assert_eq!(read.metadata.uid, a.metadata.uid);
+    assert_eq!(
+        read.metadata.resource_version,
+        repaired.metadata.resource_version
+    );
+    // A newer valid value is still a conflict, never overwritten.
+    let mut other = read.clone();
+    other.spec.capacity_max = Some(Size(2 << 30));
+    store.update(&read, &other).await.unwrap();
+    assert!(matches!(
+        store.update(&read, &next).await,
+        Err(StoreError::Conflict { .. })
+    ));
+}
+
 crate::both_stores!(
+    a_malformed_value_is_named_and_its_single_writer_repairs_it,
     a_burst_of_events_is_written_in_few_transactions,
     a_page_larger_than_grpc_s_message_limit_is_split,
     create_get_and_create_again,

@@ -39,7 +39,12 @@ pub fn on_signal() -> CancellationToken {
     token
 }
 
-/// An error and its sources on one line, `outer: inner: root`, for logs and events.
+/// The longest error chain [`error_chain`] writes, in characters.
+pub const MAX_ERROR_CHARS: usize = 2000;
+
+/// An error and its sources on one line, `outer: inner: root`, for logs and events;
+/// escaped as [`printable`] (an error may quote a stored value or a plugin's message)
+/// and cut at [`MAX_ERROR_CHARS`].
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
@@ -47,8 +52,45 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         out.push_str(": ");
         out.push_str(&s.to_string());
         source = s.source();
+        if out.len() > 4 * MAX_ERROR_CHARS {
+            break;
+        }
+    }
+    printable_bounded(&out, MAX_ERROR_CHARS)
+}
+
+/// `s` with control characters and bidirectional overrides escaped (`\u{1b}`), so a
+/// value from the store or a plugin cannot rewrite the operator's terminal or reorder
+/// its text.
+pub fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        push_printable(&mut out, c);
     }
     out
+}
+
+/// [`printable`] of at most `max` characters of `s`, saying how much was left out.
+pub fn printable_bounded(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (n, (i, c)) in s.char_indices().enumerate() {
+        if n == max {
+            out.push_str(&format!("... ({} more bytes)", s.len() - i));
+            break;
+        }
+        push_printable(&mut out, c);
+    }
+    out
+}
+
+fn push_printable(out: &mut String, c: char) {
+    let bidi =
+        matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if c.is_control() || bidi {
+        out.push_str(&format!("\\u{{{:x}}}", c as u32));
+    } else {
+        out.push(c);
+    }
 }
 
 #[cfg(test)]
@@ -63,5 +105,23 @@ mod tests {
     fn error_chain_joins_every_source() {
         let e = Outer(std::io::Error::other("root"));
         assert_eq!(error_chain(&e), "outer: root");
+    }
+
+    #[test]
+    fn error_chain_escapes_and_bounds_what_it_quotes() {
+        let quoted = format!("\u{1b}[2J\u{202e}{}", "x".repeat(1 << 20));
+        let line = error_chain(&Outer(std::io::Error::other(quoted)));
+        assert!(
+            line.starts_with("outer: \\u{1b}[2J\\u{202e}xxx"),
+            "{}",
+            &line[..40]
+        );
+        assert!(!line.contains('\u{1b}') && !line.contains('\u{202e}'));
+        assert!(line.len() < MAX_ERROR_CHARS + 100, "{}", line.len());
+        assert!(
+            line.ends_with("more bytes)"),
+            "{}",
+            &line[line.len() - 40..]
+        );
     }
 }

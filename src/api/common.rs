@@ -605,20 +605,7 @@ impl ValidationErrors {
     }
 }
 
-/// `s` with control characters and bidirectional overrides escaped (`\u{1b}`), so a
-/// name echoed in an error cannot rewrite the operator's terminal or reorder its text.
-pub fn printable(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() || bidi {
-            out.push_str(&format!("\\u{{{:x}}}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+pub use moor_csi::process::{printable, printable_bounded};
 
 #[cfg(test)]
 mod tests {

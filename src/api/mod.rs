@@ -100,8 +100,22 @@ pub trait Spec:
         parts.len() == Self::KEY_SEGMENTS
     }
 
+    /// The largest stored value of the kind a reader decodes; a larger one is
+    /// malformed, refused before it is parsed. The kinds a node agent writes are
+    /// untrusted input and get [`NODE_WRITTEN_MAX_BYTES`]; etcd bounds the others.
+    const MAX_BYTES: usize = if matches!(Self::AGENT, AgentAccess::OwnNode | AgentAccess::OwnWriter)
+    {
+        NODE_WRITTEN_MAX_BYTES
+    } else {
+        usize::MAX
+    };
+
     /// Records every problem of the spec; field paths are relative to `spec.`.
     fn validate(&self, errors: &mut ValidationErrors);
+
+    /// Records every problem of a status; field paths are relative to `status.`. Only
+    /// kinds whose status a node writes check theirs (what a node writes is untrusted).
+    fn validate_status(_status: &Self::Status, _errors: &mut ValidationErrors) {}
 
     /// The secrets the kind stores, which the store seals at rest when it holds a key
     /// (see [`crate::store::Keyring`]); none by default.
@@ -255,6 +269,11 @@ impl<S: Spec> Object<S> {
         for e in spec_errors.0 {
             errors.push(format!("spec.{}", e.field), e.message);
         }
+        let mut status_errors = ValidationErrors::default();
+        S::validate_status(&self.status, &mut status_errors);
+        for e in status_errors.0 {
+            errors.push(format!("status.{}", e.field), e.message);
+        }
         errors.into_result()
     }
 
@@ -263,6 +282,10 @@ impl<S: Spec> Object<S> {
         self.metadata.deletion_timestamp.is_some()
     }
 }
+
+/// The largest value of a kind a node agent writes (Node, Mount, Event): a node's
+/// whole status is a few KiB.
+pub const NODE_WRITTEN_MAX_BYTES: usize = 64 << 10;
 
 /// The most labels an object may carry.
 pub const MAX_LABELS: usize = 64;

@@ -89,6 +89,91 @@ impl Spec for NodeSpec {
     type Status = NodeStatus;
 
     fn validate(&self, _errors: &mut ValidationErrors) {}
+
+    fn validate_status(status: &NodeStatus, errors: &mut ValidationErrors) {
+        if status.plugins.len() > MAX_NODE_PLUGINS {
+            errors.push(
+                "plugins",
+                format!(
+                    "{} plugins; a node reports at most {MAX_NODE_PLUGINS}",
+                    status.plugins.len()
+                ),
+            );
+            return;
+        }
+        for (id, plugin) in &status.plugins {
+            let field = format!("plugins.{}", printable_bounded(id.as_str(), 64));
+            errors.check_id(&field, id.validate());
+            if let Err(e) = plugin.check() {
+                errors.push(field, e);
+            }
+        }
+    }
+}
+
+/// The most plugins one node reports.
+pub const MAX_NODE_PLUGINS: usize = 32;
+/// The longest text a node reports for a plugin (health message, provider, version).
+pub const MAX_PLUGIN_TEXT: usize = 1024;
+/// The most capabilities of one kind, topology segments, and their names' length.
+const MAX_PLUGIN_ITEMS: usize = 64;
+
+impl NodePluginStatus {
+    /// What a node may report of a plugin: bounded texts, capability names as CSI
+    /// spells them (`[A-Z0-9_]`), bounded topology. The agent checks a fingerprint
+    /// with it before writing, the controller every Node it reads.
+    pub fn check(&self) -> Result<(), String> {
+        for (what, text) in [
+            ("health_message", &self.health_message),
+            ("provider", &self.provider),
+            ("version", &self.version),
+        ] {
+            if text.len() > MAX_PLUGIN_TEXT {
+                return Err(format!(
+                    "{what} is {} bytes; at most {MAX_PLUGIN_TEXT}",
+                    text.len()
+                ));
+            }
+        }
+        let caps = &self.capabilities;
+        for (what, set) in [
+            ("plugin", &caps.plugin),
+            ("controller", &caps.controller),
+            ("node", &caps.node),
+        ] {
+            if set.len() > MAX_PLUGIN_ITEMS {
+                return Err(format!(
+                    "{} {what} capabilities; at most {MAX_PLUGIN_ITEMS}",
+                    set.len()
+                ));
+            }
+            let bad = |c: &String| {
+                c.is_empty()
+                    || c.len() > MAX_PLUGIN_ITEMS
+                    || !c
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            };
+            if let Some(c) = set.iter().find(|c| bad(c)) {
+                return Err(format!(
+                    "{what} capability {:?} is not a CSI capability name",
+                    printable_bounded(c, 64)
+                ));
+            }
+        }
+        if let Some(t) = &self.topology {
+            if t.len() > MAX_PLUGIN_ITEMS {
+                return Err(format!(
+                    "{} topology segments; at most {MAX_PLUGIN_ITEMS}",
+                    t.len()
+                ));
+            }
+            if t.iter().any(|(k, v)| k.len() > 320 || v.len() > 320) {
+                return Err("a topology segment is over 320 bytes".into());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The agent's renewal record: every renewal changes the Node, and a reader judges it

@@ -77,8 +77,10 @@ impl<S: Spec> Informer<Object<S>> {
         let events = watcher_with::<S>(store, scope, false).filter_map(move |item| async move {
             match item {
                 Err(WatchError::Malformed(e)) => {
-                    tracing::warn!(kind, error = %error_chain(&e), "skipping a malformed value");
-                    super::metrics::malformed_skipped(kind);
+                    if first_sighting(&e) {
+                        tracing::warn!(kind, error = %bounded_chain(&e), "skipping a malformed value");
+                        super::metrics::malformed_skipped(kind);
+                    }
                     None
                 }
                 other => Some(other),
@@ -167,6 +169,33 @@ impl<K: Resource> Informer<K> {
             },
         )
     }
+}
+
+/// How much of a malformed value's error a log line quotes.
+const MALFORMED_LOG_CHARS: usize = 300;
+
+/// The (key, revision) pairs of malformed values this process has reported.
+static REPORTED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<(String, i64)>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Whether `e` names a malformed value at a revision this process has not reported yet:
+/// a value is logged and counted once per revision, however many informers and relists
+/// meet it (a node writing 1.4 MB of garbage 40 times must not cost 56 MB of log per
+/// informer). Other errors are always reported.
+pub fn first_sighting(e: &store::StoreError) -> bool {
+    let store::StoreError::Malformed { key, revision, .. } = e else {
+        return true;
+    };
+    let mut seen = REPORTED.lock().unwrap_or_else(|p| p.into_inner());
+    if seen.len() >= 100_000 {
+        seen.clear();
+    }
+    seen.insert((key.clone(), *revision))
+}
+
+/// An error chain cut to a few hundred escaped characters.
+pub fn bounded_chain(e: &store::StoreError) -> String {
+    moor_csi::process::printable_bounded(&error_chain(e), MALFORMED_LOG_CHARS)
 }
 
 #[cfg(test)]

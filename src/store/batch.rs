@@ -7,8 +7,29 @@
 
 use etcd_client::{Compare, CompareOp, PutOptions, TxnOp};
 
-use super::{LeaseId, Store, StoreError};
+use super::{Codec, LeaseId, Store, StoreError};
 use crate::api::{Object, Spec};
+
+/// Decodes a value as the kind its guard was taken on, to tell a malformed value from
+/// a newer valid one when the guard fails.
+type Check = fn(&Codec, &str, &[u8], i64) -> Result<(), StoreError>;
+
+fn check_as<S: Spec>(
+    codec: &Codec,
+    key: &str,
+    value: &[u8],
+    revision: i64,
+) -> Result<(), StoreError> {
+    codec.decode::<S>(key, value, revision).map(|_| ())
+}
+
+/// One guarded key of a batch.
+#[derive(Debug)]
+struct Guard {
+    key: String,
+    expected: i64,
+    check: Option<Check>,
+}
 
 /// Writes to commit at once with [`Batch::commit`]. Each is guarded by the version
 /// its caller read; if any object changed since (or one to create exists), nothing is
@@ -17,7 +38,7 @@ use crate::api::{Object, Spec};
 pub struct Batch {
     compares: Vec<Compare>,
     ops: Vec<TxnOp>,
-    keys: Vec<(String, i64)>,
+    keys: Vec<Guard>,
 }
 
 impl Batch {
@@ -66,7 +87,11 @@ impl Batch {
                     Some(PutOptions::new().with_ignore_lease()),
                 )
             });
-        self.keys.push((obj.key(), rv));
+        self.keys.push(Guard {
+            key: obj.key(),
+            expected: rv,
+            check: Some(check_as::<S>),
+        });
         Ok(obj)
     }
 
@@ -79,7 +104,11 @@ impl Batch {
             CompareOp::Equal,
             read.metadata.resource_version,
         ));
-        self.keys.push((read.key(), read.metadata.resource_version));
+        self.keys.push(Guard {
+            key: read.key(),
+            expected: read.metadata.resource_version,
+            check: Some(check_as::<S>),
+        });
     }
 
     /// Adds a guard without a write: the batch commits only while nothing is stored at
@@ -88,7 +117,11 @@ impl Batch {
         let full = store.full_key(key.as_str());
         self.compares
             .push(Compare::version(full, CompareOp::Equal, 0));
-        self.keys.push((key.as_str().to_string(), 0));
+        self.keys.push(Guard {
+            key: key.as_str().to_string(),
+            expected: 0,
+            check: None,
+        });
     }
 
     /// Adds the creation of `obj`, as [`Store::create`] does (without a lease); returns
@@ -124,14 +157,20 @@ impl Batch {
         let options = lease.map(|l| PutOptions::new().with_lease(l.0));
         self.ops
             .push(TxnOp::put(full, store.codec().encode(&obj)?, options));
-        self.keys.push((obj.key(), 0));
+        self.keys.push(Guard {
+            key: obj.key(),
+            expected: 0,
+            check: None,
+        });
         Ok(obj)
     }
 
     /// Commits every write, or none; returns the revision, which is the
     /// resource_version of every object written. A failed guard is a
     /// [`StoreError::Conflict`] naming every key of the batch (etcd does not say which
-    /// compare failed).
+    /// compare failed), unless a guarded key now holds a value that is not a valid
+    /// object of its kind: that is a [`StoreError::Malformed`] naming it, so that a
+    /// writer is not told to read again what it can never read.
     pub async fn commit(self, store: &Store) -> Result<i64, StoreError> {
         let Batch {
             compares,
@@ -141,16 +180,38 @@ impl Batch {
         if ops.is_empty() {
             return Ok(0);
         }
-        match store.guarded_txn_all(compares, ops).await? {
+        let fetch = keys
+            .iter()
+            .filter(|g| g.check.is_some())
+            .map(|g| store.full_key(&g.key))
+            .collect();
+        match store.guarded_txn_fetch(compares, ops, fetch).await? {
             Ok(revision) => Ok(revision),
-            Err(()) => Err(StoreError::Conflict {
-                key: keys
-                    .iter()
-                    .map(|(k, _)| k.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                expected: keys.first().map_or(0, |(_, rv)| *rv),
-            }),
+            Err(found) => {
+                for g in &keys {
+                    let Some(check) = g.check else { continue };
+                    let full = store.full_key(&g.key);
+                    let Some((_, value, revision)) = found.iter().find(|(k, _, _)| *k == full)
+                    else {
+                        continue;
+                    };
+                    if *revision != g.expected {
+                        if let Err(e @ StoreError::Malformed { .. }) =
+                            check(store.codec(), &g.key, value, *revision)
+                        {
+                            return Err(e);
+                        }
+                    }
+                }
+                Err(StoreError::Conflict {
+                    key: keys
+                        .iter()
+                        .map(|g| g.key.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    expected: keys.first().map_or(0, |g| g.expected),
+                })
+            }
         }
     }
 

@@ -37,10 +37,12 @@ pub enum StoreError {
     #[error("etcd is unavailable")]
     Unavailable(#[source] etcd_client::Error),
     /// A value under a moor key that is not a valid object of its kind.
-    #[error("malformed value at {key}")]
+    #[error("malformed value at {key} (revision {revision})")]
     Malformed {
         /// The key below the prefix.
         key: String,
+        /// The revision the value was written at (its mod_revision).
+        revision: i64,
         /// What is wrong with it.
         #[source]
         cause: MalformedCause,
@@ -80,6 +82,16 @@ pub enum StoreError {
 /// What is wrong with a malformed value.
 #[derive(Debug, thiserror::Error)]
 pub enum MalformedCause {
+    /// Larger than the kind allows ([`crate::api::Spec::MAX_BYTES`]); not parsed.
+    #[error("{bytes} bytes; a stored {kind} may be at most {max} bytes")]
+    TooLarge {
+        /// The kind.
+        kind: &'static str,
+        /// The value's size.
+        bytes: usize,
+        /// The kind's limit.
+        max: usize,
+    },
     /// Not JSON of the kind's shape.
     #[error("not a valid JSON object of this kind")]
     Json(#[source] serde_json::Error),

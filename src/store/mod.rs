@@ -407,6 +407,10 @@ impl Store {
     /// [`Store::replace`] then [`Store::replace_status`] cost two reads and two writes.
     /// Identity and timestamps come from `read`; generation is bumped when the spec
     /// changed. Removing the last finalizer of an object being deleted deletes it.
+    ///
+    /// When the key holds a malformed value instead (garbage written over it), the
+    /// single writer repairs it from what it knows: `next` is written over exactly that
+    /// value (guarded by its revision), with a warning naming it.
     pub async fn update<S: Spec>(
         &self,
         read: &Object<S>,
@@ -414,7 +418,47 @@ impl Store {
     ) -> Result<Object<S>, StoreError> {
         let mut batch = Batch::default();
         let obj = batch.update(self, read, next)?;
-        batch.commit_one(self, obj).await
+        match batch.commit_one(self, obj.clone()).await {
+            Err(StoreError::Malformed {
+                key,
+                revision,
+                cause,
+            }) if key == obj.key() => {
+                tracing::warn!(
+                    key = %key,
+                    revision,
+                    cause = %crate::runtime::informer::bounded_chain(&StoreError::Malformed {
+                        key: key.clone(),
+                        revision,
+                        cause,
+                    }),
+                    "repairing a malformed value with this writer's own state"
+                );
+                self.write_at(obj, revision).await
+            }
+            other => other,
+        }
+    }
+
+    /// Replaces the malformed value stored at `key` at `revision` with `with`, or
+    /// deletes it when `with` is `None`: for the single writer of a key, which may
+    /// rewrite it from what it knows. Guarded by that revision (a
+    /// [`StoreError::Conflict`] if something else was written since).
+    pub async fn replace_malformed<S: Spec>(
+        &self,
+        key: &ObjectKey<S>,
+        revision: i64,
+        with: Option<&Object<S>>,
+    ) -> Result<i64, StoreError> {
+        tracing::warn!(key = %key.as_str(), revision, "replacing a malformed value");
+        match with {
+            Some(obj) => Ok(self
+                .write_at(obj.clone(), revision)
+                .await?
+                .metadata
+                .resource_version),
+            None => self.delete_at(key.as_str(), revision).await,
+        }
     }
 
     /// Read-modify-write of a status: reads the object, lets `f` edit its status, and
@@ -567,10 +611,24 @@ impl Store {
     /// Runs every op if every compare and the fence hold, as one transaction.
     async fn guarded_txn_all(
         &self,
-        mut compares: Vec<Compare>,
+        compares: Vec<Compare>,
         ops: Vec<TxnOp>,
     ) -> Result<Result<i64, ()>, StoreError> {
-        let mut otherwise = Vec::new();
+        Ok(self
+            .guarded_txn_fetch(compares, ops, Vec::new())
+            .await?
+            .map_err(|_| ()))
+    }
+
+    /// [`Store::guarded_txn_all`] that, when a compare fails, returns what is stored at
+    /// each of `fetch` (full keys): `(full key, value, mod_revision)`.
+    async fn guarded_txn_fetch(
+        &self,
+        mut compares: Vec<Compare>,
+        ops: Vec<TxnOp>,
+        fetch: Vec<String>,
+    ) -> Result<Result<i64, Vec<(String, Vec<u8>, i64)>>, StoreError> {
+        let mut otherwise: Vec<TxnOp> = fetch.into_iter().map(|k| TxnOp::get(k, None)).collect();
         if let Some(fence) = &self.fence {
             compares.push(Compare::create_revision(
                 fence.key.clone(),
@@ -596,10 +654,26 @@ impl Store {
         if resp.succeeded() {
             return Ok(Ok(revision));
         }
+        let found: Vec<(String, Vec<u8>, i64)> = resp
+            .op_responses()
+            .iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
+                    (
+                        String::from_utf8_lossy(kv.key()).into_owned(),
+                        kv.value().to_vec(),
+                        kv.mod_revision(),
+                    )
+                }),
+                _ => None,
+            })
+            .collect();
         if let Some(fence) = &self.fence {
             let held = resp.op_responses().iter().any(|r| match r {
                 TxnOpResponse::Get(g) => g.kvs().first().is_some_and(|kv| {
-                    kv.create_revision() == fence.create_revision && kv.lease() == fence.lease
+                    kv.key() == fence.key.as_bytes()
+                        && kv.create_revision() == fence.create_revision
+                        && kv.lease() == fence.lease
                 }),
                 _ => false,
             });
@@ -609,7 +683,7 @@ impl Store {
                 });
             }
         }
-        Ok(Err(()))
+        Ok(Err(found))
     }
 
     /// Compacts etcd's history up to `revision` (tests and maintenance).
@@ -664,8 +738,16 @@ impl Codec {
     ) -> Result<Object<S>, StoreError> {
         let malformed = |cause| StoreError::Malformed {
             key: key.to_string(),
+            revision: mod_revision,
             cause,
         };
+        if value.len() > S::MAX_BYTES {
+            return Err(malformed(MalformedCause::TooLarge {
+                kind: S::KIND,
+                bytes: value.len(),
+                max: S::MAX_BYTES,
+            }));
+        }
         let mut obj: Object<S> =
             serde_json::from_slice(value).map_err(|e| malformed(MalformedCause::Json(e)))?;
         obj.validate()
@@ -757,7 +839,7 @@ mod tests {
             .unwrap_err();
         assert!(matches!(
             &err,
-            StoreError::Malformed { key, cause: MalformedCause::Json(_) } if key == "volumes/default/v"
+            StoreError::Malformed { key, revision: 3, cause: MalformedCause::Json(_) } if key == "volumes/default/v"
         ));
     }
 

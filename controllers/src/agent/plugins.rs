@@ -153,7 +153,15 @@ impl Supervisor {
             return;
         };
         loop {
-            let found = fingerprint(&cfg, channel.clone()).await;
+            // What a plugin reports is checked before it is written: a Node the
+            // controller would refuse must never be what this agent writes.
+            let found = fingerprint(&cfg, channel.clone())
+                .await
+                .and_then(|fp| match fp.check() {
+                    Ok(()) => Ok(fp),
+                    Err(e) => Err(format!("the plugin's report is refused: {e}")),
+                })
+                .map_err(|message| printable_bounded(&message, MAX_PLUGIN_TEXT / 2));
             let (was_healthy, now_healthy, message) = {
                 let mut all = self.inner.status.write().unwrap_or_else(|p| p.into_inner());
                 let old = all.get(&cfg.id).cloned().unwrap_or_default();
@@ -264,8 +272,13 @@ impl Supervisor {
         let mut keep = store.keep_alive(lease).await?;
         let name = Name::new(node.as_str()).unwrap_or_default();
         // A Node left by an earlier run is bound to that run's lease: replace it.
-        match store.delete(&Node::key_for(node), None).await {
+        // A malformed value there (garbage written over it) is this agent's to repair.
+        let key = Node::key_for(node);
+        match store.delete(&key, None).await {
             Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Err(StoreError::Malformed { revision, .. }) => {
+                store.replace_malformed(&key, revision, None).await?;
+            }
             Err(e) => return Err(e),
         }
         let mut obj = Node::new(&Namespace::default(), name, NodeSpec {});

@@ -4,7 +4,8 @@
 //! Expected flow:
 //! 1. Record the instances by node: each live node's, and each earlier one whose Node
 //!    is gone (its lease expired), kept unhealthy until an operator deregisters it
-//!    (`spec.deregistered` names that Node's uid). Count them: controllers (controller
+//!    (`spec.deregistered` names that Node's uid). A live node that stops listing the
+//!    plugin has no instance of it any more. Count them: controllers (controller
 //!    or monolith) and nodes (node or monolith), expected and healthy; provider and
 //!    version from a healthy instance.
 //! 2. `controller_required`: a controller instance advertises PUBLISH_UNPUBLISH_VOLUME.
@@ -17,9 +18,8 @@ use moor::api::*;
 use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::StoreError;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Ctx;
@@ -52,27 +52,32 @@ pub async fn run(
     Controller::new("plugins", this.plugins.clone(), config)
         .with_metrics(metrics)
         .owns(inf.plugins.subscribe())
-        .watches(
-            super::nodes::without_renewals(inf.nodes.subscribe()),
-            |n: &Node| {
-                n.status
+        .watches(super::nodes::without_renewals(inf.nodes.subscribe()), {
+            // A node's plugins now and the ones it listed before: a plugin a live node
+            // stops listing must drop that node's instance.
+            let listed: std::sync::Mutex<HashMap<String, Vec<String>>> = Default::default();
+            move |n: &Node| {
+                let now: Vec<String> = n
+                    .status
                     .plugins
                     .keys()
                     .map(|id| Plugin::key_for(id).into_string())
-                    .collect()
-            },
-        )
+                    .collect();
+                let mut listed = listed.lock().unwrap_or_else(|p| p.into_inner());
+                let before = listed.insert(n.key(), now.clone()).unwrap_or_default();
+                let gone: Vec<String> = before.into_iter().filter(|k| !now.contains(k)).collect();
+                let mut keys = now;
+                keys.extend(gone);
+                keys
+            }
+        })
         .run(
             move |key| {
                 let this = this.clone();
                 async move {
-                    match reconcile(&this, &key).await {
-                        Err(PluginError::Store(StoreError::Conflict { .. }))
-                        | Err(PluginError::Store(StoreError::AlreadyExists { .. })) => {
-                            Ok(Action::Requeue(Duration::from_millis(50)))
-                        }
-                        other => other,
-                    }
+                    // A conflict (the cache lags a write) is retried soon by the
+                    // runtime's error policy, and counted as a failure if it persists.
+                    reconcile(&this, &key).await
                 }
             },
             stop,
@@ -101,7 +106,8 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
         })
         .collect();
     let current = ctx.plugins.get(key);
-    let instances = instances(&live, current.as_deref());
+    let present = |node: &NodeName| ctx.nodes.get(&Node::key_for(node)).is_some();
+    let instances = instances(&live, current.as_deref(), &present);
     if instances.is_empty() {
         if let Some(p) = &current {
             match ctx.store.delete_read(p).await {
@@ -167,7 +173,39 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
         None => {
             let mut p = Plugin::new(&Namespace::default(), name, PluginSpec::default());
             p.status = status;
-            ctx.store.create(&p).await?;
+            match ctx.store.create(&p).await {
+                // Not in the cache but stored: either the cache lags (read it again
+                // soon) or the value is malformed, which the controller, the Plugin's
+                // writer, repairs from what it derives (an operator's deregistrations
+                // in the lost value are lost with it, and said so).
+                Err(StoreError::AlreadyExists { .. }) => {
+                    if let Err(StoreError::Malformed { revision, .. }) =
+                        ctx.store.try_get(&plugin_key).await
+                    {
+                        let p = Plugin {
+                            metadata: ObjectMeta {
+                                uid: uuid::Uuid::new_v4().to_string(),
+                                generation: 1,
+                                creation_timestamp: Some(Timestamp::now()),
+                                ..p.metadata.clone()
+                            },
+                            ..p
+                        };
+                        ctx.store
+                            .replace_malformed(&plugin_key, revision, Some(&p))
+                            .await?;
+                        return Ok(Action::AwaitChange);
+                    }
+                    return Err(StoreError::Conflict {
+                        key: key.to_string(),
+                        expected: 0,
+                    }
+                    .into());
+                }
+                other => {
+                    other?;
+                }
+            }
         }
         Some(p) if p.status != status => {
             let mut p = (*p).clone();
@@ -180,10 +218,12 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
 }
 
 /// The plugin's instances: each live node's, and each earlier one whose node is gone
-/// (unhealthy), unless an operator deregistered that registration.
+/// (unhealthy), unless an operator deregistered that registration. A node that is
+/// `present` but no longer lists the plugin has no instance.
 fn instances(
     live: &[(&Node, &NodePluginStatus)],
     current: Option<&Plugin>,
+    present: &dyn Fn(&NodeName) -> bool,
 ) -> BTreeMap<NodeName, PluginInstance> {
     let mut out: BTreeMap<NodeName, PluginInstance> = live
         .iter()
@@ -200,6 +240,7 @@ fn instances(
         .collect();
     for (node, inst) in current.iter().flat_map(|p| &p.status.instances) {
         if out.contains_key(node)
+            || present(node)
             || current.is_some_and(|p| p.spec.deregistered.get(node) == Some(&inst.node_uid))
         {
             continue;
