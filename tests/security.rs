@@ -803,3 +803,148 @@ async fn a_node_identity_keeping_leases_alive_stalls_neither_the_election_nor_no
     assert_eq!(alive, leases.len(), "every kept lease outlived its holder");
     keeping.abort();
 }
+
+/// Issue 26, items 2, 4 and 7: what a node writes is untrusted input, and garbage over
+/// a live key is repaired by the key's writer.
+#[tokio::test]
+async fn what_a_node_writes_is_capped_and_garbage_is_repaired_by_its_writer() {
+    use serde_json::json;
+    let s = Secure::start().await;
+    let keys = Some(s.cluster_keys.as_path());
+    let _controller = s.spawn(
+        {
+            let mut c = s.cmd("moord", "moor-controller", keys);
+            c.args(["controller", "--etcd", &s.url, "--leader-ttl", "3s"]);
+            c
+        },
+        "controller",
+    );
+    let _n1 = s.node("n1", "monolith", &s.cluster_keys);
+    let n2_procs = s.node("n2", "node", &s.n2_keys);
+    let root = s.store("root", None).await;
+    let plugin_key = Plugin::key_for(&PluginId::new("hostpath.moor.dev").unwrap());
+    let plugins = || {
+        let root = root.clone();
+        async move {
+            root.list::<PluginSpec>(&KeyScope::all())
+                .await
+                .map(|l| (l.items, l.malformed.len()))
+                .unwrap_or_default()
+        }
+    };
+    wait_for("both nodes' instances of the plugin", T, || async {
+        plugins()
+            .await
+            .0
+            .iter()
+            .any(|p| p.status.nodes_healthy == 2)
+    })
+    .await;
+    let log = s.tmp.path().join("controller.log");
+    let log_before = std::fs::metadata(&log).unwrap().len();
+
+    // Item 2: n2 writes its own Node with 7,000 plugin ids (about 800 KB), then one
+    // with 40 (under 64 KiB, over the count cap), while its agent is stopped.
+    let agent_pid = n2_procs[1].0.id().to_string();
+    run(Command::new("kill").args(["-STOP", &agent_pid]));
+    let mut n2 = s.raw("moor-agent-n2").await;
+    let node_with = |ids: Vec<String>| {
+        let plugins: serde_json::Map<String, serde_json::Value> = ids
+            .into_iter()
+            .map(|id| (id, json!({"plugin_type": "node", "healthy": true})))
+            .collect();
+        json!({"apiVersion": "moor/v1", "kind": "Node", "metadata": {"name": "n2", "generation": 1},
+               "spec": {}, "status": {"plugins": plugins}})
+        .to_string()
+    };
+    for count in [7000, 40] {
+        let ids = (0..count).map(|i| format!("p{i}.example.com")).collect();
+        n2.put("/moor/nodes/n2", node_with(ids), None).await.unwrap();
+    }
+    // A valid Node that lists a plugin its agent does not run.
+    n2.put(
+        "/moor/nodes/n2",
+        node_with(vec!["hostpath.moor.dev".into(), "x.example.com".into()]),
+        None,
+    )
+    .await
+    .unwrap();
+    wait_for("the listed plugin x.example.com", T, || async {
+        plugins()
+            .await
+            .0
+            .iter()
+            .any(|p| p.metadata.name.as_str() == "x.example.com")
+    })
+    .await;
+    run(Command::new("kill").args(["-CONT", &agent_pid]));
+    // The agent finds its Node changed and registers again, without x.example.com:
+    // the live node no longer lists it, so its instance and the Plugin go.
+    wait_for("only the hostpath plugin, with both nodes", T, || async {
+        let (items, malformed) = plugins().await;
+        malformed == 0
+            && items.len() == 1
+            && items[0].status.nodes_healthy == 2
+            && items[0].status.instances.len() == 2
+    })
+    .await;
+
+    // Item 4: n2 writes garbage of 1.4 MB that a decoder quotes in its error, ten
+    // times, then a small one with terminal escapes. The controller logs each value
+    // once, cut and escaped.
+    let big = json!({"apiVersion": "moor/v1", "kind": "Mount", "metadata": {"name": "junk"},
+                     "spec": "A".repeat(1_400_000)})
+    .to_string();
+    for _ in 0..10 {
+        n2.put("/moor/mounts/n2/default/junk", big.clone(), None)
+            .await
+            .unwrap();
+    }
+    n2.put(
+        "/moor/mounts/n2/default/sentinel",
+        "\u{1b}[2J\u{202e}not json",
+        None,
+    )
+    .await
+    .unwrap();
+    wait_for("the controller logs the last garbage", T, || async {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("mounts/n2/default/sentinel"))
+    })
+    .await;
+    let text = std::fs::read(&log).unwrap();
+    let grown = text.len() as u64 - log_before;
+    assert!(
+        grown < 256 << 10,
+        "controller.log grew by {grown} bytes for 14 MB of garbage"
+    );
+    assert!(
+        !text.iter().any(|b| *b == 0x1b),
+        "a raw ESC reached the controller's log"
+    );
+    let text = String::from_utf8_lossy(&text);
+    assert_eq!(
+        text.matches("mounts/n2/default/sentinel").count(),
+        1,
+        "one revision, one line"
+    );
+
+    // Item 7: garbage over n1's Node and over the Plugin; their writers repair them.
+    let mut raw = s.raw("root").await;
+    raw.put("/moor/nodes/n1", "garbage", None).await.unwrap();
+    raw.put("/moor/plugins/hostpath.moor.dev", "{\"kind\": 5}", None)
+        .await
+        .unwrap();
+    let n1_key = Node::key_for(&NodeName::new("n1").unwrap());
+    wait_for("n1's agent rewrites its own Node", T, || {
+        let (root, key) = (root.clone(), n1_key.clone());
+        async move { matches!(root.try_get(&key).await, Ok(Some(_))) }
+    })
+    .await;
+    wait_for("the controller rewrites the Plugin", T, || {
+        let (root, key) = (root.clone(), plugin_key.clone());
+        async move {
+            matches!(root.try_get(&key).await, Ok(Some(p)) if p.status.nodes_healthy == 2)
+        }
+    })
+    .await;
+}

@@ -74,16 +74,27 @@ impl<S: Spec> Informer<Object<S>> {
         // A malformed value is reported and skipped here, before the backoff: it is not
         // a failure of the watch, and must not delay the other objects of its kind.
         // Without previous values: a deletion's last state comes from the cache.
-        let events = watcher_with::<S>(store, scope, false).filter_map(move |item| async move {
-            match item {
-                Err(WatchError::Malformed(e)) => {
-                    if first_sighting(&e) {
-                        tracing::warn!(kind, error = %bounded_chain(&e), "skipping a malformed value");
-                        super::metrics::malformed_skipped(kind);
+        // The cache keeps the last valid object of a key that now holds garbage, marks
+        // the key malformed (`Store::malformed`), and passes that object on again so
+        // the key's reconcilers look at it (its single writer may repair it).
+        let marks = informer.reader.clone();
+        let events = watcher_with::<S>(store, scope, false).filter_map(move |item| {
+            let marks = marks.clone();
+            async move {
+                match item {
+                    Err(WatchError::Malformed(e)) => {
+                        if first_sighting(&e) {
+                            tracing::warn!(kind, error = %bounded_chain(&e), "skipping a malformed value");
+                            super::metrics::malformed_skipped(kind);
+                        }
+                        let store::StoreError::Malformed { key, revision, .. } = &e else {
+                            return None;
+                        };
+                        marks.note_malformed(key, *revision);
+                        marks.get(key.as_str()).map(|last| Ok(Event::Applied(last)))
                     }
-                    None
+                    other => Some(other),
                 }
-                other => Some(other),
             }
         });
         let events = backoff(

@@ -34,10 +34,19 @@ use crate::api::{Object, Spec};
 pub trait Resource: Clone + Send + Sync + 'static {
     /// The object's key, e.g. `volumes/default/db-data`.
     fn key(&self) -> String;
+
+    /// The revision the object was read at (0 when unknown).
+    fn version(&self) -> i64 {
+        0
+    }
 }
 
 impl<S: Spec> Resource for Object<S> {
     fn key(&self) -> String {
         Object::key(self)
+    }
+
+    fn version(&self) -> i64 {
+        self.metadata.resource_version
     }
 }

@@ -30,6 +30,10 @@ struct Cache<K> {
     /// Events applied so far: a snapshot taken at version V contains exactly the
     /// events numbered up to V.
     version: u64,
+    /// Keys whose stored value is malformed, with its revision: the cache keeps the
+    /// last valid object (acting on it is safer than acting as if it were gone), and
+    /// the single writer of such a key may repair it.
+    malformed: HashMap<String, i64>,
 }
 
 impl<K: Resource> Cache<K> {
@@ -97,6 +101,7 @@ pub fn indexed_store<K: Resource>(indexes: &[Index<K>]) -> (Store<K>, Writer<K>)
         objects: HashMap::new(),
         indexes: indexes.iter().map(|i| (*i, HashMap::new())).collect(),
         version: 0,
+        malformed: HashMap::new(),
     }));
     let (tx, rx) = tokio::sync::watch::channel(false);
     (
@@ -137,6 +142,18 @@ impl<K: Resource> Store<K> {
     /// The object at a key.
     pub fn get<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> Option<Arc<K>> {
         self.read().objects.get(key.cache_key()).cloned()
+    }
+
+    /// The revision of the malformed value stored at `key`, if the last thing stored
+    /// there is one (the cache still holds the last valid object, if any).
+    pub fn malformed<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> Option<i64> {
+        self.read().malformed.get(key.cache_key()).copied()
+    }
+
+    /// Notes that `key` now holds a malformed value written at `revision`.
+    pub(crate) fn note_malformed(&self, key: &str, revision: i64) {
+        let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        cache.malformed.insert(key.to_string(), revision);
     }
 
     /// Every cached object.
@@ -210,14 +227,24 @@ impl<K: Resource> Writer<K> {
         match event {
             Event::Restarted(objects) => {
                 cache.clear();
+                cache.malformed.clear();
                 for o in objects {
                     cache.insert(o.key(), o.clone());
                 }
                 drop(cache);
                 self.ready.send_replace(true);
             }
-            Event::Applied(obj) => cache.insert(obj.key(), obj.clone()),
-            Event::Deleted { key, .. } => cache.remove(key),
+            Event::Applied(obj) => {
+                let key = obj.key();
+                if cache.malformed.get(&key).is_some_and(|rev| *rev < obj.version()) {
+                    cache.malformed.remove(&key);
+                }
+                cache.insert(key, obj.clone())
+            }
+            Event::Deleted { key, .. } => {
+                cache.malformed.remove(key);
+                cache.remove(key)
+            }
         }
         version
     }

@@ -153,14 +153,16 @@ impl<S: Spec> Watcher<S> {
         self.state = match std::mem::replace(&mut self.state, State::Empty) {
             State::Empty => match self.store.list::<S>(&self.scope).await {
                 Ok(list) => {
+                    // The list first, then its malformed values: a reader marking
+                    // those does so on the listed state.
+                    self.pending.push_back(Ok(Event::Restarted(
+                        list.items.into_iter().map(Arc::new).collect(),
+                    )));
                     self.pending.extend(
                         list.malformed
                             .into_iter()
                             .map(|e| Err(WatchError::Malformed(e))),
                     );
-                    self.pending.push_back(Ok(Event::Restarted(
-                        list.items.into_iter().map(Arc::new).collect(),
-                    )));
                     State::Listed {
                         revision: list.revision,
                     }

@@ -109,6 +109,12 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
     let present = |node: &NodeName| ctx.nodes.get(&Node::key_for(node)).is_some();
     let instances = instances(&live, current.as_deref(), &present);
     if instances.is_empty() {
+        if let Some(revision) = ctx.plugins.malformed(key) {
+            ctx.store
+                .replace_malformed(&plugin_key, revision, None)
+                .await?;
+            return Ok(Action::AwaitChange);
+        }
         if let Some(p) = &current {
             match ctx.store.delete_read(p).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
@@ -169,43 +175,31 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
             .unwrap_or_default(),
         instances,
     };
+    // Garbage stored over the Plugin: the controller writes its status and keeps its
+    // spec, so it writes back what it knows (the last valid spec, if any, and the
+    // status it derives), exactly over that value.
+    if let Some(revision) = ctx.plugins.malformed(key) {
+        let mut p = match &current {
+            Some(p) => (**p).clone(),
+            None => {
+                let mut p = Plugin::new(&Namespace::default(), name, PluginSpec::default());
+                p.metadata.uid = uuid::Uuid::new_v4().to_string();
+                p.metadata.generation = 1;
+                p.metadata.creation_timestamp = Some(Timestamp::now());
+                p
+            }
+        };
+        p.status = status;
+        ctx.store
+            .replace_malformed(&plugin_key, revision, Some(&p))
+            .await?;
+        return Ok(Action::AwaitChange);
+    }
     match current {
         None => {
             let mut p = Plugin::new(&Namespace::default(), name, PluginSpec::default());
             p.status = status;
-            match ctx.store.create(&p).await {
-                // Not in the cache but stored: either the cache lags (read it again
-                // soon) or the value is malformed, which the controller, the Plugin's
-                // writer, repairs from what it derives (an operator's deregistrations
-                // in the lost value are lost with it, and said so).
-                Err(StoreError::AlreadyExists { .. }) => {
-                    if let Err(StoreError::Malformed { revision, .. }) =
-                        ctx.store.try_get(&plugin_key).await
-                    {
-                        let p = Plugin {
-                            metadata: ObjectMeta {
-                                uid: uuid::Uuid::new_v4().to_string(),
-                                generation: 1,
-                                creation_timestamp: Some(Timestamp::now()),
-                                ..p.metadata.clone()
-                            },
-                            ..p
-                        };
-                        ctx.store
-                            .replace_malformed(&plugin_key, revision, Some(&p))
-                            .await?;
-                        return Ok(Action::AwaitChange);
-                    }
-                    return Err(StoreError::Conflict {
-                        key: key.to_string(),
-                        expected: 0,
-                    }
-                    .into());
-                }
-                other => {
-                    other?;
-                }
-            }
+            ctx.store.create(&p).await?;
         }
         Some(p) if p.status != status => {
             let mut p = (*p).clone();
