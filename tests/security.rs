@@ -67,6 +67,11 @@ struct Secure {
 
 impl Secure {
     async fn start() -> Secure {
+        Secure::start_with(&[]).await
+    }
+
+    /// [`Secure::start`] with more etcd flags (a quota).
+    async fn start_with(etcd_flags: &[&str]) -> Secure {
         let tmp = tempfile::tempdir().unwrap();
         let certs = tmp.path().join("certs");
         common::need("openssl");
@@ -101,6 +106,7 @@ impl Secure {
                     certs.join("ca.pem").display()
                 ))
                 .arg("--client-cert-auth")
+                .args(etcd_flags)
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
@@ -590,14 +596,35 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
         "apiVersion: moor/v1\nkind: Volume\nmetadata: {name: v2}\nspec:\n  plugin_id: hostpath.moor.dev\n  capacity_min: 1MiB\n  secrets: {token: plain0ld}\n  capabilities:\n    - {access_mode: single-node-writer, attachment_mode: file-system}\n",
     )
     .unwrap();
+    // Issue 26, item 6: the controller said in etcd that this cluster seals secrets,
+    // so a moorctl without the key file refuses to put them in etcd's history in clear,
+    // unless told to.
     let out = s.moorctl(
         "moor-controller",
         None,
         &["apply", "-f", v2.to_str().unwrap()],
     );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        err.contains("seals secrets at rest") && err.contains("--allow-plaintext-secrets"),
+        "{err}"
+    );
+    assert_eq!(raw_value(&mut root, "/moor/volumes/default/v2").await, "");
+    let out = s.moorctl(
+        "moor-controller",
+        None,
+        &[
+            "apply",
+            "-f",
+            v2.to_str().unwrap(),
+            "--allow-plaintext-secrets",
+        ],
+    );
     assert!(
         out.status.success()
-            && String::from_utf8_lossy(&out.stderr).contains("written unencrypted"),
+            && String::from_utf8_lossy(&out.stderr).contains("written unencrypted")
+            && String::from_utf8_lossy(&out.stderr).contains("history"),
         "{out:?}"
     );
     wait_for("v2's secrets sealed by the controller", T, || {
@@ -859,7 +886,9 @@ async fn what_a_node_writes_is_capped_and_garbage_is_repaired_by_its_writer() {
     };
     for count in [7000, 40] {
         let ids = (0..count).map(|i| format!("p{i}.example.com")).collect();
-        n2.put("/moor/nodes/n2", node_with(ids), None).await.unwrap();
+        n2.put("/moor/nodes/n2", node_with(ids), None)
+            .await
+            .unwrap();
     }
     // A valid Node that lists a plugin its agent does not run.
     n2.put(
@@ -947,4 +976,100 @@ async fn what_a_node_writes_is_capped_and_garbage_is_repaired_by_its_writer() {
         }
     })
     .await;
+}
+
+/// Issue 26, item 3: node n2 filled a 64 MiB etcd quota through its own mounts/
+/// prefix; every write in the cluster then failed and moorctl said "cannot reach etcd
+/// ... is the quorum up?". Now the alarm is reported by `moord check`, the controller's
+/// metric and log, and moorctl names it.
+#[tokio::test]
+async fn a_full_etcd_is_reported_as_such() {
+    let s = Secure::start_with(&["--quota-backend-bytes=67108864"]).await;
+    let keys = Some(s.cluster_keys.as_path());
+    let http = free_port();
+    let _controller = s.spawn(
+        {
+            let mut c = s.cmd("moord", "moor-controller", keys);
+            c.args(["controller", "--etcd", &s.url, "--leader-ttl", "3s"])
+                .arg(format!("--http=127.0.0.1:{http}"));
+            c
+        },
+        "controller",
+    );
+    let mut n2 = s.raw("moor-agent-n2").await;
+    let value = "x".repeat(1_400_000);
+    let mut full = false;
+    for i in 0..100 {
+        match n2
+            .put(
+                format!("/moor/mounts/n2/default/fill{i}"),
+                value.clone(),
+                None,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(e) => {
+                assert!(e.to_string().contains("space exceeded"), "{e}");
+                full = true;
+                break;
+            }
+        }
+    }
+    assert!(full, "100 writes of 1.4 MB did not fill a 64 MiB quota");
+
+    // moord check names the alarm and fails.
+    let out = s
+        .cmd("moord", "moor-controller", keys)
+        .args(["check", "--etcd", &s.url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("etcd alarm:  NOSPACE"), "{text}");
+
+    // moorctl says what is wrong instead of "cannot reach etcd".
+    let manifest = s.tmp.path().join("v.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: moor/v1\nkind: Volume\nmetadata: {name: v1}\nspec:\n  plugin_id: hostpath.moor.dev\n  capabilities:\n    - {access_mode: single-node-writer, attachment_mode: file-system}\n",
+    )
+    .unwrap();
+    let out = s.moorctl(
+        "moor-controller",
+        keys,
+        &[
+            "apply",
+            "-f",
+            manifest.to_str().unwrap(),
+            "--retry-for",
+            "1s",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("out of space"), "{err}");
+    assert!(!err.contains("cannot reach"), "{err}");
+
+    // The controller's gauge.
+    wait_for("the controller's NOSPACE gauge", T, || async {
+        let body = http_get(http, "/metrics").await;
+        body.contains("moor_etcd_alarms{alarm=\"NOSPACE\"} 1")
+    })
+    .await;
+}
+
+/// A plain HTTP GET on loopback, the body or "" on any failure.
+async fn http_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return String::new();
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    if conn.write_all(req.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut body = Vec::new();
+    let _ = conn.read_to_end(&mut body).await;
+    String::from_utf8_lossy(&body).into_owned()
 }

@@ -35,10 +35,30 @@ async fn audit<S: Spec>(store: &Store, bad: &mut usize) -> anyhow::Result<()> {
 }
 
 impl Check {
-    /// Prints a line per kind; exit code 1 if anything is malformed.
+    /// Prints etcd's alarms and a line per kind; exit code 1 if an alarm is raised or
+    /// anything is malformed.
     pub async fn run(self) -> anyhow::Result<i32> {
         let store = self.etcd.connect(Duration::ZERO).await?;
         let mut bad = 0;
+        // A raised alarm first: with NOSPACE every write in the cluster fails.
+        match store.alarms().await {
+            Ok(alarms) if alarms.is_empty() => println!("etcd alarms: none"),
+            Ok(alarms) => {
+                for (member, alarm) in &alarms {
+                    println!(
+                        "etcd alarm:  {alarm} on member {member:x}{}",
+                        if alarm == "NOSPACE" {
+                            ": etcd's backend reached its quota; every write fails until an \
+                             operator compacts, defragments and disarms it (deploy/README.md, \"Space\")"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                bad += alarms.len();
+            }
+            Err(e) => println!("etcd alarms: unknown ({})", error_chain(&e)),
+        }
         for &kind in Kind::ALL.iter().filter(|k| k.checked()) {
             moor::with_spec!(kind, S => audit::<S>(&store, &mut bad).await?);
         }

@@ -15,6 +15,11 @@ pub struct Apply {
     /// The manifest file, or `-` for standard input.
     #[arg(short = 'f', long = "filename")]
     pub file: String,
+    /// Write a volume's secrets in clear although the cluster seals secrets at rest
+    /// and this moorctl has no key file (they stay readable in etcd's history and WAL
+    /// until compacted).
+    #[arg(long)]
+    pub allow_plaintext_secrets: bool,
 }
 
 /// Reads a file, or standard input for `-`.
@@ -52,7 +57,10 @@ impl Apply {
                     not_applied.push(obj.key());
                     continue;
                 }
-                Ok(obj) => (obj.key(), apply_any(ctx, obj).await),
+                Ok(obj) => (
+                    obj.key(),
+                    apply_any(ctx, obj, self.allow_plaintext_secrets).await,
+                ),
                 Err(e) => (format!("document {}", i + 1), Err(anyhow::Error::new(e))),
             };
             match outcome {
@@ -78,13 +86,27 @@ impl Apply {
     }
 }
 
-async fn apply_any(ctx: &Ctx, obj: AnyObject) -> anyhow::Result<String> {
+async fn apply_any(ctx: &Ctx, obj: AnyObject, plaintext_ok: bool) -> anyhow::Result<String> {
     match obj {
         AnyObject::Volume(o) => {
             if !o.spec.secrets.is_empty() && ctx.store.keyring().is_none() {
+                let sealing = ctx.store.sealing().await?;
+                if let (Some(ids), false) = (&sealing, plaintext_ok) {
+                    return Err(Refused(format!(
+                        "{}: this cluster seals secrets at rest (its controller holds key {}) and this moorctl has no --encryption-key-file: written in clear, the secrets would stay readable in etcd's history and WAL until compacted. Give the cluster's key file, or --allow-plaintext-secrets to write them anyway",
+                        o.key(),
+                        ids.join(", ")
+                    ))
+                    .into());
+                }
                 eprintln!(
-                    "warning: {}: its secrets are written unencrypted (this moorctl has no --encryption-key-file); a controller that holds the key rewrites them sealed",
-                    o.key()
+                    "warning: {}: its secrets are written unencrypted (this moorctl has no --encryption-key-file){}",
+                    o.key(),
+                    if sealing.is_some() {
+                        "; the controller rewrites them sealed, but the clear text stays in etcd's history and WAL until compacted"
+                    } else {
+                        ""
+                    }
                 );
             }
             apply_one(ctx, *o).await

@@ -63,14 +63,20 @@ impl Describe {
         section("Spec", obj.get("spec"))?;
         section("Status", obj.get("status"))?;
 
-        // Events about the object and about its claims.
+        // Events about the object and about its claims; a node's events only from the
+        // nodes the object is on (any node may write an event about any object).
         let mut about = vec![(self.kind, self.name.clone())];
+        let mut nodes: Vec<String> = match self.kind {
+            Kind::Node => vec![self.name.clone()],
+            _ => vec![text(&obj, "/spec/node")],
+        };
         for (related, field) in related(self.kind) {
             let (items, _) = kind::list(ctx, related, Some(&ns)).await?;
             let mut items: Vec<Value> = items
                 .into_iter()
                 .filter(|v| text(v, field) == self.name)
                 .collect();
+            nodes.extend(items.iter().map(|v| text(v, "/spec/node")));
             sort(related, &mut items);
             if related == Kind::Claim {
                 about.extend(
@@ -88,7 +94,8 @@ impl Describe {
                 }
             }
         }
-        print_events(ctx, &about, &ns).await?;
+        nodes.retain(|n| !n.is_empty());
+        print_events(ctx, &about, &ns, &nodes).await?;
         Ok(0)
     }
 }
@@ -177,8 +184,14 @@ fn section(title: &str, v: Option<&Value>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn print_events(ctx: &Ctx, about: &[(Kind, String)], ns: &Namespace) -> anyhow::Result<()> {
+async fn print_events(
+    ctx: &Ctx,
+    about: &[(Kind, String)],
+    ns: &Namespace,
+    nodes: &[String],
+) -> anyhow::Result<()> {
     let (events, _) = kind::list(ctx, Kind::Event, None).await?;
+    let mut elsewhere = 0;
     let mut events: Vec<Value> = events
         .into_iter()
         .filter(|e| {
@@ -188,15 +201,31 @@ async fn print_events(ctx: &Ctx, about: &[(Kind, String)], ns: &Namespace) -> an
                     && (!kind.namespaced() || text(e, "/spec/object/namespace") == ns.as_str())
             })
         })
+        .filter(|e| {
+            // The source is bound to the writer's key prefix: `agent/N` was written
+            // with node N's identity.
+            let from_here = match text(e, "/spec/source").strip_prefix("agent/") {
+                Some(node) => nodes.iter().any(|n| n == node),
+                None => true,
+            };
+            elsewhere += usize::from(!from_here);
+            from_here
+        })
         .collect();
     sort(Kind::Event, &mut events);
     outln!("\nEvents:");
     if events.is_empty() {
         outln!("  <none>");
     } else {
-        for line in table(Kind::Event, &events, false, false).lines() {
+        // Wide: with the SOURCE column, which writer said it.
+        for line in table(Kind::Event, &events, true, false).lines() {
             outln!("  {line}");
         }
+    }
+    if elsewhere > 0 {
+        outln!(
+            "  ({elsewhere} event(s) about it written by nodes it is not on, not shown: `moorctl events`)"
+        );
     }
     Ok(())
 }

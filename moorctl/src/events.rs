@@ -95,7 +95,7 @@ impl Events {
                     .collect::<Result<_, _>>()?,
                 Ok(Event::Deleted { .. }) => continue,
                 Err(e) => {
-                    eprintln!("watch: {e}");
+                    eprintln!("watch: {}", moor::api::printable(&e.to_string()));
                     continue;
                 }
             };

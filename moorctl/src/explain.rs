@@ -13,6 +13,16 @@ struct Reason {
 /// (tonic, hyper, rustls, the etcd server) uses for them, in order.
 const REASONS: &[(&[&str], Reason)] = &[
     (
+        &["database space exceeded", "nospace"],
+        Reason {
+            refused: true,
+            what: "etcd is out of space: its backend reached its quota and raised a NOSPACE \
+                   alarm, so every write in the cluster fails",
+            hint: "an operator compacts, defragments and disarms the alarm (deploy/README.md, \
+                   \"Space\"); `moord check` lists the alarms",
+        },
+    ),
+    (
         &["connectionrefused", "connection refused"],
         Reason {
             refused: false,

@@ -138,11 +138,11 @@ impl Get {
                     last: Some(obj), ..
                 }) => (obj, true),
                 Ok(Event::Deleted { last: None, key }) => {
-                    eprintln!("{key} deleted");
+                    eprintln!("{} deleted", printable(&key));
                     continue;
                 }
                 Err(e) => {
-                    eprintln!("watch: {e}");
+                    eprintln!("watch: {}", printable(&e.to_string()));
                     continue;
                 }
             };
@@ -205,7 +205,10 @@ pub fn print_doc(output: Output, doc: &Value) -> anyhow::Result<()> {
             outln!("---");
             out!("{}", serde_yaml_ng::to_string(doc)?);
         }
-        _ => outln!("{}", serde_json::to_string_pretty(doc)?),
+        _ => outln!(
+            "{}",
+            crate::out::json_safe(&serde_json::to_string_pretty(doc)?)
+        ),
     }
     Ok(())
 }

@@ -32,7 +32,10 @@ async fn list_typed<S: Spec>(
         .unwrap_or_else(KeyScope::all);
     let list = ctx.store.list(&scope).await?;
     for bad in &list.malformed {
-        eprintln!("warning: skipped a malformed value: {bad}");
+        eprintln!(
+            "warning: skipped a malformed value: {}",
+            moor::api::printable_bounded(&bad.to_string(), 300)
+        );
     }
     let mut out = Vec::with_capacity(list.items.len());
     for obj in list.items {

@@ -18,20 +18,60 @@ macro_rules! out {
 }
 
 pub mod out {
-    //! Standard output that a closed pipe ends quietly.
+    //! Standard output that a closed pipe ends quietly, and that no stored value can
+    //! use to drive the operator's terminal.
     use std::io::Write;
 
-    /// Writes `args` to stdout; exits 0 on a broken pipe, and 2 on another write error
-    /// (a full disk), saying so on stderr.
+    /// Writes `args` to stdout with [`terminal_safe`]; exits 0 on a broken pipe, and 2
+    /// on another write error (a full disk), saying so on stderr.
     pub fn write(args: std::fmt::Arguments) {
+        let text = terminal_safe(&args.to_string());
         let mut out = std::io::stdout().lock();
-        if let Err(e) = out.write_fmt(args).and_then(|_| out.flush()) {
+        if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
             if e.kind() == std::io::ErrorKind::BrokenPipe {
                 std::process::exit(0);
             }
             eprintln!("moorctl: cannot write to standard output: {e}");
             std::process::exit(2);
         }
+    }
+
+    /// `text` with every control character but newline and tab, and every
+    /// bidirectional override, written as an escape: `\u{1b}` (in JSON output, where
+    /// the serializer already escaped control characters, a bidirectional override
+    /// becomes a valid JSON escape, see [`json_safe`]).
+    pub fn terminal_safe(text: &str) -> String {
+        if !text.chars().any(needs_escape) {
+            return text.to_string();
+        }
+        let mut out = String::with_capacity(text.len() + 16);
+        for c in text.chars() {
+            if needs_escape(c) {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// JSON text with bidirectional overrides written as JSON escapes (`\u202e`), so
+    /// that it stays valid JSON after [`terminal_safe`] (which then finds nothing).
+    pub fn json_safe(json: &str) -> String {
+        let mut out = String::with_capacity(json.len());
+        for c in json.chars() {
+            if needs_escape(c) {
+                out.push_str(&format!("\\u{:04x}", c as u32));
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    fn needs_escape(c: char) -> bool {
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        (c.is_control() && c != '\n' && c != '\t') || bidi
     }
 }
 

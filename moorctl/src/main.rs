@@ -11,9 +11,15 @@ fn main() {
             // The user's answer (not found, refused, timed out) exits 1; anything else
             // (usage, connection, store errors) exits 2.
             let refused = e.downcast_ref::<moorctl::Refused>().is_some();
-            eprintln!("moorctl: {}", moorctl::explain::explain(&e, &endpoints));
+            eprintln!(
+                "moorctl: {}",
+                moorctl::out::terminal_safe(&moorctl::explain::explain(&e, &endpoints))
+            );
             if verbose {
-                eprint!("{}", moorctl::explain::causes(&e));
+                eprint!(
+                    "{}",
+                    moorctl::out::terminal_safe(&moorctl::explain::causes(&e))
+                );
             }
             std::process::exit(if refused { 1 } else { 2 });
         }

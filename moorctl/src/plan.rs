@@ -133,7 +133,10 @@ impl Plan {
         }
         let any = out.iter().any(|n| n.fits);
         if self.output == "json" {
-            outln!("{}", serde_json::to_string_pretty(&out)?);
+            outln!(
+                "{}",
+                crate::out::json_safe(&serde_json::to_string_pretty(&out)?)
+            );
         } else {
             let rows: Vec<Vec<String>> = out
                 .iter()

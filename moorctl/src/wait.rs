@@ -92,10 +92,14 @@ impl Wait {
                 return Ok(0);
             }
             if live {
-                eprint!("\r\x1b[2K{line} [{:.1}s]", elapsed.as_secs_f64());
+                eprint!(
+                    "\r\x1b[2K{} [{:.1}s]",
+                    crate::out::terminal_safe(&line),
+                    elapsed.as_secs_f64()
+                );
                 let _ = std::io::stderr().flush();
             } else if line != last_line {
-                eprintln!("{line}");
+                eprintln!("{}", crate::out::terminal_safe(&line));
             }
             last_line = line;
             if elapsed >= self.timeout {

@@ -96,6 +96,25 @@ pub fn volume_stats(
     }
 }
 
+/// The label of etcd's alarms.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AlarmLabel {
+    /// `NOSPACE` or `CORRUPT`.
+    pub alarm: String,
+}
+
+/// Members of etcd with each alarm raised, as the controller last saw them.
+static ETCD_ALARMS: LazyLock<Family<AlarmLabel, Gauge>> = LazyLock::new(Family::default);
+
+/// Records how many members have `alarm` raised.
+pub fn etcd_alarm(alarm: &str, members: i64) {
+    ETCD_ALARMS
+        .get_or_create(&AlarmLabel {
+            alarm: alarm.to_string(),
+        })
+        .set(members);
+}
+
 /// Forgets a volume no longer published on this node.
 pub fn forget_volume(namespace: &str, volume: &str) {
     volume_stats(namespace, volume, &Default::default(), None);
@@ -153,6 +172,11 @@ impl Metrics {
             "moor_malformed_values_skipped",
             "Stored values skipped because they do not decode as their kind",
             MALFORMED.clone(),
+        );
+        registry.register(
+            "moor_etcd_alarms",
+            "etcd members with an alarm raised (NOSPACE: every write fails), as last polled",
+            ETCD_ALARMS.clone(),
         );
         registry.register(
             "moor_events_dropped",

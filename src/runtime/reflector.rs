@@ -236,7 +236,11 @@ impl<K: Resource> Writer<K> {
             }
             Event::Applied(obj) => {
                 let key = obj.key();
-                if cache.malformed.get(&key).is_some_and(|rev| *rev < obj.version()) {
+                if cache
+                    .malformed
+                    .get(&key)
+                    .is_some_and(|rev| *rev < obj.version())
+                {
                     cache.malformed.remove(&key);
                 }
                 cache.insert(key, obj.clone())

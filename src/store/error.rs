@@ -33,6 +33,10 @@ pub enum StoreError {
         /// The oldest revision etcd still has.
         compact_revision: i64,
     },
+    /// etcd's backend reached its quota and raised a NOSPACE alarm: every write in the
+    /// cluster fails until an operator frees space and disarms it.
+    #[error("etcd is out of space (NOSPACE alarm: its backend reached its quota); every write fails until an operator compacts, defragments and disarms the alarm (see deploy/README.md, \"Space\")")]
+    NoSpace(#[source] etcd_client::Error),
     /// etcd could not be reached or did not answer in time; retry.
     #[error("etcd is unavailable")]
     Unavailable(#[source] etcd_client::Error),
@@ -134,6 +138,9 @@ impl StoreError {
         match &e {
             E::TransportError(_) | E::IoError(_) => StoreError::Unavailable(e),
             E::GRpcStatus(s) => match s.code() {
+                Code::ResourceExhausted if s.message().contains("space exceeded") => {
+                    StoreError::NoSpace(e)
+                }
                 Code::Unavailable
                 | Code::DeadlineExceeded
                 | Code::Cancelled

@@ -48,6 +48,16 @@ pub struct Fence {
     pub lease: i64,
 }
 
+/// The key (below the prefix) where a controller holding the cluster's key file says
+/// so; it holds key ids only, never a key.
+pub const SEALING_KEY: &str = "sealing";
+
+/// The value at [`SEALING_KEY`].
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SealingMarker {
+    key_ids: Vec<String>,
+}
+
 /// What a delete did.
 #[derive(Debug)]
 pub enum Deleted<S: Spec> {
@@ -684,6 +694,76 @@ impl Store {
             }
         }
         Ok(Err(found))
+    }
+
+    /// The key ids of the cluster's key file, as its controller last declared them at
+    /// [`SEALING_KEY`]: `Some` when the cluster seals secrets at rest (a writer without
+    /// the key file would leave them in clear in etcd's history and WAL).
+    pub async fn sealing(&self) -> Result<Option<Vec<String>>, StoreError> {
+        let key = self.full_key(SEALING_KEY);
+        let resp = self
+            .send(Repeat::Idempotent, |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            })
+            .await
+            .map_err(StoreError::from_etcd)?;
+        Ok(resp.kvs().first().map(|kv| {
+            serde_json::from_slice::<SealingMarker>(kv.value())
+                .map(|m| m.key_ids)
+                .unwrap_or_default()
+        }))
+    }
+
+    /// Declares that this cluster seals secrets with the keys of this store's key file
+    /// (the controller, at each election it wins); no write when already declared.
+    pub async fn declare_sealing(&self) -> Result<(), StoreError> {
+        let Some(keyring) = self.keyring().filter(|k| k.node().is_none()) else {
+            return Ok(());
+        };
+        let ids = keyring.ids();
+        if self.sealing().await?.as_ref() == Some(&ids) {
+            return Ok(());
+        }
+        let value = serde_json::to_vec(&SealingMarker { key_ids: ids }).map_err(|e| {
+            StoreError::Malformed {
+                key: SEALING_KEY.into(),
+                revision: 0,
+                cause: MalformedCause::Json(e),
+            }
+        })?;
+        let key = self.full_key(SEALING_KEY);
+        self.send(Repeat::OnlyUnsent, |mut c| {
+            let (key, value) = (key.clone(), value.clone());
+            async move { c.put(key, value, None).await }
+        })
+        .await
+        .map_err(StoreError::from_etcd)?;
+        Ok(())
+    }
+
+    /// The alarms etcd's members have raised, as `(member id, alarm)` (`NOSPACE`,
+    /// `CORRUPT`); empty where the server does not implement alarms (the embedded
+    /// store, which has no quota).
+    pub async fn alarms(&self) -> Result<Vec<(u64, String)>, StoreError> {
+        use etcd_client::{AlarmAction, AlarmType};
+        let resp = self
+            .send(Repeat::Idempotent, |mut c| async move {
+                c.alarm(AlarmAction::Get, AlarmType::None, None).await
+            })
+            .await;
+        match resp {
+            Ok(r) => Ok(r
+                .alarms()
+                .iter()
+                .filter(|a| a.alarm() != AlarmType::None)
+                .map(|a| (a.member_id(), format!("{:?}", a.alarm()).to_uppercase()))
+                .collect()),
+            Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::Unimplemented => {
+                Ok(Vec::new())
+            }
+            Err(e) => Err(StoreError::from_etcd(e)),
+        }
     }
 
     /// Compacts etcd's history up to `revision` (tests and maintenance).

@@ -234,7 +234,12 @@ impl Keyring {
         self.node.as_deref()
     }
 
-    /// The id of the key that seals.
+    /// The ids of every key, in the file's order.
+    pub fn ids(&self) -> Vec<String> {
+        self.keys.iter().map(|k| k.id.clone()).collect()
+    }
+
+    /// The id of the key that seals (the first of the file).
     pub fn primary_id(&self) -> &str {
         &self.keys[0].id
     }

@@ -80,6 +80,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         identity,
         ttl: args.leader_ttl,
     };
+    tokio::spawn(watch_alarms(store.clone(), shutdown.clone()));
     let reads = store.clone();
     leader::lead(store, election, shutdown, |fenced, stop| {
         let (reads, metrics, args) = (reads.clone(), metrics.clone(), args.clone());
@@ -92,8 +93,55 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// How often etcd's alarms are polled.
+const ALARM_POLL: Duration = Duration::from_secs(5);
+
+/// Polls etcd's alarms until `shutdown`: the `moor_etcd_alarms` gauge, and an error in
+/// the log while one is raised (a NOSPACE alarm fails every write in the cluster).
+async fn watch_alarms(store: Store, shutdown: CancellationToken) {
+    let mut raised: Vec<(u64, String)> = Vec::new();
+    loop {
+        match store.alarms().await {
+            Ok(now) => {
+                for alarm in ["NOSPACE", "CORRUPT"] {
+                    let members = now.iter().filter(|(_, a)| a == alarm).count();
+                    moor::runtime::metrics::etcd_alarm(alarm, members as i64);
+                }
+                if now != raised {
+                    for (member, alarm) in now.iter().filter(|a| !raised.contains(a)) {
+                        tracing::error!(
+                            member = format!("{member:x}"),
+                            alarm,
+                            "etcd raised an alarm: {}",
+                            if alarm == "NOSPACE" {
+                                "its backend reached its quota and every write in the cluster fails until an operator compacts, defragments and disarms it (deploy/README.md, \"Space\")"
+                            } else {
+                                "see etcd's documentation"
+                            }
+                        );
+                    }
+                    if now.is_empty() {
+                        tracing::info!("etcd's alarms are cleared");
+                    }
+                    raised = now;
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "could not read etcd's alarms"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(ALARM_POLL) => {}
+        }
+    }
+}
+
 /// Runs the reconcilers while leading.
 async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: CancellationToken) {
+    // A cluster whose controller holds the key file says so in etcd, so that a moorctl
+    // without it refuses to write secrets in clear (they would stay in etcd's history).
+    if let Err(e) = reads.declare_sealing().await {
+        tracing::warn!(error = %e, "could not declare that this cluster seals secrets at rest");
+    }
     let allocations = Informer::<Allocation>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let claims = Informer::<Claim>::spawn_indexed(
         reads.clone(),
