@@ -947,7 +947,7 @@ async fn what_a_node_writes_is_capped_and_garbage_is_repaired_by_its_writer() {
         "controller.log grew by {grown} bytes for 14 MB of garbage"
     );
     assert!(
-        !text.iter().any(|b| *b == 0x1b),
+        !text.contains(&0x1b),
         "a raw ESC reached the controller's log"
     );
     let text = String::from_utf8_lossy(&text);
