@@ -316,6 +316,21 @@ async fn transcript(backend: Backend) -> Vec<String> {
     ));
     let ttl = c.lease_time_to_live(lease.id(), None).await.unwrap();
     t.push(format!("ttl of a revoked lease: {}", ttl.ttl()));
+    // etcd's --max-request-bytes (1.5 MiB by default), for a put and a txn.
+    let big = "v".repeat(1_600_000);
+    t.push(format!(
+        "put of 1.6 MB: {}",
+        err_line(c.put("big", big.as_str(), None).await.unwrap_err())
+    ));
+    let half = "v".repeat(800_000);
+    let txn = etcd_client::Txn::new().and_then(vec![
+        etcd_client::TxnOp::put("big1", half.as_str(), None),
+        etcd_client::TxnOp::put("big2", half.as_str(), None),
+    ]);
+    t.push(format!(
+        "txn of 1.6 MB: {}",
+        err_line(c.txn(txn).await.unwrap_err())
+    ));
     t
 }
 

@@ -178,6 +178,7 @@ impl PbKvService for EmbeddedStore {
 
     async fn put(&self, req: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
         let req = req.into_inner();
+        check_size(req.encoded_len())?;
         let want_prev = req.prev_kv;
         let ((_, prev), rev) = self.write(move |m| m.put_request(&req)).await?;
         Ok(Response::new(PbPutResponse {
@@ -202,6 +203,7 @@ impl PbKvService for EmbeddedStore {
 
     async fn txn(&self, req: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
         let req = req.into_inner();
+        check_size(req.encoded_len())?;
         let ((_, succeeded, responses), rev) = self.write(move |m| m.txn_request(&req)).await?;
         Ok(Response::new(PbTxnResponse {
             header: self.header(rev),
@@ -641,4 +643,15 @@ impl PbMaintenanceService for EmbeddedStore {
     ) -> Result<Response<PbDowngradeResponse>, Status> {
         unimplemented("Downgrade")
     }
+}
+
+/// etcd's default `--max-request-bytes`: a write request larger than this is refused.
+pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+
+/// Refuses a write request over [`MAX_REQUEST_BYTES`], as etcd does (code and message).
+fn check_size(bytes: usize) -> Result<(), Status> {
+    if bytes > MAX_REQUEST_BYTES {
+        return Err(Status::invalid_argument("etcdserver: request is too large"));
+    }
+    Ok(())
 }
