@@ -589,6 +589,53 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
         "{out:?}"
     );
 
+    // Issue 26, item 5: any node may write an event about any object, with terminal
+    // escapes in it. v1 is on n2: n1's event about it is not shown by describe, n2's
+    // is, with its source; nothing moorctl prints carries a raw escape.
+    for (node, reason) in [("n1", "Spoofed"), ("n2", "Noted")] {
+        let event = serde_json::json!({
+            "apiVersion": "moor/v1", "kind": "Event",
+            "metadata": {"name": format!("e-{node}"), "namespace": "default"},
+            "spec": {"reason": reason, "type": "Warning",
+                     "message": "\u{1b}[2J\u{1b}]0;owned\u{7}\u{202e}gnirts",
+                     "object": {"kind": "Volume", "namespace": "default", "name": "v1"},
+                     "source": format!("agent/{node}"), "time": "2026-11-24T00:00:00Z"}
+        });
+        s.raw(&format!("moor-agent-{node}"))
+            .await
+            .put(
+                format!("/moor/events/node/{node}/default/e-{node}"),
+                event.to_string(),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    let raw_escape = |b: &[u8]| {
+        let t = String::from_utf8_lossy(b);
+        t.contains('\u{1b}') || t.contains('\u{7}') || t.contains('\u{202e}')
+    };
+    let out = s.moorctl("moor-controller", None, &["describe", "volume", "v1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.contains("Noted") && text.contains("agent/n2") && !text.contains("Spoofed"),
+        "{text}"
+    );
+    assert!(text.contains("written by nodes it is not on"), "{text}");
+    assert!(text.contains("\\u{1b}[2J"), "{text}");
+    assert!(!raw_escape(&out.stdout), "{text}");
+    for format in ["json", "yaml", "wide"] {
+        let out = s.moorctl("moor-controller", None, &["get", "events", "-o", format]);
+        assert!(out.status.success(), "{out:?}");
+        assert!(!raw_escape(&out.stdout), "{format}: {out:?}");
+        if format == "json" {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("-o json is not JSON: {e}"));
+            assert!(v.to_string().contains("\\u001b[2J") || v.to_string().contains("owned"));
+        }
+    }
+
     // Plain text written by a process without the key is read, and rewritten sealed.
     let v2 = s.tmp.path().join("v2.yaml");
     std::fs::write(
