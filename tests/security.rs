@@ -254,7 +254,13 @@ async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
     n1.delete("/moor/leaders/plugin.hostpath.moor.dev", None)
         .await
         .unwrap();
+    // ...and writes that plugin's capacity report, not its Plugin object (issue 26).
+    n1.put("/moor/capacities/hostpath.moor.dev", "[]", None)
+        .await
+        .expect("agent n1 may write its plugin's capacity report");
     for key in [
+        "/moor/plugins/hostpath.moor.dev",
+        "/moor/capacities/other.example.com",
         "/moor/nodes/n2",
         "/moor/mounts/n2/default/web-1.data",
         "/moor/claims/n1/default/c",

@@ -33,6 +33,20 @@ async fn wait_plugin(c: &Cluster, what: &str, f: impl Fn(&PluginStatus) -> bool)
     .await;
 }
 
+/// Waits until the plugin's capacity report satisfies `f`.
+async fn wait_capacity(c: &Cluster, what: &str, f: impl Fn(&[CapacityEntry]) -> bool) {
+    let id = PluginId::new(cluster::PLUGIN).unwrap();
+    c.wait(what, T, || async {
+        c.store
+            .capacity(&id)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|e| f(&e))
+    })
+    .await;
+}
+
 async fn schedulable(c: &Cluster, name: &str) -> bool {
     c.store
         .try_get(&vol_key(name))
@@ -939,9 +953,8 @@ async fn get_capacity_is_recorded_and_a_volume_that_fits_nowhere_is_not_created(
     let mut opts = surveyed();
     opts.extra.push("--capacity=10MiB".into());
     let c = Cluster::start(1, 1, opts).await;
-    wait_plugin(&c, "capacity recorded", |s| {
-        s.capacity
-            .iter()
+    wait_capacity(&c, "capacity recorded", |s| {
+        s.iter()
             .any(|e| e.topology.is_empty() && e.available_bytes == 10 * MIB)
     })
     .await;
@@ -968,8 +981,8 @@ async fn get_capacity_is_recorded_and_a_volume_that_fits_nowhere_is_not_created(
     // A smaller one fits; the big one, shrunk by its operator, too.
     apply_yaml(&c, "big", &created("big", "capacity_min: 4MiB"));
     wait_phase(&c, "big", VolumePhase::Ready).await;
-    wait_plugin(&c, "capacity updated", |s| {
-        s.capacity.iter().any(|e| e.available_bytes == 6 * MIB)
+    wait_capacity(&c, "capacity updated", |s| {
+        s.iter().any(|e| e.available_bytes == 6 * MIB)
     })
     .await;
 }

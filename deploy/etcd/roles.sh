@@ -60,8 +60,9 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     # The election of the controller plugin it hosts (that key only: not another
     # plugin's, not the controller's).
     ctl role grant-permission "$user" readwrite "${PREFIX}leaders/plugin.$plugin"
-    # The Plugin object of that plugin, whose status.capacity its survey writes.
-    ctl role grant-permission "$user" readwrite "${PREFIX}plugins/$plugin"
+    # That plugin's capacity report, which its survey writes (not the Plugin object:
+    # the controller writes that).
+    ctl role grant-permission "$user" readwrite "${PREFIX}capacities/$plugin"
 done
 
 ctl auth enable

@@ -151,32 +151,29 @@ fn conditions(v: &Value) -> String {
     out.join(" ")
 }
 
-/// GetCapacity's answers: `available (max N)` for the whole plugin, then per segment.
-fn plugin_capacity(p: &Value) -> String {
+/// GetCapacity's answers: `available (max N)` for the whole plugin, then per segment
+/// (from the plugin's capacity key, which its controller's leader writes).
+fn plugin_capacity(
+    report: Result<Option<Vec<moor::api::CapacityEntry>>, moor::store::StoreError>,
+) -> String {
     let size = |b: u64| bytesize::ByteSize::b(b).display().iec().to_string();
-    let entries: Vec<String> = p
-        .pointer("/status/capacity")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+    let entries = match report {
+        Ok(Some(entries)) => entries,
+        Ok(None) => Vec::new(),
+        Err(e) => return format!("<unreadable: {}>", moor::process::error_chain(&e)),
+    };
+    let entries: Vec<String> = entries
+        .iter()
         .map(|e| {
-            let avail = e
-                .pointer("/available_bytes")
-                .and_then(Value::as_u64)
-                .unwrap_or(0);
-            let mut s = format!("{} available", size(avail));
-            if let Some(max) = e.pointer("/maximum_volume_size").and_then(Value::as_u64) {
+            let mut s = format!("{} available", size(e.available_bytes));
+            if let Some(max) = e.maximum_volume_size {
                 s.push_str(&format!(" (max volume {})", size(max)));
             }
-            match e.pointer("/topology").and_then(Value::as_object) {
-                Some(t) if !t.is_empty() => {
-                    let seg: Vec<String> = t
-                        .iter()
-                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                        .collect();
-                    format!("{}: {s}", seg.join(","))
-                }
-                _ => s,
+            if e.topology.is_empty() {
+                s
+            } else {
+                let seg: Vec<String> = e.topology.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!("{}: {s}", seg.join(","))
             }
         })
         .collect();
@@ -236,6 +233,10 @@ impl PluginStatusCmd {
         let Some(p) = plugins.iter().find(|p| text(p, "/metadata/name") == id) else {
             return Err(Refused(format!("plugin {id} not found")).into());
         };
+        let capacity = match moor::api::PluginId::new(id.clone()) {
+            Ok(pid) => plugin_capacity(ctx.store.capacity(&pid).await),
+            Err(_) => "<unknown>".into(),
+        };
         fields(&[
             ("ID", id.clone()),
             ("Provider", text(p, "/status/provider")),
@@ -254,7 +255,7 @@ impl PluginStatusCmd {
                 "Controller Required",
                 text(p, "/status/controller_required"),
             ),
-            ("Capacity", plugin_capacity(p)),
+            ("Capacity", capacity),
         ]);
         let rows: Vec<Vec<String>> = p
             .pointer("/status/instances")

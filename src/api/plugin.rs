@@ -91,16 +91,41 @@ pub struct PluginStatus {
     /// All node instances.
     #[serde(default)]
     pub nodes_expected: u32,
-    /// GetCapacity's answers, whole and per topology segment; written by the agent
-    /// leading the controller plugin (its own section), kept by the controller.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub capacity: Vec<CapacityEntry>,
     /// Every instance by node, live or gone (until deregistered).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub instances: BTreeMap<NodeName, PluginInstance>,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,
+}
+
+/// The key (below the prefix) of plugin `id`'s GetCapacity answers, whole and per
+/// topology segment: a JSON list of [`CapacityEntry`], written by the agent leading the
+/// plugin's controller (its etcd role may write that key and no Plugin object).
+pub fn capacity_key(id: &PluginId) -> String {
+    format!("capacities/{id}")
+}
+
+/// The most entries a capacity report holds (one per topology segment asked about).
+pub const MAX_CAPACITY_ENTRIES: usize = 256;
+
+/// Reads a capacity report written by an agent (untrusted: bounded in size and count).
+pub fn parse_capacity(value: &[u8]) -> Result<Vec<CapacityEntry>, String> {
+    if value.len() > NODE_WRITTEN_MAX_BYTES {
+        return Err(format!(
+            "{} bytes; a capacity report is at most {NODE_WRITTEN_MAX_BYTES}",
+            value.len()
+        ));
+    }
+    let entries: Vec<CapacityEntry> =
+        serde_json::from_slice(value).map_err(|e| format!("not a capacity report: {e}"))?;
+    if entries.len() > MAX_CAPACITY_ENTRIES {
+        return Err(format!(
+            "{} entries; at most {MAX_CAPACITY_ENTRIES}",
+            entries.len()
+        ));
+    }
+    Ok(entries)
 }
 
 /// One GetCapacity answer.

@@ -108,6 +108,10 @@ pub enum MalformedCause {
         /// Where its metadata and spec place it.
         actual: String,
     },
+    /// A report that is not an object (a plugin's capacity report) and is not what it
+    /// should be.
+    #[error("{0}")]
+    Report(String),
     /// Sealed secrets that do not open with the key they name.
     #[error("its secrets")]
     Sealed(#[source] super::OpenError),

@@ -742,6 +742,49 @@ impl Store {
         Ok(())
     }
 
+    /// Plugin `id`'s last capacity report ([`crate::api::capacity_key`]); `None` when
+    /// none was written. A malformed one is an error naming it.
+    pub async fn capacity(
+        &self,
+        id: &crate::api::PluginId,
+    ) -> Result<Option<Vec<crate::api::CapacityEntry>>, StoreError> {
+        let key = self.full_key(&crate::api::capacity_key(id));
+        let resp = self
+            .send(Repeat::Idempotent, |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            })
+            .await
+            .map_err(StoreError::from_etcd)?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        crate::api::parse_capacity(kv.value())
+            .map(Some)
+            .map_err(|why| StoreError::Malformed {
+                key: crate::api::capacity_key(id),
+                revision: kv.mod_revision(),
+                cause: MalformedCause::Report(why),
+            })
+    }
+
+    /// Writes plugin `id`'s capacity report (the leader of its controller plugin).
+    pub async fn put_capacity(
+        &self,
+        id: &crate::api::PluginId,
+        entries: &[crate::api::CapacityEntry],
+    ) -> Result<(), StoreError> {
+        let key = self.full_key(&crate::api::capacity_key(id));
+        let value = serde_json::to_vec(entries).unwrap_or_default();
+        self.send(Repeat::OnlyUnsent, |mut c| {
+            let (key, value) = (key.clone(), value.clone());
+            async move { c.put(key, value, None).await }
+        })
+        .await
+        .map_err(StoreError::from_etcd)?;
+        Ok(())
+    }
+
     /// The alarms etcd's members have raised, as `(member id, alarm)` (`NOSPACE`,
     /// `CORRUPT`); empty where the server does not implement alarms (the embedded
     /// store, which has no quota).

@@ -6,7 +6,7 @@
 //! Expected flow of one pass:
 //! 1. GET_CAPACITY: GetCapacity for the plugin as a whole and, with
 //!    VOLUME_ACCESSIBILITY_CONSTRAINTS, for each segment its volumes require; recorded in
-//!    the Plugin's `status.capacity` and handed to the provisioner, which refuses a
+//!    the plugin's capacity key (`capacities/ID`) and handed to the provisioner, which refuses a
 //!    CreateVolume that fits nowhere (and looks again after each pass).
 //! 2. LIST_VOLUMES: every page of ListVolumes (a failed page ends the pass: no
 //!    conclusion from half a list); without it, with GET_VOLUME, ControllerGetVolume of
@@ -147,22 +147,11 @@ impl Survey {
                 minimum_volume_size: size(r.minimum_volume_size),
             });
         }
-        let key = Plugin::key_for(&self.ctx.plugin.id);
-        if self
-            .ctx
-            .reads
-            .try_get(&key)
-            .await?
-            .is_some_and(|p| p.status.capacity != entries)
-        {
-            let want = entries.clone();
-            self.ctx
-                .writes
-                .modify_status(&key, |_, st| {
-                    st.capacity = want.clone();
-                    true
-                })
-                .await?;
+        // Written to the plugin's capacity key (its only grant besides the election and
+        // the volumes and attachments it serves), when it changed.
+        let id = &self.ctx.plugin.id;
+        if !matches!(self.ctx.reads.capacity(id).await, Ok(Some(ref known)) if *known == entries) {
+            self.ctx.writes.put_capacity(id, &entries).await?;
         }
         *self.ctx.capacity.write().unwrap_or_else(|e| e.into_inner()) = Some(entries);
         self.ctx.surveyed.send_modify(|n| *n += 1);

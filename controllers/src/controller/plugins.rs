@@ -168,11 +168,6 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
             .as_ref()
             .map(|p| p.status.meta.clone())
             .unwrap_or_default(),
-        // The controller plugin's leader writes it: kept as it is.
-        capacity: current
-            .as_ref()
-            .map(|p| p.status.capacity.clone())
-            .unwrap_or_default(),
         instances,
     };
     // Garbage stored over the Plugin: the controller writes its status and keeps its
