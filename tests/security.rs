@@ -943,6 +943,16 @@ async fn what_a_node_writes_is_capped_and_garbage_is_repaired_by_its_writer() {
             .await
             .unwrap();
     }
+    wait_for("a Warning that n2's Node is refused", T, || async {
+        root.list::<EventSpec>(&KeyScope::all())
+            .await
+            .is_ok_and(|l| {
+                l.items
+                    .iter()
+                    .any(|e| e.spec.reason == "Node refused" && e.spec.object.name.as_str() == "n2")
+            })
+    })
+    .await;
     // A valid Node that lists a plugin its agent does not run.
     n2.put(
         "/moor/nodes/n2",

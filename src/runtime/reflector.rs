@@ -150,6 +150,15 @@ impl<K: Resource> Store<K> {
         self.read().malformed.get(key.cache_key()).copied()
     }
 
+    /// Every key whose stored value is malformed, with the value's revision.
+    pub fn malformed_keys(&self) -> Vec<(String, i64)> {
+        self.read()
+            .malformed
+            .iter()
+            .map(|(k, r)| (k.clone(), *r))
+            .collect()
+    }
+
     /// Notes that `key` now holds a malformed value written at `revision`.
     pub(crate) fn note_malformed(&self, key: &str, revision: i64) {
         let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());

@@ -34,11 +34,13 @@ const TICK: Duration = Duration::from_millis(250);
 pub async fn run(ctx: Ctx, stop: CancellationToken) {
     ctx.nodes.wait_until_ready().await;
     let mut observer = LeaseObserver::default();
+    let mut refused: HashMap<String, i64> = HashMap::new();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(TICK) => {}
         }
+        refuse_malformed(&ctx, &mut refused).await;
         let now = Instant::now();
         let nodes = ctx.nodes.state();
         observer.retain(|k| nodes.iter().any(|n| n.key() == k));
@@ -56,6 +58,40 @@ pub async fn run(ctx: Ctx, stop: CancellationToken) {
                 }
             }
         }
+    }
+}
+
+/// A Warning on each Node whose agent wrote a value moor refuses (over 64 KiB, or
+/// plugin reports over their caps), once per value; the informer already counted it in
+/// `moor_malformed_values_skipped_total` and logged it.
+async fn refuse_malformed(ctx: &Ctx, reported: &mut HashMap<String, i64>) {
+    let now = ctx.nodes.malformed_keys();
+    reported.retain(|k, _| now.iter().any(|(n, _)| n == k));
+    for (key, revision) in now {
+        if reported.get(&key) == Some(&revision) {
+            continue;
+        }
+        reported.insert(key.clone(), revision);
+        let Ok(node) = ObjectKey::<NodeSpec>::parse(&key) else {
+            continue;
+        };
+        let reference = ObjectRef {
+            kind: NodeSpec::KIND.to_string(),
+            namespace: Namespace::default(),
+            name: Name::new(node.name()).unwrap_or_default(),
+        };
+        ctx.recorder
+            .record(
+                reference,
+                EventType::Warning,
+                "Node refused",
+                format!(
+                    "the value written at revision {revision} is refused (over {} bytes, or plugin reports over their caps); the last valid one is kept, if any (`moord check` says why)",
+                    NODE_WRITTEN_MAX_BYTES
+                ),
+                BTreeMap::new(),
+            )
+            .await;
     }
 }
 
