@@ -690,6 +690,11 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
     })
     .await;
 
+    // Issue 26, item 7: garbage over the published claim does not stall its release:
+    // its writer, the controller, writes its own state over it.
+    root.put("/moor/claims/n2/default/a1.data", "\u{1b}garbage", None)
+        .await
+        .unwrap();
     // Release: the node secrets leave the claim.
     let out = s.moorctl("moor-controller", keys, &["alloc", "stop", "a1"]);
     assert!(out.status.success(), "{out:?}");

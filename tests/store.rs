@@ -593,8 +593,9 @@ async fn a_burst_of_events_is_written_in_few_transactions(backend: Backend) {
 }
 
 /// Issue 26, item 7: garbage written over a live key made its writer's guarded writes
-/// fail forever as "conflict ... no longer at revision N". A batch now names the
-/// malformed value, and the single writer's `update` repairs it from its own state.
+/// fail forever as "conflict ... no longer at revision N". A batch that only guards
+/// the key now names the malformed value; one that writes the whole object (its single
+/// writer's update) writes its own state over exactly that garbage.
 async fn a_malformed_value_is_named_and_its_single_writer_repairs_it(backend: Backend) {
     let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
@@ -606,9 +607,9 @@ async fn a_malformed_value_is_named_and_its_single_writer_repairs_it(backend: Ba
         .unwrap();
     let mut next = a.clone();
     next.spec.capacity_max = Some(Size(1 << 30));
-    // In a batch with another object: refused, naming the value, nothing written.
+    // Guarded only: refused, naming the value, nothing written.
     let mut batch = Batch::default();
-    batch.update(&store, &a, &next).unwrap();
+    batch.unchanged(&store, &a);
     batch.update(&store, &b, &b).unwrap();
     let err = batch.commit(&store).await.unwrap_err();
     assert!(
@@ -629,21 +630,41 @@ async fn a_malformed_value_is_named_and_its_single_writer_repairs_it(backend: Ba
             .resource_version,
         b.metadata.resource_version
     );
-    // The single writer's update writes its own state over exactly that value.
-    let repaired = store.update(&a, &next).await.unwrap();
+    // Written whole, with another object: the batch writes both, over the garbage.
+    let mut next_b = b.clone();
+    next_b.spec.capacity_max = Some(Size(3 << 30));
+    let mut batch = Batch::default();
+    batch.update(&store, &a, &next).unwrap();
+    batch.update(&store, &b, &next_b).unwrap();
+    let revision = batch.commit(&store).await.unwrap();
     let read = store.get(&a.object_key()).await.unwrap();
     assert_eq!(read.spec.capacity_max, Some(Size(1 << 30)));
     assert_eq!(read.metadata.uid, a.metadata.uid);
+    assert_eq!(read.metadata.resource_version, revision);
     assert_eq!(
-        read.metadata.resource_version,
+        store.get(&b.object_key()).await.unwrap().spec.capacity_max,
+        Some(Size(3 << 30))
+    );
+    // And by update alone.
+    raw.put("/t/volumes/default/a", "garbage again", None)
+        .await
+        .unwrap();
+    let repaired = store.update(&read, &read).await.unwrap();
+    assert_eq!(
+        store
+            .get(&a.object_key())
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
         repaired.metadata.resource_version
     );
     // A newer valid value is still a conflict, never overwritten.
-    let mut other = read.clone();
+    let mut other = repaired.clone();
     other.spec.capacity_max = Some(Size(2 << 30));
-    store.update(&read, &other).await.unwrap();
+    store.update(&repaired, &other).await.unwrap();
     assert!(matches!(
-        store.update(&read, &next).await,
+        store.update(&repaired, &next).await,
         Err(StoreError::Conflict { .. })
     ));
 }

@@ -59,10 +59,10 @@ impl Recorder {
     ) {
         match type_ {
             EventType::Normal => {
-                tracing::info!(object = %object_display(&object), reason, %message, "event")
+                tracing::info!(object = %object_display(&object), reason, message = %crate::api::printable(&message), "event")
             }
             EventType::Warning => {
-                tracing::warn!(object = %object_display(&object), reason, %message, "event")
+                tracing::warn!(object = %object_display(&object), reason, message = %crate::api::printable(&message), "event")
             }
         }
         let namespace = if object.namespace.is_empty() {

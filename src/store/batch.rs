@@ -29,6 +29,9 @@ struct Guard {
     key: String,
     expected: i64,
     check: Option<Check>,
+    /// The batch writes the whole object at this key (an update): over garbage there,
+    /// it may write its own state instead.
+    repairs: bool,
 }
 
 /// Writes to commit at once with [`Batch::commit`]. Each is guarded by the version
@@ -91,6 +94,7 @@ impl Batch {
             key: obj.key(),
             expected: rv,
             check: Some(check_as::<S>),
+            repairs: true,
         });
         Ok(obj)
     }
@@ -108,6 +112,7 @@ impl Batch {
             key: read.key(),
             expected: read.metadata.resource_version,
             check: Some(check_as::<S>),
+            repairs: false,
         });
     }
 
@@ -121,6 +126,7 @@ impl Batch {
             key: key.as_str().to_string(),
             expected: 0,
             check: None,
+            repairs: false,
         });
     }
 
@@ -161,6 +167,7 @@ impl Batch {
             key: obj.key(),
             expected: 0,
             check: None,
+            repairs: false,
         });
         Ok(obj)
     }
@@ -169,50 +176,75 @@ impl Batch {
     /// resource_version of every object written. A failed guard is a
     /// [`StoreError::Conflict`] naming every key of the batch (etcd does not say which
     /// compare failed), unless a guarded key now holds a value that is not a valid
-    /// object of its kind: that is a [`StoreError::Malformed`] naming it, so that a
-    /// writer is not told to read again what it can never read.
+    /// object of its kind (garbage written over it). Where the batch writes that whole
+    /// object (an update: its single writer's own state), it writes it over exactly
+    /// that garbage, with a warning; where it only guards it, the commit is a
+    /// [`StoreError::Malformed`] naming it, so that a writer is not told to read again
+    /// what it can never read.
     pub async fn commit(self, store: &Store) -> Result<i64, StoreError> {
         let Batch {
-            compares,
+            mut compares,
             ops,
-            keys,
+            mut keys,
         } = self;
         if ops.is_empty() {
             return Ok(0);
         }
-        let fetch = keys
-            .iter()
-            .filter(|g| g.check.is_some())
-            .map(|g| store.full_key(&g.key))
-            .collect();
-        match store.guarded_txn_fetch(compares, ops, fetch).await? {
-            Ok(revision) => Ok(revision),
-            Err(found) => {
-                for g in &keys {
-                    let Some(check) = g.check else { continue };
-                    let full = store.full_key(&g.key);
-                    let Some((_, value, revision)) = found.iter().find(|(k, _, _)| *k == full)
-                    else {
-                        continue;
-                    };
-                    if *revision != g.expected {
-                        if let Err(e @ StoreError::Malformed { .. }) =
-                            check(store.codec(), &g.key, value, *revision)
-                        {
-                            return Err(e);
-                        }
-                    }
+        // At most one repair per key, then the outcome stands.
+        for _ in 0..=keys.len() {
+            let fetch = keys
+                .iter()
+                .filter(|g| g.check.is_some())
+                .map(|g| store.full_key(&g.key))
+                .collect();
+            let found = match store
+                .guarded_txn_fetch(compares.clone(), ops.clone(), fetch)
+                .await?
+            {
+                Ok(revision) => return Ok(revision),
+                Err(found) => found,
+            };
+            let mut repaired = false;
+            for (i, g) in keys.iter_mut().enumerate() {
+                let Some(check) = g.check else { continue };
+                let full = store.full_key(&g.key);
+                let Some((_, value, revision)) = found.iter().find(|(k, _, _)| *k == full) else {
+                    continue;
+                };
+                if *revision == g.expected {
+                    continue;
                 }
-                Err(StoreError::Conflict {
-                    key: keys
-                        .iter()
-                        .map(|g| g.key.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    expected: keys.first().map_or(0, |g| g.expected),
-                })
+                let Err(e @ StoreError::Malformed { .. }) =
+                    check(store.codec(), &g.key, value, *revision)
+                else {
+                    continue;
+                };
+                if !g.repairs {
+                    return Err(e);
+                }
+                tracing::warn!(
+                    key = %g.key,
+                    revision,
+                    cause = %crate::runtime::informer::bounded_chain(&e),
+                    "repairing a malformed value with this writer's own state"
+                );
+                compares[i] = Compare::mod_revision(full, CompareOp::Equal, *revision);
+                g.expected = *revision;
+                g.repairs = false;
+                repaired = true;
+            }
+            if !repaired {
+                break;
             }
         }
+        Err(StoreError::Conflict {
+            key: keys
+                .iter()
+                .map(|g| g.key.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            expected: keys.first().map_or(0, |g| g.expected),
+        })
     }
 
     /// Commits a batch of the one write that made `obj`, and returns it as stored.

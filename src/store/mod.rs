@@ -420,7 +420,7 @@ impl Store {
     ///
     /// When the key holds a malformed value instead (garbage written over it), the
     /// single writer repairs it from what it knows: `next` is written over exactly that
-    /// value (guarded by its revision), with a warning naming it.
+    /// value (guarded by its revision), with a warning naming it (see [`Batch::commit`]).
     pub async fn update<S: Spec>(
         &self,
         read: &Object<S>,
@@ -428,26 +428,7 @@ impl Store {
     ) -> Result<Object<S>, StoreError> {
         let mut batch = Batch::default();
         let obj = batch.update(self, read, next)?;
-        match batch.commit_one(self, obj.clone()).await {
-            Err(StoreError::Malformed {
-                key,
-                revision,
-                cause,
-            }) if key == obj.key() => {
-                tracing::warn!(
-                    key = %key,
-                    revision,
-                    cause = %crate::runtime::informer::bounded_chain(&StoreError::Malformed {
-                        key: key.clone(),
-                        revision,
-                        cause,
-                    }),
-                    "repairing a malformed value with this writer's own state"
-                );
-                self.write_at(obj, revision).await
-            }
-            other => other,
-        }
+        batch.commit_one(self, obj).await
     }
 
     /// Replaces the malformed value stored at `key` at `revision` with `with`, or
