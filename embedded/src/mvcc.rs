@@ -127,6 +127,9 @@ pub struct Mvcc {
     log_bytes: usize,
 }
 
+/// The page cache redb may keep.
+const REDB_CACHE_BYTES: usize = 32 << 20;
+
 /// History is kept up to this many bytes, or twice the live data if that is more.
 pub const HISTORY_FLOOR_BYTES: usize = 64 << 20;
 
@@ -144,7 +147,11 @@ impl Mvcc {
     pub fn open(dir: &Path, retention: i64) -> Result<Mvcc, anyhow::Error> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join("moor-store.redb");
-        let db = redb::Database::create(&path)?;
+        // redb caches up to 1 GiB by default; every current value is already in `kv`
+        // and the history in `log`, so its cache only spares page reads on writes.
+        let db = redb::Builder::new()
+            .set_cache_size(REDB_CACHE_BYTES)
+            .create(&path)?;
         let txn = db.begin_write()?;
         {
             txn.open_table(KV)?;
