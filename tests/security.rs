@@ -226,6 +226,15 @@ impl Secure {
         [plugin, self.spawn(agent, &format!("agent-{node}"))]
     }
 
+    /// Starts `moord controller` under its certificate with the cluster's key file and
+    /// a 3 s leader TTL, its output in `name`.log.
+    fn controller(&self, name: &str, extra: &[&str]) -> Proc {
+        let mut c = self.cmd("moord", "moor-controller", Some(&self.cluster_keys));
+        c.args(["controller", "--etcd", &self.url, "--leader-ttl", "3s"])
+            .args(extra);
+        self.spawn(c, name)
+    }
+
     /// Starts a long-running moord or moor-hostpath, its output in `name`.log.
     fn spawn(&self, mut cmd: Command, name: &str) -> Proc {
         let log = std::fs::File::create(self.tmp.path().join(format!("{name}.log"))).unwrap();
@@ -442,14 +451,7 @@ async fn raw_value(raw: &mut etcd_client::Client, key: &str) -> String {
 async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets_sealed() {
     let s = Secure::start().await;
     let keys = Some(s.cluster_keys.as_path());
-    let _controller = s.spawn(
-        {
-            let mut c = s.cmd("moord", "moor-controller", keys);
-            c.args(["controller", "--etcd", &s.url, "--leader-ttl", "3s"]);
-            c
-        },
-        "controller",
-    );
+    let _controller = s.controller("controller", &[]);
     let mut procs = Vec::new();
     for (node, mode, user_keys) in [
         ("n1", "monolith", s.cluster_keys.clone()),
@@ -810,13 +812,7 @@ async fn election_holder(s: &Secure, name: &str) -> Option<String> {
 #[tokio::test]
 async fn a_node_identity_keeping_leases_alive_stalls_neither_the_election_nor_node_health() {
     let s = Secure::start().await;
-    let keys = Some(s.cluster_keys.as_path());
-    let controller = |id: &str| {
-        let mut c = s.cmd("moord", "moor-controller", keys);
-        c.args(["controller", "--etcd", &s.url, "--leader-ttl", "3s"])
-            .args(["--identity", id]);
-        s.spawn(c, id)
-    };
+    let controller = |id: &str| s.controller(id, &["--identity", id]);
     let c1 = controller("c1");
     wait_for("c1 leads", T, || async {
         election_holder(&s, "controller").await.as_deref() == Some("c1")
@@ -832,7 +828,18 @@ async fn a_node_identity_keeping_leases_alive_stalls_neither_the_election_nor_no
     .await;
     let _c2 = controller("c2");
 
-    // The attacker: n2's certificate keeps every lease it can list alive.
+    // The leases the attack is about: c1's election key's and n1's Node's.
+    let mut raw = s.raw("root").await;
+    let mut targets = Vec::new();
+    for key in ["/moor/leaders/controller", "/moor/nodes/n1"] {
+        let resp = raw.get(key, None).await.unwrap();
+        let lease = resp.kvs().first().map(|kv| kv.lease()).unwrap_or(0);
+        assert!(lease != 0, "{key} is bound to a lease");
+        targets.push(lease);
+    }
+
+    // The attacker: n2's certificate keeps every lease it can list alive (one that
+    // expired between the list and its keep-alive is skipped).
     let mut attacker = s.raw("moor-agent-n2").await;
     let leases: Vec<i64> = attacker
         .leases()
@@ -842,14 +849,17 @@ async fn a_node_identity_keeping_leases_alive_stalls_neither_the_election_nor_no
         .iter()
         .map(|l| l.id())
         .collect();
-    assert!(
-        leases.len() >= 2,
-        "the controller's and n1's leases: {leases:?}"
-    );
+    for t in &targets {
+        assert!(
+            leases.contains(t),
+            "lease {t:x} is listed to n2: {leases:?}"
+        );
+    }
     let mut keepers = Vec::new();
     for id in &leases {
-        let (keeper, responses) = attacker.lease_keep_alive(*id).await.unwrap();
-        keepers.push((keeper, responses));
+        if let Ok(pair) = attacker.lease_keep_alive(*id).await {
+            keepers.push(pair);
+        }
     }
     let keeping = tokio::spawn(async move {
         loop {
@@ -877,15 +887,11 @@ async fn a_node_identity_keeping_leases_alive_stalls_neither_the_election_nor_no
         },
     )
     .await;
-    // The attack was live throughout: the leases it kept are still granted.
-    let mut raw = s.raw("root").await;
-    let mut alive = 0;
-    for id in &leases {
-        if raw.lease_time_to_live(*id, None).await.unwrap().ttl() > 0 {
-            alive += 1;
-        }
+    // The attack was live throughout: both leases outlived their holders.
+    for t in &targets {
+        let ttl = raw.lease_time_to_live(*t, None).await.unwrap().ttl();
+        assert!(ttl > 0, "lease {t:x} was kept alive (ttl {ttl})");
     }
-    assert_eq!(alive, leases.len(), "every kept lease outlived its holder");
     keeping.abort();
 }
 
@@ -895,15 +901,7 @@ async fn a_node_identity_keeping_leases_alive_stalls_neither_the_election_nor_no
 async fn what_a_node_writes_is_capped_and_garbage_is_repaired_by_its_writer() {
     use serde_json::json;
     let s = Secure::start().await;
-    let keys = Some(s.cluster_keys.as_path());
-    let _controller = s.spawn(
-        {
-            let mut c = s.cmd("moord", "moor-controller", keys);
-            c.args(["controller", "--etcd", &s.url, "--leader-ttl", "3s"]);
-            c
-        },
-        "controller",
-    );
+    let _controller = s.controller("controller", &[]);
     let _n1 = s.node("n1", "monolith", &s.cluster_keys);
     let n2_procs = s.node("n2", "node", &s.n2_keys);
     let root = s.store("root", None).await;
@@ -1055,15 +1053,7 @@ async fn a_full_etcd_is_reported_as_such() {
     let s = Secure::start_with(&["--quota-backend-bytes=67108864"]).await;
     let keys = Some(s.cluster_keys.as_path());
     let http = free_port();
-    let _controller = s.spawn(
-        {
-            let mut c = s.cmd("moord", "moor-controller", keys);
-            c.args(["controller", "--etcd", &s.url, "--leader-ttl", "3s"])
-                .arg(format!("--http=127.0.0.1:{http}"));
-            c
-        },
-        "controller",
-    );
+    let _controller = s.controller("controller", &[&format!("--http=127.0.0.1:{http}")]);
     let mut n2 = s.raw("moor-agent-n2").await;
     let value = "x".repeat(1_400_000);
     let mut full = false;

@@ -205,6 +205,15 @@ impl Store {
         key: &ObjectKey<S>,
     ) -> Result<Option<Object<S>>, StoreError> {
         let key = key.as_str();
+        match self.get_raw(key).await? {
+            None => Ok(None),
+            Some((value, revision)) => self.codec.decode::<S>(key, &value, revision).map(Some),
+        }
+    }
+
+    /// The value stored at `key` (below the prefix) and its mod_revision, undecoded:
+    /// for the keys that are not objects (reports, markers).
+    async fn get_raw(&self, key: &str) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
         let full = self.full_key(key);
         let resp = self
             .send(Repeat::Idempotent, |mut c| {
@@ -213,13 +222,23 @@ impl Store {
             })
             .await
             .map_err(StoreError::from_etcd)?;
-        match resp.kvs().first() {
-            None => Ok(None),
-            Some(kv) => self
-                .codec
-                .decode::<S>(key, kv.value(), kv.mod_revision())
-                .map(Some),
-        }
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| (kv.value().to_vec(), kv.mod_revision())))
+    }
+
+    /// Puts `value` at `key` (below the prefix) unconditionally: for a key that is not
+    /// an object and has one writer (a report, a marker).
+    async fn put_raw(&self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
+        let full = self.full_key(key);
+        self.send(Repeat::OnlyUnsent, |mut c| {
+            let (full, value) = (full.clone(), value.clone());
+            async move { c.put(full, value, None).await }
+        })
+        .await
+        .map_err(StoreError::from_etcd)?;
+        Ok(())
     }
 
     /// Lists every object in `scope` (the kind, or one node's claims), in pages at one
@@ -681,16 +700,8 @@ impl Store {
     /// [`SEALING_KEY`]: `Some` when the cluster seals secrets at rest (a writer without
     /// the key file would leave them in clear in etcd's history and WAL).
     pub async fn sealing(&self) -> Result<Option<Vec<String>>, StoreError> {
-        let key = self.full_key(SEALING_KEY);
-        let resp = self
-            .send(Repeat::Idempotent, |mut c| {
-                let key = key.clone();
-                async move { c.get(key, None).await }
-            })
-            .await
-            .map_err(StoreError::from_etcd)?;
-        Ok(resp.kvs().first().map(|kv| {
-            serde_json::from_slice::<SealingMarker>(kv.value())
+        Ok(self.get_raw(SEALING_KEY).await?.map(|(value, _)| {
+            serde_json::from_slice::<SealingMarker>(&value)
                 .map(|m| m.key_ids)
                 .unwrap_or_default()
         }))
@@ -706,21 +717,9 @@ impl Store {
         if self.sealing().await?.as_ref() == Some(&ids) {
             return Ok(());
         }
-        let value = serde_json::to_vec(&SealingMarker { key_ids: ids }).map_err(|e| {
-            StoreError::Malformed {
-                key: SEALING_KEY.into(),
-                revision: 0,
-                cause: MalformedCause::Json(e),
-            }
-        })?;
-        let key = self.full_key(SEALING_KEY);
-        self.send(Repeat::OnlyUnsent, |mut c| {
-            let (key, value) = (key.clone(), value.clone());
-            async move { c.put(key, value, None).await }
-        })
-        .await
-        .map_err(StoreError::from_etcd)?;
-        Ok(())
+        // A list of strings always serializes.
+        let value = serde_json::to_vec(&SealingMarker { key_ids: ids }).unwrap_or_default();
+        self.put_raw(SEALING_KEY, value).await
     }
 
     /// Plugin `id`'s last capacity report ([`crate::api::capacity_key`]); `None` when
@@ -729,22 +728,15 @@ impl Store {
         &self,
         id: &crate::api::PluginId,
     ) -> Result<Option<Vec<crate::api::CapacityEntry>>, StoreError> {
-        let key = self.full_key(&crate::api::capacity_key(id));
-        let resp = self
-            .send(Repeat::Idempotent, |mut c| {
-                let key = key.clone();
-                async move { c.get(key, None).await }
-            })
-            .await
-            .map_err(StoreError::from_etcd)?;
-        let Some(kv) = resp.kvs().first() else {
+        let key = crate::api::capacity_key(id);
+        let Some((value, revision)) = self.get_raw(&key).await? else {
             return Ok(None);
         };
-        crate::api::parse_capacity(kv.value())
+        crate::api::parse_capacity(&value)
             .map(Some)
             .map_err(|why| StoreError::Malformed {
-                key: crate::api::capacity_key(id),
-                revision: kv.mod_revision(),
+                key,
+                revision,
                 cause: MalformedCause::Report(why),
             })
     }
@@ -755,15 +747,8 @@ impl Store {
         id: &crate::api::PluginId,
         entries: &[crate::api::CapacityEntry],
     ) -> Result<(), StoreError> {
-        let key = self.full_key(&crate::api::capacity_key(id));
         let value = serde_json::to_vec(entries).unwrap_or_default();
-        self.send(Repeat::OnlyUnsent, |mut c| {
-            let (key, value) = (key.clone(), value.clone());
-            async move { c.put(key, value, None).await }
-        })
-        .await
-        .map_err(StoreError::from_etcd)?;
-        Ok(())
+        self.put_raw(&crate::api::capacity_key(id), value).await
     }
 
     /// The alarms etcd's members have raised, as `(member id, alarm)` (`NOSPACE`,
