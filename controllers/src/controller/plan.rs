@@ -40,6 +40,8 @@ pub struct AttachInputs<'a> {
     pub attachment: Option<&'a Attachment>,
     /// Whether another claim of the volume on the node may be using the attachment.
     pub attachment_in_use: bool,
+    /// The claim's volume, if cached (its operator's force detaches).
+    pub volume: Option<&'a Volume>,
 }
 
 /// Whether an attachment published with `att`'s capability serves `claim`: the same
@@ -61,8 +63,25 @@ pub fn covers(att: &AttachmentSpec, claim: &ClaimSpec) -> bool {
 /// The controller-publish step of an admitted claim. A claim reaches the node only
 /// when the plugin is known not to need ControllerPublish or the attachment covering
 /// it is Attached; unknown capabilities wait, never count as "not needed".
+///
+/// A claim an operator's force detach covers (admitted before it: its release skips
+/// the node) and that was not let onto the node yet never is from then on: the
+/// operator declared the node gone for this volume, and a stage or publish made after
+/// that declaration would be left behind by the release. (A grant made before it
+/// stands: a force detach never takes a volume from live claims.)
 pub fn attach(i: &AttachInputs) -> AttachPlan {
     let claim = i.claim;
+    if !claim.spec.publish
+        && i.volume.is_some_and(|v| {
+            v.spec
+                .force_detached(&claim.spec.node, claim.spec.volume_generation)
+        })
+    {
+        return AttachPlan::Wait(format!(
+            "the operator detached volume {} from node {}",
+            claim.spec.volume, claim.spec.node
+        ));
+    }
     let required = i.plugin.and_then(|p| p.status.controller_required);
     match required {
         None => {
@@ -353,7 +372,40 @@ mod tests {
             node: n,
             attachment: a,
             attachment_in_use: false,
+            volume: None,
         }
+    }
+
+    /// Chaos seed 2008: v19 was force-detached from n3 while a36 (admitted before)
+    /// waited there; a36 was then published on n3, and its release later skipped the
+    /// node and ControllerUnpublished under the published volume.
+    #[test]
+    fn a_claim_a_force_detach_covers_is_never_let_onto_the_node() {
+        let p = plugin(Some(false));
+        let n = node();
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v1").unwrap(),
+            VolumeSpec::default(),
+        );
+        let mut c = claim(ClaimMode::Write, AccessMode::SingleNodeWriter);
+        c.spec.volume_generation = Some(3);
+        v.spec.force_detach.insert(c.spec.node.clone(), 4);
+        let mut i = inputs(&c, Some(&p), Some(&n), None);
+        i.volume = Some(&v);
+        assert!(matches!(attach(&i), AttachPlan::Wait(w) if w.contains("operator detached")));
+        // Already let on before the force detach: the grant stands.
+        let mut granted = c.clone();
+        granted.spec.publish = true;
+        let mut i = inputs(&granted, Some(&p), Some(&n), None);
+        i.volume = Some(&v);
+        assert!(matches!(attach(&i), AttachPlan::Ready(..)));
+        // Admitted after the force detach: not covered, let on.
+        let mut later = c.clone();
+        later.spec.volume_generation = Some(4);
+        let mut i = inputs(&later, Some(&p), Some(&n), None);
+        i.volume = Some(&v);
+        assert!(matches!(attach(&i), AttachPlan::Ready(..)));
     }
 
     #[test]

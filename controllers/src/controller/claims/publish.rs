@@ -121,12 +121,14 @@ pub(super) async fn attachment_state(
         }
         _ => false,
     };
+    let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
     let plan = plan::attach(&plan::AttachInputs {
         claim,
         plugin: plugin.as_deref(),
         node: node.as_deref(),
         attachment: attachment.as_deref(),
         attachment_in_use: in_use,
+        volume: volume.as_deref(),
     });
     Ok(match plan {
         AttachPlan::Ready(context, uid) => {
