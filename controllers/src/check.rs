@@ -45,15 +45,12 @@ impl Check {
             Ok(alarms) if alarms.is_empty() => println!("etcd alarms: none"),
             Ok(alarms) => {
                 for (member, alarm) in &alarms {
-                    println!(
-                        "etcd alarm:  {alarm} on member {member:x}{}",
-                        if alarm == "NOSPACE" {
-                            ": etcd's backend reached its quota; every write fails until an \
-                             operator compacts, defragments and disarms it (deploy/README.md, \"Space\")"
-                        } else {
-                            ""
-                        }
-                    );
+                    let help = if alarm == "NOSPACE" {
+                        format!(": {}", moor::store::NOSPACE_HELP)
+                    } else {
+                        String::new()
+                    };
+                    println!("etcd alarm:  {alarm} on member {member:x}{help}");
                 }
                 bad += alarms.len();
             }

@@ -79,23 +79,10 @@ impl<S: Spec> Informer<Object<S>> {
         // the key's reconcilers look at it (its single writer may repair it).
         let marks = informer.reader.clone();
         let events = watcher_with::<S>(store, scope, false).filter_map(move |item| {
-            let marks = marks.clone();
-            async move {
-                match item {
-                    Err(WatchError::Malformed(e)) => {
-                        if first_sighting(&e) {
-                            tracing::warn!(kind, error = %bounded_chain(&e), "skipping a malformed value");
-                            super::metrics::malformed_skipped(kind);
-                        }
-                        let store::StoreError::Malformed { key, revision, .. } = &e else {
-                            return None;
-                        };
-                        marks.note_malformed(key, *revision);
-                        marks.get(key.as_str()).map(|last| Ok(Event::Applied(last)))
-                    }
-                    other => Some(other),
-                }
-            }
+            std::future::ready(match item {
+                Err(WatchError::Malformed(e)) => skip_malformed(&marks, kind, &e),
+                other => Some(other),
+            })
         });
         let events = backoff(
             events,
@@ -180,6 +167,24 @@ impl<K: Resource> Informer<K> {
             },
         )
     }
+}
+
+/// Reports a malformed value (once per revision), marks its key in `cache`, and
+/// returns the key's last valid object as an event to pass on, if the cache has one.
+fn skip_malformed<K: Resource>(
+    cache: &reflector::Store<K>,
+    kind: &str,
+    e: &store::StoreError,
+) -> Option<Result<Event<K>, WatchError>> {
+    if first_sighting(e) {
+        tracing::warn!(kind, error = %bounded_chain(e), "skipping a malformed value");
+        super::metrics::malformed_skipped(kind);
+    }
+    let store::StoreError::Malformed { key, revision, .. } = e else {
+        return None;
+    };
+    cache.note_malformed(key, *revision);
+    cache.get(key.as_str()).map(|last| Ok(Event::Applied(last)))
 }
 
 /// How much of a malformed value's error a log line quotes.

@@ -83,6 +83,9 @@ pub enum StoreError {
     Etcd(#[source] etcd_client::Error),
 }
 
+/// What an operator does about etcd's NOSPACE alarm, for the processes that report it.
+pub const NOSPACE_HELP: &str = "etcd's backend reached its quota and every write in the cluster fails until an operator compacts, defragments and disarms the alarm (deploy/README.md, \"Space\")";
+
 /// What is wrong with a malformed value.
 #[derive(Debug, thiserror::Error)]
 pub enum MalformedCause {

@@ -16,7 +16,7 @@ mod watch;
 
 pub use batch::Batch;
 pub use connect::EtcdAuth;
-pub use error::{MalformedCause, StoreError};
+pub use error::{MalformedCause, StoreError, NOSPACE_HELP};
 pub use lease::{KeepAlive, LeaseId};
 pub use seal::{Keyring, KeyringError, OpenError, SealError};
 pub(crate) use send::Repeat;
@@ -452,7 +452,8 @@ impl Store {
 
     /// Replaces the malformed value stored at `key` at `revision` with `with`, or
     /// deletes it when `with` is `None`: for the single writer of a key, which may
-    /// rewrite it from what it knows. Guarded by that revision (a
+    /// rewrite it from what it knows. An object never stored before (no uid) is
+    /// prepared as [`Store::create`] prepares one. Guarded by that revision (a
     /// [`StoreError::Conflict`] if something else was written since).
     pub async fn replace_malformed<S: Spec>(
         &self,
@@ -461,14 +462,19 @@ impl Store {
         with: Option<&Object<S>>,
     ) -> Result<i64, StoreError> {
         tracing::warn!(key = %key.as_str(), revision, "replacing a malformed value");
-        match with {
-            Some(obj) => Ok(self
-                .write_at(obj.clone(), revision)
-                .await?
-                .metadata
-                .resource_version),
-            None => self.delete_at(key.as_str(), revision).await,
-        }
+        let Some(obj) = with else {
+            return self.delete_at(key.as_str(), revision).await;
+        };
+        let obj = if obj.metadata.uid.is_empty() {
+            Store::prepared_for_create(obj)?
+        } else {
+            obj.clone()
+        };
+        Ok(self
+            .write_at(obj, revision)
+            .await?
+            .metadata
+            .resource_version)
     }
 
     /// Read-modify-write of a status: reads the object, lets `f` edit its status, and

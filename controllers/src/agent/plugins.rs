@@ -319,8 +319,10 @@ impl Supervisor {
             }
             // Guarded by the version this agent wrote last: a Node removed by the
             // controller (not renewed in time) or overwritten fails here, and the agent
-            // registers again in a new term.
-            current = store.update(&current, &next).await?;
+            // registers again in a new term. A wake-up that changed nothing writes nothing.
+            if next != current {
+                current = store.update(&current, &next).await?;
+            }
         }
     }
 }

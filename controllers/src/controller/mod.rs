@@ -114,7 +114,7 @@ async fn watch_alarms(store: Store, shutdown: CancellationToken) {
                             alarm,
                             "etcd raised an alarm: {}",
                             if alarm == "NOSPACE" {
-                                "its backend reached its quota and every write in the cluster fails until an operator compacts, defragments and disarms it (deploy/README.md, \"Space\")"
+                                moor::store::NOSPACE_HELP
                             } else {
                                 "see etcd's documentation"
                             }

@@ -18,8 +18,8 @@
 use futures::{Stream, StreamExt};
 use moor::api::*;
 use moor::runtime::watcher::Event;
-use moor::store::{Deleted, StoreError};
-use std::collections::{BTreeMap, HashMap};
+use moor::store::StoreError;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -43,7 +43,8 @@ pub async fn run(ctx: Ctx, stop: CancellationToken) {
         refuse_malformed(&ctx, &mut refused).await;
         let now = Instant::now();
         let nodes = ctx.nodes.state();
-        observer.retain(|k| nodes.iter().any(|n| n.key() == k));
+        let keys: HashSet<String> = nodes.iter().map(|n| n.key()).collect();
+        observer.retain(|k| keys.contains(k));
         for node in expired(&mut observer, &nodes, now) {
             match remove(&ctx, &node).await {
                 Ok(()) => observer.forget(&node.key()),
@@ -111,13 +112,8 @@ fn expired(observer: &mut LeaseObserver, nodes: &[Arc<Node>], now: Instant) -> V
 
 async fn remove(ctx: &Ctx, node: &Node) -> Result<(), StoreError> {
     let ttl = node.status.liveness.unwrap_or_default().ttl();
-    match ctx
-        .store
-        .delete(&node.object_key(), Some(node.metadata.resource_version))
-        .await?
-    {
-        Deleted::Gone | Deleted::Finalizing(_) => {}
-    }
+    // At the version seen, without reading it again.
+    ctx.store.delete_read(node).await?;
     let message = format!(
         "not renewed for {} (its TTL); removed although its etcd lease may still be kept alive",
         humantime::format_duration(ttl)

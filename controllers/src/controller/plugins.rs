@@ -176,13 +176,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
     if let Some(revision) = ctx.plugins.malformed(key) {
         let mut p = match &current {
             Some(p) => (**p).clone(),
-            None => {
-                let mut p = Plugin::new(&Namespace::default(), name, PluginSpec::default());
-                p.metadata.uid = uuid::Uuid::new_v4().to_string();
-                p.metadata.generation = 1;
-                p.metadata.creation_timestamp = Some(Timestamp::now());
-                p
-            }
+            None => Plugin::new(&Namespace::default(), name, PluginSpec::default()),
         };
         p.status = status;
         ctx.store
