@@ -606,10 +606,12 @@ async fn a_force_detach_never_detaches_a_volume_under_live_claims() {
     let detach_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     let (ok, out) = c.moorctl(&["volume", "detach", "v1", "--node", "n2"]);
     assert!(ok, "{out}");
-    // a1 ends: released without waiting for the node (the force-detach covers it), but
-    // a2 and a3 still use the attachment: it stays, and so do their grants.
+    // a1 ends: the force-detach covers it, but n2 is present, so it is asked (it
+    // unpublishes); a2 and a3 still use the attachment: it stays, and so do their
+    // grants.
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(c.node("n2").count("NodeUnpublishVolume", "OK"), 1);
     // a2 ends too; then a last look once the controller has settled a2's release.
     c.stop_alloc("a2").await;
     c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
@@ -641,6 +643,91 @@ async fn a_force_detach_never_detaches_a_volume_under_live_claims() {
     c.stop_alloc("a3").await;
     c.wait_claim("a3", "n2", ClaimPhase::Released, T).await;
     assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 1);
+    c.check_calls_forced(
+        true,
+        [("csi-n2".to_string(), vec![detach_at])]
+            .into_iter()
+            .collect(),
+    );
+}
+
+/// Found by the long chaos runs (seed 2008): `moorctl volume detach v19 --node n3`
+/// while n3 was down and a claim there had been granted a second before; n3 came back
+/// and staged and published that claim, and when it ended its release skipped the node,
+/// as the declaration says, and detached the volume under the publish. A node now
+/// takes no forward step for a claim a declaration covers (it reads its node's
+/// declarations, written in the declaration's transaction, before each), and a
+/// declaration skips only a node that is absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_after_a_force_detach_takes_no_step_on_an_earlier_grant() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = ready_cluster(2, PluginOpts::default()).await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+
+    // n2 goes down; a2 is granted there (on a1's attachment) before its Node expires.
+    c.node_mut("n2").agent.kill();
+    c.node_mut("n2").plugin.kill();
+    c.apply(c.allocation("a2", "n2", "v1", true)).await;
+    c.wait("a2 granted on n2", T, || async {
+        c.claim("a2", "n2").await.is_some_and(|cl| cl.spec.publish)
+    })
+    .await;
+    let detach_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let (ok, out) = c.moorctl(&["volume", "detach", "v1", "--node", "n2"]);
+    assert!(ok, "{out}");
+
+    // n2 comes back: a2's grant predates the declaration, so nothing is done for it.
+    let back_at = std::time::SystemTime::now();
+    c.node_mut("n2").plugin.restart();
+    c.node_mut("n2").agent.restart();
+    c.wait("a2's Mount says why nothing is done", T, || async {
+        let key = Mount::key_for(&c.claim("a2", "n2").await.unwrap().object_key());
+        c.store.try_get(&key).await.ok().flatten().is_some_and(|m| {
+            m.status
+                .meta
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("declared node n2 gone for volume v1"))
+        })
+    })
+    .await;
+    let since_back = |c: &Cluster, rpc: &str| {
+        c.node("n2")
+            .calls()
+            .iter()
+            .filter(|x| x.rpc == rpc)
+            .filter(|x| humantime::parse_rfc3339(&x.time).is_ok_and(|t| t >= back_at))
+            .count()
+    };
+    assert_eq!(since_back(&c, "NodeStageVolume"), 0);
+    assert_eq!(since_back(&c, "NodePublishVolume"), 0);
+
+    // n2 goes again, its Node expires; both allocations end: released without it.
+    c.node_mut("n2").agent.kill();
+    c.node_mut("n2").plugin.kill();
+    c.wait("n2's Node gone", T, || async {
+        c.store
+            .try_get(&Node::key_for(&cluster::node("n2")))
+            .await
+            .is_ok_and(|n| n.is_none())
+    })
+    .await;
+    c.stop_alloc("a1").await;
+    c.stop_alloc("a2").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
+    assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 1);
+    // n2 comes back once more: it tears down what a1 left, and nothing else.
+    c.node_mut("n2").plugin.restart();
+    c.node_mut("n2").agent.restart();
+    let n2 = c.node("n2");
+    c.wait("a1's leftovers torn down on n2", T, || async move {
+        n2.count("NodeUnstageVolume", "OK") >= 1
+    })
+    .await;
+    assert_eq!(since_back(&c, "NodeStageVolume"), 0);
+    assert_eq!(since_back(&c, "NodePublishVolume"), 0);
     c.check_calls_forced(
         true,
         [("csi-n2".to_string(), vec![detach_at])]

@@ -16,7 +16,8 @@ const HEAD: &str = r#"#!/usr/bin/env bash
 # node's keys (its Node object and its Mounts), reads its node's claims (which carry
 # everything a node step needs, secrets sealed with its node's key, until released) and
 # the plugins, and reads and writes its own events (below events/node/NODE/); it reads
-# nothing else: no volumes, allocations, other nodes' keys or other writers' events.
+# nothing else: no volumes, allocations, other nodes' keys or other writers' events
+# (only the force-detach declarations about its node).
 # The controller, and agents that host a controller plugin (CONTROLLER_PLUGINS, pairs
 # NODE=PLUGIN_ID: their provisioner and attacher write volumes and attachments, and
 # they campaign in that plugin's election only), get more.
@@ -78,7 +79,10 @@ for node in "$@"; do
         }
     }
     out.push_str(
-        r#"    ctl user grant-role "$user" "$user"
+        r#"    # The volumes an operator declared this node gone for (moorctl volume detach
+    # writes them): the agent takes no new step on them.
+    ctl role grant-permission "$user" read "${PREFIX}declarations/$node"
+    ctl user grant-role "$user" "$user"
 done
 
 for pair in ${CONTROLLER_PLUGINS:-}; do

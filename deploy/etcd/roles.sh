@@ -6,7 +6,8 @@
 # node's keys (its Node object and its Mounts), reads its node's claims (which carry
 # everything a node step needs, secrets sealed with its node's key, until released) and
 # the plugins, and reads and writes its own events (below events/node/NODE/); it reads
-# nothing else: no volumes, allocations, other nodes' keys or other writers' events.
+# nothing else: no volumes, allocations, other nodes' keys or other writers' events
+# (only the force-detach declarations about its node).
 # The controller, and agents that host a controller plugin (CONTROLLER_PLUGINS, pairs
 # NODE=PLUGIN_ID: their provisioner and attacher write volumes and attachments, and
 # they campaign in that plugin's election only), get more.
@@ -43,6 +44,9 @@ for node in "$@"; do
     ctl role grant-permission "$user" readwrite "${PREFIX}nodes/$node"
     ctl role grant-permission "$user" read "${PREFIX}plugins/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}events/node/$node/" --prefix
+    # The volumes an operator declared this node gone for (moorctl volume detach
+    # writes them): the agent takes no new step on them.
+    ctl role grant-permission "$user" read "${PREFIX}declarations/$node"
     ctl user grant-role "$user" "$user"
 done
 

@@ -3,7 +3,7 @@
 //! removes a volume from moor without plugin calls.
 
 use moor::api::*;
-use moor::store::StoreError;
+use moor::store::{Batch, StoreError};
 
 use crate::{is_not_found, parse_name, parse_ns, ride_out, Ctx, LookAgain, Refused};
 
@@ -25,14 +25,37 @@ pub(crate) async fn detach(
         let (key, node) = (&key, &node);
         async move {
             loop {
-                let mut v = ctx.store.get(key).await?;
-                if retrying && v.spec.force_detach.get(node) == Some(&v.metadata.generation) {
+                let read = ctx.store.get(key).await?;
+                if retrying && read.spec.force_detach.get(node) == Some(&read.metadata.generation)
+                {
                     return Ok(());
                 }
-                v.spec
-                    .force_detach
-                    .insert(node.clone(), v.metadata.generation + 1);
-                match ctx.store.replace(&v).await {
+                // The node's agent reads no volume: the same transaction tells it
+                // through its declarations key.
+                let (mut declarations, read_at) = match ctx.store.declarations(node).await {
+                    Ok(found) => found,
+                    Err(StoreError::Malformed { revision, .. }) => {
+                        eprintln!(
+                            "warning: {} held a value that is not force-detach declarations; it is written again from this one",
+                            declarations_key(node)
+                        );
+                        (Declarations::default(), revision)
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let generation = read.metadata.generation + 1;
+                let mut v = read.clone();
+                v.spec.force_detach.insert(node.clone(), generation);
+                declarations.declare(&v, generation);
+                let mut batch = Batch::default();
+                batch.update(&ctx.store, &read, &v)?;
+                batch.put_raw(
+                    &ctx.store,
+                    &declarations_key(node),
+                    serde_json::to_vec(&declarations)?,
+                    read_at,
+                );
+                match batch.commit(&ctx.store).await {
                     Err(StoreError::Conflict { .. }) => continue,
                     other => return other.map(|_| ()).map_err(anyhow::Error::from),
                 }

@@ -85,6 +85,10 @@ pub struct ClaimSpec {
     /// or withdrawn, before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_generation: Option<i64>,
+    /// The uid of the volume admitted (absent on claims admitted by earlier versions):
+    /// what a node's force-detach declarations are matched on ([`Declarations`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_uid: Option<String>,
 }
 
 impl ClaimSpec {

@@ -94,6 +94,74 @@ impl VolumeSpec {
     }
 }
 
+/// The key of node `node`'s force-detach declarations: the volumes an operator declared
+/// the node gone for (`moorctl volume detach`, in the same transaction as the volume's
+/// `spec.force_detach` entry). The node's agent reads no volume, so this key is how it
+/// learns of a declaration: it takes no forward step (NodeStage, NodePublish) for a
+/// claim one covers, so that nothing the node does after a declaration is left behind
+/// by a release that skipped it.
+pub fn declarations_key(node: &NodeName) -> String {
+    format!("declarations/{node}")
+}
+
+/// What [`declarations_key`] holds: `NAMESPACE/VOLUME` → the declaration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Declarations {
+    /// By `NAMESPACE/VOLUME`.
+    #[serde(default)]
+    pub volumes: BTreeMap<String, Declaration>,
+}
+
+/// One volume's force-detach declaration for a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Declaration {
+    /// The volume's uid (a volume made again under the same name is another volume).
+    pub uid: String,
+    /// The volume generation the declaration made (its `spec.force_detach` entry).
+    pub generation: i64,
+}
+
+impl Declarations {
+    /// Reads the stored value (written by operators' moorctl; bounded by etcd's
+    /// request size).
+    pub fn parse(value: &[u8]) -> Result<Declarations, String> {
+        serde_json::from_slice(value).map_err(|e| format!("not force-detach declarations: {e}"))
+    }
+
+    fn entry(namespace: &Namespace, volume: &str) -> String {
+        format!("{namespace}/{volume}")
+    }
+
+    /// Records that `volume` declared this node gone at generation `generation`.
+    pub fn declare(&mut self, volume: &Volume, generation: i64) {
+        self.volumes.insert(
+            Declarations::entry(&volume.metadata.namespace, volume.metadata.name.as_str()),
+            Declaration {
+                uid: volume.metadata.uid.clone(),
+                generation,
+            },
+        );
+    }
+
+    /// Whether a declaration covers `claim` (of this node): the same volume, and the
+    /// claim admitted (or last withdrawn) at an earlier generation, as
+    /// [`VolumeSpec::force_detached`] decides on the controller's side.
+    pub fn covers(&self, claim: &Claim) -> bool {
+        let key = Declarations::entry(&claim.metadata.namespace, claim.spec.volume.as_str());
+        self.volumes.get(&key).is_some_and(|d| {
+            claim
+                .spec
+                .volume_uid
+                .as_ref()
+                .is_none_or(|uid| *uid == d.uid)
+                && claim
+                    .spec
+                    .volume_generation
+                    .is_none_or(|g| g < d.generation)
+        })
+    }
+}
+
 /// Content to create a volume from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -378,5 +446,41 @@ mod tests {
         let v = Volume::new(&Namespace::default_ns(), Name::new("v").unwrap(), spec);
         assert!(!format!("{v:?}").contains("s3cr3t"));
         assert!(serde_json::to_string(&v).unwrap().contains("s3cr3t"));
+    }
+
+    #[test]
+    fn a_declaration_covers_claims_of_its_volume_admitted_before_it() {
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v1").unwrap(),
+            VolumeSpec::default(),
+        );
+        v.metadata.uid = "vol-uid".into();
+        let mut d = Declarations::default();
+        d.declare(&v, 5);
+        let claim = |volume: &str, generation: Option<i64>, uid: Option<&str>| {
+            Claim::new(
+                &Namespace::default_ns(),
+                Name::new("a1.data").unwrap(),
+                ClaimSpec {
+                    volume: VolumeId::new(volume).unwrap(),
+                    volume_generation: generation,
+                    volume_uid: uid.map(str::to_string),
+                    ..Default::default()
+                },
+            )
+        };
+        assert!(d.covers(&claim("v1", Some(4), Some("vol-uid"))));
+        // Admitted at or after the declaration's generation: not covered.
+        assert!(!d.covers(&claim("v1", Some(5), Some("vol-uid"))));
+        // Another volume, or the same name made again (another uid): not covered.
+        assert!(!d.covers(&claim("v2", Some(1), Some("vol-uid"))));
+        assert!(!d.covers(&claim("v1", Some(1), Some("new-uid"))));
+        // Claims of earlier versions (no uid, no generation) are covered.
+        assert!(d.covers(&claim("v1", None, None)));
+        // What is stored reads back; garbage is an error, not an empty set.
+        let stored = serde_json::to_vec(&d).unwrap();
+        assert_eq!(Declarations::parse(&stored).unwrap(), d);
+        assert!(Declarations::parse(b"[1,2]").is_err());
     }
 }

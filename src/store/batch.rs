@@ -130,6 +130,24 @@ impl Batch {
         });
     }
 
+    /// Adds a put of `value` at `key` (below the prefix), a key that is not an object,
+    /// guarded by the mod_revision it was read at (0: absent).
+    pub fn put_raw(&mut self, store: &Store, key: &str, value: Vec<u8>, read_at: i64) {
+        let full = store.full_key(key);
+        self.compares.push(Compare::mod_revision(
+            full.clone(),
+            CompareOp::Equal,
+            read_at,
+        ));
+        self.ops.push(TxnOp::put(full, value, None));
+        self.keys.push(Guard {
+            key: key.to_string(),
+            expected: read_at,
+            check: None,
+            repairs: false,
+        });
+    }
+
     /// Adds the creation of `obj`, as [`Store::create`] does (without a lease); returns
     /// it as it will be stored.
     pub fn create<S: Spec>(

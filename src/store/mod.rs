@@ -728,6 +728,26 @@ impl Store {
         self.put_raw(SEALING_KEY, value).await
     }
 
+    /// Node `node`'s force-detach declarations ([`crate::api::declarations_key`]) and
+    /// the mod_revision they were read at (0: none). A malformed value is an error
+    /// naming it.
+    pub async fn declarations(
+        &self,
+        node: &crate::api::NodeName,
+    ) -> Result<(crate::api::Declarations, i64), StoreError> {
+        let key = crate::api::declarations_key(node);
+        let Some((value, revision)) = self.get_raw(&key).await? else {
+            return Ok((crate::api::Declarations::default(), 0));
+        };
+        crate::api::Declarations::parse(&value)
+            .map(|d| (d, revision))
+            .map_err(|why| StoreError::Malformed {
+                key,
+                revision,
+                cause: MalformedCause::Report(why),
+            })
+    }
+
     /// Plugin `id`'s last capacity report ([`crate::api::capacity_key`]); `None` when
     /// none was written. A malformed one is an error naming it.
     pub async fn capacity(

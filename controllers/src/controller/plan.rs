@@ -245,7 +245,10 @@ pub struct NodeInputs<'a> {
     pub mount: Option<&'a Mount>,
     /// Its volume, if any.
     pub volume: Option<&'a Volume>,
-    /// How long the claim's node has been without a Node object (`None`: present).
+    /// Whether the claim's node has a Node object now (its agent renews it).
+    pub node_present: bool,
+    /// How long the claim's node has been without a Node object (`None`: present, or
+    /// not tracked without `--node-gc-timeout`).
     pub node_gone_for: Option<Duration>,
     /// `--node-gc-timeout`.
     pub node_gc_timeout: Option<Duration>,
@@ -265,11 +268,15 @@ pub fn node_done(i: &NodeInputs) -> NodeDone {
     if acked {
         return NodeDone::Agent;
     }
+    // An operator's declaration is about a node that is gone: while the node is
+    // present (its agent renews its Node) it is asked, as for any release. A node
+    // that came back may have acted since the declaration (a call in flight when it
+    // was made); what it did, it undoes before the detach.
     let forced = i.volume.is_some_and(|v| {
         v.spec
             .force_detached(&claim.spec.node, claim.spec.volume_generation)
     });
-    if forced {
+    if forced && !i.node_present {
         return NodeDone::Skipped(format!(
             "the operator detached volume {} from node {}",
             claim.spec.volume, claim.spec.node
@@ -722,6 +729,7 @@ mod tests {
             claim: c,
             mount: None,
             volume: v,
+            node_present: false,
             node_gone_for: None,
             node_gc_timeout: None,
         }
@@ -735,6 +743,10 @@ mod tests {
             node_done(&node_inputs(&before, Some(&v))),
             NodeDone::Skipped(_)
         ));
+        // While the node is present, it is asked: it may have acted since.
+        let mut present = node_inputs(&before, Some(&v));
+        present.node_present = true;
+        assert_eq!(node_done(&present), NodeDone::No);
         let after = releasing(Some(5));
         assert_eq!(node_done(&node_inputs(&after, Some(&v))), NodeDone::No);
         // Another node's entry does not count.

@@ -126,6 +126,17 @@ impl Reconcile {
                 _ => Ok(()),
             };
         }
+        // Read now, not from a cache: a node that comes back after an operator
+        // declared it gone for this volume must not act on a grant made before.
+        let (declarations, _) = self.r.store.declarations(&self.r.node).await?;
+        if declarations.covers(claim) {
+            let why = format!(
+                "the operator declared node {} gone for volume {} (moorctl volume detach): no step is taken for this claim until it is released",
+                self.r.node, claim.spec.volume
+            );
+            self.sync_mount(key, claim, Some(why)).await?;
+            return Ok(());
+        }
         let result = async {
             for step in steps {
                 if step == plan::Forward::Publish {

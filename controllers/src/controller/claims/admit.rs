@@ -33,6 +33,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError
     c.spec.volume_context = context;
     c.spec.node_secrets = volume.spec.secrets.clone();
     c.spec.volume_generation = Some(volume.metadata.generation);
+    c.spec.volume_uid = Some(volume.metadata.uid.clone());
     c.status.phase = ClaimPhase::Admitted;
     c.status
         .meta

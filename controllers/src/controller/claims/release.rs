@@ -83,6 +83,7 @@ pub(super) fn node_done(ctx: &Ctx, claim: &Claim) -> NodeDone {
         claim,
         mount: mount.as_deref(),
         volume: volume.as_deref(),
+        node_present: ctx.nodes.get(&Node::key_for(&claim.spec.node)).is_some(),
         node_gone_for,
         node_gc_timeout: ctx.node_gc_timeout,
     })
