@@ -10,6 +10,29 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// Flags of the daemons that record events.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EventArgs {
+    /// Repeats of an event (same object, reason and message but for its numbers) fold
+    /// into one event whose count and last time are written at most this often.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub event_window: std::time::Duration,
+}
+
+impl EventArgs {
+    /// The process's recorder for `source`.
+    pub fn recorder(
+        &self,
+        store: moor::store::Store,
+        source: &str,
+    ) -> moor::runtime::events::Recorder {
+        moor::runtime::events::Recorder::with_fold_window(store, source, self.event_window)
+    }
+}
+
+/// How long a stopping daemon waits for its queued events to be written.
+pub const EVENT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Flags every daemon takes for etcd.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EtcdArgs {

@@ -196,6 +196,8 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     // Daemons first (they resign their leases and close their watches), then the
     // plugin, then the store.
     let (c, a) = tokio::join!(controller_task, agent_task);
+    // Their last events, while the store still runs.
+    moor::runtime::events::flush(crate::common::EVENT_GRACE).await;
     for (what, r) in [("controller", c), ("agent", a)] {
         match r {
             Ok(Ok(())) => {}

@@ -21,6 +21,10 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "moord", version, about = "moor's daemon")]
 struct Cli {
+    /// How log lines are written: text, or json (one object per line, with the
+    /// object key of the reconcile it came from).
+    #[arg(long, global = true, env = "MOOR_LOG_FORMAT", default_value = "text")]
+    log_format: moor::process::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,8 +47,8 @@ enum Command {
 
 #[tokio::main]
 async fn main() {
-    moor::process::init_logging();
     let cli = Cli::parse();
+    moor::process::init_logging(cli.log_format);
     let shutdown = moor::process::on_signal();
     let result = match cli.command {
         Command::Controller(args) => controller::run(args, shutdown).await.map(|()| 0),
@@ -54,6 +58,8 @@ async fn main() {
         Command::Keys(cmd) => cmd.run(),
         Command::Dev(args) => dev::run(args, shutdown).await.map(|()| 0),
     };
+    // What the daemons said and did not write yet (SIGTERM): written before exiting.
+    moor::runtime::events::flush(common::EVENT_GRACE).await;
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {

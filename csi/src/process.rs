@@ -3,17 +3,51 @@
 
 use tokio_util::sync::CancellationToken;
 
-/// Installs the tracing subscriber: stderr, filtered by `RUST_LOG` (default `info`), with
-/// colours only when stderr is a terminal (not in log files or journald). Call once at
-/// the start of `main`.
-pub fn init_logging() {
+/// How log lines are written: `text` for people, `json` for log pipelines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event (the default).
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, the event's fields
+    /// flattened (`message`, `object`, `error`, ...), and the fields of the spans it
+    /// happened in (`span`: the innermost, e.g. a reconcile's `controller` and `object`;
+    /// `spans`: all of them), so a pipeline can index lines by object key.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<LogFormat, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("{other:?} is not a log format (text or json)")),
+        }
+    }
+}
+
+/// Installs the tracing subscriber: stderr, filtered by `RUST_LOG` (default `info`), in
+/// `format`; text has colours only when stderr is a terminal (not in log files or
+/// journald). Call once at the start of `main`.
+pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
 }
 
 /// A token cancelled on the first SIGINT or SIGTERM.

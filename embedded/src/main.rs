@@ -26,12 +26,15 @@ struct Args {
     /// Revisions of history kept for watchers that resume; older ones are compacted.
     #[arg(long, default_value_t = 100_000)]
     history: i64,
+    /// How log lines are written: text, or json (one object per line).
+    #[arg(long, env = "MOOR_LOG_FORMAT", default_value = "text")]
+    log_format: moor_csi::process::LogFormat,
 }
 
 #[tokio::main]
 async fn main() {
-    moor_csi::process::init_logging();
     let args = Args::parse();
+    moor_csi::process::init_logging(args.log_format);
     if let Err(e) = run(args).await {
         eprintln!("moor-store: {e:#}");
         std::process::exit(1);

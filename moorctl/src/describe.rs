@@ -63,7 +63,8 @@ impl Describe {
         section("Spec", obj.get("spec"))?;
         section("Status", obj.get("status"))?;
 
-        // Events about the object and about its claims; a node's events only from the
+        // Events about the object, its claims and attachments, and those related to
+        // them (a node's Mount events name the claim); a node's events only from the
         // nodes the object is on (any node may write an event about any object).
         let mut about = vec![(self.kind, self.name.clone())];
         let mut nodes: Vec<String> = match self.kind {
@@ -78,12 +79,8 @@ impl Describe {
                 .collect();
             nodes.extend(items.iter().map(|v| text(v, "/spec/node")));
             sort(related, &mut items);
-            if related == Kind::Claim {
-                about.extend(
-                    items
-                        .iter()
-                        .map(|v| (Kind::Claim, text(v, "/metadata/name"))),
-                );
+            if matches!(related, Kind::Claim | Kind::Attachment) {
+                about.extend(items.iter().map(|v| (related, text(v, "/metadata/name"))));
             }
             outln!("\n{}s:", related.name());
             if items.is_empty() {
@@ -93,6 +90,19 @@ impl Describe {
                     outln!("  {line}");
                 }
             }
+        }
+        if self.kind == Kind::Claim {
+            // The attacher's events about the claim's attachment.
+            let (attachments, _) = kind::list(ctx, Kind::Attachment, Some(&ns)).await?;
+            about.extend(
+                attachments
+                    .iter()
+                    .filter(|a| {
+                        text(a, "/spec/volume") == text(&obj, "/spec/volume")
+                            && text(a, "/spec/node") == text(&obj, "/spec/node")
+                    })
+                    .map(|a| (Kind::Attachment, text(a, "/metadata/name"))),
+            );
         }
         nodes.retain(|n| !n.is_empty());
         print_events(ctx, &about, &ns, &nodes).await?;
@@ -195,10 +205,15 @@ async fn print_events(
     let mut events: Vec<Value> = events
         .into_iter()
         .filter(|e| {
+            // About it, or about something else and related to it (a node's Mount
+            // event for a claim).
             about.iter().any(|(kind, name)| {
-                text(e, "/spec/object/kind") == kind.name()
-                    && &text(e, "/spec/object/name") == name
-                    && (!kind.namespaced() || text(e, "/spec/object/namespace") == ns.as_str())
+                ["/spec/object", "/spec/related"].iter().any(|at| {
+                    text(e, &format!("{at}/kind")) == kind.name()
+                        && &text(e, &format!("{at}/name")) == name
+                        && (!kind.namespaced()
+                            || text(e, &format!("{at}/namespace")) == ns.as_str())
+                })
             })
         })
         .filter(|e| {

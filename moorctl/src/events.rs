@@ -32,11 +32,24 @@ struct Filter {
 
 impl Filter {
     fn matches(&self, v: &Value) -> bool {
-        let object_ns = text(v, "/spec/object/namespace");
-        self.kind.is_none_or(|k| text(v, "/spec/object/kind") == k.name())
-            && self.name.as_ref().is_none_or(|n| &text(v, "/spec/object/name") == n)
-            // Events about cluster-wide objects (nodes, plugins) show in every namespace.
-            && self.ns.as_ref().is_none_or(|ns| object_ns.is_empty() || &object_ns == ns)
+        // About the object, or related to it (a node's Mount event for a claim).
+        ["/spec/object", "/spec/related"].iter().any(|at| {
+            let object_ns = text(v, &format!("{at}/namespace"));
+            v.pointer(at).is_some_and(|o| !o.is_null())
+                && self
+                    .kind
+                    .is_none_or(|k| text(v, &format!("{at}/kind")) == k.name())
+                && self
+                    .name
+                    .as_ref()
+                    .is_none_or(|n| &text(v, &format!("{at}/name")) == n)
+                // Events about cluster-wide objects (nodes, plugins) show in every
+                // namespace.
+                && self
+                    .ns
+                    .as_ref()
+                    .is_none_or(|ns| object_ns.is_empty() || &object_ns == ns)
+        })
     }
 }
 

@@ -95,6 +95,22 @@ fn node_plugins(v: &Value) -> String {
         .join(",")
 }
 
+/// How long ago an event last happened, and for a series how often over how long:
+/// `3s (x6 over 21s)`.
+fn event_age(v: &Value) -> String {
+    let age = ago(&text(v, "/spec/time"));
+    let repeats = v
+        .get("spec")
+        .and_then(|s| serde_json::from_value::<moor::api::EventSpec>(s.clone()).ok())
+        .map(|s| s.repeats())
+        .unwrap_or_default();
+    if repeats.is_empty() {
+        age
+    } else {
+        format!("{age} ({repeats})")
+    }
+}
+
 fn event_object(v: &Value) -> String {
     format!(
         "{}/{}",
@@ -202,7 +218,7 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             col("PHASE", |v| text(v, "/status/phase")),
         ],
         Kind::Event => vec![
-            col("AGE", |v| ago(&text(v, "/spec/time"))),
+            col("AGE", event_age),
             col("TYPE", |v| text(v, "/spec/type")),
             col("REASON", |v| text(v, "/spec/reason")),
             col("OBJECT", event_object),

@@ -71,7 +71,7 @@ pub(crate) async fn detach(
         Err(e) => return Err(e),
     }
     outln!(
-        "volume {volume}: node {node} marked gone; its claims there now will be released without node calls"
+        "volume {volume}: node {node} marked gone; its claims there now will be released without node calls once its Node has expired, and it takes no new step on them"
     );
     Ok(0)
 }

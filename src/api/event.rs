@@ -54,9 +54,47 @@ pub struct EventSpec {
     /// under its writer's prefix.
     #[serde(default)]
     pub source: String,
-    /// When it happened.
+    /// When it happened (the last time, for a series).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<Timestamp>,
+    /// Another object the event is about: the claim a node's Mount event is for.
+    /// `moorctl describe` shows an event under its object and its related object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub related: Option<ObjectRef>,
+    /// Repeats of the same event (same object, related object, reason, type and
+    /// message up to its numbers) folded into this one: how many, and since when.
+    /// Absent for an event seen once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub series: Option<EventSeries>,
+}
+
+/// How often an event happened, for an event folded from repeats.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventSeries {
+    /// Times it happened (at least 2).
+    pub count: u32,
+    /// When it first happened (`time` is the last).
+    pub first_time: Timestamp,
+}
+
+impl EventSpec {
+    /// Times the event happened: its series' count, else 1.
+    pub fn count(&self) -> u32 {
+        self.series.as_ref().map_or(1, |s| s.count)
+    }
+
+    /// `x6 over 21s` for a series, empty for an event seen once.
+    pub fn repeats(&self) -> String {
+        match (&self.series, &self.time) {
+            (Some(s), Some(last)) => {
+                let over = last.0.duration_since(s.first_time.0).unwrap_or_default();
+                let over = std::time::Duration::from_secs(over.as_secs());
+                format!("x{} over {}", s.count, humantime::format_duration(over))
+            }
+            (Some(s), None) => format!("x{}", s.count),
+            _ => String::new(),
+        }
+    }
 }
 
 impl Spec for EventSpec {
@@ -87,6 +125,18 @@ impl Spec for EventSpec {
             errors.push("object.kind", "is required");
         }
         errors.check_id("object.name", self.object.name.validate());
+        if let Some(r) = &self.related {
+            if r.kind.is_empty() {
+                errors.push("related.kind", "is required");
+            }
+            errors.check_id("related.name", r.name.validate());
+        }
+        if self.series.as_ref().is_some_and(|s| s.count < 2) {
+            errors.push(
+                "series.count",
+                "is at least 2 (an event seen once has no series)",
+            );
+        }
         for key in self.details.keys() {
             check_snake_case("details", key, errors);
         }

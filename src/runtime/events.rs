@@ -7,16 +7,30 @@
 //! idle system still writes each event at once. A full queue drops the event (it was
 //! logged) and counts it in `moor_events_dropped_total`.
 //!
+//! Repeats fold: an event like one this recorder wrote before (same object, related
+//! object, type, reason, and message up to its numbers) updates that event's
+//! `series` (count, first and last time) instead of making another. The first of a
+//! run is written at once; its repeats at most once per window (`--event-window`),
+//! so a step failing a hundred times costs a handful of writes, not a hundred.
+//!
 //! Events expire: each is written under a lease shared by every event of the same
 //! time window (not one lease per event, which would cost etcd a lease per write), so
-//! a window's events all go when its lease does.
+//! a window's events all go when its lease does. A run longer than that starts a new
+//! event.
+//!
+//! Nothing said is lost on a clean stop: [`flush`], called by a daemon's `main` after
+//! its work stopped, has every writer write what is queued and what is folded, within
+//! a grace period.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
-use crate::api::{Event, EventSpec, EventType, Name, Namespace, ObjectRef, Timestamp};
-use crate::store::{Batch, LeaseId, Store};
+use crate::api::{Event, EventSeries, EventSpec, EventType, Name, Namespace, ObjectRef, Timestamp};
+use crate::store::{Batch, LeaseId, Store, StoreError};
 
 /// How long events are kept.
 pub const RETENTION: Duration = Duration::from_secs(3600);
@@ -26,6 +40,13 @@ const WINDOW: Duration = Duration::from_secs(300);
 pub const MAX_BATCH: usize = 64;
 /// Events queued behind the one being written before new ones are dropped.
 const QUEUE: usize = 8192;
+/// How often, at most, a run of repeats is written by default.
+pub const DEFAULT_FOLD_WINDOW: Duration = Duration::from_secs(30);
+/// A run not seen again for this long ends: its next repeat is a new event.
+const RUN_IDLE: Duration = Duration::from_secs(600);
+/// Runs remembered (what is over is forgotten oldest first; a run not written yet is
+/// never forgotten).
+const MAX_RUNS: usize = 4096;
 
 /// Writes events from one source (`controller`, `agent/n1`, ...).
 #[derive(Clone)]
@@ -35,12 +56,22 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// A recorder writing through `store` (unfenced: events are not leader work). Its
-    /// writer task ends when every clone of the recorder is dropped, after writing
-    /// what was queued. Must be called inside a tokio runtime.
+    /// A recorder writing through `store` (unfenced: events are not leader work),
+    /// folding repeats over [`DEFAULT_FOLD_WINDOW`]. Its writer task ends when every
+    /// clone of the recorder is dropped, or at [`flush`], after writing what was
+    /// queued. Must be called inside a tokio runtime.
     pub fn new(store: Store, source: &str) -> Recorder {
+        Recorder::with_fold_window(store, source, DEFAULT_FOLD_WINDOW)
+    }
+
+    /// [`Recorder::new`] writing a run of repeats at most once per `window`.
+    pub fn with_fold_window(store: Store, source: &str, window: Duration) -> Recorder {
         let (queue, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(write_events(store, rx));
+        let task = tokio::spawn(write_events(store, rx, window, closing().clone()));
+        if let Ok(mut writers) = writers().lock() {
+            writers.retain(|w| !w.is_finished());
+            writers.push(task);
+        }
         Recorder {
             source: source.to_string(),
             queue,
@@ -57,12 +88,27 @@ impl Recorder {
         message: String,
         details: BTreeMap<String, String>,
     ) {
+        self.record_related(object, None, type_, reason, message, details)
+            .await
+    }
+
+    /// [`Recorder::record`] of an event also about `related` (the claim a node's
+    /// Mount event is for).
+    pub async fn record_related(
+        &self,
+        object: ObjectRef,
+        related: Option<ObjectRef>,
+        type_: EventType,
+        reason: &str,
+        message: String,
+        details: BTreeMap<String, String>,
+    ) {
         match type_ {
             EventType::Normal => {
-                tracing::info!(object = %object_display(&object), reason, message = %crate::api::printable(&message), "event")
+                tracing::info!(object = %object_display(&object), reason, text = %crate::api::printable(&message), "event")
             }
             EventType::Warning => {
-                tracing::warn!(object = %object_display(&object), reason, message = %crate::api::printable(&message), "event")
+                tracing::warn!(object = %object_display(&object), reason, text = %crate::api::printable(&message), "event")
             }
         }
         let namespace = if object.namespace.is_empty() {
@@ -79,6 +125,8 @@ impl Recorder {
             details,
             source: self.source.clone(),
             time: Some(Timestamp::now()),
+            related,
+            series: None,
         };
         if let Err(e) = self.queue.try_send(Event::new(&namespace, name, spec)) {
             super::metrics::events_dropped(1);
@@ -89,60 +137,272 @@ impl Recorder {
     }
 }
 
-/// The writer task: waits for an event, takes every other one already queued (up to
-/// [`MAX_BATCH`]), writes them in one transaction, and again.
-async fn write_events(store: Store, mut rx: mpsc::Receiver<Event>) {
-    let mut lease: Option<(LeaseId, Instant)> = None;
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let id = match lease {
-            Some((id, since)) if since.elapsed() < WINDOW => id,
-            _ => match store.grant_lease(RETENTION + WINDOW).await {
-                Ok(id) => {
-                    lease = Some((id, Instant::now()));
-                    id
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, events = batch.len(), "cannot grant an event lease; events dropped");
-                    super::metrics::events_dropped(batch.len());
-                    batch.clear();
-                    continue;
-                }
-            },
-        };
-        if let Err(e) = write_batch(&store, &batch, id).await {
-            // The window's lease may have been revoked or expired early: start a new one.
-            lease = None;
-            tracing::warn!(error = %e, events = batch.len(), "cannot record events");
-            super::metrics::events_dropped(batch.len());
+fn writers() -> &'static Mutex<Vec<JoinHandle<()>>> {
+    static WRITERS: OnceLock<Mutex<Vec<JoinHandle<()>>>> = OnceLock::new();
+    WRITERS.get_or_init(Mutex::default)
+}
+
+fn closing() -> &'static CancellationToken {
+    static CLOSING: OnceLock<CancellationToken> = OnceLock::new();
+    CLOSING.get_or_init(CancellationToken::new)
+}
+
+/// Has every recorder of the process write what it has queued and folded, and stop
+/// taking events; waits at most `grace`. Returns whether everything was written in
+/// time. Call once, when the daemon's work has stopped (SIGTERM), before it exits.
+pub async fn flush(grace: Duration) -> bool {
+    closing().cancel();
+    let tasks: Vec<JoinHandle<()>> = match writers().lock() {
+        Ok(mut w) => w.drain(..).collect(),
+        Err(_) => return false,
+    };
+    let all = futures::future::join_all(tasks);
+    match tokio::time::timeout(grace, all).await {
+        Ok(_) => true,
+        Err(_) => {
+            tracing::warn!(?grace, "events still unwritten when the grace period ended");
+            false
         }
-        batch.clear();
     }
 }
 
-/// Writes `events` in one transaction; if one name exists already (names are unique
-/// but for a clash of their random part), each on its own.
-async fn write_batch(
+/// A run of one event and its repeats.
+struct Run {
+    /// The event as last written (its resource_version is the write's revision).
+    stored: Option<Event>,
+    /// The event as it stands: the last repeat's message and time, the count.
+    now: Event,
+    /// When it was last written.
+    written: Option<Instant>,
+    /// When it last happened.
+    seen: Instant,
+    /// Happened since it was last written.
+    dirty: bool,
+}
+
+/// What makes two events one run: object, related object, type, reason, source, and
+/// the message with its digits left out (counts, sizes and times vary from repeat to
+/// repeat).
+fn run_key(e: &EventSpec) -> String {
+    let pattern: String = e.message.chars().filter(|c| !c.is_ascii_digit()).collect();
+    let related = e.related.as_ref().map(object_display).unwrap_or_default();
+    format!(
+        "{}\0{related}\0{:?}\0{}\0{}\0{pattern}",
+        object_display(&e.object),
+        e.type_,
+        e.reason,
+        e.source
+    )
+}
+
+/// Folds `event` into `runs`: a repeat of a live run updates it; anything else starts
+/// a run.
+fn fold(runs: &mut HashMap<String, Run>, event: Event, at: Instant) {
+    let key = run_key(&event.spec);
+    match runs.get_mut(&key) {
+        Some(run) if at.duration_since(run.seen) < RUN_IDLE => {
+            let count = run.now.spec.count() + 1;
+            let first = run
+                .now
+                .spec
+                .series
+                .as_ref()
+                .map(|s| s.first_time)
+                .or(run.now.spec.time)
+                .unwrap_or_else(Timestamp::now);
+            let mut spec = event.spec;
+            spec.series = Some(EventSeries {
+                count,
+                first_time: first,
+            });
+            run.now.spec = spec;
+            run.seen = at;
+            run.dirty = true;
+        }
+        _ => {
+            runs.insert(
+                key,
+                Run {
+                    stored: None,
+                    now: event,
+                    written: None,
+                    seen: at,
+                    dirty: true,
+                },
+            );
+        }
+    }
+}
+
+/// Whether a run is to be written now: it happened since its last write, and that
+/// write is a window old (or there was none, or the writer is closing).
+fn due(run: &Run, window: Duration, at: Instant, closing: bool) -> bool {
+    run.dirty && (closing || run.written.is_none_or(|w| at.duration_since(w) >= window))
+}
+
+/// The writer task: folds what is queued into runs, writes the runs that are due in
+/// transactions of up to [`MAX_BATCH`], and sleeps until the next run is due or an
+/// event comes.
+async fn write_events(
+    store: Store,
+    mut rx: mpsc::Receiver<Event>,
+    window: Duration,
+    closing: CancellationToken,
+) {
+    let mut lease: Option<(LeaseId, Instant)> = None;
+    let mut runs: HashMap<String, Run> = HashMap::new();
+    let mut incoming = Vec::with_capacity(MAX_BATCH);
+    let mut closed = false;
+    let mut ended = false;
+    while !ended {
+        let next = runs
+            .values()
+            .filter(|r| r.dirty)
+            .filter_map(|r| r.written.map(|w| w + window))
+            .min();
+        tokio::select! {
+            biased;
+            n = rx.recv_many(&mut incoming, MAX_BATCH) => ended = n == 0,
+            _ = closing.cancelled(), if !closed => {
+                // Stop taking events; what is queued is still received.
+                closed = true;
+                rx.close();
+                continue;
+            }
+            _ = tokio::time::sleep_until(next.map_or_else(tokio::time::Instant::now, Into::into)), if next.is_some() => {}
+        }
+        let at = Instant::now();
+        for e in incoming.drain(..) {
+            fold(&mut runs, e, at);
+        }
+        let keys: Vec<String> = runs
+            .iter()
+            .filter(|(_, r)| due(r, window, at, closed || ended))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for chunk in keys.chunks(MAX_BATCH) {
+            let id = match lease {
+                Some((id, since)) if since.elapsed() < WINDOW => id,
+                _ => match store.grant_lease(RETENTION + WINDOW).await {
+                    Ok(id) => {
+                        lease = Some((id, Instant::now()));
+                        id
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, events = chunk.len(), "cannot grant an event lease; events dropped");
+                        super::metrics::events_dropped(chunk.len());
+                        for k in chunk {
+                            runs.remove(k);
+                        }
+                        continue;
+                    }
+                },
+            };
+            let mut batch: Vec<&mut Run> = runs
+                .iter_mut()
+                .filter(|(k, _)| chunk.contains(k))
+                .map(|(_, r)| r)
+                .collect();
+            if let Err(e) = write_runs(&store, &mut batch, id).await {
+                // The window's lease may have been revoked or expired early.
+                lease = None;
+                tracing::warn!(error = %e, events = batch.len(), "cannot record events");
+                super::metrics::events_dropped(batch.len());
+                for k in chunk {
+                    runs.remove(k);
+                }
+            }
+        }
+        forget_old(&mut runs, at);
+    }
+}
+
+/// Forgets runs that are over: written, and not seen for [`RUN_IDLE`]; past
+/// [`MAX_RUNS`], the oldest written ones.
+fn forget_old(runs: &mut HashMap<String, Run>, at: Instant) {
+    runs.retain(|_, r| r.dirty || at.duration_since(r.seen) < RUN_IDLE);
+    if runs.len() <= MAX_RUNS {
+        return;
+    }
+    let mut clean: Vec<(Instant, String)> = runs
+        .iter()
+        .filter(|(_, r)| !r.dirty)
+        .map(|(k, r)| (r.seen, k.clone()))
+        .collect();
+    clean.sort();
+    for (_, k) in clean.into_iter().take(runs.len() - MAX_RUNS) {
+        runs.remove(&k);
+    }
+}
+
+/// Writes `runs` in one transaction: a new event for a run never written, an update of
+/// the stored one otherwise. When the transaction fails its guards (an event expired
+/// with its lease, or a name clashed), each is written on its own, a run whose event
+/// is gone as a new event.
+async fn write_runs(
     store: &Store,
-    events: &[Event],
+    runs: &mut [&mut Run],
     lease: LeaseId,
-) -> Result<(), crate::store::StoreError> {
+) -> Result<(), StoreError> {
     let mut batch = Batch::default();
-    for e in events {
-        batch.create_with_lease(store, e, lease)?;
+    let mut written = Vec::with_capacity(runs.len());
+    for r in runs.iter() {
+        written.push(match &r.stored {
+            Some(read) => batch.update(store, read, &r.now)?,
+            None => batch.create_with_lease(store, &r.now, lease)?,
+        });
     }
     match batch.commit(store).await {
-        Err(crate::store::StoreError::Conflict { .. }) if events.len() > 1 => {
-            for e in events {
-                match store.create_with_lease(e, lease).await {
-                    Ok(_) | Err(crate::store::StoreError::AlreadyExists { .. }) => {}
-                    Err(err) => return Err(err),
-                }
+        Ok(revision) => {
+            for (r, mut obj) in runs.iter_mut().zip(written) {
+                obj.metadata.resource_version = revision;
+                settle(r, obj);
             }
             Ok(())
         }
-        other => other.map(|_| ()),
+        Err(StoreError::Conflict { .. }) => {
+            for r in runs.iter_mut() {
+                write_one(store, r, lease).await?;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
+}
+
+async fn write_one(store: &Store, r: &mut Run, lease: LeaseId) -> Result<(), StoreError> {
+    if let Some(read) = &r.stored {
+        match store.update(read, &r.now).await {
+            Ok(obj) => {
+                settle(r, obj);
+                return Ok(());
+            }
+            Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
+                // Expired: the run goes on as a new event.
+                r.now.metadata = Event::new(
+                    &r.now.metadata.namespace,
+                    event_name(&r.now.spec.object.name),
+                    EventSpec::default(),
+                )
+                .metadata;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match store.create_with_lease(&r.now, lease).await {
+        Ok(obj) => settle(r, obj),
+        // A clash of the random part of two names: the other one stands.
+        Err(StoreError::AlreadyExists { .. }) => r.dirty = false,
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+fn settle(r: &mut Run, obj: Event) {
+    r.now.metadata = obj.metadata.clone();
+    r.stored = Some(obj);
+    r.written = Some(Instant::now());
+    r.dirty = false;
 }
 
 fn object_display(o: &ObjectRef) -> String {

@@ -40,6 +40,8 @@ pub struct Args {
     pub node: String,
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    #[command(flatten)]
+    pub events: crate::common::EventArgs,
     /// Where the agent keeps what it staged and published.
     #[arg(long)]
     pub data_dir: PathBuf,
@@ -216,7 +218,9 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         });
     }
 
-    let recorder = Recorder::new(store.clone(), &format!("agent/{node}"));
+    let recorder = args
+        .events
+        .recorder(store.clone(), &format!("agent/{node}"));
     let supervisor = plugins::Supervisor::start(
         store.clone(),
         node.clone(),

@@ -21,7 +21,6 @@ pub mod reseal;
 pub mod volumes;
 
 use moor::api::*;
-use moor::runtime::events::Recorder;
 use moor::runtime::informer::Informer;
 use moor::runtime::leader::{self, LeaderConfig};
 use moor::runtime::metrics::Metrics;
@@ -42,6 +41,8 @@ use moor::runtime::own_writes::OwnWrites;
 pub struct Args {
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    #[command(flatten)]
+    pub events: crate::common::EventArgs,
     /// This replica's name in the election (default: host name and pid).
     #[arg(long)]
     pub identity: Option<String>,
@@ -171,7 +172,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         plugins: plugins.reader(),
         leases: leases.reader(),
         lease_observer: Arc::default(),
-        recorder: Recorder::new(reads, "controller"),
+        recorder: args.events.recorder(reads, "controller"),
         volume_locks: KeyedLocks::default(),
         node_absence: Arc::default(),
         node_gc_timeout: args.node_gc_timeout,

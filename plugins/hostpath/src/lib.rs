@@ -62,6 +62,9 @@ pub enum Expansion {
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "moor-hostpath", version, about = "moor's reference CSI plugin")]
 pub struct Config {
+    /// How log lines are written: text, or json (one object per line).
+    #[arg(long, env = "MOOR_LOG_FORMAT", default_value = "text")]
+    pub log_format: moor_csi::process::LogFormat,
     /// Where to serve CSI, `unix:///path/to/csi.sock`.
     #[arg(long)]
     pub endpoint: String,

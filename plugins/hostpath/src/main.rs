@@ -80,8 +80,8 @@ async fn main() {
         let args = Check::parse_from(std::env::args().skip(1));
         std::process::exit(check(args));
     }
-    moor_csi::process::init_logging();
     let cfg = moor_hostpath::Config::parse();
+    moor_csi::process::init_logging(cfg.log_format);
     let shutdown = moor_csi::process::on_signal();
     if let Err(e) = moor_hostpath::run(cfg, shutdown).await {
         eprintln!("moor-hostpath: {e:#}");

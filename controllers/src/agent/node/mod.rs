@@ -582,8 +582,15 @@ impl Reconcile {
                 ),
             ),
         };
-        self.node_event(&claim.spec.volume, reason, type_, message, error)
-            .await;
+        self.node_event(
+            claim_ref(&claim.metadata.namespace, &claim.metadata.name),
+            &claim.spec.volume,
+            reason,
+            type_,
+            message,
+            error,
+        )
+        .await;
     }
 
     async fn unmount_event(&self, rec: &PublishRecord, error: Option<String>) {
@@ -600,12 +607,21 @@ impl Reconcile {
                 ),
             ),
         };
-        self.node_event(&rec.volume, "Unmount volume", type_, message, error)
-            .await;
+        self.node_event(
+            claim_ref(&rec.namespace, &rec.claim),
+            &rec.volume,
+            "Unmount volume",
+            type_,
+            message,
+            error,
+        )
+        .await;
     }
 
+    /// An event on this node's Node about `claim`'s volume (`describe claim` shows it).
     async fn node_event(
         &self,
+        claim: ObjectRef,
         volume: &VolumeId,
         reason: &str,
         type_: EventType,
@@ -624,8 +640,17 @@ impl Reconcile {
         ]);
         self.r
             .recorder
-            .record(object, type_, reason, message, d)
+            .record_related(object, Some(claim), type_, reason, message, d)
             .await;
+    }
+}
+
+/// A reference to claim `name` in `namespace`.
+fn claim_ref(namespace: &Namespace, name: &Name) -> ObjectRef {
+    ObjectRef {
+        kind: "Claim".into(),
+        namespace: namespace.clone(),
+        name: name.clone(),
     }
 }
 

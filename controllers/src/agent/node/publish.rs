@@ -267,6 +267,7 @@ impl Reconcile {
                     claim.spec.volume, claim.metadata.name
                 );
                 self.node_event(
+                    claim_ref(&claim.metadata.namespace, &claim.metadata.name),
                     &claim.spec.volume,
                     "Expand volume",
                     EventType::Normal,
@@ -285,6 +286,7 @@ impl Reconcile {
                     claim.spec.volume, claim.metadata.name
                 );
                 self.node_event(
+                    claim_ref(&claim.metadata.namespace, &claim.metadata.name),
                     &claim.spec.volume,
                     "Expand volume",
                     EventType::Warning,
