@@ -167,7 +167,7 @@ async fn publish_and_release_with_attach_and_stage() {
         "moor_reconciles_total{controller=\"node\"}",
         "moor_queue_depth{controller=\"node\"}",
         "moor_reconcile_duration_seconds_bucket{",
-        "moor_csi_call_duration_seconds_count{rpc=\"NodeStageVolume\",code=\"Ok\"} 1",
+        "moor_csi_call_duration_seconds_count{plugin=\"hostpath.moor.dev\",rpc=\"NodeStageVolume\",code=\"Ok\"} 1",
     ] {
         assert!(metrics.contains(want), "{want} missing from:\n{metrics}");
     }

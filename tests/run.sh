@@ -6,6 +6,8 @@
 #   etcd     (etcd-server)        the tests start real etcd processes
 #   etcdctl  (etcd-client)        tests drive the embedded store and the TLS roles with it
 #   openssl  (openssl)            the TLS test makes its certificates with deploy/etcd/certs.sh
+#   promtool (prometheus)         deploy/prometheus's rules are checked and unit-tested, and a
+#                                 real Prometheus scrapes moor (tests/prometheus.rs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/needs.sh
@@ -13,4 +15,5 @@ need protoc protobuf-compiler
 need etcd etcd-server
 need etcdctl etcd-client
 need openssl openssl
+need promtool prometheus
 exec cargo test --workspace "$@"

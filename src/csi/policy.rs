@@ -38,6 +38,16 @@ pub struct Policy {
     pub metrics: CsiMetrics,
 }
 
+impl Policy {
+    /// This policy for the calls of plugin `id` (its metrics carry the plugin label).
+    pub fn for_plugin(&self, id: &str) -> Policy {
+        Policy {
+            metrics: self.metrics.for_plugin(id),
+            ..self.clone()
+        }
+    }
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Policy {
@@ -181,6 +191,8 @@ pub fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
 /// Labels of a CSI call measurement.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallLabel {
+    /// The plugin id (empty for a client not bound to one).
+    pub plugin: String,
     /// The RPC.
     pub rpc: String,
     /// The gRPC code (`Ok`, `NotFound`, ...).
@@ -195,6 +207,7 @@ fn call_histogram() -> Histogram {
 #[derive(Clone)]
 pub struct CsiMetrics {
     durations: Family<CallLabel, Histogram, fn() -> Histogram>,
+    plugin: std::sync::Arc<str>,
 }
 
 impl CsiMetrics {
@@ -213,12 +226,22 @@ impl CsiMetrics {
     pub fn unregistered() -> CsiMetrics {
         CsiMetrics {
             durations: Family::new_with_constructor(call_histogram),
+            plugin: std::sync::Arc::from(""),
+        }
+    }
+
+    /// The same family, labelling calls with plugin `id`.
+    pub fn for_plugin(&self, id: &str) -> CsiMetrics {
+        CsiMetrics {
+            durations: self.durations.clone(),
+            plugin: std::sync::Arc::from(id),
         }
     }
 
     fn observe(&self, rpc: &str, code: Code, took: Duration) {
         self.durations
             .get_or_create(&CallLabel {
+                plugin: self.plugin.to_string(),
                 rpc: rpc.to_string(),
                 code: format!("{code:?}"),
             })

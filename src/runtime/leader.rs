@@ -469,6 +469,7 @@ where
     Fut: Future<Output = ()>,
 {
     while let Some(leadership) = acquire(&store, &cfg, &shutdown).await {
+        super::metrics::leading(&cfg.name, true);
         let lost = leadership.lost();
         let stop = lost.child_token();
         let work = work(leadership.store().clone(), stop.clone());
@@ -482,6 +483,7 @@ where
             }
         }
         stop.cancel();
+        super::metrics::leading(&cfg.name, false);
         leadership.resign().await;
     }
 }

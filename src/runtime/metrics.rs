@@ -115,6 +115,82 @@ pub fn etcd_alarm(alarm: &str, members: i64) {
         .set(members);
 }
 
+/// The label of an election's metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ElectionLabel {
+    /// `controller`, or `plugin.ID`.
+    pub election: String,
+}
+
+/// 1 while this process leads the election.
+static LEADER: LazyLock<Family<ElectionLabel, Gauge>> = LazyLock::new(Family::default);
+/// Terms this process won.
+static TERMS: LazyLock<Family<ElectionLabel, Counter>> = LazyLock::new(Family::default);
+
+/// Records that this process won (`true`) or left (`false`) a term of `election`.
+pub fn leading(election: &str, now: bool) {
+    let label = ElectionLabel {
+        election: election.to_string(),
+    };
+    LEADER.get_or_create(&label).set(i64::from(now));
+    if now {
+        TERMS.get_or_create(&label).inc();
+    }
+}
+
+/// The label of per-phase claim gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    /// The claim phase, e.g. `Admitted`.
+    pub phase: String,
+}
+
+/// Claims by phase, as the leading controller sees them.
+static CLAIMS: LazyLock<Family<PhaseLabel, Gauge>> = LazyLock::new(Family::default);
+/// Per phase, how long the claim longest in it has been there.
+static CLAIMS_OLDEST: LazyLock<Family<PhaseLabel, Gauge>> = LazyLock::new(Family::default);
+
+/// Sets the claim gauges: per phase, how many and the longest time one has been in it
+/// (seconds). Phases left out read 0.
+pub fn claims_by_phase(phases: &[(&str, i64, i64)]) {
+    CLAIMS.clear();
+    CLAIMS_OLDEST.clear();
+    for (phase, count, oldest) in phases {
+        let label = PhaseLabel {
+            phase: phase.to_string(),
+        };
+        CLAIMS.get_or_create(&label).set(*count);
+        CLAIMS_OLDEST.get_or_create(&label).set(*oldest);
+    }
+}
+
+/// The labels of a plugin's instance gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabel {
+    /// The plugin id.
+    pub plugin: String,
+    /// `controller` or `node`.
+    pub r#type: String,
+}
+
+static PLUGIN_HEALTHY: LazyLock<Family<PluginLabel, Gauge>> = LazyLock::new(Family::default);
+static PLUGIN_EXPECTED: LazyLock<Family<PluginLabel, Gauge>> = LazyLock::new(Family::default);
+
+/// Sets the plugin gauges from `(plugin, type, healthy, expected)`; plugins left out
+/// are forgotten.
+pub fn plugins(instances: &[(&str, &str, i64, i64)]) {
+    PLUGIN_HEALTHY.clear();
+    PLUGIN_EXPECTED.clear();
+    for (plugin, kind, healthy, expected) in instances {
+        let label = PluginLabel {
+            plugin: plugin.to_string(),
+            r#type: kind.to_string(),
+        };
+        PLUGIN_HEALTHY.get_or_create(&label).set(*healthy);
+        PLUGIN_EXPECTED.get_or_create(&label).set(*expected);
+    }
+}
+
 /// Forgets a volume no longer published on this node.
 pub fn forget_volume(namespace: &str, volume: &str) {
     volume_stats(namespace, volume, &Default::default(), None);
@@ -182,6 +258,36 @@ impl Metrics {
             "moor_events_dropped",
             "Events recorded but not written to the store (queue full or write refused)",
             EVENTS_DROPPED.clone(),
+        );
+        registry.register(
+            "moor_leader",
+            "1 while this process leads the election",
+            LEADER.clone(),
+        );
+        registry.register(
+            "moor_leader_terms",
+            "Terms of the election this process won",
+            TERMS.clone(),
+        );
+        registry.register(
+            "moor_claims",
+            "Claims by phase (the leading controller's view)",
+            CLAIMS.clone(),
+        );
+        registry.register(
+            "moor_claims_oldest_in_phase_seconds",
+            "Per phase, how long the claim longest in it has been there (the leading controller's view)",
+            CLAIMS_OLDEST.clone(),
+        );
+        registry.register(
+            "moor_plugin_instances_healthy",
+            "Healthy instances of a plugin, by type (the leading controller's view)",
+            PLUGIN_HEALTHY.clone(),
+        );
+        registry.register(
+            "moor_plugin_instances_expected",
+            "Instances a plugin is expected to have, by type (the leading controller's view)",
+            PLUGIN_EXPECTED.clone(),
         );
         registry.register(
             "moor_volume",

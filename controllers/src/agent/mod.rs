@@ -344,7 +344,10 @@ impl ControllerPluginCtx {
             .supervisor
             .channel(&self.plugin.id)
             .ok_or_else(|| NoChannel(self.plugin.id.clone()))?;
-        Ok(moor::csi::client::Csi::new(ch, self.policy.clone()))
+        Ok(moor::csi::client::Csi::new(
+            ch,
+            self.policy.for_plugin(self.plugin.id.as_str()),
+        ))
     }
 
     /// Records an event about a volume.

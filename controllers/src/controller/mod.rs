@@ -14,6 +14,7 @@
 pub mod allocations;
 pub mod claims;
 pub mod context;
+pub mod gauges;
 pub mod nodes;
 pub mod plan;
 pub mod plugins;
@@ -223,6 +224,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         });
     }
     tokio::join!(
+        gauges::run(claims.reader(), plugins.reader(), stop.clone()),
         nodes::run(ctx.clone(), stop.clone()),
         reseal::run(ctx.store.clone(), volumes.clone(), stop.clone()),
         reseal::run(ctx.store.clone(), claims.clone(), stop.clone()),

@@ -473,7 +473,7 @@ impl Reconcile {
             .supervisor
             .channel(&cfg.id)
             .ok_or_else(|| NodeError::UnknownPlugin(cfg.id.clone()))?;
-        Ok(Csi::new(ch, self.r.policy.clone()))
+        Ok(Csi::new(ch, self.r.policy.for_plugin(cfg.id.as_str())))
     }
 
     /// Writes the claim's Mount object from the local state.
