@@ -27,5 +27,6 @@ pub mod api;
 pub mod csi;
 pub mod runtime;
 pub mod store;
+pub mod telemetry;
 
 pub use moor_csi::{journal, process};

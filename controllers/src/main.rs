@@ -25,6 +25,10 @@ struct Cli {
     /// object key of the reconcile it came from).
     #[arg(long, global = true, env = "MOOR_LOG_FORMAT", default_value = "text")]
     log_format: moor::process::LogFormat,
+    /// Export traces over OTLP/gRPC to this collector (e.g. http://127.0.0.1:4317): one
+    /// trace per claim, with a span per reconcile step and per CSI call.
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -48,7 +52,20 @@ enum Command {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    moor::process::init_logging(cli.log_format);
+    let service = match &cli.command {
+        Command::Controller(_) => "moor-controller".to_string(),
+        Command::Agent(args) => format!("moor-agent/{}", args.node),
+        Command::Dev(_) => "moor-dev".to_string(),
+        _ => "moord".to_string(),
+    };
+    let telemetry =
+        match moor::telemetry::init(cli.log_format, cli.otlp_endpoint.as_deref(), &service) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("moord: {e:#}");
+                std::process::exit(2);
+            }
+        };
     let shutdown = moor::process::on_signal();
     let result = match cli.command {
         Command::Controller(args) => controller::run(args, shutdown).await.map(|()| 0),
@@ -60,6 +77,7 @@ async fn main() {
     };
     // What the daemons said and did not write yet (SIGTERM): written before exiting.
     moor::runtime::events::flush(common::EVENT_GRACE).await;
+    telemetry.shutdown();
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {

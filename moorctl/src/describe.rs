@@ -46,6 +46,14 @@ impl Describe {
         outln!("UID:        {}", text(&obj, "/metadata/uid"));
         outln!("Version:    {}", text(&obj, "/metadata/resource_version"));
         outln!("Created:    {}", text(&obj, "/metadata/creation_timestamp"));
+        // The claim's trace (an Attachment or Mount carries its claim's).
+        if let Some(id) = obj
+            .pointer("/metadata/trace")
+            .and_then(Value::as_str)
+            .and_then(moor::telemetry::trace_id)
+        {
+            outln!("Trace:      {id}");
+        }
         if let Some(phase) = self.kind.phase_pointer() {
             outln!("Phase:      {}", text(&obj, phase));
         }

@@ -166,6 +166,11 @@ pub struct ObjectMeta {
     /// Set when deletion was requested while finalizers remained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_timestamp: Option<Timestamp>,
+    /// The W3C `traceparent` of the trace this object's work belongs to (a claim's,
+    /// carried on to its Attachment and Mount; see `moor::telemetry`). Absent when the
+    /// controller exports no traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -256,6 +261,10 @@ impl<S: Spec> Object<S> {
         }
         errors.check_id("metadata.name", self.metadata.name.validate());
         check_labels(&self.metadata.labels, &mut errors);
+        // A W3C traceparent is 55 characters; its form is checked where it is read.
+        if self.metadata.trace.as_ref().is_some_and(|t| t.len() > 128) {
+            errors.push("metadata.trace", "is longer than 128 characters");
+        }
         if S::NAMESPACED {
             errors.check_id("metadata.namespace", self.metadata.namespace.validate());
         } else if !self.metadata.namespace.is_empty() {

@@ -20,6 +20,7 @@
 
 use std::future::Future;
 use tonic::transport::Channel;
+use tracing::Instrument;
 
 use super::policy::{request, CsiError, Policy};
 use super::v1;
@@ -43,6 +44,56 @@ fn done_if_gone<T>(r: Result<T, CsiError>) -> Result<(), CsiError> {
     }
 }
 
+/// What a CSI request is about, for the span of its call: the volume (the plugin's id,
+/// or the name a CreateVolume asks for) and, for controller calls, the CSI node id.
+/// Never a secret.
+pub trait Target {
+    /// The volume, if the request names one.
+    fn volume(&self) -> &str {
+        ""
+    }
+    /// The node, if the request names one.
+    fn node(&self) -> &str {
+        ""
+    }
+}
+
+macro_rules! targets {
+    ($($t:ident => $vol:ident $(, $node:ident)?;)*) => {$(
+        impl Target for v1::$t {
+            fn volume(&self) -> &str {
+                &self.$vol
+            }
+            $(fn node(&self) -> &str {
+                &self.$node
+            })?
+        }
+    )*};
+}
+
+targets! {
+    CreateVolumeRequest => name;
+    DeleteVolumeRequest => volume_id;
+    ControllerPublishVolumeRequest => volume_id, node_id;
+    ControllerUnpublishVolumeRequest => volume_id, node_id;
+    ValidateVolumeCapabilitiesRequest => volume_id;
+    ControllerGetVolumeRequest => volume_id;
+    ControllerExpandVolumeRequest => volume_id;
+    ControllerModifyVolumeRequest => volume_id;
+    CreateSnapshotRequest => source_volume_id;
+    NodeStageVolumeRequest => volume_id;
+    NodeUnstageVolumeRequest => volume_id;
+    NodePublishVolumeRequest => volume_id;
+    NodeUnpublishVolumeRequest => volume_id;
+    NodeGetVolumeStatsRequest => volume_id;
+    NodeExpandVolumeRequest => volume_id;
+}
+
+impl Target for v1::GetSnapshotRequest {}
+impl Target for v1::DeleteSnapshotRequest {}
+impl Target for v1::GetCapacityRequest {}
+impl Target for v1::ListVolumesRequest {}
+
 impl Csi {
     /// A client over `channel` (see [`super::channel`]) under `policy`.
     pub fn new(channel: Channel, policy: Policy) -> Csi {
@@ -51,15 +102,35 @@ impl Csi {
 
     /// Sends `req` as `rpc` under the policy; `send` makes one try on a fresh client
     /// of the channel.
+    ///
+    /// The call (with its tries) is a span exported with the caller's trace: `rpc`,
+    /// `volume`, `node`, and the answer's `code`.
     async fn call<Q, R, F, Fut>(&self, rpc: &'static str, req: Q, send: F) -> Result<R, CsiError>
     where
-        Q: Clone,
+        Q: Clone + Target,
         F: Fn(Channel, tonic::Request<Q>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
-        self.policy
+        let span = tracing::info_span!(
+            target: "moor::trace",
+            "csi",
+            otel.name = rpc,
+            rpc,
+            volume = req.volume(),
+            node = req.node(),
+            code = tracing::field::Empty,
+        );
+        let answer = self
+            .policy
             .call(rpc, |t| send(self.channel.clone(), request(req.clone(), t)))
-            .await
+            .instrument(span.clone())
+            .await;
+        let code = match &answer {
+            Ok(_) => tonic::Code::Ok,
+            Err(e) => e.code,
+        };
+        span.record("code", format!("{code:?}"));
+        answer
     }
 
     /// CreateVolume.

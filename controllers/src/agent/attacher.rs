@@ -108,13 +108,24 @@ impl Attacher {
         else {
             return Ok(Action::AwaitChange);
         };
-        if att.spec.detach {
-            self.detach(&att).await
-        } else if att.status.phase != AttachmentPhase::Attached {
-            self.attach(&att).await
-        } else {
-            Ok(Action::AwaitChange)
-        }
+        // A step of the trace of the claim the attachment was made for.
+        let span = moor::telemetry::step_span(
+            "attach",
+            &key,
+            att.spec.volume.as_str(),
+            att.spec.node.as_str(),
+            att.metadata.trace.as_deref(),
+        );
+        let step = async {
+            if att.spec.detach {
+                self.detach(&att).await
+            } else if att.status.phase != AttachmentPhase::Attached {
+                self.attach(&att).await
+            } else {
+                Ok(Action::AwaitChange)
+            }
+        };
+        tracing::Instrument::instrument(step, span).await
     }
 
     fn volume(&self, att: &Attachment) -> Option<Arc<Volume>> {

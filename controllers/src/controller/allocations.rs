@@ -202,9 +202,18 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, Allocati
             waiting.push(format!("volume {volume_id} does not exist"));
             continue;
         };
-        let Some(claim) = alloc.claim_for(req, &volume) else {
+        let Some(mut claim) = alloc.claim_for(req, &volume) else {
             continue;
         };
+        // The claim's trace starts here: every step on it, in any process, joins it.
+        let root = moor::telemetry::step_span(
+            "claim created",
+            &claim.key(),
+            claim.spec.volume.as_str(),
+            claim.spec.node.as_str(),
+            None,
+        );
+        claim.metadata.trace = moor::telemetry::traceparent(&root);
         match ctx.store.create(&claim).await {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => phases.push(ClaimPhase::Pending),
             Err(e) => return Err(e.into()),

@@ -271,6 +271,22 @@ impl Reconcile {
         self.claims.wait_until_ready().await;
         self.mounts.wait_until_ready().await;
         let claim = self.claims.get(&key);
+        // A step of the claim's trace: its NodeStage, NodePublish and their reverses.
+        let span = moor::telemetry::step_span(
+            "node",
+            &key,
+            claim.as_ref().map_or("", |c| c.spec.volume.as_str()),
+            self.r.node.as_str(),
+            claim.as_ref().and_then(|c| c.metadata.trace.as_deref()),
+        );
+        tracing::Instrument::instrument(self.reconcile_claim(key, claim), span).await
+    }
+
+    async fn reconcile_claim(
+        &self,
+        key: String,
+        claim: Option<Arc<Claim>>,
+    ) -> Result<Action, NodeError> {
         let record = self.r.local.lock().await.publishes.get(&key).cloned();
         let lock_key = match (&claim, &record) {
             (Some(c), _) => Volume::key_for(&c.metadata.namespace, &c.spec.volume).into_string(),
@@ -551,6 +567,7 @@ impl Reconcile {
                 let mut m =
                     Mount::new(&claim.metadata.namespace, claim.metadata.name.clone(), spec);
                 m.status = status;
+                m.metadata.trace = claim.metadata.trace.clone();
                 store.create(&m).await?
             }
             Some(current) if current.spec == spec && current.status == status => return Ok(()),

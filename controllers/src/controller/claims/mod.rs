@@ -162,6 +162,20 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
     let Some(claim) = ctx.claim(&cached.object_key()).await? else {
         return Ok(Action::AwaitChange);
     };
+    // A step of the claim's trace (its CSI calls are made by agents, which join it
+    // through the claim, its Attachment and its Mount).
+    let span = moor::telemetry::step_span(
+        "claim",
+        key,
+        claim.spec.volume.as_str(),
+        claim.spec.node.as_str(),
+        claim.metadata.trace.as_deref(),
+    );
+    tracing::Instrument::instrument(step(ctx, claim), span).await
+}
+
+/// One reconcile of a claim read fresh (under its volume's lock).
+async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, ClaimError> {
     let alloc = ctx.allocations.get(&Allocation::key_for(
         &claim.metadata.namespace,
         &claim.spec.allocation,

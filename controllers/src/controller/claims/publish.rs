@@ -146,7 +146,9 @@ pub(super) async fn attachment_state(
         AttachPlan::Create(spec) => {
             let name = Name::new(format!("{}.{}", spec.volume, spec.node))
                 .unwrap_or_else(|_| claim.metadata.name.clone());
-            let att = Attachment::new(&claim.metadata.namespace, name, spec);
+            let mut att = Attachment::new(&claim.metadata.namespace, name, spec);
+            // The attacher's work on it joins the trace of the claim that asked for it.
+            att.metadata.trace = claim.metadata.trace.clone();
             let why = "waiting for the volume to be attached".to_string();
             (Attach::Wait(why), Some(AttachTodo::Create(Box::new(att))))
         }
