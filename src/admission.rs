@@ -139,7 +139,7 @@ where
                 "mount_group {group} applies to file-system volumes, not block devices"
             )));
         }
-        if !plugin.capabilities.node.contains("VOLUME_MOUNT_GROUP") {
+        if !plugin.capabilities.node.has(NodeRpc::VolumeMountGroup) {
             return Err(Verdict::Deny(format!(
                 "plugin {} on node {} does not advertise VOLUME_MOUNT_GROUP: mount_group {group} \
                  cannot be honoured",
@@ -493,7 +493,7 @@ mod tests {
         assert!(denied(check(&c, Some(&v), Some(&n), Vec::<&Claim>::new))
             .contains("VOLUME_MOUNT_GROUP"));
         n.status.plugins.values_mut().for_each(|p| {
-            p.capabilities.node.insert("VOLUME_MOUNT_GROUP".into());
+            p.capabilities.node.insert(NodeRpc::VolumeMountGroup);
         });
         assert!(check(&c, Some(&v), Some(&n), Vec::<&Claim>::new).is_ok());
         c.spec.attachment_mode = Some(AttachmentMode::BlockDevice);

@@ -664,7 +664,7 @@ async fn a_plugin_that_disappears_is_unhealthy_not_forgotten() {
         before.csi_node_id.as_ref().map(|i| i.as_str()),
         Some("csi-n2")
     );
-    assert!(before.capabilities.node.contains("STAGE_UNSTAGE_VOLUME"));
+    assert!(before.capabilities.node.has(NodeRpc::StageUnstageVolume));
     c.node_mut("n2").plugin.kill();
     c.wait("n2's plugin unhealthy", T, || async {
         plugin_on(&c).await.is_some_and(|p| !p.healthy)

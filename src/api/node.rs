@@ -24,19 +24,147 @@ pub enum PluginType {
     Monolith,
 }
 
-/// What a plugin reported of its capabilities, by CSI enum name
-/// (e.g. `PUBLISH_UNPUBLISH_VOLUME`, `STAGE_UNSTAGE_VOLUME`).
+/// A ControllerGetCapabilities RPC capability (the CSI enum).
+pub use crate::csi::v1::controller_service_capability::rpc::Type as ControllerRpc;
+/// A NodeGetCapabilities RPC capability (the CSI enum).
+pub use crate::csi::v1::node_service_capability::rpc::Type as NodeRpc;
+/// A GetPluginCapabilities service capability (the CSI enum).
+pub use crate::csi::v1::plugin_capability::service::Type as PluginService;
+
+/// A capability asked about by type; its name is how CSI spells it, and how a
+/// [`CapabilitySet`] stores it.
+pub trait Capability: Copy {
+    /// `PUBLISH_UNPUBLISH_VOLUME`, `STAGE_UNSTAGE_VOLUME`, ...
+    fn name(self) -> &'static str;
+}
+
+impl Capability for ControllerRpc {
+    fn name(self) -> &'static str {
+        self.as_str_name()
+    }
+}
+
+impl Capability for NodeRpc {
+    fn name(self) -> &'static str {
+        self.as_str_name()
+    }
+}
+
+/// A GetPluginCapabilities capability: a service, or how volumes expand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginCapability {
+    /// A service capability.
+    Service(PluginService),
+    /// VolumeExpansion ONLINE: a volume in use can be expanded.
+    ExpansionOnline,
+    /// VolumeExpansion OFFLINE: only a volume published nowhere can be expanded.
+    ExpansionOffline,
+}
+
+impl Capability for PluginCapability {
+    fn name(self) -> &'static str {
+        match self {
+            PluginCapability::Service(s) => s.as_str_name(),
+            PluginCapability::ExpansionOnline => "VOLUME_EXPANSION_ONLINE",
+            PluginCapability::ExpansionOffline => "VOLUME_EXPANSION_OFFLINE",
+        }
+    }
+}
+
+/// The capabilities of one kind a plugin reported. Stored as their CSI names (a name
+/// this moor does not know is kept, and shown), asked about by type only: a misspelt
+/// capability does not compile.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CapabilitySet<K> {
+    names: BTreeSet<String>,
+    kind: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<K> Default for CapabilitySet<K> {
+    fn default() -> Self {
+        CapabilitySet {
+            names: BTreeSet::new(),
+            kind: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for CapabilitySet<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(&self.names).finish()
+    }
+}
+
+impl<K> Serialize for CapabilitySet<K> {
+    fn serialize<Ser: serde::Serializer>(&self, s: Ser) -> Result<Ser::Ok, Ser::Error> {
+        self.names.serialize(s)
+    }
+}
+
+impl<'de, K> Deserialize<'de> for CapabilitySet<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(CapabilitySet::from_names(BTreeSet::<String>::deserialize(
+            d,
+        )?))
+    }
+}
+
+impl<K: Capability> CapabilitySet<K> {
+    /// Whether the plugin reported `cap`.
+    pub fn has(&self, cap: K) -> bool {
+        self.names.contains(cap.name())
+    }
+
+    /// Adds `cap`.
+    pub fn insert(&mut self, cap: K) {
+        self.names.insert(cap.name().to_string());
+    }
+}
+
+impl<K> CapabilitySet<K> {
+    /// The set of these names, as a plugin answered them.
+    pub fn from_names(names: impl IntoIterator<Item = String>) -> Self {
+        CapabilitySet {
+            names: names.into_iter().collect(),
+            kind: std::marker::PhantomData,
+        }
+    }
+
+    /// The names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(String::as_str)
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether none was reported.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+impl<K: Capability> FromIterator<K> for CapabilitySet<K> {
+    fn from_iter<I: IntoIterator<Item = K>>(caps: I) -> Self {
+        CapabilitySet::from_names(caps.into_iter().map(|c| c.name().to_string()))
+    }
+}
+
+/// What a plugin reported of its capabilities (stored by CSI enum name, e.g.
+/// `PUBLISH_UNPUBLISH_VOLUME`, `STAGE_UNSTAGE_VOLUME`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PluginCapabilities {
     /// GetPluginCapabilities' service and expansion capabilities.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub plugin: BTreeSet<String>,
+    #[serde(default, skip_serializing_if = "CapabilitySet::is_empty")]
+    pub plugin: CapabilitySet<PluginCapability>,
     /// ControllerGetCapabilities' RPC capabilities.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub controller: BTreeSet<String>,
+    #[serde(default, skip_serializing_if = "CapabilitySet::is_empty")]
+    pub controller: CapabilitySet<ControllerRpc>,
     /// NodeGetCapabilities' RPC capabilities.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub node: BTreeSet<String>,
+    #[serde(default, skip_serializing_if = "CapabilitySet::is_empty")]
+    pub node: CapabilitySet<NodeRpc>,
 }
 
 /// One plugin as its node's agent observes it.
@@ -136,25 +264,26 @@ impl NodePluginStatus {
             }
         }
         let caps = &self.capabilities;
-        for (what, set) in [
-            ("plugin", &caps.plugin),
-            ("controller", &caps.controller),
-            ("node", &caps.node),
-        ] {
-            if set.len() > MAX_PLUGIN_ITEMS {
+        let sets: [(&str, Vec<&str>); 3] = [
+            ("plugin", caps.plugin.names().collect()),
+            ("controller", caps.controller.names().collect()),
+            ("node", caps.node.names().collect()),
+        ];
+        for (what, names) in sets {
+            let len = names.len();
+            if len > MAX_PLUGIN_ITEMS {
                 return Err(format!(
-                    "{} {what} capabilities; at most {MAX_PLUGIN_ITEMS}",
-                    set.len()
+                    "{len} {what} capabilities; at most {MAX_PLUGIN_ITEMS}"
                 ));
             }
-            let bad = |c: &String| {
+            let bad = |c: &&str| {
                 c.is_empty()
                     || c.len() > MAX_PLUGIN_ITEMS
                     || !c
                         .bytes()
                         .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
             };
-            if let Some(c) = set.iter().find(|c| bad(c)) {
+            if let Some(c) = names.into_iter().find(bad) {
                 return Err(format!(
                     "{what} capability {:?} is not a CSI capability name",
                     printable_bounded(c, 64)
@@ -223,5 +352,36 @@ impl Node {
     /// The key of node `name`.
     pub fn key_for(name: &NodeName) -> ObjectKey<NodeSpec> {
         ObjectKey::from_parts(&[name])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_are_stored_by_name_and_asked_about_by_type() {
+        let json = r#"{"controller": ["PUBLISH_UNPUBLISH_VOLUME", "SOMETHING_NEWER"],
+            "node": ["STAGE_UNSTAGE_VOLUME"], "plugin": ["VOLUME_EXPANSION_OFFLINE"]}"#;
+        let caps: PluginCapabilities = serde_json::from_str(json).unwrap();
+        assert!(caps.controller.has(ControllerRpc::PublishUnpublishVolume));
+        assert!(!caps.controller.has(ControllerRpc::ExpandVolume));
+        assert!(caps.node.has(NodeRpc::StageUnstageVolume));
+        assert!(caps.plugin.has(PluginCapability::ExpansionOffline));
+        assert!(!caps.plugin.has(PluginCapability::ExpansionOnline));
+        // A name this moor does not know is kept, and written back as it was.
+        let back: serde_json::Value = serde_json::to_value(&caps).unwrap();
+        assert_eq!(
+            back["controller"],
+            serde_json::json!(["PUBLISH_UNPUBLISH_VOLUME", "SOMETHING_NEWER"])
+        );
+        // The typed names are CSI's.
+        let mut set = CapabilitySet::<NodeRpc>::default();
+        set.insert(NodeRpc::VolumeMountGroup);
+        assert_eq!(set.names().collect::<Vec<_>>(), ["VOLUME_MOUNT_GROUP"]);
+        assert_eq!(
+            PluginCapability::Service(PluginService::ControllerService).name(),
+            "CONTROLLER_SERVICE"
+        );
     }
 }

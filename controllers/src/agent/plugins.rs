@@ -358,9 +358,7 @@ async fn fingerprint(cfg: &PluginConfig, channel: Channel) -> Result<NodePluginS
         version: info.vendor_version,
         ..Default::default()
     };
-    status.capabilities.plugin = convert::plugin_capability_names(&caps)
-        .into_iter()
-        .collect();
+    status.capabilities.plugin = CapabilitySet::from_names(convert::plugin_capability_names(&caps));
     if cfg.is_controller() {
         let mut c = v1::controller_client::ControllerClient::new(channel.clone());
         let caps = c
@@ -368,9 +366,8 @@ async fn fingerprint(cfg: &PluginConfig, channel: Channel) -> Result<NodePluginS
             .await
             .map_err(|s| fail("ControllerGetCapabilities", s))?
             .into_inner();
-        status.capabilities.controller = convert::controller_capability_names(&caps)
-            .into_iter()
-            .collect();
+        status.capabilities.controller =
+            CapabilitySet::from_names(convert::controller_capability_names(&caps));
     }
     if cfg.is_node() {
         let mut n = v1::node_client::NodeClient::new(channel);
@@ -379,7 +376,7 @@ async fn fingerprint(cfg: &PluginConfig, channel: Channel) -> Result<NodePluginS
             .await
             .map_err(|s| fail("NodeGetCapabilities", s))?
             .into_inner();
-        status.capabilities.node = convert::node_capability_names(&caps).into_iter().collect();
+        status.capabilities.node = CapabilitySet::from_names(convert::node_capability_names(&caps));
         let info = n
             .node_get_info(request(v1::NodeGetInfoRequest {}, t))
             .await

@@ -459,7 +459,7 @@ impl Provisioner {
         };
         let got = match answer {
             Err(e) => return self.failed(vol, STEP, inputs, &e, VALIDATED).await,
-            Ok(()) if self.advertises("GET_VOLUME") => {
+            Ok(()) if self.advertises(ControllerRpc::GetVolume) => {
                 let req = v1::ControllerGetVolumeRequest {
                     volume_id: ext.to_string(),
                 };
@@ -670,12 +670,12 @@ impl Provisioner {
         Ok(Action::Requeue(after))
     }
 
-    /// Whether the plugin advertises controller capability `name`.
-    fn advertises(&self, name: &str) -> bool {
+    /// Whether the plugin advertises controller capability `rpc`.
+    fn advertises(&self, rpc: ControllerRpc) -> bool {
         self.ctx
             .supervisor
             .status(&self.ctx.plugin.id)
-            .is_some_and(|s| s.capabilities.controller.contains(name))
+            .is_some_and(|s| s.capabilities.controller.has(rpc))
     }
 
     async fn delete(&self, vol: &Volume) -> Result<Action, ProvisionError> {

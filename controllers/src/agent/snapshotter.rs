@@ -80,7 +80,7 @@ pub fn next(
     snap: &Snapshot,
     volume: Option<&Volume>,
     plugin: &PluginId,
-    controller: &std::collections::BTreeSet<String>,
+    controller: &CapabilitySet<ControllerRpc>,
 ) -> Step {
     let ours = match (&snap.status.plugin_id, volume) {
         (Some(p), _) => p == plugin,
@@ -101,7 +101,7 @@ pub fn next(
     if snap.status.phase == SnapshotPhase::Ready && snap.status.ready_to_use {
         return Step::Nothing;
     }
-    if !controller.contains("CREATE_DELETE_SNAPSHOT") {
+    if !controller.has(ControllerRpc::CreateDeleteSnapshot) {
         let msg = format!("plugin {plugin} does not advertise CREATE_DELETE_SNAPSHOT");
         if snap.status.phase == SnapshotPhase::Failed
             && snap.status.meta.last_error.as_deref() == Some(msg.as_str())
@@ -117,7 +117,7 @@ pub fn next(
         .status
         .snapshot_id
         .as_ref()
-        .filter(|_| controller.contains("GET_SNAPSHOT"))
+        .filter(|_| controller.has(ControllerRpc::GetSnapshot))
     {
         return Step::Poll(id.clone());
     }
@@ -503,14 +503,13 @@ impl Snapshotter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
 
     fn plugin() -> PluginId {
         PluginId::new("p").unwrap()
     }
 
-    fn caps(names: &[&str]) -> BTreeSet<String> {
-        names.iter().map(|s| s.to_string()).collect()
+    fn caps(rpcs: &[ControllerRpc]) -> CapabilitySet<ControllerRpc> {
+        rpcs.iter().copied().collect()
     }
 
     fn snap() -> Snapshot {
@@ -542,7 +541,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_is_cut_once_its_volume_is_created_and_deleted_through_the_plugin() {
-        let all = caps(&["CREATE_DELETE_SNAPSHOT"]);
+        let all = caps(&[ControllerRpc::CreateDeleteSnapshot]);
         let mut s = snap();
         assert_eq!(
             next(&s, Some(&volume(true)), &plugin(), &all),
@@ -572,7 +571,10 @@ mod tests {
         // Its id known: polled with GetSnapshot where the plugin has it.
         s.status.snapshot_id = Some("snap-1".into());
         assert_eq!(next(&s, None, &plugin(), &all), Step::Create("e1".into()));
-        let with_get = caps(&["CREATE_DELETE_SNAPSHOT", "GET_SNAPSHOT"]);
+        let with_get = caps(&[
+            ControllerRpc::CreateDeleteSnapshot,
+            ControllerRpc::GetSnapshot,
+        ]);
         assert_eq!(
             next(&s, None, &plugin(), &with_get),
             Step::Poll("snap-1".into())

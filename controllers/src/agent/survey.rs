@@ -81,14 +81,14 @@ impl Survey {
             else {
                 continue;
             };
-            if caps.controller.contains("GET_CAPACITY") {
+            if caps.controller.has(ControllerRpc::GetCapacity) {
                 if let Err(e) = self.capacity(&caps).await {
                     tracing::warn!(plugin = %self.ctx.plugin.id, error = %moor::process::error_chain(&*e), "GetCapacity survey");
                 }
             }
-            let listing = if caps.controller.contains("LIST_VOLUMES") {
+            let listing = if caps.controller.has(ControllerRpc::ListVolumes) {
                 Some(self.list().await)
-            } else if caps.controller.contains("GET_VOLUME") {
+            } else if caps.controller.has(ControllerRpc::GetVolume) {
                 Some(self.get_each().await)
             } else {
                 None
@@ -118,7 +118,9 @@ impl Survey {
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let mut segments: BTreeSet<Topology> = BTreeSet::new();
         segments.insert(Topology::new());
-        if caps.plugin.contains("VOLUME_ACCESSIBILITY_CONSTRAINTS") {
+        if caps.plugin.has(PluginCapability::Service(
+            PluginService::VolumeAccessibilityConstraints,
+        )) {
             for v in self.volumes.reader().state() {
                 if v.spec.plugin_id != self.ctx.plugin.id {
                     continue;
@@ -235,8 +237,10 @@ impl Survey {
         missing_before: &BTreeSet<String>,
         unknown_before: &BTreeSet<(String, String)>,
     ) -> (BTreeSet<String>, BTreeSet<(String, String)>) {
-        let with_condition = caps.controller.contains("VOLUME_CONDITION");
-        let with_nodes = caps.controller.contains("LIST_VOLUMES_PUBLISHED_NODES");
+        let with_condition = caps.controller.has(ControllerRpc::VolumeCondition);
+        let with_nodes = caps
+            .controller
+            .has(ControllerRpc::ListVolumesPublishedNodes);
         // moor's attachments, by volume key: the CSI node ids it published to.
         let mut known: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for a in self.attachments.reader().state() {

@@ -86,16 +86,20 @@ pub fn next(
     if p.phase != VolumePhase::Ready || p.external_id.is_none() {
         let needs = match &vol.spec.source {
             Some(VolumeSource::Snapshot(_) | VolumeSource::ExternalSnapshotId(_)) => {
-                Some(("CREATE_DELETE_SNAPSHOT", "RestoreUnsupported"))
+                Some((ControllerRpc::CreateDeleteSnapshot, "RestoreUnsupported"))
             }
-            Some(VolumeSource::Volume(_)) => Some(("CLONE_VOLUME", "CloneUnsupported")),
+            Some(VolumeSource::Volume(_)) => Some((ControllerRpc::CloneVolume, "CloneUnsupported")),
             None => None,
         };
-        if let Some((cap, reason)) = needs.filter(|(cap, _)| !caps.controller.contains(*cap)) {
+        if let Some((cap, reason)) = needs.filter(|(cap, _)| !caps.controller.has(*cap)) {
             let step = Step::Refuse {
                 condition: "Created",
                 reason,
-                message: format!("plugin {} does not advertise {cap}", vol.spec.plugin_id),
+                message: format!(
+                    "plugin {} does not advertise {}",
+                    vol.spec.plugin_id,
+                    cap.name()
+                ),
             };
             return refused_once(vol, step);
         }
@@ -148,7 +152,7 @@ fn ready(vol: &Volume, caps: &PluginCapabilities) -> Step {
     let controller = &caps.controller;
     // Without the capability a plugin is taken to expand volumes in use (the CSI
     // spec's default for a plugin that does not say).
-    let online = !caps.plugin.contains("VOLUME_EXPANSION_OFFLINE");
+    let online = !caps.plugin.has(PluginCapability::ExpansionOffline);
     let spec = &vol.spec;
     let p = &vol.status.provisioning;
     let step = match p.capacity_bytes {
@@ -164,7 +168,7 @@ fn ready(vol: &Volume, caps: &PluginCapabilities) -> Step {
         Some(actual) if spec.capacity_min.is_some_and(|min| min.0 > actual) => {
             let claimed = !vol.status.claims.read_claims.is_empty()
                 || !vol.status.claims.write_claims.is_empty();
-            if controller.contains("EXPAND_VOLUME") && claimed && !online {
+            if controller.has(ControllerRpc::ExpandVolume) && claimed && !online {
                 Step::Refuse {
                     condition: EXPANDED,
                     reason: "ExpansionWaitsForRelease",
@@ -173,7 +177,7 @@ fn ready(vol: &Volume, caps: &PluginCapabilities) -> Step {
                         spec.plugin_id
                     ),
                 }
-            } else if controller.contains("EXPAND_VOLUME") {
+            } else if controller.has(ControllerRpc::ExpandVolume) {
                 Step::Expand {
                     required: spec.capacity_min.map(|s| s.0).unwrap_or_default(),
                     limit: spec.capacity_max.map(|s| s.0).unwrap_or_default(),
@@ -208,7 +212,7 @@ fn ready(vol: &Volume, caps: &PluginCapabilities) -> Step {
                     removed.join(", ")
                 ),
             }
-        } else if controller.contains("MODIFY_VOLUME") {
+        } else if controller.has(ControllerRpc::ModifyVolume) {
             Step::Modify
         } else {
             Step::Refuse {
@@ -246,9 +250,9 @@ mod tests {
 
     const F: &str = "moor.dev/provisioner";
 
-    fn caps(names: &[&str]) -> PluginCapabilities {
+    fn caps(rpcs: &[ControllerRpc]) -> PluginCapabilities {
         PluginCapabilities {
-            controller: names.iter().map(|s| s.to_string()).collect(),
+            controller: rpcs.iter().copied().collect(),
             ..Default::default()
         }
     }
@@ -342,18 +346,21 @@ mod tests {
             }
         ));
         assert_eq!(
-            next(&v, F, &caps(&["CREATE_DELETE_SNAPSHOT"]), None),
+            next(&v, F, &caps(&[ControllerRpc::CreateDeleteSnapshot]), None),
             Step::Create
         );
         v.spec.source = Some(VolumeSource::Volume(VolumeId::new("w").unwrap()));
         assert!(matches!(
-            next(&v, F, &caps(&["CREATE_DELETE_SNAPSHOT"]), None),
+            next(&v, F, &caps(&[ControllerRpc::CreateDeleteSnapshot]), None),
             Step::Refuse {
                 reason: "CloneUnsupported",
                 ..
             }
         ));
-        assert_eq!(next(&v, F, &caps(&["CLONE_VOLUME"]), None), Step::Create);
+        assert_eq!(
+            next(&v, F, &caps(&[ControllerRpc::CloneVolume]), None),
+            Step::Create
+        );
     }
 
     #[test]
@@ -386,7 +393,7 @@ mod tests {
         v.spec.capacity_min = Some(Size(300));
         v.spec.capacity_max = Some(Size(400));
         assert_eq!(
-            next(&v, F, &caps(&["EXPAND_VOLUME"]), None),
+            next(&v, F, &caps(&[ControllerRpc::ExpandVolume]), None),
             Step::Expand {
                 required: 300,
                 limit: 400
@@ -411,18 +418,21 @@ mod tests {
         v.spec.capacity_min = Some(Size(50));
         v.spec.capacity_max = Some(Size(60));
         assert!(matches!(
-            next(&v, F, &caps(&["EXPAND_VOLUME"]), None),
+            next(&v, F, &caps(&[ControllerRpc::ExpandVolume]), None),
             Step::Refuse {
                 reason: "ShrinkRefused",
                 ..
             }
         ));
         v.spec.capacity_max = None;
-        assert_eq!(next(&v, F, &caps(&["EXPAND_VOLUME"]), None), Step::Nothing);
+        assert_eq!(
+            next(&v, F, &caps(&[ControllerRpc::ExpandVolume]), None),
+            Step::Nothing
+        );
         // An OFFLINE plugin expands a volume only while no claim holds it.
         v.spec.capacity_min = Some(Size(300));
-        let mut offline = caps(&["EXPAND_VOLUME"]);
-        offline.plugin.insert("VOLUME_EXPANSION_OFFLINE".into());
+        let mut offline = caps(&[ControllerRpc::ExpandVolume]);
+        offline.plugin.insert(PluginCapability::ExpansionOffline);
         v.status.claims.write_claims.push(ClaimRef {
             allocation: AllocationId::new("a").unwrap(),
             claim: Name::new("a.data").unwrap(),
@@ -447,7 +457,10 @@ mod tests {
         v.spec
             .mutable_parameters
             .insert("iops".into(), "100".into());
-        assert_eq!(next(&v, F, &caps(&["MODIFY_VOLUME"]), None), Step::Modify);
+        assert_eq!(
+            next(&v, F, &caps(&[ControllerRpc::ModifyVolume]), None),
+            Step::Modify
+        );
         assert!(matches!(
             next(&v, F, &caps(&[]), None),
             Step::Refuse {
@@ -457,18 +470,28 @@ mod tests {
         ));
         v.spec.capacity_min = Some(Size(200));
         assert!(matches!(
-            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"]), None),
+            next(
+                &v,
+                F,
+                &caps(&[ControllerRpc::ModifyVolume, ControllerRpc::ExpandVolume]),
+                None
+            ),
             Step::Expand { .. }
         ));
         v.status.provisioning.capacity_bytes = Some(200);
         v.status.provisioning.mutable_parameters = v.spec.mutable_parameters.clone();
         assert_eq!(
-            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"]), None),
+            next(
+                &v,
+                F,
+                &caps(&[ControllerRpc::ModifyVolume, ControllerRpc::ExpandVolume]),
+                None
+            ),
             Step::Nothing
         );
         v.spec.mutable_parameters.clear();
         assert!(matches!(
-            next(&v, F, &caps(&["MODIFY_VOLUME"]), None),
+            next(&v, F, &caps(&[ControllerRpc::ModifyVolume]), None),
             Step::Refuse {
                 reason: "ParameterRemovalUnsupported",
                 ..
@@ -476,7 +499,12 @@ mod tests {
         ));
         v.spec.mutable_parameters = v.status.provisioning.mutable_parameters.clone();
         assert_eq!(
-            next(&v, F, &caps(&["MODIFY_VOLUME", "EXPAND_VOLUME"]), None),
+            next(
+                &v,
+                F,
+                &caps(&[ControllerRpc::ModifyVolume, ControllerRpc::ExpandVolume]),
+                None
+            ),
             Step::Nothing
         );
     }

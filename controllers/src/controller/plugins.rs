@@ -136,7 +136,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
         Some(fingerprinted.iter().any(|s| {
             s.capabilities
                 .controller
-                .contains("PUBLISH_UNPUBLISH_VOLUME")
+                .has(ControllerRpc::PublishUnpublishVolume)
         }))
     };
     let source = live

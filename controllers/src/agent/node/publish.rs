@@ -21,7 +21,7 @@ impl Reconcile {
             .status(&cfg.id)
             .filter(|s| s.csi_node_id.is_some())
             .ok_or_else(|| NodeError::PluginNotReady(cfg.id.clone()))?;
-        let stages = fp.capabilities.node.contains("STAGE_UNSTAGE_VOLUME");
+        let stages = fp.capabilities.node.has(NodeRpc::StageUnstageVolume);
         let cap = match (claim.spec.access_mode, claim.spec.attachment_mode) {
             (Some(access_mode), Some(attachment_mode)) => VolumeCapability {
                 access_mode,
@@ -98,8 +98,11 @@ impl Reconcile {
             .spec
             .node_expansion_bytes
             .filter(|b| rec.expanded_bytes < Some(*b))
-            .filter(|_| fp.capabilities.node.contains("EXPAND_VOLUME"));
-        let online = !fp.capabilities.plugin.contains("VOLUME_EXPANSION_OFFLINE");
+            .filter(|_| fp.capabilities.node.has(NodeRpc::ExpandVolume));
+        let online = !fp
+            .capabilities
+            .plugin
+            .has(PluginCapability::ExpansionOffline);
         // The controller copies the volume's secrets onto the claim at admission: an
         // agent reads its node's claims only.
         let secrets = claim.spec.node_secrets.expose()?.clone();

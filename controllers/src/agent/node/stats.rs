@@ -96,7 +96,7 @@ impl Reconcile {
         let Some(fp) = self.r.supervisor.status(&cfg.id) else {
             return Ok(false);
         };
-        if !fp.capabilities.node.contains("GET_VOLUME_STATS") {
+        if !fp.capabilities.node.has(NodeRpc::GetVolumeStats) {
             return Ok(false);
         }
         let Some(claim) = self.claims.get(key) else {
@@ -122,7 +122,7 @@ impl Reconcile {
         let condition = resp
             .volume_condition
             .as_ref()
-            .filter(|_| fp.capabilities.node.contains("VOLUME_CONDITION"))
+            .filter(|_| fp.capabilities.node.has(NodeRpc::VolumeCondition))
             .map(|c| VolumeHealth {
                 abnormal: c.abnormal,
                 message: c.message.clone(),
