@@ -422,12 +422,20 @@ async fn wait_refused(c: &Cluster, name: &str, reason: &str) {
 
 /// Waits until `n` events with `reason` are stored (events are written in batches,
 /// after the status that caused them), then checks there are no more.
-async fn wait_events(c: &Cluster, reason: &str, n: usize) {
+/// Waits until `reason` happened `n` times (repeats fold into one event's count).
+async fn wait_events(c: &Cluster, reason: &str, n: u32) {
+    let times = || async {
+        events_of(c, reason)
+            .await
+            .iter()
+            .map(|e| e.spec.count())
+            .sum::<u32>()
+    };
     c.wait(&format!("{n} {reason:?} events"), T, || async {
-        events_of(c, reason).await.len() >= n
+        times().await >= n
     })
     .await;
-    assert_eq!(events_of(c, reason).await.len(), n, "{reason}");
+    assert_eq!(times().await, n, "{reason}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -234,6 +234,7 @@ impl Cluster {
             format!("--etcd={}", self.etcd.client_url),
             format!("--identity=controller-{i}"),
             "--leader-ttl=3s".into(),
+            "--event-window=1s".into(),
         ];
         args.extend(self.opts.controller_args.iter().cloned());
         self.controllers.push(Proc::start(
@@ -297,6 +298,8 @@ impl Cluster {
             "--leader-ttl=3s".into(),
             "--csi-timeout=5s".into(),
             "--csi-tries=2".into(),
+            // Repeats of an event fold; their counts are written within a second.
+            "--event-window=1s".into(),
             format!("--http={http}"),
         ];
         aargs.extend(self.opts.agent_args.iter().cloned());
