@@ -24,6 +24,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod backoff;
 pub mod csi;
 pub mod runtime;
 pub mod store;

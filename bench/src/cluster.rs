@@ -289,7 +289,7 @@ impl Cluster {
     pub async fn csi_calls(&self, rpc: &str) -> anyhow::Result<u64> {
         let mut total = 0;
         for port in &self.metrics_ports {
-            let text = crate::scale::http_get(*port, "/metrics").await?;
+            let text = http_get(*port, "/metrics").await?;
             total += csi_calls_in(&text, rpc);
         }
         Ok(total)
@@ -452,6 +452,22 @@ pub fn csi_calls_in(text: &str, rpc: &str) -> u64 {
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .map(|v| v as u64)
         .sum()
+}
+
+/// A plain HTTP/1.0 GET on loopback; the body.
+pub(crate) async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await??;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("no end of HTTP headers")?;
+    anyhow::ensure!(head.contains(" 200 "), "GET {path}: {head}");
+    Ok(body.to_string())
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use moor::store::Store;
 use serde::Serialize;
 use tokio::process::Command;
 
-use crate::cluster::{self, free_port, Bins, Proc};
+use crate::cluster::{self, free_port, http_get, Bins, Proc};
 use crate::phases;
 
 /// What the scale phase measured.
@@ -659,22 +659,6 @@ fn parse_metrics(text: &str) -> (BTreeMap<String, u64>, BTreeMap<String, i64>) {
         }
     }
     (reconciles, depth)
-}
-
-/// A plain HTTP/1.0 GET on loopback; the body.
-pub(crate) async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await??;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .context("no end of HTTP headers")?;
-    anyhow::ensure!(head.contains(" 200 "), "GET {path}: {head}");
-    Ok(body.to_string())
 }
 
 fn count_lines(path: &Path) -> usize {

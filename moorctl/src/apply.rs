@@ -202,6 +202,9 @@ async fn apply_once<S: Spec>(
     match ctx.store.replace(&next).await {
         Ok(_) => Ok(format!("{what} configured")),
         Err(StoreError::Conflict { .. }) if before != Sent::Nothing => Err(LookAgain.into()),
+        // A copy without a version applies over whatever is stored: a write between
+        // our read and ours (a controller's status write, most often) is read again.
+        Err(StoreError::Conflict { .. }) if yours == 0 => Err(LookAgain.into()),
         Err(StoreError::Conflict { .. }) => Err(Refused(format!(
             "{what}: not applied: it changed while applying; run apply again"
         ))

@@ -372,14 +372,16 @@ where
     Fut: std::future::Future<Output = anyhow::Result<T>>,
 {
     let deadline = tokio::time::Instant::now() + ctx.retry_for;
-    let mut delay = std::time::Duration::from_millis(100);
+    let mut backoff = moor::backoff::Backoff::new(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(2),
+    );
     let mut retrying = false;
     loop {
         match step(retrying).await {
             Err(e) if is_transient(&e) && tokio::time::Instant::now() < deadline => {
                 tracing::debug!(error = format!("{e:#}"), "outcome unknown; trying again");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(2));
+                tokio::time::sleep(backoff.next_delay()).await;
                 retrying = true;
             }
             Err(e) if e.is::<LookAgain>() && tokio::time::Instant::now() < deadline => {

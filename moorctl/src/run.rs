@@ -725,6 +725,7 @@ async fn interrupted() {
 }
 
 /// Runs CMD with `env` added, passing SIGINT, SIGTERM and SIGHUP on to it.
+#[allow(unsafe_code)]
 async fn spawn_and_wait(
     command: &[String],
     env: &BTreeMap<String, String>,

@@ -5,5 +5,6 @@
 pub mod client;
 pub mod convert;
 pub mod policy;
+pub mod requests;
 
 pub use moor_csi::{channel, v1, EndpointError};

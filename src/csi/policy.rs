@@ -21,7 +21,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 use tonic::{Code, Status};
 
-use crate::runtime::backoff::Backoff;
+use crate::backoff::Backoff;
 
 /// How CSI calls are retried.
 #[derive(Debug, Clone)]

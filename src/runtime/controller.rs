@@ -57,6 +57,18 @@ pub trait ReconcileError: std::error::Error + Send + 'static {
     fn policy(&self) -> ErrorPolicy;
 }
 
+/// A lost write race is looked at again soon; anything else backs off. (Here, with the
+/// policy, so the store does not depend on the runtime.)
+impl ReconcileError for crate::store::StoreError {
+    fn policy(&self) -> ErrorPolicy {
+        if self.is_conflict() {
+            ErrorPolicy::Conflict
+        } else {
+            ErrorPolicy::Backoff
+        }
+    }
+}
+
 /// How a controller runs.
 #[derive(Debug, Clone)]
 pub struct Config {

@@ -187,9 +187,6 @@ fn skip_malformed<K: Resource>(
     cache.get(key.as_str()).map(|last| Ok(Event::Applied(last)))
 }
 
-/// How much of a malformed value's error a log line quotes.
-const MALFORMED_LOG_CHARS: usize = 300;
-
 /// The (key, revision) pairs of malformed values this process has reported.
 static REPORTED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<(String, i64)>>> =
     std::sync::LazyLock::new(Default::default);
@@ -209,10 +206,7 @@ pub fn first_sighting(e: &store::StoreError) -> bool {
     seen.insert((key.clone(), *revision))
 }
 
-/// An error chain cut to a few hundred escaped characters.
-pub fn bounded_chain(e: &store::StoreError) -> String {
-    moor_csi::process::printable_bounded(&error_chain(e), MALFORMED_LOG_CHARS)
-}
+pub use crate::store::bounded_chain;
 
 #[cfg(test)]
 mod tests {

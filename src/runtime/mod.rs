@@ -15,7 +15,8 @@
 //!   shows them.
 //! - [`steps`]: per (object, step) retry gates that a reconciler's own writes cannot reset.
 
-pub mod backoff;
+/// Exponential backoff with jitter (the crate's, shared with the store and CSI).
+pub use crate::backoff;
 pub mod controller;
 pub mod events;
 pub mod informer;

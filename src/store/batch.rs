@@ -243,7 +243,7 @@ impl Batch {
                 tracing::warn!(
                     key = %g.key,
                     revision,
-                    cause = %crate::runtime::informer::bounded_chain(&e),
+                    cause = %super::bounded_chain(&e),
                     "repairing a malformed value with this writer's own state"
                 );
                 compares[i] = Compare::mod_revision(full, CompareOp::Equal, *revision);

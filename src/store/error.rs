@@ -167,13 +167,11 @@ impl StoreError {
     }
 }
 
-/// A lost write race is looked at again soon; anything else backs off.
-impl crate::runtime::controller::ReconcileError for StoreError {
-    fn policy(&self) -> crate::runtime::controller::ErrorPolicy {
-        if self.is_conflict() {
-            crate::runtime::controller::ErrorPolicy::Conflict
-        } else {
-            crate::runtime::controller::ErrorPolicy::Backoff
-        }
-    }
+/// How much of a malformed value's error a log line shows.
+const MALFORMED_LOG_CHARS: usize = 300;
+
+/// An error chain cut to a few hundred escaped characters (a malformed value's error
+/// quotes the value, which may be large or hostile).
+pub fn bounded_chain(e: &StoreError) -> String {
+    moor_csi::process::printable_bounded(&moor_csi::process::error_chain(e), MALFORMED_LOG_CHARS)
 }

@@ -16,7 +16,7 @@ mod watch;
 
 pub use batch::Batch;
 pub use connect::EtcdAuth;
-pub use error::{MalformedCause, StoreError, NOSPACE_HELP};
+pub use error::{bounded_chain, MalformedCause, StoreError, NOSPACE_HELP};
 pub use lease::{KeepAlive, LeaseId};
 pub use seal::{Keyring, KeyringError, OpenError, SealError};
 pub(crate) use send::Repeat;

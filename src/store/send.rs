@@ -4,6 +4,7 @@
 //! that never left this process cannot have been applied, and another attempt lands on
 //! a live member. A read is safe to repeat after any transport failure.
 
+use crate::backoff::Backoff;
 use std::future::Future;
 use std::time::Duration;
 
@@ -67,14 +68,13 @@ impl Store {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let mut delay = Duration::from_millis(5);
+        let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
         let mut attempt = 0;
         loop {
             match call(self.client()).await {
                 Err(e) if attempt < RETRIES && retryable(&e, repeat) => {
                     tracing::debug!(error = %e, attempt, "etcd request failed, sending it again");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_millis(200));
+                    tokio::time::sleep(backoff.next_delay()).await;
                     attempt += 1;
                 }
                 other => return other,

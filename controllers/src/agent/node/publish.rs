@@ -3,6 +3,7 @@
 //! recorded as uncertain before its call and done after it.
 
 use super::*;
+use moor::csi::requests::{self, NodeVolume};
 
 impl Reconcile {
     pub(super) async fn publish(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
@@ -107,22 +108,19 @@ impl Reconcile {
         // agent reads its node's claims only.
         let secrets = claim.spec.node_secrets.expose()?.clone();
         let capability = convert::node_capability(cap, &claim.spec.mount_options);
+        let v = NodeVolume {
+            claim,
+            volume_id: &external_id,
+            capability: &capability,
+            secrets: &secrets,
+        };
         if steps.is_empty() {
             // Adopted from an earlier run, or already done.
             return match expand_to {
                 Some(bytes) if online => {
                     let volume_path = path_str(&paths.target_plugin);
                     let r = self
-                        .ensure_expanded(
-                            &cfg,
-                            key,
-                            claim,
-                            &rec,
-                            bytes,
-                            volume_path,
-                            &capability,
-                            &secrets,
-                        )
+                        .ensure_expanded(&cfg, key, &v, &rec, bytes, &volume_path)
                         .await;
                     self.after_expansion(key, claim, r).await
                 }
@@ -146,45 +144,17 @@ impl Reconcile {
                     // Offline expansion: staged, not yet published.
                     if let (Some(bytes), Some(staging)) = (expand_to, &rec.staging_path) {
                         let volume_path = path_str(&plugin_path(&cfg, staging));
-                        self.ensure_expanded(
-                            &cfg,
-                            key,
-                            claim,
-                            &rec,
-                            bytes,
-                            volume_path,
-                            &capability,
-                            &secrets,
-                        )
-                        .await?;
+                        self.ensure_expanded(&cfg, key, &v, &rec, bytes, &volume_path)
+                            .await?;
                     }
                 }
                 match (step, &rec.staging_path) {
                     (plan::Forward::Stage, Some(staging)) => {
-                        self.ensure_staged(
-                            &cfg,
-                            key,
-                            claim,
-                            staging,
-                            &external_id,
-                            &capability,
-                            &secrets,
-                        )
-                        .await?
+                        self.ensure_staged(&cfg, key, &v, staging).await?
                     }
                     (plan::Forward::Stage, None) => {}
                     (plan::Forward::Publish, _) => {
-                        self.ensure_published(
-                            &cfg,
-                            key,
-                            claim,
-                            &rec,
-                            &paths,
-                            &external_id,
-                            &capability,
-                            &secrets,
-                        )
-                        .await?
+                        self.ensure_published(&cfg, key, &v, &rec, &paths).await?
                     }
                 }
             }
@@ -210,36 +180,29 @@ impl Reconcile {
 
     /// NodeExpandVolume of the volume at `volume_path` to `bytes`; the capacity is
     /// recorded in the claim's publish record (and so on its Mount).
-    #[allow(clippy::too_many_arguments)]
     async fn ensure_expanded(
         &self,
         cfg: &PluginConfig,
         key: &str,
-        claim: &Claim,
+        v: &NodeVolume<'_>,
         rec: &PublishRecord,
         bytes: u64,
-        volume_path: String,
-        capability: &v1::VolumeCapability,
-        secrets: &std::collections::BTreeMap<String, String>,
+        volume_path: &str,
     ) -> Result<(), NodeError> {
         const STEP: &str = "NodeExpandVolume";
+        let claim = v.claim;
         let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
         self.gate(key, STEP, inputs)?;
-        let req = v1::NodeExpandVolumeRequest {
-            volume_id: rec.external_id.to_string(),
-            volume_path,
-            capacity_range: Some(v1::CapacityRange {
-                required_bytes: bytes as i64,
-                limit_bytes: 0,
-            }),
-            staging_target_path: rec
-                .staging_path
-                .as_ref()
-                .map(|s| path_str(&plugin_path(cfg, s)))
-                .unwrap_or_default(),
-            volume_capability: Some(capability.clone()),
-            secrets: secrets.clone(),
+        let staging = rec
+            .staging_path
+            .as_ref()
+            .map(|s| path_str(&plugin_path(cfg, s)));
+        // The volume as the record names it (the one staged and published).
+        let v = NodeVolume {
+            volume_id: &rec.external_id,
+            ..*v
         };
+        let req = requests::node_expand(&v, volume_path, staging.as_deref(), bytes);
         let csi = self.csi(cfg)?;
         let resp = self.step(key, STEP, inputs, csi.node_expand(req)).await?;
         let got = if resp.capacity_bytes > 0 {
@@ -302,17 +265,14 @@ impl Reconcile {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn ensure_staged(
         &self,
         cfg: &PluginConfig,
         key: &str,
-        claim: &Claim,
+        v: &NodeVolume<'_>,
         staging: &Path,
-        external_id: &ExternalVolumeId,
-        capability: &v1::VolumeCapability,
-        secrets: &std::collections::BTreeMap<String, String>,
     ) -> Result<(), NodeError> {
+        let claim = v.claim;
         let current = self.r.local.lock().await.stages.get(staging).cloned();
         std::fs::create_dir_all(staging).map_err(|source| NodeError::Io {
             path: path_str(staging),
@@ -322,18 +282,11 @@ impl Reconcile {
             namespace: claim.metadata.namespace.clone(),
             volume: claim.spec.volume.clone(),
             plugin_id: cfg.id.clone(),
-            external_id: external_id.clone(),
+            external_id: v.volume_id.clone(),
             step: Step::Uncertain,
             attachment: claim.spec.attachment.clone(),
         };
-        let req = v1::NodeStageVolumeRequest {
-            volume_id: external_id.to_string(),
-            publish_context: claim.spec.publish_context.clone(),
-            staging_target_path: path_str(&plugin_path(cfg, staging)),
-            volume_capability: Some(capability.clone()),
-            secrets: secrets.clone(),
-            volume_context: claim.spec.volume_context.clone(),
-        };
+        let req = requests::node_stage(v, &path_str(&plugin_path(cfg, staging)));
         let csi = self.csi(cfg)?;
         let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
         let before = current.map_or(Step::Absent, |c| c.step);
@@ -417,38 +370,26 @@ impl Reconcile {
         .await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn ensure_published(
         &self,
         cfg: &PluginConfig,
         key: &str,
-        claim: &Claim,
+        v: &NodeVolume<'_>,
         rec: &PublishRecord,
         paths: &Paths,
-        external_id: &ExternalVolumeId,
-        capability: &v1::VolumeCapability,
-        secrets: &std::collections::BTreeMap<String, String>,
     ) -> Result<(), NodeError> {
+        let claim = v.claim;
         if let Some(parent) = paths.target_host.parent() {
             std::fs::create_dir_all(parent).map_err(|source| NodeError::Io {
                 path: path_str(parent),
                 source,
             })?;
         }
-        let req = v1::NodePublishVolumeRequest {
-            volume_id: external_id.to_string(),
-            publish_context: claim.spec.publish_context.clone(),
-            staging_target_path: rec
-                .staging_path
-                .as_ref()
-                .map(|s| path_str(&plugin_path(cfg, s)))
-                .unwrap_or_default(),
-            target_path: path_str(&paths.target_plugin),
-            volume_capability: Some(capability.clone()),
-            readonly: claim.spec.mode == ClaimMode::Read,
-            secrets: secrets.clone(),
-            volume_context: claim.spec.volume_context.clone(),
-        };
+        let staging = rec
+            .staging_path
+            .as_ref()
+            .map(|s| path_str(&plugin_path(cfg, s)));
+        let req = requests::node_publish(v, staging.as_deref(), &path_str(&paths.target_plugin));
         let csi = self.csi(cfg)?;
         let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
         let mark = |s: &mut LocalState, step: Step| {

@@ -1,0 +1,177 @@
+//! The node requests of a claim, built without I/O: one function per RPC, filling
+//! every field the CSI spec defines for it from the claim, the plugin's view of the
+//! paths, and the secrets. The node reconciler decides which to send and when.
+
+use std::collections::BTreeMap;
+
+use super::v1;
+use crate::api::{Claim, ClaimMode, ExternalVolumeId};
+
+/// What every node request of a claim carries.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeVolume<'a> {
+    /// The claim.
+    pub claim: &'a Claim,
+    /// The plugin's id of the volume.
+    pub volume_id: &'a ExternalVolumeId,
+    /// The claim's capability with its mount options ([`super::convert::node_capability`]).
+    pub capability: &'a v1::VolumeCapability,
+    /// The secrets NodeStage, NodePublish and NodeExpand carry (the claim's node
+    /// secrets, opened).
+    pub secrets: &'a BTreeMap<String, String>,
+}
+
+/// NodeStageVolume to `staging_target_path` (the plugin's view).
+pub fn node_stage(v: &NodeVolume, staging_target_path: &str) -> v1::NodeStageVolumeRequest {
+    v1::NodeStageVolumeRequest {
+        volume_id: v.volume_id.to_string(),
+        publish_context: v.claim.spec.publish_context.clone(),
+        staging_target_path: staging_target_path.to_string(),
+        volume_capability: Some(v.capability.clone()),
+        secrets: v.secrets.clone(),
+        volume_context: v.claim.spec.volume_context.clone(),
+    }
+}
+
+/// NodePublishVolume to `target_path`, from `staging_target_path` when the plugin
+/// stages (the plugin's views); read-only for a reading claim.
+pub fn node_publish(
+    v: &NodeVolume,
+    staging_target_path: Option<&str>,
+    target_path: &str,
+) -> v1::NodePublishVolumeRequest {
+    v1::NodePublishVolumeRequest {
+        volume_id: v.volume_id.to_string(),
+        publish_context: v.claim.spec.publish_context.clone(),
+        staging_target_path: staging_target_path.unwrap_or_default().to_string(),
+        target_path: target_path.to_string(),
+        volume_capability: Some(v.capability.clone()),
+        readonly: v.claim.spec.mode == ClaimMode::Read,
+        secrets: v.secrets.clone(),
+        volume_context: v.claim.spec.volume_context.clone(),
+    }
+}
+
+/// NodeExpandVolume of the volume at `volume_path` (published, or staged for an
+/// offline expansion) to at least `bytes`.
+pub fn node_expand(
+    v: &NodeVolume,
+    volume_path: &str,
+    staging_target_path: Option<&str>,
+    bytes: u64,
+) -> v1::NodeExpandVolumeRequest {
+    v1::NodeExpandVolumeRequest {
+        volume_id: v.volume_id.to_string(),
+        volume_path: volume_path.to_string(),
+        capacity_range: Some(v1::CapacityRange {
+            required_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+            limit_bytes: 0,
+        }),
+        staging_target_path: staging_target_path.unwrap_or_default().to_string(),
+        volume_capability: Some(v.capability.clone()),
+        secrets: v.secrets.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::*;
+
+    fn claim(mode: ClaimMode) -> Claim {
+        Claim::new(
+            &Namespace::default_ns(),
+            Name::new("a1.data").unwrap(),
+            ClaimSpec {
+                mode,
+                publish_context: [("lun".to_string(), "3".to_string())].into(),
+                volume_context: [("pool".to_string(), "fast".to_string())].into(),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn id() -> ExternalVolumeId {
+        ExternalVolumeId::new("vol-1").unwrap()
+    }
+
+    fn capability() -> v1::VolumeCapability {
+        crate::csi::convert::node_capability(
+            VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            },
+            &MountOptions::default(),
+        )
+    }
+
+    #[test]
+    fn stage_carries_every_field_the_spec_defines() {
+        let c = claim(ClaimMode::Write);
+        let (id, cap) = (id(), capability());
+        let secrets = [("token".to_string(), "t".to_string())].into();
+        let v = NodeVolume {
+            claim: &c,
+            volume_id: &id,
+            capability: &cap,
+            secrets: &secrets,
+        };
+        let r = node_stage(&v, "/csi/staging/x");
+        assert_eq!(r.volume_id, "vol-1");
+        assert_eq!(r.publish_context["lun"], "3");
+        assert_eq!(r.staging_target_path, "/csi/staging/x");
+        assert_eq!(r.volume_capability, Some(cap.clone()));
+        assert_eq!(r.secrets, secrets);
+        assert_eq!(r.volume_context["pool"], "fast");
+    }
+
+    #[test]
+    fn publish_is_read_only_for_a_reader_and_names_the_staging_path_only_when_staged() {
+        let (id, cap) = (id(), capability());
+        let secrets = BTreeMap::new();
+        let writer = claim(ClaimMode::Write);
+        let v = NodeVolume {
+            claim: &writer,
+            volume_id: &id,
+            capability: &cap,
+            secrets: &secrets,
+        };
+        let r = node_publish(&v, Some("/csi/staging/x"), "/csi/target/y");
+        assert!(!r.readonly);
+        assert_eq!(r.staging_target_path, "/csi/staging/x");
+        assert_eq!(r.target_path, "/csi/target/y");
+        assert_eq!(r.publish_context["lun"], "3");
+        assert_eq!(r.volume_context["pool"], "fast");
+        assert_eq!(r.volume_capability, Some(cap.clone()));
+        let reader = claim(ClaimMode::Read);
+        let v = NodeVolume {
+            claim: &reader,
+            ..v
+        };
+        let r = node_publish(&v, None, "/csi/target/y");
+        assert!(r.readonly);
+        assert_eq!(r.staging_target_path, "");
+    }
+
+    #[test]
+    fn expand_asks_for_at_least_the_capacity_without_a_limit() {
+        let c = claim(ClaimMode::Write);
+        let (id, cap) = (id(), capability());
+        let secrets = BTreeMap::new();
+        let v = NodeVolume {
+            claim: &c,
+            volume_id: &id,
+            capability: &cap,
+            secrets: &secrets,
+        };
+        let r = node_expand(&v, "/csi/target/y", Some("/csi/staging/x"), 4 << 20);
+        assert_eq!(r.volume_path, "/csi/target/y");
+        assert_eq!(r.staging_target_path, "/csi/staging/x");
+        let range = r.capacity_range.unwrap();
+        assert_eq!((range.required_bytes, range.limit_bytes), (4 << 20, 0));
+        // Sizes past i64 are clamped, not wrapped negative.
+        let r = node_expand(&v, "/p", None, u64::MAX);
+        assert_eq!(r.capacity_range.unwrap().required_bytes, i64::MAX);
+        assert_eq!(r.staging_target_path, "");
+    }
+}
