@@ -6,11 +6,9 @@
 mod common;
 
 use common::Etcd;
-use etcd_client::{EventType as WatchEventType, WatchOptions};
 use moor::api::*;
 use moor::runtime::events::{flush, Recorder};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const PREFIX: &str = "/t/";
@@ -31,31 +29,18 @@ fn claim_ref() -> ObjectRef {
     }
 }
 
-/// Counts the puts under the events prefix, by key, from now on.
-async fn count_puts(etcd: &Etcd) -> Arc<Mutex<BTreeMap<String, usize>>> {
-    let counts: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
-    let mut client = etcd_client::Client::connect([etcd.client_url.as_str()], None)
-        .await
-        .unwrap();
-    let prefix = format!("{PREFIX}events/");
-    let mut stream = client
-        .watch(prefix, Some(WatchOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    let c = counts.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(resp)) = stream.message().await {
-            for e in resp.events() {
-                if e.event_type() == WatchEventType::Put {
-                    if let Some(kv) = e.kv() {
-                        let key = String::from_utf8_lossy(kv.key()).into_owned();
-                        *c.lock().unwrap().entry(key).or_default() += 1;
-                    }
-                }
-            }
-        }
-    });
-    counts
+/// Records a Warning on node n1 about claim a1.data.
+async fn warn(recorder: &Recorder, message: String) {
+    recorder
+        .record_related(
+            node_ref(),
+            Some(claim_ref()),
+            EventType::Warning,
+            "Mount volume",
+            message,
+            BTreeMap::new(),
+        )
+        .await;
 }
 
 async fn events(store: &moor::store::Store) -> Vec<Event> {
@@ -70,37 +55,23 @@ async fn events(store: &moor::store::Store) -> Vec<Event> {
 async fn repeats_fold_into_one_event_and_a_flush_writes_what_is_left() {
     let etcd = Etcd::start().await;
     let store = etcd.store(PREFIX).await;
-    let puts = count_puts(&etcd).await;
+    let puts = common::count_puts(&etcd.client_url, &format!("{PREFIX}events/")).await;
     let window = Duration::from_secs(1);
     let recorder = Recorder::with_fold_window(store.clone(), "agent/n1", window);
     let failing =
         |i: usize| format!("v1 could not be published for claim a1.data: attempt {i}: Unavailable");
     let started = Instant::now();
     for i in 0..100 {
-        recorder
-            .record_related(
-                node_ref(),
-                Some(claim_ref()),
-                EventType::Warning,
-                "Mount volume",
-                failing(i),
-                BTreeMap::new(),
-            )
-            .await;
+        warn(&recorder, failing(i)).await;
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     // Another message (not only its numbers): another event, folded on its own.
     for _ in 0..2 {
-        recorder
-            .record_related(
-                node_ref(),
-                Some(claim_ref()),
-                EventType::Warning,
-                "Mount volume",
-                "v1 could not be published for claim a1.data: permission denied".into(),
-                BTreeMap::new(),
-            )
-            .await;
+        warn(
+            &recorder,
+            "v1 could not be published for claim a1.data: permission denied".into(),
+        )
+        .await;
     }
     let elapsed = started.elapsed();
     // Each run's last repeat is written within a window of its previous write.
@@ -138,16 +109,7 @@ async fn repeats_fold_into_one_event_and_a_flush_writes_what_is_left() {
     );
 
     // A repeat and a burst recorded right before a flush: all written when it returns.
-    recorder
-        .record_related(
-            node_ref(),
-            Some(claim_ref()),
-            EventType::Warning,
-            "Mount volume",
-            failing(100),
-            BTreeMap::new(),
-        )
-        .await;
+    warn(&recorder, failing(100)).await;
     const BURST: usize = 1000;
     for i in 0..BURST {
         let object = ObjectRef {

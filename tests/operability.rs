@@ -7,39 +7,15 @@ mod cluster;
 mod common;
 
 use cluster::{Cluster, PluginOpts};
-use etcd_client::{EventType as WatchEventType, WatchOptions};
 use moor::api::*;
 use moor_hostpath::faults::Command;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(60);
 /// The harness's `--event-window`.
 const WINDOW: Duration = Duration::from_secs(1);
-
-/// Counts puts under `prefix` (full key) by key, from now on.
-async fn count_puts(url: &str, prefix: &str) -> Arc<Mutex<BTreeMap<String, usize>>> {
-    let counts: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
-    let mut client = etcd_client::Client::connect([url], None).await.unwrap();
-    let mut stream = client
-        .watch(prefix, Some(WatchOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    let c = counts.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(resp)) = stream.message().await {
-            for e in resp.events() {
-                if let (WatchEventType::Put, Some(kv)) = (e.event_type(), e.kv()) {
-                    let key = String::from_utf8_lossy(kv.key()).into_owned();
-                    *c.lock().unwrap().entry(key).or_default() += 1;
-                }
-            }
-        }
-    });
-    counts
-}
 
 /// The JSON lines of a log; panics on a line that is not one.
 fn json_lines(log: &str) -> Vec<Value> {
@@ -75,7 +51,7 @@ async fn a_step_failing_100_times_costs_a_few_event_writes_and_nothing_said_is_l
             times: 100,
         })
         .await;
-    let puts = count_puts(&c.etcd.client_url, "/moor/events/node/n2/").await;
+    let puts = common::count_puts(&c.etcd.client_url, "/moor/events/node/n2/").await;
     let started = Instant::now();
     c.apply(c.allocation("a1", "n2", "v1", false)).await;
     c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;

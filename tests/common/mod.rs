@@ -274,6 +274,34 @@ where
     }
 }
 
+/// Counts the puts under `prefix` (a full key prefix), by key, from now on, through a
+/// watch of its own (etcd's count of writes, whatever wrote them).
+pub async fn count_puts(
+    url: &str,
+    prefix: &str,
+) -> std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, usize>>> {
+    use etcd_client::{EventType, WatchOptions};
+    let counts: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, usize>>> =
+        Default::default();
+    let mut client = etcd_client::Client::connect([url], None).await.unwrap();
+    let mut stream = client
+        .watch(prefix, Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let c = counts.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(resp)) = stream.message().await {
+            for e in resp.events() {
+                if let (EventType::Put, Some(kv)) = (e.event_type(), e.kv()) {
+                    let key = String::from_utf8_lossy(kv.key()).into_owned();
+                    *c.lock().unwrap().entry(key).or_default() += 1;
+                }
+            }
+        }
+    });
+    counts
+}
+
 pub mod fixtures {
     use moor::api::*;
 
