@@ -16,7 +16,7 @@
 //!    allocation is gone is deleted once it has expired.
 
 use moor::api::*;
-use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
+use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::StoreError;
 use std::sync::Arc;
@@ -27,21 +27,6 @@ use super::plan::{self, Liveness};
 use super::Ctx;
 use super::Informers;
 use crate::common::{details, object_ref};
-
-/// Why an allocation could not be converged.
-#[derive(Debug, thiserror::Error)]
-pub enum AllocationError {
-    /// Reading or writing etcd failed.
-    #[error("store operation failed")]
-    Store(#[from] StoreError),
-}
-
-impl ReconcileError for AllocationError {
-    fn policy(&self) -> ErrorPolicy {
-        let AllocationError::Store(e) = self;
-        e.policy()
-    }
-}
 
 /// Runs until `stop`.
 pub async fn run(
@@ -89,7 +74,7 @@ fn lease_of(ctx: &Ctx, key: &str) -> Option<(Arc<Lease>, Duration)> {
 
 /// A lease whose allocation is gone: deleted once expired (its runner may still be
 /// about to create the allocation until then).
-async fn collect_lease(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
+async fn collect_lease(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     let Some((lease, unrenewed)) = lease_of(ctx, key) else {
         return Ok(Action::AwaitChange);
     };
@@ -99,12 +84,12 @@ async fn collect_lease(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> 
     // Its deletion comes back through the lease watch, which forgets it.
     match ctx.store.delete_read(&lease).await {
         Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {}
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e),
     }
     Ok(Action::AwaitChange)
 }
 
-async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
+async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     ctx.ready().await;
     let Some(alloc) = ctx.allocations.get(key) else {
         return collect_lease(ctx, key).await;
@@ -134,7 +119,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
             Err(StoreError::Conflict { .. }) => {
                 return Ok(Action::Requeue(Duration::from_millis(50)))
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
         let d = details([("allocation", alloc.metadata.name.to_string())]);
         ctx.recorder
@@ -161,7 +146,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, AllocationError> {
 }
 
 /// One claim per request, and the phase.
-async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, AllocationError> {
+async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreError> {
     let ns = &alloc.metadata.namespace;
     let terminal = alloc.is_terminal() || alloc.is_deleting();
     let mut waiting = Vec::new();
@@ -186,7 +171,7 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, Allocati
                 match ctx.store.delete_read(&c).await {
                     Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(e),
                 }
                 rerun = true;
                 phases.push(ClaimPhase::Pending);
@@ -216,7 +201,7 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, Allocati
         claim.metadata.trace = moor::telemetry::traceparent(&root);
         match ctx.store.create(&claim).await {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => phases.push(ClaimPhase::Pending),
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
     }
     let phase = if terminal {
@@ -244,7 +229,7 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, Allocati
             Err(StoreError::Conflict { .. }) => {
                 return Ok(Action::Requeue(Duration::from_millis(50)))
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
     }
     if rerun {

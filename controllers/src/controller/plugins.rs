@@ -15,7 +15,7 @@
 //! 3. A plugin with no instance left is deleted.
 
 use moor::api::*;
-use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
+use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::StoreError;
 use std::collections::{BTreeMap, HashMap};
@@ -24,21 +24,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::Ctx;
 use super::Informers;
-
-/// Why a plugin could not be converged.
-#[derive(Debug, thiserror::Error)]
-pub enum PluginError {
-    /// Reading or writing etcd failed.
-    #[error("store operation failed")]
-    Store(#[from] StoreError),
-}
-
-impl ReconcileError for PluginError {
-    fn policy(&self) -> ErrorPolicy {
-        let PluginError::Store(e) = self;
-        e.policy()
-    }
-}
 
 /// Runs until `stop`.
 pub async fn run(
@@ -85,7 +70,7 @@ pub async fn run(
         .await;
 }
 
-async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
+async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     ctx.ready().await;
     let Ok(plugin_key) = ObjectKey::<PluginSpec>::parse(key) else {
         return Ok(Action::AwaitChange);
@@ -118,7 +103,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, PluginError> {
         if let Some(p) = &current {
             match ctx.store.delete_read(p).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
         return Ok(Action::AwaitChange);

@@ -11,7 +11,7 @@
 //!    claim reconciler as it admits and releases.
 
 use moor::api::*;
-use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
+use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::StoreError;
 use std::sync::Arc;
@@ -23,21 +23,6 @@ use moor::admission::external_id;
 
 /// The controller's finalizer on volumes.
 pub const FINALIZER: &str = "moor.dev/claims";
-
-/// Why a volume could not be converged.
-#[derive(Debug, thiserror::Error)]
-pub enum VolumeError {
-    /// Reading or writing etcd failed.
-    #[error("store operation failed")]
-    Store(#[from] StoreError),
-}
-
-impl ReconcileError for VolumeError {
-    fn policy(&self) -> ErrorPolicy {
-        let VolumeError::Store(e) = self;
-        e.policy()
-    }
-}
 
 /// Runs until `stop`.
 pub async fn run(
@@ -83,7 +68,7 @@ pub async fn run(
         .await;
 }
 
-async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, VolumeError> {
+async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     ctx.ready().await;
     let Some(vol) = ctx.volumes.get(key) else {
         return Ok(Action::AwaitChange);
@@ -97,7 +82,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, VolumeError> {
             v.metadata.finalizers.retain(|f| f != FINALIZER);
             match ctx.store.replace(&v).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
             return Ok(Action::AwaitChange);
         }

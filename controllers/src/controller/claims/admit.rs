@@ -4,7 +4,7 @@
 
 use super::*;
 
-pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
+pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError> {
     let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
     let node = ctx.nodes.get(&Node::key_for(&claim.spec.node));
     let checked = admission::check(claim, volume.as_deref(), node.as_deref(), || {
@@ -82,7 +82,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError
         Ok(Err(Refusal::Deny(denied))) => return refuse(ctx, claim, Verdict::Deny(denied)).await,
         // The volume changed since the cache showed it: decide again on the new one.
         Ok(Err(Refusal::Stale)) => return Ok(Action::Requeue(Duration::from_millis(50))),
-        Err(ClaimError::Store(StoreError::NotFound { .. })) => {
+        Err(StoreError::NotFound { .. }) => {
             return refuse(
                 ctx,
                 claim,
@@ -113,7 +113,7 @@ pub(super) async fn refuse(
     ctx: &Ctx,
     claim: &Claim,
     verdict: Verdict,
-) -> Result<Action, ClaimError> {
+) -> Result<Action, StoreError> {
     let (phase, reason) = match verdict {
         Verdict::Wait(r) => (ClaimPhase::Pending, r),
         Verdict::Deny(r) => (ClaimPhase::Denied, r),

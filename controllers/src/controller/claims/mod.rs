@@ -21,7 +21,7 @@
 
 use futures::StreamExt;
 use moor::api::*;
-use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
+use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::{Batch, StoreError};
 use std::collections::BTreeMap;
@@ -51,21 +51,6 @@ use moor::admission::{self, Verdict};
 
 /// How many past claims a volume remembers.
 const PAST_CLAIMS: usize = 16;
-
-/// Why a claim could not be converged.
-#[derive(Debug, thiserror::Error)]
-pub enum ClaimError {
-    /// Reading or writing etcd failed.
-    #[error("store operation failed")]
-    Store(#[from] StoreError),
-}
-
-impl ReconcileError for ClaimError {
-    fn policy(&self) -> ErrorPolicy {
-        let ClaimError::Store(e) = self;
-        e.policy()
-    }
-}
 
 /// Runs until `stop`.
 pub async fn run(
@@ -148,7 +133,7 @@ pub async fn run(
         .await;
 }
 
-async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
+async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     ctx.ready().await;
     let Some(cached) = ctx.claims.get(key) else {
         return Ok(Action::AwaitChange);
@@ -175,7 +160,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, ClaimError> {
 }
 
 /// One reconcile of a claim read fresh (under its volume's lock).
-async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, ClaimError> {
+async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, StoreError> {
     let alloc = ctx.allocations.get(&Allocation::key_for(
         &claim.metadata.namespace,
         &claim.spec.allocation,
@@ -246,7 +231,7 @@ fn next_claim(claim: &Claim, mut next: Claim) -> Option<Claim> {
 }
 
 /// Writes `next` (spec and status at once) over `claim`, as stored, if it differs.
-async fn write(ctx: &Ctx, claim: &Claim, next: Claim) -> Result<(), ClaimError> {
+async fn write(ctx: &Ctx, claim: &Claim, next: Claim) -> Result<(), StoreError> {
     if let Some(next) = next_claim(claim, next) {
         ctx.wrote(&ctx.store.update(claim, &next).await?);
     }
@@ -311,7 +296,7 @@ async fn with_volume<E>(
     mut f: impl FnMut(&Volume, &mut VolumeStatus) -> Result<bool, E>,
     next: Claim,
     guard: Option<&Attachment>,
-) -> Result<Result<(), E>, ClaimError> {
+) -> Result<Result<(), E>, StoreError> {
     let ns = &claim.metadata.namespace;
     let key = Volume::key_for(ns, &claim.spec.volume);
     if let Some(read) = ctx.own_writes.fresh(&ctx.store, &ctx.volumes, &key).await? {
@@ -323,7 +308,7 @@ async fn with_volume<E>(
         match write_with(ctx, &read, changed, claim, next.clone(), guard).await {
             Ok(()) => return Ok(Ok(())),
             Err(StoreError::Conflict { .. }) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
     }
     let mut verdict = Ok(());
@@ -355,7 +340,7 @@ async fn set_status(
     ctx: &Ctx,
     claim: &Claim,
     f: impl Fn(&mut ClaimStatus),
-) -> Result<(), ClaimError> {
+) -> Result<(), StoreError> {
     let mut next = claim.clone();
     f(&mut next.status);
     write(ctx, claim, next).await

@@ -65,7 +65,7 @@ pub(super) fn withdraw(c: &mut Claim, why: &str, volume: Option<&Volume>) {
 /// Carries out the claim's controller-publish step ([`plan::attach`]): creates a
 /// missing attachment, asks for the detach of one that does not cover the claim, and
 /// says whether the node may act.
-pub(super) async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach, ClaimError> {
+pub(super) async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach, StoreError> {
     let (state, todo) = attachment_state(ctx, claim).await?;
     match todo {
         Some(AttachTodo::Create(att)) => create_attachment(ctx, &att).await?,
@@ -79,11 +79,11 @@ pub(super) async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach
     Ok(state)
 }
 
-pub(super) async fn create_attachment(ctx: &Ctx, att: &Attachment) -> Result<(), ClaimError> {
+pub(super) async fn create_attachment(ctx: &Ctx, att: &Attachment) -> Result<(), StoreError> {
     match ctx.store.create(att).await {
         Ok(created) => ctx.wrote(&created),
         Err(StoreError::AlreadyExists { .. }) => {}
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e),
     }
     Ok(())
 }
@@ -101,7 +101,7 @@ pub(super) enum AttachTodo {
 pub(super) async fn attachment_state(
     ctx: &Ctx,
     claim: &Claim,
-) -> Result<(Attach, Option<AttachTodo>), ClaimError> {
+) -> Result<(Attach, Option<AttachTodo>), StoreError> {
     let plugin = ctx.plugins.get(&Plugin::key_for(&claim.spec.plugin_id));
     let node = ctx.nodes.get(&Node::key_for(&claim.spec.node));
     let needs_attachment = plugin
@@ -166,7 +166,7 @@ pub(super) async fn attachment_state(
 pub(super) async fn attachment_needed_by_others(
     ctx: &Ctx,
     claim: &Claim,
-) -> Result<bool, ClaimError> {
+) -> Result<bool, StoreError> {
     for o in ctx.claims.by_index(
         BY_VOLUME,
         &volume_index(&claim.metadata.namespace, claim.spec.volume.as_str()),
@@ -188,7 +188,7 @@ pub(super) fn waiting_for_node(claim: &Claim) -> String {
     format!("waiting for node {} to publish", claim.spec.node)
 }
 
-pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimError> {
+pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError> {
     let grant = match ensure_attachment(ctx, claim).await? {
         Attach::Ready(grant) => grant,
         Attach::Wait(why) => return waiting(ctx, claim, &why).await,
@@ -241,7 +241,7 @@ pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, ClaimErr
 
 /// Withdraws the node permission of a claim whose attachment was force-detached
 /// under it ([`plan::AttachPlan::Revoke`]), with a Warning.
-async fn revoke(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, ClaimError> {
+async fn revoke(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, StoreError> {
     let mut c = claim.clone();
     let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
     withdraw(&mut c, why, volume.as_deref());
@@ -265,7 +265,7 @@ pub(super) async fn revoked_event(ctx: &Ctx, claim: &Claim, why: &str) {
     .await;
 }
 
-async fn waiting(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, ClaimError> {
+async fn waiting(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, StoreError> {
     set_status(ctx, claim, |st| st.reason = Some(why.to_string())).await?;
     Ok(Action::AwaitChange)
 }

@@ -93,12 +93,12 @@ pub(super) async fn release(
     ctx: &Ctx,
     claim: &Claim,
     alloc_gone: bool,
-) -> Result<Action, ClaimError> {
+) -> Result<Action, StoreError> {
     if claim.status.phase == ClaimPhase::Released {
         if alloc_gone {
             match ctx.store.delete(&claim.object_key(), None).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
         return Ok(Action::AwaitChange);
@@ -186,7 +186,7 @@ pub(super) async fn release(
     .await;
     match dropped {
         Ok(_) => {}
-        Err(ClaimError::Store(StoreError::NotFound { .. })) => write(ctx, claim, released).await?,
+        Err(StoreError::NotFound { .. }) => write(ctx, claim, released).await?,
         Err(e) => return Err(e),
     }
     event(
@@ -212,7 +212,7 @@ pub(super) async fn release(
 /// transaction holds only while it still is: a node that registers again first makes
 /// the decision be taken again with it present, and an agent acts only after it has
 /// registered, so it reads the withdrawals this transaction made.
-async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), ClaimError> {
+async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), StoreError> {
     const WHY: &str = "the volume's attachment to the node is being force-detached";
     let mut batch = Batch::default();
     let detached = if att.spec.detach {
