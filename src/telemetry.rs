@@ -17,7 +17,7 @@ use opentelemetry::trace::{
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
+use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
@@ -57,23 +57,10 @@ pub fn init(
     otlp_endpoint: Option<&str>,
     service: &str,
 ) -> anyhow::Result<Telemetry> {
-    let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Trace spans repeat the reconcile span's fields: the logs leave them out.
-    let filter = filter_fn(|meta| !(meta.is_span() && meta.target() == TARGET)).and(env);
-    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let logs = match format {
-        LogFormat::Text => logs
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_filter(filter)
-            .boxed(),
-        LogFormat::Json => logs
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(true)
-            .with_filter(filter)
-            .boxed(),
-    };
+    let filter = filter_fn(|meta| !(meta.is_span() && meta.target() == TARGET))
+        .and(moor_csi::process::env_filter());
+    let logs = moor_csi::process::log_layer(format).with_filter(filter);
     let provider = match otlp_endpoint {
         Some(endpoint) => {
             let exporter = opentelemetry_otlp::SpanExporter::builder()

@@ -28,26 +28,43 @@ impl std::str::FromStr for LogFormat {
     }
 }
 
-/// Installs the tracing subscriber: stderr, filtered by `RUST_LOG` (default `info`), in
-/// `format`; text has colours only when stderr is a terminal (not in log files or
-/// journald). Call once at the start of `main`.
-pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+/// The log layer every moor binary writes through: stderr, in `format`; text has
+/// colours only when stderr is a terminal (not in log files or journald). Unfiltered:
+/// the caller adds its filter.
+pub fn log_layer<S>(format: LogFormat) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer;
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder
+        LogFormat::Text => layer
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-        LogFormat::Json => builder
+            .boxed(),
+        LogFormat::Json => layer
             .json()
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(true)
-            .init(),
+            .boxed(),
     }
+}
+
+/// The `RUST_LOG` filter (default `info`).
+pub fn env_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+}
+
+/// Installs the tracing subscriber: [`log_layer`] filtered by [`env_filter`]. Call once
+/// at the start of `main`.
+pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    tracing_subscriber::registry()
+        .with(log_layer(format).with_filter(env_filter()))
+        .init();
 }
 
 /// A token cancelled on the first SIGINT or SIGTERM.

@@ -90,8 +90,14 @@ impl VolumeSpec {
     pub fn force_detached(&self, node: &NodeName, admitted: Option<i64>) -> bool {
         self.force_detach
             .get(node)
-            .is_some_and(|at| admitted.is_none_or(|a| a < *at))
+            .is_some_and(|at| declared_before(*at, admitted))
     }
+}
+
+/// Whether a declaration made at volume generation `at` covers a claim admitted at
+/// `admitted` (earlier; unknown for claims admitted by earlier versions).
+fn declared_before(at: i64, admitted: Option<i64>) -> bool {
+    admitted.is_none_or(|a| a < at)
 }
 
 /// The key of node `node`'s force-detach declarations: the volumes an operator declared
@@ -154,10 +160,7 @@ impl Declarations {
                 .volume_uid
                 .as_ref()
                 .is_none_or(|uid| *uid == d.uid)
-                && claim
-                    .spec
-                    .volume_generation
-                    .is_none_or(|g| g < d.generation)
+                && declared_before(d.generation, claim.spec.volume_generation)
         })
     }
 }
