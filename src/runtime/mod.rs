@@ -11,8 +11,9 @@
 //! - [`events`]: the event recorder (events share a lease per time window).
 //! - [`leader`]: leader election on an etcd lease, fenced on its key.
 //! - [`metrics`]: per-controller counters, gauge and histogram in a Prometheus registry.
-//! - [`own_writes`]: a cache view that reads this process's own writes before the cache
-//!   shows them.
+//! - [`writer`]: the store handle reconcilers write through; it records their writes,
+//!   so a read of an object the cache shows behind this process's last write goes to
+//!   the store.
 //! - [`steps`]: per (object, step) retry gates that a reconciler's own writes cannot reset.
 
 /// Exponential backoff with jitter (the crate's, shared with the store and CSI).
@@ -22,11 +23,11 @@ pub mod events;
 pub mod informer;
 pub mod leader;
 pub mod metrics;
-pub mod own_writes;
 pub mod queue;
 pub mod reflector;
 pub mod steps;
 pub mod watcher;
+pub mod writer;
 
 use crate::api::{Object, Spec};
 

@@ -32,6 +32,8 @@ struct Guard {
     /// The batch writes the whole object at this key (an update): over garbage there,
     /// it may write its own state instead.
     repairs: bool,
+    /// The update deletes the object (it removed the last finalizer of a deletion).
+    deletes: bool,
 }
 
 /// Writes to commit at once with [`Batch::commit`]. Each is guarded by the version
@@ -78,25 +80,35 @@ impl Batch {
         let full = store.full_key(&obj.key());
         self.compares
             .push(Compare::mod_revision(full.clone(), CompareOp::Equal, rv));
-        self.ops
-            .push(if obj.is_deleting() && obj.metadata.finalizers.is_empty() {
-                // Removing the last finalizer of an object being deleted deletes it.
-                TxnOp::delete(full, None)
-            } else {
-                // An update keeps the key's lease (a Node lives under its agent's lease).
-                TxnOp::put(
-                    full,
-                    store.codec().encode(&obj)?,
-                    Some(PutOptions::new().with_ignore_lease()),
-                )
-            });
+        let deletes = obj.is_deleting() && obj.metadata.finalizers.is_empty();
+        self.ops.push(if deletes {
+            // Removing the last finalizer of an object being deleted deletes it.
+            TxnOp::delete(full, None)
+        } else {
+            // An update keeps the key's lease (a Node lives under its agent's lease).
+            TxnOp::put(
+                full,
+                store.codec().encode(&obj)?,
+                Some(PutOptions::new().with_ignore_lease()),
+            )
+        });
         self.keys.push(Guard {
             key: obj.key(),
             expected: rv,
             check: Some(check_as::<S>),
             repairs: true,
+            deletes,
         });
         Ok(obj)
+    }
+
+    /// The objects the batch writes (by key), and whether it deletes each.
+    pub fn written(&self) -> Vec<(String, bool)> {
+        self.keys
+            .iter()
+            .filter(|g| g.repairs)
+            .map(|g| (g.key.clone(), g.deletes))
+            .collect()
     }
 
     /// Adds a guard without a write: the batch commits only while `read` is still
@@ -113,6 +125,7 @@ impl Batch {
             expected: read.metadata.resource_version,
             check: Some(check_as::<S>),
             repairs: false,
+            deletes: false,
         });
     }
 
@@ -127,6 +140,7 @@ impl Batch {
             expected: 0,
             check: None,
             repairs: false,
+            deletes: false,
         });
     }
 
@@ -145,6 +159,7 @@ impl Batch {
             expected: read_at,
             check: None,
             repairs: false,
+            deletes: false,
         });
     }
 
@@ -186,6 +201,7 @@ impl Batch {
             expected: 0,
             check: None,
             repairs: false,
+            deletes: false,
         });
         Ok(obj)
     }

@@ -100,12 +100,7 @@ impl Attacher {
             .lock(Volume::key_for(&att.metadata.namespace, &att.spec.volume).as_str())
             .await;
         // The cache may lag our own last write: then act on what etcd holds now.
-        let Some(att) = self
-            .ctx
-            .own_writes
-            .fresh(&self.ctx.reads, &reader, &att.object_key())
-            .await?
-        else {
+        let Some(att) = self.ctx.writer.fresh(&reader, &att.object_key()).await? else {
             return Ok(Action::AwaitChange);
         };
         // A step of the trace of the claim the attachment was made for.
@@ -134,34 +129,6 @@ impl Attacher {
             .get(&Volume::key_for(&att.metadata.namespace, &att.spec.volume))
     }
 
-    /// Writes `f` onto the status of `known` (as last read or written): guarded by its
-    /// version, with no read; if someone wrote since, through a fresh read.
-    async fn write_status(
-        &self,
-        known: &Attachment,
-        f: impl Fn(&mut AttachmentStatus),
-    ) -> Result<Attachment, StoreError> {
-        let mut next = known.clone();
-        f(&mut next.status);
-        if next.status == known.status {
-            return Ok(next);
-        }
-        let written = match self.ctx.writes.update(known, &next).await {
-            Err(StoreError::Conflict { .. }) => {
-                self.ctx
-                    .writes
-                    .modify_status(&known.object_key(), |_, st| {
-                        f(st);
-                        true
-                    })
-                    .await?
-            }
-            other => other?,
-        };
-        self.ctx.own_writes.wrote(&written);
-        Ok(written)
-    }
-
     /// The fingerprint of what the attachment's steps depend on: its spec and the
     /// plugin's fingerprint. The attacher's own status writes change neither.
     fn inputs(&self, att: &Attachment) -> u64 {
@@ -186,7 +153,11 @@ impl Attacher {
             None => Default::default(),
         };
         // Checkpoint: from here on the volume may be attached.
-        let att = &self.write_status(att, |st| st.uncertain = true).await?;
+        let att = &self
+            .ctx
+            .writer
+            .write_status(att, |st| st.uncertain = true)
+            .await?;
         if let Some(v) = &volume {
             context.extend(v.status.provisioning.volume_context.clone());
         }
@@ -207,15 +178,17 @@ impl Attacher {
         match self.ctx.csi()?.controller_publish(req).await {
             Ok(resp) => {
                 self.ctx.steps.succeeded(&key, STEP);
-                self.write_status(att, |st| {
-                    st.phase = AttachmentPhase::Attached;
-                    st.publish_context = resp.publish_context.clone();
-                    st.uncertain = false;
-                    st.meta.last_error = None;
-                    st.meta.retry = None;
-                    st.meta.set_condition("Attached", true, "Published", "");
-                })
-                .await?;
+                self.ctx
+                    .writer
+                    .write_status(att, |st| {
+                        st.phase = AttachmentPhase::Attached;
+                        st.publish_context = resp.publish_context.clone();
+                        st.uncertain = false;
+                        st.meta.last_error = None;
+                        st.meta.retry = None;
+                        st.meta.set_condition("Attached", true, "Published", "");
+                    })
+                    .await?;
                 self.event(att, "Attach volume", None).await;
                 Ok(Action::AwaitChange)
             }
@@ -223,14 +196,16 @@ impl Attacher {
                 let uncertain = was_uncertain || e.is_uncertain();
                 let (failure, delay) = self.ctx.steps.failed_call(&key, STEP, inputs, &e);
                 let msg = e.to_string();
-                self.write_status(att, |st| {
-                    st.uncertain = uncertain;
-                    st.meta.last_error = Some(msg.clone());
-                    st.meta.retry = Some(failure.clone());
-                    st.meta
-                        .set_condition("Attached", false, "PublishFailed", &msg);
-                })
-                .await?;
+                self.ctx
+                    .writer
+                    .write_status(att, |st| {
+                        st.uncertain = uncertain;
+                        st.meta.last_error = Some(msg.clone());
+                        st.meta.retry = Some(failure.clone());
+                        st.meta
+                            .set_condition("Attached", false, "PublishFailed", &msg);
+                    })
+                    .await?;
                 self.event(att, "Attach volume", Some(msg)).await;
                 tracing::warn!(attachment = %key, error = %e, retry_in = ?delay, "ControllerPublish failed");
                 Ok(Action::Requeue(delay))
@@ -259,6 +234,8 @@ impl Attacher {
                 None => Default::default(),
             };
             let att = &self
+                .ctx
+                .writer
                 .write_status(att, |st| st.phase = AttachmentPhase::Detaching)
                 .await?;
             let req = v1::ControllerUnpublishVolumeRequest {
@@ -269,12 +246,14 @@ impl Attacher {
             if let Err(e) = self.ctx.csi()?.controller_unpublish(req).await {
                 let (failure, delay) = self.ctx.steps.failed_call(&key, STEP, inputs, &e);
                 let msg = e.to_string();
-                self.write_status(att, |st| {
-                    st.phase = AttachmentPhase::Detaching;
-                    st.meta.last_error = Some(msg.clone());
-                    st.meta.retry = Some(failure.clone());
-                })
-                .await?;
+                self.ctx
+                    .writer
+                    .write_status(att, |st| {
+                        st.phase = AttachmentPhase::Detaching;
+                        st.meta.last_error = Some(msg.clone());
+                        st.meta.retry = Some(failure.clone());
+                    })
+                    .await?;
                 self.event(att, "Detach volume", Some(msg)).await;
                 tracing::warn!(attachment = %key, error = %e, retry_in = ?delay, "ControllerUnpublish failed");
                 return Ok(Action::Requeue(delay));
@@ -290,17 +269,12 @@ impl Attacher {
     /// stored now.
     async fn delete(&self, att: &Attachment) -> Result<Action, AttachError> {
         self.ctx.steps.forget(&att.key());
-        match self.ctx.writes.delete_read(att).await {
-            Ok(revision) => {
-                // Noted at the deletion's revision: until the cache shows it gone, a
-                // reconcile reads the store instead of detaching again.
-                let mut gone = att.clone();
-                gone.metadata.resource_version = revision;
-                self.ctx.own_writes.wrote(&gone);
-                Ok(Action::AwaitChange)
-            }
+        // Recorded: until the cache shows it gone, a reconcile reads the store instead
+        // of detaching again.
+        match self.ctx.writer.delete_read(att).await {
+            Ok(_) => Ok(Action::AwaitChange),
             Err(StoreError::Conflict { .. }) => {
-                match self.ctx.writes.delete(&att.object_key(), None).await {
+                match self.ctx.writer.delete(&att.object_key(), None).await {
                     Ok(_) | Err(StoreError::NotFound { .. }) => Ok(Action::AwaitChange),
                     Err(e) => Err(e.into()),
                 }

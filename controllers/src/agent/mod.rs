@@ -271,13 +271,12 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
             leader::lead(base.clone(), election, shutdown, |fenced, stop| {
                 let ctx = ControllerPluginCtx {
                     reads: base.clone(),
-                    writes: fenced,
+                    writer: moor::runtime::writer::Writer::new(fenced),
                     plugin: cfg.clone(),
                     supervisor: supervisor.clone(),
                     policy: policy.clone(),
                     recorder: recorder.clone(),
                     locks: KeyedLocks::default(),
-                    own_writes: Default::default(),
                     steps: moor::runtime::steps::Steps::new(schedule.clone()),
                     capacity: Default::default(),
                     surveyed: Arc::new(tokio::sync::watch::channel(0).0),
@@ -306,8 +305,9 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
 pub struct ControllerPluginCtx {
     /// Unfenced store for watches and reads.
     pub reads: moor::store::Store,
-    /// Fenced store: every write carries the election's fence.
-    pub writes: moor::store::Store,
+    /// Fenced store (every write carries the election's fence); records the volumes,
+    /// attachments and snapshots this agent writes.
+    pub writer: moor::runtime::writer::Writer,
     /// The plugin.
     pub plugin: PluginConfig,
     /// Its supervisor (channel, fingerprint).
@@ -318,8 +318,6 @@ pub struct ControllerPluginCtx {
     pub recorder: Recorder,
     /// One in-flight controller call per volume.
     pub locks: KeyedLocks,
-    /// Writes of this agent the caches have not shown yet.
-    pub own_writes: moor::runtime::own_writes::OwnWrites,
     /// Retry gates of failing controller steps.
     pub steps: moor::runtime::steps::Steps,
     /// GetCapacity's answers from the last survey (none yet: unknown).
@@ -364,7 +362,7 @@ impl ControllerPluginCtx {
             .await;
     }
 
-    async fn run(self, metrics: Metrics, stop: CancellationToken) {
+    async fn run(mut self, metrics: Metrics, stop: CancellationToken) {
         use moor::runtime::informer::Informer;
         tracing::info!(plugin = %self.plugin.id, "leading the controller plugin");
         let volumes = Informer::<Volume>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
@@ -372,6 +370,11 @@ impl ControllerPluginCtx {
             Informer::<Attachment>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
         let snapshots =
             Informer::<Snapshot>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
+        self.writer = self
+            .writer
+            .tracking(&volumes.reader())
+            .tracking(&attachments.reader())
+            .tracking(&snapshots.reader());
         let prov = provisioner::Provisioner {
             ctx: self.clone(),
             volumes: volumes.clone(),

@@ -151,12 +151,7 @@ impl Provisioner {
         };
         let _guard = self.ctx.locks.lock(vol_key.as_str()).await;
         // From the cache, unless it lags this agent's own last write of the volume.
-        let Some(vol) = self
-            .ctx
-            .own_writes
-            .fresh(&self.ctx.reads, &reader, &vol_key)
-            .await?
-        else {
+        let Some(vol) = self.ctx.writer.fresh(&reader, &vol_key).await? else {
             return Ok(Action::AwaitChange);
         };
         let caps = self.ctx.supervisor.status(&self.ctx.plugin.id);
@@ -176,9 +171,7 @@ impl Provisioner {
             Step::AddFinalizer => {
                 let mut v = (*vol).clone();
                 v.metadata.finalizers.push(FINALIZER.to_string());
-                self.ctx
-                    .own_writes
-                    .wrote(&self.ctx.writes.replace(&v).await?);
+                self.ctx.writer.replace(&v).await?;
                 Ok(Action::AwaitChange)
             }
             Step::Create => self.create(&vol).await,
@@ -194,9 +187,8 @@ impl Provisioner {
                 reason,
                 message,
             } => {
-                let written = self
-                    .ctx
-                    .writes
+                self.ctx
+                    .writer
                     .modify_status(&vol_key, |_, st| {
                         st.provisioning
                             .meta
@@ -204,7 +196,6 @@ impl Provisioner {
                         true
                     })
                     .await?;
-                self.ctx.own_writes.wrote(&written);
                 self.event(&vol, reason, EventType::Warning, message).await;
                 Ok(Action::AwaitChange)
             }
@@ -312,9 +303,8 @@ impl Provisioner {
                     c.type_ == "Created" && c.reason == "WaitingForSource" && c.message == msg
                 });
                 if !shown {
-                    let written = self
-                        .ctx
-                        .writes
+                    self.ctx
+                        .writer
                         .modify_status(&vol.object_key(), |_, st| {
                             st.provisioning.meta.set_condition(
                                 "Created",
@@ -325,28 +315,24 @@ impl Provisioner {
                             true
                         })
                         .await?;
-                    self.ctx.own_writes.wrote(&written);
                 }
                 return Ok(Action::Requeue(std::time::Duration::from_secs(2)));
             }
             Err(e) => return Err(e),
         };
-        let written = self
-            .ctx
-            .writes
+        self.ctx
+            .writer
             .modify_status(&vol.object_key(), |_, st| {
                 st.provisioning.phase = VolumePhase::Creating;
                 true
             })
             .await?;
-        self.ctx.own_writes.wrote(&written);
         match self.send_create(req).await {
             Ok(created) => {
                 let ext = ExternalVolumeId::new(created.volume_id.clone())
                     .map_err(|_| ProvisionError::NoVolume)?;
-                let written = self
-                    .ctx
-                    .writes
+                self.ctx
+                    .writer
                     .modify_status(&vol.object_key(), |_, st| {
                         let p = &mut st.provisioning;
                         p.phase = VolumePhase::Ready;
@@ -367,7 +353,6 @@ impl Provisioner {
                         true
                     })
                     .await?;
-                self.ctx.own_writes.wrote(&written);
                 self.ctx.steps.succeeded(&key, STEP);
                 self.event(
                     vol,
@@ -387,9 +372,8 @@ impl Provisioner {
                 // the cap or when its spec or the plugin changes), not "creating".
                 let final_answer = csi.class() == Class::Final;
                 let (failure, after) = self.ctx.steps.failed_call(&key, STEP, inputs, csi);
-                let written = self
-                    .ctx
-                    .writes
+                self.ctx
+                    .writer
                     .modify_status(&vol.object_key(), |_, st| {
                         if final_answer {
                             st.provisioning.phase = VolumePhase::Failed;
@@ -405,7 +389,6 @@ impl Provisioner {
                         true
                     })
                     .await?;
-                self.ctx.own_writes.wrote(&written);
                 self.event(vol, "Volume create failed", EventType::Warning, msg)
                     .await;
                 Ok(Action::Requeue(after))
@@ -613,9 +596,8 @@ impl Provisioner {
         mut f: impl FnMut(&mut ProvisioningStatus),
     ) -> Result<(), ProvisionError> {
         let generation = vol.metadata.generation;
-        let written = self
-            .ctx
-            .writes
+        self.ctx
+            .writer
             .modify_status(&vol.object_key(), |_, st| {
                 let p = &mut st.provisioning;
                 f(p);
@@ -626,7 +608,6 @@ impl Provisioner {
                 true
             })
             .await?;
-        self.ctx.own_writes.wrote(&written);
         self.ctx.steps.succeeded(&vol.key(), step);
         Ok(())
     }
@@ -645,9 +626,8 @@ impl Provisioner {
         let (failure, after) = self.ctx.steps.failed_call(&vol.key(), step, inputs, e);
         let msg = e.to_string();
         let failed = condition == VALIDATED && e.class() == Class::Final;
-        let written = self
-            .ctx
-            .writes
+        self.ctx
+            .writer
             .modify_status(&vol.object_key(), |_, st| {
                 let p = &mut st.provisioning;
                 if failed {
@@ -660,7 +640,6 @@ impl Provisioner {
                 true
             })
             .await?;
-        self.ctx.own_writes.wrote(&written);
         let reason = match condition {
             VALIDATED => "Volume validation failed",
             EXPANDED => "Volume expansion failed",
@@ -712,16 +691,14 @@ impl Provisioner {
             if let Err(e) = self.ctx.csi()?.delete_volume(req).await {
                 let (failure, after) = self.ctx.steps.failed_call(&key, STEP, inputs, &e);
                 let msg = e.to_string();
-                let written = self
-                    .ctx
-                    .writes
+                self.ctx
+                    .writer
                     .modify_status(&vol.object_key(), |_, st| {
                         st.provisioning.meta.retry = Some(failure.clone());
                         st.provisioning.meta.last_error = Some(msg.clone());
                         true
                     })
                     .await?;
-                self.ctx.own_writes.wrote(&written);
                 self.event(vol, "Volume delete failed", EventType::Warning, msg)
                     .await;
                 return Ok(Action::Requeue(after));
@@ -743,10 +720,9 @@ impl Provisioner {
                 return Ok(Action::AwaitChange);
             };
             v.metadata.finalizers.retain(|f| f != FINALIZER);
-            match self.ctx.writes.replace(&v).await {
-                Ok(written) => {
+            match self.ctx.writer.replace(&v).await {
+                Ok(_) => {
                     // Its deletion: the cache still shows it until the watch says so.
-                    self.ctx.own_writes.wrote(&written);
                     return Ok(Action::AwaitChange);
                 }
                 Err(StoreError::NotFound { .. }) => return Ok(Action::AwaitChange),

@@ -188,12 +188,7 @@ impl Snapshotter {
         };
         let snap_key = cached.object_key();
         let _guard = self.ctx.locks.lock(snap_key.as_str()).await;
-        let Some(snap) = self
-            .ctx
-            .own_writes
-            .fresh(&self.ctx.reads, &reader, &snap_key)
-            .await?
-        else {
+        let Some(snap) = self.ctx.writer.fresh(&reader, &snap_key).await? else {
             return Ok(Action::AwaitChange);
         };
         let volume = self.volumes.reader().get(&Volume::key_for(
@@ -215,9 +210,7 @@ impl Snapshotter {
             Step::AddFinalizer => {
                 let mut s = (*snap).clone();
                 s.metadata.finalizers.push(FINALIZER.to_string());
-                self.ctx
-                    .own_writes
-                    .wrote(&self.ctx.writes.replace(&s).await?);
+                self.ctx.writer.replace(&s).await?;
                 Ok(Action::AwaitChange)
             }
             Step::Refuse(msg) => {
@@ -425,9 +418,8 @@ impl Snapshotter {
                 return Ok(Action::AwaitChange);
             };
             s.metadata.finalizers.retain(|f| f != FINALIZER);
-            match self.ctx.writes.replace(&s).await {
-                Ok(written) => {
-                    self.ctx.own_writes.wrote(&written);
+            match self.ctx.writer.replace(&s).await {
+                Ok(_) => {
                     return Ok(Action::AwaitChange);
                 }
                 Err(StoreError::NotFound { .. }) => return Ok(Action::AwaitChange),
@@ -479,15 +471,13 @@ impl Snapshotter {
         snap: &Snapshot,
         mut f: impl FnMut(&mut SnapshotStatus),
     ) -> Result<(), SnapshotError> {
-        let written = self
-            .ctx
-            .writes
+        self.ctx
+            .writer
             .modify_status(&snap.object_key(), |_, st| {
                 f(st);
                 true
             })
             .await?;
-        self.ctx.own_writes.wrote(&written);
         Ok(())
     }
 

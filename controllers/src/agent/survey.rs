@@ -153,7 +153,7 @@ impl Survey {
         // the volumes and attachments it serves), when it changed.
         let id = &self.ctx.plugin.id;
         if !matches!(self.ctx.reads.capacity(id).await, Ok(Some(ref known)) if *known == entries) {
-            self.ctx.writes.put_capacity(id, &entries).await?;
+            self.ctx.writer.store().put_capacity(id, &entries).await?;
         }
         *self.ctx.capacity.write().unwrap_or_else(|e| e.into_inner()) = Some(entries);
         self.ctx.surveyed.send_modify(|n| *n += 1);
@@ -371,7 +371,7 @@ impl Survey {
         if !set.is_empty() {
             let r = self
                 .ctx
-                .writes
+                .writer
                 .modify_status(&vol.object_key(), |_, st| {
                     for (t, status, reason, msg) in &set {
                         st.provisioning.meta.set_condition(t, *status, reason, msg);
@@ -379,9 +379,8 @@ impl Survey {
                     true
                 })
                 .await;
-            match r {
-                Ok(written) => self.ctx.own_writes.wrote(&written),
-                Err(e) => tracing::warn!(volume = %vol.key(), error = %e, "survey write"),
+            if let Err(e) = r {
+                tracing::warn!(volume = %vol.key(), error = %e, "survey write");
             }
         }
         for (reason, msg) in warn {

@@ -82,7 +82,7 @@ async fn collect_lease(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
         return Ok(Action::Requeue(lease.duration() - unrenewed));
     }
     // Its deletion comes back through the lease watch, which forgets it.
-    match ctx.store.delete_read(&lease).await {
+    match ctx.writer.delete_read(&lease).await {
         Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {}
         Err(e) => return Err(e),
     }
@@ -114,7 +114,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
         a.status
             .meta
             .set_condition("Lost", true, "LeaseExpired", &why);
-        match ctx.store.update(&alloc, &a).await {
+        match ctx.writer.update(&alloc, &a).await {
             Ok(_) => {}
             Err(StoreError::Conflict { .. }) => {
                 return Ok(Action::Requeue(Duration::from_millis(50)))
@@ -168,7 +168,7 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
             if !terminal && c.spec.release && c.status.phase == ClaimPhase::Released {
                 // The allocation runs again (set back to `run`): the released claim of
                 // its earlier run gives way to a new one, admitted from scratch.
-                match ctx.store.delete_read(&c).await {
+                match ctx.writer.delete_read(&c).await {
                     Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {
                     }
                     Err(e) => return Err(e),
@@ -199,7 +199,7 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
             None,
         );
         claim.metadata.trace = moor::telemetry::traceparent(&root);
-        match ctx.store.create(&claim).await {
+        match ctx.writer.create(&claim).await {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => phases.push(ClaimPhase::Pending),
             Err(e) => return Err(e),
         }
@@ -224,7 +224,7 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
     if status != alloc.status {
         let mut a = (**alloc).clone();
         a.status = status;
-        match ctx.store.update(alloc, &a).await {
+        match ctx.writer.update(alloc, &a).await {
             Ok(_) => {}
             Err(StoreError::Conflict { .. }) => {
                 return Ok(Action::Requeue(Duration::from_millis(50)))

@@ -1,13 +1,13 @@
 //! What the controller's reconcilers share: the fenced store, one cache per kind (with
-//! the claims' and volumes' indexes), the event recorder, per-volume locks, node
-//! absences and the view of this process's own writes.
+//! the claims' and volumes' indexes), the event recorder, per-volume locks and node
+//! absences.
 
 use moor::api::*;
 use moor::runtime::events::Recorder;
 use moor::runtime::informer::Informer;
-use moor::runtime::own_writes::OwnWrites;
 use moor::runtime::reflector;
-use moor::store::{Store, StoreError};
+use moor::runtime::writer::Writer;
+use moor::store::StoreError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,8 +37,9 @@ pub struct Informers {
 /// What the reconcilers share.
 #[derive(Clone)]
 pub struct Ctx {
-    /// Fenced: every write carries the leader's fence.
-    pub store: Store,
+    /// Fenced (every write carries the leader's fence); records the claims,
+    /// attachments, volumes and allocations this process writes.
+    pub writer: Writer,
     /// Caches.
     pub allocations: reflector::Store<Allocation>,
     /// Claims of every node.
@@ -65,8 +66,6 @@ pub struct Ctx {
     pub node_absence: Arc<NodeAbsence>,
     /// See [`Args::node_gc_timeout`].
     pub node_gc_timeout: Option<Duration>,
-    /// This process's claim and attachment writes its caches have not shown yet.
-    pub own_writes: OwnWrites,
 }
 
 impl Ctx {
@@ -88,26 +87,12 @@ impl Ctx {
         self.node_absence.gone_for(node, present, Instant::now())
     }
 
-    /// Notes a claim or attachment this process wrote (as the store returned it).
-    pub fn wrote<S: Spec>(&self, written: &Object<S>) {
-        self.own_writes.wrote(written);
-    }
-
-    /// Notes an object a committed [`moor::store::Batch`] wrote, if any: its version
-    /// is the batch's revision.
-    pub fn wrote_in<S: Spec>(&self, written: Option<Object<S>>, revision: i64) {
-        if let Some(mut obj) = written {
-            obj.metadata.resource_version = revision;
-            self.own_writes.wrote(&obj);
-        }
-    }
-
     /// The claim at `key`, from the cache unless it lags this process's last write.
     pub async fn claim(
         &self,
         key: &ObjectKey<ClaimSpec>,
     ) -> Result<Option<Arc<Claim>>, StoreError> {
-        self.own_writes.fresh(&self.store, &self.claims, key).await
+        self.writer.fresh(&self.claims, key).await
     }
 
     /// The attachment of a claim's volume on its node, from the cache unless it lags
@@ -118,9 +103,7 @@ impl Ctx {
             &claim.spec.volume,
             &claim.spec.node,
         );
-        self.own_writes
-            .fresh(&self.store, &self.attachments, &key)
-            .await
+        self.writer.fresh(&self.attachments, &key).await
     }
 
     /// The volume of a claim-like object.

@@ -35,7 +35,7 @@ use crate::common::{EtcdArgs, KeyedLocks};
 pub use context::volume_index;
 pub use context::{Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use context::{CLAIM_INDEXES, VOLUME_INDEXES};
-use moor::runtime::own_writes::OwnWrites;
+use moor::runtime::writer::Writer;
 
 /// Flags of `moord controller`.
 #[derive(Debug, Clone, clap::Args)]
@@ -163,7 +163,11 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     let plugins = Informer::<Plugin>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let leases = Informer::<Lease>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let ctx = Ctx {
-        store: fenced,
+        writer: Writer::new(fenced)
+            .tracking(&claims.reader())
+            .tracking(&attachments.reader())
+            .tracking(&volumes.reader())
+            .tracking(&allocations.reader()),
         allocations: allocations.reader(),
         claims: claims.reader(),
         volumes: volumes.reader(),
@@ -177,7 +181,6 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         volume_locks: KeyedLocks::default(),
         node_absence: Arc::default(),
         node_gc_timeout: args.node_gc_timeout,
-        own_writes: OwnWrites::default(),
     };
     let config = moor::runtime::controller::Config {
         concurrency: args.concurrency,
@@ -226,8 +229,8 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     tokio::join!(
         gauges::run(claims.reader(), plugins.reader(), stop.clone()),
         nodes::run(ctx.clone(), stop.clone()),
-        reseal::run(ctx.store.clone(), volumes.clone(), stop.clone()),
-        reseal::run(ctx.store.clone(), claims.clone(), stop.clone()),
+        reseal::run(ctx.writer.store().clone(), volumes.clone(), stop.clone()),
+        reseal::run(ctx.writer.store().clone(), claims.clone(), stop.clone()),
         claims::run(
             ctx.clone(),
             &informers,

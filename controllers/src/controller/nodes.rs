@@ -113,7 +113,7 @@ fn expired(observer: &mut LeaseObserver, nodes: &[Arc<Node>], now: Instant) -> V
 async fn remove(ctx: &Ctx, node: &Node) -> Result<(), StoreError> {
     let ttl = node.status.liveness.unwrap_or_default().ttl();
     // At the version seen, without reading it again.
-    ctx.store.delete_read(node).await?;
+    ctx.writer.delete_read(node).await?;
     let message = format!(
         "not renewed for {} (its TTL); removed although its etcd lease may still be kept alive",
         humantime::format_duration(ttl)

@@ -95,13 +95,13 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     let instances = instances(&live, current.as_deref(), &present);
     if instances.is_empty() {
         if let Some(revision) = ctx.plugins.malformed(key) {
-            ctx.store
+            ctx.writer
                 .replace_malformed(&plugin_key, revision, None)
                 .await?;
             return Ok(Action::AwaitChange);
         }
         if let Some(p) = &current {
-            match ctx.store.delete_read(p).await {
+            match ctx.writer.delete_read(p).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -164,7 +164,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
             None => Plugin::new(&Namespace::default(), name, PluginSpec::default()),
         };
         p.status = status;
-        ctx.store
+        ctx.writer
             .replace_malformed(&plugin_key, revision, Some(&p))
             .await?;
         return Ok(Action::AwaitChange);
@@ -173,12 +173,12 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
         None => {
             let mut p = Plugin::new(&Namespace::default(), name, PluginSpec::default());
             p.status = status;
-            ctx.store.create(&p).await?;
+            ctx.writer.create(&p).await?;
         }
         Some(p) if p.status != status => {
             let mut p = (*p).clone();
             p.status = status;
-            ctx.store.replace_status(&p).await?;
+            ctx.writer.replace_status(&p).await?;
         }
         Some(_) => {}
     }

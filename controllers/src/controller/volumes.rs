@@ -80,7 +80,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
         if has_finalizer && !live {
             let mut v = (*vol).clone();
             v.metadata.finalizers.retain(|f| f != FINALIZER);
-            match ctx.store.replace(&v).await {
+            match ctx.writer.replace(&v).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -89,7 +89,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     } else if !has_finalizer {
         let mut v = (*vol).clone();
         v.metadata.finalizers.push(FINALIZER.to_string());
-        ctx.store.replace(&v).await?;
+        ctx.writer.replace(&v).await?;
         return Ok(Action::AwaitChange);
     }
     let plugin_healthy = ctx
@@ -100,7 +100,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     let health = nodes_health(ctx, &vol);
     if vol.status.claims.schedulable != schedulable || health.is_some() {
         let generation = vol.metadata.generation;
-        ctx.store
+        ctx.writer
             .modify_status(&vol.object_key(), |_, st| {
                 st.claims.schedulable = schedulable;
                 st.claims.meta.observed_generation = generation;

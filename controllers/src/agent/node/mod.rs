@@ -42,7 +42,7 @@ use super::plugins::Supervisor;
 use super::state::{same_grant, LocalState, PublishRecord, StageRecord, Step};
 use super::PluginConfig;
 use crate::common::{details, KeyedLocks};
-use moor::runtime::own_writes::OwnWrites;
+use moor::runtime::writer::Writer;
 
 /// Why a claim could not be brought to its desired state on this node.
 #[derive(Debug, thiserror::Error)]
@@ -232,11 +232,12 @@ impl NodeReconciler {
             futures::stream::iter(keys)
         });
         let stats_interval = self.stats_interval;
+        let writer = Writer::new(self.store.clone()).tracking(&mounts.reader());
         let this = Arc::new(Reconcile {
             r: self,
             claims: reader.clone(),
             mounts: mounts.reader(),
-            own_writes: OwnWrites::default(),
+            writer,
             listed_in: term,
         });
         tokio::spawn(this.clone().stats_loop(stats_interval, shutdown.clone()));
@@ -261,7 +262,8 @@ struct Reconcile {
     r: NodeReconciler,
     claims: reflector::Store<Claim>,
     mounts: reflector::Store<Mount>,
-    own_writes: OwnWrites,
+    /// Writes the node's Mounts (and records them, read back through `mounts`).
+    writer: Writer,
     /// The registration term in which the claims were first listed.
     listed_in: u64,
 }
@@ -302,7 +304,7 @@ impl Reconcile {
             }
             if let Some(mount) = mount_key_of(&key) {
                 crate::common::ignore_not_found(
-                    self.r.store.delete(&mount, None).await.map(|_| ()),
+                    self.writer.delete(&mount, None).await.map(|_| ()),
                 )?;
             }
             return Ok(Action::AwaitChange);
@@ -551,34 +553,29 @@ impl Reconcile {
                 ..Default::default()
             },
         };
-        let store = &self.r.store;
         let mount_key = Mount::key_for(&claim.object_key());
-        let current = self
-            .own_writes
-            .fresh(store, &self.mounts, &mount_key)
-            .await?;
+        let current = self.writer.fresh(&self.mounts, &mount_key).await?;
         // The volume stats loop's fields are kept as it last wrote them.
         if let Some(current) = &current {
             status.usage = current.status.usage.clone();
             status.condition = current.status.condition.clone();
         }
-        let written = match current {
+        match current {
             None => {
                 let mut m =
                     Mount::new(&claim.metadata.namespace, claim.metadata.name.clone(), spec);
                 m.status = status;
                 m.metadata.trace = claim.metadata.trace.clone();
-                store.create(&m).await?
+                self.writer.create(&m).await?;
             }
             Some(current) if current.spec == spec && current.status == status => return Ok(()),
             Some(current) => {
                 let mut next = (*current).clone();
                 next.spec = spec;
                 next.status = status;
-                store.update(&current, &next).await?
+                self.writer.update(&current, &next).await?;
             }
-        };
-        self.own_writes.wrote(&written);
+        }
         Ok(())
     }
 

@@ -137,11 +137,7 @@ impl Reconcile {
         let lock_key = Volume::key_for(&rec.namespace, &rec.volume).into_string();
         let _guard = self.r.locks.lock(&lock_key).await;
         let mount_key = Mount::key_for(&claim.object_key());
-        let Some(current) = self
-            .own_writes
-            .fresh(&self.r.store, &self.mounts, &mount_key)
-            .await?
-        else {
+        let Some(current) = self.writer.fresh(&self.mounts, &mount_key).await? else {
             return Ok(true);
         };
         let turned_abnormal = condition.as_ref().is_some_and(|c| c.abnormal)
@@ -156,8 +152,7 @@ impl Reconcile {
         let mut next = (*current).clone();
         next.status.usage = Some(usage);
         next.status.condition = condition.clone();
-        let written = self.r.store.update(&current, &next).await?;
-        self.own_writes.wrote(&written);
+        self.writer.update(&current, &next).await?;
         if turned_abnormal {
             let msg = condition.map(|c| c.message).unwrap_or_default();
             let object = ObjectRef {

@@ -233,7 +233,7 @@ fn next_claim(claim: &Claim, mut next: Claim) -> Option<Claim> {
 /// Writes `next` (spec and status at once) over `claim`, as stored, if it differs.
 async fn write(ctx: &Ctx, claim: &Claim, next: Claim) -> Result<(), StoreError> {
     if let Some(next) = next_claim(claim, next) {
-        ctx.wrote(&ctx.store.update(claim, &next).await?);
+        ctx.writer.update(claim, &next).await?;
     }
     Ok(())
 }
@@ -250,17 +250,15 @@ async fn write_with<S: Spec>(
 ) -> Result<(), StoreError> {
     let mut batch = Batch::default();
     if let Some(g) = guard {
-        batch.unchanged(&ctx.store, g);
+        batch.unchanged(ctx.writer.store(), g);
     }
-    let other = next
-        .map(|n| batch.update(&ctx.store, read, n))
-        .transpose()?;
-    let claim_written = self::next_claim(claim, next_claim)
-        .map(|c| batch.update(&ctx.store, claim, &c))
-        .transpose()?;
-    let revision = batch.commit(&ctx.store).await?;
-    ctx.wrote_in(other, revision);
-    ctx.wrote_in(claim_written, revision);
+    if let Some(n) = next {
+        batch.update(ctx.writer.store(), read, n)?;
+    }
+    if let Some(c) = self::next_claim(claim, next_claim) {
+        batch.update(ctx.writer.store(), claim, &c)?;
+    }
+    ctx.writer.commit(batch).await?;
     Ok(())
 }
 
@@ -277,10 +275,9 @@ async fn write_guarded<S: Spec>(
         return Ok(());
     };
     let mut batch = Batch::default();
-    batch.unchanged(&ctx.store, guard);
-    let written = batch.update(&ctx.store, claim, &next)?;
-    let revision = batch.commit(&ctx.store).await?;
-    ctx.wrote_in(Some(written), revision);
+    batch.unchanged(ctx.writer.store(), guard);
+    batch.update(ctx.writer.store(), claim, &next)?;
+    ctx.writer.commit(batch).await?;
     Ok(())
 }
 
@@ -299,7 +296,7 @@ async fn with_volume<E>(
 ) -> Result<Result<(), E>, StoreError> {
     let ns = &claim.metadata.namespace;
     let key = Volume::key_for(ns, &claim.spec.volume);
-    if let Some(read) = ctx.own_writes.fresh(&ctx.store, &ctx.volumes, &key).await? {
+    if let Some(read) = ctx.writer.fresh(&ctx.volumes, &key).await? {
         let mut volume = (*read).clone();
         if let Err(e) = f(&read, &mut volume.status) {
             return Ok(Err(e));
@@ -312,8 +309,7 @@ async fn with_volume<E>(
         }
     }
     let mut verdict = Ok(());
-    let written = ctx
-        .store
+    ctx.writer
         .modify_status(&key, |v, st| match f(v, st) {
             Ok(changed) => {
                 verdict = Ok(());
@@ -325,7 +321,6 @@ async fn with_volume<E>(
             }
         })
         .await?;
-    ctx.wrote(&written);
     if verdict.is_ok() {
         match guard {
             Some(g) => write_guarded(ctx, g, claim, next).await?,

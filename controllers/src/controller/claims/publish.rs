@@ -72,7 +72,7 @@ pub(super) async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach
         Some(AttachTodo::Replace(att)) => {
             let mut next = (*att).clone();
             next.spec.detach = true;
-            ctx.wrote(&ctx.store.update(&att, &next).await?);
+            ctx.writer.update(&att, &next).await?;
         }
         None => {}
     }
@@ -80,9 +80,8 @@ pub(super) async fn ensure_attachment(ctx: &Ctx, claim: &Claim) -> Result<Attach
 }
 
 pub(super) async fn create_attachment(ctx: &Ctx, att: &Attachment) -> Result<(), StoreError> {
-    match ctx.store.create(att).await {
-        Ok(created) => ctx.wrote(&created),
-        Err(StoreError::AlreadyExists { .. }) => {}
+    match ctx.writer.create(att).await {
+        Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
         Err(e) => return Err(e),
     }
     Ok(())

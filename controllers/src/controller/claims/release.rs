@@ -96,7 +96,7 @@ pub(super) async fn release(
 ) -> Result<Action, StoreError> {
     if claim.status.phase == ClaimPhase::Released {
         if alloc_gone {
-            match ctx.store.delete(&claim.object_key(), None).await {
+            match ctx.writer.delete(&claim.object_key(), None).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -215,13 +215,11 @@ pub(super) async fn release(
 async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), StoreError> {
     const WHY: &str = "the volume's attachment to the node is being force-detached";
     let mut batch = Batch::default();
-    let detached = if att.spec.detach {
-        None
-    } else {
+    if !att.spec.detach {
         let mut next = att.clone();
         next.spec.detach = true;
-        Some(batch.update(&ctx.store, att, &next)?)
-    };
+        batch.update(ctx.writer.store(), att, &next)?;
+    }
     let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
     let mut withdrawn = Vec::new();
     for other in ctx.claims.by_index(
@@ -244,24 +242,21 @@ async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), StoreE
         let mut c = (*other).clone();
         withdraw(&mut c, WHY, volume.as_deref());
         if let Some(c) = next_claim(&other, c) {
-            withdrawn.push(batch.update(&ctx.store, &other, &c)?);
+            withdrawn.push(batch.update(ctx.writer.store(), &other, &c)?);
         }
     }
     let mut c = claim.clone();
     c.status.phase = ClaimPhase::Releasing;
     c.status.reason = Some("waiting for the volume to be detached".into());
-    let written = next_claim(claim, c)
-        .map(|c| batch.update(&ctx.store, claim, &c))
-        .transpose()?;
+    if let Some(c) = next_claim(claim, c) {
+        batch.update(ctx.writer.store(), claim, &c)?;
+    }
     let node = Node::key_for(&claim.spec.node);
     if ctx.nodes.get(&node).is_none() {
-        batch.absent(&ctx.store, &node);
+        batch.absent(ctx.writer.store(), &node);
     }
-    let revision = batch.commit(&ctx.store).await?;
-    ctx.wrote_in(detached, revision);
-    ctx.wrote_in(written, revision);
+    ctx.writer.commit(batch).await?;
     for c in withdrawn {
-        ctx.wrote_in(Some(c.clone()), revision);
         revoked_event(ctx, &c, WHY).await;
     }
     Ok(())

@@ -1,0 +1,374 @@
+//! The one handle a reconciler writes through: every write it makes is recorded, so the
+//! reconciler can decide from its cache and read the store only for an object whose
+//! last write by this process the cache has not shown yet.
+//!
+//! Expected use:
+//! 1. A process makes one [`Writer`] over its (fenced) store and registers the caches
+//!    of the kinds it reads back ([`Writer::tracking`]).
+//! 2. Reconcilers read an object with [`Writer::fresh`] (the cache, unless it lags this
+//!    process's own last write of it) and write with the methods below; none of them
+//!    has to note what it wrote.
+//! 3. A write to a kind with no registered cache is not recorded (nothing reads it
+//!    back fresh). Records are dropped once the cache shows them, and at the latest
+//!    after [`FORGET_AFTER`], so they stay bounded.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::reflector;
+use crate::api::{Object, ObjectKey, Spec};
+use crate::store::{Batch, Deleted, Store, StoreError};
+
+/// How long a write is remembered at most: a cache shows a write within a watch's
+/// delivery, far below this, or relists.
+pub const FORGET_AFTER: Duration = Duration::from_secs(300);
+
+/// The cached version of a key, if the cache holds it.
+type Lookup = Arc<dyn Fn(&str) -> Option<i64> + Send + Sync>;
+
+#[derive(Debug, Clone, Copy)]
+struct Written {
+    revision: i64,
+    deleted: bool,
+    at: Instant,
+}
+
+/// A store handle that records this process's own writes (cheap to clone; clones
+/// share the record). Reads and writes it does not wrap go through [`Writer::store`].
+#[derive(Clone)]
+pub struct Writer {
+    store: Store,
+    caches: Arc<Vec<(&'static str, Lookup)>>,
+    writes: Arc<Mutex<Record>>,
+}
+
+#[derive(Default)]
+struct Record {
+    writes: HashMap<String, Written>,
+    /// The size past which the next write prunes what the caches show.
+    prune_at: usize,
+}
+
+const PRUNE_FLOOR: usize = 1024;
+
+impl Record {
+    /// Records a write; past `prune_at` records, drops every one its cache shows (as
+    /// `cached` tells) or older than [`FORGET_AFTER`].
+    fn note(&mut self, key: String, written: Written, cached: impl Fn(&str) -> Option<i64>) {
+        self.writes.insert(key, written);
+        if self.writes.len() > self.prune_at {
+            let now = Instant::now();
+            self.writes
+                .retain(|key, w| now.duration_since(w.at) < FORGET_AFTER && !shown(w, cached(key)));
+            self.prune_at = (self.writes.len() * 2).max(PRUNE_FLOOR);
+        }
+    }
+
+    /// Whether a cache holding `cached` at `key` may be read as is: no write of the
+    /// key is recorded, or the cache shows the last one (which is then forgotten).
+    fn settled(&mut self, key: &str, cached: Option<i64>) -> bool {
+        match self.writes.get(key) {
+            None => true,
+            Some(w) if shown(w, cached) => {
+                self.writes.remove(key);
+                true
+            }
+            Some(_) => false,
+        }
+    }
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("store", &self.store)
+            .field(
+                "tracked",
+                &self.caches.iter().map(|(d, _)| d).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Writer {
+    /// Writes through `store`, recording nothing until a cache is registered.
+    pub fn new(store: Store) -> Writer {
+        Writer {
+            store,
+            caches: Arc::default(),
+            writes: Arc::new(Mutex::new(Record {
+                writes: HashMap::new(),
+                prune_at: PRUNE_FLOOR,
+            })),
+        }
+    }
+
+    /// Records this process's writes of `S`, read back through `cache`.
+    pub fn tracking<S: Spec>(mut self, cache: &reflector::Store<Object<S>>) -> Writer {
+        let cache = cache.clone();
+        let lookup: Lookup =
+            Arc::new(move |key| cache.get(key).map(|o| o.metadata.resource_version));
+        Arc::make_mut(&mut self.caches).push((S::DIR, lookup));
+        self
+    }
+
+    /// The store, for what is not a recorded write (reads, raw keys, batches' guards).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Record> {
+        self.writes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lookup(&self, key: &str) -> Option<&Lookup> {
+        let dir = key.split('/').next()?;
+        self.caches.iter().find(|(d, _)| *d == dir).map(|(_, l)| l)
+    }
+
+    /// Notes a write of `key` at `revision` (a deletion when `deleted`).
+    fn note(&self, key: String, revision: i64, deleted: bool) {
+        if self.lookup(&key).is_none() {
+            return;
+        }
+        let written = Written {
+            revision,
+            deleted,
+            at: Instant::now(),
+        };
+        self.lock()
+            .note(key, written, |k| self.lookup(k).and_then(|l| l(k)));
+    }
+
+    /// How many writes are recorded and not yet shown by their cache (as last pruned).
+    pub fn pending(&self) -> usize {
+        self.lock().writes.len()
+    }
+
+    /// The object at `key` from `cache` when the cache holds this process's last
+    /// write of it (or there is none), else as read from the store (`None` when gone).
+    pub async fn fresh<S: Spec>(
+        &self,
+        cache: &reflector::Store<Object<S>>,
+        key: &ObjectKey<S>,
+    ) -> Result<Option<Arc<Object<S>>>, StoreError> {
+        let cached = cache.get(key);
+        let version = cached.as_ref().map(|c| c.metadata.resource_version);
+        if self.lock().settled(key.as_str(), version) {
+            return Ok(cached);
+        }
+        let stored = self.store.try_get(key).await?.map(Arc::new);
+        if stored.is_none() && cached.is_none() {
+            // Gone (our write was its deletion, or it went since) and the cache agrees.
+            self.lock().writes.remove(key.as_str());
+        }
+        Ok(stored)
+    }
+
+    fn wrote<S: Spec>(&self, written: &Object<S>) {
+        self.note(written.key(), written.metadata.resource_version, false);
+    }
+
+    /// [`Store::create`], recorded.
+    pub async fn create<S: Spec>(&self, obj: &Object<S>) -> Result<Object<S>, StoreError> {
+        let written = self.store.create(obj).await?;
+        self.wrote(&written);
+        Ok(written)
+    }
+
+    /// [`Store::update`], recorded.
+    pub async fn update<S: Spec>(
+        &self,
+        read: &Object<S>,
+        next: &Object<S>,
+    ) -> Result<Object<S>, StoreError> {
+        let written = self.store.update(read, next).await?;
+        self.wrote(&written);
+        Ok(written)
+    }
+
+    /// [`Store::replace`], recorded.
+    pub async fn replace<S: Spec>(&self, obj: &Object<S>) -> Result<Object<S>, StoreError> {
+        let written = self.store.replace(obj).await?;
+        self.wrote(&written);
+        Ok(written)
+    }
+
+    /// [`Store::replace_status`], recorded.
+    pub async fn replace_status<S: Spec>(&self, obj: &Object<S>) -> Result<Object<S>, StoreError> {
+        let written = self.store.replace_status(obj).await?;
+        self.wrote(&written);
+        Ok(written)
+    }
+
+    /// [`Store::modify_status`], recorded.
+    pub async fn modify_status<S: Spec>(
+        &self,
+        key: &ObjectKey<S>,
+        f: impl FnMut(&Object<S>, &mut S::Status) -> bool,
+    ) -> Result<Object<S>, StoreError> {
+        let written = self.store.modify_status(key, f).await?;
+        self.wrote(&written);
+        Ok(written)
+    }
+
+    /// Writes `f` onto the status of `known` (as last read or written here): guarded
+    /// by its version, with no read; if someone wrote since, through a fresh
+    /// read-modify-write. No write when `f` changes nothing.
+    pub async fn write_status<S: Spec>(
+        &self,
+        known: &Object<S>,
+        f: impl Fn(&mut S::Status),
+    ) -> Result<Object<S>, StoreError> {
+        let mut next = known.clone();
+        f(&mut next.status);
+        if next.status == known.status {
+            return Ok(next);
+        }
+        match self.update(known, &next).await {
+            Err(StoreError::Conflict { .. }) => {
+                self.modify_status(&known.object_key(), |_, st| {
+                    f(st);
+                    true
+                })
+                .await
+            }
+            other => other,
+        }
+    }
+
+    /// [`Store::delete`], recorded (a marking as a write, a deletion as a deletion).
+    pub async fn delete<S: Spec>(
+        &self,
+        key: &ObjectKey<S>,
+        precondition: Option<i64>,
+    ) -> Result<Deleted<S>, StoreError> {
+        let deleted = self.store.delete(key, precondition).await?;
+        if let Deleted::Finalizing(marked) = &deleted {
+            self.wrote(&**marked);
+        }
+        // A deletion's revision is not returned: the next fresh read asks the store.
+        if matches!(deleted, Deleted::Gone) {
+            self.note(key.as_str().to_string(), i64::MAX, true);
+        }
+        Ok(deleted)
+    }
+
+    /// [`Store::delete_read`], recorded at the deletion's (or marking's) revision.
+    pub async fn delete_read<S: Spec>(&self, read: &Object<S>) -> Result<i64, StoreError> {
+        let revision = self.store.delete_read(read).await?;
+        let deleted = read.metadata.finalizers.is_empty();
+        self.note(read.key(), revision, deleted);
+        Ok(revision)
+    }
+
+    /// [`Store::replace_malformed`], recorded.
+    pub async fn replace_malformed<S: Spec>(
+        &self,
+        key: &ObjectKey<S>,
+        revision: i64,
+        with: Option<&Object<S>>,
+    ) -> Result<i64, StoreError> {
+        let written = self.store.replace_malformed(key, revision, with).await?;
+        self.note(key.as_str().to_string(), written, with.is_none());
+        Ok(written)
+    }
+
+    /// [`Batch::commit`], recording every object the batch writes at its revision.
+    pub async fn commit(&self, batch: Batch) -> Result<i64, StoreError> {
+        let written = batch.written();
+        let revision = batch.commit(&self.store).await?;
+        for (key, deleted) in written {
+            self.note(key, revision, deleted);
+        }
+        Ok(revision)
+    }
+}
+
+/// Whether a cache holding `cached` (its version; `None`: absent) shows the write.
+fn shown(w: &Written, cached: Option<i64>) -> bool {
+    match cached {
+        Some(version) => version >= w.revision,
+        None => w.deleted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(revision: i64) -> Written {
+        Written {
+            revision,
+            deleted: false,
+            at: Instant::now(),
+        }
+    }
+
+    fn record() -> Record {
+        Record {
+            writes: HashMap::new(),
+            prune_at: PRUNE_FLOOR,
+        }
+    }
+
+    #[test]
+    fn a_write_is_read_fresh_until_the_cache_shows_it() {
+        let mut r = record();
+        assert!(
+            r.settled("claims/n/ns/a", Some(5)),
+            "nothing written: the cache"
+        );
+        r.note("claims/n/ns/a".into(), put(7), |_| None);
+        assert!(
+            !r.settled("claims/n/ns/a", Some(5)),
+            "the cache lags our write"
+        );
+        assert!(!r.settled("claims/n/ns/a", None), "created, not shown yet");
+        assert!(r.settled("claims/n/ns/a", Some(7)));
+        assert!(r.writes.is_empty(), "forgotten once shown");
+        // A deletion is shown by the key's absence, or by a newer object.
+        let gone = Written {
+            deleted: true,
+            ..put(9)
+        };
+        r.note("claims/n/ns/a".into(), gone, |_| None);
+        assert!(!r.settled("claims/n/ns/a", Some(7)));
+        r.note("claims/n/ns/a".into(), gone, |_| None);
+        assert!(r.settled("claims/n/ns/a", None));
+        r.note("claims/n/ns/a".into(), gone, |_| None);
+        assert!(r.settled("claims/n/ns/a", Some(12)));
+    }
+
+    #[test]
+    fn records_stay_bounded_by_what_the_caches_have_not_shown() {
+        let mut r = record();
+        // 10,000 writes, each shown by its cache before the next prune: never more
+        // than the prune threshold is kept, and nothing the cache lags is dropped.
+        for i in 0..10_000i64 {
+            r.note(format!("k{i}"), put(i + 1), |k| {
+                let n: i64 = k[1..].parse().unwrap();
+                // The last 10 writes are not shown yet.
+                (n < 9_990).then_some(n + 1)
+            });
+            assert!(r.writes.len() <= PRUNE_FLOOR + 1);
+        }
+        for i in 9_990..10_000 {
+            assert!(
+                !r.settled(&format!("k{i}"), None),
+                "k{i} must still be read fresh"
+            );
+        }
+        // Writes older than FORGET_AFTER go at the next prune even when never shown.
+        let mut r = record();
+        let old = Written {
+            at: Instant::now() - FORGET_AFTER - Duration::from_secs(1),
+            ..put(1)
+        };
+        for i in 0..=PRUNE_FLOOR {
+            r.note(format!("k{i}"), old, |_| None);
+        }
+        assert!(r.writes.is_empty());
+    }
+}
