@@ -8,7 +8,8 @@
 //! 2. The claim copies what admission and the node need: mode, the request's access
 //!    and attachment modes (absent: the volume's), the merged mount options, the plugin.
 //! 3. Releasing is the claim reconciler's (it watches allocations); this one only sums
-//!    the claims up in `status.phase`.
+//!    the claims up in `status.phase`. What to create, delete and write is decided by
+//!    [`plan::allocation::converge`]; this file carries it out.
 //! 4. An allocation whose runner holds a Lease of the same name (`moorctl alloc run`)
 //!    is lost when this process has seen that lease go unrenewed for its duration
 //!    ([`plan::liveness`]): `status.lost` is set, with a Warning, which makes it
@@ -91,8 +92,16 @@ async fn collect_lease(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
 
 async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     ctx.ready().await;
-    let Some(alloc) = ctx.allocations.get(key) else {
+    let Some(cached) = ctx.allocations.get(key) else {
         return collect_lease(ctx, key).await;
+    };
+    // From the cache, unless it lags this process's own last write of the allocation.
+    let Some(alloc) = ctx
+        .writer
+        .fresh(&ctx.allocations, &cached.object_key())
+        .await?
+    else {
+        return Ok(Action::AwaitChange);
     };
     let lease = lease_of(ctx, key);
     let live = plan::liveness(
@@ -145,51 +154,21 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     })
 }
 
-/// One claim per request, and the phase.
+/// Carries out [`plan::allocation::converge`]: one claim per request, and the phase.
 async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreError> {
     let ns = &alloc.metadata.namespace;
-    let terminal = alloc.is_terminal() || alloc.is_deleting();
-    let mut waiting = Vec::new();
-    let mut phases = Vec::new();
-    let mut rerun = false;
-    for req in &alloc.spec.volumes {
-        let Some(volume_id) = alloc.request_volume(req) else {
-            waiting.push(format!(
-                "request {}: per_alloc volume name is too long",
-                req.name
-            ));
-            continue;
-        };
-        let Some(name) = alloc.claim_name(req) else {
-            continue;
-        };
-        let key = Claim::key_for(&alloc.spec.node, ns, &name);
-        if let Some(c) = ctx.claims.get(&key) {
-            if !terminal && c.spec.release && c.status.phase == ClaimPhase::Released {
-                // The allocation runs again (set back to `run`): the released claim of
-                // its earlier run gives way to a new one, admitted from scratch.
-                match ctx.writer.delete_read(&c).await {
-                    Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {
-                    }
-                    Err(e) => return Err(e),
-                }
-                rerun = true;
-                phases.push(ClaimPhase::Pending);
-                continue;
-            }
-            phases.push(c.status.phase);
-            continue;
+    let plan = plan::allocation::converge(
+        alloc,
+        |key| ctx.claims.get(key),
+        |volume| ctx.volume(ns, volume),
+    );
+    for old in &plan.delete {
+        match ctx.writer.delete_read(old).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {}
+            Err(e) => return Err(e),
         }
-        if terminal {
-            continue;
-        }
-        let Some(volume) = ctx.volume(ns, &volume_id) else {
-            waiting.push(format!("volume {volume_id} does not exist"));
-            continue;
-        };
-        let Some(mut claim) = alloc.claim_for(req, &volume) else {
-            continue;
-        };
+    }
+    for mut claim in plan.create {
         // The claim's trace starts here: every step on it, in any process, joins it.
         let root = moor::telemetry::step_span(
             "claim created",
@@ -200,28 +179,11 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
         );
         claim.metadata.trace = moor::telemetry::traceparent(&root);
         match ctx.writer.create(&claim).await {
-            Ok(_) | Err(StoreError::AlreadyExists { .. }) => phases.push(ClaimPhase::Pending),
+            Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
             Err(e) => return Err(e),
         }
     }
-    let phase = if terminal {
-        if phases.iter().all(|p| *p == ClaimPhase::Released) {
-            AllocationPhase::Released
-        } else {
-            AllocationPhase::Releasing
-        }
-    } else if phases.contains(&ClaimPhase::Denied) {
-        AllocationPhase::Blocked
-    } else if waiting.is_empty() && phases.iter().all(|p| *p == ClaimPhase::Published) {
-        AllocationPhase::Ready
-    } else {
-        AllocationPhase::Pending
-    };
-    let mut status = alloc.status.clone();
-    status.phase = phase;
-    status.meta.observed_generation = alloc.metadata.generation;
-    status.meta.last_error = (!waiting.is_empty()).then(|| waiting.join("; "));
-    if status != alloc.status {
+    if let Some(status) = plan.status {
         let mut a = (**alloc).clone();
         a.status = status;
         match ctx.writer.update(alloc, &a).await {
@@ -232,13 +194,5 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
             Err(e) => return Err(e),
         }
     }
-    if rerun {
-        // The new claims are made once the old ones are gone from the cache.
-        Ok(Action::Requeue(Duration::from_millis(100)))
-    } else if waiting.is_empty() {
-        Ok(Action::AwaitChange)
-    } else {
-        // A missing volume has no trigger of its own here: look again.
-        Ok(Action::Requeue(Duration::from_secs(2)))
-    }
+    Ok(plan.requeue.map_or(Action::AwaitChange, Action::Requeue))
 }

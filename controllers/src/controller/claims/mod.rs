@@ -165,14 +165,7 @@ async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, StoreError> {
         &claim.metadata.namespace,
         &claim.spec.allocation,
     ));
-    let wanted = alloc.as_ref().is_some_and(|a| {
-        !a.is_deleting()
-            && !a.is_terminal()
-            && a.requests()
-                .iter()
-                .any(|(name, _)| name == &claim.metadata.name)
-    });
-    if !wanted && !claim.spec.release {
+    if !plan::claim::wanted(&claim, alloc.as_deref()) && !claim.spec.release {
         let mut c = (*claim).clone();
         c.spec.release = true;
         // The release's first step in the same write: waiting for the node.
@@ -186,30 +179,12 @@ async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, StoreError> {
     if claim.spec.release || claim.is_deleting() {
         return release(ctx, &claim, alloc.is_none()).await;
     }
-    // Node steps take the volume's secrets from the claim: keep them current (a claim
-    // admitted by an older controller has none, and a volume's secrets may change).
-    // Likewise the capacity the node expands to (NodeExpandVolume).
-    if matches!(
-        claim.status.phase,
-        ClaimPhase::Admitted | ClaimPhase::Published
-    ) {
-        if let Some(volume) = ctx.volume(&claim.metadata.namespace, &claim.spec.volume) {
-            // And the capacity the nodes expand to, once the volume was expanded.
-            let expand = volume
-                .status
-                .provisioning
-                .node_expansion_bytes
-                .filter(|b| claim.spec.node_expansion_bytes < Some(*b));
-            if volume.spec.secrets != claim.spec.node_secrets || expand.is_some() {
-                let mut c = (*claim).clone();
-                c.spec.node_secrets = volume.spec.secrets.clone();
-                if expand.is_some() {
-                    c.spec.node_expansion_bytes = expand;
-                }
-                write(ctx, &claim, c).await?;
-                return Ok(Action::AwaitChange);
-            }
-        }
+    let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
+    if let Some(spec) = volume.and_then(|v| plan::claim::node_copy(&claim, &v)) {
+        let mut c = (*claim).clone();
+        c.spec = spec;
+        write(ctx, &claim, c).await?;
+        return Ok(Action::AwaitChange);
     }
     match claim.status.phase {
         ClaimPhase::Pending | ClaimPhase::Denied => admit(ctx, &claim).await,

@@ -1,7 +1,18 @@
-//! The claim controller's decisions as pure functions of what it observes: the claim,
-//! the related objects from the caches, the plugin's capabilities. The reconciler
-//! (`claims.rs`) gathers the inputs and carries out what these return; every
-//! transition is unit-tested here, without a store or a clock.
+//! The controller's decisions as pure functions of what it observes: the claim, the
+//! related objects from the caches, the plugin's capabilities. The reconcilers
+//! (`claims/`, `allocations.rs`) gather the inputs and carry out what these return;
+//! every transition is unit-tested here, without a store or a clock.
+//!
+//! - this file: the claim's controller-publish step ([`attach`]) and its node side on
+//!   release ([`node_done`]);
+//! - [`claim`]: whether the claim is still wanted, and what its spec copies from its
+//!   volume for the node;
+//! - [`allocation`]: an allocation's liveness, claims and phase.
+
+pub mod allocation;
+pub mod claim;
+
+pub use allocation::{liveness, Liveness};
 
 use moor::api::*;
 use std::collections::BTreeMap;
@@ -191,38 +202,6 @@ pub fn needs_attachment(other: &Claim, other_done: &NodeDone, node_collected: bo
         *other_done == NodeDone::No
     } else {
         !node_collected
-    }
-}
-
-/// Whether an allocation's runner still runs it, by its Lease (see `api::lease`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Liveness {
-    /// Not judged by a lease: none is held for it, or it ended already.
-    Untracked,
-    /// Renewed; it expires after this long without another renewal.
-    Live(Duration),
-    /// Unrenewed for the lease's duration (or found so before): the workload is lost.
-    Lost,
-}
-
-/// Judges an allocation's liveness from its lease and how long this process has seen
-/// that lease go unrenewed. Once lost, always lost (the runner is gone; a new run is a
-/// new allocation).
-pub fn liveness(alloc: &Allocation, lease: Option<&Lease>, unrenewed_for: Duration) -> Liveness {
-    if alloc.status.lost {
-        return Liveness::Lost;
-    }
-    if alloc.spec.is_terminal() || alloc.is_deleting() {
-        return Liveness::Untracked;
-    }
-    let Some(lease) = lease else {
-        return Liveness::Untracked;
-    };
-    let duration = lease.duration();
-    if unrenewed_for >= duration {
-        Liveness::Lost
-    } else {
-        Liveness::Live(duration - unrenewed_for)
     }
 }
 
@@ -641,67 +620,6 @@ mod tests {
         let mut done = c.clone();
         done.status.phase = ClaimPhase::Released;
         assert!(!needs_attachment(&done, &NodeDone::No, false));
-    }
-
-    fn running_alloc() -> Allocation {
-        Allocation::new(
-            &Namespace::default_ns(),
-            Name::new("a1").unwrap(),
-            AllocationSpec::default(),
-        )
-    }
-
-    fn runner_lease(seconds: u64) -> Lease {
-        Lease::new(
-            &Namespace::default_ns(),
-            Name::new("a1").unwrap(),
-            LeaseSpec {
-                holder: "moorctl@h/1".into(),
-                duration_seconds: seconds,
-                ..Default::default()
-            },
-        )
-    }
-
-    #[test]
-    fn an_allocation_is_lost_when_its_lease_goes_unrenewed_for_its_duration() {
-        let a = running_alloc();
-        let l = runner_lease(30);
-        assert_eq!(
-            liveness(&a, Some(&l), Duration::from_secs(10)),
-            Liveness::Live(Duration::from_secs(20))
-        );
-        assert_eq!(
-            liveness(&a, Some(&l), Duration::from_secs(30)),
-            Liveness::Lost
-        );
-        // Without a lease nothing judges it.
-        assert_eq!(
-            liveness(&a, None, Duration::from_secs(99)),
-            Liveness::Untracked
-        );
-    }
-
-    #[test]
-    fn an_ended_allocation_is_not_judged_and_a_lost_one_stays_lost() {
-        let l = runner_lease(3);
-        let mut a = running_alloc();
-        a.spec.client_status = ClientStatus::Complete;
-        assert_eq!(
-            liveness(&a, Some(&l), Duration::from_secs(60)),
-            Liveness::Untracked
-        );
-        let mut a = running_alloc();
-        a.spec.desired_status = DesiredStatus::Stop;
-        assert_eq!(
-            liveness(&a, Some(&l), Duration::from_secs(60)),
-            Liveness::Untracked
-        );
-        let mut a = running_alloc();
-        a.status.lost = true;
-        assert_eq!(liveness(&a, None, Duration::ZERO), Liveness::Lost);
-        assert!(a.is_terminal());
-        assert_eq!(a.client_status(), ClientStatus::Lost);
     }
 
     fn volume_forced(node: &str, generation: i64) -> Volume {

@@ -1,0 +1,362 @@
+//! An allocation's decisions: whether its runner still runs it ([`liveness`]), the
+//! claims it asks for and its phase ([`converge`]).
+
+use moor::api::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Whether an allocation's runner still runs it, by its Lease (see `api::lease`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Not judged by a lease: none is held for it, or it ended already.
+    Untracked,
+    /// Renewed; it expires after this long without another renewal.
+    Live(Duration),
+    /// Unrenewed for the lease's duration (or found so before): the workload is lost.
+    Lost,
+}
+
+/// Judges an allocation's liveness from its lease and how long this process has seen
+/// that lease go unrenewed. Once lost, always lost (the runner is gone; a new run is a
+/// new allocation).
+pub fn liveness(alloc: &Allocation, lease: Option<&Lease>, unrenewed_for: Duration) -> Liveness {
+    if alloc.status.lost {
+        return Liveness::Lost;
+    }
+    if alloc.spec.is_terminal() || alloc.is_deleting() {
+        return Liveness::Untracked;
+    }
+    let Some(lease) = lease else {
+        return Liveness::Untracked;
+    };
+    let duration = lease.duration();
+    if unrenewed_for >= duration {
+        Liveness::Lost
+    } else {
+        Liveness::Live(duration - unrenewed_for)
+    }
+}
+
+/// What one pass over an allocation does, in order: delete `delete`, create
+/// `create`, write `status` when given, then look again after `requeue`.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct AllocationPlan {
+    /// Released claims of an earlier run of the allocation (set back to `run`): each
+    /// gives way to a new claim, admitted from scratch.
+    pub delete: Vec<Arc<Claim>>,
+    /// Claims to create: one per request of a running allocation that has none.
+    pub create: Vec<Claim>,
+    /// The allocation's status, when it changes.
+    pub status: Option<AllocationStatus>,
+    /// When to look again without a trigger: after a rerun's deletions (the new claims
+    /// are made once the old ones are gone from the cache) or while a request waits
+    /// for a volume (nothing here watches for it).
+    pub requeue: Option<Duration>,
+}
+
+/// One claim per request, and the phase the claims sum up to. `claim` and `volume`
+/// look up the caches.
+pub fn converge(
+    alloc: &Allocation,
+    claim: impl Fn(&ObjectKey<ClaimSpec>) -> Option<Arc<Claim>>,
+    volume: impl Fn(&VolumeId) -> Option<Arc<Volume>>,
+) -> AllocationPlan {
+    let ns = &alloc.metadata.namespace;
+    let terminal = alloc.is_terminal() || alloc.is_deleting();
+    let mut plan = AllocationPlan::default();
+    let mut waiting = Vec::new();
+    let mut phases = Vec::new();
+    for req in &alloc.spec.volumes {
+        let Some(volume_id) = alloc.request_volume(req) else {
+            waiting.push(format!(
+                "request {}: per_alloc volume name is too long",
+                req.name
+            ));
+            continue;
+        };
+        let Some(name) = alloc.claim_name(req) else {
+            continue;
+        };
+        if let Some(c) = claim(&Claim::key_for(&alloc.spec.node, ns, &name)) {
+            if !terminal && c.spec.release && c.status.phase == ClaimPhase::Released {
+                plan.delete.push(c);
+                phases.push(ClaimPhase::Pending);
+            } else {
+                phases.push(c.status.phase);
+            }
+            continue;
+        }
+        if terminal {
+            continue;
+        }
+        let Some(volume) = volume(&volume_id) else {
+            waiting.push(format!("volume {volume_id} does not exist"));
+            continue;
+        };
+        if let Some(c) = alloc.claim_for(req, &volume) {
+            plan.create.push(c);
+            phases.push(ClaimPhase::Pending);
+        }
+    }
+    let mut status = alloc.status.clone();
+    status.phase = phase(terminal, waiting.is_empty(), &phases);
+    status.meta.observed_generation = alloc.metadata.generation;
+    status.meta.last_error = (!waiting.is_empty()).then(|| waiting.join("; "));
+    plan.status = (status != alloc.status).then_some(status);
+    plan.requeue = if !plan.delete.is_empty() {
+        Some(Duration::from_millis(100))
+    } else if !waiting.is_empty() {
+        Some(Duration::from_secs(2))
+    } else {
+        None
+    };
+    plan
+}
+
+/// The allocation's phase from its claims' (one per request that has or gets one).
+pub fn phase(terminal: bool, none_waiting: bool, claims: &[ClaimPhase]) -> AllocationPhase {
+    if terminal {
+        if claims.iter().all(|p| *p == ClaimPhase::Released) {
+            AllocationPhase::Released
+        } else {
+            AllocationPhase::Releasing
+        }
+    } else if claims.contains(&ClaimPhase::Denied) {
+        AllocationPhase::Blocked
+    } else if none_waiting && claims.iter().all(|p| *p == ClaimPhase::Published) {
+        AllocationPhase::Ready
+    } else {
+        AllocationPhase::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn running_alloc() -> Allocation {
+        Allocation::new(
+            &Namespace::default_ns(),
+            Name::new("a1").unwrap(),
+            AllocationSpec::default(),
+        )
+    }
+
+    fn runner_lease(seconds: u64) -> Lease {
+        Lease::new(
+            &Namespace::default_ns(),
+            Name::new("a1").unwrap(),
+            LeaseSpec {
+                holder: "moorctl@h/1".into(),
+                duration_seconds: seconds,
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn an_allocation_is_lost_when_its_lease_goes_unrenewed_for_its_duration() {
+        let a = running_alloc();
+        let l = runner_lease(30);
+        assert_eq!(
+            liveness(&a, Some(&l), Duration::from_secs(10)),
+            Liveness::Live(Duration::from_secs(20))
+        );
+        assert_eq!(
+            liveness(&a, Some(&l), Duration::from_secs(30)),
+            Liveness::Lost
+        );
+        // Without a lease nothing judges it.
+        assert_eq!(
+            liveness(&a, None, Duration::from_secs(99)),
+            Liveness::Untracked
+        );
+    }
+
+    #[test]
+    fn an_ended_allocation_is_not_judged_and_a_lost_one_stays_lost() {
+        let l = runner_lease(3);
+        let mut a = running_alloc();
+        a.spec.client_status = ClientStatus::Complete;
+        assert_eq!(
+            liveness(&a, Some(&l), Duration::from_secs(60)),
+            Liveness::Untracked
+        );
+        let mut a = running_alloc();
+        a.spec.desired_status = DesiredStatus::Stop;
+        assert_eq!(
+            liveness(&a, Some(&l), Duration::from_secs(60)),
+            Liveness::Untracked
+        );
+        let mut a = running_alloc();
+        a.status.lost = true;
+        assert_eq!(liveness(&a, None, Duration::ZERO), Liveness::Lost);
+        assert!(a.is_terminal());
+        assert_eq!(a.client_status(), ClientStatus::Lost);
+    }
+
+    fn alloc_with(requests: &[(&str, &str, bool)]) -> Allocation {
+        let mut a = running_alloc();
+        a.spec.node = NodeName::new("n1").unwrap();
+        a.metadata.generation = 1;
+        a.spec.volumes = requests
+            .iter()
+            .map(|(name, volume, per_alloc)| VolumeRequest {
+                name: Name::new(*name).unwrap(),
+                volume: VolumeId::new(*volume).unwrap(),
+                per_alloc: *per_alloc,
+                ..Default::default()
+            })
+            .collect();
+        a
+    }
+
+    fn volume(name: &str) -> Arc<Volume> {
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new(name).unwrap(),
+            VolumeSpec {
+                plugin_id: PluginId::new("p").unwrap(),
+                ..Default::default()
+            },
+        );
+        v.metadata.uid = format!("uid-{name}");
+        Arc::new(v)
+    }
+
+    type Claims = HashMap<String, Arc<Claim>>;
+
+    fn plan(a: &Allocation, claims: &Claims, volumes: &[&str]) -> AllocationPlan {
+        let volumes: HashMap<String, Arc<Volume>> =
+            volumes.iter().map(|v| (v.to_string(), volume(v))).collect();
+        converge(
+            a,
+            |k| claims.get(k.as_str()).cloned(),
+            |v| volumes.get(v.as_str()).cloned(),
+        )
+    }
+
+    fn with_phase(c: &Claim, phase: ClaimPhase, release: bool) -> Arc<Claim> {
+        let mut c = c.clone();
+        c.status.phase = phase;
+        c.spec.release = release;
+        Arc::new(c)
+    }
+
+    #[test]
+    fn each_request_gets_one_claim_and_the_phase_follows_the_claims() {
+        let a = alloc_with(&[("data", "v1", false), ("logs", "v2", true)]);
+        let p = plan(&a, &Claims::new(), &["v1", "v2-a1"]);
+        let names: Vec<_> = p.create.iter().map(|c| c.key()).collect();
+        assert_eq!(
+            names,
+            ["claims/n1/default/a1.data", "claims/n1/default/a1.logs"]
+        );
+        assert_eq!(p.create[1].spec.volume.as_str(), "v2-a1", "per_alloc");
+        assert_eq!(p.status.as_ref().unwrap().phase, AllocationPhase::Pending);
+        assert_eq!(p.requeue, None);
+        // Both published: Ready; one denied: Blocked.
+        let claims: Claims = p
+            .create
+            .iter()
+            .map(|c| (c.key(), with_phase(c, ClaimPhase::Published, false)))
+            .collect();
+        let p2 = plan(&a, &claims, &["v1", "v2-a1"]);
+        assert!(p2.create.is_empty() && p2.delete.is_empty());
+        assert_eq!(p2.status.unwrap().phase, AllocationPhase::Ready);
+        let mut denied = claims.clone();
+        let c = &p.create[0];
+        denied.insert(c.key(), with_phase(c, ClaimPhase::Denied, false));
+        assert_eq!(
+            plan(&a, &denied, &["v1"]).status.unwrap().phase,
+            AllocationPhase::Blocked
+        );
+    }
+
+    #[test]
+    fn an_unchanged_status_is_not_written_again() {
+        let a = alloc_with(&[("data", "v1", false)]);
+        let first = plan(&a, &Claims::new(), &["v1"]);
+        let mut written = a.clone();
+        written.status = first.status.unwrap();
+        let claims: Claims = first
+            .create
+            .iter()
+            .map(|c| (c.key(), Arc::new(c.clone())))
+            .collect();
+        // The same pass after its own status write: nothing to write, nothing to make.
+        assert_eq!(plan(&written, &claims, &["v1"]), AllocationPlan::default());
+    }
+
+    #[test]
+    fn a_missing_volume_waits_and_is_looked_at_again() {
+        let a = alloc_with(&[("data", "v1", false)]);
+        let p = plan(&a, &Claims::new(), &[]);
+        assert!(p.create.is_empty());
+        let st = p.status.unwrap();
+        assert_eq!(st.phase, AllocationPhase::Pending);
+        assert_eq!(
+            st.meta.last_error.as_deref(),
+            Some("volume v1 does not exist")
+        );
+        assert_eq!(p.requeue, Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn a_terminal_allocation_makes_no_claim_and_is_released_when_its_claims_are() {
+        let mut a = alloc_with(&[("data", "v1", false), ("logs", "v2", false)]);
+        let made = plan(&a, &Claims::new(), &["v1", "v2"]).create;
+        a.spec.desired_status = DesiredStatus::Stop;
+        // One request never got a claim: nothing is made for it now.
+        let mut claims: Claims = [(
+            made[0].key(),
+            with_phase(&made[0], ClaimPhase::Releasing, true),
+        )]
+        .into_iter()
+        .collect();
+        let p = plan(&a, &claims, &["v1", "v2"]);
+        assert!(p.create.is_empty() && p.delete.is_empty());
+        assert_eq!(p.status.unwrap().phase, AllocationPhase::Releasing);
+        claims.insert(
+            made[0].key(),
+            with_phase(&made[0], ClaimPhase::Released, true),
+        );
+        assert_eq!(
+            plan(&a, &claims, &["v1", "v2"]).status.unwrap().phase,
+            AllocationPhase::Released
+        );
+    }
+
+    #[test]
+    fn a_rerun_replaces_the_released_claims_of_the_earlier_run() {
+        let a = alloc_with(&[("data", "v1", false)]);
+        let made = plan(&a, &Claims::new(), &["v1"]).create;
+        let old = with_phase(&made[0], ClaimPhase::Released, true);
+        let claims: Claims = [(old.key(), old.clone())].into_iter().collect();
+        let p = plan(&a, &claims, &["v1"]);
+        assert_eq!(p.delete, vec![old.clone()]);
+        assert!(p.create.is_empty(), "made once the old one is gone");
+        assert_eq!(p.requeue, Some(Duration::from_millis(100)));
+        // A claim still releasing is waited for, not replaced.
+        let releasing = with_phase(&made[0], ClaimPhase::Releasing, true);
+        let claims: Claims = [(releasing.key(), releasing)].into_iter().collect();
+        assert!(plan(&a, &claims, &["v1"]).delete.is_empty());
+    }
+
+    #[test]
+    fn a_per_alloc_name_past_the_id_rule_is_reported() {
+        let long = "v".repeat(120);
+        let mut a = alloc_with(&[("data", &long, true)]);
+        a.metadata.name = Name::new("a".repeat(20)).unwrap();
+        let p = plan(&a, &Claims::new(), &[]);
+        assert!(p.create.is_empty());
+        assert!(p
+            .status
+            .unwrap()
+            .meta
+            .last_error
+            .unwrap()
+            .contains("per_alloc volume name is too long"));
+    }
+}

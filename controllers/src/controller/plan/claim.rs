@@ -1,0 +1,139 @@
+//! A claim's decisions before its phase's step: whether its allocation still wants it
+//! ([`wanted`]), and what its spec copies from its volume for the node agent
+//! ([`node_copy`]).
+
+use moor::api::*;
+
+/// Whether the claim's allocation still asks for it: present, not deleting, not
+/// terminal, and one of its requests names the claim.
+pub fn wanted(claim: &Claim, alloc: Option<&Allocation>) -> bool {
+    alloc.is_some_and(|a| {
+        !a.is_deleting()
+            && !a.is_terminal()
+            && a.requests()
+                .iter()
+                .any(|(name, _)| name == &claim.metadata.name)
+    })
+}
+
+/// The claim's spec with what the node steps take from the volume brought up to
+/// date, or `None` when it is current: the volume's secrets (a claim admitted by an
+/// older controller has none, and a volume's secrets may change), and the capacity
+/// the node expands to once the volume was expanded past what the claim says. Only
+/// for an Admitted or Published claim (the node acts on no other).
+pub fn node_copy(claim: &Claim, volume: &Volume) -> Option<ClaimSpec> {
+    if !matches!(
+        claim.status.phase,
+        ClaimPhase::Admitted | ClaimPhase::Published
+    ) {
+        return None;
+    }
+    let expand = volume
+        .status
+        .provisioning
+        .node_expansion_bytes
+        .filter(|b| claim.spec.node_expansion_bytes < Some(*b));
+    if volume.spec.secrets == claim.spec.node_secrets && expand.is_none() {
+        return None;
+    }
+    let mut spec = claim.spec.clone();
+    spec.node_secrets = volume.spec.secrets.clone();
+    if expand.is_some() {
+        spec.node_expansion_bytes = expand;
+    }
+    Some(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(phase: ClaimPhase) -> Claim {
+        let mut c = Claim::new(
+            &Namespace::default_ns(),
+            Name::new("a1.data").unwrap(),
+            ClaimSpec {
+                allocation: AllocationId::new("a1").unwrap(),
+                volume: VolumeId::new("v1").unwrap(),
+                node: NodeName::new("n1").unwrap(),
+                ..Default::default()
+            },
+        );
+        c.status.phase = phase;
+        c
+    }
+
+    fn alloc() -> Allocation {
+        Allocation::new(
+            &Namespace::default_ns(),
+            Name::new("a1").unwrap(),
+            AllocationSpec {
+                node: NodeName::new("n1").unwrap(),
+                volumes: vec![VolumeRequest {
+                    name: Name::new("data").unwrap(),
+                    volume: VolumeId::new("v1").unwrap(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        )
+    }
+
+    fn volume() -> Volume {
+        Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v1").unwrap(),
+            VolumeSpec::default(),
+        )
+    }
+
+    #[test]
+    fn a_claim_is_wanted_while_its_running_allocation_asks_for_it() {
+        let c = claim(ClaimPhase::Published);
+        let a = alloc();
+        assert!(wanted(&c, Some(&a)));
+        assert!(!wanted(&c, None), "allocation gone");
+        let mut stopped = a.clone();
+        stopped.spec.desired_status = DesiredStatus::Stop;
+        assert!(!wanted(&c, Some(&stopped)));
+        let mut lost = a.clone();
+        lost.status.lost = true;
+        assert!(!wanted(&c, Some(&lost)));
+        let mut deleting = a.clone();
+        deleting.metadata.deletion_timestamp = Some(Timestamp::now());
+        assert!(!wanted(&c, Some(&deleting)));
+        let mut other = a.clone();
+        other.spec.volumes[0].name = Name::new("logs").unwrap();
+        assert!(!wanted(&c, Some(&other)), "the request is gone");
+    }
+
+    #[test]
+    fn the_node_copy_follows_the_volume_s_secrets_and_expansion() {
+        let c = claim(ClaimPhase::Published);
+        let mut v = volume();
+        assert_eq!(node_copy(&c, &v), None, "current");
+        v.spec.secrets = Secrets::new([("token".to_string(), "s3".to_string())].into());
+        let spec = node_copy(&c, &v).expect("the volume's secrets changed");
+        assert_eq!(spec.node_secrets, v.spec.secrets);
+        assert_eq!(spec.node_expansion_bytes, None);
+        let mut c = c.clone();
+        c.spec = spec;
+        assert_eq!(node_copy(&c, &v), None, "copied");
+        v.status.provisioning.node_expansion_bytes = Some(2 << 30);
+        let spec = node_copy(&c, &v).expect("expanded");
+        assert_eq!(spec.node_expansion_bytes, Some(2 << 30));
+        // Never back down: a claim past the volume's figure is left alone.
+        let mut ahead = c.clone();
+        ahead.spec.node_expansion_bytes = Some(4 << 30);
+        assert_eq!(node_copy(&ahead, &v), None);
+        // Pending, Releasing or Released claims are not the node's to act on.
+        for phase in [
+            ClaimPhase::Pending,
+            ClaimPhase::Denied,
+            ClaimPhase::Releasing,
+            ClaimPhase::Released,
+        ] {
+            assert_eq!(node_copy(&claim(phase), &v), None, "{phase:?}");
+        }
+    }
+}
