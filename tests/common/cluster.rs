@@ -138,15 +138,7 @@ pub struct TestNode {
 impl TestNode {
     /// GETs a path from the agent's HTTP server; returns the body.
     pub async fn http_get(&self, path: &str) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(&self.http)
-            .await
-            .expect("connect to the agent's http address");
-        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        out
+        crate::common::http_get(&self.http, path).await
     }
 
     pub async fn fault(&self, cmd: Command) {

@@ -274,6 +274,25 @@ where
     }
 }
 
+/// GETs `path` from a daemon's HTTP server at `addr`; returns the whole answer.
+pub async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+/// The value of the sample `series` (name and labels, as exposed) in a metrics page.
+pub fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
 /// Counts the puts under `prefix` (a full key prefix), by key, from now on, through a
 /// watch of its own (etcd's count of writes, whatever wrote them).
 pub async fn count_puts(
