@@ -735,3 +735,59 @@ async fn a_node_back_after_a_force_detach_takes_no_step_on_an_earlier_grant() {
             .collect(),
     );
 }
+
+/// Defect (found moving the snapshotter onto the step runner): deleting a snapshot
+/// whose CreateSnapshot may have taken effect unanswered asks CreateSnapshot again to
+/// learn its id. That call bypassed the DeleteSnapshot step's gate, so each failure's
+/// own status write (one more attempt shown) triggered the next call at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_deleted_in_doubt_is_asked_again_on_its_schedule() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = ready_cluster(1, PluginOpts::default()).await;
+    c.node("n1")
+        .fault(Command::Fail {
+            rpc: "CreateSnapshot".into(),
+            code: "Unavailable".into(),
+            times: 100_000,
+        })
+        .await;
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "v1", "s1"]);
+    assert!(ok, "{out}");
+    let key = crate::common::key::<SnapshotSpec>("snapshots/default/s1");
+    let store = c.store.clone();
+    c.wait("the snapshot to be in doubt", T, || {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store.try_get(&key).await.ok().flatten().is_some_and(|s| {
+                s.status.source_volume_id.is_some() && s.status.meta.retry.is_some()
+            })
+        }
+    })
+    .await;
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "delete", "s1"]);
+    assert!(ok, "{out}");
+    c.wait("the deletion's first ask", T, || {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store.try_get(&key).await.ok().flatten().is_some_and(|s| {
+                s.status
+                    .meta
+                    .retry
+                    .as_ref()
+                    .is_some_and(|r| r.step == "DeleteSnapshot")
+            })
+        }
+    })
+    .await;
+    let first = calls(&c, "n1", "CreateSnapshot");
+    let window = Duration::from_secs(4);
+    tokio::time::sleep(window).await;
+    let made = (calls(&c, "n1", "CreateSnapshot") - first) as u32;
+    let bound = schedule().max_attempts_within(window, false) * TRIES;
+    assert!(
+        made <= bound,
+        "{made} CreateSnapshot calls in {window:?} while deleting, at most {bound} allowed"
+    );
+    // Still owed: the snapshot keeps its finalizer until the plugin answers.
+    assert!(c.store.try_get(&key).await.unwrap().is_some());
+}

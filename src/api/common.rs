@@ -536,6 +536,13 @@ pub struct StepFailure {
 }
 
 impl StatusMeta {
+    /// Clears what a failing step showed ([`StatusMeta::last_error`] and
+    /// [`StatusMeta::retry`]): after the step succeeded.
+    pub fn clear_failure(&mut self) {
+        self.last_error = None;
+        self.retry = None;
+    }
+
     /// Sets a condition, keeping its transition time when its status did not change.
     pub fn set_condition(&mut self, type_: &str, status: bool, reason: &str, message: &str) {
         let now = Timestamp::now();

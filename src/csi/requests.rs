@@ -1,11 +1,58 @@
-//! The node requests of a claim, built without I/O: one function per RPC, filling
-//! every field the CSI spec defines for it from the claim, the plugin's view of the
-//! paths, and the secrets. The node reconciler decides which to send and when.
+//! The requests of a claim's publish steps, built without I/O: one function per RPC,
+//! filling every field the CSI spec defines for it. The controller steps take the
+//! Attachment and its volume; the node steps a claim, the plugin's view of the paths
+//! and the secrets. The reconcilers decide which to send and when.
 
 use std::collections::BTreeMap;
 
-use super::v1;
-use crate::api::{Claim, ClaimMode, ExternalVolumeId};
+use super::{convert, v1};
+use crate::api::{Attachment, Claim, ClaimMode, ExternalVolumeId, SealedSecrets, Volume};
+
+/// ControllerPublishVolume of an attachment: its volume and CSI node ids, capability
+/// and read-only flag; the volume's mount options, secrets and context (its spec's,
+/// then what CreateVolume answered). Without the volume (deleted since), its fields
+/// are left empty. Sealed secrets this process cannot open are an error.
+pub fn controller_publish(
+    att: &Attachment,
+    volume: Option<&Volume>,
+) -> Result<v1::ControllerPublishVolumeRequest, SealedSecrets> {
+    let (secrets, context, mount_options) = match volume {
+        Some(v) => {
+            let mut context = v.spec.context.clone();
+            context.extend(v.status.provisioning.volume_context.clone());
+            (
+                v.spec.secrets.expose()?.clone(),
+                context,
+                v.spec.mount_options.clone(),
+            )
+        }
+        None => Default::default(),
+    };
+    Ok(v1::ControllerPublishVolumeRequest {
+        volume_id: att.spec.external_id.to_string(),
+        node_id: att.spec.csi_node_id.to_string(),
+        volume_capability: Some(convert::capability(att.spec.capability, &mount_options)),
+        readonly: att.spec.read_only,
+        secrets,
+        volume_context: context,
+    })
+}
+
+/// ControllerUnpublishVolume of an attachment, with its volume's secrets (none when
+/// the volume is gone).
+pub fn controller_unpublish(
+    att: &Attachment,
+    volume: Option<&Volume>,
+) -> Result<v1::ControllerUnpublishVolumeRequest, SealedSecrets> {
+    Ok(v1::ControllerUnpublishVolumeRequest {
+        volume_id: att.spec.external_id.to_string(),
+        node_id: att.spec.csi_node_id.to_string(),
+        secrets: match volume {
+            Some(v) => v.spec.secrets.expose()?.clone(),
+            None => BTreeMap::new(),
+        },
+    })
+}
 
 /// What every node request of a claim carries.
 #[derive(Debug, Clone, Copy)]
@@ -103,6 +150,77 @@ mod tests {
             },
             &MountOptions::default(),
         )
+    }
+
+    fn attachment() -> Attachment {
+        Attachment::new(
+            &Namespace::default_ns(),
+            Name::new("v1.n1").unwrap(),
+            AttachmentSpec {
+                volume: VolumeId::new("v1").unwrap(),
+                node: NodeName::new("n1").unwrap(),
+                external_id: id(),
+                plugin_id: PluginId::new("p").unwrap(),
+                csi_node_id: CsiNodeId::new("csi-n1").unwrap(),
+                capability: VolumeCapability {
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: AttachmentMode::FileSystem,
+                },
+                read_only: true,
+                detach: false,
+            },
+        )
+    }
+
+    fn volume() -> Volume {
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v1").unwrap(),
+            VolumeSpec {
+                secrets: Secrets::new([("k".to_string(), "s".to_string())].into()),
+                context: [("from".to_string(), "spec".to_string())].into(),
+                mount_options: MountOptions {
+                    fs_type: Some("ext4".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        );
+        v.status.provisioning.volume_context = [("created".to_string(), "yes".to_string())].into();
+        v
+    }
+
+    #[test]
+    fn controller_publish_carries_every_field_the_spec_defines() {
+        let (att, v) = (attachment(), volume());
+        let r = controller_publish(&att, Some(&v)).unwrap();
+        assert_eq!(r.volume_id, "vol-1");
+        assert_eq!(r.node_id, "csi-n1");
+        assert!(r.readonly);
+        assert_eq!(r.secrets.get("k").map(String::as_str), Some("s"));
+        assert_eq!(
+            r.volume_context.len(),
+            2,
+            "the spec's and CreateVolume's context"
+        );
+        let cap = r.volume_capability.expect("capability");
+        assert_eq!(
+            cap.access_mode.map(|m| m.mode),
+            Some(v1::volume_capability::access_mode::Mode::SingleNodeWriter as i32)
+        );
+        match cap.access_type {
+            Some(v1::volume_capability::AccessType::Mount(m)) => assert_eq!(m.fs_type, "ext4"),
+            other => panic!("mount access expected, got {other:?}"),
+        }
+        // The volume gone: the ids and capability still, nothing of the volume.
+        let r = controller_publish(&att, None).unwrap();
+        assert!(r.secrets.is_empty() && r.volume_context.is_empty());
+        assert_eq!(r.node_id, "csi-n1");
+        let r = controller_unpublish(&att, Some(&v)).unwrap();
+        assert_eq!(
+            (r.volume_id.as_str(), r.node_id.as_str(), r.secrets.len()),
+            ("vol-1", "csi-n1", 1)
+        );
     }
 
     #[test]

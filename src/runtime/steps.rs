@@ -1,17 +1,21 @@
-//! Per (object, step) retry gates: how often a failing CSI step may be tried again.
+//! The step runner: per (object, step) retry gates, and how every reconciler runs a
+//! CSI step through them.
 //!
-//! Expected flow for a step of a reconciler:
-//! 1. Before the call, [`Steps::gate`] with a fingerprint of the step's inputs (the
-//!    object's spec generation, the plugin's fingerprint, the objects the step reads).
-//!    While the step is backing off and the inputs are unchanged it answers
-//!    [`Gate::Wait`]: the reconciler returns `Requeue(wait)` and writes nothing. Any
-//!    trigger (the reconciler's own status write included) thus costs a map lookup, never
-//!    a call: a self-caused write cannot reset the schedule, a change of the inputs can.
-//! 2. After a failure, [`Steps::failed`] with the answer's class: retryable answers wait
-//!    `initial` doubling (jittered) up to `cap`; final answers wait `cap` at once. The
-//!    returned [`StepFailure`] (attempts, since, next retry) is what the object's status
-//!    shows; it changes once per attempt, never per pass.
-//! 3. After a success, [`Steps::succeeded`] forgets the step.
+//! Expected flow for a step of a reconciler (attacher, provisioner, snapshotter, node):
+//! 1. [`Steps::begin`] with a fingerprint of the step's inputs (the object's spec
+//!    generation, the plugin's fingerprint, the objects the step reads). While the step
+//!    is backing off and the inputs are unchanged it answers how long to wait: the
+//!    reconciler returns `Requeue(wait)` and writes nothing. Any trigger (the
+//!    reconciler's own status write included) thus costs a map lookup, never a call: a
+//!    self-caused write cannot reset the schedule, a change of the inputs can.
+//! 2. The reconciler records what the call may do before making it (an uncertain mark,
+//!    a `Creating` phase, a local checkpoint), then [`Step::call`]s it.
+//! 3. On OK the step is forgotten; the reconciler records its success
+//!    ([`StatusMeta::clear_failure`]). On an error the schedule moves by the answer's
+//!    class: retryable answers wait `initial` doubling (jittered) up to `cap`, final
+//!    answers wait `cap` at once. The [`Failed`] it returns carries what the object's
+//!    status shows ([`Failed::record`]: attempts, since, next retry; it changes once
+//!    per attempt, never per pass) and when to look again.
 //!
 //! State is in memory: a restarted process tries each failed step once more, then
 //! follows the schedule again.
@@ -23,7 +27,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
-use crate::api::{StepFailure, Timestamp};
+use crate::api::{StatusMeta, StepFailure, Timestamp};
+use crate::csi::policy::{Class, CsiError};
 
 /// The retry schedule of failing steps.
 #[derive(Debug, Clone)]
@@ -121,6 +126,95 @@ pub fn inputs(parts: impl Hash) -> u64 {
 
 type Entries = HashMap<String, HashMap<&'static str, Entry>>;
 
+/// A step its gate let through ([`Steps::begin`]): run it with [`Step::call`].
+#[derive(Debug)]
+#[must_use = "a step let through its gate is run with Step::call"]
+pub struct Step<'a> {
+    steps: &'a Steps,
+    key: &'a str,
+    name: &'static str,
+    inputs: u64,
+}
+
+/// A step whose call failed, as recorded on its schedule.
+#[derive(Debug, Clone)]
+pub struct Failed {
+    /// The plugin's answer.
+    pub error: CsiError,
+    /// What the object's status shows ([`Failed::record`]).
+    pub failure: StepFailure,
+    /// When the step may be tried again (with unchanged inputs).
+    pub retry_in: Duration,
+}
+
+impl Step<'_> {
+    /// The step's name, e.g. `NodeStageVolume`.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Runs `call` and settles the step's schedule with its answer: forgotten on OK,
+    /// the next retry set by the answer's class on an error.
+    pub async fn call<T>(
+        self,
+        call: impl std::future::Future<Output = Result<T, CsiError>>,
+    ) -> Result<T, Failed> {
+        match call.await {
+            Ok(v) => {
+                self.steps.succeeded(self.key, self.name);
+                Ok(v)
+            }
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// Settles the step as failed with `error` without a call of its own: an answer
+    /// that came back OK but says no (ValidateVolumeCapabilities unconfirmed), or a
+    /// second call of the same step that failed.
+    pub fn fail(self, error: CsiError) -> Failed {
+        let final_answer = error.class() == Class::Final;
+        let code = format!("{:?}", error.code);
+        let (failure, retry_in) = self.steps.failed(
+            self.key,
+            self.name,
+            self.inputs,
+            &code,
+            &error.message,
+            final_answer,
+        );
+        tracing::warn!(key = %self.key, step = self.name, error = %error, retry_in = ?retry_in, "step failed");
+        Failed {
+            error,
+            failure,
+            retry_in,
+        }
+    }
+}
+
+impl Failed {
+    /// The error's message, as the status and events show it.
+    pub fn message(&self) -> String {
+        self.error.to_string()
+    }
+
+    /// Whether the plugin refused for good (retried only at the schedule's cap, or
+    /// when the step's inputs change).
+    pub fn is_final(&self) -> bool {
+        self.failure.final_answer
+    }
+
+    /// Whether the call may have taken effect (a timeout, a cut-off).
+    pub fn is_uncertain(&self) -> bool {
+        self.error.is_uncertain()
+    }
+
+    /// Shows the failure on a status: the last error and the step's retry.
+    pub fn record(&self, meta: &mut StatusMeta) {
+        meta.last_error = Some(self.message());
+        meta.retry = Some(self.failure.clone());
+    }
+}
+
 impl Steps {
     /// Gates under `schedule`.
     pub fn new(schedule: Schedule) -> Steps {
@@ -134,8 +228,27 @@ impl Steps {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Step `name` of `key`, to run now if its gate lets it; else how long it still
+    /// backs off.
+    pub fn begin<'a>(
+        &'a self,
+        key: &'a str,
+        name: &'static str,
+        inputs: u64,
+    ) -> Result<Step<'a>, Duration> {
+        match self.gate(key, name, inputs) {
+            Gate::Go => Ok(Step {
+                steps: self,
+                key,
+                name,
+                inputs,
+            }),
+            Gate::Wait(d) => Err(d),
+        }
+    }
+
     /// Whether `step` of `key` may be tried now, given its inputs' fingerprint.
-    pub fn gate(&self, key: &str, step: &'static str, inputs: u64) -> Gate {
+    fn gate(&self, key: &str, step: &'static str, inputs: u64) -> Gate {
         let mut entries = self.lock();
         let Some(steps) = entries.get_mut(key) else {
             return Gate::Go;
@@ -162,7 +275,7 @@ impl Steps {
     }
 
     /// Records a failed attempt; returns what the status shows and the delay.
-    pub fn failed(
+    fn failed(
         &self,
         key: &str,
         step: &'static str,
@@ -200,21 +313,8 @@ impl Steps {
         (failure, delay)
     }
 
-    /// [`Steps::failed`] for a CSI call's answer: its code, message and class.
-    pub fn failed_call(
-        &self,
-        key: &str,
-        step: &'static str,
-        inputs: u64,
-        e: &crate::csi::policy::CsiError,
-    ) -> (StepFailure, Duration) {
-        let final_answer = e.class() == crate::csi::policy::Class::Final;
-        let code = format!("{:?}", e.code);
-        self.failed(key, step, inputs, &code, &e.message, final_answer)
-    }
-
     /// Forgets a step after its success.
-    pub fn succeeded(&self, key: &str, step: &'static str) {
+    fn succeeded(&self, key: &str, step: &'static str) {
         let mut entries = self.lock();
         if let Some(steps) = entries.get_mut(key) {
             steps.remove(step);

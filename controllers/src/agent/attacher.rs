@@ -18,11 +18,11 @@
 
 use moor::api::*;
 use moor::csi::policy::CsiError;
-use moor::csi::{convert, v1};
+use moor::csi::requests;
 use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
-use moor::runtime::steps::{self, Gate};
+use moor::runtime::steps;
 use moor::store::StoreError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -140,75 +140,52 @@ impl Attacher {
     }
 
     async fn attach(&self, att: &Attachment) -> Result<Action, AttachError> {
-        const STEP: &str = "ControllerPublishVolume";
         let key = att.key();
-        let inputs = self.inputs(att);
-        if let Gate::Wait(d) = self.ctx.steps.gate(&key, STEP, inputs) {
-            return Ok(Action::Requeue(d));
-        }
-        let was_uncertain = att.status.uncertain;
-        let volume = self.volume(att);
-        let (secrets, mut context) = match &volume {
-            Some(v) => (v.spec.secrets.expose()?.clone(), v.spec.context.clone()),
-            None => Default::default(),
+        let step = match self
+            .ctx
+            .steps
+            .begin(&key, "ControllerPublishVolume", self.inputs(att))
+        {
+            Ok(step) => step,
+            Err(wait) => return Ok(Action::Requeue(wait)),
         };
+        let was_uncertain = att.status.uncertain;
+        let req = requests::controller_publish(att, self.volume(att).as_deref())?;
         // Checkpoint: from here on the volume may be attached.
         let att = &self
             .ctx
             .writer
             .write_status(att, |st| st.uncertain = true)
             .await?;
-        if let Some(v) = &volume {
-            context.extend(v.status.provisioning.volume_context.clone());
-        }
-        let req = v1::ControllerPublishVolumeRequest {
-            volume_id: att.spec.external_id.to_string(),
-            node_id: att.spec.csi_node_id.to_string(),
-            volume_capability: Some(convert::capability(
-                att.spec.capability,
-                &volume
-                    .as_ref()
-                    .map(|v| v.spec.mount_options.clone())
-                    .unwrap_or_default(),
-            )),
-            readonly: att.spec.read_only,
-            secrets,
-            volume_context: context,
-        };
-        match self.ctx.csi()?.controller_publish(req).await {
+        match step.call(self.ctx.csi()?.controller_publish(req)).await {
             Ok(resp) => {
-                self.ctx.steps.succeeded(&key, STEP);
                 self.ctx
                     .writer
                     .write_status(att, |st| {
                         st.phase = AttachmentPhase::Attached;
                         st.publish_context = resp.publish_context.clone();
                         st.uncertain = false;
-                        st.meta.last_error = None;
-                        st.meta.retry = None;
+                        st.meta.clear_failure();
                         st.meta.set_condition("Attached", true, "Published", "");
                     })
                     .await?;
                 self.event(att, "Attach volume", None).await;
                 Ok(Action::AwaitChange)
             }
-            Err(e) => {
-                let uncertain = was_uncertain || e.is_uncertain();
-                let (failure, delay) = self.ctx.steps.failed_call(&key, STEP, inputs, &e);
-                let msg = e.to_string();
+            Err(failed) => {
+                let uncertain = was_uncertain || failed.is_uncertain();
+                let msg = failed.message();
                 self.ctx
                     .writer
                     .write_status(att, |st| {
                         st.uncertain = uncertain;
-                        st.meta.last_error = Some(msg.clone());
-                        st.meta.retry = Some(failure.clone());
+                        failed.record(&mut st.meta);
                         st.meta
                             .set_condition("Attached", false, "PublishFailed", &msg);
                     })
                     .await?;
                 self.event(att, "Attach volume", Some(msg)).await;
-                tracing::warn!(attachment = %key, error = %e, retry_in = ?delay, "ControllerPublish failed");
-                Ok(Action::Requeue(delay))
+                Ok(Action::Requeue(failed.retry_in))
             }
         }
     }
@@ -218,50 +195,41 @@ impl Attacher {
     /// an OK (or NotFound: the volume or node is gone). Any other answer keeps the
     /// Attachment, so the reverse stays owed and is retried on the step's schedule.
     async fn detach(&self, att: &Attachment) -> Result<Action, AttachError> {
-        const STEP: &str = "ControllerUnpublishVolume";
-        let key = att.key();
         let owed = matches!(
             att.status.phase,
             AttachmentPhase::Attached | AttachmentPhase::Detaching
         ) || att.status.uncertain;
-        if owed {
-            let inputs = self.inputs(att);
-            if let Gate::Wait(d) = self.ctx.steps.gate(&key, STEP, inputs) {
-                return Ok(Action::Requeue(d));
-            }
-            let secrets = match self.volume(att) {
-                Some(v) => v.spec.secrets.expose()?.clone(),
-                None => Default::default(),
-            };
-            let att = &self
-                .ctx
-                .writer
-                .write_status(att, |st| st.phase = AttachmentPhase::Detaching)
-                .await?;
-            let req = v1::ControllerUnpublishVolumeRequest {
-                volume_id: att.spec.external_id.to_string(),
-                node_id: att.spec.csi_node_id.to_string(),
-                secrets,
-            };
-            if let Err(e) = self.ctx.csi()?.controller_unpublish(req).await {
-                let (failure, delay) = self.ctx.steps.failed_call(&key, STEP, inputs, &e);
-                let msg = e.to_string();
-                self.ctx
-                    .writer
-                    .write_status(att, |st| {
-                        st.phase = AttachmentPhase::Detaching;
-                        st.meta.last_error = Some(msg.clone());
-                        st.meta.retry = Some(failure.clone());
-                    })
-                    .await?;
-                self.event(att, "Detach volume", Some(msg)).await;
-                tracing::warn!(attachment = %key, error = %e, retry_in = ?delay, "ControllerUnpublish failed");
-                return Ok(Action::Requeue(delay));
-            }
-            self.ctx.steps.succeeded(&key, STEP);
-            self.event(att, "Detach volume", None).await;
+        if !owed {
             return self.delete(att).await;
         }
+        let key = att.key();
+        let step = match self
+            .ctx
+            .steps
+            .begin(&key, "ControllerUnpublishVolume", self.inputs(att))
+        {
+            Ok(step) => step,
+            Err(wait) => return Ok(Action::Requeue(wait)),
+        };
+        let req = requests::controller_unpublish(att, self.volume(att).as_deref())?;
+        let att = &self
+            .ctx
+            .writer
+            .write_status(att, |st| st.phase = AttachmentPhase::Detaching)
+            .await?;
+        if let Err(failed) = step.call(self.ctx.csi()?.controller_unpublish(req)).await {
+            self.ctx
+                .writer
+                .write_status(att, |st| {
+                    st.phase = AttachmentPhase::Detaching;
+                    failed.record(&mut st.meta);
+                })
+                .await?;
+            self.event(att, "Detach volume", Some(failed.message()))
+                .await;
+            return Ok(Action::Requeue(failed.retry_in));
+        }
+        self.event(att, "Detach volume", None).await;
         self.delete(att).await
     }
 

@@ -12,12 +12,12 @@
 //!    `moor.dev/claims` finalizer is gone), DeleteVolume, drop our finalizer.
 
 use moor::api::*;
-use moor::csi::policy::{Class, CsiError};
+use moor::csi::policy::CsiError;
 use moor::csi::{convert, v1};
 use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
-use moor::runtime::steps::{self, Gate};
+use moor::runtime::steps::{self, Failed};
 use moor::store::StoreError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -271,29 +271,24 @@ impl Provisioner {
         })
     }
 
-    /// CreateVolume; returns the plugin's volume.
+    /// CreateVolume again (idempotent by name), outside the step's schedule: to learn
+    /// the id of a volume whose creation may have taken effect; returns the plugin's
+    /// volume.
     async fn call_create(&self, vol: &Volume) -> Result<v1::Volume, ProvisionError> {
-        self.send_create(self.create_request(vol)?).await
-    }
-
-    /// Sends a CreateVolume request; returns the plugin's volume.
-    async fn send_create(
-        &self,
-        req: v1::CreateVolumeRequest,
-    ) -> Result<v1::Volume, ProvisionError> {
-        let resp = self.ctx.csi()?.create_volume(req).await?;
-        resp.volume
-            .filter(|v| !v.volume_id.is_empty())
-            .ok_or(ProvisionError::NoVolume)
+        let resp = self
+            .ctx
+            .csi()?
+            .create_volume(self.create_request(vol)?)
+            .await?;
+        created_volume(resp)
     }
 
     async fn create(&self, vol: &Volume) -> Result<Action, ProvisionError> {
-        const STEP: &str = "CreateVolume";
         let key = vol.key();
-        let inputs = self.inputs(vol);
-        if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
-            return Ok(Action::Requeue(after));
-        }
+        let step = match self.ctx.steps.begin(&key, "CreateVolume", self.inputs(vol)) {
+            Ok(step) => step,
+            Err(after) => return Ok(Action::Requeue(after)),
+        };
         let req = match self.create_request(vol) {
             Ok(req) => req,
             Err(e @ (ProvisionError::SourceNotReady(_) | ProvisionError::SnapshotNotReady(_))) => {
@@ -327,8 +322,10 @@ impl Provisioner {
                 true
             })
             .await?;
-        match self.send_create(req).await {
-            Ok(created) => {
+        let csi = self.ctx.csi()?;
+        match step.call(csi.create_volume(req)).await {
+            Ok(resp) => {
+                let created = created_volume(resp)?;
                 let ext = ExternalVolumeId::new(created.volume_id.clone())
                     .map_err(|_| ProvisionError::NoVolume)?;
                 self.ctx
@@ -345,15 +342,13 @@ impl Provisioner {
                             .iter()
                             .map(|t| t.segments.clone())
                             .collect();
-                        p.meta.last_error = None;
-                        p.meta.retry = None;
+                        p.meta.clear_failure();
                         p.mutable_parameters = vol.spec.mutable_parameters.clone();
                         p.meta.observed_generation = vol.metadata.generation;
                         p.meta.set_condition("Created", true, "CreateVolume", "");
                         true
                     })
                     .await?;
-                self.ctx.steps.succeeded(&key, STEP);
                 self.event(
                     vol,
                     "Volume created",
@@ -363,22 +358,18 @@ impl Provisioner {
                 .await;
                 Ok(Action::AwaitChange)
             }
-            Err(e) => {
-                let msg = moor::process::error_chain(&e);
-                let ProvisionError::Csi(csi) = &e else {
-                    return Err(e);
-                };
-                // A final answer took no effect: the volume shows Failed (retried at
-                // the cap or when its spec or the plugin changes), not "creating".
-                let final_answer = csi.class() == Class::Final;
-                let (failure, after) = self.ctx.steps.failed_call(&key, STEP, inputs, csi);
+            Err(failed) => {
+                let msg = moor::process::error_chain(&ProvisionError::Csi(failed.error.clone()));
                 self.ctx
                     .writer
                     .modify_status(&vol.object_key(), |_, st| {
-                        if final_answer {
+                        // A final answer took no effect: the volume shows Failed
+                        // (retried at the cap or when its spec or the plugin changes),
+                        // not "creating".
+                        if failed.is_final() {
                             st.provisioning.phase = VolumePhase::Failed;
                         }
-                        st.provisioning.meta.retry = Some(failure.clone());
+                        failed.record(&mut st.provisioning.meta);
                         st.provisioning.meta.last_error = Some(msg.clone());
                         st.provisioning.meta.set_condition(
                             "Created",
@@ -391,7 +382,7 @@ impl Provisioner {
                     .await?;
                 self.event(vol, "Volume create failed", EventType::Warning, msg)
                     .await;
-                Ok(Action::Requeue(after))
+                Ok(Action::Requeue(failed.retry_in))
             }
         }
     }
@@ -405,10 +396,10 @@ impl Provisioner {
             return Ok(Action::AwaitChange);
         };
         let key = vol.key();
-        let inputs = self.inputs(vol);
-        if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
-            return Ok(Action::Requeue(after));
-        }
+        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(vol)) {
+            Ok(step) => step,
+            Err(after) => return Ok(Action::Requeue(after)),
+        };
         let csi = self.ctx.csi()?;
         let spec = &vol.spec;
         let req = v1::ValidateVolumeCapabilitiesRequest {
@@ -423,35 +414,34 @@ impl Provisioner {
             secrets: spec.secrets.expose()?.clone(),
             mutable_parameters: spec.mutable_parameters.clone(),
         };
-        let answer = match csi.validate_volume_capabilities(req).await {
-            Ok(r) if r.confirmed.is_none() => {
+        let get_volume = self.advertises(ControllerRpc::GetVolume);
+        // One step: the capabilities confirmed, then what the plugin reports of it.
+        let validated = step.call(async {
+            let r = csi.validate_volume_capabilities(req).await?;
+            if r.confirmed.is_none() {
                 let why = if r.message.is_empty() {
                     "the plugin did not confirm the capabilities".to_string()
                 } else {
                     r.message
                 };
-                Err(CsiError {
+                return Err(CsiError {
                     rpc: STEP,
                     code: tonic::Code::InvalidArgument,
                     message: why,
                     tries: 1,
-                })
+                });
             }
-            Ok(_) => Ok(()),
-            Err(e) => Err(e),
-        };
-        let got = match answer {
-            Err(e) => return self.failed(vol, STEP, inputs, &e, VALIDATED).await,
-            Ok(()) if self.advertises(ControllerRpc::GetVolume) => {
-                let req = v1::ControllerGetVolumeRequest {
-                    volume_id: ext.to_string(),
-                };
-                match csi.controller_get_volume(req).await {
-                    Ok(r) => r.volume,
-                    Err(e) => return self.failed(vol, STEP, inputs, &e, VALIDATED).await,
-                }
+            if !get_volume {
+                return Ok(None);
             }
-            Ok(()) => None,
+            let req = v1::ControllerGetVolumeRequest {
+                volume_id: ext.to_string(),
+            };
+            Ok(csi.controller_get_volume(req).await?.volume)
+        });
+        let got = match validated.await {
+            Ok(got) => got,
+            Err(failed) => return self.failed(vol, failed, VALIDATED).await,
         };
         let was_ready = vol.status.provisioning.phase == VolumePhase::Ready
             && vol.status.provisioning.external_id.as_ref() == Some(&ext);
@@ -497,10 +487,10 @@ impl Provisioner {
             return Ok(Action::AwaitChange);
         };
         let key = vol.key();
-        let inputs = self.inputs(vol);
-        if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
-            return Ok(Action::Requeue(after));
-        }
+        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(vol)) {
+            Ok(step) => step,
+            Err(after) => return Ok(Action::Requeue(after)),
+        };
         // A volume in use is expanded with the capability it is used with.
         let capability = vol
             .spec
@@ -516,9 +506,9 @@ impl Provisioner {
             secrets: vol.spec.secrets.expose()?.clone(),
             volume_capability: capability,
         };
-        let resp = match self.ctx.csi()?.controller_expand(req).await {
+        let resp = match step.call(self.ctx.csi()?.controller_expand(req)).await {
             Ok(r) => r,
-            Err(e) => return self.failed(vol, STEP, inputs, &e, EXPANDED).await,
+            Err(failed) => return self.failed(vol, failed, EXPANDED).await,
         };
         // A plugin may answer 0 (unknown): the request was met.
         let capacity = if resp.capacity_bytes > 0 {
@@ -556,18 +546,18 @@ impl Provisioner {
             return Ok(Action::AwaitChange);
         };
         let key = vol.key();
-        let inputs = self.inputs(vol);
-        if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
-            return Ok(Action::Requeue(after));
-        }
+        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(vol)) {
+            Ok(step) => step,
+            Err(after) => return Ok(Action::Requeue(after)),
+        };
         let params = vol.spec.mutable_parameters.clone();
         let req = v1::ControllerModifyVolumeRequest {
             volume_id: ext.to_string(),
             secrets: vol.spec.secrets.expose()?.clone(),
             mutable_parameters: params.clone(),
         };
-        if let Err(e) = self.ctx.csi()?.controller_modify(req).await {
-            return self.failed(vol, STEP, inputs, &e, MODIFIED).await;
+        if let Err(failed) = step.call(self.ctx.csi()?.controller_modify(req)).await {
+            return self.failed(vol, failed, MODIFIED).await;
         }
         self.succeeded(vol, STEP, MODIFIED, "", |p| {
             p.mutable_parameters = params.clone();
@@ -585,8 +575,7 @@ impl Provisioner {
     }
 
     /// A step of a volume that succeeded: `f`'s edit of the provisioning section, the
-    /// failure cleared, the generation observed, condition `condition` true, and the
-    /// step's retry gate forgotten.
+    /// failure cleared, the generation observed, condition `condition` true.
     async fn succeeded(
         &self,
         vol: &Volume,
@@ -601,14 +590,12 @@ impl Provisioner {
             .modify_status(&vol.object_key(), |_, st| {
                 let p = &mut st.provisioning;
                 f(p);
-                p.meta.last_error = None;
-                p.meta.retry = None;
+                p.meta.clear_failure();
                 p.meta.observed_generation = generation;
                 p.meta.set_condition(condition, true, step, message);
                 true
             })
             .await?;
-        self.ctx.steps.succeeded(&vol.key(), step);
         Ok(())
     }
 
@@ -618,25 +605,21 @@ impl Provisioner {
     async fn failed(
         &self,
         vol: &Volume,
-        step: &'static str,
-        inputs: u64,
-        e: &CsiError,
+        failed: Failed,
         condition: &'static str,
     ) -> Result<Action, ProvisionError> {
-        let (failure, after) = self.ctx.steps.failed_call(&vol.key(), step, inputs, e);
-        let msg = e.to_string();
-        let failed = condition == VALIDATED && e.class() == Class::Final;
+        let msg = failed.message();
+        let refused = condition == VALIDATED && failed.is_final();
+        let reason = format!("{}Failed", failed.failure.step);
         self.ctx
             .writer
             .modify_status(&vol.object_key(), |_, st| {
                 let p = &mut st.provisioning;
-                if failed {
+                if refused {
                     p.phase = VolumePhase::Failed;
                 }
-                p.meta.retry = Some(failure.clone());
-                p.meta.last_error = Some(msg.clone());
-                p.meta
-                    .set_condition(condition, false, &format!("{step}Failed"), &msg);
+                failed.record(&mut p.meta);
+                p.meta.set_condition(condition, false, &reason, &msg);
                 true
             })
             .await?;
@@ -646,7 +629,7 @@ impl Provisioner {
             _ => "Volume modification failed",
         };
         self.event(vol, reason, EventType::Warning, msg).await;
-        Ok(Action::Requeue(after))
+        Ok(Action::Requeue(failed.retry_in))
     }
 
     /// Whether the plugin advertises controller capability `rpc`.
@@ -682,26 +665,27 @@ impl Provisioner {
                 volume_id: ext.to_string(),
                 secrets: vol.spec.secrets.expose()?.clone(),
             };
-            const STEP: &str = "DeleteVolume";
             let key = vol.key();
-            let inputs = self.inputs(vol);
-            if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
-                return Ok(Action::Requeue(after));
-            }
-            if let Err(e) = self.ctx.csi()?.delete_volume(req).await {
-                let (failure, after) = self.ctx.steps.failed_call(&key, STEP, inputs, &e);
-                let msg = e.to_string();
+            let step = match self.ctx.steps.begin(&key, "DeleteVolume", self.inputs(vol)) {
+                Ok(step) => step,
+                Err(after) => return Ok(Action::Requeue(after)),
+            };
+            if let Err(failed) = step.call(self.ctx.csi()?.delete_volume(req)).await {
                 self.ctx
                     .writer
                     .modify_status(&vol.object_key(), |_, st| {
-                        st.provisioning.meta.retry = Some(failure.clone());
-                        st.provisioning.meta.last_error = Some(msg.clone());
+                        failed.record(&mut st.provisioning.meta);
                         true
                     })
                     .await?;
-                self.event(vol, "Volume delete failed", EventType::Warning, msg)
-                    .await;
-                return Ok(Action::Requeue(after));
+                self.event(
+                    vol,
+                    "Volume delete failed",
+                    EventType::Warning,
+                    failed.message(),
+                )
+                .await;
+                return Ok(Action::Requeue(failed.retry_in));
             }
             self.ctx.steps.forget(&key);
             self.event(
@@ -735,4 +719,11 @@ impl Provisioner {
     async fn event(&self, vol: &Volume, reason: &str, type_: EventType, message: String) {
         self.ctx.volume_event(vol, reason, type_, message).await;
     }
+}
+
+/// The volume a CreateVolume answer names; an answer without one is a plugin's lie.
+fn created_volume(resp: v1::CreateVolumeResponse) -> Result<v1::Volume, ProvisionError> {
+    resp.volume
+        .filter(|v| !v.volume_id.is_empty())
+        .ok_or(ProvisionError::NoVolume)
 }

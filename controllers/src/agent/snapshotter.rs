@@ -19,7 +19,7 @@ use moor::csi::v1;
 use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
-use moor::runtime::steps::{self, Gate};
+use moor::runtime::steps::{self, Failed};
 use moor::store::StoreError;
 use std::sync::Arc;
 use std::time::Duration;
@@ -260,10 +260,10 @@ impl Snapshotter {
     ) -> Result<Action, SnapshotError> {
         const STEP: &str = "CreateSnapshot";
         let key = snap.key();
-        let inputs = self.inputs(snap);
-        if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
-            return Ok(Action::Requeue(after));
-        }
+        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(snap)) {
+            Ok(step) => step,
+            Err(after) => return Ok(Action::Requeue(after)),
+        };
         let first = snap.status.source_volume_id.is_none();
         if first {
             // In doubt from here on: a deletion asks again before DeleteSnapshot.
@@ -282,9 +282,11 @@ impl Snapshotter {
             secrets: Self::secrets(snap, volume)?,
             parameters: snap.spec.parameters.clone(),
         };
-        let answer = self.ctx.csi()?.create_snapshot(req).await;
-        self.record(snap, STEP, inputs, answer.map(|r| r.snapshot))
-            .await
+        let csi = self.ctx.csi()?;
+        let answer = step
+            .call(async { cut(STEP, csi.create_snapshot(req).await?.snapshot) })
+            .await;
+        self.record(snap, STEP, answer).await
     }
 
     /// GetSnapshot of a snapshot cut but not yet ready to use.
@@ -295,42 +297,34 @@ impl Snapshotter {
         id: String,
     ) -> Result<Action, SnapshotError> {
         const STEP: &str = "GetSnapshot";
-        let inputs = self.inputs(snap);
-        if let Gate::Wait(after) = self.ctx.steps.gate(&snap.key(), STEP, inputs) {
-            return Ok(Action::Requeue(after));
-        }
+        let key = snap.key();
+        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(snap)) {
+            Ok(step) => step,
+            Err(after) => return Ok(Action::Requeue(after)),
+        };
         let req = v1::GetSnapshotRequest {
             snapshot_id: id,
             secrets: Self::secrets(snap, volume)?,
         };
-        let answer = self.ctx.csi()?.get_snapshot(req).await;
-        self.record(snap, STEP, inputs, answer.map(|r| r.snapshot))
-            .await
+        let csi = self.ctx.csi()?;
+        let answer = step
+            .call(async { cut(STEP, csi.get_snapshot(req).await?.snapshot) })
+            .await;
+        self.record(snap, STEP, answer).await
     }
 
-    /// Records what CreateSnapshot or GetSnapshot said of the snapshot: Ready once it
-    /// is ready to use, else Creating and asked again in a second.
+    /// Records what CreateSnapshot or GetSnapshot (`step`) said of the snapshot: Ready
+    /// once it is ready to use, else Creating and asked again in a second.
     async fn record(
         &self,
         snap: &Snapshot,
         step: &'static str,
-        inputs: u64,
-        answer: Result<Option<v1::Snapshot>, CsiError>,
+        answer: Result<v1::Snapshot, Failed>,
     ) -> Result<Action, SnapshotError> {
         let cut = match answer {
-            Ok(Some(s)) if !s.snapshot_id.is_empty() => s,
-            Ok(_) => {
-                let e = CsiError {
-                    rpc: step,
-                    code: tonic::Code::Internal,
-                    message: format!("{step} answered without a snapshot id"),
-                    tries: 1,
-                };
-                return self.failed(snap, step, inputs, &e).await;
-            }
-            Err(e) => return self.failed(snap, step, inputs, &e).await,
+            Ok(cut) => cut,
+            Err(failed) => return self.failed(snap, failed).await,
         };
-        self.ctx.steps.succeeded(&snap.key(), step);
         let ready = cut.ready_to_use;
         let generation = snap.metadata.generation;
         self.write_status(snap, |st| {
@@ -346,8 +340,7 @@ impl Snapshotter {
                 std::time::UNIX_EPOCH.checked_add(d).map(Timestamp)
             });
             st.ready_to_use = ready;
-            st.meta.last_error = None;
-            st.meta.retry = None;
+            st.meta.clear_failure();
             st.meta.observed_generation = generation;
             st.meta.set_condition("Created", true, step, "");
         })
@@ -366,52 +359,59 @@ impl Snapshotter {
         Ok(Action::Requeue(Duration::from_secs(1)))
     }
 
+    /// DeleteSnapshot, on its step's schedule. A snapshot whose CreateSnapshot may have
+    /// taken effect unanswered has no id yet: CreateSnapshot is asked again first (by
+    /// name) to learn it, as part of the same step, so a failing plugin is asked no
+    /// more often than the schedule says, whatever triggers the reconcile.
     async fn delete(
         &self,
         snap: &Snapshot,
         volume: Option<&Volume>,
     ) -> Result<Action, SnapshotError> {
-        const STEP: &str = "DeleteSnapshot";
         let key = snap.key();
-        let inputs = self.inputs(snap);
         let mut id = snap.status.snapshot_id.clone();
-        if id.is_none() {
-            if let Some(src) = &snap.status.source_volume_id {
-                // CreateSnapshot may have taken effect unanswered: ask again (by name)
-                // to learn the id, so the snapshot is not leaked.
+        let in_doubt = id.is_none() && snap.status.source_volume_id.is_some();
+        if id.is_some() || in_doubt {
+            let step = match self
+                .ctx
+                .steps
+                .begin(&key, "DeleteSnapshot", self.inputs(snap))
+            {
+                Ok(step) => step,
+                Err(after) => return Ok(Action::Requeue(after)),
+            };
+            let csi = self.ctx.csi()?;
+            if let (None, Some(src)) = (&id, &snap.status.source_volume_id) {
                 let req = v1::CreateSnapshotRequest {
                     source_volume_id: src.clone(),
                     name: snap.metadata.uid.clone(),
                     secrets: Self::secrets(snap, volume)?,
                     parameters: snap.spec.parameters.clone(),
                 };
-                match self.ctx.csi()?.create_snapshot(req).await {
+                match csi.create_snapshot(req).await {
                     Ok(r) => id = r.snapshot.map(|s| s.snapshot_id).filter(|s| !s.is_empty()),
                     // The volume is gone, or the plugin refuses for good: nothing was cut.
                     Err(e) if e.class() == Class::Final => {}
-                    Err(e) => return self.failed(snap, STEP, inputs, &e).await,
+                    Err(e) => return self.failed(snap, step.fail(e)).await,
                 }
             }
-        }
-        if let Some(id) = id {
-            if let Gate::Wait(after) = self.ctx.steps.gate(&key, STEP, inputs) {
-                return Ok(Action::Requeue(after));
-            }
-            let req = v1::DeleteSnapshotRequest {
-                snapshot_id: id.clone(),
-                secrets: Self::secrets(snap, volume)?,
-            };
-            if let Err(e) = self.ctx.csi()?.delete_snapshot(req).await {
-                return self.failed(snap, STEP, inputs, &e).await;
+            if let Some(id) = id {
+                let req = v1::DeleteSnapshotRequest {
+                    snapshot_id: id.clone(),
+                    secrets: Self::secrets(snap, volume)?,
+                };
+                if let Err(failed) = step.call(csi.delete_snapshot(req)).await {
+                    return self.failed(snap, failed).await;
+                }
+                self.event(
+                    snap,
+                    "Snapshot deleted",
+                    EventType::Normal,
+                    format!("{id} deleted"),
+                )
+                .await;
             }
             self.ctx.steps.forget(&key);
-            self.event(
-                snap,
-                "Snapshot deleted",
-                EventType::Normal,
-                format!("{id} deleted"),
-            )
-            .await;
         }
         loop {
             let Some(mut s) = self.ctx.reads.try_get(&snap.object_key()).await? else {
@@ -429,41 +429,31 @@ impl Snapshotter {
         }
     }
 
-    /// A failed call: its failure and the retry on the status, a Warning; a final
+    /// A failed step: its failure and the retry on the status, a Warning; a final
     /// answer to CreateSnapshot makes the snapshot Failed (retried at the cap or when
     /// its spec changes).
-    async fn failed(
-        &self,
-        snap: &Snapshot,
-        step: &'static str,
-        inputs: u64,
-        e: &CsiError,
-    ) -> Result<Action, SnapshotError> {
-        let (failure, after) = self.ctx.steps.failed_call(&snap.key(), step, inputs, e);
-        let msg = e.to_string();
-        let failed = step == "CreateSnapshot" && e.class() == Class::Final;
+    async fn failed(&self, snap: &Snapshot, failed: Failed) -> Result<Action, SnapshotError> {
+        let step = failed.failure.step.clone();
+        let msg = failed.message();
+        let refused = step == "CreateSnapshot" && failed.is_final();
+        let deleting = step == "DeleteSnapshot";
         self.write_status(snap, |st| {
-            if failed {
+            if refused {
                 st.phase = SnapshotPhase::Failed;
             }
-            st.meta.retry = Some(failure.clone());
-            st.meta.last_error = Some(msg.clone());
-            let cond = if step == "DeleteSnapshot" {
-                "Deleted"
-            } else {
-                "Created"
-            };
+            failed.record(&mut st.meta);
+            let cond = if deleting { "Deleted" } else { "Created" };
             st.meta
                 .set_condition(cond, false, &format!("{step}Failed"), &msg);
         })
         .await?;
-        let reason = if step == "DeleteSnapshot" {
+        let reason = if deleting {
             "Snapshot delete failed"
         } else {
             "Snapshot create failed"
         };
         self.event(snap, reason, EventType::Warning, msg).await;
-        Ok(Action::Requeue(after))
+        Ok(Action::Requeue(failed.retry_in))
     }
 
     async fn write_status(
@@ -488,6 +478,18 @@ impl Snapshotter {
             .record(object_ref(snap), type_, reason, message, d)
             .await;
     }
+}
+
+/// The snapshot an answer of `rpc` names; one without an id is an error.
+fn cut(rpc: &'static str, snapshot: Option<v1::Snapshot>) -> Result<v1::Snapshot, CsiError> {
+    snapshot
+        .filter(|s| !s.snapshot_id.is_empty())
+        .ok_or_else(|| CsiError {
+            rpc,
+            code: tonic::Code::Internal,
+            message: format!("{rpc} answered without a snapshot id"),
+            tries: 1,
+        })
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use moor::runtime::events::Recorder;
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
 use moor::runtime::reflector;
-use moor::runtime::steps::{self, Gate, Steps};
+use moor::runtime::steps::{self, Steps};
 use moor::store::{Store, StoreError};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -89,6 +89,12 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<steps::Failed> for NodeError {
+    fn from(failed: steps::Failed) -> Self {
+        NodeError::Csi(failed.error)
+    }
 }
 
 impl ReconcileError for NodeError {
@@ -400,35 +406,19 @@ impl Reconcile {
         steps::inputs((uid, generation, self.r.supervisor.epoch()))
     }
 
-    /// Refuses a step of `key` while it is backing off with unchanged inputs.
-    fn gate(&self, key: &str, step: &'static str, inputs: u64) -> Result<(), NodeError> {
-        match self.r.steps.gate(key, step, inputs) {
-            Gate::Go => Ok(()),
-            Gate::Wait(after) => Err(NodeError::BackingOff(step, after)),
-        }
-    }
-
-    /// Runs one CSI step of `key` (already let through its [`Reconcile::gate`]) and
-    /// records the outcome on the step's schedule; a failure comes back as the CSI
-    /// error, for the caller to decide what is owed.
-    async fn step<T>(
-        &self,
-        key: &str,
-        step: &'static str,
+    /// Step `name` of `key`, run through the step runner ([`steps::Step::call`]) once
+    /// its gate lets it through; while it backs off with unchanged inputs, an error
+    /// that records nothing new.
+    fn begin<'a>(
+        &'a self,
+        key: &'a str,
+        name: &'static str,
         inputs: u64,
-        call: impl std::future::Future<Output = Result<T, CsiError>>,
-    ) -> Result<T, NodeError> {
-        match call.await {
-            Ok(v) => {
-                self.r.steps.succeeded(key, step);
-                Ok(v)
-            }
-            Err(e) => {
-                let (_, after) = self.r.steps.failed_call(key, step, inputs, &e);
-                tracing::warn!(claim = %key, error = %e, retry_in = ?after, "node step failed");
-                Err(NodeError::Csi(e))
-            }
-        }
+    ) -> Result<steps::Step<'a>, NodeError> {
+        self.r
+            .steps
+            .begin(key, name, inputs)
+            .map_err(|after| NodeError::BackingOff(name, after))
     }
 
     /// Runs a forward CSI step as a checkpoint in the local state: gated first (a step
@@ -446,18 +436,18 @@ impl Reconcile {
         mark: impl Fn(&mut LocalState, Step),
         call: impl std::future::Future<Output = Result<T, CsiError>>,
     ) -> Result<T, NodeError> {
-        self.gate(key, step, inputs)?;
+        let step = self.begin(key, step, inputs)?;
         self.edit(|s| mark(s, Step::Uncertain)).await?;
-        match self.step(key, step, inputs, call).await {
+        match step.call(call).await {
             Ok(v) => {
                 self.edit(|s| mark(s, Step::Done)).await?;
                 Ok(v)
             }
-            Err(e) => {
-                if took_no_effect(&e) && before == Step::Absent {
+            Err(failed) => {
+                if took_no_effect(&failed.error) && before == Step::Absent {
                     self.edit(|s| mark(s, Step::Absent)).await?;
                 }
-                Err(e)
+                Err(failed.into())
             }
         }
     }
@@ -671,6 +661,6 @@ fn claim_ref(namespace: &Namespace, name: &Name) -> ObjectRef {
 /// Whether a step failed with a final answer (it took no effect).
 /// A final or transient answer (ResourceExhausted, Aborted): the plugin refused, the
 /// call did not take effect. Only an uncertain answer may have.
-fn took_no_effect(e: &NodeError) -> bool {
-    matches!(e, NodeError::Csi(c) if matches!(c.class(), Class::Final | Class::Transient))
+fn took_no_effect(e: &CsiError) -> bool {
+    matches!(e.class(), Class::Final | Class::Transient)
 }

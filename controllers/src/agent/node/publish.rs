@@ -192,7 +192,7 @@ impl Reconcile {
         const STEP: &str = "NodeExpandVolume";
         let claim = v.claim;
         let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
-        self.gate(key, STEP, inputs)?;
+        let step = self.begin(key, STEP, inputs)?;
         let staging = rec
             .staging_path
             .as_ref()
@@ -204,7 +204,7 @@ impl Reconcile {
         };
         let req = requests::node_expand(&v, volume_path, staging.as_deref(), bytes);
         let csi = self.csi(cfg)?;
-        let resp = self.step(key, STEP, inputs, csi.node_expand(req)).await?;
+        let resp = step.call(csi.node_expand(req)).await?;
         let got = if resp.capacity_bytes > 0 {
             resp.capacity_bytes as u64
         } else {

@@ -86,11 +86,9 @@ impl Reconcile {
             volume_id: volume_id.to_string(),
             staging_target_path: path_str(&plugin_path(cfg, staging)),
         };
-        let inputs = self.inputs(claim_uid, 0);
-        self.gate(key, "NodeUnstageVolume", inputs)?;
+        let step = self.begin(key, "NodeUnstageVolume", self.inputs(claim_uid, 0))?;
         let csi = self.csi(cfg)?;
-        self.step(key, "NodeUnstageVolume", inputs, csi.node_unstage(req))
-            .await?;
+        step.call(csi.node_unstage(req)).await?;
         self.forget_stage(staging).await
     }
 
@@ -104,13 +102,10 @@ impl Reconcile {
             volume_id: rec.external_id.to_string(),
             target_path: path_str(&plugin_path(cfg, &rec.target_path)),
         };
-        let inputs = self.inputs(&rec.claim_uid, 0);
-        self.gate(key, "NodeUnpublishVolume", inputs)?;
+        let step = self.begin(key, "NodeUnpublishVolume", self.inputs(&rec.claim_uid, 0))?;
         let csi = self.csi(cfg)?;
-        let result = self
-            .step(key, "NodeUnpublishVolume", inputs, csi.node_unpublish(req))
-            .await;
-        let error = result.as_ref().err().map(|e| e.to_string());
+        let result = step.call(csi.node_unpublish(req)).await;
+        let error = result.as_ref().err().map(|f| f.message());
         self.unmount_event(rec, error).await;
         result?;
         self.set_publish_step(key, Step::Absent).await
