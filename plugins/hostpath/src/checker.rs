@@ -149,390 +149,485 @@ impl Held {
 type Key3 = (String, String, String);
 type Attempts = BTreeMap<(String, Key3), Vec<Outcome>>;
 
-/// Invariant 5: `what` reverses a `fwd` step whose every attempt failed, one of them
-/// with a final error.
-fn never_took_effect(
-    v: &mut Vec<Violation>,
-    attempts: &Attempts,
-    i: usize,
-    fwd: &str,
-    key: Key3,
-    what: &str,
-) {
-    if let Some(outs) = attempts.get(&(fwd.to_string(), key)) {
-        let took = outs
-            .iter()
-            .any(|o| matches!(o, Outcome::Done | Outcome::Maybe));
-        if !took
-            && outs
-                .iter()
-                .any(|o| matches!(o, Outcome::Failed { final_error: true }))
-        {
-            v.push(Violation {
-                invariant: 5,
-                index: i,
-                message: format!(
-                    "{what} reverses a {fwd} that failed with a final error and never took effect"
-                ),
-            });
-        }
-    }
-}
-
 /// Checks a merged log.
 pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
-    let mut v = Vec::new();
-    let mut attached: BTreeMap<(String, String), Held> = BTreeMap::new();
-    let mut staged: BTreeMap<Key3, Held> = BTreeMap::new();
-    let mut published: BTreeMap<Key3, (Held, Publish)> = BTreeMap::new();
-    // Forward step → outcomes of its attempts (for invariant 5).
-    let mut attempts: Attempts = BTreeMap::new();
-    let mut volume_ids = cfg.known_volume_ids.clone();
-    let mut node_ids = cfg.known_node_ids.clone();
-    node_ids.extend(calls.iter().map(|c| c.plugin_node.clone()));
-    // Volumes handed out and not deleted yet; volumes deleted.
-    let mut created: BTreeSet<String> = BTreeSet::new();
-    let mut deleted: BTreeSet<String> = BTreeSet::new();
-    // Whether node `n`'s entry made at `since` is excused at `now`: a declaration came
-    // after it was made and by `now`.
-    let excused = |n: &str, since: &str, now: &str| {
-        cfg.forced_nodes.get(n).is_some_and(|ts| {
+    let mut checker = Checker::new(calls, cfg);
+    for (i, c) in calls.iter().enumerate() {
+        checker.call(i, c);
+    }
+    checker.finish(calls.len())
+}
+
+/// What the log has done so far, as the checker replays it: one method per call it
+/// follows, each checking the invariants that call can break.
+struct Checker<'a> {
+    cfg: &'a CheckConfig,
+    violations: Vec<Violation>,
+    /// (volume, node) → the attachment.
+    attached: BTreeMap<(String, String), Held>,
+    /// (node, volume, staging path) → the stage.
+    staged: BTreeMap<Key3, Held>,
+    /// (node, volume, target path) → the publish.
+    published: BTreeMap<Key3, (Held, Publish)>,
+    /// Forward step → outcomes of its attempts (for invariant 5).
+    attempts: Attempts,
+    volume_ids: BTreeSet<String>,
+    node_ids: BTreeSet<String>,
+    /// Volumes handed out and not deleted yet.
+    created: BTreeSet<String>,
+    /// Volumes deleted.
+    deleted: BTreeSet<String>,
+}
+
+/// One call as the checker reads it.
+struct At<'c> {
+    index: usize,
+    call: &'c Call,
+    out: Outcome,
+    /// It may have taken effect (done or maybe).
+    acted: bool,
+    vol: String,
+    node: String,
+}
+
+fn text(o: &Option<String>) -> String {
+    o.clone().unwrap_or_default()
+}
+
+impl<'a> Checker<'a> {
+    fn new(calls: &[Call], cfg: &'a CheckConfig) -> Checker<'a> {
+        let mut node_ids = cfg.known_node_ids.clone();
+        node_ids.extend(calls.iter().map(|c| c.plugin_node.clone()));
+        Checker {
+            cfg,
+            violations: Vec::new(),
+            attached: BTreeMap::new(),
+            staged: BTreeMap::new(),
+            published: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+            volume_ids: cfg.known_volume_ids.clone(),
+            node_ids,
+            created: BTreeSet::new(),
+            deleted: BTreeSet::new(),
+        }
+    }
+
+    fn violate(&mut self, invariant: u8, index: usize, message: String) {
+        self.violations.push(Violation {
+            invariant,
+            index,
+            message,
+        });
+    }
+
+    /// Whether node `n`'s entry made at `since` is excused at `now`: a declaration
+    /// came after it was made and by `now`.
+    fn excused(&self, n: &str, since: &str, now: &str) -> bool {
+        self.cfg.forced_nodes.get(n).is_some_and(|ts| {
             ts.iter()
                 .any(|t| t.is_empty() || (since < t.as_str() && t.as_str() <= now))
         })
-    };
-    // Whether node `n` was declared gone by `now` (its reverse calls of what it held
-    // then are what the declaration allows).
-    let declared = |n: &str, now: &str| {
-        cfg.forced_nodes
+    }
+
+    /// Whether node `n` was declared gone by `now` (its reverse calls of what it held
+    /// then are what the declaration allows).
+    fn declared(&self, n: &str, now: &str) -> bool {
+        self.cfg
+            .forced_nodes
             .get(n)
             .is_some_and(|ts| ts.iter().any(|t| t.as_str() <= now))
-    };
-    let s = |o: &Option<String>| o.clone().unwrap_or_default();
+    }
 
-    for (i, c) in calls.iter().enumerate() {
-        let out = outcome(c);
-        let acted = matches!(out, Outcome::Done | Outcome::Maybe);
-        let vol = s(&c.volume_id);
-        let node = c.plugin_node.clone();
-        if c.rpc == "CreateVolume" {
-            if let Some(id) = &c.result_volume_id {
-                volume_ids.insert(id.clone());
-                created.insert(id.clone());
-                deleted.remove(id);
-            }
-            continue;
+    fn call(&mut self, index: usize, call: &Call) {
+        let out = outcome(call);
+        let at = At {
+            index,
+            call,
+            out,
+            acted: matches!(out, Outcome::Done | Outcome::Maybe),
+            vol: text(&call.volume_id),
+            node: call.plugin_node.clone(),
+        };
+        match call.rpc.as_str() {
+            "CreateVolume" => return self.create_volume(&at),
+            "DeleteVolume" => return self.delete_volume(&at),
+            _ => {}
         }
-        if c.rpc == "DeleteVolume" {
-            let in_use = attached
-                .iter()
-                .find(|((av, an), h)| *av == vol && !excused(an, &h.since, &c.time))
-                .map(|((_, n), _)| n.clone())
-                .or_else(|| {
-                    staged
-                        .iter()
-                        .chain(published.iter().map(|(k, (h, _))| (k, h)))
-                        .find(|((n, sv, _), h)| *sv == vol && !excused(n, &h.since, &c.time))
-                        .map(|((n, _, _), _)| n.clone())
-                });
-            if let (Some(n), true) = (in_use, acted) {
-                v.push(Violation {
-                    invariant: 3,
-                    index: i,
-                    message: format!(
-                        "DeleteVolume of {vol} while still attached, staged or published on {n}"
-                    ),
-                });
-            }
-            if c.code == "OK" || c.code == "NotFound" {
-                created.remove(&vol);
-                deleted.insert(vol);
-            }
-            continue;
-        }
-        let uses_volume = c.rpc.starts_with("Controller") || c.rpc.starts_with("Node");
-        if uses_volume
-            && !vol.is_empty()
-            && c.rpc != "ControllerGetCapabilities"
-            && !volume_ids.contains(&vol)
-        {
-            v.push(Violation {
-                invariant: 6,
-                index: i,
-                message: format!(
-                    "{} names volume {vol:?}, which the plugin never handed out",
-                    c.rpc
-                ),
-            });
-        }
-        let reverse = matches!(
-            c.rpc.as_str(),
-            "NodeUnpublishVolume" | "NodeUnstageVolume" | "ControllerUnpublishVolume"
-        );
-        if uses_volume && deleted.contains(&vol) && !(reverse && declared(&node, &c.time)) {
-            v.push(Violation {
-                invariant: 6,
-                index: i,
-                message: format!("{} of volume {vol} after it was deleted", c.rpc),
-            });
-        }
-        match c.rpc.as_str() {
-            "ControllerPublishVolume" => {
-                let target = s(&c.node_id);
-                if !node_ids.contains(&target) {
-                    v.push(Violation {
-                        invariant: 6,
-                        index: i,
-                        message: format!(
-                            "ControllerPublishVolume names node {target:?}, not a CSI node id"
-                        ),
-                    });
-                }
-                if acted && single_node(c.access_mode.as_deref()) {
-                    if let Some(((_, other), _)) = attached.iter().find(|((av, an), h)| {
-                        *av == vol && *an != target && !excused(an, &h.since, &c.time)
-                    }) {
-                        v.push(Violation {
-                            invariant: 1,
-                            index: i,
-                            message: format!("single-node volume {vol} published to {target} while attached to {other}"),
-                        });
-                    }
-                }
-                attempts
-                    .entry((c.rpc.clone(), (vol.clone(), target.clone(), String::new())))
-                    .or_default()
-                    .push(out);
-                if acted {
-                    attached
-                        .entry((vol, target))
-                        .or_insert_with(|| Held::new(out, &c.time))
-                        .again(out);
-                }
-            }
-            "ControllerUnpublishVolume" => {
-                let target = s(&c.node_id);
-                let nodes: Vec<String> = if target.is_empty() {
-                    attached
-                        .keys()
-                        .filter(|(av, _)| *av == vol)
-                        .map(|(_, n)| n.clone())
-                        .collect()
-                } else {
-                    vec![target.clone()]
-                };
-                for n in &nodes {
-                    let held = |(hn, hv, _): &Key3, h: &Held| {
-                        hn == n && *hv == vol && !excused(n, &h.since, &c.time)
-                    };
-                    let busy = staged.iter().any(|(k, h)| held(k, h))
-                        || published.iter().any(|(k, (h, _))| held(k, h));
-                    if busy {
-                        v.push(Violation {
-                            invariant: 3,
-                            index: i,
-                            message: format!("ControllerUnpublish of {vol} from {n} while still staged or published there"),
-                        });
-                    }
-                    never_took_effect(
-                        &mut v,
-                        &attempts,
-                        i,
-                        "ControllerPublishVolume",
-                        (vol.clone(), n.clone(), String::new()),
-                        "ControllerUnpublishVolume",
-                    );
-                }
-                if out == Outcome::Done {
-                    for n in nodes {
-                        attached.remove(&(vol.clone(), n));
-                    }
-                }
-            }
-            "NodeStageVolume" => {
-                let path = s(&c.staging_target_path);
-                if cfg.controller_publish_required
-                    && attached
-                        .get(&(vol.clone(), node.clone()))
-                        .map(|h| h.outcome)
-                        != Some(Outcome::Done)
-                {
-                    v.push(Violation {
-                        invariant: 2,
-                        index: i,
-                        message: format!(
-                            "NodeStage of {vol} on {node} before ControllerPublish succeeded there"
-                        ),
-                    });
-                }
-                let key = (node, vol, path);
-                attempts
-                    .entry((c.rpc.clone(), key.clone()))
-                    .or_default()
-                    .push(out);
-                if acted {
-                    staged
-                        .entry(key)
-                        .or_insert_with(|| Held::new(out, &c.time))
-                        .again(out);
-                }
-            }
-            "NodeUnstageVolume" => {
-                let path = s(&c.staging_target_path);
-                if let Some(((_, _, target), _)) = published.iter().find(|((pn, pv, _), (_, p))| {
-                    *pn == node && *pv == vol && p.staging.as_deref() == Some(path.as_str())
-                }) {
-                    v.push(Violation {
-                        invariant: 3,
-                        index: i,
-                        message: format!(
-                            "NodeUnstage of {path} while {target} is still published from it"
-                        ),
-                    });
-                }
-                let key = (node, vol, path);
-                never_took_effect(
-                    &mut v,
-                    &attempts,
-                    i,
-                    "NodeStageVolume",
-                    key.clone(),
-                    "NodeUnstageVolume",
-                );
-                if out == Outcome::Done {
-                    staged.remove(&key);
-                }
-            }
-            "NodePublishVolume" => {
-                let target = s(&c.target_path);
-                let staging = c.staging_target_path.clone();
-                if cfg.stage_required {
-                    let key = (
-                        node.clone(),
-                        vol.clone(),
-                        staging.clone().unwrap_or_default(),
-                    );
-                    if staged.get(&key).map(|h| h.outcome) != Some(Outcome::Done) {
-                        v.push(Violation {
-                            invariant: 2,
-                            index: i,
-                            message: format!(
-                                "NodePublish of {vol} on {node} before NodeStage succeeded at {:?}",
-                                staging
-                            ),
-                        });
-                    }
-                } else if cfg.controller_publish_required
-                    && attached
-                        .get(&(vol.clone(), node.clone()))
-                        .map(|h| h.outcome)
-                        != Some(Outcome::Done)
-                {
-                    v.push(Violation {
-                        invariant: 2,
-                        index: i,
-                        message: format!("NodePublish of {vol} on {node} before ControllerPublish succeeded there"),
-                    });
-                }
-                let readonly = c.readonly.unwrap_or(false);
-                if acted {
-                    if single_node(c.access_mode.as_deref()) {
-                        if let Some(((other, _, _), _)) =
-                            published.iter().find(|((pn, pv, _), (h, _))| {
-                                *pv == vol && *pn != node && !excused(pn, &h.since, &c.time)
-                            })
-                        {
-                            v.push(Violation {
-                                invariant: 1,
-                                index: i,
-                                message: format!("single-node volume {vol} published on {node} while published on {other}"),
-                            });
-                        }
-                    }
-                    if !readonly && single_writer(c.access_mode.as_deref()) {
-                        if let Some(((on, _, other), _)) =
-                            published.iter().find(|((pn, pv, pt), (h, p))| {
-                                *pv == vol
-                                    && !p.readonly
-                                    && !excused(pn, &h.since, &c.time)
-                                    && (*pn != node || *pt != target)
-                            })
-                        {
-                            v.push(Violation {
-                                invariant: 1,
-                                index: i,
-                                message: format!("second writer of {vol} at {target} while {other} on {on} writes"),
-                            });
-                        }
-                    }
-                }
-                let key = (node, vol, target);
-                attempts
-                    .entry((c.rpc.clone(), key.clone()))
-                    .or_default()
-                    .push(out);
-                if acted {
-                    published
-                        .entry(key)
-                        .or_insert_with(|| (Held::new(out, &c.time), Publish { staging, readonly }))
-                        .0
-                        .again(out);
-                }
-            }
-            "NodeUnpublishVolume" => {
-                let key = (node, vol, s(&c.target_path));
-                never_took_effect(
-                    &mut v,
-                    &attempts,
-                    i,
-                    "NodePublishVolume",
-                    key.clone(),
-                    "NodeUnpublishVolume",
-                );
-                if out == Outcome::Done {
-                    published.remove(&key);
-                }
-            }
+        self.ids_are_the_plugin_s(&at);
+        match call.rpc.as_str() {
+            "ControllerPublishVolume" => self.controller_publish(&at),
+            "ControllerUnpublishVolume" => self.controller_unpublish(&at),
+            "NodeStageVolume" => self.node_stage(&at),
+            "NodeUnstageVolume" => self.node_unstage(&at),
+            "NodePublishVolume" => self.node_publish(&at),
+            "NodeUnpublishVolume" => self.node_unpublish(&at),
             _ => {}
         }
     }
-    if cfg.expect_released {
-        let end = calls.len();
-        for ((vol, node), h) in &attached {
-            let o = h.outcome;
-            v.push(Violation {
-                invariant: 4,
-                index: end,
-                message: format!("{vol} still attached to {node} ({o:?})"),
-            });
-        }
-        for ((node, vol, path), h) in &staged {
-            let o = h.outcome;
-            v.push(Violation {
-                invariant: 4,
-                index: end,
-                message: format!("{vol} still staged at {path} on {node} ({o:?})"),
-            });
-        }
-        for ((node, vol, path), (h, _)) in &published {
-            let o = h.outcome;
-            v.push(Violation {
-                invariant: 4,
-                index: end,
-                message: format!("{vol} still published at {path} on {node} ({o:?})"),
-            });
+
+    fn create_volume(&mut self, at: &At) {
+        if let Some(id) = &at.call.result_volume_id {
+            self.volume_ids.insert(id.clone());
+            self.created.insert(id.clone());
+            self.deleted.remove(id);
         }
     }
-    if cfg.expect_deleted {
-        for vol in &created {
-            v.push(Violation {
-                invariant: 7,
-                index: calls.len(),
-                message: format!("volume {vol} was created and never deleted"),
+
+    /// Invariant 3: a volume is deleted only once nothing holds it (but what a node
+    /// declared gone held).
+    fn delete_volume(&mut self, at: &At) {
+        let (vol, now) = (&at.vol, at.call.time.as_str());
+        let in_use = self
+            .attached
+            .iter()
+            .find(|((av, an), h)| av == vol && !self.excused(an, &h.since, now))
+            .map(|((_, n), _)| n.clone())
+            .or_else(|| {
+                self.staged
+                    .iter()
+                    .chain(self.published.iter().map(|(k, (h, _))| (k, h)))
+                    .find(|((n, sv, _), h)| sv == vol && !self.excused(n, &h.since, now))
+                    .map(|((n, _, _), _)| n.clone())
             });
+        if let (Some(n), true) = (in_use, at.acted) {
+            self.violate(
+                3,
+                at.index,
+                format!("DeleteVolume of {vol} while still attached, staged or published on {n}"),
+            );
+        }
+        if at.call.code == "OK" || at.call.code == "NotFound" {
+            self.created.remove(vol);
+            self.deleted.insert(vol.clone());
         }
     }
-    v
+
+    /// Invariant 6: a volume the plugin handed out (or registered), not one deleted
+    /// (but a declared node's reverses of what it held).
+    fn ids_are_the_plugin_s(&mut self, at: &At) {
+        let rpc = at.call.rpc.as_str();
+        let uses_volume = rpc.starts_with("Controller") || rpc.starts_with("Node");
+        if !uses_volume {
+            return;
+        }
+        let vol = &at.vol;
+        if !vol.is_empty() && rpc != "ControllerGetCapabilities" && !self.volume_ids.contains(vol) {
+            self.violate(
+                6,
+                at.index,
+                format!("{rpc} names volume {vol:?}, which the plugin never handed out"),
+            );
+        }
+        let reverse = matches!(
+            rpc,
+            "NodeUnpublishVolume" | "NodeUnstageVolume" | "ControllerUnpublishVolume"
+        );
+        if self.deleted.contains(vol) && !(reverse && self.declared(&at.node, &at.call.time)) {
+            self.violate(
+                6,
+                at.index,
+                format!("{rpc} of volume {vol} after it was deleted"),
+            );
+        }
+    }
+
+    /// Records an attempt of a forward step (for invariant 5).
+    fn attempted(&mut self, at: &At, key: Key3) {
+        self.attempts
+            .entry((at.call.rpc.clone(), key))
+            .or_default()
+            .push(at.out);
+    }
+
+    /// Invariant 5: `at` reverses a `fwd` step whose every attempt failed, one of them
+    /// with a final error.
+    fn never_took_effect(&mut self, at: &At, fwd: &str, key: Key3) {
+        let Some(outs) = self.attempts.get(&(fwd.to_string(), key)) else {
+            return;
+        };
+        let took = outs
+            .iter()
+            .any(|o| matches!(o, Outcome::Done | Outcome::Maybe));
+        let refused = outs
+            .iter()
+            .any(|o| matches!(o, Outcome::Failed { final_error: true }));
+        if !took && refused {
+            let what = &at.call.rpc;
+            self.violate(
+                5,
+                at.index,
+                format!(
+                    "{what} reverses a {fwd} that failed with a final error and never took effect"
+                ),
+            );
+        }
+    }
+
+    /// Invariants 6 (a CSI node id) and 1 (a single-node volume attached to one node).
+    fn controller_publish(&mut self, at: &At) {
+        let (vol, target) = (at.vol.clone(), text(&at.call.node_id));
+        if !self.node_ids.contains(&target) {
+            self.violate(
+                6,
+                at.index,
+                format!("ControllerPublishVolume names node {target:?}, not a CSI node id"),
+            );
+        }
+        if at.acted && single_node(at.call.access_mode.as_deref()) {
+            let other = self
+                .attached
+                .iter()
+                .find(|((av, an), h)| {
+                    *av == vol && *an != target && !self.excused(an, &h.since, &at.call.time)
+                })
+                .map(|((_, other), _)| other.clone());
+            if let Some(other) = other {
+                self.violate(
+                    1,
+                    at.index,
+                    format!(
+                        "single-node volume {vol} published to {target} while attached to {other}"
+                    ),
+                );
+            }
+        }
+        self.attempted(at, (vol.clone(), target.clone(), String::new()));
+        if at.acted {
+            self.attached
+                .entry((vol, target))
+                .or_insert_with(|| Held::new(at.out, &at.call.time))
+                .again(at.out);
+        }
+    }
+
+    /// Invariants 3 (nothing staged or published on the node) and 5.
+    fn controller_unpublish(&mut self, at: &At) {
+        let (vol, target) = (&at.vol, text(&at.call.node_id));
+        let nodes: Vec<String> = if target.is_empty() {
+            self.attached
+                .keys()
+                .filter(|(av, _)| av == vol)
+                .map(|(_, n)| n.clone())
+                .collect()
+        } else {
+            vec![target]
+        };
+        for n in &nodes {
+            let held = |(hn, hv, _): &Key3, h: &Held| {
+                hn == n && hv == vol && !self.excused(n, &h.since, &at.call.time)
+            };
+            let busy = self.staged.iter().any(|(k, h)| held(k, h))
+                || self.published.iter().any(|(k, (h, _))| held(k, h));
+            if busy {
+                self.violate(
+                    3,
+                    at.index,
+                    format!("ControllerUnpublish of {vol} from {n} while still staged or published there"),
+                );
+            }
+            let key = (vol.clone(), n.clone(), String::new());
+            self.never_took_effect(at, "ControllerPublishVolume", key);
+        }
+        if at.out == Outcome::Done {
+            for n in nodes {
+                self.attached.remove(&(vol.clone(), n));
+            }
+        }
+    }
+
+    /// Whether ControllerPublish of `vol` to `node` succeeded (and still holds).
+    fn attached_to(&self, vol: &str, node: &str) -> bool {
+        self.attached
+            .get(&(vol.to_string(), node.to_string()))
+            .map(|h| h.outcome)
+            == Some(Outcome::Done)
+    }
+
+    /// Invariant 2: after ControllerPublish succeeded to the node, when required.
+    fn node_stage(&mut self, at: &At) {
+        let (vol, node) = (&at.vol, &at.node);
+        if self.cfg.controller_publish_required && !self.attached_to(vol, node) {
+            self.violate(
+                2,
+                at.index,
+                format!("NodeStage of {vol} on {node} before ControllerPublish succeeded there"),
+            );
+        }
+        let key = (
+            node.clone(),
+            vol.clone(),
+            text(&at.call.staging_target_path),
+        );
+        self.attempted(at, key.clone());
+        if at.acted {
+            self.staged
+                .entry(key)
+                .or_insert_with(|| Held::new(at.out, &at.call.time))
+                .again(at.out);
+        }
+    }
+
+    /// Invariants 3 (nothing published from the staging path) and 5.
+    fn node_unstage(&mut self, at: &At) {
+        let (vol, node) = (&at.vol, &at.node);
+        let path = text(&at.call.staging_target_path);
+        let still = self
+            .published
+            .iter()
+            .find(|((pn, pv, _), (_, p))| {
+                pn == node && pv == vol && p.staging.as_deref() == Some(path.as_str())
+            })
+            .map(|((_, _, target), _)| target.clone());
+        if let Some(target) = still {
+            self.violate(
+                3,
+                at.index,
+                format!("NodeUnstage of {path} while {target} is still published from it"),
+            );
+        }
+        let key = (node.clone(), vol.clone(), path);
+        self.never_took_effect(at, "NodeStageVolume", key.clone());
+        if at.out == Outcome::Done {
+            self.staged.remove(&key);
+        }
+    }
+
+    /// Invariants 2 (after NodeStage, or ControllerPublish without stages) and 1.
+    fn node_publish(&mut self, at: &At) {
+        let (vol, node) = (at.vol.clone(), at.node.clone());
+        let staging = at.call.staging_target_path.clone();
+        if self.cfg.stage_required {
+            let key = (
+                node.clone(),
+                vol.clone(),
+                staging.clone().unwrap_or_default(),
+            );
+            if self.staged.get(&key).map(|h| h.outcome) != Some(Outcome::Done) {
+                self.violate(
+                    2,
+                    at.index,
+                    format!(
+                        "NodePublish of {vol} on {node} before NodeStage succeeded at {staging:?}"
+                    ),
+                );
+            }
+        } else if self.cfg.controller_publish_required && !self.attached_to(&vol, &node) {
+            self.violate(
+                2,
+                at.index,
+                format!("NodePublish of {vol} on {node} before ControllerPublish succeeded there"),
+            );
+        }
+        let target = text(&at.call.target_path);
+        let readonly = at.call.readonly.unwrap_or(false);
+        if at.acted {
+            self.one_node_one_writer(at, &target, readonly);
+        }
+        let key = (node, vol, target);
+        self.attempted(at, key.clone());
+        if at.acted {
+            self.published
+                .entry(key)
+                .or_insert_with(|| {
+                    (
+                        Held::new(at.out, &at.call.time),
+                        Publish { staging, readonly },
+                    )
+                })
+                .0
+                .again(at.out);
+        }
+    }
+
+    /// Invariant 1 for a publish that may have taken effect: a single-node volume on
+    /// one node, a single-writer volume with one read-write publish.
+    fn one_node_one_writer(&mut self, at: &At, target: &str, readonly: bool) {
+        let (vol, node, now) = (&at.vol, &at.node, at.call.time.as_str());
+        let mode = at.call.access_mode.as_deref();
+        if single_node(mode) {
+            let other = self
+                .published
+                .iter()
+                .find(|((pn, pv, _), (h, _))| {
+                    pv == vol && pn != node && !self.excused(pn, &h.since, now)
+                })
+                .map(|((other, _, _), _)| other.clone());
+            if let Some(other) = other {
+                self.violate(
+                    1,
+                    at.index,
+                    format!(
+                        "single-node volume {vol} published on {node} while published on {other}"
+                    ),
+                );
+            }
+        }
+        if !readonly && single_writer(mode) {
+            let writer = self
+                .published
+                .iter()
+                .find(|((pn, pv, pt), (h, p))| {
+                    pv == vol
+                        && !p.readonly
+                        && !self.excused(pn, &h.since, now)
+                        && (pn != node || pt != target)
+                })
+                .map(|((on, _, other), _)| (on.clone(), other.clone()));
+            if let Some((on, other)) = writer {
+                self.violate(
+                    1,
+                    at.index,
+                    format!("second writer of {vol} at {target} while {other} on {on} writes"),
+                );
+            }
+        }
+    }
+
+    /// Invariant 5.
+    fn node_unpublish(&mut self, at: &At) {
+        let key = (at.node.clone(), at.vol.clone(), text(&at.call.target_path));
+        self.never_took_effect(at, "NodePublishVolume", key.clone());
+        if at.out == Outcome::Done {
+            self.published.remove(&key);
+        }
+    }
+
+    /// Invariants 4 and 7 at the end of the log (at position `end`), as the
+    /// configuration expects; returns every violation found.
+    fn finish(mut self, end: usize) -> Vec<Violation> {
+        if self.cfg.expect_released {
+            let mut leaks = Vec::new();
+            for ((vol, node), h) in &self.attached {
+                leaks.push(format!("{vol} still attached to {node} ({:?})", h.outcome));
+            }
+            for ((node, vol, path), h) in &self.staged {
+                leaks.push(format!(
+                    "{vol} still staged at {path} on {node} ({:?})",
+                    h.outcome
+                ));
+            }
+            for ((node, vol, path), (h, _)) in &self.published {
+                leaks.push(format!(
+                    "{vol} still published at {path} on {node} ({:?})",
+                    h.outcome
+                ));
+            }
+            for message in leaks {
+                self.violate(4, end, message);
+            }
+        }
+        if self.cfg.expect_deleted {
+            let never: Vec<String> = self.created.iter().cloned().collect();
+            for vol in never {
+                self.violate(
+                    7,
+                    end,
+                    format!("volume {vol} was created and never deleted"),
+                );
+            }
+        }
+        self.violations
+    }
 }
 
 #[cfg(test)]
