@@ -1,0 +1,192 @@
+//! Quantities written in manifests and stored: sizes in bytes (with units) and
+//! points in time (RFC 3339).
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+/// A size in bytes. Manifests may write plain bytes (`1073741824`) or units (`1GiB`,
+/// `512 MiB`, `2TiB`, SI `10GB`, `500kB`); it is stored as bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Size(pub u64);
+
+impl Size {
+    /// Parses plain bytes or a number with a unit.
+    pub fn parse(s: &str) -> Result<Size, String> {
+        let t = s.trim();
+        if let Ok(n) = t.parse::<u64>() {
+            return Size::checked(n);
+        }
+        let b = t.parse::<bytesize::ByteSize>().map_err(|_| {
+            format!("{s:?} is not a size (write bytes, or e.g. 512MiB, 1GiB, 10GB)")
+        })?;
+        Size::checked(b.as_u64())
+    }
+
+    /// The largest size: 1 EiB (2^60 bytes). CSI carries sizes as int64; the bound
+    /// leaves a plugin room to add several sizes without overflowing.
+    pub const MAX: u64 = 1 << 60;
+
+    /// `n` bytes, refused above [`Size::MAX`].
+    pub fn checked(n: u64) -> Result<Size, String> {
+        if n > Size::MAX {
+            return Err(format!(
+                "{n} bytes is too large; the largest size is {} bytes (1 EiB)",
+                Size::MAX
+            ));
+        }
+        Ok(Size(n))
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", bytesize::ByteSize(self.0).display().iec())
+    }
+}
+
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a size: whole bytes, or a number with a unit such as 512MiB or 1GiB")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Size, E> {
+                Size::checked(n).map_err(E::custom)
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Size, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!(
+                        "{n} is negative; a size is 0 or more bytes"
+                    ))),
+                }
+            }
+            fn visit_u128<E: serde::de::Error>(self, n: u128) -> Result<Size, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!(
+                        "{n} bytes is too large; the largest size is {} bytes (1 EiB)",
+                        Size::MAX
+                    ))),
+                }
+            }
+            fn visit_i128<E: serde::de::Error>(self, n: i128) -> Result<Size, E> {
+                match u128::try_from(n) {
+                    Ok(n) => self.visit_u128(n),
+                    Err(_) => Err(E::custom(format!(
+                        "{n} is negative; a size is 0 or more bytes"
+                    ))),
+                }
+            }
+            fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Size, E> {
+                if n < 0.0 {
+                    Err(E::custom(format!(
+                        "{n} is negative; a size is 0 or more bytes"
+                    )))
+                } else if n > Size::MAX as f64 {
+                    Err(E::custom(format!(
+                        "{n} bytes is too large; the largest size is {} bytes (1 EiB)",
+                        Size::MAX
+                    )))
+                } else if n.fract() != 0.0 || !n.is_finite() {
+                    Err(E::custom(format!(
+                        "{n} is not a whole number of bytes (write e.g. 1536MiB for 1.5GiB)"
+                    )))
+                } else {
+                    self.visit_u64(n as u64)
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Size, E> {
+                Size::parse(s).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A point in time, written as RFC 3339 UTC (`2026-11-21T19:18:00.123Z`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub SystemTime);
+
+impl Timestamp {
+    /// The current time, to the millisecond (what is stored), so a round trip through
+    /// the store is exact.
+    pub fn now() -> Self {
+        let since = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp(SystemTime::UNIX_EPOCH + Duration::from_millis(since.as_millis() as u64))
+    }
+    /// Time elapsed since this timestamp (zero if it lies in the future).
+    pub fn elapsed(&self) -> Duration {
+        self.0.elapsed().unwrap_or_default()
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_rfc3339_millis(self.0))
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_rfc3339_weak(&s)
+            .map(Timestamp)
+            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not an RFC 3339 time: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_accept_bytes_and_units() {
+        let cases = [
+            ("1024", 1024),
+            ("1KiB", 1024),
+            ("1GiB", 1 << 30),
+            ("2 TiB", 2 << 40),
+            ("512MiB", 512 << 20),
+            ("10GB", 10_000_000_000),
+            ("1MB", 1_000_000),
+            ("500kB", 500_000),
+        ];
+        for (text, bytes) in cases {
+            assert_eq!(Size::parse(text), Ok(Size(bytes)), "{text}");
+        }
+        let s: Size = serde_json::from_str("\"1GiB\"").unwrap();
+        assert_eq!(s, Size(1 << 30));
+        let s: Size = serde_json::from_str("42").unwrap();
+        assert_eq!(s, Size(42));
+        assert_eq!(serde_json::to_string(&Size(1 << 30)).unwrap(), "1073741824");
+        assert!(Size::parse("lots").is_err());
+        assert!(serde_json::from_str::<Size>("\"-1GiB\"").is_err());
+    }
+
+    #[test]
+    fn timestamps_round_trip_rfc3339() {
+        let t = Timestamp::now();
+        let json = serde_json::to_string(&t).unwrap();
+        let back: Timestamp = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, t);
+        assert!(serde_json::from_str::<Timestamp>("\"yesterday\"").is_err());
+    }
+}
