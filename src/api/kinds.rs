@@ -1,6 +1,7 @@
 //! The registry of kinds: every kind moor stores, listed once. moorctl's `get`,
 //! `describe`, `delete` and `wait`, `moord check` and `moord roles` (which writes
-//! deploy/etcd/roles.sh) all go through [`Kind`] and [`with_spec!`](crate::with_spec).
+//! deploy/etcd/roles.sh) all go through [`Kind`] and [`with_spec!`](crate::with_spec);
+//! manifests are parsed into [`AnyObject`], generated from the same list.
 //!
 //! Adding a kind:
 //! 1. Its file in `src/api`: the spec type implementing [`Spec`] (name, key directory
@@ -125,6 +126,46 @@ macro_rules! define_kinds {
             }
         }
 
+        /// An object of any kind, as read from a manifest.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum AnyObject {
+            $(
+                #[doc = concat!("An object of [`", stringify!($spec), "`].")]
+                $kind(Box<Object<$spec>>),
+            )*
+        }
+
+        impl AnyObject {
+            /// The object's key below the store prefix.
+            pub fn key(&self) -> String {
+                match self {
+                    $(AnyObject::$kind(o) => o.key(),)*
+                }
+            }
+
+            /// The object's kind.
+            pub fn kind(&self) -> Kind {
+                match self {
+                    $(AnyObject::$kind(_) => Kind::$kind,)*
+                }
+            }
+
+            /// Document `doc`'s `value` as an object of the kind a manifest names
+            /// `name`; `None` when no kind has that name.
+            pub(super) fn parse(
+                name: &str,
+                doc: usize,
+                value: serde_json::Value,
+            ) -> Option<Result<AnyObject, ManifestError>> {
+                $(
+                    if name == <$spec as Spec>::KIND {
+                        return Some(manifest::typed(doc, value, AnyObject::$kind));
+                    }
+                )*
+                None
+            }
+        }
+
         /// Runs `$body` with `$S` the spec type of the [`Kind`] `$kind`.
         #[macro_export]
         macro_rules! with_spec {
@@ -190,5 +231,19 @@ mod tests {
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
         assert_eq!(Kind::ALL.len(), 10);
+    }
+
+    #[test]
+    fn manifests_know_every_kind_of_the_registry_and_no_other() {
+        for &kind in Kind::ALL {
+            let doc = serde_json::json!({"kind": kind.name(), "metadata": {"name": "x"}});
+            let parsed = AnyObject::parse(kind.name(), 1, doc);
+            assert!(parsed.is_some(), "{kind}");
+            if let Some(Ok(obj)) = parsed {
+                assert_eq!(obj.kind(), kind);
+            }
+        }
+        let doc = serde_json::json!({"kind": "Pod"});
+        assert!(AnyObject::parse("Pod", 1, doc).is_none());
     }
 }

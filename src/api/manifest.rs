@@ -1,29 +1,9 @@
-//! Manifests: YAML or JSON documents, several per file, of any kind.
+//! Manifests: YAML or JSON documents, several per file, of any kind of the registry
+//! ([`AnyObject`], generated in `kinds.rs`), read strictly: unknown fields, fields of
+//! the wrong shape, a second document for one object, and documents over the size or
+//! nesting limits are errors, as is anything validation finds.
 
 use super::*;
-
-/// An object of any kind, as read from a manifest.
-#[derive(Debug, Clone, PartialEq)]
-pub enum AnyObject {
-    /// A Volume.
-    Volume(Box<Volume>),
-    /// An Allocation.
-    Allocation(Box<Allocation>),
-    /// A Claim.
-    Claim(Box<Claim>),
-    /// An Attachment.
-    Attachment(Box<Attachment>),
-    /// A Mount.
-    Mount(Box<Mount>),
-    /// A Node.
-    Node(Box<Node>),
-    /// A Plugin.
-    Plugin(Box<Plugin>),
-    /// An Event.
-    Event(Box<Event>),
-    /// A Snapshot.
-    Snapshot(Box<Snapshot>),
-}
 
 /// Why a manifest document was not accepted.
 #[derive(Debug, thiserror::Error)]
@@ -99,24 +79,7 @@ pub enum ManifestError {
     },
 }
 
-impl AnyObject {
-    /// The object's key below the store prefix.
-    pub fn key(&self) -> String {
-        match self {
-            AnyObject::Volume(o) => o.key(),
-            AnyObject::Allocation(o) => o.key(),
-            AnyObject::Claim(o) => o.key(),
-            AnyObject::Attachment(o) => o.key(),
-            AnyObject::Mount(o) => o.key(),
-            AnyObject::Node(o) => o.key(),
-            AnyObject::Plugin(o) => o.key(),
-            AnyObject::Event(o) => o.key(),
-            AnyObject::Snapshot(o) => o.key(),
-        }
-    }
-}
-
-fn typed<S: Spec>(
+pub(super) fn typed<S: Spec>(
     doc: usize,
     value: serde_json::Value,
     wrap: fn(Box<Object<S>>) -> AnyObject,
@@ -484,21 +447,12 @@ pub fn parse_manifests(text: &str) -> Vec<Result<AnyObject, ManifestError>> {
             .and_then(|k| k.as_str())
             .unwrap_or("")
             .to_string();
-        let parsed = match kind.as_str() {
-            "Volume" => typed(doc, value, AnyObject::Volume),
-            "Allocation" => typed(doc, value, AnyObject::Allocation),
-            "Claim" => typed(doc, value, AnyObject::Claim),
-            "Attachment" => typed(doc, value, AnyObject::Attachment),
-            "Mount" => typed(doc, value, AnyObject::Mount),
-            "Node" => typed(doc, value, AnyObject::Node),
-            "Plugin" => typed(doc, value, AnyObject::Plugin),
-            "Event" => typed(doc, value, AnyObject::Event),
-            "Snapshot" => typed(doc, value, AnyObject::Snapshot),
-            _ => Err(ManifestError::UnknownKind {
+        let parsed = AnyObject::parse(&kind, doc, value).unwrap_or_else(|| {
+            Err(ManifestError::UnknownKind {
                 doc,
                 kind: printable(&kind),
-            }),
-        };
+            })
+        });
         out.push(parsed.and_then(|obj| match seen.entry(obj.key()) {
             std::collections::hash_map::Entry::Occupied(first) => Err(ManifestError::Repeated {
                 doc,
