@@ -5,27 +5,34 @@
 //! and a bad one becomes [`StoreError::Malformed`] naming the key, never a panic.
 //! Writes are compare-and-swap on `mod_revision` (the objects' `resource_version`), and a
 //! leader's writes can be fenced on its election key ([`Store::fenced`]).
+//!
+//! This file holds the object reads and writes; `txn.rs` the guarded transactions they
+//! go through, `codec.rs` the bytes, `raw.rs` the keys that are not objects.
 
 mod batch;
+mod codec;
 mod connect;
 mod error;
 mod lease;
+mod raw;
 mod seal;
 mod send;
+mod txn;
 mod watch;
 
 pub use batch::Batch;
+pub use codec::Codec;
 pub use connect::EtcdAuth;
 pub use error::{bounded_chain, MalformedCause, StoreError, NOSPACE_HELP};
 pub use lease::{KeepAlive, LeaseId};
+pub use raw::SEALING_KEY;
 pub use seal::{Keyring, KeyringError, OpenError, SealError};
 pub(crate) use send::Repeat;
 pub use watch::{RawEvent, RawEventKind, WatchBatch, WatchStream};
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, GetOptions};
 
-use crate::api::{KeyScope, Object, ObjectKey, Secrets, Spec, StoredAs, Timestamp};
-use std::sync::Arc;
+use crate::api::{KeyScope, Object, ObjectKey, Spec, Timestamp};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "/moor/";
@@ -46,16 +53,6 @@ pub struct Fence {
     pub create_revision: i64,
     /// The leader's lease, which the key must still carry (0: the key has none).
     pub lease: i64,
-}
-
-/// The key (below the prefix) where a controller holding the cluster's key file says
-/// so; it holds key ids only, never a key.
-pub const SEALING_KEY: &str = "sealing";
-
-/// The value at [`SEALING_KEY`].
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct SealingMarker {
-    key_ids: Vec<String>,
 }
 
 /// What a delete did.
@@ -544,272 +541,6 @@ impl Store {
         }
         self.delete_at(&read.key(), rv).await
     }
-
-    /// Reads the stored object and checks it is still at the caller's revision.
-    async fn current_at<S: Spec>(&self, obj: &Object<S>) -> Result<Object<S>, StoreError> {
-        let key = obj.object_key();
-        let expected = obj.metadata.resource_version;
-        let conflict = || StoreError::Conflict {
-            key: key.to_string(),
-            expected,
-        };
-        let current = self.try_get(&key).await?.ok_or_else(conflict)?;
-        if current.metadata.resource_version != expected {
-            return Err(conflict());
-        }
-        Ok(current)
-    }
-
-    async fn write_at<S: Spec>(
-        &self,
-        mut obj: Object<S>,
-        revision: i64,
-    ) -> Result<Object<S>, StoreError> {
-        let key = obj.key();
-        let full = self.full_key(&key);
-        let compare = Compare::mod_revision(full.clone(), CompareOp::Equal, revision);
-        // An update keeps the key's lease (a Node object lives under its agent's lease).
-        let op = TxnOp::put(
-            full,
-            self.codec.encode(&obj)?,
-            Some(PutOptions::new().with_ignore_lease()),
-        );
-        match self.guarded_txn(compare, op).await? {
-            Ok(new_revision) => {
-                obj.metadata.resource_version = new_revision;
-                Ok(obj)
-            }
-            Err(_) => Err(StoreError::Conflict {
-                key,
-                expected: revision,
-            }),
-        }
-    }
-
-    /// Deletes `key` if it is still at `revision`; returns the deletion's revision.
-    async fn delete_at(&self, key: &str, revision: i64) -> Result<i64, StoreError> {
-        let full = self.full_key(key);
-        let compare = Compare::mod_revision(full.clone(), CompareOp::Equal, revision);
-        let op = TxnOp::delete(full, None);
-        match self.guarded_txn(compare, op).await? {
-            Ok(deleted_at) => Ok(deleted_at),
-            Err(_) => Err(StoreError::Conflict {
-                key: key.to_string(),
-                expected: revision,
-            }),
-        }
-    }
-
-    /// Puts `value` at `key` if `compare` (and the fence, if any) holds. `Ok(Err(()))`
-    /// means the compare failed.
-    async fn guarded_put(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        compare: Compare,
-        lease: Option<LeaseId>,
-    ) -> Result<Result<i64, ()>, StoreError> {
-        let opts = lease.map(|l| PutOptions::new().with_lease(l.0));
-        self.guarded_txn(compare, TxnOp::put(key, value, opts))
-            .await
-    }
-
-    /// Runs `op` if `compare` and the fence hold; tells a lost fence apart from a failed
-    /// compare by reading the fence key in the else branch.
-    async fn guarded_txn(
-        &self,
-        compare: Compare,
-        op: TxnOp,
-    ) -> Result<Result<i64, ()>, StoreError> {
-        self.guarded_txn_all(vec![compare], vec![op]).await
-    }
-
-    /// Runs every op if every compare and the fence hold, as one transaction.
-    async fn guarded_txn_all(
-        &self,
-        compares: Vec<Compare>,
-        ops: Vec<TxnOp>,
-    ) -> Result<Result<i64, ()>, StoreError> {
-        Ok(self
-            .guarded_txn_fetch(compares, ops, Vec::new())
-            .await?
-            .map_err(|_| ()))
-    }
-
-    /// [`Store::guarded_txn_all`] that, when a compare fails, returns what is stored at
-    /// each of `fetch` (full keys): `(full key, value, mod_revision)`.
-    async fn guarded_txn_fetch(
-        &self,
-        mut compares: Vec<Compare>,
-        ops: Vec<TxnOp>,
-        fetch: Vec<String>,
-    ) -> Result<Result<i64, Vec<(String, Vec<u8>, i64)>>, StoreError> {
-        let mut otherwise: Vec<TxnOp> = fetch.into_iter().map(|k| TxnOp::get(k, None)).collect();
-        if let Some(fence) = &self.fence {
-            compares.push(Compare::create_revision(
-                fence.key.clone(),
-                CompareOp::Equal,
-                fence.create_revision,
-            ));
-            compares.push(Compare::lease(
-                fence.key.clone(),
-                CompareOp::Equal,
-                fence.lease,
-            ));
-            otherwise.push(TxnOp::get(fence.key.clone(), None));
-        }
-        let txn = Txn::new().when(compares).and_then(ops).or_else(otherwise);
-        let resp = self
-            .send(Repeat::OnlyUnsent, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await
-            .map_err(StoreError::from_etcd)?;
-        let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
-        if resp.succeeded() {
-            return Ok(Ok(revision));
-        }
-        let found: Vec<(String, Vec<u8>, i64)> = resp
-            .op_responses()
-            .iter()
-            .filter_map(|r| match r {
-                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
-                    (
-                        String::from_utf8_lossy(kv.key()).into_owned(),
-                        kv.value().to_vec(),
-                        kv.mod_revision(),
-                    )
-                }),
-                _ => None,
-            })
-            .collect();
-        if let Some(fence) = &self.fence {
-            let held = resp.op_responses().iter().any(|r| match r {
-                TxnOpResponse::Get(g) => g.kvs().first().is_some_and(|kv| {
-                    kv.key() == fence.key.as_bytes()
-                        && kv.create_revision() == fence.create_revision
-                        && kv.lease() == fence.lease
-                }),
-                _ => false,
-            });
-            if !held {
-                return Err(StoreError::Deposed {
-                    fence_key: fence.key.clone(),
-                });
-            }
-        }
-        Ok(Err(found))
-    }
-
-    /// The key ids of the cluster's key file, as its controller last declared them at
-    /// [`SEALING_KEY`]: `Some` when the cluster seals secrets at rest (a writer without
-    /// the key file would leave them in clear in etcd's history and WAL).
-    pub async fn sealing(&self) -> Result<Option<Vec<String>>, StoreError> {
-        Ok(self.get_raw(SEALING_KEY).await?.map(|(value, _)| {
-            serde_json::from_slice::<SealingMarker>(&value)
-                .map(|m| m.key_ids)
-                .unwrap_or_default()
-        }))
-    }
-
-    /// Declares that this cluster seals secrets with the keys of this store's key file
-    /// (the controller, at each election it wins); no write when already declared.
-    pub async fn declare_sealing(&self) -> Result<(), StoreError> {
-        let Some(keyring) = self.keyring().filter(|k| k.node().is_none()) else {
-            return Ok(());
-        };
-        let ids = keyring.ids();
-        if self.sealing().await?.as_ref() == Some(&ids) {
-            return Ok(());
-        }
-        // A list of strings always serializes.
-        let value = serde_json::to_vec(&SealingMarker { key_ids: ids }).unwrap_or_default();
-        self.put_raw(SEALING_KEY, value).await
-    }
-
-    /// Node `node`'s force-detach declarations ([`crate::api::declarations_key`]) and
-    /// the mod_revision they were read at (0: none). A malformed value is an error
-    /// naming it.
-    pub async fn declarations(
-        &self,
-        node: &crate::api::NodeName,
-    ) -> Result<(crate::api::Declarations, i64), StoreError> {
-        let key = crate::api::declarations_key(node);
-        let Some((value, revision)) = self.get_raw(&key).await? else {
-            return Ok((crate::api::Declarations::default(), 0));
-        };
-        crate::api::Declarations::parse(&value)
-            .map(|d| (d, revision))
-            .map_err(|why| StoreError::Malformed {
-                key,
-                revision,
-                cause: MalformedCause::Report(why),
-            })
-    }
-
-    /// Plugin `id`'s last capacity report ([`crate::api::capacity_key`]); `None` when
-    /// none was written. A malformed one is an error naming it.
-    pub async fn capacity(
-        &self,
-        id: &crate::api::PluginId,
-    ) -> Result<Option<Vec<crate::api::CapacityEntry>>, StoreError> {
-        let key = crate::api::capacity_key(id);
-        let Some((value, revision)) = self.get_raw(&key).await? else {
-            return Ok(None);
-        };
-        crate::api::parse_capacity(&value)
-            .map(Some)
-            .map_err(|why| StoreError::Malformed {
-                key,
-                revision,
-                cause: MalformedCause::Report(why),
-            })
-    }
-
-    /// Writes plugin `id`'s capacity report (the leader of its controller plugin).
-    pub async fn put_capacity(
-        &self,
-        id: &crate::api::PluginId,
-        entries: &[crate::api::CapacityEntry],
-    ) -> Result<(), StoreError> {
-        let value = serde_json::to_vec(entries).unwrap_or_default();
-        self.put_raw(&crate::api::capacity_key(id), value).await
-    }
-
-    /// The alarms etcd's members have raised, as `(member id, alarm)` (`NOSPACE`,
-    /// `CORRUPT`); empty where the server does not implement alarms (the embedded
-    /// store, which has no quota).
-    pub async fn alarms(&self) -> Result<Vec<(u64, String)>, StoreError> {
-        use etcd_client::{AlarmAction, AlarmType};
-        let resp = self
-            .send(Repeat::Idempotent, |mut c| async move {
-                c.alarm(AlarmAction::Get, AlarmType::None, None).await
-            })
-            .await;
-        match resp {
-            Ok(r) => Ok(r
-                .alarms()
-                .iter()
-                .filter(|a| a.alarm() != AlarmType::None)
-                .map(|a| (a.member_id(), format!("{:?}", a.alarm()).to_uppercase()))
-                .collect()),
-            Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::Unimplemented => {
-                Ok(Vec::new())
-            }
-            Err(e) => Err(StoreError::from_etcd(e)),
-        }
-    }
-
-    /// Compacts etcd's history up to `revision` (tests and maintenance).
-    pub async fn compact(&self, revision: i64) -> Result<(), StoreError> {
-        self.send(Repeat::Idempotent, |mut c| async move {
-            c.compact(revision, None).await
-        })
-        .await
-        .map_err(StoreError::from_etcd)?;
-        Ok(())
-    }
 }
 
 /// The end of the range of keys starting with `prefix` (etcd's prefix_end rule).
@@ -824,273 +555,14 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// What a sealed field is bound to: its object's key and its name.
-fn aad(key: &str, field: &str) -> String {
-    format!("{key}#{field}")
-}
-
-/// How objects are stored as bytes: JSON, with secrets sealed when a keyring is held.
-#[derive(Debug, Clone, Default)]
-pub struct Codec {
-    keyring: Option<Arc<Keyring>>,
-}
-
-impl Codec {
-    /// A codec sealing with `keyring` (storing secrets as given without one).
-    pub fn new(keyring: Option<Keyring>) -> Codec {
-        Codec {
-            keyring: keyring.map(Arc::new),
-        }
-    }
-
-    /// Decodes and checks a value read at `key` (below the prefix), opening its sealed
-    /// secrets with this store's keyring where it holds their key.
-    pub fn decode<S: Spec>(
-        &self,
-        key: &str,
-        value: &[u8],
-        mod_revision: i64,
-    ) -> Result<Object<S>, StoreError> {
-        let malformed = |cause| StoreError::Malformed {
-            key: key.to_string(),
-            revision: mod_revision,
-            cause,
-        };
-        if value.len() > S::MAX_BYTES {
-            return Err(malformed(MalformedCause::TooLarge {
-                kind: S::KIND,
-                bytes: value.len(),
-                max: S::MAX_BYTES,
-            }));
-        }
-        let mut obj: Object<S> =
-            serde_json::from_slice(value).map_err(|e| malformed(MalformedCause::Json(e)))?;
-        obj.validate()
-            .map_err(|e| malformed(MalformedCause::Invalid(e)))?;
-        let actual = obj.key();
-        if actual != key {
-            return Err(malformed(MalformedCause::WrongKey { actual }));
-        }
-        if let Some(keyring) = &self.keyring {
-            for field in obj.spec.secret_fields() {
-                let Some(text) = field.secrets.sealed() else {
-                    continue;
-                };
-                match keyring.open_map(field.node, &aad(key, field.field), text) {
-                    Ok((map, id)) => *field.secrets = Secrets::opened(map, &id),
-                    // Kept sealed: written back as read, never exposed.
-                    Err(OpenError::NotHeld(_)) => {}
-                    Err(e) => return Err(malformed(MalformedCause::Sealed(e))),
-                }
-            }
-        }
-        obj.metadata.resource_version = mod_revision;
-        Ok(obj)
-    }
-
-    /// The bytes stored for `obj`, its open secrets sealed when this store has a
-    /// keyring (stored as given without one).
-    pub fn encode<S: Spec>(&self, obj: &Object<S>) -> Result<Vec<u8>, StoreError> {
-        let mut stored = obj.clone();
-        stored.metadata.resource_version = 0;
-        if let Some(keyring) = &self.keyring {
-            let key = obj.key();
-            for field in stored.spec.secret_fields() {
-                // Sealed text kept as read, nothing to seal, or secrets this keyring
-                // does not serve (a node agent writing a volume's status): as given.
-                let Ok(values) = field.secrets.expose() else {
-                    continue;
-                };
-                if values.is_empty() || !keyring.serves(field.node) {
-                    continue;
-                }
-                let aad = aad(&key, field.field);
-                let text = keyring.seal_map(field.node, &aad, values).map_err(|e| {
-                    StoreError::Sealing {
-                        key: key.clone(),
-                        cause: e,
-                    }
-                })?;
-                *field.secrets = Secrets::sealed_text(text);
-            }
-        }
-        // Serialising our own types to JSON cannot fail: every map key is a string.
-        Ok(serde_json::to_vec(&stored).unwrap_or_default())
-    }
-
-    /// Whether `obj` (as read) has secrets this store would store differently: in
-    /// plain text, or sealed with a key other than the one that seals now. Only a
-    /// store with the cluster's keys answers yes.
-    pub fn needs_reseal<S: Spec>(&self, obj: &Object<S>) -> bool {
-        let Some(keyring) = self.keyring.as_deref().filter(|k| k.node().is_none()) else {
-            return false;
-        };
-        let mut spec = obj.spec.clone();
-        let fields = spec.secret_fields();
-        fields.iter().any(|f| match f.secrets.stored_as() {
-            Some(StoredAs::Plain) => !f.secrets.is_empty(),
-            Some(StoredAs::Key(id)) => id != keyring.primary_id(),
-            None => false,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::*;
 
     #[test]
     fn prefix_end_increments_the_last_byte() {
         assert_eq!(prefix_end(b"/moor/volumes/"), b"/moor/volumes0".to_vec());
         assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
         assert_eq!(prefix_end(b"\xff"), vec![0]);
-    }
-
-    #[test]
-    fn decode_rejects_garbage_naming_the_key() {
-        let err = Codec::default()
-            .decode::<VolumeSpec>("volumes/default/v", b"{not json", 3)
-            .unwrap_err();
-        assert!(matches!(
-            &err,
-            StoreError::Malformed { key, revision: 3, cause: MalformedCause::Json(_) } if key == "volumes/default/v"
-        ));
-    }
-
-    #[test]
-    fn decode_rejects_an_object_stored_under_another_key() {
-        let spec = VolumeSpec {
-            plugin_id: PluginId::new("p").unwrap(),
-            capabilities: vec![VolumeCapability {
-                access_mode: AccessMode::SingleNodeWriter,
-                attachment_mode: AttachmentMode::FileSystem,
-            }],
-            ..Default::default()
-        };
-        let v = Volume::new(&Namespace::default_ns(), Name::new("a").unwrap(), spec);
-        let bytes = Codec::default().encode(&v).unwrap();
-        assert!(Codec::default()
-            .decode::<VolumeSpec>("volumes/default/a", &bytes, 7)
-            .is_ok());
-        let err = Codec::default()
-            .decode::<VolumeSpec>("volumes/default/b", &bytes, 7)
-            .unwrap_err();
-        assert!(matches!(
-            err,
-            StoreError::Malformed {
-                cause: MalformedCause::WrongKey { .. },
-                ..
-            }
-        ));
-        let decoded = Codec::default()
-            .decode::<VolumeSpec>("volumes/default/a", &bytes, 7)
-            .unwrap();
-        assert_eq!(decoded.metadata.resource_version, 7);
-    }
-
-    fn volume_with_secret(name: &str) -> Volume {
-        let spec = VolumeSpec {
-            plugin_id: PluginId::new("p").unwrap(),
-            capabilities: vec![VolumeCapability {
-                access_mode: AccessMode::SingleNodeWriter,
-                attachment_mode: AttachmentMode::FileSystem,
-            }],
-            secrets: Secrets::new([("token".to_string(), "hunter2".to_string())].into()),
-            ..Default::default()
-        };
-        Volume::new(&Namespace::default_ns(), Name::new(name).unwrap(), spec)
-    }
-
-    fn keyring(id: &str) -> Keyring {
-        Keyring::parse(&Keyring::generate(id).unwrap()).unwrap()
-    }
-
-    #[test]
-    fn secrets_are_sealed_at_rest_and_open_only_for_key_holders() {
-        let k1 = Codec::new(Some(keyring("k1")));
-        let v = volume_with_secret("a");
-        let bytes = k1.encode(&v).unwrap();
-        let text = String::from_utf8(bytes.clone()).unwrap();
-        assert!(!text.contains("hunter2"), "{text}");
-        assert!(text.contains("moor:sealed:v1:k1:"), "{text}");
-        let read = k1
-            .decode::<VolumeSpec>("volumes/default/a", &bytes, 2)
-            .unwrap();
-        assert_eq!(read.spec.secrets, v.spec.secrets);
-        assert!(!k1.needs_reseal(&read));
-        // Without the key: readable, kept sealed, written back unchanged, never exposed.
-        let plain = Codec::default();
-        let read = plain
-            .decode::<VolumeSpec>("volumes/default/a", &bytes, 2)
-            .unwrap();
-        assert!(read
-            .spec
-            .secrets
-            .expose()
-            .unwrap_err()
-            .to_string()
-            .contains("\"k1\""));
-        let again = plain.encode(&read).unwrap();
-        assert_eq!(String::from_utf8(again).unwrap(), text);
-        // Moved to another object's key (with its name changed to match): refused.
-        let moved = text.replace("\"name\":\"a\"", "\"name\":\"b\"");
-        let err = k1
-            .decode::<VolumeSpec>("volumes/default/b", moved.as_bytes(), 2)
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                StoreError::Malformed {
-                    cause: MalformedCause::Sealed(OpenError::Corrupt(_)),
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
-    }
-
-    #[test]
-    fn plain_or_old_key_secrets_are_read_and_flagged_for_rewriting() {
-        let v = volume_with_secret("a");
-        let legacy = Codec::default().encode(&v).unwrap();
-        assert!(String::from_utf8(legacy.clone())
-            .unwrap()
-            .contains("hunter2"));
-        let k1 = Codec::new(Some(keyring("k1")));
-        let read = k1
-            .decode::<VolumeSpec>("volumes/default/a", &legacy, 2)
-            .unwrap();
-        assert_eq!(read.spec.secrets, v.spec.secrets);
-        assert!(k1.needs_reseal(&read), "plain text is rewritten sealed");
-        // Rotation: sealed with old, read by a keyring whose first key is new.
-        let old_file = Keyring::generate("old").unwrap();
-        let old = Keyring::parse(&old_file).unwrap();
-        let sealed_old = Codec::new(Some(old.clone())).encode(&v).unwrap();
-        let entries = |file: &str| file.split_once("keys:\n").unwrap().1.to_string();
-        let both = format!(
-            "{}{}",
-            Keyring::generate("new").unwrap(),
-            entries(&old_file)
-        );
-        let rotated = Codec::new(Some(Keyring::parse(&both).unwrap()));
-        let read = rotated
-            .decode::<VolumeSpec>("volumes/default/a", &sealed_old, 2)
-            .unwrap();
-        assert_eq!(read.spec.secrets, v.spec.secrets);
-        assert!(
-            rotated.needs_reseal(&read),
-            "sealed with a key that no longer seals"
-        );
-        let resealed = rotated.encode(&read).unwrap();
-        assert!(String::from_utf8(resealed)
-            .unwrap()
-            .contains("moor:sealed:v1:new:"));
-        // A process without the cluster's keys never rewrites.
-        let n1 = Codec::new(Some(Keyring::parse(&old.for_node("n1").unwrap()).unwrap()));
-        let read = n1
-            .decode::<VolumeSpec>("volumes/default/a", &legacy, 2)
-            .unwrap();
-        assert!(!n1.needs_reseal(&read));
     }
 }

@@ -1,0 +1,126 @@
+//! The keys below the prefix that are not objects, each with one writer: the sealing
+//! marker, a node's force-detach declarations, a plugin's capacity report; and the
+//! cluster-wide maintenance calls (alarms, compaction).
+
+use super::{MalformedCause, Repeat, Store, StoreError};
+
+/// The key (below the prefix) where a controller holding the cluster's key file says
+/// so; it holds key ids only, never a key.
+pub const SEALING_KEY: &str = "sealing";
+
+/// The value at [`SEALING_KEY`].
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SealingMarker {
+    key_ids: Vec<String>,
+}
+
+impl Store {
+    /// The key ids of the cluster's key file, as its controller last declared them at
+    /// [`SEALING_KEY`]: `Some` when the cluster seals secrets at rest (a writer without
+    /// the key file would leave them in clear in etcd's history and WAL).
+    pub async fn sealing(&self) -> Result<Option<Vec<String>>, StoreError> {
+        Ok(self.get_raw(SEALING_KEY).await?.map(|(value, _)| {
+            serde_json::from_slice::<SealingMarker>(&value)
+                .map(|m| m.key_ids)
+                .unwrap_or_default()
+        }))
+    }
+
+    /// Declares that this cluster seals secrets with the keys of this store's key file
+    /// (the controller, at each election it wins); no write when already declared.
+    pub async fn declare_sealing(&self) -> Result<(), StoreError> {
+        let Some(keyring) = self.keyring().filter(|k| k.node().is_none()) else {
+            return Ok(());
+        };
+        let ids = keyring.ids();
+        if self.sealing().await?.as_ref() == Some(&ids) {
+            return Ok(());
+        }
+        // A list of strings always serializes.
+        let value = serde_json::to_vec(&SealingMarker { key_ids: ids }).unwrap_or_default();
+        self.put_raw(SEALING_KEY, value).await
+    }
+
+    /// Node `node`'s force-detach declarations ([`crate::api::declarations_key`]) and
+    /// the mod_revision they were read at (0: none). A malformed value is an error
+    /// naming it.
+    pub async fn declarations(
+        &self,
+        node: &crate::api::NodeName,
+    ) -> Result<(crate::api::Declarations, i64), StoreError> {
+        let key = crate::api::declarations_key(node);
+        let Some((value, revision)) = self.get_raw(&key).await? else {
+            return Ok((crate::api::Declarations::default(), 0));
+        };
+        crate::api::Declarations::parse(&value)
+            .map(|d| (d, revision))
+            .map_err(|why| StoreError::Malformed {
+                key,
+                revision,
+                cause: MalformedCause::Report(why),
+            })
+    }
+
+    /// Plugin `id`'s last capacity report ([`crate::api::capacity_key`]); `None` when
+    /// none was written. A malformed one is an error naming it.
+    pub async fn capacity(
+        &self,
+        id: &crate::api::PluginId,
+    ) -> Result<Option<Vec<crate::api::CapacityEntry>>, StoreError> {
+        let key = crate::api::capacity_key(id);
+        let Some((value, revision)) = self.get_raw(&key).await? else {
+            return Ok(None);
+        };
+        crate::api::parse_capacity(&value)
+            .map(Some)
+            .map_err(|why| StoreError::Malformed {
+                key,
+                revision,
+                cause: MalformedCause::Report(why),
+            })
+    }
+
+    /// Writes plugin `id`'s capacity report (the leader of its controller plugin).
+    pub async fn put_capacity(
+        &self,
+        id: &crate::api::PluginId,
+        entries: &[crate::api::CapacityEntry],
+    ) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(entries).unwrap_or_default();
+        self.put_raw(&crate::api::capacity_key(id), value).await
+    }
+
+    /// The alarms etcd's members have raised, as `(member id, alarm)` (`NOSPACE`,
+    /// `CORRUPT`); empty where the server does not implement alarms (the embedded
+    /// store, which has no quota).
+    pub async fn alarms(&self) -> Result<Vec<(u64, String)>, StoreError> {
+        use etcd_client::{AlarmAction, AlarmType};
+        let resp = self
+            .send(Repeat::Idempotent, |mut c| async move {
+                c.alarm(AlarmAction::Get, AlarmType::None, None).await
+            })
+            .await;
+        match resp {
+            Ok(r) => Ok(r
+                .alarms()
+                .iter()
+                .filter(|a| a.alarm() != AlarmType::None)
+                .map(|a| (a.member_id(), format!("{:?}", a.alarm()).to_uppercase()))
+                .collect()),
+            Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::Unimplemented => {
+                Ok(Vec::new())
+            }
+            Err(e) => Err(StoreError::from_etcd(e)),
+        }
+    }
+
+    /// Compacts etcd's history up to `revision` (tests and maintenance).
+    pub async fn compact(&self, revision: i64) -> Result<(), StoreError> {
+        self.send(Repeat::Idempotent, |mut c| async move {
+            c.compact(revision, None).await
+        })
+        .await
+        .map_err(StoreError::from_etcd)?;
+        Ok(())
+    }
+}
