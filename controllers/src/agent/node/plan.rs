@@ -1,6 +1,8 @@
 //! What the node owes a claim, decided from facts alone: the claim's desired state and
-//! the agent's local records of what it did. No I/O here; publish.rs and release.rs
-//! run the steps in order, each behind its retry gate and its checkpoint.
+//! the agent's local records of what it did: the forward and reverse steps, what an
+//! earlier grant left to tear down, when NodeExpandVolume runs, and whether the stats
+//! loop may look. No I/O here; publish.rs and release.rs run the steps in order, each
+//! through the step runner and behind its checkpoint.
 
 use super::super::state::Step;
 
@@ -127,6 +129,59 @@ pub fn to_release(f: &Facts) -> Vec<Reverse> {
         }
     }
     steps
+}
+
+/// What decides NodeExpandVolume for a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expansion {
+    /// The capacity the controller asks the nodes to expand to (the claim's
+    /// `node_expansion_bytes`).
+    pub asked: Option<u64>,
+    /// What this node expanded the claim's volume to (its publish record).
+    pub expanded: Option<u64>,
+    /// The plugin's node service advertises EXPAND_VOLUME.
+    pub node_expands: bool,
+    /// The plugin expands only offline (the volume not published).
+    pub offline_only: bool,
+    /// The claim goes through a staging path.
+    pub stages: bool,
+}
+
+/// When NodeExpandVolume runs in this pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expand {
+    /// Not now.
+    No,
+    /// On the published volume, to this many bytes (online).
+    Published(u64),
+    /// On the staged volume, right before NodePublish, to this many bytes (offline).
+    BeforePublish(u64),
+}
+
+/// Decides [`Expand`] given the forward steps still owed ([`to_publish`]): owed when
+/// the controller asks for more than this node expanded to and the plugin's node
+/// service can expand; online on a published volume (no step owed) unless the plugin
+/// expands only offline, else on the staged volume right before the next NodePublish.
+/// A plugin that does not stage is expanded once published, online.
+pub fn expansion(e: &Expansion, steps: &[Forward]) -> Expand {
+    let Some(bytes) = e.asked.filter(|b| e.expanded < Some(*b)) else {
+        return Expand::No;
+    };
+    if !e.node_expands {
+        return Expand::No;
+    }
+    if steps.is_empty() {
+        return if e.offline_only {
+            Expand::No
+        } else {
+            Expand::Published(bytes)
+        };
+    }
+    if e.stages && steps.contains(&Forward::Publish) {
+        Expand::BeforePublish(bytes)
+    } else {
+        Expand::No
+    }
 }
 
 #[cfg(test)]
@@ -327,5 +382,73 @@ mod tests {
             ..fresh()
         };
         assert_eq!(to_release(&f), [Reverse::Unpublish]);
+    }
+
+    fn asked(bytes: u64) -> Expansion {
+        Expansion {
+            asked: Some(bytes),
+            expanded: None,
+            node_expands: true,
+            offline_only: false,
+            stages: true,
+        }
+    }
+
+    #[test]
+    fn a_published_volume_is_expanded_online_once_per_capacity_asked() {
+        let e = asked(2 << 30);
+        assert_eq!(expansion(&e, &[]), Expand::Published(2 << 30));
+        // Expanded to it already (or past it): nothing.
+        let done = Expansion {
+            expanded: Some(2 << 30),
+            ..e
+        };
+        assert_eq!(expansion(&done, &[]), Expand::No);
+        let more = Expansion {
+            asked: Some(4 << 30),
+            ..done
+        };
+        assert_eq!(expansion(&more, &[]), Expand::Published(4 << 30));
+        // Nothing asked, or a node service that cannot expand: never.
+        assert_eq!(expansion(&Expansion { asked: None, ..e }, &[]), Expand::No);
+        let cannot = Expansion {
+            node_expands: false,
+            ..e
+        };
+        assert_eq!(expansion(&cannot, &[]), Expand::No);
+        assert_eq!(expansion(&cannot, &[Forward::Publish]), Expand::No);
+    }
+
+    #[test]
+    fn an_offline_expansion_waits_for_the_next_stage_before_publish() {
+        let offline = Expansion {
+            offline_only: true,
+            ..asked(2 << 30)
+        };
+        assert_eq!(
+            expansion(&offline, &[]),
+            Expand::No,
+            "published: not online"
+        );
+        assert_eq!(
+            expansion(&offline, &[Forward::Stage, Forward::Publish]),
+            Expand::BeforePublish(2 << 30)
+        );
+        assert_eq!(
+            expansion(&offline, &[Forward::Publish]),
+            Expand::BeforePublish(2 << 30)
+        );
+        // An online plugin being staged anew is expanded there too, before publish.
+        assert_eq!(
+            expansion(&asked(2 << 30), &[Forward::Publish]),
+            Expand::BeforePublish(2 << 30)
+        );
+        // Without a staging path there is no volume to expand before publish.
+        let unstaged = Expansion {
+            stages: false,
+            ..asked(2 << 30)
+        };
+        assert_eq!(expansion(&unstaged, &[Forward::Publish]), Expand::No);
+        assert_eq!(expansion(&unstaged, &[]), Expand::Published(2 << 30));
     }
 }

@@ -92,18 +92,19 @@ impl Reconcile {
         }
         let staged = if facts.stage_current { staged } else { None };
         let steps = plan::to_publish(&plan::Facts { staged, ..facts });
-        // NodeExpandVolume is owed when the controller asked for a larger capacity than
-        // this node expanded to, and the plugin's node service can expand: online on a
-        // published volume when the plugin allows it, else right after the next stage.
-        let expand_to = claim
-            .spec
-            .node_expansion_bytes
-            .filter(|b| rec.expanded_bytes < Some(*b))
-            .filter(|_| fp.capabilities.node.has(NodeRpc::ExpandVolume));
-        let online = !fp
-            .capabilities
-            .plugin
-            .has(PluginCapability::ExpansionOffline);
+        let expand = plan::expansion(
+            &plan::Expansion {
+                asked: claim.spec.node_expansion_bytes,
+                expanded: rec.expanded_bytes,
+                node_expands: fp.capabilities.node.has(NodeRpc::ExpandVolume),
+                offline_only: fp
+                    .capabilities
+                    .plugin
+                    .has(PluginCapability::ExpansionOffline),
+                stages: rec.staging_path.is_some(),
+            },
+            &steps,
+        );
         // The controller copies the volume's secrets onto the claim at admission: an
         // agent reads its node's claims only.
         let secrets = claim.spec.node_secrets.expose()?.clone();
@@ -116,8 +117,8 @@ impl Reconcile {
         };
         if steps.is_empty() {
             // Adopted from an earlier run, or already done.
-            return match expand_to {
-                Some(bytes) if online => {
+            return match expand {
+                plan::Expand::Published(bytes) => {
                     let volume_path = path_str(&paths.target_plugin);
                     let r = self
                         .ensure_expanded(&cfg, key, &v, &rec, bytes, &volume_path)
@@ -141,8 +142,9 @@ impl Reconcile {
         let result = async {
             for step in steps {
                 if step == plan::Forward::Publish {
-                    // Offline expansion: staged, not yet published.
-                    if let (Some(bytes), Some(staging)) = (expand_to, &rec.staging_path) {
+                    if let (plan::Expand::BeforePublish(bytes), Some(staging)) =
+                        (expand, &rec.staging_path)
+                    {
                         let volume_path = path_str(&plugin_path(&cfg, staging));
                         self.ensure_expanded(&cfg, key, &v, &rec, bytes, &volume_path)
                             .await?;
