@@ -8,13 +8,16 @@
 //!   one key twice at once, bounded concurrency, requeue decisions, per-key backoff that
 //!   resets on success, periodic resync.
 //! - [`informer`]: one watcher and cache per kind shared by a process's controllers.
-//! - [`events`]: the event recorder (events share a lease per time window).
-//! - [`leader`]: leader election on an etcd lease, fenced on its key.
+//! - [`events`]: the event recorder (batched writes, repeats folded into one event with
+//!   a count, events sharing a lease per time window).
+//! - [`leader`]: leader election on a renewed record (its etcd lease only collects a
+//!   dead holder's key), fenced on its key.
 //! - [`metrics`]: per-controller counters, gauge and histogram in a Prometheus registry.
 //! - [`writer`]: the store handle reconcilers write through; it records their writes,
 //!   so a read of an object the cache shows behind this process's last write goes to
 //!   the store.
-//! - [`steps`]: per (object, step) retry gates that a reconciler's own writes cannot reset.
+//! - [`steps`]: the step runner every executor calls CSI through, with per (object,
+//!   step) retry gates that a reconciler's own writes cannot reset.
 
 /// Exponential backoff with jitter (the crate's, shared with the store and CSI).
 pub use crate::backoff;

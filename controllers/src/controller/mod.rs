@@ -3,11 +3,13 @@
 //! Expected flow:
 //! 1. Campaign for `controller`; replicas that lose wait on the election key.
 //! 2. The leader starts one informer per kind and the reconcilers, all writing through
-//!    the leader's fenced store: [`allocations`] (allocation → claims, allocation
-//!    status), [`claims`] (admission, attach requests, publish permission, release),
-//!    [`volumes`] (the claims finalizer, schedulable), [`plugins`] (aggregation), and
-//!    [`reseal`] (secrets stored in plain text or under an old key, rewritten sealed),
-//!    and [`nodes`] (a Node its agent stopped renewing is removed).
+//!    one [`moor::runtime::writer::Writer`] over the leader's fenced store, and deciding
+//!    through the pure functions of [`plan`]: [`allocations`] (allocation → claims,
+//!    allocation status), [`claims`] (admission, attach requests, publish permission,
+//!    release), [`volumes`] (the claims finalizer, schedulable), [`plugins`]
+//!    (aggregation), [`reseal`] (secrets stored in plain text or under an old key,
+//!    rewritten sealed), [`nodes`] (a Node its agent stopped renewing is removed), and
+//!    [`gauges`] (the cluster's claims and plugins as metrics, for alerts).
 //! 3. Losing leadership drops all of it at once; the next leader resumes from the
 //!    checkpoints in etcd.
 
