@@ -33,10 +33,13 @@ use std::sync::Arc;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+mod mount;
 mod plan;
 mod publish;
 mod release;
 mod stats;
+
+use mount::claim_ref;
 
 use super::plugins::Supervisor;
 use super::state::{same_grant, LocalState, PublishRecord, StageRecord, Step};
@@ -483,182 +486,8 @@ impl Reconcile {
             .ok_or_else(|| NodeError::UnknownPlugin(cfg.id.clone()))?;
         Ok(Csi::new(ch, self.r.policy.for_plugin(cfg.id.as_str())))
     }
-
-    /// Writes the claim's Mount object from the local state.
-    async fn sync_mount(
-        &self,
-        key: &str,
-        claim: &Claim,
-        last_error: Option<String>,
-    ) -> Result<(), NodeError> {
-        let (rec, stage) = {
-            let s = self.r.local.lock().await;
-            let rec = s.publishes.get(key).cloned();
-            let stage = rec
-                .as_ref()
-                .and_then(|r| r.staging_path.as_ref())
-                .and_then(|p| s.stages.get(p))
-                .map(|st| st.step)
-                .unwrap_or_default();
-            (rec, stage)
-        };
-        let spec = MountSpec {
-            claim: claim.metadata.name.clone(),
-            claim_uid: claim.metadata.uid.clone(),
-            allocation: claim.spec.allocation.clone(),
-            volume: claim.spec.volume.clone(),
-            node: self.r.node.clone(),
-            staging_path: rec
-                .as_ref()
-                .and_then(|r| r.staging_path.as_ref())
-                .map(|p| path_str(p)),
-            target_path: rec
-                .as_ref()
-                .map(|r| path_str(&r.target_path))
-                .unwrap_or_else(|| "-".into()),
-        };
-        let released = rec.as_ref().is_none_or(|r| r.released);
-        let publish = rec.as_ref().map(|r| r.step).unwrap_or_default();
-        // A failing CSI step stays on the Mount until it succeeds: what it waits on,
-        // since when, the last answer and the next retry.
-        let retry = self.r.steps.latest_failure(key);
-        let last_error = last_error.or_else(|| {
-            retry
-                .as_ref()
-                .map(|f| format!("{} failed with {}: {}", f.step, f.code, f.message))
-        });
-        let mut status = MountStatus {
-            usage: None,
-            condition: None,
-            staged: !released && stage == Step::Done,
-            stage_uncertain: !released && stage == Step::Uncertain,
-            published: publish == Step::Done,
-            publish_uncertain: publish == Step::Uncertain,
-            released: released && (claim.spec.release || claim.is_deleting()),
-            expanded_bytes: rec.as_ref().and_then(|r| r.expanded_bytes),
-            meta: StatusMeta {
-                observed_generation: claim.metadata.generation,
-                last_error,
-                retry,
-                ..Default::default()
-            },
-        };
-        let mount_key = Mount::key_for(&claim.object_key());
-        let current = self.writer.fresh(&self.mounts, &mount_key).await?;
-        // The volume stats loop's fields are kept as it last wrote them.
-        if let Some(current) = &current {
-            status.usage = current.status.usage.clone();
-            status.condition = current.status.condition.clone();
-        }
-        match current {
-            None => {
-                let mut m =
-                    Mount::new(&claim.metadata.namespace, claim.metadata.name.clone(), spec);
-                m.status = status;
-                m.metadata.trace = claim.metadata.trace.clone();
-                self.writer.create(&m).await?;
-            }
-            Some(current) if current.spec == spec && current.status == status => return Ok(()),
-            Some(current) => {
-                let mut next = (*current).clone();
-                next.spec = spec;
-                next.status = status;
-                self.writer.update(&current, &next).await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn event(&self, claim: &Claim, reason: &str, error: Option<String>) {
-        let (type_, message) = match &error {
-            None => (
-                EventType::Normal,
-                format!(
-                    "{} published for claim {}",
-                    claim.spec.volume, claim.metadata.name
-                ),
-            ),
-            Some(e) => (
-                EventType::Warning,
-                format!(
-                    "{} could not be published for claim {}: {e}",
-                    claim.spec.volume, claim.metadata.name
-                ),
-            ),
-        };
-        self.node_event(
-            claim_ref(&claim.metadata.namespace, &claim.metadata.name),
-            &claim.spec.volume,
-            reason,
-            type_,
-            message,
-            error,
-        )
-        .await;
-    }
-
-    async fn unmount_event(&self, rec: &PublishRecord, error: Option<String>) {
-        let (type_, message) = match &error {
-            None => (
-                EventType::Normal,
-                format!("{} unpublished for claim {}", rec.volume, rec.claim),
-            ),
-            Some(e) => (
-                EventType::Warning,
-                format!(
-                    "{} could not be unpublished for claim {}: {e}",
-                    rec.volume, rec.claim
-                ),
-            ),
-        };
-        self.node_event(
-            claim_ref(&rec.namespace, &rec.claim),
-            &rec.volume,
-            "Unmount volume",
-            type_,
-            message,
-            error,
-        )
-        .await;
-    }
-
-    /// An event on this node's Node about `claim`'s volume (`describe claim` shows it).
-    async fn node_event(
-        &self,
-        claim: ObjectRef,
-        volume: &VolumeId,
-        reason: &str,
-        type_: EventType,
-        message: String,
-        error: Option<String>,
-    ) {
-        let object = ObjectRef {
-            kind: "Node".into(),
-            namespace: Namespace::default(),
-            name: Name::new(self.r.node.as_str()).unwrap_or_default(),
-        };
-        let d = details([
-            ("volume_id", volume.to_string()),
-            ("success", error.is_none().to_string()),
-            ("error", error.unwrap_or_default()),
-        ]);
-        self.r
-            .recorder
-            .record_related(object, Some(claim), type_, reason, message, d)
-            .await;
-    }
 }
 
-/// A reference to claim `name` in `namespace`.
-fn claim_ref(namespace: &Namespace, name: &Name) -> ObjectRef {
-    ObjectRef {
-        kind: "Claim".into(),
-        namespace: namespace.clone(),
-        name: name.clone(),
-    }
-}
-
-/// Whether a step failed with a final answer (it took no effect).
 /// A final or transient answer (ResourceExhausted, Aborted): the plugin refused, the
 /// call did not take effect. Only an uncertain answer may have.
 fn took_no_effect(e: &CsiError) -> bool {
