@@ -24,10 +24,18 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use moor::api::*;
 use moor::store::StoreError;
+
+mod lease;
+mod process;
+mod wait;
+
+use lease::{renew, take_lease};
+use process::{interrupted, outcome, spawn_and_wait};
+use wait::{wait_published, wait_released};
 
 use crate::{parse_name, parse_ns, ride_out, Ctx, Refused};
 
@@ -291,93 +299,6 @@ fn host_name() -> anyhow::Result<String> {
     Ok(name)
 }
 
-/// Creates the runner's lease, or takes over one whose holder stopped renewing it (by
-/// our clock: a holder renews every third of its duration).
-async fn take_lease(
-    ctx: &Ctx,
-    ns: &Namespace,
-    name: &Name,
-    holder: &str,
-    ttl: Duration,
-) -> anyhow::Result<Lease> {
-    let spec = LeaseSpec {
-        holder: holder.to_string(),
-        duration_seconds: ttl.as_secs().max(1),
-        renew_time: Some(Timestamp::now()),
-        renewals: 0,
-    };
-    let key = Lease::key_for(ns, name);
-    ride_out(ctx, |_| {
-        let (key, spec) = (&key, spec.clone());
-        async move {
-            match ctx.store.try_get(key).await? {
-                None => {
-                    let lease = Lease::new(ns, name.clone(), spec);
-                    match ctx.store.create(&lease).await {
-                        Ok(l) => Ok(l),
-                        Err(StoreError::AlreadyExists { .. }) => Err(crate::LookAgain.into()),
-                        Err(e) => Err(e.into()),
-                    }
-                }
-                Some(old) if old.spec.holder == holder => Ok(old),
-                Some(old) => {
-                    let fresh = old
-                        .spec
-                        .renew_time
-                        .is_some_and(|t| t.elapsed() < old.duration());
-                    if fresh {
-                        return Err(Refused(format!(
-                            "allocation {ns}/{name} is run by {} (its lease was renewed {} ago)",
-                            old.spec.holder,
-                            humantime::format_duration(Duration::from_secs(
-                                old.spec.renew_time.map_or(0, |t| t.elapsed().as_secs())
-                            ))
-                        ))
-                        .into());
-                    }
-                    let mut next = old.clone();
-                    next.spec = spec;
-                    match ctx.store.replace(&next).await {
-                        Ok(l) => Ok(l),
-                        Err(StoreError::Conflict { .. }) => Err(crate::LookAgain.into()),
-                        Err(e) => Err(e.into()),
-                    }
-                }
-            }
-        }
-    })
-    .await
-}
-
-/// Renews the lease every third of its duration until aborted; a failed renewal is
-/// said once and tried again at the next tick.
-async fn renew(store: moor::store::Store, key: ObjectKey<LeaseSpec>, ttl: Duration) {
-    let every = (ttl / 3).max(Duration::from_millis(300));
-    let mut failing = false;
-    loop {
-        tokio::time::sleep(every).await;
-        let r = store
-            .modify_spec(&key, |s: &mut LeaseSpec| {
-                s.renewals += 1;
-                s.renew_time = Some(Timestamp::now());
-                true
-            })
-            .await;
-        match r {
-            Ok(_) if failing => {
-                eprintln!("moorctl: lease renewed again");
-                failing = false;
-            }
-            Ok(_) => {}
-            Err(e) if !failing => {
-                eprintln!("moorctl: cannot renew the allocation's lease ({e}); trying again");
-                failing = true;
-            }
-            Err(_) => {}
-        }
-    }
-}
-
 /// Creates the allocation (`true`), or adopts the stored one of that name when it is not
 /// terminal and is on the same node (`false`).
 async fn adopt_or_create(ctx: &Ctx, wanted: &Allocation) -> anyhow::Result<bool> {
@@ -428,179 +349,8 @@ async fn adopt_or_create(ctx: &Ctx, wanted: &Allocation) -> anyhow::Result<bool>
     .await
 }
 
-/// The allocation's claims as stored, by request name (absent: not made yet).
-async fn claims(ctx: &Ctx, alloc: &Allocation) -> Result<Vec<(Name, Option<Claim>)>, StoreError> {
-    let mut out = Vec::new();
-    for req in &alloc.spec.volumes {
-        let Some(claim_name) = alloc.claim_name(req) else {
-            continue;
-        };
-        let key = Claim::key_for(&alloc.spec.node, &alloc.metadata.namespace, &claim_name);
-        out.push((req.name.clone(), ctx.store.try_get(&key).await?));
-    }
-    Ok(out)
-}
-
-/// One line on where the allocation and each unsettled claim stand.
-fn progress(alloc: &Allocation, claims: &[(Name, Option<Claim>)], settled: ClaimPhase) -> String {
-    let mut line = format!(
-        "allocation {}: {:?}",
-        alloc.metadata.name, alloc.status.phase
-    );
-    for (req, claim) in claims {
-        match claim {
-            None => line.push_str(&format!("; {req}: no claim yet")),
-            Some(c) if c.status.phase == settled => {}
-            Some(c) => {
-                line.push_str(&format!("; {req}: {:?}", c.status.phase));
-                if let Some(r) = &c.status.reason {
-                    line.push_str(&format!(" ({})", printable(r)));
-                }
-                if let Some(f) = &c.status.meta.retry {
-                    line.push_str(&format!(
-                        "; {} failed {}x with {}: {}; next try in {}",
-                        f.step,
-                        f.attempts,
-                        f.code,
-                        printable(&f.message),
-                        humantime::format_duration(Duration::from_secs(
-                            f.next_retry
-                                .0
-                                .duration_since(std::time::SystemTime::now())
-                                .map_or(0, |d| d.as_secs())
-                        ))
-                    ));
-                } else if let Some(e) = &c.status.meta.last_error {
-                    line.push_str(&format!("; last error: {}", printable(e)));
-                }
-            }
-        }
-    }
-    line
-}
-
-/// Waits until every claim of the allocation is Published; a Denied claim, a Failed
-/// volume or the timeout is a refusal naming the reason.
-async fn wait_published(
-    ctx: &Ctx,
-    key: &ObjectKey<AllocationSpec>,
-    timeout: Duration,
-) -> anyhow::Result<Allocation> {
-    poll_claims(ctx, key, timeout, ClaimPhase::Published, |seen| {
-        let Some((alloc, claims)) = seen else {
-            return Some(Err(Refused("the allocation was deleted".into()).into()));
-        };
-        if alloc.is_terminal() || alloc.is_deleting() {
-            return Some(Err(Refused(format!(
-                "allocation {} ended before its volumes were published",
-                alloc.metadata.name
-            ))
-            .into()));
-        }
-        let denied = claims.iter().find_map(|(r, c)| {
-            c.as_ref()
-                .filter(|c| c.status.phase == ClaimPhase::Denied)
-                .map(|c| (r, c))
-        });
-        if let Some((req, c)) = denied {
-            return Some(Err(Refused(format!(
-                "request {req} was denied: {}",
-                printable(c.status.reason.as_deref().unwrap_or("no reason given"))
-            ))
-            .into()));
-        }
-        let published = !claims.is_empty()
-            && claims.iter().all(|(_, c)| {
-                c.as_ref()
-                    .is_some_and(|c| c.status.phase == ClaimPhase::Published)
-            });
-        let nothing_to_publish =
-            alloc.spec.volumes.is_empty() && alloc.status.phase == AllocationPhase::Ready;
-        (published || nothing_to_publish).then(|| Ok(alloc.clone()))
-    })
-    .await
-}
-
-/// Waits until every claim of the allocation is Released (or gone).
-async fn wait_released(
-    ctx: &Ctx,
-    key: &ObjectKey<AllocationSpec>,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    poll_claims(ctx, key, timeout, ClaimPhase::Released, |seen| {
-        let Some((alloc, claims)) = seen else {
-            return Some(Ok(()));
-        };
-        let released = claims.iter().all(|(_, c)| {
-            c.as_ref()
-                .is_none_or(|c| c.status.phase == ClaimPhase::Released)
-        });
-        released.then(|| {
-            eprintln!(
-                "moorctl: allocation {}: every claim released",
-                alloc.metadata.name
-            );
-            Ok(())
-        })
-    })
-    .await
-}
-
 /// The allocation and its claims as stored, `None` once the allocation is gone.
 type Seen<'a> = Option<(&'a Allocation, &'a [(Name, Option<Claim>)])>;
-
-/// Reads the allocation and its claims every [`POLL`], printing a progress line when it
-/// changes (claims short of `goal` with their reasons), until `decide` gives a verdict;
-/// after `timeout`, a refusal with the last progress line. etcd being unavailable
-/// meanwhile is waited out.
-async fn poll_claims<T>(
-    ctx: &Ctx,
-    key: &ObjectKey<AllocationSpec>,
-    timeout: Duration,
-    goal: ClaimPhase,
-    mut decide: impl FnMut(Seen<'_>) -> Option<anyhow::Result<T>>,
-) -> anyhow::Result<T> {
-    let start = Instant::now();
-    let mut last = String::new();
-    loop {
-        let seen = match look(ctx, key).await {
-            Ok(x) => Some(x),
-            Err(e) if crate::is_not_found(&e) => None,
-            Err(e) if crate::is_transient(&e) && start.elapsed() < timeout => {
-                tokio::time::sleep(POLL).await;
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        if let Some((alloc, claims)) = &seen {
-            let line = progress(alloc, claims, goal);
-            if line != last {
-                eprintln!("moorctl: {line}");
-                last = line;
-            }
-        }
-        if let Some(verdict) = decide(seen.as_ref().map(|(a, c)| (a, c.as_slice()))) {
-            return verdict;
-        }
-        if start.elapsed() >= timeout {
-            return Err(Refused(format!(
-                "timed out after {} waiting for the claims to be {goal:?}: {last}",
-                humantime::format_duration(timeout)
-            ))
-            .into());
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-async fn look(
-    ctx: &Ctx,
-    key: &ObjectKey<AllocationSpec>,
-) -> anyhow::Result<(Allocation, Vec<(Name, Option<Claim>)>)> {
-    let alloc = ctx.store.get(key).await?;
-    let claims = claims(ctx, &alloc).await?;
-    Ok((alloc, claims))
-}
 
 /// MOOR_ALLOC, MOOR_NODE and MOOR_VOLUME_<REQ> for each request (its target path, as
 /// the node's agent published it).
@@ -709,114 +459,6 @@ async fn end(
     .await
 }
 
-/// Resolves on the first SIGINT, SIGTERM or SIGHUP (never, if they cannot be caught).
-async fn interrupted() {
-    use futures::StreamExt;
-    let mut streams = Vec::new();
-    for (kind, _) in FORWARDED {
-        if let Ok(mut s) = tokio::signal::unix::signal(kind) {
-            streams.push(futures::stream::poll_fn(move |cx| s.poll_recv(cx)).boxed());
-        }
-    }
-    if streams.is_empty() {
-        return std::future::pending().await;
-    }
-    futures::stream::select_all(streams).next().await;
-}
-
-/// Runs CMD with `env` added, passing SIGINT, SIGTERM and SIGHUP on to it.
-#[allow(unsafe_code)]
-async fn spawn_and_wait(
-    command: &[String],
-    env: &BTreeMap<String, String>,
-) -> std::io::Result<std::process::ExitStatus> {
-    use futures::StreamExt;
-    let mut cmd = tokio::process::Command::new(&command[0]);
-    cmd.args(&command[1..]).envs(env);
-    // SAFETY: the closure runs in the child between fork and exec and makes one system
-    // call (prctl), which is async-signal-safe; it allocates and locks nothing.
-    unsafe {
-        cmd.pre_exec(|| {
-            // If the runner dies (SIGKILL, a crash), the workload is told to stop
-            // (SIGTERM) instead of writing on into a volume the controller is about to
-            // release as lost.
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
-                .map_err(std::io::Error::from)
-        });
-    }
-    let mut child = cmd.spawn()?;
-    let pid = child
-        .id()
-        .and_then(|id| rustix::process::Pid::from_raw(id as i32));
-    let mut signals = Vec::new();
-    for (kind, sig) in FORWARDED {
-        let mut s = tokio::signal::unix::signal(kind)?;
-        signals.push(
-            futures::stream::poll_fn(move |cx| s.poll_recv(cx))
-                .map(move |_| sig)
-                .boxed(),
-        );
-    }
-    let mut signals = futures::stream::select_all(signals);
-    loop {
-        tokio::select! {
-            st = child.wait() => return st,
-            Some(sig) = signals.next() => {
-                if let Some(pid) = pid {
-                    let _ = rustix::process::kill_process(pid, sig);
-                }
-            }
-        }
-    }
-}
-
-/// The client status, the recorded exit and moorctl's own exit code for a workload's
-/// end.
-fn outcome(st: std::process::ExitStatus) -> (ClientStatus, ClientExit, i32) {
-    use std::os::unix::process::ExitStatusExt;
-    if let Some(code) = st.code() {
-        let status = if code == 0 {
-            ClientStatus::Complete
-        } else {
-            ClientStatus::Failed
-        };
-        return (
-            status,
-            ClientExit {
-                code: Some(code),
-                signal: None,
-            },
-            code,
-        );
-    }
-    let sig = st.signal().unwrap_or(0);
-    let name = signal_name(sig).unwrap_or_else(|| format!("signal {sig}"));
-    (
-        ClientStatus::Failed,
-        ClientExit {
-            code: None,
-            signal: Some(name),
-        },
-        128 + sig,
-    )
-}
-
-fn signal_name(sig: i32) -> Option<String> {
-    let name = match sig {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        6 => "SIGABRT",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        _ => return None,
-    };
-    Some(name.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -827,19 +469,5 @@ mod tests {
         assert_eq!(volume_var(&n("data")), "MOOR_VOLUME_DATA");
         assert_eq!(volume_var(&n("web-data.v2")), "MOOR_VOLUME_WEB_DATA_V2");
         assert_eq!(volume_var(&n("a_1")), "MOOR_VOLUME_A_1");
-    }
-
-    #[test]
-    fn an_exit_is_recorded_as_code_or_signal() {
-        use std::os::unix::process::ExitStatusExt;
-        let (s, e, c) = outcome(std::process::ExitStatus::from_raw(0));
-        assert_eq!((s, e.code, c), (ClientStatus::Complete, Some(0), 0));
-        let (s, e, c) = outcome(std::process::ExitStatus::from_raw(3 << 8));
-        assert_eq!((s, e.code, c), (ClientStatus::Failed, Some(3), 3));
-        let (s, e, c) = outcome(std::process::ExitStatus::from_raw(15));
-        assert_eq!(
-            (s, e.signal.as_deref(), c),
-            (ClientStatus::Failed, Some("SIGTERM"), 143)
-        );
     }
 }

@@ -1,0 +1,134 @@
+//! The workload as a child process: spawned with the allocation's environment, passed
+//! SIGINT, SIGTERM and SIGHUP, killed with SIGTERM if the runner dies, and its exit
+//! read as a code or a signal.
+
+use moor::api::*;
+
+use super::*;
+
+/// Resolves on the first SIGINT, SIGTERM or SIGHUP (never, if they cannot be caught).
+pub(super) async fn interrupted() {
+    use futures::StreamExt;
+    let mut streams = Vec::new();
+    for (kind, _) in FORWARDED {
+        if let Ok(mut s) = tokio::signal::unix::signal(kind) {
+            streams.push(futures::stream::poll_fn(move |cx| s.poll_recv(cx)).boxed());
+        }
+    }
+    if streams.is_empty() {
+        return std::future::pending().await;
+    }
+    futures::stream::select_all(streams).next().await;
+}
+
+/// Runs CMD with `env` added, passing SIGINT, SIGTERM and SIGHUP on to it.
+#[allow(unsafe_code)]
+pub(super) async fn spawn_and_wait(
+    command: &[String],
+    env: &BTreeMap<String, String>,
+) -> std::io::Result<std::process::ExitStatus> {
+    use futures::StreamExt;
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..]).envs(env);
+    // SAFETY: the closure runs in the child between fork and exec and makes one system
+    // call (prctl), which is async-signal-safe; it allocates and locks nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            // If the runner dies (SIGKILL, a crash), the workload is told to stop
+            // (SIGTERM) instead of writing on into a volume the controller is about to
+            // release as lost.
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let pid = child
+        .id()
+        .and_then(|id| rustix::process::Pid::from_raw(id as i32));
+    let mut signals = Vec::new();
+    for (kind, sig) in FORWARDED {
+        let mut s = tokio::signal::unix::signal(kind)?;
+        signals.push(
+            futures::stream::poll_fn(move |cx| s.poll_recv(cx))
+                .map(move |_| sig)
+                .boxed(),
+        );
+    }
+    let mut signals = futures::stream::select_all(signals);
+    loop {
+        tokio::select! {
+            st = child.wait() => return st,
+            Some(sig) = signals.next() => {
+                if let Some(pid) = pid {
+                    let _ = rustix::process::kill_process(pid, sig);
+                }
+            }
+        }
+    }
+}
+
+/// The client status, the recorded exit and moorctl's own exit code for a workload's
+/// end.
+pub(super) fn outcome(st: std::process::ExitStatus) -> (ClientStatus, ClientExit, i32) {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = st.code() {
+        let status = if code == 0 {
+            ClientStatus::Complete
+        } else {
+            ClientStatus::Failed
+        };
+        return (
+            status,
+            ClientExit {
+                code: Some(code),
+                signal: None,
+            },
+            code,
+        );
+    }
+    let sig = st.signal().unwrap_or(0);
+    let name = signal_name(sig).unwrap_or_else(|| format!("signal {sig}"));
+    (
+        ClientStatus::Failed,
+        ClientExit {
+            code: None,
+            signal: Some(name),
+        },
+        128 + sig,
+    )
+}
+
+pub(super) fn signal_name(sig: i32) -> Option<String> {
+    let name = match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return None,
+    };
+    Some(name.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exit_is_recorded_as_code_or_signal() {
+        use std::os::unix::process::ExitStatusExt;
+        let (s, e, c) = outcome(std::process::ExitStatus::from_raw(0));
+        assert_eq!((s, e.code, c), (ClientStatus::Complete, Some(0), 0));
+        let (s, e, c) = outcome(std::process::ExitStatus::from_raw(3 << 8));
+        assert_eq!((s, e.code, c), (ClientStatus::Failed, Some(3), 3));
+        let (s, e, c) = outcome(std::process::ExitStatus::from_raw(15));
+        assert_eq!(
+            (s, e.signal.as_deref(), c),
+            (ClientStatus::Failed, Some("SIGTERM"), 143)
+        );
+    }
+}
