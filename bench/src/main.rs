@@ -12,6 +12,7 @@ mod cluster;
 mod phases;
 mod scale;
 mod stats;
+mod table;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -232,7 +233,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         runs.push(r?);
     }
-    print!("{}", table(&runs));
+    print!("{}", table::table(&runs));
     std::fs::write(&args.json, serde_json::to_string_pretty(&runs)? + "\n")
         .with_context(|| format!("writing {}", args.json.display()))?;
     eprintln!("figures written to {}", args.json.display());
@@ -527,169 +528,4 @@ async fn restart_phase(
         controller_publish_calls,
         repeated_calls: (node_publish_calls + controller_publish_calls).saturating_sub(2 * n),
     })
-}
-
-fn table(runs: &[Run]) -> String {
-    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
-    let mut row = |name: &str, f: &dyn Fn(&Run) -> String| {
-        rows.push((name.to_string(), runs.iter().map(f).collect()));
-    };
-    row("store version", &|r| r.store_version.clone());
-    row("claims / nodes", &|r| format!("{} / {}", r.claims, r.nodes));
-    row("ceiling: CAS updates/s (16 writers)", &|r| {
-        format!("{:.0}", r.ceiling.cas_updates_per_s)
-    });
-    row("ceiling: put->watch p50/p99", &|r| {
-        r.ceiling.put_watch_ms.cell()
-    });
-    row("volumes created/s", &|r| {
-        format!("{:.0}", r.volumes_created_per_s)
-    });
-    row("claims/s published", &|r| {
-        format!("{:.0} ({:.1} s)", r.claims_per_s_publish, r.publish_s)
-    });
-    row("claims/s released", &|r| {
-        format!("{:.0} ({:.1} s)", r.claims_per_s_release, r.release_s)
-    });
-    row("store writes per claim (publish / release)", &|r| {
-        format!(
-            "{:.1} / {:.1}",
-            r.etcd_writes_per_claim_publish, r.etcd_writes_per_claim_release
-        )
-    });
-    row("write rate (publish / release), writes/s", &|r| {
-        format!("{:.0} / {:.0}", r.write_rate_publish, r.write_rate_release)
-    });
-    row("write_rate_ceiling_ratio", &|r| {
-        format!("{:.2}", r.write_rate_ceiling_ratio)
-    });
-    row("CPU during publish", &|r| r.cpu_publish.cell());
-    row("CPU during release", &|r| r.cpu_release.cell());
-    row("CPU ms per claim (publish / release)", &|r| {
-        format!(
-            "{} / {}",
-            r.cpu_ms_per_claim_publish.ms_cell(),
-            r.cpu_ms_per_claim_release.ms_cell()
-        )
-    });
-    row("reaction: stop -> NodeUnpublish, idle", &|r| {
-        r.reaction_idle_ms.cell()
-    });
-    row("reaction: stop -> NodeUnpublish, burst", &|r| {
-        r.reaction_burst_ms.cell()
-    });
-    row("attach only: attaches/s", &|r| {
-        format!(
-            "{:.0} ({} in {:.1} s)",
-            r.attach.attaches_per_s, r.attach.volumes, r.attach.attach_s
-        )
-    });
-    row("attach only: detaches/s", &|r| {
-        format!(
-            "{:.0} ({:.1} s)",
-            r.attach.detaches_per_s, r.attach.detach_s
-        )
-    });
-    row("CPU during attach", &|r| r.attach.cpu_attach.cell());
-    row("CPU during detach", &|r| r.attach.cpu_detach.cell());
-    row("attach only: single attach, idle", &|r| {
-        r.attach.single_attach_ms.cell()
-    });
-    row("CPU ms per attachment (attach / detach)", &|r| {
-        format!(
-            "{} / {}",
-            r.attach.cpu_ms_per_claim_attach.ms_cell(),
-            r.attach.cpu_ms_per_claim_detach.ms_cell()
-        )
-    });
-    row("ControllerPublish calls per attachment", &|r| {
-        let log = r
-            .attach
-            .controller_publish_calls_per_attachment_plugin_log
-            .map_or("no plugin log".to_string(), |v| {
-                format!("plugin log {v:.3}")
-            });
-        format!(
-            "{:.3} (agents' metrics; {log})",
-            r.attach.controller_publish_calls_per_attachment
-        )
-    });
-    row("restart: controller acts again after", &|r| {
-        format!("{:.2} s", r.restart.controller_back_s)
-    });
-    row("restart: claims published in total", &|r| {
-        format!("{} in {:.1} s", r.restart.claims, r.restart.total_s)
-    });
-    row("restart: CSI publish calls repeated", &|r| {
-        r.restart.repeated_calls.to_string()
-    });
-    row("scale: claims / nodes stored", &|r| {
-        sc(r, |s| {
-            format!(
-                "{} / {} ({} keys seeded at {:.0}/s)",
-                s.claims, s.nodes, s.seeded_keys, s.seed_keys_per_s
-            )
-        })
-    });
-    row("scale: list every claim", &|r| {
-        sc(r, |s| format!("{:.2} s", s.list_claims_s))
-    });
-    row("scale: controller start -> synced", &|r| {
-        sc(r, |s| s.controller.cell())
-    });
-    row("scale: controller writes while syncing", &|r| {
-        sc(r, |s| s.controller.writes.to_string())
-    });
-    row("scale: plugin controller agent start -> synced", &|r| {
-        sc(r, |s| {
-            format!("{} ({} claims)", s.controller_agent.cell(), s.agent_claims)
-        })
-    });
-    row("scale: its writes / CSI calls while syncing", &|r| {
-        sc(r, |s| {
-            format!(
-                "{} / {}",
-                s.controller_agent.writes, s.controller_agent.csi_calls
-            )
-        })
-    });
-    row("scale: node-only agent start -> synced", &|r| {
-        sc(r, |s| {
-            s.node_agent_by_cluster_claims
-                .iter()
-                .map(|(n, a)| format!("{n} stored: {}", a.cell()))
-                .collect::<Vec<_>>()
-                .join("; ")
-        })
-    });
-    row("scale: its writes / CSI calls while syncing", &|r| {
-        sc(r, |s| {
-            format!("{} / {}", s.node_agent.writes, s.node_agent.csi_calls)
-        })
-    });
-    let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
-    let col = rows
-        .iter()
-        .flat_map(|(_, v)| v.iter().map(String::len))
-        .max()
-        .unwrap_or(0)
-        .max(10);
-    let mut out = format!("{:width$}", "");
-    for r in runs {
-        out.push_str(&format!("  {:col$}", r.store));
-    }
-    out.push('\n');
-    for (name, values) in rows {
-        out.push_str(&format!("{name:width$}"));
-        for v in values {
-            out.push_str(&format!("  {v:col$}"));
-        }
-        out.push('\n');
-    }
-    out
-}
-
-/// A scale figure, or `-` when the scale phase did not run.
-fn sc(r: &Run, f: impl Fn(&scale::ScaleRun) -> String) -> String {
-    r.scale.as_ref().map_or_else(|| "-".to_string(), f)
 }
