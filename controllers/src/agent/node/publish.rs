@@ -5,6 +5,59 @@
 use super::*;
 use moor::csi::requests::{self, NodeVolume};
 
+/// What one publish pass of a claim works with.
+struct Pass<'a> {
+    key: &'a str,
+    cfg: &'a PluginConfig,
+    /// The claim's publish record.
+    rec: &'a PublishRecord,
+    paths: &'a Paths,
+    /// What every node request of the claim carries.
+    v: NodeVolume<'a>,
+}
+
+/// The claim's capability and the volume's external id, which admission filled in.
+fn capability_and_id(claim: &Claim) -> Result<(VolumeCapability, ExternalVolumeId), NodeError> {
+    let cap = match (claim.spec.access_mode, claim.spec.attachment_mode) {
+        (Some(access_mode), Some(attachment_mode)) => VolumeCapability {
+            access_mode,
+            attachment_mode,
+        },
+        _ => return Err(NodeError::Incomplete("its capability")),
+    };
+    let external_id = claim
+        .spec
+        .external_id
+        .clone()
+        .ok_or(NodeError::Incomplete("the volume's external id"))?;
+    Ok((cap, external_id))
+}
+
+/// A new publish record for the claim: nothing done yet, on its current grant.
+fn new_record(
+    claim: &Claim,
+    plugin: &PluginId,
+    external_id: &ExternalVolumeId,
+    paths: &Paths,
+    stages: bool,
+) -> PublishRecord {
+    PublishRecord {
+        claim_uid: claim.metadata.uid.clone(),
+        namespace: claim.metadata.namespace.clone(),
+        claim: claim.metadata.name.clone(),
+        allocation: claim.spec.allocation.clone(),
+        volume: claim.spec.volume.clone(),
+        plugin_id: plugin.clone(),
+        external_id: external_id.clone(),
+        staging_path: stages.then(|| paths.staging_host.clone()),
+        target_path: paths.target_host.clone(),
+        step: Step::Absent,
+        released: false,
+        expanded_bytes: None,
+        attachment: claim.spec.attachment.clone(),
+    }
+}
+
 impl Reconcile {
     pub(super) async fn publish(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
         let existing = self.r.local.lock().await.publishes.get(key).cloned();
@@ -22,64 +75,17 @@ impl Reconcile {
             .status(&cfg.id)
             .filter(|s| s.csi_node_id.is_some())
             .ok_or_else(|| NodeError::PluginNotReady(cfg.id.clone()))?;
-        let stages = fp.capabilities.node.has(NodeRpc::StageUnstageVolume);
-        let cap = match (claim.spec.access_mode, claim.spec.attachment_mode) {
-            (Some(access_mode), Some(attachment_mode)) => VolumeCapability {
-                access_mode,
-                attachment_mode,
-            },
-            _ => return Err(NodeError::Incomplete("its capability")),
-        };
-        let external_id = claim
-            .spec
-            .external_id
-            .clone()
-            .ok_or(NodeError::Incomplete("the volume's external id"))?;
+        let (cap, external_id) = capability_and_id(claim)?;
         let paths = paths(&cfg, claim, cap);
-        let rec = existing.unwrap_or_else(|| PublishRecord {
-            claim_uid: claim.metadata.uid.clone(),
-            namespace: claim.metadata.namespace.clone(),
-            claim: claim.metadata.name.clone(),
-            allocation: claim.spec.allocation.clone(),
-            volume: claim.spec.volume.clone(),
-            plugin_id: cfg.id.clone(),
-            external_id: external_id.clone(),
-            staging_path: stages.then(|| paths.staging_host.clone()),
-            target_path: paths.target_host.clone(),
-            step: Step::Absent,
-            released: false,
-            expanded_bytes: None,
-            attachment: claim.spec.attachment.clone(),
-        });
+        let stages = fp.capabilities.node.has(NodeRpc::StageUnstageVolume);
+        let rec =
+            existing.unwrap_or_else(|| new_record(claim, &cfg.id, &external_id, &paths, stages));
         self.edit(|s| {
             s.publishes.insert(key.to_string(), rec.clone());
         })
         .await?;
         self.sync_mount(key, claim, None).await?;
-        let (staged, stage_current, staging_shared) = {
-            let local = self.r.local.lock().await;
-            let stage = rec.staging_path.as_ref().and_then(|p| local.stages.get(p));
-            let stage_current = stage.is_none_or(|st| {
-                same_grant(st.attachment.as_deref(), claim.spec.attachment.as_deref())
-            });
-            // Who else uses the staging path matters only for a stage of an earlier
-            // grant (the scan of the node's records stays off the common path).
-            let staging_shared = !stage_current
-                && rec
-                    .staging_path
-                    .as_ref()
-                    .is_some_and(|p| local.staging_in_use(p, key));
-            (stage.map(|st| st.step), stage_current, staging_shared)
-        };
-        let facts = plan::Facts {
-            published: rec.step,
-            released: rec.released,
-            stages: rec.staging_path.is_some(),
-            staged,
-            staging_shared,
-            publish_current: true,
-            stage_current,
-        };
+        let facts = self.facts(key, claim, &rec).await;
         match (plan::before_publish(&facts), &rec.staging_path) {
             (plan::Before::Unstage, Some(staging)) => {
                 self.unstage(&cfg, key, &rec, staging, &claim.metadata.uid)
@@ -90,7 +96,11 @@ impl Reconcile {
             }
             _ => {}
         }
-        let staged = if facts.stage_current { staged } else { None };
+        let staged = if facts.stage_current {
+            facts.staged
+        } else {
+            None
+        };
         let steps = plan::to_publish(&plan::Facts { staged, ..facts });
         let expand = plan::expansion(
             &plan::Expansion {
@@ -109,20 +119,24 @@ impl Reconcile {
         // agent reads its node's claims only.
         let secrets = claim.spec.node_secrets.expose()?.clone();
         let capability = convert::node_capability(cap, &claim.spec.mount_options);
-        let v = NodeVolume {
-            claim,
-            volume_id: &external_id,
-            capability: &capability,
-            secrets: &secrets,
+        let pass = Pass {
+            key,
+            cfg: &cfg,
+            rec: &rec,
+            paths: &paths,
+            v: NodeVolume {
+                claim,
+                volume_id: &external_id,
+                capability: &capability,
+                secrets: &secrets,
+            },
         };
         if steps.is_empty() {
             // Adopted from an earlier run, or already done.
             return match expand {
                 plan::Expand::Published(bytes) => {
                     let volume_path = path_str(&paths.target_plugin);
-                    let r = self
-                        .ensure_expanded(&cfg, key, &v, &rec, bytes, &volume_path)
-                        .await;
+                    let r = self.ensure_expanded(&pass, bytes, &volume_path).await;
                     self.after_expansion(key, claim, r).await
                 }
                 _ => Ok(()),
@@ -139,30 +153,7 @@ impl Reconcile {
             self.sync_mount(key, claim, Some(why)).await?;
             return Ok(());
         }
-        let result = async {
-            for step in steps {
-                if step == plan::Forward::Publish {
-                    if let (plan::Expand::BeforePublish(bytes), Some(staging)) =
-                        (expand, &rec.staging_path)
-                    {
-                        let volume_path = path_str(&plugin_path(&cfg, staging));
-                        self.ensure_expanded(&cfg, key, &v, &rec, bytes, &volume_path)
-                            .await?;
-                    }
-                }
-                match (step, &rec.staging_path) {
-                    (plan::Forward::Stage, Some(staging)) => {
-                        self.ensure_staged(&cfg, key, &v, staging).await?
-                    }
-                    (plan::Forward::Stage, None) => {}
-                    (plan::Forward::Publish, _) => {
-                        self.ensure_published(&cfg, key, &v, &rec, &paths).await?
-                    }
-                }
-            }
-            Ok::<(), NodeError>(())
-        }
-        .await;
+        let result = self.forward(&pass, &steps, expand).await;
         match result {
             Ok(()) => {
                 self.sync_mount(key, claim, None).await?;
@@ -180,32 +171,86 @@ impl Reconcile {
         }
     }
 
+    /// What the local state says of the claim (its record `rec`) and its staging path.
+    async fn facts(&self, key: &str, claim: &Claim, rec: &PublishRecord) -> plan::Facts {
+        let local = self.r.local.lock().await;
+        let stage = rec.staging_path.as_ref().and_then(|p| local.stages.get(p));
+        let stage_current = stage.is_none_or(|st| {
+            same_grant(st.attachment.as_deref(), claim.spec.attachment.as_deref())
+        });
+        // Who else uses the staging path matters only for a stage of an earlier grant
+        // (the scan of the node's records stays off the common path).
+        let staging_shared = !stage_current
+            && rec
+                .staging_path
+                .as_ref()
+                .is_some_and(|p| local.staging_in_use(p, key));
+        plan::Facts {
+            published: rec.step,
+            released: rec.released,
+            stages: rec.staging_path.is_some(),
+            staged: stage.map(|st| st.step),
+            staging_shared,
+            publish_current: true,
+            stage_current,
+        }
+    }
+
+    /// The forward steps owed, in order, with an expansion before NodePublish when the
+    /// plan says so.
+    async fn forward(
+        &self,
+        pass: &Pass<'_>,
+        steps: &[plan::Forward],
+        expand: plan::Expand,
+    ) -> Result<(), NodeError> {
+        let (cfg, rec) = (pass.cfg, pass.rec);
+        for &step in steps {
+            if step == plan::Forward::Publish {
+                if let (plan::Expand::BeforePublish(bytes), Some(staging)) =
+                    (expand, &rec.staging_path)
+                {
+                    let volume_path = path_str(&plugin_path(cfg, staging));
+                    self.ensure_expanded(pass, bytes, &volume_path).await?;
+                }
+            }
+            match (step, &rec.staging_path) {
+                (plan::Forward::Stage, Some(staging)) => {
+                    self.ensure_staged(cfg, pass.key, &pass.v, staging).await?
+                }
+                (plan::Forward::Stage, None) => {}
+                (plan::Forward::Publish, _) => {
+                    self.ensure_published(cfg, pass.key, &pass.v, rec, pass.paths)
+                        .await?
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// NodeExpandVolume of the volume at `volume_path` to `bytes`; the capacity is
     /// recorded in the claim's publish record (and so on its Mount).
     async fn ensure_expanded(
         &self,
-        cfg: &PluginConfig,
-        key: &str,
-        v: &NodeVolume<'_>,
-        rec: &PublishRecord,
+        pass: &Pass<'_>,
         bytes: u64,
         volume_path: &str,
     ) -> Result<(), NodeError> {
         const STEP: &str = "NodeExpandVolume";
-        let claim = v.claim;
+        let (key, claim, rec) = (pass.key, pass.v.claim, pass.rec);
         let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
         let step = self.begin(key, STEP, inputs)?;
         let staging = rec
             .staging_path
             .as_ref()
-            .map(|s| path_str(&plugin_path(cfg, s)));
+            .map(|s| path_str(&plugin_path(pass.cfg, s)));
         // The volume as the record names it (the one staged and published).
         let v = NodeVolume {
             volume_id: &rec.external_id,
-            ..*v
+            ..pass.v
         };
         let req = requests::node_expand(&v, volume_path, staging.as_deref(), bytes);
-        let csi = self.csi(cfg)?;
+        let csi = self.csi(pass.cfg)?;
         let resp = step.call(csi.node_expand(req)).await?;
         let got = if resp.capacity_bytes > 0 {
             resp.capacity_bytes as u64
