@@ -261,11 +261,25 @@ async fn run_one(
         Duration::from_secs(args.ceiling_seconds),
     )
     .await?;
+    let mut batched = Vec::new();
+    for ops in ceiling::BATCH_SIZES {
+        step(&format!("ceiling: guarded transactions of {ops} ops"));
+        batched.push(
+            ceiling::batched_cas(
+                &raw,
+                phases::WRITERS,
+                ops,
+                Duration::from_secs(args.ceiling_seconds),
+            )
+            .await?,
+        );
+    }
     step("ceiling: put -> watch latency");
     let put_watch = ceiling::put_watch(&raw, 1000).await?;
     let ceiling = ceiling::Ceiling {
         cas_updates_per_s: cas,
         concurrency: phases::WRITERS,
+        batched_cas_ops_per_s: batched,
         put_watch_ms: put_watch,
     };
 

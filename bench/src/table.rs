@@ -13,6 +13,14 @@ pub(super) fn table(runs: &[Run]) -> String {
     row("ceiling: CAS updates/s (16 writers)", &|r| {
         format!("{:.0}", r.ceiling.cas_updates_per_s)
     });
+    row("ceiling: guarded txn ops/s (8 · 32 · 64 per txn)", &|r| {
+        r.ceiling
+            .batched_cas_ops_per_s
+            .iter()
+            .map(|b| format!("{:.0}", b.ops_per_s))
+            .collect::<Vec<_>>()
+            .join(" · ")
+    });
     row("ceiling: put->watch p50/p99", &|r| {
         r.ceiling.put_watch_ms.cell()
     });

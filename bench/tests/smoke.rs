@@ -75,6 +75,18 @@ fn a_small_run_reports_every_figure_on_both_stores() {
             "{r}"
         );
         assert_eq!(r["ceiling"]["put_watch_ms"]["n"], 1000, "{r}");
+        let batched = r["ceiling"]["batched_cas_ops_per_s"].as_array().unwrap();
+        let sizes: Vec<u64> = batched
+            .iter()
+            .map(|b| b["ops_per_txn"].as_u64().unwrap())
+            .collect();
+        assert_eq!(sizes, [8, 32, 64], "{r}");
+        assert!(
+            batched
+                .iter()
+                .all(|b| b["ops_per_s"].as_f64().unwrap() > 0.0),
+            "{r}"
+        );
         // Every stop was matched to its NodeUnpublish in the call logs.
         assert_eq!(r["reaction_idle_ms"]["n"], 10, "{r}");
         assert_eq!(r["reaction_burst_ms"]["n"], 24, "{r}");
