@@ -791,3 +791,69 @@ async fn a_snapshot_deleted_in_doubt_is_asked_again_on_its_schedule() {
     // Still owed: the snapshot keeps its finalizer until the plugin answers.
     assert!(c.store.try_get(&key).await.unwrap().is_some());
 }
+
+/// Defect (noticed moving node expansion into the plan): a claim published before its
+/// node was declared gone got NodeExpandVolume when the node came back, because the
+/// agent's fresh read of the declarations guarded only NodeStage and NodePublish. An
+/// expansion the controller asked for after the declaration would resize a volume the
+/// node no longer holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_after_a_force_detach_does_not_expand_the_volume() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let opts = PluginOpts {
+        extra: vec!["--node-expansion-required".into()],
+        ..Default::default()
+    };
+    let mut c = ready_cluster(2, opts).await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+
+    // n2 goes down and is declared gone for v1; then v1 is expanded.
+    c.node_mut("n2").agent.kill();
+    c.node_mut("n2").plugin.kill();
+    let (ok, out) = c.moorctl(&["volume", "detach", "v1", "--node", "n2"]);
+    assert!(ok, "{out}");
+    let key = Volume::key_for(&Namespace::default_ns(), "v1");
+    let v = c.store.get(&key).await.unwrap();
+    let mut bigger = v.clone();
+    bigger.spec.capacity_min = Some(Size(4 << 20));
+    c.store.update(&v, &bigger).await.unwrap();
+    c.wait("the claim to ask its node for the expansion", T, || async {
+        c.claim("a1", "n2")
+            .await
+            .is_some_and(|cl| cl.spec.node_expansion_bytes.is_some())
+    })
+    .await;
+
+    // n2 comes back: whatever it does for a1, it does not expand v1.
+    let back_at = std::time::SystemTime::now();
+    c.node_mut("n2").plugin.restart();
+    c.node_mut("n2").agent.restart();
+    let since_back = |c: &Cluster, rpc: &str| {
+        c.node("n2")
+            .calls()
+            .iter()
+            .filter(|x| x.rpc == rpc)
+            .filter(|x| humantime::parse_rfc3339(&x.time).is_ok_and(|t| t >= back_at))
+            .count()
+    };
+    c.wait("n2 to have reconciled a1", T, || async {
+        since_back(&c, "NodeExpandVolume") > 0
+            || c.store
+                .try_get(&Mount::key_for(
+                    &c.claim("a1", "n2").await.unwrap().object_key(),
+                ))
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|m| {
+                    m.status
+                        .meta
+                        .last_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("declared node n2 gone for volume v1"))
+                })
+    })
+    .await;
+    assert_eq!(since_back(&c, "NodeExpandVolume"), 0);
+}

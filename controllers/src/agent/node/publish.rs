@@ -131,19 +131,13 @@ impl Reconcile {
                 secrets: &secrets,
             },
         };
-        if steps.is_empty() {
+        if steps.is_empty() && expand == plan::Expand::No {
             // Adopted from an earlier run, or already done.
-            return match expand {
-                plan::Expand::Published(bytes) => {
-                    let volume_path = path_str(&paths.target_plugin);
-                    let r = self.ensure_expanded(&pass, bytes, &volume_path).await;
-                    self.after_expansion(key, claim, r).await
-                }
-                _ => Ok(()),
-            };
+            return Ok(());
         }
         // Read now, not from a cache: a node that comes back after an operator
-        // declared it gone for this volume must not act on a grant made before.
+        // declared it gone for this volume must not act on a grant made before (no
+        // stage, publish or expansion: the volume may be attached elsewhere by now).
         let (declarations, _) = self.r.store.declarations(&self.r.node).await?;
         if declarations.covers(claim) {
             let why = format!(
@@ -152,6 +146,17 @@ impl Reconcile {
             );
             self.sync_mount(key, claim, Some(why)).await?;
             return Ok(());
+        }
+        if steps.is_empty() {
+            // Published already: only the online expansion is owed.
+            return match expand {
+                plan::Expand::Published(bytes) => {
+                    let volume_path = path_str(&paths.target_plugin);
+                    let r = self.ensure_expanded(&pass, bytes, &volume_path).await;
+                    self.after_expansion(key, claim, r).await
+                }
+                _ => Ok(()),
+            };
         }
         let result = self.forward(&pass, &steps, expand).await;
         match result {
