@@ -113,6 +113,16 @@ pub(super) fn table(runs: &[Run]) -> String {
             )
         })
     });
+    row("scale: stored bytes per claim's objects", &|r| {
+        sc(r, |s| {
+            let kinds: Vec<String> = s
+                .stored_bytes_by_kind
+                .iter()
+                .map(|(k, b)| format!("{k} {b}"))
+                .collect();
+            format!("{} ({})", s.stored_bytes_per_set, kinds.join(", "))
+        })
+    });
     row("scale: list every claim", &|r| {
         sc(r, |s| format!("{:.2} s", s.list_claims_s))
     });

@@ -116,6 +116,13 @@ fn a_small_run_reports_every_figure_on_both_stores() {
         assert_eq!(scale["claims"], 300, "{r}");
         assert_eq!(scale["nodes"], 5, "{r}");
         assert_eq!(scale["agent_claims"], 60, "{r}");
+        // Every kind of claim 0's objects is weighed, and they add up.
+        let by_kind = scale["stored_bytes_by_kind"].as_object().unwrap();
+        for dir in ["volumes", "allocations", "claims", "mounts"] {
+            assert!(by_kind[dir].as_u64().unwrap() > 0, "{dir}: {r}");
+        }
+        let sum: u64 = by_kind.values().map(|b| b.as_u64().unwrap()).sum();
+        assert_eq!(scale["stored_bytes_per_set"].as_u64(), Some(sum), "{r}");
         assert!(
             scale["node_agent_by_cluster_claims"]["300"].is_object(),
             "{r}"

@@ -49,6 +49,11 @@ pub struct ScaleRun {
     pub seed_keys_per_s: f64,
     /// One typed list of every claim, as a client would do it.
     pub list_claims_s: f64,
+    /// Bytes etcd stores for one claim's objects as the system wrote them (claim 0's
+    /// Volume, Allocation, Claim, Mount and any Attachment; values only), by kind
+    /// directory and in all: what etcd's space quota is spent on per claim.
+    pub stored_bytes_by_kind: BTreeMap<String, usize>,
+    pub stored_bytes_per_set: usize,
     pub controller: Synced,
     /// The agent of `sn0000`, which also runs the plugin's controller side (so it
     /// caches every volume and attachment).
@@ -131,6 +136,7 @@ pub async fn run(
     // 2. The template and the copies, in two steps: the node-only agent is restarted
     // at 10,000 claims stored and again at the end.
     let templates = read_templates(&store).await?;
+    let stored_bytes_by_kind = templates.bytes_by_kind();
     let node_lease = store.grant_lease(Duration::from_secs(60)).await?;
     let keeper = {
         let mut keep = store.keep_alive(node_lease).await?;
@@ -217,6 +223,8 @@ pub async fn run(
         seeded_keys: seeded,
         seed_keys_per_s,
         list_claims_s,
+        stored_bytes_per_set: stored_bytes_by_kind.values().sum(),
+        stored_bytes_by_kind,
         controller: ctrl,
         controller_agent,
         node_agent,

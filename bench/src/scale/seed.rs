@@ -44,6 +44,18 @@ pub(super) struct Templates {
     uids: BTreeSet<String>,
 }
 
+impl Templates {
+    /// The bytes of the template objects' values, by kind directory.
+    pub(super) fn bytes_by_kind(&self) -> BTreeMap<String, usize> {
+        let mut by_kind = BTreeMap::new();
+        for t in &self.objects {
+            let dir = t.key.split('/').next().unwrap_or_default().to_string();
+            *by_kind.entry(dir).or_default() += t.value.len();
+        }
+        by_kind
+    }
+}
+
 pub(super) async fn read_templates(store: &Store) -> anyhow::Result<Templates> {
     let (v0, a0) = (
         format!("\"{}\"", volume_name(0)),
