@@ -39,39 +39,11 @@ pub struct BatchedCas {
 pub const BATCH_SIZES: [usize; 3] = [8, 32, 64];
 
 /// `concurrency` tasks each update their own key with a txn guarded by its
-/// mod_revision (as a reconciler writes), for `duration`.
+/// mod_revision (as a reconciler writes), for `duration`: [`batched_cas`] of one op.
 pub async fn cas(client: &Client, concurrency: usize, duration: Duration) -> anyhow::Result<f64> {
-    let start = Instant::now();
-    let tasks = (0..concurrency).map(|i| {
-        let mut c = client.clone();
-        async move {
-            let key = format!("/bench-ceiling/cas/{i}");
-            let mut rev = c
-                .put(key.clone(), "0", None)
-                .await?
-                .header()
-                .map_or(0, |h| h.revision());
-            let mut n = 0u64;
-            while start.elapsed() < duration {
-                let txn = Txn::new()
-                    .when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
-                    .and_then([TxnOp::put(key.clone(), n.to_string(), None)]);
-                let resp = c.txn(txn).await?;
-                anyhow::ensure!(
-                    resp.succeeded(),
-                    "CAS on {key} lost: only this task writes it"
-                );
-                rev = resp.header().map_or(0, |h| h.revision());
-                n += 1;
-            }
-            anyhow::Ok(n)
-        }
-    });
-    let mut total = 0;
-    for r in join_all(tasks).await {
-        total += r?;
-    }
-    Ok(total as f64 / start.elapsed().as_secs_f64())
+    Ok(batched_cas(client, concurrency, 1, duration)
+        .await?
+        .ops_per_s)
 }
 
 /// `concurrency` tasks each update their own `ops` keys in one transaction at a time,

@@ -116,7 +116,7 @@ async fn apply_any(ctx: &Ctx, obj: AnyObject, plaintext_ok: bool) -> anyhow::Res
         other => Err(Refused(format!(
             "{}: {} objects are written by moor itself; apply Volumes, Allocations and Snapshots",
             other.key(),
-            other.key().split('/').next().unwrap_or_default()
+            other.kind().dir()
         ))
         .into()),
     }

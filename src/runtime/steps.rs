@@ -93,9 +93,9 @@ impl Schedule {
     }
 }
 
-/// Whether a step may be tried now.
+/// Whether a step may be tried now (what [`Steps::begin`] asks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
+enum Gate {
     /// Go ahead.
     Go,
     /// Backing off: look again after this long.

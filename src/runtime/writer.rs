@@ -141,11 +141,6 @@ impl Writer {
             .note(key, written, |k| self.lookup(k).and_then(|l| l(k)));
     }
 
-    /// How many writes are recorded and not yet shown by their cache (as last pruned).
-    pub fn pending(&self) -> usize {
-        self.lock().writes.len()
-    }
-
     /// The object at `key` from `cache` when the cache holds this process's last
     /// write of it (or there is none), else as read from the store (`None` when gone).
     pub async fn fresh<S: Spec>(

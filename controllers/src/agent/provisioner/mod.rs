@@ -374,6 +374,7 @@ impl Provisioner {
                             st.provisioning.phase = VolumePhase::Failed;
                         }
                         failed.record(&mut st.provisioning.meta);
+                        // Shown with its cause's chain, as the event says it.
                         st.provisioning.meta.last_error = Some(msg.clone());
                         st.provisioning.meta.set_condition(
                             "Created",
