@@ -110,7 +110,11 @@ pub struct AllocationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit: Option<ClientExit>,
     /// The volumes it needs.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub volumes: Vec<VolumeRequest>,
 }
 

@@ -3,7 +3,6 @@
 //! Writer: the attacher (the agent hosting the volume's controller plugin).
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 use super::*;
 
@@ -81,8 +80,8 @@ pub struct AttachmentStatus {
     #[serde(default)]
     pub phase: AttachmentPhase,
     /// ControllerPublish's answer, passed to NodeStage and NodePublish.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub publish_context: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "StrMap::is_empty")]
+    pub publish_context: StrMap,
     /// A ControllerPublish timed out or was cut off: it may have taken effect, so
     /// ControllerUnpublish is still owed on release.
     #[serde(default)]

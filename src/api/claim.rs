@@ -6,7 +6,6 @@
 //! secrets stay on the Volume and are read from there.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 use super::*;
 
@@ -45,16 +44,16 @@ pub struct ClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_id: Option<ExternalVolumeId>,
     /// Volume context from CreateVolume or the volume's spec.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub volume_context: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "StrMap::is_empty")]
+    pub volume_context: StrMap,
     /// The secrets NodeStage and NodePublish carry, copied from the volume by the
     /// controller at admission and dropped when the claim is released: the node agent
     /// reads its node's claims, not volumes (see deploy/etcd/roles.sh).
     #[serde(default, skip_serializing_if = "Secrets::is_empty")]
     pub node_secrets: Secrets,
     /// ControllerPublish's publish_context, once attached.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub publish_context: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "StrMap::is_empty")]
+    pub publish_context: StrMap,
     /// Set by the controller once the claim is admitted (and attached, where the plugin
     /// needs ControllerPublish): the node may stage and publish it. Unset only when the
     /// attachment it stood on was force-detached (see `revoked`).

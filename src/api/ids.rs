@@ -6,7 +6,9 @@
 //! have their own types, so a moor id can never be sent where the plugin's id belongs.
 
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 /// Why a string is not a valid moor id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,22 +62,70 @@ pub fn check_opaque_id(s: &str) -> Result<(), IdError> {
     }
 }
 
+/// The ids every object repeats (its namespace, node, plugin, volume and allocation,
+/// each named again by the claim, mount and volume that refer to them), shared: a
+/// decoded id is looked up here and the copy already held is used. A value is
+/// dropped from the table once nothing else holds it (swept whenever the table has
+/// doubled since the last sweep), so the table holds about the ids alive.
+struct Interner {
+    ids: HashSet<Arc<str>>,
+    /// Entries after the last sweep.
+    kept: usize,
+}
+
+/// Ids longer than any valid one are not shared (they are errors to report).
+const INTERNED_MAX_LEN: usize = 128;
+
+static INTERNER: Mutex<Option<Interner>> = Mutex::new(None);
+
+/// The shared copy of `s`.
+fn intern(s: &str) -> Arc<str> {
+    if s.len() > INTERNED_MAX_LEN {
+        return Arc::from(s);
+    }
+    // The table is only ever whole; a panic elsewhere while it was held changes nothing.
+    let mut guard = INTERNER.lock().unwrap_or_else(|e| e.into_inner());
+    let table = guard.get_or_insert_with(|| Interner {
+        ids: HashSet::new(),
+        kept: 0,
+    });
+    if let Some(id) = table.ids.get(s) {
+        return id.clone();
+    }
+    let id: Arc<str> = Arc::from(s);
+    table.ids.insert(id.clone());
+    if table.ids.len() >= 2 * table.kept.max(1024) {
+        // An entry only this table holds is an id nothing uses any more; nobody else
+        // can take a copy of it meanwhile, as copies come from this table, under its lock.
+        table.ids.retain(|id| Arc::strong_count(id) > 1);
+        table.kept = table.ids.len();
+    }
+    id
+}
+
+/// How many ids the table holds (for tests).
+#[cfg(test)]
+fn interned() -> usize {
+    let guard = INTERNER.lock().unwrap_or_else(|e| e.into_inner());
+    guard.as_ref().map_or(0, |t| t.ids.len())
+}
+
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident, $check:path) => {
         $(#[$doc])*
         ///
         /// Deserialisation accepts any string so that validation can report every problem of
-        /// an object at once; `new` and `validate` apply the rule.
-        #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(transparent)]
-        pub struct $name(String);
+        /// an object at once; `new` and `validate` apply the rule. Equal ids share one
+        /// string (see `Interner`), so a clone is a reference count.
+        #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// Makes the id, checking the rule.
             pub fn new(s: impl Into<String>) -> Result<Self, IdError> {
                 let s = s.into();
                 $check(&s)?;
-                Ok(Self(s))
+                Ok(Self(intern(&s)))
             }
             /// Checks the rule on an id that came from deserialisation.
             pub fn validate(&self) -> Result<(), IdError> {
@@ -91,6 +141,18 @@ macro_rules! id_type {
             }
         }
 
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_str(IdVisitor).map(Self)
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
@@ -99,7 +161,7 @@ macro_rules! id_type {
 
         impl fmt::Debug for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}({:?})", stringify!($name), self.0)
+                write!(f, "{}({:?})", stringify!($name), &*self.0)
             }
         }
 
@@ -109,6 +171,19 @@ macro_rules! id_type {
             }
         }
     };
+}
+
+/// Reads an id's string straight into the shared table, without a copy of its own.
+struct IdVisitor;
+
+impl serde::de::Visitor<'_> for IdVisitor {
+    type Value = Arc<str>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Arc<str>, E> {
+        Ok(intern(v))
+    }
 }
 
 id_type!(
@@ -149,7 +224,7 @@ id_type!(
 impl Namespace {
     /// The namespace used when a manifest names none.
     pub fn default_ns() -> Self {
-        Self("default".to_string())
+        Self(intern("default"))
     }
 }
 
@@ -183,6 +258,29 @@ mod tests {
         assert!(ExternalVolumeId::new("projects/p/zones/z/disks/d:1").is_ok());
         assert_eq!(ExternalVolumeId::new(""), Err(IdError::Empty));
         assert_eq!(CsiNodeId::new("n\n1"), Err(IdError::BadChar('\n')));
+    }
+
+    #[test]
+    fn equal_ids_share_one_string_and_unused_ones_are_dropped() {
+        let a: VolumeId = serde_json::from_str("\"interned-shared\"").unwrap();
+        let b: NodeName = serde_json::from_str("\"interned-shared\"").unwrap();
+        let c = Name::new("interned-shared").unwrap();
+        assert!(std::ptr::eq(a.as_str(), b.as_str()));
+        assert!(std::ptr::eq(a.as_str(), c.as_str()));
+        // Ids made and dropped leave the table as it grows: it stays near what is held.
+        let held: Vec<Name> = (0..3000)
+            .map(|i| Name::new(format!("held-{i}")).unwrap())
+            .collect();
+        for i in 0..50_000 {
+            drop(Name::new(format!("dropped-{i}")).unwrap());
+        }
+        assert!(
+            interned() < 3 * (held.len() + 1024),
+            "{} ids kept",
+            interned()
+        );
+        assert_eq!(held[2999].as_str(), "held-2999");
+        assert_eq!(a.as_str(), "interned-shared");
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod quantity;
 mod secrets;
 mod snapshot;
 mod status;
+mod strmap;
 mod topology;
 mod validation;
 mod volume;
@@ -46,6 +47,7 @@ pub use quantity::*;
 pub use secrets::*;
 pub use snapshot::*;
 pub use status::*;
+pub use strmap::*;
 pub use topology::*;
 pub use validation::*;
 pub use volume::*;
@@ -171,7 +173,11 @@ pub struct ObjectMeta {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     /// Finalizers hold a deletion until their owners remove them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub finalizers: Vec<String>,
     /// Set when deletion was requested while finalizers remained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -183,12 +189,52 @@ pub struct ObjectMeta {
     pub trace: Option<String>,
 }
 
+/// Deserializes a list into a vector of exactly its length. Decoding grows a vector as
+/// it reads (a list of one gets room for four), and cached objects live long: a
+/// status's conditions, a volume's claims and an allocation's requests are mostly one
+/// or two entries, held for every object of a 100,000-object cache.
+pub(crate) fn tight_vec<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let mut v = Vec::<T>::deserialize(d)?;
+    v.shrink_to_fit();
+    Ok(v)
+}
+
 fn is_zero(n: &i64) -> bool {
     *n == 0
 }
 
-fn default_api_version() -> String {
-    API_VERSION.to_string()
+/// `apiVersion` and `kind`: every cached object carries both, so the values moor knows
+/// are borrowed from the binary instead of allocated per object.
+pub type Word = std::borrow::Cow<'static, str>;
+
+fn default_api_version() -> Word {
+    Word::Borrowed(API_VERSION)
+}
+
+/// Reads a [`Word`]: [`API_VERSION`] or a kind's name without allocating, anything else
+/// (which validation then reports) as read.
+fn word<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Word, D::Error> {
+    struct Visitor;
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = Word;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Word, E> {
+            if v == API_VERSION {
+                return Ok(Word::Borrowed(API_VERSION));
+            }
+            Ok(match Kind::ALL.iter().find(|k| k.name() == v) {
+                Some(k) => Word::Borrowed(k.name()),
+                None => Word::Owned(v.to_string()),
+            })
+        }
+    }
+    d.deserialize_str(Visitor)
 }
 
 /// A resource: `{apiVersion, kind, metadata, spec, status}`.
@@ -196,11 +242,15 @@ fn default_api_version() -> String {
 #[serde(bound = "")]
 pub struct Object<S: Spec> {
     /// Always `moor/v1`.
-    #[serde(rename = "apiVersion", default = "default_api_version")]
-    pub api_version: String,
+    #[serde(
+        rename = "apiVersion",
+        default = "default_api_version",
+        deserialize_with = "word"
+    )]
+    pub api_version: Word,
     /// The kind's name; filled in when empty.
-    #[serde(default)]
-    pub kind: String,
+    #[serde(default, deserialize_with = "word")]
+    pub kind: Word,
     /// Identity and bookkeeping.
     pub metadata: ObjectMeta,
     /// Desired state.
@@ -214,8 +264,8 @@ impl<S: Spec> Object<S> {
     /// A new object with an empty status; `namespace` is ignored for cluster-wide kinds.
     pub fn new(namespace: &Namespace, name: Name, spec: S) -> Self {
         let mut obj = Object {
-            api_version: API_VERSION.to_string(),
-            kind: S::KIND.to_string(),
+            api_version: Word::Borrowed(API_VERSION),
+            kind: Word::Borrowed(S::KIND),
             metadata: ObjectMeta {
                 name,
                 namespace: namespace.clone(),
@@ -231,10 +281,10 @@ impl<S: Spec> Object<S> {
     /// Fills what a manifest may leave out: kind, apiVersion, the `default` namespace.
     pub fn apply_defaults(&mut self) {
         if self.kind.is_empty() {
-            self.kind = S::KIND.to_string();
+            self.kind = Word::Borrowed(S::KIND);
         }
         if self.api_version.is_empty() {
-            self.api_version = API_VERSION.to_string();
+            self.api_version = Word::Borrowed(API_VERSION);
         }
         if S::NAMESPACED && self.metadata.namespace.is_empty() {
             self.metadata.namespace = Namespace::default_ns();

@@ -30,14 +30,18 @@ pub struct StatusMeta {
     #[serde(default)]
     pub observed_generation: i64,
     /// Observed conditions.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub conditions: Vec<Condition>,
     /// The last error met while reconciling, cleared on success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// The step that is failing and backing off, cleared on its success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry: Option<StepFailure>,
+    pub retry: Option<Box<StepFailure>>,
 }
 
 /// A failing step: what `moorctl describe` shows of an object that waits on a call.

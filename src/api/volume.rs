@@ -24,7 +24,7 @@ pub struct VolumeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_max: Option<Size>,
     /// The ways the volume may be used; a claim picks one.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::tight_vec")]
     pub capabilities: Vec<VolumeCapability>,
     /// Default mount options; a claim's request replaces them field by field.
     #[serde(default)]
@@ -47,7 +47,11 @@ pub struct VolumeSpec {
     pub topology_request: Option<TopologyRequest>,
     /// Where a registered volume is accessible from (empty: what ControllerGetVolume
     /// says, else everywhere).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub accessible_topology: Vec<Topology>,
     /// Parameters the plugin may change on a live volume: passed to CreateVolume, and
     /// a change on a ready volume calls ControllerModifyVolume (MODIFY_VOLUME).
@@ -318,10 +322,14 @@ pub struct ProvisioningStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_bytes: Option<u64>,
     /// Volume context the plugin returned.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub volume_context: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "StrMap::is_empty")]
+    pub volume_context: StrMap,
     /// Where the volume is accessible from; empty means everywhere.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub accessible_topology: Vec<Topology>,
     /// The mutable parameters the plugin last accepted (CreateVolume or
     /// ControllerModifyVolume).
@@ -361,13 +369,25 @@ pub struct VolumeClaimsStatus {
     #[serde(default)]
     pub schedulable: bool,
     /// Live read claims.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub read_claims: Vec<ClaimRef>,
     /// Live write claims.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub write_claims: Vec<ClaimRef>,
     /// Released claims, most recent last.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub past_claims: Vec<ClaimRef>,
     /// Generation, conditions, last error.
     #[serde(flatten)]

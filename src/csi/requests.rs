@@ -72,11 +72,11 @@ pub struct NodeVolume<'a> {
 pub fn node_stage(v: &NodeVolume, staging_target_path: &str) -> v1::NodeStageVolumeRequest {
     v1::NodeStageVolumeRequest {
         volume_id: v.volume_id.to_string(),
-        publish_context: v.claim.spec.publish_context.clone(),
+        publish_context: v.claim.spec.publish_context.clone().into(),
         staging_target_path: staging_target_path.to_string(),
         volume_capability: Some(v.capability.clone()),
         secrets: v.secrets.clone(),
-        volume_context: v.claim.spec.volume_context.clone(),
+        volume_context: v.claim.spec.volume_context.clone().into(),
     }
 }
 
@@ -89,13 +89,13 @@ pub fn node_publish(
 ) -> v1::NodePublishVolumeRequest {
     v1::NodePublishVolumeRequest {
         volume_id: v.volume_id.to_string(),
-        publish_context: v.claim.spec.publish_context.clone(),
+        publish_context: v.claim.spec.publish_context.clone().into(),
         staging_target_path: staging_target_path.unwrap_or_default().to_string(),
         target_path: target_path.to_string(),
         volume_capability: Some(v.capability.clone()),
         readonly: v.claim.spec.mode == ClaimMode::Read,
         secrets: v.secrets.clone(),
-        volume_context: v.claim.spec.volume_context.clone(),
+        volume_context: v.claim.spec.volume_context.clone().into(),
     }
 }
 

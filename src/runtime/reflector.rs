@@ -22,10 +22,50 @@ use crate::api::{Object, ObjectKey, Spec};
 pub type Index<K> = (&'static str, fn(&K) -> Vec<String>);
 
 /// One index's entries: value -> keys of the objects with it.
-type Entries = HashMap<String, BTreeSet<String>>;
+type Entries = HashMap<String, Keys>;
+
+/// The keys an index value holds. Most values of an index are one object's (a
+/// volume's claims, an object's own name), and a set of one would cost a whole B-tree
+/// node per value; keys are shared with the object map, not copied.
+#[derive(Debug)]
+enum Keys {
+    One(Arc<str>),
+    Many(BTreeSet<Arc<str>>),
+}
+
+impl Keys {
+    fn insert(&mut self, key: &Arc<str>) {
+        match self {
+            Keys::One(k) if k == key => {}
+            Keys::One(k) => *self = Keys::Many(BTreeSet::from([k.clone(), key.clone()])),
+            Keys::Many(set) => {
+                set.insert(key.clone());
+            }
+        }
+    }
+
+    /// Removes `key`; whether none are left.
+    fn remove(&mut self, key: &str) -> bool {
+        match self {
+            Keys::One(k) => &**k == key,
+            Keys::Many(set) => {
+                set.remove(key);
+                set.is_empty()
+            }
+        }
+    }
+
+    /// In key order.
+    fn iter(&self) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
+        match self {
+            Keys::One(k) => Box::new(std::iter::once(k)),
+            Keys::Many(set) => Box::new(set.iter()),
+        }
+    }
+}
 
 struct Cache<K> {
-    objects: HashMap<String, Arc<K>>,
+    objects: HashMap<Arc<str>, Arc<K>>,
     indexes: Vec<(Index<K>, Entries)>,
     /// Events applied so far: a snapshot taken at version V contains exactly the
     /// events numbered up to V.
@@ -38,12 +78,21 @@ struct Cache<K> {
 
 impl<K: Resource> Cache<K> {
     fn insert(&mut self, key: String, obj: Arc<K>) {
+        let key: Arc<str> = match self.objects.get_key_value(key.as_str()) {
+            Some((k, _)) => k.clone(),
+            None => key.into(),
+        };
         if let Some(old) = self.objects.insert(key.clone(), obj.clone()) {
             self.unindex(&key, &old);
         }
         for ((_, values_of), entries) in &mut self.indexes {
             for value in values_of(&obj) {
-                entries.entry(value).or_default().insert(key.clone());
+                match entries.get_mut(&value) {
+                    Some(keys) => keys.insert(&key),
+                    None => {
+                        entries.insert(value, Keys::One(key.clone()));
+                    }
+                }
             }
         }
     }
@@ -57,11 +106,8 @@ impl<K: Resource> Cache<K> {
     fn unindex(&mut self, key: &str, old: &K) {
         for ((_, values_of), entries) in &mut self.indexes {
             for value in values_of(old) {
-                if let Some(keys) = entries.get_mut(&value) {
-                    keys.remove(key);
-                    if keys.is_empty() {
-                        entries.remove(&value);
-                    }
+                if entries.get_mut(&value).is_some_and(|keys| keys.remove(key)) {
+                    entries.remove(&value);
                 }
             }
         }
@@ -179,7 +225,7 @@ impl<K: Resource> Store<K> {
 
     /// Every cached key.
     pub fn keys(&self) -> Vec<String> {
-        self.read().objects.keys().cloned().collect()
+        self.read().objects.keys().map(|k| k.to_string()).collect()
     }
 
     /// The objects whose index `name` holds `value`, in key order. An index the cache
@@ -193,7 +239,7 @@ impl<K: Resource> Store<K> {
         entries
             .get(value)
             .into_iter()
-            .flatten()
+            .flat_map(Keys::iter)
             .filter_map(|key| cache.objects.get(key).cloned())
             .collect()
     }

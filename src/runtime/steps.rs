@@ -211,7 +211,7 @@ impl Failed {
     /// Shows the failure on a status: the last error and the step's retry.
     pub fn record(&self, meta: &mut StatusMeta) {
         meta.last_error = Some(self.message());
-        meta.retry = Some(self.failure.clone());
+        meta.retry = Some(Box::new(self.failure.clone()));
     }
 }
 

@@ -151,13 +151,11 @@ pub fn watcher_with<S: Spec>(
 impl<S: Spec> Watcher<S> {
     async fn step(&mut self) {
         self.state = match std::mem::replace(&mut self.state, State::Empty) {
-            State::Empty => match self.store.list::<S>(&self.scope).await {
+            State::Empty => match self.store.list_shared::<S>(&self.scope).await {
                 Ok(list) => {
                     // The list first, then its malformed values: a reader marking
                     // those does so on the listed state.
-                    self.pending.push_back(Ok(Event::Restarted(
-                        list.items.into_iter().map(Arc::new).collect(),
-                    )));
+                    self.pending.push_back(Ok(Event::Restarted(list.items)));
                     self.pending.extend(
                         list.malformed
                             .into_iter()

@@ -163,7 +163,7 @@ impl Attacher {
                     .writer
                     .write_status(att, |st| {
                         st.phase = AttachmentPhase::Attached;
-                        st.publish_context = resp.publish_context.clone();
+                        st.publish_context = resp.publish_context.clone().into();
                         st.uncertain = false;
                         st.meta.clear_failure();
                         st.meta.set_condition("Attached", true, "Published", "");

@@ -60,7 +60,7 @@ impl Reconcile {
             meta: StatusMeta {
                 observed_generation: claim.metadata.generation,
                 last_error,
-                retry,
+                retry: retry.map(Box::new),
                 ..Default::default()
             },
         };

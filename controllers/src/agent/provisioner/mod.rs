@@ -340,7 +340,7 @@ impl Provisioner {
                         p.external_id = Some(ext.clone());
                         p.capacity_bytes =
                             (created.capacity_bytes > 0).then_some(created.capacity_bytes as u64);
-                        p.volume_context = created.volume_context.clone();
+                        p.volume_context = created.volume_context.clone().into();
                         p.accessible_topology = created
                             .accessible_topology
                             .iter()

@@ -19,7 +19,7 @@ pub(super) enum Attach {
 /// it stands on, whose version guards the write that grants it, so that a grant is
 /// never made from a stale view of the attachment.
 pub(super) struct Grant {
-    pub context: BTreeMap<String, String>,
+    pub context: StrMap,
     pub attachment: Option<Arc<Attachment>>,
 }
 

@@ -15,7 +15,6 @@ pub mod claim;
 pub use allocation::{liveness, Liveness};
 
 use moor::api::*;
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Where a claim stands on the controller-publish step, and what to do about it.
@@ -24,7 +23,7 @@ pub enum AttachPlan {
     /// The plugin needs no ControllerPublish, or the volume is attached in a way that
     /// covers the claim: the node may act, with this publish context, on the grant of
     /// this attachment (its uid; none when no ControllerPublish is needed).
-    Ready(BTreeMap<String, String>, Option<String>),
+    Ready(StrMap, Option<String>),
     /// The claim was let onto the node on an attachment that is gone, detaching, or
     /// replaced by another (a force-detach: the node was collected or an operator
     /// detached it): the node's permission is withdrawn before anything else happens,
@@ -101,7 +100,7 @@ pub fn attach(i: &AttachInputs) -> AttachPlan {
                 claim.spec.plugin_id
             ))
         }
-        Some(false) => return AttachPlan::Ready(BTreeMap::new(), None),
+        Some(false) => return AttachPlan::Ready(StrMap::new(), None),
         Some(true) => {}
     }
     // A grant stands only on the attachment it was given for, while that attachment is
@@ -413,7 +412,7 @@ mod tests {
         let p = plugin(Some(false));
         assert_eq!(
             attach(&inputs(&c, Some(&p), None, None)),
-            AttachPlan::Ready(BTreeMap::new(), None)
+            AttachPlan::Ready(StrMap::new(), None)
         );
     }
 
@@ -574,7 +573,7 @@ mod tests {
         let c = granted_on(None);
         assert_eq!(
             attach(&inputs(&c, Some(&p), None, None)),
-            AttachPlan::Ready(BTreeMap::new(), None)
+            AttachPlan::Ready(StrMap::new(), None)
         );
     }
 
