@@ -669,7 +669,84 @@ async fn a_malformed_value_is_named_and_its_single_writer_repairs_it(backend: Ba
     ));
 }
 
+/// Issue 27, group commit: 64 reconciles writing at once, each its own object, one of
+/// them from a stale read and two of them the same object from the same read. The
+/// writes go to etcd in fewer transactions than there are writes, and each keeps the
+/// meaning it has alone: the stale write and the second writer of the shared object
+/// are conflicts that change nothing, every other write lands at its own revision.
+async fn concurrent_writes_share_transactions_and_keep_their_own_answers(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    const N: usize = 64;
+    let mut read = Vec::new();
+    for i in 0..N {
+        read.push(store.create(&volume(&format!("g{i}"))).await.unwrap());
+    }
+    // g0 changes after it was read: the write from that read is stale.
+    let mut changed = read[0].clone();
+    changed.spec.capacity_max = Some(Size(1 << 30));
+    store.replace(&changed).await.unwrap();
+    let before = store
+        .list(&KeyScope::<VolumeSpec>::all())
+        .await
+        .unwrap()
+        .revision;
+    let write = |v: &Volume, gib: u64| {
+        let (store, mut v) = (store.clone(), v.clone());
+        v.spec.capacity_max = Some(Size(gib << 30));
+        tokio::spawn(async move { store.replace(&v).await })
+    };
+    let mut writes: Vec<_> = read.iter().map(|v| write(v, 5)).collect();
+    // A second writer of g1 from the same read.
+    writes.push(write(&read[1], 7));
+    let mut answers = Vec::new();
+    for w in writes {
+        answers.push(w.await.unwrap());
+    }
+    let after = store
+        .list(&KeyScope::<VolumeSpec>::all())
+        .await
+        .unwrap()
+        .revision;
+    assert!(
+        matches!(&answers[0], Err(StoreError::Conflict { key, .. }) if key == "volumes/default/g0"),
+        "the stale write: {:?}",
+        answers[0]
+    );
+    let g1: Vec<bool> = [1, N].iter().map(|i| answers[*i].is_ok()).collect();
+    assert_eq!(
+        g1.iter().filter(|ok| **ok).count(),
+        1,
+        "exactly one of g1's two writers lands: {:?} / {:?}",
+        answers[1],
+        answers[N]
+    );
+    for (i, answer) in answers.iter().enumerate().take(N).skip(2) {
+        let written = answer.as_ref().unwrap_or_else(|e| panic!("g{i}: {e}"));
+        let stored = store.get(&written.object_key()).await.unwrap();
+        assert_eq!(stored.spec.capacity_max, Some(Size(5 << 30)), "g{i}");
+        assert_eq!(
+            stored.metadata.resource_version, written.metadata.resource_version,
+            "g{i}: the revision returned is the one stored"
+        );
+    }
+    let stored_g0 = store.get(&read[0].object_key()).await.unwrap();
+    assert_eq!(
+        stored_g0.spec.capacity_max,
+        Some(Size(1 << 30)),
+        "g0 untouched"
+    );
+    // 63 writes landed; every etcd transaction that writes is one revision.
+    let txns = after - before;
+    assert!(
+        (txns as usize) < N - 1,
+        "{} writes landed in {txns} transactions: none was grouped",
+        N - 1
+    );
+}
+
 crate::both_stores!(
+    concurrent_writes_share_transactions_and_keep_their_own_answers,
     a_malformed_value_is_named_and_its_single_writer_repairs_it,
     a_burst_of_events_is_written_in_few_transactions,
     a_page_larger_than_grpc_s_message_limit_is_split,

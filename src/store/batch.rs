@@ -7,6 +7,7 @@
 
 use etcd_client::{Compare, CompareOp, PutOptions, TxnOp};
 
+use super::group::Write;
 use super::{Codec, LeaseId, Store, StoreError};
 use crate::api::{Object, Spec};
 
@@ -44,6 +45,8 @@ pub struct Batch {
     compares: Vec<Compare>,
     ops: Vec<TxnOp>,
     keys: Vec<Guard>,
+    /// Bytes of the values it puts.
+    bytes: usize,
 }
 
 impl Batch {
@@ -86,11 +89,9 @@ impl Batch {
             TxnOp::delete(full, None)
         } else {
             // An update keeps the key's lease (a Node lives under its agent's lease).
-            TxnOp::put(
-                full,
-                store.codec().encode(&obj)?,
-                Some(PutOptions::new().with_ignore_lease()),
-            )
+            let value = store.codec().encode(&obj)?;
+            self.bytes += value.len();
+            TxnOp::put(full, value, Some(PutOptions::new().with_ignore_lease()))
         });
         self.keys.push(Guard {
             key: obj.key(),
@@ -153,6 +154,7 @@ impl Batch {
             CompareOp::Equal,
             read_at,
         ));
+        self.bytes += value.len();
         self.ops.push(TxnOp::put(full, value, None));
         self.keys.push(Guard {
             key: key.to_string(),
@@ -194,8 +196,9 @@ impl Batch {
         self.compares
             .push(Compare::create_revision(full.clone(), CompareOp::Equal, 0));
         let options = lease.map(|l| PutOptions::new().with_lease(l.0));
-        self.ops
-            .push(TxnOp::put(full, store.codec().encode(&obj)?, options));
+        let value = store.codec().encode(&obj)?;
+        self.bytes += value.len();
+        self.ops.push(TxnOp::put(full, value, options));
         self.keys.push(Guard {
             key: obj.key(),
             expected: 0,
@@ -220,6 +223,7 @@ impl Batch {
             mut compares,
             ops,
             mut keys,
+            bytes,
         } = self;
         if ops.is_empty() {
             return Ok(0);
@@ -231,10 +235,14 @@ impl Batch {
                 .filter(|g| g.check.is_some())
                 .map(|g| store.full_key(&g.key))
                 .collect();
-            let found = match store
-                .guarded_txn_fetch(compares.clone(), ops.clone(), fetch)
-                .await?
-            {
+            let write = Write {
+                compares: compares.clone(),
+                ops: ops.clone(),
+                fetch,
+                keys: keys.iter().map(|g| store.full_key(&g.key)).collect(),
+                bytes,
+            };
+            let found = match store.commit_write(write).await? {
                 Ok(revision) => return Ok(revision),
                 Err(found) => found,
             };

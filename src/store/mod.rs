@@ -13,6 +13,7 @@ mod batch;
 mod codec;
 mod connect;
 mod error;
+mod group;
 mod lease;
 mod raw;
 mod seal;
@@ -91,6 +92,9 @@ pub struct Store {
     page_size: i64,
     fence: Option<Fence>,
     codec: Codec,
+    /// The committer its guarded writes go through (see [`group`]); `None` for the
+    /// committer's own handle.
+    group: Option<Arc<group::Group>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -123,6 +127,7 @@ impl Store {
             page_size: DEFAULT_PAGE_SIZE,
             fence: None,
             codec: Codec::default(),
+            group: Some(Arc::default()),
         }
     }
 
@@ -150,8 +155,10 @@ impl Store {
 
     /// The same store whose every write also requires `fence` to hold.
     pub fn fenced(&self, fence: Fence) -> Store {
+        // Its writes carry another guard: a committer of their own.
         Store {
             fence: Some(fence),
+            group: Some(Arc::default()),
             ..self.clone()
         }
     }

@@ -4,6 +4,7 @@
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 
+use super::group::{Outcome, Write};
 use super::*;
 
 impl Store {
@@ -33,13 +34,15 @@ impl Store {
         let key = obj.key();
         let full = self.full_key(&key);
         let compare = Compare::mod_revision(full.clone(), CompareOp::Equal, revision);
+        let value = self.codec.encode(&obj)?;
+        let bytes = value.len();
         // An update keeps the key's lease (a Node object lives under its agent's lease).
         let op = TxnOp::put(
-            full,
-            self.codec.encode(&obj)?,
+            full.clone(),
+            value,
             Some(PutOptions::new().with_ignore_lease()),
         );
-        match self.guarded_txn(compare, op).await? {
+        match self.guarded(Write::one(full, compare, op, bytes)).await? {
             Ok(new_revision) => {
                 obj.metadata.resource_version = new_revision;
                 Ok(obj)
@@ -55,8 +58,8 @@ impl Store {
     pub(super) async fn delete_at(&self, key: &str, revision: i64) -> Result<i64, StoreError> {
         let full = self.full_key(key);
         let compare = Compare::mod_revision(full.clone(), CompareOp::Equal, revision);
-        let op = TxnOp::delete(full, None);
-        match self.guarded_txn(compare, op).await? {
+        let op = TxnOp::delete(full.clone(), None);
+        match self.guarded(Write::one(full, compare, op, 0)).await? {
             Ok(deleted_at) => Ok(deleted_at),
             Err(_) => Err(StoreError::Conflict {
                 key: key.to_string(),
@@ -75,40 +78,29 @@ impl Store {
         lease: Option<LeaseId>,
     ) -> Result<Result<i64, ()>, StoreError> {
         let opts = lease.map(|l| PutOptions::new().with_lease(l.0));
-        self.guarded_txn(compare, TxnOp::put(key, value, opts))
+        let bytes = value.len();
+        let op = TxnOp::put(key, value, opts);
+        self.guarded(Write::one(key.to_string(), compare, op, bytes))
             .await
     }
 
-    /// Runs `op` if `compare` and the fence hold; tells a lost fence apart from a failed
-    /// compare by reading the fence key in the else branch.
-    pub(super) async fn guarded_txn(
-        &self,
-        compare: Compare,
-        op: TxnOp,
-    ) -> Result<Result<i64, ()>, StoreError> {
-        self.guarded_txn_all(vec![compare], vec![op]).await
+    /// Runs a write of one guarded key through the committer; `Ok(Err(()))` means its
+    /// compare failed.
+    async fn guarded(&self, write: Write) -> Result<Result<i64, ()>, StoreError> {
+        Ok(self.commit_write(write).await?.map_err(|_| ()))
     }
 
-    /// Runs every op if every compare and the fence hold, as one transaction.
-    pub(super) async fn guarded_txn_all(
-        &self,
-        compares: Vec<Compare>,
-        ops: Vec<TxnOp>,
-    ) -> Result<Result<i64, ()>, StoreError> {
-        Ok(self
-            .guarded_txn_fetch(compares, ops, Vec::new())
-            .await?
-            .map_err(|_| ()))
-    }
-
-    /// [`Store::guarded_txn_all`] that, when a compare fails, returns what is stored at
-    /// each of `fetch` (full keys): `(full key, value, mod_revision)`.
-    pub(super) async fn guarded_txn_fetch(
-        &self,
-        mut compares: Vec<Compare>,
-        ops: Vec<TxnOp>,
-        fetch: Vec<String>,
-    ) -> Result<Result<i64, Vec<(String, Vec<u8>, i64)>>, StoreError> {
+    /// Runs every op of `write` if every compare and the fence hold, as one
+    /// transaction, now; when a compare fails, returns what is stored at each of its
+    /// `fetch` keys: `(full key, value, mod_revision)`. A lost fence is told apart
+    /// from a failed compare by reading the fence key in the else branch.
+    pub(super) async fn txn_now(&self, write: Write) -> Outcome {
+        let Write {
+            mut compares,
+            ops,
+            fetch,
+            ..
+        } = write;
         let mut otherwise: Vec<TxnOp> = fetch.into_iter().map(|k| TxnOp::get(k, None)).collect();
         if let Some(fence) = &self.fence {
             compares.push(Compare::create_revision(
