@@ -67,7 +67,7 @@ pub struct VolumeRequest {
     #[serde(default)]
     pub volume: VolumeId,
     /// Mount read-only: a read claim.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
     /// The access mode to claim with; the volume's when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,7 +79,7 @@ pub struct VolumeRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount_options: Option<MountOptions>,
     /// Each allocation gets its own volume, named after the allocation.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub per_alloc: bool,
 }
 

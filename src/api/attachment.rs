@@ -27,7 +27,7 @@ pub struct AttachmentSpec {
     /// The capability to publish with.
     pub capability: VolumeCapability,
     /// Publish read-only.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
     /// Set when no live claim remains on the node: ControllerUnpublish, then delete.
     #[serde(default)]

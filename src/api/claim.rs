@@ -38,7 +38,7 @@ pub struct ClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attachment_mode: Option<AttachmentMode>,
     /// Merged mount options (the request's replace the volume's).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "MountOptions::is_empty")]
     pub mount_options: MountOptions,
     /// The plugin's id of the volume, once known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -57,7 +57,7 @@ pub struct ClaimSpec {
     /// Set by the controller once the claim is admitted (and attached, where the plugin
     /// needs ControllerPublish): the node may stage and publish it. Unset only when the
     /// attachment it stood on was force-detached (see `revoked`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub publish: bool,
     /// The uid of the Attachment whose Attached state granted `publish` (none when the
     /// plugin needs no ControllerPublish). The node acts only on a grant for the
@@ -77,7 +77,7 @@ pub struct ClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_expansion_bytes: Option<u64>,
     /// Set by the controller when the allocation no longer needs the volume.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub release: bool,
     /// The volume's generation when the claim was admitted, or when a force-detach
     /// withdrew its grant (an operator's force detach applies only to claims admitted,
@@ -246,5 +246,40 @@ mod tests {
             AccessMode::SingleNodeWriter
         );
         assert_eq!(old.capability(&VolumeSpec::default()), None);
+    }
+
+    #[test]
+    fn defaults_are_not_stored_and_read_back_as_defaults() {
+        let claim = Claim::new(
+            &Namespace::default_ns(),
+            Name::new("a.data").unwrap(),
+            ClaimSpec::default(),
+        );
+        let mount = Mount::new(
+            &Namespace::default_ns(),
+            Name::new("a.data").unwrap(),
+            MountSpec::default(),
+        );
+        let json = serde_json::to_string(&claim).unwrap() + &serde_json::to_string(&mount).unwrap();
+        for absent in [
+            "\"publish\"",
+            "\"release\"",
+            "mount_options",
+            "\"staged\"",
+            "\"published\"",
+            "uncertain",
+            "\"released\"",
+            "observed_generation",
+        ] {
+            assert!(!json.contains(absent), "{absent} written: {json}");
+        }
+        let back: Claim = serde_json::from_str(&serde_json::to_string(&claim).unwrap()).unwrap();
+        assert_eq!(back, claim);
+        let mut set = mount.clone();
+        set.status.published = true;
+        set.status.meta.observed_generation = 2;
+        let json = serde_json::to_string(&set).unwrap();
+        assert!(json.contains("\"published\":true") && json.contains("\"observed_generation\":2"));
+        assert_eq!(serde_json::from_str::<Mount>(&json).unwrap(), set);
     }
 }

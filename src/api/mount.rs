@@ -64,16 +64,16 @@ impl Spec for MountSpec {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MountStatus {
     /// NodeStage succeeded (or may have: see `stage_uncertain`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub staged: bool,
     /// NodeStage timed out or was cut off; NodeUnstage is owed on release.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stage_uncertain: bool,
     /// NodePublish succeeded.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub published: bool,
     /// NodePublish timed out or was cut off; NodeUnpublish is owed on release.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub publish_uncertain: bool,
     /// NodeGetVolumeStats' usage (refreshed every `--volume-stats-interval`, written
     /// when it moved by 1% or more).
@@ -87,7 +87,7 @@ pub struct MountStatus {
     pub expanded_bytes: Option<u64>,
     /// The claim was released and everything it used on the node torn down: the
     /// controller may detach. Once set, the agent never mounts for this claim again.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub released: bool,
     /// Generation, conditions, last error.
     #[serde(flatten)]

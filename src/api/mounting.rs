@@ -59,6 +59,11 @@ pub struct MountOptions {
 }
 
 impl MountOptions {
+    /// Whether nothing is set (not written to the store).
+    pub fn is_empty(&self) -> bool {
+        self.fs_type.is_none() && self.mount_flags.is_empty() && self.mount_group.is_none()
+    }
+
     /// Checks the mount group: 1-64 of `[A-Za-z0-9._-]` (a group id or name).
     pub fn check(&self) -> Result<(), String> {
         match &self.mount_group {

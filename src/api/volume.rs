@@ -27,7 +27,7 @@ pub struct VolumeSpec {
     #[serde(default, deserialize_with = "crate::api::tight_vec")]
     pub capabilities: Vec<VolumeCapability>,
     /// Default mount options; a claim's request replaces them field by field.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "MountOptions::is_empty")]
     pub mount_options: MountOptions,
     /// Plugin parameters for CreateVolume (and ValidateVolumeCapabilities when
     /// registering).
@@ -366,7 +366,7 @@ pub struct ClaimRef {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct VolumeClaimsStatus {
     /// Whether a new claim could be placed (plugin healthy, volume ready).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub schedulable: bool,
     /// Live read claims.
     #[serde(
