@@ -60,6 +60,28 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
     if opts.publish_unpublish {
         let att = c.attachment("v1", "n2").await.expect("attachment");
         assert_eq!(att.status.phase, AttachmentPhase::Attached);
+        // Issue 27: the attachment is created by the admission's own transaction.
+        let mut raw = c.store.client();
+        let created_at = raw
+            .get(c.store.full_key(&att.key()), None)
+            .await
+            .unwrap()
+            .kvs()[0]
+            .create_revision();
+        let claim_key = c.store.full_key(&claim.key());
+        let then = raw
+            .get(
+                claim_key,
+                Some(etcd_client::GetOptions::new().with_revision(created_at)),
+            )
+            .await
+            .unwrap();
+        let admitted: Claim = serde_json::from_slice(then.kvs()[0].value()).unwrap();
+        assert_eq!(
+            (then.kvs()[0].mod_revision(), admitted.status.phase),
+            (created_at, ClaimPhase::Admitted),
+            "the claim as of the attachment's creation"
+        );
         assert_eq!(
             att.spec.csi_node_id.as_str(),
             "csi-n2",

@@ -35,6 +35,8 @@ struct Guard {
     repairs: bool,
     /// The update deletes the object (it removed the last finalizer of a deletion).
     deletes: bool,
+    /// The batch creates the object.
+    creates: bool,
 }
 
 /// Writes to commit at once with [`Batch::commit`]. Each is guarded by the version
@@ -99,15 +101,16 @@ impl Batch {
             check: Some(check_as::<S>),
             repairs: true,
             deletes,
+            creates: false,
         });
         Ok(obj)
     }
 
-    /// The objects the batch writes (by key), and whether it deletes each.
+    /// The objects the batch writes or creates (by key), and whether it deletes each.
     pub fn written(&self) -> Vec<(String, bool)> {
         self.keys
             .iter()
-            .filter(|g| g.repairs)
+            .filter(|g| g.repairs || g.creates)
             .map(|g| (g.key.clone(), g.deletes))
             .collect()
     }
@@ -127,6 +130,7 @@ impl Batch {
             check: Some(check_as::<S>),
             repairs: false,
             deletes: false,
+            creates: false,
         });
     }
 
@@ -142,6 +146,7 @@ impl Batch {
             check: None,
             repairs: false,
             deletes: false,
+            creates: false,
         });
     }
 
@@ -162,6 +167,7 @@ impl Batch {
             check: None,
             repairs: false,
             deletes: false,
+            creates: false,
         });
     }
 
@@ -205,6 +211,7 @@ impl Batch {
             check: None,
             repairs: false,
             deletes: false,
+            creates: true,
         });
         Ok(obj)
     }

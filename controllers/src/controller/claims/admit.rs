@@ -39,7 +39,8 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         .meta
         .set_condition("Admitted", true, "Admitted", "");
     // The next step in the same write: the node let act when the attachment is ready
-    // or not needed, else the attachment asked for once the admission is recorded.
+    // or not needed, else the attachment asked for (created in the admission's own
+    // transaction, so an attachment never exists for a claim that was not admitted).
     let (state, todo) = attachment_state(ctx, &c).await?;
     let mut guard = None;
     match state {
@@ -51,6 +52,11 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
             guard = grant.attachment;
         }
     }
+    // The attachment the admission asks for is created in the same transaction.
+    let create = match &todo {
+        Some(AttachTodo::Create(att)) => Some(&**att),
+        _ => None,
+    };
     let recorded = with_volume(
         ctx,
         claim,
@@ -75,10 +81,11 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         },
         c,
         guard.as_deref(),
+        create,
     )
     .await;
-    match recorded {
-        Ok(Ok(())) => {}
+    let created = match recorded {
+        Ok(Ok(created)) => created,
         Ok(Err(Refusal::Deny(denied))) => return refuse(ctx, claim, Verdict::Deny(denied)).await,
         // The volume changed since the cache showed it: decide again on the new one.
         Ok(Err(Refusal::Stale)) => return Ok(Action::Requeue(Duration::from_millis(50))),
@@ -91,8 +98,9 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
             .await
         }
         Err(e) => return Err(e),
-    }
+    };
     match todo {
+        Some(AttachTodo::Create(_)) if created => {}
         Some(AttachTodo::Create(att)) => create_attachment(ctx, &att).await?,
         // Re-planned from the claim as now stored.
         Some(AttachTodo::Replace(_)) => return Ok(Action::Requeue(Duration::ZERO)),

@@ -221,10 +221,14 @@ async fn write_with<S: Spec>(
     claim: &Claim,
     next_claim: Claim,
     guard: Option<&Attachment>,
+    create: Option<&Attachment>,
 ) -> Result<(), StoreError> {
     let mut batch = Batch::default();
     if let Some(g) = guard {
         batch.unchanged(ctx.writer.store(), g);
+    }
+    if let Some(att) = create {
+        batch.create(ctx.writer.store(), att)?;
     }
     if let Some(n) = next {
         batch.update(ctx.writer.store(), read, n)?;
@@ -260,14 +264,17 @@ async fn write_guarded<S: Spec>(
 /// transaction against the cached volume, guarded by its version and the claim's (and
 /// `guard`'s, the attachment a grant in `next` rests on); if either changed since (the
 /// provisioner writes its own section of the volume), the volume through a fresh
-/// read-modify-write, then the claim.
+/// read-modify-write, then the claim. `create` (the attachment an admission asks for)
+/// is created in the same transaction; `Ok(Ok(true))` says it was (on the fallback it
+/// is not, and the caller creates it).
 async fn with_volume<E>(
     ctx: &Ctx,
     claim: &Claim,
     mut f: impl FnMut(&Volume, &mut VolumeStatus) -> Result<bool, E>,
     next: Claim,
     guard: Option<&Attachment>,
-) -> Result<Result<(), E>, StoreError> {
+    create: Option<&Attachment>,
+) -> Result<Result<bool, E>, StoreError> {
     let ns = &claim.metadata.namespace;
     let key = Volume::key_for(ns, &claim.spec.volume);
     if let Some(read) = ctx.writer.fresh(&ctx.volumes, &key).await? {
@@ -276,8 +283,8 @@ async fn with_volume<E>(
             return Ok(Err(e));
         }
         let changed = (volume.status != read.status).then_some(&volume);
-        match write_with(ctx, &read, changed, claim, next.clone(), guard).await {
-            Ok(()) => return Ok(Ok(())),
+        match write_with(ctx, &read, changed, claim, next.clone(), guard, create).await {
+            Ok(()) => return Ok(Ok(create.is_some())),
             Err(StoreError::Conflict { .. }) => {}
             Err(e) => return Err(e),
         }
@@ -301,7 +308,7 @@ async fn with_volume<E>(
             None => write(ctx, claim, next).await?,
         }
     }
-    Ok(verdict)
+    Ok(verdict.map(|()| false))
 }
 
 /// Writes the claim's status if `f` changes it.

@@ -182,6 +182,7 @@ pub(super) async fn release(
         },
         released.clone(),
         None,
+        None,
     )
     .await;
     match dropped {
