@@ -7,8 +7,15 @@ import json
 import statistics
 import sys
 
+def batched(r, ops):
+    """The ceiling's ops/s for guarded transactions of `ops` operations."""
+    return next(b["ops_per_s"] for b in r["ceiling"]["batched_cas_ops_per_s"] if b["ops_per_txn"] == ops)
+
+
 FIGURES = [
     ("ceiling: CAS updates/s", lambda r: r["ceiling"]["cas_updates_per_s"], "{:.0f}"),
+    ("ceiling: guarded txn of 8 ops, ops/s", lambda r: batched(r, 8), "{:.0f}"),
+    ("ceiling: guarded txn of 64 ops, ops/s", lambda r: batched(r, 64), "{:.0f}"),
     ("claims/s published", lambda r: r["claims_per_s_publish"], "{:.0f}"),
     ("claims/s released", lambda r: r["claims_per_s_release"], "{:.0f}"),
     ("published per 1,000 CAS/s", lambda r: 1000 * r["claims_per_s_publish"] / r["ceiling"]["cas_updates_per_s"], "{:.1f}"),
@@ -37,6 +44,7 @@ FIGURES = [
     ("CPU ms per detach: plugins", lambda r: r["attach"]["cpu_ms_per_claim_detach"]["plugins"], "{:.2f}"),
     ("restart: controller acts again after s", lambda r: r["restart"]["controller_back_s"], "{:.2f}"),
     ("restart: CSI publish calls repeated", lambda r: r["restart"]["repeated_calls"], "{:.0f}"),
+    ("scale: stored bytes per claim's objects", lambda r: r["scale"]["stored_bytes_per_set"], "{:.0f}"),
 ]
 SCALE = [
     ("controller", "synced_s", "{:.1f}"),
