@@ -328,7 +328,84 @@ async fn an_informer_s_deletions_carry_the_last_state_from_its_cache(backend: Ba
     stop.cancel();
 }
 
+async fn informed(
+    sub: &mut (impl Stream<Item = Result<Event<Volume>, moor::runtime::informer::InformerError>>
+              + Unpin),
+) -> Event<Volume> {
+    tokio::time::timeout(Duration::from_secs(30), sub.next())
+        .await
+        .expect("an event within 30 s")
+        .expect("the stream goes on")
+        .expect("informers yield no errors")
+}
+
+/// Issue 27: a plugin's controller-node agent caches only its plugin's volumes. The
+/// filtered informer lists and passes on only what it keeps; another plugin's changes
+/// never reach a subscriber; a volume edited onto another plugin leaves as a deletion.
+async fn a_filtered_informer_caches_and_passes_on_only_what_it_keeps(backend: Backend) {
+    use moor::runtime::informer::Informer;
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    let on = |name: &str, plugin: &str| {
+        let mut v = volume(name);
+        v.spec.plugin_id = PluginId::new(plugin).unwrap();
+        v
+    };
+    store.create(&on("a1", "a.example")).await.unwrap();
+    let b1 = store.create(&on("b1", "b.example")).await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let informer = Informer::<Volume>::spawn_filtered(
+        store.clone(),
+        KeyScope::all(),
+        std::sync::Arc::new(|v: &Volume| v.spec.plugin_id.as_str() == "a.example"),
+        stop.clone(),
+    );
+    let mut sub = Box::pin(informer.subscribe());
+    match informed(&mut sub).await {
+        Event::Restarted(all) => assert_eq!(names(&all), ["a1"]),
+        other => panic!("expected the cache first, got {other:?}"),
+    }
+    // b's volume changes, then a2 is created: the first event seen is a2's.
+    let mut b1_next = b1.clone();
+    b1_next.spec.capacity_max = Some(Size(2 << 30));
+    store.replace(&b1_next).await.unwrap();
+    store.create(&on("b2", "b.example")).await.unwrap();
+    store.create(&on("a2", "a.example")).await.unwrap();
+    assert_eq!(
+        applied_name(&informed(&mut sub).await).as_deref(),
+        Some("a2")
+    );
+    let reader = informer.reader();
+    let mut cached = reader.keys();
+    cached.sort();
+    assert_eq!(cached, ["volumes/default/a1", "volumes/default/a2"]);
+    // a1 moved onto plugin b: gone from this cache, with its last state.
+    store
+        .modify_spec(
+            &Volume::key_for(&Namespace::default_ns(), "a1"),
+            |v: &mut VolumeSpec| {
+                v.plugin_id = PluginId::new("b.example").unwrap();
+                true
+            },
+        )
+        .await
+        .unwrap();
+    match informed(&mut sub).await {
+        Event::Deleted { key, last } => {
+            assert_eq!(key, "volumes/default/a1");
+            assert_eq!(
+                last.expect("its last state").spec.plugin_id.as_str(),
+                "b.example"
+            );
+        }
+        other => panic!("expected a1 to leave, got {other:?}"),
+    }
+    assert_eq!(reader.keys(), ["volumes/default/a2"]);
+    stop.cancel();
+}
+
 crate::both_stores!(
+    a_filtered_informer_caches_and_passes_on_only_what_it_keeps,
     an_informer_s_deletions_carry_the_last_state_from_its_cache,
     lists_then_streams_changes_in_order,
     resumes_after_etcd_is_killed_and_restarted_missing_nothing,

@@ -64,6 +64,30 @@ impl<S: Spec> Informer<Object<S>> {
         indexes: &[reflector::Index<Object<S>>],
         shutdown: CancellationToken,
     ) -> Self {
+        Self::spawn_with(store, scope, indexes, None, shutdown)
+    }
+
+    /// [`Informer::spawn`] that caches and passes on only the objects `keep` holds for
+    /// (the volumes of one plugin): the others are decoded, then dropped. An object
+    /// that stops being kept is a deletion to the cache and the subscribers, so a
+    /// filter must be one no object leaves while it matters to them (a volume's
+    /// plugin, which the reconcilers already treat as "not ours" when it differs).
+    pub fn spawn_filtered(
+        store: store::Store,
+        scope: KeyScope<S>,
+        keep: Keep<Object<S>>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self::spawn_with(store, scope, &[], Some(keep), shutdown)
+    }
+
+    fn spawn_with(
+        store: store::Store,
+        scope: KeyScope<S>,
+        indexes: &[reflector::Index<Object<S>>],
+        keep: Option<Keep<Object<S>>>,
+        shutdown: CancellationToken,
+    ) -> Self {
         let (reader, mut writer) = reflector::indexed_store::<Object<S>>(indexes);
         let (tx, _) = broadcast::channel(CAPACITY);
         let informer = Informer {
@@ -95,6 +119,15 @@ impl<S: Spec> Informer<Object<S>> {
                 let item = tokio::select! {
                     _ = shutdown.cancelled() => return,
                     item = events.next() => item,
+                };
+                let item = match (item, &keep) {
+                    (Some(Ok(event)), Some(keep)) => {
+                        match kept(event, &**keep, |key| cache.get(key).is_some()) {
+                            Some(event) => Some(Ok(event)),
+                            None => continue,
+                        }
+                    }
+                    (item, _) => item,
                 };
                 match item {
                     None => return,
@@ -166,6 +199,33 @@ impl<K: Resource> Informer<K> {
                 }
             },
         )
+    }
+}
+
+/// Which objects a filtered informer keeps (see [`Informer::spawn_filtered`]).
+pub type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
+
+/// `event` as a cache keeping only what `keep` holds for sees it; `cached` says
+/// whether a key is in that cache. `None`: nothing to pass on.
+fn kept<K: Resource>(
+    event: Event<K>,
+    keep: &(dyn Fn(&K) -> bool + Send + Sync),
+    cached: impl Fn(&str) -> bool,
+) -> Option<Event<K>> {
+    match event {
+        Event::Restarted(all) => Some(Event::Restarted(
+            all.into_iter().filter(|o| keep(o)).collect(),
+        )),
+        Event::Applied(obj) if keep(&obj) => Some(Event::Applied(obj)),
+        // It was kept and is no more: gone, as far as this cache is concerned.
+        Event::Applied(obj) => {
+            let key = obj.key();
+            cached(&key).then_some(Event::Deleted {
+                key,
+                last: Some(obj),
+            })
+        }
+        Event::Deleted { key, last } => cached(&key).then_some(Event::Deleted { key, last }),
     }
 }
 
@@ -265,5 +325,44 @@ mod tests {
             Some(Ok(Event::Restarted(objs))) => assert_eq!(objs.len(), 4),
             other => panic!("expected a resync, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_filtered_cache_sees_only_what_it_keeps_and_loses_what_stops_matching() {
+        let keep = |o: &Obj| o.0.starts_with('a');
+        let none = |_: &str| false;
+        let all = |_: &str| true;
+        match kept(
+            Event::restarted(vec![Obj("a1"), Obj("b1"), Obj("a2")]),
+            &keep,
+            none,
+        ) {
+            Some(Event::Restarted(objs)) => {
+                assert_eq!(objs, vec![Arc::new(Obj("a1")), Arc::new(Obj("a2"))])
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            kept(Event::applied(Obj("a3")), &keep, none),
+            Some(Event::Applied(_))
+        ));
+        // Never kept: nothing to say.
+        assert!(kept(Event::applied(Obj("b2")), &keep, none).is_none());
+        let gone = || Event::Deleted {
+            key: "b2".to_string(),
+            last: None,
+        };
+        assert!(kept(gone(), &keep, none).is_none());
+        // Kept before (in the cache) and no more: a deletion, with its last state.
+        match kept(Event::applied(Obj("b2")), &keep, all) {
+            Some(Event::Deleted { key, last }) => {
+                assert_eq!((key.as_str(), last), ("b2", Some(Arc::new(Obj("b2")))))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            kept(gone(), &keep, all),
+            Some(Event::Deleted { .. })
+        ));
     }
 }

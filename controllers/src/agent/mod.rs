@@ -365,7 +365,18 @@ impl ControllerPluginCtx {
     async fn run(mut self, metrics: Metrics, stop: CancellationToken) {
         use moor::runtime::informer::Informer;
         tracing::info!(plugin = %self.plugin.id, "leading the controller plugin");
-        let volumes = Informer::<Volume>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
+        // Only this plugin's volumes (a cluster of several plugins caches each
+        // plugin's share in its own agent): the provisioner, snapshotter, survey and
+        // attacher treat another plugin's volume exactly as an absent one (they skip
+        // it), so a volume edited onto another plugin, which leaves this cache as a
+        // deletion, is seen as before.
+        let plugin = self.plugin.id.clone();
+        let volumes = Informer::<Volume>::spawn_filtered(
+            self.reads.clone(),
+            KeyScope::all(),
+            Arc::new(move |v: &Volume| v.spec.plugin_id == plugin),
+            stop.clone(),
+        );
         let attachments =
             Informer::<Attachment>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
         let snapshots =
