@@ -23,15 +23,11 @@ pub struct Condition {
     pub last_transition_time: Timestamp,
 }
 
-fn is_zero(n: &i64) -> bool {
-    *n == 0
-}
-
 /// The fields every status section carries.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusMeta {
     /// The `metadata.generation` this status was computed from.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::api::is_zero")]
     pub observed_generation: i64,
     /// Observed conditions.
     #[serde(

@@ -51,6 +51,11 @@ pub(super) struct Write {
 }
 
 impl Write {
+    /// What the write counts against [`MAX_OPS`]: the longer of its branches.
+    fn size(&self) -> usize {
+        self.ops.len().max(self.compares.len())
+    }
+
     /// A write of one operation guarded by one compare on `key`.
     pub fn one(key: String, compare: Compare, op: TxnOp, bytes: usize) -> Write {
         Write {
@@ -163,15 +168,16 @@ impl Batch {
     }
 
     fn fits(&self, w: &Write) -> bool {
-        self.ops + w.ops.len().max(w.compares.len()) <= MAX_OPS
+        self.ops + w.size() <= MAX_OPS
             && self.bytes + w.bytes <= MAX_BYTES
             && !w.keys.iter().any(|k| self.keys.contains(k))
     }
 
-    fn push(&mut self, p: Pending) {
-        self.ops += p.write.ops.len().max(p.write.compares.len());
+    fn push(&mut self, mut p: Pending) {
+        self.ops += p.write.size();
         self.bytes += p.write.bytes;
-        self.keys.extend(p.write.keys.iter().cloned());
+        // The keys serve only to keep a batch free of repeats: moved, not copied.
+        self.keys.extend(std::mem::take(&mut p.write.keys));
         self.writes.push(p);
     }
 
