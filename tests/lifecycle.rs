@@ -60,7 +60,11 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
     if opts.publish_unpublish {
         let att = c.attachment("v1", "n2").await.expect("attachment");
         assert_eq!(att.status.phase, AttachmentPhase::Attached);
-        // Issue 27: the attachment is created by the admission's own transaction.
+        // Issue 27: an attachment exists only for an admitted claim. The admission
+        // creates it in its own transaction, or right after when that transaction
+        // conflicted and fell back (a cache lagging the volume), so which one happened
+        // is timing: moor-bench measures it (write requests per claim); this checks
+        // what holds either way.
         let mut raw = c.store.client();
         let created_at = raw
             .get(c.store.full_key(&att.key()), None)
@@ -77,9 +81,10 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
             .await
             .unwrap();
         let admitted: Claim = serde_json::from_slice(then.kvs()[0].value()).unwrap();
+        assert!(then.kvs()[0].mod_revision() <= created_at);
         assert_eq!(
-            (then.kvs()[0].mod_revision(), admitted.status.phase),
-            (created_at, ClaimPhase::Admitted),
+            admitted.status.phase,
+            ClaimPhase::Admitted,
             "the claim as of the attachment's creation"
         );
         assert_eq!(
