@@ -31,7 +31,7 @@ async fn events(c: &Cluster, reason: &str) -> Vec<Event> {
 async fn publish_and_release(opts: PluginOpts) -> Cluster {
     let c = Cluster::start(1, 2, opts.clone()).await;
     let mut v1 = c.volume("v1", AccessMode::SingleNodeWriter);
-    v1.spec.secrets = Secrets::new([("token".to_string(), "s3cret".to_string())].into());
+    v1.spec.secrets = Secrets::new([("token".to_string(), "s3cret".to_string())].into()).into();
     c.apply(v1).await;
     c.volume_ready("v1").await;
     c.apply(c.allocation("a1", "n2", "v1", false)).await;
@@ -117,7 +117,8 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
         .modify_spec(
             &Volume::key_for(&Namespace::default_ns(), "v1"),
             |v: &mut VolumeSpec| {
-                v.secrets = Secrets::new([("token".to_string(), "r0tated".to_string())].into());
+                v.secrets =
+                    Secrets::new([("token".to_string(), "r0tated".to_string())].into()).into();
                 true
             },
         )

@@ -101,7 +101,7 @@ async fn a_claim_is_one_trace_across_the_controller_and_the_agents() {
     };
     let c = Cluster::start(1, 2, opts).await;
     let mut v1 = c.volume("v1", AccessMode::SingleNodeWriter);
-    v1.spec.secrets = Secrets::new([("token".to_string(), SECRET.to_string())].into());
+    v1.spec.secrets = Secrets::new([("token".to_string(), SECRET.to_string())].into()).into();
     c.apply(v1).await;
     c.volume_ready("v1").await;
     c.apply(c.allocation("a1", "n2", "v1", false)).await;

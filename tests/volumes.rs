@@ -547,7 +547,7 @@ async fn changed_mutable_parameters_call_controller_modify_volume() {
     apply_yaml(&c, "m1", &with("iops: '100'"));
     c.volume_ready("m1").await;
     // CreateVolume carried them: nothing to modify.
-    let params = |v: &Volume| v.status.provisioning.mutable_parameters.clone();
+    let params = |v: &Volume| (*v.status.provisioning.mutable_parameters).clone();
     assert_eq!(
         params(&volume(&c, "m1").await),
         [("iops".into(), "100".into())].into()

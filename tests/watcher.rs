@@ -404,7 +404,67 @@ async fn a_filtered_informer_caches_and_passes_on_only_what_it_keeps(backend: Ba
     stop.cancel();
 }
 
+/// Issue 27: the controller's Mount cache drops what it never reads. A trimmed
+/// informer's list and its changes reach the cache and the subscribers trimmed, with
+/// everything else as stored.
+async fn a_trimmed_informer_caches_and_passes_on_objects_as_trimmed(backend: Backend) {
+    use moor::runtime::informer::Informer;
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    let with_context = |name: &str| {
+        let mut v = volume(name);
+        v.spec.context = [("path".to_string(), format!("/srv/{name}"))]
+            .into_iter()
+            .collect();
+        v
+    };
+    store.create(&with_context("a1")).await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let informer = Informer::<Volume>::spawn_trimmed(
+        store.clone(),
+        KeyScope::all(),
+        |v| v.spec.context = Default::default(),
+        stop.clone(),
+    );
+    let mut sub = Box::pin(informer.subscribe());
+    match informed(&mut sub).await {
+        Event::Restarted(all) => {
+            assert_eq!(names(&all), ["a1"]);
+            assert!(all[0].spec.context.is_empty(), "listed untrimmed");
+        }
+        other => panic!("expected the cache first, got {other:?}"),
+    }
+    let a2 = store.create(&with_context("a2")).await.unwrap();
+    match informed(&mut sub).await {
+        Event::Applied(v) => {
+            assert_eq!(v.metadata.name.as_str(), "a2");
+            assert!(v.spec.context.is_empty(), "passed on untrimmed");
+            assert_eq!(v.spec.plugin_id, a2.spec.plugin_id);
+            assert_eq!(v.metadata.resource_version, a2.metadata.resource_version);
+        }
+        other => panic!("expected a2, got {other:?}"),
+    }
+    let reader = informer.reader();
+    for name in ["a1", "a2"] {
+        let key = Volume::key_for(&Namespace::default_ns(), name).into_string();
+        let cached = reader.get(&key).expect("cached");
+        assert!(cached.spec.context.is_empty(), "{name} cached untrimmed");
+        assert_eq!(cached.spec.capabilities, a2.spec.capabilities);
+    }
+    // The store itself still holds what was trimmed.
+    let stored: Volume = store
+        .get(&Volume::key_for(&Namespace::default_ns(), "a2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        stored.spec.context.get("path").map(String::as_str),
+        Some("/srv/a2")
+    );
+    stop.cancel();
+}
+
 crate::both_stores!(
+    a_trimmed_informer_caches_and_passes_on_objects_as_trimmed,
     a_filtered_informer_caches_and_passes_on_only_what_it_keeps,
     an_informer_s_deletions_carry_the_last_state_from_its_cache,
     lists_then_streams_changes_in_order,

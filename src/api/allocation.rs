@@ -248,7 +248,8 @@ impl Allocation {
             mount_options: MountOptions::merge(
                 &volume.spec.mount_options,
                 req.mount_options.as_ref(),
-            ),
+            )
+            .into(),
             ..Default::default()
         };
         Some(Claim::new(

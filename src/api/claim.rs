@@ -38,8 +38,8 @@ pub struct ClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attachment_mode: Option<AttachmentMode>,
     /// Merged mount options (the request's replace the volume's).
-    #[serde(default, skip_serializing_if = "MountOptions::is_empty")]
-    pub mount_options: MountOptions,
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub mount_options: Rare<MountOptions>,
     /// The plugin's id of the volume, once known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_id: Option<ExternalVolumeId>,
@@ -49,8 +49,8 @@ pub struct ClaimSpec {
     /// The secrets NodeStage and NodePublish carry, copied from the volume by the
     /// controller at admission and dropped when the claim is released: the node agent
     /// reads its node's claims, not volumes (see deploy/etcd/roles.sh).
-    #[serde(default, skip_serializing_if = "Secrets::is_empty")]
-    pub node_secrets: Secrets,
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub node_secrets: Rare<Secrets>,
     /// ControllerPublish's publish_context, once attached.
     #[serde(default, skip_serializing_if = "StrMap::is_empty")]
     pub publish_context: StrMap,
@@ -119,11 +119,16 @@ impl Spec for ClaimSpec {
     }
 
     fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
-        vec![SecretField {
-            field: "node_secrets",
-            node: Some(self.node.as_str()),
-            secrets: &mut self.node_secrets,
-        }]
+        let node = Some(self.node.as_str());
+        self.node_secrets
+            .get_mut()
+            .map(|secrets| SecretField {
+                field: "node_secrets",
+                node,
+                secrets,
+            })
+            .into_iter()
+            .collect()
     }
 
     fn validate(&self, errors: &mut ValidationErrors) {

@@ -21,6 +21,7 @@ mod mounting;
 mod node;
 mod plugin;
 mod quantity;
+mod rare;
 mod secrets;
 mod snapshot;
 mod status;
@@ -44,6 +45,7 @@ pub use mounting::*;
 pub use node::*;
 pub use plugin::*;
 pub use quantity::*;
+pub use rare::*;
 pub use secrets::*;
 pub use snapshot::*;
 pub use status::*;
@@ -170,8 +172,8 @@ pub struct ObjectMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creation_timestamp: Option<Timestamp>,
     /// Labels for selection.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub labels: Rare<BTreeMap<String, String>>,
     /// Finalizers hold a deletion until their owners remove them.
     #[serde(
         default,

@@ -78,10 +78,10 @@ pub struct MountStatus {
     /// NodeGetVolumeStats' usage (refreshed every `--volume-stats-interval`, written
     /// when it moved by 1% or more).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<VolumeUsage>,
+    pub usage: Option<Box<VolumeUsage>>,
     /// The node plugin's view of the volume's health (VOLUME_CONDITION).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub condition: Option<VolumeHealth>,
+    pub condition: Option<Box<VolumeHealth>>,
     /// The capacity NodeExpandVolume last expanded the volume to on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expanded_bytes: Option<u64>,

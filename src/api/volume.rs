@@ -27,24 +27,24 @@ pub struct VolumeSpec {
     #[serde(default, deserialize_with = "crate::api::tight_vec")]
     pub capabilities: Vec<VolumeCapability>,
     /// Default mount options; a claim's request replaces them field by field.
-    #[serde(default, skip_serializing_if = "MountOptions::is_empty")]
-    pub mount_options: MountOptions,
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub mount_options: Rare<MountOptions>,
     /// Plugin parameters for CreateVolume (and ValidateVolumeCapabilities when
     /// registering).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub parameters: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub parameters: Rare<BTreeMap<String, String>>,
     /// Secrets passed to the plugin's calls (redacted in output).
-    #[serde(default, skip_serializing_if = "Secrets::is_empty")]
-    pub secrets: Secrets,
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub secrets: Rare<Secrets>,
     /// Volume context for a registered volume (CreateVolume returns it otherwise).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub context: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub context: Rare<BTreeMap<String, String>>,
     /// Create from a snapshot or clone another volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<VolumeSource>,
     /// Where a created volume must or should be accessible.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub topology_request: Option<TopologyRequest>,
+    pub topology_request: Option<Box<TopologyRequest>>,
     /// Where a registered volume is accessible from (empty: what ControllerGetVolume
     /// says, else everywhere).
     #[serde(
@@ -55,8 +55,8 @@ pub struct VolumeSpec {
     pub accessible_topology: Vec<Topology>,
     /// Parameters the plugin may change on a live volume: passed to CreateVolume, and
     /// a change on a ready volume calls ControllerModifyVolume (MODIFY_VOLUME).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub mutable_parameters: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub mutable_parameters: Rare<BTreeMap<String, String>>,
     /// Nodes the operator declared gone for this volume (`moorctl volume detach`), each
     /// with the volume generation the declaration made: the controller releases the
     /// claims there admitted at an earlier generation without waiting for the node,
@@ -64,10 +64,10 @@ pub struct VolumeSpec {
     /// entry cannot skip the node steps of a node that came back.
     #[serde(
         default,
-        skip_serializing_if = "BTreeMap::is_empty",
+        skip_serializing_if = "Rare::is_empty",
         deserialize_with = "force_detach_entries"
     )]
-    pub force_detach: BTreeMap<NodeName, i64>,
+    pub force_detach: Rare<BTreeMap<NodeName, i64>>,
 }
 
 /// `force_detach` as a map of node to generation, or as the plain list of nodes
@@ -75,17 +75,17 @@ pub struct VolumeSpec {
 /// claims recorded their volume generation).
 fn force_detach_entries<'de, D: serde::Deserializer<'de>>(
     d: D,
-) -> Result<BTreeMap<NodeName, i64>, D::Error> {
+) -> Result<Rare<BTreeMap<NodeName, i64>>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Entries {
         Map(BTreeMap<NodeName, i64>),
         List(Vec<NodeName>),
     }
-    Ok(match Entries::deserialize(d)? {
+    Ok(Rare::new(match Entries::deserialize(d)? {
         Entries::Map(m) => m,
         Entries::List(l) => l.into_iter().map(|n| (n, 0)).collect(),
-    })
+    }))
 }
 
 impl VolumeSpec {
@@ -204,11 +204,15 @@ impl Spec for VolumeSpec {
     type Status = VolumeStatus;
 
     fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
-        vec![SecretField {
-            field: "secrets",
-            node: None,
-            secrets: &mut self.secrets,
-        }]
+        let secrets = self.secrets.get_mut();
+        secrets
+            .map(|secrets| SecretField {
+                field: "secrets",
+                node: None,
+                secrets,
+            })
+            .into_iter()
+            .collect()
     }
 
     fn validate(&self, errors: &mut ValidationErrors) {
@@ -333,8 +337,8 @@ pub struct ProvisioningStatus {
     pub accessible_topology: Vec<Topology>,
     /// The mutable parameters the plugin last accepted (CreateVolume or
     /// ControllerModifyVolume).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub mutable_parameters: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub mutable_parameters: Rare<BTreeMap<String, String>>,
     /// Set when ControllerExpandVolume answered `node_expansion_required`: the capacity
     /// every node that stages or publishes the volume expands its filesystem to
     /// (NodeExpandVolume).
@@ -465,7 +469,7 @@ mod tests {
             plugin_id: PluginId::new("p").unwrap(),
             ..Default::default()
         };
-        spec.secrets = Secrets::new([("token".into(), "s3cr3t".into())].into());
+        spec.secrets = Secrets::new([("token".into(), "s3cr3t".into())].into()).into();
         let v = Volume::new(&Namespace::default_ns(), Name::new("v").unwrap(), spec);
         assert!(!format!("{v:?}").contains("s3cr3t"));
         assert!(serde_json::to_string(&v).unwrap().contains("s3cr3t"));

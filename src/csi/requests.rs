@@ -18,12 +18,12 @@ pub fn controller_publish(
 ) -> Result<v1::ControllerPublishVolumeRequest, SealedSecrets> {
     let (secrets, context, mount_options) = match volume {
         Some(v) => {
-            let mut context = v.spec.context.clone();
+            let mut context = (*v.spec.context).clone();
             context.extend(v.status.provisioning.volume_context.clone());
             (
                 v.spec.secrets.expose()?.clone(),
                 context,
-                v.spec.mount_options.clone(),
+                (*v.spec.mount_options).clone(),
             )
         }
         None => Default::default(),
@@ -177,12 +177,13 @@ mod tests {
             &Namespace::default_ns(),
             Name::new("v1").unwrap(),
             VolumeSpec {
-                secrets: Secrets::new([("k".to_string(), "s".to_string())].into()),
-                context: [("from".to_string(), "spec".to_string())].into(),
+                secrets: Secrets::new([("k".to_string(), "s".to_string())].into()).into(),
+                context: BTreeMap::from([("from".to_string(), "spec".to_string())]).into(),
                 mount_options: MountOptions {
                     fs_type: Some("ext4".into()),
                     ..Default::default()
-                },
+                }
+                .into(),
                 ..Default::default()
             },
         );

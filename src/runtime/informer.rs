@@ -64,7 +64,7 @@ impl<S: Spec> Informer<Object<S>> {
         indexes: &[reflector::Index<Object<S>>],
         shutdown: CancellationToken,
     ) -> Self {
-        Self::spawn_with(store, scope, indexes, None, shutdown)
+        Self::spawn_with(store, scope, indexes, None, None, shutdown)
     }
 
     /// [`Informer::spawn`] that caches and passes on only the objects `keep` holds for
@@ -78,7 +78,20 @@ impl<S: Spec> Informer<Object<S>> {
         keep: Keep<Object<S>>,
         shutdown: CancellationToken,
     ) -> Self {
-        Self::spawn_with(store, scope, &[], Some(keep), shutdown)
+        Self::spawn_with(store, scope, &[], Some(keep), None, shutdown)
+    }
+
+    /// [`Informer::spawn`] whose cache holds each object as `trim` leaves it: a
+    /// process that only reads a kind drops the fields it never looks at (the
+    /// controller keeps no Mount's paths). Such a cache must never be the base of a
+    /// write, which would lose what was dropped.
+    pub fn spawn_trimmed(
+        store: store::Store,
+        scope: KeyScope<S>,
+        trim: fn(&mut Object<S>),
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self::spawn_with(store, scope, &[], None, Some(trim), shutdown)
     }
 
     fn spawn_with(
@@ -86,6 +99,7 @@ impl<S: Spec> Informer<Object<S>> {
         scope: KeyScope<S>,
         indexes: &[reflector::Index<Object<S>>],
         keep: Option<Keep<Object<S>>>,
+        trim: Option<fn(&mut Object<S>)>,
         shutdown: CancellationToken,
     ) -> Self {
         let (reader, mut writer) = reflector::indexed_store::<Object<S>>(indexes);
@@ -132,6 +146,9 @@ impl<S: Spec> Informer<Object<S>> {
                 match item {
                     None => return,
                     Some(Ok(mut event)) => {
+                        if let Some(trim) = trim {
+                            trimmed(&mut event, trim);
+                        }
                         if let Event::Deleted {
                             key,
                             last: last @ None,
@@ -199,6 +216,16 @@ impl<K: Resource> Informer<K> {
                 }
             },
         )
+    }
+}
+
+/// `event`'s objects as `trim` leaves them. They were just decoded, so each is changed
+/// in place (a copy only if something else already held one).
+fn trimmed<K: Clone>(event: &mut Event<K>, trim: fn(&mut K)) {
+    match event {
+        Event::Restarted(all) => all.iter_mut().for_each(|o| trim(Arc::make_mut(o))),
+        Event::Applied(o) => trim(Arc::make_mut(o)),
+        Event::Deleted { .. } => {}
     }
 }
 

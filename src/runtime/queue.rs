@@ -6,12 +6,19 @@
 //! scheduled as urgent is handed out before every due key that is not: a change an
 //! operator is waiting on (an allocation stopped) does not queue behind the follow-up
 //! work of a thousand others.
+//!
+//! A queue gives back what a burst grew it to once it has drained: a controller's
+//! first pass queues every key it caches (100,000 claims), and the heaps and maps kept
+//! that room for good otherwise.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use tokio::time::Instant;
 
 type Heap = BinaryHeap<Reverse<(Instant, u64, String)>>;
+
+/// Tables up to this many entries keep their room (shrinking them saves nothing).
+const SHRINK_ABOVE: usize = 1024;
 
 /// Pending keys by due time, and which keys are running.
 #[derive(Debug, Default)]
@@ -84,6 +91,7 @@ impl Queue {
                 continue;
             }
             self.pending.remove(&key);
+            self.shrink();
             self.running.insert(key.clone());
             return Some(key);
         }
@@ -105,6 +113,21 @@ impl Queue {
         match (top(&self.heap), top(&self.urgent)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        }
+    }
+
+    /// Gives back the room a burst left once a table holds under a quarter of it.
+    fn shrink(&mut self) {
+        fn heap(h: &mut Heap) {
+            if h.capacity() > SHRINK_ABOVE && h.len() < h.capacity() / 4 {
+                h.shrink_to(h.len() * 2);
+            }
+        }
+        heap(&mut self.heap);
+        heap(&mut self.urgent);
+        let pending = &mut self.pending;
+        if pending.capacity() > SHRINK_ABOVE && pending.len() < pending.capacity() / 4 {
+            pending.shrink_to(pending.len() * 2);
         }
     }
 
@@ -200,5 +223,32 @@ mod tests {
         assert_eq!(q.pop_ready(now), None);
         q.finish("a");
         assert_eq!(q.pop_ready(now).as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_drained_burst_gives_its_room_back() {
+        let mut q = Queue::new();
+        let now = Instant::now();
+        for i in 0..100_000 {
+            q.schedule(format!("k{i}"), now);
+        }
+        let grown = (q.heap.capacity(), q.pending.capacity());
+        assert!(grown.0 >= 100_000 && grown.1 >= 100_000);
+        let mut handed = 0;
+        while let Some(k) = q.pop_ready(now) {
+            q.finish(&k);
+            handed += 1;
+        }
+        assert_eq!(handed, 100_000, "every key is still handed out once");
+        assert!(
+            q.heap.capacity() <= SHRINK_ABOVE * 2,
+            "{}",
+            q.heap.capacity()
+        );
+        assert!(
+            q.pending.capacity() <= SHRINK_ABOVE * 2,
+            "{}",
+            q.pending.capacity()
+        );
     }
 }

@@ -172,7 +172,7 @@ mod tests {
                 access_mode: AccessMode::SingleNodeWriter,
                 attachment_mode: AttachmentMode::FileSystem,
             }],
-            secrets: Secrets::new([("token".to_string(), "hunter2".to_string())].into()),
+            secrets: Secrets::new([("token".to_string(), "hunter2".to_string())].into()).into(),
             ..Default::default()
         };
         Volume::new(&Namespace::default_ns(), Name::new(name).unwrap(), spec)

@@ -318,10 +318,10 @@ mod tests {
         ));
         // A required segment with room is enough, whatever the whole says.
         let zone: Topology = [("zone".to_string(), "a".to_string())].into();
-        v.spec.topology_request = Some(TopologyRequest {
+        v.spec.topology_request = Some(Box::new(TopologyRequest {
             required: vec![zone.clone()],
             preferred: Vec::new(),
-        });
+        }));
         let in_zone = CapacityEntry {
             topology: zone,
             available_bytes: 500,

@@ -22,10 +22,27 @@ const PHASES: [ClaimPhase; 6] = [
     ClaimPhase::Released,
 ];
 
-/// When each claim (by uid) was first seen in its current phase.
+/// When each claim (by uid) was first seen in its current phase. Claims are known by a
+/// hash of their uid, updated in place: a clock over 100,000 claims holds no copy of
+/// their uids and builds no new table every pass.
 #[derive(Default)]
 pub struct PhaseClock {
-    since: HashMap<String, (ClaimPhase, Instant)>,
+    since: HashMap<u64, Seen>,
+    /// Flips every pass; what a pass did not see keeps the old value and is dropped.
+    pass: bool,
+}
+
+struct Seen {
+    phase: ClaimPhase,
+    since: Instant,
+    pass: bool,
+}
+
+fn uid_hash(uid: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    uid.hash(&mut h);
+    h.finish()
 }
 
 impl PhaseClock {
@@ -35,21 +52,29 @@ impl PhaseClock {
         claims: impl Iterator<Item = &'a Claim>,
         now: Instant,
     ) -> Vec<(&'static str, i64, i64)> {
-        let mut seen: HashMap<String, (ClaimPhase, Instant)> = HashMap::new();
         let mut counts = [(0i64, Duration::ZERO); PHASES.len()];
+        let pass = !self.pass;
+        self.pass = pass;
         for c in claims {
             let phase = c.status.phase;
-            let since = match self.since.get(&c.metadata.uid) {
-                Some((p, t)) if *p == phase => *t,
-                _ => now,
-            };
-            seen.insert(c.metadata.uid.clone(), (phase, since));
+            let seen = self.since.entry(uid_hash(&c.metadata.uid)).or_insert(Seen {
+                phase,
+                since: now,
+                pass,
+            });
+            if seen.phase != phase {
+                (seen.phase, seen.since) = (phase, now);
+            }
+            seen.pass = pass;
             if let Some(i) = PHASES.iter().position(|p| *p == phase) {
                 counts[i].0 += 1;
-                counts[i].1 = counts[i].1.max(now.duration_since(since));
+                counts[i].1 = counts[i].1.max(now.duration_since(seen.since));
             }
         }
-        self.since = seen;
+        self.since.retain(|_, s| s.pass == pass);
+        if self.since.capacity() > 1024 && self.since.len() < self.since.capacity() / 4 {
+            self.since.shrink_to(self.since.len() * 2);
+        }
         PHASES
             .iter()
             .zip(counts)

@@ -146,12 +146,14 @@ impl Reconcile {
                 .condition
                 .as_ref()
                 .is_some_and(|c| c.abnormal);
-        if current.status.condition == condition && !moved(current.status.usage.as_ref(), &usage) {
+        if current.status.condition.as_deref() == condition.as_ref()
+            && !moved(current.status.usage.as_deref(), &usage)
+        {
             return Ok(true);
         }
         let mut next = (*current).clone();
-        next.status.usage = Some(usage);
-        next.status.condition = condition.clone();
+        next.status.usage = Some(Box::new(usage));
+        next.status.condition = condition.clone().map(Box::new);
         self.writer.update(&current, &next).await?;
         if turned_abnormal {
             let msg = condition.map(|c| c.message).unwrap_or_default();

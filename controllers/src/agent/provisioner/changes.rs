@@ -24,15 +24,15 @@ impl Provisioner {
         let spec = &vol.spec;
         let req = v1::ValidateVolumeCapabilitiesRequest {
             volume_id: ext.to_string(),
-            volume_context: spec.context.clone(),
+            volume_context: (*spec.context).clone(),
             volume_capabilities: spec
                 .capabilities
                 .iter()
                 .map(|c| convert::capability(*c, &spec.mount_options))
                 .collect(),
-            parameters: spec.parameters.clone(),
+            parameters: (*spec.parameters).clone(),
             secrets: spec.secrets.expose()?.clone(),
-            mutable_parameters: spec.mutable_parameters.clone(),
+            mutable_parameters: (*spec.mutable_parameters).clone(),
         };
         let get_volume = self.advertises(ControllerRpc::GetVolume);
         // One step: the capabilities confirmed, then what the plugin reports of it.
@@ -174,7 +174,7 @@ impl Provisioner {
         let req = v1::ControllerModifyVolumeRequest {
             volume_id: ext.to_string(),
             secrets: vol.spec.secrets.expose()?.clone(),
-            mutable_parameters: params.clone(),
+            mutable_parameters: (*params).clone(),
         };
         if let Err(failed) = step.call(self.ctx.csi()?.controller_modify(req)).await {
             return self.failed(vol, failed, MODIFIED).await;

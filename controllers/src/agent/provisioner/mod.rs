@@ -262,7 +262,7 @@ impl Provisioner {
                 .iter()
                 .map(|c| convert::capability(*c, &spec.mount_options))
                 .collect(),
-            parameters: spec.parameters.clone(),
+            parameters: (*spec.parameters).clone(),
             secrets: spec.secrets.expose()?.clone(),
             volume_content_source: source,
             accessibility_requirements: spec.topology_request.as_ref().map(|t| {
@@ -271,7 +271,7 @@ impl Provisioner {
                     preferred: t.preferred.iter().map(convert::topology).collect(),
                 }
             }),
-            mutable_parameters: spec.mutable_parameters.clone(),
+            mutable_parameters: (*spec.mutable_parameters).clone(),
         })
     }
 

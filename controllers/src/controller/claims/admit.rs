@@ -24,7 +24,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         mode: claim.spec.mode,
         access_mode: Some(admitted.capability.access_mode),
     };
-    let mut context = StrMap::from(volume.spec.context.clone());
+    let mut context = StrMap::from((*volume.spec.context).clone());
     context.extend(volume.status.provisioning.volume_context.clone());
     let mut c = claim.clone();
     c.spec.access_mode = Some(admitted.capability.access_mode);

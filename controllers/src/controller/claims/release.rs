@@ -157,7 +157,7 @@ pub(super) async fn release(
     let mut released = claim.clone();
     released.status.phase = ClaimPhase::Released;
     // The node is done with it: its secrets leave the claim.
-    released.spec.node_secrets = Secrets::default();
+    released.spec.node_secrets = Secrets::default().into();
     released.status.reason = None;
     let dropped = with_volume(
         ctx,

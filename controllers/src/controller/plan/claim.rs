@@ -112,7 +112,7 @@ mod tests {
         let c = claim(ClaimPhase::Published);
         let mut v = volume();
         assert_eq!(node_copy(&c, &v), None, "current");
-        v.spec.secrets = Secrets::new([("token".to_string(), "s3".to_string())].into());
+        v.spec.secrets = Secrets::new([("token".to_string(), "s3".to_string())].into()).into();
         let spec = node_copy(&c, &v).expect("the volume's secrets changed");
         assert_eq!(spec.node_secrets, v.spec.secrets);
         assert_eq!(spec.node_expansion_bytes, None);
