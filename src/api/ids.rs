@@ -110,6 +110,67 @@ fn interned() -> usize {
     guard.as_ref().map_or(0, |t| t.ids.len())
 }
 
+/// A word of a small vocabulary that many objects repeat (a condition's type and
+/// reason): shared through the same table as the ids, so a clone is a reference count
+/// and 100,000 `Admitted` conditions hold one string. Any text is accepted.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Term(Arc<str>);
+
+impl Term {
+    /// The shared copy of `s`.
+    pub fn new(s: &str) -> Self {
+        Term(intern(s))
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for Term {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for Term {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Term {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl fmt::Display for Term {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Term {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl Serialize for Term {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Term {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(IdVisitor).map(Term)
+    }
+}
+
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident, $check:path) => {
         $(#[$doc])*

@@ -3,19 +3,19 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Timestamp;
+use super::{Term, Timestamp};
 
 /// One observed condition of an object (Kubernetes-shaped).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Condition {
     /// What the condition is about, e.g. `Attached`.
     #[serde(rename = "type")]
-    pub type_: String,
+    pub type_: Term,
     /// Whether it holds.
     pub status: bool,
     /// A machine-readable reason for the last transition.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub reason: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub reason: Term,
     /// A human-readable message.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
@@ -81,13 +81,15 @@ impl StatusMeta {
                     c.last_transition_time = now;
                 }
                 c.status = status;
-                c.reason = reason.to_string();
+                if c.reason != reason {
+                    c.reason = Term::new(reason);
+                }
                 c.message = message.to_string();
             }
             None => self.conditions.push(Condition {
-                type_: type_.to_string(),
+                type_: Term::new(type_),
                 status,
-                reason: reason.to_string(),
+                reason: Term::new(reason),
                 message: message.to_string(),
                 last_transition_time: now,
             }),
@@ -112,5 +114,20 @@ mod tests {
         assert_eq!(s.condition("Ready").unwrap().last_transition_time, first);
         assert_eq!(s.condition("Ready").unwrap().reason, "StillWaiting");
         assert_eq!(s.conditions.len(), 1);
+    }
+
+    #[test]
+    fn decoded_conditions_share_their_type_and_reason() {
+        let json = r#"{"type":"Admitted","status":true,"reason":"Admitted","last_transition_time":"2026-11-25T04:17:27.089Z"}"#;
+        let a: Condition = serde_json::from_str(json).unwrap();
+        let b: Condition = serde_json::from_str(json).unwrap();
+        assert!(std::ptr::eq(a.type_.as_str(), b.type_.as_str()));
+        assert!(std::ptr::eq(a.reason.as_str(), b.type_.as_str()));
+        assert_eq!(serde_json::to_string(&a).unwrap(), json);
+        // An empty reason is not written.
+        let mut s = StatusMeta::default();
+        s.set_condition("Ready", true, "", "");
+        let out = serde_json::to_value(&s.conditions[0]).unwrap();
+        assert!(out.get("reason").is_none(), "{out}");
     }
 }
