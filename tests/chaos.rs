@@ -122,6 +122,14 @@ struct Chaos {
     registered: Vec<(String, AccessMode)>,
     /// Restarts of each node's agent or plugin.
     restarts: BTreeMap<usize, u32>,
+    /// Each node's agent: when it was last restarted, and since when its Node has been
+    /// silent. An agent killed again before it can have renewed its Node (within
+    /// NODE_TTL of its restart) leaves the silence running from the earlier kill: the
+    /// controller collects a node by how long its Node went unrenewed, not by how long
+    /// each down period lasted (seed 2029: two kills 4.3 s and 3.9 s apart, 1.7 s of
+    /// life between them, collected after 6.2 s of silence).
+    agent_up: BTreeMap<usize, SystemTime>,
+    silent_since: BTreeMap<usize, SystemTime>,
     /// (volume, node) → how many allocation runs asked for it there.
     runs_on: BTreeMap<(String, usize), u32>,
     due: Vec<Due>,
@@ -562,9 +570,25 @@ impl Chaos {
         }
         self.log(format!("kill -9 {p:?}"));
         self.proc(p).kill();
-        self.down.insert(p, SystemTime::now());
+        self.went_down(p);
         let at = i + self.rng.usize(1..4);
         self.due.push((at, Lift::Restart(p)));
+    }
+
+    /// Records `p` down from now; an agent's Node silence starts now, or keeps running
+    /// when the agent was restarted too recently to have renewed its Node.
+    fn went_down(&mut self, p: Process) {
+        let now = SystemTime::now();
+        self.down.insert(p, now);
+        if let Process::Agent(n) = p {
+            let renewed = self
+                .agent_up
+                .get(&n)
+                .is_none_or(|up| now.duration_since(*up).unwrap_or_default() >= NODE_TTL);
+            if renewed || !self.silent_since.contains_key(&n) {
+                self.silent_since.insert(n, now);
+            }
+        }
     }
 
     fn proc(&mut self, p: Process) -> &mut cluster::Proc {
@@ -585,11 +609,14 @@ impl Chaos {
             *self.restarts.entry(n).or_default() += 1;
         }
         if let Process::Agent(n) = p {
-            // Down long enough for its Node to expire and be collected: the
+            // Silent long enough for its Node to expire and be collected: the
             // controller may have released its claims without it.
-            if gone + Duration::from_secs(1) > NODE_TTL + NODE_GC {
+            let silent = self.silent_since.get(&n).copied().unwrap_or(since);
+            let silent_for = silent.elapsed().unwrap_or_default();
+            if silent_for + Duration::from_secs(1) > NODE_TTL + NODE_GC {
                 self.forced.entry(node_name(n)).or_default().push(since);
             }
+            self.agent_up.insert(n, SystemTime::now());
         }
         self.proc(p).restart();
     }
@@ -705,7 +732,7 @@ impl Chaos {
         for p in [Process::Agent(node), Process::Plugin(node)] {
             if !self.is_down(p) {
                 self.proc(p).kill();
-                self.down.insert(p, SystemTime::now());
+                self.went_down(p);
                 self.due.push((back, Lift::Restart(p)));
             }
         }
@@ -1098,6 +1125,8 @@ async fn run(seed: u64, ops: usize) {
         forced: BTreeMap::new(),
         registered: Vec::new(),
         restarts: BTreeMap::new(),
+        agent_up: BTreeMap::new(),
+        silent_since: BTreeMap::new(),
         runs_on: BTreeMap::new(),
         due: Vec::new(),
         script: Vec::new(),
