@@ -110,6 +110,43 @@ fn interned() -> usize {
     guard.as_ref().map_or(0, |t| t.ids.len())
 }
 
+/// What every interned string type (the ids and [`Term`]) shares: its text, written
+/// and read as a JSON string through the interner, displayed as itself.
+macro_rules! interned_text {
+    ($name:ident) => {
+        impl $name {
+            /// The text as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_str(IdVisitor).map(Self)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
 /// A word of a small vocabulary that many objects repeat (a condition's type and
 /// reason): shared through the same table as the ids, so a clone is a reference count
 /// and 100,000 `Admitted` conditions hold one string. Any text is accepted.
@@ -121,12 +158,9 @@ impl Term {
     pub fn new(s: &str) -> Self {
         Term(intern(s))
     }
-
-    /// The text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
+
+interned_text!(Term);
 
 impl std::ops::Deref for Term {
     type Target = str;
@@ -147,27 +181,9 @@ impl PartialEq<&str> for Term {
     }
 }
 
-impl fmt::Display for Term {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 impl fmt::Debug for Term {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)
-    }
-}
-
-impl Serialize for Term {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for Term {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_str(IdVisitor).map(Term)
     }
 }
 
@@ -192,31 +208,9 @@ macro_rules! id_type {
             pub fn validate(&self) -> Result<(), IdError> {
                 $check(&self.0)
             }
-            /// The id as a string slice.
-            pub fn as_str(&self) -> &str {
-                &self.0
-            }
             /// Whether the id is the empty string (never valid; the default).
             pub fn is_empty(&self) -> bool {
                 self.0.is_empty()
-            }
-        }
-
-        impl Serialize for $name {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(&self.0)
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $name {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                d.deserialize_str(IdVisitor).map(Self)
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
             }
         }
 
@@ -226,11 +220,7 @@ macro_rules! id_type {
             }
         }
 
-        impl AsRef<str> for $name {
-            fn as_ref(&self) -> &str {
-                &self.0
-            }
-        }
+        interned_text!($name);
     };
 }
 
