@@ -72,13 +72,19 @@ impl Secure {
 
     /// [`Secure::start`] with more etcd flags (a quota).
     async fn start_with(etcd_flags: &[&str]) -> Secure {
+        Secure::start_nodes(&["n1", "n2"], "n1=hostpath.moor.dev", etcd_flags).await
+    }
+
+    /// A TLS etcd with auth on and roles.sh's roles for `nodes`, the hostpath
+    /// controller plugin hosted as `controller_plugins` says (NODE=PLUGIN pairs).
+    async fn start_nodes(nodes: &[&str], controller_plugins: &str, etcd_flags: &[&str]) -> Secure {
         let tmp = tempfile::tempdir().unwrap();
         let certs = tmp.path().join("certs");
         common::need("openssl");
         run(Command::new("bash")
             .arg(deploy("certs.sh"))
             .arg(&certs)
-            .args(["n1", "n2"]));
+            .args(nodes));
         let (client, peer) = (free_port(), free_port());
         let url = format!("https://127.0.0.1:{client}");
         let log = std::fs::File::create(tmp.path().join("etcd.log")).unwrap();
@@ -130,8 +136,8 @@ impl Secure {
         .await;
         run(Command::new("bash")
             .arg(deploy("roles.sh"))
-            .args(["n1", "n2"])
-            .env("CONTROLLER_PLUGINS", "n1=hostpath.moor.dev")
+            .args(nodes)
+            .env("CONTROLLER_PLUGINS", controller_plugins)
             .env("ENDPOINT", &url)
             .env("CERTS", &certs));
         let cluster_keys = tmp.path().join("cluster.keys");
@@ -1130,4 +1136,192 @@ async fn http_get(port: u16, path: &str) -> String {
     let mut body = Vec::new();
     let _ = conn.read_to_end(&mut body).await;
     String::from_utf8_lossy(&body).into_owned()
+}
+
+/// CPU seconds a process has used so far (user + system), from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let hz = run(Command::new("getconf").arg("CLK_TCK"))
+        .trim()
+        .parse::<f64>()
+        .unwrap_or(100.0);
+    // utime and stime are fields 14 and 15 of stat: 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / hz
+}
+
+/// Issue 37, item 1: under exactly roles.sh's grants, every read and watch of every
+/// identity is within its grants. Two agents host one controller plugin; the standby
+/// watched its election key with a prefix watch that etcd cancelled (its role grants
+/// that key alone), campaigned again at once and spun at half a core, and never
+/// reached the "unrenewed for its TTL" rule: with leases kept alive by another node, it
+/// never took over. Now an idle cluster costs a few percent of a core per process, no
+/// log holds a refusal, and the standby leads within its TTL of the leader's death
+/// while another node identity keeps every lease alive.
+#[tokio::test]
+async fn under_the_deploy_roles_an_idle_cluster_is_quiet_and_the_plugin_standby_takes_over() {
+    let s = Secure::start_nodes(
+        &["n1", "n2", "n3"],
+        "n1=hostpath.moor.dev n3=hostpath.moor.dev",
+        &[],
+    )
+    .await;
+    let keys = Some(s.cluster_keys.as_path());
+    let controller = s.controller("controller", &[]);
+    let n1 = s.node("n1", "monolith", &s.cluster_keys);
+    let n2 = s.node("n2", "node", &s.n2_keys);
+    let n3 = s.node("n3", "monolith", &s.cluster_keys);
+    let election = "plugin.hostpath.moor.dev";
+    wait_for("a plugin agent leads", T, || async {
+        election_holder(&s, election).await.is_some()
+    })
+    .await;
+
+    // Some work first, so every informer and reconciler has something to hold.
+    let manifest = s.tmp.path().join("app.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: moor/v1\nkind: Volume\nmetadata: {name: v1}\nspec:\n  plugin_id: hostpath.moor.dev\n  capacity_min: 1MiB\n  capabilities:\n    - {access_mode: single-node-writer, attachment_mode: file-system}\n---\n\
+         apiVersion: moor/v1\nkind: Allocation\nmetadata: {name: a1}\nspec:\n  node: n2\n  volumes:\n    - {name: data, volume: v1}\n",
+    )
+    .unwrap();
+    let out = s.moorctl(
+        "moor-controller",
+        keys,
+        &["apply", "-f", manifest.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let store = s.store("moor-controller", keys).await;
+    let claim_key = Claim::key_for(
+        &NodeName::new("n2").unwrap(),
+        &Namespace::default_ns(),
+        "a1.data",
+    );
+    wait_for("the claim published on n2", T, || {
+        let (store, key) = (store.clone(), claim_key.clone());
+        async move {
+            store
+                .try_get(&key)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|c| c.status.phase == ClaimPhase::Published)
+        }
+    })
+    .await;
+
+    // Idle for 30 s: every moor process under a few percent of a core.
+    let mut procs: Vec<(String, u32)> = vec![("controller".into(), controller.0.id())];
+    for (node, p) in [("n1", &n1), ("n2", &n2), ("n3", &n3)] {
+        procs.push((format!("plugin-{node}"), p[0].0.id()));
+        procs.push((format!("agent-{node}"), p[1].0.id()));
+    }
+    procs.push(("etcd".into(), s._etcd.0.id()));
+    let before: Vec<f64> = procs.iter().map(|(_, pid)| cpu_seconds(*pid)).collect();
+    let started = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let secs = started.elapsed().as_secs_f64();
+    let mut report = String::new();
+    let mut busy = Vec::new();
+    for ((name, pid), b) in procs.iter().zip(&before) {
+        let share = (cpu_seconds(*pid) - b) / secs * 100.0;
+        report.push_str(&format!("{name} {share:.1}%  "));
+        if share > 5.0 {
+            busy.push(name.clone());
+        }
+    }
+    eprintln!("idle CPU over {secs:.0} s: {report}");
+    assert!(busy.is_empty(), "busy while idle: {busy:?} ({report})");
+    // Nothing any identity asked for was refused.
+    for name in ["controller", "agent-n1", "agent-n2", "agent-n3"] {
+        let log = std::fs::read_to_string(s.tmp.path().join(format!("{name}.log"))).unwrap();
+        let lower = log.to_lowercase();
+        assert!(
+            !lower.contains("permission denied") && !lower.contains("permissiondenied"),
+            "{name} was refused something:\n{log}"
+        );
+    }
+
+    // The attacker: n2's certificate keeps every lease alive, the plugin leader's too.
+    let mut attacker = s.raw("moor-agent-n2").await;
+    let mut keepers = Vec::new();
+    for l in attacker.leases().await.unwrap().leases() {
+        if let Ok(pair) = attacker.lease_keep_alive(l.id()).await {
+            keepers.push(pair);
+        }
+    }
+    assert!(!keepers.is_empty(), "no lease to keep alive");
+    let keeping = tokio::spawn(async move {
+        loop {
+            for (k, _) in keepers.iter_mut() {
+                let _ = k.keep_alive().await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+
+    // Kill the leading agent; the standby leads within its TTL (3 s) and a margin.
+    let leader = election_holder(&s, election).await.unwrap();
+    let (standby, dead) = match leader.as_str() {
+        "agent@n1" => ("agent@n3", n1),
+        "agent@n3" => ("agent@n1", n3),
+        other => panic!("unexpected plugin leader {other}"),
+    };
+    let mut root = s.raw("root").await;
+    let resp = root
+        .get(format!("/moor/leaders/{election}"), None)
+        .await
+        .unwrap();
+    let lease = resp.kvs().first().map(|kv| kv.lease()).unwrap_or(0);
+    assert!(lease != 0, "the election key is bound to a lease");
+    let killed = std::time::Instant::now();
+    drop(dead);
+    wait_for("the standby leads", T, || async {
+        election_holder(&s, election).await.as_deref() == Some(standby)
+    })
+    .await;
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(3 + 5),
+        "the standby led {took:?} after the leader died (TTL 3 s)"
+    );
+    eprintln!("{standby} led {took:?} after {leader} was killed");
+    // The attack was live: the dead leader's lease outlived it.
+    let ttl = root.lease_time_to_live(lease, None).await.unwrap().ttl();
+    assert!(ttl > 0, "lease {lease:x} was kept alive (ttl {ttl})");
+
+    // And acts for the plugin: a new volume is created.
+    std::fs::write(
+        &manifest,
+        "apiVersion: moor/v1\nkind: Volume\nmetadata: {name: v2}\nspec:\n  plugin_id: hostpath.moor.dev\n  capacity_min: 1MiB\n  capabilities:\n    - {access_mode: single-node-writer, attachment_mode: file-system}\n",
+    )
+    .unwrap();
+    let out = s.moorctl(
+        "moor-controller",
+        keys,
+        &["apply", "-f", manifest.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let v2 = Volume::key_for(&Namespace::default_ns(), "v2");
+    wait_for("the standby creates v2", T, || {
+        let (store, key) = (store.clone(), v2.clone());
+        async move {
+            store
+                .try_get(&key)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|v| v.status.provisioning.phase == VolumePhase::Ready)
+        }
+    })
+    .await;
+    keeping.abort();
 }

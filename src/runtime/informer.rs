@@ -129,6 +129,7 @@ impl<S: Spec> Informer<Object<S>> {
         let cache = informer.reader.clone();
         tokio::spawn(async move {
             tokio::pin!(events);
+            let mut repeats = super::repeats::Repeats::default();
             loop {
                 let item = tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -146,6 +147,7 @@ impl<S: Spec> Informer<Object<S>> {
                 match item {
                     None => return,
                     Some(Ok(mut event)) => {
+                        repeats.clear();
                         if let Some(trim) = trim {
                             trimmed(&mut event, trim);
                         }
@@ -165,7 +167,12 @@ impl<S: Spec> Informer<Object<S>> {
                         tracing::info!(kind, "watch compacted; relisting");
                     }
                     Some(Err(e)) => {
-                        tracing::warn!(kind, error = %error_chain(&e), "watch error");
+                        let chain = error_chain(&e);
+                        if repeats.is_new(&chain) {
+                            tracing::warn!(kind, error = %chain, "watch error; retrying on a backoff");
+                        } else {
+                            tracing::debug!(kind, error = %chain, "watch error");
+                        }
                     }
                 }
             }

@@ -138,6 +138,9 @@ pub async fn acquire(
 ) -> Option<Leadership> {
     let mut delay =
         super::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    // The last failure logged: a failure that repeats (a permission etcd refuses every
+    // time) is logged once, then at debug, until the campaign gets past it.
+    let mut repeats = super::repeats::Repeats::default();
     loop {
         if shutdown.is_cancelled() {
             return None;
@@ -148,9 +151,17 @@ pub async fn acquire(
         };
         match attempt {
             Ok(Some(leadership)) => return Some(leadership),
-            Ok(None) => delay.reset(),
+            Ok(None) => {
+                delay.reset();
+                repeats.clear();
+            }
             Err(e) => {
-                tracing::debug!(election = %cfg.name, error = %e, "campaign attempt failed");
+                let chain = crate::store::bounded_chain(&e);
+                if repeats.is_new(&chain) {
+                    tracing::warn!(election = %cfg.name, error = %chain, "campaign attempt failed; retrying on a backoff");
+                } else {
+                    tracing::debug!(election = %cfg.name, error = %chain, "campaign attempt failed");
+                }
                 tokio::select! {
                     _ = shutdown.cancelled() => return None,
                     _ = tokio::time::sleep(delay.next_delay()) => {}
@@ -244,7 +255,7 @@ async fn try_acquire(
     }
     // Someone else leads: wait for its key to go, or for its record to go unrenewed.
     let scope = crate::api::election_key(&cfg.name);
-    let mut watch = store.watch_raw(&scope, revision + 1, false).await?;
+    let mut watch = store.watch_key(&scope, revision + 1, false).await?;
     let mut seen = (mod_revision, Instant::now());
     let mut holder = LeaderRecord::parse(&value);
     loop {
@@ -264,8 +275,10 @@ async fn try_acquire(
                 }
                 return Ok(None);
             }
+            // A watch that fails or ends is an error (the campaign backs off), never
+            // "campaign again at once": that would spin while the key is held.
             batch = watch.next() => match batch? {
-                Some(b) if b.compact_revision > 0 || b.canceled => return Ok(None),
+                Some(b) if b.compact_revision > 0 => return Ok(None),
                 Some(b) => {
                     for e in b.events.iter().filter(|e| e.key == scope) {
                         match e.kind {
@@ -277,7 +290,7 @@ async fn try_acquire(
                         }
                     }
                 }
-                None => return Ok(None),
+                None => return Err(StoreError::watch_cancelled("etcd closed the election watch")),
             },
         }
     }
@@ -452,7 +465,7 @@ async fn open_missing(
             *keeper = store.keep_alive(lease).await.ok();
         }
         if key_watch.is_none() {
-            *key_watch = store.watch_raw(scope, from, false).await.ok();
+            *key_watch = store.watch_key(scope, from, false).await.ok();
         }
     })
     .await

@@ -16,6 +16,7 @@
 //! - [`writer`]: the store handle reconcilers write through; it records their writes,
 //!   so a read of an object the cache shows behind this process's last write goes to
 //!   the store.
+//! - [`repeats`]: a failure that repeats is logged once, not once per retry.
 //! - [`steps`]: the step runner every executor calls CSI through, with per (object,
 //!   step) retry gates that a reconciler's own writes cannot reset.
 
@@ -28,6 +29,7 @@ pub mod leader;
 pub mod metrics;
 pub mod queue;
 pub mod reflector;
+pub mod repeats;
 pub mod steps;
 pub mod watcher;
 pub mod writer;

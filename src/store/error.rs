@@ -138,6 +138,26 @@ impl StoreError {
         matches!(self, StoreError::Unavailable(_))
     }
 
+    /// A watch etcd cancelled, with its reason: permission denied when the reason says
+    /// so (the identity's role does not cover the range), otherwise unavailable (the
+    /// watch may be opened again).
+    pub(crate) fn watch_cancelled(reason: &str) -> StoreError {
+        let reason = if reason.is_empty() {
+            "watch cancelled by etcd"
+        } else {
+            reason
+        };
+        let code = if reason.contains("permission denied") {
+            tonic::Code::PermissionDenied
+        } else {
+            tonic::Code::Aborted
+        };
+        StoreError::from_etcd(etcd_client::Error::GRpcStatus(tonic::Status::new(
+            code,
+            reason.to_string(),
+        )))
+    }
+
     /// Classifies an etcd client error.
     pub(crate) fn from_etcd(e: etcd_client::Error) -> StoreError {
         use etcd_client::Error as E;

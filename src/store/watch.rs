@@ -63,6 +63,13 @@ impl WatchStream {
         let Some(resp) = self.inner.message().await.map_err(StoreError::from_etcd)? else {
             return Ok(None);
         };
+        // A watch etcd cancelled for any reason but compaction (which the caller
+        // relists for) is an error with etcd's reason: "permission denied" when the
+        // identity's role does not cover the watched range. Never an empty batch that a
+        // caller could take for "the watch ended, start again at once".
+        if resp.canceled() && resp.compact_revision() == 0 {
+            return Err(StoreError::watch_cancelled(resp.cancel_reason()));
+        }
         let key_of =
             |k: &[u8]| String::from_utf8_lossy(k.get(self.prefix_len..).unwrap_or(k)).into_owned();
         let events = resp
@@ -104,10 +111,36 @@ impl Store {
         start_revision: i64,
         previous: bool,
     ) -> Result<WatchStream, StoreError> {
+        self.watch_range(scope, true, start_revision, previous)
+            .await
+    }
+
+    /// Watches the one key `<prefix><key>` from `start_revision`, as [`Store::watch_raw`]
+    /// does a prefix. An identity whose role grants that key alone (an election key)
+    /// may watch it this way and no other: etcd checks a prefix watch against the whole
+    /// range and cancels it.
+    pub async fn watch_key(
+        &self,
+        key: &str,
+        start_revision: i64,
+        previous: bool,
+    ) -> Result<WatchStream, StoreError> {
+        self.watch_range(key, false, start_revision, previous).await
+    }
+
+    async fn watch_range(
+        &self,
+        scope: &str,
+        prefix: bool,
+        start_revision: i64,
+        previous: bool,
+    ) -> Result<WatchStream, StoreError> {
         let mut opts = WatchOptions::new()
-            .with_prefix()
             .with_progress_notify()
             .with_start_revision(start_revision);
+        if prefix {
+            opts = opts.with_prefix();
+        }
         if previous {
             opts = opts.with_prev_key();
         }
