@@ -315,16 +315,11 @@ impl Strict {
     }
 }
 
-/// Refuses a text too large or too deeply nested before the parser sees it (a deep
-/// flow-style document costs the YAML parser time quadratic in its depth).
-///
-/// The depth is found by a small YAML lexer, so that no quote or comment can hide the
-/// brackets after it: a double-quoted scalar (with `\\` escapes) or a single-quoted one
-/// (`''` escapes) begins only where a token may begin, a `"` or `'` inside a plain
-/// scalar is a plain character, a comment begins at a `#` after blank space outside
-/// any scalar and ends with its line. Every `[`/`{` outside quoted scalars and comments
-/// counts (inside a block plain scalar it is a plain character, so the count errs on
-/// the safe side), and so does each block sequence entry `- ` chained on one line.
+/// Refuses a text too large or too deeply nested before its values are built (a deep
+/// flow-style document costs the YAML parser time quadratic in its depth). The depth is
+/// counted on libyaml's own events, pulled one at a time and stopped at the first
+/// collection past [`MAX_DEPTH`] (`yaml_depth`): no quote, comment or block scalar can
+/// hide structure from the parser that builds it, since it is the same parser.
 fn check_limits(text: &str) -> Result<(), ManifestError> {
     if text.len() > MAX_MANIFEST_BYTES {
         return Err(ManifestError::TooLarge {
@@ -334,89 +329,12 @@ fn check_limits(text: &str) -> Result<(), ManifestError> {
             ),
         });
     }
-    if nesting(text.as_bytes()) > MAX_DEPTH {
+    if super::yaml_depth::depth(text.as_bytes(), MAX_DEPTH) == super::yaml_depth::Depth::Deeper {
         return Err(ManifestError::TooLarge {
             what: format!("the manifest nests deeper than {MAX_DEPTH} levels"),
         });
     }
     Ok(())
-}
-
-/// The deepest nesting [`check_limits`] finds (it stops counting past [`MAX_DEPTH`]).
-fn nesting(text: &[u8]) -> usize {
-    #[derive(PartialEq)]
-    enum In {
-        Token,
-        Plain,
-        Double,
-        Single,
-        Comment,
-    }
-    let (mut flow, mut chain, mut deepest) = (0usize, 0usize, 0usize);
-    let mut state = In::Token;
-    let mut i = 0;
-    while i < text.len() && deepest <= MAX_DEPTH {
-        let b = text[i];
-        let next = text.get(i + 1).copied().unwrap_or(b'\n');
-        let blank_next = matches!(next, b' ' | b'\t' | b'\n' | b'\r');
-        if b == b'\n' {
-            chain = 0;
-        }
-        match state {
-            In::Double => match b {
-                b'\\' => i += 1,
-                b'"' => state = In::Plain,
-                _ => {}
-            },
-            In::Single => {
-                if b == b'\'' {
-                    if next == b'\'' {
-                        i += 1;
-                    } else {
-                        state = In::Plain;
-                    }
-                }
-            }
-            In::Comment => {
-                if b == b'\n' {
-                    state = In::Token;
-                }
-            }
-            In::Token | In::Plain => {
-                let at_token = state == In::Token;
-                match b {
-                    b' ' | b'\t' | b'\r' | b'\n' => {
-                        // Blank space: a comment may follow; in block context a plain
-                        // scalar goes on (`a b`), but a new line starts a token.
-                        if matches!(text.get(i + 1), Some(b'#')) {
-                            state = In::Comment;
-                            i += 1;
-                        } else if b == b'\n' || at_token {
-                            state = In::Token;
-                        }
-                    }
-                    b'#' if at_token => state = In::Comment,
-                    b'"' if at_token => state = In::Double,
-                    b'\'' if at_token => state = In::Single,
-                    b'[' | b'{' => {
-                        flow += 1;
-                        state = In::Token;
-                    }
-                    b']' | b'}' => {
-                        flow = flow.saturating_sub(1);
-                        state = In::Plain;
-                    }
-                    b',' if flow > 0 => state = In::Token,
-                    b':' if blank_next || flow > 0 => state = In::Token,
-                    b'-' | b'?' if at_token && blank_next => chain += 1,
-                    _ => state = In::Plain,
-                }
-            }
-        }
-        deepest = deepest.max(flow + chain);
-        i += 1;
-    }
-    deepest
 }
 
 /// Parses every document of a YAML or JSON text (JSON is YAML), applying defaults and
@@ -556,8 +474,8 @@ spec:
         let deep = "[".repeat(100);
         let cases: Vec<(String, &str)> = vec![
             // Quotes and comments do not hide brackets from the depth limit.
-            (format!("a: b\"c {deep}"), "nests deeper"),
-            (format!("a: 'it''s \"' {deep}"), "nests deeper"),
+            (format!("a: b\"c\nd: {deep}"), "nests deeper"),
+            (format!("a: 'it''s \"'\nb: {deep}"), "nests deeper"),
             (format!("# a \" in a comment\na: {deep}"), "nests deeper"),
             (format!("a: \"x\\\" {deep}\"\nb: {deep}"), "nests deeper"),
             (format!("{}x\n", "- ".repeat(100)), "nests deeper"),
@@ -638,6 +556,46 @@ spec:
         let r = parse_manifests(&deep).remove(0).unwrap_err();
         assert!(r.to_string().contains("nests deeper"), "{r}");
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // Issue 37, item 3: what a lexer of our own took for the start of a quoted
+        // scalar (a quote inside a block scalar) hid the brackets after it, and the
+        // parser spent seconds to minutes on them. Depth is now counted by the parser.
+        let brackets = format!("{}{}", "[".repeat(200_000), "]".repeat(200_000));
+        for prefix in [
+            "a: |\n  \"\ny: ",
+            "a: >\n  'x\ny: ",
+            "a: |2-\n   \"\n  \"\ny: ",
+            "- |\n   \"\n- ",
+            "a: b # \"\ny: ",
+            "a: \"x\n  y\"\nz: ",
+            "a: b\"c\ny: ",
+        ] {
+            let text = format!("{prefix}{brackets}\n");
+            let started = std::time::Instant::now();
+            let errors: Vec<String> = parse_manifests(&text)
+                .into_iter()
+                .filter_map(|r| r.err().map(|e| e.to_string()))
+                .collect();
+            assert!(
+                errors.iter().any(|e| e.contains("nests deeper")),
+                "{prefix:?}: {errors:?}"
+            );
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "{prefix:?}"
+            );
+        }
+        // Where the brackets are a scalar's text to the parser (an escaped quote goes
+        // on to the next line; a plain scalar may hold brackets), they nest nothing;
+        // whatever the answer, it comes at once.
+        for prefix in ["a: \"\\\"\ny: ", "a: b\"c "] {
+            let text = format!("{prefix}{brackets}\n");
+            let started = std::time::Instant::now();
+            let _ = parse_manifests(&text);
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "{prefix:?}"
+            );
+        }
         let big = format!(
             "kind: Volume\nmetadata: {{name: v}}\nspec: {{plugin_id: p, parameters: {{k: {}}}, capabilities: [{{access_mode: single-node-writer, attachment_mode: file-system}}]}}\n",
             "x".repeat(2 << 20)

@@ -29,6 +29,7 @@ mod strmap;
 mod topology;
 mod validation;
 mod volume;
+mod yaml_depth;
 
 pub use allocation::*;
 pub use attachment::*;
