@@ -173,8 +173,8 @@ fn is_known_field<S: Spec>(input: &serde_json::Value, pointer: &str) -> bool {
 }
 
 /// The first path present in `input` but absent from `kept` (the object as typed and
-/// written back), unless its value is null or an empty list or map, or `known` says a
-/// `false`, `0` or `""` there is a known field at its default.
+/// written back), unless `known` says the value there (a `false`, `0`, `""`, null,
+/// `[]` or `{}`, which the write-back omits at its default) belongs to a known field.
 fn unknown_field(
     input: &serde_json::Value,
     kept: &serde_json::Value,
@@ -183,12 +183,6 @@ fn unknown_field(
     known: &dyn Fn(&str) -> bool,
 ) -> Option<String> {
     use serde_json::Value;
-    let nothing = |v: &Value| match v {
-        Value::Null => true,
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty(),
-        _ => false,
-    };
     match (input, kept) {
         (Value::Object(i), Value::Object(k)) => {
             for (key, v) in i {
@@ -204,7 +198,6 @@ fn unknown_field(
                             return Some(found);
                         }
                     }
-                    None if nothing(v) => {}
                     None if known(&ptr) => {}
                     None => return Some(printable(&p)),
                 }
@@ -497,6 +490,23 @@ spec:
             (volume_with("  bogus: \"\"\n"), "unknown field spec.bogus"),
             (volume_with("  bogus: false\n"), "unknown field spec.bogus"),
             (volume_with("  bogus: 0\n"), "unknown field spec.bogus"),
+            // Issue 37, item 4: empty values too, at any level.
+            (volume_with("  bogus: null\n"), "unknown field spec.bogus"),
+            (volume_with("  bogus: ~\n"), "unknown field spec.bogus"),
+            (volume_with("  bogus: []\n"), "unknown field spec.bogus"),
+            (volume_with("  bogus: {}\n"), "unknown field spec.bogus"),
+            (
+                format!("bogus: ~\n{}", volume_with("")),
+                "unknown field bogus",
+            ),
+            (
+                format!("bogus: {{}}\n{}", volume_with("")),
+                "unknown field bogus",
+            ),
+            (
+                volume_with("").replace("{name: v}", "{name: v, bogus: []}"),
+                "unknown field metadata.bogus",
+            ),
             // A key given twice.
             (
                 volume_with("  capacity_min: 1MiB\n  capacity_min: 2MiB\n"),
@@ -540,6 +550,8 @@ spec:
         // mark, plain scalars with quotes and brackets inside, comments with quotes.
         for text in [
             volume_with("  parameters: {}\n  secrets: {}\n"),
+            volume_with("  capacity_max: null\n  mount_options: {}\n"),
+            volume_with("").replace("{name: v}", "{name: v, labels: {}, finalizers: []}"),
             format!("\u{feff}{}", volume_with("")),
             volume_with("  parameters: {note: it's \"fine\" [really}\n").replace("{note: it's \"fine\" [really}", "\n    note: it's \"fine\" [really"),
             volume_with("  # a comment with a \" quote\n  parameters: {a: 'it''s'}\n"),
