@@ -172,6 +172,19 @@ async fn moord_dev_keeps_its_state_across_a_restart() {
     .unwrap();
     let (ok, out) = moorctl(port, &["apply", "-f", bad.to_str().unwrap()]);
     assert!(!ok && out.contains("spec.capacity_min"), "{out}");
+    // A good object before a bad one is not written either (issue 37, item 2).
+    std::fs::write(
+        &bad,
+        "kind: Volume\nmetadata: {name: extra}\nspec: {plugin_id: x, capabilities: [{access_mode: single-node-writer, attachment_mode: file-system}]}\n---\nkind: Volume\nmetadata: {name: web-data}\nspec: {plugin_id: x, capacity_min: lots}\n",
+    )
+    .unwrap();
+    let (ok, out) = moorctl(port, &["apply", "-f", bad.to_str().unwrap()]);
+    assert!(
+        !ok && out.contains("nothing applied: 1 of 2 documents refused"),
+        "{out}"
+    );
+    let (ok, out) = moorctl(port, &["get", "volume", "extra"]);
+    assert!(!ok, "the good document was written: {out}");
     let mut stale: serde_json::Value = serde_json::from_str(&before).unwrap();
     stale["metadata"]["resource_version"] = serde_json::json!(1);
     stale["spec"]["capacity_min"] = serde_json::json!("1GiB");

@@ -8,6 +8,7 @@
 #   openssl  (openssl)            the TLS test makes its certificates with deploy/etcd/certs.sh
 #   promtool (prometheus)         deploy/prometheus's rules are checked and unit-tested, and a
 #                                 real Prometheus scrapes moor (tests/prometheus.rs)
+#   time     (time)               GNU time: moorctl's tests read a command's peak memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/needs.sh
@@ -16,4 +17,5 @@ need etcd etcd-server
 need etcdctl etcd-client
 need openssl openssl
 need promtool prometheus
+need /usr/bin/time time
 exec cargo test --workspace "$@"

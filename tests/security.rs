@@ -672,6 +672,32 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
         "{err}"
     );
     assert_eq!(raw_value(&mut root, "/moor/volumes/default/v2").await, "");
+    // Issue 37, item 2: a refusal found before writing refuses the whole file; the
+    // allocation before the refused volume is not created either.
+    let both = s.tmp.path().join("both.yaml");
+    std::fs::write(
+        &both,
+        format!(
+            "apiVersion: moor/v1\nkind: Allocation\nmetadata: {{name: a-refused}}\nspec:\n  node: n2\n  volumes:\n    - {{name: data, volume: v2}}\n---\n{}",
+            std::fs::read_to_string(&v2).unwrap()
+        ),
+    )
+    .unwrap();
+    let out = s.moorctl(
+        "moor-controller",
+        None,
+        &["apply", "-f", both.to_str().unwrap()],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        err.contains("nothing applied: 1 of 2 documents refused"),
+        "{err}"
+    );
+    assert_eq!(
+        raw_value(&mut root, "/moor/allocations/default/a-refused").await,
+        ""
+    );
     let out = s.moorctl(
         "moor-controller",
         None,

@@ -22,22 +22,38 @@ pub struct Apply {
     pub allow_plaintext_secrets: bool,
 }
 
-/// Reads a file, or standard input for `-`.
+/// Reads a file, or standard input for `-`, up to the largest manifest accepted
+/// ([`moor::api::MAX_MANIFEST_BYTES`]): a longer input (an endless stream, /dev/zero) is
+/// refused once that much was read, never held whole.
 pub fn read_input(file: &str) -> anyhow::Result<String> {
     if file == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .context("reading standard input")?;
-        Ok(s)
+        read_bounded(std::io::stdin().lock(), "standard input")
     } else {
-        std::fs::read_to_string(file).with_context(|| format!("reading {file}"))
+        let f = std::fs::File::open(file).with_context(|| format!("reading {file}"))?;
+        read_bounded(f, file)
     }
 }
 
+fn read_bounded(input: impl Read, what: &str) -> anyhow::Result<String> {
+    let max = moor::api::MAX_MANIFEST_BYTES;
+    let mut bytes = Vec::new();
+    input
+        .take(max as u64 + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {what}"))?;
+    if bytes.len() > max {
+        anyhow::bail!("{what}: longer than {max} bytes, the largest manifest accepted");
+    }
+    String::from_utf8(bytes).with_context(|| format!("reading {what}: not UTF-8 text"))
+}
+
 impl Apply {
-    /// Applies every valid document; one line per document; exit code 1 if any failed
-    /// (the others are still applied: documents are independent).
+    /// Applies a manifest whole: every document is parsed and checked first, and a
+    /// refusal found before writing (a document that does not parse or validate, a
+    /// kind moor writes itself, secrets this moorctl would write in clear on a cluster
+    /// that seals them) refuses the whole file, with nothing written. Then each object
+    /// is written, one line each; a write etcd fails (unavailable, a conflict) is
+    /// reported with the objects not applied, and exit code 1.
     pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
         let text = read_input(&self.file)?;
         let results = parse_manifests(&text);
@@ -46,24 +62,48 @@ impl Apply {
             return Ok(1);
         }
         let total = results.len();
+        let mut objects = Vec::with_capacity(total);
+        let mut warnings = Vec::new();
+        let mut refused = 0;
+        for result in results {
+            let checked = match result {
+                Ok(obj) => check(ctx, &obj, self.allow_plaintext_secrets)
+                    .await
+                    .map(|warning| (obj, warning)),
+                Err(e) => Err(anyhow::Error::new(e)),
+            };
+            match checked {
+                Ok((obj, warning)) => {
+                    warnings.extend(warning);
+                    objects.push(obj);
+                }
+                Err(e) => {
+                    eprintln!("error: {}", crate::explain::explain(&e, &ctx.endpoints));
+                    refused += 1;
+                }
+            }
+        }
+        if refused > 0 {
+            eprintln!(
+                "nothing applied: {refused} of {total} documents refused (a manifest is applied whole or not at all)"
+            );
+            return Ok(1);
+        }
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
         let mut not_applied = Vec::new();
         let mut last_error = String::new();
         // Once an object could not be written for `--retry-for` because etcd was
         // unavailable, the rest are not tried: they would each wait as long.
         let mut unavailable = false;
-        for (i, result) in results.into_iter().enumerate() {
-            let (name, outcome) = match result {
-                Ok(obj) if unavailable => {
-                    not_applied.push(obj.key());
-                    continue;
-                }
-                Ok(obj) => (
-                    obj.key(),
-                    apply_any(ctx, obj, self.allow_plaintext_secrets).await,
-                ),
-                Err(e) => (format!("document {}", i + 1), Err(anyhow::Error::new(e))),
-            };
-            match outcome {
+        for obj in objects {
+            let name = obj.key();
+            if unavailable {
+                not_applied.push(name);
+                continue;
+            }
+            match apply_any(ctx, obj).await {
                 Ok(line) => outln!("{line}"),
                 Err(e) => {
                     unavailable = super::is_transient(&e);
@@ -86,39 +126,50 @@ impl Apply {
     }
 }
 
-async fn apply_any(ctx: &Ctx, obj: AnyObject, plaintext_ok: bool) -> anyhow::Result<String> {
+/// What refuses `obj` before anything is written; `Ok(Some)` is a warning to print if
+/// the file is applied.
+async fn check(ctx: &Ctx, obj: &AnyObject, plaintext_ok: bool) -> anyhow::Result<Option<String>> {
     match obj {
         AnyObject::Volume(o) => {
-            if !o.spec.secrets.is_empty() && ctx.store.keyring().is_none() {
-                let sealing = ctx.store.sealing().await?;
-                if let (Some(ids), false) = (&sealing, plaintext_ok) {
-                    return Err(Refused(format!(
-                        "{}: this cluster seals secrets at rest (its controller holds key {}) and this moorctl has no --encryption-key-file: written in clear, the secrets would stay readable in etcd's history and WAL until compacted. Give the cluster's key file, or --allow-plaintext-secrets to write them anyway",
-                        o.key(),
-                        ids.join(", ")
-                    ))
-                    .into());
-                }
-                eprintln!(
-                    "warning: {}: its secrets are written unencrypted (this moorctl has no --encryption-key-file){}",
-                    o.key(),
-                    if sealing.is_some() {
-                        "; the controller rewrites them sealed, but the clear text stays in etcd's history and WAL until compacted"
-                    } else {
-                        ""
-                    }
-                );
+            if o.spec.secrets.is_empty() || ctx.store.keyring().is_some() {
+                return Ok(None);
             }
-            apply_one(ctx, *o).await
+            let sealing = ctx.store.sealing().await?;
+            if let (Some(ids), false) = (&sealing, plaintext_ok) {
+                return Err(Refused(format!(
+                    "{}: this cluster seals secrets at rest (its controller holds key {}) and this moorctl has no --encryption-key-file: written in clear, the secrets would stay readable in etcd's history and WAL until compacted. Give the cluster's key file, or --allow-plaintext-secrets to write them anyway",
+                    o.key(),
+                    ids.join(", ")
+                ))
+                .into());
+            }
+            Ok(Some(format!(
+                "{}: its secrets are written unencrypted (this moorctl has no --encryption-key-file){}",
+                o.key(),
+                if sealing.is_some() {
+                    "; the controller rewrites them sealed, but the clear text stays in etcd's history and WAL until compacted"
+                } else {
+                    ""
+                }
+            )))
         }
-        AnyObject::Allocation(o) => apply_one(ctx, *o).await,
-        AnyObject::Snapshot(o) => apply_one(ctx, *o).await,
+        AnyObject::Allocation(_) | AnyObject::Snapshot(_) => Ok(None),
         other => Err(Refused(format!(
             "{}: {} objects are written by moor itself; apply Volumes, Allocations and Snapshots",
             other.key(),
             other.kind().dir()
         ))
         .into()),
+    }
+}
+
+/// Writes an object [`check`] passed.
+async fn apply_any(ctx: &Ctx, obj: AnyObject) -> anyhow::Result<String> {
+    match obj {
+        AnyObject::Volume(o) => apply_one(ctx, *o).await,
+        AnyObject::Allocation(o) => apply_one(ctx, *o).await,
+        AnyObject::Snapshot(o) => apply_one(ctx, *o).await,
+        other => Err(Refused(format!("{}: not applied", other.key())).into()),
     }
 }
 

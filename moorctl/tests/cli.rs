@@ -119,3 +119,49 @@ fn a_closed_pipe_ends_moorctl_quietly() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// Issue 37, item 6: `apply -f /dev/zero` (or an endless stdin) grew without bound
+/// (6.5 GB in 8 s). Every input is read up to the 64 MiB cap, then refused; the peak
+/// memory of the process stays near the cap.
+#[test]
+fn an_endless_input_is_refused_at_the_cap() {
+    for args in [
+        &["validate", "-f", "/dev/zero"][..],
+        &["apply", "-f", "/dev/zero"][..],
+        &["validate", "-f", "-"][..],
+    ] {
+        let mut child = Command::new("/usr/bin/time")
+            .arg("-f")
+            .arg("maxrss=%M")
+            .arg(env!("CARGO_BIN_EXE_moorctl"))
+            .args(args)
+            .env("MOOR_ENDPOINTS", "http://127.0.0.1:1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run moorctl under /usr/bin/time");
+        let stdin = child.stdin.take().unwrap();
+        // An endless stdin: zeros until moorctl stops reading.
+        let feeder = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut stdin = stdin;
+            let block = vec![0u8; 1 << 20];
+            while stdin.write_all(&block).is_ok() {}
+        });
+        let out = child.wait_with_output().unwrap();
+        feeder.join().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("non-zero status"), "{args:?}: {err}");
+        assert!(
+            err.contains("longer than 67108864 bytes"),
+            "{args:?}: {err}"
+        );
+        let kib: u64 = err
+            .rsplit("maxrss=")
+            .next()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(u64::MAX);
+        assert!(kib < 200 * 1024, "{args:?}: peak RSS {kib} KiB");
+    }
+}
