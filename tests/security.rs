@@ -604,15 +604,16 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
     );
 
     // Issue 26, item 5: any node may write an event about any object, with terminal
-    // escapes in it. v1 is on n2: n1's event about it is not shown by describe, n2's
-    // is, with its source; nothing moorctl prints carries a raw escape.
+    // escapes in it. Claim a1.data is on n2: n1's event about it is not shown by
+    // describe, n2's is, with its source; nothing moorctl prints carries a raw escape.
+    // (n1 hosts the volume's controller plugin, so it may speak about v1 itself.)
     for (node, reason) in [("n1", "Spoofed"), ("n2", "Noted")] {
         let event = serde_json::json!({
             "apiVersion": "moor/v1", "kind": "Event",
             "metadata": {"name": format!("e-{node}"), "namespace": "default"},
             "spec": {"reason": reason, "type": "Warning",
                      "message": "\u{1b}[2J\u{1b}]0;owned\u{7}\u{202e}gnirts",
-                     "object": {"kind": "Volume", "namespace": "default", "name": "v1"},
+                     "object": {"kind": "Claim", "namespace": "default", "name": "a1.data"},
                      "source": format!("agent/{node}"), "time": "2026-11-24T00:00:00Z"}
         });
         s.raw(&format!("moor-agent-{node}"))
@@ -629,14 +630,43 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
         let t = String::from_utf8_lossy(b);
         t.contains('\u{1b}') || t.contains('\u{7}') || t.contains('\u{202e}')
     };
-    let out = s.moorctl("moor-controller", None, &["describe", "volume", "v1"]);
+    let out = s.moorctl("moor-controller", None, &["describe", "claim", "a1.data"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert!(
         text.contains("Noted") && text.contains("agent/n2") && !text.contains("Spoofed"),
         "{text}"
     );
-    assert!(text.contains("written by nodes it is not on"), "{text}");
+    assert!(
+        text.contains("written by nodes their object is not on"),
+        "{text}"
+    );
+    // Issue 37, item 5: one rule for every view: `events` and `events --for` hide it
+    // too and say so, show every event's SOURCE, and show it on request.
+    for args in [
+        &["events"][..],
+        &["events", "--for", "claim/a1.data"][..],
+        &["describe", "volume", "v1"][..],
+    ] {
+        let out = s.moorctl("moor-controller", None, args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let all = String::from_utf8_lossy(&out.stderr).into_owned() + &text;
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        assert!(
+            text.contains("SOURCE") && text.contains("Noted") && text.contains("agent/n2"),
+            "{args:?}: {all}"
+        );
+        assert!(!text.contains("Spoofed"), "{args:?}: {all}");
+        assert!(all.contains("not shown: --all-sources"), "{args:?}: {all}");
+        let mut with_all = args.to_vec();
+        with_all.push("--all-sources");
+        let out = s.moorctl("moor-controller", None, &with_all);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("Spoofed") && text.contains("agent/n1"),
+            "{with_all:?}: {text}"
+        );
+    }
     assert!(text.contains("\\u{1b}[2J"), "{text}");
     assert!(!raw_escape(&out.stdout), "{text}");
     for format in ["json", "yaml", "wide"] {

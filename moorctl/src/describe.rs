@@ -24,6 +24,9 @@ pub struct Describe {
     /// `wide`: also the staging paths of an allocation's volumes.
     #[arg(short = 'o', long, value_parser = ["wide"])]
     pub output: Option<String>,
+    /// Also events a node wrote about it although it is not on that node.
+    #[arg(long)]
+    pub all_sources: bool,
 }
 
 impl Describe {
@@ -73,19 +76,14 @@ impl Describe {
 
         // Events about the object, its claims and attachments, and those related to
         // them (a node's Mount events name the claim); a node's events only from the
-        // nodes the object is on (any node may write an event about any object).
+        // nodes the object is on (`sources`: the rule of every view of events).
         let mut about = vec![(self.kind, self.name.clone())];
-        let mut nodes: Vec<String> = match self.kind {
-            Kind::Node => vec![self.name.clone()],
-            _ => vec![text(&obj, "/spec/node")],
-        };
         for (related, field) in related(self.kind) {
             let (items, _) = kind::list(ctx, related, Some(&ns)).await?;
             let mut items: Vec<Value> = items
                 .into_iter()
                 .filter(|v| text(v, field) == self.name)
                 .collect();
-            nodes.extend(items.iter().map(|v| text(v, "/spec/node")));
             sort(related, &mut items);
             if matches!(related, Kind::Claim | Kind::Attachment) {
                 about.extend(items.iter().map(|v| (related, text(v, "/metadata/name"))));
@@ -112,8 +110,7 @@ impl Describe {
                     .map(|a| (Kind::Attachment, text(a, "/metadata/name"))),
             );
         }
-        nodes.retain(|n| !n.is_empty());
-        print_events(ctx, &about, &ns, &nodes).await?;
+        print_events(ctx, &about, &ns, self.all_sources).await?;
         Ok(0)
     }
 }
@@ -206,9 +203,10 @@ async fn print_events(
     ctx: &Ctx,
     about: &[(Kind, String)],
     ns: &Namespace,
-    nodes: &[String],
+    all_sources: bool,
 ) -> anyhow::Result<()> {
     let (events, _) = kind::list(ctx, Kind::Event, None).await?;
+    let placement = super::sources::Placement::load(ctx).await?;
     let mut elsewhere = 0;
     let mut events: Vec<Value> = events
         .into_iter()
@@ -225,14 +223,9 @@ async fn print_events(
             })
         })
         .filter(|e| {
-            // The source is bound to the writer's key prefix: `agent/N` was written
-            // with node N's identity.
-            let from_here = match text(e, "/spec/source").strip_prefix("agent/") {
-                Some(node) => nodes.iter().any(|n| n == node),
-                None => true,
-            };
-            elsewhere += usize::from(!from_here);
-            from_here
+            let shown = all_sources || placement.shown(e);
+            elsewhere += usize::from(!shown);
+            shown
         })
         .collect();
     sort(Kind::Event, &mut events);
@@ -245,10 +238,8 @@ async fn print_events(
             outln!("  {line}");
         }
     }
-    if elsewhere > 0 {
-        outln!(
-            "  ({elsewhere} event(s) about it written by nodes it is not on, not shown: `moorctl events`)"
-        );
+    if let Some(note) = super::sources::hidden_note(elsewhere) {
+        outln!("  {note}");
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use super::get::sort;
 use super::kind::{self, text, Kind};
+use super::sources::{hidden_note, node_source, Placement};
 use super::table::{columns, render, render_row};
 use super::{Ctx, NsArgs};
 use moor::api::EventSpec;
@@ -22,6 +23,10 @@ pub struct Events {
     /// Namespace selection (of the objects the events are about).
     #[command(flatten)]
     pub ns: NsArgs,
+    /// Also events a node wrote about an object that is not on it (any node may
+    /// write an event about any object; by default they are counted, not shown).
+    #[arg(long)]
+    pub all_sources: bool,
 }
 
 struct Filter {
@@ -53,8 +58,9 @@ impl Filter {
     }
 }
 
+/// A row with the SOURCE column: which writer said it.
 fn row(v: &Value) -> Vec<String> {
-    columns(Kind::Event, false)
+    columns(Kind::Event, true)
         .iter()
         .map(|c| (c.cell)(v))
         .collect()
@@ -81,19 +87,33 @@ impl Events {
             ns: self.ns.filter()?.map(|n| n.to_string()),
         };
         let (events, _) = kind::list(ctx, Kind::Event, None).await?;
-        let mut events: Vec<Value> = events.into_iter().filter(|v| filter.matches(v)).collect();
+        let mut placement = Placement::load(ctx).await?;
+        let mut hidden = 0;
+        let mut events: Vec<Value> = events
+            .into_iter()
+            .filter(|v| filter.matches(v))
+            .filter(|v| {
+                let shown = self.all_sources || placement.shown(v);
+                hidden += usize::from(!shown);
+                shown
+            })
+            .collect();
         sort(Kind::Event, &mut events);
-        let headers: Vec<&str> = columns(Kind::Event, false)
+        let headers: Vec<&str> = columns(Kind::Event, true)
             .iter()
             .map(|c| c.header)
             .collect();
         let rows: Vec<Vec<String>> = events.iter().map(row).collect();
         out!("{}", render(&headers, &rows));
+        if let Some(note) = hidden_note(hidden) {
+            eprintln!("{note}");
+        }
         if !self.watch {
             return Ok(0);
         }
         let seen: std::collections::HashSet<String> =
             events.iter().map(|v| text(v, "/metadata/uid")).collect();
+        let mut loaded = std::time::Instant::now();
         let mut stream = Box::pin(watcher::<EventSpec>(
             ctx.store.clone(),
             moor::api::KeyScope::all(),
@@ -115,6 +135,18 @@ impl Events {
             for v in new.iter().filter(|v| filter.matches(v)) {
                 if seen.contains(&text(v, "/metadata/uid")) {
                     continue;
+                }
+                // A node's event is checked against where its object is now: the
+                // placement is read again when it does not show the object there (at
+                // most every 2 s, so a node writing many such events costs few reads).
+                if !self.all_sources && node_source(v).is_some() && !placement.shown(v) {
+                    if loaded.elapsed() >= std::time::Duration::from_secs(2) {
+                        placement = Placement::load(ctx).await?;
+                        loaded = std::time::Instant::now();
+                    }
+                    if !placement.shown(v) {
+                        continue;
+                    }
                 }
                 outln!("{}", render_row(&row(v)));
             }

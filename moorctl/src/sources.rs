@@ -1,0 +1,164 @@
+//! Which writers may speak about an object: one rule for every view of events
+//! (`moorctl events`, `events --for`, `describe`).
+//!
+//! etcd binds an event's source to its writer's key prefix (`agent/N` was written with
+//! node N's identity), but any node may write an event about any object. A node's
+//! event is shown about an object only when the object is on that node: a Claim, Mount,
+//! Allocation or Attachment of the node, the Node itself, a Volume claimed or attached
+//! there; or when the node hosts the controller service of the object's plugin (its
+//! provisioner, attacher and snapshotter act on every volume of that plugin). The
+//! controller's events are always shown. The others are counted, and shown on request
+//! (`--all-sources`), with their SOURCE.
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde_json::Value;
+
+use super::kind::{self, text, Kind};
+use super::Ctx;
+
+/// The node an event was written by, if a node wrote it.
+pub fn node_source(event: &Value) -> Option<String> {
+    text(event, "/spec/source")
+        .strip_prefix("agent/")
+        .map(str::to_string)
+}
+
+/// Where each object is, as the store says: enough to apply the rule to any event.
+#[derive(Default)]
+pub struct Placement {
+    /// (kind, namespace, name) → the nodes it is on.
+    on: HashMap<(String, String, String), BTreeSet<String>>,
+    /// plugin id → the nodes hosting its controller service.
+    controllers: HashMap<String, BTreeSet<String>>,
+    /// plugin id → the nodes hosting any instance of it.
+    hosts: HashMap<String, BTreeSet<String>>,
+    /// (kind, namespace, name) → the plugin it belongs to (volumes, snapshots,
+    /// attachments).
+    plugin_of: HashMap<(String, String, String), String>,
+}
+
+fn id(kind: Kind, v: &Value) -> (String, String, String) {
+    (
+        kind.name().to_string(),
+        text(v, "/metadata/namespace"),
+        text(v, "/metadata/name"),
+    )
+}
+
+impl Placement {
+    /// Reads the objects the rule needs, in every namespace.
+    pub async fn load(ctx: &Ctx) -> anyhow::Result<Placement> {
+        let mut p = Placement::default();
+        let (nodes, _) = kind::list(ctx, Kind::Node, None).await?;
+        for n in &nodes {
+            let name = text(n, "/metadata/name");
+            p.place(id(Kind::Node, n), &name);
+            if let Some(plugins) = n.pointer("/status/plugins").and_then(Value::as_object) {
+                for (plugin, status) in plugins {
+                    p.hosts
+                        .entry(plugin.clone())
+                        .or_default()
+                        .insert(name.clone());
+                    if matches!(
+                        text(status, "/plugin_type").as_str(),
+                        "controller" | "monolith"
+                    ) {
+                        p.controllers
+                            .entry(plugin.clone())
+                            .or_default()
+                            .insert(name.clone());
+                    }
+                }
+            }
+        }
+        let (volumes, _) = kind::list(ctx, Kind::Volume, None).await?;
+        let mut volume_plugin = HashMap::new();
+        for v in &volumes {
+            let plugin = text(v, "/spec/plugin_id");
+            volume_plugin.insert(
+                (text(v, "/metadata/namespace"), text(v, "/metadata/name")),
+                plugin.clone(),
+            );
+            p.plugin_of.insert(id(Kind::Volume, v), plugin);
+        }
+        let plugin_of_volume = |v: &Value| {
+            volume_plugin
+                .get(&(text(v, "/metadata/namespace"), text(v, "/spec/volume")))
+                .cloned()
+        };
+        for kind in [Kind::Claim, Kind::Attachment, Kind::Allocation, Kind::Mount] {
+            let (items, _) = kind::list(ctx, kind, None).await?;
+            for item in &items {
+                let node = text(item, "/spec/node");
+                p.place(id(kind, item), &node);
+                if matches!(kind, Kind::Claim | Kind::Attachment) {
+                    // The volume is where its claims and attachments are.
+                    let volume = (
+                        Kind::Volume.name().to_string(),
+                        text(item, "/metadata/namespace"),
+                        text(item, "/spec/volume"),
+                    );
+                    p.place(volume, &node);
+                }
+                if kind == Kind::Attachment {
+                    if let Some(plugin) = plugin_of_volume(item) {
+                        p.plugin_of.insert(id(kind, item), plugin);
+                    }
+                }
+            }
+        }
+        let (snapshots, _) = kind::list(ctx, Kind::Snapshot, None).await?;
+        for s in &snapshots {
+            if let Some(plugin) = plugin_of_volume(s) {
+                p.plugin_of.insert(id(Kind::Snapshot, s), plugin);
+            }
+        }
+        Ok(p)
+    }
+
+    fn place(&mut self, object: (String, String, String), node: &str) {
+        if !node.is_empty() {
+            self.on.entry(object).or_default().insert(node.to_string());
+        }
+    }
+
+    /// Whether `node` may speak about the object at `at` (`/spec/object` or
+    /// `/spec/related`) of `event`.
+    fn speaks_about(&self, event: &Value, at: &str, node: &str) -> bool {
+        let object = (
+            text(event, &format!("{at}/kind")),
+            text(event, &format!("{at}/namespace")),
+            text(event, &format!("{at}/name")),
+        );
+        if object.0 == Kind::Plugin.name() {
+            return self.hosts.get(&object.2).is_some_and(|n| n.contains(node));
+        }
+        self.on.get(&object).is_some_and(|n| n.contains(node))
+            || self
+                .plugin_of
+                .get(&object)
+                .and_then(|plugin| self.controllers.get(plugin))
+                .is_some_and(|n| n.contains(node))
+    }
+
+    /// Whether `event` is shown: written by the controller (or anyone not a node), or
+    /// by a node that its object (or the related object) is on.
+    pub fn shown(&self, event: &Value) -> bool {
+        let Some(node) = node_source(event) else {
+            return true;
+        };
+        ["/spec/object", "/spec/related"].iter().any(|at| {
+            event.pointer(at).is_some_and(|o| !o.is_null()) && self.speaks_about(event, at, &node)
+        })
+    }
+}
+
+/// What a view says about the events it hid.
+pub fn hidden_note(hidden: usize) -> Option<String> {
+    (hidden > 0).then(|| {
+        format!(
+            "({hidden} event(s) written by nodes their object is not on, not shown: --all-sources shows them)"
+        )
+    })
+}
