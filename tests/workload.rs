@@ -84,7 +84,12 @@ async fn a_workload_gets_its_volume_and_its_end_releases_it() {
     let _slot = SLOTS.acquire().await.unwrap();
     let c = cluster().await;
     let env_file = c.dir.path().join("w1.env");
-    // The first run writes into the volume and fails with 3.
+    let bg = c.dir.path().join("bg.pid");
+    let script = format!(
+        "sleep 300 & echo $! > {}; echo kept > \"$MOOR_VOLUME_DATA/f\" && test \"$MOOR_ALLOC\" = w1 && exit 3",
+        bg.display()
+    );
+    // The first run writes into the volume, leaves a process behind, and fails with 3.
     let out = run(
         &c,
         &[
@@ -98,10 +103,22 @@ async fn a_workload_gets_its_volume_and_its_end_releases_it() {
             "--",
             "sh",
             "-c",
-            "echo kept > \"$MOOR_VOLUME_DATA/f\" && test \"$MOOR_ALLOC\" = w1 && exit 3",
+            &script,
         ],
     );
     assert_eq!(out.status.code(), Some(3), "the workload's exit code");
+    // Issue 37, item 7: what the workload left in its process group was ended before
+    // its volume was released (moorctl returns after the release).
+    let pid = std::fs::read_to_string(&bg).unwrap();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", pid.trim())).exists(),
+        "the workload's background process {pid} outlived it"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&env_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the env file is the owner's alone");
+    }
     let w1 = allocation(&c, "w1").await;
     assert_eq!(w1.spec.client_status, ClientStatus::Failed);
     assert_eq!(w1.spec.exit.as_ref().and_then(|e| e.code), Some(3));
@@ -198,11 +215,23 @@ async fn a_killed_runner_s_allocation_is_lost_and_released_in_order() {
     let _slot = SLOTS.acquire().await.unwrap();
     let c = cluster().await;
     let mark = c.dir.path().join("terminated");
+    let stubborn = c.dir.path().join("stubborn.pid");
+    // The workload starts a process of its own that ignores SIGTERM (issue 37, item 7:
+    // such a child outlived a killed runner and kept the volume busy after release).
     let script = format!(
-        "trap 'echo term > {}; exit 0' TERM; echo started; while :; do sleep 0.1; done",
+        "sh -c 'trap \"\" TERM; echo $$ > {}; while :; do sleep 0.1; done' & trap 'echo term > {}; exit 0' TERM; echo started; while :; do sleep 0.1; done",
+        stubborn.display(),
         mark.display()
     );
     let mut child = start(&c, "w1", "n2", &["--lease-ttl", "3s"], &script);
+    c.wait("the stubborn child runs", T, || async { stubborn.exists() })
+        .await;
+    let stubborn_pid = std::fs::read_to_string(&stubborn)
+        .unwrap()
+        .trim()
+        .to_string();
+    let stubborn_alive = || std::path::Path::new(&format!("/proc/{stubborn_pid}")).exists();
+    assert!(stubborn_alive());
     assert_eq!(
         allocation(&c, "w1").await.spec.client_status,
         ClientStatus::Running
@@ -217,6 +246,17 @@ async fn a_killed_runner_s_allocation_is_lost_and_released_in_order() {
         allocation(&c, "w1").await.status.lost
     })
     .await;
+    // Every process of the workload is gone by the time its volume is unpublished.
+    c.wait("w1's claim leaves Published", T, || async {
+        c.claim("w1", "n2")
+            .await
+            .is_some_and(|cl| cl.status.phase != ClaimPhase::Published)
+    })
+    .await;
+    assert!(
+        !stubborn_alive(),
+        "the workload's child outlived the runner into the release"
+    );
     c.wait_claim("w1", "n2", ClaimPhase::Released, T).await;
     let w1 = allocation(&c, "w1").await;
     assert_eq!(w1.client_status(), ClientStatus::Lost);
@@ -231,6 +271,72 @@ async fn a_killed_runner_s_allocation_is_lost_and_released_in_order() {
     assert_eq!(n2.count("NodeUnstageVolume", "OK"), 1);
     assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 1);
     c.check_calls(true);
+}
+
+/// Issue 37, item 7: an --env-file that is a symbolic link, request names that give
+/// one variable, and more requests than an allocation may make are refused before
+/// anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alloc_run_refuses_a_linked_env_file_and_ambiguous_or_too_many_requests() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = cluster().await;
+    let target = c.dir.path().join("target-of-link");
+    let link = c.dir.path().join("w.env");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out = run(
+        &c,
+        &[
+            "w1",
+            "--node",
+            "n1",
+            "--volume",
+            "data=v1",
+            "--env-file",
+            link.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("symbolic link"), "{err}");
+    assert!(!target.exists(), "the link was followed");
+    let out = run(
+        &c,
+        &[
+            "w2",
+            "--node",
+            "n1",
+            "--volume",
+            "a-b=v1:ro",
+            "--volume",
+            "a_b=v1:ro",
+            "--",
+            "true",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("would both be MOOR_VOLUME_A_B"), "{err}");
+    let mut args = vec!["w3".to_string(), "--node".into(), "n1".into()];
+    for i in 0..=MAX_VOLUME_REQUESTS {
+        args.push("--volume".into());
+        args.push(format!("r{i}=v1:ro"));
+    }
+    args.extend(["--".into(), "true".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(&c, &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("at most 128 requests"), "{err}");
+    for name in ["w1", "w2", "w3"] {
+        let stored = c
+            .store
+            .try_get(&Allocation::key_for(&Namespace::default_ns(), name))
+            .await
+            .unwrap();
+        assert!(stored.is_none(), "{name} was created");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

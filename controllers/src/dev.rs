@@ -92,8 +92,14 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     let tls = args.tls.config()?;
     let listener =
         match moor_embedded::bind(&args.listen, args.insecure_listen, tls.is_some()).await {
-            Err(e @ moor_embedded::ListenError::Bind(..)) => {
-                return Err(anyhow::Error::new(e).context("is another etcd there? use --listen"))
+            Err(moor_embedded::ListenError::Bind(addr, e))
+                if e.kind() == std::io::ErrorKind::AddrInUse =>
+            {
+                return Err(
+                    anyhow::Error::new(moor_embedded::ListenError::Bind(addr, e)).context(
+                        "the address is in use (another etcd, or moord dev, there?); use --listen",
+                    ),
+                );
             }
             other => other?,
         };

@@ -71,7 +71,18 @@ pub async fn bind(
     insecure: bool,
     tls: bool,
 ) -> Result<tokio::net::TcpListener, ListenError> {
-    let listener = tokio::net::TcpListener::bind(listen)
+    // Every address `listen` names is checked before any is bound: a refused address
+    // never holds a socket, even for a moment.
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(listen)
+        .await
+        .map_err(|e| ListenError::Bind(listen.to_string(), e))?
+        .collect();
+    if !insecure && !tls {
+        if let Some(a) = addrs.iter().find(|a| !a.ip().is_loopback()) {
+            return Err(ListenError::NotLoopback(*a));
+        }
+    }
+    let listener = tokio::net::TcpListener::bind(&addrs[..])
         .await
         .map_err(|e| ListenError::Bind(listen.to_string(), e))?;
     let addr = listener
@@ -95,5 +106,24 @@ mod tests {
         assert!(e.to_string().contains("--insecure-listen"), "{e}");
         assert!(super::bind("0.0.0.0:0", true, false).await.is_ok());
         assert!(super::bind("0.0.0.0:0", false, true).await.is_ok());
+    }
+
+    /// Issue 37, item 8: a refused address is refused before it is bound, also when it
+    /// is in use (the error then is the refusal, not "address in use").
+    #[tokio::test]
+    async fn a_refused_address_is_never_bound() {
+        let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let e = super::bind(&format!("0.0.0.0:{port}"), false, false)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, super::ListenError::NotLoopback(_)), "{e}");
+        drop(taken);
+        // Free again, and refused again: nothing of ours holds it afterwards.
+        let e = super::bind(&format!("0.0.0.0:{port}"), false, false)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, super::ListenError::NotLoopback(_)), "{e}");
+        std::net::TcpListener::bind(format!("0.0.0.0:{port}")).expect("the port is free");
     }
 }

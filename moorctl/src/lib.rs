@@ -87,6 +87,7 @@ mod plan;
 mod plugin;
 mod run;
 mod snapshot;
+mod sources;
 mod status;
 mod table;
 mod validate;
@@ -185,6 +186,9 @@ pub enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+    /// Internal: the process `alloc run` puts between itself and CMD.
+    #[command(name = "__workload-guard", hide = true)]
+    WorkloadGuard(run::guard::Guard),
 }
 
 /// `moorctl alloc ...`.
@@ -273,6 +277,7 @@ impl Cli {
     pub fn run(self) -> anyhow::Result<i32> {
         match self.command {
             Command::Validate(cmd) => return cmd.run(),
+            Command::WorkloadGuard(guard) => return guard.run(),
             Command::Completion { shell } => {
                 let mut cmd = Cli::command();
                 let mut script = Vec::new();
@@ -325,7 +330,9 @@ impl Cli {
                 }
                 Command::Events(cmd) => cmd.run(&ctx).await,
                 Command::Wait(cmd) => cmd.run(&ctx).await,
-                Command::Validate(_) | Command::Completion { .. } => unreachable!(),
+                Command::Validate(_) | Command::Completion { .. } | Command::WorkloadGuard(_) => {
+                    unreachable!()
+                }
             }
         })
     }

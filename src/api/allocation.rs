@@ -141,6 +141,16 @@ impl Spec for AllocationSpec {
 
     fn validate(&self, errors: &mut ValidationErrors) {
         errors.check_id("node", self.node.validate());
+        if self.volumes.len() > MAX_VOLUME_REQUESTS {
+            errors.push(
+                "volumes",
+                format!(
+                    "{} requests; an allocation may make at most {MAX_VOLUME_REQUESTS}",
+                    self.volumes.len()
+                ),
+            );
+            return;
+        }
         for (i, req) in self.volumes.iter().enumerate() {
             errors.check_id(&format!("volumes[{i}].name"), req.name.validate());
             errors.check_id(&format!("volumes[{i}].volume"), req.volume.validate());
@@ -164,6 +174,9 @@ impl Spec for AllocationSpec {
         }
     }
 }
+
+/// The most volume requests one allocation may make (a node attaches far fewer).
+pub const MAX_VOLUME_REQUESTS: usize = 128;
 
 /// Where an allocation's claims are.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

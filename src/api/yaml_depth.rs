@@ -12,7 +12,7 @@
 #![allow(unsafe_code)]
 
 use std::mem::MaybeUninit;
-use unsafe_libyaml as sys;
+use unsafe_libyaml as unsafe_sys;
 
 /// What the event pull found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,37 +27,41 @@ pub(super) enum Depth {
 
 /// A parser initialised over `text`, deleted on drop.
 struct Parser<'a> {
-    sys: Box<MaybeUninit<sys::yaml_parser_t>>,
+    sys: Box<MaybeUninit<unsafe_sys::yaml_parser_t>>,
     _text: &'a [u8],
 }
 
 impl<'a> Parser<'a> {
     fn new(text: &'a [u8]) -> Option<Parser<'a>> {
-        let mut sys = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
+        let mut sys = Box::new(MaybeUninit::<unsafe_sys::yaml_parser_t>::uninit());
         // SAFETY: the parser is initialised in place before any other use (a failed
         // initialisation, out of memory, leaves nothing to delete); the input is
         // borrowed for the parser's whole life ('a), as set_input_string requires.
         unsafe {
-            if sys::yaml_parser_initialize(sys.as_mut_ptr()).fail {
+            if unsafe_sys::yaml_parser_initialize(sys.as_mut_ptr()).fail {
                 return None;
             }
-            sys::yaml_parser_set_encoding(sys.as_mut_ptr(), sys::YAML_UTF8_ENCODING);
-            sys::yaml_parser_set_input_string(sys.as_mut_ptr(), text.as_ptr(), text.len() as u64);
+            unsafe_sys::yaml_parser_set_encoding(sys.as_mut_ptr(), unsafe_sys::YAML_UTF8_ENCODING);
+            unsafe_sys::yaml_parser_set_input_string(
+                sys.as_mut_ptr(),
+                text.as_ptr(),
+                text.len() as u64,
+            );
         }
         Some(Parser { sys, _text: text })
     }
 
     /// The next event's type; `None` on a parse error.
-    fn next(&mut self) -> Option<sys::yaml_event_type_t> {
-        let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
+    fn next(&mut self) -> Option<unsafe_sys::yaml_event_type_t> {
+        let mut event = MaybeUninit::<unsafe_sys::yaml_event_t>::uninit();
         // SAFETY: the parser was initialised; yaml_parser_parse fills the event when it
         // succeeds (and only then is it read and deleted, once).
         unsafe {
-            if sys::yaml_parser_parse(self.sys.as_mut_ptr(), event.as_mut_ptr()).fail {
+            if unsafe_sys::yaml_parser_parse(self.sys.as_mut_ptr(), event.as_mut_ptr()).fail {
                 return None;
             }
             let kind = (*event.as_ptr()).type_;
-            sys::yaml_event_delete(event.as_mut_ptr());
+            unsafe_sys::yaml_event_delete(event.as_mut_ptr());
             Some(kind)
         }
     }
@@ -66,7 +70,7 @@ impl<'a> Parser<'a> {
 impl Drop for Parser<'_> {
     fn drop(&mut self) {
         // SAFETY: initialised in `new` (a Parser exists only then), deleted once.
-        unsafe { sys::yaml_parser_delete(self.sys.as_mut_ptr()) }
+        unsafe { unsafe_sys::yaml_parser_delete(self.sys.as_mut_ptr()) }
     }
 }
 
@@ -80,16 +84,16 @@ pub(super) fn depth(text: &[u8], max: usize) -> Depth {
     loop {
         match parser.next() {
             None => return Depth::Unparsed,
-            Some(sys::YAML_SEQUENCE_START_EVENT | sys::YAML_MAPPING_START_EVENT) => {
+            Some(unsafe_sys::YAML_SEQUENCE_START_EVENT | unsafe_sys::YAML_MAPPING_START_EVENT) => {
                 depth += 1;
                 if depth > max {
                     return Depth::Deeper;
                 }
             }
-            Some(sys::YAML_SEQUENCE_END_EVENT | sys::YAML_MAPPING_END_EVENT) => {
+            Some(unsafe_sys::YAML_SEQUENCE_END_EVENT | unsafe_sys::YAML_MAPPING_END_EVENT) => {
                 depth = depth.saturating_sub(1);
             }
-            Some(sys::YAML_STREAM_END_EVENT) => return Depth::Within,
+            Some(unsafe_sys::YAML_STREAM_END_EVENT) => return Depth::Within,
             Some(_) => {}
         }
     }

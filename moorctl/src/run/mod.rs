@@ -14,9 +14,14 @@
 //!    or Failed claim, `--timeout` or a signal ends the run with exit 1 after stopping
 //!    an allocation it created (so nothing stays claimed).
 //! 4. client_status `running`; CMD runs with MOOR_ALLOC, MOOR_NODE and
-//!    MOOR_VOLUME_<REQ> (the target path of each request); SIGINT, SIGTERM and SIGHUP
-//!    are passed on to it, and it gets SIGTERM if the runner itself dies.
-//! 5. When CMD exits: client_status `complete` (0) or `failed` (with the code or
+//!    MOOR_VOLUME_<REQ> (the target path of each request), in a process group of its
+//!    own under the workload guard (`guard.rs`); SIGINT, SIGTERM and SIGHUP are passed
+//!    on to it, and if the runner itself dies the guard ends the whole group (SIGTERM,
+//!    SIGKILL after a third of the lease TTL, at most 10 s) well before the controller
+//!    finds the lease expired and releases the claims.
+//! 5. When CMD has exited, the rest of its group is ended the same way and waited for:
+//!    a volume is released only after every process of the workload is gone.
+//! 6. Then: client_status `complete` (0) or `failed` (with the code or
 //!    signal) and desired_status `stop` in one write; the claims are awaited until
 //!    Released (unless `--no-wait`); the lease is deleted (left to expire when the end
 //!    could not be recorded, so the controller releases the claims as lost); moorctl
@@ -29,12 +34,13 @@ use std::time::Duration;
 use moor::api::*;
 use moor::store::StoreError;
 
+pub(crate) mod guard;
 mod lease;
 mod process;
 mod wait;
 
 use lease::{renew, take_lease};
-use process::{interrupted, outcome, spawn_and_wait};
+use process::{grace, interrupted, outcome, spawn_and_wait};
 use wait::{wait_published, wait_released};
 
 use crate::{parse_name, parse_ns, ride_out, Ctx, Refused};
@@ -108,6 +114,9 @@ impl Run {
                 && self.lease_ttl.as_secs() <= MAX_LEASE_SECONDS,
             "--lease-ttl must be 1s to {MAX_LEASE_SECONDS}s"
         );
+        if let Some(path) = &self.env_file {
+            refuse_link(path)?;
+        }
         let wanted = self.allocation(ctx, &ns, &name, &node).await?;
         let holder = format!(
             "moorctl@{}/{}",
@@ -169,7 +178,7 @@ impl Run {
             write_env_file(path, &env)?;
         }
         set_running(ctx, &key).await?;
-        let exit = spawn_and_wait(&self.command, &env).await;
+        let exit = spawn_and_wait(&self.command, &env, grace(self.lease_ttl)).await;
         let (status, info, code) = match exit {
             Ok(st) => outcome(st),
             Err(e) => {
@@ -200,9 +209,29 @@ impl Run {
         name: &Name,
         node: &NodeName,
     ) -> anyhow::Result<Allocation> {
-        if let Some(path) = &self.file {
-            return allocation_from_file(path, ns, name, node);
+        if self.volumes.len() > MAX_VOLUME_REQUESTS {
+            return Err(Refused(format!(
+                "{} --volume flags; an allocation may make at most {MAX_VOLUME_REQUESTS} requests",
+                self.volumes.len()
+            ))
+            .into());
         }
+        let alloc = match &self.file {
+            Some(path) => allocation_from_file(path, ns, name, node)?,
+            None => self.flags_allocation(ctx, ns, name, node).await?,
+        };
+        distinct_variables(&alloc)?;
+        Ok(alloc)
+    }
+
+    /// The allocation the --volume flags ask for.
+    async fn flags_allocation(
+        &self,
+        ctx: &Ctx,
+        ns: &Namespace,
+        name: &Name,
+        node: &NodeName,
+    ) -> anyhow::Result<Allocation> {
         let mut spec = AllocationSpec {
             node: node.clone(),
             ..Default::default()
@@ -215,6 +244,39 @@ impl Run {
             .validate()
             .map_err(|e| Refused(format!("allocation {name}: {e}")))?;
         Ok(alloc)
+    }
+}
+
+/// Refuses requests whose names give the same MOOR_VOLUME_<REQ> (`a-b` and `a_b`): the
+/// workload would see only one of the two paths.
+fn distinct_variables(alloc: &Allocation) -> anyhow::Result<()> {
+    let mut seen: BTreeMap<String, &Name> = BTreeMap::new();
+    for req in &alloc.spec.volumes {
+        let var = volume_var(&req.name);
+        if let Some(first) = seen.insert(var.clone(), &req.name) {
+            return Err(Refused(format!(
+                "requests {first} and {} would both be {var}; rename one",
+                req.name
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an --env-file that is a symbolic link (writing through it, as root, would
+/// create or overwrite whatever it points at).
+fn refuse_link(path: &std::path::Path) -> anyhow::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(Refused(format!(
+            "--env-file {}: is a symbolic link; give the file itself",
+            path.display()
+        ))
+        .into()),
+        Ok(m) if !m.is_file() => {
+            Err(Refused(format!("--env-file {}: not a regular file", path.display())).into())
+        }
+        _ => Ok(()),
     }
 }
 
@@ -414,12 +476,33 @@ pub(crate) fn volume_var(req: &Name) -> String {
     format!("MOOR_VOLUME_{tail}")
 }
 
+/// Writes the environment file, readable by its owner only, never through a symbolic
+/// link (O_NOFOLLOW: a link swapped in after the early check is refused too).
 fn write_env_file(path: &std::path::Path, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let mut text = String::new();
     for (k, v) in env {
         text.push_str(&format!("{k}={v}\n"));
     }
-    std::fs::write(path, text).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+    let fail = |e: std::io::Error| anyhow::anyhow!("writing {}: {e}", path.display());
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(fail)?;
+    anyhow::ensure!(
+        f.metadata().map_err(fail)?.is_file(),
+        "writing {}: not a regular file",
+        path.display()
+    );
+    // An existing file keeps its mode through open: make it the owner's alone.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(fail)?;
+    f.write_all(text.as_bytes()).map_err(fail)
 }
 
 async fn set_running(ctx: &Ctx, key: &ObjectKey<AllocationSpec>) -> anyhow::Result<()> {

@@ -1,6 +1,7 @@
-//! The workload as a child process: spawned with the allocation's environment, passed
-//! SIGINT, SIGTERM and SIGHUP, killed with SIGTERM if the runner dies, and its exit
-//! read as a code or a signal.
+//! The workload as a child process: spawned with the allocation's environment under
+//! the workload guard (`guard.rs`: CMD in a process group of its own, ended whole),
+//! passed SIGINT, SIGTERM and SIGHUP, ended with SIGTERM if the runner dies, and its
+//! exit read as a code or a signal (the guard exits as CMD did).
 
 use moor::api::*;
 
@@ -21,22 +22,37 @@ pub(super) async fn interrupted() {
     futures::stream::select_all(streams).next().await;
 }
 
-/// Runs CMD with `env` added, passing SIGINT, SIGTERM and SIGHUP on to it.
+/// How long what is left of the workload has after SIGTERM before SIGKILL: a third of
+/// the lease's TTL (the controller releases a dead runner's claims only after the
+/// whole TTL), at most 10 s.
+pub(super) fn grace(lease_ttl: Duration) -> Duration {
+    (lease_ttl / 3).min(Duration::from_secs(10))
+}
+
+/// Runs CMD under the workload guard with `env` added, passing SIGINT, SIGTERM and
+/// SIGHUP on to it; returns when CMD and everything it left in its process group have
+/// ended.
 #[allow(unsafe_code)]
 pub(super) async fn spawn_and_wait(
     command: &[String],
     env: &BTreeMap<String, String>,
+    grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
     use futures::StreamExt;
-    let mut cmd = tokio::process::Command::new(&command[0]);
-    cmd.args(&command[1..]).envs(env);
+    let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
+    cmd.arg("__workload-guard")
+        .arg(format!("--runner={}", std::process::id()))
+        .arg(format!("--grace={}ms", grace.as_millis()))
+        .arg("--")
+        .args(command)
+        .envs(env);
     // SAFETY: the closure runs in the child between fork and exec and makes one system
     // call (prctl), which is async-signal-safe; it allocates and locks nothing.
     unsafe {
         cmd.pre_exec(|| {
-            // If the runner dies (SIGKILL, a crash), the workload is told to stop
-            // (SIGTERM) instead of writing on into a volume the controller is about to
-            // release as lost.
+            // If the runner dies (SIGKILL, a crash), the guard is told (SIGTERM) and
+            // ends the workload's whole process group instead of letting it write on
+            // into a volume the controller is about to release as lost.
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
                 .map_err(std::io::Error::from)
         });
