@@ -47,7 +47,7 @@ enum Command {
     /// Runs the controller (allocations → claims, admission, release, status).
     Controller(controller::Args),
     /// Runs the node agent for one node.
-    Agent(agent::Args),
+    Agent(Box<agent::Args>),
     /// Runs moor on one machine: embedded store, controller, agent and moor-hostpath.
     Dev(dev::Args),
     /// Lists every moor object in etcd by kind and reports malformed ones (read-only).
@@ -78,7 +78,7 @@ async fn main() {
     let shutdown = moor::process::on_signal();
     let result = match cli.command {
         Command::Controller(args) => controller::run(args, shutdown).await.map(|()| 0),
-        Command::Agent(args) => agent::run(args, shutdown).await.map(|()| 0),
+        Command::Agent(args) => agent::run(*args, shutdown).await.map(|()| 0),
         Command::Check(cmd) => cmd.run().await,
         Command::Roles(cmd) => cmd.run(),
         Command::Keys(cmd) => cmd.run(),

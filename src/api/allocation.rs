@@ -303,7 +303,7 @@ fn fnv1a(s: &str) -> u64 {
 
 /// A name within the id rule: `parts` joined by `sep`, or, when longer than 128, a
 /// prefix and a hash of the whole.
-fn bounded_name(parts: &[&str], sep: &str) -> String {
+pub fn bounded_name(parts: &[&str], sep: &str) -> String {
     let full = parts.join(sep);
     if full.len() <= 128 {
         return full;

@@ -294,7 +294,14 @@ impl Cluster {
             "--event-window=1s".into(),
             format!("--http={http}"),
         ];
-        aargs.extend(self.opts.agent_args.iter().cloned());
+        // `{dir}` in an agent argument is the node's own directory.
+        let node_dir = dir.display().to_string();
+        aargs.extend(
+            self.opts
+                .agent_args
+                .iter()
+                .map(|a| a.replace("{dir}", &node_dir)),
+        );
         let agent = Proc::start(
             &format!("agent-{name}"),
             bin("moord"),

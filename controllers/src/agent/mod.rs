@@ -17,6 +17,7 @@ pub mod snapshotter;
 pub mod state;
 pub mod survey;
 pub mod volume_plan;
+pub mod volume_plugin;
 
 use anyhow::Context;
 use moor::api::*;
@@ -83,6 +84,21 @@ pub struct Args {
     /// InvalidArgument) waits this long unless the step's inputs change.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub retry_cap: Duration,
+    /// Serve the Docker volume-plugin protocol on this unix socket (Docker:
+    /// /run/docker/plugins/moor.sock; Podman: containers.conf [engine.volume_plugins]).
+    #[arg(long, value_name = "PATH")]
+    pub volume_plugin: Option<PathBuf>,
+    /// The namespace of the volumes and allocations the volume-plugin endpoint serves.
+    #[arg(long, default_value = "default")]
+    pub volume_plugin_namespace: String,
+    /// The plugin a volume-plugin Create without `-o plugin=` uses (default: the first
+    /// node plugin of --plugin).
+    #[arg(long)]
+    pub volume_plugin_default: Option<String>,
+    /// How long a volume-plugin Mount waits for its volume to be published (Docker
+    /// waits 2 min; Podman 5 s unless its volume_plugin_timeout is raised).
+    #[arg(long, default_value = "110s", value_parser = humantime::parse_duration)]
+    pub volume_plugin_mount_timeout: Duration,
 }
 
 /// One configured plugin.
@@ -231,6 +247,46 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         &mut tasks,
         shutdown.clone(),
     );
+
+    if let Some(path) = &args.volume_plugin {
+        let namespace = Namespace::new(&args.volume_plugin_namespace)
+            .map_err(|e| anyhow::anyhow!("--volume-plugin-namespace: {e}"))?;
+        let default_plugin = match &args.volume_plugin_default {
+            Some(p) => {
+                PluginId::new(p).map_err(|e| anyhow::anyhow!("--volume-plugin-default: {e}"))?
+            }
+            None => configs
+                .iter()
+                .find(|c| c.is_node())
+                .map(|c| c.id.clone())
+                .context(
+                "--volume-plugin needs a node plugin on this node (--plugin type=node or monolith)",
+            )?,
+        };
+        let cfg = volume_plugin::Config {
+            path: path.clone(),
+            namespace,
+            default_plugin,
+            mount_timeout: args.volume_plugin_mount_timeout,
+        };
+        let (store, node, supervisor, shutdown) = (
+            store.clone(),
+            node.clone(),
+            supervisor.clone(),
+            shutdown.clone(),
+        );
+        tasks.spawn(async move {
+            if let Err(e) =
+                volume_plugin::serve(cfg, store, node, supervisor, shutdown.clone()).await
+            {
+                tracing::error!(
+                    error = format!("{e:#}"),
+                    "the volume-plugin endpoint failed"
+                );
+                shutdown.cancel();
+            }
+        });
+    }
 
     let node_ctx = node::NodeReconciler {
         store: store.clone(),

@@ -1,0 +1,215 @@
+//! The Docker volume-plugin endpoint (`moord agent --volume-plugin PATH`): Docker and
+//! Podman ask this node's agent for moor volumes over the volume-plugin protocol, on a
+//! unix socket, and get the whole CSI lifecycle behind `docker run -v NAME:/data`.
+//!
+//! Expected flow:
+//! 1. The endpoint binds PATH (a stale socket left by an earlier run is replaced; any
+//!    other file there is refused) and answers `POST /Plugin.Activate`, `/VolumeDriver.*`.
+//! 2. Every body is read whole up to [`MAX_BODY`] and parsed as JSON whatever its
+//!    Content-Type (Docker sends none, Podman its own); an answer is JSON, and an error
+//!    a non-200 status with `{"Err": "..."}` (Podman reads only the status).
+//! 3. Each verb is one operation of [`ops`] on desired state in etcd: Create writes a
+//!    Volume, Mount an Allocation of this node for the caller and waits for its claim
+//!    to be Published, Unmount ends that allocation and waits until this node no longer
+//!    publishes it, Remove deletes a Volume it created. Nothing is kept in memory: an
+//!    agent restart picks everything up from etcd.
+
+mod ops;
+mod options;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use moor::api::{Namespace, NodeName, PluginId};
+use moor::store::Store;
+
+use super::plugins::Supervisor;
+
+pub use ops::Endpoint;
+
+/// The largest request body read: the protocol's requests are a name, an id and a few
+/// options.
+pub const MAX_BODY: usize = 64 << 10;
+
+/// How the endpoint is configured (`moord agent --volume-plugin*`).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The socket's path.
+    pub path: PathBuf,
+    /// The namespace of the volumes and allocations it serves.
+    pub namespace: Namespace,
+    /// The plugin a Create without `plugin=` uses.
+    pub default_plugin: PluginId,
+    /// How long a Mount waits for the claim to be published (Docker waits 2 min).
+    pub mount_timeout: Duration,
+}
+
+/// An error answered to the engine: its status and message.
+#[derive(Debug)]
+pub struct Failure {
+    status: StatusCode,
+    message: String,
+}
+
+impl Failure {
+    /// A request the endpoint refuses (bad input, a rule of moor's).
+    pub fn bad(message: impl Into<String>) -> Failure {
+        Failure {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    /// A failure on moor's side (etcd, a timeout); the engine may try again.
+    pub fn internal(message: impl Into<String>) -> Failure {
+        Failure {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<moor::store::StoreError> for Failure {
+    fn from(e: moor::store::StoreError) -> Failure {
+        Failure::internal(format!("moor's store: {}", moor::store::bounded_chain(&e)))
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        json_response(self.status, &json!({ "Err": self.message }))
+    }
+}
+
+/// A JSON answer (the protocol's content type).
+fn json_response(status: StatusCode, value: &Value) -> Response {
+    (
+        status,
+        [("content-type", "application/vnd.docker.plugins.v1+json")],
+        serde_json::to_vec(value).unwrap_or_default(),
+    )
+        .into_response()
+}
+
+/// One verb's answer.
+type Answer = Result<Value, Failure>;
+
+/// Binds the socket and serves until `shutdown`.
+pub async fn serve(
+    cfg: Config,
+    store: Store,
+    node: NodeName,
+    supervisor: Supervisor,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let listener = bind(&cfg.path)?;
+    tracing::info!(path = %cfg.path.display(), namespace = %cfg.namespace, "serving the volume-plugin endpoint");
+    let path = cfg.path.clone();
+    let endpoint = Arc::new(Endpoint::new(cfg, store, node, supervisor));
+    let app = axum::Router::new()
+        .route("/Plugin.Activate", post(activate))
+        .route("/VolumeDriver.Capabilities", post(capabilities))
+        .route("/VolumeDriver.{verb}", post(verb))
+        .fallback(|| async { Failure::bad("no such verb").into_response() })
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(endpoint);
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .context("serving the volume-plugin endpoint");
+    let _ = std::fs::remove_file(&path);
+    served
+}
+
+/// Binds `path`, replacing a socket left there by an earlier run (refusing anything
+/// else), readable and writable by its owner only (the engines run as root).
+fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display()))?,
+        Ok(_) => anyhow::bail!(
+            "--volume-plugin {}: a file that is not a socket is there",
+            path.display()
+        ),
+        Err(_) => {}
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod {}", path.display()))?;
+    Ok(listener)
+}
+
+async fn activate() -> Response {
+    json_response(StatusCode::OK, &json!({ "Implements": ["VolumeDriver"] }))
+}
+
+async fn capabilities() -> Response {
+    // moor volumes are cluster-wide: the engine asks every node's endpoint alike.
+    json_response(
+        StatusCode::OK,
+        &json!({ "Capabilities": { "Scope": "global" } }),
+    )
+}
+
+/// A verb's request: its body parsed as a JSON object, whatever the Content-Type.
+fn parse(body: &Bytes) -> Result<serde_json::Map<String, Value>, Failure> {
+    if body.len() > MAX_BODY {
+        return Err(Failure::bad(format!(
+            "the request is {} bytes; at most {MAX_BODY} are read",
+            body.len()
+        )));
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Default::default());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(Failure::bad("the request is not a JSON object")),
+        Err(e) => Err(Failure::bad(format!("the request is not JSON: {e}"))),
+    }
+}
+
+async fn verb(
+    State(endpoint): State<Arc<Endpoint>>,
+    axum::extract::Path(verb): axum::extract::Path<String>,
+    body: axum::body::Body,
+) -> Response {
+    let answer = match read_body(body).await {
+        Ok(bytes) => match parse(&bytes) {
+            Ok(req) => endpoint.dispatch(&verb, &req).await,
+            Err(f) => Err(f),
+        },
+        Err(f) => Err(f),
+    };
+    match answer {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(f) => {
+            tracing::info!(verb = %moor::api::printable(&verb), error = %moor::api::printable(&f.message), "volume-plugin request refused");
+            f.into_response()
+        }
+    }
+}
+
+/// Reads at most [`MAX_BODY`] + 1 bytes of a body (a longer one is refused unread).
+async fn read_body(body: axum::body::Body) -> Result<Bytes, Failure> {
+    axum::body::to_bytes(body, MAX_BODY + 1).await.map_err(|_| {
+        Failure::bad(format!(
+            "the request is larger than {MAX_BODY} bytes, or could not be read"
+        ))
+    })
+}

@@ -1,0 +1,503 @@
+//! What each verb of the volume-plugin protocol does to moor's desired state.
+//!
+//! A caller (the engine's mount ID, a container's as a rule) gets an Allocation of this
+//! node named `<caller>.<volume>` (bounded; labelled with the caller, the volume and
+//! this node), with one request `data`. It holds the volume until Unmount ends it or
+//! the node is lost; it has no runner lease, so an agent restart never ends it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+
+use moor::api::*;
+use moor::store::{Store, StoreError};
+
+use super::options::CreateOptions;
+use super::{Answer, Config, Failure, Supervisor};
+
+/// Labels of what the endpoint writes.
+pub const LABEL_CREATED_BY: &str = "moor.dev/created-by";
+/// The value of [`LABEL_CREATED_BY`] on volumes Create made.
+pub const CREATED_BY_ENDPOINT: &str = "volume-plugin";
+/// An endpoint allocation's node (the endpoint that serves its caller).
+pub const LABEL_NODE: &str = "moor.dev/volume-plugin-node";
+/// An endpoint allocation's caller (the engine's mount ID, up to 63 characters).
+pub const LABEL_CALLER: &str = "moor.dev/caller";
+/// The name of the one request an endpoint allocation makes.
+pub const REQUEST: &str = "data";
+
+/// How often a waiting Mount or Unmount reads the claim again.
+const POLL: Duration = Duration::from_millis(100);
+
+/// The endpoint's state: none of its own beyond its configuration.
+pub struct Endpoint {
+    cfg: Config,
+    store: Store,
+    node: NodeName,
+    supervisor: Supervisor,
+}
+
+/// A field of a request that must be a string.
+fn field<'a>(req: &'a Map<String, Value>, name: &str) -> Result<&'a str, Failure> {
+    match req.get(name) {
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(Failure::bad(format!("{name} is not a string"))),
+        None => Err(Failure::bad(format!("{name} is missing"))),
+    }
+}
+
+/// The volume a request names.
+fn volume_name(req: &Map<String, Value>) -> Result<VolumeId, Failure> {
+    let name = field(req, "Name")?;
+    VolumeId::new(name)
+        .map_err(|e| Failure::bad(format!("volume name {}: {e}", moor::api::printable(name))))
+}
+
+/// The caller a Mount or Unmount names: its ID, as a label value (the first 63
+/// characters of [A-Za-z0-9._-]).
+fn caller(req: &Map<String, Value>) -> Result<String, Failure> {
+    let id = field(req, "ID")?;
+    if id.is_empty()
+        || id.len() > 256
+        || !id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return Err(Failure::bad(format!(
+            "ID {}: 1-256 characters of [A-Za-z0-9._-]",
+            moor::api::printable(id)
+        )));
+    }
+    Ok(id.chars().take(63).collect())
+}
+
+impl Endpoint {
+    /// The endpoint of this node.
+    pub fn new(cfg: Config, store: Store, node: NodeName, supervisor: Supervisor) -> Endpoint {
+        Endpoint {
+            cfg,
+            store,
+            node,
+            supervisor,
+        }
+    }
+
+    /// Runs the verb `verb` (the part after `VolumeDriver.`).
+    pub async fn dispatch(&self, verb: &str, req: &Map<String, Value>) -> Answer {
+        match verb {
+            "Create" => self.create(req).await,
+            "Remove" => self.remove(req).await,
+            "Mount" => self.mount(req).await,
+            "Unmount" => self.unmount(req).await,
+            "Path" => self.path(req).await,
+            "Get" => self.get(req).await,
+            "List" => self.list().await,
+            _ => Err(Failure::bad(format!(
+                "no such verb VolumeDriver.{}",
+                moor::api::printable(verb)
+            ))),
+        }
+    }
+
+    fn ns(&self) -> &Namespace {
+        &self.cfg.namespace
+    }
+
+    async fn volume(&self, id: &VolumeId) -> Result<Option<Volume>, Failure> {
+        Ok(self.store.try_get(&Volume::key_for(self.ns(), id)).await?)
+    }
+
+    /// Create: an existing volume is used as it is (an option it contradicts is
+    /// refused); otherwise a Volume is written from the options, preferring this
+    /// node's topology. Returns once desired state is written; Mount waits for Ready.
+    async fn create(&self, req: &Map<String, Value>) -> Answer {
+        let id = volume_name(req)?;
+        let opts = CreateOptions::parse(req.get("Opts"))?;
+        if let Some(v) = self.volume(&id).await? {
+            return match opts.contradiction(&v.spec, v.status.provisioning.capacity_bytes) {
+                Some(why) => Err(Failure::bad(format!("volume {id} exists: {why}"))),
+                None => Ok(json!({})),
+            };
+        }
+        let plugin = opts
+            .plugin
+            .clone()
+            .unwrap_or_else(|| self.cfg.default_plugin.clone());
+        let mut spec = VolumeSpec {
+            plugin_id: plugin.clone(),
+            capacity_min: opts.size,
+            capabilities: vec![VolumeCapability {
+                access_mode: opts.access_mode(),
+                attachment_mode: AttachmentMode::FileSystem,
+            }],
+            source: opts.source.clone(),
+            ..Default::default()
+        };
+        if opts.fs_type.is_some() || opts.mount_flags.is_some() {
+            spec.mount_options = Rare::new(MountOptions {
+                fs_type: opts.fs_type.clone(),
+                mount_flags: MountFlags::new(opts.mount_flags.clone().unwrap_or_default()),
+                ..Default::default()
+            });
+        }
+        if !opts.parameters.is_empty() {
+            spec.parameters = Rare::new(opts.parameters.clone());
+        }
+        if let Some(t) = self.supervisor.topology(&plugin) {
+            spec.topology_request = Some(Box::new(TopologyRequest {
+                required: Vec::new(),
+                preferred: vec![t],
+            }));
+        }
+        let name = Name::new(id.as_str()).map_err(|e| Failure::bad(e.to_string()))?;
+        let mut volume = Volume::new(self.ns(), name, spec);
+        volume
+            .metadata
+            .labels
+            .insert(LABEL_CREATED_BY.into(), CREATED_BY_ENDPOINT.into());
+        if let Err(e) = volume.validate() {
+            return Err(Failure::bad(format!("volume {id}: {e}")));
+        }
+        match self.store.create(&volume).await {
+            Ok(_) => Ok(json!({})),
+            // Another node's endpoint (the engine asks each) made it first.
+            Err(StoreError::AlreadyExists { .. }) => Ok(json!({})),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Remove: refused while any claim holds the volume (named); a volume Create made
+    /// is deleted (its finalizer calls DeleteVolume); one that existed before is only
+    /// forgotten by the engine.
+    async fn remove(&self, req: &Map<String, Value>) -> Answer {
+        let id = volume_name(req)?;
+        let Some(v) = self.volume(&id).await? else {
+            return Ok(json!({}));
+        };
+        let claims = &v.status.claims;
+        let holders: Vec<String> = claims
+            .read_claims
+            .iter()
+            .chain(&claims.write_claims)
+            .map(|c| {
+                format!(
+                    "{} (allocation {} on node {})",
+                    c.claim, c.allocation, c.node
+                )
+            })
+            .collect();
+        if !holders.is_empty() {
+            return Err(Failure::bad(format!(
+                "volume {id} is in use by claim {}",
+                holders.join(", ")
+            )));
+        }
+        let ours = v.metadata.labels.get(LABEL_CREATED_BY).map(String::as_str)
+            == Some(CREATED_BY_ENDPOINT);
+        if !ours {
+            tracing::info!(volume = %id, "volume-plugin Remove of a volume it did not create: forgotten by the engine, kept in moor");
+            return Ok(json!({}));
+        }
+        match self.store.delete(&v.object_key(), None).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(json!({})),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The allocation of `caller` for volume `id` on this node.
+    fn allocation_key(
+        &self,
+        caller: &str,
+        id: &VolumeId,
+    ) -> Result<ObjectKey<AllocationSpec>, Failure> {
+        let name = Name::new(bounded_name(&[caller, id.as_str()], "."))
+            .map_err(|e| Failure::bad(e.to_string()))?;
+        Ok(Allocation::key_for(self.ns(), name))
+    }
+
+    /// Mount: an allocation of this node for the caller (adopted when the same caller
+    /// mounts again), then waits until its claim is Published and answers the target
+    /// path. A refusal (denied, failed, timed out) stops the allocation it made, so
+    /// nothing stays claimed.
+    async fn mount(&self, req: &Map<String, Value>) -> Answer {
+        let id = volume_name(req)?;
+        let caller = caller(req)?;
+        let Some(volume) = self.volume(&id).await? else {
+            return Err(Failure::bad(format!("no such volume {id}")));
+        };
+        let cap = volume
+            .spec
+            .capabilities
+            .iter()
+            .find(|c| c.attachment_mode == AttachmentMode::FileSystem)
+            .copied()
+            .ok_or_else(|| Failure::bad(format!("volume {id} offers no file-system capability")))?;
+        let key = self.allocation_key(&caller, &id)?;
+        let existing = self.store.try_get(&key).await?;
+        let alloc = match existing {
+            Some(a) if !a.is_terminal() && a.spec.node == self.node => a,
+            Some(a) => {
+                // An earlier, ended mount of the same caller: replaced.
+                match self.store.delete_read(&a).await {
+                    Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                self.create_allocation(&key, &caller, &id, cap).await?
+            }
+            None => self.create_allocation(&key, &caller, &id, cap).await?,
+        };
+        match self.wait_published(&alloc).await {
+            Ok(path) => Ok(json!({ "Mountpoint": path })),
+            Err(f) => {
+                self.end(&key, ClientStatus::Failed).await;
+                Err(f)
+            }
+        }
+    }
+
+    async fn create_allocation(
+        &self,
+        key: &ObjectKey<AllocationSpec>,
+        caller: &str,
+        id: &VolumeId,
+        cap: VolumeCapability,
+    ) -> Result<Allocation, Failure> {
+        let spec = AllocationSpec {
+            node: self.node.clone(),
+            client_status: ClientStatus::Running,
+            volumes: vec![VolumeRequest {
+                name: Name::new(REQUEST).map_err(|e| Failure::internal(e.to_string()))?,
+                volume: id.clone(),
+                read_only: !cap.access_mode.allows_write(),
+                access_mode: Some(cap.access_mode),
+                attachment_mode: Some(cap.attachment_mode),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let name = Name::new(key.name()).map_err(|e| Failure::internal(e.to_string()))?;
+        let mut alloc = Allocation::new(self.ns(), name, spec);
+        let labels = &mut alloc.metadata.labels;
+        labels.insert(LABEL_NODE.into(), self.node.to_string());
+        labels.insert(LABEL_CALLER.into(), caller.to_string());
+        match self.store.create(&alloc).await {
+            Ok(a) => Ok(a),
+            // The same caller's Mount sent twice at once: adopt the other's.
+            Err(StoreError::AlreadyExists { .. }) => Ok(self.store.get(key).await?),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Waits until the allocation's claim is Published; its target path.
+    async fn wait_published(&self, alloc: &Allocation) -> Result<String, Failure> {
+        let req = &alloc.spec.volumes[0];
+        let claim_name = alloc
+            .claim_name(req)
+            .ok_or_else(|| Failure::internal("the allocation names no claim"))?;
+        let claim_key = Claim::key_for(&self.node, self.ns(), &claim_name);
+        let deadline = Instant::now() + self.cfg.mount_timeout;
+        let mut last_error = None;
+        loop {
+            if let Some(claim) = self.store.try_get(&claim_key).await? {
+                last_error = claim.status.meta.last_error.clone().or(last_error);
+                match claim.status.phase {
+                    ClaimPhase::Published => {
+                        if let Some(m) = self.store.try_get(&Mount::key_for(&claim_key)).await? {
+                            if m.status.published {
+                                return Ok(m.spec.target_path.clone());
+                            }
+                        }
+                    }
+                    ClaimPhase::Denied => {
+                        return Err(Failure::bad(format!(
+                            "volume {}: claim {}: {}",
+                            req.volume,
+                            claim_name,
+                            claim.status.reason.as_deref().unwrap_or("refused")
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Failure::internal(format!(
+                    "volume {} was not published on node {} within {}{}",
+                    req.volume,
+                    self.node,
+                    humantime::format_duration(self.cfg.mount_timeout),
+                    last_error
+                        .map(|e| format!(" (last error: {})", moor::api::printable(&e)))
+                        .unwrap_or_default()
+                )));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Ends the allocation at `key` (client status `status`, desired stop); a failure
+    /// is logged (the allocation then waits for the node rule).
+    async fn end(&self, key: &ObjectKey<AllocationSpec>, status: ClientStatus) {
+        let r = self
+            .store
+            .modify_spec(key, |s: &mut AllocationSpec| {
+                let changed = s.desired_status != DesiredStatus::Stop || s.client_status != status;
+                s.desired_status = DesiredStatus::Stop;
+                if !s.is_terminal() || s.client_status == ClientStatus::Running {
+                    s.client_status = status;
+                }
+                changed
+            })
+            .await;
+        match r {
+            Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(allocation = %key, error = %moor::store::bounded_chain(&e), "could not end an endpoint allocation")
+            }
+        }
+    }
+
+    /// Unmount: the caller's allocation ends (complete); answers once this node no
+    /// longer publishes the volume for it. The rest of the release goes on as usual.
+    async fn unmount(&self, req: &Map<String, Value>) -> Answer {
+        let id = volume_name(req)?;
+        let caller = caller(req)?;
+        let key = self.allocation_key(&caller, &id)?;
+        let Some(alloc) = self.store.try_get(&key).await? else {
+            return Ok(json!({}));
+        };
+        self.end(&key, ClientStatus::Complete).await;
+        let Some(claim_name) = alloc.spec.volumes.first().and_then(|r| alloc.claim_name(r)) else {
+            return Ok(json!({}));
+        };
+        let claim_key = Claim::key_for(&alloc.spec.node, self.ns(), &claim_name);
+        let deadline = Instant::now() + Duration::from_secs(55);
+        loop {
+            let published = match self.store.try_get(&Mount::key_for(&claim_key)).await? {
+                Some(m) => m.status.published || m.status.publish_uncertain,
+                None => false,
+            };
+            if !published {
+                return Ok(json!({}));
+            }
+            if Instant::now() >= deadline {
+                return Err(Failure::internal(format!(
+                    "volume {id} is still published on node {} for {caller}",
+                    self.node
+                )));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The endpoint allocations of this node for volume `id`, with their published
+    /// target paths (None while not published).
+    async fn callers(&self, id: &VolumeId) -> Result<Vec<(Allocation, Option<String>)>, Failure> {
+        let scope = KeyScope::<AllocationSpec>::namespace(self.ns()).unwrap_or_else(KeyScope::all);
+        let list = self.store.list(&scope).await?;
+        let mut out = Vec::new();
+        for a in list.items {
+            let ours =
+                a.metadata.labels.get(LABEL_NODE).map(String::as_str) == Some(self.node.as_str());
+            let Some(req) = a.spec.volumes.first() else {
+                continue;
+            };
+            if !ours || req.volume != *id || a.is_terminal() {
+                continue;
+            }
+            let path = match a.claim_name(req) {
+                Some(c) => {
+                    let ck = Claim::key_for(&self.node, self.ns(), &c);
+                    self.store
+                        .try_get(&Mount::key_for(&ck))
+                        .await?
+                        .filter(|m| m.status.published)
+                        .map(|m| m.spec.target_path.clone())
+                }
+                None => None,
+            };
+            out.push((a, path));
+        }
+        Ok(out)
+    }
+
+    async fn path(&self, req: &Map<String, Value>) -> Answer {
+        let id = volume_name(req)?;
+        let path = self
+            .callers(&id)
+            .await?
+            .into_iter()
+            .find_map(|(_, p)| p)
+            .unwrap_or_default();
+        Ok(json!({ "Mountpoint": path }))
+    }
+
+    /// Get: the volume with moor's state of it (phase, plugin, capacity, the nodes
+    /// claiming it, this node's callers); an error when moor has no such volume.
+    async fn get(&self, req: &Map<String, Value>) -> Answer {
+        let id = volume_name(req)?;
+        let Some(v) = self.volume(&id).await? else {
+            return Err(Failure::bad(format!("no such volume {id}")));
+        };
+        let callers = self.callers(&id).await?;
+        let mountpoint = callers
+            .iter()
+            .find_map(|(_, p)| p.clone())
+            .unwrap_or_default();
+        let mut status: BTreeMap<&str, Value> = BTreeMap::new();
+        status.insert("phase", json!(format!("{:?}", v.status.provisioning.phase)));
+        status.insert("plugin", json!(v.spec.plugin_id.as_str()));
+        if let Some(c) = v.status.provisioning.capacity_bytes {
+            status.insert("capacity_bytes", json!(c));
+        }
+        let claims = &v.status.claims;
+        let mut nodes: Vec<String> = claims
+            .read_claims
+            .iter()
+            .chain(&claims.write_claims)
+            .map(|c| c.node.to_string())
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        status.insert("published_on", json!(nodes));
+        status.insert(
+            "callers",
+            json!(callers
+                .iter()
+                .map(|(a, _)| a
+                    .metadata
+                    .labels
+                    .get(LABEL_CALLER)
+                    .cloned()
+                    .unwrap_or_default())
+                .collect::<Vec<_>>()),
+        );
+        Ok(json!({
+            "Volume": {
+                "Name": id.as_str(),
+                "Mountpoint": mountpoint,
+                "Status": status,
+            }
+        }))
+    }
+
+    /// List: every volume of the namespace that offers a file system.
+    async fn list(&self) -> Answer {
+        let scope = KeyScope::<VolumeSpec>::namespace(self.ns()).unwrap_or_else(KeyScope::all);
+        let list = self.store.list(&scope).await?;
+        let volumes: Vec<Value> = list
+            .items
+            .iter()
+            .filter(|v| v.metadata.namespace == *self.ns())
+            .filter(|v| {
+                v.spec
+                    .capabilities
+                    .iter()
+                    .any(|c| c.attachment_mode == AttachmentMode::FileSystem)
+            })
+            .map(|v| json!({ "Name": v.metadata.name.as_str() }))
+            .collect();
+        Ok(json!({ "Volumes": volumes }))
+    }
+}
