@@ -9,6 +9,8 @@
 #   promtool (prometheus)         deploy/prometheus's rules are checked and unit-tested, and a
 #                                 real Prometheus scrapes moor (tests/prometheus.rs)
 #   time     (time)               GNU time: moorctl's tests read a command's peak memory
+#   podman, runc, busybox (podman, runc, busybox-static)
+#                                 tests/engines.rs runs real containers on moor volumes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/needs.sh
@@ -18,4 +20,7 @@ need etcdctl etcd-client
 need openssl openssl
 need promtool prometheus
 need /usr/bin/time time
+need podman podman
+need runc runc
+need busybox busybox-static
 exec cargo test --workspace "$@"

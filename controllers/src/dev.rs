@@ -43,6 +43,10 @@ pub struct Args {
     /// Serve the controller's /metrics and /healthz here.
     #[arg(long)]
     pub http: Option<std::net::SocketAddr>,
+    /// Serve the Docker volume-plugin protocol on this socket (as `moord agent
+    /// --volume-plugin`): /run/docker/plugins/moor.sock for Docker.
+    #[arg(long, value_name = "PATH")]
+    pub volume_plugin: Option<PathBuf>,
 }
 
 #[derive(Parser)]
@@ -161,20 +165,23 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         dir.join("mnt").display()
     );
     let agent_dir = dir.join("agent").display().to_string();
-    let agent = AgentArgv::try_parse_from([
-        "agent",
-        "--node",
-        NODE,
-        "--etcd",
-        &url,
-        "--data-dir",
-        &agent_dir,
-        "--plugin",
-        &plugin,
-        "--leader-ttl",
-        "5s",
-    ])?
-    .args;
+    let mut agent_argv = vec![
+        "agent".to_string(),
+        "--node".into(),
+        NODE.into(),
+        "--etcd".into(),
+        url.clone(),
+        "--data-dir".into(),
+        agent_dir,
+        "--plugin".into(),
+        plugin,
+        "--leader-ttl".into(),
+        "5s".into(),
+    ];
+    if let Some(path) = &args.volume_plugin {
+        agent_argv.push(format!("--volume-plugin={}", path.display()));
+    }
+    let agent = AgentArgv::try_parse_from(agent_argv)?.args;
 
     let daemons = shutdown.child_token();
     let controller_task = tokio::spawn(crate::controller::run(controller, daemons.clone()));

@@ -123,34 +123,49 @@ impl Placement {
         }
     }
 
-    /// Whether `node` may speak about the object at `at` (`/spec/object` or
-    /// `/spec/related`) of `event`.
-    fn speaks_about(&self, event: &Value, at: &str, node: &str) -> bool {
+    /// The object at `at` (`/spec/object` or `/spec/related`) of `event`, if the
+    /// event names one and it exists now (a deleted object's place is not known).
+    fn known(&self, event: &Value, at: &str) -> Option<(String, String, String)> {
+        event.pointer(at).filter(|o| !o.is_null())?;
         let object = (
             text(event, &format!("{at}/kind")),
             text(event, &format!("{at}/namespace")),
             text(event, &format!("{at}/name")),
         );
+        let known = if object.0 == Kind::Plugin.name() {
+            self.hosts.contains_key(&object.2)
+        } else {
+            self.on.contains_key(&object) || self.plugin_of.contains_key(&object)
+        };
+        known.then_some(object)
+    }
+
+    /// Whether `node` may speak about `object`.
+    fn speaks_about(&self, object: &(String, String, String), node: &str) -> bool {
         if object.0 == Kind::Plugin.name() {
             return self.hosts.get(&object.2).is_some_and(|n| n.contains(node));
         }
-        self.on.get(&object).is_some_and(|n| n.contains(node))
+        self.on.get(object).is_some_and(|n| n.contains(node))
             || self
                 .plugin_of
-                .get(&object)
+                .get(object)
                 .and_then(|plugin| self.controllers.get(plugin))
                 .is_some_and(|n| n.contains(node))
     }
 
     /// Whether `event` is shown: written by the controller (or anyone not a node), or
-    /// by a node that its object (or the related object) is on.
+    /// by a node that its object (or the related object) is on. Objects that no longer
+    /// exist cannot be judged (an attachment is deleted once detached): when the event
+    /// names none that exists, it is shown, with its SOURCE.
     pub fn shown(&self, event: &Value) -> bool {
         let Some(node) = node_source(event) else {
             return true;
         };
-        ["/spec/object", "/spec/related"].iter().any(|at| {
-            event.pointer(at).is_some_and(|o| !o.is_null()) && self.speaks_about(event, at, &node)
-        })
+        let known: Vec<_> = ["/spec/object", "/spec/related"]
+            .iter()
+            .filter_map(|at| self.known(event, at))
+            .collect();
+        known.is_empty() || known.iter().any(|o| self.speaks_about(o, &node))
     }
 }
 

@@ -292,7 +292,7 @@ impl Allocation {
 }
 
 /// FNV-1a, 64 bits: a stable hash for shortening names (std's hasher may change).
-fn fnv1a(s: &str) -> u64 {
+pub fn fnv1a(s: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in s.bytes() {
         h ^= u64::from(b);

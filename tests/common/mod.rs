@@ -209,6 +209,7 @@ pub fn need(cmd: &'static str) -> &'static str {
     let package = match cmd {
         "etcd" => "etcd-server",
         "etcdctl" => "etcd-client",
+        "busybox" => "busybox-static",
         other => other,
     };
     let found = std::env::var_os("PATH")

@@ -1,8 +1,8 @@
 //! What each verb of the volume-plugin protocol does to moor's desired state.
 //!
 //! A caller (the engine's mount ID, a container's as a rule) gets an Allocation of this
-//! node named `<caller>.<volume>` (bounded; labelled with the caller, the volume and
-//! this node), with one request `data`. It holds the volume until Unmount ends it or
+//! node named `<caller's first 12>-<hash of the caller>.<volume>` (labelled with the
+//! caller and this node), with one request `data`. It holds the volume until Unmount ends it or
 //! the node is lost; it has no runner lease, so an agent restart never ends it.
 
 use std::collections::BTreeMap;
