@@ -189,6 +189,7 @@ async fn verb(
     axum::extract::Path(verb): axum::extract::Path<String>,
     body: axum::body::Body,
 ) -> Response {
+    let started = std::time::Instant::now();
     let answer = match read_body(body).await {
         Ok(bytes) => match parse(&bytes) {
             Ok(req) => endpoint.dispatch(&verb, &req).await,
@@ -196,10 +197,16 @@ async fn verb(
         },
         Err(f) => Err(f),
     };
+    let elapsed_ms = started.elapsed().as_millis() as u64;
     match answer {
-        Ok(v) => json_response(StatusCode::OK, &v),
+        Ok(v) => {
+            if matches!(verb.as_str(), "Create" | "Remove" | "Mount" | "Unmount") {
+                tracing::info!(verb = %verb, elapsed_ms, "volume-plugin request answered");
+            }
+            json_response(StatusCode::OK, &v)
+        }
         Err(f) => {
-            tracing::info!(verb = %moor::api::printable(&verb), error = %moor::api::printable(&f.message), "volume-plugin request refused");
+            tracing::info!(verb = %moor::api::printable(&verb), elapsed_ms, error = %moor::api::printable(&f.message), "volume-plugin request refused");
             f.into_response()
         }
     }
