@@ -1,9 +1,11 @@
-//! Real container engines ask moor for volumes (issue 38): Podman through the
-//! volume-plugin endpoint of a node's agent (a real etcd, `moord controller`, agents,
+//! Real container engines ask moor for volumes (issue 38): Podman and Docker through
+//! the volume-plugin endpoint of a node's agent (a real etcd, `moord controller`, agents,
 //! moor-hostpath), its containers writing and reading a CSI volume; the plugins' call
 //! logs are checked against the invariants. Podman runs with its own storage under the
-//! test's directory, runc and cgroupfs (../shared/CONTAINERS.md: this machine kind's
-//! recipe), and an image made from busybox.
+//! test's directory, runc and cgroupfs; Docker is a dockerd of the test's own (its
+//! socket, data and exec roots, no network) finding the endpoint by a spec file in
+//! /etc/docker/plugins (../shared/CONTAINERS.md: this machine kind's recipes); both
+//! run an image made from busybox.
 
 #[path = "common/cluster.rs"]
 mod cluster;
@@ -125,6 +127,158 @@ impl Podman {
     }
 }
 
+/// Makes the busybox root file system under `root` and tars it to `root/bb.tar`.
+fn busybox_tar(root: &Path) -> PathBuf {
+    let rootfs = root.join("rootfs");
+    let bin = rootfs.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let which = Command::new("sh")
+        .args(["-c", "command -v busybox"])
+        .output()
+        .unwrap();
+    let path = PathBuf::from(String::from_utf8_lossy(&which.stdout).trim());
+    assert!(path.is_file(), "busybox: {}", common::need("busybox"));
+    std::fs::copy(&path, bin.join("busybox")).unwrap();
+    for c in ["sh", "cat", "echo", "ls", "sleep", "true"] {
+        std::os::unix::fs::symlink("busybox", bin.join(c)).unwrap();
+    }
+    let tar = root.join("bb.tar");
+    let ok = Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "tar the image");
+    tar
+}
+
+/// A dockerd of the test's own, and the name under which it finds node `node`'s
+/// endpoint (a spec file in /etc/docker/plugins, removed on drop).
+struct Docker {
+    dir: PathBuf,
+    spec: PathBuf,
+    driver: String,
+    daemon: std::process::Child,
+}
+
+impl Docker {
+    async fn start(c: &Cluster, node: &str) -> Docker {
+        common::need("dockerd");
+        // Short paths: containerd's sockets live under the exec root.
+        let dir = PathBuf::from(format!("/tmp/moor-docker-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
+        let daemon = Command::new("dockerd")
+            .args([
+                "--iptables=false",
+                "--ip6tables=false",
+                "--bridge=none",
+                "--storage-driver=vfs",
+            ])
+            .arg(format!("--data-root={}", dir.join("root").display()))
+            .arg(format!("--exec-root={}", dir.join("exec").display()))
+            .arg(format!("-H=unix://{}", dir.join("docker.sock").display()))
+            .arg(format!("--pidfile={}", dir.join("docker.pid").display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start dockerd");
+        let driver = format!("moor-test-{}", std::process::id());
+        std::fs::create_dir_all("/etc/docker/plugins").unwrap();
+        let spec = PathBuf::from(format!("/etc/docker/plugins/{driver}.spec"));
+        std::fs::write(
+            &spec,
+            format!("unix://{}\n", c.node(node).dir.join("moor.sock").display()),
+        )
+        .unwrap();
+        let d = Docker {
+            dir,
+            spec,
+            driver,
+            daemon,
+        };
+        c.wait("dockerd answers", T, || async {
+            d.cmd()
+                .arg("info")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .await;
+        let tar = busybox_tar(&d.dir);
+        d.ok(&["import", tar.to_str().unwrap(), "bb:1"]);
+        d
+    }
+
+    fn cmd(&self) -> Command {
+        let mut cmd = Command::new("docker");
+        cmd.env(
+            "DOCKER_HOST",
+            format!("unix://{}", self.dir.join("docker.sock").display()),
+        );
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let out = self.cmd().args(args).output().expect("run docker");
+        eprintln!(
+            "$ docker {}\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(out.status.success(), "docker {args:?} failed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn container(&self, volume: &str, script: &str) -> Output {
+        self.run(&[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--volume-driver",
+            &self.driver,
+            "-v",
+            &format!("{volume}:/data"),
+            "bb:1",
+            "sh",
+            "-c",
+            script,
+        ])
+    }
+}
+
+impl Drop for Docker {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.spec);
+        let _ = Command::new("kill")
+            .arg(self.daemon.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.daemon.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        // vfs layers are plain directories; a failed removal leaves them to /tmp's
+        // cleaning.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 async fn start() -> Cluster {
     let opts = PluginOpts {
         agent_args: vec!["--volume-plugin={dir}/moor.sock".into()],
@@ -191,6 +345,56 @@ async fn podman_containers_write_and_read_a_moor_volume() {
     p.ok(&["volume", "rm", "web"]);
     c.wait("web deleted", T, || async {
         volume(&c, "web").await.is_none()
+    })
+    .await;
+    let n1 = c.node("n1");
+    assert_eq!(n1.count("CreateVolume", "OK"), 1);
+    assert_eq!(n1.count("DeleteVolume", "OK"), 1);
+    assert_eq!(n1.count("NodePublishVolume", "OK"), 2);
+    assert_eq!(n1.count("NodeUnpublishVolume", "OK"), 2);
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_containers_write_and_read_a_moor_volume() {
+    let c = start().await;
+    let d = Docker::start(&c, "n1").await;
+    d.ok(&[
+        "volume",
+        "create",
+        "-d",
+        &d.driver,
+        "-o",
+        "size=8MiB",
+        "dvol",
+    ]);
+    let dvol = volume(&c, "dvol").await.expect("a moor Volume");
+    assert_eq!(dvol.spec.capacity_min, Some(Size(8 << 20)));
+    let out = d.container("dvol", "echo kept > /data/hello");
+    assert!(out.status.success(), "{out:?}");
+    let out = d.container("dvol", "cat /data/hello");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "kept");
+    let ls = d.ok(&["volume", "ls"]);
+    assert!(ls.contains(&d.driver) && ls.contains("dvol"), "{ls}");
+    let inspect = d.ok(&["volume", "inspect", "dvol"]);
+    assert!(
+        inspect.contains("\"phase\": \"Ready\"") && inspect.contains("\"Scope\": \"global\""),
+        "{inspect}"
+    );
+    c.wait("every claim released", T, || async {
+        c.store
+            .list(&KeyScope::<ClaimSpec>::all())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|cl| cl.status.phase == ClaimPhase::Released)
+    })
+    .await;
+    d.ok(&["volume", "rm", "dvol"]);
+    c.wait("dvol deleted", T, || async {
+        volume(&c, "dvol").await.is_none()
     })
     .await;
     let n1 = c.node("n1");

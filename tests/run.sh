@@ -9,7 +9,7 @@
 #   promtool (prometheus)         deploy/prometheus's rules are checked and unit-tested, and a
 #                                 real Prometheus scrapes moor (tests/prometheus.rs)
 #   time     (time)               GNU time: moorctl's tests read a command's peak memory
-#   podman, runc, busybox (podman, runc, busybox-static)
+#   podman, runc, busybox, dockerd (podman, runc, busybox-static, docker.io)
 #                                 tests/engines.rs runs real containers on moor volumes
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,4 +23,5 @@ need /usr/bin/time time
 need podman podman
 need runc runc
 need busybox busybox-static
+need dockerd docker.io
 exec cargo test --workspace "$@"

@@ -210,6 +210,7 @@ pub fn need(cmd: &'static str) -> &'static str {
         "etcd" => "etcd-server",
         "etcdctl" => "etcd-client",
         "busybox" => "busybox-static",
+        "dockerd" => "docker.io",
         other => other,
     };
     let found = std::env::var_os("PATH")
