@@ -123,8 +123,14 @@ async fn volumes(c: &Cluster) -> Vec<String> {
 }
 
 async fn start() -> Cluster {
+    start_with(&[]).await
+}
+
+async fn start_with(more: &[&str]) -> Cluster {
+    let mut agent_args = vec!["--volume-plugin={dir}/moor.sock".to_string()];
+    agent_args.extend(more.iter().map(|a| a.to_string()));
     let opts = PluginOpts {
-        agent_args: vec!["--volume-plugin={dir}/moor.sock".into()],
+        agent_args,
         ..PluginOpts::default()
     };
     let c = Cluster::start(1, 2, opts).await;
@@ -374,4 +380,150 @@ async fn bad_input_at_the_socket_is_refused_by_name_and_writes_nothing() {
     // The agent is unharmed: it still answers.
     let (status, _) = post_raw(&sock, "/Plugin.Activate", None, b"").await;
     assert_eq!(status, 200);
+}
+
+/// A process holding `path` in a mount namespace of its own, as a container does: a
+/// bind mount of it, until killed.
+struct Holder(std::process::Child);
+
+impl Holder {
+    fn start(path: &Path, at: &Path) -> Holder {
+        use std::io::BufRead;
+        std::fs::create_dir_all(at).unwrap();
+        let mut child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg("mount --bind \"$0\" \"$1\" && echo ready && exec sleep 600")
+            .arg(path)
+            .arg(at)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "the holder's bind mount");
+        Holder(child)
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn alloc_of(c: &Cluster, caller_prefix: &str) -> Allocation {
+    c.store
+        .list(&KeyScope::<AllocationSpec>::all())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|a| a.metadata.name.as_str().starts_with(caller_prefix))
+        .unwrap_or_else(|| panic!("no allocation of {caller_prefix}"))
+}
+
+/// Issue 38, item 3: an agent restart never releases a volume a container uses, and a
+/// caller whose Unmount never came is found by the mount table and released; one that
+/// still holds the path in its mount namespace is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restart_keeps_what_containers_use_and_missed_unmounts_are_found() {
+    assert!(
+        cluster::can_mount(),
+        "this test bind-mounts in a mount namespace: run it as root"
+    );
+    let mut c = start_with(&[
+        "--volume-plugin-orphan-interval=1s",
+        "--volume-plugin-orphan-grace=3s",
+    ])
+    .await;
+    // Two volumes: the mount table tells volumes apart, not two callers of one
+    // volume on one node (while one uses it, all of them are kept).
+    for v in ["held", "ghost"] {
+        ok(&c, "n1", "Create", json!({"Name": v})).await;
+        c.volume_ready(v).await;
+    }
+    let held = ok(
+        &c,
+        "n1",
+        "Mount",
+        json!({"Name": "held", "ID": "heldcaller"}),
+    )
+    .await;
+    let held_path = PathBuf::from(held["Mountpoint"].as_str().unwrap());
+    let holder = Holder::start(&held_path, &c.dir.path().join("holder-at"));
+    ok(
+        &c,
+        "n1",
+        "Mount",
+        json!({"Name": "ghost", "ID": "ghostcaller"}),
+    )
+    .await;
+
+    // The agent dies and comes back: nothing is unpublished.
+    c.node_mut("n1").agent.kill();
+    c.node_mut("n1").agent.restart();
+    let sock = socket(&c, "n1");
+    c.wait("the endpoint is back", T, || async {
+        tokio::net::UnixStream::connect(&sock).await.is_ok()
+    })
+    .await;
+    assert_eq!(c.node("n1").count("NodeUnpublishVolume", "OK"), 0);
+
+    // The ghost (its container never came, or its Unmount was lost) is released once
+    // its allocation is past the grace and unused at two checks.
+    c.wait("the ghost's allocation ended", T, || async {
+        alloc_of(&c, "ghostcaller").await.spec.desired_status == DesiredStatus::Stop
+    })
+    .await;
+    let ghost = alloc_of(&c, "ghostcaller").await;
+    assert_eq!(ghost.spec.client_status, ClientStatus::Complete);
+    c.wait("the ghost's claim released", T, || async {
+        c.claim(ghost.metadata.name.as_str(), "n1")
+            .await
+            .is_some_and(|cl| cl.status.phase == ClaimPhase::Released)
+    })
+    .await;
+    // The held one stays, check after check.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let held_alloc = alloc_of(&c, "heldcaller").await;
+    assert_eq!(
+        held_alloc.spec.desired_status,
+        DesiredStatus::Run,
+        "released under a live holder"
+    );
+    assert_eq!(
+        c.claim(held_alloc.metadata.name.as_str(), "n1")
+            .await
+            .unwrap()
+            .status
+            .phase,
+        ClaimPhase::Published
+    );
+    assert_eq!(
+        c.node("n1").count("NodeUnpublishVolume", "OK"),
+        1,
+        "only the ghost's"
+    );
+    // Its holder goes without an Unmount: released too.
+    drop(holder);
+    c.wait(
+        "the held allocation ended once its holder went",
+        T,
+        || async { alloc_of(&c, "heldcaller").await.spec.desired_status == DesiredStatus::Stop },
+    )
+    .await;
+    c.wait("every claim released", T, || async {
+        c.store
+            .list(&KeyScope::<ClaimSpec>::all())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|cl| cl.status.phase == ClaimPhase::Released)
+    })
+    .await;
+    c.check_calls(true);
 }

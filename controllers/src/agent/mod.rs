@@ -99,6 +99,14 @@ pub struct Args {
     /// waits 2 min; Podman 5 s unless its volume_plugin_timeout is raised).
     #[arg(long, default_value = "110s", value_parser = humantime::parse_duration)]
     pub volume_plugin_mount_timeout: Duration,
+    /// How often the volume-plugin endpoint looks for callers whose Unmount never came
+    /// (no mount namespace of this machine uses the path their Mount answered).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub volume_plugin_orphan_interval: Duration,
+    /// How old an endpoint allocation must be before it may be found without a caller
+    /// (longer than a Mount may take, and a container to start after it).
+    #[arg(long, default_value = "140s", value_parser = humantime::parse_duration)]
+    pub volume_plugin_orphan_grace: Duration,
 }
 
 /// One configured plugin.
@@ -268,6 +276,8 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
             namespace,
             default_plugin,
             mount_timeout: args.volume_plugin_mount_timeout,
+            orphan_interval: args.volume_plugin_orphan_interval,
+            orphan_grace: args.volume_plugin_orphan_grace,
         };
         let (store, node, supervisor, shutdown) = (
             store.clone(),

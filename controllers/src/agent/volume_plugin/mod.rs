@@ -13,9 +13,13 @@
 //!    to be Published, Unmount ends that allocation and waits until this node no longer
 //!    publishes it, Remove deletes a Volume it created. Nothing is kept in memory: an
 //!    agent restart picks everything up from etcd.
+//! 4. A caller whose Unmount never came (missed while the agent was down, or a caller
+//!    that gave up on a slow Mount) is found by the mount table ([`orphans`]): its
+//!    allocation ends once no mount namespace of the machine uses its path.
 
 mod ops;
 mod options;
+pub mod orphans;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -52,6 +56,10 @@ pub struct Config {
     pub default_plugin: PluginId,
     /// How long a Mount waits for the claim to be published (Docker waits 2 min).
     pub mount_timeout: Duration,
+    /// How often callers whose Unmount never came are looked for ([`orphans`]).
+    pub orphan_interval: Duration,
+    /// How old an allocation must be before it may be found without a caller.
+    pub orphan_grace: Duration,
 }
 
 /// An error answered to the engine: its status and message.
@@ -115,6 +123,14 @@ pub async fn serve(
     let listener = bind(&cfg.path)?;
     tracing::info!(path = %cfg.path.display(), namespace = %cfg.namespace, "serving the volume-plugin endpoint");
     let path = cfg.path.clone();
+    tokio::spawn(orphans::watch(
+        store.clone(),
+        node.clone(),
+        cfg.namespace.clone(),
+        cfg.orphan_interval,
+        cfg.orphan_grace,
+        shutdown.clone(),
+    ));
     let endpoint = Arc::new(Endpoint::new(cfg, store, node, supervisor));
     let app = axum::Router::new()
         .route("/Plugin.Activate", post(activate))

@@ -206,13 +206,17 @@ impl Endpoint {
         }
     }
 
-    /// The allocation of `caller` for volume `id` on this node.
+    /// The allocation of `caller` for volume `id` on this node: `<the caller's first
+    /// 12 characters>-<a hash of it>.<volume>`, as short as a container's short id
+    /// (the whole caller is its label).
     fn allocation_key(
         &self,
         caller: &str,
         id: &VolumeId,
     ) -> Result<ObjectKey<AllocationSpec>, Failure> {
-        let name = Name::new(bounded_name(&[caller, id.as_str()], "."))
+        let short: String = caller.chars().take(12).collect();
+        let caller = format!("{short}-{:08x}", fnv1a(caller) as u32);
+        let name = Name::new(bounded_name(&[&caller, id.as_str()], "."))
             .map_err(|e| Failure::bad(e.to_string()))?;
         Ok(Allocation::key_for(self.ns(), name))
     }
