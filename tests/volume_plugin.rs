@@ -217,6 +217,13 @@ async fn a_volume_s_whole_lifecycle_through_the_endpoint() {
     assert_eq!(g["Volume"]["Status"]["published_on"], json!(["n1"]));
     let l = ok(&c, "n2", "List", json!({})).await;
     assert_eq!(l["Volumes"], json!([{"Name": "web"}]));
+    // describe names the engine callers that hold it.
+    let (okd, out) = c.moorctl(&["describe", "volume", "web"]);
+    let callers = out.split("Engine callers:").nth(1).unwrap_or_default();
+    assert!(
+        okd && callers.contains("c1") && callers.contains("n1"),
+        "{out}"
+    );
 
     // n2 asks for it while n1 writes it (single-node-writer): refused, the holder
     // named, nothing left claimed on n2.

@@ -97,6 +97,9 @@ impl Describe {
                 }
             }
         }
+        if self.kind == Kind::Volume {
+            engine_callers(ctx, &ns, &self.name).await?;
+        }
         if self.kind == Kind::Claim {
             // The attacher's events about the claim's attachment.
             let (attachments, _) = kind::list(ctx, Kind::Attachment, Some(&ns)).await?;
@@ -240,6 +243,38 @@ async fn print_events(
     }
     if let Some(note) = super::sources::hidden_note(elsewhere) {
         outln!("  {note}");
+    }
+    Ok(())
+}
+
+/// The container-engine callers (Docker, Podman: the volume-plugin endpoint's Mounts)
+/// that hold volume `name`: each running endpoint allocation, with its node.
+async fn engine_callers(ctx: &Ctx, ns: &Namespace, name: &str) -> anyhow::Result<()> {
+    let (allocs, _) = kind::list(ctx, Kind::Allocation, Some(ns)).await?;
+    let rows: Vec<Vec<String>> = allocs
+        .iter()
+        .filter(|a| !text(a, "/metadata/labels/moor.dev~1caller").is_empty())
+        .filter(|a| text(a, "/spec/desired_status") != "stop")
+        .filter(|a| {
+            a.pointer("/spec/volumes")
+                .and_then(Value::as_array)
+                .is_some_and(|v| v.iter().any(|r| text(r, "/volume") == name))
+        })
+        .map(|a| {
+            vec![
+                text(a, "/metadata/labels/moor.dev~1caller"),
+                text(a, "/spec/node"),
+                text(a, "/metadata/name"),
+            ]
+        })
+        .collect();
+    outln!("\nEngine callers:");
+    if rows.is_empty() {
+        outln!("  <none>");
+    } else {
+        for line in super::table::render(&["CALLER", "NODE", "ALLOCATION"], &rows).lines() {
+            outln!("  {line}");
+        }
     }
     Ok(())
 }
