@@ -280,8 +280,14 @@ impl Drop for Docker {
 }
 
 async fn start() -> Cluster {
+    start_with(&[]).await
+}
+
+async fn start_with(more: &[&str]) -> Cluster {
+    let mut agent_args = vec!["--volume-plugin={dir}/moor.sock".to_string()];
+    agent_args.extend(more.iter().map(|a| a.to_string()));
     let opts = PluginOpts {
-        agent_args: vec!["--volume-plugin={dir}/moor.sock".into()],
+        agent_args,
         ..PluginOpts::default()
     };
     let c = Cluster::start(1, 2, opts).await;
@@ -402,5 +408,91 @@ async fn docker_containers_write_and_read_a_moor_volume() {
     assert_eq!(n1.count("DeleteVolume", "OK"), 1);
     assert_eq!(n1.count("NodePublishVolume", "OK"), 2);
     assert_eq!(n1.count("NodeUnpublishVolume", "OK"), 2);
+    c.check_calls(true);
+}
+
+async fn all_released(c: &Cluster) -> bool {
+    c.store
+        .list(&KeyScope::<ClaimSpec>::all())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .all(|cl| cl.status.phase == ClaimPhase::Released)
+}
+
+/// Podman waits 5 s per volume-plugin call by default. A Mount that outlasts it (a
+/// slow ControllerPublish) fails the container's start; the claim it made is released
+/// by the orphan rule once no container uses it, and a second start of the same
+/// container works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_slower_than_podman_waits_fails_the_start_and_leaves_nothing_claimed() {
+    let c = start_with(&[
+        "--volume-plugin-orphan-interval=1s",
+        "--volume-plugin-orphan-grace=12s",
+    ])
+    .await;
+    let p = Podman::new(&c, "n1", 5);
+    p.ok(&["volume", "create", "--driver", "moor", "slow"]);
+    c.volume_ready("slow").await;
+    c.node("n1")
+        .fault(moor_hostpath::faults::Command::Latency {
+            rpc: "ControllerPublishVolume".into(),
+            ms: 8_000,
+        })
+        .await;
+    let args = [
+        "--network",
+        "none",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "-v",
+        "slow:/data",
+        "localhost/bb",
+        "sh",
+        "-c",
+        "echo started > /data/f",
+    ];
+    let mut create = vec!["create", "--name", "c1"];
+    create.extend(args);
+    p.ok(&create);
+    let out = p.run(&["start", "-a", "c1"]);
+    assert!(
+        !out.status.success(),
+        "the start outlasted Podman's 5 s and failed"
+    );
+    c.node("n1")
+        .fault(moor_hostpath::faults::Command::Latency {
+            rpc: "ControllerPublishVolume".into(),
+            ms: 0,
+        })
+        .await;
+    // The Mount went on and published the volume for a caller that gave up: found
+    // unused past the grace, it is released.
+    c.wait(
+        "the slow Mount publishes for a caller that gave up",
+        T,
+        || async {
+            let published = c
+                .store
+                .list(&KeyScope::<ClaimSpec>::all())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .any(|cl| cl.status.phase == ClaimPhase::Published);
+            published
+        },
+    )
+    .await;
+    c.wait("... and then released", T, || all_released(&c))
+        .await;
+    // The same container starts again, now at the plugin's speed.
+    let out = p.run(&["start", "-a", "c1"]);
+    assert!(out.status.success(), "the second start works");
+    p.ok(&["rm", "c1"]);
+    c.wait("every claim released", T, || all_released(&c)).await;
     c.check_calls(true);
 }
