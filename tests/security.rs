@@ -72,12 +72,17 @@ impl Secure {
 
     /// [`Secure::start`] with more etcd flags (a quota).
     async fn start_with(etcd_flags: &[&str]) -> Secure {
-        Secure::start_nodes(&["n1", "n2"], "n1=hostpath.moor.dev", etcd_flags).await
+        Secure::start_nodes(&["n1", "n2"], "n1=hostpath.moor.dev", "", etcd_flags).await
     }
 
     /// A TLS etcd with auth on and roles.sh's roles for `nodes`, the hostpath
     /// controller plugin hosted as `controller_plugins` says (NODE=PLUGIN pairs).
-    async fn start_nodes(nodes: &[&str], controller_plugins: &str, etcd_flags: &[&str]) -> Secure {
+    async fn start_nodes(
+        nodes: &[&str],
+        controller_plugins: &str,
+        volume_plugins: &str,
+        etcd_flags: &[&str],
+    ) -> Secure {
         let tmp = tempfile::tempdir().unwrap();
         let certs = tmp.path().join("certs");
         common::need("openssl");
@@ -138,6 +143,7 @@ impl Secure {
             .arg(deploy("roles.sh"))
             .args(nodes)
             .env("CONTROLLER_PLUGINS", controller_plugins)
+            .env("VOLUME_PLUGINS", volume_plugins)
             .env("ENDPOINT", &url)
             .env("CERTS", &certs));
         let cluster_keys = tmp.path().join("cluster.keys");
@@ -200,6 +206,11 @@ impl Secure {
     /// Starts moor-hostpath in `mode` and node `node`'s agent under its own
     /// certificate and `keys`, with 3 s TTLs.
     fn node(&self, node: &str, mode: &str, keys: &Path) -> [Proc; 2] {
+        self.node_with(node, mode, keys, &[])
+    }
+
+    /// [`Secure::node`] with more agent flags.
+    fn node_with(&self, node: &str, mode: &str, keys: &Path, extra: &[String]) -> [Proc; 2] {
         let dir = self.tmp.path().join(node);
         std::fs::create_dir_all(dir.join("mnt")).unwrap();
         let sock = dir.join("csi.sock");
@@ -228,7 +239,8 @@ impl Secure {
                 "--fingerprint-interval=1s",
                 "--node-ttl=3s",
                 "--leader-ttl=3s",
-            ]);
+            ])
+            .args(extra);
         [plugin, self.spawn(agent, &format!("agent-{node}"))]
     }
 
@@ -1227,6 +1239,7 @@ async fn under_the_deploy_roles_an_idle_cluster_is_quiet_and_the_plugin_standby_
     let s = Secure::start_nodes(
         &["n1", "n2", "n3"],
         "n1=hostpath.moor.dev n3=hostpath.moor.dev",
+        "",
         &[],
     )
     .await;
@@ -1380,4 +1393,81 @@ async fn under_the_deploy_roles_an_idle_cluster_is_quiet_and_the_plugin_standby_
     })
     .await;
     keeping.abort();
+}
+
+/// Issue 38, item 4: under roles.sh's grants, an agent named in VOLUME_PLUGINS serves
+/// the volume-plugin endpoint (a volume created, mounted and unmounted through it); an
+/// agent that is not refuses at start and says why.
+#[tokio::test]
+async fn the_volume_plugin_endpoint_runs_under_its_grants_and_refuses_without_them() {
+    let s = Secure::start_nodes(&["n1", "n2", "n3"], "n1=hostpath.moor.dev", "n2", &[]).await;
+    let _controller = s.controller("controller", &[]);
+    let _n1 = s.node("n1", "monolith", &s.cluster_keys);
+    let sock = |n: &str| s.tmp.path().join(format!("{n}-moor.sock"));
+    let n2_keys = s.n2_keys.clone();
+    let _n2 = s.node_with(
+        "n2",
+        "node",
+        &n2_keys,
+        &[format!("--volume-plugin={}", sock("n2").display())],
+    );
+    // n3 is not in VOLUME_PLUGINS: its endpoint may not write allocations.
+    let n3_keys = s.tmp.path().join("n3.keys");
+    let text = run(Command::new(bin("moord"))
+        .args(["keys", "node", "--node", "n3", "--encryption-key-file"])
+        .arg(&s.cluster_keys));
+    write_private(&n3_keys, &text);
+    let mut n3 = s.node_with(
+        "n3",
+        "node",
+        &n3_keys,
+        &[format!("--volume-plugin={}", sock("n3").display())],
+    );
+    let n3_log = s.tmp.path().join("agent-n3.log");
+    let deadline = std::time::Instant::now() + T;
+    while n3[1].0.try_wait().ok().flatten().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "n3's agent did not refuse to start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(&n3_log).unwrap();
+    assert!(
+        log.contains("--volume-plugin: this agent's etcd identity cannot")
+            && log.contains("VOLUME_PLUGINS"),
+        "{log}"
+    );
+    assert!(!sock("n3").exists(), "n3 served without its grants");
+
+    // n2 serves under its grants.
+    wait_for("n2's endpoint", T, || async { sock("n2").exists() }).await;
+    let call = |verb: &'static str, body: serde_json::Value| {
+        let path = sock("n2");
+        async move {
+            common::post_raw(
+                &path,
+                &format!("/VolumeDriver.{verb}"),
+                None,
+                body.to_string().as_bytes(),
+            )
+            .await
+        }
+    };
+    let (status, v) = call(
+        "Create",
+        serde_json::json!({"Name": "ev", "Opts": {"size": "1MiB"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = call("Mount", serde_json::json!({"Name": "ev", "ID": "c1"})).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(
+        v["Mountpoint"].as_str().is_some_and(|p| !p.is_empty()),
+        "{v}"
+    );
+    let (status, v) = call("Unmount", serde_json::json!({"Name": "ev", "ID": "c1"})).await;
+    assert_eq!(status, 200, "{v}");
+    let log = std::fs::read_to_string(s.tmp.path().join("agent-n2.log")).unwrap();
+    assert!(!log.to_lowercase().contains("permission denied"), "{log}");
 }

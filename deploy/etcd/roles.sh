@@ -10,10 +10,13 @@
 # (only the force-detach declarations about its node).
 # The controller, and agents that host a controller plugin (CONTROLLER_PLUGINS, pairs
 # NODE=PLUGIN_ID: their provisioner and attacher write volumes and attachments, and
-# they campaign in that plugin's election only), get more.
+# they campaign in that plugin's election only), get more; so do agents that serve
+# Docker and Podman (VOLUME_PLUGINS, node names: their --volume-plugin endpoint writes
+# allocations for its callers, and volumes on Create and Remove).
 #
 #   ENDPOINT=https://127.0.0.1:2379 CERTS=DIR \
-#   CONTROLLER_PLUGINS="n1=hostpath.moor.dev" deploy/etcd/roles.sh NODE...
+#   CONTROLLER_PLUGINS="n1=hostpath.moor.dev" VOLUME_PLUGINS="n1 n2" \
+#   deploy/etcd/roles.sh NODE...
 #
 # CERTS holds certs.sh's output (root's certificate does the setup). Users have no
 # password: they authenticate by their certificate's CN (etcd --client-cert-auth).
@@ -67,6 +70,14 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     # That plugin's capacity report, which its survey writes (not the Plugin object:
     # the controller writes that).
     ctl role grant-permission "$user" readwrite "${PREFIX}capacities/$plugin"
+done
+
+for node in ${VOLUME_PLUGINS:-}; do
+    user="moor-agent-$node"
+    # The volume-plugin endpoint: an allocation per engine caller, and the volumes
+    # the engines create and remove.
+    ctl role grant-permission "$user" readwrite "${PREFIX}allocations/" --prefix
+    ctl role grant-permission "$user" readwrite "${PREFIX}volumes/" --prefix
 done
 
 ctl auth enable

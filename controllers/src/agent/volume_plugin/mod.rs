@@ -120,6 +120,7 @@ pub async fn serve(
     supervisor: Supervisor,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    check_grants(&store, &cfg.namespace).await?;
     let listener = bind(&cfg.path)?;
     tracing::info!(path = %cfg.path.display(), namespace = %cfg.namespace, "serving the volume-plugin endpoint");
     let path = cfg.path.clone();
@@ -145,6 +146,46 @@ pub async fn serve(
         .context("serving the volume-plugin endpoint");
     let _ = std::fs::remove_file(&path);
     served
+}
+
+/// Refuses to start when this agent's etcd identity cannot do what the endpoint does:
+/// read and write allocations and volumes (roles.sh grants that to the agents named in
+/// VOLUME_PLUGINS). Reads are tried; writes are tried in a transaction whose condition
+/// never holds (etcd checks the permission of every operation of a transaction,
+/// whichever branch runs), so nothing is written.
+async fn check_grants(store: &Store, ns: &Namespace) -> anyhow::Result<()> {
+    use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+    let mut client = store.client();
+    let hint = "roles.sh grants it to the agents named in VOLUME_PLUGINS (deploy/etcd/roles.sh)";
+    for dir in ["allocations", "volumes"] {
+        let prefix = store.full_key(&format!("{dir}/"));
+        let read = client
+            .get(
+                prefix.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_limit(1),
+                ),
+            )
+            .await;
+        if let Err(e) = read {
+            anyhow::bail!(
+                "--volume-plugin: this agent's etcd identity cannot read {dir}/ ({e}); {hint}"
+            );
+        }
+        let probe = store.full_key(&format!("{dir}/{ns}/.volume-plugin-probe"));
+        let txn = Txn::new()
+            .when(vec![Compare::version(probe.clone(), CompareOp::Less, 0)])
+            .and_then(vec![TxnOp::put(probe, "", None)]);
+        if let Err(e) = client.txn(txn).await {
+            anyhow::bail!(
+                "--volume-plugin: this agent's etcd identity cannot write {dir}/ ({e}); {hint}"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Binds `path`, replacing a socket left there by an earlier run (refusing anything
