@@ -29,7 +29,7 @@ impl Podman {
     fn new(c: &Cluster, node: &str, timeout_s: u64) -> Podman {
         common::need("podman");
         common::need("runc");
-        let root = c.dir.path().join("podman");
+        let root = c.dir.path().join(format!("podman-{node}"));
         std::fs::create_dir_all(&root).unwrap();
         let conf = root.join("containers.conf");
         std::fs::write(
@@ -493,6 +493,115 @@ async fn a_mount_slower_than_podman_waits_fails_the_start_and_leaves_nothing_cla
     let out = p.run(&["start", "-a", "c1"]);
     assert!(out.status.success(), "the second start works");
     p.ok(&["rm", "c1"]);
+    c.wait("every claim released", T, || all_released(&c)).await;
+    c.check_calls(true);
+}
+
+/// The published path of the one Published claim of volume `v`, from its Mount.
+async fn published_path(c: &Cluster, v: &str) -> Option<PathBuf> {
+    for cl in c
+        .store
+        .list(&KeyScope::<ClaimSpec>::all())
+        .await
+        .unwrap()
+        .items
+    {
+        if cl.spec.volume.as_str() != v || cl.status.phase != ClaimPhase::Published {
+            continue;
+        }
+        let m = c
+            .store
+            .try_get(&Mount::key_for(&cl.object_key()))
+            .await
+            .unwrap()?;
+        return Some(PathBuf::from(&m.spec.target_path));
+    }
+    None
+}
+
+/// A container writes through an agent restart (SIGKILL): nothing is unpublished or
+/// detached while it runs, it keeps writing, and its stop releases the volume. Another
+/// container on the same node shares the single-node-writer volume meanwhile; one on
+/// another node is refused, the holder named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_podman_container_writes_through_an_agent_restart() {
+    let mut c = start().await;
+    let p = Podman::new(&c, "n1", 120);
+    p.ok(&["volume", "create", "--driver", "moor", "live"]);
+    c.volume_ready("live").await;
+    p.ok(&[
+        "run",
+        "-d",
+        "--name",
+        "w",
+        "--network",
+        "none",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "-v",
+        "live:/data",
+        "localhost/bb",
+        "sh",
+        "-c",
+        "i=0; while :; do i=$((i+1)); echo $i > /data/count; sleep 0.2; done",
+    ]);
+    c.wait("the container writes", T, || async {
+        published_path(&c, "live")
+            .await
+            .is_some_and(|p| p.join("count").exists())
+    })
+    .await;
+    let path = published_path(&c, "live").await.unwrap();
+    let count = || {
+        std::fs::read_to_string(path.join("count"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // moor's access rules: a second writer on the same node shares a
+    // single-node-writer volume; a writer on another node is refused, the holder named.
+    let out = p.container("live", "cat /data/count");
+    assert!(out.status.success(), "{out:?}");
+    let p2 = Podman::new(&c, "n2", 120);
+    p2.ok(&["volume", "create", "--driver", "moor", "live"]);
+    let out = p2.container("live", "true");
+    assert!(!out.status.success(), "a writer on n2 ran");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("on node n1"),
+        "{out:?}"
+    );
+    // The agent dies and comes back while the container writes.
+    c.node_mut("n1").agent.kill();
+    let before = count();
+    c.node_mut("n1").agent.restart();
+    let sock = c.node("n1").dir.join("moor.sock");
+    c.wait("the endpoint is back", T, || async {
+        tokio::net::UnixStream::connect(&sock).await.is_ok()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        count() > before,
+        "the container kept writing ({} then {})",
+        before,
+        count()
+    );
+    let n1 = c.node("n1");
+    assert_eq!(
+        n1.count("NodeUnpublishVolume", "OK"),
+        0,
+        "unpublished under a live container"
+    );
+    assert_eq!(
+        n1.count("ControllerUnpublishVolume", "OK"),
+        0,
+        "detached under a live container"
+    );
+    // Its stop releases the volume (Unmount, then the usual release).
+    p.ok(&["stop", "-t", "1", "w"]);
+    p.ok(&["rm", "w"]);
     c.wait("every claim released", T, || all_released(&c)).await;
     c.check_calls(true);
 }

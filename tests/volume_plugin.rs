@@ -34,7 +34,9 @@ async fn call(c: &Cluster, node: &str, verb: &str, body: Value) -> (u16, Value) 
 
 /// A verb that must succeed; its answer.
 async fn ok(c: &Cluster, node: &str, verb: &str, body: Value) -> Value {
+    let started = std::time::Instant::now();
     let (status, v) = call(c, node, verb, body.clone()).await;
+    eprintln!("{verb} {body} answered in {:?}", started.elapsed());
     assert_eq!(status, 200, "{verb} {body}: {v}");
     assert!(
         v.get("Err").is_none_or(|e| e.as_str() == Some("")),
@@ -45,7 +47,9 @@ async fn ok(c: &Cluster, node: &str, verb: &str, body: Value) -> Value {
 
 /// A verb that must fail with a message containing `needle`.
 async fn refused(c: &Cluster, node: &str, verb: &str, body: Value, needle: &str) {
+    let started = std::time::Instant::now();
     let (status, v) = call(c, node, verb, body.clone()).await;
+    eprintln!("{verb} {body} refused in {:?}: {v}", started.elapsed());
     let err = v["Err"].as_str().unwrap_or_default();
     assert!(
         status != 200 && err.contains(needle),
@@ -177,6 +181,19 @@ async fn a_volume_s_whole_lifecycle_through_the_endpoint() {
         "on node n1",
     )
     .await;
+    // Also when n2's engine sends the same ID as n1's (Podman sends one constant ID):
+    // n1's caller keeps its allocation.
+    refused(
+        &c,
+        "n2",
+        "Mount",
+        json!({"Name": "web", "ID": "c1"}),
+        "on node n1",
+    )
+    .await;
+    let c1 = alloc_of(&c, "c1-").await;
+    assert_eq!(c1.spec.node.as_str(), "n1");
+    assert!(!c1.is_terminal(), "n2's Mount ended n1's caller");
     c.wait("c2's claim released", T, || async {
         c.store
             .list(&KeyScope::<ClaimSpec>::all())

@@ -212,15 +212,18 @@ impl Endpoint {
     }
 
     /// The allocation of `caller` for volume `id` on this node: `<the caller's first
-    /// 12 characters>-<a hash of it>.<volume>`, as short as a container's short id
-    /// (the whole caller is its label).
+    /// 12 characters>-<a hash of this node and the caller>.<volume>`, as short as a
+    /// container's short id (the whole caller is a label). The node is in the hash:
+    /// engines on two nodes may send the same ID (Podman sends one constant ID for
+    /// every mount, as it counts a volume's users itself).
     fn allocation_key(
         &self,
         caller: &str,
         id: &VolumeId,
     ) -> Result<ObjectKey<AllocationSpec>, Failure> {
         let short: String = caller.chars().take(12).collect();
-        let caller = format!("{short}-{:08x}", fnv1a(caller) as u32);
+        let hash = fnv1a(&format!("{}/{caller}", self.node)) as u32;
+        let caller = format!("{short}-{hash:08x}");
         let name = Name::new(bounded_name(&[&caller, id.as_str()], "."))
             .map_err(|e| Failure::bad(e.to_string()))?;
         Ok(Allocation::key_for(self.ns(), name))
@@ -247,6 +250,14 @@ impl Endpoint {
         let existing = self.store.try_get(&key).await?;
         let alloc = match existing {
             Some(a) if !a.is_terminal() && a.spec.node == self.node => a,
+            // Never another node's live allocation (the name hashes the node: only a
+            // collision of hashes gets here).
+            Some(a) if !a.is_terminal() => {
+                return Err(Failure::internal(format!(
+                    "allocation {} of another node has this caller's name; not replaced",
+                    a.metadata.name
+                )));
+            }
             Some(a) => {
                 // An earlier, ended mount of the same caller: replaced.
                 match self.store.delete_read(&a).await {
@@ -311,7 +322,13 @@ impl Endpoint {
         let mut last_error = None;
         loop {
             if let Some(claim) = self.store.try_get(&claim_key).await? {
-                last_error = claim.status.meta.last_error.clone().or(last_error);
+                last_error = claim
+                    .status
+                    .meta
+                    .last_error
+                    .clone()
+                    .or_else(|| claim.status.reason.clone())
+                    .or(last_error);
                 match claim.status.phase {
                     ClaimPhase::Published => {
                         if let Some(m) = self.store.try_get(&Mount::key_for(&claim_key)).await? {
@@ -338,7 +355,7 @@ impl Endpoint {
                     self.node,
                     humantime::format_duration(self.cfg.mount_timeout),
                     last_error
-                        .map(|e| format!(" (last error: {})", moor::api::printable(&e)))
+                        .map(|e| format!(" (last: {})", moor::api::printable(&e)))
                         .unwrap_or_default()
                 )));
             }
