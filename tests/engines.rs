@@ -11,7 +11,7 @@
 mod cluster;
 mod common;
 
-use cluster::{Cluster, PluginOpts};
+use cluster::Cluster;
 use moor::api::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -280,22 +280,11 @@ impl Drop for Docker {
 }
 
 async fn start() -> Cluster {
-    start_with(&[]).await
+    Cluster::start_volume_plugin(&[]).await
 }
 
 async fn start_with(more: &[&str]) -> Cluster {
-    let mut agent_args = vec!["--volume-plugin={dir}/moor.sock".to_string()];
-    agent_args.extend(more.iter().map(|a| a.to_string()));
-    let opts = PluginOpts {
-        agent_args,
-        ..PluginOpts::default()
-    };
-    let c = Cluster::start(1, 2, opts).await;
-    c.wait_nodes_healthy().await;
-    let sock = c.node("n1").dir.join("moor.sock");
-    c.wait("the endpoint's socket", T, || async { sock.exists() })
-        .await;
-    c
+    Cluster::start_volume_plugin(more).await
 }
 
 async fn volume(c: &Cluster, name: &str) -> Option<Volume> {
@@ -338,13 +327,7 @@ async fn podman_containers_write_and_read_a_moor_volume() {
     );
     // Every claim released once the containers ended.
     c.wait("every claim released", T, || async {
-        c.store
-            .list(&KeyScope::<ClaimSpec>::all())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .all(|cl| cl.status.phase == ClaimPhase::Released)
+        c.all_claims_released().await
     })
     .await;
     // volume rm deletes it through DeleteVolume.
@@ -389,13 +372,7 @@ async fn docker_containers_write_and_read_a_moor_volume() {
         "{inspect}"
     );
     c.wait("every claim released", T, || async {
-        c.store
-            .list(&KeyScope::<ClaimSpec>::all())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .all(|cl| cl.status.phase == ClaimPhase::Released)
+        c.all_claims_released().await
     })
     .await;
     d.ok(&["volume", "rm", "dvol"]);
@@ -409,16 +386,6 @@ async fn docker_containers_write_and_read_a_moor_volume() {
     assert_eq!(n1.count("NodePublishVolume", "OK"), 2);
     assert_eq!(n1.count("NodeUnpublishVolume", "OK"), 2);
     c.check_calls(true);
-}
-
-async fn all_released(c: &Cluster) -> bool {
-    c.store
-        .list(&KeyScope::<ClaimSpec>::all())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .all(|cl| cl.status.phase == ClaimPhase::Released)
 }
 
 /// Podman waits 5 s per volume-plugin call by default. A Mount that outlasts it (a
@@ -487,13 +454,14 @@ async fn a_mount_slower_than_podman_waits_fails_the_start_and_leaves_nothing_cla
         },
     )
     .await;
-    c.wait("... and then released", T, || all_released(&c))
+    c.wait("... and then released", T, || c.all_claims_released())
         .await;
     // The same container starts again, now at the plugin's speed.
     let out = p.run(&["start", "-a", "c1"]);
     assert!(out.status.success(), "the second start works");
     p.ok(&["rm", "c1"]);
-    c.wait("every claim released", T, || all_released(&c)).await;
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
     c.check_calls(true);
 }
 
@@ -602,6 +570,7 @@ async fn a_podman_container_writes_through_an_agent_restart() {
     // Its stop releases the volume (Unmount, then the usual release).
     p.ok(&["stop", "-t", "1", "w"]);
     p.ok(&["rm", "w"]);
-    c.wait("every claim released", T, || all_released(&c)).await;
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
     c.check_calls(true);
 }

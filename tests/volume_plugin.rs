@@ -7,7 +7,7 @@
 mod cluster;
 mod common;
 
-use cluster::{Cluster, PluginOpts, PLUGIN};
+use cluster::{Cluster, PLUGIN};
 use common::post_raw;
 use moor::api::*;
 use serde_json::{json, Value};
@@ -18,7 +18,7 @@ const T: Duration = Duration::from_secs(60);
 
 /// The endpoint's socket of node `name`.
 fn socket(c: &Cluster, name: &str) -> PathBuf {
-    c.node(name).dir.join("moor.sock")
+    c.volume_plugin_socket(name)
 }
 
 /// A verb as Podman sends it (its content type); the answer.
@@ -69,24 +69,11 @@ async fn volumes(c: &Cluster) -> Vec<String> {
 }
 
 async fn start() -> Cluster {
-    start_with(&[]).await
+    Cluster::start_volume_plugin(&[]).await
 }
 
 async fn start_with(more: &[&str]) -> Cluster {
-    let mut agent_args = vec!["--volume-plugin={dir}/moor.sock".to_string()];
-    agent_args.extend(more.iter().map(|a| a.to_string()));
-    let opts = PluginOpts {
-        agent_args,
-        ..PluginOpts::default()
-    };
-    let c = Cluster::start(1, 2, opts).await;
-    c.wait_nodes_healthy().await;
-    for n in ["n1", "n2"] {
-        let sock = socket(&c, n);
-        c.wait("the endpoint's socket", T, || async { sock.exists() })
-            .await;
-    }
-    c
+    Cluster::start_volume_plugin(more).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,13 +261,7 @@ async fn a_volume_s_whole_lifecycle_through_the_endpoint() {
     ok(&c, "n1", "Remove", json!({"Name": "ops"})).await;
     assert_eq!(volumes(&c).await, ["ops"], "an operator's volume is kept");
     c.wait("every claim released", T, || async {
-        c.store
-            .list(&KeyScope::<ClaimSpec>::all())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .all(|cl| cl.status.phase == ClaimPhase::Released)
+        c.all_claims_released().await
     })
     .await;
     c.check_calls(true);
@@ -482,13 +463,7 @@ async fn an_agent_restart_keeps_what_containers_use_and_missed_unmounts_are_foun
     )
     .await;
     c.wait("every claim released", T, || async {
-        c.store
-            .list(&KeyScope::<ClaimSpec>::all())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .all(|cl| cl.status.phase == ClaimPhase::Released)
+        c.all_claims_released().await
     })
     .await;
     c.check_calls(true);

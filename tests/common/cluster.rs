@@ -496,6 +496,44 @@ impl Cluster {
             .flatten()
     }
 
+    /// Whether every claim of the cluster is Released.
+    pub async fn all_claims_released(&self) -> bool {
+        self.store
+            .list(&KeyScope::<ClaimSpec>::all())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|cl| cl.status.phase == ClaimPhase::Released)
+    }
+
+    /// Node `name`'s volume-plugin endpoint socket (agents started with
+    /// `--volume-plugin={dir}/moor.sock`, as [`Cluster::start_volume_plugin`] does).
+    pub fn volume_plugin_socket(&self, name: &str) -> PathBuf {
+        self.node(name).dir.join("moor.sock")
+    }
+
+    /// One controller and nodes n1, n2 whose agents serve the volume-plugin endpoint
+    /// (with `more` agent flags); returns once every node is healthy and serves it.
+    pub async fn start_volume_plugin(more: &[&str]) -> Cluster {
+        let mut agent_args = vec!["--volume-plugin={dir}/moor.sock".to_string()];
+        agent_args.extend(more.iter().map(|a| a.to_string()));
+        let opts = PluginOpts {
+            agent_args,
+            ..PluginOpts::default()
+        };
+        let c = Cluster::start(1, 2, opts).await;
+        c.wait_nodes_healthy().await;
+        for n in ["n1", "n2"] {
+            let sock = c.volume_plugin_socket(n);
+            c.wait("the endpoint's socket", Duration::from_secs(60), || async {
+                sock.exists()
+            })
+            .await;
+        }
+        c
+    }
+
     pub async fn wait_claim(&self, alloc: &str, node: &str, phase: ClaimPhase, timeout: Duration) {
         let what = format!("claim {alloc}.data on {node} to be {phase:?}");
         self.wait(&what, timeout, || async move {

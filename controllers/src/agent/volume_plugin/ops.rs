@@ -369,12 +369,13 @@ impl Endpoint {
         let r = self
             .store
             .modify_spec(key, |s: &mut AllocationSpec| {
-                let changed = s.desired_status != DesiredStatus::Stop || s.client_status != status;
+                let before = (s.desired_status, s.client_status);
                 s.desired_status = DesiredStatus::Stop;
-                if !s.is_terminal() || s.client_status == ClientStatus::Running {
+                // A client status already terminal (complete, failed) is kept.
+                if s.client_status == ClientStatus::Running {
                     s.client_status = status;
                 }
-                changed
+                before != (s.desired_status, s.client_status)
             })
             .await;
         match r {

@@ -15,7 +15,7 @@
 //!    (its Unmount was missed while the agent was down, or it gave up waiting for a
 //!    slow Mount): the allocation ends (complete), and the release goes on as usual.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -164,7 +164,7 @@ pub async fn watch(
     shutdown: CancellationToken,
 ) {
     // Allocations seen unused at the last check, by key.
-    let mut suspects: BTreeMap<String, ()> = BTreeMap::new();
+    let mut suspects: BTreeSet<String> = BTreeSet::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -185,10 +185,10 @@ async fn check(
     node: &NodeName,
     ns: &Namespace,
     grace: Duration,
-    suspects: &BTreeMap<String, ()>,
-) -> Result<BTreeMap<String, ()>, moor::store::StoreError> {
+    suspects: &BTreeSet<String>,
+) -> Result<BTreeSet<String>, moor::store::StoreError> {
     let scope = KeyScope::<AllocationSpec>::namespace(ns).unwrap_or_else(KeyScope::all);
-    let mut next = BTreeMap::new();
+    let mut next = BTreeSet::new();
     for a in store.list(&scope).await?.items {
         let ours = a.metadata.labels.get(LABEL_NODE).map(String::as_str) == Some(node.as_str());
         let old = a
@@ -219,8 +219,8 @@ async fn check(
             continue;
         }
         let key = a.object_key().to_string();
-        if !suspects.contains_key(&key) {
-            next.insert(key, ());
+        if !suspects.contains(&key) {
+            next.insert(key);
             continue;
         }
         tracing::warn!(
