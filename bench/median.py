@@ -62,25 +62,43 @@ SCALE = [
 ]
 
 
-def main(paths):
-    runs = [json.load(open(p))[0] for p in paths]
-    rows = list(FIGURES)
+def rows(runs):
+    """(name, format, getter) for every figure all of `runs` carry the inputs of."""
+    out = list(FIGURES)
     for who, field, fmt in SCALE:
-        rows.append((f"scale.{who}.{field}", lambda r, w=who, f=field: r["scale"][w][f], fmt))
-    if all(r.get("scale") for r in runs):
+        out.append((f"scale.{who}.{field}", lambda r, w=who, f=field: r["scale"][w][f], fmt))
+    if runs and all(r.get("scale") for r in runs):
         sizes = sorted(set.intersection(*[set(r["scale"]["node_agent_by_cluster_claims"]) for r in runs]), key=int)
         for n in sizes:
             for field, fmt in [("synced_s", "{:.2f}"), ("rss_mib", "{:.0f}")]:
-                rows.append((f"scale.node_agent at {n} claims stored: {field}",
-                             lambda r, n=n, f=field: r["scale"]["node_agent_by_cluster_claims"][n][f], fmt))
-    width = max(len(name) for name, _, _ in rows)
-    for name, get, fmt in rows:
-        try:
-            values = [get(r) for r in runs]
-        except (KeyError, TypeError):
+                out.append((f"scale.node_agent at {n} claims stored: {field}",
+                            lambda r, n=n, f=field: r["scale"]["node_agent_by_cluster_claims"][n][f], fmt))
+    return out
+
+
+def values(runs, get):
+    """Each run's value of a figure, or None when a run lacks it."""
+    try:
+        return [get(r) for r in runs]
+    except (KeyError, TypeError, IndexError, StopIteration):
+        return None
+
+
+def load(path):
+    """A moor-bench JSON file's first store's run."""
+    return json.load(open(path))[0]
+
+
+def main(paths):
+    runs = [load(p) for p in paths]
+    table = rows(runs)
+    width = max(len(name) for name, _, _ in table)
+    for name, get, fmt in table:
+        got = values(runs, get)
+        if got is None:
             continue
-        each = ", ".join(fmt.format(v) for v in values)
-        print(f"{name:<{width}}  {fmt.format(statistics.median(values)):>8}   ({each})")
+        each = ", ".join(fmt.format(v) for v in got)
+        print(f"{name:<{width}}  {fmt.format(statistics.median(got)):>8}   ({each})")
 
 
 if __name__ == "__main__":
