@@ -32,7 +32,14 @@ FIGURES = [
     ("reaction burst p99 ms", lambda r: r["reaction_burst_ms"]["p99_ms"], "{:.0f}"),
     ("attach only: attaches/s", lambda r: r["attach"]["attaches_per_s"], "{:.0f}"),
     ("attach only: detaches/s", lambda r: r["attach"]["detaches_per_s"], "{:.0f}"),
+    ("attach only: claims published/s (whole path)", lambda r: r["attach"]["published_per_s"], "{:.0f}"),
+    ("CPU ms per claim, whole path: store", lambda r: r["attach"]["cpu_ms_per_claim_published"]["store"], "{:.2f}"),
+    ("CPU ms per claim, whole path: controller", lambda r: r["attach"]["cpu_ms_per_claim_published"]["controller"], "{:.2f}"),
+    ("CPU ms per claim, whole path: agents", lambda r: r["attach"]["cpu_ms_per_claim_published"]["agents"], "{:.2f}"),
+    ("CPU ms per claim, whole path: plugins", lambda r: r["attach"]["cpu_ms_per_claim_published"]["plugins"], "{:.2f}"),
+    ("CPU ms per claim, whole path: all", lambda r: sum(r["attach"]["cpu_ms_per_claim_published"][k] for k in ("store", "controller", "agents", "plugins")), "{:.2f}"),
     ("attach only: single attach p50 ms", lambda r: r["attach"]["single_attach_ms"]["p50_ms"], "{:.1f}"),
+    ("attach only: NodePublish per attachment during the attach", lambda r: r["attach"]["node_publishes_during_attach"], "{:.2f}"),
     ("ControllerPublish per attachment (metrics)", lambda r: r["attach"]["controller_publish_calls_per_attachment"], "{:.3f}"),
     ("CPU ms per attach: store", lambda r: r["attach"]["cpu_ms_per_claim_attach"]["store"], "{:.2f}"),
     ("CPU ms per attach: controller", lambda r: r["attach"]["cpu_ms_per_claim_attach"]["controller"], "{:.2f}"),
@@ -45,6 +52,12 @@ FIGURES = [
     ("restart: controller acts again after s", lambda r: r["restart"]["controller_back_s"], "{:.2f}"),
     ("restart: CSI publish calls repeated", lambda r: r["restart"]["repeated_calls"], "{:.0f}"),
     ("scale: stored bytes per claim's objects", lambda r: r["scale"]["stored_bytes_per_set"], "{:.0f}"),
+]
+REQUESTS = [
+    ("publish", lambda r: r["store_requests_per_claim_publish"]),
+    ("release", lambda r: r["store_requests_per_claim_release"]),
+    ("attach", lambda r: r["attach"]["store_requests_per_attach"]),
+    ("detach", lambda r: r["attach"]["store_requests_per_detach"]),
 ]
 SCALE = [
     ("controller", "synced_s", "{:.1f}"),
@@ -65,6 +78,16 @@ SCALE = [
 def rows(runs):
     """(name, format, getter) for every figure all of `runs` carry the inputs of."""
     out = list(FIGURES)
+    for phase, get in REQUESTS:
+        methods = set()
+        for r in runs:
+            try:
+                methods |= set(get(r))
+            except (KeyError, TypeError):
+                pass
+        for m in sorted(methods):
+            out.append((f"store requests per claim, {phase}: {m}",
+                        lambda r, g=get, m=m: g(r).get(m, 0.0), "{:.2f}"))
     for who, field, fmt in SCALE:
         out.append((f"scale.{who}.{field}", lambda r, w=who, f=field: r["scale"][w][f], fmt))
     if runs and all(r.get("scale") for r in runs):

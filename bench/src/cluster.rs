@@ -454,6 +454,68 @@ pub fn csi_calls_in(text: &str, rpc: &str) -> u64 {
         .sum()
 }
 
+/// The gRPC messages the store has received so far, by method (`Range`, `Txn`,
+/// `LeaseKeepAlive`, `Watch`, ...), from etcd's own /metrics
+/// (`grpc_server_msg_received_total`): a unary request is one message, a stream's
+/// every message counts. Empty for a store that serves no /metrics (moor-store).
+pub async fn store_requests(url: &str) -> std::collections::BTreeMap<String, f64> {
+    let port = url
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok());
+    let Some(text) = (match port {
+        Some(port) => http_get(port, "/metrics").await.ok(),
+        None => None,
+    }) else {
+        return Default::default();
+    };
+    store_requests_in(&text)
+}
+
+/// [`store_requests`] of a /metrics text.
+pub fn store_requests_in(text: &str) -> std::collections::BTreeMap<String, f64> {
+    let mut by_method = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") else {
+            continue;
+        };
+        let Some(method) = rest
+            .split_once("grpc_method=\"")
+            .and_then(|(_, m)| m.split_once('"'))
+            .map(|(m, _)| m)
+        else {
+            continue;
+        };
+        let Some(v) = line
+            .rsplit_once(' ')
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        *by_method.entry(method.to_string()).or_insert(0.0) += v;
+    }
+    by_method
+}
+
+/// Requests by method between two [`store_requests`] readings, per claim (`n`),
+/// leaving out methods with none.
+pub fn requests_per_claim(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+    n: usize,
+) -> std::collections::BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(m, v)| {
+            (
+                m.clone(),
+                (v - before.get(m).copied().unwrap_or(0.0)) / n.max(1) as f64,
+            )
+        })
+        .filter(|(_, v)| *v > 0.0)
+        .map(|(m, v)| (m, (v * 1000.0).round() / 1000.0))
+        .collect()
+}
+
 /// A plain HTTP/1.0 GET on loopback; the body.
 pub(crate) async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -482,5 +544,24 @@ moor_csi_call_duration_seconds_count{rpc=\"NodePublishVolume\",code=\"Ok\"} 3\n"
         assert_eq!(super::csi_calls_in(text, "ControllerPublishVolume"), 9);
         assert_eq!(super::csi_calls_in(text, "NodePublishVolume"), 3);
         assert_eq!(super::csi_calls_in(text, "NodeStageVolume"), 0);
+    }
+
+    #[test]
+    fn store_requests_are_summed_by_method_and_divided_per_claim() {
+        let before = super::store_requests_in(
+            "grpc_server_msg_received_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 10\n\
+grpc_server_msg_received_total{grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 4\n",
+        );
+        let after = super::store_requests_in(
+            "# TYPE grpc_server_msg_received_total counter\n\
+grpc_server_msg_received_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 30\n\
+grpc_server_msg_received_total{grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 4\n\
+grpc_server_msg_received_total{grpc_method=\"LeaseKeepAlive\",grpc_service=\"etcdserverpb.Lease\",grpc_type=\"bidi_stream\"} 5\n\
+grpc_server_msg_sent_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 99\n",
+        );
+        let per = super::requests_per_claim(&before, &after, 10);
+        assert_eq!(per.get("Range"), Some(&2.0));
+        assert_eq!(per.get("LeaseKeepAlive"), Some(&0.5));
+        assert_eq!(per.get("Txn"), None, "no Txn in between");
     }
 }

@@ -26,6 +26,7 @@ use serde::Serialize;
 use cluster::{Backend, Bins, Cluster, ExternalPlugin};
 use phases::Tracker;
 use stats::Percentiles;
+use std::collections::BTreeMap;
 
 /// Measure moor's claim throughput, reaction latency and attach rate.
 #[derive(Debug, Parser)]
@@ -102,6 +103,9 @@ struct Run {
     /// Milliseconds of CPU per claim, per process group.
     cpu_ms_per_claim_publish: cluster::Cpu,
     cpu_ms_per_claim_release: cluster::Cpu,
+    /// Store requests per claim by gRPC method (etcd's /metrics; empty on moor-store).
+    store_requests_per_claim_publish: BTreeMap<String, f64>,
+    store_requests_per_claim_release: BTreeMap<String, f64>,
     reaction_burst_ms: Percentiles,
     reaction_idle_ms: Percentiles,
     attach: AttachRun,
@@ -128,6 +132,19 @@ struct AttachRun {
     /// Milliseconds of CPU per attachment, per process group.
     cpu_ms_per_claim_attach: cluster::Cpu,
     cpu_ms_per_claim_detach: cluster::Cpu,
+    /// Store requests per attachment by gRPC method, over the attach and the detach.
+    store_requests_per_attach: BTreeMap<String, f64>,
+    store_requests_per_detach: BTreeMap<String, f64>,
+    /// NodePublishVolume calls the node made while the attachments attached, per
+    /// attachment (agents' /metrics): the node work that shares the cores with the
+    /// attacher in this phase (the claims are published as their attachments attach).
+    node_publishes_during_attach: f64,
+    /// From the allocations' writing until every claim was published on the node.
+    published_s: f64,
+    /// Claims published (attached, staged and published) per second, the whole path.
+    published_per_s: f64,
+    /// CPU from the allocations' writing until every claim was published, per claim.
+    cpu_ms_per_claim_published: cluster::Cpu,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -309,6 +326,7 @@ async fn run_one(
         .map(|i| phases::allocation("pub", i, &cluster.nodes[i % cluster.nodes.len()]))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let rev0 = phases::revision(&store).await?;
+    let req0 = cluster::store_requests(&srv.url).await;
     let cpu0 = cluster.cpu(&srv.proc);
     let t = Instant::now();
     phases::write_allocations(&store, allocs).await?;
@@ -320,6 +338,7 @@ async fn run_one(
     let publish_s = t.elapsed().as_secs_f64();
     let rev1 = phases::revision(&store).await?;
     let cpu1 = cluster.cpu(&srv.proc);
+    let req1 = cluster::store_requests(&srv.url).await;
 
     // Bulk release: every allocation stopped at once.
     step(&format!("releasing {n} claims"));
@@ -333,6 +352,7 @@ async fn run_one(
     let release_s = t.elapsed().as_secs_f64();
     let rev2 = phases::revision(&store).await?;
     let cpu2 = cluster.cpu(&srv.proc);
+    let req2 = cluster::store_requests(&srv.url).await;
     let reaction_burst_ms = phases::Calls::read(&cluster.call_logs)?.reaction(&stops);
 
     // Reaction latency on an idle system: one stop at a time.
@@ -359,7 +379,7 @@ async fn run_one(
     }
     let reaction_idle_ms = phases::Calls::read(&cluster.call_logs)?.reaction(&idle_stops);
 
-    let attach = attach_phase(args, &cluster, &srv.proc, &store, &tracker, attach_n, long).await?;
+    let attach = attach_phase(args, &cluster, &srv, &store, &tracker, attach_n, long).await?;
     let restart = restart_phase(&mut cluster, &store, &tracker, n.min(1000), long).await?;
 
     let publish_writes = (rev1 - rev0) as f64;
@@ -387,6 +407,8 @@ async fn run_one(
         cpu_release: cpu2.since(&cpu1),
         cpu_ms_per_claim_publish: cpu1.since(&cpu0).per_claim_ms(n),
         cpu_ms_per_claim_release: cpu2.since(&cpu1).per_claim_ms(n),
+        store_requests_per_claim_publish: cluster::requests_per_claim(&req0, &req1, n),
+        store_requests_per_claim_release: cluster::requests_per_claim(&req1, &req2, n),
         reaction_burst_ms,
         reaction_idle_ms,
         attach,
@@ -399,7 +421,7 @@ async fn run_one(
 async fn attach_phase(
     args: &Args,
     cluster: &Cluster,
-    store_proc: &cluster::Proc,
+    srv: &cluster::StoreProc,
     store: &Store,
     tracker: &Tracker,
     n: usize,
@@ -409,6 +431,9 @@ async fn attach_phase(
     let n1 = cluster.nodes[0].clone();
     let before = phases::Calls::read(&cluster.call_logs)?.count("ControllerPublishVolume");
     let metrics_before = cluster.csi_calls("ControllerPublishVolume").await?;
+    let node_before = cluster.csi_calls("NodePublishVolume").await?;
+    let store_proc = &srv.proc;
+    let req0 = cluster::store_requests(&srv.url).await;
     let allocs = (0..n)
         .map(|i| phases::allocation("att", i, &n1))
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -422,6 +447,19 @@ async fn attach_phase(
         .await?;
     let attach_s = t.elapsed().as_secs_f64();
     let cpu1 = cluster.cpu(store_proc);
+    let req1 = cluster::store_requests(&srv.url).await;
+    let node_publishes = cluster.csi_calls("NodePublishVolume").await? - node_before;
+    // Then until every claim is published on the node too, so that every build's
+    // detach starts from the same state (each claim staged and published) and the
+    // whole path is timed as a workload sees it.
+    tracker
+        .until("every attach-only claim published", long, |t| {
+            t.claims("att", ClaimPhase::Published) >= n
+        })
+        .await?;
+    let published_s = t.elapsed().as_secs_f64();
+    let cpu_published = cluster.cpu(store_proc);
+    let req_published = cluster::store_requests(&srv.url).await;
     step(&format!("attach only: detaching {n} volumes"));
     let t = Instant::now();
     phases::stop_allocations(store, "att", 0..n).await?;
@@ -432,6 +470,7 @@ async fn attach_phase(
         .await?;
     let detach_s = t.elapsed().as_secs_f64();
     let cpu2 = cluster.cpu(store_proc);
+    let req2 = cluster::store_requests(&srv.url).await;
     let publishes = cluster.csi_calls("ControllerPublishVolume").await? - metrics_before;
     let calls = phases::Calls::read(&cluster.call_logs)?;
     let (logged, attachments) = calls.publishes_per_attachment(before);
@@ -475,9 +514,15 @@ async fn attach_phase(
         controller_publish_calls_per_attachment_plugin_log: (have_log && attachments > 0)
             .then(|| logged as f64 / attachments as f64),
         cpu_attach: cpu1.since(&cpu0),
-        cpu_detach: cpu2.since(&cpu1),
+        cpu_detach: cpu2.since(&cpu_published),
         cpu_ms_per_claim_attach: cpu1.since(&cpu0).per_claim_ms(n),
-        cpu_ms_per_claim_detach: cpu2.since(&cpu1).per_claim_ms(n),
+        cpu_ms_per_claim_detach: cpu2.since(&cpu_published).per_claim_ms(n),
+        store_requests_per_attach: cluster::requests_per_claim(&req0, &req1, n),
+        store_requests_per_detach: cluster::requests_per_claim(&req_published, &req2, n),
+        node_publishes_during_attach: node_publishes as f64 / n.max(1) as f64,
+        published_s,
+        published_per_s: n as f64 / published_s,
+        cpu_ms_per_claim_published: cpu_published.since(&cpu0).per_claim_ms(n),
     })
 }
 

@@ -3,6 +3,18 @@
 
 use super::*;
 
+/// Requests by method, `Range 1.20 · Txn 3.40`, or `-` when the store gave none.
+fn requests_cell(by_method: &BTreeMap<String, f64>) -> String {
+    if by_method.is_empty() {
+        return "-".into();
+    }
+    by_method
+        .iter()
+        .map(|(m, v)| format!("{m} {v:.2}"))
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
 pub(super) fn table(runs: &[Run]) -> String {
     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
     let mut row = |name: &str, f: &dyn Fn(&Run) -> String| {
@@ -54,6 +66,12 @@ pub(super) fn table(runs: &[Run]) -> String {
             r.cpu_ms_per_claim_release.ms_cell()
         )
     });
+    row("store requests per claim, publish", &|r| {
+        requests_cell(&r.store_requests_per_claim_publish)
+    });
+    row("store requests per claim, release", &|r| {
+        requests_cell(&r.store_requests_per_claim_release)
+    });
     row("reaction: stop -> NodeUnpublish, idle", &|r| {
         r.reaction_idle_ms.cell()
     });
@@ -72,6 +90,17 @@ pub(super) fn table(runs: &[Run]) -> String {
             r.attach.detaches_per_s, r.attach.detach_s
         )
     });
+    row(
+        "attach only: claims published/s (attached, staged, published)",
+        &|r| {
+            format!(
+                "{:.0} ({:.1} s; CPU ms per claim {})",
+                r.attach.published_per_s,
+                r.attach.published_s,
+                r.attach.cpu_ms_per_claim_published.ms_cell()
+            )
+        },
+    );
     row("CPU during attach", &|r| r.attach.cpu_attach.cell());
     row("CPU during detach", &|r| r.attach.cpu_detach.cell());
     row("attach only: single attach, idle", &|r| {
@@ -83,6 +112,15 @@ pub(super) fn table(runs: &[Run]) -> String {
             r.attach.cpu_ms_per_claim_attach.ms_cell(),
             r.attach.cpu_ms_per_claim_detach.ms_cell()
         )
+    });
+    row("store requests per attach", &|r| {
+        requests_cell(&r.attach.store_requests_per_attach)
+    });
+    row("store requests per detach", &|r| {
+        requests_cell(&r.attach.store_requests_per_detach)
+    });
+    row("NodePublish per attachment during the attach", &|r| {
+        format!("{:.2}", r.attach.node_publishes_during_attach)
     });
     row("ControllerPublish calls per attachment", &|r| {
         let log = r

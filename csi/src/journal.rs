@@ -17,6 +17,12 @@
 //!    all-or-nothing on replay), with fdatasync when the journal is durable; if the
 //!    write fails the edits are undone. [`Journal::rollback`] undoes them without
 //!    writing.
+//! 4. Or, where many tasks commit at once (a node agent's concurrent steps),
+//!    [`Journal::commit_unsynced`] appends without the fdatasync and returns the
+//!    commit's number, and [`Durability::wait`] (outside any lock on the journal)
+//!    returns once that commit is on disk. Commits appended while one fdatasync runs
+//!    share the next: a group commit, one fdatasync for many steps, and none of them
+//!    blocks a runtime thread while the disk works.
 //!
 //! Line format: a JSON array of `[table, key, value]`, `value` null for a removal.
 
@@ -28,6 +34,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Why a journal could not be opened or written.
 #[derive(Debug, thiserror::Error)]
@@ -251,10 +259,101 @@ const SLACK: usize = 1024;
 pub struct Journal<S> {
     state: S,
     path: PathBuf,
-    file: File,
+    file: Arc<File>,
+    /// The file's length (a failed append is cut back to it).
+    len: u64,
     /// Changes in the file (a rewrite makes it the live record count).
     written: usize,
     durable: bool,
+    sync: Durability,
+}
+
+/// Which of a journal's commits are on disk; shared by the tasks that wait for theirs.
+/// Commits are numbered from 1 in the order they were appended.
+#[derive(Debug, Clone)]
+pub struct Durability(Arc<SyncState>);
+
+#[derive(Debug)]
+struct SyncState {
+    path: PathBuf,
+    /// The journal's file now (a rewrite replaces it).
+    file: Mutex<Arc<File>>,
+    /// The number of the last commit appended.
+    appended: AtomicU64,
+    /// Every commit up to this number is on disk.
+    synced: AtomicU64,
+    /// One fdatasync at a time; those who wait meanwhile are covered by the next.
+    syncing: tokio::sync::Mutex<()>,
+    /// fdatasyncs made (commits over syncs is how much the group commit shares).
+    syncs: AtomicU64,
+}
+
+impl Durability {
+    fn new(path: &Path, file: Arc<File>) -> Durability {
+        Durability(Arc::new(SyncState {
+            path: path.to_path_buf(),
+            file: Mutex::new(file),
+            appended: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
+            syncing: tokio::sync::Mutex::new(()),
+            syncs: AtomicU64::new(0),
+        }))
+    }
+
+    /// The fdatasyncs of commits made so far (inline, or for waiters), rewrites aside.
+    pub fn syncs(&self) -> u64 {
+        self.0.syncs.load(Ordering::Relaxed)
+    }
+
+    /// The commits appended so far.
+    pub fn commits(&self) -> u64 {
+        self.last_appended()
+    }
+
+    /// Returns once commit `n` (from [`Journal::commit_unsynced`]) is on disk: an
+    /// fdatasync that began after it was appended has finished. The fdatasync runs on
+    /// a blocking thread and covers every commit appended before it began.
+    pub async fn wait(&self, n: u64) -> Result<(), JournalError> {
+        let s = &self.0;
+        if s.synced.load(Ordering::Acquire) >= n {
+            return Ok(());
+        }
+        let _one = s.syncing.lock().await;
+        if s.synced.load(Ordering::Acquire) >= n {
+            return Ok(());
+        }
+        // Every commit numbered up to `upto` was written before this read.
+        let upto = s.appended.load(Ordering::Acquire);
+        let file = s.file.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let io = |source| JournalError::Io {
+            path: s.path.clone(),
+            source,
+        };
+        s.syncs.fetch_add(1, Ordering::Relaxed);
+        tokio::task::spawn_blocking(move || file.sync_data())
+            .await
+            .map_err(|e| io(std::io::Error::other(e)))?
+            .map_err(io)?;
+        s.synced.fetch_max(upto, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Commit `n` is on disk (synced inline, or by a rewrite).
+    fn synced_up_to(&self, n: u64) {
+        self.0.synced.fetch_max(n, Ordering::AcqRel);
+    }
+
+    fn appended(&self) -> u64 {
+        self.0.appended.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    fn last_appended(&self) -> u64 {
+        self.0.appended.load(Ordering::Acquire)
+    }
+
+    fn replace_file(&self, file: Arc<File>) {
+        *self.0.file.lock().unwrap_or_else(|p| p.into_inner()) = file;
+    }
 }
 
 impl<S> Deref for Journal<S> {
@@ -311,13 +410,21 @@ impl<S: Tables> Journal<S> {
         if complete < bytes.len() {
             file.set_len(complete as u64).map_err(io)?;
         }
+        let file = Arc::new(file);
         Ok(Journal {
             state,
             path: path.to_path_buf(),
+            sync: Durability::new(path, file.clone()),
             file,
+            len: complete as u64,
             written,
             durable,
         })
+    }
+
+    /// What [`Journal::commit_unsynced`]'s numbers are waited on with.
+    pub fn durability(&self) -> Durability {
+        self.sync.clone()
     }
 
     /// The state as committed (plus any uncommitted edits).
@@ -330,8 +437,25 @@ impl<S: Tables> Journal<S> {
         &mut self.state
     }
 
-    /// Writes the edits since the last commit; on failure they are undone.
+    /// Writes the edits since the last commit, on disk before it returns when the
+    /// journal is durable; on failure they are undone.
     pub fn commit(&mut self) -> Result<(), JournalError> {
+        let n = self.commit_unsynced()?;
+        if self.durable && n > self.sync.0.synced.load(Ordering::Acquire) {
+            let upto = self.sync.last_appended();
+            self.sync.0.syncs.fetch_add(1, Ordering::Relaxed);
+            self.file.sync_data().map_err(|e| self.io(e))?;
+            self.sync.synced_up_to(upto);
+        }
+        Ok(())
+    }
+
+    /// Appends the edits since the last commit without waiting for the disk (on
+    /// failure they are undone) and returns the number to pass to [`Durability::wait`]
+    /// before acting on them. The state shows the edits at once: whoever acts on a
+    /// record waits for its own commit first, and commits reach the disk in order, so
+    /// a crash never keeps a later commit and loses an earlier one.
+    pub fn commit_unsynced(&mut self) -> Result<u64, JournalError> {
         let mut line = vec![b'['];
         let mut changes = 0;
         let serialised: serde_json::Result<()> =
@@ -345,7 +469,7 @@ impl<S: Tables> Journal<S> {
         }
         if changes == 0 {
             self.settle();
-            return Ok(());
+            return Ok(self.sync.last_appended());
         }
         line.extend_from_slice(b"]\n");
         if let Err(e) = self.append(&line) {
@@ -353,6 +477,10 @@ impl<S: Tables> Journal<S> {
             return Err(e);
         }
         self.settle();
+        let n = self.sync.appended();
+        if !self.durable {
+            self.sync.synced_up_to(n);
+        }
         self.written += changes;
         let live: usize = self.state.tables().iter().map(|(_, t)| t.records()).sum();
         if self.written > 2 * live + SLACK {
@@ -361,7 +489,7 @@ impl<S: Tables> Journal<S> {
                 tracing::warn!(error = %crate::process::error_chain(&e), "cannot compact the journal");
             }
         }
-        Ok(())
+        Ok(n)
     }
 
     /// Undoes the edits since the last commit.
@@ -385,16 +513,12 @@ impl<S: Tables> Journal<S> {
     }
 
     fn append(&mut self, line: &[u8]) -> Result<(), JournalError> {
-        let len = self.file.metadata().map_err(|e| self.io(e))?.len();
-        let written = self.file.write_all(line).and_then(|()| match self.durable {
-            true => self.file.sync_data(),
-            false => Ok(()),
-        });
-        if let Err(e) = written {
+        if let Err(e) = (&*self.file).write_all(line) {
             // Leave no partial line behind to be taken for a commit.
-            let _ = self.file.set_len(len);
+            let _ = self.file.set_len(self.len);
             return Err(self.io(e));
         }
+        self.len += line.len() as u64;
         Ok(())
     }
 
@@ -419,8 +543,12 @@ impl<S: Tables> Journal<S> {
             }
             OpenOptions::new().append(true).open(&self.path)
         })();
-        self.file = written.map_err(|e| self.io(e))?;
+        self.file = Arc::new(written.map_err(|e| self.io(e))?);
+        self.len = line.len() as u64;
         self.written = live;
+        // The rewrite holds every commit appended so far, synced.
+        self.sync.replace_file(self.file.clone());
+        self.sync.synced_up_to(self.sync.last_appended());
         Ok(())
     }
 }
@@ -526,6 +654,80 @@ mod tests {
         std::fs::write(&path, "[[\"names\",\"a\",\"not a number\"]]\n").unwrap();
         let e = Journal::<State>::open(&path, true).unwrap_err();
         assert!(matches!(e, JournalError::Corrupt { line: 1, .. }), "{e:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_commits_share_their_fdatasyncs_and_each_waits_for_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let j = Arc::new(tokio::sync::Mutex::new(open(&path)));
+        let sync = j.lock().await.durability();
+        let tasks: Vec<_> = (0..64u32)
+            .map(|i| {
+                let (j, sync) = (j.clone(), sync.clone());
+                tokio::spawn(async move {
+                    for k in 0..8u32 {
+                        let n = {
+                            let mut j = j.lock().await;
+                            j.state_mut().names.insert(format!("t{i}"), k);
+                            j.commit_unsynced().unwrap()
+                        };
+                        sync.wait(n).await.unwrap();
+                        assert!(sync.0.synced.load(Ordering::Acquire) >= n);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(sync.commits(), 64 * 8);
+        // Each wait is covered by an fdatasync begun after its append: never more
+        // syncs than commits, and with 64 tasks at once far fewer.
+        assert!(
+            sync.syncs() < sync.commits() / 2,
+            "{} fdatasyncs for {} commits",
+            sync.syncs(),
+            sync.commits()
+        );
+        let again = open(&path);
+        assert_eq!(again.state().names.len(), 64);
+        assert!(again.state().names.values().all(|v| *v == 7));
+    }
+
+    #[tokio::test]
+    async fn a_wait_on_a_commit_already_synced_or_rewritten_makes_no_fdatasync() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let mut j = open(&path);
+        let sync = j.durability();
+        j.state_mut().names.insert("a".into(), 1);
+        let n = j.commit_unsynced().unwrap();
+        assert_eq!(n, 1);
+        sync.wait(n).await.unwrap();
+        sync.wait(n).await.unwrap();
+        assert_eq!(sync.syncs(), 1);
+        // Nothing changed: the last number, already on disk.
+        assert_eq!(j.commit_unsynced().unwrap(), 1);
+        sync.wait(1).await.unwrap();
+        assert_eq!(sync.syncs(), 1);
+        // A rewrite syncs everything it holds.
+        for i in 0..(3 * SLACK) {
+            j.state_mut().names.insert("hot".into(), i as u32);
+            j.commit_unsynced().unwrap();
+        }
+        // Each commit since the last rewrite wrote one change over the 2 live records.
+        let since_rewrite = (j.written - 2) as u64;
+        assert!(since_rewrite < sync.commits() - 1, "a rewrite happened");
+        let before = sync.syncs();
+        sync.wait(sync.commits() - since_rewrite).await.unwrap();
+        assert_eq!(sync.syncs(), before, "covered by the last rewrite");
+        sync.wait(sync.commits()).await.unwrap();
+        drop(j);
+        assert_eq!(
+            open(&path).state().names.get("hot"),
+            Some(&(3 * SLACK as u32 - 1))
+        );
     }
 
     #[test]

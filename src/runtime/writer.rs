@@ -27,11 +27,14 @@ pub const FORGET_AFTER: Duration = Duration::from_secs(300);
 /// The cached version of a key, if the cache holds it.
 type Lookup = Arc<dyn Fn(&str) -> Option<i64> + Send + Sync>;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 struct Written {
     revision: i64,
     deleted: bool,
     at: Instant,
+    /// The object as written (an `Object<S>`), when the write returned it: read back
+    /// instead of the store while the cache lags.
+    object: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// A store handle that records this process's own writes (cheap to clone; clones
@@ -41,6 +44,18 @@ pub struct Writer {
     store: Store,
     caches: Arc<Vec<(&'static str, Lookup)>>,
     writes: Arc<Mutex<Record>>,
+}
+
+/// Where [`Writer::fresh`] takes an object from.
+enum Fresh {
+    /// The cache shows this process's last write, or there is none.
+    Cache,
+    /// The cache lags the last write, which returned this object.
+    Written(Arc<dyn std::any::Any + Send + Sync>),
+    /// The cache lags the last write, a deletion.
+    Gone,
+    /// The cache lags a write that returned no object: read the store.
+    Read,
 }
 
 #[derive(Default)]
@@ -62,6 +77,22 @@ impl Record {
             self.writes
                 .retain(|key, w| now.duration_since(w.at) < FORGET_AFTER && !shown(w, cached(key)));
             self.prune_at = (self.writes.len() * 2).max(PRUNE_FLOOR);
+        }
+    }
+
+    /// Where a fresh view of `key` comes from when the cache holds `cached`.
+    fn fresh(&mut self, key: &str, cached: Option<i64>) -> Fresh {
+        if self.settled(key, cached) {
+            return Fresh::Cache;
+        }
+        match self.writes.get(key) {
+            // A deletion at a known revision (not `delete`'s, which has none: the key
+            // may have been made again since, and only the store can say).
+            Some(w) if w.deleted && w.revision != i64::MAX => Fresh::Gone,
+            Some(Written {
+                object: Some(o), ..
+            }) => Fresh::Written(o.clone()),
+            _ => Fresh::Read,
         }
     }
 
@@ -129,6 +160,17 @@ impl Writer {
 
     /// Notes a write of `key` at `revision` (a deletion when `deleted`).
     fn note(&self, key: String, revision: i64, deleted: bool) {
+        self.note_object(key, revision, deleted, None);
+    }
+
+    /// [`Writer::note`], with the object as written when there is one.
+    fn note_object(
+        &self,
+        key: String,
+        revision: i64,
+        deleted: bool,
+        object: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    ) {
         if self.lookup(&key).is_none() {
             return;
         }
@@ -136,13 +178,18 @@ impl Writer {
             revision,
             deleted,
             at: Instant::now(),
+            object,
         };
         self.lock()
             .note(key, written, |k| self.lookup(k).and_then(|l| l(k)));
     }
 
     /// The object at `key` from `cache` when the cache holds this process's last
-    /// write of it (or there is none), else as read from the store (`None` when gone).
+    /// write of it (or there is none); while the cache lags that write, the object as
+    /// this process wrote it (`None` after its deletion), or as read from the store
+    /// where the write did not return it (a batch's). A write by another process since
+    /// is no more visible here than in the cache, and is caught the same way: by the
+    /// guard of the next write.
     pub async fn fresh<S: Spec>(
         &self,
         cache: &reflector::Store<Object<S>>,
@@ -150,8 +197,16 @@ impl Writer {
     ) -> Result<Option<Arc<Object<S>>>, StoreError> {
         let cached = cache.get(key);
         let version = cached.as_ref().map(|c| c.metadata.resource_version);
-        if self.lock().settled(key.as_str(), version) {
-            return Ok(cached);
+        let known = self.lock().fresh(key.as_str(), version);
+        match known {
+            Fresh::Cache => return Ok(cached),
+            Fresh::Gone => return Ok(None),
+            Fresh::Written(obj) => {
+                if let Ok(obj) = obj.downcast::<Object<S>>() {
+                    return Ok(Some(obj));
+                }
+            }
+            Fresh::Read => {}
         }
         let stored = self.store.try_get(key).await?.map(Arc::new);
         if stored.is_none() && cached.is_none() {
@@ -162,7 +217,15 @@ impl Writer {
     }
 
     fn wrote<S: Spec>(&self, written: &Object<S>) {
-        self.note(written.key(), written.metadata.resource_version, false);
+        if self.lookup(S::DIR).is_none() {
+            return;
+        }
+        self.note_object(
+            written.key(),
+            written.metadata.resource_version,
+            false,
+            Some(Arc::new(written.clone())),
+        );
     }
 
     /// [`Store::create`], recorded.
@@ -298,6 +361,7 @@ mod tests {
             revision,
             deleted: false,
             at: Instant::now(),
+            object: None,
         }
     }
 
@@ -328,12 +392,46 @@ mod tests {
             deleted: true,
             ..put(9)
         };
-        r.note("claims/n/ns/a".into(), gone, |_| None);
+        r.note("claims/n/ns/a".into(), gone.clone(), |_| None);
         assert!(!r.settled("claims/n/ns/a", Some(7)));
-        r.note("claims/n/ns/a".into(), gone, |_| None);
+        r.note("claims/n/ns/a".into(), gone.clone(), |_| None);
         assert!(r.settled("claims/n/ns/a", None));
         r.note("claims/n/ns/a".into(), gone, |_| None);
         assert!(r.settled("claims/n/ns/a", Some(12)));
+    }
+
+    #[test]
+    fn while_the_cache_lags_the_write_is_read_back_as_written() {
+        let mut r = record();
+        let written: Arc<dyn std::any::Any + Send + Sync> = Arc::new(String::from("as written"));
+        let with = Written {
+            object: Some(written),
+            ..put(7)
+        };
+        r.note("claims/n/ns/a".into(), with, |_| None);
+        match r.fresh("claims/n/ns/a", Some(5)) {
+            Fresh::Written(o) => {
+                assert_eq!(o.downcast::<String>().unwrap().as_str(), "as written")
+            }
+            _ => panic!("the object as written"),
+        }
+        assert!(matches!(r.fresh("claims/n/ns/a", Some(7)), Fresh::Cache));
+        // A write that returned nothing (a batch's) is read from the store.
+        r.note("claims/n/ns/a".into(), put(9), |_| None);
+        assert!(matches!(r.fresh("claims/n/ns/a", Some(7)), Fresh::Read));
+        // A deletion at a known revision is gone; `delete`'s (no revision) is read.
+        let gone = Written {
+            deleted: true,
+            ..put(11)
+        };
+        r.note("claims/n/ns/a".into(), gone, |_| None);
+        assert!(matches!(r.fresh("claims/n/ns/a", Some(9)), Fresh::Gone));
+        let unknown = Written {
+            deleted: true,
+            ..put(i64::MAX)
+        };
+        r.note("claims/n/ns/a".into(), unknown, |_| None);
+        assert!(matches!(r.fresh("claims/n/ns/a", Some(12)), Fresh::Read));
     }
 
     #[test]
@@ -362,7 +460,7 @@ mod tests {
             ..put(1)
         };
         for i in 0..=PRUNE_FLOOR {
-            r.note(format!("k{i}"), old, |_| None);
+            r.note(format!("k{i}"), old.clone(), |_| None);
         }
         assert!(r.writes.is_empty());
     }

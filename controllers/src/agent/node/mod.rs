@@ -463,11 +463,16 @@ impl Reconcile {
             .ok_or_else(|| NodeError::UnknownPlugin(id.clone()))
     }
 
-    /// Edits the local state and persists the change before anything else happens.
+    /// Edits the local state and returns once the change is on disk, before the
+    /// caller goes on to act on it. The disk is waited for outside the state's lock:
+    /// the steps of claims that edit meanwhile share one fdatasync (a group commit).
     async fn edit(&self, f: impl FnOnce(&mut LocalState)) -> Result<(), NodeError> {
-        let mut local = self.r.local.lock().await;
-        f(local.state_mut());
-        Ok(local.commit()?)
+        let (n, durability) = {
+            let mut local = self.r.local.lock().await;
+            f(local.state_mut());
+            (local.commit_unsynced()?, local.durability())
+        };
+        Ok(durability.wait(n).await?)
     }
 
     async fn forget(&self, key: &str) -> Result<(), NodeError> {

@@ -84,7 +84,10 @@ impl Reconcile {
             s.publishes.insert(key.to_string(), rec.clone());
         })
         .await?;
-        self.sync_mount(key, claim, None).await?;
+        // The Mount is written once the steps owed are done (or one failed), not
+        // before the first call: the journal already records each call's uncertainty,
+        // and the controller waits for a Mount that acknowledges a release whether or
+        // not one was written before.
         let facts = self.facts(key, claim, &rec).await;
         match (plan::before_publish(&facts), &rec.staging_path) {
             (plan::Before::Unstage, Some(staging)) => {
@@ -92,7 +95,10 @@ impl Reconcile {
                     .await?;
             }
             (plan::Before::WaitForStaging, Some(staging)) => {
-                return Err(NodeError::StagingBusy(path_str(staging)));
+                let e = NodeError::StagingBusy(path_str(staging));
+                self.sync_mount(key, claim, Some(moor::process::error_chain(&e)))
+                    .await?;
+                return Err(e);
             }
             _ => {}
         }
@@ -133,7 +139,7 @@ impl Reconcile {
         };
         if steps.is_empty() && expand == plan::Expand::No {
             // Adopted from an earlier run, or already done.
-            return Ok(());
+            return self.sync_mount(key, claim, None).await;
         }
         // Read now, not from a cache: a node that comes back after an operator
         // declared it gone for this volume must not act on a grant made before (no
