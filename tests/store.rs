@@ -742,7 +742,56 @@ async fn concurrent_writes_share_transactions_and_keep_their_own_answers(backend
     assert!(((after - before) as usize) < N);
 }
 
+/// While a cache lags this process's own write, `Writer::fresh` answers with the object
+/// as written, a batch's included, without reading the store (issue 39): shown here by
+/// removing the key behind the writer's back, which a store read would see.
+async fn a_lagging_cache_is_read_back_as_written_without_a_store_read(backend: Backend) {
+    use moor::runtime::{reflector, writer::Writer};
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    // A cache that never hears of any write: it lags every one.
+    let (cache, _never_applied) = reflector::store::<Volume>();
+    let writer = Writer::new(store.clone()).tracking(&cache);
+    let a = writer.create(&volume("a")).await.unwrap();
+    let mut batch = Batch::default();
+    let mut a2 = a.clone();
+    a2.status.provisioning.phase = VolumePhase::Ready;
+    batch.update(&store, &a, &a2).unwrap();
+    batch.create(&store, &volume("b")).unwrap();
+    let revision = writer.commit(batch).await.unwrap();
+    let mut raw = etcd.raw_client().await;
+    for name in ["a", "b"] {
+        raw.delete(format!("/t/volumes/default/{name}"), None)
+            .await
+            .unwrap();
+    }
+    let key_a = Volume::key_for(&Namespace::default_ns(), "a");
+    let read = writer
+        .fresh(&cache, &key_a)
+        .await
+        .unwrap()
+        .expect("as written");
+    assert_eq!(read.status.provisioning.phase, VolumePhase::Ready);
+    assert_eq!(read.metadata.resource_version, revision);
+    assert_eq!(read.metadata.uid, a.metadata.uid);
+    let key_b = Volume::key_for(&Namespace::default_ns(), "b");
+    let b = writer
+        .fresh(&cache, &key_b)
+        .await
+        .unwrap()
+        .expect("as created");
+    assert_eq!(b.metadata.resource_version, revision);
+    assert!(!b.metadata.uid.is_empty());
+    // A write that returns no object (`delete`, which knows no revision) is read from
+    // the store, which says the key is gone.
+    let c = writer.create(&volume("c")).await.unwrap();
+    writer.delete(&c.object_key(), None).await.unwrap();
+    let key_c = Volume::key_for(&Namespace::default_ns(), "c");
+    assert!(writer.fresh(&cache, &key_c).await.unwrap().is_none());
+}
+
 crate::both_stores!(
+    a_lagging_cache_is_read_back_as_written_without_a_store_read,
     concurrent_writes_share_transactions_and_keep_their_own_answers,
     a_malformed_value_is_named_and_its_single_writer_repairs_it,
     a_burst_of_events_is_written_in_few_transactions,

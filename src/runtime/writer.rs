@@ -187,7 +187,8 @@ impl Writer {
     /// The object at `key` from `cache` when the cache holds this process's last
     /// write of it (or there is none); while the cache lags that write, the object as
     /// this process wrote it (`None` after its deletion), or as read from the store
-    /// where the write did not return it (a batch's). A write by another process since
+    /// where the write did not return it (`delete`'s, `replace_malformed`'s). A write
+    /// by another process since
     /// is no more visible here than in the cache, and is caught the same way: by the
     /// guard of the next write.
     pub async fn fresh<S: Spec>(
@@ -333,12 +334,18 @@ impl Writer {
         Ok(written)
     }
 
-    /// [`Batch::commit`], recording every object the batch writes at its revision.
-    pub async fn commit(&self, batch: Batch) -> Result<i64, StoreError> {
+    /// [`Batch::commit`], recording every object the batch writes at its revision, as
+    /// written.
+    pub async fn commit(&self, mut batch: Batch) -> Result<i64, StoreError> {
         let written = batch.written();
+        let mut objects = batch.take_objects();
         let revision = batch.commit(&self.store).await?;
         for (key, deleted) in written {
-            self.note(key, revision, deleted);
+            let object = objects
+                .iter()
+                .position(|(k, _)| *k == key)
+                .map(|i| (objects.swap_remove(i).1)(revision));
+            self.note_object(key, revision, deleted, object);
         }
         Ok(revision)
     }

@@ -5,6 +5,9 @@
 //! reason). Committed together they cost one revision, one round trip and one watch
 //! delivery per watcher instead of two, and no reader sees one without the other.
 
+use std::any::Any;
+use std::sync::Arc;
+
 use etcd_client::{Compare, CompareOp, PutOptions, TxnOp};
 
 use super::group::Write;
@@ -49,6 +52,23 @@ pub struct Batch {
     keys: Vec<Guard>,
     /// Bytes of the values it puts.
     bytes: usize,
+    objects: Stamps,
+}
+
+/// An object a batch writes, as it is stored once the commit's revision (its
+/// resource_version) is known: an `Arc<Object<S>>`.
+pub type Stamp = Box<dyn FnOnce(i64) -> Arc<dyn Any + Send + Sync> + Send>;
+
+/// The objects a batch writes, by key.
+#[derive(Default)]
+struct Stamps(Vec<(String, Stamp)>);
+
+impl std::fmt::Debug for Stamps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(k, _)| k))
+            .finish()
+    }
 }
 
 impl Batch {
@@ -103,7 +123,25 @@ impl Batch {
             deletes,
             creates: false,
         });
+        if !deletes {
+            self.stamp(&obj);
+        }
         Ok(obj)
+    }
+
+    fn stamp<S: Spec>(&mut self, obj: &Object<S>) {
+        let mut stored = obj.clone();
+        let stamp: Stamp = Box::new(move |revision| {
+            stored.metadata.resource_version = revision;
+            Arc::new(stored)
+        });
+        self.objects.0.push((obj.key(), stamp));
+    }
+
+    /// The objects the batch writes (not those it deletes), by key, each to be
+    /// stamped with the commit's revision: what a writer keeps while its cache lags.
+    pub fn take_objects(&mut self) -> Vec<(String, Stamp)> {
+        std::mem::take(&mut self.objects.0)
     }
 
     /// The objects the batch writes or creates (by key), and whether it deletes each.
@@ -213,6 +251,7 @@ impl Batch {
             deletes: false,
             creates: true,
         });
+        self.stamp(&obj);
         Ok(obj)
     }
 
@@ -231,6 +270,7 @@ impl Batch {
             ops,
             mut keys,
             bytes,
+            objects: _,
         } = self;
         if ops.is_empty() {
             return Ok(0);
