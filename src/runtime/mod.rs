@@ -14,9 +14,11 @@
 //!   dead holder's key), fenced on its key.
 //! - [`metrics`]: per-controller counters, gauge and histogram in a Prometheus registry.
 //! - [`writer`]: the store handle reconcilers write through; it records their writes,
-//!   so a read of an object the cache shows behind this process's last write goes to
-//!   the store.
+//!   so a read of an object the cache shows behind this process's last write answers
+//!   with that write.
 //! - [`repeats`]: a failure that repeats is logged once, not once per retry.
+//! - [`shared_read`]: a fresh read shared by the callers asking while it runs (no
+//!   caller gets an answer from a read that began before it asked).
 //! - [`steps`]: the step runner every executor calls CSI through, with per (object,
 //!   step) retry gates that a reconciler's own writes cannot reset.
 
@@ -30,6 +32,7 @@ pub mod metrics;
 pub mod queue;
 pub mod reflector;
 pub mod repeats;
+pub mod shared_read;
 pub mod steps;
 pub mod watcher;
 pub mod writer;

@@ -309,6 +309,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         steps: moor::runtime::steps::Steps::new(schedule.clone()),
         recorder: recorder.clone(),
         stats_interval: args.volume_stats_interval,
+        declarations: Default::default(),
     };
     {
         let (shutdown, metrics) = (shutdown.clone(), metrics.controller("node"));

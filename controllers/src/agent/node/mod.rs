@@ -131,6 +131,9 @@ pub struct NodeReconciler {
     pub recorder: Recorder,
     /// How often published volumes' usage and health are read (NodeGetVolumeStats).
     pub stats_interval: std::time::Duration,
+    /// The node's force-detach declarations, read fresh before a forward step; steps
+    /// asking at once share a read that began after they asked.
+    pub declarations: moor::runtime::shared_read::SharedRead<Declarations>,
 }
 
 /// The paths a claim uses, on the host and as the plugin sees them.

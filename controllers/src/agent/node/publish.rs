@@ -144,7 +144,13 @@ impl Reconcile {
         // Read now, not from a cache: a node that comes back after an operator
         // declared it gone for this volume must not act on a grant made before (no
         // stage, publish or expansion: the volume may be attached elsewhere by now).
-        let (declarations, _) = self.r.store.declarations(&self.r.node).await?;
+        // Steps asking at once share a read that began after each asked.
+        let (store, node) = (&self.r.store, &self.r.node);
+        let declarations = self
+            .r
+            .declarations
+            .read(|| async { Ok::<_, StoreError>(store.declarations(node).await?.0) })
+            .await?;
         if declarations.covers(claim) {
             let why = format!(
                 "the operator declared node {} gone for volume {} (moorctl volume detach): no step is taken for this claim until it is released",
