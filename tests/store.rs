@@ -749,22 +749,25 @@ async fn a_lagging_cache_is_read_back_as_written_without_a_store_read(backend: B
     use moor::runtime::{reflector, writer::Writer};
     let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
-    // A cache that never hears of any write: it lags every one.
-    let (cache, _never_applied) = reflector::store::<Volume>();
+    // A cache that shows only what the test applies: it lags every write.
+    let (cache, mut applied) = reflector::store::<Volume>();
     let writer = Writer::new(store.clone()).tracking(&cache);
     let a = writer.create(&volume("a")).await.unwrap();
+    let b = writer.create(&volume("b")).await.unwrap();
+    applied.apply(&moor::runtime::watcher::Event::Restarted(vec![
+        std::sync::Arc::new(a.clone()),
+        std::sync::Arc::new(b.clone()),
+    ]));
     let mut batch = Batch::default();
     let mut a2 = a.clone();
     a2.status.provisioning.phase = VolumePhase::Ready;
     batch.update(&store, &a, &a2).unwrap();
-    batch.create(&store, &volume("b")).unwrap();
+    let mut b2 = b.clone();
+    b2.spec.capacity_max = Some(Size(1 << 30));
+    batch.update(&store, &b, &b2).unwrap();
     let revision = writer.commit(batch).await.unwrap();
     let mut raw = etcd.raw_client().await;
-    for name in ["a", "b"] {
-        raw.delete(format!("/t/volumes/default/{name}"), None)
-            .await
-            .unwrap();
-    }
+    raw.delete("/t/volumes/default/a", None).await.unwrap();
     let key_a = Volume::key_for(&Namespace::default_ns(), "a");
     let read = writer
         .fresh(&cache, &key_a)
@@ -774,20 +777,25 @@ async fn a_lagging_cache_is_read_back_as_written_without_a_store_read(backend: B
     assert_eq!(read.status.provisioning.phase, VolumePhase::Ready);
     assert_eq!(read.metadata.resource_version, revision);
     assert_eq!(read.metadata.uid, a.metadata.uid);
+    // Once the cache shows nothing (another process deleted it), the store is asked.
+    applied.apply(&moor::runtime::watcher::Event::Deleted {
+        key: key_a.as_str().to_string(),
+        last: None,
+    });
+    assert!(writer.fresh(&cache, &key_a).await.unwrap().is_none());
     let key_b = Volume::key_for(&Namespace::default_ns(), "b");
-    let b = writer
+    let b_read = writer
         .fresh(&cache, &key_b)
         .await
         .unwrap()
-        .expect("as created");
-    assert_eq!(b.metadata.resource_version, revision);
-    assert!(!b.metadata.uid.is_empty());
-    // A write that returns no object (`delete`, which knows no revision) is read from
-    // the store, which says the key is gone.
+        .expect("as written");
+    assert_eq!(b_read.spec.capacity_max, Some(Size(1 << 30)));
+    assert_eq!(b_read.metadata.resource_version, revision);
+    // A create the cache has not shown is read from the store.
     let c = writer.create(&volume("c")).await.unwrap();
-    writer.delete(&c.object_key(), None).await.unwrap();
     let key_c = Volume::key_for(&Namespace::default_ns(), "c");
-    assert!(writer.fresh(&cache, &key_c).await.unwrap().is_none());
+    let c_read = writer.fresh(&cache, &key_c).await.unwrap().expect("stored");
+    assert_eq!(c_read.metadata.uid, c.metadata.uid);
 }
 
 crate::both_stores!(
