@@ -237,7 +237,17 @@ pub fn access(
 /// The access-mode rules for `claim`, admitted by [`check`] as `admitted`, against
 /// `volume`'s live claims (its own entry, if recorded already, left out): what the
 /// controller checks inside the compare-and-swap that records the claim on the volume.
-pub fn access_for(volume: &Volume, admitted: &Admitted, claim: &Claim) -> Result<(), AccessDenied> {
+///
+/// A conflict only with holders that are being released (`ending`: their allocation
+/// ended, stopped or is gone) is a wait, not a denial: the claim is admitted once they
+/// leave (a container started again right after the last one stopped, a job's next
+/// allocation). A conflict with any live holder is a denial naming it.
+pub fn access_for(
+    volume: &Volume,
+    admitted: &Admitted,
+    claim: &Claim,
+    ending: impl Fn(&ClaimRef) -> bool,
+) -> Result<(), Verdict> {
     let live = &volume.status.claims;
     let existing: Vec<ClaimRef> = live
         .read_claims
@@ -246,13 +256,33 @@ pub fn access_for(volume: &Volume, admitted: &Admitted, claim: &Claim) -> Result
         .filter(|r| !(r.claim == claim.metadata.name && r.allocation == claim.spec.allocation))
         .cloned()
         .collect();
-    access(
-        &volume.spec,
-        admitted.capability.access_mode,
-        &claim.spec.node,
-        claim.spec.mode,
-        &existing,
-    )
+    let check = |holders: &[ClaimRef]| {
+        access(
+            &volume.spec,
+            admitted.capability.access_mode,
+            &claim.spec.node,
+            claim.spec.mode,
+            holders,
+        )
+    };
+    let Err(denied) = check(&existing) else {
+        return Ok(());
+    };
+    let staying: Vec<ClaimRef> = existing.iter().filter(|r| !ending(r)).cloned().collect();
+    match check(&staying) {
+        Err(denied) => Err(Verdict::Deny(denied.to_string())),
+        Ok(()) => Err(Verdict::Wait(format!("{denied}; waiting for its release"))),
+    }
+}
+
+/// Whether a holder of a volume is being released, as [`access_for`]'s `ending` asks:
+/// its claim (`holder`, as found) is marked for release or deleted, or its allocation
+/// (`alloc`, absent when gone) no longer wants it. A holder not found is taken as
+/// staying.
+pub fn holder_ending(holder: Option<&Claim>, alloc: Option<&Allocation>) -> bool {
+    holder.is_some_and(|h| {
+        h.spec.release || h.is_deleting() || !alloc.is_some_and(|a| a.wants(&h.metadata.name))
+    })
 }
 
 /// Whether one request would be admitted now, and if not why.
@@ -269,12 +299,14 @@ pub struct RequestFit {
 /// Placement: would each request of `alloc` be admitted on its node (`alloc.spec.node`,
 /// `node`) now? The same rules the controller admits with ([`check`], then
 /// [`access_for`]), over the same objects: `volume_of` finds a request's volume,
-/// `node_claims` are the claims on that node. Requests are judged one by one.
+/// `node_claims` are the claims on that node, `ending` tells a holder being released.
+/// Requests are judged one by one.
 pub fn plan<'a, I>(
     alloc: &Allocation,
     node: Option<&Node>,
     volume_of: impl Fn(&VolumeId) -> Option<&'a Volume>,
     node_claims: impl Fn() -> I,
+    ending: impl Fn(&ClaimRef) -> bool,
 ) -> Vec<RequestFit>
 where
     I: IntoIterator,
@@ -303,9 +335,7 @@ where
                     ))),
                     Some(claim) => match check(&claim, Some(volume), node, &node_claims) {
                         Err(v) => Some(v),
-                        Ok(admitted) => access_for(volume, &admitted, &claim)
-                            .err()
-                            .map(|e| Verdict::Deny(e.to_string())),
+                        Ok(admitted) => access_for(volume, &admitted, &claim, &ending).err(),
                     },
                 },
             };
@@ -617,5 +647,88 @@ mod tests {
         )
         .is_err());
         assert!(access(&v, AccessMode::SingleNodeWriter, &n2, ClaimMode::Read, &[]).is_ok());
+    }
+
+    /// A holder ref of claim `name` of allocation `alloc` on `node`.
+    fn held(name: &str, alloc: &str, node: &str, mode: ClaimMode) -> ClaimRef {
+        ClaimRef {
+            allocation: AllocationId::new(alloc).unwrap(),
+            claim: Name::new(name).unwrap(),
+            node: NodeName::new(node).unwrap(),
+            mode,
+            access_mode: Some(AccessMode::SingleNodeWriter),
+        }
+    }
+
+    #[test]
+    fn a_conflict_only_with_holders_being_released_waits_and_any_live_one_denies() {
+        let mut v = volume(&[AccessMode::SingleNodeWriter]);
+        let admitted = Admitted {
+            capability: cap(AccessMode::SingleNodeWriter),
+            external_id: ExternalVolumeId::new("ext-v").unwrap(),
+        };
+        let me = claim(
+            "me",
+            "n1",
+            ClaimMode::Write,
+            Some(AccessMode::SingleNodeWriter),
+        );
+        v.status.claims.write_claims = vec![held("old", "a-old", "n1", ClaimMode::Write)];
+        let ending_old = |r: &ClaimRef| r.claim.as_str() == "old";
+        match access_for(&v, &admitted, &me, ending_old) {
+            Err(Verdict::Wait(why)) => assert!(
+                why.contains("allocation a-old") && why.contains("waiting for its release"),
+                "{why}"
+            ),
+            other => panic!("expected a wait, got {other:?}"),
+        }
+        // The same holder live: denied, named.
+        match access_for(&v, &admitted, &me, |_| false) {
+            Err(Verdict::Deny(why)) => assert!(why.contains("allocation a-old"), "{why}"),
+            other => panic!("expected a denial, got {other:?}"),
+        }
+        // One ending writer and one live reader on another node: the live one still
+        // keeps the single-node volume away, so a denial naming it.
+        v.status.claims.read_claims = vec![held("live", "a-live", "n2", ClaimMode::Read)];
+        match access_for(&v, &admitted, &me, ending_old) {
+            Err(Verdict::Deny(why)) => {
+                assert!(why.contains("a-live") && why.contains("node n2"), "{why}")
+            }
+            other => panic!("expected a denial, got {other:?}"),
+        }
+        // No conflict: admitted whatever is ending.
+        v.status.claims = Default::default();
+        assert!(access_for(&v, &admitted, &me, |_| true).is_ok());
+    }
+
+    #[test]
+    fn a_holder_is_ending_when_released_deleted_or_no_longer_wanted() {
+        let mut h = claim("h", "n1", ClaimMode::Write, None);
+        let mut a = Allocation::new(
+            &Namespace::default_ns(),
+            Name::new("a").unwrap(),
+            AllocationSpec {
+                node: NodeName::new("n1").unwrap(),
+                volumes: vec![VolumeRequest {
+                    name: Name::new("r").unwrap(),
+                    volume: VolumeId::new("v").unwrap(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        let wanted = a.claim_name(&a.spec.volumes[0]).unwrap();
+        h.metadata.name = wanted;
+        assert!(!holder_ending(Some(&h), Some(&a)), "a live holder");
+        assert!(!holder_ending(None, None), "a holder not found stays");
+        assert!(holder_ending(Some(&h), None), "its allocation gone");
+        a.spec.desired_status = DesiredStatus::Stop;
+        assert!(holder_ending(Some(&h), Some(&a)), "its allocation stopped");
+        a.spec.desired_status = Default::default();
+        a.spec.client_status = ClientStatus::Complete;
+        assert!(holder_ending(Some(&h), Some(&a)), "its allocation ended");
+        a.spec.client_status = ClientStatus::Running;
+        h.spec.release = true;
+        assert!(holder_ending(Some(&h), Some(&a)), "marked for release");
     }
 }

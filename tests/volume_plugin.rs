@@ -10,6 +10,7 @@ mod common;
 use cluster::{Cluster, PLUGIN};
 use common::post_raw;
 use moor::api::*;
+use moor_hostpath::faults::Command;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -202,11 +203,61 @@ async fn a_volume_s_whole_lifecycle_through_the_endpoint() {
     )
     .await;
 
-    // Unmount answers once n1 no longer publishes it for c1.
+    // Unmount answers once n1 no longer publishes it for c1; the rest of c1's
+    // release (the detach) is held here, so c1 still holds the volume after.
+    for n in ["n1", "n2"] {
+        c.node(n)
+            .fault(Command::Hang {
+                rpc: "ControllerUnpublishVolume".into(),
+                after: false,
+            })
+            .await;
+    }
     ok(&c, "n1", "Unmount", json!({"Name": "web", "ID": "c1"})).await;
     assert_eq!(c.node("n1").count("NodeUnpublishVolume", "OK"), 1);
-    // A second container, after the first ended, reads the data back.
-    let m3 = ok(&c, "n1", "Mount", json!({"Name": "web", "ID": "c3"})).await;
+    // A second container started right after the first ended (docker run again, a
+    // restart policy): its Mount waits for c1's release instead of being refused,
+    // and answers once it is done.
+    let released_at = std::sync::OnceLock::new();
+    let (m3, ()) = tokio::join!(
+        ok(&c, "n1", "Mount", json!({"Name": "web", "ID": "c3"})),
+        async {
+            c.wait("c3's claim waiting for c1's release", T, || async {
+                c.store
+                    .list(&KeyScope::<ClaimSpec>::all())
+                    .await
+                    .unwrap()
+                    .items
+                    .iter()
+                    .any(|cl| {
+                        cl.spec.allocation.as_str().starts_with("c3-")
+                            && cl.status.phase == ClaimPhase::Pending
+                            && cl
+                                .status
+                                .reason
+                                .as_deref()
+                                .is_some_and(|r| r.contains("waiting for its release"))
+                    })
+            })
+            .await;
+            released_at.set(std::time::Instant::now()).unwrap();
+            for n in ["n1", "n2"] {
+                c.node(n)
+                    .fault(Command::Release {
+                        rpc: "ControllerUnpublishVolume".into(),
+                    })
+                    .await;
+            }
+        }
+    );
+    assert!(released_at.get().is_some());
+    assert!(
+        c.node("n1").count("ControllerUnpublishVolume", "OK")
+            + c.node("n2").count("ControllerUnpublishVolume", "OK")
+            >= 1,
+        "c3 published before c1's detach completed"
+    );
+    // The second container reads the data back.
     let path3 = PathBuf::from(m3["Mountpoint"].as_str().unwrap());
     assert_eq!(
         std::fs::read_to_string(path3.join("hello")).unwrap(),

@@ -107,12 +107,27 @@ impl Plan {
             .filter(|v| v.metadata.namespace == ns)
             .filter_map(|v| Some((VolumeId::new(v.metadata.name.as_str()).ok()?, v)))
             .collect();
+        // Holders being released make a request wait, not fail: what tells them.
+        let allocations: BTreeMap<String, Allocation> = ctx
+            .store
+            .list::<AllocationSpec>(&KeyScope::all())
+            .await?
+            .items
+            .into_iter()
+            .filter(|a| a.metadata.namespace == ns)
+            .map(|a| (a.metadata.name.to_string(), a))
+            .collect();
         let mut claims_by_node: BTreeMap<NodeName, Vec<Arc<Claim>>> = BTreeMap::new();
+        let mut claims: BTreeMap<(NodeName, Name), Arc<Claim>> = BTreeMap::new();
         for c in ctx.store.list::<ClaimSpec>(&KeyScope::all()).await?.items {
+            let c = Arc::new(c);
+            if c.metadata.namespace == ns {
+                claims.insert((c.spec.node.clone(), c.metadata.name.clone()), c.clone());
+            }
             claims_by_node
                 .entry(c.spec.node.clone())
                 .or_default()
-                .push(Arc::new(c));
+                .push(c);
         }
         let mut out = Vec::new();
         for node in &nodes {
@@ -124,6 +139,12 @@ impl Plan {
                 registered.then_some(node),
                 |v| volumes.get(v),
                 || claims_by_node.get(&name).cloned().unwrap_or_default(),
+                |r| {
+                    admission::holder_ending(
+                        claims.get(&(r.node.clone(), r.claim.clone())).map(|c| &**c),
+                        allocations.get(r.allocation.as_str()),
+                    )
+                },
             );
             out.push(NodeFit {
                 node: name.to_string(),

@@ -225,6 +225,14 @@ impl Allocation {
         self.spec.is_terminal() || self.status.lost
     }
 
+    /// Whether this allocation still wants its claim named `claim`: neither deleting nor
+    /// terminal, and one of its requests makes that claim.
+    pub fn wants(&self, claim: &Name) -> bool {
+        !self.is_deleting()
+            && !self.is_terminal()
+            && self.requests().iter().any(|(name, _)| name == claim)
+    }
+
     /// The client status as moor knows it: the runner's, or `lost` once the controller
     /// found its lease expired while the runner had not ended it.
     pub fn client_status(&self) -> ClientStatus {

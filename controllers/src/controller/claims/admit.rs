@@ -72,7 +72,9 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
                 return Err(Refusal::Stale);
             }
             // The same rules `moorctl alloc plan` places with.
-            admission::access_for(v, &admitted, claim).map_err(|e| Refusal::Deny(e.to_string()))?;
+            let ns = &claim.metadata.namespace;
+            admission::access_for(v, &admitted, claim, |r| ending(ctx, ns, r))
+                .map_err(Refusal::Access)?;
             match me.mode {
                 ClaimMode::Read => live.read_claims.push(me.clone()),
                 ClaimMode::Write => live.write_claims.push(me.clone()),
@@ -86,7 +88,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
     .await;
     let created = match recorded {
         Ok(Ok(created)) => created,
-        Ok(Err(Refusal::Deny(denied))) => return refuse(ctx, claim, Verdict::Deny(denied)).await,
+        Ok(Err(Refusal::Access(verdict))) => return refuse(ctx, claim, verdict).await,
         // The volume changed since the cache showed it: decide again on the new one.
         Ok(Err(Refusal::Stale)) => return Ok(Action::Requeue(Duration::from_millis(50))),
         Err(StoreError::NotFound { .. }) => {
@@ -109,10 +111,17 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
     Ok(Action::AwaitChange)
 }
 
+/// [`admission::holder_ending`] over this controller's caches.
+fn ending(ctx: &Ctx, ns: &Namespace, r: &ClaimRef) -> bool {
+    let holder = ctx.claims.get(&Claim::key_for(&r.node, ns, &r.claim));
+    let alloc = ctx.allocations.get(&Allocation::key_for(ns, &r.allocation));
+    admission::holder_ending(holder.as_deref(), alloc.as_deref())
+}
+
 /// Why the admission's compare-and-swap did not record the claim.
 pub(super) enum Refusal {
-    /// An access-mode rule denies it.
-    Deny(String),
+    /// An access-mode rule denies it, or makes it wait for a holder's release.
+    Access(Verdict),
     /// The volume is not the one the decision was made on.
     Stale,
 }

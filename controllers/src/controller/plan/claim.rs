@@ -7,13 +7,7 @@ use moor::api::*;
 /// Whether the claim's allocation still asks for it: present, not deleting, not
 /// terminal, and one of its requests names the claim.
 pub fn wanted(claim: &Claim, alloc: Option<&Allocation>) -> bool {
-    alloc.is_some_and(|a| {
-        !a.is_deleting()
-            && !a.is_terminal()
-            && a.requests()
-                .iter()
-                .any(|(name, _)| name == &claim.metadata.name)
-    })
+    alloc.is_some_and(|a| a.wants(&claim.metadata.name))
 }
 
 /// The claim's spec with what the node steps take from the volume brought up to
