@@ -39,6 +39,8 @@ pub struct Bins {
     pub etcd: PathBuf,
     /// Its `--quota-backend-bytes`.
     pub etcd_quota_bytes: u64,
+    /// Its `--snapshot-count`, when given.
+    pub etcd_snapshot_count: Option<u64>,
 }
 
 /// A plugin the operator runs: its endpoint and type.
@@ -234,6 +236,9 @@ pub async fn start_store(backend: Backend, bins: &Bins, dir: &Path) -> anyhow::R
                 ))
                 .arg(format!("--initial-cluster=bench=http://127.0.0.1:{peer}"))
                 .arg(format!("--quota-backend-bytes={}", bins.etcd_quota_bytes));
+            if let Some(n) = bins.etcd_snapshot_count {
+                cmd.arg(format!("--snapshot-count={n}"));
+            }
             (cmd, version)
         }
         Backend::Embedded => {

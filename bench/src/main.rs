@@ -50,6 +50,10 @@ struct Args {
     /// etcd's `--quota-backend-bytes` (8 GiB; a million claims' objects need about 16).
     #[arg(long, default_value_t = 8 << 30)]
     etcd_quota_bytes: u64,
+    /// etcd's `--snapshot-count` when given: etcd 3.4 keeps up to this many raft entries
+    /// in memory (100,000 by default, about 5 GB of a million claims' seeding txns).
+    #[arg(long)]
+    etcd_snapshot_count: Option<u64>,
     /// Where moord, moor-hostpath and moor-store are (default: next to moor-bench).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
@@ -228,6 +232,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         dir,
         etcd: args.etcd_bin.clone(),
         etcd_quota_bytes: args.etcd_quota_bytes,
+        etcd_snapshot_count: args.etcd_snapshot_count,
     };
     let external = parse_external(&args.plugin_endpoints)?;
     let backends = match args.store.as_str() {
