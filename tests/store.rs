@@ -376,23 +376,23 @@ async fn delete_honours_precondition_and_finalizers(backend: Backend) {
 }
 
 async fn a_page_larger_than_grpc_s_message_limit_is_split(backend: Backend) {
-    // 48 volumes of ~200 KiB each: one default page (5,000 keys) would be ~10 MiB,
-    // past the 4 MiB a gRPC client accepts (a controller restarted beside ~5,000
-    // claims hit this: the benchmark found it).
+    // 56 volumes of ~1.3 MiB each: one default page (5,000 keys) would be ~73 MiB,
+    // past the 64 MiB a list accepts (the 4 MiB of a default gRPC client was hit by a
+    // controller restarted beside ~5,000 claims: the benchmark found it).
     let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
-    for i in 0..48 {
+    for i in 0..56 {
         let mut v = volume(&format!("big{i:02}"));
         v.spec
             .parameters
-            .insert("padding".into(), "x".repeat(200 * 1024));
+            .insert("padding".into(), "x".repeat(1300 * 1024));
         store.create(&v).await.unwrap();
     }
     let list = store
         .list::<VolumeSpec>(&moor::api::KeyScope::all())
         .await
         .unwrap();
-    assert_eq!(list.items.len(), 48);
+    assert_eq!(list.items.len(), 56);
     assert!(list.malformed.is_empty());
 }
 
