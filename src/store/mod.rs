@@ -41,34 +41,35 @@ use crate::api::{KeyScope, Object, ObjectKey, Spec, Timestamp};
 pub const DEFAULT_PREFIX: &str = "/moor/";
 
 /// Keys per page when a list starts: thousands, not hundreds (DESIGN: 100k keys list in
-/// 0.45 s at 10k per page and 3.5 s at 500). Pages then grow towards
-/// [`PAGE_TARGET_BYTES`].
+/// 0.45 s at 10k per page and 3.5 s at 500).
 pub const DEFAULT_PAGE_SIZE: i64 = 5_000;
 
-/// The size a list's pages grow towards. Every etcd release to date walks the whole rest
-/// of the range on each limited request, to count it (etcd-io/etcd#11057, the limit's
-/// push-down reverted in #13060), so a list of N keys in pages of P costs N²/2P index
-/// visits: at a million claims, pages of 2,500 (what 4 MiB held) made one list take
-/// 55 s. Pages of about 8 MiB keep that a few seconds.
-pub const PAGE_TARGET_BYTES: usize = 8 << 20;
+/// At most about this many pages per list, whatever its length. Every etcd release to
+/// date walks the whole rest of the range on each limited request, to count it
+/// (etcd-io/etcd#11057; the limit's push-down was reverted in #13060), so N keys in
+/// pages of a fixed P cost N²/2P index visits: a million claims in pages of 2,500 (what
+/// 4 MiB held) took 55 s to list, and the controller 147 s to sync. Pages sized from the
+/// count each answer carries keep a list at about this many walks of its range.
+pub const PAGES_PER_LIST: i64 = 16;
 
 /// The most keys a list asks for in one page.
-pub const MAX_PAGE_SIZE: i64 = 50_000;
+pub const MAX_PAGE_SIZE: i64 = 200_000;
 
-/// The largest list response accepted (tonic's default is 4 MiB): a page that grows
-/// past it is halved and asked again.
-const MAX_LIST_RESPONSE_BYTES: usize = 64 << 20;
+/// The largest list response accepted (tonic's default is 4 MiB): a page is sized to
+/// half of it from the bytes per key seen so far, and one that still outgrows it is
+/// halved and asked again.
+pub const MAX_LIST_RESPONSE_BYTES: usize = 64 << 20;
 
-/// The next page's size after a page of `page` keys came back holding `bytes` of keys
-/// and values: doubled while the pages stay under half of [`PAGE_TARGET_BYTES`], up to
-/// [`MAX_PAGE_SIZE`]; never shrunk here (a page too large to receive is halved by the
-/// caller).
-pub fn next_page_size(page: i64, bytes: usize) -> i64 {
-    if bytes < PAGE_TARGET_BYTES / 2 {
-        page.saturating_mul(2).min(MAX_PAGE_SIZE).max(page)
-    } else {
-        page
-    }
+/// The next page's size, after a page of `keys` keys holding `bytes` of keys and values
+/// came back with `remaining` keys after it in the range: at least `floor` (the store's
+/// page size) and enough for the rest in [`PAGES_PER_LIST`] pages, but no more keys
+/// than half of [`MAX_LIST_RESPONSE_BYTES`] holds at this page's bytes per key, nor
+/// [`MAX_PAGE_SIZE`].
+pub fn next_page_size(floor: i64, keys: usize, bytes: usize, remaining: i64) -> i64 {
+    let want = floor.max((remaining.max(0) + PAGES_PER_LIST - 1) / PAGES_PER_LIST);
+    let per_key = (bytes / keys.max(1)).max(1);
+    let fits = i64::try_from(MAX_LIST_RESPONSE_BYTES / 2 / per_key).unwrap_or(i64::MAX);
+    want.min(fits).clamp(1, MAX_PAGE_SIZE)
 }
 
 /// A leader's fence: writes succeed only while `key` still has this create revision and
@@ -367,7 +368,8 @@ impl Store {
                 each(&key, kv.value(), kv.mod_revision());
                 bytes += kv.key().len() + kv.value().len();
             }
-            page = next_page_size(page, bytes);
+            let remaining = resp.count() - resp.kvs().len() as i64;
+            page = next_page_size(self.page_size, resp.kvs().len(), bytes, remaining);
             match (resp.more(), resp.kvs().last()) {
                 (true, Some(last)) => {
                     start = last.key().to_vec();
@@ -628,18 +630,23 @@ mod tests {
     }
 
     #[test]
-    fn pages_grow_towards_the_byte_target_and_stop_there() {
-        // Claims of about 1 KB: 5,000 (5 MB) stays, 2,500 (2.5 MB) doubles.
-        assert_eq!(next_page_size(2_500, 2_500 * 1_000), 5_000);
-        assert_eq!(next_page_size(5_000, 5_000 * 1_000), 5_000);
-        // Small objects grow to the cap, never past it.
-        let mut page = 7;
-        for _ in 0..20 {
-            page = next_page_size(page, page as usize * 100);
-        }
-        assert_eq!(page, MAX_PAGE_SIZE);
-        // An empty page (the end) changes nothing that matters, and nothing shrinks.
-        assert_eq!(next_page_size(MAX_PAGE_SIZE, 0), MAX_PAGE_SIZE);
-        assert_eq!(next_page_size(10, PAGE_TARGET_BYTES * 4), 10);
+    fn a_list_takes_about_pages_per_list_pages_within_the_response_limit() {
+        // 100,000 claims of about 1 KB: the floor is more than a sixteenth of the rest.
+        assert_eq!(next_page_size(5_000, 5_000, 5_000_000, 95_000), 5_938);
+        // A million of 400 bytes: a sixteenth of the rest per page; of 1 KB, as many as
+        // half the response limit holds.
+        assert_eq!(next_page_size(5_000, 5_000, 2_000_000, 995_000), 62_188);
+        assert_eq!(next_page_size(5_000, 5_000, 5_000_000, 995_000), 33_554);
+        // Tiny objects: capped.
+        assert_eq!(
+            next_page_size(5_000, 5_000, 50_000, 100_000_000),
+            MAX_PAGE_SIZE
+        );
+        // 1.4 MB objects: a few per page, never none.
+        assert_eq!(next_page_size(5_000, 3, 3 * 1_400_000, 1_000), 23);
+        assert_eq!(next_page_size(5_000, 1, 200 << 20, 10), 1);
+        // The end of the range, or a store that does not count: the floor.
+        assert_eq!(next_page_size(7, 7, 700, 0), 7);
+        assert_eq!(next_page_size(7, 0, 0, -3), 7);
     }
 }
