@@ -338,6 +338,19 @@ impl Durability {
         Ok(())
     }
 
+    /// Puts commit `n` on disk before returning, with an fdatasync of `file` on this
+    /// thread (the plain [`Journal::commit`]) unless one already covered it.
+    fn sync_now(&self, n: u64, file: &File) -> std::io::Result<()> {
+        if self.0.synced.load(Ordering::Acquire) >= n {
+            return Ok(());
+        }
+        let upto = self.last_appended();
+        self.0.syncs.fetch_add(1, Ordering::Relaxed);
+        file.sync_data()?;
+        self.synced_up_to(upto);
+        Ok(())
+    }
+
     /// Commit `n` is on disk (synced inline, or by a rewrite).
     fn synced_up_to(&self, n: u64) {
         self.0.synced.fetch_max(n, Ordering::AcqRel);
@@ -441,11 +454,8 @@ impl<S: Tables> Journal<S> {
     /// journal is durable; on failure they are undone.
     pub fn commit(&mut self) -> Result<(), JournalError> {
         let n = self.commit_unsynced()?;
-        if self.durable && n > self.sync.0.synced.load(Ordering::Acquire) {
-            let upto = self.sync.last_appended();
-            self.sync.0.syncs.fetch_add(1, Ordering::Relaxed);
-            self.file.sync_data().map_err(|e| self.io(e))?;
-            self.sync.synced_up_to(upto);
+        if self.durable {
+            self.sync.sync_now(n, &self.file).map_err(|e| self.io(e))?;
         }
         Ok(())
     }

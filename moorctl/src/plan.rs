@@ -118,16 +118,11 @@ impl Plan {
             .map(|a| (a.metadata.name.to_string(), a))
             .collect();
         let mut claims_by_node: BTreeMap<NodeName, Vec<Arc<Claim>>> = BTreeMap::new();
-        let mut claims: BTreeMap<(NodeName, Name), Arc<Claim>> = BTreeMap::new();
         for c in ctx.store.list::<ClaimSpec>(&KeyScope::all()).await?.items {
-            let c = Arc::new(c);
-            if c.metadata.namespace == ns {
-                claims.insert((c.spec.node.clone(), c.metadata.name.clone()), c.clone());
-            }
             claims_by_node
                 .entry(c.spec.node.clone())
                 .or_default()
-                .push(c);
+                .push(Arc::new(c));
         }
         let mut out = Vec::new();
         for node in &nodes {
@@ -140,8 +135,13 @@ impl Plan {
                 |v| volumes.get(v),
                 || claims_by_node.get(&name).cloned().unwrap_or_default(),
                 |r| {
+                    let holder = claims_by_node.get(&r.node).and_then(|on_node| {
+                        on_node
+                            .iter()
+                            .find(|c| c.metadata.namespace == ns && c.metadata.name == r.claim)
+                    });
                     admission::holder_ending(
-                        claims.get(&(r.node.clone(), r.claim.clone())).map(|c| &**c),
+                        holder.map(|c| &**c),
                         allocations.get(r.allocation.as_str()),
                     )
                 },

@@ -164,6 +164,7 @@ pub(super) async fn seed(
             )
         })
         .collect();
+    let total = nodes.len() + range.len() * t.objects.len();
     let per_batch = (64 / t.objects.len().max(1)).max(1);
     let claims = range.clone().step_by(per_batch).map(|from| {
         (from..(from + per_batch).min(range.end))
@@ -183,12 +184,10 @@ pub(super) async fn seed(
             .collect::<Vec<Put>>()
     });
     let node_batches: Vec<Vec<Put>> = nodes.chunks(64).map(|c| c.to_vec()).collect();
-    let total = std::sync::atomic::AtomicUsize::new(0);
     stream::iter(node_batches.into_iter().chain(claims))
         .map(|batch| {
             let mut c = store.client();
             let prefix = prefix.clone();
-            total.fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);
             async move {
                 let ops = batch
                     .into_iter()
@@ -204,7 +203,7 @@ pub(super) async fn seed(
         .buffer_unordered(8)
         .try_collect::<()>()
         .await?;
-    Ok(total.into_inner())
+    Ok(total)
 }
 
 /// A key, its value and its lease.
