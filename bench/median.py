@@ -60,6 +60,8 @@ REQUESTS = [
     ("detach", lambda r: r["attach"]["store_requests_per_detach"]),
 ]
 SCALE = [
+    ("controller", "serving_s", "{:.1f}"),
+    ("controller", "serving_rss_mib", "{:.0f}"),
     ("controller", "synced_s", "{:.1f}"),
     ("controller", "rss_mib", "{:.0f}"),
     ("controller", "peak_rss_mib", "{:.0f}"),

@@ -164,6 +164,10 @@ pub(super) fn table(runs: &[Run]) -> String {
     row("scale: list every claim", &|r| {
         sc(r, |s| format!("{:.2} s", s.list_claims_s))
     });
+    row(
+        "scale: controller start -> serving (listed, no change due)",
+        &|r| sc(r, |s| s.controller.serving_cell()),
+    );
     row("scale: controller start -> synced", &|r| {
         sc(r, |s| s.controller.cell())
     });

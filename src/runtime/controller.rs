@@ -3,6 +3,11 @@
 //! Expected flow:
 //! 1. Triggers (the kind's own watcher events, related kinds' events mapped to keys,
 //!    any key stream) schedule keys now; a periodic resync schedules every cached key.
+//!    A controller that trusts converged status ([`Controller::owns_trusting`]) puts
+//!    the keys of a relist (its start, a watch that lost its place) in a repair pass
+//!    behind every change when their object says it is converged; a resync is always
+//!    such a pass. Nothing is skipped: the pass runs whenever no change is due, and
+//!    one key in [`REPAIR_EVERY`](super::queue::REPAIR_EVERY) handed out is a repair while any is due.
 //! 2. Due keys run, at most `concurrency` at once and never one key twice at once; a
 //!    burst of triggers for one key collapses into one run (plus one more if triggers
 //!    arrived during the run).
@@ -25,7 +30,7 @@ use tracing::Instrument;
 
 use super::backoff::Backoff;
 use super::metrics::ControllerMetrics;
-use super::queue::Queue;
+use super::queue::{Class, Queue};
 use super::reflector::Store;
 use super::watcher::Event;
 use super::Resource;
@@ -94,8 +99,10 @@ impl Default for Config {
 pub struct Controller<K: Resource> {
     name: String,
     reader: Store<K>,
-    /// Keys, and whether each is urgent (see [`Queue::schedule_urgent`]).
-    triggers: SelectAll<BoxStream<'static, (String, bool)>>,
+    /// Keys, and what scheduled each.
+    triggers: SelectAll<BoxStream<'static, (String, Trigger)>>,
+    /// Whether a relist's keys go in the repair pass (see [`Controller::owns_trusting`]).
+    trusting: bool,
     config: Config,
     metrics: ControllerMetrics,
 }
@@ -107,6 +114,7 @@ impl<K: Resource> Controller<K> {
             name: name.to_string(),
             reader,
             triggers: SelectAll::new(),
+            trusting: false,
             config,
             metrics: ControllerMetrics::unregistered(),
         }
@@ -123,7 +131,25 @@ impl<K: Resource> Controller<K> {
     where
         E: std::error::Error + Send + 'static,
     {
-        self.map_events(events, |obj: &K| vec![obj.key()], true, false)
+        self.map_events(events, |obj: &K| vec![obj.key()], true, false, |_| false)
+    }
+
+    /// [`Controller::owns`], trusting converged status: a relist's objects for which
+    /// `converged` holds (their status says the last reconcile left nothing to do) are
+    /// reconciled in a repair pass behind every change, and so are the keys related
+    /// kinds' relists map to. A start then serves new changes once its caches are
+    /// listed instead of after a no-op pass over every object. `converged` decides
+    /// only the order: every key still runs.
+    pub fn owns_trusting<E>(
+        mut self,
+        events: impl Stream<Item = Result<Event<K>, E>> + Send + 'static,
+        converged: impl Fn(&K) -> bool + Send + Sync + 'static,
+    ) -> Self
+    where
+        E: std::error::Error + Send + 'static,
+    {
+        self.trusting = true;
+        self.map_events(events, |obj: &K| vec![obj.key()], true, false, converged)
     }
 
     /// Triggers on a related kind's events, mapped to the keys they concern.
@@ -136,7 +162,7 @@ impl<K: Resource> Controller<K> {
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
-        self.map_events(events, mapper, false, false)
+        self.map_events(events, mapper, false, false, |_| true)
     }
 
     /// [`Controller::watches`] whose keys run before every other due key: for the
@@ -151,46 +177,42 @@ impl<K: Resource> Controller<K> {
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
-        self.map_events(events, mapper, false, true)
+        self.map_events(events, mapper, false, true, |_| true)
     }
 
-    /// Triggers on the keys `events` map to (see [`Controller::keys_of`]), urgent or not.
+    /// Triggers on the keys `events` map to (see [`Controller::keys_of`]): a change's
+    /// urgent or not, a relist's [`Trigger::Relist`] where `relisted` holds for the
+    /// object.
     fn map_events<R, E>(
         mut self,
         events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
         mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
         own_kind: bool,
         urgent: bool,
+        relisted: impl Fn(&R) -> bool + Send + Sync + 'static,
     ) -> Self
     where
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
-        let keys = Controller::<K>::keys_of(self.name.clone(), events, mapper, own_kind);
-        self.triggers.push(keys.map(move |k| (k, urgent)).boxed());
-        self
-    }
-
-    /// Turns events into keys. A deletion whose last state is unknown names only its own
-    /// key, which is a key of this controller only when the events are its own kind's.
-    fn keys_of<R, E>(
-        name: String,
-        events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
-        mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
-        own_kind: bool,
-    ) -> impl Stream<Item = String> + Send + 'static
-    where
-        R: Resource,
-        E: std::error::Error + Send + 'static,
-    {
-        events.flat_map(move |item| {
-            let keys = match item {
-                Ok(Event::Restarted(objs)) => objs.iter().flat_map(|o| mapper(o)).collect(),
-                Ok(Event::Applied(obj)) => mapper(&obj),
+        let name = self.name.clone();
+        let keys = events.flat_map(move |item| {
+            let change = Trigger::Change(urgent);
+            let keys: Vec<(String, Trigger)> = match item {
+                Ok(Event::Restarted(objs)) => objs
+                    .iter()
+                    .flat_map(|o| {
+                        let t = if relisted(o) { Trigger::Relist } else { change };
+                        mapper(o).into_iter().map(move |k| (k, t))
+                    })
+                    .collect(),
+                Ok(Event::Applied(obj)) => mapper(&obj).into_iter().map(|k| (k, change)).collect(),
                 Ok(Event::Deleted {
                     last: Some(obj), ..
-                }) => mapper(&obj),
-                Ok(Event::Deleted { key, last: None }) if own_kind => vec![key],
+                }) => mapper(&obj).into_iter().map(|k| (k, change)).collect(),
+                // A deletion whose last state is unknown names only its own key, which
+                // is a key of this controller only when the events are its own kind's.
+                Ok(Event::Deleted { key, last: None }) if own_kind => vec![(key, change)],
                 Ok(Event::Deleted { last: None, .. }) => Vec::new(),
                 Err(e) => {
                     tracing::warn!(controller = %name, error = %error_chain(&e), "watch error");
@@ -198,12 +220,15 @@ impl<K: Resource> Controller<K> {
                 }
             };
             futures::stream::iter(keys)
-        })
+        });
+        self.triggers.push(keys.boxed());
+        self
     }
 
     /// Triggers on any stream of keys.
     pub fn trigger(mut self, keys: impl Stream<Item = String> + Send + 'static) -> Self {
-        self.triggers.push(keys.map(|k| (k, false)).boxed());
+        self.triggers
+            .push(keys.map(|k| (k, Trigger::Change(false))).boxed());
         self
     }
 
@@ -218,6 +243,7 @@ impl<K: Resource> Controller<K> {
             name,
             reader,
             mut triggers,
+            trusting,
             config,
             metrics,
         } = self;
@@ -299,7 +325,8 @@ impl<K: Resource> Controller<K> {
                 );
                 running.insert(handle.id(), key);
             }
-            metrics.set_queue_depth(queue.depth());
+            let waited = queue.change_due_since(now).map(|t| now - t);
+            metrics.set_queue(queue.depth(), queue.repairs(), waited.unwrap_or_default());
             let due = queue.next_due();
             let can_launch = tasks.len() < concurrency;
             tokio::select! {
@@ -310,15 +337,16 @@ impl<K: Resource> Controller<K> {
                     finished(&mut queue, key, outcome, true);
                 }
                 next = triggers.next(), if triggers_open => match next {
-                    Some((key, false)) => queue.schedule(key, Instant::now()),
-                    Some((key, true)) => queue.schedule_urgent(key, Instant::now()),
+                    Some((key, trigger)) => {
+                        queue.schedule_as(key, Instant::now(), trigger.class(trusting));
+                    }
                     None => triggers_open = false,
                 },
                 _ = tokio::time::sleep_until(due.unwrap_or(now)), if due.is_some() && can_launch => {}
                 _ = tick(&mut resync), if resync.is_some() => {
                     let now = Instant::now();
                     for key in reader.keys() {
-                        queue.schedule(key, now);
+                        queue.schedule_as(key, now, Class::Repair);
                     }
                 }
             }
@@ -328,6 +356,25 @@ impl<K: Resource> Controller<K> {
             finished(&mut queue, key, outcome, false);
         }
         tracing::debug!(controller = %name, "controller stopped");
+    }
+}
+
+/// What scheduled a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    /// A change (urgent or not), or a relisted object a trusting controller must look at.
+    Change(bool),
+    /// A relist: its own object says it is converged, or a related kind relisted.
+    Relist,
+}
+
+impl Trigger {
+    fn class(self, trusting: bool) -> Class {
+        match self {
+            Trigger::Change(true) => Class::Urgent,
+            Trigger::Relist if trusting => Class::Repair,
+            Trigger::Change(false) | Trigger::Relist => Class::Normal,
+        }
     }
 }
 
@@ -614,6 +661,121 @@ mod tests {
         assert_eq!(at("a"), [0, 30, 60, 90, 120]);
         assert_eq!(at("x"), [100]);
         assert_eq!(at("y"), [100]);
+    }
+
+    /// Runs a controller of concurrency 1 whose reconciles take a second each over
+    /// `own` (its kind's events) and `related`, for `secs`; the keys in run order.
+    async fn run_order(
+        own: Vec<Event<Obj>>,
+        related: Vec<Event<Related>>,
+        trusting: bool,
+        secs: u64,
+    ) -> Vec<String> {
+        let (reader, mut writer) = reflector::store::<Obj>();
+        for e in &own {
+            writer.apply(e);
+        }
+        let log: Log = Arc::default();
+        let shutdown = CancellationToken::new();
+        let l = log.clone();
+        let start = Instant::now();
+        let own = futures::stream::iter(own.into_iter().map(Ok::<_, Boom>));
+        let ctl = Controller::new("t", reader, config(1));
+        let ctl = if trusting {
+            // Objects named c* say they are converged.
+            ctl.owns_trusting(own, |o: &Obj| o.0.starts_with('c'))
+        } else {
+            ctl.owns(own)
+        };
+        let ctl = ctl.watches(
+            futures::stream::iter(related.into_iter().map(Ok::<_, Boom>)),
+            |r: &Related| r.owners.iter().map(|o| o.to_string()).collect(),
+        );
+        let handle = tokio::spawn(ctl.run(
+            move |key: String| {
+                let l = l.clone();
+                async move {
+                    l.lock().unwrap().push((key, start.elapsed()));
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok::<_, Boom>(Action::AwaitChange)
+                }
+            },
+            shutdown.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        shutdown.cancel();
+        handle.await.unwrap();
+        let log = log.lock().unwrap();
+        log.iter().map(|(k, _)| k.clone()).collect()
+    }
+
+    fn objs(names: &[&str]) -> Vec<Obj> {
+        names.iter().map(|n| Obj(n.to_string())).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trusting_start_serves_changes_before_its_repair_pass() {
+        let own = vec![
+            Event::restarted(objs(&["c1", "c2", "p1", "c3", "c4"])),
+            Event::applied(Obj("n1".into())),
+        ];
+        // A related kind's relist maps to keys too: repairs, unless their own object
+        // is not converged (p1).
+        let related = vec![Event::restarted(vec![Related {
+            name: "r",
+            owners: vec!["c4", "p1"],
+        }])];
+        let sorted = |keys: &[String]| {
+            let mut keys = keys.to_vec();
+            keys.sort();
+            keys
+        };
+        let order = run_order(own.clone(), related.clone(), true, 20).await;
+        // c1 was the only key when the loop first looked, and started at once.
+        assert_eq!(order.len(), 6, "{order:?}");
+        assert_eq!(order[0], "c1", "{order:?}");
+        assert_eq!(sorted(&order[1..3]), ["n1", "p1"], "{order:?}");
+        assert_eq!(sorted(&order[3..]), ["c2", "c3", "c4"], "{order:?}");
+        // Without trust, the relist's keys are changes like any other, in their order.
+        let order = run_order(own, related, false, 20).await;
+        assert_eq!(order.len(), 6, "{order:?}");
+        assert_eq!(order.last().map(String::as_str), Some("n1"), "{order:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resync_is_a_repair_pass_behind_changes() {
+        // The resync at 10 s schedules every cached key as a repair; a change (a
+        // trigger at 10.5 s, below) runs before the rest of that pass.
+        let (reader, mut writer) = reflector::store::<Obj>();
+        writer.apply(&Event::restarted(objs(&["a", "b", "c", "d"])));
+        let (tx, keys) = key_channel();
+        let log: Log = Arc::default();
+        let shutdown = CancellationToken::new();
+        let l = log.clone();
+        let start = Instant::now();
+        let cfg = Config {
+            resync: Some(Duration::from_secs(10)),
+            ..config(1)
+        };
+        let handle = tokio::spawn(Controller::new("t", reader, cfg).trigger(keys).run(
+            move |key: String| {
+                let l = l.clone();
+                async move {
+                    l.lock().unwrap().push((key, start.elapsed()));
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Ok::<_, Boom>(Action::AwaitChange)
+                }
+            },
+            shutdown.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(10_500)).await;
+        tx.send("e".into()).unwrap();
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        shutdown.cancel();
+        handle.await.unwrap();
+        let order: Vec<String> = log.lock().unwrap().iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(order.len(), 5, "{order:?}");
+        assert_eq!(order[1], "e", "the change runs next: {order:?}");
     }
 
     #[tokio::test(start_paused = true)]

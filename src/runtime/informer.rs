@@ -160,6 +160,9 @@ impl<S: Spec> Informer<Object<S>> {
                         }
                         // The cache first, so a consumer woken by the event finds it.
                         let version = writer.apply(&event);
+                        if matches!(event, Event::Restarted(_)) {
+                            super::metrics::cache_listed(kind, true);
+                        }
                         // No subscriber yet is fine: they read the cache when they start.
                         let _ = tx.send(Arc::new((version, event)));
                     }

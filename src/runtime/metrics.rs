@@ -37,6 +37,19 @@ pub fn malformed_skipped(kind: &str) {
         .inc();
 }
 
+/// Whether each kind's cache holds its first list (1) or not yet (0); a process that
+/// caches a kind several times (filtered caches) reports the last one listed.
+static CACHE_LISTED: LazyLock<Family<KindLabel, Gauge>> = LazyLock::new(Family::default);
+
+/// Sets whether this process's cache of `kind` holds its first list.
+pub fn cache_listed(kind: &str, listed: bool) {
+    CACHE_LISTED
+        .get_or_create(&KindLabel {
+            kind: kind.to_string(),
+        })
+        .set(i64::from(listed));
+}
+
 /// Events recorded but not written (queue full, or the store refused them); the
 /// process's log has each.
 static EVENTS_DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
@@ -216,6 +229,8 @@ pub struct Metrics {
     reconciles: Family<ControllerLabel, Counter>,
     failures: Family<ControllerLabel, Counter>,
     queue_depth: Family<ControllerLabel, Gauge>,
+    queue_repairs: Family<ControllerLabel, Gauge>,
+    queue_wait: Family<ControllerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     duration: Family<ControllerLabel, Histogram, fn() -> Histogram>,
 }
 
@@ -226,6 +241,8 @@ impl Metrics {
             reconciles: Family::default(),
             failures: Family::default(),
             queue_depth: Family::default(),
+            queue_repairs: Family::default(),
+            queue_wait: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
         };
         registry.register("moor_reconciles", "Reconciles run", m.reconciles.clone());
@@ -238,6 +255,21 @@ impl Metrics {
             "moor_queue_depth",
             "Keys waiting in a controller's queue",
             m.queue_depth.clone(),
+        );
+        registry.register(
+            "moor_queue_repairs",
+            "Of the keys waiting, those of a repair pass (a relist's converged objects, a resync), which run behind every change",
+            m.queue_repairs.clone(),
+        );
+        registry.register(
+            "moor_queue_change_wait_seconds",
+            "How long the longest-due change (a key that is not a repair) has waited for a worker; 0 when none is due",
+            m.queue_wait.clone(),
+        );
+        registry.register(
+            "moor_cache_listed",
+            "1 once this process's cache of a kind holds its first list",
+            CACHE_LISTED.clone(),
         );
         registry.register(
             "moor_reconcile_duration_seconds",
@@ -306,6 +338,8 @@ impl Metrics {
             reconciles: self.reconciles.get_or_create(&label).clone(),
             failures: self.failures.get_or_create(&label).clone(),
             queue_depth: self.queue_depth.get_or_create(&label).clone(),
+            queue_repairs: self.queue_repairs.get_or_create(&label).clone(),
+            queue_wait: self.queue_wait.get_or_create(&label).clone(),
             duration: self.duration.get_or_create(&label).clone(),
         }
     }
@@ -317,6 +351,8 @@ pub struct ControllerMetrics {
     reconciles: Counter,
     failures: Counter,
     queue_depth: Gauge,
+    queue_repairs: Gauge,
+    queue_wait: Gauge<f64, std::sync::atomic::AtomicU64>,
     duration: Histogram,
 }
 
@@ -327,6 +363,8 @@ impl ControllerMetrics {
             reconciles: Counter::default(),
             failures: Counter::default(),
             queue_depth: Gauge::default(),
+            queue_repairs: Gauge::default(),
+            queue_wait: Gauge::default(),
             duration: duration_histogram(),
         }
     }
@@ -339,8 +377,12 @@ impl ControllerMetrics {
         self.duration.observe(took.as_secs_f64());
     }
 
-    pub(crate) fn set_queue_depth(&self, depth: usize) {
+    /// Keys waiting, how many of them are a repair pass's, and how long the
+    /// longest-due change has waited.
+    pub(crate) fn set_queue(&self, depth: usize, repairs: usize, change_waited: Duration) {
         self.queue_depth.set(depth as i64);
+        self.queue_repairs.set(repairs as i64);
+        self.queue_wait.set(change_waited.as_secs_f64());
     }
 
     /// Reconciles run so far.
@@ -373,7 +415,7 @@ mod tests {
         let c = m.controller("claims");
         c.record(Duration::from_millis(3), false);
         c.record(Duration::from_millis(3), true);
-        c.set_queue_depth(7);
+        c.set_queue(7, 2, Duration::from_millis(1500));
         malformed_skipped("Claim");
         let text = encode(&registry);
         assert!(
@@ -389,7 +431,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(r#"moor_queue_depth{controller="claims"} 7"#),
+            text.contains(r#"moor_queue_depth{controller="claims"} 7"#)
+                && text.contains(r#"moor_queue_repairs{controller="claims"} 2"#)
+                && text.contains(r#"moor_queue_change_wait_seconds{controller="claims"} 1.5"#),
             "{text}"
         );
         assert!(

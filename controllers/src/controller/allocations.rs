@@ -40,7 +40,7 @@ pub async fn run(
     let this = Arc::new(ctx);
     Controller::new("allocations", this.allocations.clone(), config)
         .with_metrics(metrics)
-        .owns(inf.allocations.subscribe())
+        .owns_trusting(inf.allocations.subscribe(), converged)
         .watches(inf.claims.subscribe(), |c: &Claim| {
             vec![Allocation::key_for(&c.metadata.namespace, &c.spec.allocation).into_string()]
         })
@@ -55,6 +55,17 @@ pub async fn run(
             stop,
         )
         .await;
+}
+
+/// An allocation whose status says its last reconcile left nothing to do (ready or
+/// released, for the spec it saw, not being deleted): a relist puts it in the repair
+/// pass behind every change (the order only; it still runs).
+fn converged(a: &Allocation) -> bool {
+    matches!(
+        a.status.phase,
+        AllocationPhase::Ready | AllocationPhase::Released
+    ) && a.status.meta.observed_generation == a.metadata.generation
+        && !a.is_deleting()
 }
 
 /// The lease of the allocation at `key` (same namespace and name) and how long this

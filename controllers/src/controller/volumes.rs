@@ -36,7 +36,7 @@ pub async fn run(
     let this = Arc::new(ctx);
     Controller::new("volumes", this.volumes.clone(), config)
         .with_metrics(metrics)
-        .owns(inf.volumes.subscribe())
+        .owns_trusting(inf.volumes.subscribe(), converged)
         .watches(inf.plugins.subscribe(), move |p: &Plugin| {
             // Only the volumes whose `schedulable` the plugin's health may flip: a
             // plugin's status changes do not wake its 100,000 settled volumes.
@@ -66,6 +66,15 @@ pub async fn run(
             stop,
         )
         .await;
+}
+
+/// A volume the controller's section says is settled (schedulable, carrying the
+/// finalizer, not being deleted): a relist puts it in the repair pass behind every
+/// change (the order only; it still runs).
+fn converged(v: &Volume) -> bool {
+    v.status.claims.schedulable
+        && !v.is_deleting()
+        && v.metadata.finalizers.iter().any(|f| f == FINALIZER)
 }
 
 async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {

@@ -78,7 +78,7 @@ pub async fn run(
     let this = Arc::new(ctx);
     Controller::new("claims", claims, config)
         .with_metrics(metrics)
-        .owns(inf.claims.subscribe())
+        .owns_trusting(inf.claims.subscribe(), converged)
         // An allocation's change (a stop, above all) comes before the claims' own
         // follow-up steps: its release is what the operator waits on.
         .watches_urgent(inf.allocations.subscribe(), |a: &Allocation| {
@@ -130,6 +130,16 @@ pub async fn run(
             stop,
         )
         .await;
+}
+
+/// A claim whose status says its last reconcile left nothing to do (published or
+/// released, for the spec it saw, not being released or deleted): a relist puts it in
+/// the repair pass behind every change (the order only; it still runs).
+fn converged(c: &Claim) -> bool {
+    matches!(c.status.phase, ClaimPhase::Published | ClaimPhase::Released)
+        && c.status.meta.observed_generation == c.metadata.generation
+        && !c.spec.release
+        && !c.is_deleting()
 }
 
 async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
