@@ -254,6 +254,70 @@ async fn a_create_refused_for_good_is_failed_and_not_hammered() {
     assert_eq!(made, 1, "a final answer is not retried before the cap");
 }
 
+/// Issue 40, item 3: the CreateVolume a deletion asks again (the create may have taken
+/// effect without moor learning the volume's id) runs on CreateVolume's schedule. It
+/// was called outside the step runner, so every pass of the volume (any change to
+/// it) asked a plugin failing it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_asked_again_before_a_delete_follows_the_step_schedule() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    c.node("n1")
+        .fault(Command::Fail {
+            rpc: "CreateVolume".into(),
+            code: "Unavailable".into(),
+            times: 100_000,
+        })
+        .await;
+    c.apply(c.volume("v9", AccessMode::SingleNodeWriter)).await;
+    let key = crate::common::key::<VolumeSpec>("volumes/default/v9");
+    let store = c.store.clone();
+    c.wait("the create to fail retryably", T, || {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store.try_get(&key).await.ok().flatten().is_some_and(|v| {
+                v.status.provisioning.phase == VolumePhase::Creating
+                    && v.status.provisioning.external_id.is_none()
+                    && v.status
+                        .provisioning
+                        .meta
+                        .retry
+                        .as_ref()
+                        .is_some_and(|r| r.step == "CreateVolume")
+            })
+        }
+    })
+    .await;
+    let (ok, out) = c.moorctl(&["delete", "volume", "v9"]);
+    assert!(ok, "{out}");
+    let first = calls(&c, "n1", "CreateVolume");
+    // Every pass of the volume would ask again: touch it every 200 ms meanwhile.
+    let window = Duration::from_secs(6);
+    let until = std::time::Instant::now() + window;
+    while std::time::Instant::now() < until {
+        if let Ok(Some(mut v)) = c.store.try_get(&key).await {
+            let n = v.metadata.labels.len();
+            let mut labels = (*v.metadata.labels).clone();
+            labels.insert(format!("touch{n}"), "1".into());
+            v.metadata.labels = labels.into();
+            let _ = c.store.replace(&v).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let made = (calls(&c, "n1", "CreateVolume") - first) as u32;
+    let bound = schedule().max_attempts_within(window, false) * TRIES;
+    assert!(
+        made <= bound,
+        "{made} CreateVolume calls in {window:?} while deleting, at most {bound} allowed"
+    );
+    // Nothing is leaked: the volume waits for the plugin, and shows why.
+    let v = c.store.get(&key).await.unwrap();
+    assert!(v.is_deleting());
+    let retry = v.status.provisioning.meta.retry.expect("retry shown");
+    assert_eq!(retry.step, "CreateVolume");
+    assert_eq!(retry.code, "Unavailable");
+}
+
 /// Defect 4: `force_detach` was never cleared, so after the node came back a new claim
 /// there got ControllerUnpublish while its NodeUnpublish was still in flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

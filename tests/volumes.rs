@@ -1112,6 +1112,71 @@ async fn an_unknown_attachment_is_unpublished_when_the_operator_opted_in() {
     wait_events(&c, "Unknown attachment unpublished", 1).await;
 }
 
+/// Issue 40, item 3: the survey's ControllerUnpublishVolume of an unknown attachment
+/// runs on the step runner's schedule. It was made on every pass (each
+/// `--survey-interval`), however the plugin answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_survey_s_unpublish_follows_the_step_schedule() {
+    use moor_hostpath::faults::Command;
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut opts = surveyed();
+    opts.agent_args
+        .push("--unpublish-unknown-attachments".into());
+    let (c, stray) = drift(opts).await;
+    c.node("n1")
+        .fault(Command::Fail {
+            rpc: "ControllerUnpublishVolume".into(),
+            code: "Unavailable".into(),
+            times: 100_000,
+        })
+        .await;
+    // drift() leaves it found; the survey may have unpublished it already: publish it
+    // behind moor's back again, now that unpublishing it fails.
+    c.csi()
+        .controller_publish(moor::csi::v1::ControllerPublishVolumeRequest {
+            volume_id: stray.clone(),
+            node_id: "csi-n2".into(),
+            volume_capability: Some(moor::csi::convert::capability(
+                VolumeCapability {
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: AttachmentMode::FileSystem,
+                },
+                &MountOptions::default(),
+            )),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let n1 = c.node("n1");
+    c.wait("the unpublish to fail", T, || async move {
+        n1.count("ControllerUnpublishVolume", "Unavailable") > 0
+    })
+    .await;
+    let first = c.node("n1").tried("ControllerUnpublishVolume");
+    // A pass a second: twelve passes in the window.
+    let window = Duration::from_secs(12);
+    tokio::time::sleep(window).await;
+    let made = (c.node("n1").tried("ControllerUnpublishVolume") - first) as u32;
+    // The harness's agents make 2 tries per call (`--csi-tries=2`).
+    let bound = moor::runtime::steps::Schedule::default().max_attempts_within(window, false) * 2;
+    assert!(
+        made <= bound,
+        "{made} ControllerUnpublish calls of {stray} in {window:?}, at most {bound} allowed"
+    );
+    assert!(made >= 1, "the step is still retried on its schedule");
+    // Nothing else was unpublished; each failed attempt is one Warning.
+    assert!(c.node("n1").calls().iter().all(|k| {
+        k.rpc != "ControllerUnpublishVolume" || k.volume_id.as_deref() == Some(stray.as_str())
+    }));
+    let warned = events_of(&c, "Unknown attachment unpublished").await;
+    assert!(
+        warned
+            .iter()
+            .any(|e| e.spec.type_ == EventType::Warning && e.spec.message.contains("Unavailable")),
+        "a failed attempt is a Warning"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_list_volumes_the_survey_asks_controller_get_volume_per_volume() {
     use moor_hostpath::faults::Command;

@@ -44,9 +44,25 @@ pub fn controller_unpublish(
     att: &Attachment,
     volume: Option<&Volume>,
 ) -> Result<v1::ControllerUnpublishVolumeRequest, SealedSecrets> {
+    controller_unpublish_of(
+        att.spec.external_id.as_str(),
+        att.spec.csi_node_id.as_str(),
+        volume,
+    )
+}
+
+/// ControllerUnpublishVolume of volume `volume_id` from CSI node `node_id` (an
+/// attachment moor does not hold, which the survey found), with the volume's secrets
+/// (none when it is gone). Sealed secrets this process cannot open are an error: the
+/// call is not made without them.
+pub fn controller_unpublish_of(
+    volume_id: &str,
+    node_id: &str,
+    volume: Option<&Volume>,
+) -> Result<v1::ControllerUnpublishVolumeRequest, SealedSecrets> {
     Ok(v1::ControllerUnpublishVolumeRequest {
-        volume_id: att.spec.external_id.to_string(),
-        node_id: att.spec.csi_node_id.to_string(),
+        volume_id: volume_id.to_string(),
+        node_id: node_id.to_string(),
         secrets: match volume {
             Some(v) => v.spec.secrets.expose()?.clone(),
             None => BTreeMap::new(),
@@ -222,6 +238,26 @@ mod tests {
             (r.volume_id.as_str(), r.node_id.as_str(), r.secrets.len()),
             ("vol-1", "csi-n1", 1)
         );
+    }
+
+    #[test]
+    fn an_unpublish_of_an_unknown_attachment_carries_the_volume_s_secrets_or_is_not_made() {
+        let v = volume();
+        let r = controller_unpublish_of("vol-9", "csi-n2", Some(&v)).unwrap();
+        assert_eq!(
+            (r.volume_id.as_str(), r.node_id.as_str()),
+            ("vol-9", "csi-n2")
+        );
+        assert_eq!(r.secrets.get("k").map(String::as_str), Some("s"));
+        let r = controller_unpublish_of("vol-9", "csi-n2", None).unwrap();
+        assert!(r.secrets.is_empty(), "no volume, no secrets");
+        // Sealed with a key this process does not hold: no request, never empty secrets.
+        let mut sealed = volume();
+        sealed.spec.secrets = Secrets::sealed_text("moor:sealed:v1:k9:AAAA".into()).into();
+        let err = controller_unpublish_of("vol-9", "csi-n2", Some(&sealed)).unwrap_err();
+        assert_eq!(err.key_id, "k9");
+        let att = attachment();
+        assert!(controller_unpublish(&att, Some(&sealed)).is_err());
     }
 
     #[test]

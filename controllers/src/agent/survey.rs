@@ -333,18 +333,34 @@ impl Survey {
         (missing, unknown)
     }
 
-    /// ControllerUnpublishVolume of an attachment moor does not know (opted in).
+    /// ControllerUnpublishVolume of an attachment moor does not know (opted in): with
+    /// the volume's secrets, or not at all while they cannot be opened (a Warning says
+    /// why; the next pass looks again); on the step runner's schedule, per volume and
+    /// node, so a plugin failing it is not called every pass.
     async fn unpublish(&self, vol: &Volume, ext: &str, node: &str) {
-        let req = v1::ControllerUnpublishVolumeRequest {
-            volume_id: ext.to_string(),
-            node_id: node.to_string(),
-            secrets: vol.spec.secrets.expose().cloned().unwrap_or_default(),
+        let req = match moor::csi::requests::controller_unpublish_of(ext, node, Some(vol)) {
+            Ok(req) => req,
+            Err(e) => {
+                let msg = format!("not unpublishing {ext} from node {node}: {e}");
+                self.event(vol, "Unknown attachment kept", EventType::Warning, msg)
+                    .await;
+                return;
+            }
+        };
+        let key = format!("{}@{node}", vol.key());
+        let inputs = moor::runtime::steps::inputs((ext, node, vol.metadata.generation));
+        let Ok(step) = self
+            .ctx
+            .steps
+            .begin(&key, "ControllerUnpublishVolume", inputs)
+        else {
+            return; // backing off after a failure; a later pass tries again
         };
         let r = match self.ctx.csi() {
-            Ok(csi) => csi
-                .controller_unpublish(req)
+            Ok(csi) => step
+                .call(csi.controller_unpublish(req))
                 .await
-                .map_err(|e| e.to_string()),
+                .map_err(|f| f.message()),
             Err(e) => Err(e.to_string()),
         };
         let (type_, msg) = match r {

@@ -278,15 +278,6 @@ impl Provisioner {
     /// CreateVolume again (idempotent by name), outside the step's schedule: to learn
     /// the id of a volume whose creation may have taken effect; returns the plugin's
     /// volume.
-    async fn call_create(&self, vol: &Volume) -> Result<v1::Volume, ProvisionError> {
-        let resp = self
-            .ctx
-            .csi()?
-            .create_volume(self.create_request(vol)?)
-            .await?;
-        created_volume(resp)
-    }
-
     async fn create(&self, vol: &Volume) -> Result<Action, ProvisionError> {
         let key = vol.key();
         let step = match self.ctx.steps.begin(&key, "CreateVolume", self.inputs(vol)) {
@@ -406,38 +397,32 @@ impl Provisioner {
             return Ok(Action::AwaitChange);
         }
         let mut ext = vol.status.provisioning.external_id.clone();
+        let key = vol.key();
         if ext.is_none() && vol.status.provisioning.phase == VolumePhase::Creating {
             // A CreateVolume may have taken effect without us learning the id: ask again
-            // (idempotent by name) so the volume is not leaked.
-            let created = self.call_create(vol).await?;
-            ext = ExternalVolumeId::new(created.volume_id).ok();
+            // (idempotent by name) so the volume is not leaked. On CreateVolume's own
+            // schedule: a plugin failing it is not asked on every pass.
+            let step = match self.ctx.steps.begin(&key, "CreateVolume", self.inputs(vol)) {
+                Ok(step) => step,
+                Err(after) => return Ok(Action::Requeue(after)),
+            };
+            let req = self.create_request(vol)?;
+            match step.call(self.ctx.csi()?.create_volume(req)).await {
+                Ok(resp) => ext = ExternalVolumeId::new(created_volume(resp)?.volume_id).ok(),
+                Err(failed) => return self.delete_failed(vol, failed).await,
+            }
         }
         if let Some(ext) = ext {
             let req = v1::DeleteVolumeRequest {
                 volume_id: ext.to_string(),
                 secrets: vol.spec.secrets.expose()?.clone(),
             };
-            let key = vol.key();
             let step = match self.ctx.steps.begin(&key, "DeleteVolume", self.inputs(vol)) {
                 Ok(step) => step,
                 Err(after) => return Ok(Action::Requeue(after)),
             };
             if let Err(failed) = step.call(self.ctx.csi()?.delete_volume(req)).await {
-                self.ctx
-                    .writer
-                    .modify_status(&vol.object_key(), |_, st| {
-                        failed.record(&mut st.provisioning.meta);
-                        true
-                    })
-                    .await?;
-                self.event(
-                    vol,
-                    "Volume delete failed",
-                    EventType::Warning,
-                    failed.message(),
-                )
-                .await;
-                return Ok(Action::Requeue(failed.retry_in));
+                return self.delete_failed(vol, failed).await;
             }
             self.ctx.steps.forget(&key);
             self.event(
@@ -466,6 +451,26 @@ impl Provisioner {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// A step of the deletion failed: shown on the status (its step, attempts and next
+    /// retry) and in a Warning; looked at again when its schedule says.
+    async fn delete_failed(&self, vol: &Volume, failed: Failed) -> Result<Action, ProvisionError> {
+        self.ctx
+            .writer
+            .modify_status(&vol.object_key(), |_, st| {
+                failed.record(&mut st.provisioning.meta);
+                true
+            })
+            .await?;
+        self.event(
+            vol,
+            "Volume delete failed",
+            EventType::Warning,
+            failed.message(),
+        )
+        .await;
+        Ok(Action::Requeue(failed.retry_in))
     }
 
     async fn event(&self, vol: &Volume, reason: &str, type_: EventType, message: String) {
