@@ -1112,6 +1112,70 @@ async fn an_unknown_attachment_is_unpublished_when_the_operator_opted_in() {
     wait_events(&c, "Unknown attachment unpublished", 1).await;
 }
 
+/// Issue 40, item 2: a volume detached behind moor's back (here: ControllerUnpublish
+/// sent to the plugin directly) is noticed within two survey passes, warned about, and
+/// published again; nothing is unpublished by moor, and the claim stays published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_detached_behind_moor_s_back_is_published_again() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, surveyed()).await;
+    // Two volumes published on n2: v2 stays listed, which shows the plugin fills the
+    // published nodes (a plugin that never does is left alone).
+    for (v, a) in [("v1", "a1"), ("v2", "a2")] {
+        create_ready(&c, v).await;
+        apply_yaml(&c, a, &alloc_yaml(a, "n2", v, "file-system", ""));
+        c.wait_claim(a, "n2", ClaimPhase::Published, T).await;
+    }
+    let publishes = || c.node("n1").count("ControllerPublishVolume", "OK");
+    assert_eq!(publishes(), 2);
+    let att = c
+        .store
+        .list::<AttachmentSpec>(&KeyScope::all())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|a| a.spec.volume.as_str() == "v1")
+        .expect("the claim's attachment");
+    assert_eq!(att.status.phase, AttachmentPhase::Attached);
+    c.csi()
+        .controller_unpublish(moor::csi::v1::ControllerUnpublishVolumeRequest {
+            volume_id: att.spec.external_id.to_string(),
+            node_id: att.spec.csi_node_id.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    c.wait("the volume published again", T, || async {
+        publishes() == 2
+    })
+    .await;
+    wait_events(&c, "Detached behind moor's back", 1).await;
+    let store = c.store.clone();
+    let key = att.object_key();
+    c.wait("the attachment Attached again", T, || {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .try_get(&key)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|a| a.status.phase == AttachmentPhase::Attached)
+        }
+    })
+    .await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    // moor unpublished nothing (the one call is the test's), and a listed attachment
+    // is left alone: no third publish over a few more passes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(c.node("n1").tried("ControllerUnpublishVolume"), 1);
+    assert_eq!(publishes(), 3);
+    assert_eq!(c.node("n2").tried("NodeUnpublishVolume"), 0);
+    // (No call-log check: the test's own unpublish breaks invariant 3 on purpose, as a
+    // console detaching a volume in use would.)
+}
+
 /// Issue 40, item 3: the survey's ControllerUnpublishVolume of an unknown attachment
 /// runs on the step runner's schedule. It was made on every pass (each
 /// `--survey-interval`), however the plugin answered.

@@ -19,6 +19,14 @@
 //!    where moor has no Attachment of it, seen in two lists in a row, is condition
 //!    `Attachments` false and an `Unknown attachment` Warning; with
 //!    `--unpublish-unknown-attachments` it is also ControllerUnpublishVolume'd.
+//! 5. The other way (detached behind moor's back: a console, a script, a plugin that
+//!    lost its attachments): an Attachment moor holds Attached, not being detached,
+//!    whose node the plugin no longer lists for its volume in two lists in a row, is
+//!    set back to Pending with condition `Attached` false (`NotListedByPlugin`) and a
+//!    `Detached behind moor's back` Warning; the attacher then ControllerPublishes it
+//!    again. Nothing is unpublished. A plugin that has not yet listed a published node
+//!    for any volume since the agent started surveying it (it advertises the
+//!    capability but does not fill the field) is left alone.
 
 use moor::api::*;
 use moor::csi::v1;
@@ -65,6 +73,9 @@ impl Survey {
         // finding acts only when two passes in a row agree.
         let mut missing_before = BTreeSet::new();
         let mut unknown_before = BTreeSet::new();
+        let mut absent_before = BTreeSet::new();
+        // Whether the plugin has filled any volume's published nodes in a pass yet.
+        let mut fills_published = false;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -101,6 +112,12 @@ impl Survey {
                             .await;
                         missing_before = missing;
                         unknown_before = unknown;
+                        fills_published |= listed.values().any(|l| !l.published.is_empty());
+                        absent_before = if fills_published {
+                            self.absent(&caps, &listed, &absent_before).await
+                        } else {
+                            BTreeSet::new()
+                        };
                     }
                     Err(e) => {
                         tracing::warn!(plugin = %self.ctx.plugin.id, error = %e, "ListVolumes survey");
@@ -333,6 +350,107 @@ impl Survey {
         (missing, unknown)
     }
 
+    /// Attachments moor holds Attached that the plugin no longer lists as published
+    /// to their node (LIST_VOLUMES_PUBLISHED_NODES): those found in the previous pass
+    /// too are published again ([`Survey::reattach`]). Returns this pass's findings, by
+    /// attachment key. Called only once the plugin has filled some volume's published
+    /// nodes in a pass: from a plugin that never does, an empty list proves nothing.
+    async fn absent(
+        &self,
+        caps: &PluginCapabilities,
+        listed: &BTreeMap<String, Listed>,
+        absent_before: &BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        let mut absent = BTreeSet::new();
+        if !caps
+            .controller
+            .has(ControllerRpc::ListVolumesPublishedNodes)
+        {
+            return absent;
+        }
+        for att in self.attachments.reader().state() {
+            if !held(&att, &self.ctx.plugin.id) {
+                continue;
+            }
+            // A volume missing from the list altogether is the volume's finding
+            // (`Present`), not the attachment's.
+            let Some(entry) = listed.get(att.spec.external_id.as_str()) else {
+                continue;
+            };
+            if entry.published.contains(att.spec.csi_node_id.as_str()) {
+                continue;
+            }
+            let key = att.key();
+            if absent_before.contains(&key) {
+                self.reattach(&att).await;
+            }
+            absent.insert(key);
+        }
+        absent
+    }
+
+    /// Sets an attachment the plugin no longer lists back to Pending, so the attacher
+    /// publishes it again: under the volume's controller lock, on the attachment as
+    /// stored now, only while it is still held Attached.
+    async fn reattach(&self, att: &Attachment) {
+        let _guard = self
+            .ctx
+            .locks
+            .lock(Volume::key_for(&att.metadata.namespace, &att.spec.volume).as_str())
+            .await;
+        let reader = self.attachments.reader();
+        let att = match self.ctx.writer.fresh(&reader, &att.object_key()).await {
+            Ok(Some(att)) if held(&att, &self.ctx.plugin.id) => att,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(attachment = %att.key(), error = %e, "survey read");
+                return;
+            }
+        };
+        let msg = format!(
+            "plugin {} no longer lists volume {} as published to node {} ({}); publishing it again",
+            self.ctx.plugin.id, att.spec.external_id, att.spec.node, att.spec.csi_node_id
+        );
+        let r = self
+            .ctx
+            .writer
+            .write_status(&att, |st| {
+                st.phase = AttachmentPhase::Pending;
+                st.meta
+                    .set_condition("Attached", false, "NotListedByPlugin", &msg);
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::warn!(attachment = %att.key(), error = %e, "survey write");
+            return;
+        }
+        // Where an operator looks: the volume's events (`describe volume`), and the
+        // attachment's condition.
+        let vol_key = Volume::key_for(&att.metadata.namespace, &att.spec.volume);
+        match self.volumes.reader().get(&vol_key) {
+            Some(vol) => {
+                self.event(&vol, "Detached behind moor's back", EventType::Warning, msg)
+                    .await
+            }
+            None => {
+                let d = crate::common::details([
+                    ("volume_id", att.spec.volume.to_string()),
+                    ("node", att.spec.node.to_string()),
+                ]);
+                self.ctx
+                    .recorder
+                    .record(
+                        crate::common::object_ref(&*att),
+                        EventType::Warning,
+                        "Detached behind moor's back",
+                        msg,
+                        d,
+                    )
+                    .await;
+            }
+        }
+    }
+
     /// ControllerUnpublishVolume of an attachment moor does not know (opted in): with
     /// the volume's secrets, or not at all while they cannot be opened (a Warning says
     /// why; the next pass looks again); on the step runner's schedule, per volume and
@@ -407,4 +525,12 @@ impl Survey {
     async fn event(&self, vol: &Volume, reason: &str, type_: EventType, message: String) {
         self.ctx.volume_event(vol, reason, type_, message).await;
     }
+}
+
+/// An attachment of `plugin` moor holds Attached and does not mean to detach.
+fn held(att: &Attachment, plugin: &PluginId) -> bool {
+    &att.spec.plugin_id == plugin
+        && att.status.phase == AttachmentPhase::Attached
+        && !att.spec.detach
+        && !att.is_deleting()
 }
