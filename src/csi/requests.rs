@@ -70,6 +70,74 @@ pub fn controller_unpublish_of(
     })
 }
 
+/// ValidateVolumeCapabilities of a volume registered with the plugin's id `volume_id`:
+/// every capability of its spec (with its mount options), its context, parameters,
+/// mutable parameters and secrets.
+pub fn validate_volume_capabilities(
+    volume: &Volume,
+    volume_id: &str,
+) -> Result<v1::ValidateVolumeCapabilitiesRequest, SealedSecrets> {
+    let spec = &volume.spec;
+    Ok(v1::ValidateVolumeCapabilitiesRequest {
+        volume_id: volume_id.to_string(),
+        volume_context: (*spec.context).clone(),
+        volume_capabilities: spec
+            .capabilities
+            .iter()
+            .map(|c| convert::capability(*c, &spec.mount_options))
+            .collect(),
+        parameters: (*spec.parameters).clone(),
+        secrets: spec.secrets.expose()?.clone(),
+        mutable_parameters: (*spec.mutable_parameters).clone(),
+    })
+}
+
+/// DeleteVolume of a volume, by the plugin's id `volume_id`, with its secrets.
+pub fn delete_volume(
+    volume: &Volume,
+    volume_id: &str,
+) -> Result<v1::DeleteVolumeRequest, SealedSecrets> {
+    Ok(v1::DeleteVolumeRequest {
+        volume_id: volume_id.to_string(),
+        secrets: volume.spec.secrets.expose()?.clone(),
+    })
+}
+
+/// ControllerExpandVolume of a volume to `required..=limit` bytes (0: no limit), with
+/// its secrets and the capability it is used with (its first).
+pub fn controller_expand(
+    volume: &Volume,
+    volume_id: &str,
+    required: u64,
+    limit: u64,
+) -> Result<v1::ControllerExpandVolumeRequest, SealedSecrets> {
+    let spec = &volume.spec;
+    Ok(v1::ControllerExpandVolumeRequest {
+        volume_id: volume_id.to_string(),
+        capacity_range: Some(v1::CapacityRange {
+            required_bytes: i64::try_from(required).unwrap_or(i64::MAX),
+            limit_bytes: i64::try_from(limit).unwrap_or(i64::MAX),
+        }),
+        secrets: spec.secrets.expose()?.clone(),
+        volume_capability: spec
+            .capabilities
+            .first()
+            .map(|c| convert::capability(*c, &spec.mount_options)),
+    })
+}
+
+/// ControllerModifyVolume of a volume with its spec's mutable parameters and secrets.
+pub fn controller_modify(
+    volume: &Volume,
+    volume_id: &str,
+) -> Result<v1::ControllerModifyVolumeRequest, SealedSecrets> {
+    Ok(v1::ControllerModifyVolumeRequest {
+        volume_id: volume_id.to_string(),
+        secrets: volume.spec.secrets.expose()?.clone(),
+        mutable_parameters: (*volume.spec.mutable_parameters).clone(),
+    })
+}
+
 /// What every node request of a claim carries.
 #[derive(Debug, Clone, Copy)]
 pub struct NodeVolume<'a> {
@@ -258,6 +326,75 @@ mod tests {
         assert_eq!(err.key_id, "k9");
         let att = attachment();
         assert!(controller_unpublish(&att, Some(&sealed)).is_err());
+    }
+
+    #[test]
+    fn a_volume_s_controller_requests_carry_every_field_the_spec_defines() {
+        let mut v = volume();
+        v.spec.capabilities = vec![
+            VolumeCapability {
+                access_mode: AccessMode::MultiNodeReaderOnly,
+                attachment_mode: AttachmentMode::FileSystem,
+            },
+            VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::BlockDevice,
+            },
+        ];
+        v.spec.parameters = BTreeMap::from([("tier".to_string(), "gold".to_string())]).into();
+        v.spec.mutable_parameters =
+            BTreeMap::from([("iops".to_string(), "300".to_string())]).into();
+        let secret = |m: &BTreeMap<String, String>| m.get("k").cloned();
+
+        let r = validate_volume_capabilities(&v, "vol-9").unwrap();
+        assert_eq!(r.volume_id, "vol-9");
+        assert_eq!(
+            r.volume_capabilities.len(),
+            2,
+            "every capability of the spec"
+        );
+        assert_eq!(r.volume_context["from"], "spec");
+        assert_eq!(r.parameters["tier"], "gold");
+        assert_eq!(r.mutable_parameters["iops"], "300");
+        assert_eq!(secret(&r.secrets).as_deref(), Some("s"));
+
+        let r = delete_volume(&v, "vol-9").unwrap();
+        assert_eq!(
+            (r.volume_id.as_str(), secret(&r.secrets).as_deref()),
+            ("vol-9", Some("s"))
+        );
+
+        let r = controller_expand(&v, "vol-9", 2 << 30, 0).unwrap();
+        assert_eq!(r.volume_id, "vol-9");
+        let range = r.capacity_range.unwrap();
+        assert_eq!((range.required_bytes, range.limit_bytes), (2 << 30, 0));
+        assert_eq!(secret(&r.secrets).as_deref(), Some("s"));
+        let cap = r.volume_capability.expect("the first capability");
+        assert_eq!(
+            cap.access_mode.map(|m| m.mode),
+            Some(v1::volume_capability::access_mode::Mode::MultiNodeReaderOnly as i32)
+        );
+        assert_eq!(
+            controller_expand(&v, "x", u64::MAX, u64::MAX)
+                .unwrap()
+                .capacity_range
+                .unwrap()
+                .required_bytes,
+            i64::MAX,
+            "clamped, never negative"
+        );
+
+        let r = controller_modify(&v, "vol-9").unwrap();
+        assert_eq!(r.volume_id, "vol-9");
+        assert_eq!(r.mutable_parameters["iops"], "300");
+        assert_eq!(secret(&r.secrets).as_deref(), Some("s"));
+
+        // Sealed with a key this process does not hold: none of them is built.
+        v.spec.secrets = Secrets::sealed_text("moor:sealed:v1:k9:AAAA".into()).into();
+        assert!(validate_volume_capabilities(&v, "vol-9").is_err());
+        assert!(delete_volume(&v, "vol-9").is_err());
+        assert!(controller_expand(&v, "vol-9", 1, 0).is_err());
+        assert!(controller_modify(&v, "vol-9").is_err());
     }
 
     #[test]

@@ -21,19 +21,7 @@ impl Provisioner {
             Err(after) => return Ok(Action::Requeue(after)),
         };
         let csi = self.ctx.csi()?;
-        let spec = &vol.spec;
-        let req = v1::ValidateVolumeCapabilitiesRequest {
-            volume_id: ext.to_string(),
-            volume_context: (*spec.context).clone(),
-            volume_capabilities: spec
-                .capabilities
-                .iter()
-                .map(|c| convert::capability(*c, &spec.mount_options))
-                .collect(),
-            parameters: (*spec.parameters).clone(),
-            secrets: spec.secrets.expose()?.clone(),
-            mutable_parameters: (*spec.mutable_parameters).clone(),
-        };
+        let req = requests::validate_volume_capabilities(vol, ext.as_str())?;
         let get_volume = self.advertises(ControllerRpc::GetVolume);
         // One step: the capabilities confirmed, then what the plugin reports of it.
         let validated = step.call(async {
@@ -112,20 +100,7 @@ impl Provisioner {
             Err(after) => return Ok(Action::Requeue(after)),
         };
         // A volume in use is expanded with the capability it is used with.
-        let capability = vol
-            .spec
-            .capabilities
-            .first()
-            .map(|c| convert::capability(*c, &vol.spec.mount_options));
-        let req = v1::ControllerExpandVolumeRequest {
-            volume_id: ext.to_string(),
-            capacity_range: Some(v1::CapacityRange {
-                required_bytes: required as i64,
-                limit_bytes: limit as i64,
-            }),
-            secrets: vol.spec.secrets.expose()?.clone(),
-            volume_capability: capability,
-        };
+        let req = requests::controller_expand(vol, ext.as_str(), required, limit)?;
         let resp = match step.call(self.ctx.csi()?.controller_expand(req)).await {
             Ok(r) => r,
             Err(failed) => return self.failed(vol, failed, EXPANDED).await,
@@ -171,11 +146,7 @@ impl Provisioner {
             Err(after) => return Ok(Action::Requeue(after)),
         };
         let params = vol.spec.mutable_parameters.clone();
-        let req = v1::ControllerModifyVolumeRequest {
-            volume_id: ext.to_string(),
-            secrets: vol.spec.secrets.expose()?.clone(),
-            mutable_parameters: (*params).clone(),
-        };
+        let req = requests::controller_modify(vol, ext.as_str())?;
         if let Err(failed) = step.call(self.ctx.csi()?.controller_modify(req)).await {
             return self.failed(vol, failed, MODIFIED).await;
         }

@@ -15,7 +15,7 @@
 
 use moor::api::*;
 use moor::csi::policy::CsiError;
-use moor::csi::{convert, v1};
+use moor::csi::{convert, requests, v1};
 use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
@@ -413,10 +413,7 @@ impl Provisioner {
             }
         }
         if let Some(ext) = ext {
-            let req = v1::DeleteVolumeRequest {
-                volume_id: ext.to_string(),
-                secrets: vol.spec.secrets.expose()?.clone(),
-            };
+            let req = requests::delete_volume(vol, ext.as_str())?;
             let step = match self.ctx.steps.begin(&key, "DeleteVolume", self.inputs(vol)) {
                 Ok(step) => step,
                 Err(after) => return Ok(Action::Requeue(after)),
