@@ -5,7 +5,9 @@
 //! Checked in order: the volume exists and is not being deleted; it has been created
 //! (else the claim waits); the claim's capability (its own modes, or the volume's first
 //! for a claim made before per-claim modes existed) is one the volume offers, and allows
-//! writing if the claim writes; the plugin is registered and healthy on the node; the
+//! writing if the claim writes; the plugin is registered on the node, advertises what the
+//! claim needs there (VOLUME_MOUNT_GROUP for a mount group, SINGLE_NODE_MULTI_WRITER for
+//! the two newer single-node modes) and is healthy; the
 //! node's max volumes for the plugin; the volume's accessible topology reaches the node.
 //! The access-mode rules across every node ([`access`]) are checked last, against the
 //! volume's live claims, inside the compare-and-swap that records the claim on the volume.
@@ -147,6 +149,15 @@ where
             )));
         }
     }
+    if capability.access_mode.needs_single_node_multi_writer()
+        && !plugin.capabilities.node.has(NodeRpc::SingleNodeMultiWriter)
+    {
+        return Err(Verdict::Deny(format!(
+            "plugin {} on node {} does not advertise SINGLE_NODE_MULTI_WRITER: access mode {} \
+             cannot be used",
+            spec.plugin_id, spec.node, capability.access_mode
+        )));
+    }
     if !plugin.healthy {
         return Err(Verdict::Deny(format!(
             "plugin {} is unhealthy on node {}: {}",
@@ -213,6 +224,7 @@ pub fn access(
     let holder = |cause: &ClaimDenied| match cause {
         ClaimDenied::WriterTaken(_) => existing.iter().find(|r| r.mode == ClaimMode::Write),
         ClaimDenied::OtherNode { node: other, .. } => existing.iter().find(|r| &r.node == other),
+        ClaimDenied::ClaimTaken(_) => existing.first(),
         ClaimDenied::ReadOnlyMode(_) => None,
     };
     let denied = |cause: ClaimDenied| AccessDenied {
@@ -530,6 +542,29 @@ mod tests {
         let mut vb = volume(&[AccessMode::SingleNodeWriter]);
         vb.spec.capabilities[0].attachment_mode = AttachmentMode::BlockDevice;
         assert!(denied(check(&c, Some(&vb), Some(&n), Vec::<&Claim>::new)).contains("block"));
+    }
+
+    #[test]
+    fn the_newer_single_node_modes_need_single_node_multi_writer_on_the_node() {
+        for mode in [
+            AccessMode::SingleNodeSingleWriter,
+            AccessMode::SingleNodeMultiWriter,
+        ] {
+            let v = volume(&[mode]);
+            let c = claim("c", "n1", ClaimMode::Write, None);
+            let mut n = node(true);
+            let why = denied(check(&c, Some(&v), Some(&n), Vec::<&Claim>::new));
+            assert!(why.contains("SINGLE_NODE_MULTI_WRITER"), "{why}");
+            n.status.plugins.values_mut().for_each(|p| {
+                p.capabilities.node.insert(NodeRpc::SingleNodeMultiWriter);
+            });
+            let a = check(&c, Some(&v), Some(&n), Vec::<&Claim>::new).unwrap();
+            assert_eq!(a.capability.access_mode, mode);
+        }
+        // The older modes do not ask for it.
+        let v = volume(&[AccessMode::SingleNodeWriter]);
+        let c = claim("c", "n1", ClaimMode::Write, None);
+        assert!(check(&c, Some(&v), Some(&node(true)), Vec::<&Claim>::new).is_ok());
     }
 
     #[test]

@@ -706,6 +706,260 @@ async fn snapshots_are_cut_listed_restored_and_deleted_through_moorctl() {
     assert!(!ok && out.contains("not found"), "{out}");
 }
 
+/// Issue 40, item 4: a snapshot made outside moor (here: CreateSnapshot sent to the
+/// plugin directly) is imported by its id, confirmed through ListSnapshots, restored
+/// into a new volume with its data, and kept in the plugin when its Snapshot is
+/// deleted; an id the plugin does not list fails with the reason and is never cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_made_elsewhere_is_imported_restored_and_kept() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    create_ready(&c, "v1").await;
+    let v1 = volume(&c, "v1").await;
+    let path = std::path::PathBuf::from(v1.status.provisioning.volume_context.get("path").unwrap());
+    std::fs::write(path.join("hello"), b"cut elsewhere").unwrap();
+    let made = c
+        .csi()
+        .create_snapshot(moor::csi::v1::CreateSnapshotRequest {
+            source_volume_id: v1
+                .status
+                .provisioning
+                .external_id
+                .clone()
+                .unwrap()
+                .to_string(),
+            name: "by-hand".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .snapshot
+        .unwrap();
+    let id = made.snapshot_id.clone();
+    let (ok, out) = c.moorctl(&[
+        "volume",
+        "snapshot",
+        "import",
+        "s9",
+        "--snapshot-id",
+        &id,
+        "--source-volume",
+        "v1",
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = c.moorctl(&[
+        "wait",
+        "snapshot/s9",
+        "--for",
+        "phase=ready",
+        "--timeout",
+        "30s",
+    ]);
+    assert!(ok, "{out}");
+    let snap = c
+        .store
+        .get(&Snapshot::key_for(&Namespace::default_ns(), "s9"))
+        .await
+        .unwrap();
+    assert_eq!(snap.status.snapshot_id.as_deref(), Some(id.as_str()));
+    assert!(snap.status.ready_to_use);
+    assert!(c.node("n1").count("ListSnapshots", "OK") >= 1);
+    assert_eq!(
+        c.node("n1").tried("CreateSnapshot"),
+        1,
+        "only the test's own"
+    );
+
+    // Restored like any snapshot: the data came along.
+    apply_yaml(
+        &c,
+        "r9",
+        &created("r9", "capacity_min: 1MiB\n  source: {snapshot: s9}"),
+    );
+    wait_phase(&c, "r9", VolumePhase::Ready).await;
+    let restored = volume(&c, "r9").await;
+    let restored = std::path::PathBuf::from(
+        restored
+            .status
+            .provisioning
+            .volume_context
+            .get("path")
+            .unwrap(),
+    );
+    assert_eq!(
+        std::fs::read(restored.join("hello")).unwrap(),
+        b"cut elsewhere"
+    );
+
+    // An id the plugin does not list: Failed with the reason, never cut.
+    let (ok, out) = c.moorctl(&[
+        "volume",
+        "snapshot",
+        "import",
+        "s8",
+        "--snapshot-id",
+        "no-such-snap",
+        "--source-volume",
+        "v1",
+    ]);
+    assert!(ok, "{out}");
+    let store = c.store.clone();
+    c.wait("s8 to fail", T, || {
+        let store = store.clone();
+        async move {
+            store
+                .try_get(&Snapshot::key_for(&Namespace::default_ns(), "s8"))
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|s| {
+                    s.status
+                        .meta
+                        .last_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("no-such-snap"))
+                })
+        }
+    })
+    .await;
+    assert_eq!(c.node("n1").tried("CreateSnapshot"), 1);
+    // A malformed id is refused before anything is written.
+    let (ok, out) = c.moorctl(&[
+        "volume",
+        "snapshot",
+        "import",
+        "s7",
+        "--snapshot-id",
+        "",
+        "--source-volume",
+        "v1",
+    ]);
+    assert!(!ok && out.contains("snapshot_id"), "{out}");
+
+    // Deleted: kept in the plugin (moor did not make it).
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "delete", "s9"]);
+    assert!(ok, "{out}");
+    c.wait("s9 gone", T, || async {
+        c.store
+            .try_get(&Snapshot::key_for(&Namespace::default_ns(), "s9"))
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    assert_eq!(c.node("n1").tried("DeleteSnapshot"), 0);
+    let listed = c
+        .csi()
+        .list_snapshots(moor::csi::v1::ListSnapshotsRequest {
+            snapshot_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.entries.len(), 1, "still in the plugin");
+}
+
+/// An allocation `name` on `node` writing (or reading) volume `volume` in `mode`.
+fn moded_alloc(name: &str, node: &str, volume: &str, mode: &str, read_only: bool) -> String {
+    format!(
+        "apiVersion: moor/v1\nkind: Allocation\nmetadata: {{name: {name}}}\nspec:\n  node: {node}\n  \
+         volumes:\n    - {{name: data, volume: {volume}, access_mode: {mode}, \
+         attachment_mode: file-system, read_only: {read_only}}}\n"
+    )
+}
+
+/// Issue 40, item 1: the spec's two newer single-node modes. single-node-single-writer
+/// (Kubernetes' ReadWriteOncePod) admits one claim at a time, anywhere, readers too;
+/// single-node-multi-writer publishes several writers on one node. Both need the
+/// plugin's SINGLE_NODE_MULTI_WRITER: without it the volume is not created with them
+/// and no call asks for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_single_node_single_and_multi_writer_modes() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, plugin_flags(&["--single-node-multi-writer"])).await;
+    let moded = |name: &str, mode: &str| {
+        created(name, "capacity_min: 1MiB").replace("single-node-writer", mode)
+    };
+    apply_yaml(&c, "once", &moded("once", "single-node-single-writer"));
+    apply_yaml(&c, "shared", &moded("shared", "single-node-multi-writer"));
+    c.volume_ready("once").await;
+    c.volume_ready("shared").await;
+
+    // One claim at a time: a reader on the same node is denied, and says why.
+    apply_yaml(
+        &c,
+        "w1",
+        &moded_alloc("w1", "n2", "once", "single-node-single-writer", false),
+    );
+    c.wait_claim("w1", "n2", ClaimPhase::Published, T).await;
+    apply_yaml(
+        &c,
+        "r1",
+        &moded_alloc("r1", "n2", "once", "single-node-single-writer", true),
+    );
+    c.wait_claim("r1", "n2", ClaimPhase::Denied, T).await;
+    let why = c
+        .claim("r1", "n2")
+        .await
+        .unwrap()
+        .status
+        .reason
+        .unwrap_or_default();
+    assert!(why.contains("one claim at a time"), "{why}");
+
+    // Two writers on one node, published; a third elsewhere is denied.
+    for a in ["m1", "m2"] {
+        apply_yaml(
+            &c,
+            a,
+            &moded_alloc(a, "n2", "shared", "single-node-multi-writer", false),
+        );
+        c.wait_claim(a, "n2", ClaimPhase::Published, T).await;
+    }
+    apply_yaml(
+        &c,
+        "m3",
+        &moded_alloc("m3", "n1", "shared", "single-node-multi-writer", false),
+    );
+    c.wait_claim("m3", "n1", ClaimPhase::Denied, T).await;
+    // What the node was asked for: the mode itself, never SINGLE_NODE_WRITER.
+    let published: Vec<_> = c
+        .node("n2")
+        .calls()
+        .into_iter()
+        .filter(|k| k.rpc == "NodePublishVolume" && k.code == "OK")
+        .collect();
+    assert_eq!(published.len(), 3, "w1, m1, m2");
+    let modes: Vec<_> = published
+        .iter()
+        .map(|k| k.access_mode.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        modes
+            .iter()
+            .filter(|m| *m == "SINGLE_NODE_MULTI_WRITER")
+            .count(),
+        2,
+        "{modes:?}"
+    );
+    assert_eq!(
+        modes
+            .iter()
+            .filter(|m| *m == "SINGLE_NODE_SINGLE_WRITER")
+            .count(),
+        1,
+        "{modes:?}"
+    );
+    c.check_calls(false);
+
+    // A cluster whose plugin does not advertise it: the volume is refused, uncreated.
+    drop(c);
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    apply_yaml(&c, "once", &moded("once", "single-node-single-writer"));
+    wait_refused(&c, "once", "AccessModeUnsupported").await;
+    assert_eq!(c.node("n1").tried("CreateVolume"), 0);
+}
+
 fn alloc_yaml(name: &str, node: &str, volume: &str, attach: &str, extra: &str) -> String {
     format!(
         "apiVersion: moor/v1\nkind: Allocation\nmetadata: {{name: {name}}}\nspec:\n  node: {node}\n  \

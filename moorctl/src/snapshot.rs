@@ -1,5 +1,5 @@
-//! `moorctl volume snapshot create|delete|list`: Nomad's verbs over Snapshot objects
-//! (the snapshotter of the volume's plugin cuts and deletes them).
+//! `moorctl volume snapshot create|import|delete|list`: Nomad's verbs over Snapshot
+//! objects (the snapshotter of the volume's plugin cuts, finds and deletes them).
 
 use moor::api::*;
 
@@ -19,6 +19,22 @@ pub enum SnapshotCmd {
         /// CreateSnapshot parameters, `KEY=VALUE` (repeatable).
         #[arg(long = "parameter", value_parser = parse_kv)]
         parameters: Vec<(String, String)>,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Import a snapshot made outside moor: a Snapshot object naming the plugin's id of
+    /// it, which the volume's plugin confirms (ListSnapshots) before it can be
+    /// restored from. Deleting it later keeps it in the plugin.
+    Import {
+        /// The snapshot's name.
+        name: String,
+        /// The plugin's id of the snapshot.
+        #[arg(long)]
+        snapshot_id: String,
+        /// The moor volume it was taken of (its plugin holds the snapshot).
+        #[arg(long)]
+        source_volume: String,
         /// Namespace.
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
@@ -57,36 +73,23 @@ impl SnapshotCmd {
                 parameters,
                 namespace,
             } => {
-                let ns = parse_ns(&namespace)?;
-                let name = parse_name("snapshot", &name)?;
-                let volume = VolumeId::new(&volume)
-                    .map_err(|e| anyhow::anyhow!("volume {volume:?}: {e}"))?;
-                if ctx
-                    .store
-                    .try_get(&Volume::key_for(&ns, &volume))
-                    .await?
-                    .is_none()
-                {
-                    return Err(Refused(format!("volume {ns}/{volume} not found")).into());
-                }
-                let snap = Snapshot::new(
-                    &ns,
-                    name.clone(),
-                    SnapshotSpec {
-                        volume,
-                        parameters: parameters.into_iter().collect(),
-                        ..Default::default()
-                    },
-                );
-                match ctx.store.create(&snap).await {
-                    Ok(_) => {}
-                    Err(moor::store::StoreError::AlreadyExists { .. }) => {
-                        return Err(Refused(format!("snapshot {ns}/{name} exists")).into())
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-                outln!("snapshot/{ns}/{name} created; `moorctl wait snapshot/{name} --for phase=ready` waits until it is cut");
-                Ok(0)
+                let spec = SnapshotSpec {
+                    parameters: parameters.into_iter().collect(),
+                    ..Default::default()
+                };
+                create(ctx, &namespace, &name, &volume, spec, "cut").await
+            }
+            SnapshotCmd::Import {
+                name,
+                snapshot_id,
+                source_volume,
+                namespace,
+            } => {
+                let spec = SnapshotSpec {
+                    snapshot_id: Some(snapshot_id),
+                    ..Default::default()
+                };
+                create(ctx, &namespace, &name, &source_volume, spec, "found").await
             }
             SnapshotCmd::Delete { name, namespace } => {
                 crate::delete::Delete {
@@ -109,4 +112,42 @@ impl SnapshotCmd {
             }
         }
     }
+}
+
+/// Creates Snapshot `name` of `volume` with `spec` (its volume set here), checked
+/// (`validate`) and refused when the volume does not exist or the name is taken.
+async fn create(
+    ctx: &Ctx,
+    namespace: &str,
+    name: &str,
+    volume: &str,
+    mut spec: SnapshotSpec,
+    done: &str,
+) -> anyhow::Result<i32> {
+    let ns = parse_ns(namespace)?;
+    let name = parse_name("snapshot", name)?;
+    spec.volume = VolumeId::new(volume).map_err(|e| anyhow::anyhow!("volume {volume:?}: {e}"))?;
+    let mut errors = ValidationErrors::default();
+    spec.validate(&mut errors);
+    if !errors.is_empty() {
+        return Err(Refused(format!("snapshot {ns}/{name}: {errors}")).into());
+    }
+    if ctx
+        .store
+        .try_get(&Volume::key_for(&ns, &spec.volume))
+        .await?
+        .is_none()
+    {
+        return Err(Refused(format!("volume {ns}/{} not found", spec.volume)).into());
+    }
+    let snap = Snapshot::new(&ns, name.clone(), spec);
+    match ctx.store.create(&snap).await {
+        Ok(_) => {}
+        Err(moor::store::StoreError::AlreadyExists { .. }) => {
+            return Err(Refused(format!("snapshot {ns}/{name} exists")).into())
+        }
+        Err(e) => return Err(e.into()),
+    }
+    outln!("snapshot/{ns}/{name} created; `moorctl wait snapshot/{name} --for phase=ready` waits until it is {done}");
+    Ok(0)
 }

@@ -19,6 +19,12 @@ pub enum AccessMode {
     MultiNodeSingleWriter,
     /// Any number of writers on any number of nodes.
     MultiNodeMultiWriter,
+    /// One claim at a time, reading or writing, on one node (Kubernetes'
+    /// ReadWriteOncePod). Needs the plugin's SINGLE_NODE_MULTI_WRITER capability.
+    SingleNodeSingleWriter,
+    /// Any number of claims, writers included, on one node. Needs the plugin's
+    /// SINGLE_NODE_MULTI_WRITER capability.
+    SingleNodeMultiWriter,
 }
 
 /// How a volume is presented to the workload.
@@ -59,16 +65,21 @@ pub enum ClaimDenied {
     /// A single-writer mode that already has its writer.
     #[error("access mode {0} allows one writer and the volume already has one")]
     WriterTaken(AccessMode),
+    /// A one-claim mode that already has its claim.
+    #[error("access mode {0} allows one claim at a time and the volume already has one")]
+    ClaimTaken(AccessMode),
 }
 
 impl AccessMode {
     /// Every mode, in the order the CSI spec numbers them.
-    pub const ALL: [AccessMode; 5] = [
+    pub const ALL: [AccessMode; 7] = [
         AccessMode::SingleNodeWriter,
         AccessMode::SingleNodeReaderOnly,
         AccessMode::MultiNodeReaderOnly,
         AccessMode::MultiNodeSingleWriter,
         AccessMode::MultiNodeMultiWriter,
+        AccessMode::SingleNodeSingleWriter,
+        AccessMode::SingleNodeMultiWriter,
     ];
 
     /// The mode as it is written in manifests.
@@ -79,14 +90,29 @@ impl AccessMode {
             AccessMode::MultiNodeReaderOnly => "multi-node-reader-only",
             AccessMode::MultiNodeSingleWriter => "multi-node-single-writer",
             AccessMode::MultiNodeMultiWriter => "multi-node-multi-writer",
+            AccessMode::SingleNodeSingleWriter => "single-node-single-writer",
+            AccessMode::SingleNodeMultiWriter => "single-node-multi-writer",
         }
+    }
+
+    /// Whether the plugin must advertise SINGLE_NODE_MULTI_WRITER (on its controller
+    /// and node services) for moor to use the mode: the spec's two newer single-node
+    /// modes.
+    pub fn needs_single_node_multi_writer(self) -> bool {
+        matches!(
+            self,
+            AccessMode::SingleNodeSingleWriter | AccessMode::SingleNodeMultiWriter
+        )
     }
 
     /// Whether every claim must be on one node.
     pub fn is_single_node(self) -> bool {
         matches!(
             self,
-            AccessMode::SingleNodeReaderOnly | AccessMode::SingleNodeWriter
+            AccessMode::SingleNodeReaderOnly
+                | AccessMode::SingleNodeWriter
+                | AccessMode::SingleNodeSingleWriter
+                | AccessMode::SingleNodeMultiWriter
         )
     }
 
@@ -102,15 +128,18 @@ impl AccessMode {
     pub fn single_writer(self) -> bool {
         matches!(
             self,
-            AccessMode::SingleNodeWriter | AccessMode::MultiNodeSingleWriter
+            AccessMode::SingleNodeWriter
+                | AccessMode::MultiNodeSingleWriter
+                | AccessMode::SingleNodeSingleWriter
         )
     }
 
     /// The claim rules: may a claim `(node, mode)` join the `existing` live claims
     /// `(node, mode)` of a volume used in this access mode?
     ///
-    /// Every mode admits readers; the single-node modes keep all claims on one node; the
-    /// single-writer modes admit one writer; the reader-only modes admit none.
+    /// Every mode admits readers but single-node-single-writer, which admits one claim
+    /// at a time; the single-node modes keep all claims on one node; the single-writer
+    /// modes admit one writer; the reader-only modes admit none.
     pub fn admit<'a>(
         self,
         node: &NodeName,
@@ -121,6 +150,9 @@ impl AccessMode {
             return Err(ClaimDenied::ReadOnlyMode(self));
         }
         for (other_node, other_mode) in existing {
+            if self == AccessMode::SingleNodeSingleWriter {
+                return Err(ClaimDenied::ClaimTaken(self));
+            }
             if self.is_single_node() && other_node != node {
                 return Err(ClaimDenied::OtherNode {
                     mode: self,
@@ -206,6 +238,40 @@ mod tests {
             ));
         }
         assert!(MultiNodeReaderOnly.admit(&b, Read, [(&a, Read)]).is_ok());
+    }
+
+    #[test]
+    fn single_node_single_writer_admits_one_claim_at_a_time_anywhere() {
+        let (a, b) = (n("a"), n("b"));
+        let m = SingleNodeSingleWriter;
+        assert!(m.admit(&a, Write, []).is_ok());
+        assert!(m.admit(&a, Read, []).is_ok());
+        for (node, mode) in [(&a, Read), (&a, Write), (&b, Read)] {
+            assert_eq!(
+                m.admit(node, mode, [(&a, Write)]),
+                Err(ClaimDenied::ClaimTaken(m)),
+                "{node} {mode}"
+            );
+        }
+        assert_eq!(
+            m.admit(&a, Read, [(&a, Read)]),
+            Err(ClaimDenied::ClaimTaken(m))
+        );
+        assert!(m.is_single_node() && m.allows_write() && m.single_writer());
+        assert!(m.needs_single_node_multi_writer());
+    }
+
+    #[test]
+    fn single_node_multi_writer_admits_writers_on_its_one_node() {
+        let (a, b) = (n("a"), n("b"));
+        let m = SingleNodeMultiWriter;
+        assert!(m.admit(&a, Write, [(&a, Write), (&a, Read)]).is_ok());
+        assert!(matches!(
+            m.admit(&b, Write, [(&a, Write)]),
+            Err(ClaimDenied::OtherNode { .. })
+        ));
+        assert!(!m.single_writer() && m.needs_single_node_multi_writer());
+        assert!(!SingleNodeWriter.needs_single_node_multi_writer());
     }
 
     #[test]

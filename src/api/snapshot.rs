@@ -23,7 +23,16 @@ pub struct SnapshotSpec {
     /// the volume's.
     #[serde(default, skip_serializing_if = "Secrets::is_empty")]
     pub secrets: Secrets,
+    /// Imported: the plugin's id of a snapshot made outside moor (of `volume`). The
+    /// snapshotter finds it with ListSnapshots instead of cutting one, and keeps it in
+    /// the plugin when this Snapshot is deleted (moor did not make it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
 }
+
+/// The longest plugin id of a snapshot an import accepts (the CSI spec's size limit for
+/// its ids).
+pub const MAX_SNAPSHOT_ID_BYTES: usize = 128;
 
 impl Spec for SnapshotSpec {
     const KIND: &'static str = "Snapshot";
@@ -47,6 +56,16 @@ impl Spec for SnapshotSpec {
         errors.check_id("volume", self.volume.validate());
         if let Err(e) = self.secrets.check() {
             errors.push("secrets", e);
+        }
+        if let Some(id) = &self.snapshot_id {
+            if id.is_empty() || id.len() > MAX_SNAPSHOT_ID_BYTES {
+                errors.push(
+                    "snapshot_id",
+                    format!("must be 1 to {MAX_SNAPSHOT_ID_BYTES} bytes"),
+                );
+            } else if id.chars().any(char::is_control) {
+                errors.push("snapshot_id", "must not contain control characters");
+            }
         }
     }
 }

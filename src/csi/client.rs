@@ -90,6 +90,7 @@ targets! {
 }
 
 impl Target for v1::GetSnapshotRequest {}
+impl Target for v1::ListSnapshotsRequest {}
 impl Target for v1::DeleteSnapshotRequest {}
 impl Target for v1::GetCapacityRequest {}
 impl Target for v1::ListVolumesRequest {}
@@ -281,6 +282,18 @@ impl Csi {
     ) -> Result<v1::CreateSnapshotResponse, CsiError> {
         self.call("CreateSnapshot", req, |ch, r| async move {
             ControllerClient::new(ch).create_snapshot(r).await
+        })
+        .await
+    }
+
+    /// ListSnapshots (LIST_SNAPSHOTS): how a snapshot made outside moor is found by
+    /// its id before it is imported.
+    pub async fn list_snapshots(
+        &self,
+        req: v1::ListSnapshotsRequest,
+    ) -> Result<v1::ListSnapshotsResponse, CsiError> {
+        self.call("ListSnapshots", req, |ch, r| async move {
+            ControllerClient::new(ch).list_snapshots(r).await
         })
         .await
     }

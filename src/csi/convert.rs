@@ -23,6 +23,8 @@ pub fn node_capability(cap: VolumeCapability, options: &MountOptions) -> v1::Vol
         AccessMode::MultiNodeReaderOnly => Mode::MultiNodeReaderOnly,
         AccessMode::MultiNodeSingleWriter => Mode::MultiNodeSingleWriter,
         AccessMode::MultiNodeMultiWriter => Mode::MultiNodeMultiWriter,
+        AccessMode::SingleNodeSingleWriter => Mode::SingleNodeSingleWriter,
+        AccessMode::SingleNodeMultiWriter => Mode::SingleNodeMultiWriter,
     };
     let access_type = match cap.attachment_mode {
         AttachmentMode::BlockDevice => AccessType::Block(BlockVolume {}),

@@ -12,6 +12,12 @@
 //!    (Ready); not yet ready to use: asked again until it is (Creating).
 //! 5. Deleted: DeleteSnapshot (NotFound is done; a snapshot whose CreateSnapshot was in
 //!    doubt is asked for again first, so it is not leaked), then drop the finalizer.
+//! 6. Imported (`spec.snapshot_id`, a snapshot made outside moor): the plugin must
+//!    advertise LIST_SNAPSHOTS (else Failed, never called); ListSnapshots by that id
+//!    instead of CreateSnapshot, asked again until it is ready to use; an id the
+//!    plugin does not list, or a snapshot of another volume than `spec.volume`'s, is
+//!    Failed with the reason (looked at again on the step's schedule). Deleted: no
+//!    DeleteSnapshot (moor did not make it), only the finalizer goes.
 
 use moor::api::*;
 use moor::csi::policy::{Class, CsiError};
@@ -68,6 +74,8 @@ pub enum Step {
     Create(String),
     /// GetSnapshot of this snapshot id (cut, not yet ready to use).
     Poll(String),
+    /// ListSnapshots of this snapshot id, made outside moor (imported).
+    Import(String),
     /// DeleteSnapshot (asking CreateSnapshot again first when its id is unknown).
     Delete,
     /// The plugin cannot snapshot: Failed with this message.
@@ -100,6 +108,23 @@ pub fn next(
     }
     if snap.status.phase == SnapshotPhase::Ready && snap.status.ready_to_use {
         return Step::Nothing;
+    }
+    if let Some(id) = &snap.spec.snapshot_id {
+        if !controller.has(ControllerRpc::ListSnapshots) {
+            let msg = format!(
+                "plugin {plugin} does not advertise LIST_SNAPSHOTS: a snapshot made outside moor cannot be imported"
+            );
+            if snap.status.phase == SnapshotPhase::Failed
+                && snap.status.meta.last_error.as_deref() == Some(msg.as_str())
+            {
+                return Step::Nothing;
+            }
+            return Step::Refuse(msg);
+        }
+        if !has(FINALIZER) {
+            return Step::AddFinalizer;
+        }
+        return Step::Import(id.clone());
     }
     if !controller.has(ControllerRpc::CreateDeleteSnapshot) {
         let msg = format!("plugin {plugin} does not advertise CREATE_DELETE_SNAPSHOT");
@@ -227,6 +252,7 @@ impl Snapshotter {
             }
             Step::Create(src) => self.create(&snap, volume.as_deref(), src).await,
             Step::Poll(id) => self.poll(&snap, volume.as_deref(), id).await,
+            Step::Import(id) => self.import(&snap, volume.as_deref(), id).await,
             Step::Delete => self.delete(&snap, volume.as_deref()).await,
         }
     }
@@ -313,6 +339,71 @@ impl Snapshotter {
         self.record(snap, STEP, answer).await
     }
 
+    /// ListSnapshots of a snapshot made outside moor, by its id: recorded as cut when
+    /// the plugin lists it as a snapshot of the volume's external id (a volume not
+    /// created yet is not compared), failed with the reason otherwise.
+    async fn import(
+        &self,
+        snap: &Snapshot,
+        volume: Option<&Volume>,
+        id: String,
+    ) -> Result<Action, SnapshotError> {
+        const STEP: &str = "ListSnapshots";
+        let key = snap.key();
+        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(snap)) {
+            Ok(step) => step,
+            Err(after) => return Ok(Action::Requeue(after)),
+        };
+        let req = v1::ListSnapshotsRequest {
+            snapshot_id: id.clone(),
+            secrets: Self::secrets(snap, volume)?,
+            ..Default::default()
+        };
+        let source = volume.and_then(|v| v.status.provisioning.external_id.clone());
+        let plugin = self.ctx.plugin.id.clone();
+        let csi = self.ctx.csi()?;
+        let answer = step
+            .call(async {
+                let listed = csi.list_snapshots(req).await?;
+                let found = listed
+                    .entries
+                    .into_iter()
+                    .filter_map(|e| e.snapshot)
+                    .find(|s| s.snapshot_id == id);
+                let refuse = |message: String| CsiError {
+                    rpc: STEP,
+                    code: tonic::Code::NotFound,
+                    message,
+                    tries: 1,
+                };
+                let Some(found) = found else {
+                    return Err(refuse(format!("plugin {plugin} lists no snapshot {id}")));
+                };
+                if let Some(src) = source.filter(|s| s.as_str() != found.source_volume_id) {
+                    return Err(refuse(format!(
+                        "snapshot {id} was taken of the plugin's volume {}, not of {} ({src})",
+                        found.source_volume_id, snap.spec.volume
+                    )));
+                }
+                Ok(found)
+            })
+            .await;
+        if let Ok(found) = &answer {
+            let (plugin, src) = (&self.ctx.plugin.id, &found.source_volume_id);
+            if snap.status.plugin_id.as_ref() != Some(plugin)
+                || snap.status.source_volume_id.as_ref() != Some(src)
+            {
+                // The plugin that holds it and what it was taken of, once.
+                self.write_status(snap, |st| {
+                    st.plugin_id = Some(plugin.clone());
+                    st.source_volume_id = Some(src.clone());
+                })
+                .await?;
+            }
+        }
+        self.record(snap, STEP, answer).await
+    }
+
     /// Records what CreateSnapshot or GetSnapshot (`step`) said of the snapshot: Ready
     /// once it is ready to use, else Creating and asked again in a second.
     async fn record(
@@ -371,7 +462,20 @@ impl Snapshotter {
         let key = snap.key();
         let mut id = snap.status.snapshot_id.clone();
         let in_doubt = id.is_none() && snap.status.source_volume_id.is_some();
-        if id.is_some() || in_doubt {
+        let imported = snap.spec.snapshot_id.is_some();
+        if imported {
+            // Made outside moor: kept in the plugin.
+            self.ctx.steps.forget(&key);
+            if let Some(id) = &id {
+                self.event(
+                    snap,
+                    "Snapshot released",
+                    EventType::Normal,
+                    format!("{id} kept in the plugin (imported)"),
+                )
+                .await;
+            }
+        } else if id.is_some() || in_doubt {
             let step = match self
                 .ctx
                 .steps
@@ -578,6 +682,67 @@ mod tests {
         assert_eq!(next(&s, None, &plugin(), &all), Step::Delete);
         s.metadata.finalizers.clear();
         assert_eq!(next(&s, None, &plugin(), &all), Step::Nothing);
+    }
+
+    #[test]
+    fn an_imported_snapshot_is_found_by_id_and_never_cut() {
+        let list = caps(&[ControllerRpc::ListSnapshots]);
+        let mut s = snap();
+        s.spec.snapshot_id = Some("made-elsewhere".into());
+        assert_eq!(
+            next(&s, Some(&volume(true)), &plugin(), &list),
+            Step::AddFinalizer
+        );
+        s.metadata.finalizers.push(FINALIZER.into());
+        // No CREATE_DELETE_SNAPSHOT needed; the volume need not be created yet.
+        for v in [volume(true), volume(false)] {
+            assert_eq!(
+                next(&s, Some(&v), &plugin(), &list),
+                Step::Import("made-elsewhere".into())
+            );
+        }
+        // Found but not ready to use: asked again the same way, even with the
+        // plugin's GetSnapshot.
+        s.status.plugin_id = Some(plugin());
+        s.status.snapshot_id = Some("made-elsewhere".into());
+        s.status.phase = SnapshotPhase::Creating;
+        let both = caps(&[ControllerRpc::ListSnapshots, ControllerRpc::GetSnapshot]);
+        assert_eq!(
+            next(&s, None, &plugin(), &both),
+            Step::Import("made-elsewhere".into())
+        );
+        s.status.phase = SnapshotPhase::Ready;
+        s.status.ready_to_use = true;
+        assert_eq!(next(&s, None, &plugin(), &both), Step::Nothing);
+        // Without LIST_SNAPSHOTS: refused once, never called.
+        let mut t = snap();
+        t.spec.snapshot_id = Some("x".into());
+        let all = caps(&[ControllerRpc::CreateDeleteSnapshot]);
+        let Step::Refuse(msg) = next(&t, Some(&volume(true)), &plugin(), &all) else {
+            panic!("not refused")
+        };
+        assert!(msg.contains("LIST_SNAPSHOTS"), "{msg}");
+        t.status.phase = SnapshotPhase::Failed;
+        t.status.meta.last_error = Some(msg);
+        assert_eq!(
+            next(&t, Some(&volume(true)), &plugin(), &all),
+            Step::Nothing
+        );
+    }
+
+    #[test]
+    fn an_import_s_snapshot_id_is_checked() {
+        let mut spec = snap().spec;
+        for (id, ok) in [("snap-1", true), ("", false), ("a\nb", false)] {
+            spec.snapshot_id = Some(id.to_string());
+            let mut e = ValidationErrors::default();
+            spec.validate(&mut e);
+            assert_eq!(e.is_empty(), ok, "{id:?}: {e}");
+        }
+        spec.snapshot_id = Some("x".repeat(MAX_SNAPSHOT_ID_BYTES + 1));
+        let mut e = ValidationErrors::default();
+        spec.validate(&mut e);
+        assert!(!e.is_empty());
     }
 
     #[test]

@@ -65,6 +65,34 @@ pub fn next(
     capacity: Option<&[CapacityEntry]>,
 ) -> Step {
     let p = &vol.status.provisioning;
+    // The spec's two newer single-node modes need SINGLE_NODE_MULTI_WRITER: neither a
+    // registration's validation nor a creation asks for them without it.
+    let needs_snmw = vol
+        .spec
+        .capabilities
+        .iter()
+        .find(|c| c.access_mode.needs_single_node_multi_writer());
+    if let Some(c) = needs_snmw.filter(|_| {
+        !vol.is_deleting()
+            && (p.phase != VolumePhase::Ready
+                || p.meta.observed_generation != vol.metadata.generation)
+            && !caps.controller.has(ControllerRpc::SingleNodeMultiWriter)
+    }) {
+        let condition = if vol.spec.external_id.is_some() {
+            VALIDATED
+        } else {
+            "Created"
+        };
+        let step = Step::Refuse {
+            condition,
+            reason: "AccessModeUnsupported",
+            message: format!(
+                "plugin {} does not advertise SINGLE_NODE_MULTI_WRITER: access mode {} cannot be used",
+                vol.spec.plugin_id, c.access_mode
+            ),
+        };
+        return refused_once(vol, step);
+    }
     if let Some(ext) = &vol.spec.external_id {
         if vol.is_deleting() {
             return Step::Nothing;
@@ -286,6 +314,39 @@ mod tests {
         assert_eq!(next(&v, F, &caps(&[]), None), Step::AddFinalizer);
         v.metadata.deletion_timestamp = Some(Timestamp::now());
         assert_eq!(next(&v, F, &caps(&[]), None), Step::Delete);
+    }
+
+    #[test]
+    fn the_newer_single_node_modes_are_not_asked_of_a_plugin_without_the_capability() {
+        let mut v = ready_volume();
+        v.status.provisioning.phase = VolumePhase::Pending;
+        v.spec.capabilities = vec![VolumeCapability {
+            access_mode: AccessMode::SingleNodeSingleWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+        }];
+        let Step::Refuse {
+            condition,
+            reason,
+            message,
+        } = next(&v, F, &caps(&[]), None)
+        else {
+            panic!("CreateVolume asked for a mode the plugin does not serve");
+        };
+        assert_eq!((condition, reason), ("Created", "AccessModeUnsupported"));
+        assert!(message.contains("SINGLE_NODE_MULTI_WRITER"), "{message}");
+        assert_eq!(
+            next(&v, F, &caps(&[ControllerRpc::SingleNodeMultiWriter]), None),
+            Step::Create
+        );
+        // A registration is not validated with it either.
+        v.spec.external_id = Some(ExternalVolumeId::new("e1").unwrap());
+        assert!(matches!(
+            next(&v, F, &caps(&[]), None),
+            Step::Refuse {
+                condition: VALIDATED,
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -126,6 +126,10 @@ pub struct Config {
     /// mount group is INVALID_ARGUMENT.
     #[arg(long)]
     pub volume_mount_group: bool,
+    /// Advertise SINGLE_NODE_MULTI_WRITER on the controller and node services (the
+    /// spec's single-node-single-writer and single-node-multi-writer modes).
+    #[arg(long)]
+    pub single_node_multi_writer: bool,
     /// The nodes "in the cloud": every instance registers its node id in this
     /// directory at start, and ControllerPublishVolume for a node id neither its own nor
     /// registered there is NOT_FOUND. Without it, only its own node id is known.

@@ -519,6 +519,9 @@ impl Node for Plugin {
             if self.cfg().volume_mount_group {
                 types.push(Type::VolumeMountGroup);
             }
+            if self.cfg().single_node_multi_writer {
+                types.push(Type::SingleNodeMultiWriter);
+            }
             if self.cfg().stage_unstage {
                 types.insert(0, Type::StageUnstageVolume);
             }

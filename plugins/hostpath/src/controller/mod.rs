@@ -452,6 +452,9 @@ impl Controller for Plugin {
             if self.cfg().list_volumes {
                 types.push(Type::ListVolumes);
             }
+            if self.cfg().single_node_multi_writer {
+                types.push(Type::SingleNodeMultiWriter);
+            }
             if self.cfg().publish_unpublish {
                 types.extend([Type::PublishUnpublishVolume, Type::PublishReadonly]);
                 if self.cfg().list_volumes {
