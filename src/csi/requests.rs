@@ -70,6 +70,15 @@ pub fn controller_unpublish_of(
     })
 }
 
+/// Every capability a volume offers, as CreateVolume and ValidateVolumeCapabilities
+/// carry them (with its mount options).
+pub fn volume_capabilities(spec: &crate::api::VolumeSpec) -> Vec<v1::VolumeCapability> {
+    spec.capabilities
+        .iter()
+        .map(|c| convert::capability(*c, &spec.mount_options))
+        .collect()
+}
+
 /// ValidateVolumeCapabilities of a volume registered with the plugin's id `volume_id`:
 /// every capability of its spec (with its mount options), its context, parameters,
 /// mutable parameters and secrets.
@@ -81,11 +90,7 @@ pub fn validate_volume_capabilities(
     Ok(v1::ValidateVolumeCapabilitiesRequest {
         volume_id: volume_id.to_string(),
         volume_context: (*spec.context).clone(),
-        volume_capabilities: spec
-            .capabilities
-            .iter()
-            .map(|c| convert::capability(*c, &spec.mount_options))
-            .collect(),
+        volume_capabilities: volume_capabilities(spec),
         parameters: (*spec.parameters).clone(),
         secrets: spec.secrets.expose()?.clone(),
         mutable_parameters: (*spec.mutable_parameters).clone(),

@@ -257,11 +257,7 @@ impl Provisioner {
         Ok(v1::CreateVolumeRequest {
             name: vol.metadata.uid.clone(),
             capacity_range,
-            volume_capabilities: spec
-                .capabilities
-                .iter()
-                .map(|c| convert::capability(*c, &spec.mount_options))
-                .collect(),
+            volume_capabilities: requests::volume_capabilities(spec),
             parameters: (*spec.parameters).clone(),
             secrets: spec.secrets.expose()?.clone(),
             volume_content_source: source,

@@ -67,7 +67,11 @@ impl CreateOptions {
                 "size" => o.size = Some(Size::parse(v).map_err(bad)?),
                 "mode" => {
                     let mode: AccessMode = serde_json::from_value(Value::String(v.clone()))
-                        .map_err(|_| bad("not an access mode (single-node-writer, single-node-reader-only, multi-node-reader-only, multi-node-single-writer, multi-node-multi-writer)".into()))?;
+                        .map_err(|_| {
+                            let all: Vec<&str> =
+                                AccessMode::ALL.iter().map(|m| m.as_str()).collect();
+                            bad(format!("not an access mode ({})", all.join(", ")))
+                        })?;
                     o.mode = Some(mode);
                 }
                 "fs" | "fstype" | "type" if v == "block" => {
