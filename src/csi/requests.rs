@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::{convert, v1};
-use crate::api::{Attachment, Claim, ClaimMode, ExternalVolumeId, SealedSecrets, Volume};
+use crate::api::{Attachment, Claim, ClaimMode, ExternalVolumeId, SealedSecrets, Snapshot, Volume};
 
 /// ControllerPublishVolume of an attachment: its volume and CSI node ids, capability
 /// and read-only flag; the volume's mount options, secrets and context (its spec's,
@@ -140,6 +140,73 @@ pub fn controller_modify(
         volume_id: volume_id.to_string(),
         secrets: volume.spec.secrets.expose()?.clone(),
         mutable_parameters: (*volume.spec.mutable_parameters).clone(),
+    })
+}
+
+/// The secrets a snapshot's calls carry: its own, else its volume's (none when the
+/// volume is gone). Sealed secrets this process cannot open are an error.
+pub fn snapshot_secrets(
+    snap: &Snapshot,
+    volume: Option<&Volume>,
+) -> Result<BTreeMap<String, String>, SealedSecrets> {
+    if !snap.spec.secrets.is_empty() {
+        return Ok(snap.spec.secrets.expose()?.clone());
+    }
+    Ok(match volume {
+        Some(v) => v.spec.secrets.expose()?.clone(),
+        None => BTreeMap::new(),
+    })
+}
+
+/// CreateSnapshot of the plugin's volume `source`, named by the snapshot's uid (so a
+/// repeat is idempotent), with its parameters and secrets.
+pub fn create_snapshot(
+    snap: &Snapshot,
+    volume: Option<&Volume>,
+    source: &str,
+) -> Result<v1::CreateSnapshotRequest, SealedSecrets> {
+    Ok(v1::CreateSnapshotRequest {
+        source_volume_id: source.to_string(),
+        name: snap.metadata.uid.clone(),
+        secrets: snapshot_secrets(snap, volume)?,
+        parameters: snap.spec.parameters.clone(),
+    })
+}
+
+/// GetSnapshot of the plugin's snapshot `id`, with the snapshot's secrets.
+pub fn get_snapshot(
+    snap: &Snapshot,
+    volume: Option<&Volume>,
+    id: &str,
+) -> Result<v1::GetSnapshotRequest, SealedSecrets> {
+    Ok(v1::GetSnapshotRequest {
+        snapshot_id: id.to_string(),
+        secrets: snapshot_secrets(snap, volume)?,
+    })
+}
+
+/// ListSnapshots of the one snapshot `id` (an import), with the snapshot's secrets.
+pub fn list_snapshot(
+    snap: &Snapshot,
+    volume: Option<&Volume>,
+    id: &str,
+) -> Result<v1::ListSnapshotsRequest, SealedSecrets> {
+    Ok(v1::ListSnapshotsRequest {
+        snapshot_id: id.to_string(),
+        secrets: snapshot_secrets(snap, volume)?,
+        ..Default::default()
+    })
+}
+
+/// DeleteSnapshot of the plugin's snapshot `id`, with the snapshot's secrets.
+pub fn delete_snapshot(
+    snap: &Snapshot,
+    volume: Option<&Volume>,
+    id: &str,
+) -> Result<v1::DeleteSnapshotRequest, SealedSecrets> {
+    Ok(v1::DeleteSnapshotRequest {
+        snapshot_id: id.to_string(),
+        secrets: snapshot_secrets(snap, volume)?,
     })
 }
 
@@ -400,6 +467,52 @@ mod tests {
         assert!(delete_volume(&v, "vol-9").is_err());
         assert!(controller_expand(&v, "vol-9", 1, 0).is_err());
         assert!(controller_modify(&v, "vol-9").is_err());
+    }
+
+    #[test]
+    fn a_snapshot_s_requests_carry_its_secrets_else_its_volume_s() {
+        let v = volume();
+        let mut snap = Snapshot::new(
+            &Namespace::default_ns(),
+            Name::new("s1").unwrap(),
+            SnapshotSpec {
+                volume: VolumeId::new("v1").unwrap(),
+                parameters: BTreeMap::from([("kind".to_string(), "full".to_string())]),
+                ..Default::default()
+            },
+        );
+        snap.metadata.uid = "uid-s1".into();
+        let r = create_snapshot(&snap, Some(&v), "vol-1").unwrap();
+        assert_eq!(
+            (r.source_volume_id.as_str(), r.name.as_str()),
+            ("vol-1", "uid-s1")
+        );
+        assert_eq!(r.parameters["kind"], "full");
+        assert_eq!(
+            r.secrets["k"], "s",
+            "the volume's, the snapshot having none"
+        );
+        let r = get_snapshot(&snap, None, "snap-1").unwrap();
+        assert_eq!(r.snapshot_id, "snap-1");
+        assert!(r.secrets.is_empty(), "no volume, no secrets of its");
+        let r = list_snapshot(&snap, Some(&v), "snap-1").unwrap();
+        assert_eq!((r.snapshot_id.as_str(), r.max_entries), ("snap-1", 0));
+        assert!(r.source_volume_id.is_empty() && r.starting_token.is_empty());
+        assert_eq!(r.secrets["k"], "s");
+        snap.spec.secrets = Secrets::new([("own".to_string(), "o".to_string())].into());
+        let r = delete_snapshot(&snap, Some(&v), "snap-1").unwrap();
+        assert_eq!(r.snapshot_id, "snap-1");
+        assert_eq!(
+            r.secrets.keys().collect::<Vec<_>>(),
+            ["own"],
+            "its own first"
+        );
+        // Sealed where this process has no key: none is built.
+        snap.spec.secrets = Secrets::sealed_text("moor:sealed:v1:k9:AAAA".into());
+        assert!(create_snapshot(&snap, Some(&v), "vol-1").is_err());
+        assert!(get_snapshot(&snap, Some(&v), "x").is_err());
+        assert!(list_snapshot(&snap, Some(&v), "x").is_err());
+        assert!(delete_snapshot(&snap, Some(&v), "x").is_err());
     }
 
     #[test]

@@ -21,7 +21,7 @@
 
 use moor::api::*;
 use moor::csi::policy::{Class, CsiError};
-use moor::csi::v1;
+use moor::csi::{requests, v1};
 use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
@@ -257,19 +257,6 @@ impl Snapshotter {
         }
     }
 
-    fn secrets(
-        snap: &Snapshot,
-        volume: Option<&Volume>,
-    ) -> Result<std::collections::BTreeMap<String, String>, SnapshotError> {
-        if !snap.spec.secrets.is_empty() {
-            return Ok(snap.spec.secrets.expose()?.clone());
-        }
-        Ok(match volume {
-            Some(v) => v.spec.secrets.expose()?.clone(),
-            None => Default::default(),
-        })
-    }
-
     fn inputs(&self, snap: &Snapshot) -> u64 {
         steps::inputs((
             &snap.metadata.uid,
@@ -302,12 +289,7 @@ impl Snapshotter {
             })
             .await?;
         }
-        let req = v1::CreateSnapshotRequest {
-            source_volume_id: source,
-            name: snap.metadata.uid.clone(),
-            secrets: Self::secrets(snap, volume)?,
-            parameters: snap.spec.parameters.clone(),
-        };
+        let req = requests::create_snapshot(snap, volume, &source)?;
         let csi = self.ctx.csi()?;
         let answer = step
             .call(async { cut(STEP, csi.create_snapshot(req).await?.snapshot) })
@@ -328,10 +310,7 @@ impl Snapshotter {
             Ok(step) => step,
             Err(after) => return Ok(Action::Requeue(after)),
         };
-        let req = v1::GetSnapshotRequest {
-            snapshot_id: id,
-            secrets: Self::secrets(snap, volume)?,
-        };
+        let req = requests::get_snapshot(snap, volume, &id)?;
         let csi = self.ctx.csi()?;
         let answer = step
             .call(async { cut(STEP, csi.get_snapshot(req).await?.snapshot) })
@@ -354,11 +333,7 @@ impl Snapshotter {
             Ok(step) => step,
             Err(after) => return Ok(Action::Requeue(after)),
         };
-        let req = v1::ListSnapshotsRequest {
-            snapshot_id: id.clone(),
-            secrets: Self::secrets(snap, volume)?,
-            ..Default::default()
-        };
+        let req = requests::list_snapshot(snap, volume, &id)?;
         let source = volume.and_then(|v| v.status.provisioning.external_id.clone());
         let plugin = self.ctx.plugin.id.clone();
         let csi = self.ctx.csi()?;
@@ -486,12 +461,7 @@ impl Snapshotter {
             };
             let csi = self.ctx.csi()?;
             if let (None, Some(src)) = (&id, &snap.status.source_volume_id) {
-                let req = v1::CreateSnapshotRequest {
-                    source_volume_id: src.clone(),
-                    name: snap.metadata.uid.clone(),
-                    secrets: Self::secrets(snap, volume)?,
-                    parameters: snap.spec.parameters.clone(),
-                };
+                let req = requests::create_snapshot(snap, volume, src)?;
                 match csi.create_snapshot(req).await {
                     Ok(r) => id = r.snapshot.map(|s| s.snapshot_id).filter(|s| !s.is_empty()),
                     // The volume is gone, or the plugin refuses for good: nothing was cut.
@@ -500,10 +470,7 @@ impl Snapshotter {
                 }
             }
             if let Some(id) = id {
-                let req = v1::DeleteSnapshotRequest {
-                    snapshot_id: id.clone(),
-                    secrets: Self::secrets(snap, volume)?,
-                };
+                let req = requests::delete_snapshot(snap, volume, &id)?;
                 if let Err(failed) = step.call(csi.delete_snapshot(req)).await {
                     return self.failed(snap, failed).await;
                 }
