@@ -1276,6 +1276,25 @@ async fn csi_volume(c: &Cluster, name: &str) -> String {
 
 /// A volume moor registered that the plugin then loses, and an attachment the plugin
 /// reports that moor never made; returns the cluster and that volume's id.
+/// ControllerPublishVolume of `volume_id` to `node_id`, sent to the plugin directly.
+async fn publish_behind_moor_s_back(c: &Cluster, volume_id: &str, node_id: &str) {
+    c.csi()
+        .controller_publish(moor::csi::v1::ControllerPublishVolumeRequest {
+            volume_id: volume_id.to_string(),
+            node_id: node_id.to_string(),
+            volume_capability: Some(moor::csi::convert::capability(
+                VolumeCapability {
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: AttachmentMode::FileSystem,
+                },
+                &MountOptions::default(),
+            )),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
 async fn drift(opts: PluginOpts) -> (Cluster, String) {
     let c = Cluster::start(1, 2, opts).await;
     // Registered volumes over volumes made behind moor's back.
@@ -1302,21 +1321,7 @@ async fn drift(opts: PluginOpts) -> (Cluster, String) {
         })
         .await
         .unwrap();
-    c.csi()
-        .controller_publish(moor::csi::v1::ControllerPublishVolumeRequest {
-            volume_id: stray.clone(),
-            node_id: "csi-n2".into(),
-            volume_capability: Some(moor::csi::convert::capability(
-                VolumeCapability {
-                    access_mode: AccessMode::SingleNodeWriter,
-                    attachment_mode: AttachmentMode::FileSystem,
-                },
-                &MountOptions::default(),
-            )),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    publish_behind_moor_s_back(&c, &stray, "csi-n2").await;
     wait_refused(&c, "lost", "MissingFromPlugin").await;
     c.wait("stray attachment reported", T, || async {
         condition(&volume(&c, "stray").await, "Attachments")
@@ -1401,7 +1406,7 @@ async fn a_volume_detached_behind_moor_s_back_is_published_again() {
         .await
         .unwrap();
     c.wait("the volume published again", T, || async {
-        publishes() == 2
+        publishes() == 3
     })
     .await;
     wait_events(&c, "Detached behind moor's back", 1).await;
@@ -1450,21 +1455,7 @@ async fn the_survey_s_unpublish_follows_the_step_schedule() {
         .await;
     // drift() leaves it found; the survey may have unpublished it already: publish it
     // behind moor's back again, now that unpublishing it fails.
-    c.csi()
-        .controller_publish(moor::csi::v1::ControllerPublishVolumeRequest {
-            volume_id: stray.clone(),
-            node_id: "csi-n2".into(),
-            volume_capability: Some(moor::csi::convert::capability(
-                VolumeCapability {
-                    access_mode: AccessMode::SingleNodeWriter,
-                    attachment_mode: AttachmentMode::FileSystem,
-                },
-                &MountOptions::default(),
-            )),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    publish_behind_moor_s_back(&c, &stray, "csi-n2").await;
     let n1 = c.node("n1");
     c.wait("the unpublish to fail", T, || async move {
         n1.count("ControllerUnpublishVolume", "Unavailable") > 0

@@ -363,19 +363,6 @@ impl Snapshotter {
                 Ok(found)
             })
             .await;
-        if let Ok(found) = &answer {
-            let (plugin, src) = (&self.ctx.plugin.id, &found.source_volume_id);
-            if snap.status.plugin_id.as_ref() != Some(plugin)
-                || snap.status.source_volume_id.as_ref() != Some(src)
-            {
-                // The plugin that holds it and what it was taken of, once.
-                self.write_status(snap, |st| {
-                    st.plugin_id = Some(plugin.clone());
-                    st.source_volume_id = Some(src.clone());
-                })
-                .await?;
-            }
-        }
         self.record(snap, STEP, answer).await
     }
 
@@ -393,6 +380,7 @@ impl Snapshotter {
         };
         let ready = cut.ready_to_use;
         let generation = snap.metadata.generation;
+        let plugin = &self.ctx.plugin.id;
         self.write_status(snap, |st| {
             st.phase = if ready {
                 SnapshotPhase::Ready
@@ -400,6 +388,12 @@ impl Snapshotter {
                 SnapshotPhase::Creating
             };
             st.snapshot_id = Some(cut.snapshot_id.clone());
+            // The plugin that holds it and what it was taken of: recorded before a
+            // CreateSnapshot, learned here for an import.
+            st.plugin_id.get_or_insert_with(|| plugin.clone());
+            if st.source_volume_id.is_none() && !cut.source_volume_id.is_empty() {
+                st.source_volume_id = Some(cut.source_volume_id.clone());
+            }
             st.size_bytes = (cut.size_bytes > 0).then_some(cut.size_bytes as u64);
             st.creation_time = cut.creation_time.as_ref().and_then(|t| {
                 let d = Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
