@@ -30,6 +30,10 @@ pub struct Admitted {
     pub capability: VolumeCapability,
     /// The plugin's id of the volume.
     pub external_id: ExternalVolumeId,
+    /// Whether the plugin on the claim's node advertises SINGLE_NODE_MULTI_WRITER:
+    /// whether a single-node volume may be published there at several target paths
+    /// ([`AccessMode::admit`]).
+    pub multi_writer_cap: bool,
 }
 
 /// The external id a claim may use: a created volume's once created, a registered
@@ -203,18 +207,21 @@ where
     Ok(Admitted {
         capability,
         external_id,
+        multi_writer_cap: plugin.capabilities.node.has(NodeRpc::SingleNodeMultiWriter),
     })
 }
 
 /// The access-mode rules across nodes: may a claim `(node, mode)` in `access_mode` join
-/// the volume's `existing` live claims? Both ways: the newcomer's mode must admit the
-/// others, and each holder's mode must admit the newcomer.
+/// the volume's `existing` live claims, where the node's plugin advertises
+/// SINGLE_NODE_MULTI_WRITER or not (`multi_writer_cap`)? Both ways: the newcomer's mode
+/// must admit the others, and each holder's mode must admit the newcomer.
 pub fn access(
     volume: &VolumeSpec,
     access_mode: AccessMode,
     node: &NodeName,
     mode: ClaimMode,
     existing: &[ClaimRef],
+    multi_writer_cap: bool,
 ) -> Result<(), AccessDenied> {
     let default_mode = volume
         .capabilities
@@ -225,6 +232,7 @@ pub fn access(
         ClaimDenied::WriterTaken(_) => existing.iter().find(|r| r.mode == ClaimMode::Write),
         ClaimDenied::OtherNode { node: other, .. } => existing.iter().find(|r| &r.node == other),
         ClaimDenied::ClaimTaken(_) => existing.first(),
+        ClaimDenied::OncePerNode(_) => existing.iter().find(|r| &r.node == node),
         ClaimDenied::ReadOnlyMode(_) => None,
     };
     let denied = |cause: ClaimDenied| AccessDenied {
@@ -232,16 +240,26 @@ pub fn access(
         cause,
     };
     access_mode
-        .admit(node, mode, existing.iter().map(|r| (&r.node, r.mode)))
+        .admit(
+            node,
+            mode,
+            existing.iter().map(|r| (&r.node, r.mode)),
+            multi_writer_cap,
+        )
         .map_err(denied)?;
     for holder in existing {
         let held = holder.access_mode.unwrap_or(default_mode);
         let me = [(node, mode)];
-        held.admit(&holder.node, holder.mode, me.iter().map(|(n, m)| (*n, *m)))
-            .map_err(|cause| AccessDenied {
-                cause,
-                holder: Some(holder.clone()),
-            })?;
+        held.admit(
+            &holder.node,
+            holder.mode,
+            me.iter().map(|(n, m)| (*n, *m)),
+            multi_writer_cap,
+        )
+        .map_err(|cause| AccessDenied {
+            cause,
+            holder: Some(holder.clone()),
+        })?;
     }
     Ok(())
 }
@@ -275,6 +293,7 @@ pub fn access_for(
             &claim.spec.node,
             claim.spec.mode,
             holders,
+            admitted.multi_writer_cap,
         )
     };
     let Err(denied) = check(&existing) else {
@@ -650,16 +669,26 @@ mod tests {
             AccessMode::SingleNodeWriter,
             &n2,
             ClaimMode::Write,
-            &snw
+            &snw,
+            true
         )
         .is_err());
-        assert!(access(&v, AccessMode::SingleNodeWriter, &n1, ClaimMode::Read, &snw).is_ok());
+        assert!(access(
+            &v,
+            AccessMode::SingleNodeWriter,
+            &n1,
+            ClaimMode::Read,
+            &snw,
+            true
+        )
+        .is_ok());
         assert!(access(
             &v,
             AccessMode::SingleNodeWriter,
             &n1,
             ClaimMode::Write,
-            &snw
+            &snw,
+            true
         )
         .is_err());
         // A reader in a multi-node mode may not join a single-node holder elsewhere.
@@ -668,7 +697,8 @@ mod tests {
             AccessMode::MultiNodeReaderOnly,
             &n2,
             ClaimMode::Read,
-            &snw
+            &snw,
+            true
         )
         .is_err());
         // An old holder without a recorded mode uses the volume's first.
@@ -678,10 +708,19 @@ mod tests {
             AccessMode::MultiNodeReaderOnly,
             &n2,
             ClaimMode::Read,
-            &old
+            &old,
+            true
         )
         .is_err());
-        assert!(access(&v, AccessMode::SingleNodeWriter, &n2, ClaimMode::Read, &[]).is_ok());
+        assert!(access(
+            &v,
+            AccessMode::SingleNodeWriter,
+            &n2,
+            ClaimMode::Read,
+            &[],
+            true
+        )
+        .is_ok());
     }
 
     /// A holder ref of claim `name` of allocation `alloc` on `node`.
@@ -701,6 +740,7 @@ mod tests {
         let admitted = Admitted {
             capability: cap(AccessMode::SingleNodeWriter),
             external_id: ExternalVolumeId::new("ext-v").unwrap(),
+            multi_writer_cap: true,
         };
         let me = claim(
             "me",
@@ -734,6 +774,40 @@ mod tests {
         // No conflict: admitted whatever is ending.
         v.status.claims = Default::default();
         assert!(access_for(&v, &admitted, &me, |_| true).is_ok());
+    }
+
+    #[test]
+    fn without_single_node_multi_writer_a_reader_beside_a_writer_on_its_node_waits_or_is_denied() {
+        let mut v = volume(&[AccessMode::SingleNodeWriter]);
+        let mut admitted = Admitted {
+            capability: cap(AccessMode::SingleNodeWriter),
+            external_id: ExternalVolumeId::new("ext-v").unwrap(),
+            multi_writer_cap: false,
+        };
+        let reader = claim(
+            "me",
+            "n1",
+            ClaimMode::Read,
+            Some(AccessMode::SingleNodeWriter),
+        );
+        v.status.claims.write_claims = vec![held("old", "a-old", "n1", ClaimMode::Write)];
+        match access_for(&v, &admitted, &reader, |_| false) {
+            Err(Verdict::Deny(why)) => assert!(
+                why.contains("once per node")
+                    && why.contains("SINGLE_NODE_MULTI_WRITER")
+                    && why.contains("allocation a-old"),
+                "{why}"
+            ),
+            other => panic!("expected a denial, got {other:?}"),
+        }
+        // The holder ending: the reader waits for it, as a writer would.
+        match access_for(&v, &admitted, &reader, |r| r.claim.as_str() == "old") {
+            Err(Verdict::Wait(why)) => assert!(why.contains("waiting for its release"), "{why}"),
+            other => panic!("expected a wait, got {other:?}"),
+        }
+        // Where the plugin advertises it, the reader joins.
+        admitted.multi_writer_cap = true;
+        assert!(access_for(&v, &admitted, &reader, |_| false).is_ok());
     }
 
     #[test]

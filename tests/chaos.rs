@@ -11,8 +11,10 @@
 //! stopped and must see its claims Released; then everything is deleted and must be
 //! gone. The plugins' call logs are then checked: the checker's invariants (no
 //! NodeStage before ControllerPublish, no reverse step out of order, nothing left
-//! attached, staged, published or created), and each failing (call, object) within the
-//! retry schedule's bound.
+//! attached, staged, published or created, no second target path on a node under a
+//! mode that does not share one), and each failing (call, object) within the retry
+//! schedule's bound. Even seeds run plugins that advertise SINGLE_NODE_MULTI_WRITER,
+//! odd seeds plugins that do not.
 //!
 //! A run prints its seed; `MOOR_CHAOS_SEED=N cargo test --test chaos` replays it (the
 //! same script; the processes' timing still varies). `MOOR_CHAOS_OPS=N` sets the
@@ -1105,8 +1107,22 @@ async fn random_faults_keep_the_invariants() {
 }
 
 async fn run(seed: u64, ops: usize) {
-    eprintln!("chaos: seed {seed} ({ops} ops); replay with MOOR_CHAOS_SEED={seed}");
+    // Even seeds: the plugins advertise SINGLE_NODE_MULTI_WRITER, so a single-node
+    // volume's claims share a node under it. Odd seeds: they do not, so such a volume
+    // has one claim per node, sent as SINGLE_NODE_WRITER, and the checker holds its
+    // one writer too.
+    let multi_writer_cap = seed % 2 == 0;
+    eprintln!(
+        "chaos: seed {seed} ({ops} ops, SINGLE_NODE_MULTI_WRITER {}); replay with \
+         MOOR_CHAOS_SEED={seed}",
+        if multi_writer_cap {
+            "advertised"
+        } else {
+            "not advertised"
+        }
+    );
     let opts = PluginOpts {
+        extra: vec![format!("--single-node-multi-writer={multi_writer_cap}")],
         agent_args: vec![
             format!("--retry-initial={}ms", RETRY_INITIAL.as_millis()),
             format!("--retry-cap={}ms", RETRY_CAP.as_millis()),

@@ -876,7 +876,7 @@ fn moded_alloc(name: &str, node: &str, volume: &str, mode: &str, read_only: bool
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_single_node_single_and_multi_writer_modes() {
     let _slot = SLOTS.acquire().await.unwrap();
-    let c = Cluster::start(1, 2, plugin_flags(&["--single-node-multi-writer"])).await;
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
     let moded = |name: &str, mode: &str| {
         created(name, "capacity_min: 1MiB").replace("single-node-writer", mode)
     };
@@ -954,10 +954,88 @@ async fn the_single_node_single_and_multi_writer_modes() {
 
     // A cluster whose plugin does not advertise it: the volume is refused, uncreated.
     drop(c);
-    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    let c = Cluster::start(1, 1, plugin_flags(&["--single-node-multi-writer=false"])).await;
     apply_yaml(&c, "once", &moded("once", "single-node-single-writer"));
     wait_refused(&c, "once", "AccessModeUnsupported").await;
     assert_eq!(c.node("n1").tried("CreateVolume"), 0);
+}
+
+/// The access modes a node's plugin was sent in its successful `rpc` calls.
+fn modes_sent(c: &Cluster, node: &str, rpc: &str) -> Vec<String> {
+    c.node(node)
+        .calls()
+        .into_iter()
+        .filter(|k| k.rpc == rpc && k.code == "OK")
+        .map(|k| k.access_mode.unwrap_or_default())
+        .collect()
+}
+
+/// Issue 40, item 1: a single-node-writer volume with a writer and a reader on one
+/// node, on moor-hostpath strict (it refuses a second target path under a mode that
+/// does not share a node). Where the plugin advertises SINGLE_NODE_MULTI_WRITER, both
+/// are published, and every call about the volume carries that mode; where it does
+/// not, admission refuses the reader and says why (`alloc plan` too), nothing the
+/// plugin would refuse is sent, and the reader is admitted once the writer is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_writer_volume_shares_a_node_only_where_the_plugin_allows_it() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    for multi_writer_cap in [true, false] {
+        let flag = format!("--single-node-multi-writer={multi_writer_cap}");
+        let c = Cluster::start(1, 1, plugin_flags(&[flag.as_str()])).await;
+        create_ready(&c, "v1").await;
+        apply_yaml(&c, "w", &alloc_yaml("w", "n1", "v1", "file-system", ""));
+        c.wait_claim("w", "n1", ClaimPhase::Published, T).await;
+        let reader = alloc_yaml("r", "n1", "v1", "file-system", ", read_only: true");
+        let file = c.dir.path().join("r.yaml");
+        std::fs::write(&file, &reader).unwrap();
+        let (_, plan) = c.moorctl(&[
+            "alloc",
+            "plan",
+            "-f",
+            file.to_str().unwrap(),
+            "--node",
+            "n1",
+            "-o",
+            "json",
+        ]);
+        apply_yaml(&c, "r", &reader);
+        if multi_writer_cap {
+            c.wait_claim("r", "n1", ClaimPhase::Published, T).await;
+            for rpc in [
+                "ControllerPublishVolume",
+                "NodeStageVolume",
+                "NodePublishVolume",
+            ] {
+                let modes = modes_sent(&c, "n1", rpc);
+                assert!(
+                    !modes.is_empty() && modes.iter().all(|m| m == "SINGLE_NODE_MULTI_WRITER"),
+                    "{rpc}: {modes:?}"
+                );
+            }
+            assert_eq!(modes_sent(&c, "n1", "NodePublishVolume").len(), 2);
+            assert!(!plan.contains("once per node"), "{plan}");
+        } else {
+            c.wait_claim("r", "n1", ClaimPhase::Denied, T).await;
+            let why = c.claim("r", "n1").await.unwrap().status.reason;
+            let why = why.unwrap_or_default();
+            assert!(
+                why.contains("once per node") && why.contains("SINGLE_NODE_MULTI_WRITER"),
+                "{why}"
+            );
+            assert!(plan.contains("once per node"), "alloc plan: {plan}");
+            // The writer gone, the reader is admitted and published in its turn.
+            c.stop_alloc("w").await;
+            c.wait_claim("r", "n1", ClaimPhase::Published, T).await;
+            let modes = modes_sent(&c, "n1", "NodePublishVolume");
+            assert_eq!(modes, ["SINGLE_NODE_WRITER", "SINGLE_NODE_WRITER"]);
+        }
+        // Nothing the strict plugin refused, and nothing its checker finds.
+        for rpc in ["ControllerPublishVolume", "NodePublishVolume"] {
+            assert_eq!(c.node("n1").count(rpc, "FailedPrecondition"), 0, "{rpc}");
+            assert_eq!(c.node("n1").count(rpc, "AlreadyExists"), 0, "{rpc}");
+        }
+        c.check_calls(false);
+    }
 }
 
 fn alloc_yaml(name: &str, node: &str, volume: &str, attach: &str, extra: &str) -> String {

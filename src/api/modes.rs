@@ -68,6 +68,14 @@ pub enum ClaimDenied {
     /// A one-claim mode that already has its claim.
     #[error("access mode {0} allows one claim at a time and the volume already has one")]
     ClaimTaken(AccessMode),
+    /// A single-node mode whose plugin cannot publish it at a second target path on
+    /// the node (the spec's NodePublishVolume table: FAILED_PRECONDITION unless the
+    /// mode is MULTI_NODE or SINGLE_NODE_MULTI_WRITER), with a claim there already.
+    #[error(
+        "access mode {0} is published once per node where the plugin does not advertise \
+         SINGLE_NODE_MULTI_WRITER, and the volume already has a claim on this node"
+    )]
+    OncePerNode(AccessMode),
 }
 
 impl AccessMode {
@@ -116,6 +124,29 @@ impl AccessMode {
         )
     }
 
+    /// Whether the spec lets a plugin publish a volume of this mode at several target
+    /// paths on one node: the MULTI_NODE modes and SINGLE_NODE_MULTI_WRITER.
+    pub fn shares_a_node(self) -> bool {
+        !self.is_single_node() || self == AccessMode::SingleNodeMultiWriter
+    }
+
+    /// The mode sent to a plugin for a volume used in this mode, given whether the
+    /// service called advertises SINGLE_NODE_MULTI_WRITER (`multi_writer_cap`): there,
+    /// single-node-writer and single-node-reader-only volumes are sent as
+    /// SINGLE_NODE_MULTI_WRITER, the mode under which the spec allows their claims on
+    /// one node to be published at several target paths (as Kubernetes sends
+    /// ReadWriteOnce). Every call about a volume uses the same mapping, so the volume is
+    /// created, validated, attached, staged and published as what it is used as.
+    /// Readers stay read-only: the readonly flags follow the claims, not the mode.
+    pub fn as_sent(self, multi_writer_cap: bool) -> AccessMode {
+        match self {
+            AccessMode::SingleNodeWriter | AccessMode::SingleNodeReaderOnly if multi_writer_cap => {
+                AccessMode::SingleNodeMultiWriter
+            }
+            m => m,
+        }
+    }
+
     /// Whether a claim may write.
     pub fn allows_write(self) -> bool {
         !matches!(
@@ -135,16 +166,20 @@ impl AccessMode {
     }
 
     /// The claim rules: may a claim `(node, mode)` join the `existing` live claims
-    /// `(node, mode)` of a volume used in this access mode?
+    /// `(node, mode)` of a volume used in this access mode, where the plugin on the
+    /// claim's node advertises SINGLE_NODE_MULTI_WRITER or not (`multi_writer_cap`)?
     ///
     /// Every mode admits readers but single-node-single-writer, which admits one claim
-    /// at a time; the single-node modes keep all claims on one node; the single-writer
+    /// at a time; the single-node modes keep all claims on one node, and those the
+    /// plugin cannot publish at a second target path there ([`AccessMode::as_sent`]
+    /// not [`AccessMode::shares_a_node`]) admit one claim on it; the single-writer
     /// modes admit one writer; the reader-only modes admit none.
     pub fn admit<'a>(
         self,
         node: &NodeName,
         mode: ClaimMode,
         existing: impl IntoIterator<Item = (&'a NodeName, ClaimMode)>,
+        multi_writer_cap: bool,
     ) -> Result<(), ClaimDenied> {
         if mode == ClaimMode::Write && !self.allows_write() {
             return Err(ClaimDenied::ReadOnlyMode(self));
@@ -158,6 +193,9 @@ impl AccessMode {
                     mode: self,
                     node: other_node.clone(),
                 });
+            }
+            if other_node == node && !self.as_sent(multi_writer_cap).shares_a_node() {
+                return Err(ClaimDenied::OncePerNode(self));
             }
             if self.single_writer() && mode == ClaimMode::Write && other_mode == ClaimMode::Write {
                 return Err(ClaimDenied::WriterTaken(self));
@@ -207,6 +245,17 @@ pub struct VolumeCapability {
     pub attachment_mode: AttachmentMode,
 }
 
+impl VolumeCapability {
+    /// The capability as sent to a service that advertises SINGLE_NODE_MULTI_WRITER
+    /// or not ([`AccessMode::as_sent`]).
+    pub fn as_sent(self, multi_writer_cap: bool) -> VolumeCapability {
+        VolumeCapability {
+            access_mode: self.access_mode.as_sent(multi_writer_cap),
+            ..self
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,30 +280,32 @@ mod tests {
     fn single_node_modes_deny_a_second_node() {
         let (a, b) = (n("a"), n("b"));
         for mode in [SingleNodeReaderOnly, SingleNodeWriter] {
-            assert!(mode.admit(&a, Read, [(&a, Read)]).is_ok());
+            assert!(mode.admit(&a, Read, [(&a, Read)], true).is_ok());
             assert!(matches!(
-                mode.admit(&b, Read, [(&a, Read)]),
+                mode.admit(&b, Read, [(&a, Read)], true),
                 Err(ClaimDenied::OtherNode { .. })
             ));
         }
-        assert!(MultiNodeReaderOnly.admit(&b, Read, [(&a, Read)]).is_ok());
+        assert!(MultiNodeReaderOnly
+            .admit(&b, Read, [(&a, Read)], true)
+            .is_ok());
     }
 
     #[test]
     fn single_node_single_writer_admits_one_claim_at_a_time_anywhere() {
         let (a, b) = (n("a"), n("b"));
         let m = SingleNodeSingleWriter;
-        assert!(m.admit(&a, Write, []).is_ok());
-        assert!(m.admit(&a, Read, []).is_ok());
+        assert!(m.admit(&a, Write, [], true).is_ok());
+        assert!(m.admit(&a, Read, [], true).is_ok());
         for (node, mode) in [(&a, Read), (&a, Write), (&b, Read)] {
             assert_eq!(
-                m.admit(node, mode, [(&a, Write)]),
+                m.admit(node, mode, [(&a, Write)], true),
                 Err(ClaimDenied::ClaimTaken(m)),
                 "{node} {mode}"
             );
         }
         assert_eq!(
-            m.admit(&a, Read, [(&a, Read)]),
+            m.admit(&a, Read, [(&a, Read)], true),
             Err(ClaimDenied::ClaimTaken(m))
         );
         assert!(m.is_single_node() && m.allows_write() && m.single_writer());
@@ -265,9 +316,9 @@ mod tests {
     fn single_node_multi_writer_admits_writers_on_its_one_node() {
         let (a, b) = (n("a"), n("b"));
         let m = SingleNodeMultiWriter;
-        assert!(m.admit(&a, Write, [(&a, Write), (&a, Read)]).is_ok());
+        assert!(m.admit(&a, Write, [(&a, Write), (&a, Read)], true).is_ok());
         assert!(matches!(
-            m.admit(&b, Write, [(&a, Write)]),
+            m.admit(&b, Write, [(&a, Write)], true),
             Err(ClaimDenied::OtherNode { .. })
         ));
         assert!(!m.single_writer() && m.needs_single_node_multi_writer());
@@ -275,20 +326,58 @@ mod tests {
     }
 
     #[test]
+    fn without_single_node_multi_writer_a_single_node_mode_has_one_claim_per_node() {
+        let (a, b) = (n("a"), n("b"));
+        for m in [SingleNodeWriter, SingleNodeReaderOnly] {
+            assert_eq!(m.as_sent(true), SingleNodeMultiWriter);
+            assert_eq!(m.as_sent(false), m);
+            assert!(!m.shares_a_node() && m.as_sent(true).shares_a_node());
+            assert!(m.admit(&a, Read, [(&a, Read)], true).is_ok());
+            assert_eq!(
+                m.admit(&a, Read, [(&a, Read)], false),
+                Err(ClaimDenied::OncePerNode(m))
+            );
+            // The other node is named first: that is the rule a user can act on.
+            assert!(matches!(
+                m.admit(&b, Read, [(&a, Read)], false),
+                Err(ClaimDenied::OtherNode { .. })
+            ));
+            assert!(m.admit(&a, Read, [], false).is_ok());
+        }
+        for m in [
+            MultiNodeReaderOnly,
+            MultiNodeSingleWriter,
+            MultiNodeMultiWriter,
+        ] {
+            assert!(m.shares_a_node() && m.as_sent(false) == m && m.as_sent(true) == m);
+            assert!(m.admit(&a, Read, [(&a, Read)], false).is_ok());
+        }
+        assert_eq!(SingleNodeSingleWriter.as_sent(true), SingleNodeSingleWriter);
+        assert!(!SingleNodeSingleWriter.shares_a_node());
+        assert!(SingleNodeMultiWriter
+            .admit(&a, Write, [(&a, Write)], true)
+            .is_ok());
+    }
+
+    #[test]
     fn single_writer_modes_deny_a_second_writer_but_admit_readers() {
         let (a, b) = (n("a"), n("b"));
         assert_eq!(
-            SingleNodeWriter.admit(&a, Write, [(&a, Write)]),
+            SingleNodeWriter.admit(&a, Write, [(&a, Write)], true),
             Err(ClaimDenied::WriterTaken(SingleNodeWriter))
         );
-        assert!(SingleNodeWriter.admit(&a, Read, [(&a, Write)]).is_ok());
+        assert!(SingleNodeWriter
+            .admit(&a, Read, [(&a, Write)], true)
+            .is_ok());
         assert_eq!(
-            MultiNodeSingleWriter.admit(&b, Write, [(&a, Write)]),
+            MultiNodeSingleWriter.admit(&b, Write, [(&a, Write)], true),
             Err(ClaimDenied::WriterTaken(MultiNodeSingleWriter))
         );
-        assert!(MultiNodeSingleWriter.admit(&b, Write, [(&a, Read)]).is_ok());
+        assert!(MultiNodeSingleWriter
+            .admit(&b, Write, [(&a, Read)], true)
+            .is_ok());
         assert!(MultiNodeMultiWriter
-            .admit(&b, Write, [(&a, Write), (&b, Write)])
+            .admit(&b, Write, [(&a, Write), (&b, Write)], true)
             .is_ok());
     }
 
@@ -297,7 +386,7 @@ mod tests {
         let a = n("a");
         for mode in [SingleNodeReaderOnly, MultiNodeReaderOnly] {
             assert_eq!(
-                mode.admit(&a, Write, []),
+                mode.admit(&a, Write, [], true),
                 Err(ClaimDenied::ReadOnlyMode(mode))
             );
         }

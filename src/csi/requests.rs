@@ -9,12 +9,15 @@ use super::{convert, v1};
 use crate::api::{Attachment, Claim, ClaimMode, ExternalVolumeId, SealedSecrets, Snapshot, Volume};
 
 /// ControllerPublishVolume of an attachment: its volume and CSI node ids, capability
-/// and read-only flag; the volume's mount options, secrets and context (its spec's,
-/// then what CreateVolume answered). Without the volume (deleted since), its fields
-/// are left empty. Sealed secrets this process cannot open are an error.
+/// (as sent to a controller service that advertises SINGLE_NODE_MULTI_WRITER or not,
+/// `multi_writer_cap`: [`crate::api::AccessMode::as_sent`]) and read-only flag; the
+/// volume's mount options, secrets and context (its spec's, then what CreateVolume
+/// answered). Without the volume (deleted since), its fields are left empty. Sealed
+/// secrets this process cannot open are an error.
 pub fn controller_publish(
     att: &Attachment,
     volume: Option<&Volume>,
+    multi_writer_cap: bool,
 ) -> Result<v1::ControllerPublishVolumeRequest, SealedSecrets> {
     let (secrets, context, mount_options) = match volume {
         Some(v) => {
@@ -31,7 +34,10 @@ pub fn controller_publish(
     Ok(v1::ControllerPublishVolumeRequest {
         volume_id: att.spec.external_id.to_string(),
         node_id: att.spec.csi_node_id.to_string(),
-        volume_capability: Some(convert::capability(att.spec.capability, &mount_options)),
+        volume_capability: Some(convert::capability(
+            att.spec.capability.as_sent(multi_writer_cap),
+            &mount_options,
+        )),
         readonly: att.spec.read_only,
         secrets,
         volume_context: context,
@@ -71,10 +77,25 @@ pub fn controller_unpublish_of(
 }
 
 /// Every capability a volume offers, as CreateVolume and ValidateVolumeCapabilities
-/// carry them (with its mount options).
-pub fn volume_capabilities(spec: &crate::api::VolumeSpec) -> Vec<v1::VolumeCapability> {
-    spec.capabilities
+/// carry them (with its mount options) to a controller service that advertises
+/// SINGLE_NODE_MULTI_WRITER or not (`multi_writer_cap`): what the volume will be
+/// used as ([`crate::api::AccessMode::as_sent`]). Two offered modes sent as one are
+/// sent once.
+pub fn volume_capabilities(
+    spec: &crate::api::VolumeSpec,
+    multi_writer_cap: bool,
+) -> Vec<v1::VolumeCapability> {
+    let mut sent: Vec<crate::api::VolumeCapability> = Vec::new();
+    for c in spec
+        .capabilities
         .iter()
+        .map(|c| c.as_sent(multi_writer_cap))
+    {
+        if !sent.contains(&c) {
+            sent.push(c);
+        }
+    }
+    sent.iter()
         .map(|c| convert::capability(*c, &spec.mount_options))
         .collect()
 }
@@ -85,12 +106,13 @@ pub fn volume_capabilities(spec: &crate::api::VolumeSpec) -> Vec<v1::VolumeCapab
 pub fn validate_volume_capabilities(
     volume: &Volume,
     volume_id: &str,
+    multi_writer_cap: bool,
 ) -> Result<v1::ValidateVolumeCapabilitiesRequest, SealedSecrets> {
     let spec = &volume.spec;
     Ok(v1::ValidateVolumeCapabilitiesRequest {
         volume_id: volume_id.to_string(),
         volume_context: (*spec.context).clone(),
-        volume_capabilities: volume_capabilities(spec),
+        volume_capabilities: volume_capabilities(spec, multi_writer_cap),
         parameters: (*spec.parameters).clone(),
         secrets: spec.secrets.expose()?.clone(),
         mutable_parameters: (*spec.mutable_parameters).clone(),
@@ -109,12 +131,14 @@ pub fn delete_volume(
 }
 
 /// ControllerExpandVolume of a volume to `required..=limit` bytes (0: no limit), with
-/// its secrets and the capability it is used with (its first).
+/// its secrets and the capability it is used with (its first, as sent: see
+/// [`volume_capabilities`]).
 pub fn controller_expand(
     volume: &Volume,
     volume_id: &str,
     required: u64,
     limit: u64,
+    multi_writer_cap: bool,
 ) -> Result<v1::ControllerExpandVolumeRequest, SealedSecrets> {
     let spec = &volume.spec;
     Ok(v1::ControllerExpandVolumeRequest {
@@ -127,7 +151,7 @@ pub fn controller_expand(
         volume_capability: spec
             .capabilities
             .first()
-            .map(|c| convert::capability(*c, &spec.mount_options)),
+            .map(|c| convert::capability(c.as_sent(multi_writer_cap), &spec.mount_options)),
     })
 }
 
@@ -350,7 +374,7 @@ mod tests {
     #[test]
     fn controller_publish_carries_every_field_the_spec_defines() {
         let (att, v) = (attachment(), volume());
-        let r = controller_publish(&att, Some(&v)).unwrap();
+        let r = controller_publish(&att, Some(&v), false).unwrap();
         assert_eq!(r.volume_id, "vol-1");
         assert_eq!(r.node_id, "csi-n1");
         assert!(r.readonly);
@@ -369,8 +393,17 @@ mod tests {
             Some(v1::volume_capability::AccessType::Mount(m)) => assert_eq!(m.fs_type, "ext4"),
             other => panic!("mount access expected, got {other:?}"),
         }
+        // A controller that advertises SINGLE_NODE_MULTI_WRITER gets the mode that
+        // lets the volume's claims share its node.
+        let r = controller_publish(&att, Some(&v), true).unwrap();
+        assert_eq!(
+            r.volume_capability
+                .and_then(|c| c.access_mode)
+                .map(|m| m.mode),
+            Some(v1::volume_capability::access_mode::Mode::SingleNodeMultiWriter as i32)
+        );
         // The volume gone: the ids and capability still, nothing of the volume.
-        let r = controller_publish(&att, None).unwrap();
+        let r = controller_publish(&att, None, false).unwrap();
         assert!(r.secrets.is_empty() && r.volume_context.is_empty());
         assert_eq!(r.node_id, "csi-n1");
         let r = controller_unpublish(&att, Some(&v)).unwrap();
@@ -418,12 +451,34 @@ mod tests {
             BTreeMap::from([("iops".to_string(), "300".to_string())]).into();
         let secret = |m: &BTreeMap<String, String>| m.get("k").cloned();
 
-        let r = validate_volume_capabilities(&v, "vol-9").unwrap();
+        let r = validate_volume_capabilities(&v, "vol-9", false).unwrap();
         assert_eq!(r.volume_id, "vol-9");
         assert_eq!(
             r.volume_capabilities.len(),
             2,
             "every capability of the spec"
+        );
+        let modes = |caps: &[v1::VolumeCapability]| -> Vec<i32> {
+            caps.iter()
+                .filter_map(|c| c.access_mode.as_ref().map(|m| m.mode))
+                .collect()
+        };
+        use v1::volume_capability::access_mode::Mode;
+        assert_eq!(
+            modes(&r.volume_capabilities),
+            [
+                Mode::MultiNodeReaderOnly as i32,
+                Mode::SingleNodeWriter as i32
+            ]
+        );
+        let r = validate_volume_capabilities(&v, "vol-9", true).unwrap();
+        assert_eq!(
+            modes(&r.volume_capabilities),
+            [
+                Mode::MultiNodeReaderOnly as i32,
+                Mode::SingleNodeMultiWriter as i32
+            ],
+            "what the volume is used as where the plugin advertises SINGLE_NODE_MULTI_WRITER"
         );
         assert_eq!(r.volume_context["from"], "spec");
         assert_eq!(r.parameters["tier"], "gold");
@@ -436,7 +491,7 @@ mod tests {
             ("vol-9", Some("s"))
         );
 
-        let r = controller_expand(&v, "vol-9", 2 << 30, 0).unwrap();
+        let r = controller_expand(&v, "vol-9", 2 << 30, 0, false).unwrap();
         assert_eq!(r.volume_id, "vol-9");
         let range = r.capacity_range.unwrap();
         assert_eq!((range.required_bytes, range.limit_bytes), (2 << 30, 0));
@@ -447,7 +502,7 @@ mod tests {
             Some(v1::volume_capability::access_mode::Mode::MultiNodeReaderOnly as i32)
         );
         assert_eq!(
-            controller_expand(&v, "x", u64::MAX, u64::MAX)
+            controller_expand(&v, "x", u64::MAX, u64::MAX, false)
                 .unwrap()
                 .capacity_range
                 .unwrap()
@@ -463,9 +518,9 @@ mod tests {
 
         // Sealed with a key this process does not hold: none of them is built.
         v.spec.secrets = Secrets::sealed_text("moor:sealed:v1:k9:AAAA".into()).into();
-        assert!(validate_volume_capabilities(&v, "vol-9").is_err());
+        assert!(validate_volume_capabilities(&v, "vol-9", false).is_err());
         assert!(delete_volume(&v, "vol-9").is_err());
-        assert!(controller_expand(&v, "vol-9", 1, 0).is_err());
+        assert!(controller_expand(&v, "vol-9", 1, 0, false).is_err());
         assert!(controller_modify(&v, "vol-9").is_err());
     }
 

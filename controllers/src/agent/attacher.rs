@@ -150,7 +150,11 @@ impl Attacher {
             Err(wait) => return Ok(Action::Requeue(wait)),
         };
         let was_uncertain = att.status.uncertain;
-        let req = requests::controller_publish(att, self.volume(att).as_deref())?;
+        let req = requests::controller_publish(
+            att,
+            self.volume(att).as_deref(),
+            self.ctx.multi_writer_cap(),
+        )?;
         // Checkpoint: from here on the volume may be attached.
         let att = &self
             .ctx

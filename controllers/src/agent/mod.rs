@@ -415,6 +415,20 @@ impl ControllerPluginCtx {
         ))
     }
 
+    /// Whether the plugin advertises controller capability `rpc` (false until its
+    /// capabilities are known).
+    pub fn advertises(&self, rpc: moor::api::ControllerRpc) -> bool {
+        self.supervisor
+            .status(&self.plugin.id)
+            .is_some_and(|s| s.capabilities.controller.has(rpc))
+    }
+
+    /// Whether the plugin's controller service advertises SINGLE_NODE_MULTI_WRITER:
+    /// the access modes its calls carry follow it ([`moor::api::AccessMode::as_sent`]).
+    pub fn multi_writer_cap(&self) -> bool {
+        self.advertises(moor::api::ControllerRpc::SingleNodeMultiWriter)
+    }
+
     /// Records an event about a volume.
     pub async fn volume_event(
         &self,

@@ -102,6 +102,12 @@ fn single_node(mode: Option<&str>) -> bool {
     mode.is_some_and(|m| m.starts_with("SINGLE_NODE"))
 }
 
+/// Whether the spec lets a volume published under `mode` be published at a second
+/// target path on the node: the MULTI_NODE modes and SINGLE_NODE_MULTI_WRITER.
+fn shares_a_node(mode: Option<&str>) -> bool {
+    !single_node(mode) || mode == Some("SINGLE_NODE_MULTI_WRITER")
+}
+
 fn single_writer(mode: Option<&str>) -> bool {
     matches!(
         mode,
@@ -120,6 +126,7 @@ pub fn merge(logs: impl IntoIterator<Item = Vec<Call>>) -> Vec<Call> {
 struct Publish {
     staging: Option<String>,
     readonly: bool,
+    mode: Option<String>,
 }
 
 /// An attachment, stage or publish held: how far it got and when it was first made
@@ -531,7 +538,11 @@ impl<'a> Checker<'a> {
                 .or_insert_with(|| {
                     (
                         Held::new(at.out, &at.call.time),
-                        Publish { staging, readonly },
+                        Publish {
+                            staging,
+                            readonly,
+                            mode: at.call.access_mode.clone(),
+                        },
                     )
                 })
                 .0
@@ -561,6 +572,31 @@ impl<'a> Checker<'a> {
                     ),
                 );
             }
+        }
+        // The spec's NodePublishVolume table: a second target path on one node needs
+        // a mode that shares a node, on both publishes ("exceeds capabilities").
+        let second = self
+            .published
+            .iter()
+            .find(|((pn, pv, pt), (h, p))| {
+                pv == vol
+                    && pn == node
+                    && pt != target
+                    && !(shares_a_node(mode) && shares_a_node(p.mode.as_deref()))
+                    && !self.excused(pn, &h.since, now)
+            })
+            .map(|((_, _, other), (_, p))| (other.clone(), p.mode.clone()));
+        if let Some((other, other_mode)) = second {
+            self.violate(
+                1,
+                at.index,
+                format!(
+                    "{vol} published on {node} at {target} under {} while published at {other} \
+                     under {}: a second target path needs a mode that shares a node",
+                    mode.unwrap_or("no mode"),
+                    other_mode.as_deref().unwrap_or("no mode")
+                ),
+            );
         }
         if !readonly && single_writer(mode) {
             let writer = self
@@ -701,6 +737,16 @@ mod tests {
                 c.readonly = Some(ro);
             })
         }
+        /// A publish under access mode `mode`.
+        fn publish_as(self, node: &str, target: &str, ro: bool, mode: &str) -> Log {
+            let (t, m) = (target.to_string(), mode.to_string());
+            self.call("NodePublishVolume", node, "OK", |c| {
+                c.staging_target_path = Some("/s".into());
+                c.target_path = Some(t);
+                c.readonly = Some(ro);
+                c.access_mode = Some(m);
+            })
+        }
         fn unpublish(self, node: &str, target: &str) -> Log {
             let t = target.to_string();
             self.call("NodeUnpublishVolume", node, "OK", |c| {
@@ -728,8 +774,8 @@ mod tests {
         Log::new()
             .attach("n1", "OK")
             .stage("n1", "OK")
-            .publish("n1", "/t1", false)
-            .publish("n1", "/t2", true)
+            .publish_as("n1", "/t1", false, "SINGLE_NODE_MULTI_WRITER")
+            .publish_as("n1", "/t2", true, "SINGLE_NODE_MULTI_WRITER")
             .unpublish("n1", "/t1")
             .unpublish("n1", "/t2")
             .unstage("n1")
@@ -751,6 +797,37 @@ mod tests {
             .publish("n1", "/t1", false)
             .publish("n1", "/t2", false);
         assert!(two_writers.check().contains(&1));
+    }
+
+    #[test]
+    fn invariant_1_a_second_target_path_needs_a_mode_that_shares_a_node() {
+        let base = || Log::new().attach("n1", "OK").stage("n1", "OK");
+        // A reader beside a writer under SINGLE_NODE_WRITER: the spec's "exceeds
+        // capabilities", whatever a lenient plugin answered.
+        let snw = base()
+            .publish("n1", "/t1", false)
+            .publish("n1", "/t2", true);
+        assert!(snw.check().contains(&1));
+        // One side shared, the other not: still refused.
+        let mixed = base().publish("n1", "/t1", false).publish_as(
+            "n1",
+            "/t2",
+            true,
+            "SINGLE_NODE_MULTI_WRITER",
+        );
+        assert!(mixed.check().contains(&1));
+        for shared in ["SINGLE_NODE_MULTI_WRITER", "MULTI_NODE_MULTI_WRITER"] {
+            let ok = base()
+                .publish_as("n1", "/t1", false, shared)
+                .publish_as("n1", "/t2", true, shared);
+            assert!(!ok.check().contains(&1), "{shared}");
+        }
+        // The first unpublished before the second: one at a time is fine.
+        let in_turn = base()
+            .publish("n1", "/t1", false)
+            .unpublish("n1", "/t1")
+            .publish("n1", "/t2", true);
+        assert!(!in_turn.check().contains(&1));
     }
 
     #[test]

@@ -127,9 +127,22 @@ pub struct Config {
     #[arg(long)]
     pub volume_mount_group: bool,
     /// Advertise SINGLE_NODE_MULTI_WRITER on the controller and node services (the
-    /// spec's single-node-single-writer and single-node-multi-writer modes).
-    #[arg(long)]
+    /// spec's single-node-single-writer and single-node-multi-writer modes), as the
+    /// kubernetes-csi hostpath driver does. `--single-node-multi-writer=false`: the
+    /// five older modes only.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
     pub single_node_multi_writer: bool,
+    /// Answer as the spec's ControllerPublishVolume and NodePublishVolume tables say a
+    /// plugin should, not leniently: a volume published on this node at one target
+    /// path is published at another only when both publishes use a MULTI_NODE mode or
+    /// SINGLE_NODE_MULTI_WRITER (else FAILED_PRECONDITION, "exceeds capabilities"); a
+    /// target path published with another access mode is ALREADY_EXISTS. On by
+    /// default, so that a test catches a lenient assumption; `--strict=false` accepts
+    /// both, as many drivers do.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
+    pub strict: bool,
     /// The nodes "in the cloud": every instance registers its node id in this
     /// directory at start, and ControllerPublishVolume for a node id neither its own nor
     /// registered there is NOT_FOUND. Without it, only its own node id is known.

@@ -295,7 +295,7 @@ impl Node for Plugin {
         self.call(c, async {
             require(&req.volume_id, "volume_id")?;
             require(&req.target_path, "target_path")?;
-            let (block, _) = check_capability(req.volume_capability.as_ref())?;
+            let (block, mode) = check_capability(req.volume_capability.as_ref())?;
             let staging = (!req.staging_target_path.is_empty())
                 .then(|| PathBuf::from(&req.staging_target_path));
             if self.cfg().stage_unstage {
@@ -338,18 +338,39 @@ impl Node for Plugin {
             let target = PathBuf::from(&req.target_path);
             let no_mount = self.no_mount();
             let with_loop = block && self.loop_devices();
+            let strict = self.cfg().strict;
             self.mutate(|st| {
                 if let Some(existing) = st.publishes.get(&target) {
+                    let same_mode = !strict || existing.access_mode.is_none_or(|m| m == mode);
                     return if existing.volume_id == req.volume_id
                         && existing.readonly == req.readonly
+                        && same_mode
                     {
                         Ok(())
                     } else {
                         Err(Status::already_exists(format!(
-                            "{} is already published with another volume or readonly flag",
+                            "{} is already published with another volume, readonly flag or \
+                             access mode",
                             target.display()
                         )))
                     };
+                }
+                if strict {
+                    // The spec's "exceeds capabilities": a second target path on this
+                    // node needs a mode that shares a node, on both publishes.
+                    let elsewhere = st.publishes.values().find(|p| {
+                        p.volume_id == req.volume_id
+                            && !(crate::controller::shares_a_node(mode)
+                                && p.access_mode.is_some_and(crate::controller::shares_a_node))
+                    });
+                    if let Some(p) = elsewhere {
+                        return Err(Status::failed_precondition(format!(
+                            "volume {} is published at {} on this node: a second target path \
+                             needs a MULTI_NODE mode or SINGLE_NODE_MULTI_WRITER on both",
+                            req.volume_id,
+                            p.target_path.display()
+                        )));
+                    }
                 }
                 if block {
                     if let Some(parent) = target.parent() {
@@ -390,6 +411,7 @@ impl Node for Plugin {
                         readonly: req.readonly,
                         block,
                         loop_device: own_loop,
+                        access_mode: Some(mode),
                     },
                 );
                 Ok(())

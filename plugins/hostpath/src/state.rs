@@ -110,6 +110,10 @@ pub struct PublishRec {
     /// The loop device a block volume published without staging is attached to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loop_device: Option<PathBuf>,
+    /// The access mode it was published under (the CSI enum's number; absent in a
+    /// journal written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<i32>,
 }
 
 /// Everything the plugin knows.

@@ -2,7 +2,7 @@
 
 mod harness;
 
-use harness::{can_mount, cap, mnmw, mount_count, sw, HostPath};
+use harness::{can_mount, cap, mnmw, mount_count, snmw, sw, HostPath};
 use moor_csi::v1::*;
 use moor_hostpath::faults::Command;
 use std::time::{Duration, Instant};
@@ -526,6 +526,48 @@ async fn snapshots_clones_expansion_and_validation() {
     assert_eq!(missing.unwrap_err().code(), Code::NotFound);
 }
 
+/// The spec's NodePublishVolume table, strictly (the default): a second target path on
+/// the node needs a mode that shares a node on both publishes (FAILED_PRECONDITION,
+/// "exceeds capabilities"), and a target path published again under another mode is
+/// ALREADY_EXISTS. `--strict=false` accepts both, as lenient drivers do.
+#[tokio::test]
+async fn a_second_target_path_needs_a_mode_that_shares_the_node() {
+    for strict in [true, false] {
+        let flags: &[&str] = if strict { &[] } else { &["--strict=false"] };
+        let hp = HostPath::start(flags).await;
+        let mut n = hp.node();
+        let v = attached_volume(&hp, "v1", vec![sw()]).await;
+        let staging = hp.path("staging/v1");
+        let (t1, t2, t3) = (hp.path("pods/a"), hp.path("pods/b"), hp.path("pods/c"));
+        std::fs::create_dir_all(&staging).unwrap();
+        n.node_stage_volume(stage_req(&v, &staging, sw()))
+            .await
+            .unwrap();
+        n.node_publish_volume(publish_req(&v, Some(&staging), &t1, false, sw()))
+            .await
+            .unwrap();
+        let code = |r: Result<_, tonic::Status>| r.err().map(|e| e.code());
+        let reader = n
+            .node_publish_volume(publish_req(&v, Some(&staging), &t2, true, sw()))
+            .await;
+        let shared_beside = n
+            .node_publish_volume(publish_req(&v, Some(&staging), &t3, true, snmw()))
+            .await;
+        let other_mode = n
+            .node_publish_volume(publish_req(&v, Some(&staging), &t1, false, snmw()))
+            .await;
+        if strict {
+            assert_eq!(code(reader), Some(Code::FailedPrecondition));
+            assert_eq!(code(shared_beside), Some(Code::FailedPrecondition));
+            assert_eq!(code(other_mode), Some(Code::AlreadyExists));
+        } else {
+            assert_eq!(code(reader), None);
+            assert_eq!(code(shared_beside), None);
+            assert_eq!(code(other_mode), None);
+        }
+    }
+}
+
 #[tokio::test]
 async fn stage_and_publish_mount_for_real_and_tear_down() {
     let hp = HostPath::start(&[]).await;
@@ -548,17 +590,18 @@ async fn stage_and_publish_mount_for_real_and_tear_down() {
     n.node_stage_volume(stage_req(&v, &staging, sw()))
         .await
         .expect("a repeat stage is OK");
-    n.node_publish_volume(publish_req(&v, Some(&staging), &rw, false, sw()))
+    // Two target paths on one node: under SINGLE_NODE_MULTI_WRITER, which allows it.
+    n.node_publish_volume(publish_req(&v, Some(&staging), &rw, false, snmw()))
         .await
         .unwrap();
-    n.node_publish_volume(publish_req(&v, Some(&staging), &rw, false, sw()))
+    n.node_publish_volume(publish_req(&v, Some(&staging), &rw, false, snmw()))
         .await
         .expect("a repeat publish is OK");
-    n.node_publish_volume(publish_req(&v, Some(&staging), &ro, true, sw()))
+    n.node_publish_volume(publish_req(&v, Some(&staging), &ro, true, snmw()))
         .await
         .unwrap();
     let conflict = n
-        .node_publish_volume(publish_req(&v, Some(&staging), &rw, true, sw()))
+        .node_publish_volume(publish_req(&v, Some(&staging), &rw, true, snmw()))
         .await;
     assert_eq!(conflict.unwrap_err().code(), Code::AlreadyExists);
 

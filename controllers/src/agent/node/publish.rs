@@ -124,7 +124,11 @@ impl Reconcile {
         // The controller copies the volume's secrets onto the claim at admission: an
         // agent reads its node's claims only.
         let secrets = claim.spec.node_secrets.expose()?.clone();
-        let capability = convert::node_capability(cap, &claim.spec.mount_options);
+        // Sent as what the claims on this node use it as: several claims of a
+        // single-node volume share it under SINGLE_NODE_MULTI_WRITER where advertised.
+        let multi_writer_cap = fp.capabilities.node.has(NodeRpc::SingleNodeMultiWriter);
+        let capability =
+            convert::node_capability(cap.as_sent(multi_writer_cap), &claim.spec.mount_options);
         let pass = Pass {
             key,
             cfg: &cfg,

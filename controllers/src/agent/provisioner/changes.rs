@@ -21,8 +21,9 @@ impl Provisioner {
             Err(after) => return Ok(Action::Requeue(after)),
         };
         let csi = self.ctx.csi()?;
-        let req = requests::validate_volume_capabilities(vol, ext.as_str())?;
-        let get_volume = self.advertises(ControllerRpc::GetVolume);
+        let req =
+            requests::validate_volume_capabilities(vol, ext.as_str(), self.ctx.multi_writer_cap())?;
+        let get_volume = self.ctx.advertises(ControllerRpc::GetVolume);
         // One step: the capabilities confirmed, then what the plugin reports of it.
         let validated = step.call(async {
             let r = csi.validate_volume_capabilities(req).await?;
@@ -100,7 +101,13 @@ impl Provisioner {
             Err(after) => return Ok(Action::Requeue(after)),
         };
         // A volume in use is expanded with the capability it is used with.
-        let req = requests::controller_expand(vol, ext.as_str(), required, limit)?;
+        let req = requests::controller_expand(
+            vol,
+            ext.as_str(),
+            required,
+            limit,
+            self.ctx.multi_writer_cap(),
+        )?;
         let resp = match step.call(self.ctx.csi()?.controller_expand(req)).await {
             Ok(r) => r,
             Err(failed) => return self.failed(vol, failed, EXPANDED).await,
@@ -221,13 +228,5 @@ impl Provisioner {
         };
         self.event(vol, reason, EventType::Warning, msg).await;
         Ok(Action::Requeue(failed.retry_in))
-    }
-
-    /// Whether the plugin advertises controller capability `rpc`.
-    fn advertises(&self, rpc: ControllerRpc) -> bool {
-        self.ctx
-            .supervisor
-            .status(&self.ctx.plugin.id)
-            .is_some_and(|s| s.capabilities.controller.has(rpc))
     }
 }

@@ -257,7 +257,7 @@ impl Provisioner {
         Ok(v1::CreateVolumeRequest {
             name: vol.metadata.uid.clone(),
             capacity_range,
-            volume_capabilities: requests::volume_capabilities(spec),
+            volume_capabilities: requests::volume_capabilities(spec, self.ctx.multi_writer_cap()),
             parameters: (*spec.parameters).clone(),
             secrets: spec.secrets.expose()?.clone(),
             volume_content_source: source,

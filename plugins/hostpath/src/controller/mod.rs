@@ -78,6 +78,13 @@ fn is_single_node(mode: i32) -> bool {
     )
 }
 
+/// Whether the spec lets a volume of this mode be published at several target paths
+/// on one node: the MULTI_NODE modes and SINGLE_NODE_MULTI_WRITER.
+pub(crate) fn shares_a_node(mode: i32) -> bool {
+    use volume_capability::access_mode::Mode;
+    !is_single_node(mode) || Mode::try_from(mode) == Ok(Mode::SingleNodeMultiWriter)
+}
+
 fn copy_dir(src: &Path, dst: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dst)?;
     for entry in std::fs::read_dir(src)? {

@@ -204,6 +204,13 @@ pub fn sw() -> VolumeCapability {
     )
 }
 
+pub fn snmw() -> VolumeCapability {
+    cap(
+        volume_capability::access_mode::Mode::SingleNodeMultiWriter,
+        false,
+    )
+}
+
 pub fn mnmw() -> VolumeCapability {
     cap(
         volume_capability::access_mode::Mode::MultiNodeMultiWriter,
