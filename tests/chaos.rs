@@ -1111,7 +1111,7 @@ async fn run(seed: u64, ops: usize) {
     // volume's claims share a node under it. Odd seeds: they do not, so such a volume
     // has one claim per node, sent as SINGLE_NODE_WRITER, and the checker holds its
     // one writer too.
-    let multi_writer_cap = seed % 2 == 0;
+    let multi_writer_cap = seed.is_multiple_of(2);
     eprintln!(
         "chaos: seed {seed} ({ops} ops, SINGLE_NODE_MULTI_WRITER {}); replay with \
          MOOR_CHAOS_SEED={seed}",
