@@ -14,7 +14,8 @@
 //! - [`runtime`]: our kube-runtime: watcher, informer, reflector, controller (keyed
 //!   queue, backoff, resync), leader election, metrics, events, retry gates.
 //! - [`csi`]: moor's side of CSI: the typed client, the call policy (retries, deadlines,
-//!   what an answer means) and conversions from moor's types. The protocol itself, the
+//!   what an answer means), conversions from moor's types, the requests built without
+//!   I/O (`csi::requests`) and the live contract monitor's rules (`csi::contract`). The protocol itself, the
 //!   journal and the process basics are the `moor-csi` crate, re-exported as
 //!   [`csi::v1`], [`journal`] and [`process`].
 //!

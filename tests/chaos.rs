@@ -835,8 +835,26 @@ impl Chaos {
         }
     }
 
+    /// The live contract monitor's Warnings: a correct plugin raises none, whatever
+    /// the faults around it.
+    async fn contract_breaches(&self) -> Vec<String> {
+        let all = KeyScope::all();
+        let events = retry("list events", || self.c.store.list::<EventSpec>(&all)).await;
+        events
+            .items
+            .into_iter()
+            .filter(|e| e.spec.reason == "Plugin broke the CSI contract")
+            .map(|e| {
+                format!(
+                    "contract monitor, {} {}: {}",
+                    e.spec.object.kind, e.spec.object.name, e.spec.message
+                )
+            })
+            .collect()
+    }
+
     /// The call logs against the invariants and the retry schedule.
-    fn check(&mut self) {
+    fn check(&mut self, breaches: Vec<String>) {
         // Stop the agents first, so that no call is in flight while the logs are read.
         for n in &mut self.c.nodes {
             n.agent.stop();
@@ -869,6 +887,7 @@ impl Chaos {
             .map(|v| format!("{v}: {}", describe(merged.get(v.index))))
             .collect();
         problems.extend(self.over_schedule(&merged));
+        problems.extend(breaches);
         let mut failed: BTreeMap<&str, u32> = BTreeMap::new();
         for c in merged.iter().filter(|c| c.code != "OK") {
             *failed.entry(c.rpc.as_str()).or_default() += 1;
@@ -1161,5 +1180,6 @@ async fn run(seed: u64, ops: usize) {
         chaos_time.as_millis(),
         (started.elapsed() - chaos_time).as_millis()
     );
-    chaos.check();
+    let breaches = chaos.contract_breaches().await;
+    chaos.check(breaches);
 }

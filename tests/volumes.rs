@@ -1038,6 +1038,185 @@ async fn a_single_node_writer_volume_shares_a_node_only_where_the_plugin_allows_
     }
 }
 
+/// How many "Plugin broke the CSI contract" Warnings name `rule` on object `kind`
+/// `name`.
+async fn contract_warnings(c: &Cluster, rule: &str, kind: &str, name: &str) -> u32 {
+    events_of(c, "Plugin broke the CSI contract")
+        .await
+        .iter()
+        .filter(|e| {
+            e.spec.message.contains(&format!("rule {rule}:"))
+                && e.spec.object.kind == kind
+                && e.spec.object.name.as_str() == name
+        })
+        .map(|e| e.spec.count())
+        .sum()
+}
+
+/// Issue 40, item 5: the live contract monitor. moor-hostpath is told to break one MUST
+/// of the spec after another; each breach raises one "Plugin broke the CSI contract"
+/// Warning on its object and counts once in
+/// `moor_plugin_contract_violations_total{plugin,rule}`, however often the plugin
+/// repeats it, and moor goes on as it would: the claims publish and release and the
+/// volumes are deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_breaks_the_contract_is_named_once_per_rule_and_object() {
+    use moor_hostpath::faults::{Command, Lie};
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut opts = surveyed();
+    opts.extra = vec!["--topology=zone=a".into()];
+    let c = Cluster::start(1, 1, opts).await;
+    let n1 = c.node("n1");
+    let lie = |lie: Lie, on: bool| n1.fault(Command::Lie { lie, on });
+    let c = &c;
+    let warned = |rule, kind, name| contract_warnings(c, rule, kind, name);
+    let wait_warned = |rule: &'static str, kind: &'static str, name: &'static str| async move {
+        c.wait(&format!("{rule} on {kind} {name}"), T, || async move {
+            contract_warnings(c, rule, kind, name).await >= 1
+        })
+        .await;
+    };
+
+    // CreateVolume: a capacity below the range, and a topology outside the requisite.
+    // (The topology lie only for v2: a volume answered outside its node's topology
+    // cannot be claimed there, as the plugin said.)
+    lie(Lie::Capacity, true).await;
+    create_ready(c, "v1").await;
+    lie(Lie::Topology, true).await;
+    apply_yaml(
+        c,
+        "v2",
+        &created(
+            "v2",
+            "capacity_min: 1MiB\n  topology_request: {required: [{zone: a}]}",
+        ),
+    );
+    c.volume_ready("v2").await;
+    lie(Lie::Capacity, false).await;
+    lie(Lie::Topology, false).await;
+    wait_warned("capacity_out_of_range", "Volume", "v1").await;
+    wait_warned("capacity_out_of_range", "Volume", "v2").await;
+    wait_warned("topology_outside_requisite", "Volume", "v2").await;
+    assert_eq!(
+        warned("topology_outside_requisite", "Volume", "v1").await,
+        0
+    );
+    create_ready(c, "v3").await;
+
+    // Two volumes published; then NodeGetInfo changes its node id and lowers its limit.
+    for (a, v) in [("a1", "v1"), ("a3", "v3")] {
+        c.apply(c.allocation(a, "n1", v, false)).await;
+        c.wait_claim(a, "n1", ClaimPhase::Published, T).await;
+    }
+    lie(Lie::NodeId, true).await;
+    lie(Lie::MaxVolumes, true).await;
+    wait_warned("node_id_changed", "Node", "n1").await;
+    wait_warned("max_volumes_below_published", "Node", "n1").await;
+    lie(Lie::NodeId, false).await;
+    lie(Lie::MaxVolumes, false).await;
+
+    // ListVolumes leaves out what it created, survey after survey: named once each
+    // (r1, registered later, was not created by it).
+    lie(Lie::Unlisted, true).await;
+    for v in ["v1", "v2", "v3"] {
+        wait_warned("volume_not_listed", "Volume", v).await;
+    }
+    lie(Lie::NegativeCapacity, true).await;
+    wait_warned("negative_capacity", "Plugin", cluster::PLUGIN).await;
+    // A few more surveys with both lies still told.
+    for _ in 0..3 {
+        let before = c.node("n1").tried("ListVolumes");
+        c.wait("another survey", T, || async {
+            c.node("n1").tried("ListVolumes") > before
+        })
+        .await;
+    }
+    lie(Lie::Unlisted, false).await;
+    lie(Lie::NegativeCapacity, false).await;
+
+    // An expansion answered short, a snapshot of another volume, a registration
+    // confirmed with other capabilities.
+    lie(Lie::Expansion, true).await;
+    apply_yaml(c, "v3-2", &created("v3", "capacity_min: 2MiB"));
+    wait_warned("capacity_out_of_range", "Volume", "v3").await;
+    lie(Lie::Expansion, false).await;
+    lie(Lie::SnapshotSource, true).await;
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "v1", "s1"]);
+    assert!(ok, "{out}");
+    wait_warned("snapshot_of_other_volume", "Snapshot", "s1").await;
+    lie(Lie::SnapshotSource, false).await;
+    lie(Lie::Validation, true).await;
+    let ext = volume(c, "v1")
+        .await
+        .status
+        .provisioning
+        .external_id
+        .unwrap();
+    apply_yaml(
+        c,
+        "r1",
+        &registered("r1", ext.as_str(), "single-node-writer"),
+    );
+    wait_warned("confirmed_other_capabilities", "Volume", "r1").await;
+    lie(Lie::Validation, false).await;
+
+    // Once each, and counted once each.
+    let once = [
+        ("capacity_out_of_range", "Volume", "v1"),
+        ("capacity_out_of_range", "Volume", "v2"),
+        ("capacity_out_of_range", "Volume", "v3"),
+        ("topology_outside_requisite", "Volume", "v2"),
+        ("node_id_changed", "Node", "n1"),
+        ("max_volumes_below_published", "Node", "n1"),
+        ("volume_not_listed", "Volume", "v1"),
+        ("volume_not_listed", "Volume", "v2"),
+        ("volume_not_listed", "Volume", "v3"),
+        ("negative_capacity", "Plugin", cluster::PLUGIN),
+        ("snapshot_of_other_volume", "Snapshot", "s1"),
+        ("confirmed_other_capabilities", "Volume", "r1"),
+    ];
+    for (rule, kind, name) in once {
+        assert_eq!(warned(rule, kind, name).await, 1, "{rule} on {kind} {name}");
+    }
+    let page = c.node("n1").http_get("/metrics").await;
+    for (rule, n) in [
+        ("capacity_out_of_range", 3.0),
+        ("topology_outside_requisite", 1.0),
+        ("node_id_changed", 1.0),
+        ("max_volumes_below_published", 1.0),
+        ("volume_not_listed", 3.0),
+        ("negative_capacity", 1.0),
+        ("snapshot_of_other_volume", 1.0),
+        ("confirmed_other_capabilities", 1.0),
+    ] {
+        let series = format!(
+            "moor_plugin_contract_violations_total{{plugin=\"{}\",rule=\"{rule}\"}}",
+            cluster::PLUGIN
+        );
+        assert_eq!(common::metric(&page, &series), Some(n), "{series}");
+    }
+
+    // moor went on as it would: released, deleted, nothing left behind.
+    for a in ["a1", "a3"] {
+        c.stop_alloc(a).await;
+        c.wait_claim(a, "n1", ClaimPhase::Released, T).await;
+    }
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "delete", "s1"]);
+    assert!(ok, "{out}");
+    for v in ["r1", "v1", "v2", "v3"] {
+        let (ok, out) = c.moorctl(&["delete", "volume", v]);
+        assert!(ok, "{out}");
+    }
+    c.wait("every volume gone", T, || async {
+        c.store
+            .list::<VolumeSpec>(&KeyScope::all())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await;
+    c.check_calls(true);
+}
+
 fn alloc_yaml(name: &str, node: &str, volume: &str, attach: &str, extra: &str) -> String {
     format!(
         "apiVersion: moor/v1\nkind: Allocation\nmetadata: {{name: {name}}}\nspec:\n  node: {node}\n  \

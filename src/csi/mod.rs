@@ -1,8 +1,11 @@
 //! moor's side of CSI: the typed client the reconcilers call plugins through, the call
-//! policy (deadlines, retries, what each answer means), and conversions from moor's
-//! types. The protocol itself is the `moor-csi` crate, re-exported here.
+//! policy (deadlines, retries, what each answer means), conversions from moor's types,
+//! the requests each RPC is sent with ([`requests`]) and the rules the live contract
+//! monitor checks each answer against ([`contract`]). The protocol itself is the
+//! `moor-csi` crate, re-exported here.
 
 pub mod client;
+pub mod contract;
 pub mod convert;
 pub mod policy;
 pub mod requests;

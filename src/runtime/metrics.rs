@@ -50,6 +50,37 @@ pub fn cache_listed(kind: &str, listed: bool) {
         .set(i64::from(listed));
 }
 
+/// The labels of a plugin's contract violations.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContractLabel {
+    /// The plugin.
+    pub plugin: String,
+    /// The rule broken (`moor::csi::contract::Rule`'s name).
+    pub rule: String,
+}
+
+/// Contract violations found by the live monitor, once per plugin, rule and object.
+static CONTRACT: LazyLock<Family<ContractLabel, Counter>> = LazyLock::new(Family::default);
+
+/// Shows `plugin`'s count against `rule` (0 until a violation): a series that appears
+/// already at 1 would be no increase to an alert over `increase()`.
+pub fn contract_series(plugin: &str, rule: &str) {
+    let _shown = CONTRACT.get_or_create(&ContractLabel {
+        plugin: plugin.to_string(),
+        rule: rule.to_string(),
+    });
+}
+
+/// Counts a contract violation of `plugin` against `rule`.
+pub fn contract_violation(plugin: &str, rule: &str) {
+    CONTRACT
+        .get_or_create(&ContractLabel {
+            plugin: plugin.to_string(),
+            rule: rule.to_string(),
+        })
+        .inc();
+}
+
 /// Events recorded but not written (queue full, or the store refused them); the
 /// process's log has each.
 static EVENTS_DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
@@ -285,6 +316,11 @@ impl Metrics {
             "moor_etcd_alarms",
             "etcd members with an alarm raised (NOSPACE: every write fails), as last polled",
             ETCD_ALARMS.clone(),
+        );
+        registry.register(
+            "moor_plugin_contract_violations",
+            "Answers of a plugin that broke a MUST of the CSI spec, once per plugin, rule and object (the live contract monitor)",
+            CONTRACT.clone(),
         );
         registry.register(
             "moor_events_dropped",

@@ -10,6 +10,7 @@
 //!    `plugin.<id>`; the leader runs the provisioner and the attacher for that plugin.
 
 pub mod attacher;
+pub mod contract;
 pub mod node;
 pub mod plugins;
 pub mod provisioner;
@@ -207,7 +208,9 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
-    let local = state::LocalState::load(&args.data_dir)?;
+    let local = Arc::new(tokio::sync::Mutex::new(state::LocalState::load(
+        &args.data_dir,
+    )?));
     let store = args.etcd.connect(Duration::from_secs(30)).await?;
     if let Some(owner) = store.keyring().and_then(|k| k.node()) {
         anyhow::ensure!(
@@ -245,11 +248,16 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     let recorder = args
         .events
         .recorder(store.clone(), &format!("agent/{node}"));
+    let monitor = contract::Monitor::new(recorder.clone(), configs.iter().map(|c| &c.id));
     let supervisor = plugins::Supervisor::start(
         store.clone(),
         node.clone(),
         &configs,
         recorder.clone(),
+        plugins::Published {
+            local: local.clone(),
+            monitor: monitor.clone(),
+        },
         args.fingerprint_interval,
         args.node_ttl,
         &mut tasks,
@@ -303,7 +311,8 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         node: node.clone(),
         plugins: configs.iter().filter(|c| c.is_node()).cloned().collect(),
         supervisor: supervisor.clone(),
-        local: Arc::new(tokio::sync::Mutex::new(local)),
+        local,
+        monitor: monitor.clone(),
         locks: KeyedLocks::default(),
         policy: policy.clone(),
         steps: moor::runtime::steps::Steps::new(schedule.clone()),
@@ -327,11 +336,12 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         let schedule = schedule.clone();
         let (survey_interval, unpublish_unknown) =
             (args.survey_interval, args.unpublish_unknown_attachments);
-        let (policy, recorder, supervisor, metrics) = (
+        let (policy, recorder, supervisor, metrics, monitor) = (
             policy.clone(),
             recorder.clone(),
             supervisor.clone(),
             metrics.clone(),
+            monitor.clone(),
         );
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
@@ -349,6 +359,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
                     surveyed: Arc::new(tokio::sync::watch::channel(0).0),
                     survey_interval,
                     unpublish_unknown,
+                    monitor: monitor.clone(),
                 };
                 let metrics = metrics.clone();
                 async move { ctx.run(metrics, stop).await }
@@ -395,6 +406,8 @@ pub struct ControllerPluginCtx {
     pub survey_interval: Duration,
     /// `--unpublish-unknown-attachments`.
     pub unpublish_unknown: bool,
+    /// The live contract monitor.
+    pub monitor: contract::Monitor,
 }
 
 /// The plugin has no channel (its endpoint could not be used).
@@ -427,6 +440,17 @@ impl ControllerPluginCtx {
     /// the access modes its calls carry follow it ([`moor::api::AccessMode::as_sent`]).
     pub fn multi_writer_cap(&self) -> bool {
         self.advertises(moor::api::ControllerRpc::SingleNodeMultiWriter)
+    }
+
+    /// Reports `breaches` of the plugin about `vol` to the contract monitor.
+    pub async fn breached(
+        &self,
+        vol: &Volume,
+        breaches: impl IntoIterator<Item = moor::csi::contract::Breach>,
+    ) {
+        self.monitor
+            .report(&self.plugin.id, &crate::common::object_ref(vol), breaches)
+            .await;
     }
 
     /// Records an event about a volume.

@@ -42,6 +42,57 @@ struct Inner {
     registered: watch::Sender<u64>,
 }
 
+/// What the node rules of the contract monitor need: the volumes this node has
+/// published (its journal), and the monitor.
+#[derive(Clone)]
+pub struct Published {
+    /// The node's journal.
+    pub local: Arc<tokio::sync::Mutex<moor::journal::Journal<super::state::LocalState>>>,
+    /// The monitor.
+    pub monitor: super::contract::Monitor,
+}
+
+impl Published {
+    /// The volumes of `plugin` published (or perhaps published) on this node.
+    async fn count(&self, plugin: &PluginId) -> usize {
+        let local = self.local.lock().await;
+        let volumes: std::collections::BTreeSet<_> = local
+            .publishes
+            .values()
+            .filter(|p| &p.plugin_id == plugin && p.step.needs_reverse())
+            .map(|p| &p.external_id)
+            .collect();
+        volumes.len()
+    }
+
+    /// Checks NodeGetInfo's answer `next` against `old` (the rules of
+    /// [`moor::csi::contract::node_info`]) and reports a breach on the Node.
+    async fn check(
+        &self,
+        plugin: &PluginId,
+        node: &ObjectRef,
+        old: &NodePluginStatus,
+        next: &NodePluginStatus,
+    ) {
+        let info = |s: &NodePluginStatus| moor::csi::contract::NodeInfo {
+            node_id: s
+                .csi_node_id
+                .as_ref()
+                .map(|i| i.to_string())
+                .unwrap_or_default(),
+            max_volumes: s.max_volumes_per_node.unwrap_or(0),
+        };
+        let (before, now) = (info(old), info(next));
+        if now.node_id.is_empty() {
+            return;
+        }
+        let published = self.count(plugin).await;
+        let before = (!before.node_id.is_empty()).then_some(&before);
+        let found = moor::csi::contract::node_info(before, &now, published);
+        self.monitor.report(plugin, node, found).await;
+    }
+}
+
 impl Supervisor {
     /// Starts a fingerprint task per plugin and the Node object's keeper in `tasks`.
     #[allow(clippy::too_many_arguments)]
@@ -50,6 +101,7 @@ impl Supervisor {
         node: NodeName,
         configs: &[PluginConfig],
         recorder: Recorder,
+        published: Published,
         interval: Duration,
         node_ttl: Duration,
         tasks: &mut tokio::task::JoinSet<()>,
@@ -83,15 +135,16 @@ impl Supervisor {
             }),
         };
         for cfg in configs {
-            let (sup, cfg, recorder, node, shutdown) = (
+            let (sup, cfg, recorder, node, shutdown, published) = (
                 sup.clone(),
                 cfg.clone(),
                 recorder.clone(),
                 node.clone(),
                 shutdown.clone(),
+                published.clone(),
             );
             tasks.spawn(async move {
-                sup.fingerprint_loop(cfg, node, recorder, interval, shutdown)
+                sup.fingerprint_loop(cfg, node, recorder, published, interval, shutdown)
                     .await
             });
         }
@@ -151,6 +204,7 @@ impl Supervisor {
         cfg: PluginConfig,
         node: NodeName,
         recorder: Recorder,
+        published: Published,
         interval: Duration,
         shutdown: CancellationToken,
     ) {
@@ -167,7 +221,7 @@ impl Supervisor {
                     Err(e) => Err(format!("the plugin's report is refused: {e}")),
                 })
                 .map_err(|message| printable_bounded(&message, MAX_PLUGIN_TEXT / 2));
-            let (was_healthy, now_healthy, message) = {
+            let (was_healthy, now_healthy, message, answered) = {
                 let mut all = self.inner.status.write().unwrap_or_else(|p| p.into_inner());
                 let old = all.get(&cfg.id).cloned().unwrap_or_default();
                 let mut next = match found {
@@ -190,14 +244,25 @@ impl Supervisor {
                     all.insert(cfg.id.clone(), next.clone());
                     self.inner.changed.send_modify(|n| *n += 1);
                 }
-                (old.healthy, next.healthy, next.health_message.clone())
+                // A new answer of a healthy plugin: the monitor's node rules.
+                let answered =
+                    (changed && next.healthy && cfg.is_node()).then(|| (old.clone(), next.clone()));
+                (
+                    old.healthy,
+                    next.healthy,
+                    next.health_message.clone(),
+                    answered,
+                )
             };
+            let object = ObjectRef {
+                kind: "Node".into(),
+                namespace: Namespace::default(),
+                name: Name::new(node.as_str()).unwrap_or_default(),
+            };
+            if let Some((old, next)) = answered {
+                published.check(&cfg.id, &object, &old, &next).await;
+            }
             if was_healthy != now_healthy {
-                let object = ObjectRef {
-                    kind: "Node".into(),
-                    namespace: Namespace::default(),
-                    name: Name::new(node.as_str()).unwrap_or_default(),
-                };
                 let details = crate::common::details([("plugin_id", cfg.id.to_string())]);
                 if now_healthy {
                     recorder

@@ -290,10 +290,21 @@ impl Snapshotter {
             .await?;
         }
         let req = requests::create_snapshot(snap, volume, &source)?;
+        let asked = v1::CreateSnapshotRequest {
+            secrets: Default::default(),
+            ..req.clone()
+        };
         let csi = self.ctx.csi()?;
         let answer = step
             .call(async { cut(STEP, csi.create_snapshot(req).await?.snapshot) })
             .await;
+        if let Ok(cut) = &answer {
+            let breach = moor::csi::contract::snapshot_created(&asked, cut);
+            self.ctx
+                .monitor
+                .report(&self.ctx.plugin.id, &object_ref(snap), breach)
+                .await;
+        }
         self.record(snap, STEP, answer).await
     }
 

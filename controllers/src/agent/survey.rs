@@ -158,6 +158,18 @@ impl Survey {
                 accessible_topology: (!t.is_empty()).then(|| moor::csi::convert::topology(&t)),
             };
             let r = csi.get_capacity(req).await?;
+            let breach = moor::csi::contract::capacity(r.available_capacity);
+            if breach.is_some() {
+                let plugin = ObjectRef {
+                    kind: "Plugin".into(),
+                    namespace: Default::default(),
+                    name: Name::new(self.ctx.plugin.id.as_str()).unwrap_or_default(),
+                };
+                self.ctx
+                    .monitor
+                    .report(&self.ctx.plugin.id, &plugin, breach)
+                    .await;
+            }
             let size = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).filter(|v| *v > 0);
             entries.push(CapacityEntry {
                 topology: t,
@@ -288,6 +300,11 @@ impl Survey {
                     let msg = format!("plugin {} does not list volume {ext}", self.ctx.plugin.id);
                     set.push((PRESENT, false, "MissingFromPlugin".into(), msg.clone()));
                     warn.push(("Volume missing", msg));
+                }
+                if missing_before.contains(&ext) && !vol.spec.is_registration() {
+                    // One it created for moor and was never asked to delete.
+                    let breach = moor::csi::contract::not_listed(&ext);
+                    self.ctx.breached(&vol, [breach]).await;
                 }
                 self.write(&vol, set, warn).await;
                 continue;

@@ -68,10 +68,42 @@ pub enum Command {
         #[serde(default)]
         message: String,
     },
+    /// Commit (or stop committing) a breach of the spec in every answer it concerns,
+    /// so that the contract monitor's tests have a plugin that lies.
+    Lie {
+        /// Which.
+        lie: Lie,
+        /// Start (true) or stop.
+        on: bool,
+    },
     /// Remove every fault and release every hang.
     Clear,
     /// Answer with the calls counted and the calls held, per RPC.
     Status,
+}
+
+/// A breach of a MUST of the spec the plugin can be told to commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lie {
+    /// CreateVolume answers a capacity below the required bytes (or above the limit).
+    Capacity,
+    /// CreateVolume answers an accessible topology outside the requisite asked.
+    Topology,
+    /// NodeGetInfo answers another node id.
+    NodeId,
+    /// NodeGetInfo answers max_volumes_per_node 1.
+    MaxVolumes,
+    /// ListVolumes lists nothing and ControllerGetVolume answers NOT_FOUND.
+    Unlisted,
+    /// CreateSnapshot answers a snapshot of another volume.
+    SnapshotSource,
+    /// ControllerExpandVolume and NodeExpandVolume answer less than the required bytes.
+    Expansion,
+    /// ValidateVolumeCapabilities confirms no capability (not those asked).
+    Validation,
+    /// GetCapacity answers -1 bytes.
+    NegativeCapacity,
 }
 
 /// What `Command::Status` answers.
@@ -95,6 +127,7 @@ struct Rules {
     hang: HashMap<String, Hang>,
     exit_at: HashMap<String, u32>,
     conditions: HashMap<String, (bool, String)>,
+    lies: std::collections::HashSet<Lie>,
     status: FaultStatus,
 }
 
@@ -171,10 +204,18 @@ impl Faults {
             } => {
                 r.conditions.insert(volume_id, (abnormal, message));
             }
+            Command::Lie { lie, on } => {
+                if on {
+                    r.lies.insert(lie);
+                } else {
+                    r.lies.remove(&lie);
+                }
+            }
             Command::Clear => {
                 for (_, h) in r.hang.drain() {
                     h.released.send_replace(true);
                 }
+                r.lies.clear();
                 r.fail.clear();
                 r.latency.clear();
                 r.exit_at.clear();
@@ -184,6 +225,11 @@ impl Faults {
             }
         }
         Ok(None)
+    }
+
+    /// Whether the plugin is told to commit `lie`.
+    pub fn lies(&self, lie: Lie) -> bool {
+        self.rules().lies.contains(&lie)
     }
 
     /// The condition set for a volume (normal unless set).

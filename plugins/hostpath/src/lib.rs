@@ -291,6 +291,11 @@ impl Plugin {
         &self.inner.cfg
     }
 
+    /// Whether the plugin is told to commit `lie` (a fault for the contract monitor).
+    fn lies(&self, lie: faults::Lie) -> bool {
+        self.inner.faults.lies(lie)
+    }
+
     /// Runs one RPC: faults first, then the operation, then the log line.
     async fn call<T: Logged>(
         &self,

@@ -517,10 +517,11 @@ impl Node for Plugin {
             self.volume_at(&req.volume_id, &req.volume_path, true)
                 .await?;
             // A directory needs no filesystem resize.
+            let short = i64::from(self.lies(crate::faults::Lie::Expansion));
             Ok(NodeExpandVolumeResponse {
                 capacity_bytes: req
                     .capacity_range
-                    .map(|r| r.required_bytes)
+                    .map(|r| r.required_bytes - short)
                     .unwrap_or_default(),
             })
         })
@@ -566,9 +567,18 @@ impl Node for Plugin {
         _: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
         self.call(Call::new("NodeGetInfo"), async {
+            use crate::faults::Lie;
             Ok(NodeGetInfoResponse {
-                node_id: self.cfg().node_id.clone(),
-                max_volumes_per_node: self.cfg().max_volumes_per_node,
+                node_id: if self.lies(Lie::NodeId) {
+                    format!("{}-other", self.cfg().node_id)
+                } else {
+                    self.cfg().node_id.clone()
+                },
+                max_volumes_per_node: if self.lies(Lie::MaxVolumes) {
+                    1
+                } else {
+                    self.cfg().max_volumes_per_node
+                },
                 accessible_topology: (!self.inner.topology.is_empty()).then(|| Topology {
                     segments: self.inner.topology.clone(),
                 }),

@@ -121,6 +121,8 @@ pub struct NodeReconciler {
     pub supervisor: Supervisor,
     /// What was staged and published, journalled in the agent's data dir.
     pub local: Arc<Mutex<Journal<LocalState>>>,
+    /// The live contract monitor (NodeExpandVolume's answers).
+    pub monitor: crate::agent::contract::Monitor,
     /// One node call per volume at a time.
     pub locks: KeyedLocks,
     /// CSI call policy.

@@ -314,9 +314,11 @@ impl Provisioner {
             })
             .await?;
         let csi = self.ctx.csi()?;
+        let asked = asked(&req);
         match step.call(csi.create_volume(req)).await {
             Ok(resp) => {
                 let created = created_volume(resp)?;
+                self.check_created(vol, &asked, &created).await;
                 let ext = ExternalVolumeId::new(created.volume_id.clone())
                     .map_err(|_| ProvisionError::NoVolume)?;
                 self.ctx
@@ -403,8 +405,13 @@ impl Provisioner {
                 Err(after) => return Ok(Action::Requeue(after)),
             };
             let req = self.create_request(vol)?;
+            let asked = asked(&req);
             match step.call(self.ctx.csi()?.create_volume(req)).await {
-                Ok(resp) => ext = ExternalVolumeId::new(created_volume(resp)?.volume_id).ok(),
+                Ok(resp) => {
+                    let created = created_volume(resp)?;
+                    self.check_created(vol, &asked, &created).await;
+                    ext = ExternalVolumeId::new(created.volume_id).ok();
+                }
                 Err(failed) => return self.delete_failed(vol, failed).await,
             }
         }
@@ -418,6 +425,9 @@ impl Provisioner {
                 return self.delete_failed(vol, failed).await;
             }
             self.ctx.steps.forget(&key);
+            self.ctx
+                .monitor
+                .forget_created(&self.ctx.plugin.id, &vol.metadata.uid);
             self.event(
                 vol,
                 "Volume deleted",
@@ -448,6 +458,21 @@ impl Provisioner {
 
     /// A step of the deletion failed: shown on the status (its step, attempts and next
     /// retry) and in a Warning; looked at again when its schedule says.
+    /// The contract monitor's CreateVolume rules on an answer.
+    async fn check_created(
+        &self,
+        vol: &Volume,
+        asked: &v1::CreateVolumeRequest,
+        created: &v1::Volume,
+    ) {
+        let earlier =
+            self.ctx
+                .monitor
+                .earlier_id(&self.ctx.plugin.id, &asked.name, &created.volume_id);
+        let found = moor::csi::contract::create_volume(asked, created, earlier.as_deref());
+        self.ctx.breached(vol, found).await;
+    }
+
     async fn delete_failed(&self, vol: &Volume, failed: Failed) -> Result<Action, ProvisionError> {
         self.ctx
             .writer
@@ -472,6 +497,15 @@ impl Provisioner {
 }
 
 /// The volume a CreateVolume answer names; an answer without one is a plugin's lie.
+/// What the contract monitor compares a CreateVolume answer with: the request without
+/// its secrets.
+fn asked(req: &v1::CreateVolumeRequest) -> v1::CreateVolumeRequest {
+    v1::CreateVolumeRequest {
+        secrets: Default::default(),
+        ..req.clone()
+    }
+}
+
 fn created_volume(resp: v1::CreateVolumeResponse) -> Result<v1::Volume, ProvisionError> {
     resp.volume
         .filter(|v| !v.volume_id.is_empty())

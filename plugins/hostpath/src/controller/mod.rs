@@ -427,8 +427,9 @@ impl Controller for Plugin {
                 .inner
                 .capacity
                 .saturating_sub(self.read(|st| st.used_capacity()).await);
+            let negative = self.lies(crate::faults::Lie::NegativeCapacity);
             Ok(GetCapacityResponse {
-                available_capacity: available.max(0),
+                available_capacity: if negative { -1 } else { available.max(0) },
                 maximum_volume_size: Some(available.max(0)),
                 minimum_volume_size: None,
             })

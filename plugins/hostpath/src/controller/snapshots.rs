@@ -45,8 +45,12 @@ impl Plugin {
                     Plugin::cut(&dir, st, &req.source_volume_id, &req.name, None)
                 })
                 .await?;
+            let mut snapshot = self.read_snapshot(&snap);
+            if self.lies(crate::faults::Lie::SnapshotSource) {
+                snapshot.source_volume_id = format!("{}-other", snapshot.source_volume_id);
+            }
             Ok(CreateSnapshotResponse {
-                snapshot: Some(self.read_snapshot(&snap)),
+                snapshot: Some(snapshot),
             })
         })
         .await

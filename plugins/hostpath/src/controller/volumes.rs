@@ -3,6 +3,7 @@
 //! validated, listed (paged), read, expanded, modified and deleted.
 
 use super::*;
+use crate::faults::Lie;
 
 impl Plugin {
     pub(crate) async fn create_volume_rpc(
@@ -122,8 +123,21 @@ impl Plugin {
                     Ok(rec)
                 })
                 .await?;
+            let mut volume = self.volume_message(&vol);
+            if self.lies(Lie::Capacity) {
+                volume.capacity_bytes = match &req.capacity_range {
+                    Some(r) if r.required_bytes > 1 => r.required_bytes / 2,
+                    Some(r) if r.limit_bytes > 0 => r.limit_bytes.saturating_mul(2),
+                    _ => volume.capacity_bytes,
+                };
+            }
+            if self.lies(Lie::Topology) {
+                volume.accessible_topology = vec![moor_csi::v1::Topology {
+                    segments: [("lie".to_string(), "elsewhere".to_string())].into(),
+                }];
+            }
             Ok(CreateVolumeResponse {
-                volume: Some(self.volume_message(&vol)),
+                volume: Some(volume),
             })
         })
         .await
@@ -213,10 +227,15 @@ impl Plugin {
                     });
                 }
             }
+            let confirmed_caps = if self.lies(Lie::Validation) {
+                Vec::new()
+            } else {
+                req.volume_capabilities.clone()
+            };
             Ok(ValidateVolumeCapabilitiesResponse {
                 confirmed: Some(validate_volume_capabilities_response::Confirmed {
                     volume_context: req.volume_context.clone(),
-                    volume_capabilities: req.volume_capabilities.clone(),
+                    volume_capabilities: confirmed_caps,
                     parameters: req.parameters.clone(),
                     mutable_parameters: Default::default(),
                 }),
@@ -235,7 +254,11 @@ impl Plugin {
             if !self.cfg().list_volumes {
                 return Err(Status::unimplemented("LIST_VOLUMES is not advertised"));
             }
-            let all: Vec<VolumeRec> = self.read(|st| st.volumes.values().cloned().collect()).await;
+            let mut all: Vec<VolumeRec> =
+                self.read(|st| st.volumes.values().cloned().collect()).await;
+            if self.lies(Lie::Unlisted) {
+                all.clear();
+            }
             let (items, next_token) = page(&all, req.max_entries, &req.starting_token)?;
             Ok(ListVolumesResponse {
                 entries: items
@@ -297,7 +320,11 @@ impl Plugin {
                 })
                 .await?;
             Ok(ControllerExpandVolumeResponse {
-                capacity_bytes: capacity,
+                capacity_bytes: if self.lies(Lie::Expansion) {
+                    range.required_bytes - 1
+                } else {
+                    capacity
+                },
                 node_expansion_required: self.cfg().node_expansion_required,
             })
         })
@@ -318,6 +345,7 @@ impl Plugin {
             let vol = self
                 .read(|st| st.volumes.get(&req.volume_id).cloned())
                 .await
+                .filter(|_| !self.lies(Lie::Unlisted))
                 .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))?;
             Ok(ControllerGetVolumeResponse {
                 volume: Some(self.volume_message(&vol)),
