@@ -1681,13 +1681,37 @@ async fn a_volume_detached_behind_moor_s_back_is_published_again() {
         }
     })
     .await;
+    // The plugin attached it again as another device (its publish_context names
+    // it): the node stages and publishes v1 again with the new context, which the
+    // plugin checks (a stale one is FAILED_PRECONDITION), and leaves v2 alone.
+    let n2 = c.node("n2");
+    c.wait("v1 staged again", T, || async move {
+        n2.count("NodeStageVolume", "OK") == 3 && n2.count("NodePublishVolume", "OK") == 3
+    })
+    .await;
     c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    let n2 = c.node("n2");
+    assert_eq!(n2.count("NodeStageVolume", "FailedPrecondition"), 0);
+    assert_eq!(n2.count("NodePublishVolume", "FailedPrecondition"), 0);
+    assert_eq!(
+        (
+            n2.tried("NodeUnpublishVolume"),
+            n2.tried("NodeUnstageVolume")
+        ),
+        (1, 1),
+        "v1's old stage and publish torn down, once"
+    );
+    if cluster::can_mount() {
+        // The workload's next write lands in the volume.
+        let target = mount(&c, "a1", "n2").await.unwrap().spec.target_path;
+        std::fs::write(std::path::Path::new(&target).join("after.txt"), "ok").unwrap();
+    }
     // moor unpublished nothing (the one call is the test's), and a listed attachment
     // is left alone: no third publish over a few more passes.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(c.node("n1").tried("ControllerUnpublishVolume"), 1);
     assert_eq!(publishes(), 3);
-    assert_eq!(c.node("n2").tried("NodeUnpublishVolume"), 0);
+    assert_eq!(c.node("n2").tried("NodeStageVolume"), 3);
     // (No call-log check: the test's own unpublish breaks invariant 3 on purpose, as a
     // console detaching a volume in use would.)
 }

@@ -51,6 +51,9 @@ pub struct StageRecord {
     /// needs no ControllerPublish (or the record predates grants naming one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attachment: Option<String>,
+    /// The publish_context it was staged with (none in a record that predates it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_context: Option<StrMap>,
 }
 
 /// One claim's publish, and where.
@@ -85,6 +88,10 @@ pub struct PublishRecord {
     /// [`StageRecord::attachment`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attachment: Option<String>,
+    /// The publish_context it was published with (see
+    /// [`StageRecord::publish_context`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_context: Option<StrMap>,
 }
 
 /// Whether what was done under `done_under` (a record's attachment) stands on the
@@ -92,6 +99,16 @@ pub struct PublishRecord {
 /// where no ControllerPublish is needed, or before grants named their attachment).
 pub fn same_grant(done_under: Option<&str>, granted: Option<&str>) -> bool {
     done_under.is_none() || done_under == granted
+}
+
+/// Whether what a record did (under attachment `attachment`, with publish_context
+/// `context`) stands on `claim`'s current grant: the same attachment ([`same_grant`])
+/// with the same publish_context, where the record kept it. A volume published again
+/// with another context (the survey re-publishes one detached behind moor's back) is
+/// staged and published again with it, as a withdrawn grant's work is redone.
+pub fn on_grant(attachment: Option<&str>, context: Option<&StrMap>, claim: &Claim) -> bool {
+    same_grant(attachment, claim.spec.attachment.as_deref())
+        && context.is_none_or(|c| *c == claim.spec.publish_context)
 }
 
 /// Everything the agent did on its node.
@@ -191,6 +208,7 @@ mod tests {
             released,
             expanded_bytes: None,
             attachment: None,
+            publish_context: None,
         }
     }
 

@@ -28,13 +28,25 @@ pub(crate) fn file_name(node_id: &str) -> String {
     out
 }
 
-/// Records (`attached`) or removes the marker of `node_id` for the volume at `volume_path`.
-pub fn set(volume_path: &Path, node_id: &str, attached: bool) -> std::io::Result<()> {
+/// A device name for a new attachment: another each time a volume is attached, as a
+/// real attach may bring the disk up under another device path, so the publish_context
+/// that names it changes and a node holding the old one must stage again.
+pub fn new_device() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("dev-{nanos:x}")
+}
+
+/// Records the marker of `node_id` for the volume at `volume_path`, naming the device
+/// it appeared as (`Some`), or removes it (`None`).
+pub fn set(volume_path: &Path, node_id: &str, device: Option<&str>) -> std::io::Result<()> {
     let d = dir(volume_path);
     let f = d.join(file_name(node_id));
-    if attached {
+    if let Some(device) = device {
         std::fs::create_dir_all(&d)?;
-        std::fs::write(f, b"")
+        std::fs::write(f, device.as_bytes())
     } else {
         match std::fs::remove_file(f) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -52,6 +64,14 @@ pub fn is_set(volume_path: &Path, node_id: &str) -> bool {
     dir(volume_path).join(file_name(node_id)).exists()
 }
 
+/// The device the volume at `volume_path` appeared as on `node_id` (none when it is
+/// not attached there, or was attached by an earlier version that named none).
+pub fn device(volume_path: &Path, node_id: &str) -> Option<String> {
+    std::fs::read_to_string(dir(volume_path).join(file_name(node_id)))
+        .ok()
+        .filter(|d| !d.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,16 +81,18 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let vol = t.path().join("vol-1");
         std::fs::create_dir_all(&vol).unwrap();
-        set(&vol, "../n/1", true).unwrap();
+        set(&vol, "../n/1", Some("dev-1")).unwrap();
         assert!(is_set(&vol, "../n/1"));
+        assert_eq!(device(&vol, "../n/1").as_deref(), Some("dev-1"));
+        assert_eq!(device(&vol, "n1"), None);
         assert!(!is_set(&vol, "n1"));
         assert_eq!(
             std::fs::read_dir(t.path()).unwrap().count(),
             2,
             "only beside the volume"
         );
-        set(&vol, "../n/1", false).unwrap();
+        set(&vol, "../n/1", None).unwrap();
         assert!(!is_set(&vol, "../n/1"));
-        set(&vol, "../n/1", false).unwrap();
+        set(&vol, "../n/1", None).unwrap();
     }
 }

@@ -127,6 +127,17 @@ impl Plugin {
                 "volume {volume_id} is not controller-published to node {me}"
             )));
         }
+        // The device it is attached as now: a publish_context of an earlier attachment
+        // names a device that is gone.
+        let now = crate::attach_marker::device(volume_dir, me);
+        if let (Some(asked), Some(now)) = (publish_context.get("device"), now) {
+            if *asked != now {
+                return Err(Status::failed_precondition(format!(
+                    "volume {volume_id} is attached to node {me} as {now}, not {asked}: the \
+                     publish_context is of an earlier attachment"
+                )));
+            }
+        }
         Ok(())
     }
 

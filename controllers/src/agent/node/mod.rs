@@ -42,7 +42,7 @@ mod stats;
 use mount::claim_ref;
 
 use super::plugins::Supervisor;
-use super::state::{same_grant, LocalState, PublishRecord, StageRecord, Step};
+use super::state::{on_grant, LocalState, PublishRecord, StageRecord, Step};
 use super::PluginConfig;
 use crate::common::{details, KeyedLocks};
 use moor::runtime::writer::Writer;

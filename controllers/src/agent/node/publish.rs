@@ -55,6 +55,7 @@ fn new_record(
         released: false,
         expanded_bytes: None,
         attachment: claim.spec.attachment.clone(),
+        publish_context: Some(claim.spec.publish_context.clone()),
     }
 }
 
@@ -197,7 +198,7 @@ impl Reconcile {
         let local = self.r.local.lock().await;
         let stage = rec.staging_path.as_ref().and_then(|p| local.stages.get(p));
         let stage_current = stage.is_none_or(|st| {
-            same_grant(st.attachment.as_deref(), claim.spec.attachment.as_deref())
+            on_grant(st.attachment.as_deref(), st.publish_context.as_ref(), claim)
         });
         // Who else uses the staging path matters only for a stage of an earlier grant
         // (the scan of the node's records stays off the common path).
@@ -364,6 +365,7 @@ impl Reconcile {
             external_id: v.volume_id.clone(),
             step: Step::Uncertain,
             attachment: claim.spec.attachment.clone(),
+            publish_context: Some(claim.spec.publish_context.clone()),
         };
         let req = requests::node_stage(v, &path_str(&plugin_path(cfg, staging)));
         let csi = self.csi(cfg)?;
@@ -403,7 +405,11 @@ impl Reconcile {
         claim: &Claim,
         rec: PublishRecord,
     ) -> Result<Option<PublishRecord>, NodeError> {
-        let current = same_grant(rec.attachment.as_deref(), claim.spec.attachment.as_deref());
+        let current = on_grant(
+            rec.attachment.as_deref(),
+            rec.publish_context.as_ref(),
+            claim,
+        );
         if current {
             return Ok(Some(rec));
         }

@@ -103,7 +103,11 @@ impl Reconcile {
             return Ok(false);
         };
         let same_claim = claim.metadata.uid == rec.claim_uid;
-        let on_grant = same_grant(rec.attachment.as_deref(), claim.spec.attachment.as_deref());
+        let on_grant = on_grant(
+            rec.attachment.as_deref(),
+            rec.publish_context.as_ref(),
+            &claim,
+        );
         if self.r.supervisor.registration() == 0 || !plan::measurable(&claim, same_claim, on_grant)
         {
             return Ok(false);

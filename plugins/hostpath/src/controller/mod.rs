@@ -311,55 +311,62 @@ impl Controller for Plugin {
                 return Err(Status::not_found(format!("node {} not found", req.node_id)));
             }
             let max = self.cfg().max_volumes_per_node;
-            self.mutate(|st| {
-                // Counted only when limited: a scan of every volume per call.
-                let on_node = || {
-                    st.volumes
-                        .values()
-                        .filter(|v| v.published.contains_key(&req.node_id))
-                        .count() as i64
-                };
-                let on_node = if max > 0 { on_node() } else { 0 };
-                let vol = st.volumes.get_mut(&req.volume_id).ok_or_else(|| {
-                    Status::not_found(format!("volume {} not found", req.volume_id))
-                })?;
-                match vol.published.get(&req.node_id) {
-                    Some(ro) if *ro == req.readonly => return Ok(()),
-                    Some(_) => {
-                        return Err(Status::already_exists(
-                            "already published to this node with another readonly flag",
-                        ))
+            let device = self
+                .mutate(|st| {
+                    // Counted only when limited: a scan of every volume per call.
+                    let on_node = || {
+                        st.volumes
+                            .values()
+                            .filter(|v| v.published.contains_key(&req.node_id))
+                            .count() as i64
+                    };
+                    let on_node = if max > 0 { on_node() } else { 0 };
+                    let vol = st.volumes.get_mut(&req.volume_id).ok_or_else(|| {
+                        Status::not_found(format!("volume {} not found", req.volume_id))
+                    })?;
+                    match vol.published.get(&req.node_id) {
+                        Some(ro) if *ro == req.readonly => {
+                            return Ok(crate::attach_marker::device(&vol.path, &req.node_id))
+                        }
+                        Some(_) => {
+                            return Err(Status::already_exists(
+                                "already published to this node with another readonly flag",
+                            ))
+                        }
+                        None => {}
                     }
-                    None => {}
-                }
-                if is_single_node(mode) {
-                    if let Some(other) = vol.published.keys().next() {
-                        return Err(Status::failed_precondition(format!(
-                            "single-node volume {} is published to node {other}",
-                            vol.id
+                    if is_single_node(mode) {
+                        if let Some(other) = vol.published.keys().next() {
+                            return Err(Status::failed_precondition(format!(
+                                "single-node volume {} is published to node {other}",
+                                vol.id
+                            )));
+                        }
+                    }
+                    if max > 0 && on_node >= max {
+                        return Err(Status::resource_exhausted(format!(
+                            "node {} already has {on_node} volumes (max {max})",
+                            req.node_id
                         )));
                     }
-                }
-                if max > 0 && on_node >= max {
-                    return Err(Status::resource_exhausted(format!(
-                        "node {} already has {on_node} volumes (max {max})",
-                        req.node_id
-                    )));
-                }
-                vol.published.insert(req.node_id.clone(), req.readonly);
-                // What a node instance sees of the attachment (a device appearing).
-                crate::attach_marker::set(&vol.path, &req.node_id, true)
-                    .map_err(|e| Status::internal(format!("recording the attachment: {e}")))?;
-                Ok(())
-            })
-            .await?;
-            Ok(ControllerPublishVolumeResponse {
-                publish_context: [
-                    ("attached_to".to_string(), req.node_id.clone()),
-                    ("readonly".to_string(), req.readonly.to_string()),
-                ]
-                .into(),
-            })
+                    vol.published.insert(req.node_id.clone(), req.readonly);
+                    // What a node instance sees of the attachment (a device appearing,
+                    // under a name of its own each time it is attached).
+                    let device = crate::attach_marker::new_device();
+                    crate::attach_marker::set(&vol.path, &req.node_id, Some(&device))
+                        .map_err(|e| Status::internal(format!("recording the attachment: {e}")))?;
+                    Ok(Some(device))
+                })
+                .await?;
+            let mut publish_context: BTreeMap<String, String> = [
+                ("attached_to".to_string(), req.node_id.clone()),
+                ("readonly".to_string(), req.readonly.to_string()),
+            ]
+            .into();
+            if let Some(device) = device {
+                publish_context.insert("device".to_string(), device);
+            }
+            Ok(ControllerPublishVolumeResponse { publish_context })
         })
         .await
     }
@@ -391,7 +398,7 @@ impl Controller for Plugin {
                     };
                     for node in nodes {
                         vol.published.remove(&node);
-                        crate::attach_marker::set(&vol.path, &node, false).map_err(|e| {
+                        crate::attach_marker::set(&vol.path, &node, None).map_err(|e| {
                             Status::internal(format!("removing the attachment: {e}"))
                         })?;
                     }
