@@ -76,6 +76,60 @@ pub fn controller_unpublish_of(
     })
 }
 
+/// The content a volume is created from, by the plugin's ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentSource {
+    /// A snapshot's id.
+    Snapshot(String),
+    /// A volume's id.
+    Volume(String),
+}
+
+/// CreateVolume of a volume: named by its uid (so the call is idempotent across
+/// renames and a name made again is another volume), its capacity range (none when
+/// neither bound is set), every capability it offers as sent to a controller that
+/// advertises SINGLE_NODE_MULTI_WRITER or not ([`volume_capabilities`]), parameters,
+/// mutable parameters, secrets, content source and topology request.
+pub fn create_volume(
+    volume: &Volume,
+    source: Option<ContentSource>,
+    multi_writer_cap: bool,
+) -> Result<v1::CreateVolumeRequest, SealedSecrets> {
+    use v1::volume_content_source::{SnapshotSource, Type, VolumeSource};
+    let spec = &volume.spec;
+    let bytes = |s: Option<crate::api::Size>| {
+        s.map(|s| i64::try_from(s.0).unwrap_or(i64::MAX))
+            .unwrap_or_default()
+    };
+    Ok(v1::CreateVolumeRequest {
+        name: volume.metadata.uid.clone(),
+        capacity_range: (spec.capacity_min.is_some() || spec.capacity_max.is_some()).then(|| {
+            v1::CapacityRange {
+                required_bytes: bytes(spec.capacity_min),
+                limit_bytes: bytes(spec.capacity_max),
+            }
+        }),
+        volume_capabilities: volume_capabilities(spec, multi_writer_cap),
+        parameters: (*spec.parameters).clone(),
+        secrets: spec.secrets.expose()?.clone(),
+        volume_content_source: source.map(|s| v1::VolumeContentSource {
+            r#type: Some(match s {
+                ContentSource::Snapshot(snapshot_id) => {
+                    Type::Snapshot(SnapshotSource { snapshot_id })
+                }
+                ContentSource::Volume(volume_id) => Type::Volume(VolumeSource { volume_id }),
+            }),
+        }),
+        accessibility_requirements: spec.topology_request.as_ref().map(|t| {
+            v1::TopologyRequirement {
+                requisite: t.required.iter().map(convert::topology).collect(),
+                preferred: t.preferred.iter().map(convert::topology).collect(),
+            }
+        }),
+        mutable_parameters: (*spec.mutable_parameters).clone(),
+    })
+}
+
 /// Every capability a volume offers, as CreateVolume and ValidateVolumeCapabilities
 /// carry them (with its mount options) to a controller service that advertises
 /// SINGLE_NODE_MULTI_WRITER or not (`multi_writer_cap`): what the volume will be
@@ -431,6 +485,58 @@ mod tests {
         assert_eq!(err.key_id, "k9");
         let att = attachment();
         assert!(controller_unpublish(&att, Some(&sealed)).is_err());
+    }
+
+    #[test]
+    fn create_volume_carries_every_field_the_spec_defines() {
+        let mut v = volume();
+        v.metadata.uid = "uid-7".into();
+        v.spec.capabilities = vec![VolumeCapability {
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+        }];
+        v.spec.capacity_min = Some(Size(1 << 20));
+        v.spec.parameters = BTreeMap::from([("tier".to_string(), "gold".to_string())]).into();
+        v.spec.mutable_parameters =
+            BTreeMap::from([("iops".to_string(), "300".to_string())]).into();
+        v.spec.topology_request = Some(Box::new(TopologyRequest {
+            required: vec![[("zone".to_string(), "a".to_string())].into()],
+            preferred: vec![],
+        }));
+        let r = create_volume(&v, Some(ContentSource::Snapshot("snap-1".into())), true).unwrap();
+        assert_eq!(r.name, "uid-7", "named by its uid");
+        let range = r.capacity_range.expect("a range");
+        assert_eq!((range.required_bytes, range.limit_bytes), (1 << 20, 0));
+        assert_eq!(r.parameters["tier"], "gold");
+        assert_eq!(r.mutable_parameters["iops"], "300");
+        assert_eq!(r.secrets.get("k").map(String::as_str), Some("s"));
+        assert_eq!(
+            r.volume_capabilities
+                .iter()
+                .filter_map(|c| c.access_mode.as_ref().map(|m| m.mode))
+                .collect::<Vec<_>>(),
+            [v1::volume_capability::access_mode::Mode::SingleNodeMultiWriter as i32]
+        );
+        match r.volume_content_source.and_then(|s| s.r#type) {
+            Some(v1::volume_content_source::Type::Snapshot(s)) => {
+                assert_eq!(s.snapshot_id, "snap-1")
+            }
+            other => panic!("a snapshot source expected, got {other:?}"),
+        }
+        let t = r.accessibility_requirements.expect("topology");
+        assert_eq!(t.requisite.len(), 1);
+        assert_eq!(t.requisite[0].segments["zone"], "a");
+        // From a volume; no bounds, no range.
+        v.spec.capacity_min = None;
+        let r = create_volume(&v, Some(ContentSource::Volume("vol-0".into())), false).unwrap();
+        assert!(r.capacity_range.is_none());
+        assert!(matches!(
+            r.volume_content_source.and_then(|s| s.r#type),
+            Some(v1::volume_content_source::Type::Volume(ref s)) if s.volume_id == "vol-0"
+        ));
+        // Sealed secrets this process cannot open: no request.
+        v.spec.secrets = Secrets::sealed_text("moor:sealed:v1:k9:AAAA".into()).into();
+        assert!(create_volume(&v, None, false).is_err());
     }
 
     #[test]

@@ -15,7 +15,7 @@
 
 use moor::api::*;
 use moor::csi::policy::CsiError;
-use moor::csi::{convert, requests, v1};
+use moor::csi::{requests, v1};
 use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
@@ -58,14 +58,6 @@ pub enum ProvisionError {
     /// The plugin answered without a volume.
     #[error("CreateVolume answered without a volume id")]
     NoVolume,
-}
-
-fn snapshot_source(snapshot_id: String) -> v1::VolumeContentSource {
-    v1::VolumeContentSource {
-        r#type: Some(v1::volume_content_source::Type::Snapshot(
-            v1::volume_content_source::SnapshotSource { snapshot_id },
-        )),
-    }
 }
 
 impl ReconcileError for ProvisionError {
@@ -216,18 +208,14 @@ impl Provisioner {
         ))
     }
 
+    /// CreateVolume of `vol`, its content source resolved to the plugin's id of the
+    /// snapshot or volume it names (not ready yet: an error that means wait).
     fn create_request(&self, vol: &Volume) -> Result<v1::CreateVolumeRequest, ProvisionError> {
-        let spec = &vol.spec;
-        let capacity_range =
-            (spec.capacity_min.is_some() || spec.capacity_max.is_some()).then(|| {
-                v1::CapacityRange {
-                    required_bytes: spec.capacity_min.map(|s| s.0 as i64).unwrap_or_default(),
-                    limit_bytes: spec.capacity_max.map(|s| s.0 as i64).unwrap_or_default(),
-                }
-            });
-        let source = match &spec.source {
+        let source = match &vol.spec.source {
             None => None,
-            Some(VolumeSource::ExternalSnapshotId(id)) => Some(snapshot_source(id.clone())),
+            Some(VolumeSource::ExternalSnapshotId(id)) => {
+                Some(requests::ContentSource::Snapshot(id.clone()))
+            }
             Some(VolumeSource::Snapshot(name)) => {
                 let id = self
                     .snapshots
@@ -236,7 +224,7 @@ impl Provisioner {
                     .filter(|s| s.status.ready_to_use && !s.is_deleting())
                     .and_then(|s| s.status.snapshot_id.clone())
                     .ok_or_else(|| ProvisionError::SnapshotNotReady(name.clone()))?;
-                Some(snapshot_source(id))
+                Some(requests::ContentSource::Snapshot(id))
             }
             Some(VolumeSource::Volume(id)) => {
                 let src = self
@@ -245,30 +233,14 @@ impl Provisioner {
                     .get(&Volume::key_for(&vol.metadata.namespace, id))
                     .and_then(|v| v.status.provisioning.external_id.clone())
                     .ok_or_else(|| ProvisionError::SourceNotReady(id.clone()))?;
-                Some(v1::VolumeContentSource {
-                    r#type: Some(v1::volume_content_source::Type::Volume(
-                        v1::volume_content_source::VolumeSource {
-                            volume_id: src.to_string(),
-                        },
-                    )),
-                })
+                Some(requests::ContentSource::Volume(src.to_string()))
             }
         };
-        Ok(v1::CreateVolumeRequest {
-            name: vol.metadata.uid.clone(),
-            capacity_range,
-            volume_capabilities: requests::volume_capabilities(spec, self.ctx.multi_writer_cap()),
-            parameters: (*spec.parameters).clone(),
-            secrets: spec.secrets.expose()?.clone(),
-            volume_content_source: source,
-            accessibility_requirements: spec.topology_request.as_ref().map(|t| {
-                v1::TopologyRequirement {
-                    requisite: t.required.iter().map(convert::topology).collect(),
-                    preferred: t.preferred.iter().map(convert::topology).collect(),
-                }
-            }),
-            mutable_parameters: (*spec.mutable_parameters).clone(),
-        })
+        Ok(requests::create_volume(
+            vol,
+            source,
+            self.ctx.multi_writer_cap(),
+        )?)
     }
 
     /// CreateVolume again (idempotent by name), outside the step's schedule: to learn
