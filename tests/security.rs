@@ -471,16 +471,24 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
     let keys = Some(s.cluster_keys.as_path());
     let _controller = s.controller("controller", &[]);
     let mut procs = Vec::new();
-    for (node, mode, user_keys) in [
-        ("n1", "monolith", s.cluster_keys.clone()),
-        ("n2", "node", s.n2_keys.clone()),
+    // n1's survey unpublishes attachments it does not know (issue 40: with the
+    // volume's secrets, opened).
+    let survey = ["--survey-interval=1s", "--unpublish-unknown-attachments"].map(String::from);
+    for (node, mode, user_keys, extra) in [
+        ("n1", "monolith", s.cluster_keys.clone(), &survey[..]),
+        ("n2", "node", s.n2_keys.clone(), &[][..]),
     ] {
-        procs.extend(s.node(node, mode, &user_keys));
+        procs.extend(s.node_with(node, mode, &user_keys, extra));
     }
     let manifest = s.tmp.path().join("app.yaml");
+    let volume = |name: &str| {
+        format!(
+            "apiVersion: moor/v1\nkind: Volume\nmetadata: {{name: {name}}}\nspec:\n  plugin_id: hostpath.moor.dev\n  capacity_min: 1MiB\n  secrets: {{token: s3cret}}\n  capabilities:\n    - {{access_mode: single-node-writer, attachment_mode: file-system}}\n---\n"
+        )
+    };
     std::fs::write(
         &manifest,
-        "apiVersion: moor/v1\nkind: Volume\nmetadata: {name: v1}\nspec:\n  plugin_id: hostpath.moor.dev\n  capacity_min: 1MiB\n  secrets: {token: s3cret}\n  capabilities:\n    - {access_mode: single-node-writer, attachment_mode: file-system}\n---\n\
+        volume("v1") + &volume("vx") + "\
          apiVersion: moor/v1\nkind: Allocation\nmetadata: {name: a1}\nspec:\n  node: n2\n  volumes:\n    - {name: data, volume: v1}\n",
     )
     .unwrap();
@@ -547,6 +555,68 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
                 .iter()
                 .any(|c| c.rpc == "ControllerPublishVolume" && c.secret_keys == ["token"]),
         "{calls:?}"
+    );
+
+    // vx published to n2 behind moor's back: n1's survey finds the attachment it does
+    // not hold and unpublishes it with vx's secrets, opened with the cluster's key.
+    let vx_key = Volume::key_for(&Namespace::default_ns(), "vx");
+    wait_for("vx created", T, || {
+        let (store, key) = (store.clone(), vx_key.clone());
+        async move {
+            store
+                .try_get(&key)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|v| v.status.provisioning.external_id.is_some())
+        }
+    })
+    .await;
+    let vx = store.get(&vx_key).await.unwrap();
+    let vx_id = vx.status.provisioning.external_id.unwrap().to_string();
+    let channel = moor::csi::channel(&format!(
+        "unix://{}",
+        s.tmp.path().join("n1/csi.sock").display()
+    ))
+    .unwrap();
+    moor::csi::v1::controller_client::ControllerClient::new(channel)
+        .controller_publish_volume(moor::csi::v1::ControllerPublishVolumeRequest {
+            volume_id: vx_id.clone(),
+            node_id: "csi-n2".into(),
+            volume_capability: Some(moor::csi::convert::capability(
+                VolumeCapability {
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: AttachmentMode::FileSystem,
+                },
+                &Default::default(),
+            )),
+            secrets: [("token".to_string(), "s3cret".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let n1_calls = s.tmp.path().join("n1/plugin/calls.jsonl");
+    let unpublished = |calls: &[moor_hostpath::calllog::Call]| {
+        calls
+            .iter()
+            .filter(|c| {
+                c.rpc == "ControllerUnpublishVolume"
+                    && c.volume_id.as_deref() == Some(vx_id.as_str())
+            })
+            .map(|c| c.secret_keys.clone())
+            .collect::<Vec<_>>()
+    };
+    wait_for("the survey's unpublish of vx", T, || {
+        let calls = moor_hostpath::calllog::CallLog::read(&n1_calls).unwrap_or_default();
+        let made = !unpublished(&calls).is_empty();
+        async move { made }
+    })
+    .await;
+    let calls = moor_hostpath::calllog::CallLog::read(&n1_calls).unwrap_or_default();
+    assert!(
+        unpublished(&calls).iter().all(|keys| keys == &["token"]),
+        "{:?}",
+        unpublished(&calls)
     );
 
     // moorctl shows secrets only to a key holder.
