@@ -713,7 +713,7 @@ async fn snapshots_are_cut_listed_restored_and_deleted_through_moorctl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_made_elsewhere_is_imported_restored_and_kept() {
     let _slot = SLOTS.acquire().await.unwrap();
-    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    let c = Cluster::start(1, 1, surveyed()).await;
     create_ready(&c, "v1").await;
     let v1 = volume(&c, "v1").await;
     let path = std::path::PathBuf::from(v1.status.provisioning.volume_context.get("path").unwrap());
@@ -769,6 +769,19 @@ async fn a_snapshot_made_elsewhere_is_imported_restored_and_kept() {
         1,
         "only the test's own"
     );
+
+    // The plugin's own list (the survey's ListSnapshots) shows it, and the Snapshot
+    // that names it.
+    let listed = || c.moorctl(&["volume", "snapshot", "list", "--plugin", cluster::PLUGIN]);
+    c.wait("the plugin's list to show s9", T, || async {
+        let (ok, out) = listed();
+        ok && out
+            .lines()
+            .any(|l| l.starts_with(id.as_str()) && l.trim_end().ends_with("default/s9"))
+    })
+    .await;
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "list", "--plugin", "nope.example.com"]);
+    assert!(!ok && out.contains("no snapshot list"), "{out}");
 
     // Restored like any snapshot: the data came along.
     apply_yaml(

@@ -113,6 +113,8 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     # That plugin's capacity report, which its survey writes (not the Plugin object:
     # the controller writes that).
     ctl role grant-permission "$user" readwrite "${PREFIX}capacities/$plugin"
+    # And its snapshot list (the plugin's own ListSnapshots, for moorctl).
+    ctl role grant-permission "$user" readwrite "${PREFIX}snapshot-lists/$plugin"
 done
 
 for node in ${VOLUME_PLUGINS:-}; do

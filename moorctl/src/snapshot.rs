@@ -48,12 +48,17 @@ pub enum SnapshotCmd {
         namespace: String,
     },
     /// Snapshots with Nomad's columns (Snapshot ID, Volume ID, Size, Create Time, Ready).
+    /// With --plugin: the plugin's own snapshots (its ListSnapshots at the last survey,
+    /// those made outside moor too), each with the Snapshot that names it, if any.
     List {
         /// Only this volume's.
         volume: Option<String>,
         /// Namespace.
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
+        /// List what this plugin holds instead.
+        #[arg(long, conflicts_with = "volume")]
+        plugin: Option<String>,
     },
 }
 
@@ -100,7 +105,13 @@ impl SnapshotCmd {
                 .run(ctx)
                 .await
             }
-            SnapshotCmd::List { volume, namespace } => {
+            SnapshotCmd::List {
+                plugin: Some(plugin),
+                ..
+            } => plugin_list(ctx, &plugin).await,
+            SnapshotCmd::List {
+                volume, namespace, ..
+            } => {
                 let ns = parse_ns(&namespace)?;
                 let (mut items, _) = kind::list(ctx, Kind::Snapshot, Some(&ns)).await?;
                 if let Some(v) = &volume {
@@ -112,6 +123,83 @@ impl SnapshotCmd {
             }
         }
     }
+}
+
+/// `moorctl volume snapshot list --plugin P`: the plugin's snapshot list as its survey
+/// last wrote it, with the Snapshot (in any namespace) that names each.
+async fn plugin_list(ctx: &Ctx, plugin: &str) -> anyhow::Result<i32> {
+    let id = PluginId::new(plugin).map_err(|e| Refused(format!("plugin {plugin:?}: {e}")))?;
+    let Some(list) = ctx.store.snapshot_list(&id).await? else {
+        return Err(Refused(format!(
+            "plugin {id} has no snapshot list: it does not advertise LIST_SNAPSHOTS, or the \
+             agent leading its controller has not surveyed it yet"
+        ))
+        .into());
+    };
+    let (objects, _) = kind::list(ctx, Kind::Snapshot, None).await?;
+    let named = |sid: &str| {
+        objects
+            .iter()
+            .find(|o| {
+                kind::text(o, "/status/snapshot_id") == sid
+                    && kind::text(o, "/status/plugin_id") == id.as_str()
+            })
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    kind::text(o, "/metadata/namespace"),
+                    kind::text(o, "/metadata/name")
+                )
+            })
+            .unwrap_or_else(|| "-".into())
+    };
+    let rows: Vec<Vec<String>> = list
+        .snapshots
+        .iter()
+        .map(|s| {
+            vec![
+                s.snapshot_id.clone(),
+                s.source_volume_id.clone(),
+                if s.size_bytes > 0 {
+                    bytesize::ByteSize::b(s.size_bytes)
+                        .display()
+                        .iec()
+                        .to_string()
+                } else {
+                    "-".into()
+                },
+                s.created_secs
+                    .and_then(|t| u64::try_from(t).ok())
+                    .map(|t| {
+                        humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH + std::time::Duration::from_secs(t),
+                        )
+                        .to_string()
+                    })
+                    .unwrap_or_else(|| "-".into()),
+                s.ready.to_string(),
+                named(&s.snapshot_id),
+            ]
+        })
+        .collect();
+    out!(
+        "{}",
+        table::render(
+            &[
+                "SNAPSHOT ID",
+                "SOURCE VOLUME ID",
+                "SIZE",
+                "CREATED",
+                "READY",
+                "SNAPSHOT"
+            ],
+            &rows
+        )
+    );
+    if list.more > 0 {
+        out!("({} more not listed)", list.more);
+    }
+    Ok(0)
 }
 
 /// Creates Snapshot `name` of `volume` with `spec` (its volume set here), checked

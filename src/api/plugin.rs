@@ -128,6 +128,65 @@ pub fn parse_capacity(value: &[u8]) -> Result<Vec<CapacityEntry>, String> {
     Ok(entries)
 }
 
+/// The key of plugin `id`'s snapshot list: the plugin's own ListSnapshots (every
+/// snapshot it holds, moor's or not), written by the agent leading the plugin's
+/// controller at each survey, for `moorctl volume snapshot list --plugin`.
+pub fn snapshot_list_key(id: &PluginId) -> String {
+    format!("snapshot-lists/{id}")
+}
+
+/// The most snapshots a plugin's list holds (the rest is counted, not listed).
+pub const MAX_LISTED_SNAPSHOTS: usize = 256;
+
+/// A plugin's snapshot list, as its survey last read it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginSnapshots {
+    /// Up to [`MAX_LISTED_SNAPSHOTS`] of them, in the plugin's order.
+    #[serde(default)]
+    pub snapshots: Vec<ListedSnapshot>,
+    /// How many more the plugin listed.
+    #[serde(default)]
+    pub more: u64,
+}
+
+/// One entry of ListSnapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedSnapshot {
+    /// The plugin's id of the snapshot.
+    pub snapshot_id: String,
+    /// The plugin's id of the volume it was taken of.
+    #[serde(default)]
+    pub source_volume_id: String,
+    /// Its size (0: unknown).
+    #[serde(default)]
+    pub size_bytes: u64,
+    /// When it was cut, seconds since the epoch (none: unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_secs: Option<i64>,
+    /// ready_to_use.
+    #[serde(default)]
+    pub ready: bool,
+}
+
+/// Reads a snapshot list written by an agent (untrusted: bounded in size and count).
+pub fn parse_snapshot_list(value: &[u8]) -> Result<PluginSnapshots, String> {
+    if value.len() > NODE_WRITTEN_MAX_BYTES {
+        return Err(format!(
+            "{} bytes; a snapshot list is at most {NODE_WRITTEN_MAX_BYTES}",
+            value.len()
+        ));
+    }
+    let list: PluginSnapshots =
+        serde_json::from_slice(value).map_err(|e| format!("not a snapshot list: {e}"))?;
+    if list.snapshots.len() > MAX_LISTED_SNAPSHOTS {
+        return Err(format!(
+            "{} snapshots; at most {MAX_LISTED_SNAPSHOTS}",
+            list.snapshots.len()
+        ));
+    }
+    Ok(list)
+}
+
 /// One GetCapacity answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CapacityEntry {

@@ -90,6 +90,36 @@ impl Store {
         self.put_raw(&crate::api::capacity_key(id), value).await
     }
 
+    /// Plugin `id`'s last snapshot list ([`crate::api::snapshot_list_key`]); `None`
+    /// when none was written.
+    pub async fn snapshot_list(
+        &self,
+        id: &crate::api::PluginId,
+    ) -> Result<Option<crate::api::PluginSnapshots>, StoreError> {
+        let key = crate::api::snapshot_list_key(id);
+        let Some((value, revision)) = self.get_raw(&key).await? else {
+            return Ok(None);
+        };
+        crate::api::parse_snapshot_list(&value)
+            .map(Some)
+            .map_err(|why| StoreError::Malformed {
+                key,
+                revision,
+                cause: MalformedCause::Report(why),
+            })
+    }
+
+    /// Writes plugin `id`'s snapshot list.
+    pub async fn put_snapshot_list(
+        &self,
+        id: &crate::api::PluginId,
+        list: &crate::api::PluginSnapshots,
+    ) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(list).unwrap_or_default();
+        self.put_raw(&crate::api::snapshot_list_key(id), value)
+            .await
+    }
+
     /// The alarms etcd's members have raised, as `(member id, alarm)` (`NOSPACE`,
     /// `CORRUPT`); empty where the server does not implement alarms (the embedded
     /// store, which has no quota).
