@@ -168,29 +168,13 @@ where
             spec.plugin_id, spec.node, plugin.health_message
         )));
     }
-    if let Some(max) = plugin.max_volumes_per_node {
-        let mut in_use: Vec<(Namespace, VolumeId)> = node_claims()
-            .into_iter()
-            .filter(|c| {
-                c.metadata.uid != claim.metadata.uid
-                    && c.spec.plugin_id == spec.plugin_id
-                    && c.status.phase.is_live()
-                    && !(c.metadata.namespace == claim.metadata.namespace
-                        && c.spec.volume == spec.volume)
-            })
-            .map(|c| (c.metadata.namespace.clone(), c.spec.volume.clone()))
-            .collect();
-        in_use.sort();
-        in_use.dedup();
-        if in_use.len() as u64 >= max {
-            return Err(Verdict::Deny(format!(
-                "node {} already uses {} volumes of plugin {} (max {max})",
-                spec.node,
-                in_use.len(),
-                spec.plugin_id
-            )));
-        }
-    }
+    room(
+        plugin,
+        &claim.metadata.namespace,
+        spec,
+        claim.metadata.uid.as_str(),
+        node_claims,
+    )?;
     let reachable = &volume.status.provisioning.accessible_topology;
     if !reachable.is_empty() {
         let here = plugin.topology.clone().unwrap_or_default();
@@ -209,6 +193,181 @@ where
         external_id,
         multi_writer_cap: plugin.capabilities.node.has(NodeRpc::SingleNodeMultiWriter),
     })
+}
+
+/// Whether node `spec.node` has room for one more volume of plugin `plugin` (its
+/// NodeGetInfo max volumes) beside the live claims there (`node_claims`, asked for only
+/// when there is a limit), not counting the claim with uid `uid` or other claims of the
+/// same volume (`spec.volume` in namespace `ns`).
+fn room<I>(
+    plugin: &NodePluginStatus,
+    ns: &Namespace,
+    spec: &ClaimSpec,
+    uid: &str,
+    node_claims: impl FnOnce() -> I,
+) -> Result<(), Verdict>
+where
+    I: IntoIterator,
+    I::Item: std::ops::Deref<Target = Claim>,
+{
+    if let Some(max) = plugin.max_volumes_per_node {
+        let mut in_use: Vec<(Namespace, VolumeId)> = node_claims()
+            .into_iter()
+            .filter(|c| {
+                c.metadata.uid != uid
+                    && c.spec.plugin_id == spec.plugin_id
+                    && c.status.phase.is_live()
+                    && !(&c.metadata.namespace == ns && c.spec.volume == spec.volume)
+            })
+            .map(|c| (c.metadata.namespace.clone(), c.spec.volume.clone()))
+            .collect();
+        in_use.sort();
+        in_use.dedup();
+        if in_use.len() as u64 >= max {
+            return Err(Verdict::Deny(format!(
+                "node {} already uses {} volumes of plugin {} (max {max})",
+                spec.node,
+                in_use.len(),
+                spec.plugin_id
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What a template request's volume needs now ([`made`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Made {
+    /// It exists and serves the request as it is: claim it.
+    Ready,
+    /// Make it with this spec.
+    Create(VolumeSpec),
+    /// Claim it, and grow the retained volume to this spec (a larger capacity_min or
+    /// new mutable parameters: the expansion and modify paths apply them).
+    Update(VolumeSpec),
+    /// Not yet, and why.
+    Wait(String),
+    /// Refused, and why (the allocation is blocked).
+    Deny(String),
+}
+
+/// A template request `req` (template `tpl`) of `alloc`: its volume `existing` (found
+/// by [`Allocation::request_volume`]) claimed as it is, grown, waited for or refused;
+/// or, none yet, made where the allocation's node (`node`) can use it: the plugin runs
+/// there as a node plugin and is healthy, the node's max volumes leave room
+/// (`node_claims`), and the capacity the plugin reports (`capacity`: its
+/// GetCapacity per segment, where it offers it) for the node's segment, or as a whole,
+/// fits the template's capacity_min. The volume asks for the node's segment as its
+/// requisite and preferred topology.
+pub fn made<I>(
+    alloc: &Allocation,
+    req: &VolumeRequest,
+    tpl: &VolumeTemplate,
+    existing: Option<&Volume>,
+    node: Option<&Node>,
+    capacity: Option<&[CapacityEntry]>,
+    node_claims: impl FnOnce() -> I,
+) -> Made
+where
+    I: IntoIterator,
+    I::Item: std::ops::Deref<Target = Claim>,
+{
+    let name = alloc
+        .request_volume(req)
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    if let Some(v) = existing {
+        let Some(m) = v.spec.made_for.as_deref() else {
+            return Made::Deny(format!(
+                "volume {name} exists and was not made by a template; rename the request or the volume"
+            ));
+        };
+        if m.allocation != alloc.metadata.name || m.request != req.name {
+            return Made::Deny(format!(
+                "volume {name} was made for allocation {} request {}",
+                m.allocation, m.request
+            ));
+        }
+        if v.is_deleting() {
+            return Made::Wait(format!("volume {name} of an earlier run is being deleted"));
+        }
+        if m.lifecycle == VolumeLifecycle::Ephemeral && m.allocation_uid != alloc.metadata.uid {
+            return Made::Wait(format!(
+                "ephemeral volume {name} of an earlier allocation of this name is to be deleted"
+            ));
+        }
+        return match tpl.meet(req, &v.spec) {
+            Ok(None) => Made::Ready,
+            Ok(Some(spec)) => Made::Update(spec),
+            Err(why) => Made::Deny(format!("volume {name}: {why}")),
+        };
+    }
+    let spec = &alloc.spec;
+    let Some(node) = node else {
+        return Made::Wait(format!("node {} is not registered", spec.node));
+    };
+    let Some(plugin) = node.status.plugins.get(&tpl.plugin_id) else {
+        return Made::Deny(format!(
+            "plugin {} is not running on node {}",
+            tpl.plugin_id, spec.node
+        ));
+    };
+    if plugin.plugin_type == PluginType::Controller {
+        return Made::Deny(format!(
+            "plugin {} runs only as a controller on node {}",
+            tpl.plugin_id, spec.node
+        ));
+    }
+    if !plugin.healthy {
+        return Made::Deny(format!(
+            "plugin {} is unhealthy on node {}: {}",
+            tpl.plugin_id, spec.node, plugin.health_message
+        ));
+    }
+    let claim = ClaimSpec {
+        plugin_id: tpl.plugin_id.clone(),
+        node: spec.node.clone(),
+        volume: VolumeId::new(name.clone()).unwrap_or_default(),
+        ..Default::default()
+    };
+    if let Err(v) = room(plugin, &alloc.metadata.namespace, &claim, "", node_claims) {
+        return match v {
+            Verdict::Wait(w) => Made::Wait(w),
+            Verdict::Deny(d) => Made::Deny(d),
+        };
+    }
+    let segment = plugin.topology.clone().unwrap_or_default();
+    if let (Some(min), Some(entries)) = (tpl.capacity_min, capacity) {
+        // The node's own segment's report, else the plugin's as a whole.
+        let entry = entries
+            .iter()
+            .filter(|e| {
+                !e.topology.is_empty() && e.topology.iter().all(|(k, v)| segment.get(k) == Some(v))
+            })
+            .max_by_key(|e| e.topology.len())
+            .or_else(|| entries.iter().find(|e| e.topology.is_empty()));
+        if let Some(e) = entry.filter(|e| e.fits() < min.0) {
+            let seg: Vec<String> = e.topology.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let seg = if seg.is_empty() {
+                "as a whole".to_string()
+            } else {
+                format!("in segment {}", seg.join(","))
+            };
+            return Made::Deny(format!(
+                "plugin {} reports {} available {seg}; the template asks for at least {}",
+                tpl.plugin_id,
+                Size(e.fits()),
+                min
+            ));
+        }
+    }
+    let made_for = MadeFor {
+        allocation: alloc.metadata.name.clone(),
+        allocation_uid: alloc.metadata.uid.clone(),
+        request: req.name.clone(),
+        lifecycle: tpl.lifecycle,
+    };
+    Made::Create(tpl.volume_spec(req, Some(&segment), made_for))
 }
 
 /// The access-mode rules across nodes: may a claim `(node, mode)` in `access_mode` join
@@ -329,15 +488,17 @@ pub struct RequestFit {
 
 /// Placement: would each request of `alloc` be admitted on its node (`alloc.spec.node`,
 /// `node`) now? The same rules the controller admits with ([`check`], then
-/// [`access_for`]), over the same objects: `volume_of` finds a request's volume,
-/// `node_claims` are the claims on that node, `ending` tells a holder being released.
-/// Requests are judged one by one.
-pub fn plan<'a, I>(
+/// [`access_for`]; [`made`] for a template's volume not made yet), over the same
+/// objects: `volume_of` finds a request's volume, `node_claims` are the claims on that
+/// node, `ending` tells a holder being released, `capacity_of` a plugin's capacity
+/// report. Requests are judged one by one.
+pub fn plan<'a, 'c, I>(
     alloc: &Allocation,
     node: Option<&Node>,
     volume_of: impl Fn(&VolumeId) -> Option<&'a Volume>,
     node_claims: impl Fn() -> I,
     ending: impl Fn(&ClaimRef) -> bool,
+    capacity_of: impl Fn(&PluginId) -> Option<&'c [CapacityEntry]>,
 ) -> Vec<RequestFit>
 where
     I: IntoIterator,
@@ -353,7 +514,25 @@ where
             let name = volume_id
                 .as_ref()
                 .map_or_else(String::new, |v| v.to_string());
+            let made = req.template.as_deref().map(|tpl| {
+                made(
+                    alloc,
+                    req,
+                    tpl,
+                    volume,
+                    node,
+                    capacity_of(&tpl.plugin_id),
+                    &node_claims,
+                )
+            });
             let refused = match (volume_id, volume) {
+                _ if matches!(made, Some(Made::Wait(_) | Made::Deny(_))) => match made {
+                    Some(Made::Wait(w)) => Some(Verdict::Wait(w)),
+                    Some(Made::Deny(d)) => Some(Verdict::Deny(d)),
+                    _ => None,
+                },
+                // Made where the node can use it: admitted once created.
+                (Some(_), None) if matches!(made, Some(Made::Create(_))) => None,
                 (None, _) => Some(Verdict::Deny(format!(
                     "request {}: per_alloc volume name is too long",
                     req.name

@@ -144,9 +144,15 @@ async fn allocation(ctx: &Ctx, ns: &Namespace, name: &str, wide: bool) -> anyhow
             let p = paths.iter().find(|(r, _)| r == &req.name).map(|(_, p)| p);
             let mut row = vec![
                 req.name.to_string(),
-                alloc
-                    .request_volume(req)
-                    .map_or_else(|| "-".to_string(), |v| v.to_string()),
+                {
+                    let v = alloc
+                        .request_volume(req)
+                        .map_or_else(|| "-".to_string(), |v| v.to_string());
+                    match &req.template {
+                        Some(t) => format!("{v} (made, {})", t.lifecycle),
+                        None => v,
+                    }
+                },
                 if req.read_only { "ro" } else { "rw" }.to_string(),
                 p.map_or_else(
                     || "- (not published)".to_string(),

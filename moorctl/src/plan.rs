@@ -124,6 +124,20 @@ impl Plan {
                 .or_default()
                 .push(Arc::new(c));
         }
+        // The capacity reports of the plugins templates would make volumes with.
+        let mut capacities: BTreeMap<PluginId, Vec<CapacityEntry>> = BTreeMap::new();
+        for tpl in alloc
+            .spec
+            .volumes
+            .iter()
+            .filter_map(|r| r.template.as_deref())
+        {
+            if !capacities.contains_key(&tpl.plugin_id) {
+                if let Some(report) = ctx.store.capacity(&tpl.plugin_id).await? {
+                    capacities.insert(tpl.plugin_id.clone(), report);
+                }
+            }
+        }
         let mut out = Vec::new();
         for node in &nodes {
             let name = NodeName::new(node.metadata.name.as_str())?;
@@ -145,6 +159,7 @@ impl Plan {
                         allocations.get(r.allocation.as_str()),
                     )
                 },
+                |p| capacities.get(p).map(Vec::as_slice),
             );
             out.push(NodeFit {
                 node: name.to_string(),

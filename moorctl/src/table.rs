@@ -128,6 +128,21 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             col("PHASE", |v| text(v, "/status/provisioning/phase")),
             col("SCHEDULABLE", |v| yes_no(v, "/status/claims/schedulable")),
             col("CLAIMS", claims),
+            col("MADE FOR", |v| {
+                let alloc = text(v, "/spec/made_for/allocation");
+                if alloc.is_empty() {
+                    "-".into()
+                } else {
+                    format!(
+                        "{alloc}/{} ({})",
+                        text(v, "/spec/made_for/request"),
+                        match text(v, "/spec/made_for/lifecycle").as_str() {
+                            "" => "ephemeral".to_string(),
+                            l => l.to_string(),
+                        }
+                    )
+                }
+            }),
             col("AGE", age),
         ],
         Kind::Allocation => vec![

@@ -63,9 +63,13 @@ pub struct VolumeRequest {
     /// The request's name within the allocation.
     #[serde(default)]
     pub name: Name,
-    /// The volume's id (for `per_alloc`, the prefix of the ids).
-    #[serde(default)]
+    /// The volume's id (for `per_alloc`, the prefix of the ids); none with a template.
+    #[serde(default, skip_serializing_if = "VolumeId::is_empty")]
     pub volume: VolumeId,
+    /// A volume made for this request instead of a named one (issue 41): created in
+    /// the node's topology, named `<allocation>.<request>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<Box<VolumeTemplate>>,
     /// Mount read-only: a read claim.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
@@ -153,7 +157,24 @@ impl Spec for AllocationSpec {
         }
         for (i, req) in self.volumes.iter().enumerate() {
             errors.check_id(&format!("volumes[{i}].name"), req.name.validate());
-            errors.check_id(&format!("volumes[{i}].volume"), req.volume.validate());
+            match &req.template {
+                None => errors.check_id(&format!("volumes[{i}].volume"), req.volume.validate()),
+                Some(t) => {
+                    if !req.volume.as_str().is_empty() {
+                        errors.push(
+                            format!("volumes[{i}].volume"),
+                            "is set beside a template; a template's volume is named after the allocation and request",
+                        );
+                    }
+                    if req.per_alloc {
+                        errors.push(
+                            format!("volumes[{i}].per_alloc"),
+                            "is implied by a template (its volume is the allocation's own)",
+                        );
+                    }
+                    t.validate(&format!("volumes[{i}].template"), errors);
+                }
+            }
             if let Some(Err(e)) = req.mount_options.as_ref().map(MountOptions::check) {
                 errors.push(format!("volumes[{i}].mount_options"), e);
             }
@@ -289,9 +310,16 @@ impl Allocation {
         .ok()
     }
 
-    /// The volume a request claims: a per_alloc request its own `<volume>-<allocation>`.
+    /// The volume a request claims: a per_alloc request its own `<volume>-<allocation>`,
+    /// a template's the one made for it, `<allocation>.<request>` (bounded).
     pub fn request_volume(&self, req: &VolumeRequest) -> Option<VolumeId> {
-        if req.per_alloc {
+        if req.template.is_some() {
+            VolumeId::new(bounded_name(
+                &[self.metadata.name.as_str(), req.name.as_str()],
+                ".",
+            ))
+            .ok()
+        } else if req.per_alloc {
             VolumeId::new(format!("{}-{}", req.volume, self.metadata.name)).ok()
         } else {
             Some(req.volume.clone())

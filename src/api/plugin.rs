@@ -35,6 +35,11 @@ pub struct PluginInstance {
     /// The uid of the Node object it was seen on.
     #[serde(default)]
     pub node_uid: String,
+    /// The topology segment its NodeGetInfo reported (node instances): the survey
+    /// asks GetCapacity for each, so a template's volume is checked against its node's
+    /// segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
 }
 
 impl PluginInstance {

@@ -68,6 +68,11 @@ pub struct VolumeSpec {
         deserialize_with = "force_detach_entries"
     )]
     pub force_detach: Rare<BTreeMap<NodeName, i64>>,
+    /// The allocation request whose template made the volume (issue 41): an ephemeral
+    /// one is deleted when that allocation's claims are released, a retained one goes
+    /// to the next allocation of the same name. Set by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made_for: Option<Box<MadeFor>>,
 }
 
 /// `force_detach` as a map of node to generation, or as the plain list of nodes

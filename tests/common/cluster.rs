@@ -104,6 +104,8 @@ pub struct PluginOpts {
     pub stage_unstage: bool,
     /// More flags of the plugins.
     pub extra: Vec<String>,
+    /// More flags of one node's plugin: (node name, flags).
+    pub node_extra: Vec<(String, Vec<String>)>,
     /// More flags of the agents.
     pub agent_args: Vec<String>,
     /// More flags of the controllers.
@@ -116,6 +118,7 @@ impl Default for PluginOpts {
             publish_unpublish: true,
             stage_unstage: true,
             extra: Vec::new(),
+            node_extra: Vec::new(),
             agent_args: Vec::new(),
             controller_args: Vec::new(),
         }
@@ -261,6 +264,11 @@ impl Cluster {
             pargs.push("--no-mount".into());
         }
         pargs.extend(self.opts.extra.iter().cloned());
+        for (node, flags) in &self.opts.node_extra {
+            if node == name {
+                pargs.extend(flags.iter().cloned());
+            }
+        }
         let plugin = Proc::start(
             &format!("plugin-{name}"),
             bin("moor-hostpath"),

@@ -185,6 +185,23 @@ impl Survey {
         if caps.plugin.has(PluginCapability::Service(
             PluginService::VolumeAccessibilityConstraints,
         )) {
+            // Each node instance's segment, where a template's volume would be made.
+            let plugin = self
+                .ctx
+                .reads
+                .try_get(&Plugin::key_for(&self.ctx.plugin.id))
+                .await
+                .ok()
+                .flatten();
+            for t in plugin
+                .iter()
+                .flat_map(|p| p.status.instances.values())
+                .filter_map(|i| i.topology.as_ref())
+            {
+                if segments.len() < 64 {
+                    segments.insert(t.clone());
+                }
+            }
             for v in self.volumes.reader().state() {
                 if v.spec.plugin_id != self.ctx.plugin.id {
                     continue;

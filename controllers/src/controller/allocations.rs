@@ -168,11 +168,86 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
 /// Carries out [`plan::allocation::converge`]: one claim per request, and the phase.
 async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreError> {
     let ns = &alloc.metadata.namespace;
+    // The capacity reports of the plugins whose templates have no volume yet (read
+    // only then: once per volume made).
+    let mut capacities: std::collections::BTreeMap<PluginId, Vec<CapacityEntry>> =
+        Default::default();
+    for req in &alloc.spec.volumes {
+        let Some(tpl) = req.template.as_deref() else {
+            continue;
+        };
+        let missing = alloc
+            .request_volume(req)
+            .is_some_and(|v| ctx.volume(ns, &v).is_none());
+        if missing && !capacities.contains_key(&tpl.plugin_id) {
+            let report = match ctx.writer.store().capacity(&tpl.plugin_id).await {
+                Ok(r) => r,
+                // An unreadable report is no report: the provisioner checks again.
+                Err(StoreError::Malformed { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            if let Some(report) = report {
+                capacities.insert(tpl.plugin_id.clone(), report);
+            }
+        }
+    }
+    let node = ctx.nodes.get(&Node::key_for(&alloc.spec.node));
     let plan = plan::allocation::converge(
         alloc,
         |key| ctx.claims.get(key),
         |volume| ctx.volume(ns, volume),
+        |req, tpl, existing| {
+            moor::admission::made(
+                alloc,
+                req,
+                tpl,
+                existing,
+                node.as_deref(),
+                capacities.get(&tpl.plugin_id).map(Vec::as_slice),
+                || {
+                    ctx.claims
+                        .by_index(super::BY_NODE, alloc.spec.node.as_str())
+                },
+            )
+        },
     );
+    for v in &plan.create_volumes {
+        match ctx.writer.create(v).await {
+            Ok(_) => {
+                let d = details([
+                    ("allocation", alloc.metadata.name.to_string()),
+                    ("volume_id", v.metadata.name.to_string()),
+                ]);
+                let lifecycle = v
+                    .spec
+                    .made_for
+                    .as_ref()
+                    .map(|m| m.lifecycle)
+                    .unwrap_or_default();
+                ctx.recorder
+                    .record(
+                        object_ref(&**alloc),
+                        EventType::Normal,
+                        "Volume made from template",
+                        format!(
+                            "volume {} ({lifecycle}) made for allocation {} on node {}",
+                            v.metadata.name, alloc.metadata.name, alloc.spec.node
+                        ),
+                        d,
+                    )
+                    .await;
+            }
+            // Made by an earlier pass (its name is the allocation's and the request's).
+            Err(StoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    for (old, next) in &plan.update_volumes {
+        match ctx.writer.update(old, next).await {
+            Ok(_) | Err(StoreError::Conflict { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
     for old in &plan.delete {
         match ctx.writer.delete_read(old).await {
             Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {}

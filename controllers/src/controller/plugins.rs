@@ -202,6 +202,7 @@ fn instances(
                 healthy: s.healthy,
                 message: s.health_message.clone(),
                 node_uid: n.metadata.uid.clone(),
+                topology: s.topology.clone().filter(|t| !t.is_empty()),
             };
             (name, inst)
         })

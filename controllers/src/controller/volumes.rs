@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Ctx;
 use super::Informers;
+use crate::common::{details, object_ref};
 use moor::admission::external_id;
 
 /// The controller's finalizer on volumes.
@@ -48,6 +49,17 @@ pub async fn run(
                 )
                 .iter()
                 .map(|v| v.key())
+                .collect()
+        })
+        // The volumes an allocation's templates made: an ephemeral one goes when the
+        // allocation ends.
+        .watches(inf.allocations.subscribe(), |a: &Allocation| {
+            a.spec
+                .volumes
+                .iter()
+                .filter(|r| r.template.is_some())
+                .filter_map(|r| a.request_volume(r))
+                .map(|v| Volume::key_for(&a.metadata.namespace, &v).into_string())
                 .collect()
         })
         // Only Mounts that report a condition (VOLUME_CONDITION): the others' writes
@@ -100,6 +112,33 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
         v.metadata.finalizers.push(FINALIZER.to_string());
         ctx.writer.replace(&v).await?;
         return Ok(Action::AwaitChange);
+    } else if !live && ephemeral_done(ctx, &vol) {
+        // Its allocation ended and no claim holds it: deleted like any volume (the
+        // finalizers hold it until the plugin's DeleteVolume).
+        match ctx.writer.delete_read(&vol).await {
+            Ok(_) => {
+                let m = vol.spec.made_for.as_deref().cloned().unwrap_or_default();
+                let d = details([
+                    ("allocation", m.allocation.to_string()),
+                    ("volume_id", vol.metadata.name.to_string()),
+                ]);
+                ctx.recorder
+                    .record(
+                        object_ref(&*vol),
+                        EventType::Normal,
+                        "Ephemeral volume deleted",
+                        format!(
+                            "allocation {} ended and released it; deleting ephemeral volume {}",
+                            m.allocation, vol.metadata.name
+                        ),
+                        d,
+                    )
+                    .await;
+            }
+            Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        return Ok(Action::AwaitChange);
     }
     let plugin_healthy = ctx
         .plugins
@@ -124,6 +163,34 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
             .await?;
     }
     Ok(Action::AwaitChange)
+}
+
+/// Whether `vol` is an ephemeral template volume whose allocation ended: gone, made
+/// again (another uid), deleting, or terminal (stopped, completed, failed, lost), with
+/// no claim of that allocation on it still to be released.
+fn ephemeral_done(ctx: &Ctx, vol: &Volume) -> bool {
+    let Some(m) = vol.spec.made_for.as_deref() else {
+        return false;
+    };
+    if m.lifecycle != VolumeLifecycle::Ephemeral {
+        return false;
+    }
+    let ns = &vol.metadata.namespace;
+    let alloc = ctx.allocations.get(&Allocation::key_for(ns, &m.allocation));
+    let ended = alloc
+        .as_ref()
+        .is_none_or(|a| a.metadata.uid != m.allocation_uid || a.is_deleting() || a.is_terminal());
+    if !ended {
+        return false;
+    }
+    // Its claims on the volume: released (or gone) before the volume goes.
+    let claims = ctx.claims.by_index(
+        super::BY_VOLUME,
+        &super::volume_index(ns, vol.metadata.name.as_str()),
+    );
+    claims
+        .iter()
+        .all(|c| c.status.phase == ClaimPhase::Released || c.status.phase == ClaimPhase::Denied)
 }
 
 /// The volume's condition from its nodes' Mounts.

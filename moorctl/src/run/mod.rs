@@ -57,8 +57,11 @@ pub struct Run {
     #[arg(long, env = "MOOR_NODE")]
     pub node: Option<String>,
     /// A volume request REQ=VOLUME[:ro]: request REQ on volume VOLUME, with the volume's
-    /// first capability (`:ro`: read-only). Repeatable.
-    #[arg(long = "volume", value_name = "REQ=VOLUME[:ro]")]
+    /// first capability (`:ro`: read-only). Or REQ=new:SIZE[,plugin=P][,ephemeral|retain]:
+    /// a volume of at least SIZE made for this allocation on its node (single-node-writer,
+    /// file system; the node's only plugin unless plugin= names one; ephemeral unless
+    /// `retain`). Repeatable.
+    #[arg(long = "volume", value_name = "REQ=VOLUME[:ro]|REQ=new:SIZE[,...]")]
     pub volumes: Vec<String>,
     /// An Allocation manifest (YAML or JSON) instead of --volume; its name must be NAME.
     #[arg(short = 'f', long = "filename", conflicts_with = "volumes")]
@@ -237,7 +240,10 @@ impl Run {
             ..Default::default()
         };
         for v in &self.volumes {
-            spec.volumes.push(request(ctx, ns, v).await?);
+            spec.volumes.push(match v.split_once("=new:") {
+                Some((req, rest)) => template_request(ctx, node, v, req, rest).await?,
+                None => request(ctx, ns, v).await?,
+            });
         }
         let alloc = Allocation::new(ns, name.clone(), spec);
         alloc
@@ -278,6 +284,76 @@ fn refuse_link(path: &std::path::Path) -> anyhow::Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// One `REQ=new:SIZE[,plugin=P][,ephemeral|retain]` (`flag`, split at `=new:` into
+/// `req` and `rest`): a template request on `node`.
+async fn template_request(
+    ctx: &Ctx,
+    node: &NodeName,
+    flag: &str,
+    req: &str,
+    rest: &str,
+) -> anyhow::Result<VolumeRequest> {
+    let bad = |why: String| Refused(format!("--volume {flag:?}: {why}"));
+    let mut parts = rest.split(',');
+    let size = parts.next().unwrap_or_default();
+    let size = Size::parse(size).map_err(|e| bad(format!("size {size:?}: {e}")))?;
+    let mut tpl = VolumeTemplate {
+        capacity_min: Some(size),
+        ..Default::default()
+    };
+    let mut plugin = None;
+    for opt in parts {
+        match opt.split_once('=') {
+            Some(("plugin", p)) => {
+                plugin = Some(PluginId::new(p).map_err(|e| bad(format!("plugin {p:?}: {e}")))?)
+            }
+            None if opt == "ephemeral" => tpl.lifecycle = VolumeLifecycle::Ephemeral,
+            None if opt == "retain" => tpl.lifecycle = VolumeLifecycle::Retain,
+            _ => return Err(bad(format!("{opt:?} is not plugin=P, ephemeral or retain")).into()),
+        }
+    }
+    tpl.plugin_id = match plugin {
+        Some(p) => p,
+        None => {
+            // The node's only node plugin.
+            let found = ride_out(ctx, |_| {
+                let key = Node::key_for(node);
+                async move { Ok(ctx.store.try_get(&key).await?) }
+            })
+            .await?
+            .ok_or_else(|| {
+                bad(format!(
+                    "node {node} is not registered; name the plugin with plugin=P"
+                ))
+            })?;
+            let plugins: Vec<&PluginId> = found
+                .status
+                .plugins
+                .iter()
+                .filter(|(_, p)| p.plugin_type != PluginType::Controller)
+                .map(|(id, _)| id)
+                .collect();
+            match plugins.as_slice() {
+                [one] => (*one).clone(),
+                [] => return Err(bad(format!("node {node} runs no node plugin")).into()),
+                many => {
+                    let names: Vec<String> = many.iter().map(|p| p.to_string()).collect();
+                    return Err(bad(format!(
+                        "node {node} runs plugins {}; name one with plugin=P",
+                        names.join(", ")
+                    ))
+                    .into());
+                }
+            }
+        }
+    };
+    Ok(VolumeRequest {
+        name: parse_name("request", req)?,
+        template: Some(Box::new(tpl)),
+        ..Default::default()
+    })
 }
 
 /// One `REQ=VOLUME[:ro]`, with the volume's first capability.

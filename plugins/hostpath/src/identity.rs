@@ -45,7 +45,7 @@ impl Identity for Plugin {
                 capabilities.push(service(Type::ControllerService));
                 capabilities.push(service(Type::GroupControllerService));
             }
-            if !self.inner.topology.is_empty() {
+            if !self.inner.topology.is_empty() || !self.inner.segments.is_empty() {
                 capabilities.push(service(Type::VolumeAccessibilityConstraints));
             }
             capabilities.push(PluginCapability {

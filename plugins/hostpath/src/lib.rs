@@ -87,6 +87,14 @@ pub struct Config {
     /// VOLUME_ACCESSIBILITY_CONSTRAINTS.
     #[arg(long, value_delimiter = ',')]
     pub topology: Vec<String>,
+    /// A topology segment the controller instance serves, with the capacity volumes
+    /// may take in it: `KEY=VALUE[,KEY=VALUE...]:SIZE` (e.g. `zone=b:10GiB`), repeatable.
+    /// CreateVolume then places a volume in the first segment its preferred, else
+    /// requisite, topology allows (RESOURCE_EXHAUSTED when none, or when that segment
+    /// is full), and GetCapacity answers per segment. Enables
+    /// VOLUME_ACCESSIBILITY_CONSTRAINTS. Without it: `--topology` and `--capacity`.
+    #[arg(long = "segment")]
+    pub segments: Vec<String>,
     /// Total capacity volumes may take (bytes or units, e.g. 100GiB).
     #[arg(long, default_value = "100GiB")]
     pub capacity: String,
@@ -189,6 +197,8 @@ struct Inner {
     cfg: Config,
     capacity: i64,
     topology: BTreeMap<String, String>,
+    /// `--segment`s: the controller's segments and their capacities.
+    segments: Vec<(BTreeMap<String, String>, i64)>,
     state: Mutex<Journal<State>>,
     log: CallLog,
     faults: Arc<Faults>,
@@ -266,6 +276,25 @@ impl Plugin {
                 .ok_or_else(|| anyhow::anyhow!("--topology takes key=value, got {seg:?}"))?;
             topology.insert(k.to_string(), v.to_string());
         }
+        let mut segments = Vec::new();
+        for seg in &cfg.segments {
+            let (pairs, size) = seg.rsplit_once(':').ok_or_else(|| {
+                anyhow::anyhow!("--segment takes KEY=VALUE[,KEY=VALUE]:SIZE, got {seg:?}")
+            })?;
+            let mut t = BTreeMap::new();
+            for pair in pairs.split(',') {
+                let (k, v) = pair.split_once('=').ok_or_else(|| {
+                    anyhow::anyhow!("--segment {seg:?}: {pair:?} is not KEY=VALUE")
+                })?;
+                t.insert(k.to_string(), v.to_string());
+            }
+            let bytes = size
+                .parse::<bytesize::ByteSize>()
+                .ok()
+                .and_then(|b| i64::try_from(b.as_u64()).ok())
+                .ok_or_else(|| anyhow::anyhow!("--segment {seg:?}: {size:?} is not a size"))?;
+            segments.push((t, bytes));
+        }
         let state = State::load(&cfg.state_dir)?;
         let log = CallLog::open(&cfg.call_log_path())
             .with_context(|| format!("opening {}", cfg.call_log_path().display()))?;
@@ -274,6 +303,7 @@ impl Plugin {
                 cfg,
                 capacity,
                 topology,
+                segments,
                 state: Mutex::new(state),
                 log,
                 faults: Arc::new(Faults::default()),

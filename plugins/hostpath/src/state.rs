@@ -237,6 +237,14 @@ impl State {
             .fold(0i64, |sum, v| sum.saturating_add(v.capacity.max(0)))
     }
 
+    /// The capacity taken by the volumes placed in segment `topology`.
+    pub fn used_capacity_in(&self, topology: &BTreeMap<String, String>) -> i64 {
+        self.volumes
+            .values()
+            .filter(|v| &v.topology == topology)
+            .fold(0i64, |sum, v| sum.saturating_add(v.capacity.max(0)))
+    }
+
     /// Whether `size` more bytes fit in `total` (never overflowing: sizes come from
     /// the request, and a request may carry up to i64::MAX).
     pub fn fits(&self, size: i64, total: i64) -> bool {

@@ -1,6 +1,7 @@
 //! An allocation's decisions: whether its runner still runs it ([`liveness`]), the
 //! claims it asks for and its phase ([`converge`]).
 
+use moor::admission::Made;
 use moor::api::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +47,10 @@ pub struct AllocationPlan {
     pub delete: Vec<Arc<Claim>>,
     /// Claims to create: one per request of a running allocation that has none.
     pub create: Vec<Claim>,
+    /// Volumes to make from a request's template (before its claim).
+    pub create_volumes: Vec<Volume>,
+    /// Retained volumes to grow to their template (as read, and as they should be).
+    pub update_volumes: Vec<(Arc<Volume>, Volume)>,
     /// The allocation's status, when it changes.
     pub status: Option<AllocationStatus>,
     /// When to look again without a trigger: after a rerun's deletions (the new claims
@@ -55,11 +60,13 @@ pub struct AllocationPlan {
 }
 
 /// One claim per request, and the phase the claims sum up to. `claim` and `volume`
-/// look up the caches.
+/// look up the caches; `made` judges a template request's volume (found or not:
+/// `moor::admission::made`).
 pub fn converge(
     alloc: &Allocation,
     claim: impl Fn(&ObjectKey<ClaimSpec>) -> Option<Arc<Claim>>,
     volume: impl Fn(&VolumeId) -> Option<Arc<Volume>>,
+    made: impl Fn(&VolumeRequest, &VolumeTemplate, Option<&Volume>) -> Made,
 ) -> AllocationPlan {
     let ns = &alloc.metadata.namespace;
     let terminal = alloc.is_terminal() || alloc.is_deleting();
@@ -89,7 +96,40 @@ pub fn converge(
         if terminal {
             continue;
         }
-        let Some(volume) = volume(&volume_id) else {
+        let found = volume(&volume_id);
+        if let Some(tpl) = req.template.as_deref() {
+            match made(req, tpl, found.as_deref()) {
+                Made::Ready => {}
+                Made::Update(spec) => {
+                    if let Some(v) = &found {
+                        let mut next = (**v).clone();
+                        next.spec = spec;
+                        plan.update_volumes.push((v.clone(), next));
+                    }
+                }
+                Made::Create(spec) => {
+                    plan.create_volumes.push(Volume::new(
+                        ns,
+                        Name::new(volume_id.as_str()).unwrap_or_default(),
+                        spec,
+                    ));
+                    waiting.push(format!(
+                        "volume {volume_id} is being made from its template"
+                    ));
+                    continue;
+                }
+                Made::Wait(why) => {
+                    waiting.push(format!("request {}: {why}", req.name));
+                    continue;
+                }
+                Made::Deny(why) => {
+                    waiting.push(format!("request {}: {why}", req.name));
+                    phases.push(ClaimPhase::Denied);
+                    continue;
+                }
+            }
+        }
+        let Some(volume) = found else {
             waiting.push(format!("volume {volume_id} does not exist"));
             continue;
         };
@@ -103,7 +143,7 @@ pub fn converge(
     status.meta.observed_generation = alloc.metadata.generation;
     status.meta.last_error = (!waiting.is_empty()).then(|| waiting.join("; "));
     plan.status = (status != alloc.status).then_some(status);
-    plan.requeue = if !plan.delete.is_empty() {
+    plan.requeue = if !plan.delete.is_empty() || !plan.create_volumes.is_empty() {
         Some(Duration::from_millis(100))
     } else if !waiting.is_empty() {
         Some(Duration::from_secs(2))
@@ -234,7 +274,51 @@ mod tests {
             a,
             |k| claims.get(k.as_str()).cloned(),
             |v| volumes.get(v.as_str()).cloned(),
+            |_, _, _| Made::Ready,
         )
+    }
+
+    #[test]
+    fn a_template_request_makes_its_volume_first_then_claims_it() {
+        let mut a = alloc_with(&[]);
+        a.spec.volumes.push(VolumeRequest {
+            name: Name::new("scratch").unwrap(),
+            template: Some(Box::new(VolumeTemplate {
+                plugin_id: PluginId::new("p").unwrap(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        });
+        let claims = Claims::new();
+        let spec = |_: &VolumeRequest, t: &VolumeTemplate, _: Option<&Volume>| {
+            Made::Create(t.volume_spec(&VolumeRequest::default(), None, MadeFor::default()))
+        };
+        let p = converge(&a, |k| claims.get(k.as_str()).cloned(), |_| None, spec);
+        assert_eq!(p.create_volumes.len(), 1);
+        assert_eq!(p.create_volumes[0].metadata.name.as_str(), "a1.scratch");
+        assert!(p.create.is_empty(), "no claim before its volume");
+        assert!(p.requeue.is_some());
+        // Made: the claim, on that volume.
+        let made = volume("a1.scratch");
+        let p = converge(
+            &a,
+            |k| claims.get(k.as_str()).cloned(),
+            |_| Some(made.clone()),
+            |_, _, _| Made::Ready,
+        );
+        assert!(p.create_volumes.is_empty());
+        assert_eq!(p.create[0].spec.volume.as_str(), "a1.scratch");
+        // Refused: no claim, the allocation Blocked with the reason.
+        let p = converge(
+            &a,
+            |k| claims.get(k.as_str()).cloned(),
+            |_| None,
+            |_, _, _| Made::Deny("too big".into()),
+        );
+        let status = p.status.unwrap();
+        assert_eq!(status.phase, AllocationPhase::Blocked);
+        assert!(status.meta.last_error.unwrap().contains("too big"));
+        assert!(p.create.is_empty() && p.create_volumes.is_empty());
     }
 
     fn with_phase(c: &Claim, phase: ClaimPhase, release: bool) -> Arc<Claim> {

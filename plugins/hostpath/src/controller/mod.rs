@@ -178,7 +178,13 @@ impl Plugin {
                         ),
                     }),
                 }),
-            accessible_topology: self.topology(),
+            accessible_topology: if v.topology.is_empty() {
+                self.topology()
+            } else {
+                vec![Topology {
+                    segments: v.topology.clone(),
+                }]
+            },
         }
     }
 
@@ -256,6 +262,44 @@ impl Plugin {
     }
 
     /// Whether a topology requirement can be met by this plugin's segments.
+    /// The `--segment` a volume goes to: the first its preferred, else requisite,
+    /// topology allows (the first segment when it asks for none); `Ok(None)` without
+    /// segments.
+    fn place(
+        &self,
+        req: Option<&moor_csi::v1::TopologyRequirement>,
+    ) -> Result<Option<usize>, Status> {
+        let segs = &self.inner.segments;
+        if segs.is_empty() {
+            return Ok(None);
+        }
+        let within = |seg: &BTreeMap<String, String>, t: &Topology| {
+            t.segments.iter().all(|(k, v)| seg.get(k) == Some(v))
+        };
+        let asked: Vec<&Topology> = req
+            .map(|r| r.preferred.iter().chain(&r.requisite).collect())
+            .unwrap_or_default();
+        if asked.is_empty() {
+            return Ok(Some(0));
+        }
+        asked
+            .iter()
+            .find_map(|t| segs.iter().position(|(seg, _)| within(seg, t)))
+            .map(Some)
+            .ok_or_else(|| {
+                Status::resource_exhausted("no requisite topology matches this plugin's segments")
+            })
+    }
+
+    /// The capacity and topology of segment `at` (the plugin's whole `--capacity` and
+    /// `--topology` without segments).
+    fn segment(&self, at: Option<usize>) -> (i64, BTreeMap<String, String>) {
+        match at.and_then(|i| self.inner.segments.get(i)) {
+            Some((seg, cap)) => (*cap, seg.clone()),
+            None => (self.inner.capacity, self.inner.topology.clone()),
+        }
+    }
+
     fn topology_fits(&self, req: Option<&moor_csi::v1::TopologyRequirement>) -> bool {
         let Some(req) = req else { return true };
         if self.inner.topology.is_empty() || req.requisite.is_empty() {
@@ -427,17 +471,39 @@ impl Controller for Plugin {
 
     async fn get_capacity(
         &self,
-        _: Request<GetCapacityRequest>,
+        request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
+        let req = request.into_inner();
         self.call(Call::new("GetCapacity"), async {
-            let available = self
-                .inner
-                .capacity
-                .saturating_sub(self.read(|st| st.used_capacity()).await);
+            let segs = &self.inner.segments;
+            // The largest volume that fits: one segment's room, not their sum.
+            let mut largest = 0i64;
+            let available = if segs.is_empty() {
+                let free = self
+                    .inner
+                    .capacity
+                    .saturating_sub(self.read(|st| st.used_capacity()).await);
+                largest = free;
+                free
+            } else {
+                // The segments the asked topology names (all of them when none is asked).
+                let asked = req.accessible_topology.as_ref();
+                let within = |seg: &BTreeMap<String, String>| {
+                    asked.is_none_or(|t| t.segments.iter().all(|(k, v)| seg.get(k) == Some(v)))
+                };
+                let mut sum = 0i64;
+                for (seg, cap) in segs.iter().filter(|(seg, _)| within(seg)) {
+                    let used = self.read(|st| st.used_capacity_in(seg)).await;
+                    let free = cap.saturating_sub(used).max(0);
+                    largest = largest.max(free);
+                    sum = sum.saturating_add(free);
+                }
+                sum
+            };
             let negative = self.lies(crate::faults::Lie::NegativeCapacity);
             Ok(GetCapacityResponse {
                 available_capacity: if negative { -1 } else { available.max(0) },
-                maximum_volume_size: Some(available.max(0)),
+                maximum_volume_size: Some(largest.max(0)),
                 minimum_volume_size: None,
             })
         })

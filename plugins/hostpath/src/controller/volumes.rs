@@ -48,11 +48,14 @@ impl Plugin {
             } else {
                 DEFAULT_CAPACITY
             };
-            if !self.topology_fits(req.accessibility_requirements.as_ref()) {
+            let at = self.place(req.accessibility_requirements.as_ref())?;
+            if at.is_none() && !self.topology_fits(req.accessibility_requirements.as_ref()) {
                 return Err(Status::resource_exhausted(
                     "no requisite topology matches this plugin's segments",
                 ));
             }
+            let (total, topology) = self.segment(at);
+            let segmented = at.is_some();
             let source = req
                 .volume_content_source
                 .as_ref()
@@ -63,7 +66,6 @@ impl Plugin {
                     }
                     volume_content_source::Type::Volume(v) => Source::Volume(v.volume_id.clone()),
                 });
-            let total = self.inner.capacity;
             let dir = self.cfg().state_dir.clone();
             let vol = self
                 .mutate(|st| {
@@ -81,10 +83,15 @@ impl Plugin {
                             )))
                         };
                     }
-                    if !st.fits(size, total) {
+                    let used = if segmented {
+                        st.used_capacity_in(&topology)
+                    } else {
+                        st.used_capacity()
+                    };
+                    if used.checked_add(size).is_none_or(|after| after > total) {
                         return Err(Status::resource_exhausted(format!(
                             "{size} bytes requested, {} available",
-                            total.saturating_sub(st.used_capacity()).max(0)
+                            total.saturating_sub(used).max(0)
                         )));
                     }
                     let id = format!("vol-{}", uuid::Uuid::new_v4().simple());
@@ -114,7 +121,7 @@ impl Plugin {
                         parameters: req.parameters.clone(),
                         source: source.clone(),
                         path,
-                        topology: self.inner.topology.clone(),
+                        topology: topology.clone(),
                         published: BTreeMap::new(),
                         single_node,
                         mutable_parameters: req.mutable_parameters.clone(),
