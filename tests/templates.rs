@@ -292,3 +292,89 @@ async fn a_template_too_big_for_its_node_s_segment_is_refused_by_plan_and_admiss
     assert!(volume(&c, "big.data").await.is_none());
     assert_eq!(c.node("n1").tried("CreateVolume"), 0);
 }
+
+/// The controller and the agent leading the plugin killed while CreateVolume has taken
+/// effect but not answered: after they restart, exactly one volume exists, in moor and
+/// in the plugin (the volume's name is the allocation's and the request's, and
+/// CreateVolume is named by the volume's uid), and the claim is published on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_while_a_template_s_volume_is_made_leaves_exactly_one() {
+    use moor_hostpath::faults::Command;
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = Cluster::start(1, 2, zoned()).await;
+    c.node("n1")
+        .fault(Command::Hang {
+            rpc: "CreateVolume".into(),
+            after: true,
+        })
+        .await;
+    apply_yaml(&c, "k1", &templated("k1", "n2", "1MiB", "ephemeral"));
+    let n1 = c.node("n1");
+    c.wait("CreateVolume to take effect and hang", T, || async move {
+        n1.hanging("CreateVolume").await > 0
+    })
+    .await;
+    assert!(volume(&c, "k1.data").await.is_some());
+    c.controllers[0].kill();
+    c.node_mut("n1").agent.kill();
+    c.node("n1")
+        .fault(Command::Release {
+            rpc: "CreateVolume".into(),
+        })
+        .await;
+    c.controllers[0].restart();
+    c.node_mut("n1").agent.restart();
+    c.wait_claim("k1", "n2", ClaimPhase::Published, Duration::from_secs(60))
+        .await;
+    let volumes = c
+        .store
+        .list::<VolumeSpec>(&KeyScope::all())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(volumes.len(), 1, "one Volume object");
+    assert_eq!(plugin_volumes(&c).await.len(), 1, "one volume in the plugin");
+    c.stop_alloc("k1").await;
+    c.wait("the volume deleted", T, || async {
+        plugin_volumes(&c).await.is_empty() && volume(&c, "k1.data").await.is_none()
+    })
+    .await;
+    c.check_calls(true);
+}
+
+/// 100 workloads in a row through `moorctl alloc run`, each with a fresh ephemeral
+/// volume: 100 CreateVolume, 100 DeleteVolume, and no volume left in the plugin or in
+/// etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_alloc_runs_with_fresh_volumes_leave_nothing_behind() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    const RUNS: usize = 100;
+    for i in 0..RUNS {
+        let name = format!("e{i}");
+        let out = std::process::Command::new(common::bin("moorctl"))
+            .arg(format!("--endpoints={}", c.etcd.client_url))
+            .args(["alloc", "run", &name, "--node", "n1"])
+            .args(["--volume", "scratch=new:1MiB"])
+            .args(["--", "sh", "-c", "test -n \"$MOOR_VOLUME_SCRATCH\""])
+            .output()
+            .expect("run moorctl alloc run");
+        assert!(
+            out.status.success(),
+            "run {i}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    c.wait("every volume deleted", Duration::from_secs(120), || async {
+        c.store
+            .list::<VolumeSpec>(&KeyScope::all())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+            && plugin_volumes(&c).await.is_empty()
+    })
+    .await;
+    assert_eq!(c.node("n1").count("CreateVolume", "OK"), RUNS);
+    assert_eq!(c.node("n1").count("DeleteVolume", "OK"), RUNS);
+    c.check_calls(true);
+}
