@@ -291,6 +291,17 @@ where
         if v.is_deleting() {
             return Made::Wait(format!("volume {name} of an earlier run is being deleted"));
         }
+        if v.status.provisioning.phase == VolumePhase::Failed {
+            return Made::Deny(format!(
+                "volume {name} could not be made: {}",
+                v.status
+                    .provisioning
+                    .meta
+                    .last_error
+                    .as_deref()
+                    .unwrap_or("see its status")
+            ));
+        }
         if m.lifecycle == VolumeLifecycle::Ephemeral && m.allocation_uid != alloc.metadata.uid {
             return Made::Wait(format!(
                 "ephemeral volume {name} of an earlier allocation of this name is to be deleted"

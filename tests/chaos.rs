@@ -178,7 +178,7 @@ impl Chaos {
 
     /// One random step of the script.
     async fn step(&mut self, i: usize) {
-        let weights: [(u32, u8); 18] = [
+        let weights: [(u32, u8); 19] = [
             (if self.live_volumes().len() < 6 { 3 } else { 0 }, 0),
             (1, 1),
             (6, 2),
@@ -197,6 +197,7 @@ impl Chaos {
             (1, 15),
             (1, 16),
             (1, 17),
+            (2, 18),
         ];
         let total: u32 = weights.iter().map(|w| w.0).sum();
         let mut roll = self.rng.u32(..total);
@@ -225,6 +226,7 @@ impl Chaos {
             15 => self.claim_on_a_down_node().await,
             16 => self.detach_racing_return().await,
             17 => self.rerun_on_a_collected_node().await,
+            18 => self.start_templated_alloc().await,
             _ => {
                 let ms = self.rng.u64(0..1500);
                 self.log(format!("pause {ms} ms"));
@@ -307,6 +309,44 @@ impl Chaos {
             },
         );
         name
+    }
+
+    /// An allocation whose volume is made for it from a template (issue 41): ephemeral
+    /// (deleted once the allocation ends) or retained (kept; the drain deletes it).
+    async fn start_templated_alloc(&mut self) {
+        self.next += 1;
+        let name = format!("t{}", self.next);
+        let node = self.rng.usize(0..NODES);
+        let lifecycle = if self.rng.u32(0..3) == 0 {
+            VolumeLifecycle::Retain
+        } else {
+            VolumeLifecycle::Ephemeral
+        };
+        self.log(format!(
+            "start allocation {name} on {} with a {lifecycle} template",
+            node_name(node)
+        ));
+        let mut a = self.c.allocation(&name, &node_name(node), "unused", false);
+        a.spec.volumes[0].volume = VolumeId::default();
+        a.spec.volumes[0].template = Some(Box::new(VolumeTemplate {
+            plugin_id: PluginId::new(cluster::PLUGIN).unwrap(),
+            capacity_min: Some(Size(1 << 20)),
+            lifecycle,
+            ..Default::default()
+        }));
+        retry(&format!("create allocation {name}"), || {
+            self.c.store.create(&a)
+        })
+        .await;
+        self.allocs.insert(
+            name.clone(),
+            Alloc {
+                node,
+                volume: format!("{name}.data"),
+                stopped: false,
+                deleted: false,
+            },
+        );
     }
 
     /// What found issue 24: a second claim admitted on a node where a running
@@ -787,6 +827,19 @@ impl Chaos {
         }
         for name in self.live_volumes() {
             delete(&self.c, &Volume::key_for(&Namespace::default_ns(), &name)).await;
+        }
+        // Retained template volumes are the operator's to delete; ephemeral ones the
+        // controller deletes itself once their allocation ended.
+        let all = KeyScope::all();
+        let made = retry("list volumes", || self.c.store.list::<VolumeSpec>(&all)).await;
+        for v in made.items {
+            if v.spec
+                .made_for
+                .as_ref()
+                .is_some_and(|m| m.lifecycle == VolumeLifecycle::Retain)
+            {
+                delete(&self.c, &v.object_key()).await;
+            }
         }
         self.settle("everything gone", || remaining(&store)).await;
         // The registered volumes are the storage team's to delete (moor never creates

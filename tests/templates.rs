@@ -333,7 +333,11 @@ async fn a_controller_killed_while_a_template_s_volume_is_made_leaves_exactly_on
         .unwrap()
         .items;
     assert_eq!(volumes.len(), 1, "one Volume object");
-    assert_eq!(plugin_volumes(&c).await.len(), 1, "one volume in the plugin");
+    assert_eq!(
+        plugin_volumes(&c).await.len(),
+        1,
+        "one volume in the plugin"
+    );
     c.stop_alloc("k1").await;
     c.wait("the volume deleted", T, || async {
         plugin_volumes(&c).await.is_empty() && volume(&c, "k1.data").await.is_none()
@@ -377,4 +381,39 @@ async fn a_hundred_alloc_runs_with_fresh_volumes_leave_nothing_behind() {
     assert_eq!(c.node("n1").count("CreateVolume", "OK"), RUNS);
     assert_eq!(c.node("n1").count("DeleteVolume", "OK"), RUNS);
     c.check_calls(true);
+}
+
+/// A template whose CreateVolume fails for good blocks its allocation with the
+/// plugin's reason, shown by `describe`; no claim is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_the_plugin_refuses_blocks_its_allocation_with_the_reason() {
+    use moor_hostpath::faults::Command;
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, zoned()).await;
+    c.node("n1")
+        .fault(Command::Fail {
+            rpc: "CreateVolume".into(),
+            code: "InvalidArgument".into(),
+            times: 100,
+        })
+        .await;
+    apply_yaml(&c, "f1", &templated("f1", "n2", "1MiB", "ephemeral"));
+    c.wait("f1 blocked with the plugin's reason", T, || async {
+        c.store
+            .try_get(&Allocation::key_for(&Namespace::default_ns(), "f1"))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|a| {
+                a.status.phase == AllocationPhase::Blocked
+                    && a.status.meta.last_error.as_deref().is_some_and(|e| {
+                        e.contains("request data:") && e.contains("injected fault")
+                    })
+            })
+    })
+    .await;
+    let (ok, out) = c.moorctl(&["describe", "allocation", "f1"]);
+    assert!(ok && out.contains("injected fault"), "{out}");
+    assert_eq!(c.node("n1").count("CreateVolume", "InvalidArgument"), 1);
+    assert_eq!(c.node("n2").tried("NodePublishVolume"), 0);
 }

@@ -72,6 +72,9 @@ pub fn converge(
     let terminal = alloc.is_terminal() || alloc.is_deleting();
     let mut plan = AllocationPlan::default();
     let mut waiting = Vec::new();
+    // Why a claim was denied: shown on the allocation (no requeue: the claim's own
+    // changes bring it back).
+    let mut denied = Vec::new();
     let mut phases = Vec::new();
     for req in &alloc.spec.volumes {
         let Some(volume_id) = alloc.request_volume(req) else {
@@ -90,6 +93,13 @@ pub fn converge(
                 phases.push(ClaimPhase::Pending);
             } else {
                 phases.push(c.status.phase);
+                if c.status.phase == ClaimPhase::Denied && !terminal {
+                    denied.push(format!(
+                        "request {}: {}",
+                        req.name,
+                        c.status.reason.as_deref().unwrap_or("denied")
+                    ));
+                }
             }
             continue;
         }
@@ -99,7 +109,19 @@ pub fn converge(
         let found = volume(&volume_id);
         if let Some(tpl) = req.template.as_deref() {
             match made(req, tpl, found.as_deref()) {
-                Made::Ready => {}
+                Made::Ready => {
+                    // Still being made after a retryable failure: the allocation says why.
+                    let p = found.as_ref().map(|v| &v.status.provisioning);
+                    if let Some(err) = p
+                        .filter(|p| p.phase != VolumePhase::Ready)
+                        .and_then(|p| p.meta.last_error.as_deref())
+                    {
+                        waiting.push(format!(
+                            "request {}: volume {volume_id} is being made: {err}",
+                            req.name
+                        ));
+                    }
+                }
                 Made::Update(spec) => {
                     if let Some(v) = &found {
                         let mut next = (**v).clone();
@@ -141,7 +163,8 @@ pub fn converge(
     let mut status = alloc.status.clone();
     status.phase = phase(terminal, waiting.is_empty(), &phases);
     status.meta.observed_generation = alloc.metadata.generation;
-    status.meta.last_error = (!waiting.is_empty()).then(|| waiting.join("; "));
+    let reasons: Vec<String> = waiting.iter().chain(&denied).cloned().collect();
+    status.meta.last_error = (!reasons.is_empty()).then(|| reasons.join("; "));
     plan.status = (status != alloc.status).then_some(status);
     plan.requeue = if !plan.delete.is_empty() || !plan.create_volumes.is_empty() {
         Some(Duration::from_millis(100))
