@@ -313,42 +313,79 @@ where
             Err(why) => Made::Deny(format!("volume {name}: {why}")),
         };
     }
-    let spec = &alloc.spec;
-    let Some(node) = node else {
-        return Made::Wait(format!("node {} is not registered", spec.node));
+    let segment = match placement(
+        &alloc.metadata.namespace,
+        &name,
+        &tpl.plugin_id,
+        tpl.capacity_min,
+        &alloc.spec.node,
+        node,
+        capacity,
+        node_claims,
+    ) {
+        Ok(segment) => segment,
+        Err(Verdict::Wait(w)) => return Made::Wait(w),
+        Err(Verdict::Deny(d)) => return Made::Deny(d),
     };
-    let Some(plugin) = node.status.plugins.get(&tpl.plugin_id) else {
-        return Made::Deny(format!(
-            "plugin {} is not running on node {}",
-            tpl.plugin_id, spec.node
-        ));
+    let made_for = MadeFor {
+        allocation: alloc.metadata.name.clone(),
+        allocation_uid: alloc.metadata.uid.clone(),
+        request: req.name.clone(),
+        lifecycle: tpl.lifecycle,
+    };
+    Made::Create(tpl.volume_spec(req, Some(&segment), made_for))
+}
+
+/// Where a volume `name` (in namespace `ns`) of plugin `plugin_id`, at least
+/// `capacity_min`, can be made for use on node `node_name` (`node`, none while it is
+/// not registered): the plugin runs there as a node plugin and is healthy, the node's
+/// max volumes leave room (`node_claims`), and the capacity the plugin reports
+/// (`capacity`: its GetCapacity per segment) fits in the node's segment, or as a
+/// whole. Returns the node's segment, which the volume asks for as its topology.
+/// Templates ([`made`]) and the engine endpoint's `volume create` share it.
+#[allow(clippy::too_many_arguments)]
+pub fn placement<I>(
+    ns: &Namespace,
+    name: &str,
+    plugin_id: &PluginId,
+    capacity_min: Option<Size>,
+    node_name: &NodeName,
+    node: Option<&Node>,
+    capacity: Option<&[CapacityEntry]>,
+    node_claims: impl FnOnce() -> I,
+) -> Result<Topology, Verdict>
+where
+    I: IntoIterator,
+    I::Item: std::ops::Deref<Target = Claim>,
+{
+    let Some(node) = node else {
+        return Err(Verdict::Wait(format!("node {node_name} is not registered")));
+    };
+    let Some(plugin) = node.status.plugins.get(plugin_id) else {
+        return Err(Verdict::Deny(format!(
+            "plugin {plugin_id} is not running on node {node_name}"
+        )));
     };
     if plugin.plugin_type == PluginType::Controller {
-        return Made::Deny(format!(
-            "plugin {} runs only as a controller on node {}",
-            tpl.plugin_id, spec.node
-        ));
+        return Err(Verdict::Deny(format!(
+            "plugin {plugin_id} runs only as a controller on node {node_name}"
+        )));
     }
     if !plugin.healthy {
-        return Made::Deny(format!(
-            "plugin {} is unhealthy on node {}: {}",
-            tpl.plugin_id, spec.node, plugin.health_message
-        ));
+        return Err(Verdict::Deny(format!(
+            "plugin {plugin_id} is unhealthy on node {node_name}: {}",
+            plugin.health_message
+        )));
     }
     let claim = ClaimSpec {
-        plugin_id: tpl.plugin_id.clone(),
-        node: spec.node.clone(),
-        volume: VolumeId::new(name.clone()).unwrap_or_default(),
+        plugin_id: plugin_id.clone(),
+        node: node_name.clone(),
+        volume: VolumeId::new(name).unwrap_or_default(),
         ..Default::default()
     };
-    if let Err(v) = room(plugin, &alloc.metadata.namespace, &claim, "", node_claims) {
-        return match v {
-            Verdict::Wait(w) => Made::Wait(w),
-            Verdict::Deny(d) => Made::Deny(d),
-        };
-    }
+    room(plugin, ns, &claim, "", node_claims)?;
     let segment = plugin.topology.clone().unwrap_or_default();
-    if let (Some(min), Some(entries)) = (tpl.capacity_min, capacity) {
+    if let (Some(min), Some(entries)) = (capacity_min, capacity) {
         // The node's own segment's report, else the plugin's as a whole.
         let entry = entries
             .iter()
@@ -364,21 +401,13 @@ where
             } else {
                 format!("in segment {}", seg.join(","))
             };
-            return Made::Deny(format!(
-                "plugin {} reports {} available {seg}; the template asks for at least {}",
-                tpl.plugin_id,
+            return Err(Verdict::Deny(format!(
+                "plugin {plugin_id} reports {} available {seg}; the volume asks for at least {min}",
                 Size(e.fits()),
-                min
-            ));
+            )));
         }
     }
-    let made_for = MadeFor {
-        allocation: alloc.metadata.name.clone(),
-        allocation_uid: alloc.metadata.uid.clone(),
-        request: req.name.clone(),
-        lifecycle: tpl.lifecycle,
-    };
-    Made::Create(tpl.volume_spec(req, Some(&segment), made_for))
+    Ok(segment)
 }
 
 /// The access-mode rules across nodes: may a claim `(node, mode)` in `access_mode` join

@@ -85,6 +85,78 @@ async fn start_with(more: &[&str]) -> Cluster {
     Cluster::start_volume_plugin(more).await
 }
 
+/// Issue 41, item 4: `docker volume create` on a node makes the volume where that node
+/// can use it, by the rules of a template's volume: its segment as the requisite
+/// topology, and a size the plugin reports no room for in that segment is refused
+/// with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_created_at_a_node_s_endpoint_is_made_in_that_node_s_segment() {
+    let opts = cluster::PluginOpts {
+        node_extra: vec![
+            (
+                "n1".into(),
+                vec![
+                    "--topology=zone=a".into(),
+                    "--segment=zone=a:64MiB".into(),
+                    "--segment=zone=b:8MiB".into(),
+                ],
+            ),
+            ("n2".into(), vec!["--topology=zone=b".into()]),
+        ],
+        agent_args: vec!["--survey-interval=1s".into()],
+        ..Default::default()
+    };
+    let c = Cluster::start_volume_plugin_with(opts).await;
+    let id = PluginId::new(PLUGIN).unwrap();
+    c.wait("zone b's capacity reported", T, || async {
+        c.store.capacity(&id).await.ok().flatten().is_some_and(|r| {
+            r.iter()
+                .any(|e| e.topology.get("zone").map(String::as_str) == Some("b"))
+        })
+    })
+    .await;
+    ok(
+        &c,
+        "n2",
+        "Create",
+        json!({"Name": "small", "Opts": {"size": "1MiB"}}),
+    )
+    .await;
+    let zone_b: Topology = [("zone".to_string(), "b".to_string())].into();
+    c.wait("small made in zone b", T, || async {
+        c.store
+            .try_get(&Volume::key_for(&Namespace::default_ns(), "small"))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|v| {
+                v.spec
+                    .topology_request
+                    .as_deref()
+                    .is_some_and(|t| t.required == [zone_b.clone()])
+                    && v.status.provisioning.accessible_topology == [zone_b.clone()]
+            })
+    })
+    .await;
+    refused(
+        &c,
+        "n2",
+        "Create",
+        json!({"Name": "big", "Opts": {"size": "16MiB"}}),
+        "in segment zone=b",
+    )
+    .await;
+    assert!(!volumes(&c).await.contains(&"big".to_string()));
+    // On n1 (zone a) the same size fits.
+    ok(
+        &c,
+        "n1",
+        "Create",
+        json!({"Name": "big", "Opts": {"size": "16MiB"}}),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_s_whole_lifecycle_through_the_endpoint() {
     let c = start().await;

@@ -80,6 +80,8 @@ for node in ${VOLUME_PLUGINS:-}; do
     # the engines create and remove.
     ctl role grant-permission "$user" readwrite "${PREFIX}allocations/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}volumes/" --prefix
+    # The capacity reports, to make a volume where the node's segment has room.
+    ctl role grant-permission "$user" read "${PREFIX}capacities/" --prefix
 done
 
 ctl auth enable

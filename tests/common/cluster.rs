@@ -524,12 +524,17 @@ impl Cluster {
     /// One controller and nodes n1, n2 whose agents serve the volume-plugin endpoint
     /// (with `more` agent flags); returns once every node is healthy and serves it.
     pub async fn start_volume_plugin(more: &[&str]) -> Cluster {
-        let mut agent_args = vec!["--volume-plugin={dir}/moor.sock".to_string()];
-        agent_args.extend(more.iter().map(|a| a.to_string()));
         let opts = PluginOpts {
-            agent_args,
+            agent_args: more.iter().map(|a| a.to_string()).collect(),
             ..PluginOpts::default()
         };
+        Cluster::start_volume_plugin_with(opts).await
+    }
+
+    /// [`Cluster::start_volume_plugin`] with these options (the endpoint's flag added).
+    pub async fn start_volume_plugin_with(mut opts: PluginOpts) -> Cluster {
+        opts.agent_args
+            .insert(0, "--volume-plugin={dir}/moor.sock".to_string());
         let c = Cluster::start(1, 2, opts).await;
         c.wait_nodes_healthy().await;
         for n in ["n1", "n2"] {

@@ -287,16 +287,9 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
             orphan_interval: args.volume_plugin_orphan_interval,
             orphan_grace: args.volume_plugin_orphan_grace,
         };
-        let (store, node, supervisor, shutdown) = (
-            store.clone(),
-            node.clone(),
-            supervisor.clone(),
-            shutdown.clone(),
-        );
+        let (store, node, shutdown) = (store.clone(), node.clone(), shutdown.clone());
         tasks.spawn(async move {
-            if let Err(e) =
-                volume_plugin::serve(cfg, store, node, supervisor, shutdown.clone()).await
-            {
+            if let Err(e) = volume_plugin::serve(cfg, store, node, shutdown.clone()).await {
                 tracing::error!(
                     error = format!("{e:#}"),
                     "the volume-plugin endpoint failed"

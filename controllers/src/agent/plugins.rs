@@ -190,11 +190,6 @@ impl Supervisor {
         }
     }
 
-    /// The accessible topology plugin `id` reported for this node, if any.
-    pub fn topology(&self, id: &PluginId) -> Option<Topology> {
-        self.read().get(id).and_then(|s| s.topology.clone())
-    }
-
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<PluginId, NodePluginStatus>> {
         self.inner.status.read().unwrap_or_else(|p| p.into_inner())
     }

@@ -37,8 +37,6 @@ use tokio_util::sync::CancellationToken;
 use moor::api::{Namespace, NodeName, PluginId};
 use moor::store::Store;
 
-use super::plugins::Supervisor;
-
 pub use ops::Endpoint;
 
 /// The largest request body read: the protocol's requests are a name, an id and a few
@@ -117,7 +115,6 @@ pub async fn serve(
     cfg: Config,
     store: Store,
     node: NodeName,
-    supervisor: Supervisor,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     check_grants(&store, &cfg.namespace).await?;
@@ -132,7 +129,7 @@ pub async fn serve(
         cfg.orphan_grace,
         shutdown.clone(),
     ));
-    let endpoint = Arc::new(Endpoint::new(cfg, store, node, supervisor));
+    let endpoint = Arc::new(Endpoint::new(cfg, store, node));
     let app = axum::Router::new()
         .route("/Plugin.Activate", post(activate))
         .route("/VolumeDriver.Capabilities", post(capabilities))

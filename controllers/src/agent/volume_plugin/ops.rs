@@ -15,7 +15,7 @@ use moor::api::*;
 use moor::store::{Store, StoreError};
 
 use super::options::CreateOptions;
-use super::{Answer, Config, Failure, Supervisor};
+use super::{Answer, Config, Failure};
 
 /// Labels of what the endpoint writes.
 pub const LABEL_CREATED_BY: &str = "moor.dev/created-by";
@@ -41,7 +41,6 @@ pub struct Endpoint {
     cfg: Config,
     store: Store,
     node: NodeName,
-    supervisor: Supervisor,
 }
 
 /// A field of a request that must be a string.
@@ -80,13 +79,8 @@ fn caller(req: &Map<String, Value>) -> Result<String, Failure> {
 
 impl Endpoint {
     /// The endpoint of this node.
-    pub fn new(cfg: Config, store: Store, node: NodeName, supervisor: Supervisor) -> Endpoint {
-        Endpoint {
-            cfg,
-            store,
-            node,
-            supervisor,
-        }
+    pub fn new(cfg: Config, store: Store, node: NodeName) -> Endpoint {
+        Endpoint { cfg, store, node }
     }
 
     /// Runs the verb `verb` (the part after `VolumeDriver.`).
@@ -115,8 +109,12 @@ impl Endpoint {
     }
 
     /// Create: an existing volume is used as it is (an option it contradicts is
-    /// refused); otherwise a Volume is written from the options, preferring this
-    /// node's topology. Returns once desired state is written; Mount waits for Ready.
+    /// refused); otherwise a Volume is written from the options, made where this node
+    /// can use it: the placement rules of a template's volume
+    /// ([`moor::admission::placement`]: the plugin healthy here, room under its max
+    /// volumes, the capacity its survey reported for this node's segment), with this
+    /// node's segment as the requisite and preferred topology. Returns once desired
+    /// state is written; Mount waits for Ready.
     async fn create(&self, req: &Map<String, Value>) -> Answer {
         let id = volume_name(req)?;
         let opts = CreateOptions::parse(req.get("Opts"))?;
@@ -150,10 +148,11 @@ impl Endpoint {
         if !opts.parameters.is_empty() {
             spec.parameters = Rare::new(opts.parameters.clone());
         }
-        if let Some(t) = self.supervisor.topology(&plugin) {
+        let segment = self.placement(&id, &plugin, opts.size).await?;
+        if !segment.is_empty() {
             spec.topology_request = Some(Box::new(TopologyRequest {
-                required: Vec::new(),
-                preferred: vec![t],
+                required: vec![segment.clone()],
+                preferred: vec![segment],
             }));
         }
         let name = Name::new(id.as_str()).map_err(|e| Failure::bad(e.to_string()))?;
@@ -171,6 +170,56 @@ impl Endpoint {
             Err(StoreError::AlreadyExists { .. }) => Ok(json!({})),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Where volume `id` of `plugin`, at least `size`, is made for this node (see
+    /// [`Endpoint::create`]); refused with the rule's reason.
+    async fn placement(
+        &self,
+        id: &VolumeId,
+        plugin: &PluginId,
+        size: Option<Size>,
+    ) -> Result<Topology, Failure> {
+        let node = self.store.try_get(&Node::key_for(&self.node)).await?;
+        let limited = node
+            .as_ref()
+            .and_then(|n| n.status.plugins.get(plugin))
+            .is_some_and(|p| p.max_volumes_per_node.is_some());
+        // The claims on this node, only where the plugin limits volumes per node.
+        let claims = if limited {
+            self.store.list(&Claim::node_scope(&self.node)).await?.items
+        } else {
+            Vec::new()
+        };
+        // The survey's report; unreadable (an older role without the grant, a
+        // malformed value) is unknown, as where the plugin offers no GetCapacity.
+        let capacity = match self.store.capacity(plugin).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(plugin = %plugin, error = %e, "capacity report unreadable; placing without it");
+                None
+            }
+        };
+        moor::admission::placement(
+            self.ns(),
+            id.as_str(),
+            plugin,
+            size,
+            &self.node,
+            node.as_ref(),
+            capacity.as_deref(),
+            || {
+                claims
+                    .iter()
+                    .map(|c| std::sync::Arc::new(c.clone()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .map_err(|v| match v {
+            moor::admission::Verdict::Wait(why) | moor::admission::Verdict::Deny(why) => {
+                Failure::bad(format!("volume {id}: {why}"))
+            }
+        })
     }
 
     /// Remove: refused while any claim holds the volume (named); a volume Create made
