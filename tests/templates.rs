@@ -219,11 +219,14 @@ async fn a_retained_template_volume_goes_to_the_next_allocation_of_the_same_name
             })
     })
     .await;
-    // Deleting a retained volume is the operator's act.
-    for a in ["db", "web-1", "web-0"] {
+    // Deleting a retained volume is the operator's act: with its allocation
+    // (`delete allocation --volumes`), or by itself.
+    let (ok, out) = c.moorctl(&["delete", "allocation", "db", "--volumes"]);
+    assert!(ok && out.contains("volume db.data"), "{out}");
+    for a in ["web-1", "web-0"] {
         delete_alloc(&c, a).await;
     }
-    for v in ["db.data", "web-0.data", "web-1.data"] {
+    for v in ["web-0.data", "web-1.data"] {
         let (ok, out) = c.moorctl(&["delete", "volume", v]);
         assert!(ok, "{out}");
     }

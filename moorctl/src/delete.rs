@@ -14,6 +14,10 @@ pub struct Delete {
     /// Namespace.
     #[arg(short = 'n', long, default_value = "default")]
     pub namespace: String,
+    /// With an allocation: also delete the volumes its templates made, retained ones
+    /// included (their finalizers hold each until its claims are released).
+    #[arg(long)]
+    pub volumes: bool,
 }
 
 impl Delete {
@@ -21,6 +25,15 @@ impl Delete {
     pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
         let cmd = self;
         let ns = parse_ns(&cmd.namespace)?;
+        if cmd.volumes && cmd.kind != Kind::Allocation {
+            return Err(Refused("--volumes applies to an allocation".into()).into());
+        }
+        // The volumes its templates made, read before the allocation goes.
+        let made = if cmd.volumes {
+            made_volumes(ctx, &ns, &cmd.name).await?
+        } else {
+            Vec::new()
+        };
         // None: not found; after a lost answer, that is our deletion having landed.
         let outcome = ride_out(ctx, |retrying| {
             let ns = &ns;
@@ -52,6 +65,46 @@ impl Delete {
                 finalizing.join(", ")
             );
         }
+        for v in made {
+            let key = moor::api::Volume::key_for(&ns, v.as_str());
+            match kind::delete(ctx, Kind::Volume, &key.into_string()).await {
+                Ok(f) if f.is_empty() => outln!("volume {v} deleted"),
+                Ok(f) => outln!(
+                    "volume {v} marked for deletion; waiting for {}",
+                    f.join(", ")
+                ),
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
         Ok(0)
     }
+}
+
+/// The volumes allocation `name`'s templates made (those that exist and say so).
+async fn made_volumes(
+    ctx: &Ctx,
+    ns: &moor::api::Namespace,
+    name: &str,
+) -> anyhow::Result<Vec<moor::api::VolumeId>> {
+    use moor::api::{Allocation, Volume};
+    let Some(alloc) = ctx.store.try_get(&Allocation::key_for(ns, name)).await? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for req in alloc.spec.volumes.iter().filter(|r| r.template.is_some()) {
+        let Some(id) = alloc.request_volume(req) else {
+            continue;
+        };
+        let made_here = ctx
+            .store
+            .try_get(&Volume::key_for(ns, &id))
+            .await?
+            .and_then(|v| v.spec.made_for)
+            .is_some_and(|m| m.allocation == alloc.metadata.name && m.request == req.name);
+        if made_here {
+            out.push(id);
+        }
+    }
+    Ok(out)
 }

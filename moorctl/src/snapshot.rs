@@ -101,6 +101,7 @@ impl SnapshotCmd {
                     kind: Kind::Snapshot,
                     name,
                     namespace,
+                    volumes: false,
                 }
                 .run(ctx)
                 .await
