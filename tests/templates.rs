@@ -18,23 +18,8 @@ static SLOTS: Semaphore = Semaphore::const_new(2);
 
 const T: Duration = Duration::from_secs(30);
 
-/// Two segments: n1 in zone=a, n2 in zone=b, the controller (on n1) serving both.
 fn zoned() -> PluginOpts {
-    PluginOpts {
-        node_extra: vec![
-            (
-                "n1".into(),
-                vec![
-                    "--topology=zone=a".into(),
-                    "--segment=zone=a:64MiB".into(),
-                    "--segment=zone=b:8MiB".into(),
-                ],
-            ),
-            ("n2".into(), vec!["--topology=zone=b".into()]),
-        ],
-        agent_args: vec!["--survey-interval=1s".into()],
-        ..Default::default()
-    }
+    PluginOpts::zoned()
 }
 
 /// An allocation `name` on `node` with request `data` made from a template of
@@ -83,6 +68,26 @@ async fn delete_alloc(c: &Cluster, name: &str) {
             .try_get(&Allocation::key_for(&Namespace::default_ns(), name))
             .await
             .is_ok_and(|a| a.is_none())
+    })
+    .await;
+}
+
+/// Waits until allocation `name` is Blocked with a reason containing each of `needles`.
+async fn wait_blocked(c: &Cluster, name: &str, needles: &[&str]) {
+    c.wait(&format!("{name} blocked: {needles:?}"), T, || async {
+        c.store
+            .try_get(&Allocation::key_for(&Namespace::default_ns(), name))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|a| {
+                a.status.phase == AllocationPhase::Blocked
+                    && a.status
+                        .meta
+                        .last_error
+                        .as_deref()
+                        .is_some_and(|e| needles.iter().all(|n| e.contains(n)))
+            })
     })
     .await;
 }
@@ -203,22 +208,7 @@ async fn a_retained_template_volume_goes_to_the_next_allocation_of_the_same_name
         cluster::PLUGIN
     );
     apply_yaml(&c, "web-0b", &other);
-    c.wait("web-0 blocked", T, || async {
-        c.store
-            .try_get(&Allocation::key_for(&Namespace::default_ns(), "web-0"))
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|a| {
-                a.status.phase == AllocationPhase::Blocked
-                    && a.status
-                        .meta
-                        .last_error
-                        .as_deref()
-                        .is_some_and(|e| e.contains("parameters"))
-            })
-    })
-    .await;
+    wait_blocked(&c, "web-0", &["parameters"]).await;
     // Deleting a retained volume is the operator's act: with its allocation
     // (`delete allocation --volumes`), or by itself.
     let (ok, out) = c.moorctl(&["delete", "allocation", "db", "--volumes"]);
@@ -276,22 +266,7 @@ async fn a_template_too_big_for_its_node_s_segment_is_refused_by_plan_and_admiss
     assert!(ok, "{plan_a}");
 
     apply_yaml(&c, "big", &big);
-    c.wait("big blocked", T, || async {
-        c.store
-            .try_get(&Allocation::key_for(&Namespace::default_ns(), "big"))
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|a| {
-                a.status.phase == AllocationPhase::Blocked
-                    && a.status
-                        .meta
-                        .last_error
-                        .as_deref()
-                        .is_some_and(|e| e.contains("in segment zone=b"))
-            })
-    })
-    .await;
+    wait_blocked(&c, "big", &["in segment zone=b"]).await;
     assert!(volume(&c, "big.data").await.is_none());
     assert_eq!(c.node("n1").tried("CreateVolume"), 0);
 }
@@ -401,20 +376,7 @@ async fn a_template_the_plugin_refuses_blocks_its_allocation_with_the_reason() {
         })
         .await;
     apply_yaml(&c, "f1", &templated("f1", "n2", "1MiB", "ephemeral"));
-    c.wait("f1 blocked with the plugin's reason", T, || async {
-        c.store
-            .try_get(&Allocation::key_for(&Namespace::default_ns(), "f1"))
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|a| {
-                a.status.phase == AllocationPhase::Blocked
-                    && a.status.meta.last_error.as_deref().is_some_and(|e| {
-                        e.contains("request data:") && e.contains("injected fault")
-                    })
-            })
-    })
-    .await;
+    wait_blocked(&c, "f1", &["request data:", "injected fault"]).await;
     let (ok, out) = c.moorctl(&["describe", "allocation", "f1"]);
     assert!(ok && out.contains("injected fault"), "{out}");
     assert_eq!(c.node("n1").count("CreateVolume", "InvalidArgument"), 1);

@@ -91,22 +91,7 @@ async fn start_with(more: &[&str]) -> Cluster {
 /// with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_created_at_a_node_s_endpoint_is_made_in_that_node_s_segment() {
-    let opts = cluster::PluginOpts {
-        node_extra: vec![
-            (
-                "n1".into(),
-                vec![
-                    "--topology=zone=a".into(),
-                    "--segment=zone=a:64MiB".into(),
-                    "--segment=zone=b:8MiB".into(),
-                ],
-            ),
-            ("n2".into(), vec!["--topology=zone=b".into()]),
-        ],
-        agent_args: vec!["--survey-interval=1s".into()],
-        ..Default::default()
-    };
-    let c = Cluster::start_volume_plugin_with(opts).await;
+    let c = Cluster::start_volume_plugin_with(cluster::PluginOpts::zoned()).await;
     let id = PluginId::new(PLUGIN).unwrap();
     c.wait("zone b's capacity reported", T, || async {
         c.store.capacity(&id).await.ok().flatten().is_some_and(|r| {

@@ -112,6 +112,29 @@ pub struct PluginOpts {
     pub controller_args: Vec<String>,
 }
 
+impl PluginOpts {
+    /// Two topology segments: n1 in zone=a and n2 in zone=b, the controller instance
+    /// (on n1) serving both, zone=a with 64 MiB and zone=b with 8 MiB; the survey
+    /// every second.
+    pub fn zoned() -> PluginOpts {
+        PluginOpts {
+            node_extra: vec![
+                (
+                    "n1".into(),
+                    vec![
+                        "--topology=zone=a".into(),
+                        "--segment=zone=a:64MiB".into(),
+                        "--segment=zone=b:8MiB".into(),
+                    ],
+                ),
+                ("n2".into(), vec!["--topology=zone=b".into()]),
+            ],
+            agent_args: vec!["--survey-interval=1s".into()],
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for PluginOpts {
     fn default() -> Self {
         PluginOpts {
