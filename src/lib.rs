@@ -12,7 +12,11 @@
 //! - [`store`]: the typed store over the etcd v3 API: get, paginated list, guarded
 //!   writes, watch, leases; every value read is validated and a bad one is an error.
 //! - [`runtime`]: our kube-runtime: watcher, informer, reflector, controller (keyed
-//!   queue, backoff, resync), leader election, metrics, events, retry gates.
+//!   queue, backoff, resync), leader election, metrics, events, the step runner and
+//!   its retry gates, the writer handle reconcilers write through.
+//! - [`backoff`]: exponential backoff with jitter, shared by the store, the runtime and
+//!   the CSI client.
+//! - [`telemetry`]: logs and traces of a daemon (one trace per claim, OTLP export).
 //! - [`csi`]: moor's side of CSI: the typed client, the call policy (retries, deadlines,
 //!   what an answer means), conversions from moor's types, the requests built without
 //!   I/O (`csi::requests`) and the live contract monitor's rules (`csi::contract`). The protocol itself, the
@@ -32,3 +36,47 @@ pub mod store;
 pub mod telemetry;
 
 pub use moor_csi::{journal, process};
+
+/// The module docs that list a module's children (`- [`name`]: ...`) name each child
+/// module, and only those: a check that fails when the code and its map drift apart.
+#[cfg(test)]
+mod layout {
+    use std::collections::BTreeSet;
+
+    /// The children a module's doc lists, and those its source declares.
+    fn named_and_declared(src: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+        let mut named = BTreeSet::new();
+        for line in src.lines().filter_map(|l| l.strip_prefix("//! - ")) {
+            // Every [`name`] on a bullet's first line that is a plain module name.
+            for part in line.split("[`").skip(1) {
+                let name = part.split('`').next().unwrap_or_default();
+                if !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                    named.insert(name.to_string());
+                }
+            }
+        }
+        let declared = src
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("pub mod ")
+                    .or_else(|| l.strip_prefix("pub use crate::"))
+                    .map(|r| r.trim_end_matches(';').to_string())
+            })
+            .collect();
+        (named, declared)
+    }
+
+    #[test]
+    fn the_layouts_name_every_module_and_only_those() {
+        for (file, src) in [
+            ("src/lib.rs", include_str!("lib.rs")),
+            ("src/runtime/mod.rs", include_str!("runtime/mod.rs")),
+        ] {
+            let (named, declared) = named_and_declared(src);
+            assert_eq!(
+                named, declared,
+                "{file}: its doc's list against its modules"
+            );
+        }
+    }
+}

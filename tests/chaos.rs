@@ -16,7 +16,8 @@
 //! schedule's bound. Even seeds run plugins that advertise SINGLE_NODE_MULTI_WRITER,
 //! odd seeds plugins that do not.
 //!
-//! A run prints its seed; `MOOR_CHAOS_SEED=N cargo test --test chaos` replays it (the
+//! A run prints its seed at its start (uncaptured, so also when it passes);
+//! `MOOR_CHAOS_SEED=N cargo test --test chaos` replays it (the
 //! same script; the processes' timing still varies). `MOOR_CHAOS_OPS=N` sets the
 //! script's length (default 200). Without a seed the suite makes a new one, except
 //! under CI, which runs the fixed [`CI_SEEDS`]. docs/benchmarks.md records long runs.
@@ -1184,7 +1185,11 @@ async fn run(seed: u64, ops: usize) {
     // has one claim per node, sent as SINGLE_NODE_WRITER, and the checker holds its
     // one writer too.
     let multi_writer_cap = seed.is_multiple_of(2);
-    eprintln!(
+    // Written to the process's stderr, not through the test harness's capture: the
+    // seed shows at the start of every run, passing or not.
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
         "chaos: seed {seed} ({ops} ops, SINGLE_NODE_MULTI_WRITER {}); replay with \
          MOOR_CHAOS_SEED={seed}",
         if multi_writer_cap {

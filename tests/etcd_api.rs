@@ -258,7 +258,11 @@ async fn transcript(backend: Backend) -> Vec<String> {
         .await
         .unwrap();
     loop {
-        let resp = stream.message().await.unwrap().unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(30), stream.message())
+            .await
+            .expect("the watch answered within 30 s")
+            .unwrap()
+            .unwrap();
         if resp.canceled() {
             t.push(format!(
                 "watch from +1: canceled, compact revision +{}",

@@ -300,14 +300,18 @@ async fn deleting_a_volume_in_use_waits_for_its_claims() {
         )
         .await
         .unwrap();
-    // Held by the claim: still there, and DeleteVolume not called.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let vol = c
-        .store
-        .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
-        .await
-        .unwrap();
-    assert!(vol.is_deleting());
+    // Held by the claim: still there once the controller has seen the deletion (it is
+    // no longer schedulable), and DeleteVolume not called.
+    let v1 = crate::common::key::<VolumeSpec>("volumes/default/v1");
+    c.wait("the controller to see v1's deletion", T, || async {
+        c.store
+            .try_get(&v1)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|v| v.is_deleting() && !v.status.claims.schedulable)
+    })
+    .await;
     assert_eq!(c.node("n1").count("DeleteVolume", "OK"), 0);
     c.stop_alloc("a1").await;
     let store = c.store.clone();
@@ -741,13 +745,9 @@ async fn an_operator_force_detach_releases_a_claim_on_a_dead_node() {
     c.node_mut("n2").agent.kill();
     c.node_mut("n2").plugin.kill();
     c.stop_alloc("a1").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let stuck = c.claim("a1", "n2").await.unwrap();
-    assert_eq!(
-        stuck.status.phase,
-        ClaimPhase::Releasing,
-        "waits for the node"
-    );
+    // Releasing: the node's steps are owed and the node is dead, so it waits there
+    // until the operator's declaration below.
+    c.wait_claim("a1", "n2", ClaimPhase::Releasing, T).await;
     // `moorctl volume detach v1 --node n2`.
     loop {
         let mut v = c

@@ -24,4 +24,5 @@ need podman podman
 need runc runc
 need busybox busybox-static
 need dockerd docker.io
-exec cargo test --workspace "$@"
+# Every test binary runs, whatever fails first: one failure must not hide another.
+exec cargo test --workspace --no-fail-fast "$@"

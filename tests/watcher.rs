@@ -18,16 +18,22 @@ async fn next(stream: &mut (impl Stream<Item = Item> + Unpin)) -> Item {
         .expect("the watcher stream never ends")
 }
 
-/// Polls until an Ok event, collecting errors on the way.
+/// Polls until an Ok event, collecting errors on the way, for at most 60 s (a stream
+/// that only ever errs fails the test, never hangs it).
 async fn next_event(
     stream: &mut (impl Stream<Item = Item> + Unpin),
     errors: &mut Vec<WatchError>,
 ) -> Event<Volume> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         match next(stream).await {
             Ok(ev) => return ev,
             Err(e) => errors.push(e),
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no event in 60 s, only errors: {errors:?}"
+        );
     }
 }
 

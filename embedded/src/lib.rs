@@ -4,8 +4,10 @@
 //! KV (Range, Put, DeleteRange, Txn, Compact), Watch (start revision, ranges, prev_kv,
 //! filters, cancel, compaction, progress), Lease (grant, revoke, keep-alive, time-to-live,
 //! leases; an expired lease deletes its keys) and Maintenance Status. Everything else
-//! answers Unimplemented. There is no auth and no TLS: it listens on loopback for
-//! `moord dev` and tests; a real deployment uses etcd.
+//! answers Unimplemented. There is no auth. It listens on loopback for `moord dev` and
+//! tests; a non-loopback address needs TLS (`--cert`/`--key`, and `--client-ca` to
+//! require client certificates) or an explicit `--insecure-listen`. A real deployment
+//! uses etcd.
 
 mod mvcc;
 mod services;

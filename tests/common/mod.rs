@@ -155,6 +155,18 @@ impl Etcd {
     }
 
     /// Kills etcd with SIGKILL, as a crash would.
+    /// Pauses (SIGSTOP) or resumes (SIGCONT) the server: its clients' requests wait.
+    pub fn pause(&self, paused: bool) {
+        if let Some(child) = &self.child {
+            let signal = if paused { "-STOP" } else { "-CONT" };
+            let ok = std::process::Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {signal} the server");
+        }
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();

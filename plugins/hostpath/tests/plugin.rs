@@ -1000,7 +1000,6 @@ async fn the_call_log_records_every_rpc_and_never_a_secret() {
     let create = calls.iter().find(|c| c.rpc == "CreateVolume").unwrap();
     assert_eq!(create.code, "OK");
     assert_eq!(create.name.as_deref(), Some("v1"));
-    assert!(create.duration_ms >= 0.0);
     let bad = calls.iter().find(|c| c.rpc == "DeleteVolume").unwrap();
     assert_eq!(bad.code, "InvalidArgument");
     assert!(calls.iter().any(|c| c.rpc == "Probe" && c.ok()));

@@ -9,7 +9,7 @@
 //!    `<mount-dir>/per-alloc/NS/ALLOC/VOL/<ro|rw>-<usage>`. Each step is recorded as
 //!    uncertain in the data dir before its call and done after it, so a restarted agent
 //!    adopts what is done instead of repeating it.
-//! 3. A released (or deleted) claim: `ensure_unpublished`, then `ensure_unstaged` when
+//! 3. A released (or deleted) claim: `ensure_unpublished`, then `unstage` when
 //!    no other claim uses the staging path; then the Mount says `released`, which is
 //!    what lets the controller detach.
 //! 4. Every change is mirrored in the claim's Mount object; failures are recorded there
