@@ -262,6 +262,36 @@ impl Writer {
         Ok(written)
     }
 
+    /// Removes finalizer `name` from the object at `key`, however the object changed
+    /// meanwhile: read, drop it, write; again on a conflict, at most 16 times (then
+    /// the conflict is the caller's, whose reconcile looks again). Gone, or without
+    /// the finalizer: nothing to do.
+    pub async fn remove_finalizer<S: Spec>(
+        &self,
+        key: &ObjectKey<S>,
+        name: &str,
+    ) -> Result<(), StoreError> {
+        let mut last = None;
+        for _ in 0..16 {
+            let Some(mut obj) = self.store.try_get(key).await? else {
+                return Ok(());
+            };
+            if !obj.metadata.finalizers.iter().any(|f| f == name) {
+                return Ok(());
+            }
+            obj.metadata.finalizers.retain(|f| f != name);
+            match self.replace(&obj).await {
+                Ok(_) | Err(StoreError::NotFound { .. }) => return Ok(()),
+                Err(e @ StoreError::Conflict { .. }) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| StoreError::Conflict {
+            key: key.as_str().to_string(),
+            expected: 0,
+        }))
+    }
+
     /// [`Store::replace_status`], recorded.
     pub async fn replace_status<S: Spec>(&self, obj: &Object<S>) -> Result<Object<S>, StoreError> {
         let written = self.store.replace_status(obj).await?;

@@ -489,20 +489,11 @@ impl Snapshotter {
             }
             self.ctx.steps.forget(&key);
         }
-        loop {
-            let Some(mut s) = self.ctx.reads.try_get(&snap.object_key()).await? else {
-                return Ok(Action::AwaitChange);
-            };
-            s.metadata.finalizers.retain(|f| f != FINALIZER);
-            match self.ctx.writer.replace(&s).await {
-                Ok(_) => {
-                    return Ok(Action::AwaitChange);
-                }
-                Err(StoreError::NotFound { .. }) => return Ok(Action::AwaitChange),
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
+        self.ctx
+            .writer
+            .remove_finalizer(&snap.object_key(), FINALIZER)
+            .await?;
+        Ok(Action::AwaitChange)
     }
 
     /// A failed step: its failure and the retry on the status, a Warning; a final

@@ -410,22 +410,12 @@ impl Provisioner {
         }
         // The volume is gone from the plugin: drop our finalizer even if the object
         // changed meanwhile, rather than calling DeleteVolume again after a conflict.
-        let vol_key = vol.object_key();
-        loop {
-            let Some(mut v) = self.ctx.reads.try_get(&vol_key).await? else {
-                return Ok(Action::AwaitChange);
-            };
-            v.metadata.finalizers.retain(|f| f != FINALIZER);
-            match self.ctx.writer.replace(&v).await {
-                Ok(_) => {
-                    // Its deletion: the cache still shows it until the watch says so.
-                    return Ok(Action::AwaitChange);
-                }
-                Err(StoreError::NotFound { .. }) => return Ok(Action::AwaitChange),
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
+        // (Its deletion: the cache still shows it until the watch says so.)
+        self.ctx
+            .writer
+            .remove_finalizer(&vol.object_key(), FINALIZER)
+            .await?;
+        Ok(Action::AwaitChange)
     }
 
     /// A step of the deletion failed: shown on the status (its step, attempts and next
