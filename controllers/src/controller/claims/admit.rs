@@ -87,10 +87,14 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
     )
     .await;
     let created = match recorded {
-        Ok(Ok(created)) => created,
-        Ok(Err(Refusal::Access(verdict))) => return refuse(ctx, claim, verdict).await,
+        Ok(VolumeWrite::Written { created }) => created,
+        Ok(VolumeWrite::Refused(Refusal::Access(verdict))) => {
+            return refuse(ctx, claim, verdict).await
+        }
         // The volume changed since the cache showed it: decide again on the new one.
-        Ok(Err(Refusal::Stale)) => return Ok(Action::Requeue(Duration::from_millis(50))),
+        Ok(VolumeWrite::Refused(Refusal::Stale)) => {
+            return Ok(Action::Requeue(Duration::from_millis(50)))
+        }
         Err(StoreError::NotFound { .. }) => {
             return refuse(
                 ctx,

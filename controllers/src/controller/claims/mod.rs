@@ -269,14 +269,22 @@ async fn write_guarded<S: Spec>(
     Ok(())
 }
 
+/// What [`with_volume`] did.
+enum VolumeWrite<E> {
+    /// The volume's status and the claim were written; `created`: the attachment asked
+    /// for was created in the same transaction (else the caller creates it).
+    Written { created: bool },
+    /// `f` refused: nothing was written.
+    Refused(E),
+}
+
 /// Edits the status of the claim's volume with `f` (`Ok(false)`: no change; `Err`:
-/// nothing is written and the error returned) and writes `next` over `claim`: one
+/// nothing is written and the refusal returned) and writes `next` over `claim`: one
 /// transaction against the cached volume, guarded by its version and the claim's (and
 /// `guard`'s, the attachment a grant in `next` rests on); if either changed since (the
 /// provisioner writes its own section of the volume), the volume through a fresh
 /// read-modify-write, then the claim. `create` (the attachment an admission asks for)
-/// is created in the same transaction; `Ok(Ok(true))` says it was (on the fallback it
-/// is not, and the caller creates it).
+/// is created in the same transaction when it can be (not on the fallback).
 async fn with_volume<E>(
     ctx: &Ctx,
     claim: &Claim,
@@ -284,17 +292,21 @@ async fn with_volume<E>(
     next: Claim,
     guard: Option<&Attachment>,
     create: Option<&Attachment>,
-) -> Result<Result<bool, E>, StoreError> {
+) -> Result<VolumeWrite<E>, StoreError> {
     let ns = &claim.metadata.namespace;
     let key = Volume::key_for(ns, &claim.spec.volume);
     if let Some(read) = ctx.writer.fresh(&ctx.volumes, &key).await? {
         let mut volume = (*read).clone();
         if let Err(e) = f(&read, &mut volume.status) {
-            return Ok(Err(e));
+            return Ok(VolumeWrite::Refused(e));
         }
         let changed = (volume.status != read.status).then_some(&volume);
         match write_with(ctx, &read, changed, claim, next.clone(), guard, create).await {
-            Ok(()) => return Ok(Ok(create.is_some())),
+            Ok(()) => {
+                return Ok(VolumeWrite::Written {
+                    created: create.is_some(),
+                })
+            }
             Err(StoreError::Conflict { .. }) => {}
             Err(e) => return Err(e),
         }
@@ -312,13 +324,14 @@ async fn with_volume<E>(
             }
         })
         .await?;
-    if verdict.is_ok() {
-        match guard {
-            Some(g) => write_guarded(ctx, g, claim, next).await?,
-            None => write(ctx, claim, next).await?,
-        }
+    if let Err(e) = verdict {
+        return Ok(VolumeWrite::Refused(e));
     }
-    Ok(verdict.map(|()| false))
+    match guard {
+        Some(g) => write_guarded(ctx, g, claim, next).await?,
+        None => write(ctx, claim, next).await?,
+    }
+    Ok(VolumeWrite::Written { created: false })
 }
 
 /// Writes the claim's status if `f` changes it.
