@@ -29,18 +29,14 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 mod admit;
+mod facts;
 mod publish;
 mod release;
 
 use admit::admit;
-use publish::{
-    attachment_needed_by_others, attachment_state, create_attachment, publish, revoked_event,
-    waiting_for_node, withdraw, Attach, AttachTodo,
-};
-use release::{
-    claim_mount, node_collected, node_done, node_gc_ticks, release, released_frees,
-    waiting_for_unpublish,
-};
+use facts::{attachment_needed_by_others, claim_mount, node_done, revoked_event, withdraw};
+use publish::{attachment_state, create_attachment, publish, waiting_for_node, Attach, AttachTodo};
+use release::{node_gc_ticks, release, released_frees, waiting_for_unpublish};
 
 use super::context::waiting_index;
 use super::plan::{self, AttachPlan, NodeDone};

@@ -40,28 +40,6 @@ impl Grant {
     }
 }
 
-/// Withdraws the claim's node permission (the grant's attachment was force-detached):
-/// the node tears down what it did under it, and acts again only on a new grant.
-///
-/// The claim is stamped with the volume's generation now (`volume`'s, when known): the
-/// force-detach that withdrew the grant does not cover what the claim does from here
-/// on. Else a claim waiting for its new attachment would count as gone from the node,
-/// and the next release there would detach that new attachment too (found by the long
-/// chaos runs: ControllerPublish and ControllerUnpublish alternating every 30 ms).
-pub(super) fn withdraw(c: &mut Claim, why: &str, volume: Option<&Volume>) {
-    c.spec.publish = false;
-    c.spec.publish_context.clear();
-    c.spec.attachment = None;
-    c.spec.revoked = true;
-    if let Some(v) = volume {
-        c.spec.volume_generation = Some(v.metadata.generation);
-    }
-    if c.status.phase == ClaimPhase::Published {
-        c.status.phase = ClaimPhase::Admitted;
-    }
-    c.status.reason = Some(format!("node permission withdrawn: {why}"));
-}
-
 /// Carries out the claim's controller-publish step ([`plan::attach`]): creates a
 /// missing attachment, asks for the detach of one that does not cover the claim, and
 /// says whether the node may act.
@@ -158,31 +136,6 @@ pub(super) async fn attachment_state(
     })
 }
 
-/// Whether another claim of the claim's volume on its node may still be using the
-/// attachment there: it was let onto the node and its node side is not finished. A
-/// claim created since the cache last heard is safe to miss: it finds the attachment
-/// detaching and waits for a new one.
-pub(super) async fn attachment_needed_by_others(
-    ctx: &Ctx,
-    claim: &Claim,
-) -> Result<bool, StoreError> {
-    for o in ctx.claims.by_index(
-        BY_VOLUME,
-        &volume_index(&claim.metadata.namespace, claim.spec.volume.as_str()),
-    ) {
-        if o.metadata.uid == claim.metadata.uid || o.spec.node != claim.spec.node {
-            continue;
-        }
-        let Some(o) = ctx.claim(&o.object_key()).await? else {
-            continue;
-        };
-        if plan::needs_attachment(&o, &node_done(ctx, &o), node_collected(ctx, &o.spec.node)) {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
 pub(super) fn waiting_for_node(claim: &Claim) -> String {
     format!("waiting for node {} to publish", claim.spec.node)
 }
@@ -247,21 +200,6 @@ async fn revoke(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, StoreErro
     write(ctx, claim, c).await?;
     revoked_event(ctx, claim, why).await;
     Ok(Action::AwaitChange)
-}
-
-pub(super) async fn revoked_event(ctx: &Ctx, claim: &Claim, why: &str) {
-    event(
-        ctx,
-        claim,
-        EventType::Warning,
-        "Node permission withdrawn",
-        format!(
-            "volume {} on node {}: {why}; the node tears down what it did and waits for \
-             the volume to be attached again",
-            claim.spec.volume, claim.spec.node
-        ),
-    )
-    .await;
 }
 
 async fn waiting(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, StoreError> {

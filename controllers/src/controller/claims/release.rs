@@ -56,39 +56,6 @@ pub(super) fn waiting_for_unpublish(claim: &Claim) -> String {
     format!("waiting for node {} to unpublish", claim.spec.node)
 }
 
-/// The Mount the claim's node agent keeps for this very claim (same uid), if any.
-pub(super) fn claim_mount(ctx: &Ctx, claim: &Claim) -> Option<Arc<Mount>> {
-    ctx.mounts
-        .get(&Mount::key_for(&claim.object_key()))
-        .filter(|m| m.spec.claim_uid == claim.metadata.uid)
-}
-
-/// Whether `node` has been gone longer than `--node-gc-timeout` (never without one).
-pub(super) fn node_collected(ctx: &Ctx, node: &NodeName) -> bool {
-    match (ctx.node_gc_timeout, ctx.node_gone_for(node)) {
-        (Some(timeout), Some(gone)) => gone >= timeout,
-        _ => false,
-    }
-}
-
-/// Whether the node side of a claim is finished (or skipped): [`plan::node_done`] over
-/// the caches.
-pub(super) fn node_done(ctx: &Ctx, claim: &Claim) -> NodeDone {
-    let mount = claim_mount(ctx, claim);
-    let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
-    let node_gone_for = ctx
-        .node_gc_timeout
-        .and_then(|_| ctx.node_gone_for(&claim.spec.node));
-    plan::node_done(&plan::NodeInputs {
-        claim,
-        mount: mount.as_deref(),
-        volume: volume.as_deref(),
-        node_present: ctx.nodes.get(&Node::key_for(&claim.spec.node)).is_some(),
-        node_gone_for,
-        node_gc_timeout: ctx.node_gc_timeout,
-    })
-}
-
 pub(super) async fn release(
     ctx: &Ctx,
     claim: &Claim,
