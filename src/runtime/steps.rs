@@ -215,6 +215,32 @@ impl Failed {
     }
 }
 
+/// A step whose gate is closed: it backs off for `after` more. Not a failure: the
+/// reconcile that met it is looked at again then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{step} backs off for {after:?} more")]
+pub struct BackingOff {
+    /// The step.
+    pub step: &'static str,
+    /// How long it still backs off.
+    pub after: Duration,
+}
+
+/// A reconcile's result with a closed gate (`backing_off` finds it in the error)
+/// turned into a requeue for when the gate opens.
+pub fn requeue_backing_off<E>(
+    result: Result<crate::runtime::controller::Action, E>,
+    backing_off: impl Fn(&E) -> Option<BackingOff>,
+) -> Result<crate::runtime::controller::Action, E> {
+    match result {
+        Err(e) => match backing_off(&e) {
+            Some(b) => Ok(crate::runtime::controller::Action::Requeue(b.after)),
+            None => Err(e),
+        },
+        ok => ok,
+    }
+}
+
 impl Steps {
     /// Gates under `schedule`.
     pub fn new(schedule: Schedule) -> Steps {
@@ -229,13 +255,14 @@ impl Steps {
     }
 
     /// Step `name` of `key`, to run now if its gate lets it; else how long it still
-    /// backs off.
+    /// backs off (an executor's reconcile returns it, and its runner requeues the key
+    /// after that long: [`BackingOff`]).
     pub fn begin<'a>(
         &'a self,
         key: &'a str,
         name: &'static str,
         inputs: u64,
-    ) -> Result<Step<'a>, Duration> {
+    ) -> Result<Step<'a>, BackingOff> {
         match self.gate(key, name, inputs) {
             Gate::Go => Ok(Step {
                 steps: self,
@@ -243,7 +270,7 @@ impl Steps {
                 name,
                 inputs,
             }),
-            Gate::Wait(d) => Err(d),
+            Gate::Wait(after) => Err(BackingOff { step: name, after }),
         }
     }
 

@@ -33,6 +33,10 @@ use crate::common::{details, object_ref};
 /// Why an attachment could not be converged.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
+    /// A step's gate is closed: not a failure, the key is looked at again when it
+    /// opens.
+    #[error(transparent)]
+    BackingOff(#[from] moor::runtime::steps::BackingOff),
     /// A CSI call failed.
     #[error("CSI call failed")]
     Csi(#[from] CsiError),
@@ -78,7 +82,14 @@ impl Attacher {
             .run(
                 move |key| {
                     let this = this.clone();
-                    async move { this.reconcile(key).await }
+                    async move {
+                        moor::runtime::steps::requeue_backing_off(this.reconcile(key).await, |e| {
+                            match e {
+                                AttachError::BackingOff(b) => Some(*b),
+                                _ => None,
+                            }
+                        })
+                    }
                 },
                 stop,
             )
@@ -141,14 +152,10 @@ impl Attacher {
 
     async fn attach(&self, att: &Attachment) -> Result<Action, AttachError> {
         let key = att.key();
-        let step = match self
+        let step = self
             .ctx
             .steps
-            .begin(&key, "ControllerPublishVolume", self.inputs(att))
-        {
-            Ok(step) => step,
-            Err(wait) => return Ok(Action::Requeue(wait)),
-        };
+            .begin(&key, "ControllerPublishVolume", self.inputs(att))?;
         let was_uncertain = att.status.uncertain;
         let req = requests::controller_publish(
             att,
@@ -207,14 +214,10 @@ impl Attacher {
             return self.delete(att).await;
         }
         let key = att.key();
-        let step = match self
+        let step = self
             .ctx
             .steps
-            .begin(&key, "ControllerUnpublishVolume", self.inputs(att))
-        {
-            Ok(step) => step,
-            Err(wait) => return Ok(Action::Requeue(wait)),
-        };
+            .begin(&key, "ControllerUnpublishVolume", self.inputs(att))?;
         let req = requests::controller_unpublish(att, self.volume(att).as_deref())?;
         let att = &self
             .ctx

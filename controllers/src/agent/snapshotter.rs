@@ -40,6 +40,10 @@ pub const FINALIZER: &str = "moor.dev/snapshotter";
 /// Why a snapshot could not be converged.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
+    /// A step's gate is closed: not a failure, the key is looked at again when it
+    /// opens.
+    #[error(transparent)]
+    BackingOff(#[from] moor::runtime::steps::BackingOff),
     /// Reading or writing etcd failed.
     #[error("store operation failed")]
     Store(#[from] StoreError),
@@ -196,7 +200,15 @@ impl Snapshotter {
                     let this = this.clone();
                     move |key| {
                         let this = this.clone();
-                        async move { this.reconcile(key).await }
+                        async move {
+                            moor::runtime::steps::requeue_backing_off(
+                                this.reconcile(key).await,
+                                |e| match e {
+                                    SnapshotError::BackingOff(b) => Some(*b),
+                                    _ => None,
+                                },
+                            )
+                        }
                     }
                 },
                 stop,
@@ -273,10 +285,7 @@ impl Snapshotter {
     ) -> Result<Action, SnapshotError> {
         const STEP: &str = "CreateSnapshot";
         let key = snap.key();
-        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(snap)) {
-            Ok(step) => step,
-            Err(after) => return Ok(Action::Requeue(after)),
-        };
+        let step = self.ctx.steps.begin(&key, STEP, self.inputs(snap))?;
         let first = snap.status.source_volume_id.is_none();
         if first {
             // In doubt from here on: a deletion asks again before DeleteSnapshot.
@@ -317,10 +326,7 @@ impl Snapshotter {
     ) -> Result<Action, SnapshotError> {
         const STEP: &str = "GetSnapshot";
         let key = snap.key();
-        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(snap)) {
-            Ok(step) => step,
-            Err(after) => return Ok(Action::Requeue(after)),
-        };
+        let step = self.ctx.steps.begin(&key, STEP, self.inputs(snap))?;
         let req = requests::get_snapshot(snap, volume, &id)?;
         let csi = self.ctx.csi()?;
         let answer = step
@@ -340,10 +346,7 @@ impl Snapshotter {
     ) -> Result<Action, SnapshotError> {
         const STEP: &str = "ListSnapshots";
         let key = snap.key();
-        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(snap)) {
-            Ok(step) => step,
-            Err(after) => return Ok(Action::Requeue(after)),
-        };
+        let step = self.ctx.steps.begin(&key, STEP, self.inputs(snap))?;
         let req = requests::list_snapshot(snap, volume, &id)?;
         let source = volume.and_then(|v| v.status.provisioning.external_id.clone());
         let plugin = self.ctx.plugin.id.clone();
@@ -456,14 +459,10 @@ impl Snapshotter {
                 .await;
             }
         } else if id.is_some() || in_doubt {
-            let step = match self
+            let step = self
                 .ctx
                 .steps
-                .begin(&key, "DeleteSnapshot", self.inputs(snap))
-            {
-                Ok(step) => step,
-                Err(after) => return Ok(Action::Requeue(after)),
-            };
+                .begin(&key, "DeleteSnapshot", self.inputs(snap))?;
             let csi = self.ctx.csi()?;
             if let (None, Some(src)) = (&id, &snap.status.source_volume_id) {
                 let req = requests::create_snapshot(snap, volume, src)?;

@@ -426,7 +426,7 @@ impl Reconcile {
         self.r
             .steps
             .begin(key, name, inputs)
-            .map_err(|after| NodeError::BackingOff(name, after))
+            .map_err(|b| NodeError::BackingOff(b.step, b.after))
     }
 
     /// Runs a forward CSI step as a checkpoint in the local state: gated first (a step

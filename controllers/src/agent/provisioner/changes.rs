@@ -16,10 +16,7 @@ impl Provisioner {
             return Ok(Action::AwaitChange);
         };
         let key = vol.key();
-        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(vol)) {
-            Ok(step) => step,
-            Err(after) => return Ok(Action::Requeue(after)),
-        };
+        let step = self.ctx.steps.begin(&key, STEP, self.inputs(vol))?;
         let csi = self.ctx.csi()?;
         let req =
             requests::validate_volume_capabilities(vol, ext.as_str(), self.ctx.multi_writer_cap())?;
@@ -106,10 +103,7 @@ impl Provisioner {
             return Ok(Action::AwaitChange);
         };
         let key = vol.key();
-        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(vol)) {
-            Ok(step) => step,
-            Err(after) => return Ok(Action::Requeue(after)),
-        };
+        let step = self.ctx.steps.begin(&key, STEP, self.inputs(vol))?;
         // A volume in use is expanded with the capability it is used with.
         let req = requests::controller_expand(
             vol,
@@ -166,10 +160,7 @@ impl Provisioner {
             return Ok(Action::AwaitChange);
         };
         let key = vol.key();
-        let step = match self.ctx.steps.begin(&key, STEP, self.inputs(vol)) {
-            Ok(step) => step,
-            Err(after) => return Ok(Action::Requeue(after)),
-        };
+        let step = self.ctx.steps.begin(&key, STEP, self.inputs(vol))?;
         let params = vol.spec.mutable_parameters.clone();
         let req = requests::controller_modify(vol, ext.as_str())?;
         if let Err(failed) = step.call(self.ctx.csi()?.controller_modify(req)).await {

@@ -37,6 +37,10 @@ pub const CLAIMS_FINALIZER: &str = "moor.dev/claims";
 /// Why a volume could not be converged.
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionError {
+    /// A step's gate is closed: not a failure, the key is looked at again when it
+    /// opens.
+    #[error(transparent)]
+    BackingOff(#[from] moor::runtime::steps::BackingOff),
     /// A CSI call failed.
     #[error("CSI call failed")]
     Csi(#[from] CsiError),
@@ -131,7 +135,14 @@ impl Provisioner {
             .run(
                 move |key| {
                     let this = this.clone();
-                    async move { this.reconcile(key).await }
+                    async move {
+                        moor::runtime::steps::requeue_backing_off(this.reconcile(key).await, |e| {
+                            match e {
+                                ProvisionError::BackingOff(b) => Some(*b),
+                                _ => None,
+                            }
+                        })
+                    }
                 },
                 stop,
             )
@@ -248,10 +259,10 @@ impl Provisioner {
     /// volume.
     async fn create(&self, vol: &Volume) -> Result<Action, ProvisionError> {
         let key = vol.key();
-        let step = match self.ctx.steps.begin(&key, "CreateVolume", self.inputs(vol)) {
-            Ok(step) => step,
-            Err(after) => return Ok(Action::Requeue(after)),
-        };
+        let step = self
+            .ctx
+            .steps
+            .begin(&key, "CreateVolume", self.inputs(vol))?;
         let req = match self.create_request(vol) {
             Ok(req) => req,
             Err(e @ (ProvisionError::SourceNotReady(_) | ProvisionError::SnapshotNotReady(_))) => {
@@ -372,10 +383,10 @@ impl Provisioner {
             // A CreateVolume may have taken effect without us learning the id: ask again
             // (idempotent by name) so the volume is not leaked. On CreateVolume's own
             // schedule: a plugin failing it is not asked on every pass.
-            let step = match self.ctx.steps.begin(&key, "CreateVolume", self.inputs(vol)) {
-                Ok(step) => step,
-                Err(after) => return Ok(Action::Requeue(after)),
-            };
+            let step = self
+                .ctx
+                .steps
+                .begin(&key, "CreateVolume", self.inputs(vol))?;
             let req = self.create_request(vol)?;
             let asked = asked(&req);
             match step.call(self.ctx.csi()?.create_volume(req)).await {
@@ -389,10 +400,10 @@ impl Provisioner {
         }
         if let Some(ext) = ext {
             let req = requests::delete_volume(vol, ext.as_str())?;
-            let step = match self.ctx.steps.begin(&key, "DeleteVolume", self.inputs(vol)) {
-                Ok(step) => step,
-                Err(after) => return Ok(Action::Requeue(after)),
-            };
+            let step = self
+                .ctx
+                .steps
+                .begin(&key, "DeleteVolume", self.inputs(vol))?;
             if let Err(failed) = step.call(self.ctx.csi()?.delete_volume(req)).await {
                 return self.delete_failed(vol, failed).await;
             }
