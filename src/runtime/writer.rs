@@ -292,6 +292,17 @@ impl Writer {
         }))
     }
 
+    /// [`Store::reseal`], recorded; whether it wrote.
+    pub async fn reseal<S: Spec>(&self, obj: &Object<S>) -> Result<bool, StoreError> {
+        match self.store.reseal(obj).await? {
+            Some(written) => {
+                self.wrote(&written);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// [`Store::replace_status`], recorded.
     pub async fn replace_status<S: Spec>(&self, obj: &Object<S>) -> Result<Object<S>, StoreError> {
         let written = self.store.replace_status(obj).await?;

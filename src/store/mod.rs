@@ -208,14 +208,16 @@ impl Store {
 
     /// Writes `obj` (as read) back when [`Codec::needs_reseal`] says its secrets would
     /// be stored differently, guarded by the version it was read at (a
-    /// [`StoreError::Conflict`] if it has changed since); `true` when it wrote.
-    pub async fn reseal<S: Spec>(&self, obj: &Object<S>) -> Result<bool, StoreError> {
+    /// [`StoreError::Conflict`] if it has changed since); the object as written, when
+    /// it wrote.
+    pub async fn reseal<S: Spec>(&self, obj: &Object<S>) -> Result<Option<Object<S>>, StoreError> {
         if !self.codec.needs_reseal(obj) {
-            return Ok(false);
+            return Ok(None);
         }
-        self.write_at(obj.clone(), obj.metadata.resource_version)
+        let written = self
+            .write_at(obj.clone(), obj.metadata.resource_version)
             .await?;
-        Ok(true)
+        Ok(Some(written))
     }
 
     fn check<S: Spec>(obj: &Object<S>) -> Result<(), StoreError> {

@@ -240,8 +240,8 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     tokio::join!(
         gauges::run(claims.reader(), plugins.reader(), stop.clone()),
         nodes::run(ctx.clone(), stop.clone()),
-        reseal::run(ctx.writer.store().clone(), volumes.clone(), stop.clone()),
-        reseal::run(ctx.writer.store().clone(), claims.clone(), stop.clone()),
+        reseal::run(ctx.writer.clone(), volumes.clone(), stop.clone()),
+        reseal::run(ctx.writer.clone(), claims.clone(), stop.clone()),
         claims::run(
             ctx.clone(),
             &informers,

@@ -3,12 +3,14 @@
 //! the key file) or sealed with a key that is no longer the first of the key file is
 //! written back, which seals it with the current key. Runs only in a controller that
 //! holds the cluster's key file; the rewrite changes no spec, so nothing else reacts.
+//! It writes through the reconcilers' Writer, which records the write, so that a
+//! reconciler's fresh read of the object sees it.
 
 use futures::StreamExt;
 use moor::api::{Object, Spec};
 use moor::runtime::informer::Informer;
 use moor::runtime::watcher::Event;
-use moor::store::Store;
+use moor::runtime::writer::Writer;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +19,8 @@ const ATTEMPTS: u32 = 5;
 
 /// Rewrites every object of kind `S` that [`moor::store::Codec::needs_reseal`] flags, from the
 /// informer's cache and then as objects change, until `stop`.
-pub async fn run<S: Spec>(store: Store, informer: Informer<Object<S>>, stop: CancellationToken) {
+pub async fn run<S: Spec>(writer: Writer, informer: Informer<Object<S>>, stop: CancellationToken) {
+    let store = writer.store();
     if store.keyring().is_none_or(|k| k.node().is_some()) {
         return;
     }
@@ -30,17 +33,17 @@ pub async fn run<S: Spec>(store: Store, informer: Informer<Object<S>>, stop: Can
             Ok(Event::Deleted { .. }) | Err(_) => continue,
         };
         for obj in objects.iter().filter(|o| store.codec().needs_reseal(*o)) {
-            reseal(&store, obj).await;
+            reseal(&writer, obj).await;
         }
     }
 }
 
 /// Writes the cached object back (no read first: a changed object is a conflict, and
 /// its own event brings it here again).
-async fn reseal<S: Spec>(store: &Store, obj: &Object<S>) {
+async fn reseal<S: Spec>(writer: &Writer, obj: &Object<S>) {
     let key = obj.object_key();
     for attempt in 1..=ATTEMPTS {
-        match store.reseal(obj).await {
+        match writer.reseal(obj).await {
             Ok(wrote) => {
                 if wrote {
                     tracing::info!(key = %key, "secrets sealed with the current key");
