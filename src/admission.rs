@@ -565,20 +565,17 @@ where
                     &node_claims,
                 )
             });
-            let refused = match (volume_id, volume) {
-                _ if matches!(made, Some(Made::Wait(_) | Made::Deny(_))) => match made {
-                    Some(Made::Wait(w)) => Some(Verdict::Wait(w)),
-                    Some(Made::Deny(d)) => Some(Verdict::Deny(d)),
-                    _ => None,
-                },
+            let refused = match (made, volume_id, volume) {
+                (Some(Made::Wait(w)), ..) => Some(Verdict::Wait(w)),
+                (Some(Made::Deny(d)), ..) => Some(Verdict::Deny(d)),
                 // Made where the node can use it: admitted once created.
-                (Some(_), None) if matches!(made, Some(Made::Create(_))) => None,
-                (None, _) => Some(Verdict::Deny(format!(
+                (Some(Made::Create(_)), Some(_), None) => None,
+                (_, None, _) => Some(Verdict::Deny(format!(
                     "request {}: per_alloc volume name is too long",
                     req.name
                 ))),
-                (Some(v), None) => Some(Verdict::Deny(format!("volume {v} does not exist"))),
-                (Some(_), Some(volume)) => match alloc.claim_for(req, volume) {
+                (_, Some(v), None) => Some(Verdict::Deny(format!("volume {v} does not exist"))),
+                (_, Some(_), Some(volume)) => match alloc.claim_for(req, volume) {
                     None => Some(Verdict::Deny(format!(
                         "request {}: the claim's name does not fit the id rule",
                         req.name

@@ -155,12 +155,8 @@ impl VolumeTemplate {
         if existing.capacity_max != self.capacity_max {
             differs.push("capacity_max");
         }
-        let shrinks = match (existing.capacity_min, self.capacity_min) {
-            (Some(had), Some(want)) => want < had,
-            (Some(_), None) => false,
-            (None, _) => false,
-        };
-        if shrinks {
+        if matches!((existing.capacity_min, self.capacity_min), (Some(had), Some(want)) if want < had)
+        {
             differs.push("capacity_min (volumes do not shrink)");
         }
         if !differs.is_empty() {

@@ -191,7 +191,10 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
             }
         }
     }
-    let node = ctx.nodes.get(&Node::key_for(&alloc.spec.node));
+    let templated = alloc.spec.volumes.iter().any(|r| r.template.is_some());
+    let node = templated
+        .then(|| ctx.nodes.get(&Node::key_for(&alloc.spec.node)))
+        .flatten();
     let plan = plan::allocation::converge(
         alloc,
         |key| ctx.claims.get(key),

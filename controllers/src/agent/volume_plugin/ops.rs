@@ -208,12 +208,7 @@ impl Endpoint {
             &self.node,
             node.as_ref(),
             capacity.as_deref(),
-            || {
-                claims
-                    .iter()
-                    .map(|c| std::sync::Arc::new(c.clone()))
-                    .collect::<Vec<_>>()
-            },
+            || claims.iter(),
         )
         .map_err(|v| match v {
             moor::admission::Verdict::Wait(why) | moor::admission::Verdict::Deny(why) => {
