@@ -27,11 +27,17 @@ pub(crate) enum Repeat {
 }
 
 /// Whether the request failed at the transport, and whether it certainly never reached
-/// a member (the connection could not be made).
+/// a member (the connection could not be made). tonic reports a connection that closed
+/// under a request in flight (a member killed mid-request) as CANCELLED: this process
+/// cancels no request it still waits for, so that code is a transport failure too.
 fn failure(e: &etcd_client::Error) -> Option<bool> {
     use etcd_client::Error as E;
     let status = match e {
-        E::GRpcStatus(s) if s.code() == tonic::Code::Unavailable => s,
+        E::GRpcStatus(s)
+            if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Cancelled) =>
+        {
+            s
+        }
         E::TransportError(_) | E::IoError(_) => return Some(connect_refused(e)),
         _ => return None,
     };
@@ -113,6 +119,16 @@ mod tests {
         assert_eq!(failure(&sent), Some(false));
         assert!(retryable(&sent, Repeat::Idempotent));
         assert!(!retryable(&sent, Repeat::OnlyUnsent));
+    }
+
+    #[test]
+    fn a_connection_closed_under_a_request_is_repeated_only_for_reads() {
+        // What tonic answers when the member dies with the request in flight.
+        let closed =
+            etcd_client::Error::GRpcStatus(tonic::Status::cancelled("operation was canceled"));
+        assert_eq!(failure(&closed), Some(false));
+        assert!(retryable(&closed, Repeat::Idempotent));
+        assert!(!retryable(&closed, Repeat::OnlyUnsent));
     }
 
     #[test]
