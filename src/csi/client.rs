@@ -22,7 +22,7 @@ use std::future::Future;
 use tonic::transport::Channel;
 use tracing::Instrument;
 
-use super::policy::{request, CsiError, Policy};
+use super::policy::{request, CsiError, Gate, Policy};
 use super::v1;
 use v1::controller_client::ControllerClient;
 use v1::node_client::NodeClient;
@@ -32,6 +32,7 @@ use v1::node_client::NodeClient;
 pub struct Csi {
     channel: Channel,
     policy: Policy,
+    gate: Option<Gate>,
 }
 
 /// A reverse call's answer: NotFound is the spec's answer for something already gone,
@@ -98,7 +99,20 @@ impl Target for v1::ListVolumesRequest {}
 impl Csi {
     /// A client over `channel` (see [`super::channel`]) under `policy`.
     pub fn new(channel: Channel, policy: Policy) -> Csi {
-        Csi { channel, policy }
+        Csi {
+            channel,
+            policy,
+            gate: None,
+        }
+    }
+
+    /// This client with `gate` checked right before each try of every call: the
+    /// holder of a term ([`crate::runtime::term::Term`]) sends nothing once it lapsed.
+    pub fn gated(self, gate: Gate) -> Csi {
+        Csi {
+            gate: Some(gate),
+            ..self
+        }
     }
 
     /// Sends `req` as `rpc` under the policy; `send` makes one try on a fresh client
@@ -123,7 +137,9 @@ impl Csi {
         );
         let answer = self
             .policy
-            .call(rpc, |t| send(self.channel.clone(), request(req.clone(), t)))
+            .call_gated(rpc, self.gate.as_ref(), |t| {
+                send(self.channel.clone(), request(req.clone(), t))
+            })
             .instrument(span.clone())
             .await;
         let code = match &answer {

@@ -91,6 +91,23 @@ pub struct CsiError {
 }
 
 impl CsiError {
+    /// A call its gate stopped before its first try: Aborted (nothing was sent, so
+    /// the step took no effect). A gate that closes between tries leaves the call with
+    /// the last try's answer instead.
+    pub fn not_sent(rpc: &'static str, why: String, tries: u32) -> CsiError {
+        CsiError {
+            rpc,
+            code: Code::Aborted,
+            message: format!("not sent: {why}"),
+            tries,
+        }
+    }
+
+    /// Whether the call's gate stopped it before its first try: nothing was sent.
+    pub fn is_not_sent(&self) -> bool {
+        self.tries == 0 && self.code == Code::Aborted
+    }
+
     /// What the failure means for the step.
     pub fn class(&self) -> Class {
         classify(self.code)
@@ -131,10 +148,29 @@ fn retryable(code: Code) -> bool {
     )
 }
 
+/// Checked right before each try of a call: `Err(why)` and the try is not sent (the
+/// call fails with [`CsiError::not_sent`]). A term of authority
+/// ([`crate::runtime::term::Term`]) is checked this way.
+pub type Gate = std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 impl Policy {
     /// Runs `attempt` (which sends one request with the deadline it is given) under the
     /// policy.
-    pub async fn call<T, F, Fut>(&self, rpc: &'static str, mut attempt: F) -> Result<T, CsiError>
+    pub async fn call<T, F, Fut>(&self, rpc: &'static str, attempt: F) -> Result<T, CsiError>
+    where
+        F: FnMut(Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.call_gated(rpc, None, attempt).await
+    }
+
+    /// [`Policy::call`], with `gate` checked before each try.
+    pub async fn call_gated<T, F, Fut>(
+        &self,
+        rpc: &'static str,
+        gate: Option<&Gate>,
+        mut attempt: F,
+    ) -> Result<T, CsiError>
     where
         F: FnMut(Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -142,6 +178,10 @@ impl Policy {
         let mut backoff = Backoff::new(self.initial, self.max_delay);
         let tries = self.tries.max(1);
         let mut tried = 0;
+        let closed = || gate.and_then(|g| g().err());
+        if let Some(why) = closed() {
+            return Err(CsiError::not_sent(rpc, why, 0));
+        }
         loop {
             tried += 1;
             let started = Instant::now();
@@ -163,16 +203,22 @@ impl Policy {
             match result {
                 Ok(resp) => return Ok(resp.into_inner()),
                 Err(status) => {
+                    let mut message = status.message().to_string();
                     if retryable(status.code()) && tried < tries {
                         let delay = backoff.next_delay();
                         tracing::debug!(rpc, code = ?status.code(), ?delay, "retrying CSI call");
                         tokio::time::sleep(delay).await;
-                        continue;
+                        // A gate closed meanwhile: the answer is the last try's (an
+                        // uncertain one stays uncertain), and no further try is sent.
+                        match closed() {
+                            None => continue,
+                            Some(why) => message = format!("{message}; then not sent: {why}"),
+                        }
                     }
                     return Err(CsiError {
                         rpc,
                         code: status.code(),
-                        message: status.message().to_string(),
+                        message,
                         tries: tried,
                     });
                 }
@@ -317,5 +363,50 @@ mod tests {
         assert_eq!(n.load(Ordering::SeqCst), 3);
         assert_eq!(e.code, Code::DeadlineExceeded);
         assert!(e.is_uncertain());
+    }
+
+    #[tokio::test]
+    async fn a_closed_gate_sends_nothing_and_the_call_took_no_effect() {
+        let n = AtomicU32::new(0);
+        let gate: Gate = std::sync::Arc::new(|| Err("term lapsed".to_string()));
+        let e = quick()
+            .call_gated("NodeStageVolume", Some(&gate), |_| {
+                n.fetch_add(1, Ordering::SeqCst);
+                async { Ok(tonic::Response::new(())) }
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(n.load(Ordering::SeqCst), 0, "nothing sent");
+        assert!(e.is_not_sent());
+        assert_eq!(e.class(), Class::Transient);
+        assert!(e.message.contains("term lapsed"), "{}", e.message);
+    }
+
+    #[tokio::test]
+    async fn a_gate_that_closes_between_tries_leaves_the_last_answer() {
+        let n = AtomicU32::new(0);
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let gate: Gate = {
+            let open = open.clone();
+            std::sync::Arc::new(move || {
+                if open.load(Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err("term lapsed".to_string())
+                }
+            })
+        };
+        let e = quick()
+            .call_gated("NodeStageVolume", Some(&gate), |_| {
+                n.fetch_add(1, Ordering::SeqCst);
+                open.store(false, Ordering::SeqCst);
+                std::future::pending::<Result<tonic::Response<()>, Status>>()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(n.load(Ordering::SeqCst), 1, "one try, none after the gate closed");
+        assert!(e.is_uncertain(), "the timed-out try may have taken effect: {e}");
+        assert!(!e.is_not_sent());
+        assert!(e.message.contains("then not sent: term lapsed"), "{}", e.message);
     }
 }

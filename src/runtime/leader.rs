@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 
+use super::term::Term;
 use crate::store::{
     Fence, KeepAlive, LeaseId, RawEventKind, Repeat, Store, StoreError, WatchStream,
 };
@@ -94,6 +95,7 @@ pub struct Leadership {
     store: Store,
     lease: LeaseId,
     lost: CancellationToken,
+    term: Term,
 }
 
 impl Leadership {
@@ -117,8 +119,16 @@ impl Leadership {
         self.lost.clone()
     }
 
+    /// The term by the leader's own clock: held until the last renewal's `sent + TTL -
+    /// margin`, ended when leadership is lost. What the leader does outside etcd (CSI
+    /// calls, which no fence guards) checks it right before each act.
+    pub fn term(&self) -> Term {
+        self.term.clone()
+    }
+
     /// Gives leadership up: stops acting, then revokes the lease so another can win.
     pub async fn resign(self) {
+        self.term.end();
         self.lost.cancel();
         if let Err(e) = self.store.revoke_lease(self.lease).await {
             tracing::warn!(error = %e, "could not revoke the leader lease; it will expire");
@@ -214,6 +224,8 @@ async fn try_acquire(
             lease: lease.0,
         };
         let lost = CancellationToken::new();
+        let term = Term::default();
+        term.renewed(granted_at, cfg.ttl);
         tokio::spawn(keep_leading(
             store.clone(),
             cfg.clone(),
@@ -222,7 +234,7 @@ async fn try_acquire(
                 lease,
                 record,
             },
-            granted_at + cfg.ttl,
+            term.clone(),
             lost.clone(),
         ));
         tracing::info!(election = %cfg.name, identity = %cfg.identity, "became leader");
@@ -231,6 +243,7 @@ async fn try_acquire(
             fence,
             lease,
             lost,
+            term,
         }));
     }
     store.revoke_lease(lease).await?;
@@ -367,11 +380,10 @@ async fn keep_leading(
     store: Store,
     cfg: LeaderConfig,
     mut held: Held,
-    first_deadline: Instant,
+    term: Term,
     lost: CancellationToken,
 ) {
-    let margin = (cfg.ttl / 5).max(Duration::from_millis(200));
-    let mut valid_until = first_deadline - margin;
+    let mut valid_until = term.deadline().unwrap_or_else(Instant::now);
     let renew_every = (cfg.ttl / 3).max(Duration::from_millis(100));
     let scope = crate::api::election_key(&cfg.name);
     let from = held.fence.create_revision + 1;
@@ -431,7 +443,10 @@ async fn keep_leading(
                         }
                     }
                     match tokio::time::timeout_at(valid_until, held.renew_record(&store)).await {
-                        Ok(Ok(true)) => valid_until = sent + cfg.ttl - margin.min(cfg.ttl / 2),
+                        Ok(Ok(true)) => {
+                            term.renewed(sent, cfg.ttl);
+                            valid_until = term.deadline().unwrap_or(valid_until);
+                        }
                         Ok(Ok(false)) => break "election key replaced",
                         // Not renewed this time; the deadline decides.
                         Ok(Err(_)) => {}
@@ -441,6 +456,7 @@ async fn keep_leading(
             }
         }
     };
+    term.end();
     if !lost.is_cancelled() {
         tracing::warn!(election = %cfg.name, identity = %cfg.identity, reason, "lost leadership");
     }
@@ -478,14 +494,14 @@ async fn open_missing(
 /// leadership `work` is dropped at once: it is no longer entitled to act.
 pub async fn lead<F, Fut>(store: Store, cfg: LeaderConfig, shutdown: CancellationToken, mut work: F)
 where
-    F: FnMut(Store, CancellationToken) -> Fut,
+    F: FnMut(Store, CancellationToken, Term) -> Fut,
     Fut: Future<Output = ()>,
 {
     while let Some(leadership) = acquire(&store, &cfg, &shutdown).await {
         super::metrics::leading(&cfg.name, true);
         let lost = leadership.lost();
         let stop = lost.child_token();
-        let work = work(leadership.store().clone(), stop.clone());
+        let work = work(leadership.store().clone(), stop.clone(), leadership.term());
         tokio::pin!(work);
         tokio::select! {
             _ = &mut work => {}

@@ -19,6 +19,8 @@
 //! - [`repeats`]: a failure that repeats is logged once, not once per retry.
 //! - [`shared_read`]: a fresh read shared by the callers asking while it runs (no
 //!   caller gets an answer from a read that began before it asked).
+//! - [`term`]: a term of authority (a leadership, a registration) that ends by the
+//!   holder's own clock unless renewed; checked before each CSI call made under it.
 //! - [`steps`]: the step runner every executor calls CSI through, with per (object,
 //!   step) retry gates that a reconciler's own writes cannot reset.
 
@@ -34,6 +36,7 @@ pub mod reflector;
 pub mod repeats;
 pub mod shared_read;
 pub mod steps;
+pub mod term;
 pub mod watcher;
 pub mod writer;
 

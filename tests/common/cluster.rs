@@ -17,6 +17,7 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 pub use crate::common::bin;
+use crate::common::proxy::Proxy;
 use crate::common::{wait_for, Etcd};
 
 /// A child process that can be killed with SIGKILL and started again.
@@ -80,6 +81,17 @@ impl Proc {
         self.spawn();
     }
 
+    /// SIGSTOP (`true`) or SIGCONT: a process alive but frozen, as under a long GC
+    /// pause, a VM migration or a stalled host. A paused process can still be killed.
+    pub fn pause(&mut self, paused: bool) {
+        if let Some(c) = &self.child {
+            let signal = if paused { "-STOP" } else { "-CONT" };
+            let _ = std::process::Command::new("kill")
+                .args([signal, &c.id().to_string()])
+                .status();
+        }
+    }
+
     pub fn is_running(&mut self) -> bool {
         self.child
             .as_mut()
@@ -110,6 +122,12 @@ pub struct PluginOpts {
     pub agent_args: Vec<String>,
     /// More flags of the controllers.
     pub controller_args: Vec<String>,
+    /// Each controller and agent reaches etcd through a [`Proxy`] of its own (see
+    /// [`Cluster::proxy`]), which a test can cut: a partition.
+    pub proxied: bool,
+    /// Each agent's data dir (its journal) on a tmpfs of this many MiB, which a test
+    /// can fill ([`Cluster::fill_disk`]); root only (without root it is a plain dir).
+    pub small_disk_mib: Option<u32>,
 }
 
 impl PluginOpts {
@@ -144,6 +162,8 @@ impl Default for PluginOpts {
             node_extra: Vec::new(),
             agent_args: Vec::new(),
             controller_args: Vec::new(),
+            proxied: false,
+            small_disk_mib: None,
         }
     }
 }
@@ -207,6 +227,11 @@ pub struct Cluster {
     pub controllers: Vec<Proc>,
     pub nodes: Vec<TestNode>,
     pub opts: PluginOpts,
+    /// Each proxied process's proxy to etcd, by process name (`controller-0`,
+    /// `agent-n1`).
+    pub proxies: BTreeMap<String, Proxy>,
+    /// The tmpfs mounts made for small disks, unmounted when the cluster is dropped.
+    mounts: Vec<PathBuf>,
 }
 
 pub const PLUGIN: &str = "hostpath.moor.dev";
@@ -234,6 +259,8 @@ impl Cluster {
             controllers: Vec::new(),
             nodes: Vec::new(),
             opts,
+            proxies: BTreeMap::new(),
+            mounts: Vec::new(),
         };
         for i in 0..controllers {
             c.add_controller(i);
@@ -245,11 +272,30 @@ impl Cluster {
         c
     }
 
+    /// The etcd endpoint process `name` is given: its own proxy when proxied.
+    fn endpoint_for(&mut self, name: &str) -> String {
+        if !self.opts.proxied {
+            return self.etcd.client_url.clone();
+        }
+        let proxy = Proxy::start(&self.etcd.client_url);
+        let url = proxy.url();
+        self.proxies.insert(name.to_string(), proxy);
+        url
+    }
+
+    /// The proxy of process `name` (`controller-0`, `agent-n1`).
+    pub fn proxy(&self, name: &str) -> &Proxy {
+        self.proxies
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} has no proxy (PluginOpts::proxied)"))
+    }
+
     fn add_controller(&mut self, i: usize) {
         let log = self.dir.path().join(format!("controller-{i}.log"));
+        let etcd = self.endpoint_for(&format!("controller-{i}"));
         let mut args = vec![
             "controller".into(),
-            format!("--etcd={}", self.etcd.client_url),
+            format!("--etcd={etcd}"),
             format!("--identity=controller-{i}"),
             "--leader-ttl=3s".into(),
             "--event-window=1s".into(),
@@ -299,6 +345,20 @@ impl Cluster {
             dir.join("plugin.log"),
         );
         let kind = if monolith { "monolith" } else { "node" };
+        let etcd = self.endpoint_for(&format!("agent-{name}"));
+        let data_dir = dir.join("agent");
+        if let Some(mib) = self.opts.small_disk_mib {
+            std::fs::create_dir_all(&data_dir).expect("agent data dir");
+            if can_mount() {
+                let ok = std::process::Command::new("mount")
+                    .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+                    .arg(&data_dir)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(ok, "mount a tmpfs on {}", data_dir.display());
+                self.mounts.push(data_dir.clone());
+            }
+        }
         let http = format!(
             "127.0.0.1:{}",
             std::net::TcpListener::bind("127.0.0.1:0")
@@ -309,8 +369,8 @@ impl Cluster {
         let mut aargs = vec![
             "agent".into(),
             format!("--node={name}"),
-            format!("--etcd={}", self.etcd.client_url),
-            format!("--data-dir={}", dir.join("agent").display()),
+            format!("--etcd={etcd}"),
+            format!("--data-dir={}", data_dir.display()),
             format!(
                 "--plugin=id={PLUGIN},type={kind},endpoint=unix://{},mount-dir={}",
                 sock.display(),
@@ -690,6 +750,55 @@ pub fn loops_of(file: &Path) -> String {
 /// only when `MOOR_TESTS_NO_MOUNT=1` says to run without mounting (the mount checks
 /// then skip); otherwise this fails the test, so that a check that cannot run never
 /// passes silently.
+impl Cluster {
+    /// Fills node `name`'s small disk (its agent's data dir) to the last byte: the
+    /// agent's next journal write fails with ENOSPC. Returns false when the disk is
+    /// not a tmpfs of its own (not root), so nothing was filled.
+    pub fn fill_disk(&self, name: &str) -> bool {
+        let dir = self.node(name).dir.join("agent");
+        if !self.mounts.contains(&dir) {
+            return false;
+        }
+        use std::io::Write;
+        let mut f = std::fs::File::create(dir.join("fill")).expect("create the fill file");
+        let chunk = vec![0u8; 64 * 1024];
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(28) => break,
+                Err(e) => panic!("fill {}: {e}", dir.display()),
+            }
+        }
+        // The last partial block too.
+        while f.write(&[0u8]).is_ok_and(|n| n == 1) {}
+        true
+    }
+
+    /// Frees what [`Cluster::fill_disk`] took.
+    pub fn free_disk(&self, name: &str) {
+        let _ = std::fs::remove_file(self.node(name).dir.join("agent").join("fill"));
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for p in self.controllers.iter_mut() {
+            p.kill();
+        }
+        for n in self.nodes.iter_mut() {
+            n.agent.kill();
+            n.plugin.kill();
+        }
+        for m in &self.mounts {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(m)
+                .status();
+        }
+    }
+}
+
 pub fn can_mount() -> bool {
     let root = std::fs::read_to_string("/proc/self/status")
         .ok()

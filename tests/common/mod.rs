@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use moor::store::Store;
 
+pub mod proxy;
+
 /// Which server speaks the etcd API to a test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

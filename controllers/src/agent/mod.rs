@@ -338,8 +338,9 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         );
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
-            leader::lead(base.clone(), election, shutdown, |fenced, stop| {
+            leader::lead(base.clone(), election, shutdown, |fenced, stop, term| {
                 let ctx = ControllerPluginCtx {
+                    term,
                     reads: base.clone(),
                     writer: moor::runtime::writer::Writer::new(fenced),
                     plugin: cfg.clone(),
@@ -401,6 +402,9 @@ pub struct ControllerPluginCtx {
     pub unpublish_unknown: bool,
     /// The live contract monitor.
     pub monitor: contract::Monitor,
+    /// This agent's leadership of the plugin by its own clock: every CSI call checks
+    /// it right before it is sent (no fence guards a call to the plugin).
+    pub term: moor::runtime::term::Term,
 }
 
 /// The plugin has no channel (its endpoint could not be used).
@@ -415,10 +419,17 @@ impl ControllerPluginCtx {
             .supervisor
             .channel(&self.plugin.id)
             .ok_or_else(|| NoChannel(self.plugin.id.clone()))?;
-        Ok(moor::csi::client::Csi::new(
-            ch,
-            self.policy.for_plugin(self.plugin.id.as_str()),
-        ))
+        let (term, plugin) = (self.term.clone(), self.plugin.id.clone());
+        let gate: moor::csi::policy::Gate = std::sync::Arc::new(move || {
+            if term.held() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "this agent's leadership of plugin {plugin} lapsed (not renewed within its TTL by this agent's clock)"
+                ))
+            }
+        });
+        Ok(moor::csi::client::Csi::new(ch, self.policy.for_plugin(self.plugin.id.as_str())).gated(gate))
     }
 
     /// Whether the plugin advertises controller capability `rpc` (false until its

@@ -40,6 +40,10 @@ struct Inner {
     changed: watch::Sender<u64>,
     /// The lease term whose Node object is registered (counted from 1), 0 while none is.
     registered: watch::Sender<u64>,
+    /// How long the last applied Node write vouches for the registration, by this
+    /// agent's clock (`sent + TTL - margin`): past it the controller may have collected
+    /// the node, so the agent counts itself unregistered whatever `registered` says.
+    vouched: moor::runtime::term::Term,
 }
 
 /// What the node rules of the contract monitor need: the volumes this node has
@@ -132,6 +136,7 @@ impl Supervisor {
                 status: RwLock::new(status),
                 changed,
                 registered,
+                vouched: Default::default(),
             }),
         };
         for cfg in configs {
@@ -176,9 +181,30 @@ impl Supervisor {
     }
 
     /// The lease term whose Node object is registered now (1 for the first), 0 while
-    /// the node is not registered (its lease was lost, or not yet granted).
+    /// the node is not registered (its lease was lost, or not yet granted) or cannot
+    /// prove it is (no Node write applied within its TTL less the margin, by this
+    /// agent's clock: cut off from etcd, or paused).
     pub fn registration(&self) -> u64 {
+        if !self.inner.vouched.held() {
+            return 0;
+        }
         *self.inner.registered.borrow()
+    }
+
+    /// A gate for a forward node step taken under registration `term`: closed once the
+    /// node is no longer registered in that very term (lapsed by the clock, or a new
+    /// term whose grants the step has not read).
+    pub fn registered_in(&self, term: u64) -> moor::csi::policy::Gate {
+        let sup = self.clone();
+        Arc::new(move || {
+            if term != 0 && sup.registration() == term {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the node's registration (term {term}) lapsed: no Node renewal was applied within its TTL by this agent's clock, so the controller may be releasing its claims"
+                ))
+            }
+        })
     }
 
     /// Waits until the node is registered; returns the term (0: shut down first).
@@ -311,6 +337,7 @@ impl Supervisor {
                 .lease_term(&store, &node, ttl, term, &mut changes, &shutdown)
                 .await;
             // Not registered until the next term's Node is: no new node step meanwhile.
+            self.inner.vouched.end();
             self.inner.registered.send_replace(0);
             if let Err(e) = result {
                 let delay = retry.next_delay();
@@ -355,7 +382,10 @@ impl Supervisor {
             ttl_ms: ttl.as_millis() as u64,
             renewals: 0,
         });
+        let sent = tokio::time::Instant::now();
         let mut current = store.create_with_lease(&obj, keep.id()).await?;
+        let vouched = &self.inner.vouched;
+        vouched.renewed(sent, ttl);
         tracing::info!(node = %node, term, "node registered");
         // The node reconciler acts only while registered; a term after the first
         // wakes every claim (it reads each again before acting, see node/mod.rs).
@@ -366,30 +396,64 @@ impl Supervisor {
         let renew_every = ttl / 3;
         loop {
             let mut next = current.clone();
-            tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                _ = tokio::time::sleep(renew_every) => {
-                    // The lease only collects a dead agent's Node; liveness is the
-                    // renewal written to the Node, which only this agent may write.
-                    keep.renew().await?;
-                    let live = next.status.liveness.get_or_insert_with(Default::default);
-                    live.renewals += 1;
-                }
-                r = changes.changed() => {
-                    if r.is_err() {
-                        return Ok(());
+            let deadline = vouched.deadline().unwrap_or_else(tokio::time::Instant::now);
+            // Every wait on etcd ends at the registration's deadline: a request that
+            // hangs (a partition drops packets; nothing is refused) must not keep the
+            // term alive past it.
+            let tick = tokio::time::timeout_at(deadline, async {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(Tick::Stop),
+                    _ = tokio::time::sleep(renew_every) => {
+                        // The lease only collects a dead agent's Node; liveness is the
+                        // renewal written to the Node, which only this agent may write.
+                        keep.renew().await?;
+                        let live = next.status.liveness.get_or_insert_with(Default::default);
+                        live.renewals += 1;
                     }
-                    next.status.plugins = self.read().clone();
+                    r = changes.changed() => {
+                        if r.is_err() {
+                            return Ok(Tick::Stop);
+                        }
+                        next.status.plugins = self.read().clone();
+                    }
                 }
-            }
-            // Guarded by the version this agent wrote last: a Node removed by the
-            // controller (not renewed in time) or overwritten fails here, and the agent
-            // registers again in a new term. A wake-up that changed nothing writes nothing.
-            if next != current {
+                // Guarded by the version this agent wrote last: a Node removed by the
+                // controller (not renewed in time) or overwritten fails here, and the
+                // agent registers again in a new term. A wake-up that changed nothing
+                // writes nothing.
+                if next == current {
+                    return Ok(Tick::Unchanged);
+                }
+                let sent = tokio::time::Instant::now();
                 current = store.update(&current, &next).await?;
+                Ok::<_, StoreError>(Tick::Wrote(sent))
+            })
+            .await;
+            match tick {
+                Err(_) => {
+                    return Err(StoreError::Unavailable(
+                        etcd_client::Error::LeaseKeepAliveError(
+                            "no Node write was applied within the node TTL (less the margin) by this agent's clock".into(),
+                        ),
+                    ))
+                }
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(Tick::Stop)) => return Ok(()),
+                Ok(Ok(Tick::Wrote(sent))) => vouched.renewed(sent, ttl),
+                Ok(Ok(Tick::Unchanged)) => {}
             }
         }
     }
+}
+
+/// One turn of the registration loop.
+enum Tick {
+    /// Shutting down.
+    Stop,
+    /// The Node was written; the write was sent at this instant.
+    Wrote(tokio::time::Instant),
+    /// Woken, but nothing to write.
+    Unchanged,
 }
 
 /// Asks the plugin who it is and what it can do; `Err` says why it is unhealthy.

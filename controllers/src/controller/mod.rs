@@ -86,7 +86,9 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     };
     tokio::spawn(watch_alarms(store.clone(), shutdown.clone()));
     let reads = store.clone();
-    leader::lead(store, election, shutdown, |fenced, stop| {
+    // The controller acts only by writing etcd, and every write carries the fence: a
+    // deposed leader's write fails whatever its clock says, so it needs no term check.
+    leader::lead(store, election, shutdown, |fenced, stop, _term| {
         let (reads, metrics, args) = (reads.clone(), metrics.clone(), args.clone());
         async move {
             tracing::info!("leading: starting reconcilers");

@@ -96,7 +96,20 @@ pub enum NodeError {
 
 impl From<steps::Failed> for NodeError {
     fn from(failed: steps::Failed) -> Self {
-        NodeError::Csi(failed.error)
+        NodeError::from_step(failed)
+    }
+}
+
+impl NodeError {
+    /// A failed step: a call its registration gate stopped before anything was sent
+    /// is the node not being registered (it waits for the next term, which wakes every
+    /// claim), not a failure of the plugin.
+    fn from_step(failed: steps::Failed) -> NodeError {
+        if failed.error.is_not_sent() {
+            NodeError::NotRegistered
+        } else {
+            NodeError::Csi(failed.error)
+        }
     }
 }
 
@@ -334,7 +347,7 @@ impl Reconcile {
             self.release(&key, &claim).await
         } else if claim.spec.publish {
             match self.granted(&claim).await {
-                Ok(Some(claim)) => self.publish(&key, &claim).await,
+                Ok(Some((claim, term))) => self.publish(&key, &claim, term).await,
                 // Changed since the cache showed it: its own event comes next.
                 Ok(None) => Ok(()),
                 Err(e) => Err(e),
@@ -367,14 +380,16 @@ impl Reconcile {
     /// The claim as granted now, before any forward step: only while the node is
     /// registered, and read again from the store when the node registered again since
     /// its claims were listed (it may have been collected meanwhile, and the cache may
-    /// not show the withdrawal yet). `None`: the grant is no longer as cached.
-    async fn granted(&self, cached: &Arc<Claim>) -> Result<Option<Arc<Claim>>, NodeError> {
+    /// not show the withdrawal yet). `None`: the grant is no longer as cached. With the
+    /// claim, the registration term it was read in: each forward call is gated on that
+    /// term still holding ([`Reconcile::forward_csi`]).
+    async fn granted(&self, cached: &Arc<Claim>) -> Result<Option<(Arc<Claim>, u64)>, NodeError> {
         let term = self.r.supervisor.registration();
         if term == 0 {
             return Err(NodeError::NotRegistered);
         }
         if term == self.listed_in {
-            return Ok(Some(cached.clone()));
+            return Ok(Some((cached.clone(), term)));
         }
         let fresh = self.r.store.try_get(&cached.object_key()).await?;
         Ok(fresh
@@ -384,7 +399,7 @@ impl Reconcile {
                     && !c.spec.release
                     && !c.is_deleting()
             })
-            .map(Arc::new))
+            .map(|c| (Arc::new(c), term)))
     }
 
     /// A claim the node may not act on (not yet granted, or its grant withdrawn): what
@@ -455,7 +470,7 @@ impl Reconcile {
                 if took_no_effect(&failed.error) && before == Step::Absent {
                     self.edit(|s| mark(s, Step::Absent)).await?;
                 }
-                Err(failed.into())
+                Err(NodeError::from_step(failed))
             }
         }
     }
@@ -495,6 +510,15 @@ impl Reconcile {
             .channel(&cfg.id)
             .ok_or_else(|| NodeError::UnknownPlugin(cfg.id.clone()))?;
         Ok(Csi::new(ch, self.r.policy.for_plugin(cfg.id.as_str())))
+    }
+
+    /// The client for a forward step (NodeStage, NodePublish, NodeExpand) taken on a
+    /// grant read in registration `term`: it sends nothing once that term no longer
+    /// holds (a node that cannot prove its registration may have been collected, its
+    /// claims released and the volume attached elsewhere). Reverse steps stay ungated:
+    /// they are owed whatever the registration.
+    fn forward_csi(&self, cfg: &PluginConfig, term: u64) -> Result<Csi, NodeError> {
+        Ok(self.csi(cfg)?.gated(self.r.supervisor.registered_in(term)))
     }
 }
 

@@ -14,6 +14,8 @@ struct Pass<'a> {
     paths: &'a Paths,
     /// What every node request of the claim carries.
     v: NodeVolume<'a>,
+    /// The registration term the grant was read in; forward calls need it to hold.
+    term: u64,
 }
 
 /// The claim's capability and the volume's external id, which admission filled in.
@@ -60,7 +62,12 @@ fn new_record(
 }
 
 impl Reconcile {
-    pub(super) async fn publish(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
+    pub(super) async fn publish(
+        &self,
+        key: &str,
+        claim: &Claim,
+        term: u64,
+    ) -> Result<(), NodeError> {
         let existing = self.r.local.lock().await.publishes.get(key).cloned();
         if existing.as_ref().is_some_and(|r| r.released) {
             return Ok(());
@@ -141,6 +148,7 @@ impl Reconcile {
                 capability: &capability,
                 secrets: &secrets,
             },
+            term,
         };
         if steps.is_empty() && expand == plan::Expand::No {
             // Adopted from an earlier run, or already done.
@@ -182,8 +190,9 @@ impl Reconcile {
                 self.event(claim, "Mount volume", None).await;
                 Ok(())
             }
-            // Recorded when it failed; nothing new to say.
-            Err(e @ NodeError::BackingOff(..)) => Err(e),
+            // Recorded when it failed; nothing new to say. A lapsed registration is not
+            // the claim's failure (and etcd may be out of reach): the next term wakes it.
+            Err(e @ (NodeError::BackingOff(..) | NodeError::NotRegistered)) => Err(e),
             Err(e) => {
                 let msg = moor::process::error_chain(&e);
                 self.sync_mount(key, claim, Some(msg.clone())).await?;
@@ -238,12 +247,11 @@ impl Reconcile {
             }
             match (step, &rec.staging_path) {
                 (plan::Forward::Stage, Some(staging)) => {
-                    self.ensure_staged(cfg, pass.key, &pass.v, staging).await?
+                    self.ensure_staged(pass, staging).await?
                 }
                 (plan::Forward::Stage, None) => {}
                 (plan::Forward::Publish, _) => {
-                    self.ensure_published(cfg, pass.key, &pass.v, rec, pass.paths)
-                        .await?
+                    self.ensure_published(pass).await?
                 }
             }
         }
@@ -273,7 +281,7 @@ impl Reconcile {
         };
         let req = requests::node_expand(&v, volume_path, staging.as_deref(), bytes);
         let range = req.capacity_range;
-        let csi = self.csi(pass.cfg)?;
+        let csi = self.forward_csi(pass.cfg, pass.term)?;
         let resp = step.call(csi.node_expand(req)).await?;
         let breach = moor::csi::contract::expanded(
             STEP,
@@ -323,7 +331,7 @@ impl Reconcile {
                 .await;
                 Ok(())
             }
-            Err(e @ NodeError::BackingOff(..)) => Err(e),
+            Err(e @ (NodeError::BackingOff(..) | NodeError::NotRegistered)) => Err(e),
             Err(e) => {
                 let msg = moor::process::error_chain(&e);
                 self.sync_mount(key, claim, Some(msg.clone())).await?;
@@ -345,13 +353,8 @@ impl Reconcile {
         }
     }
 
-    async fn ensure_staged(
-        &self,
-        cfg: &PluginConfig,
-        key: &str,
-        v: &NodeVolume<'_>,
-        staging: &Path,
-    ) -> Result<(), NodeError> {
+    async fn ensure_staged(&self, pass: &Pass<'_>, staging: &Path) -> Result<(), NodeError> {
+        let (cfg, key, v) = (pass.cfg, pass.key, &pass.v);
         let claim = v.claim;
         let current = self.r.local.lock().await.stages.get(staging).cloned();
         std::fs::create_dir_all(staging).map_err(|source| NodeError::Io {
@@ -368,7 +371,7 @@ impl Reconcile {
             publish_context: Some(claim.spec.publish_context.clone()),
         };
         let req = requests::node_stage(v, &path_str(&plugin_path(cfg, staging)));
-        let csi = self.csi(cfg)?;
+        let csi = self.forward_csi(cfg, pass.term)?;
         let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
         let before = current.map_or(Step::Absent, |c| c.step);
         let mark = |s: &mut LocalState, step: Step| {
@@ -455,14 +458,8 @@ impl Reconcile {
         .await
     }
 
-    async fn ensure_published(
-        &self,
-        cfg: &PluginConfig,
-        key: &str,
-        v: &NodeVolume<'_>,
-        rec: &PublishRecord,
-        paths: &Paths,
-    ) -> Result<(), NodeError> {
+    async fn ensure_published(&self, pass: &Pass<'_>) -> Result<(), NodeError> {
+        let (cfg, key, v, rec, paths) = (pass.cfg, pass.key, &pass.v, pass.rec, pass.paths);
         let claim = v.claim;
         if let Some(parent) = paths.target_host.parent() {
             std::fs::create_dir_all(parent).map_err(|source| NodeError::Io {
@@ -475,7 +472,7 @@ impl Reconcile {
             .as_ref()
             .map(|s| path_str(&plugin_path(cfg, s)));
         let req = requests::node_publish(v, staging.as_deref(), &path_str(&paths.target_plugin));
-        let csi = self.csi(cfg)?;
+        let csi = self.forward_csi(cfg, pass.term)?;
         let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
         let mark = |s: &mut LocalState, step: Step| {
             if let Some(p) = s.publishes.get_mut(key) {
