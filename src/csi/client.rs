@@ -22,17 +22,21 @@ use std::future::Future;
 use tonic::transport::Channel;
 use tracing::Instrument;
 
-use super::policy::{request, CsiError, Gate, Policy};
+use super::policy::{request, CsiError, Policy};
+use crate::runtime::term::Term;
 use super::v1;
 use v1::controller_client::ControllerClient;
 use v1::node_client::NodeClient;
+
+/// The gRPC header naming the term a call was made under (see [`Csi::under`]).
+pub const TERM_HEADER: &str = "moor-term";
 
 /// A plugin's controller and node services under one call policy (cheap to clone).
 #[derive(Clone)]
 pub struct Csi {
     channel: Channel,
     policy: Policy,
-    gate: Option<Gate>,
+    term: Option<Term>,
 }
 
 /// A reverse call's answer: NotFound is the spec's answer for something already gone,
@@ -102,15 +106,16 @@ impl Csi {
         Csi {
             channel,
             policy,
-            gate: None,
+            term: None,
         }
     }
 
-    /// This client with `gate` checked right before each try of every call: the
-    /// holder of a term ([`crate::runtime::term::Term`]) sends nothing once it lapsed.
-    pub fn gated(self, gate: Gate) -> Csi {
+    /// This client under `term`: each try of every call is sent only while the term is
+    /// held (checked right before it goes), and carries the term's label as the
+    /// `moor-term` header.
+    pub fn under(self, term: Term) -> Csi {
         Csi {
-            gate: Some(gate),
+            term: Some(term),
             ..self
         }
     }
@@ -137,8 +142,12 @@ impl Csi {
         );
         let answer = self
             .policy
-            .call_gated(rpc, self.gate.as_ref(), |t| {
-                send(self.channel.clone(), request(req.clone(), t))
+            .call_gated(rpc, self.term.as_ref(), |t| {
+                let mut r = request(req.clone(), t);
+                if let Some(v) = self.term.as_ref().and_then(|t| t.label().parse().ok()) {
+                    r.metadata_mut().insert(TERM_HEADER, v);
+                }
+                send(self.channel.clone(), r)
             })
             .instrument(span.clone())
             .await;

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use tonic::{Code, Status};
 
 use crate::backoff::Backoff;
+use crate::runtime::term::Term;
 
 /// How CSI calls are retried.
 #[derive(Debug, Clone)]
@@ -91,9 +92,9 @@ pub struct CsiError {
 }
 
 impl CsiError {
-    /// A call its gate stopped before its first try: Aborted (nothing was sent, so
-    /// the step took no effect). A gate that closes between tries leaves the call with
-    /// the last try's answer instead.
+    /// A call stopped before its first try because its term lapsed: Aborted (nothing
+    /// was sent, so the step took no effect). A term that lapses between tries leaves
+    /// the call with the last try's answer instead.
     pub fn not_sent(rpc: &'static str, why: String, tries: u32) -> CsiError {
         CsiError {
             rpc,
@@ -103,7 +104,7 @@ impl CsiError {
         }
     }
 
-    /// Whether the call's gate stopped it before its first try: nothing was sent.
+    /// Whether the call's term stopped it before its first try: nothing was sent.
     pub fn is_not_sent(&self) -> bool {
         self.tries == 0 && self.code == Code::Aborted
     }
@@ -148,11 +149,6 @@ fn retryable(code: Code) -> bool {
     )
 }
 
-/// Checked right before each try of a call: `Err(why)` and the try is not sent (the
-/// call fails with [`CsiError::not_sent`]). A term of authority
-/// ([`crate::runtime::term::Term`]) is checked this way.
-pub type Gate = std::sync::Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
-
 impl Policy {
     /// Runs `attempt` (which sends one request with the deadline it is given) under the
     /// policy.
@@ -164,11 +160,13 @@ impl Policy {
         self.call_gated(rpc, None, attempt).await
     }
 
-    /// [`Policy::call`], with `gate` checked before each try.
+    /// [`Policy::call`] under `term`: each try is sent only while the term is held;
+    /// once it lapsed the call fails with [`CsiError::not_sent`] (before the first
+    /// try) or with the last try's answer.
     pub async fn call_gated<T, F, Fut>(
         &self,
         rpc: &'static str,
-        gate: Option<&Gate>,
+        term: Option<&Term>,
         mut attempt: F,
     ) -> Result<T, CsiError>
     where
@@ -178,7 +176,10 @@ impl Policy {
         let mut backoff = Backoff::new(self.initial, self.max_delay);
         let tries = self.tries.max(1);
         let mut tried = 0;
-        let closed = || gate.and_then(|g| g().err());
+        let closed = || {
+            term.filter(|t| !t.held())
+                .map(|t| format!("term {} lapsed", t.label()))
+        };
         if let Some(why) = closed() {
             return Err(CsiError::not_sent(rpc, why, 0));
         }
@@ -368,9 +369,9 @@ mod tests {
     #[tokio::test]
     async fn a_closed_gate_sends_nothing_and_the_call_took_no_effect() {
         let n = AtomicU32::new(0);
-        let gate: Gate = std::sync::Arc::new(|| Err("term lapsed".to_string()));
+        let term = Term::new("t1");
         let e = quick()
-            .call_gated("NodeStageVolume", Some(&gate), |_| {
+            .call_gated("NodeStageVolume", Some(&term), |_| {
                 n.fetch_add(1, Ordering::SeqCst);
                 async { Ok(tonic::Response::new(())) }
             })
@@ -379,27 +380,18 @@ mod tests {
         assert_eq!(n.load(Ordering::SeqCst), 0, "nothing sent");
         assert!(e.is_not_sent());
         assert_eq!(e.class(), Class::Transient);
-        assert!(e.message.contains("term lapsed"), "{}", e.message);
+        assert!(e.message.contains("term t1 lapsed"), "{}", e.message);
     }
 
     #[tokio::test]
     async fn a_gate_that_closes_between_tries_leaves_the_last_answer() {
         let n = AtomicU32::new(0);
-        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let gate: Gate = {
-            let open = open.clone();
-            std::sync::Arc::new(move || {
-                if open.load(Ordering::SeqCst) {
-                    Ok(())
-                } else {
-                    Err("term lapsed".to_string())
-                }
-            })
-        };
+        let term = Term::new("t1");
+        term.hold_until(tokio::time::Instant::now() + Duration::from_secs(60));
         let e = quick()
-            .call_gated("NodeStageVolume", Some(&gate), |_| {
+            .call_gated("NodeStageVolume", Some(&term), |_| {
                 n.fetch_add(1, Ordering::SeqCst);
-                open.store(false, Ordering::SeqCst);
+                term.end();
                 std::future::pending::<Result<tonic::Response<()>, Status>>()
             })
             .await
@@ -407,6 +399,6 @@ mod tests {
         assert_eq!(n.load(Ordering::SeqCst), 1, "one try, none after the gate closed");
         assert!(e.is_uncertain(), "the timed-out try may have taken effect: {e}");
         assert!(!e.is_not_sent());
-        assert!(e.message.contains("then not sent: term lapsed"), "{}", e.message);
+        assert!(e.message.contains("then not sent: term t1 lapsed"), "{}", e.message);
     }
 }

@@ -224,7 +224,8 @@ async fn try_acquire(
             lease: lease.0,
         };
         let lost = CancellationToken::new();
-        let term = Term::default();
+        // Named by holder, election and fence: each term of one holder has its own.
+        let term = Term::new(format!("{}/{}/{revision}", cfg.identity, cfg.name));
         term.renewed(granted_at, cfg.ttl);
         tokio::spawn(keep_leading(
             store.clone(),

@@ -24,11 +24,29 @@ pub fn margin(ttl: Duration) -> Duration {
 }
 
 /// Shared by the holder's renewal loop (which extends or ends it) and whatever acts
-/// under it (which checks it). Starts not held.
+/// under it (which checks it). Starts not held. Its label names the holder and the term
+/// (`agent@n1/plugin.x/17`, `node/n2/3`); every CSI call made under it carries the
+/// label as the `moor-term` gRPC header, so a plugin's call log tells terms apart.
 #[derive(Debug, Clone, Default)]
-pub struct Term(Arc<Mutex<Option<Instant>>>);
+pub struct Term {
+    deadline: Arc<Mutex<Option<Instant>>>,
+    label: Arc<str>,
+}
 
 impl Term {
+    /// A term not held yet, named `label`.
+    pub fn new(label: impl Into<Arc<str>>) -> Term {
+        Term {
+            deadline: Default::default(),
+            label: label.into(),
+        }
+    }
+
+    /// The holder and term it names.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
     /// Held until `deadline` (a renewal sent at `sent` and applied: `sent + ttl -
     /// margin(ttl)`).
     pub fn hold_until(&self, deadline: Instant) {
@@ -56,7 +74,7 @@ impl Term {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.deadline.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

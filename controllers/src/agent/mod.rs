@@ -419,17 +419,10 @@ impl ControllerPluginCtx {
             .supervisor
             .channel(&self.plugin.id)
             .ok_or_else(|| NoChannel(self.plugin.id.clone()))?;
-        let (term, plugin) = (self.term.clone(), self.plugin.id.clone());
-        let gate: moor::csi::policy::Gate = std::sync::Arc::new(move || {
-            if term.held() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "this agent's leadership of plugin {plugin} lapsed (not renewed within its TTL by this agent's clock)"
-                ))
-            }
-        });
-        Ok(moor::csi::client::Csi::new(ch, self.policy.for_plugin(self.plugin.id.as_str())).gated(gate))
+        Ok(
+            moor::csi::client::Csi::new(ch, self.policy.for_plugin(self.plugin.id.as_str()))
+                .under(self.term.clone()),
+        )
     }
 
     /// Whether the plugin advertises controller capability `rpc` (false until its

@@ -15,6 +15,7 @@ use moor::csi::convert;
 use moor::csi::v1;
 use moor::runtime::backoff::Backoff;
 use moor::runtime::events::Recorder;
+use moor::runtime::term::Term;
 use moor::store::{Store, StoreError};
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -40,10 +41,11 @@ struct Inner {
     changed: watch::Sender<u64>,
     /// The lease term whose Node object is registered (counted from 1), 0 while none is.
     registered: watch::Sender<u64>,
-    /// How long the last applied Node write vouches for the registration, by this
-    /// agent's clock (`sent + TTL - margin`): past it the controller may have collected
-    /// the node, so the agent counts itself unregistered whatever `registered` says.
-    vouched: moor::runtime::term::Term,
+    /// The registration's current term (`node/<node>/<n>`), held until the last
+    /// applied Node write's `sent + TTL - margin` by this agent's clock: past it the
+    /// controller may have collected the node, so the agent counts itself unregistered
+    /// whatever `registered` says.
+    vouched: std::sync::Mutex<Term>,
 }
 
 /// What the node rules of the contract monitor need: the volumes this node has
@@ -185,26 +187,26 @@ impl Supervisor {
     /// prove it is (no Node write applied within its TTL less the margin, by this
     /// agent's clock: cut off from etcd, or paused).
     pub fn registration(&self) -> u64 {
-        if !self.inner.vouched.held() {
+        if !self.vouched().held() {
             return 0;
         }
         *self.inner.registered.borrow()
     }
 
-    /// A gate for a forward node step taken under registration `term`: closed once the
-    /// node is no longer registered in that very term (lapsed by the clock, or a new
-    /// term whose grants the step has not read).
-    pub fn registered_in(&self, term: u64) -> moor::csi::policy::Gate {
-        let sup = self.clone();
-        Arc::new(move || {
-            if term != 0 && sup.registration() == term {
-                Ok(())
-            } else {
-                Err(format!(
-                    "the node's registration (term {term}) lapsed: no Node renewal was applied within its TTL by this agent's clock, so the controller may be releasing its claims"
-                ))
-            }
-        })
+    /// The term of registration `n` while it is the current one (held or lapsed), for
+    /// the calls of a forward node step taken on grants read in it: they are sent only
+    /// while it is held.
+    pub fn term(&self, n: u64) -> Option<Term> {
+        let registered = *self.inner.registered.borrow();
+        (n != 0 && registered == n).then(|| self.vouched())
+    }
+
+    fn vouched(&self) -> Term {
+        self.inner
+            .vouched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Waits until the node is registered; returns the term (0: shut down first).
@@ -337,7 +339,7 @@ impl Supervisor {
                 .lease_term(&store, &node, ttl, term, &mut changes, &shutdown)
                 .await;
             // Not registered until the next term's Node is: no new node step meanwhile.
-            self.inner.vouched.end();
+            self.vouched().end();
             self.inner.registered.send_replace(0);
             if let Err(e) = result {
                 let delay = retry.next_delay();
@@ -384,8 +386,9 @@ impl Supervisor {
         });
         let sent = tokio::time::Instant::now();
         let mut current = store.create_with_lease(&obj, keep.id()).await?;
-        let vouched = &self.inner.vouched;
+        let vouched = Term::new(format!("node/{node}/{term}"));
         vouched.renewed(sent, ttl);
+        *self.inner.vouched.lock().unwrap_or_else(|p| p.into_inner()) = vouched.clone();
         tracing::info!(node = %node, term, "node registered");
         // The node reconciler acts only while registered; a term after the first
         // wakes every claim (it reads each again before acting, see node/mod.rs).

@@ -58,6 +58,9 @@ pub struct Call {
     pub message: Option<String>,
     /// How long the call took.
     pub duration_ms: f64,
+    /// The term the caller made it under (its `moor-term` header), if it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<String>,
 }
 
 impl Call {

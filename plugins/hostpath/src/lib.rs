@@ -19,6 +19,7 @@ mod group;
 mod identity;
 pub mod mounts;
 mod node;
+mod term;
 pub mod state;
 
 use moor_csi::journal::Journal;
@@ -333,6 +334,7 @@ impl Plugin {
         op: impl Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
         call.plugin_node = self.cfg().node_id.clone();
+        call.term = term::current();
         let rpc = call.rpc.clone();
         let mut guard = LogGuard {
             log: &self.inner.log,
@@ -407,8 +409,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> anyhow::Result<()>
     let listener = tokio::net::UnixListener::bind(&socket)
         .with_context(|| format!("binding {}", socket.display()))?;
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-    let mut router =
-        tonic::transport::Server::builder().add_service(IdentityServer::new(plugin.clone()));
+    let mut router = tonic::transport::Server::builder()
+        .layer(term::TermLayer)
+        .add_service(IdentityServer::new(plugin.clone()));
     if mode != Mode::Node {
         router = router.add_service(ControllerServer::new(plugin.clone()));
         router = router.add_service(

@@ -518,7 +518,12 @@ impl Reconcile {
     /// claims released and the volume attached elsewhere). Reverse steps stay ungated:
     /// they are owed whatever the registration.
     fn forward_csi(&self, cfg: &PluginConfig, term: u64) -> Result<Csi, NodeError> {
-        Ok(self.csi(cfg)?.gated(self.r.supervisor.registered_in(term)))
+        let term = self
+            .r
+            .supervisor
+            .term(term)
+            .ok_or(NodeError::NotRegistered)?;
+        Ok(self.csi(cfg)?.under(term))
     }
 }
 
