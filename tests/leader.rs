@@ -111,7 +111,7 @@ async fn lead_hands_over_on_resign_and_stops_on_shutdown(backend: Backend) {
             store,
             cfg(who),
             shutdown,
-            move |_store, stop| {
+            move |_store, stop, _term| {
                 let log = log.clone();
                 async move {
                     log.lock().unwrap().push(format!("{who} start"));

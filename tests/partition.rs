@@ -78,7 +78,10 @@ async fn an_agent_cut_off_from_etcd_takes_no_forward_step_once_its_registration_
     );
     let first = stages.first().expect("the hung NodeStage is logged");
     assert!(
-        first.term.as_deref().is_some_and(|t| t.starts_with("node/n2/")),
+        first
+            .term
+            .as_deref()
+            .is_some_and(|t| t.starts_with("node/n2/")),
         "NodeStage carries the node's registration term: {first:?}"
     );
     let last = first.clone();

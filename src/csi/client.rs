@@ -23,8 +23,8 @@ use tonic::transport::Channel;
 use tracing::Instrument;
 
 use super::policy::{request, CsiError, Policy};
-use crate::runtime::term::Term;
 use super::v1;
+use crate::runtime::term::Term;
 use v1::controller_client::ControllerClient;
 use v1::node_client::NodeClient;
 

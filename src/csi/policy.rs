@@ -396,9 +396,20 @@ mod tests {
             })
             .await
             .unwrap_err();
-        assert_eq!(n.load(Ordering::SeqCst), 1, "one try, none after the gate closed");
-        assert!(e.is_uncertain(), "the timed-out try may have taken effect: {e}");
+        assert_eq!(
+            n.load(Ordering::SeqCst),
+            1,
+            "one try, none after the gate closed"
+        );
+        assert!(
+            e.is_uncertain(),
+            "the timed-out try may have taken effect: {e}"
+        );
         assert!(!e.is_not_sent());
-        assert!(e.message.contains("then not sent: term t1 lapsed"), "{}", e.message);
+        assert!(
+            e.message.contains("then not sent: term t1 lapsed"),
+            "{}",
+            e.message
+        );
     }
 }

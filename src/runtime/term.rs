@@ -103,7 +103,13 @@ mod tests {
     #[test]
     fn the_margin_is_a_fifth_at_least_200_ms_at_most_half() {
         assert_eq!(margin(Duration::from_secs(10)), Duration::from_secs(2));
-        assert_eq!(margin(Duration::from_millis(500)), Duration::from_millis(200));
-        assert_eq!(margin(Duration::from_millis(300)), Duration::from_millis(150));
+        assert_eq!(
+            margin(Duration::from_millis(500)),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            margin(Duration::from_millis(300)),
+            Duration::from_millis(150)
+        );
     }
 }

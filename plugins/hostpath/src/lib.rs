@@ -19,8 +19,8 @@ mod group;
 mod identity;
 pub mod mounts;
 mod node;
-mod term;
 pub mod state;
+mod term;
 
 use moor_csi::journal::Journal;
 use moor_csi::v1::{

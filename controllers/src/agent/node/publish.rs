@@ -246,13 +246,9 @@ impl Reconcile {
                 }
             }
             match (step, &rec.staging_path) {
-                (plan::Forward::Stage, Some(staging)) => {
-                    self.ensure_staged(pass, staging).await?
-                }
+                (plan::Forward::Stage, Some(staging)) => self.ensure_staged(pass, staging).await?,
                 (plan::Forward::Stage, None) => {}
-                (plan::Forward::Publish, _) => {
-                    self.ensure_published(pass).await?
-                }
+                (plan::Forward::Publish, _) => self.ensure_published(pass).await?,
             }
         }
         Ok(())
