@@ -81,6 +81,15 @@ pub fn contract_violation(plugin: &str, rule: &str) {
         .inc();
 }
 
+/// Writes of an agent's journal (its record of what it staged and published) that
+/// failed: the step the write was to record was not taken.
+static JOURNAL_FAILURES: LazyLock<Counter> = LazyLock::new(Counter::default);
+
+/// Counts a failed journal write.
+pub fn journal_failed() {
+    JOURNAL_FAILURES.inc();
+}
+
 /// Events recorded but not written (queue full, or the store refused them); the
 /// process's log has each.
 static EVENTS_DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
@@ -321,6 +330,11 @@ impl Metrics {
             "moor_plugin_contract_violations",
             "Answers of a plugin that broke a MUST of the CSI spec, once per plugin, rule and object (the live contract monitor)",
             CONTRACT.clone(),
+        );
+        registry.register(
+            "moor_agent_journal_write_failures",
+            "Writes of the agent's journal (its data dir's record of what it staged and published) that failed, such as on a full disk; the step each was to record was not taken",
+            JOURNAL_FAILURES.clone(),
         );
         registry.register(
             "moor_events_dropped",

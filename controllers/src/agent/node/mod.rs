@@ -356,6 +356,13 @@ impl Reconcile {
             self.withdrawn(&key, &claim).await
         };
         match done {
+            // The step was not taken: said on the Mount (etcd, not the full disk) and
+            // as a Warning, and counted.
+            Err(NodeError::State(e)) => {
+                let e = NodeError::State(e);
+                self.journal_failed(&key, &claim, &e).await;
+                Err(e)
+            }
             // Not a failure to back off from: the plugin's first fingerprint (every
             // change of it) triggers every claim again. Right after an agent starts,
             // this is every claim of the node.
@@ -493,6 +500,29 @@ impl Reconcile {
             (local.commit_unsynced()?, local.durability())
         };
         Ok(durability.wait(n).await?)
+    }
+
+    /// Reports a journal write that failed (the step it was to record was not taken):
+    /// the metric, the claim's Mount and a Warning event.
+    async fn journal_failed(&self, key: &str, claim: &Claim, e: &NodeError) {
+        moor::runtime::metrics::journal_failed();
+        let msg = moor::process::error_chain(e);
+        tracing::warn!(claim = %key, error = %msg, "cannot record a node step in the journal; the step is not taken");
+        if let Err(err) = self.sync_mount(key, claim, Some(msg.clone())).await {
+            tracing::debug!(claim = %key, error = %err, "cannot record the journal failure on the Mount");
+        }
+        self.node_event(
+            claim_ref(&claim.metadata.namespace, &claim.metadata.name),
+            &claim.spec.volume,
+            "Journal write failed",
+            EventType::Warning,
+            format!(
+                "node {} cannot record its steps for claim {} in its data dir, so it does not take them: {msg}",
+                self.r.node, claim.metadata.name
+            ),
+            Some(msg),
+        )
+        .await;
     }
 
     async fn forget(&self, key: &str) -> Result<(), NodeError> {

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime};
 
 /// The harness's `--node-ttl` and `--leader-ttl`.
 const TTL: Duration = Duration::from_secs(3);
+const T: Duration = Duration::from_secs(30);
 
 fn proxied() -> PluginOpts {
     PluginOpts {
@@ -100,6 +101,74 @@ async fn an_agent_cut_off_from_etcd_takes_no_forward_step_once_its_registration_
         ok[0].term, last.term,
         "the stage after the partition was made in a new registration term"
     );
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, Duration::from_secs(60))
+        .await;
+    c.check_calls(true);
+}
+
+/// An agent whose data dir (its journal) is full cannot record the steps it would
+/// take, so it takes none: no NodeStage reaches the plugin. It says why on the claim's
+/// Mount, as a Warning event and in `moor_agent_journal_write_failures_total`. Once
+/// space is freed it records, stages and publishes without anyone's help.
+#[tokio::test]
+async fn an_agent_whose_journal_disk_is_full_takes_no_step_and_says_why() {
+    let c = Cluster::start(
+        1,
+        2,
+        PluginOpts {
+            small_disk_mib: Some(4),
+            ..proxied()
+        },
+    )
+    .await;
+    if !c.fill_disk("n2") {
+        // Without root there is no disk of its own to fill (cluster::can_mount has
+        // already failed the test unless MOOR_TESTS_NO_MOUNT=1 said to skip mounts).
+        eprintln!("no tmpfs for the agent's data dir (not root): nothing to check");
+        return;
+    }
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    let key = Mount::key_for(&Claim::key_for(
+        &cluster::node("n2"),
+        &Namespace::default_ns(),
+        "a1.data",
+    ));
+    c.wait("the Mount says the journal cannot be written", T, || async {
+        c.store
+            .try_get(&key)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|m| m.status.meta.last_error)
+            .is_some_and(|e| e.contains("cannot record the node's local state"))
+    })
+    .await;
+    c.wait("a Warning event", T, || async {
+        c.store
+            .list::<EventSpec>(&KeyScope::all())
+            .await
+            .is_ok_and(|l| {
+                l.items
+                    .iter()
+                    .any(|e| e.spec.reason == "Journal write failed")
+            })
+    })
+    .await;
+    let page = c.node("n2").http_get("/metrics").await;
+    let failures = common::metric(&page, "moor_agent_journal_write_failures_total");
+    assert!(failures.is_some_and(|n| n >= 1.0), "{failures:?}");
+    assert_eq!(
+        c.node("n2").tried("NodeStageVolume"),
+        0,
+        "no step is taken that the journal could not record"
+    );
+
+    c.free_disk("n2");
+    c.wait_claim("a1", "n2", ClaimPhase::Published, Duration::from_secs(60))
+        .await;
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, Duration::from_secs(60))
         .await;
