@@ -82,7 +82,7 @@ async fn an_agent_cut_off_from_etcd_takes_no_forward_step_once_its_registration_
         first
             .term
             .as_deref()
-            .is_some_and(|t| t.starts_with("node/n2/")),
+            .is_some_and(|t| t.starts_with("node.n2/")),
         "NodeStage carries the node's registration term: {first:?}"
     );
     let last = first.clone();

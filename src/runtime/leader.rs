@@ -224,8 +224,8 @@ async fn try_acquire(
             lease: lease.0,
         };
         let lost = CancellationToken::new();
-        // Named by holder, election and fence: each term of one holder has its own.
-        let term = Term::new(format!("{}/{}/{revision}", cfg.identity, cfg.name));
+        // Named by election, fence and holder (see Term's docs).
+        let term = Term::new(format!("{}/{revision}/{}", cfg.name, cfg.identity));
         term.renewed(granted_at, cfg.ttl);
         tokio::spawn(keep_leading(
             store.clone(),

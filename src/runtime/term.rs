@@ -24,9 +24,12 @@ pub fn margin(ttl: Duration) -> Duration {
 }
 
 /// Shared by the holder's renewal loop (which extends or ends it) and whatever acts
-/// under it (which checks it). Starts not held. Its label names the holder and the term
-/// (`agent@n1/plugin.x/17`, `node/n2/3`); every CSI call made under it carries the
-/// label as the `moor-term` gRPC header, so a plugin's call log tells terms apart.
+/// under it (which checks it). Starts not held. Its label is `ROLE/REVISION/HOLDER`:
+/// the role that one holder at a time may act in (`plugin.X` for a plugin's election,
+/// `node.N` for node N's registration), the etcd revision that began the term (the
+/// election key's or the Node's creation: later terms have higher ones), and who holds
+/// it. Every CSI call made under it carries the label as the `moor-term` gRPC header,
+/// so a plugin's call log shows whether two terms of one role acted at once.
 #[derive(Debug, Clone, Default)]
 pub struct Term {
     deadline: Arc<Mutex<Option<Instant>>>,

@@ -41,7 +41,7 @@ struct Inner {
     changed: watch::Sender<u64>,
     /// The lease term whose Node object is registered (counted from 1), 0 while none is.
     registered: watch::Sender<u64>,
-    /// The registration's current term (`node/<node>/<n>`), held until the last
+    /// The registration's current term (`node.N/REVISION/agent@N`), held until the last
     /// applied Node write's `sent + TTL - margin` by this agent's clock: past it the
     /// controller may have collected the node, so the agent counts itself unregistered
     /// whatever `registered` says.
@@ -386,7 +386,10 @@ impl Supervisor {
         });
         let sent = tokio::time::Instant::now();
         let mut current = store.create_with_lease(&obj, keep.id()).await?;
-        let vouched = Term::new(format!("node/{node}/{term}"));
+        let vouched = Term::new(format!(
+            "node.{node}/{}/agent@{node}",
+            current.metadata.resource_version
+        ));
         vouched.renewed(sent, ttl);
         *self.inner.vouched.lock().unwrap_or_else(|p| p.into_inner()) = vouched.clone();
         tracing::info!(node = %node, term, "node registered");

@@ -18,7 +18,12 @@
 //!    node ids: a moor id sent where the plugin's belongs is caught; a volume is not
 //!    used after a DeleteVolume of it succeeded;
 //! 7. nothing leaks in the plugin: at the end, every volume CreateVolume handed out was
-//!    deleted (when the test expects every volume deleted).
+//!    deleted (when the test expects every volume deleted);
+//! 8. NodeExpandVolume only on a node that holds the volume (staged or published there,
+//!    and not declared gone since);
+//! 9. no two terms of one role act at once: of the calls that name their term (the
+//!    `moor-term` header, `ROLE/REVISION/HOLDER`), none of a term starts after a call of
+//!    a later term of the same role started (by start time: end less duration).
 //!
 //! A node an operator declared gone (`moorctl volume detach`, or a node collected
 //! after `--node-gc-timeout`) is *forced* at that time. The declaration covers only
@@ -162,7 +167,51 @@ pub fn check(calls: &[Call], cfg: &CheckConfig) -> Vec<Violation> {
     for (i, c) in calls.iter().enumerate() {
         checker.call(i, c);
     }
-    checker.finish(calls.len())
+    let mut violations = checker.finish(calls.len());
+    violations.extend(terms_overlap(calls));
+    violations
+}
+
+/// A term label's role and revision (`ROLE/REVISION/HOLDER`).
+fn role_and_revision(label: &str) -> Option<(&str, i64)> {
+    let mut parts = label.splitn(3, '/');
+    let role = parts.next()?;
+    let revision = parts.next()?.parse().ok()?;
+    Some((role, revision))
+}
+
+/// Invariant 9: per role, the calls in start order never go back to an earlier term.
+fn terms_overlap(calls: &[Call]) -> Vec<Violation> {
+    let mut started: Vec<(std::time::SystemTime, usize, &str, i64)> = calls
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let (role, revision) = role_and_revision(c.term.as_deref()?)?;
+            let end = humantime::parse_rfc3339(&c.time).ok()?;
+            let took = std::time::Duration::from_secs_f64(c.duration_ms.max(0.0) / 1000.0);
+            Some((end.checked_sub(took)?, i, role, revision))
+        })
+        .collect();
+    started.sort();
+    let mut latest: BTreeMap<&str, (i64, usize)> = BTreeMap::new();
+    let mut violations = Vec::new();
+    for (_, i, role, revision) in started {
+        match latest.get(role) {
+            Some(&(later, first)) if later > revision => violations.push(Violation {
+                invariant: 9,
+                index: i,
+                message: format!(
+                    "{} of role {role}'s term {revision} started after a call of its later term {later} (call {first}) had",
+                    calls[i].rpc
+                ),
+            }),
+            Some(&(seen, _)) if seen == revision => {}
+            _ => {
+                latest.insert(role, (revision, i));
+            }
+        }
+    }
+    violations
 }
 
 /// What the log has done so far, as the checker replays it: one method per call it
@@ -268,7 +317,28 @@ impl<'a> Checker<'a> {
             "NodeUnstageVolume" => self.node_unstage(&at),
             "NodePublishVolume" => self.node_publish(&at),
             "NodeUnpublishVolume" => self.node_unpublish(&at),
+            "NodeExpandVolume" => self.node_expand(&at),
             _ => {}
+        }
+    }
+
+    /// Invariant 8: an expansion only where the node holds the volume.
+    fn node_expand(&mut self, at: &At) {
+        let now = at.call.time.as_str();
+        let here = |n: &String, v: &String, h: &Held| {
+            n == &at.node && v == &at.vol && !self.excused(n, &h.since, now)
+        };
+        let holds = self.staged.iter().any(|((n, v, _), h)| here(n, v, h))
+            || self.published.iter().any(|((n, v, _), (h, _))| here(n, v, h));
+        if !holds {
+            self.violate(
+                8,
+                at.index,
+                format!(
+                    "NodeExpandVolume of {} on {}, which holds it neither staged nor published",
+                    at.vol, at.node
+                ),
+            );
         }
     }
 
@@ -785,6 +855,85 @@ mod tests {
     #[test]
     fn a_correct_lifecycle_passes() {
         assert_eq!(full_cycle().check(), Vec::<u8>::new());
+    }
+
+    fn expand(self_: Log, node: &str) -> Log {
+        self_.call("NodeExpandVolume", node, "OK", |c| {
+            c.staging_target_path = Some("/s".into());
+            c.target_path = Some("/t1".into());
+        })
+    }
+
+    #[test]
+    fn an_expansion_only_where_the_node_holds_the_volume() {
+        let held = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "OK")
+            .publish("n1", "/t1", false);
+        let held = expand(held, "n1")
+            .unpublish("n1", "/t1")
+            .unstage("n1")
+            .detach("n1");
+        assert_eq!(held.check(), Vec::<u8>::new());
+        // Once unpublished and unstaged, the node holds nothing of it.
+        let after = expand(full_cycle(), "n1");
+        assert_eq!(after.check(), vec![8]);
+        // Another node never held it.
+        let elsewhere = Log::new()
+            .attach("n1", "OK")
+            .stage("n1", "OK")
+            .publish("n1", "/t1", false);
+        let elsewhere = expand(elsewhere, "n2")
+            .unpublish("n1", "/t1")
+            .unstage("n1")
+            .detach("n1");
+        assert_eq!(elsewhere.check(), vec![8]);
+    }
+
+    /// A log whose calls name terms: (term label, start second, duration seconds).
+    fn termed(calls: &[(&str, u32, u32)]) -> Vec<Call> {
+        calls
+            .iter()
+            .map(|(term, start, took)| Call {
+                rpc: "ControllerPublishVolume".into(),
+                time: format!("2026-01-01T00:00:{:02}.000Z", start + took),
+                duration_ms: f64::from(*took) * 1000.0,
+                term: Some(term.to_string()),
+                code: "OK".into(),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn no_call_of_an_earlier_term_starts_after_a_later_term_acted() {
+        let nines = |calls: &[Call]| {
+            terms_overlap(calls)
+                .iter()
+                .map(|v| v.invariant)
+                .collect::<Vec<u8>>()
+        };
+        // Terms in order; a long call of term 5 that ends after term 9 began is fine
+        // (it started first); other roles do not interfere.
+        let ok = termed(&[
+            ("plugin.x/5/agent@n1", 0, 20),
+            ("plugin.x/5/agent@n1", 1, 1),
+            ("node.n2/7/agent@n2", 2, 1),
+            ("plugin.x/9/agent@n3", 10, 1),
+            ("node.n2/3/agent@n2", 11, 1),
+        ]);
+        let mut ok = ok;
+        // node.n2's term 3 after its term 7: a violation of its own role only.
+        assert_eq!(nines(&ok), vec![9]);
+        ok.pop();
+        assert_eq!(nines(&ok), Vec::<u8>::new());
+        // Term 5 acting again after term 9 started.
+        let late = termed(&[
+            ("plugin.x/5/agent@n1", 0, 1),
+            ("plugin.x/9/agent@n3", 10, 1),
+            ("plugin.x/5/agent@n1", 12, 1),
+        ]);
+        assert_eq!(nines(&late), vec![9]);
     }
 
     #[test]
