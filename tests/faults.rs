@@ -136,15 +136,19 @@ async fn an_agent_whose_journal_disk_is_full_takes_no_step_and_says_why() {
         &Namespace::default_ns(),
         "a1.data",
     ));
-    c.wait("the Mount says the journal cannot be written", T, || async {
-        c.store
-            .try_get(&key)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|m| m.status.meta.last_error)
-            .is_some_and(|e| e.contains("cannot record the node's local state"))
-    })
+    c.wait(
+        "the Mount says the journal cannot be written",
+        T,
+        || async {
+            c.store
+                .try_get(&key)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|m| m.status.meta.last_error)
+                .is_some_and(|e| e.contains("cannot record the node's local state"))
+        },
+    )
     .await;
     c.wait("a Warning event", T, || async {
         c.store
@@ -172,5 +176,65 @@ async fn an_agent_whose_journal_disk_is_full_takes_no_step_and_says_why() {
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, Duration::from_secs(60))
         .await;
+    c.check_calls(true);
+}
+
+/// The agent that leads the controller plugin is paused (SIGSTOP) while its
+/// ControllerPublish keeps failing, past its leadership's TTL, and then resumed: it
+/// wakes with its term lapsed by its own clock, and sends nothing more under that
+/// term (each try checks the term right before it goes); it campaigns again and
+/// publishes under a new term.
+#[tokio::test]
+async fn a_plugin_leader_paused_past_its_term_sends_nothing_under_it_when_it_wakes() {
+    let mut c = Cluster::start(1, 2, proxied()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.node("n1")
+        .fault(Command::Fail {
+            rpc: "ControllerPublishVolume".into(),
+            code: "Unavailable".into(),
+            times: 100_000,
+        })
+        .await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait("n1 tries ControllerPublish", T, || async {
+        c.node("n1").tried("ControllerPublishVolume") >= 2
+    })
+    .await;
+    let before = c
+        .node("n1")
+        .calls()
+        .into_iter()
+        .rev()
+        .find(|x| x.rpc == "ControllerPublishVolume")
+        .and_then(|x| x.term)
+        .expect("ControllerPublish names its term");
+    assert!(before.starts_with("plugin.hostpath.moor.dev/"), "{before}");
+    let paused_at = SystemTime::now();
+    c.node_mut("n1").agent.pause(true);
+    tokio::time::sleep(TTL * 2).await;
+    c.node("n1").fault(Command::Clear).await;
+    c.node_mut("n1").agent.pause(false);
+    c.wait_claim("a1", "n2", ClaimPhase::Published, Duration::from_secs(60))
+        .await;
+    let calls = c.node("n1").calls();
+    let late: Vec<&Call> = calls
+        .iter()
+        .filter(|x| x.term.as_deref() == Some(before.as_str()))
+        .filter(|x| started(x).is_some_and(|t| t > paused_at + TTL))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "calls under the lapsed term {before}: {late:#?}"
+    );
+    let published = calls
+        .iter()
+        .find(|x| x.rpc == "ControllerPublishVolume" && x.ok())
+        .expect("published");
+    assert_ne!(published.term.as_deref(), Some(before.as_str()));
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, Duration::from_secs(60))
+        .await;
+    // Invariant 9 among the others: no two terms of the plugin's election overlapped.
     c.check_calls(true);
 }

@@ -329,7 +329,10 @@ impl<'a> Checker<'a> {
             n == &at.node && v == &at.vol && !self.excused(n, &h.since, now)
         };
         let holds = self.staged.iter().any(|((n, v, _), h)| here(n, v, h))
-            || self.published.iter().any(|((n, v, _), (h, _))| here(n, v, h));
+            || self
+                .published
+                .iter()
+                .any(|((n, v, _), (h, _))| here(n, v, h));
         if !holds {
             self.violate(
                 8,
