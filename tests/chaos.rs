@@ -5,14 +5,21 @@
 //! (shared readers and contended single-node writers among them), every process
 //! killed with SIGKILL and restarted (etcd included), nodes lost past
 //! `--node-gc-timeout` or force-detached while down, and faults on every RPC: failures
-//! of every class, and hangs before and after the operation took effect.
+//! of every class, and hangs before and after the operation took effect. Beside the
+//! kills, faults that are not crashes (issue 42): a controller or agent cut off from
+//! etcd by its fault proxy (shorter than the node TTL, past it, or past the TTL and
+//! the GC timeout), a controller, agent or plugin paused with SIGSTOP for as long, etcd
+//! itself paused (a stall), and an agent's data disk (a tmpfs of its own) full for a
+//! while. Each is undone at its time on a thread of its own, whatever the script is
+//! waiting on. The run's last line counts each kind.
 //!
 //! At the end every fault is lifted and every process runs again; every allocation is
 //! stopped and must see its claims Released; then everything is deleted and must be
 //! gone. The plugins' call logs are then checked: the checker's invariants (no
 //! NodeStage before ControllerPublish, no reverse step out of order, nothing left
 //! attached, staged, published or created, no second target path on a node under a
-//! mode that does not share one), and each failing (call, object) within the retry
+//! mode that does not share one, no NodeExpand where the node holds nothing, no call
+//! of a term after a later term of its role acted), and each failing (call, object) within the retry
 //! schedule's bound. Even seeds run plugins that advertise SINGLE_NODE_MULTI_WRITER,
 //! odd seeds plugins that do not.
 //!
@@ -101,6 +108,8 @@ struct Alloc {
 }
 
 /// Something the script undoes later: a fault lifted, a process started again.
+/// (Partitions, pauses and full disks are undone on a thread of their own at their
+/// time: see [`Chaos::later`].)
 #[derive(Debug)]
 enum Lift {
     Fault(usize, Command),
@@ -136,11 +145,34 @@ struct Chaos {
     /// (volume, node) → how many allocation runs asked for it there.
     runs_on: BTreeMap<(String, usize), u32>,
     due: Vec<Due>,
+    /// Lifts due at a time rather than an op (partitions, pauses, full disks: their
+    /// length is what matters, against the TTLs), each on its own thread: the script
+    /// may be waiting on the very process paused, or on etcd.
+    lifts: Vec<std::thread::JoinHandle<()>>,
+    /// Processes paused (SIGSTOP), and until when; etcd's pause.
+    paused: BTreeMap<Process, Instant>,
+    etcd_paused: Option<Instant>,
     script: Vec<String>,
 }
 
 fn node_name(i: usize) -> String {
     format!("n{}", i + 1)
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to `pid`.
+fn signal(pid: u32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status();
+}
+
+/// The name of a moor process's proxy to etcd.
+fn proxy_name(p: Process) -> String {
+    match p {
+        Process::Controller(i) => format!("controller-{i}"),
+        Process::Agent(i) => format!("agent-{}", node_name(i)),
+        Process::Plugin(i) => format!("plugin-{}", node_name(i)),
+    }
 }
 
 impl Chaos {
@@ -179,7 +211,7 @@ impl Chaos {
 
     /// One random step of the script.
     async fn step(&mut self, i: usize) {
-        let weights: [(u32, u8); 19] = [
+        let weights: [(u32, u8); 23] = [
             (if self.live_volumes().len() < 6 { 3 } else { 0 }, 0),
             (1, 1),
             (6, 2),
@@ -199,6 +231,10 @@ impl Chaos {
             (1, 16),
             (1, 17),
             (2, 18),
+            (2, 19),
+            (2, 20),
+            (1, 21),
+            (1, 22),
         ];
         let total: u32 = weights.iter().map(|w| w.0).sum();
         let mut roll = self.rng.u32(..total);
@@ -228,6 +264,10 @@ impl Chaos {
             16 => self.detach_racing_return().await,
             17 => self.rerun_on_a_collected_node().await,
             18 => self.start_templated_alloc().await,
+            19 => self.partition(),
+            20 => self.pause(),
+            21 => self.fill_disk(),
+            22 => self.pause_plugin(),
             _ => {
                 let ms = self.rng.u64(0..1500);
                 self.log(format!("pause {ms} ms"));
@@ -593,6 +633,124 @@ impl Chaos {
         }
     }
 
+    /// Runs `undo` after `d` on a thread of its own.
+    fn later(&mut self, d: Duration, undo: impl FnOnce() + Send + 'static) {
+        self.lifts.push(std::thread::spawn(move || {
+            std::thread::sleep(d);
+            undo();
+        }));
+    }
+
+    /// An agent cut off or paused for `d` from `since`: silent long enough for its Node
+    /// to expire and be collected, the controller may have released its claims
+    /// without it, as for a node lost. The declaration is dated when the controller
+    /// could first have released them: TTL and GC timeout after the silence began,
+    /// less a second for the renewal it may have missed just before.
+    fn silence(&mut self, p: Process, since: SystemTime, d: Duration) {
+        if let Process::Agent(n) = p {
+            if d + Duration::from_secs(1) > NODE_TTL + NODE_GC {
+                let at = since + NODE_TTL + NODE_GC - Duration::from_secs(1);
+                self.forced.entry(node_name(n)).or_default().push(at);
+            }
+        }
+    }
+
+    /// How long a partition or pause lasts: shorter than the node TTL, past it, or
+    /// past the TTL and the GC timeout (the node is collected meanwhile).
+    fn fault_length(&mut self) -> Duration {
+        let ms = match self.rng.u32(0..3) {
+            0 => self.rng.u64(300..2_000),
+            1 => self.rng.u64(3_500..5_000),
+            _ => self.rng.u64(7_000..10_000),
+        };
+        Duration::from_millis(ms)
+    }
+
+    /// A controller or an agent cut off from etcd (its proxy holds every byte); the
+    /// process and its plugin keep running.
+    fn partition(&mut self) {
+        let p = if self.rng.u32(0..3) == 0 {
+            Process::Controller(self.rng.usize(0..CONTROLLERS))
+        } else {
+            Process::Agent(self.rng.usize(0..NODES))
+        };
+        let switch = self.c.proxy(&proxy_name(p)).switch();
+        if switch.is_cut() {
+            return;
+        }
+        let d = self.fault_length();
+        self.log(format!(
+            "partition {p:?} from etcd for {} ms",
+            d.as_millis()
+        ));
+        switch.cut();
+        self.silence(p, SystemTime::now(), d);
+        self.later(d, move || switch.heal());
+    }
+
+    /// A controller, an agent or etcd paused (SIGSTOP), resumed later.
+    fn pause(&mut self) {
+        let which = self.rng.u32(0..4);
+        if which == 0 {
+            if self.etcd_paused.is_some_and(|t| t > Instant::now()) {
+                return;
+            }
+            let Some(pid) = self.c.etcd.pid() else {
+                return;
+            };
+            let d = Duration::from_millis(self.rng.u64(300..4_000));
+            self.log(format!("pause etcd for {} ms", d.as_millis()));
+            signal(pid, "-STOP");
+            self.etcd_paused = Some(Instant::now() + d);
+            self.later(d, move || signal(pid, "-CONT"));
+            return;
+        }
+        let p = if which == 1 {
+            Process::Controller(self.rng.usize(0..CONTROLLERS))
+        } else {
+            Process::Agent(self.rng.usize(0..NODES))
+        };
+        self.pause_process(p);
+    }
+
+    /// A node's plugin paused: its socket accepts calls and answers none.
+    fn pause_plugin(&mut self) {
+        let p = Process::Plugin(self.rng.usize(0..NODES));
+        self.pause_process(p);
+    }
+
+    fn pause_process(&mut self, p: Process) {
+        let now = Instant::now();
+        if self.is_down(p) || self.paused.get(&p).is_some_and(|t| *t > now) {
+            return;
+        }
+        let Some(pid) = self.proc(p).pid() else {
+            return;
+        };
+        let d = self.fault_length();
+        self.log(format!("pause {p:?} for {} ms", d.as_millis()));
+        signal(pid, "-STOP");
+        self.paused.insert(p, now + d);
+        self.silence(p, SystemTime::now(), d);
+        // A process killed meanwhile has another pid: the old one gets the signal.
+        self.later(d, move || signal(pid, "-CONT"));
+    }
+
+    /// A node's data disk (its agent's journal) full for a while.
+    fn fill_disk(&mut self) {
+        let node = self.rng.usize(0..NODES);
+        let d = Duration::from_millis(self.rng.u64(500..6_000));
+        let name = node_name(node);
+        if !self.c.fill_disk(&name) {
+            return;
+        }
+        self.log(format!("fill the disk of {name} for {} ms", d.as_millis()));
+        let fill = self.c.node(&name).dir.join("agent").join("fill");
+        self.later(d, move || {
+            let _ = std::fs::remove_file(fill);
+        });
+    }
+
     async fn kill(&mut self, i: usize) {
         let which = self.rng.u32(0..8);
         if which == 0 {
@@ -613,6 +771,7 @@ impl Chaos {
         }
         self.log(format!("kill -9 {p:?}"));
         self.proc(p).kill();
+        self.paused.remove(&p);
         self.went_down(p);
         let at = i + self.rng.usize(1..4);
         self.due.push((at, Lift::Restart(p)));
@@ -775,6 +934,7 @@ impl Chaos {
         for p in [Process::Agent(node), Process::Plugin(node)] {
             if !self.is_down(p) {
                 self.proc(p).kill();
+                self.paused.remove(&p);
                 self.went_down(p);
                 self.due.push((back, Lift::Restart(p)));
             }
@@ -784,6 +944,10 @@ impl Chaos {
     /// Lifts every fault, runs every process, stops every allocation and waits for
     /// every claim to be Released; then deletes everything and waits for it to go.
     async fn drain(&mut self) {
+        // Every partition healed, pause resumed and disk freed (each at its time).
+        for t in std::mem::take(&mut self.lifts) {
+            let _ = t.join();
+        }
         let down: Vec<Process> = self.down.keys().copied().collect();
         for p in down {
             self.restart(p).await;
@@ -946,13 +1110,25 @@ impl Chaos {
         for c in merged.iter().filter(|c| c.code != "OK") {
             *failed.entry(c.rpc.as_str()).or_default() += 1;
         }
-        let kills = self
-            .script
-            .iter()
-            .filter(|l| l.starts_with("kill -9") || l.starts_with("lose node"))
-            .count();
+        let count = |prefixes: &[&str]| {
+            self.script
+                .iter()
+                .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+                .count()
+        };
+        let kills = count(&["kill -9", "lose node"]);
+        let (partitions, pauses, disks) = (
+            count(&["partition "]),
+            count(&[
+                "pause Controller",
+                "pause Agent",
+                "pause Plugin",
+                "pause etcd",
+            ]),
+            count(&["fill the disk"]),
+        );
         eprintln!(
-            "chaos: {} ops, {} calls, {} failed {failed:?}, {kills} kills, forced nodes {:?}",
+            "chaos: {} ops, {} calls, {} failed {failed:?}, {kills} kills, {partitions} partitions, {pauses} pauses, {disks} full disks, forced nodes {:?}",
             self.script.len(),
             merged.len(),
             merged.iter().filter(|c| c.code != "OK").count(),
@@ -1205,6 +1381,8 @@ async fn run(seed: u64, ops: usize) {
             format!("--retry-cap={}ms", RETRY_CAP.as_millis()),
         ],
         controller_args: vec![format!("--node-gc-timeout={}s", NODE_GC.as_secs())],
+        proxied: true,
+        small_disk_mib: Some(16),
         ..Default::default()
     };
     let c = Cluster::start(CONTROLLERS, NODES, opts).await;
@@ -1222,6 +1400,9 @@ async fn run(seed: u64, ops: usize) {
         silent_since: BTreeMap::new(),
         runs_on: BTreeMap::new(),
         due: Vec::new(),
+        lifts: Vec::new(),
+        paused: BTreeMap::new(),
+        etcd_paused: None,
         script: Vec::new(),
     };
     let started = Instant::now();

@@ -88,8 +88,13 @@ async fn an_agent_cut_off_from_etcd_takes_no_forward_step_once_its_registration_
     let last = first.clone();
 
     c.proxy("agent-n2").heal();
+    let healed = std::time::Instant::now();
     c.wait_claim("a1", "n2", ClaimPhase::Published, Duration::from_secs(60))
         .await;
+    eprintln!(
+        "recovery: published {:?} after the partition healed",
+        healed.elapsed()
+    );
     // Staged and published under a later registration term than the one cut off.
     let ok: Vec<Call> = n2
         .calls()
@@ -171,8 +176,13 @@ async fn an_agent_whose_journal_disk_is_full_takes_no_step_and_says_why() {
     );
 
     c.free_disk("n2");
+    let freed = std::time::Instant::now();
     c.wait_claim("a1", "n2", ClaimPhase::Published, Duration::from_secs(60))
         .await;
+    eprintln!(
+        "recovery: published {:?} after the disk was freed",
+        freed.elapsed()
+    );
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, Duration::from_secs(60))
         .await;
@@ -215,8 +225,13 @@ async fn a_plugin_leader_paused_past_its_term_sends_nothing_under_it_when_it_wak
     tokio::time::sleep(TTL * 2).await;
     c.node("n1").fault(Command::Clear).await;
     c.node_mut("n1").agent.pause(false);
+    let resumed = std::time::Instant::now();
     c.wait_claim("a1", "n2", ClaimPhase::Published, Duration::from_secs(60))
         .await;
+    eprintln!(
+        "recovery: published {:?} after the leader resumed",
+        resumed.elapsed()
+    );
     let calls = c.node("n1").calls();
     let late: Vec<&Call> = calls
         .iter()

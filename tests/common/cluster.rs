@@ -92,6 +92,11 @@ impl Proc {
         }
     }
 
+    /// The running child's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn is_running(&mut self) -> bool {
         self.child
             .as_mut()

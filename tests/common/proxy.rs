@@ -33,8 +33,26 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 /// One proxy; dropped, it stops accepting and its connections end.
 pub struct Proxy {
     addr: SocketAddr,
-    cut: watch::Sender<bool>,
+    cut: Switch,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Cuts and heals one proxy; cheap to clone and usable from any thread.
+#[derive(Clone)]
+pub struct Switch(std::sync::Arc<watch::Sender<bool>>);
+
+impl Switch {
+    pub fn cut(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub fn heal(&self) {
+        self.0.send_replace(false);
+    }
+
+    pub fn is_cut(&self) -> bool {
+        *self.0.borrow()
+    }
 }
 
 impl Proxy {
@@ -60,7 +78,11 @@ impl Proxy {
                 while conns.try_join_next().is_some() {}
             }
         });
-        Proxy { addr, cut, task }
+        Proxy {
+            addr,
+            cut: Switch(std::sync::Arc::new(cut)),
+            task,
+        }
     }
 
     /// The URL a moor process is given as its etcd endpoint.
@@ -70,15 +92,20 @@ impl Proxy {
 
     /// Partitions: no byte moves either way until [`Proxy::heal`].
     pub fn cut(&self) {
-        self.cut.send_replace(true);
+        self.cut.cut();
     }
 
     pub fn heal(&self) {
-        self.cut.send_replace(false);
+        self.cut.heal();
     }
 
     pub fn is_cut(&self) -> bool {
-        *self.cut.borrow()
+        self.cut.is_cut()
+    }
+
+    /// A handle that cuts and heals this proxy from anywhere.
+    pub fn switch(&self) -> Switch {
+        self.cut.clone()
     }
 }
 
