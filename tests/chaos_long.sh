@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The randomized fault suite's long mode: SEEDS scripts of OPS operations each, PARALLEL
 # at a time, each its own cluster; prints one Markdown table row per seed (seed,
-# operations, CSI calls, failed calls, kills, duration, verdict) and keeps every run's
+# operations, CSI calls, failed calls, kills, partitions, pauses, full disks, duration,
+# verdict) and keeps every run's
 # output in the log directory. The binaries are copied first, so rebuilding the tree
 # while it runs does not change what runs.
 #
@@ -42,15 +43,15 @@ for ((i = 0; i < seeds; i++)); do
     run_one $((first + i)) &
 done
 wait
-echo "| seed | operations | CSI calls | failed calls | kills | duration | verdict |"
-echo "|---|---|---|---|---|---|---|"
+echo "| seed | operations | CSI calls | failed calls | kills | partitions | pauses | full disks | duration | verdict |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 sort -n "$dir/done" | while read -r seed rc secs; do
     summary=$(grep -E '^chaos: [0-9]+ ops' "$dir/seed$seed.log" | tail -1 || true)
-    read -r lines calls failed kills < <(echo "$summary" |
-        sed -E 's/^chaos: ([0-9]+) ops, ([0-9]+) calls, ([0-9]+) failed .*, ([0-9]+) kills.*/\1 \2 \3 \4/;t;s/.*/- - - -/')
+    read -r lines calls failed kills parts pauses disks < <(echo "$summary" |
+        sed -E 's/^chaos: ([0-9]+) ops, ([0-9]+) calls, ([0-9]+) failed .*, ([0-9]+) kills, ([0-9]+) partitions, ([0-9]+) pauses, ([0-9]+) full disks.*/\1 \2 \3 \4 \5 \6 \7/;t;s/.*/- - - - - - -/')
     verdict=passed
     if [ "$rc" != 0 ]; then
         verdict="FAILED: $(grep -m1 -E 'invariant [0-9]|no every|no everything|panicked at' "$dir/seed$seed.log" | cut -c1-120 || true)"
     fi
-    echo "| $seed | $lines | $calls | $failed | $kills | ${secs} s | $verdict |"
+    echo "| $seed | $lines | $calls | $failed | $kills | $parts | $pauses | $disks | ${secs} s | $verdict |"
 done
