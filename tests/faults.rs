@@ -253,3 +253,70 @@ async fn a_plugin_leader_paused_past_its_term_sends_nothing_under_it_when_it_wak
     // Invariant 9 among the others: no two terms of the plugin's election overlapped.
     c.check_calls(true);
 }
+
+/// moor on a 3-member etcd, each member in a network namespace of its own: the member
+/// that leads is partitioned from the other two (packets dropped; moor still reaches
+/// it). The other two elect a leader; every moor process must go on through them: a
+/// new allocation's claim is published, an old one released, while the partition
+/// holds. Then the member rejoins and the call log is checked.
+#[tokio::test]
+async fn moor_goes_on_when_the_leading_etcd_member_is_partitioned_from_the_others() {
+    if !cluster::can_mount() {
+        eprintln!("network namespaces need root: nothing to check");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let members = common::members::Members::start(tmp.path()).await;
+    let etcd = common::Etcd::external(members.client_urls());
+    let c = Cluster::start_on(etcd, 1, 2, PluginOpts::default()).await;
+    for v in ["v1", "v2"] {
+        c.apply(c.volume(v, AccessMode::SingleNodeWriter)).await;
+        c.volume_ready(v).await;
+    }
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+
+    let leader = members.leader().await.expect("a leader");
+    members.isolate(leader);
+    let cut = std::time::Instant::now();
+    // The test's own writes, as moorctl's: a request that timed out on the cut-off
+    // member (its outcome unknown) is made again (a create that did land says so).
+    let a2 = c.allocation("a2", "n1", "v2", false);
+    c.wait("a2 created", T, || async {
+        match c.store.create(&a2).await {
+            Ok(_) | Err(moor::store::StoreError::AlreadyExists { .. }) => true,
+            Err(e) => {
+                eprintln!("create a2: {e}");
+                false
+            }
+        }
+    })
+    .await;
+    c.wait("a1 stopped", T, || async {
+        let key = Allocation::key_for(&Namespace::default_ns(), "a1");
+        let Ok(mut a) = c.store.get(&key).await else {
+            return false;
+        };
+        a.spec.desired_status = DesiredStatus::Stop;
+        c.store.replace(&a).await.is_ok()
+    })
+    .await;
+    c.wait_claim("a2", "n1", ClaimPhase::Published, Duration::from_secs(60))
+        .await;
+    eprintln!(
+        "recovery: a new claim published {:?} after the leading member was cut off",
+        cut.elapsed()
+    );
+    c.wait_claim("a1", "n2", ClaimPhase::Released, Duration::from_secs(60))
+        .await;
+    eprintln!(
+        "recovery: an old claim released {:?} after the leading member was cut off",
+        cut.elapsed()
+    );
+
+    members.rejoin(leader);
+    c.stop_alloc("a2").await;
+    c.wait_claim("a2", "n1", ClaimPhase::Released, Duration::from_secs(60))
+        .await;
+    c.check_calls(true);
+}

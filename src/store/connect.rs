@@ -9,13 +9,18 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 use super::{Keyring, Store};
 
-/// The client options every connection uses: a bounded connect, and keep-alives that
-/// notice a dead etcd while a watch is idle.
+/// The client options every connection uses: a bounded connect, keep-alives that
+/// notice a dead etcd while a watch is idle, and every request marked "requires a
+/// leader" (etcd's `hasleader` metadata): a member cut off from the quorum refuses
+/// requests at once with "etcdserver: no leader" (sent again elsewhere, see
+/// `send.rs`) and cancels its watches, which are opened again on a member that can
+/// serve them; without it such a member's watches go silent, as if nothing changed.
 pub(super) fn options() -> ConnectOptions {
     ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(5))
         .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
         .with_keep_alive_while_idle(true)
+        .with_require_leader(true)
 }
 
 /// TLS and authentication for etcd.

@@ -41,7 +41,12 @@ fn failure(e: &etcd_client::Error) -> Option<bool> {
         E::TransportError(_) | E::IoError(_) => return Some(connect_refused(e)),
         _ => return None,
     };
-    Some(status.message().contains("connect error") || connect_refused(status))
+    // A member without a leader refuses a request that requires one (as every request
+    // of ours does) before it proposes anything: not applied.
+    let unsent = status.message().contains("connect error")
+        || status.message().contains("etcdserver: no leader")
+        || connect_refused(status);
+    Some(unsent)
 }
 
 /// Whether the error's source chain holds a failed connection attempt.
@@ -129,6 +134,14 @@ mod tests {
         assert_eq!(failure(&closed), Some(false));
         assert!(retryable(&closed, Repeat::Idempotent));
         assert!(!retryable(&closed, Repeat::OnlyUnsent));
+    }
+
+    #[test]
+    fn a_member_without_a_leader_refused_the_request_so_writes_repeat_too() {
+        let refused =
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: no leader"));
+        assert_eq!(failure(&refused), Some(true));
+        assert!(retryable(&refused, Repeat::OnlyUnsent));
     }
 
     #[test]

@@ -254,7 +254,16 @@ pub fn node(name: &str) -> NodeName {
 impl Cluster {
     /// etcd, `controllers` controller replicas, and `nodes` nodes n1..nN.
     pub async fn start(controllers: usize, nodes: usize, opts: PluginOpts) -> Cluster {
-        let etcd = Etcd::start().await;
+        Cluster::start_on(Etcd::start().await, controllers, nodes, opts).await
+    }
+
+    /// [`Cluster::start`] on a given etcd (such as an external 3-member cluster).
+    pub async fn start_on(
+        etcd: Etcd,
+        controllers: usize,
+        nodes: usize,
+        opts: PluginOpts,
+    ) -> Cluster {
         let store = etcd.store("/moor/").await;
         let dir = tempfile::tempdir().expect("temp dir");
         let mut c = Cluster {

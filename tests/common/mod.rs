@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use moor::store::Store;
 
+pub mod members;
 pub mod proxy;
 
 /// Which server speaks the etcd API to a test.
@@ -44,7 +45,11 @@ macro_rules! both_stores {
 /// A real etcd-API server (etcd, or moor-store) owned by one test.
 pub struct Etcd {
     pub backend: Backend,
+    /// The client URL (comma-separated URLs for an external cluster: as `--etcd` and
+    /// `--endpoints` take them).
     pub client_url: String,
+    /// Each endpoint.
+    pub endpoints: Vec<String>,
     peer_url: String,
     data_dir: tempfile::TempDir,
     child: Option<Child>,
@@ -66,9 +71,11 @@ impl Etcd {
     pub async fn start_on(backend: Backend) -> Etcd {
         let mut last_error = String::new();
         for _ in 0..3 {
+            let client_url = format!("http://127.0.0.1:{}", free_port());
             let mut etcd = Etcd {
                 backend,
-                client_url: format!("http://127.0.0.1:{}", free_port()),
+                endpoints: vec![client_url.clone()],
+                client_url,
                 peer_url: format!("http://127.0.0.1:{}", free_port()),
                 data_dir: tempfile::tempdir().expect("temp dir"),
                 child: None,
@@ -79,6 +86,19 @@ impl Etcd {
             }
         }
         panic!("etcd did not start: {last_error}");
+    }
+
+    /// A cluster this harness did not start (such as [`members::Members`]): nothing to
+    /// kill, pause or restart.
+    pub fn external(endpoints: Vec<String>) -> Etcd {
+        Etcd {
+            backend: Backend::Etcd,
+            client_url: endpoints.join(","),
+            endpoints,
+            peer_url: String::new(),
+            data_dir: tempfile::tempdir().expect("temp dir"),
+            child: None,
+        }
     }
 
     fn log_path(&self) -> PathBuf {
@@ -189,7 +209,7 @@ impl Etcd {
 
     /// A store on this etcd under a prefix.
     pub async fn store(&self, prefix: &str) -> Store {
-        Store::connect(std::slice::from_ref(&self.client_url), prefix)
+        Store::connect(&self.endpoints, prefix)
             .await
             .expect("connect to etcd")
     }
