@@ -68,7 +68,7 @@ impl Members {
             let log = std::fs::File::create(dir.join(format!("m{i}.log"))).expect("member log");
             let ip = m.ip(i);
             let child = Command::new("ip")
-                .args(["netns", "exec", &m.ns(i), &crate::common::need("etcd")])
+                .args(["netns", "exec", &m.ns(i), crate::common::need("etcd")])
                 .arg(format!("--name=m{i}"))
                 .arg(format!(
                     "--data-dir={}",
