@@ -52,8 +52,14 @@ impl Members {
 
     /// Starts the three members and waits until the cluster answers a write.
     pub async fn start(dir: &Path) -> Members {
-        let net = fastrand::u8(100..250);
-        let tag = format!("mo{}", fastrand::u32(10_000..99_999));
+        // Unique enough among the tests of this machine: the pid and the clock.
+        let seed = std::process::id() as u64
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or_default();
+        let net = 100 + (seed % 150) as u8;
+        let tag = format!("mo{}", 10_000 + (seed / 150) % 90_000);
         let mut m = Members {
             tag,
             net,
