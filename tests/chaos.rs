@@ -142,6 +142,12 @@ struct Chaos {
     /// life between them, collected after 6.2 s of silence).
     agent_up: BTreeMap<usize, SystemTime>,
     silent_since: BTreeMap<usize, SystemTime>,
+    /// Each agent's silences (it could not renew its Node): down, cut off or paused,
+    /// from and to. Silences that follow each other closely add up (see
+    /// [`Chaos::declarations_of_silences`]).
+    silences: Vec<(usize, SystemTime, SystemTime)>,
+    /// When each node's data disk was full (from, to).
+    full_disks: Vec<(usize, SystemTime, SystemTime)>,
     /// (volume, node) → how many allocation runs asked for it there.
     runs_on: BTreeMap<(String, usize), u32>,
     due: Vec<Due>,
@@ -648,11 +654,49 @@ impl Chaos {
     /// less a second for the renewal it may have missed just before.
     fn silence(&mut self, p: Process, since: SystemTime, d: Duration) {
         if let Process::Agent(n) = p {
+            self.silences.push((n, since, since + d));
             if d + Duration::from_secs(1) > NODE_TTL + NODE_GC {
                 let at = since + NODE_TTL + NODE_GC - Duration::from_secs(1);
                 self.forced.entry(node_name(n)).or_default().push(at);
             }
         }
+    }
+
+    /// The declarations the controller may have made of silences that add up: an
+    /// agent silent again less than a TTL after its last silence ended may not have
+    /// renewed its Node in between, so the two count as one silence from the first's
+    /// start (a kill during a partition, a partition of an agent just restarted). One
+    /// long enough is declared when the controller could first have released its
+    /// claims (see [`Chaos::silence`]).
+    fn declarations_of_silences(&self) -> Vec<(usize, SystemTime)> {
+        let mut out = Vec::new();
+        for n in 0..NODES {
+            let mut spans: Vec<(SystemTime, SystemTime)> = self
+                .silences
+                .iter()
+                .filter(|s| s.0 == n)
+                .map(|s| (s.1, s.2))
+                .collect();
+            // A kill not restarted yet runs to now.
+            if let Some(since) = self.down.get(&Process::Agent(n)) {
+                spans.push((*since, SystemTime::now()));
+            }
+            spans.sort();
+            let mut merged: Vec<(SystemTime, SystemTime)> = Vec::new();
+            for (a, b) in spans {
+                match merged.last_mut() {
+                    Some(last) if a <= last.1 + NODE_TTL => last.1 = last.1.max(b),
+                    _ => merged.push((a, b)),
+                }
+            }
+            for (a, b) in merged {
+                let long = b.duration_since(a).unwrap_or_default() + Duration::from_secs(1);
+                if long > NODE_TTL + NODE_GC {
+                    out.push((n, a + NODE_TTL + NODE_GC - Duration::from_secs(1)));
+                }
+            }
+        }
+        out
     }
 
     /// How long a partition or pause lasts: shorter than the node TTL, past it, or
@@ -745,6 +789,10 @@ impl Chaos {
             return;
         }
         self.log(format!("fill the disk of {name} for {} ms", d.as_millis()));
+        let now = SystemTime::now();
+        // Until the fill file is gone, and the half second a retry takes to notice.
+        self.full_disks
+            .push((node, now, now + d + Duration::from_millis(500)));
         let fill = self.c.node(&name).dir.join("agent").join("fill");
         self.later(d, move || {
             let _ = std::fs::remove_file(fill);
@@ -819,6 +867,7 @@ impl Chaos {
                 self.forced.entry(node_name(n)).or_default().push(since);
             }
             self.agent_up.insert(n, SystemTime::now());
+            self.silences.push((n, since, SystemTime::now()));
         }
         self.proc(p).restart();
     }
@@ -1082,6 +1131,17 @@ impl Chaos {
         }
         let logs: Vec<Vec<Call>> = self.c.nodes.iter().map(|n| n.calls()).collect();
         let merged = checker::merge(logs);
+        for (n, at) in self.declarations_of_silences() {
+            self.forced.entry(node_name(n)).or_default().push(at);
+        }
+        let rfc = |t: &SystemTime| humantime::format_rfc3339_millis(*t).to_string();
+        let mut journal_unwritable: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for (n, from, to) in &self.full_disks {
+            journal_unwritable
+                .entry(format!("csi-{}", node_name(*n)))
+                .or_default()
+                .push((rfc(from), rfc(to)));
+        }
         let cfg = CheckConfig {
             controller_publish_required: true,
             stage_required: true,
@@ -1098,6 +1158,7 @@ impl Chaos {
                     (format!("csi-{n}"), ts)
                 })
                 .collect(),
+            journal_unwritable,
             ..Default::default()
         };
         let mut problems: Vec<String> = checker::check(&merged, &cfg)
@@ -1398,6 +1459,8 @@ async fn run(seed: u64, ops: usize) {
         restarts: BTreeMap::new(),
         agent_up: BTreeMap::new(),
         silent_since: BTreeMap::new(),
+        silences: Vec::new(),
+        full_disks: Vec::new(),
         runs_on: BTreeMap::new(),
         due: Vec::new(),
         lifts: Vec::new(),

@@ -59,6 +59,11 @@ pub struct CheckConfig {
     /// the call log writes them) it was declared gone at; an empty time is the coarse
     /// form (see the module docs).
     pub forced_nodes: BTreeMap<String, Vec<String>>,
+    /// CSI node ids whose agent could not write its journal (a full disk), with the
+    /// windows (RFC 3339 start and end): a forward step refused for good in such a
+    /// window may still be recorded as uncertain (the agent could not record that
+    /// nothing is owed), so its reverse is no breach of invariant 5.
+    pub journal_unwritable: BTreeMap<String, Vec<(String, String)>>,
 }
 
 /// One broken invariant.
@@ -411,12 +416,23 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Records an attempt of a forward step (for invariant 5).
+    /// Records an attempt of a forward step (for invariant 5). A final refusal while
+    /// the node's journal could not be written counts as a maybe: the agent could not
+    /// record that it took no effect.
     fn attempted(&mut self, at: &At, key: Key3) {
+        let now = at.call.time.as_str();
+        let unrecorded = self.cfg.journal_unwritable.get(&at.node).is_some_and(|ws| {
+            ws.iter()
+                .any(|(a, b)| a.as_str() <= now && now <= b.as_str())
+        });
+        let out = match at.out {
+            Outcome::Failed { final_error: true } if unrecorded => Outcome::Maybe,
+            o => o,
+        };
         self.attempts
             .entry((at.call.rpc.clone(), key))
             .or_default()
-            .push(at.out);
+            .push(out);
     }
 
     /// Invariant 5: `at` reverses a `fwd` step whose every attempt failed, one of them
