@@ -30,6 +30,8 @@ use v1::node_client::NodeClient;
 
 /// The gRPC header naming the term a call was made under (see [`Csi::under`]).
 pub const TERM_HEADER: &str = "moor-term";
+/// The gRPC header saying when a try made under a term was sent (Unix ms).
+pub const SENT_HEADER: &str = "moor-sent";
 
 /// A plugin's controller and node services under one call policy (cheap to clone).
 #[derive(Clone)]
@@ -112,7 +114,7 @@ impl Csi {
 
     /// This client under `term`: each try of every call is sent only while the term is
     /// held (checked right before it goes), and carries the term's label as the
-    /// `moor-term` header.
+    /// `moor-term` header and its send time as `moor-sent`.
     pub fn under(self, term: Term) -> Csi {
         Csi {
             term: Some(term),
@@ -146,6 +148,15 @@ impl Csi {
                 let mut r = request(req.clone(), t);
                 if let Some(v) = self.term.as_ref().and_then(|t| t.label().parse().ok()) {
                     r.metadata_mut().insert(TERM_HEADER, v);
+                    // When the try left, by this host's clock: a plugin that serves it
+                    // late (paused, overloaded) still tells when it was sent.
+                    let sent = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_millis() as u64)
+                        .unwrap_or_default();
+                    if let Ok(v) = sent.to_string().parse() {
+                        r.metadata_mut().insert(SENT_HEADER, v);
+                    }
                 }
                 send(self.channel.clone(), r)
             })

@@ -61,6 +61,9 @@ pub struct Call {
     /// The term the caller made it under (its `moor-term` header), if it named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub term: Option<String>,
+    /// When the caller sent it (Unix ms, its `moor-sent` header), if it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_ms: Option<u64>,
 }
 
 impl Call {

@@ -22,8 +22,9 @@
 //! 8. NodeExpandVolume only on a node that holds the volume (staged or published there,
 //!    and not declared gone since);
 //! 9. no two terms of one role act at once: of the calls that name their term (the
-//!    `moor-term` header, `ROLE/REVISION/HOLDER`), none of a term starts after a call of
-//!    a later term of the same role started (by start time: end less duration).
+//!    `moor-term` header, `ROLE/REVISION/HOLDER`), none of a term was sent after a call
+//!    of a later term of the same role was (by the `moor-sent` header; without it, by
+//!    the start: end less duration, which a plugin that serves a call late delays).
 //!
 //! A node an operator declared gone (`moorctl volume detach`, or a node collected
 //! after `--node-gc-timeout`) is *forced* at that time. The declaration covers only
@@ -192,9 +193,15 @@ fn terms_overlap(calls: &[Call]) -> Vec<Violation> {
         .enumerate()
         .filter_map(|(i, c)| {
             let (role, revision) = role_and_revision(c.term.as_deref()?)?;
-            let end = humantime::parse_rfc3339(&c.time).ok()?;
-            let took = std::time::Duration::from_secs_f64(c.duration_ms.max(0.0) / 1000.0);
-            Some((end.checked_sub(took)?, i, role, revision))
+            let sent = match c.sent_ms {
+                Some(ms) => std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+                None => {
+                    let end = humantime::parse_rfc3339(&c.time).ok()?;
+                    let took = std::time::Duration::from_secs_f64(c.duration_ms.max(0.0) / 1000.0);
+                    end.checked_sub(took)?
+                }
+            };
+            Some((sent, i, role, revision))
         })
         .collect();
     started.sort();
@@ -206,7 +213,7 @@ fn terms_overlap(calls: &[Call]) -> Vec<Violation> {
                 invariant: 9,
                 index: i,
                 message: format!(
-                    "{} of role {role}'s term {revision} started after a call of its later term {later} (call {first}) had",
+                    "{} of role {role}'s term {revision} was sent after a call of its later term {later} (call {first}) was",
                     calls[i].rpc
                 ),
             }),
@@ -953,6 +960,17 @@ mod tests {
             ("plugin.x/5/agent@n1", 12, 1),
         ]);
         assert_eq!(nines(&late), vec![9]);
+        // Sent before the later term began, served late (the plugin was paused): fine.
+        let mut served_late = termed(&[
+            ("plugin.x/5/agent@n1", 0, 1),
+            ("plugin.x/9/agent@n3", 10, 1),
+            ("plugin.x/5/agent@n1", 12, 1),
+        ]);
+        let t = |s: u64| 1_767_225_600_000 + s * 1000;
+        for (c, s) in served_late.iter_mut().zip([0, 10, 5]) {
+            c.sent_ms = Some(t(s));
+        }
+        assert_eq!(nines(&served_late), Vec::<u8>::new());
     }
 
     #[test]

@@ -334,7 +334,9 @@ impl Plugin {
         op: impl Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
         call.plugin_node = self.cfg().node_id.clone();
-        call.term = term::current();
+        let named = term::current();
+        call.term = named.term;
+        call.sent_ms = named.sent_ms;
         let rpc = call.rpc.clone();
         let mut guard = LogGuard {
             log: &self.inner.log,

@@ -5,13 +5,22 @@
 use std::task::{Context, Poll};
 use tonic::codegen::http;
 
-tokio::task_local! {
-    static TERM: Option<String>;
+/// What the caller said of the call: its term, and when it sent it (Unix ms).
+#[derive(Debug, Clone, Default)]
+pub struct Named {
+    /// The `moor-term` header.
+    pub term: Option<String>,
+    /// The `moor-sent` header.
+    pub sent_ms: Option<u64>,
 }
 
-/// The term of the call being served (`None`: the caller named none).
-pub fn current() -> Option<String> {
-    TERM.try_with(|t| t.clone()).ok().flatten()
+tokio::task_local! {
+    static TERM: Named;
+}
+
+/// The term and send time of the call being served (empty: the caller named none).
+pub fn current() -> Named {
+    TERM.try_with(|t| t.clone()).unwrap_or_default()
 }
 
 /// Puts each request's `moor-term` header where [`current`] finds it while the call
@@ -37,19 +46,19 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = tokio::task::futures::TaskLocalFuture<Option<String>, S::Future>;
+    type Future = tokio::task::futures::TaskLocalFuture<Named, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.0.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let term = req
-            .headers()
-            .get("moor-term")
-            .and_then(|v| v.to_str().ok())
+        let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+        let named = Named {
             // A caller's header is bounded before it reaches the log.
-            .map(|v| v.chars().take(200).collect());
-        TERM.scope(term, self.0.call(req))
+            term: header("moor-term").map(|v| v.chars().take(200).collect()),
+            sent_ms: header("moor-sent").and_then(|v| v.parse().ok()),
+        };
+        TERM.scope(named, self.0.call(req))
     }
 }
