@@ -11,6 +11,9 @@
 #   time     (time)               GNU time: moorctl's tests read a command's peak memory
 #   podman, runc, busybox, dockerd (podman, runc, busybox-static, docker.io)
 #                                 tests/engines.rs runs real containers on moor volumes
+#   ip, iptables (iproute2, iptables)
+#                                 tests/faults.rs partitions an etcd member in its own
+#                                 network namespace
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/needs.sh
@@ -24,5 +27,7 @@ need podman podman
 need runc runc
 need busybox busybox-static
 need dockerd docker.io
+need ip iproute2
+need iptables iptables
 # Every test binary runs, whatever fails first: one failure must not hide another.
 exec cargo test --workspace --no-fail-fast "$@"
