@@ -1102,6 +1102,52 @@ impl Chaos {
         }
     }
 
+    /// The nodes the controller released claims without ("Node steps skipped"), and
+    /// when, where the node had been silent just before: the agent's own backoff before
+    /// it registers again can keep its Node away longer than the script's faults did,
+    /// which the script cannot know. A skip with no silence of that node before it is
+    /// left out, so the checker still fails a node released while it was renewing.
+    async fn skipped_nodes(&self) -> Vec<(usize, SystemTime)> {
+        let all = KeyScope::all();
+        let events = retry("list events", || self.c.store.list::<EventSpec>(&all)).await;
+        // Before the skip: the silence, the TTL, the GC timeout, the registration
+        // backoff's cap (5 s) and a second of slack.
+        let reach = NODE_TTL + NODE_GC + Duration::from_secs(6);
+        let mut out = Vec::new();
+        for e in events
+            .items
+            .iter()
+            .filter(|e| e.spec.reason == "Node steps skipped")
+        {
+            let Some(at) = e.spec.series.as_ref().map(|s| s.first_time.0).or(e
+                .spec
+                .time
+                .as_ref()
+                .map(|t| t.0))
+            else {
+                continue;
+            };
+            let alloc = e
+                .spec
+                .object
+                .name
+                .as_str()
+                .split('.')
+                .next()
+                .unwrap_or_default();
+            let Some(node) = self.allocs.get(alloc).map(|a| a.node) else {
+                continue;
+            };
+            let silent = self.silences.iter().any(|(n, from, to)| {
+                *n == node && *from <= at + Duration::from_secs(1) && at <= *to + reach
+            });
+            if silent {
+                out.push((node, at));
+            }
+        }
+        out
+    }
+
     /// The live contract monitor's Warnings: a correct plugin raises none, whatever
     /// the faults around it.
     async fn contract_breaches(&self) -> Vec<String> {
@@ -1121,7 +1167,7 @@ impl Chaos {
     }
 
     /// The call logs against the invariants and the retry schedule.
-    fn check(&mut self, breaches: Vec<String>) {
+    fn check(&mut self, breaches: Vec<String>, skipped: Vec<(usize, SystemTime)>) {
         // Stop the agents first, so that no call is in flight while the logs are read.
         for n in &mut self.c.nodes {
             n.agent.stop();
@@ -1131,7 +1177,7 @@ impl Chaos {
         }
         let logs: Vec<Vec<Call>> = self.c.nodes.iter().map(|n| n.calls()).collect();
         let merged = checker::merge(logs);
-        for (n, at) in self.declarations_of_silences() {
+        for (n, at) in self.declarations_of_silences().into_iter().chain(skipped) {
             self.forced.entry(node_name(n)).or_default().push(at);
         }
         let rfc = |t: &SystemTime| humantime::format_rfc3339_millis(*t).to_string();
@@ -1483,5 +1529,6 @@ async fn run(seed: u64, ops: usize) {
         (started.elapsed() - chaos_time).as_millis()
     );
     let breaches = chaos.contract_breaches().await;
-    chaos.check(breaches);
+    let skipped = chaos.skipped_nodes().await;
+    chaos.check(breaches, skipped);
 }

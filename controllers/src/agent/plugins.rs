@@ -340,8 +340,14 @@ impl Supervisor {
                 .await;
             // Not registered until the next term's Node is: no new node step meanwhile.
             self.vouched().end();
-            self.inner.registered.send_replace(0);
+            let registered = self.inner.registered.send_replace(0) == term;
             if let Err(e) = result {
+                // A term that got as far as registering starts the backoff over: a blip
+                // after hours of failures long past must not keep the node away for the
+                // backoff's cap (past --node-gc-timeout, its claims would be released).
+                if registered {
+                    retry.reset();
+                }
                 let delay = retry.next_delay();
                 tracing::warn!(error = %e, ?delay, "node lease lost or unavailable; re-registering");
                 tokio::select! {
