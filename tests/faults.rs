@@ -26,6 +26,13 @@ fn proxied() -> PluginOpts {
     }
 }
 
+/// Stops allocation `alloc` and waits for its claim on `node` to be Released.
+async fn stop_and_release(c: &Cluster, alloc: &str, node: &str) {
+    c.stop_alloc(alloc).await;
+    c.wait_claim(alloc, node, ClaimPhase::Released, Duration::from_secs(60))
+        .await;
+}
+
 /// When a call started, by the plugin's clock (its log has the end and the duration).
 fn started(c: &Call) -> Option<SystemTime> {
     let end = humantime::parse_rfc3339(&c.time).ok()?;
@@ -106,9 +113,7 @@ async fn an_agent_cut_off_from_etcd_takes_no_forward_step_once_its_registration_
         ok[0].term, last.term,
         "the stage after the partition was made in a new registration term"
     );
-    c.stop_alloc("a1").await;
-    c.wait_claim("a1", "n2", ClaimPhase::Released, Duration::from_secs(60))
-        .await;
+    stop_and_release(&c, "a1", "n2").await;
     c.check_calls(true);
 }
 
@@ -183,9 +188,7 @@ async fn an_agent_whose_journal_disk_is_full_takes_no_step_and_says_why() {
         "recovery: published {:?} after the disk was freed",
         freed.elapsed()
     );
-    c.stop_alloc("a1").await;
-    c.wait_claim("a1", "n2", ClaimPhase::Released, Duration::from_secs(60))
-        .await;
+    stop_and_release(&c, "a1", "n2").await;
     c.check_calls(true);
 }
 
@@ -247,9 +250,7 @@ async fn a_plugin_leader_paused_past_its_term_sends_nothing_under_it_when_it_wak
         .find(|x| x.rpc == "ControllerPublishVolume" && x.ok())
         .expect("published");
     assert_ne!(published.term.as_deref(), Some(before.as_str()));
-    c.stop_alloc("a1").await;
-    c.wait_claim("a1", "n2", ClaimPhase::Released, Duration::from_secs(60))
-        .await;
+    stop_and_release(&c, "a1", "n2").await;
     // Invariant 9 among the others: no two terms of the plugin's election overlapped.
     c.check_calls(true);
 }
@@ -315,8 +316,6 @@ async fn moor_goes_on_when_the_leading_etcd_member_is_partitioned_from_the_other
     );
 
     members.rejoin(leader);
-    c.stop_alloc("a2").await;
-    c.wait_claim("a2", "n1", ClaimPhase::Released, Duration::from_secs(60))
-        .await;
+    stop_and_release(&c, "a2", "n1").await;
     c.check_calls(true);
 }

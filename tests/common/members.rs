@@ -24,6 +24,18 @@ fn run(args: &[&str]) {
     );
 }
 
+/// A /32 route to `to` through `dev`, from `src`, in namespace `ns` (the test's own
+/// when `None`).
+fn route(ns: Option<&str>, to: &str, dev: &str, src: &str) {
+    let to = format!("{to}/32");
+    let mut args = vec!["ip"];
+    if let Some(ns) = ns {
+        args.extend(["-n", ns]);
+    }
+    args.extend(["route", "add", &to, "dev", dev, "src", src]);
+    run(&args);
+}
+
 pub struct Members {
     /// A short tag unique to this cluster (interface and namespace names).
     tag: String,
@@ -138,18 +150,7 @@ impl Members {
             for (i, dev, other) in [(a, &ia, b), (b, &ib, a)] {
                 let ns = self.ns(i);
                 run(&["ip", "-n", &ns, "link", "set", dev, "up"]);
-                run(&[
-                    "ip",
-                    "-n",
-                    &ns,
-                    "route",
-                    "add",
-                    &format!("{}/32", self.ip(other)),
-                    "dev",
-                    dev,
-                    "src",
-                    &self.ip(i),
-                ]);
+                route(Some(&ns), &self.ip(other), dev, &self.ip(i));
             }
         }
         // Test namespace ↔ member: the test side is 10.X.1.1.
@@ -164,28 +165,8 @@ impl Members {
             }
             let ns = self.ns(i);
             run(&["ip", "-n", &ns, "link", "set", &n, "up"]);
-            run(&[
-                "ip",
-                "route",
-                "add",
-                &format!("{}/32", self.ip(i)),
-                "dev",
-                &h,
-                "src",
-                &host,
-            ]);
-            run(&[
-                "ip",
-                "-n",
-                &ns,
-                "route",
-                "add",
-                &format!("{host}/32"),
-                "dev",
-                &n,
-                "src",
-                &self.ip(i),
-            ]);
+            route(None, &self.ip(i), &h, &host);
+            route(Some(&ns), &host, &n, &self.ip(i));
         }
     }
 
