@@ -33,8 +33,12 @@ async fn stop_and_release(c: &Cluster, alloc: &str, node: &str) {
         .await;
 }
 
-/// When a call started, by the plugin's clock (its log has the end and the duration).
+/// When a call was sent: its `moor-sent` header, or else its start by the plugin's
+/// clock (its log has the end and the duration).
 fn started(c: &Call) -> Option<SystemTime> {
+    if let Some(ms) = c.sent_ms {
+        return Some(std::time::UNIX_EPOCH + Duration::from_millis(ms));
+    }
     let end = humantime::parse_rfc3339(&c.time).ok()?;
     end.checked_sub(Duration::from_secs_f64(c.duration_ms.max(0.0) / 1000.0))
 }
