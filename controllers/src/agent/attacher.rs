@@ -17,9 +17,8 @@
 //! One controller call per volume at a time (a lock shared with the provisioner).
 
 use moor::api::*;
-use moor::csi::policy::CsiError;
 use moor::csi::requests;
-use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
+use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
 use moor::runtime::steps;
@@ -31,34 +30,7 @@ use super::ControllerPluginCtx;
 use crate::common::{details, object_ref};
 
 /// Why an attachment could not be converged.
-#[derive(Debug, thiserror::Error)]
-pub enum AttachError {
-    /// A step's gate is closed: not a failure, the key is looked at again when it
-    /// opens.
-    #[error(transparent)]
-    BackingOff(#[from] moor::runtime::steps::BackingOff),
-    /// A CSI call failed.
-    #[error("CSI call failed")]
-    Csi(#[from] CsiError),
-    /// Reading or writing etcd failed.
-    #[error("store operation failed")]
-    Store(#[from] StoreError),
-    /// The plugin has no channel.
-    #[error(transparent)]
-    NoChannel(#[from] super::NoChannel),
-    /// The volume's secrets are sealed with a key this agent does not hold.
-    #[error(transparent)]
-    Sealed(#[from] SealedSecrets),
-}
-
-impl ReconcileError for AttachError {
-    fn policy(&self) -> ErrorPolicy {
-        match self {
-            AttachError::Store(e) => e.policy(),
-            _ => ErrorPolicy::Backoff,
-        }
-    }
-}
+pub type AttachError = super::StepError;
 
 /// The attacher of one plugin.
 pub struct Attacher {
@@ -83,12 +55,10 @@ impl Attacher {
                 move |key| {
                     let this = this.clone();
                     async move {
-                        moor::runtime::steps::requeue_backing_off(this.reconcile(key).await, |e| {
-                            match e {
-                                AttachError::BackingOff(b) => Some(*b),
-                                _ => None,
-                            }
-                        })
+                        moor::runtime::steps::requeue_backing_off(
+                            this.reconcile(key).await,
+                            AttachError::backing_off,
+                        )
                     }
                 },
                 stop,

@@ -407,6 +407,47 @@ pub struct ControllerPluginCtx {
     pub term: moor::runtime::term::Term,
 }
 
+/// What a pass of a controller-plugin executor (attacher, provisioner, snapshotter)
+/// fails with; the provisioner adds its own cases to it ([`provisioner::ProvisionError`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// A step's gate is closed: not a failure, the key is looked at again when it
+    /// opens.
+    #[error(transparent)]
+    BackingOff(#[from] moor::runtime::steps::BackingOff),
+    /// A CSI call failed.
+    #[error("CSI call failed")]
+    Csi(#[from] moor::csi::policy::CsiError),
+    /// Reading or writing etcd failed.
+    #[error("store operation failed")]
+    Store(#[from] moor::store::StoreError),
+    /// The plugin has no channel.
+    #[error(transparent)]
+    NoChannel(#[from] NoChannel),
+    /// The secrets are sealed with a key this agent does not hold.
+    #[error(transparent)]
+    Sealed(#[from] moor::api::SealedSecrets),
+}
+
+impl moor::runtime::controller::ReconcileError for StepError {
+    fn policy(&self) -> moor::runtime::controller::ErrorPolicy {
+        match self {
+            StepError::Store(e) => e.policy(),
+            _ => moor::runtime::controller::ErrorPolicy::Backoff,
+        }
+    }
+}
+
+impl StepError {
+    /// The closed gate, for [`moor::runtime::steps::requeue_backing_off`].
+    pub fn backing_off(&self) -> Option<moor::runtime::steps::BackingOff> {
+        match self {
+            StepError::BackingOff(b) => Some(*b),
+            _ => None,
+        }
+    }
+}
+
 /// The plugin has no channel (its endpoint could not be used).
 #[derive(Debug, thiserror::Error)]
 #[error("plugin {0} has no channel")]

@@ -22,11 +22,10 @@
 use moor::api::*;
 use moor::csi::policy::{Class, CsiError};
 use moor::csi::{requests, v1};
-use moor::runtime::controller::{Action, Config, Controller, ErrorPolicy, ReconcileError};
+use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
 use moor::runtime::steps::{self, Failed};
-use moor::store::StoreError;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -38,31 +37,7 @@ use crate::common::{details, object_ref};
 pub const FINALIZER: &str = "moor.dev/snapshotter";
 
 /// Why a snapshot could not be converged.
-#[derive(Debug, thiserror::Error)]
-pub enum SnapshotError {
-    /// A step's gate is closed: not a failure, the key is looked at again when it
-    /// opens.
-    #[error(transparent)]
-    BackingOff(#[from] moor::runtime::steps::BackingOff),
-    /// Reading or writing etcd failed.
-    #[error("store operation failed")]
-    Store(#[from] StoreError),
-    /// The plugin has no channel.
-    #[error(transparent)]
-    NoChannel(#[from] super::NoChannel),
-    /// The secrets are sealed with a key this agent does not hold.
-    #[error(transparent)]
-    Sealed(#[from] SealedSecrets),
-}
-
-impl ReconcileError for SnapshotError {
-    fn policy(&self) -> ErrorPolicy {
-        match self {
-            SnapshotError::Store(e) => e.policy(),
-            _ => ErrorPolicy::Backoff,
-        }
-    }
-}
+pub type SnapshotError = super::StepError;
 
 /// What the snapshotter does next for a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,10 +178,7 @@ impl Snapshotter {
                         async move {
                             moor::runtime::steps::requeue_backing_off(
                                 this.reconcile(key).await,
-                                |e| match e {
-                                    SnapshotError::BackingOff(b) => Some(*b),
-                                    _ => None,
-                                },
+                                SnapshotError::backing_off,
                             )
                         }
                     }

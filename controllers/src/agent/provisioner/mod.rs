@@ -34,25 +34,13 @@ pub const FINALIZER: &str = "moor.dev/provisioner";
 /// The controller's finalizer (held while claims remain).
 pub const CLAIMS_FINALIZER: &str = "moor.dev/claims";
 
-/// Why a volume could not be converged.
+/// Why a volume could not be converged: what every executor's pass fails with, and
+/// the provisioner's own cases.
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionError {
-    /// A step's gate is closed: not a failure, the key is looked at again when it
-    /// opens.
+    /// What every executor's pass fails with.
     #[error(transparent)]
-    BackingOff(#[from] moor::runtime::steps::BackingOff),
-    /// A CSI call failed.
-    #[error("CSI call failed")]
-    Csi(#[from] CsiError),
-    /// Reading or writing etcd failed.
-    #[error("store operation failed")]
-    Store(#[from] StoreError),
-    /// The plugin has no channel.
-    #[error(transparent)]
-    NoChannel(#[from] super::NoChannel),
-    /// The volume's secrets are sealed with a key this agent does not hold.
-    #[error(transparent)]
-    Sealed(#[from] SealedSecrets),
+    Step(#[from] super::StepError),
     /// The clone source is not ready.
     #[error("source volume {0} has no external id yet")]
     SourceNotReady(VolumeId),
@@ -64,10 +52,29 @@ pub enum ProvisionError {
     NoVolume,
 }
 
+/// `?` on what a [`super::StepError`] carries.
+macro_rules! through_step_error {
+    ($($source:ty),* $(,)?) => {
+        $(impl From<$source> for ProvisionError {
+            fn from(e: $source) -> Self {
+                ProvisionError::Step(e.into())
+            }
+        })*
+    };
+}
+
+through_step_error!(
+    moor::runtime::steps::BackingOff,
+    CsiError,
+    StoreError,
+    super::NoChannel,
+    SealedSecrets,
+);
+
 impl ReconcileError for ProvisionError {
     fn policy(&self) -> ErrorPolicy {
         match self {
-            ProvisionError::Store(e) => e.policy(),
+            ProvisionError::Step(e) => e.policy(),
             _ => ErrorPolicy::Backoff,
         }
     }
@@ -138,7 +145,7 @@ impl Provisioner {
                     async move {
                         moor::runtime::steps::requeue_backing_off(this.reconcile(key).await, |e| {
                             match e {
-                                ProvisionError::BackingOff(b) => Some(*b),
+                                ProvisionError::Step(e) => e.backing_off(),
                                 _ => None,
                             }
                         })
@@ -335,7 +342,7 @@ impl Provisioner {
                 Ok(Action::AwaitChange)
             }
             Err(failed) => {
-                let msg = moor::process::error_chain(&ProvisionError::Csi(failed.error.clone()));
+                let msg = moor::process::error_chain(&super::StepError::Csi(failed.error.clone()));
                 self.ctx
                     .writer
                     .modify_status(&vol.object_key(), |_, st| {
