@@ -95,12 +95,12 @@ impl CsiError {
     /// A call stopped before its first try because its term lapsed: Aborted (nothing
     /// was sent, so the step took no effect). A term that lapses between tries leaves
     /// the call with the last try's answer instead.
-    pub fn not_sent(rpc: &'static str, why: String, tries: u32) -> CsiError {
+    pub fn not_sent(rpc: &'static str, why: String) -> CsiError {
         CsiError {
             rpc,
             code: Code::Aborted,
             message: format!("not sent: {why}"),
-            tries,
+            tries: 0,
         }
     }
 
@@ -181,7 +181,7 @@ impl Policy {
                 .map(|t| format!("term {} lapsed", t.label()))
         };
         if let Some(why) = closed() {
-            return Err(CsiError::not_sent(rpc, why, 0));
+            return Err(CsiError::not_sent(rpc, why));
         }
         loop {
             tried += 1;

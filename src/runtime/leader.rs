@@ -384,7 +384,8 @@ async fn keep_leading(
     term: Term,
     lost: CancellationToken,
 ) {
-    let mut valid_until = term.deadline().unwrap_or_else(Instant::now);
+    // Valid until the term's deadline, which each applied renewal moves.
+    let valid_until = || term.deadline().unwrap_or_else(Instant::now);
     let renew_every = (cfg.ttl / 3).max(Duration::from_millis(100));
     let scope = crate::api::election_key(&cfg.name);
     let from = held.fence.create_revision + 1;
@@ -399,7 +400,7 @@ async fn keep_leading(
             from,
             &mut keeper,
             &mut key_watch,
-            valid_until,
+            valid_until(),
         )
         .await
         {
@@ -414,7 +415,7 @@ async fn keep_leading(
             };
             tokio::select! {
                 _ = lost.cancelled() => break "resigned",
-                _ = tokio::time::sleep_until(valid_until) => break late,
+                _ = tokio::time::sleep_until(valid_until()) => break late,
                 batch = watch_next => match batch {
                     Ok(Some(b)) if b.events.iter().any(|e| e.kind == RawEventKind::Delete && e.key == scope) => {
                         break "election key deleted";
@@ -430,24 +431,21 @@ async fn keep_leading(
                 },
                 _ = tokio::time::sleep(renew_every) => {
                     let sent = Instant::now();
-                    if !open_missing(&store, lease, &scope, from, &mut keeper, &mut key_watch, valid_until).await {
+                    if !open_missing(&store, lease, &scope, from, &mut keeper, &mut key_watch, valid_until()).await {
                         break late;
                     }
                     // The lease only collects the key of a holder that died; keeping it
                     // alive proves nothing, so it does not extend the deadline.
                     if let Some(k) = keeper.as_mut() {
-                        match tokio::time::timeout_at(valid_until, k.renew()).await {
+                        match tokio::time::timeout_at(valid_until(), k.renew()).await {
                             Ok(Ok(_)) => {}
                             Ok(Err(StoreError::LeaseGone(_))) => break "lease revoked or expired",
                             Ok(Err(_)) => keeper = None,
                             Err(_) => break late,
                         }
                     }
-                    match tokio::time::timeout_at(valid_until, held.renew_record(&store)).await {
-                        Ok(Ok(true)) => {
-                            term.renewed(sent, cfg.ttl);
-                            valid_until = term.deadline().unwrap_or(valid_until);
-                        }
+                    match tokio::time::timeout_at(valid_until(), held.renew_record(&store)).await {
+                        Ok(Ok(true)) => term.renewed(sent, cfg.ttl),
                         Ok(Ok(false)) => break "election key replaced",
                         // Not renewed this time; the deadline decides.
                         Ok(Err(_)) => {}

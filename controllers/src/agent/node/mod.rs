@@ -94,17 +94,11 @@ pub enum NodeError {
     },
 }
 
+/// A failed step: a call its registration term stopped before anything was sent is
+/// the node not being registered (it waits for the next term, which wakes every
+/// claim), not a failure of the plugin.
 impl From<steps::Failed> for NodeError {
     fn from(failed: steps::Failed) -> Self {
-        NodeError::from_step(failed)
-    }
-}
-
-impl NodeError {
-    /// A failed step: a call its registration gate stopped before anything was sent
-    /// is the node not being registered (it waits for the next term, which wakes every
-    /// claim), not a failure of the plugin.
-    fn from_step(failed: steps::Failed) -> NodeError {
         if failed.error.is_not_sent() {
             NodeError::NotRegistered
         } else {
@@ -477,7 +471,7 @@ impl Reconcile {
                 if took_no_effect(&failed.error) && before == Step::Absent {
                     self.edit(|s| mark(s, Step::Absent)).await?;
                 }
-                Err(NodeError::from_step(failed))
+                Err(failed.into())
             }
         }
     }

@@ -23,29 +23,7 @@ pub struct HostPath {
     channel: Channel,
 }
 
-/// Whether the tests mount for real: as root, always (CI runs as root). Not as root,
-/// only when `MOOR_TESTS_NO_MOUNT=1` says to run without mounting (the mount checks
-/// then skip); otherwise this fails the test, so that a check that cannot run never
-/// passes silently.
-pub fn can_mount() -> bool {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false);
-    if root {
-        return true;
-    }
-    assert!(
-        std::env::var_os("MOOR_TESTS_NO_MOUNT").is_some_and(|v| v == "1"),
-        "these tests mount for real and need root (CI runs them as root); set \
-         MOOR_TESTS_NO_MOUNT=1 to run them without mounting, skipping the mount checks"
-    );
-    false
-}
+pub use moor_hostpath::mounts::can_mount;
 
 impl HostPath {
     /// Starts a plugin with extra arguments (mounting for real when root).
