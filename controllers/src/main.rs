@@ -23,6 +23,8 @@ mod common;
 mod controller;
 mod dev;
 mod keys;
+#[cfg(test)]
+mod rig;
 mod roles;
 
 use clap::{Parser, Subcommand};

@@ -38,6 +38,8 @@ mod plan;
 mod publish;
 mod release;
 mod stats;
+#[cfg(test)]
+mod tests;
 
 use mount::claim_ref;
 

@@ -1,0 +1,149 @@
+//! The node executor in-process (see `crate::rig`): the calls it sends, in order, and
+//! what it records, for each class of answer the plugin gives.
+
+use crate::rig::Rig;
+use moor::api::{AccessMode, ClaimPhase};
+
+const CREATED: [&str; 2] = ["CreateVolume", "ControllerPublishVolume"];
+
+fn owned(s: &[&str]) -> Vec<String> {
+    s.iter().map(|s| s.to_string()).collect()
+}
+
+/// Stage before publish; on release, unpublish before unstage, and the detach only
+/// after both. Each call exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_staged_then_published_and_torn_down_in_reverse() {
+    let rig = Rig::start(&[]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.run("a1", "v1").await;
+    rig.wait_claim("a1", ClaimPhase::Published).await;
+    let mut expect = owned(&CREATED);
+    expect.extend(owned(&["NodeStageVolume", "NodePublishVolume"]));
+    assert_eq!(rig.steps(), expect);
+    let m = rig.mount("a1").await.expect("the claim's Mount");
+    assert!(m.status.staged && m.status.published, "{:?}", m.status);
+    assert!(!m.status.stage_uncertain && !m.status.publish_uncertain);
+
+    rig.stop("a1").await;
+    rig.wait_claim("a1", ClaimPhase::Released).await;
+    expect.extend(owned(&[
+        "NodeUnpublishVolume",
+        "NodeUnstageVolume",
+        "ControllerUnpublishVolume",
+    ]));
+    assert_eq!(rig.steps(), expect);
+}
+
+/// A final answer to NodeStage: the step took no effect, so it is tried again on the
+/// step's schedule (each try one call: a final answer is not repeated within a try)
+/// and, once released, owes no NodeUnstage and no NodeUnpublish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_answer_to_node_stage_owes_no_reverse() {
+    let rig = Rig::start(&[]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.fail("NodeStageVolume", "InvalidArgument", 1000).await;
+    rig.run("a1", "v1").await;
+    rig.wait("two tries of NodeStage", || async {
+        rig.steps()
+            .iter()
+            .filter(|s| s.starts_with("NodeStage"))
+            .count()
+            >= 2
+    })
+    .await;
+    let m = rig.mount("a1").await.expect("the claim's Mount");
+    assert!(
+        !m.status.staged && !m.status.stage_uncertain,
+        "{:?}",
+        m.status
+    );
+    assert!(
+        m.status
+            .meta
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("InvalidArgument")),
+        "{:?}",
+        m.status.meta.last_error
+    );
+    rig.stop("a1").await;
+    rig.wait_claim("a1", ClaimPhase::Released).await;
+    let steps = rig.steps();
+    assert!(
+        steps.iter().all(|s| s == "NodeStageVolume:InvalidArgument"
+            || CREATED.contains(&s.as_str())
+            || s == "ControllerUnpublishVolume"),
+        "{steps:?}"
+    );
+    assert_eq!(
+        steps.last().map(String::as_str),
+        Some("ControllerUnpublishVolume")
+    );
+}
+
+/// An uncertain answer to NodePublish (it may have taken effect): once released, the
+/// node owes NodeUnpublish although no NodePublish ever answered OK, then NodeUnstage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncertain_node_publish_is_reversed_on_release() {
+    let rig = Rig::start(&[]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.fail("NodePublishVolume", "Internal", 1000).await;
+    rig.run("a1", "v1").await;
+    rig.wait("a NodePublish answered Internal", || async {
+        rig.steps()
+            .iter()
+            .any(|s| s == "NodePublishVolume:Internal")
+    })
+    .await;
+    let m = rig.mount("a1").await.expect("the claim's Mount");
+    assert!(
+        m.status.publish_uncertain && !m.status.published,
+        "{:?}",
+        m.status
+    );
+    rig.stop("a1").await;
+    rig.wait_claim("a1", ClaimPhase::Released).await;
+    let steps = rig.steps();
+    let tail: Vec<&str> = steps
+        .iter()
+        .map(String::as_str)
+        .filter(|s| !s.starts_with("NodePublishVolume"))
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "CreateVolume",
+            "ControllerPublishVolume",
+            "NodeStageVolume",
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "ControllerUnpublishVolume"
+        ]
+    );
+}
+
+/// A transient answer (ResourceExhausted) is repeated within the try (`--csi-tries=2`):
+/// two failures cost one try, and the step succeeds on the third call with no backoff
+/// of the step itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_answer_is_repeated_within_the_try() {
+    let rig = Rig::start(&[]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.fail("NodeStageVolume", "ResourceExhausted", 2).await;
+    rig.run("a1", "v1").await;
+    rig.wait_claim("a1", ClaimPhase::Published).await;
+    let stages: Vec<String> = rig
+        .steps()
+        .into_iter()
+        .filter(|s| s.starts_with("NodeStage"))
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            "NodeStageVolume:ResourceExhausted",
+            "NodeStageVolume:ResourceExhausted",
+            "NodeStageVolume"
+        ]
+    );
+}
