@@ -11,6 +11,8 @@
 
 pub mod attacher;
 pub mod contract;
+#[cfg(test)]
+mod executor_tests;
 pub mod node;
 pub mod plugins;
 pub mod provisioner;
