@@ -108,53 +108,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
         }
         return Ok(Action::AwaitChange);
     }
-    // An instance that never answered a fingerprint has no capabilities to go by.
-    let fingerprinted: Vec<_> = live
-        .iter()
-        .map(|(_, s)| *s)
-        .filter(|s| matches!(s.plugin_type, PluginType::Controller | PluginType::Monolith))
-        .filter(|s| !s.capabilities.plugin.is_empty() || s.healthy)
-        .collect();
-    let controller_required = if fingerprinted.is_empty() {
-        current.as_ref().and_then(|p| p.status.controller_required)
-    } else {
-        Some(fingerprinted.iter().any(|s| {
-            s.capabilities
-                .controller
-                .has(ControllerRpc::PublishUnpublishVolume)
-        }))
-    };
-    let source = live
-        .iter()
-        .map(|(_, s)| *s)
-        .find(|s| s.healthy)
-        .or(live.first().map(|(_, s)| *s));
-    let count = |side: fn(&PluginInstance) -> bool, healthy: bool| {
-        instances
-            .values()
-            .filter(|i| side(i) && (i.healthy || !healthy))
-            .count() as u32
-    };
-    let status = PluginStatus {
-        provider: source
-            .map(|s| s.provider.clone())
-            .or(current.as_ref().map(|p| p.status.provider.clone()))
-            .unwrap_or_default(),
-        version: source
-            .map(|s| s.version.clone())
-            .or(current.as_ref().map(|p| p.status.version.clone()))
-            .unwrap_or_default(),
-        controller_required,
-        controllers_healthy: count(PluginInstance::is_controller, true),
-        controllers_expected: count(PluginInstance::is_controller, false),
-        nodes_healthy: count(PluginInstance::is_node, true),
-        nodes_expected: count(PluginInstance::is_node, false),
-        meta: current
-            .as_ref()
-            .map(|p| p.status.meta.clone())
-            .unwrap_or_default(),
-        instances,
-    };
+    let status = status(&live, current.as_deref(), instances);
     // Garbage stored over the Plugin: the controller writes its status and keeps its
     // spec, so it writes back what it knows (the last valid spec, if any, and the
     // status it derives), exactly over that value.
@@ -183,6 +137,72 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
         Some(_) => {}
     }
     Ok(Action::AwaitChange)
+}
+
+/// Whether claims of the plugin go through ControllerPublish: a controller instance
+/// advertises PUBLISH_UNPUBLISH_VOLUME. Only instances that answered a fingerprint
+/// count (one that never did has no capabilities to go by); while none has, the last
+/// answer (`current`'s) is kept, so a controller plugin that restarts does not make
+/// claims skip ControllerPublish. `None`: not known yet.
+fn controller_required(
+    live: &[(&Node, &NodePluginStatus)],
+    current: Option<&Plugin>,
+) -> Option<bool> {
+    let mut fingerprinted = live
+        .iter()
+        .map(|(_, s)| *s)
+        .filter(|s| matches!(s.plugin_type, PluginType::Controller | PluginType::Monolith))
+        .filter(|s| !s.capabilities.plugin.is_empty() || s.healthy)
+        .peekable();
+    if fingerprinted.peek().is_none() {
+        return current.and_then(|p| p.status.controller_required);
+    }
+    Some(fingerprinted.any(|s| {
+        s.capabilities
+            .controller
+            .has(ControllerRpc::PublishUnpublishVolume)
+    }))
+}
+
+/// The plugin's status from its live instances (`live`), what the Plugin said
+/// (`current`) and its `instances` ([`instances`]).
+fn status(
+    live: &[(&Node, &NodePluginStatus)],
+    current: Option<&Plugin>,
+    instances: BTreeMap<NodeName, PluginInstance>,
+) -> PluginStatus {
+    let controller_required = controller_required(live, current);
+    let source = live
+        .iter()
+        .map(|(_, s)| *s)
+        .find(|s| s.healthy)
+        .or(live.first().map(|(_, s)| *s));
+    let count = |side: fn(&PluginInstance) -> bool, healthy: bool| {
+        instances
+            .values()
+            .filter(|i| side(i) && (i.healthy || !healthy))
+            .count() as u32
+    };
+    PluginStatus {
+        provider: source
+            .map(|s| s.provider.clone())
+            .or(current.as_ref().map(|p| p.status.provider.clone()))
+            .unwrap_or_default(),
+        version: source
+            .map(|s| s.version.clone())
+            .or(current.as_ref().map(|p| p.status.version.clone()))
+            .unwrap_or_default(),
+        controller_required,
+        controllers_healthy: count(PluginInstance::is_controller, true),
+        controllers_expected: count(PluginInstance::is_controller, false),
+        nodes_healthy: count(PluginInstance::is_node, true),
+        nodes_expected: count(PluginInstance::is_node, false),
+        meta: current
+            .as_ref()
+            .map(|p| p.status.meta.clone())
+            .unwrap_or_default(),
+        instances,
+    }
 }
 
 /// The plugin's instances: each live node's, and each earlier one whose node is gone
@@ -222,4 +242,79 @@ fn instances(
         out.insert(node.clone(), gone);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fingerprinted instance of `plugin_type`, advertising PUBLISH_UNPUBLISH_VOLUME
+    /// or not.
+    fn instance(plugin_type: PluginType, publishes: bool) -> NodePluginStatus {
+        let mut s = NodePluginStatus {
+            plugin_type,
+            healthy: true,
+            ..Default::default()
+        };
+        s.capabilities
+            .plugin
+            .insert(PluginCapability::Service(PluginService::ControllerService));
+        if publishes {
+            s.capabilities
+                .controller
+                .insert(ControllerRpc::PublishUnpublishVolume);
+        }
+        s
+    }
+
+    fn plugin_that_said(required: Option<bool>) -> Plugin {
+        let mut p = Plugin::new(
+            &Namespace::default(),
+            Name::new("p").unwrap(),
+            PluginSpec::default(),
+        );
+        p.status.controller_required = required;
+        p
+    }
+
+    #[test]
+    fn controller_publish_is_required_when_a_controller_instance_advertises_it() {
+        let n = Node::new(&Namespace::default(), Name::new("n1").unwrap(), NodeSpec {});
+        let yes = instance(PluginType::Controller, true);
+        let no = instance(PluginType::Monolith, false);
+        assert_eq!(controller_required(&[(&n, &yes)], None), Some(true));
+        assert_eq!(controller_required(&[(&n, &no)], None), Some(false));
+        assert_eq!(
+            controller_required(&[(&n, &no), (&n, &yes)], None),
+            Some(true)
+        );
+        // The instances answer for themselves: what the Plugin said before does not
+        // outvote them.
+        let said = plugin_that_said(Some(true));
+        assert_eq!(controller_required(&[(&n, &no)], Some(&said)), Some(false));
+    }
+
+    #[test]
+    fn without_a_fingerprinted_controller_the_last_answer_stands() {
+        let n = Node::new(&Namespace::default(), Name::new("n1").unwrap(), NodeSpec {});
+        // A node instance says nothing of the controller; nor does an instance that
+        // never answered a fingerprint (no capabilities, unhealthy).
+        let node_only = instance(PluginType::Node, true);
+        let unanswered = NodePluginStatus {
+            plugin_type: PluginType::Controller,
+            healthy: false,
+            ..Default::default()
+        };
+        for live in [&node_only, &unanswered] {
+            assert_eq!(controller_required(&[(&n, live)], None), None);
+            for said in [Some(true), Some(false), None] {
+                let p = plugin_that_said(said);
+                assert_eq!(controller_required(&[(&n, live)], Some(&p)), said);
+            }
+        }
+        assert_eq!(
+            controller_required(&[], Some(&plugin_that_said(Some(true)))),
+            Some(true)
+        );
+    }
 }

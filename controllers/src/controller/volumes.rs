@@ -94,11 +94,12 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     let Some(vol) = ctx.volumes.get(key) else {
         return Ok(Action::AwaitChange);
     };
-    let live =
-        !vol.status.claims.read_claims.is_empty() || !vol.status.claims.write_claims.is_empty();
-    let has_finalizer = vol.metadata.finalizers.iter().any(|f| f == FINALIZER);
-    if vol.is_deleting() {
-        if has_finalizer && !live {
+    let plugin_serves = ctx
+        .plugins
+        .get(&Plugin::key_for(&vol.spec.plugin_id))
+        .is_some_and(|p| p.status.serves_volumes());
+    let schedulable = match next(&vol, plugin_serves, || ephemeral_done(ctx, &vol)) {
+        Next::RemoveFinalizer => {
             let mut v = (*vol).clone();
             v.metadata.finalizers.retain(|f| f != FINALIZER);
             match ctx.writer.replace(&v).await {
@@ -107,44 +108,18 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
             }
             return Ok(Action::AwaitChange);
         }
-    } else if !has_finalizer {
-        let mut v = (*vol).clone();
-        v.metadata.finalizers.push(FINALIZER.to_string());
-        ctx.writer.replace(&v).await?;
-        return Ok(Action::AwaitChange);
-    } else if !live && ephemeral_done(ctx, &vol) {
-        // Its allocation ended and no claim holds it: deleted like any volume (the
-        // finalizers hold it until the plugin's DeleteVolume).
-        match ctx.writer.delete_read(&vol).await {
-            Ok(_) => {
-                let m = vol.spec.made_for.as_deref().cloned().unwrap_or_default();
-                let d = details([
-                    ("allocation", m.allocation.to_string()),
-                    ("volume_id", vol.metadata.name.to_string()),
-                ]);
-                ctx.recorder
-                    .record(
-                        object_ref(&*vol),
-                        EventType::Normal,
-                        "Ephemeral volume deleted",
-                        format!(
-                            "allocation {} ended and released it; deleting ephemeral volume {}",
-                            m.allocation, vol.metadata.name
-                        ),
-                        d,
-                    )
-                    .await;
-            }
-            Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => {}
-            Err(e) => return Err(e),
+        Next::AddFinalizer => {
+            let mut v = (*vol).clone();
+            v.metadata.finalizers.push(FINALIZER.to_string());
+            ctx.writer.replace(&v).await?;
+            return Ok(Action::AwaitChange);
         }
-        return Ok(Action::AwaitChange);
-    }
-    let plugin_healthy = ctx
-        .plugins
-        .get(&Plugin::key_for(&vol.spec.plugin_id))
-        .is_some_and(|p| p.status.serves_volumes());
-    let schedulable = !vol.is_deleting() && external_id(&vol).is_some() && plugin_healthy;
+        Next::DeleteEphemeral => {
+            delete_ephemeral(ctx, &vol).await?;
+            return Ok(Action::AwaitChange);
+        }
+        Next::Status { schedulable } => schedulable,
+    };
     let health = nodes_health(ctx, &vol);
     if vol.status.claims.schedulable != schedulable || health.is_some() {
         let generation = vol.metadata.generation;
@@ -163,6 +138,75 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
             .await?;
     }
     Ok(Action::AwaitChange)
+}
+
+/// What the volume reconciler does with a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Being deleted and no live claim holds it: the finalizer goes (the provisioner
+    /// then deletes a created volume).
+    RemoveFinalizer,
+    /// Every volume carries the finalizer while it exists.
+    AddFinalizer,
+    /// An ephemeral volume whose allocation ended and that no claim holds: deleted like
+    /// any volume (the finalizers hold it until the plugin's DeleteVolume).
+    DeleteEphemeral,
+    /// The controller's section says whether claims may be admitted: not being
+    /// deleted, created (an external id is known) and its plugin serving volumes.
+    Status {
+        /// The section's `schedulable`.
+        schedulable: bool,
+    },
+}
+
+/// Decides [`Next`] from the volume, whether its plugin serves volumes
+/// (`plugin_serves`) and, asked only of a settled volume no claim holds, whether it is
+/// an ephemeral volume whose allocation ended.
+fn next(vol: &Volume, plugin_serves: bool, ephemeral_done: impl FnOnce() -> bool) -> Next {
+    let live =
+        !vol.status.claims.read_claims.is_empty() || !vol.status.claims.write_claims.is_empty();
+    let has_finalizer = vol.metadata.finalizers.iter().any(|f| f == FINALIZER);
+    if vol.is_deleting() {
+        if has_finalizer && !live {
+            return Next::RemoveFinalizer;
+        }
+    } else if !has_finalizer {
+        return Next::AddFinalizer;
+    } else if !live && ephemeral_done() {
+        return Next::DeleteEphemeral;
+    }
+    Next::Status {
+        schedulable: !vol.is_deleting() && external_id(vol).is_some() && plugin_serves,
+    }
+}
+
+/// Deletes an ephemeral volume whose allocation ended ([`Next::DeleteEphemeral`]), with
+/// an event.
+async fn delete_ephemeral(ctx: &Ctx, vol: &Volume) -> Result<(), StoreError> {
+    match ctx.writer.delete_read(vol).await {
+        Ok(_) => {
+            let m = vol.spec.made_for.as_deref().cloned().unwrap_or_default();
+            let d = details([
+                ("allocation", m.allocation.to_string()),
+                ("volume_id", vol.metadata.name.to_string()),
+            ]);
+            ctx.recorder
+                .record(
+                    object_ref(vol),
+                    EventType::Normal,
+                    "Ephemeral volume deleted",
+                    format!(
+                        "allocation {} ended and released it; deleting ephemeral volume {}",
+                        m.allocation, vol.metadata.name
+                    ),
+                    d,
+                )
+                .await;
+            Ok(())
+        }
+        Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether `vol` is an ephemeral template volume whose allocation ended: gone, made
@@ -229,4 +273,91 @@ fn nodes_health(ctx: &Ctx, vol: &Volume) -> Option<(bool, String)> {
         Some((false, abnormal.join("; ")))
     };
     want.filter(|(h, m)| !current.is_some_and(|c| c.status == *h && &c.message == m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume() -> Volume {
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v1").unwrap(),
+            VolumeSpec::default(),
+        );
+        v.metadata.finalizers.push(FINALIZER.to_string());
+        v.status.provisioning.external_id = Some(ExternalVolumeId::new("ext-1").unwrap());
+        v
+    }
+
+    fn claimed(mut v: Volume) -> Volume {
+        v.status.claims.write_claims.push(ClaimRef {
+            node: NodeName::new("n1").unwrap(),
+            claim: Name::new("a1.data").unwrap(),
+            allocation: AllocationId::new("a1").unwrap(),
+            mode: ClaimMode::Write,
+            access_mode: None,
+        });
+        v
+    }
+
+    fn deleting(mut v: Volume) -> Volume {
+        v.metadata.deletion_timestamp = Some(Timestamp::now());
+        v
+    }
+
+    const ASKED: fn() -> bool = || panic!("asked whether an ephemeral volume is done");
+
+    #[test]
+    fn a_volume_being_deleted_keeps_its_finalizer_while_a_claim_holds_it() {
+        assert_eq!(
+            next(&deleting(claimed(volume())), true, ASKED),
+            Next::Status { schedulable: false }
+        );
+        assert_eq!(
+            next(&deleting(volume()), true, ASKED),
+            Next::RemoveFinalizer
+        );
+        // Without the finalizer (removed, or never added): nothing to remove or add.
+        let mut bare = deleting(volume());
+        bare.metadata.finalizers.clear();
+        assert_eq!(
+            next(&bare, true, ASKED),
+            Next::Status { schedulable: false }
+        );
+    }
+
+    #[test]
+    fn every_live_volume_carries_the_finalizer_first() {
+        let mut v = claimed(volume());
+        v.metadata.finalizers.clear();
+        assert_eq!(next(&v, true, ASKED), Next::AddFinalizer);
+    }
+
+    #[test]
+    fn schedulable_needs_an_external_id_and_a_serving_plugin() {
+        assert_eq!(
+            next(&claimed(volume()), true, ASKED),
+            Next::Status { schedulable: true }
+        );
+        assert_eq!(
+            next(&claimed(volume()), false, ASKED),
+            Next::Status { schedulable: false }
+        );
+        let mut uncreated = claimed(volume());
+        uncreated.status.provisioning.external_id = None;
+        assert_eq!(
+            next(&uncreated, true, ASKED),
+            Next::Status { schedulable: false }
+        );
+    }
+
+    #[test]
+    fn only_an_unclaimed_settled_volume_is_asked_whether_its_allocation_ended() {
+        assert_eq!(next(&volume(), true, || true), Next::DeleteEphemeral);
+        assert_eq!(
+            next(&volume(), true, || false),
+            Next::Status { schedulable: true }
+        );
+    }
 }

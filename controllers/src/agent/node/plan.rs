@@ -4,7 +4,8 @@
 //! loop may look. No I/O here; publish.rs and release.rs run the steps in order, each
 //! through the step runner and behind its checkpoint.
 
-use super::super::state::Step;
+use super::super::state::{on_grant, LocalState, PublishRecord, Step};
+use moor::api::Claim;
 
 /// A forward step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,42 +59,144 @@ pub fn measurable(claim: &moor::api::Claim, same_claim: bool, on_grant: bool) ->
     same_claim && on_grant && claim.spec.publish && !claim.spec.release && !claim.is_deleting()
 }
 
-/// What a granted claim needs before its forward steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Before {
-    /// Nothing: go on with [`to_publish`].
-    Nothing,
-    /// What the claim did was done under an earlier grant, on a device since detached:
-    /// tear it down ([`to_release`]) and start again from nothing.
-    TearDown,
-    /// The staging path was staged under an earlier grant and nobody uses it: unstage
-    /// it (and forget it) before staging again.
-    Unstage,
-    /// The staging path was staged under an earlier grant and another claim is still
-    /// published from it: wait until that claim is torn down (it stands on the same
-    /// earlier grant, so it will be).
-    WaitForStaging,
+/// Reads [`Facts`] from the local state: the claim's record `rec` (under `key`) and
+/// its staging path's record. With the claim (`Some`), whether each record stands on
+/// the grant the claim holds now; without it (a teardown, which reverses whatever was
+/// done under any grant), both count as current. Who else uses the staging path is
+/// looked up only where it decides something: for a teardown, and for a stage of an
+/// earlier grant (the scan of the node's records stays off the common path).
+pub fn read(local: &LocalState, key: &str, rec: &PublishRecord, claim: Option<&Claim>) -> Facts {
+    let stage = rec.staging_path.as_ref().and_then(|p| local.stages.get(p));
+    let (publish_current, stage_current) = match claim {
+        Some(claim) => (
+            on_grant(
+                rec.attachment.as_deref(),
+                rec.publish_context.as_ref(),
+                claim,
+            ),
+            stage.is_none_or(|st| {
+                on_grant(st.attachment.as_deref(), st.publish_context.as_ref(), claim)
+            }),
+        ),
+        None => (true, true),
+    };
+    let staging_shared = (claim.is_none() || !stage_current)
+        && rec
+            .staging_path
+            .as_ref()
+            .is_some_and(|p| local.staging_in_use(p, key));
+    Facts {
+        published: rec.step,
+        released: rec.released,
+        stages: rec.staging_path.is_some(),
+        staged: stage.map(|st| st.step),
+        staging_shared,
+        publish_current,
+        stage_current,
+    }
 }
 
-/// Decides [`Before`]: the node acts only on the grant the claim holds now, never on
-/// what it did under a grant since withdrawn.
-pub fn before_publish(f: &Facts) -> Before {
+/// Whether the claim's record stands on the grant the claim holds now; if not, what
+/// became of what it did. The node acts only on the current grant, never on what it
+/// did under a grant since withdrawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Earlier {
+    /// The record stands (or is released, for good): plan the pass on it.
+    Stands,
+    /// Made under an earlier grant and took no effect: forget it, start from nothing.
+    Forget,
+    /// Made under an earlier grant, on a device since detached, and may have taken
+    /// effect: tear it down ([`to_release`]), forget it, start from nothing.
+    TearDown,
+}
+
+/// Decides [`Earlier`].
+pub fn earlier_grant(f: &Facts) -> Earlier {
+    if f.released || f.publish_current {
+        Earlier::Stands
+    } else if f.published.needs_reverse() {
+        Earlier::TearDown
+    } else {
+        Earlier::Forget
+    }
+}
+
+/// One action of a publish pass, in the order [`publish_pass`] lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// The staging path was staged under an earlier grant and nobody uses it:
+    /// NodeUnstage it (and forget it) before staging again.
+    Unstage,
+    /// The staging path was staged under an earlier grant and another claim is still
+    /// published from it: the pass ends here, until that claim is torn down (it stands
+    /// on the same earlier grant, so it will be).
+    WaitForStaging,
+    /// Nothing is owed (adopted from an earlier run, or done): the record is mirrored
+    /// on the Mount.
+    Adopt,
+    /// Before the first forward call: the node's force-detach declarations, read fresh;
+    /// the pass ends here if they cover the claim (a node back after an operator
+    /// declared it gone must not act on a grant made before).
+    Confirm,
+    /// NodeStageVolume.
+    Stage,
+    /// NodeExpandVolume of the staged volume, right before NodePublish (offline).
+    ExpandStaged(u64),
+    /// NodePublishVolume.
+    Publish,
+    /// NodeExpandVolume of the published volume (online): the pass's only step.
+    ExpandPublished(u64),
+}
+
+impl Action {
+    /// Whether the action concerns a stage of an earlier grant (taken before anything
+    /// of the current grant is looked at).
+    pub fn on_earlier_stage(self) -> bool {
+        matches!(self, Action::Unstage | Action::WaitForStaging)
+    }
+}
+
+/// The publish pass of a claim whose record stands on its current grant
+/// ([`earlier_grant`]): the staging path of an earlier grant first, then either
+/// [`Action::Adopt`] or the declarations' check followed by the forward steps owed,
+/// with the expansion where [`expansion`] puts it.
+pub fn publish_pass(f: &Facts, e: &Expansion) -> Vec<Action> {
     if f.released {
-        return Before::Nothing;
+        // Never published again (a re-run makes a new claim).
+        return vec![Action::Adopt];
     }
-    if !f.publish_current && f.published.needs_reverse() {
-        return Before::TearDown;
-    }
-    match f.staged {
-        Some(s) if f.stages && !f.stage_current && s.needs_reverse() => {
-            if f.staging_shared {
-                Before::WaitForStaging
-            } else {
-                Before::Unstage
-            }
+    let mut actions = Vec::with_capacity(5);
+    let mut f = *f;
+    if f.stages && !f.stage_current && f.staged.is_some_and(Step::needs_reverse) {
+        if f.staging_shared {
+            return vec![Action::WaitForStaging];
         }
-        _ => Before::Nothing,
+        actions.push(Action::Unstage);
     }
+    if !f.stage_current {
+        // Unstaged now, or never took effect: staged again from nothing.
+        f.staged = None;
+    }
+    let steps = to_publish(&f);
+    let expand = expansion(e, &steps);
+    if steps.is_empty() && expand == Expand::No {
+        actions.push(Action::Adopt);
+        return actions;
+    }
+    actions.push(Action::Confirm);
+    for step in steps {
+        match (step, expand) {
+            (Forward::Stage, _) => actions.push(Action::Stage),
+            (Forward::Publish, Expand::BeforePublish(bytes)) => {
+                actions.extend([Action::ExpandStaged(bytes), Action::Publish])
+            }
+            (Forward::Publish, _) => actions.push(Action::Publish),
+        }
+    }
+    if let Expand::Published(bytes) = expand {
+        actions.push(Action::ExpandPublished(bytes));
+    }
+    actions
 }
 
 /// The forward steps still owed to publish the claim, in order. A released record
@@ -282,6 +385,17 @@ mod tests {
         assert_eq!(to_release(&fresh()), []);
     }
 
+    /// Nothing asked of the node's expansion.
+    fn no_expansion() -> Expansion {
+        Expansion {
+            asked: None,
+            expanded: None,
+            node_expands: true,
+            offline_only: false,
+            stages: true,
+        }
+    }
+
     #[test]
     fn what_was_done_under_the_current_grant_stands() {
         let f = Facts {
@@ -289,8 +403,12 @@ mod tests {
             published: Step::Done,
             ..fresh()
         };
-        assert_eq!(before_publish(&f), Before::Nothing);
-        assert_eq!(before_publish(&fresh()), Before::Nothing);
+        assert_eq!(earlier_grant(&f), Earlier::Stands);
+        assert_eq!(publish_pass(&f, &no_expansion()), [Action::Adopt]);
+        assert_eq!(
+            publish_pass(&fresh(), &no_expansion()),
+            [Action::Confirm, Action::Stage, Action::Publish]
+        );
     }
 
     #[test]
@@ -303,16 +421,16 @@ mod tests {
                 stage_current: false,
                 ..fresh()
             };
-            assert_eq!(before_publish(&f), Before::TearDown);
+            assert_eq!(earlier_grant(&f), Earlier::TearDown);
             // The teardown reverses both, in order.
             assert_eq!(to_release(&f), [Reverse::Unpublish, Reverse::Unstage]);
         }
-        // A record of an earlier grant that never took effect owes nothing.
+        // A record of an earlier grant that never took effect is only forgotten.
         let f = Facts {
             publish_current: false,
             ..fresh()
         };
-        assert_eq!(before_publish(&f), Before::Nothing);
+        assert_eq!(earlier_grant(&f), Earlier::Forget);
     }
 
     #[test]
@@ -323,12 +441,23 @@ mod tests {
                 stage_current: false,
                 ..fresh()
             };
-            assert_eq!(before_publish(&f), Before::Unstage);
+            assert_eq!(
+                publish_pass(&f, &no_expansion()),
+                [
+                    Action::Unstage,
+                    Action::Confirm,
+                    Action::Stage,
+                    Action::Publish
+                ]
+            );
             let shared = Facts {
                 staging_shared: true,
                 ..f
             };
-            assert_eq!(before_publish(&shared), Before::WaitForStaging);
+            assert_eq!(
+                publish_pass(&shared, &no_expansion()),
+                [Action::WaitForStaging]
+            );
         }
         // A stage of an earlier grant that never took effect is just staged again.
         let f = Facts {
@@ -336,18 +465,170 @@ mod tests {
             stage_current: false,
             ..fresh()
         };
-        assert_eq!(before_publish(&f), Before::Nothing);
+        assert_eq!(
+            publish_pass(&f, &no_expansion()),
+            [Action::Confirm, Action::Stage, Action::Publish]
+        );
     }
 
     #[test]
-    fn a_released_claim_needs_nothing_before() {
+    fn a_released_record_stands_and_owes_nothing() {
         let f = Facts {
             released: true,
             published: Step::Done,
             publish_current: false,
             ..fresh()
         };
-        assert_eq!(before_publish(&f), Before::Nothing);
+        assert_eq!(earlier_grant(&f), Earlier::Stands);
+        assert_eq!(publish_pass(&f, &asked(1 << 30)), [Action::Adopt]);
+    }
+
+    /// What an action leaves in the local state when it answers OK.
+    fn apply(f: &mut Facts, e: &mut Expansion, action: Action) {
+        match action {
+            Action::Unstage => {
+                f.staged = None;
+                f.stage_current = true;
+            }
+            Action::Stage => {
+                f.staged = Some(Step::Done);
+                f.stage_current = true;
+            }
+            Action::Publish => f.published = Step::Done,
+            Action::ExpandStaged(b) | Action::ExpandPublished(b) => e.expanded = Some(b),
+            Action::WaitForStaging | Action::Adopt | Action::Confirm => {}
+        }
+    }
+
+    /// Every state a record on its current grant can be in, with every expansion.
+    fn every_state() -> Vec<(Facts, Expansion)> {
+        let steps = [
+            None,
+            Some(Step::Absent),
+            Some(Step::Uncertain),
+            Some(Step::Done),
+        ];
+        let mut all = Vec::new();
+        for published in [Step::Absent, Step::Uncertain, Step::Done] {
+            for staged in steps {
+                for stages in [true, false] {
+                    for stage_current in [true, false] {
+                        for staging_shared in [true, false] {
+                            for (asked, offline_only, node_expands) in [
+                                (None, false, true),
+                                (Some(1 << 30), false, true),
+                                (Some(1 << 30), true, true),
+                                (Some(1 << 30), false, false),
+                            ] {
+                                let f = Facts {
+                                    published,
+                                    released: false,
+                                    stages,
+                                    staged: if stages { staged } else { None },
+                                    staging_shared,
+                                    publish_current: true,
+                                    stage_current,
+                                };
+                                let e = Expansion {
+                                    asked,
+                                    expanded: None,
+                                    node_expands,
+                                    offline_only,
+                                    stages,
+                                };
+                                all.push((f, e));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    /// The orders the spec cares about, from every state: nothing forward before the
+    /// declarations are confirmed; NodeStage before NodePublish; an earlier grant's
+    /// stage unstaged before the stage; an offline expansion between the stage and the
+    /// publish, an online one only of a published volume; and a pass whose actions all
+    /// answer OK leaves nothing owed (the next pass only adopts), unless it waits.
+    #[test]
+    fn every_state_s_pass_is_in_order_and_leaves_nothing_owed() {
+        for (f0, e0) in every_state() {
+            let actions = publish_pass(&f0, &e0);
+            let at = |a: Action| actions.iter().position(|x| *x == a);
+            let forward = actions.iter().position(|a| {
+                matches!(
+                    a,
+                    Action::Stage
+                        | Action::Publish
+                        | Action::ExpandStaged(_)
+                        | Action::ExpandPublished(_)
+                )
+            });
+            if let Some(first) = forward {
+                assert!(
+                    at(Action::Confirm).is_some_and(|c| c < first),
+                    "{f0:?}: {actions:?}"
+                );
+            }
+            if let (Some(stage), Some(publish)) = (at(Action::Stage), at(Action::Publish)) {
+                assert!(stage < publish, "{f0:?}: {actions:?}");
+            }
+            if let (Some(unstage), Some(stage)) = (at(Action::Unstage), at(Action::Stage)) {
+                assert!(unstage < stage, "{f0:?}: {actions:?}");
+            }
+            if f0.stages && f0.staged != Some(Step::Done) && f0.published != Step::Done {
+                assert!(
+                    at(Action::Stage).is_some() || actions == [Action::WaitForStaging],
+                    "{f0:?}: {actions:?}"
+                );
+            }
+            for (i, a) in actions.iter().enumerate() {
+                match a {
+                    Action::ExpandStaged(_) => {
+                        assert_eq!(
+                            actions.get(i + 1),
+                            Some(&Action::Publish),
+                            "{f0:?}: {actions:?}"
+                        )
+                    }
+                    Action::ExpandPublished(_) => {
+                        assert!(!e0.offline_only, "{f0:?}: {actions:?}");
+                        assert_eq!(f0.published, Step::Done, "{f0:?}: {actions:?}");
+                    }
+                    _ => {}
+                }
+            }
+            if actions == [Action::WaitForStaging] {
+                assert!(f0.staging_shared && !f0.stage_current, "{f0:?}");
+                continue;
+            }
+            let (mut f, mut e) = (f0, e0);
+            for a in actions.iter().copied() {
+                apply(&mut f, &mut e, a);
+            }
+            // Taken: the stale stage is no longer anyone's (its other claims were torn
+            // down); what remains is only ever adopted.
+            f.staging_shared = false;
+            let next = publish_pass(&f, &e);
+            // A plugin that does not stage is expanded once published, online: in the
+            // pass after the one that published.
+            let online_later = !f0.stages
+                && f0.published != Step::Done
+                && e.asked.is_some()
+                && e.node_expands
+                && !e.offline_only;
+            if online_later {
+                assert_eq!(
+                    next,
+                    [Action::Confirm, Action::ExpandPublished(1 << 30)],
+                    "{f0:?} {e0:?}: {actions:?}"
+                );
+            } else {
+                assert_eq!(next, [Action::Adopt], "{f0:?} {e0:?}: {actions:?}");
+            }
+            assert_eq!(f.published, Step::Done, "{f0:?}: {actions:?}");
+        }
     }
 
     #[test]

@@ -62,6 +62,9 @@ fn new_record(
 }
 
 impl Reconcile {
+    /// The publish pass of a granted claim: what an earlier grant left is settled
+    /// ([`plan::earlier_grant`]), the record made, and the actions
+    /// [`plan::publish_pass`] lists carried out in order.
     pub(super) async fn publish(
         &self,
         key: &str,
@@ -96,39 +99,38 @@ impl Reconcile {
         // before the first call: the journal already records each call's uncertainty,
         // and the controller waits for a Mount that acknowledges a release whether or
         // not one was written before.
-        let facts = self.facts(key, claim, &rec).await;
-        match (plan::before_publish(&facts), &rec.staging_path) {
-            (plan::Before::Unstage, Some(staging)) => {
-                self.unstage(&cfg, key, &rec, staging, &claim.metadata.uid)
-                    .await?;
-            }
-            (plan::Before::WaitForStaging, Some(staging)) => {
-                let e = NodeError::StagingBusy(path_str(staging));
-                self.sync_mount(key, claim, Some(moor::process::error_chain(&e)))
-                    .await?;
-                return Err(e);
-            }
-            _ => {}
-        }
-        let staged = if facts.stage_current {
-            facts.staged
-        } else {
-            None
+        let facts = plan::read(&*self.r.local.lock().await, key, &rec, Some(claim));
+        let expansion = plan::Expansion {
+            asked: claim.spec.node_expansion_bytes,
+            expanded: rec.expanded_bytes,
+            node_expands: fp.capabilities.node.has(NodeRpc::ExpandVolume),
+            offline_only: fp
+                .capabilities
+                .plugin
+                .has(PluginCapability::ExpansionOffline),
+            stages: rec.staging_path.is_some(),
         };
-        let steps = plan::to_publish(&plan::Facts { staged, ..facts });
-        let expand = plan::expansion(
-            &plan::Expansion {
-                asked: claim.spec.node_expansion_bytes,
-                expanded: rec.expanded_bytes,
-                node_expands: fp.capabilities.node.has(NodeRpc::ExpandVolume),
-                offline_only: fp
-                    .capabilities
-                    .plugin
-                    .has(PluginCapability::ExpansionOffline),
-                stages: rec.staging_path.is_some(),
-            },
-            &steps,
-        );
+        let actions = plan::publish_pass(&facts, &expansion);
+        let current = actions
+            .iter()
+            .position(|a| !a.on_earlier_stage())
+            .unwrap_or(actions.len());
+        let staging = rec.staging_path.as_deref();
+        for &action in &actions[..current] {
+            match (action, staging) {
+                (plan::Action::Unstage, Some(staging)) => {
+                    self.unstage(&cfg, key, &rec, staging, &claim.metadata.uid)
+                        .await?
+                }
+                (plan::Action::WaitForStaging, Some(staging)) => {
+                    let e = NodeError::StagingBusy(path_str(staging));
+                    self.sync_mount(key, claim, Some(moor::process::error_chain(&e)))
+                        .await?;
+                    return Err(e);
+                }
+                _ => {}
+            }
+        }
         // The controller copies the volume's secrets onto the claim at admission: an
         // agent reads its node's claims only.
         let secrets = claim.spec.node_secrets.expose()?.clone();
@@ -150,108 +152,69 @@ impl Reconcile {
             },
             term,
         };
-        if steps.is_empty() && expand == plan::Expand::No {
-            // Adopted from an earlier run, or already done.
-            return self.sync_mount(key, claim, None).await;
+        let mut mounted = false;
+        for &action in &actions[current..] {
+            let done = match (action, staging) {
+                (plan::Action::Adopt, _) => return self.sync_mount(key, claim, None).await,
+                (plan::Action::Confirm, _) => match self.declared_gone(claim).await? {
+                    Some(why) => return self.sync_mount(key, claim, Some(why)).await,
+                    None => continue,
+                },
+                (plan::Action::ExpandPublished(bytes), _) => {
+                    let volume_path = path_str(&paths.target_plugin);
+                    let r = self.ensure_expanded(&pass, bytes, &volume_path).await;
+                    return self.after_expansion(key, claim, r).await;
+                }
+                (plan::Action::Stage, Some(staging)) => self.ensure_staged(&pass, staging).await,
+                (plan::Action::ExpandStaged(bytes), Some(staging)) => {
+                    let volume_path = path_str(&plugin_path(&cfg, staging));
+                    self.ensure_expanded(&pass, bytes, &volume_path).await
+                }
+                (plan::Action::Publish, _) => self.ensure_published(&pass).await,
+                _ => continue,
+            };
+            if let Err(e) = done {
+                return self.mount_failed(key, claim, e).await;
+            }
+            mounted = true;
         }
-        // Read now, not from a cache: a node that comes back after an operator
-        // declared it gone for this volume must not act on a grant made before (no
-        // stage, publish or expansion: the volume may be attached elsewhere by now).
-        // Steps asking at once share a read that began after each asked.
+        if mounted {
+            self.sync_mount(key, claim, None).await?;
+            self.event(claim, "Mount volume", None).await;
+        }
+        Ok(())
+    }
+
+    /// Whether an operator declared this node gone for the claim's volume, read now,
+    /// not from a cache: a node that comes back after such a declaration must not act
+    /// on a grant made before (no stage, publish or expansion: the volume may be
+    /// attached elsewhere by now). Steps asking at once share a read that began after
+    /// each asked. `Some`: why the claim's steps are not taken.
+    async fn declared_gone(&self, claim: &Claim) -> Result<Option<String>, NodeError> {
         let (store, node) = (&self.r.store, &self.r.node);
         let declarations = self
             .r
             .declarations
             .read(|| async { Ok::<_, StoreError>(store.declarations(node).await?.0) })
             .await?;
-        if declarations.covers(claim) {
-            let why = format!(
+        Ok(declarations.covers(claim).then(|| {
+            format!(
                 "the operator declared node {} gone for volume {} (moorctl volume detach): no step is taken for this claim until it is released",
                 self.r.node, claim.spec.volume
-            );
-            self.sync_mount(key, claim, Some(why)).await?;
-            return Ok(());
-        }
-        if steps.is_empty() {
-            // Published already: only the online expansion is owed.
-            return match expand {
-                plan::Expand::Published(bytes) => {
-                    let volume_path = path_str(&paths.target_plugin);
-                    let r = self.ensure_expanded(&pass, bytes, &volume_path).await;
-                    self.after_expansion(key, claim, r).await
-                }
-                _ => Ok(()),
-            };
-        }
-        let result = self.forward(&pass, &steps, expand).await;
-        match result {
-            Ok(()) => {
-                self.sync_mount(key, claim, None).await?;
-                self.event(claim, "Mount volume", None).await;
-                Ok(())
-            }
-            // Recorded when it failed; nothing new to say. A lapsed registration is not
-            // the claim's failure (and etcd may be out of reach): the next term wakes it.
-            Err(e @ (NodeError::BackingOff(..) | NodeError::NotRegistered)) => Err(e),
-            Err(e) => {
-                let msg = moor::process::error_chain(&e);
-                self.sync_mount(key, claim, Some(msg.clone())).await?;
-                self.event(claim, "Mount volume", Some(msg)).await;
-                Err(e)
-            }
-        }
+            )
+        }))
     }
 
-    /// What the local state says of the claim (its record `rec`) and its staging path.
-    async fn facts(&self, key: &str, claim: &Claim, rec: &PublishRecord) -> plan::Facts {
-        let local = self.r.local.lock().await;
-        let stage = rec.staging_path.as_ref().and_then(|p| local.stages.get(p));
-        let stage_current = stage.is_none_or(|st| {
-            on_grant(st.attachment.as_deref(), st.publish_context.as_ref(), claim)
-        });
-        // Who else uses the staging path matters only for a stage of an earlier grant
-        // (the scan of the node's records stays off the common path).
-        let staging_shared = !stage_current
-            && rec
-                .staging_path
-                .as_ref()
-                .is_some_and(|p| local.staging_in_use(p, key));
-        plan::Facts {
-            published: rec.step,
-            released: rec.released,
-            stages: rec.staging_path.is_some(),
-            staged: stage.map(|st| st.step),
-            staging_shared,
-            publish_current: true,
-            stage_current,
+    /// A forward step failed: said on the Mount and as a "Mount volume" Warning, unless
+    /// it was recorded when it failed (backing off) or is not the claim's failure (a
+    /// lapsed registration, when etcd may be out of reach: the next term wakes it).
+    async fn mount_failed(&self, key: &str, claim: &Claim, e: NodeError) -> Result<(), NodeError> {
+        if !matches!(e, NodeError::BackingOff(..) | NodeError::NotRegistered) {
+            let msg = moor::process::error_chain(&e);
+            self.sync_mount(key, claim, Some(msg.clone())).await?;
+            self.event(claim, "Mount volume", Some(msg)).await;
         }
-    }
-
-    /// The forward steps owed, in order, with an expansion before NodePublish when the
-    /// plan says so.
-    async fn forward(
-        &self,
-        pass: &Pass<'_>,
-        steps: &[plan::Forward],
-        expand: plan::Expand,
-    ) -> Result<(), NodeError> {
-        let (cfg, rec) = (pass.cfg, pass.rec);
-        for &step in steps {
-            if step == plan::Forward::Publish {
-                if let (plan::Expand::BeforePublish(bytes), Some(staging)) =
-                    (expand, &rec.staging_path)
-                {
-                    let volume_path = path_str(&plugin_path(cfg, staging));
-                    self.ensure_expanded(pass, bytes, &volume_path).await?;
-                }
-            }
-            match (step, &rec.staging_path) {
-                (plan::Forward::Stage, Some(staging)) => self.ensure_staged(pass, staging).await?,
-                (plan::Forward::Stage, None) => {}
-                (plan::Forward::Publish, _) => self.ensure_published(pass).await?,
-            }
-        }
-        Ok(())
+        Err(e)
     }
 
     /// NodeExpandVolume of the volume at `volume_path` to `bytes`; the capacity is
@@ -396,7 +359,7 @@ impl Reconcile {
     }
 
     /// The claim's publish record if it stands on the claim's current grant; if it was
-    /// made under a grant since withdrawn ([`plan::Before::TearDown`]), what it did is
+    /// made under a grant since withdrawn ([`plan::Earlier`]), what it did is
     /// torn down and the record forgotten first (`None`: start from nothing).
     async fn on_current_grant(
         &self,
@@ -404,26 +367,14 @@ impl Reconcile {
         claim: &Claim,
         rec: PublishRecord,
     ) -> Result<Option<PublishRecord>, NodeError> {
-        let current = on_grant(
-            rec.attachment.as_deref(),
-            rec.publish_context.as_ref(),
-            claim,
-        );
-        if current {
-            return Ok(Some(rec));
-        }
-        let facts = plan::Facts {
-            published: rec.step,
-            released: rec.released,
-            stages: rec.staging_path.is_some(),
-            staged: None,
-            staging_shared: false,
-            publish_current: false,
-            stage_current: true,
-        };
-        if plan::before_publish(&facts) == plan::Before::TearDown {
-            tracing::info!(claim = %key, "tearing down what was done under a withdrawn grant");
-            self.teardown(key, &rec).await?;
+        let facts = plan::read(&*self.r.local.lock().await, key, &rec, Some(claim));
+        match plan::earlier_grant(&facts) {
+            plan::Earlier::Stands => return Ok(Some(rec)),
+            plan::Earlier::TearDown => {
+                tracing::info!(claim = %key, "tearing down what was done under a withdrawn grant");
+                self.teardown(key, &rec).await?;
+            }
+            plan::Earlier::Forget => {}
         }
         self.forget(key).await?;
         Ok(None)

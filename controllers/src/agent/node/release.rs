@@ -34,26 +34,8 @@ impl Reconcile {
             return Ok(());
         }
         let cfg = self.plugin(&rec.plugin_id)?.clone();
-        let (staging_shared, stage) = match &rec.staging_path {
-            Some(staging) => {
-                let s = self.r.local.lock().await;
-                (
-                    s.staging_in_use(staging, key),
-                    s.stages.get(staging).cloned(),
-                )
-            }
-            None => (false, None),
-        };
-        let steps = plan::to_release(&plan::Facts {
-            published: rec.step,
-            released: rec.released,
-            stages: rec.staging_path.is_some(),
-            staged: stage.as_ref().map(|st| st.step),
-            staging_shared,
-            // A teardown reverses whatever was done, under any grant.
-            publish_current: true,
-            stage_current: true,
-        });
+        let facts = plan::read(&*self.r.local.lock().await, key, rec, None);
+        let steps = plan::to_release(&facts);
         for step in steps {
             match (step, &rec.staging_path) {
                 (plan::Reverse::Unpublish, _) => self.ensure_unpublished(&cfg, key, rec).await?,
