@@ -64,6 +64,117 @@ struct Listed {
     condition: Option<v1::VolumeCondition>,
 }
 
+/// What a survey pass goes by, besides the volume and its listing.
+struct Seen<'a> {
+    plugin: &'a PluginId,
+    /// The plugin reports volume conditions (VOLUME_CONDITION).
+    with_condition: bool,
+    /// The plugin lists the nodes each volume is published to.
+    with_nodes: bool,
+    /// The volumes the previous pass found missing.
+    missing_before: &'a BTreeSet<String>,
+    /// The attachments (volume key, CSI node id) the previous pass found unknown.
+    unknown_before: &'a BTreeSet<(String, String)>,
+}
+
+/// What one pass found of one volume, and what it does about it.
+#[derive(Debug, Default, PartialEq)]
+struct Finding {
+    /// The plugin does not list it.
+    missing: bool,
+    /// Unlisted two passes in a row, and moor created it: a breach of the contract.
+    breach: bool,
+    /// CSI node ids the plugin says it is published to where moor has no attachment.
+    strangers: Vec<String>,
+    /// Those of `strangers` the previous pass found too.
+    confirmed: Vec<String>,
+    /// Conditions to set on the volume's provisioning section: type, status, reason,
+    /// message.
+    set: Vec<(&'static str, bool, String, String)>,
+    /// Warnings to record: reason, message.
+    warn: Vec<(&'static str, String)>,
+}
+
+/// Judges one ready volume (external id `ext`) against what ListVolumes said of it
+/// (`entry`) and the CSI node ids moor attached it to (`ours`). A finding acts only
+/// when two passes in a row agree; a condition is written only when it changes.
+fn judge(
+    seen: &Seen<'_>,
+    vol: &Volume,
+    ext: &str,
+    entry: Option<&Listed>,
+    ours: &BTreeSet<String>,
+) -> Finding {
+    let mut f = Finding::default();
+    let p = &vol.status.provisioning;
+    let cond = |t: &str| p.meta.conditions.iter().find(|c| c.type_ == t);
+    let Some(entry) = entry else {
+        f.missing = true;
+        let again = seen.missing_before.contains(ext);
+        if again && cond(PRESENT).is_none_or(|c| c.status) {
+            let msg = format!("plugin {} does not list volume {ext}", seen.plugin);
+            f.set
+                .push((PRESENT, false, "MissingFromPlugin".into(), msg.clone()));
+            f.warn.push(("Volume missing", msg));
+        }
+        // One it created for moor and was never asked to delete.
+        f.breach = again && !vol.spec.is_registration();
+        return f;
+    };
+    if cond(PRESENT).is_some_and(|c| !c.status) {
+        f.set.push((PRESENT, true, "Listed".into(), String::new()));
+    }
+    if let Some(c) = entry.condition.as_ref().filter(|_| seen.with_condition) {
+        let shown = cond(HEALTHY);
+        let healthy = !c.abnormal;
+        if shown.is_none_or(|s| s.status != healthy || s.message != c.message)
+            && (!healthy || shown.is_some())
+        {
+            let reason = if healthy { "Normal" } else { "VolumeAbnormal" };
+            f.set
+                .push((HEALTHY, healthy, reason.into(), c.message.clone()));
+            if !healthy && shown.is_none_or(|s| s.status) {
+                f.warn
+                    .push(("Volume abnormal", format!("{ext}: {}", c.message)));
+            }
+        }
+    }
+    if !seen.with_nodes {
+        return f;
+    }
+    f.strangers = entry
+        .published
+        .iter()
+        .filter(|n| !ours.contains(*n))
+        .cloned()
+        .collect();
+    f.confirmed = f
+        .strangers
+        .iter()
+        .filter(|n| seen.unknown_before.contains(&(vol.key(), (*n).clone())))
+        .cloned()
+        .collect();
+    let shown = cond(ATTACHMENTS);
+    if f.confirmed.is_empty() {
+        if shown.is_some_and(|s| !s.status) {
+            f.set
+                .push((ATTACHMENTS, true, "Known".into(), String::new()));
+        }
+        return f;
+    }
+    let msg = format!(
+        "plugin {} reports {ext} published to node(s) {} where moor has no attachment",
+        seen.plugin,
+        f.confirmed.join(", ")
+    );
+    if shown.is_none_or(|s| s.status || s.message != msg) {
+        f.set
+            .push((ATTACHMENTS, false, "UnknownAttachment".into(), msg.clone()));
+        f.warn.push(("Unknown attachment", msg));
+    }
+    f
+}
+
 impl Survey {
     /// Runs a pass every `every` until `stop`.
     pub async fn run(self, stop: CancellationToken) {
@@ -321,8 +432,11 @@ impl Survey {
         Ok(out)
     }
 
-    /// Compares the list with moor's volumes and attachments; returns what was missing
-    /// and which attachments were unknown in this pass.
+    /// Compares the list with moor's volumes and attachments ([`judge`] for each of
+    /// the plugin's ready volumes) and carries out the findings: the breach reported,
+    /// the conditions and events written, the confirmed unknown attachments unpublished
+    /// when asked to. Returns what was missing and which attachments were unknown in
+    /// this pass.
     async fn compare(
         &self,
         caps: &PluginCapabilities,
@@ -330,10 +444,15 @@ impl Survey {
         missing_before: &BTreeSet<String>,
         unknown_before: &BTreeSet<(String, String)>,
     ) -> (BTreeSet<String>, BTreeSet<(String, String)>) {
-        let with_condition = caps.controller.has(ControllerRpc::VolumeCondition);
-        let with_nodes = caps
-            .controller
-            .has(ControllerRpc::ListVolumesPublishedNodes);
+        let seen = Seen {
+            plugin: &self.ctx.plugin.id,
+            with_condition: caps.controller.has(ControllerRpc::VolumeCondition),
+            with_nodes: caps
+                .controller
+                .has(ControllerRpc::ListVolumesPublishedNodes),
+            missing_before,
+            unknown_before,
+        };
         // moor's attachments, by volume key: the CSI node ids it published to.
         let mut known: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for a in self.attachments.reader().state() {
@@ -355,78 +474,23 @@ impl Survey {
             let Some(ext) = p.external_id.as_ref().map(|e| e.to_string()) else {
                 continue;
             };
-            let mut set: Vec<(&'static str, bool, String, String)> = Vec::new();
-            let mut warn: Vec<(&'static str, String)> = Vec::new();
-            let cond = |t: &str| p.meta.conditions.iter().find(|c| c.type_ == t);
-            let Some(entry) = listed.get(&ext) else {
+            let ours = known.get(&vol.key()).cloned().unwrap_or_default();
+            let f = judge(&seen, &vol, &ext, listed.get(&ext), &ours);
+            if f.missing {
                 missing.insert(ext.clone());
-                if missing_before.contains(&ext) && cond(PRESENT).is_none_or(|c| c.status) {
-                    let msg = format!("plugin {} does not list volume {ext}", self.ctx.plugin.id);
-                    set.push((PRESENT, false, "MissingFromPlugin".into(), msg.clone()));
-                    warn.push(("Volume missing", msg));
-                }
-                if missing_before.contains(&ext) && !vol.spec.is_registration() {
-                    // One it created for moor and was never asked to delete.
-                    let breach = moor::csi::contract::not_listed(&ext);
-                    self.ctx.breached(&vol, [breach]).await;
-                }
-                self.write(&vol, set, warn).await;
-                continue;
-            };
-            if cond(PRESENT).is_some_and(|c| !c.status) {
-                set.push((PRESENT, true, "Listed".into(), String::new()));
             }
-            if let Some(c) = entry.condition.as_ref().filter(|_| with_condition) {
-                let shown = cond(HEALTHY);
-                let healthy = !c.abnormal;
-                if shown.is_none_or(|s| s.status != healthy || s.message != c.message)
-                    && (!healthy || shown.is_some())
-                {
-                    let reason = if healthy { "Normal" } else { "VolumeAbnormal" };
-                    set.push((HEALTHY, healthy, reason.into(), c.message.clone()));
-                    if !healthy && shown.is_none_or(|s| s.status) {
-                        warn.push(("Volume abnormal", format!("{ext}: {}", c.message)));
-                    }
+            if f.breach {
+                self.ctx
+                    .breached(&vol, [moor::csi::contract::not_listed(&ext)])
+                    .await;
+            }
+            unknown.extend(f.strangers.into_iter().map(|n| (vol.key(), n)));
+            if self.unpublish_unknown {
+                for node in &f.confirmed {
+                    self.unpublish(&vol, &ext, node).await;
                 }
             }
-            if with_nodes {
-                let ours = known.get(&vol.key()).cloned().unwrap_or_default();
-                let strangers: Vec<&String> = entry
-                    .published
-                    .iter()
-                    .filter(|n| !ours.contains(*n))
-                    .collect();
-                let mut confirmed = Vec::new();
-                for n in &strangers {
-                    let k = (vol.key(), (*n).clone());
-                    if unknown_before.contains(&k) {
-                        confirmed.push((*n).clone());
-                    }
-                    unknown.insert(k);
-                }
-                let msg = if confirmed.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "plugin {} reports {ext} published to node(s) {} where moor has no attachment",
-                        self.ctx.plugin.id,
-                        confirmed.join(", ")
-                    )
-                };
-                let shown = cond(ATTACHMENTS);
-                if !confirmed.is_empty() && shown.is_none_or(|s| s.status || s.message != msg) {
-                    set.push((ATTACHMENTS, false, "UnknownAttachment".into(), msg.clone()));
-                    warn.push(("Unknown attachment", msg));
-                } else if confirmed.is_empty() && shown.is_some_and(|s| !s.status) {
-                    set.push((ATTACHMENTS, true, "Known".into(), String::new()));
-                }
-                if self.unpublish_unknown {
-                    for node in &confirmed {
-                        self.unpublish(&vol, &ext, node).await;
-                    }
-                }
-            }
-            self.write(&vol, set, warn).await;
+            self.write(&vol, f.set, f.warn).await;
         }
         (missing, unknown)
     }
@@ -614,4 +678,128 @@ fn held(att: &Attachment, plugin: &PluginId) -> bool {
         && att.status.phase == AttachmentPhase::Attached
         && !att.spec.detach
         && !att.is_deleting()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume() -> Volume {
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v1").unwrap(),
+            VolumeSpec::default(),
+        );
+        v.status.provisioning.external_id = Some(ExternalVolumeId::new("ext-1").unwrap());
+        v
+    }
+
+    fn listed(published: &[&str], abnormal: Option<&str>) -> Listed {
+        Listed {
+            published: published.iter().map(|n| n.to_string()).collect(),
+            condition: abnormal.map(|m| v1::VolumeCondition {
+                abnormal: !m.is_empty(),
+                message: m.to_string(),
+            }),
+        }
+    }
+
+    /// Judges `vol` with the previous pass's findings.
+    fn judged(
+        vol: &Volume,
+        entry: Option<&Listed>,
+        ours: &[&str],
+        missing_before: &[&str],
+        unknown_before: &[&str],
+    ) -> Finding {
+        let plugin = PluginId::new("p").unwrap();
+        let missing_before = missing_before.iter().map(|s| s.to_string()).collect();
+        let unknown_before = unknown_before
+            .iter()
+            .map(|n| (vol.key(), n.to_string()))
+            .collect();
+        let seen = Seen {
+            plugin: &plugin,
+            with_condition: true,
+            with_nodes: true,
+            missing_before: &missing_before,
+            unknown_before: &unknown_before,
+        };
+        let ours = ours.iter().map(|s| s.to_string()).collect();
+        judge(&seen, vol, "ext-1", entry, &ours)
+    }
+
+    /// Applies a finding's conditions, as the survey's write does.
+    fn written(mut vol: Volume, f: &Finding) -> Volume {
+        for (t, status, reason, msg) in &f.set {
+            vol.status
+                .provisioning
+                .meta
+                .set_condition(t, *status, reason, msg);
+        }
+        vol
+    }
+
+    #[test]
+    fn a_volume_missing_twice_in_a_row_is_said_once_and_is_a_breach_if_moor_made_it() {
+        let v = volume();
+        let once = judged(&v, None, &[], &[], &[]);
+        assert!(once.missing && !once.breach && once.set.is_empty() && once.warn.is_empty());
+        let twice = judged(&v, None, &[], &["ext-1"], &[]);
+        assert!(twice.breach, "{twice:?}");
+        assert_eq!(twice.set[0].0, PRESENT);
+        assert!(!twice.set[0].1);
+        assert_eq!(twice.warn.len(), 1);
+        // Said: the next pass writes nothing more, until it is listed again.
+        let v = written(v, &twice);
+        let thrice = judged(&v, None, &[], &["ext-1"], &[]);
+        assert!(thrice.set.is_empty() && thrice.warn.is_empty() && thrice.breach);
+        let back = judged(&v, Some(&listed(&[], None)), &[], &["ext-1"], &[]);
+        assert_eq!(back.set, [(PRESENT, true, "Listed".into(), String::new())]);
+        // A registered volume missing is said, but it is not the plugin's breach.
+        let mut reg = volume();
+        reg.spec.external_id = Some(ExternalVolumeId::new("ext-1").unwrap());
+        assert!(!judged(&reg, None, &[], &["ext-1"], &[]).breach);
+    }
+
+    #[test]
+    fn an_abnormal_condition_is_written_when_it_changes_and_warned_once() {
+        let v = volume();
+        // Healthy and never said otherwise: nothing to write.
+        assert!(judged(&v, Some(&listed(&[], Some(""))), &[], &[], &[])
+            .set
+            .is_empty());
+        let sick = judged(&v, Some(&listed(&[], Some("disk failing"))), &[], &[], &[]);
+        assert_eq!(sick.set[0].0, HEALTHY);
+        assert!(!sick.set[0].1);
+        assert_eq!(sick.warn.len(), 1);
+        let v = written(v, &sick);
+        let same = judged(&v, Some(&listed(&[], Some("disk failing"))), &[], &[], &[]);
+        assert!(same.set.is_empty() && same.warn.is_empty(), "{same:?}");
+        let well = judged(&v, Some(&listed(&[], Some(""))), &[], &[], &[]);
+        assert_eq!(well.set[0].0, HEALTHY);
+        assert!(well.set[0].1 && well.warn.is_empty());
+    }
+
+    #[test]
+    fn an_unknown_attachment_acts_only_when_two_passes_agree() {
+        let v = volume();
+        let entry = listed(&["csi-n1", "csi-n2"], None);
+        let once = judged(&v, Some(&entry), &["csi-n1"], &[], &[]);
+        assert_eq!(once.strangers, ["csi-n2"]);
+        assert!(once.confirmed.is_empty() && once.set.is_empty());
+        let twice = judged(&v, Some(&entry), &["csi-n1"], &[], &["csi-n2"]);
+        assert_eq!(twice.confirmed, ["csi-n2"]);
+        assert_eq!(twice.set[0].0, ATTACHMENTS);
+        assert!(!twice.set[0].1);
+        assert!(twice.warn[0].1.contains("csi-n2"));
+        // Known again (moor attached it, or the plugin unpublished it): said once.
+        let v = written(v, &twice);
+        let known = judged(&v, Some(&entry), &["csi-n1", "csi-n2"], &[], &["csi-n2"]);
+        assert!(known.strangers.is_empty() && known.confirmed.is_empty());
+        assert_eq!(
+            known.set,
+            [(ATTACHMENTS, true, "Known".into(), String::new())]
+        );
+    }
 }

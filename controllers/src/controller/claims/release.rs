@@ -171,6 +171,18 @@ pub(super) async fn release(
     Ok(Action::AwaitChange)
 }
 
+/// Whether `other` (a claim of the same volume) stands on the attachment `released`
+/// detaches: another claim, on the same node.
+fn on_same_attachment(released: &Claim, other: &Claim) -> bool {
+    other.metadata.uid != released.metadata.uid && other.spec.node == released.spec.node
+}
+
+/// Whether a claim holds a node permission a detach must withdraw: granted, and not
+/// being released, deleted or released already.
+fn holds_grant(c: &Claim) -> bool {
+    c.spec.publish && !c.spec.release && !c.is_deleting() && c.status.phase != ClaimPhase::Released
+}
+
 /// Asks for the detach of `att` and sets the claim's reason, in one transaction that
 /// also withdraws the node permission of every other live claim that stood on the
 /// attachment (they remain only where the node's steps were skipped: a force-detach),
@@ -194,17 +206,15 @@ async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), StoreE
         BY_VOLUME,
         &volume_index(&claim.metadata.namespace, claim.spec.volume.as_str()),
     ) {
-        if other.metadata.uid == claim.metadata.uid || other.spec.node != claim.spec.node {
+        if !on_same_attachment(claim, &other) {
             continue;
         }
+        // Decided on the claim as stored now, not as cached: a grant the cache does not
+        // show yet is withdrawn too.
         let Some(other) = ctx.claim(&other.object_key()).await? else {
             continue;
         };
-        let live = other.spec.publish
-            && !other.spec.release
-            && !other.is_deleting()
-            && other.status.phase != ClaimPhase::Released;
-        if !live {
+        if !holds_grant(&other) {
             continue;
         }
         let mut c = (*other).clone();
@@ -228,4 +238,54 @@ async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), StoreE
         revoked_event(ctx, &c, WHY).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(name: &str, node: &str, uid: &str) -> Claim {
+        let mut c = Claim::new(
+            &Namespace::default_ns(),
+            Name::new(name).unwrap(),
+            ClaimSpec {
+                node: NodeName::new(node).unwrap(),
+                publish: true,
+                ..Default::default()
+            },
+        );
+        c.metadata.uid = uid.into();
+        c
+    }
+
+    /// Issue 24's rule: a detach withdraws the grant of every other claim that stands
+    /// on the same attachment (same volume, same node) and still holds one, in the same
+    /// transaction; claims on other nodes, and the released claim itself, keep theirs.
+    #[test]
+    fn a_detach_withdraws_the_grants_that_stand_on_its_attachment() {
+        let released = claim("a1.data", "n1", "u1");
+        assert!(on_same_attachment(&released, &claim("a2.data", "n1", "u2")));
+        assert!(!on_same_attachment(
+            &released,
+            &claim("a3.data", "n2", "u3")
+        ));
+        assert!(!on_same_attachment(&released, &released));
+        // The same name made again is another claim.
+        assert!(on_same_attachment(&released, &claim("a1.data", "n1", "u9")));
+
+        let granted = claim("a2.data", "n1", "u2");
+        assert!(holds_grant(&granted));
+        let mut c = granted.clone();
+        c.spec.publish = false;
+        assert!(!holds_grant(&c), "not granted");
+        let mut c = granted.clone();
+        c.spec.release = true;
+        assert!(!holds_grant(&c), "being released: its own release detaches");
+        let mut c = granted.clone();
+        c.status.phase = ClaimPhase::Released;
+        assert!(!holds_grant(&c), "released");
+        let mut c = granted;
+        c.metadata.deletion_timestamp = Some(Timestamp::now());
+        assert!(!holds_grant(&c), "being deleted");
+    }
 }
