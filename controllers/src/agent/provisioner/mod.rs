@@ -41,12 +41,10 @@ pub enum ProvisionError {
     /// What every executor's pass fails with.
     #[error(transparent)]
     Step(#[from] super::StepError),
-    /// The clone source is not ready.
-    #[error("source volume {0} has no external id yet")]
-    SourceNotReady(VolumeId),
-    /// The snapshot to restore is not ready to use.
-    #[error("snapshot {0} is not ready to use yet")]
-    SnapshotNotReady(Name),
+    /// A volume whose CreateVolume may have taken effect is being deleted, and its
+    /// id cannot be asked for again: the source it was made from is not there.
+    #[error("cannot ask CreateVolume again for the id of a volume being deleted: {0}")]
+    SourceGone(String),
     /// The plugin answered without a volume.
     #[error("CreateVolume answered without a volume id")]
     NoVolume,
@@ -226,39 +224,35 @@ impl Provisioner {
         ))
     }
 
-    /// CreateVolume of `vol`, its content source resolved to the plugin's id of the
-    /// snapshot or volume it names (not ready yet: an error that means wait).
-    fn create_request(&self, vol: &Volume) -> Result<v1::CreateVolumeRequest, ProvisionError> {
-        let source = match &vol.spec.source {
-            None => None,
+    /// The content source `vol` names, as the plugin knows it: the snapshot's or
+    /// volume's plugin id once it is ready, else why it is not yet.
+    fn source(&self, vol: &Volume) -> Source {
+        let ns = &vol.metadata.namespace;
+        match &vol.spec.source {
+            None => Source::Ready(None),
             Some(VolumeSource::ExternalSnapshotId(id)) => {
-                Some(requests::ContentSource::Snapshot(id.clone()))
+                Source::Ready(Some(requests::ContentSource::Snapshot(id.clone())))
             }
-            Some(VolumeSource::Snapshot(name)) => {
-                let id = self
-                    .snapshots
-                    .reader()
-                    .get(&Snapshot::key_for(&vol.metadata.namespace, name))
-                    .filter(|s| s.status.ready_to_use && !s.is_deleting())
-                    .and_then(|s| s.status.snapshot_id.clone())
-                    .ok_or_else(|| ProvisionError::SnapshotNotReady(name.clone()))?;
-                Some(requests::ContentSource::Snapshot(id))
-            }
-            Some(VolumeSource::Volume(id)) => {
-                let src = self
-                    .volumes
-                    .reader()
-                    .get(&Volume::key_for(&vol.metadata.namespace, id))
-                    .and_then(|v| v.status.provisioning.external_id.clone())
-                    .ok_or_else(|| ProvisionError::SourceNotReady(id.clone()))?;
-                Some(requests::ContentSource::Volume(src.to_string()))
-            }
-        };
-        Ok(requests::create_volume(
-            vol,
-            source,
-            self.ctx.multi_writer_cap(),
-        )?)
+            Some(VolumeSource::Snapshot(name)) => self
+                .snapshots
+                .reader()
+                .get(&Snapshot::key_for(ns, name))
+                .filter(|s| s.status.ready_to_use && !s.is_deleting())
+                .and_then(|s| s.status.snapshot_id.clone())
+                .map_or_else(
+                    || Source::Waiting(format!("snapshot {name} is not ready to use yet")),
+                    |id| Source::Ready(Some(requests::ContentSource::Snapshot(id))),
+                ),
+            Some(VolumeSource::Volume(id)) => self
+                .volumes
+                .reader()
+                .get(&Volume::key_for(ns, id))
+                .and_then(|v| v.status.provisioning.external_id.clone())
+                .map_or_else(
+                    || Source::Waiting(format!("source volume {id} has no external id yet")),
+                    |src| Source::Ready(Some(requests::ContentSource::Volume(src.to_string()))),
+                ),
+        }
     }
 
     /// CreateVolume again (idempotent by name), outside the step's schedule: to learn
@@ -270,11 +264,10 @@ impl Provisioner {
             .ctx
             .steps
             .begin(&key, "CreateVolume", self.inputs(vol))?;
-        let req = match self.create_request(vol) {
-            Ok(req) => req,
-            Err(e @ (ProvisionError::SourceNotReady(_) | ProvisionError::SnapshotNotReady(_))) => {
+        let source = match self.source(vol) {
+            Source::Ready(source) => source,
+            Source::Waiting(msg) => {
                 // Waiting for the source, shown once (the reason is the same each pass).
-                let msg = e.to_string();
                 let shown = vol.status.provisioning.meta.conditions.iter().any(|c| {
                     c.type_ == "Created" && c.reason == "WaitingForSource" && c.message == msg
                 });
@@ -294,8 +287,8 @@ impl Provisioner {
                 }
                 return Ok(Action::Requeue(std::time::Duration::from_secs(2)));
             }
-            Err(e) => return Err(e),
         };
+        let req = requests::create_volume(vol, source, self.ctx.multi_writer_cap())?;
         self.ctx
             .writer
             .modify_status(&vol.object_key(), |_, st| {
@@ -371,40 +364,36 @@ impl Provisioner {
         }
     }
 
+    /// Carries out the volume's [`deletion`].
     async fn delete(&self, vol: &Volume) -> Result<Action, ProvisionError> {
-        if !vol.metadata.finalizers.iter().any(|f| f == FINALIZER) {
-            return Ok(Action::AwaitChange);
-        }
-        if vol
-            .metadata
-            .finalizers
-            .iter()
-            .any(|f| f == CLAIMS_FINALIZER)
-        {
-            // Claims still hold it; the controller drops its finalizer when they are gone.
-            return Ok(Action::AwaitChange);
-        }
-        let mut ext = vol.status.provisioning.external_id.clone();
         let key = vol.key();
-        if ext.is_none() && vol.status.provisioning.phase == VolumePhase::Creating {
-            // A CreateVolume may have taken effect without us learning the id: ask again
-            // (idempotent by name) so the volume is not leaked. On CreateVolume's own
-            // schedule: a plugin failing it is not asked on every pass.
-            let step = self
-                .ctx
-                .steps
-                .begin(&key, "CreateVolume", self.inputs(vol))?;
-            let req = self.create_request(vol)?;
-            let asked = asked(&req);
-            match step.call(self.ctx.csi()?.create_volume(req)).await {
-                Ok(resp) => {
-                    let created = created_volume(resp)?;
-                    self.check_created(vol, &asked, &created).await;
-                    ext = ExternalVolumeId::new(created.volume_id).ok();
+        let ext = match deletion(vol) {
+            Deletion::Done | Deletion::WaitForClaims => return Ok(Action::AwaitChange),
+            Deletion::Forget => None,
+            Deletion::Delete(ext) => Some(ext),
+            Deletion::Recover => {
+                // On CreateVolume's own schedule: a plugin failing it is not asked on
+                // every pass.
+                let step = self
+                    .ctx
+                    .steps
+                    .begin(&key, "CreateVolume", self.inputs(vol))?;
+                let source = match self.source(vol) {
+                    Source::Ready(source) => source,
+                    Source::Waiting(why) => return Err(ProvisionError::SourceGone(why)),
+                };
+                let req = requests::create_volume(vol, source, self.ctx.multi_writer_cap())?;
+                let asked = asked(&req);
+                match step.call(self.ctx.csi()?.create_volume(req)).await {
+                    Ok(resp) => {
+                        let created = created_volume(resp)?;
+                        self.check_created(vol, &asked, &created).await;
+                        ExternalVolumeId::new(created.volume_id).ok()
+                    }
+                    Err(failed) => return self.delete_failed(vol, failed).await,
                 }
-                Err(failed) => return self.delete_failed(vol, failed).await,
             }
-        }
+        };
         if let Some(ext) = ext {
             let req = requests::delete_volume(vol, ext.as_str())?;
             let step = self
@@ -436,8 +425,6 @@ impl Provisioner {
         Ok(Action::AwaitChange)
     }
 
-    /// A step of the deletion failed: shown on the status (its step, attempts and next
-    /// retry) and in a Warning; looked at again when its schedule says.
     /// The contract monitor's CreateVolume rules on an answer.
     async fn check_created(
         &self,
@@ -453,6 +440,8 @@ impl Provisioner {
         self.ctx.breached(vol, found).await;
     }
 
+    /// A step of the deletion failed: shown on the status (its step, attempts and next
+    /// retry) and in a Warning; looked at again when its schedule says.
     async fn delete_failed(&self, vol: &Volume, failed: Failed) -> Result<Action, ProvisionError> {
         self.ctx
             .writer
@@ -476,7 +465,6 @@ impl Provisioner {
     }
 }
 
-/// The volume a CreateVolume answer names; an answer without one is a plugin's lie.
 /// What the contract monitor compares a CreateVolume answer with: the request without
 /// its secrets.
 fn asked(req: &v1::CreateVolumeRequest) -> v1::CreateVolumeRequest {
@@ -486,8 +474,101 @@ fn asked(req: &v1::CreateVolumeRequest) -> v1::CreateVolumeRequest {
     }
 }
 
+/// The volume a CreateVolume answer names; an answer without one is a plugin's lie.
 fn created_volume(resp: v1::CreateVolumeResponse) -> Result<v1::Volume, ProvisionError> {
     resp.volume
         .filter(|v| !v.volume_id.is_empty())
         .ok_or(ProvisionError::NoVolume)
+}
+
+/// A volume's content source, resolved.
+enum Source {
+    /// Ready: the plugin's id of it (or no source).
+    Ready(Option<requests::ContentSource>),
+    /// Not ready yet, and why: the volume waits.
+    Waiting(String),
+}
+
+/// What deleting a volume takes, decided from the volume alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Deletion {
+    /// The provisioner's finalizer is gone: nothing left of ours.
+    Done,
+    /// Claims still hold it: the controller drops its finalizer when they are gone.
+    WaitForClaims,
+    /// A CreateVolume may have taken effect without us learning the id: asked again
+    /// (idempotent by name) so the volume is not leaked, then deleted.
+    Recover,
+    /// DeleteVolume of this id, then the finalizer dropped.
+    Delete(ExternalVolumeId),
+    /// Never created: only the finalizer dropped.
+    Forget,
+}
+
+/// Decides [`Deletion`] for a volume being deleted.
+fn deletion(vol: &Volume) -> Deletion {
+    let has = |f: &str| vol.metadata.finalizers.iter().any(|x| x == f);
+    if !has(FINALIZER) {
+        return Deletion::Done;
+    }
+    if has(CLAIMS_FINALIZER) {
+        return Deletion::WaitForClaims;
+    }
+    let p = &vol.status.provisioning;
+    match &p.external_id {
+        Some(ext) => Deletion::Delete(ext.clone()),
+        None if p.phase == VolumePhase::Creating => Deletion::Recover,
+        None => Deletion::Forget,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deleting(finalizers: &[&str], phase: VolumePhase, ext: Option<&str>) -> Volume {
+        let mut v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v1").unwrap(),
+            VolumeSpec::default(),
+        );
+        v.metadata.finalizers = finalizers.iter().map(|f| f.to_string()).collect();
+        v.metadata.deletion_timestamp = Some(Timestamp::now());
+        v.status.provisioning.phase = phase;
+        v.status.provisioning.external_id = ext.map(|e| ExternalVolumeId::new(e).unwrap());
+        v
+    }
+
+    #[test]
+    fn a_volume_is_deleted_from_the_plugin_only_once_no_claim_holds_it() {
+        let both = [FINALIZER, CLAIMS_FINALIZER];
+        let ready = VolumePhase::Ready;
+        assert_eq!(
+            deletion(&deleting(&both, ready, Some("e1"))),
+            Deletion::WaitForClaims
+        );
+        assert_eq!(
+            deletion(&deleting(&[FINALIZER], ready, Some("e1"))),
+            Deletion::Delete(ExternalVolumeId::new("e1").unwrap())
+        );
+        assert_eq!(
+            deletion(&deleting(&[CLAIMS_FINALIZER], ready, Some("e1"))),
+            Deletion::Done
+        );
+    }
+
+    #[test]
+    fn a_creation_that_may_have_taken_effect_is_recovered_before_the_finalizer_goes() {
+        assert_eq!(
+            deletion(&deleting(&[FINALIZER], VolumePhase::Creating, None)),
+            Deletion::Recover
+        );
+        // Failed with a final answer, or never tried: nothing was made.
+        for phase in [VolumePhase::Failed, VolumePhase::Pending] {
+            assert_eq!(
+                deletion(&deleting(&[FINALIZER], phase, None)),
+                Deletion::Forget
+            );
+        }
+    }
 }
