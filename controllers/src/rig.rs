@@ -46,6 +46,11 @@ impl Rig {
     /// Starts the rig with these extra moor-hostpath flags; returns once the node's
     /// plugin is healthy.
     pub async fn start(plugin_flags: &[&str]) -> Rig {
+        Rig::start_with(plugin_flags, &[]).await
+    }
+
+    /// [`Rig::start`] with extra agent flags too.
+    pub async fn start_with(plugin_flags: &[&str], agent_flags: &[&str]) -> Rig {
         use clap::Parser;
         let dir = tempfile::tempdir().expect("temp dir");
         let stop = CancellationToken::new();
@@ -80,7 +85,7 @@ impl Rig {
         .expect("controller flags")
         .args;
         let mount_dir = dir.path().join("mnt");
-        let agent = AgentArgv::try_parse_from([
+        let mut agent_argv = vec![
             "agent".to_string(),
             format!("--node={NODE}"),
             format!("--etcd={url}"),
@@ -98,9 +103,11 @@ impl Rig {
             "--retry-initial=200ms".into(),
             "--retry-cap=2s".into(),
             "--event-window=1s".into(),
-        ])
-        .expect("agent flags")
-        .args;
+        ];
+        agent_argv.extend(agent_flags.iter().map(|f| f.to_string()));
+        let agent = AgentArgv::try_parse_from(agent_argv)
+            .expect("agent flags")
+            .args;
         tokio::spawn(crate::controller::run(controller, stop.clone()));
         tokio::spawn(crate::agent::run(agent, stop.clone()));
 
@@ -123,6 +130,24 @@ impl Rig {
         })
         .await;
         rig
+    }
+
+    /// A CSI client of the rig's plugin, for what a test does behind moor's back.
+    pub fn csi(&self) -> moor::csi::client::Csi {
+        let sock = self.dir.path().join("csi.sock");
+        let channel = moor::csi::channel(&format!("unix://{}", sock.display())).expect("a channel");
+        let policy = moor::csi::policy::Policy {
+            tries: 1,
+            per_try_timeout: Duration::from_secs(3),
+            ..Default::default()
+        };
+        moor::csi::client::Csi::new(channel, policy)
+    }
+
+    /// Volume `name` as stored now.
+    pub async fn get_volume(&self, name: &str) -> Option<Volume> {
+        let key = Volume::key_for(&Namespace::default_ns(), name);
+        self.store.try_get(&key).await.ok().flatten()
     }
 
     /// The plugin's admin socket.
@@ -155,7 +180,10 @@ impl Rig {
     /// The calls of the volume lifecycle (not the identity, capability and survey
     /// calls), as `RPC` or `RPC:Code` when not OK, in order.
     pub fn steps(&self) -> Vec<String> {
-        const LIFECYCLE: [&str; 9] = [
+        const LIFECYCLE: [&str; 12] = [
+            "ControllerExpandVolume",
+            "CreateSnapshot",
+            "DeleteSnapshot",
             "CreateVolume",
             "DeleteVolume",
             "ControllerPublishVolume",

@@ -130,3 +130,157 @@ async fn the_provisioner_creates_once_and_deletes_once() {
     .await;
     assert_eq!(count(&rig.steps(), "DeleteVolume"), 2, "{:?}", rig.steps());
 }
+
+/// The survey: an attachment the plugin reports where moor has none is unpublished
+/// (`--unpublish-unknown-attachments`) only once two surveys in a row saw it, and
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_survey_unpublishes_an_unknown_attachment_once_two_passes_agree() {
+    let rig = Rig::start_with(
+        &[],
+        &["--survey-interval=300ms", "--unpublish-unknown-attachments"],
+    )
+    .await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    let ext = rig
+        .get_volume("v1")
+        .await
+        .and_then(|v| v.status.provisioning.external_id)
+        .expect("v1's id");
+    rig.csi()
+        .controller_publish(moor::csi::v1::ControllerPublishVolumeRequest {
+            volume_id: ext.to_string(),
+            node_id: format!("csi-{}", crate::rig::NODE),
+            volume_capability: Some(moor::csi::convert::capability(
+                moor::api::VolumeCapability {
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: moor::api::AttachmentMode::FileSystem,
+                },
+                &moor::api::MountOptions::default(),
+            )),
+            ..Default::default()
+        })
+        .await
+        .expect("publish behind moor's back");
+    rig.wait("the unknown attachment unpublished", || async {
+        count(&rig.steps(), "ControllerUnpublishVolume") >= 1
+    })
+    .await;
+    let calls = rig.calls();
+    let at = |rpc: &str| {
+        calls
+            .iter()
+            .position(|c| c.rpc == rpc)
+            .unwrap_or_else(|| panic!("no {rpc}"))
+    };
+    let (published, unpublished) = (
+        at("ControllerPublishVolume"),
+        at("ControllerUnpublishVolume"),
+    );
+    let surveys = calls[published..unpublished]
+        .iter()
+        .filter(|c| c.rpc == "ListVolumes")
+        .count();
+    assert!(surveys >= 2, "unpublished after {surveys} survey(s)");
+    assert_eq!(
+        calls[unpublished].node_id.as_deref(),
+        Some(format!("csi-{}", crate::rig::NODE).as_str())
+    );
+    // Not again: the attachment is gone, and later surveys find nothing unknown.
+    let after = calls.iter().filter(|c| c.rpc == "ListVolumes").count();
+    rig.wait("two more surveys", || async {
+        rig.calls()
+            .iter()
+            .filter(|c| c.rpc == "ListVolumes")
+            .count()
+            >= after + 2
+    })
+    .await;
+    assert_eq!(count(&rig.steps(), "ControllerUnpublishVolume"), 1);
+}
+
+/// The snapshotter: one CreateSnapshot for a Snapshot (a transient answer repeated
+/// within the try), ready to use; deleting it sends one DeleteSnapshot, then it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshotter_cuts_once_and_deletes_once() {
+    use moor::api::{Name, Snapshot, SnapshotSpec, VolumeId};
+    let rig = Rig::start(&[]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.fail("CreateSnapshot", "ResourceExhausted", 1).await;
+    let ns = Namespace::default_ns();
+    let snap = Snapshot::new(
+        &ns,
+        Name::new("s1").unwrap(),
+        SnapshotSpec {
+            volume: VolumeId::new("v1").unwrap(),
+            ..Default::default()
+        },
+    );
+    rig.store.create(&snap).await.expect("create the snapshot");
+    let key = Snapshot::key_for(&ns, "s1");
+    rig.wait("s1 ready to use", || async {
+        rig.store
+            .try_get(&key)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.status.ready_to_use)
+    })
+    .await;
+    let steps = rig.steps();
+    assert_eq!(
+        steps[1..],
+        ["CreateSnapshot:ResourceExhausted", "CreateSnapshot"]
+    );
+    rig.store
+        .delete(&key, None)
+        .await
+        .expect("delete the snapshot");
+    rig.wait("s1 gone", || async {
+        rig.store.try_get(&key).await.is_ok_and(|s| s.is_none())
+    })
+    .await;
+    assert_eq!(
+        count(&rig.steps(), "DeleteSnapshot"),
+        1,
+        "{:?}",
+        rig.steps()
+    );
+}
+
+/// An online expansion the plugin asks the node for: ControllerExpandVolume, then
+/// NodeExpandVolume on the published volume; a final answer to it is tried again on
+/// its schedule, and the Mount records the capacity once it answers OK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_online_expansion_reaches_the_node_after_the_controller() {
+    let rig = Rig::start(&["--node-expansion-required"]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.run("a1", "v1").await;
+    rig.wait_claim("a1", ClaimPhase::Published).await;
+    rig.fail("NodeExpandVolume", "FailedPrecondition", 1).await;
+    let key = Volume::key_for(&Namespace::default_ns(), "v1");
+    loop {
+        let mut v = rig.store.get(&key).await.expect("v1");
+        v.spec.capacity_min = Some(moor::api::Size(4 << 20));
+        match rig.store.replace(&v).await {
+            Ok(_) => break,
+            Err(moor::store::StoreError::Conflict { .. }) => continue,
+            Err(e) => panic!("expand v1: {e}"),
+        }
+    }
+    rig.wait("the node expanded v1", || async {
+        rig.mount("a1")
+            .await
+            .is_some_and(|m| m.status.expanded_bytes == Some(4 << 20))
+    })
+    .await;
+    let steps = rig.steps();
+    assert_eq!(
+        steps[4..],
+        [
+            "ControllerExpandVolume",
+            "NodeExpandVolume:FailedPrecondition",
+            "NodeExpandVolume"
+        ]
+    );
+}
