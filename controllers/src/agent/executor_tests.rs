@@ -284,3 +284,162 @@ async fn an_online_expansion_reaches_the_node_after_the_controller() {
         ]
     );
 }
+
+/// Admission: a second writer of a single-writer volume is Denied while the first holds
+/// it, and admitted when the first is released; its node steps come only after the
+/// first's reverse steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_writer_waits_for_the_first_s_release() {
+    let rig = Rig::start(&[]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.run("a1", "v1").await;
+    rig.wait_claim("a1", ClaimPhase::Published).await;
+    rig.run("a2", "v1").await;
+    rig.wait_claim("a2", ClaimPhase::Denied).await;
+    let denied = rig.claim("a2").await.expect("a2's claim");
+    assert!(
+        denied
+            .status
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("a1")),
+        "the holder is named: {:?}",
+        denied.status.reason
+    );
+    rig.stop("a1").await;
+    rig.wait_claim("a2", ClaimPhase::Published).await;
+    let steps = rig.steps();
+    let last = |step: &str| {
+        steps
+            .iter()
+            .rposition(|s| s == step)
+            .unwrap_or_else(|| panic!("no {step} in {steps:?}"))
+    };
+    assert!(
+        last("NodeUnpublishVolume") < last("NodePublishVolume"),
+        "{steps:?}"
+    );
+    assert_eq!(count(&steps, "NodePublishVolume"), 2, "{steps:?}");
+}
+
+/// A registered volume (made outside moor) is validated once: ValidateVolumeCapabilities
+/// and ControllerGetVolume, no CreateVolume. A final refusal of the validation makes
+/// another registration Failed, and no claim of it is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_volume_is_validated_once_and_a_final_refusal_fails_it() {
+    use moor::api::{ClaimPhase, ExternalVolumeId, Name, VolumePhase, VolumeSpec};
+    let rig = Rig::start(&[]).await;
+    let mut ids = Vec::new();
+    for name in ["outside-1", "outside-2"] {
+        let made = rig
+            .csi()
+            .create_volume(moor::csi::v1::CreateVolumeRequest {
+                name: name.into(),
+                volume_capabilities: vec![moor::csi::convert::capability(
+                    moor::api::VolumeCapability {
+                        access_mode: AccessMode::SingleNodeWriter,
+                        attachment_mode: moor::api::AttachmentMode::FileSystem,
+                    },
+                    &moor::api::MountOptions::default(),
+                )],
+                ..Default::default()
+            })
+            .await
+            .expect("a volume made outside moor");
+        ids.push(made.volume.expect("its volume").volume_id);
+    }
+    let register = |name: &str, ext: &str| {
+        Volume::new(
+            &Namespace::default_ns(),
+            Name::new(name).unwrap(),
+            VolumeSpec {
+                plugin_id: moor::api::PluginId::new(crate::rig::PLUGIN).unwrap(),
+                external_id: Some(ExternalVolumeId::new(ext).unwrap()),
+                capabilities: vec![moor::api::VolumeCapability {
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: moor::api::AttachmentMode::FileSystem,
+                }],
+                ..Default::default()
+            },
+        )
+    };
+    rig.store
+        .create(&register("r1", &ids[0]))
+        .await
+        .expect("register r1");
+    rig.wait("r1 validated", || async {
+        rig.get_volume("r1")
+            .await
+            .is_some_and(|v| v.status.provisioning.phase == VolumePhase::Ready)
+    })
+    .await;
+    assert_eq!(
+        rig.calls()
+            .iter()
+            .filter(|c| c.rpc == "ValidateVolumeCapabilities")
+            .count(),
+        1
+    );
+    rig.fail("ValidateVolumeCapabilities", "InvalidArgument", 1)
+        .await;
+    rig.store
+        .create(&register("r2", &ids[1]))
+        .await
+        .expect("register r2");
+    rig.wait("r2 failed", || async {
+        rig.get_volume("r2")
+            .await
+            .is_some_and(|v| v.status.provisioning.phase == VolumePhase::Failed)
+    })
+    .await;
+    rig.run("a1", "r2").await;
+    rig.wait_claim("a1", ClaimPhase::Denied).await;
+    // After the test's own two CreateVolume calls, moor made none, and no
+    // controller call for a Failed volume.
+    let steps = rig.steps();
+    assert_eq!(steps[..2], ["CreateVolume", "CreateVolume"]);
+    assert!(
+        !steps[2..]
+            .iter()
+            .any(|s| s.starts_with("CreateVolume") || s.starts_with("Controller")),
+        "{steps:?}"
+    );
+}
+
+/// A change of a volume's mutable parameters is one ControllerModifyVolume (the plugin
+/// accepts the name); the accepted parameters are recorded, and nothing more is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutable_parameter_change_is_one_controller_modify() {
+    let rig = Rig::start(&["--mutable-parameters=iops"]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    let key = Volume::key_for(&Namespace::default_ns(), "v1");
+    loop {
+        let mut v = rig.store.get(&key).await.expect("v1");
+        let mut params = std::collections::BTreeMap::new();
+        params.insert("iops".to_string(), "300".to_string());
+        v.spec.mutable_parameters = params.into();
+        match rig.store.replace(&v).await {
+            Ok(_) => break,
+            Err(moor::store::StoreError::Conflict { .. }) => continue,
+            Err(e) => panic!("modify v1: {e}"),
+        }
+    }
+    rig.wait("v1 modified", || async {
+        rig.get_volume("v1").await.is_some_and(|v| {
+            v.status
+                .provisioning
+                .mutable_parameters
+                .get("iops")
+                .map(String::as_str)
+                == Some("300")
+        })
+    })
+    .await;
+    let modifies = || {
+        rig.calls()
+            .iter()
+            .filter(|c| c.rpc == "ControllerModifyVolume")
+            .count()
+    };
+    assert_eq!(modifies(), 1);
+}
