@@ -268,6 +268,29 @@ impl Rig {
         self.store.create(&a).await.expect("create the allocation");
     }
 
+    /// Runs allocation `name` on the rig's node with a volume made from a template of
+    /// the rig's plugin (ephemeral, 1 MiB at least), as its `data` request.
+    pub async fn run_templated(&self, name: &str) {
+        let a = Allocation::new(
+            &Namespace::default_ns(),
+            Name::new(name).expect("allocation name"),
+            AllocationSpec {
+                node: NodeName::new(NODE).expect("node name"),
+                volumes: vec![VolumeRequest {
+                    name: Name::new("data").expect("request name"),
+                    template: Some(Box::new(VolumeTemplate {
+                        plugin_id: PluginId::new(PLUGIN).expect("plugin id"),
+                        capacity_min: Some(Size(1 << 20)),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        self.store.create(&a).await.expect("create the allocation");
+    }
+
     /// Stops allocation `name` (its desired status).
     pub async fn stop(&self, name: &str) {
         let key = Allocation::key_for(&Namespace::default_ns(), name);

@@ -443,3 +443,32 @@ async fn a_mutable_parameter_change_is_one_controller_modify() {
     };
     assert_eq!(modifies(), 1);
 }
+
+/// A volume made from an allocation's template: created once, claimed like any volume,
+/// and deleted (one DeleteVolume) once its allocation ended and its claim is Released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_volume_lives_and_dies_with_its_allocation() {
+    let rig = Rig::start(&[]).await;
+    rig.run_templated("t1").await;
+    rig.wait_claim("t1", ClaimPhase::Published).await;
+    let made = rig.get_volume("t1.data").await.expect("the volume made");
+    assert!(made.spec.made_for.is_some(), "{:?}", made.spec);
+    rig.stop("t1").await;
+    rig.wait("t1.data deleted", || async {
+        rig.get_volume("t1.data").await.is_none()
+    })
+    .await;
+    assert_eq!(
+        rig.steps(),
+        [
+            "CreateVolume",
+            "ControllerPublishVolume",
+            "NodeStageVolume",
+            "NodePublishVolume",
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "ControllerUnpublishVolume",
+            "DeleteVolume"
+        ]
+    );
+}
