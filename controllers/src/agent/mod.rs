@@ -450,6 +450,19 @@ impl StepError {
     }
 }
 
+/// `?` on what a [`StepError`] carries, for an error type `$error` with a
+/// `Step(StepError)` case: each `$source` goes into it through the StepError.
+macro_rules! through_step_error {
+    ($error:ty, $($source:ty),* $(,)?) => {
+        $(impl From<$source> for $error {
+            fn from(e: $source) -> Self {
+                Self::Step(e.into())
+            }
+        })*
+    };
+}
+pub(crate) use through_step_error;
+
 /// The plugin has no channel (its endpoint could not be used).
 #[derive(Debug, thiserror::Error)]
 #[error("plugin {0} has no channel")]

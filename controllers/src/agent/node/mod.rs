@@ -45,19 +45,18 @@ use mount::claim_ref;
 
 use super::plugins::Supervisor;
 use super::state::{on_grant, LocalState, PublishRecord, StageRecord, Step};
-use super::PluginConfig;
+use super::{PluginConfig, StepError};
 use crate::common::{details, KeyedLocks};
 use moor::runtime::writer::Writer;
 
-/// Why a claim could not be brought to its desired state on this node.
+/// Why a claim could not be brought to its desired state on this node: what every
+/// executor's pass fails with ([`StepError`]), and the node's own cases.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    /// A CSI call failed.
-    #[error("CSI call failed")]
-    Csi(#[from] CsiError),
-    /// Reading or writing etcd failed.
-    #[error("store operation failed")]
-    Store(#[from] StoreError),
+    /// What every executor's pass fails with: a closed gate, a CSI call, the store,
+    /// sealed secrets.
+    #[error(transparent)]
+    Step(#[from] StepError),
     /// The claim names a plugin this agent does not run as a node plugin.
     #[error("plugin {0} is not a node plugin on this node")]
     UnknownPlugin(PluginId),
@@ -67,16 +66,9 @@ pub enum NodeError {
     /// The controller has not filled in what the node needs.
     #[error("claim is missing {0}")]
     Incomplete(&'static str),
-    /// The claim's node secrets are sealed with a key this agent does not hold.
-    #[error(transparent)]
-    Sealed(#[from] moor::api::SealedSecrets),
     /// The agent's record of what it did could not be written.
     #[error("cannot record the node's local state")]
     State(#[from] JournalError),
-    /// A failed step is backing off; it is tried again after this long (or when its
-    /// inputs change).
-    #[error("{0} is backing off")]
-    BackingOff(&'static str, std::time::Duration),
     /// The node is not registered (its lease was lost): it takes no forward step, since
     /// the controller may be releasing its claims without it.
     #[error("the node is not registered; no node step until it is")]
@@ -96,6 +88,24 @@ pub enum NodeError {
     },
 }
 
+crate::agent::through_step_error!(
+    NodeError,
+    steps::BackingOff,
+    CsiError,
+    StoreError,
+    moor::api::SealedSecrets,
+);
+
+impl NodeError {
+    /// A step's closed gate: not a failure, and already recorded when it failed.
+    fn backing_off(&self) -> Option<steps::BackingOff> {
+        match self {
+            NodeError::Step(e) => e.backing_off(),
+            _ => None,
+        }
+    }
+}
+
 /// A failed step: a call its registration term stopped before anything was sent is
 /// the node not being registered (it waits for the next term, which wakes every
 /// claim), not a failure of the plugin.
@@ -104,7 +114,7 @@ impl From<steps::Failed> for NodeError {
         if failed.error.is_not_sent() {
             NodeError::NotRegistered
         } else {
-            NodeError::Csi(failed.error)
+            NodeError::Step(StepError::Csi(failed.error))
         }
     }
 }
@@ -112,7 +122,7 @@ impl From<steps::Failed> for NodeError {
 impl ReconcileError for NodeError {
     fn policy(&self) -> ErrorPolicy {
         match self {
-            NodeError::Store(e) => e.policy(),
+            NodeError::Step(e) => e.policy(),
             _ => ErrorPolicy::Backoff,
         }
     }
@@ -367,13 +377,15 @@ impl Reconcile {
                 Ok(Action::AwaitChange)
             }
             // Recorded on the Mount already; the step's own schedule says when.
-            Err(NodeError::BackingOff(_, after)) => Ok(Action::Requeue(after)),
+            Err(e) if e.backing_off().is_some() => Ok(Action::Requeue(
+                e.backing_off().map(|b| b.after).unwrap_or_default(),
+            )),
             // Registering again wakes every claim.
             Err(NodeError::NotRegistered) => {
                 tracing::debug!(claim = %key, "waiting for the node to register");
                 Ok(Action::AwaitChange)
             }
-            Err(NodeError::Csi(_)) => Ok(Action::Requeue(
+            Err(NodeError::Step(StepError::Csi(_))) => Ok(Action::Requeue(
                 self.r.steps.remaining(&key).unwrap_or_default(),
             )),
             other => other.map(|()| Action::AwaitChange),
@@ -414,7 +426,7 @@ impl Reconcile {
         };
         if !rec.released {
             if let Err(e) = self.teardown(key, &rec).await {
-                if !matches!(e, NodeError::BackingOff(..)) {
+                if e.backing_off().is_none() {
                     let msg = moor::process::error_chain(&e);
                     self.sync_mount(key, claim, Some(msg)).await?;
                 }
@@ -444,7 +456,7 @@ impl Reconcile {
         self.r
             .steps
             .begin(key, name, inputs)
-            .map_err(|b| NodeError::BackingOff(b.step, b.after))
+            .map_err(NodeError::from)
     }
 
     /// Runs a forward CSI step as a checkpoint in the local state: gated first (a step

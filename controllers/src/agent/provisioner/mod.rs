@@ -50,18 +50,8 @@ pub enum ProvisionError {
     NoVolume,
 }
 
-/// `?` on what a [`super::StepError`] carries.
-macro_rules! through_step_error {
-    ($($source:ty),* $(,)?) => {
-        $(impl From<$source> for ProvisionError {
-            fn from(e: $source) -> Self {
-                ProvisionError::Step(e.into())
-            }
-        })*
-    };
-}
-
-through_step_error!(
+super::through_step_error!(
+    ProvisionError,
     moor::runtime::steps::BackingOff,
     CsiError,
     StoreError,
