@@ -61,40 +61,40 @@ fn new_record(
     }
 }
 
+/// A granted claim's record on its current grant, and what its pass needs with it.
+struct Recorded {
+    cfg: PluginConfig,
+    /// The plugin's capabilities as last fingerprinted.
+    caps: PluginCapabilities,
+    /// The claim's capability (as the claim holds it, before `as_sent`).
+    cap: VolumeCapability,
+    external_id: ExternalVolumeId,
+    paths: Paths,
+    rec: PublishRecord,
+}
+
 impl Reconcile {
-    /// The publish pass of a granted claim: what an earlier grant left is settled
-    /// ([`plan::earlier_grant`]), the record made, and the actions
-    /// [`plan::publish_pass`] lists carried out in order.
+    /// The publish pass of a granted claim: the record on the current grant
+    /// ([`Reconcile::recorded`]), the actions [`plan::publish_pass`] lists for it, those
+    /// on a staging path of an earlier grant first, then the rest
+    /// ([`Reconcile::carry_out`]).
     pub(super) async fn publish(
         &self,
         key: &str,
         claim: &Claim,
         term: u64,
     ) -> Result<(), NodeError> {
-        let existing = self.r.local.lock().await.publishes.get(key).cloned();
-        if existing.as_ref().is_some_and(|r| r.released) {
+        let Some(Recorded {
+            cfg,
+            caps,
+            cap,
+            external_id,
+            paths,
+            rec,
+        }) = self.recorded(key, claim).await?
+        else {
             return Ok(());
-        }
-        let existing = match existing {
-            Some(rec) => self.on_current_grant(key, claim, rec).await?,
-            None => None,
         };
-        let cfg = self.plugin(&claim.spec.plugin_id)?.clone();
-        let fp = self
-            .r
-            .supervisor
-            .status(&cfg.id)
-            .filter(|s| s.csi_node_id.is_some())
-            .ok_or_else(|| NodeError::PluginNotReady(cfg.id.clone()))?;
-        let (cap, external_id) = capability_and_id(claim)?;
-        let paths = paths(&cfg, claim, cap);
-        let stages = fp.capabilities.node.has(NodeRpc::StageUnstageVolume);
-        let rec =
-            existing.unwrap_or_else(|| new_record(claim, &cfg.id, &external_id, &paths, stages));
-        self.edit(|s| {
-            s.publishes.insert(key.to_string(), rec.clone());
-        })
-        .await?;
         // The Mount is written once the steps owed are done (or one failed), not
         // before the first call: the journal already records each call's uncertainty,
         // and the controller waits for a Mount that acknowledges a release whether or
@@ -103,11 +103,8 @@ impl Reconcile {
         let expansion = plan::Expansion {
             asked: claim.spec.node_expansion_bytes,
             expanded: rec.expanded_bytes,
-            node_expands: fp.capabilities.node.has(NodeRpc::ExpandVolume),
-            offline_only: fp
-                .capabilities
-                .plugin
-                .has(PluginCapability::ExpansionOffline),
+            node_expands: caps.node.has(NodeRpc::ExpandVolume),
+            offline_only: caps.plugin.has(PluginCapability::ExpansionOffline),
             stages: rec.staging_path.is_some(),
         };
         let actions = plan::publish_pass(&facts, &expansion);
@@ -115,9 +112,8 @@ impl Reconcile {
             .iter()
             .position(|a| !a.on_earlier_stage())
             .unwrap_or(actions.len());
-        let staging = rec.staging_path.as_deref();
         for &action in &actions[..current] {
-            match (action, staging) {
+            match (action, rec.staging_path.as_deref()) {
                 (plan::Action::Unstage, Some(staging)) => {
                     self.unstage(&cfg, key, &rec, staging, &claim.metadata.uid)
                         .await?
@@ -136,7 +132,7 @@ impl Reconcile {
         let secrets = claim.spec.node_secrets.expose()?.clone();
         // Sent as what the claims on this node use it as: several claims of a
         // single-node volume share it under SINGLE_NODE_MULTI_WRITER where advertised.
-        let multi_writer_cap = fp.capabilities.node.has(NodeRpc::SingleNodeMultiWriter);
+        let multi_writer_cap = caps.node.has(NodeRpc::SingleNodeMultiWriter);
         let capability =
             convert::node_capability(cap.as_sent(multi_writer_cap), &claim.spec.mount_options);
         let pass = Pass {
@@ -152,25 +148,72 @@ impl Reconcile {
             },
             term,
         };
+        self.carry_out(&pass, &actions[current..]).await
+    }
+
+    /// The claim's record on its current grant, written to the local state before any
+    /// step: what an earlier grant left settled first ([`plan::earlier_grant`]), a new
+    /// record made when there is none. `None`: released for good, nothing to do.
+    async fn recorded(&self, key: &str, claim: &Claim) -> Result<Option<Recorded>, NodeError> {
+        let existing = self.r.local.lock().await.publishes.get(key).cloned();
+        if existing.as_ref().is_some_and(|r| r.released) {
+            return Ok(None);
+        }
+        let existing = match existing {
+            Some(rec) => self.on_current_grant(key, claim, rec).await?,
+            None => None,
+        };
+        let cfg = self.plugin(&claim.spec.plugin_id)?.clone();
+        let caps = self
+            .r
+            .supervisor
+            .status(&cfg.id)
+            .filter(|s| s.csi_node_id.is_some())
+            .ok_or_else(|| NodeError::PluginNotReady(cfg.id.clone()))?
+            .capabilities;
+        let (cap, external_id) = capability_and_id(claim)?;
+        let paths = paths(&cfg, claim, cap);
+        let stages = caps.node.has(NodeRpc::StageUnstageVolume);
+        let rec =
+            existing.unwrap_or_else(|| new_record(claim, &cfg.id, &external_id, &paths, stages));
+        self.edit(|s| {
+            s.publishes.insert(key.to_string(), rec.clone());
+        })
+        .await?;
+        Ok(Some(Recorded {
+            cfg,
+            caps,
+            cap,
+            external_id,
+            paths,
+            rec,
+        }))
+    }
+
+    /// Carries out a publish pass's actions on the current grant, in order: the
+    /// Mount written and "Mount volume" said once the forward steps are done, or at the
+    /// first that failed ([`Reconcile::mount_failed`]).
+    async fn carry_out(&self, pass: &Pass<'_>, actions: &[plan::Action]) -> Result<(), NodeError> {
+        let (key, claim, cfg) = (pass.key, pass.v.claim, pass.cfg);
         let mut mounted = false;
-        for &action in &actions[current..] {
-            let done = match (action, staging) {
+        for &action in actions {
+            let done = match (action, pass.rec.staging_path.as_deref()) {
                 (plan::Action::Adopt, _) => return self.sync_mount(key, claim, None).await,
                 (plan::Action::Confirm, _) => match self.declared_gone(claim).await? {
                     Some(why) => return self.sync_mount(key, claim, Some(why)).await,
                     None => continue,
                 },
                 (plan::Action::ExpandPublished(bytes), _) => {
-                    let volume_path = path_str(&paths.target_plugin);
-                    let r = self.ensure_expanded(&pass, bytes, &volume_path).await;
+                    let volume_path = path_str(&pass.paths.target_plugin);
+                    let r = self.ensure_expanded(pass, bytes, &volume_path).await;
                     return self.after_expansion(key, claim, r).await;
                 }
-                (plan::Action::Stage, Some(staging)) => self.ensure_staged(&pass, staging).await,
+                (plan::Action::Stage, Some(staging)) => self.ensure_staged(pass, staging).await,
                 (plan::Action::ExpandStaged(bytes), Some(staging)) => {
-                    let volume_path = path_str(&plugin_path(&cfg, staging));
-                    self.ensure_expanded(&pass, bytes, &volume_path).await
+                    let volume_path = path_str(&plugin_path(cfg, staging));
+                    self.ensure_expanded(pass, bytes, &volume_path).await
                 }
-                (plan::Action::Publish, _) => self.ensure_published(&pass).await,
+                (plan::Action::Publish, _) => self.ensure_published(pass).await,
                 _ => continue,
             };
             if let Err(e) = done {
