@@ -245,9 +245,8 @@ impl Provisioner {
         }
     }
 
-    /// CreateVolume again (idempotent by name), outside the step's schedule: to learn
-    /// the id of a volume whose creation may have taken effect; returns the plugin's
-    /// volume.
+    /// CreateVolume of `vol`, named by its uid (a repeat is idempotent), on the step's
+    /// schedule, recorded `Creating` before the call; once its content source is ready.
     async fn create(&self, vol: &Volume) -> Result<Action, ProvisionError> {
         let key = vol.key();
         let step = self
@@ -256,27 +255,7 @@ impl Provisioner {
             .begin(&key, "CreateVolume", self.inputs(vol))?;
         let source = match self.source(vol) {
             Source::Ready(source) => source,
-            Source::Waiting(msg) => {
-                // Waiting for the source, shown once (the reason is the same each pass).
-                let shown = vol.status.provisioning.meta.conditions.iter().any(|c| {
-                    c.type_ == "Created" && c.reason == "WaitingForSource" && c.message == msg
-                });
-                if !shown {
-                    self.ctx
-                        .writer
-                        .modify_status(&vol.object_key(), |_, st| {
-                            st.provisioning.meta.set_condition(
-                                "Created",
-                                false,
-                                "WaitingForSource",
-                                &msg,
-                            );
-                            true
-                        })
-                        .await?;
-                }
-                return Ok(Action::Requeue(std::time::Duration::from_secs(2)));
-            }
+            Source::Waiting(why) => return self.waiting_for_source(vol, why).await,
         };
         let req = requests::create_volume(vol, source, self.ctx.multi_writer_cap())?;
         self.ctx
@@ -292,66 +271,95 @@ impl Provisioner {
             Ok(resp) => {
                 let created = created_volume(resp)?;
                 self.check_created(vol, &asked, &created).await;
-                let ext = ExternalVolumeId::new(created.volume_id.clone())
-                    .map_err(|_| ProvisionError::NoVolume)?;
-                self.ctx
-                    .writer
-                    .modify_status(&vol.object_key(), |_, st| {
-                        let p = &mut st.provisioning;
-                        p.phase = VolumePhase::Ready;
-                        p.external_id = Some(ext.clone());
-                        p.capacity_bytes =
-                            (created.capacity_bytes > 0).then_some(created.capacity_bytes as u64);
-                        p.volume_context = created.volume_context.clone().into();
-                        p.accessible_topology = created
-                            .accessible_topology
-                            .iter()
-                            .map(|t| t.segments.clone())
-                            .collect();
-                        p.meta.clear_failure();
-                        p.mutable_parameters = vol.spec.mutable_parameters.clone();
-                        p.meta.observed_generation = vol.metadata.generation;
-                        p.meta.set_condition("Created", true, "CreateVolume", "");
-                        true
-                    })
-                    .await?;
-                self.event(
-                    vol,
-                    "Volume created",
-                    EventType::Normal,
-                    format!("created as {ext}"),
-                )
-                .await;
-                Ok(Action::AwaitChange)
+                self.created(vol, created).await
             }
-            Err(failed) => {
-                let msg = moor::process::error_chain(&super::StepError::Csi(failed.error.clone()));
-                self.ctx
-                    .writer
-                    .modify_status(&vol.object_key(), |_, st| {
-                        // A final answer took no effect: the volume shows Failed
-                        // (retried at the cap or when its spec or the plugin changes),
-                        // not "creating".
-                        if failed.is_final() {
-                            st.provisioning.phase = VolumePhase::Failed;
-                        }
-                        failed.record(&mut st.provisioning.meta);
-                        // Shown with its cause's chain, as the event says it.
-                        st.provisioning.meta.last_error = Some(msg.clone());
-                        st.provisioning.meta.set_condition(
-                            "Created",
-                            false,
-                            "CreateVolumeFailed",
-                            &msg,
-                        );
-                        true
-                    })
-                    .await?;
-                self.event(vol, "Volume create failed", EventType::Warning, msg)
-                    .await;
-                Ok(Action::Requeue(failed.retry_in))
-            }
+            Err(failed) => self.create_failed(vol, failed).await,
         }
+    }
+
+    /// Waiting for the content source, shown once (the reason is the same each pass);
+    /// looked at again in 2 s, and when a snapshot changes.
+    async fn waiting_for_source(
+        &self,
+        vol: &Volume,
+        why: String,
+    ) -> Result<Action, ProvisionError> {
+        let shown =
+            vol.status.provisioning.meta.conditions.iter().any(|c| {
+                c.type_ == "Created" && c.reason == "WaitingForSource" && c.message == why
+            });
+        if !shown {
+            self.ctx
+                .writer
+                .modify_status(&vol.object_key(), |_, st| {
+                    st.provisioning
+                        .meta
+                        .set_condition("Created", false, "WaitingForSource", &why);
+                    true
+                })
+                .await?;
+        }
+        Ok(Action::Requeue(std::time::Duration::from_secs(2)))
+    }
+
+    /// Records the volume CreateVolume answered: Ready with the plugin's id, capacity,
+    /// context and topology, and a "Volume created" event.
+    async fn created(&self, vol: &Volume, created: v1::Volume) -> Result<Action, ProvisionError> {
+        let ext = ExternalVolumeId::new(created.volume_id.clone())
+            .map_err(|_| ProvisionError::NoVolume)?;
+        self.ctx
+            .writer
+            .modify_status(&vol.object_key(), |_, st| {
+                let p = &mut st.provisioning;
+                p.phase = VolumePhase::Ready;
+                p.external_id = Some(ext.clone());
+                p.capacity_bytes =
+                    (created.capacity_bytes > 0).then_some(created.capacity_bytes as u64);
+                p.volume_context = created.volume_context.clone().into();
+                p.accessible_topology = created
+                    .accessible_topology
+                    .iter()
+                    .map(|t| t.segments.clone())
+                    .collect();
+                p.meta.clear_failure();
+                p.mutable_parameters = vol.spec.mutable_parameters.clone();
+                p.meta.observed_generation = vol.metadata.generation;
+                p.meta.set_condition("Created", true, "CreateVolume", "");
+                true
+            })
+            .await?;
+        self.event(
+            vol,
+            "Volume created",
+            EventType::Normal,
+            format!("created as {ext}"),
+        )
+        .await;
+        Ok(Action::AwaitChange)
+    }
+
+    /// A failed CreateVolume: shown on the status with its cause's chain, and in a
+    /// Warning; a final answer took no effect, so the volume shows Failed (retried at
+    /// the cap or when its spec or the plugin changes), not "creating".
+    async fn create_failed(&self, vol: &Volume, failed: Failed) -> Result<Action, ProvisionError> {
+        let msg = moor::process::error_chain(&super::StepError::Csi(failed.error.clone()));
+        self.ctx
+            .writer
+            .modify_status(&vol.object_key(), |_, st| {
+                if failed.is_final() {
+                    st.provisioning.phase = VolumePhase::Failed;
+                }
+                failed.record(&mut st.provisioning.meta);
+                st.provisioning.meta.last_error = Some(msg.clone());
+                st.provisioning
+                    .meta
+                    .set_condition("Created", false, "CreateVolumeFailed", &msg);
+                true
+            })
+            .await?;
+        self.event(vol, "Volume create failed", EventType::Warning, msg)
+            .await;
+        Ok(Action::Requeue(failed.retry_in))
     }
 
     /// Carries out the volume's [`deletion`].

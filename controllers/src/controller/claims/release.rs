@@ -70,6 +70,25 @@ pub(super) async fn release(
         }
         return Ok(Action::AwaitChange);
     }
+    if let Some(waiting) = node_side(ctx, claim).await? {
+        return Ok(waiting);
+    }
+    // Detach when no other claim of the volume on this node still needs the attachment.
+    let attachment = ctx.attachment(claim).await?;
+    if let Some(att) = attachment {
+        if !attachment_needed_by_others(ctx, claim).await? {
+            detach(ctx, claim, &att).await?;
+            return Ok(Action::AwaitChange);
+        }
+    }
+    mark_released(ctx, claim).await?;
+    Ok(Action::AwaitChange)
+}
+
+/// The node's side of a release ([`node_done`]): done by its agent, skipped (said once,
+/// with a Warning), or not yet: then the claim shows it waits for the node (with the
+/// Mount's failing step) and `Some` is the reconcile's answer.
+async fn node_side(ctx: &Ctx, claim: &Claim) -> Result<Option<Action>, StoreError> {
     match node_done(ctx, claim) {
         NodeDone::Agent => {}
         NodeDone::Skipped(why) => {
@@ -108,19 +127,15 @@ pub(super) async fn release(
                 st.meta.retry = retry.clone();
             })
             .await?;
-            return Ok(Action::AwaitChange);
+            return Ok(Some(Action::AwaitChange));
         }
     }
-    // Detach when no other claim of the volume on this node still needs the attachment.
-    let attachment = ctx.attachment(claim).await?;
-    if let Some(att) = attachment {
-        if !attachment_needed_by_others(ctx, claim).await? {
-            detach(ctx, claim, &att).await?;
-            return Ok(Action::AwaitChange);
-        }
-    }
-    // Done: dropped from the volume's live claims (remembered as a past one) and marked
-    // Released, in one transaction.
+    Ok(None)
+}
+
+/// Done: the claim dropped from the volume's live claims (remembered as a past one) and
+/// marked Released, in one transaction, with a "Claim released" event.
+async fn mark_released(ctx: &Ctx, claim: &Claim) -> Result<(), StoreError> {
     let mut released = claim.clone();
     released.status.phase = ClaimPhase::Released;
     // The node is done with it: its secrets leave the claim.
@@ -168,7 +183,7 @@ pub(super) async fn release(
         ),
     )
     .await;
-    Ok(Action::AwaitChange)
+    Ok(())
 }
 
 /// Whether `other` (a claim of the same volume) stands on the attachment `released`
