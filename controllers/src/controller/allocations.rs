@@ -168,29 +168,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
 /// Carries out [`plan::allocation::converge`]: one claim per request, and the phase.
 async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreError> {
     let ns = &alloc.metadata.namespace;
-    // The capacity reports of the plugins whose templates have no volume yet (read
-    // only then: once per volume made).
-    let mut capacities: std::collections::BTreeMap<PluginId, Vec<CapacityEntry>> =
-        Default::default();
-    for req in &alloc.spec.volumes {
-        let Some(tpl) = req.template.as_deref() else {
-            continue;
-        };
-        let missing = alloc
-            .request_volume(req)
-            .is_some_and(|v| ctx.volume(ns, &v).is_none());
-        if missing && !capacities.contains_key(&tpl.plugin_id) {
-            let report = match ctx.writer.store().capacity(&tpl.plugin_id).await {
-                Ok(r) => r,
-                // An unreadable report is no report: the provisioner checks again.
-                Err(StoreError::Malformed { .. }) => None,
-                Err(e) => return Err(e),
-            };
-            if let Some(report) = report {
-                capacities.insert(tpl.plugin_id.clone(), report);
-            }
-        }
-    }
+    let capacities = capacities(ctx, alloc).await?;
     let templated = alloc.spec.volumes.iter().any(|r| r.template.is_some());
     let node = templated
         .then(|| ctx.nodes.get(&Node::key_for(&alloc.spec.node)))
@@ -215,35 +193,7 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
         },
     );
     for v in &plan.create_volumes {
-        match ctx.writer.create(v).await {
-            Ok(_) => {
-                let d = details([
-                    ("allocation", alloc.metadata.name.to_string()),
-                    ("volume_id", v.metadata.name.to_string()),
-                ]);
-                let lifecycle = v
-                    .spec
-                    .made_for
-                    .as_ref()
-                    .map(|m| m.lifecycle)
-                    .unwrap_or_default();
-                ctx.recorder
-                    .record(
-                        object_ref(&**alloc),
-                        EventType::Normal,
-                        "Volume made from template",
-                        format!(
-                            "volume {} ({lifecycle}) made for allocation {} on node {}",
-                            v.metadata.name, alloc.metadata.name, alloc.spec.node
-                        ),
-                        d,
-                    )
-                    .await;
-            }
-            // Made by an earlier pass (its name is the allocation's and the request's).
-            Err(StoreError::AlreadyExists { .. }) => {}
-            Err(e) => return Err(e),
-        }
+        create_volume(ctx, alloc, v).await?;
     }
     for (old, next) in &plan.update_volumes {
         match ctx.writer.update(old, next).await {
@@ -284,4 +234,69 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
         }
     }
     Ok(plan.requeue.map_or(Action::AwaitChange, Action::Requeue))
+}
+
+/// The capacity reports of the plugins whose templates have no volume yet (read only
+/// then: once per volume made). An unreadable report is no report: the provisioner
+/// checks again.
+async fn capacities(
+    ctx: &Ctx,
+    alloc: &Allocation,
+) -> Result<std::collections::BTreeMap<PluginId, Vec<CapacityEntry>>, StoreError> {
+    let ns = &alloc.metadata.namespace;
+    let mut capacities = std::collections::BTreeMap::new();
+    for req in &alloc.spec.volumes {
+        let Some(tpl) = req.template.as_deref() else {
+            continue;
+        };
+        let missing = alloc
+            .request_volume(req)
+            .is_some_and(|v| ctx.volume(ns, &v).is_none());
+        if missing && !capacities.contains_key(&tpl.plugin_id) {
+            let report = match ctx.writer.store().capacity(&tpl.plugin_id).await {
+                Ok(r) => r,
+                Err(StoreError::Malformed { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            if let Some(report) = report {
+                capacities.insert(tpl.plugin_id.clone(), report);
+            }
+        }
+    }
+    Ok(capacities)
+}
+
+/// Creates a volume an allocation's template makes, with a "Volume made from
+/// template" event; one made by an earlier pass (its name is the allocation's and the
+/// request's) is not made again.
+async fn create_volume(ctx: &Ctx, alloc: &Allocation, v: &Volume) -> Result<(), StoreError> {
+    match ctx.writer.create(v).await {
+        Ok(_) => {
+            let d = details([
+                ("allocation", alloc.metadata.name.to_string()),
+                ("volume_id", v.metadata.name.to_string()),
+            ]);
+            let lifecycle = v
+                .spec
+                .made_for
+                .as_ref()
+                .map(|m| m.lifecycle)
+                .unwrap_or_default();
+            ctx.recorder
+                .record(
+                    object_ref(alloc),
+                    EventType::Normal,
+                    "Volume made from template",
+                    format!(
+                        "volume {} ({lifecycle}) made for allocation {} on node {}",
+                        v.metadata.name, alloc.metadata.name, alloc.spec.node
+                    ),
+                    d,
+                )
+                .await;
+            Ok(())
+        }
+        Err(StoreError::AlreadyExists { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
 }

@@ -24,20 +24,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         mode: claim.spec.mode,
         access_mode: Some(admitted.capability.access_mode),
     };
-    let mut context = StrMap::from((*volume.spec.context).clone());
-    context.extend(volume.status.provisioning.volume_context.clone());
-    let mut c = claim.clone();
-    c.spec.access_mode = Some(admitted.capability.access_mode);
-    c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
-    c.spec.external_id = Some(admitted.external_id.clone());
-    c.spec.volume_context = context;
-    c.spec.node_secrets = volume.spec.secrets.clone();
-    c.spec.volume_generation = Some(volume.metadata.generation);
-    c.spec.volume_uid = Some(volume.metadata.uid.clone());
-    c.status.phase = ClaimPhase::Admitted;
-    c.status
-        .meta
-        .set_condition("Admitted", true, "Admitted", "");
+    let mut c = admitted_claim(claim, &volume, &admitted);
     // The next step in the same write: the node let act when the attachment is ready
     // or not needed, else the attachment asked for (created in the admission's own
     // transaction, so an attachment never exists for a claim that was not admitted).
@@ -88,20 +75,10 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
     .await;
     let created = match recorded {
         Ok(VolumeWrite::Written { created }) => created,
-        Ok(VolumeWrite::Refused(Refusal::Access(verdict))) => {
-            return refuse(ctx, claim, verdict).await
-        }
-        // The volume changed since the cache showed it: decide again on the new one.
-        Ok(VolumeWrite::Refused(Refusal::Stale)) => {
-            return Ok(Action::Requeue(Duration::from_millis(50)))
-        }
+        Ok(VolumeWrite::Refused(refusal)) => return refused(ctx, claim, refusal).await,
         Err(StoreError::NotFound { .. }) => {
-            return refuse(
-                ctx,
-                claim,
-                Verdict::Deny(format!("volume {} does not exist", claim.spec.volume)),
-            )
-            .await
+            let gone = format!("volume {} does not exist", claim.spec.volume);
+            return refuse(ctx, claim, Verdict::Deny(gone)).await;
         }
         Err(e) => return Err(e),
     };
@@ -113,6 +90,36 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         None => {}
     }
     Ok(Action::AwaitChange)
+}
+
+/// The claim as admitted on `volume`: the capability and the plugin's id resolved at
+/// admission, the volume's and its provisioning's contexts, the volume's secrets for
+/// the node, the generation and uid admitted against; phase Admitted.
+fn admitted_claim(claim: &Claim, volume: &Volume, admitted: &admission::Admitted) -> Claim {
+    let mut context = StrMap::from((*volume.spec.context).clone());
+    context.extend(volume.status.provisioning.volume_context.clone());
+    let mut c = claim.clone();
+    c.spec.access_mode = Some(admitted.capability.access_mode);
+    c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
+    c.spec.external_id = Some(admitted.external_id.clone());
+    c.spec.volume_context = context;
+    c.spec.node_secrets = volume.spec.secrets.clone();
+    c.spec.volume_generation = Some(volume.metadata.generation);
+    c.spec.volume_uid = Some(volume.metadata.uid.clone());
+    c.status.phase = ClaimPhase::Admitted;
+    c.status
+        .meta
+        .set_condition("Admitted", true, "Admitted", "");
+    c
+}
+
+/// The admission's compare-and-swap refused: denied or waiting by the access rules, or
+/// decided on a volume that changed since (decided again on the new one).
+async fn refused(ctx: &Ctx, claim: &Claim, refusal: Refusal) -> Result<Action, StoreError> {
+    match refusal {
+        Refusal::Access(verdict) => refuse(ctx, claim, verdict).await,
+        Refusal::Stale => Ok(Action::Requeue(Duration::from_millis(50))),
+    }
 }
 
 /// [`admission::holder_ending`] over this controller's caches.
@@ -158,4 +165,59 @@ pub(super) async fn refuse(
         .await;
     }
     Ok(Action::AwaitChange)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_admitted_claim_carries_what_its_node_needs_and_what_it_was_admitted_against() {
+        let claim = Claim::new(
+            &Namespace::default_ns(),
+            Name::new("a1.data").unwrap(),
+            ClaimSpec::default(),
+        );
+        let mut volume = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v1").unwrap(),
+            VolumeSpec::default(),
+        );
+        volume.metadata.generation = 7;
+        volume.metadata.uid = "vuid".into();
+        let mut declared = std::collections::BTreeMap::new();
+        declared.insert("a".to_string(), "declared".to_string());
+        declared.insert("b".to_string(), "declared".to_string());
+        volume.spec.context = declared.into();
+        let mut made = StrMap::default();
+        made.insert("b".into(), "plugin".into());
+        volume.status.provisioning.volume_context = made;
+        let admitted = admission::Admitted {
+            capability: VolumeCapability {
+                access_mode: AccessMode::MultiNodeReaderOnly,
+                attachment_mode: AttachmentMode::BlockDevice,
+            },
+            external_id: ExternalVolumeId::new("ext-1").unwrap(),
+            multi_writer_cap: false,
+        };
+        let c = admitted_claim(&claim, &volume, &admitted);
+        assert_eq!(c.spec.access_mode, Some(AccessMode::MultiNodeReaderOnly));
+        assert_eq!(c.spec.attachment_mode, Some(AttachmentMode::BlockDevice));
+        assert_eq!(
+            c.spec.external_id.as_ref().map(|e| e.as_str()),
+            Some("ext-1")
+        );
+        assert_eq!(c.spec.volume_generation, Some(7));
+        assert_eq!(c.spec.volume_uid.as_deref(), Some("vuid"));
+        assert_eq!(c.status.phase, ClaimPhase::Admitted);
+        // The plugin's context wins over the declared one, key by key.
+        assert_eq!(
+            c.spec.volume_context.get("a").map(String::as_str),
+            Some("declared")
+        );
+        assert_eq!(
+            c.spec.volume_context.get("b").map(String::as_str),
+            Some("plugin")
+        );
+    }
 }
