@@ -6,6 +6,15 @@
 //! published and released in bulk, reaction latency one stop at a time, attachments
 //! alone on one node, and the controller killed mid-run. A table on stdout, the same
 //! figures as JSON in --json.
+//!
+//! # Layout
+//! - `ceiling`: the store's own ceiling, measured in the same run.
+//! - `cluster`: the system under test, as real processes.
+//! - `phases`: the measured phases.
+//! - `scale`: a controller and an agent starting beside a store that holds a big
+//!   cluster.
+//! - `stats`: percentiles.
+//! - `table`: the report's table.
 
 mod ceiling;
 mod cluster;

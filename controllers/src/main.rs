@@ -1,12 +1,15 @@
 //! moord: moor's daemon.
 //!
-//! - `moord controller`: cluster-wide bookkeeping, leader-elected ([`controller`]).
-//! - `moord agent`: one per node: plugin supervision, the node reconciler, and the
-//!   provisioner and attacher of the controller plugins it hosts ([`agent`]).
-//! - `moord check`: a read-only audit of the store ([`check`]).
-//! - `moord roles`: the etcd roles script, generated from the kinds ([`roles`]).
-//! - `moord keys`: key files for secrets at rest ([`keys`]).
-//! - `moord dev`: all of moor on one machine, on the embedded store ([`dev`]).
+//! # Layout
+//! - `controller`: `moord controller`: cluster-wide bookkeeping, leader-elected.
+//! - `agent`: `moord agent`: one per node: plugin supervision, the node reconciler, and
+//!   the provisioner, attacher, snapshotter and survey of the controller plugins it
+//!   hosts.
+//! - `check`: `moord check`: a read-only audit of the store.
+//! - `roles`: `moord roles`: the etcd roles script, generated from the kinds.
+//! - `keys`: `moord keys`: key files for secrets at rest.
+//! - `dev`: `moord dev`: all of moor on one machine, on the embedded store.
+//! - `common`: what the daemons share (connecting to etcd, events, flags).
 
 /// moord's allocator. Its processes allocate and free on several threads at once (an
 /// informer decodes on one worker what a reconciler drops on another): with glibc's

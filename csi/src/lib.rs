@@ -2,6 +2,11 @@
 //! compiled from `proto/csi.proto`, a channel to a plugin's unix socket, the
 //! [`journal`] in which a node agent or a plugin keeps what it did, and [`process`]
 //! basics (logging, signals, error chains). moor-hostpath depends on this crate alone.
+//!
+//! # Layout
+//! - [`v1`]: the CSI v1 protocol, generated, and `channel` to a plugin's unix socket.
+//! - [`journal`]: a durable state of keyed tables, kept as a journal of changes.
+//! - [`process`]: log setup, graceful shutdown, error chains.
 
 pub mod journal;
 pub mod process;

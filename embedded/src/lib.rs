@@ -8,6 +8,11 @@
 //! tests; a non-loopback address needs TLS (`--cert`/`--key`, and `--client-ca` to
 //! require client certificates) or an explicit `--insecure-listen`. A real deployment
 //! uses etcd.
+//!
+//! # Layout
+//! - `mvcc`: the data: current values, the history since the compaction, leases;
+//!   durable in redb.
+//! - `services`: the gRPC services (KV, Watch, Lease, Maintenance) over it.
 
 mod mvcc;
 mod services;

@@ -2,6 +2,17 @@
 //!
 //! Exit codes: 0 success; 1 the request was understood but did not succeed (invalid
 //! manifest, conflict, not found, a wait that timed out); 2 usage or connection errors.
+//!
+//! # Layout
+//! - [`out`]: every line to stdout, escaped; a closed pipe ends quietly.
+//! - [`explain`]: errors a person reads, on one line.
+//! - `apply`, `get`, `describe`, `delete`, `events`, `wait`, `validate`: the generic
+//!   verbs.
+//! - `alloc`, `run`, `plan`: `alloc stop` and `paths`, `alloc run`, `alloc plan`.
+//! - `volume`, `snapshot`, `plugin`, `status`: the volume, snapshot and plugin verbs
+//!   and status views.
+//! - `kind`, `table`: the generic operations on any kind, and each kind's columns.
+//! - `sources`: which writers may speak about an object (every view of events).
 
 /// `println!` to stdout, ending the process quietly (exit 0) when the reader went away
 /// (`moorctl get volumes | head -1`): a closed pipe is not an error of ours.

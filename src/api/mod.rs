@@ -5,6 +5,26 @@
 //! the controller's, for objects the controller derives), each status section one
 //! reconciler's. The etcd key of an object is derived from its metadata and spec
 //! ([`Spec::key_suffix`]), so an agent can watch only its own node's prefixes.
+//!
+//! # Layout
+//! - `allocation`, `attachment`, `claim`, `event`, `lease`, `mount`, `node`, `plugin`,
+//!   `snapshot`, `volume`: one file per kind: its spec, status, key layout and
+//!   validation.
+//! - `kinds`: the registry of kinds (`for_each_kind!`, `Kind`, `with_spec!`).
+//! - `key`: typed object keys and key scopes, built only here.
+//! - `ids`: the id newtypes, interned process-wide.
+//! - `modes`: access and attachment modes, and the claim rules that follow from them.
+//! - `mounting`: mount options, redacted mount flags, what a node observes of a volume.
+//! - `template`: volumes made for the workload (an allocation's request templates).
+//! - `topology`: where a volume is accessible from, and where one must be created.
+//! - `secrets`: secrets passed to plugins, redacted and possibly sealed.
+//! - `status`: what every status shares (conditions, observed generation, last error,
+//!   retry).
+//! - `quantity`: sizes with units, and timestamps.
+//! - `strmap`, `rare`: the compact containers decoded objects use.
+//! - `manifest`, `yaml_depth`: manifests parsed strictly, their nesting bounded in
+//!   libyaml itself.
+//! - `validation`: every problem of an object, each at its field path.
 
 mod allocation;
 mod attachment;

@@ -3,6 +3,14 @@
 //! the requests each RPC is sent with ([`requests`]) and the rules the live contract
 //! monitor checks each answer against ([`contract`]). The protocol itself is the
 //! `moor-csi` crate, re-exported here.
+//!
+//! # Layout
+//! - [`client`]: the typed client, one method per RPC moor drives.
+//! - [`policy`]: the call policy: deadlines, tries, and the class of each answer.
+//! - [`requests`]: every request that carries secrets or a capability, built without
+//!   I/O.
+//! - [`convert`]: conversions between moor's types and CSI messages.
+//! - [`contract`]: the rules the live contract monitor checks each answer against.
 
 pub mod client;
 pub mod contract;

@@ -1,5 +1,6 @@
 //! Our kube-runtime: the machinery every reconciler runs on.
 //!
+//! # Layout
 //! - [`watcher`]: a `Stream` of list-then-watch events that resumes from the last seen
 //!   revision and relists after compaction; errors are items, never the end.
 //! - [`backoff`]: the delay policy, and a stream adaptor that waits after errors.

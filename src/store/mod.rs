@@ -6,8 +6,19 @@
 //! Writes are compare-and-swap on `mod_revision` (the objects' `resource_version`), and a
 //! leader's writes can be fenced on its election key ([`Store::fenced`]).
 //!
-//! This file holds the object reads and writes; `txn.rs` the guarded transactions they
-//! go through, `codec.rs` the bytes, `raw.rs` the keys that are not objects.
+//! # Layout
+//! - `mod.rs`: the object reads and writes.
+//! - `txn`: the guarded transactions under every write.
+//! - `batch`: several guarded writes as one transaction, all or none.
+//! - `group`: group commit of concurrent guarded writes.
+//! - `send`: a request sent again when no member took it.
+//! - `codec`: the bytes: JSON, the key check, validation, sealing.
+//! - `raw`: the keys that are not objects, and etcd's maintenance calls.
+//! - `watch`: raw prefix watches.
+//! - `lease`: leases: grant, keep alive, revoke.
+//! - `seal`: secrets at rest: the keyring that seals and opens them.
+//! - `connect`: how a process reaches etcd (endpoints, prefix, TLS, user).
+//! - `error`: every etcd failure classified.
 
 mod batch;
 mod codec;

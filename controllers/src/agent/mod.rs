@@ -8,6 +8,18 @@
 //! 3. Run the node reconciler ([`node`]) over the claims of this node.
 //! 4. For each plugin hosted here as `controller` or `monolith`, campaign for
 //!    `plugin.<id>`; the leader runs the provisioner and the attacher for that plugin.
+//!
+//! # Layout
+//! - [`plugins`]: plugin supervision and the node's registration.
+//! - [`node`]: the node reconciler.
+//! - [`state`]: the node's journal of what it staged and published.
+//! - [`provisioner`], [`volume_plan`]: CreateVolume, validation, expansion,
+//!   modification, DeleteVolume, and their decision.
+//! - [`attacher`]: ControllerPublish and ControllerUnpublish.
+//! - [`snapshotter`]: CreateSnapshot, polling, DeleteSnapshot.
+//! - [`survey`]: GetCapacity and ListVolumes against moor's view.
+//! - [`contract`]: the live contract monitor.
+//! - [`volume_plugin`]: the Docker volume-plugin endpoint.
 
 pub mod attacher;
 pub mod contract;

@@ -12,6 +12,19 @@
 //!    [`gauges`] (the cluster's claims and plugins as metrics, for alerts).
 //! 3. Losing leadership drops all of it at once; the next leader resumes from the
 //!    checkpoints in etcd.
+//!
+//! # Layout
+//! - [`allocations`]: allocation → claims (and template volumes), the allocation's
+//!   phase.
+//! - [`claims`]: admission, attach requests, the node's permission, release.
+//! - [`volumes`]: the claims finalizer, ephemeral volumes, `schedulable`, health on
+//!   nodes.
+//! - [`plugins`]: one Plugin per plugin id, aggregated from the Nodes.
+//! - [`nodes`]: a Node its agent stopped renewing is removed.
+//! - [`reseal`]: secrets in plain text or under an old key, rewritten sealed.
+//! - [`gauges`]: the cluster's claims and plugins as metrics.
+//! - [`plan`]: the reconcilers' decisions as pure functions.
+//! - [`context`]: what the reconcilers share: the fenced store, the caches, the writer.
 
 pub mod allocations;
 pub mod claims;

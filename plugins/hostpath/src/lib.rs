@@ -8,6 +8,18 @@
 //! - [`mounts`]: real bind mounts (or none, with `--no-mount`).
 //! - [`faults`]: fault injection through the admin socket.
 //! - [`calllog`]: one JSON line per RPC; [`checker`] reports moor's invariants broken in one.
+//!
+//! # Layout
+//! - [`state`]: volumes, snapshots, attachments, stages and publishes, persisted in the
+//!   state dir after every change.
+//! - `identity`, `controller`, `node`, `group`: the CSI services (the spec's error
+//!   codes).
+//! - [`attach_marker`]: what a node instance sees of a ControllerPublish.
+//! - [`mounts`]: real bind mounts (or none, with `--no-mount`).
+//! - [`faults`]: fault injection through the admin socket.
+//! - [`calllog`]: one JSON line per RPC.
+//! - [`checker`]: moor's invariants checked over call logs.
+//! - `term`: the term a call was made under (the `moor-term` header), logged with it.
 
 pub mod attach_marker;
 pub mod calllog;

@@ -15,6 +15,13 @@
 //! 4. Every change is mirrored in the claim's Mount object; failures are recorded there
 //!    (`last_error`) and as "Mount volume" / "Unmount volume" events, and retried with
 //!    the controller's per-key backoff.
+//!
+//! # Layout
+//! - `plan`: what the node owes a claim, decided from facts alone.
+//! - `publish`: a granted claim's publish pass.
+//! - `release`: a released or deleted claim's teardown.
+//! - `mount`: the claim's Mount and the node's events.
+//! - `stats`: volume usage and health.
 
 use moor::api::*;
 use moor::csi::client::Csi;
