@@ -252,57 +252,66 @@ impl Rig {
 
     /// Runs allocation `name` on the rig's node with `volume` (as `data`).
     pub async fn run(&self, name: &str, volume: &str) {
-        let a = Allocation::new(
-            &Namespace::default_ns(),
-            Name::new(name).expect("allocation name"),
-            AllocationSpec {
-                node: NodeName::new(NODE).expect("node name"),
-                volumes: vec![VolumeRequest {
-                    name: Name::new("data").expect("request name"),
-                    volume: VolumeId::new(volume).expect("volume id"),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            },
-        );
-        self.store.create(&a).await.expect("create the allocation");
+        let volume = VolumeId::new(volume).expect("volume id");
+        self.run_request(name, |r| r.volume = volume).await;
     }
 
     /// Runs allocation `name` on the rig's node with a volume made from a template of
     /// the rig's plugin (ephemeral, 1 MiB at least), as its `data` request.
     pub async fn run_templated(&self, name: &str) {
+        self.run_request(name, |r| {
+            r.template = Some(Box::new(VolumeTemplate {
+                plugin_id: PluginId::new(PLUGIN).expect("plugin id"),
+                capacity_min: Some(Size(1 << 20)),
+                ..Default::default()
+            }))
+        })
+        .await;
+    }
+
+    /// Runs allocation `name` on the rig's node with one request, `data`, as `fill`
+    /// makes it.
+    async fn run_request(&self, name: &str, fill: impl FnOnce(&mut VolumeRequest)) {
+        let mut request = VolumeRequest {
+            name: Name::new("data").expect("request name"),
+            ..Default::default()
+        };
+        fill(&mut request);
         let a = Allocation::new(
             &Namespace::default_ns(),
             Name::new(name).expect("allocation name"),
             AllocationSpec {
                 node: NodeName::new(NODE).expect("node name"),
-                volumes: vec![VolumeRequest {
-                    name: Name::new("data").expect("request name"),
-                    template: Some(Box::new(VolumeTemplate {
-                        plugin_id: PluginId::new(PLUGIN).expect("plugin id"),
-                        capacity_min: Some(Size(1 << 20)),
-                        ..Default::default()
-                    })),
-                    ..Default::default()
-                }],
+                volumes: vec![request],
                 ..Default::default()
             },
         );
         self.store.create(&a).await.expect("create the allocation");
     }
 
+    /// Edits volume `name`'s spec (read, changed, written back guarded, again on a
+    /// conflict).
+    pub async fn edit_volume(&self, name: &str, mut edit: impl FnMut(&mut VolumeSpec)) {
+        let key = Volume::key_for(&Namespace::default_ns(), name);
+        self.store
+            .modify_spec(&key, |spec| {
+                edit(spec);
+                true
+            })
+            .await
+            .expect("edit the volume");
+    }
+
     /// Stops allocation `name` (its desired status).
     pub async fn stop(&self, name: &str) {
         let key = Allocation::key_for(&Namespace::default_ns(), name);
-        loop {
-            let mut a = self.store.get(&key).await.expect("the allocation");
-            a.spec.desired_status = DesiredStatus::Stop;
-            match self.store.replace(&a).await {
-                Ok(_) => return,
-                Err(moor::store::StoreError::Conflict { .. }) => continue,
-                Err(e) => panic!("stop {name}: {e}"),
-            }
-        }
+        self.store
+            .modify_spec(&key, |spec| {
+                spec.desired_status = DesiredStatus::Stop;
+                true
+            })
+            .await
+            .expect("stop the allocation");
     }
 
     /// Allocation `alloc`'s claim of its `data` volume.

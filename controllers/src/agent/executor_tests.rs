@@ -258,16 +258,8 @@ async fn an_online_expansion_reaches_the_node_after_the_controller() {
     rig.run("a1", "v1").await;
     rig.wait_claim("a1", ClaimPhase::Published).await;
     rig.fail("NodeExpandVolume", "FailedPrecondition", 1).await;
-    let key = Volume::key_for(&Namespace::default_ns(), "v1");
-    loop {
-        let mut v = rig.store.get(&key).await.expect("v1");
-        v.spec.capacity_min = Some(moor::api::Size(4 << 20));
-        match rig.store.replace(&v).await {
-            Ok(_) => break,
-            Err(moor::store::StoreError::Conflict { .. }) => continue,
-            Err(e) => panic!("expand v1: {e}"),
-        }
-    }
+    rig.edit_volume("v1", |v| v.capacity_min = Some(moor::api::Size(4 << 20)))
+        .await;
     rig.wait("the node expanded v1", || async {
         rig.mount("a1")
             .await
@@ -412,18 +404,11 @@ async fn a_registered_volume_is_validated_once_and_a_final_refusal_fails_it() {
 async fn a_mutable_parameter_change_is_one_controller_modify() {
     let rig = Rig::start(&["--mutable-parameters=iops"]).await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
-    let key = Volume::key_for(&Namespace::default_ns(), "v1");
-    loop {
-        let mut v = rig.store.get(&key).await.expect("v1");
-        let mut params = std::collections::BTreeMap::new();
-        params.insert("iops".to_string(), "300".to_string());
-        v.spec.mutable_parameters = params.into();
-        match rig.store.replace(&v).await {
-            Ok(_) => break,
-            Err(moor::store::StoreError::Conflict { .. }) => continue,
-            Err(e) => panic!("modify v1: {e}"),
-        }
-    }
+    rig.edit_volume("v1", |v| {
+        let params = [("iops".to_string(), "300".to_string())];
+        v.mutable_parameters = std::collections::BTreeMap::from(params).into();
+    })
+    .await;
     rig.wait("v1 modified", || async {
         rig.get_volume("v1").await.is_some_and(|v| {
             v.status

@@ -249,11 +249,8 @@ impl Provisioner {
     /// schedule, recorded `Creating` before the call; once its content source is ready.
     async fn create(&self, vol: &Volume) -> Result<Action, ProvisionError> {
         let key = vol.key();
-        let step = self
-            .ctx
-            .steps
-            .begin(&key, "CreateVolume", self.inputs(vol))?;
-        let source = match self.source(vol) {
+        let (step, source) = self.create_step(&key, vol)?;
+        let source = match source {
             Source::Ready(source) => source,
             Source::Waiting(why) => return self.waiting_for_source(vol, why).await,
         };
@@ -275,6 +272,20 @@ impl Provisioner {
             }
             Err(failed) => self.create_failed(vol, failed).await,
         }
+    }
+
+    /// CreateVolume's step of `vol`, once its gate lets it through, and the content
+    /// source the request would carry.
+    fn create_step<'a>(
+        &'a self,
+        key: &'a str,
+        vol: &Volume,
+    ) -> Result<(steps::Step<'a>, Source), ProvisionError> {
+        let step = self
+            .ctx
+            .steps
+            .begin(key, "CreateVolume", self.inputs(vol))?;
+        Ok((step, self.source(vol)))
     }
 
     /// Waiting for the content source, shown once (the reason is the same each pass);
@@ -372,11 +383,8 @@ impl Provisioner {
             Deletion::Recover => {
                 // On CreateVolume's own schedule: a plugin failing it is not asked on
                 // every pass.
-                let step = self
-                    .ctx
-                    .steps
-                    .begin(&key, "CreateVolume", self.inputs(vol))?;
-                let source = match self.source(vol) {
+                let (step, source) = self.create_step(&key, vol)?;
+                let source = match source {
                     Source::Ready(source) => source,
                     Source::Waiting(why) => return Err(ProvisionError::SourceGone(why)),
                 };
