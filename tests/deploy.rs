@@ -164,6 +164,33 @@ async fn leader_index(endpoints: &[String]) -> Option<usize> {
 }
 
 /// `n` volumes and `n` allocations claiming them, as one manifest.
+/// How many objects an apply has written so far (volumes and allocations alike; 0 on an
+/// error: a member may be going).
+async fn objects_written(store: &Store) -> usize {
+    let v = store
+        .list::<moor::api::VolumeSpec>(&moor::api::KeyScope::all())
+        .await
+        .map_or(0, |l| l.items.len());
+    let a = store
+        .list::<moor::api::AllocationSpec>(&moor::api::KeyScope::all())
+        .await
+        .map_or(0, |l| l.items.len());
+    v + a
+}
+
+/// How many allocations are stopped so far (0 on an error).
+async fn stopped(store: &Store) -> usize {
+    store
+        .list::<moor::api::AllocationSpec>(&moor::api::KeyScope::all())
+        .await
+        .map_or(0, |l| {
+            l.items
+                .iter()
+                .filter(|a| a.spec.desired_status == moor::api::DesiredStatus::Stop)
+                .count()
+        })
+}
+
 fn big_manifest(n: usize, seed: u64) -> String {
     let mut out = String::new();
     for i in 0..n {
@@ -205,8 +232,22 @@ async fn moorctl_apply_rides_out_the_death_of_the_leader_member() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let mut apply = apply;
         let leader = leader_index(&endpoints).await.expect("a leader");
-        tokio::time::sleep(Duration::from_millis(rng.u64(0..1500))).await;
+        // Killed once the apply has written a seeded number of its 300 objects, and
+        // only while it still runs: the death falls inside the apply, not after it.
+        let at = rng.usize(1..250);
+        let store = Store::connect(&endpoints, "/moor/").await.unwrap();
+        wait_for(
+            &format!("seed {seed}: {at} objects applied"),
+            Duration::from_secs(60),
+            || async { objects_written(&store).await >= at },
+        )
+        .await;
+        assert!(
+            apply.try_wait().unwrap().is_none(),
+            "seed {seed}: the apply ended before the leader's death"
+        );
         cluster.kill(leader + 1);
         let done = apply.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&done.stdout);
@@ -338,7 +379,20 @@ async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
                 .collect(),
         ),
     ];
-    tokio::time::sleep(Duration::from_millis(fastrand::u64(300..1500))).await;
+    // Killed once the verbs are under way (a random number of allocations stopped),
+    // and only while each of them still runs.
+    let at = fastrand::usize(5..40);
+    let store = Store::connect(&endpoints, "/moor/").await.unwrap();
+    wait_for(
+        &format!("{at} allocations stopped"),
+        Duration::from_secs(60),
+        || async { stopped(&store).await >= at },
+    )
+    .await;
+    assert!(
+        verbs.iter().all(|v| !v.is_finished()),
+        "a verb ended before the leader's death"
+    );
     let leader = leader_index(&endpoints).await.expect("a leader");
     cluster.kill(leader + 1);
     let failures: Vec<String> = verbs.into_iter().flat_map(|t| t.join().unwrap()).collect();
