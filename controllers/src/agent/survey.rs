@@ -27,6 +27,9 @@
 //!    again. Nothing is unpublished. A plugin that has not yet listed a published node
 //!    for any volume since the agent started surveying it (it advertises the
 //!    capability but does not fill the field) is left alone.
+//!
+//! Steps 2-4 are decided per volume by [`judge`] (pure); the pass carries its
+//! [`Finding`] out.
 
 use moor::api::*;
 use moor::csi::v1;

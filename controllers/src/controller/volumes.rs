@@ -5,10 +5,15 @@
 //! 1. Every volume carries the `moor.dev/claims` finalizer while it exists, so deleting
 //!    a volume in use waits for its claims; it is removed once the volume is being
 //!    deleted and no live claim remains (the provisioner then deletes created volumes).
-//! 2. `schedulable`: not being deleted, created (an external id is known), and its
+//! 2. An ephemeral volume made from an allocation's template is deleted once its
+//!    allocation ended and no claim holds it.
+//! 3. `schedulable`: not being deleted, created (an external id is known), and its
 //!    plugin able to serve it: a healthy node instance, and a healthy controller
-//!    instance unless the plugin is known not to need ControllerPublish. The live and past claims are written by the
-//!    claim reconciler as it admits and releases.
+//!    instance unless the plugin is known not to need ControllerPublish; and
+//!    `HealthyOnNodes` from the Mounts' conditions.
+//!
+//! Which of these a pass does is decided by [`next`] (pure). The live and past claims
+//! are written by the claim reconciler as it admits and releases.
 
 use moor::api::*;
 use moor::runtime::controller::{Action, Config, Controller};

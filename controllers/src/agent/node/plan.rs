@@ -1,8 +1,10 @@
 //! What the node owes a claim, decided from facts alone: the claim's desired state and
-//! the agent's local records of what it did: the forward and reverse steps, what an
-//! earlier grant left to tear down, when NodeExpandVolume runs, and whether the stats
-//! loop may look. No I/O here; publish.rs and release.rs run the steps in order, each
-//! through the step runner and behind its checkpoint.
+//! the agent's local records of what it did ([`read`]). A publish pass is the ordered
+//! list of [`Action`]s [`publish_pass`] gives (after [`earlier_grant`] settled what a
+//! withdrawn grant left); a release, the reverse steps [`to_release`] gives; and
+//! [`measurable`] says whether the stats loop may look. No I/O here: publish.rs and
+//! release.rs carry the lists out in order, each call through the step runner and
+//! behind its checkpoint.
 
 use super::super::state::{on_grant, LocalState, PublishRecord, Step};
 use moor::api::Claim;
