@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need and a fresh machine lacks, then runs
-# every crate's tests. Arguments go to cargo test (e.g. `bash tests/run.sh --test chaos`).
+# every crate's tests, and (without arguments) builds the docs with every intra-doc link
+# checked. Arguments go to cargo test (e.g. `bash tests/run.sh --test chaos`).
 #
 #   protoc   (protobuf-compiler)  the build compiles proto/csi.proto and etcd-client's protos
 #   etcd     (etcd-server)        the tests start real etcd processes
@@ -30,4 +31,12 @@ need dockerd docker.io
 need ip iproute2
 need iptables iptables
 # Every test binary runs, whatever fails first: one failure must not hide another.
-exec cargo test --workspace --no-fail-fast "$@"
+status=0
+cargo test --workspace --no-fail-fast "$@" || status=$?
+# The whole suite (no arguments) also checks that the docs cannot drift silently: every
+# intra-doc link resolves, private items included.
+if [ $# -eq 0 ]; then
+  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items \
+    --quiet || status=1
+fi
+exit $status

@@ -18,7 +18,7 @@ pub struct Describe {
     /// Namespace.
     #[arg(short = 'n', long, default_value = "default")]
     pub namespace: String,
-    /// Print secrets and mount flags instead of [redacted].
+    /// Print secrets and mount flags instead of `[redacted]`.
     #[arg(long)]
     pub show_secrets: bool,
     /// `wide`: also the staging paths of an allocation's volumes.

@@ -38,7 +38,7 @@ pub struct Get {
     /// Only objects whose labels match (k=v, k!=v, k, !k; comma-separated).
     #[arg(short = 'l', long)]
     pub selector: Option<Selector>,
-    /// Print secrets and mount flags instead of [redacted].
+    /// Print secrets and mount flags instead of `[redacted]`.
     #[arg(long)]
     pub show_secrets: bool,
     /// Namespace selection.

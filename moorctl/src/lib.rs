@@ -4,7 +4,7 @@
 //! manifest, conflict, not found, a wait that timed out); 2 usage or connection errors.
 //!
 //! # Layout
-//! - [`out`]: every line to stdout, escaped; a closed pipe ends quietly.
+//! - `out`: every line to stdout, escaped; a closed pipe ends quietly.
 //! - [`explain`]: errors a person reads, on one line.
 //! - `apply`, `get`, `describe`, `delete`, `events`, `wait`, `validate`: the generic
 //!   verbs.
@@ -206,7 +206,7 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum AllocCmd {
     /// Run a command bound to an allocation: create (or adopt) it, wait for its volumes,
-    /// run CMD with MOOR_VOLUME_<REQ> set to their paths, then end the allocation with
+    /// run CMD with `MOOR_VOLUME_<REQ>` set to their paths, then end the allocation with
     /// CMD's exit and release its claims.
     Run(run::Run),
     /// Which nodes could take an allocation now, and why the others cannot (the

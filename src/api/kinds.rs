@@ -7,7 +7,7 @@
 //! 1. Its file in `src/api`: the spec type implementing [`Spec`] (name, key directory
 //!    and layout, aliases, phase, whether `moord check` audits it, what an agent's
 //!    etcd role may do with it, validation) and its `key_for` constructor.
-//! 2. Its line in [`for_each_kind!`] below.
+//! 2. Its line in [`crate::for_each_kind!`] below.
 //! 3. Its table columns in moorctl (`moorctl/src/table.rs`): the match there is
 //!    exhaustive, so a kind without columns does not compile.
 //!

@@ -180,7 +180,7 @@ impl<K: Resource> Controller<K> {
         self.map_events(events, mapper, false, true, |_| true)
     }
 
-    /// Triggers on the keys `events` map to (see [`Controller::keys_of`]): a change's
+    /// Triggers on the keys `mapper` gives for each event's objects: a change's
     /// urgent or not, a relist's [`Trigger::Relist`] where `relisted` holds for the
     /// object.
     fn map_events<R, E>(

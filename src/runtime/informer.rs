@@ -52,7 +52,7 @@ impl<K: Resource> Clone for Informer<K> {
 pub struct InformerError;
 
 impl<S: Spec> Informer<Object<S>> {
-    /// Watches objects of kind `S` under `scope` (see [`watcher`]) until `shutdown`.
+    /// Watches objects of kind `S` under `scope` (see [`super::watcher`]) until `shutdown`.
     pub fn spawn(store: store::Store, scope: KeyScope<S>, shutdown: CancellationToken) -> Self {
         Self::spawn_indexed(store, scope, &[], shutdown)
     }

@@ -10,7 +10,7 @@
 //! with `margin` left for the two clocks' drift and the act's own travel.
 //!
 //! The check is made at the last moment, by the CSI client before each try of a call
-//! ([`crate::csi::client::Csi::gated`]), not when a pass began: a process paused
+//! ([`crate::csi::client::Csi::under`]), not when a pass began: a process paused
 //! (SIGSTOP) between the two wakes with its deadline passed and acts on nothing.
 
 use std::sync::{Arc, Mutex};

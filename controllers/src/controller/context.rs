@@ -64,7 +64,7 @@ pub struct Ctx {
     pub volume_locks: KeyedLocks,
     /// When each absent node went away.
     pub node_absence: Arc<NodeAbsence>,
-    /// See [`Args::node_gc_timeout`].
+    /// See [`super::Args::node_gc_timeout`].
     pub node_gc_timeout: Option<Duration>,
 }
 

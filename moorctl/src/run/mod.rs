@@ -14,7 +14,7 @@
 //!    or Failed claim, `--timeout` or a signal ends the run with exit 1 after stopping
 //!    an allocation it created (so nothing stays claimed).
 //! 4. client_status `running`; CMD runs with MOOR_ALLOC, MOOR_NODE and
-//!    MOOR_VOLUME_<REQ> (the target path of each request), in a process group of its
+//!    `MOOR_VOLUME_<REQ>` (the target path of each request), in a process group of its
 //!    own under the workload guard (`guard.rs`); SIGINT, SIGTERM and SIGHUP are passed
 //!    on to it, and if the runner itself dies the guard ends the whole group (SIGTERM,
 //!    SIGKILL after a third of the lease TTL, at most 10 s) well before the controller
@@ -56,8 +56,8 @@ pub struct Run {
     /// The node the workload runs on (default: MOOR_NODE, then the host name).
     #[arg(long, env = "MOOR_NODE")]
     pub node: Option<String>,
-    /// A volume request REQ=VOLUME[:ro]: request REQ on volume VOLUME, with the volume's
-    /// first capability (`:ro`: read-only). Or REQ=new:SIZE[,plugin=P][,ephemeral|retain]:
+    /// A volume request `REQ=VOLUME[:ro]`: request REQ on volume VOLUME, with the volume's
+    /// first capability (`:ro`: read-only). Or `REQ=new:SIZE[,plugin=P][,ephemeral|retain]`:
     /// a volume of at least SIZE made for this allocation on its node (single-node-writer,
     /// file system; the node's only plugin unless plugin= names one; ephemeral unless
     /// `retain`). Repeatable.
@@ -253,7 +253,7 @@ impl Run {
     }
 }
 
-/// Refuses requests whose names give the same MOOR_VOLUME_<REQ> (`a-b` and `a_b`): the
+/// Refuses requests whose names give the same `MOOR_VOLUME_<REQ>` (`a-b` and `a_b`): the
 /// workload would see only one of the two paths.
 fn distinct_variables(alloc: &Allocation) -> anyhow::Result<()> {
     let mut seen: BTreeMap<String, &Name> = BTreeMap::new();
@@ -490,7 +490,7 @@ async fn adopt_or_create(ctx: &Ctx, wanted: &Allocation) -> anyhow::Result<bool>
 /// The allocation and its claims as stored, `None` once the allocation is gone.
 type Seen<'a> = Option<(&'a Allocation, &'a [(Name, Option<Claim>)])>;
 
-/// MOOR_ALLOC, MOOR_NODE and MOOR_VOLUME_<REQ> for each request (its target path, as
+/// MOOR_ALLOC, MOOR_NODE and `MOOR_VOLUME_<REQ>` for each request (its target path, as
 /// the node's agent published it).
 async fn environment(ctx: &Ctx, alloc: &Allocation) -> anyhow::Result<BTreeMap<String, String>> {
     let mut env = BTreeMap::new();
