@@ -52,21 +52,20 @@ async fn a_final_answer_to_node_stage_owes_no_reverse() {
             >= 2
     })
     .await;
-    let m = rig.mount("a1").await.expect("the claim's Mount");
-    assert!(
-        !m.status.staged && !m.status.stage_uncertain,
-        "{:?}",
-        m.status
-    );
-    assert!(
-        m.status
-            .meta
-            .last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("InvalidArgument")),
-        "{:?}",
-        m.status.meta.last_error
-    );
+    // The Mount says the failure and that nothing is staged, not even in doubt
+    // (written after the answer: waited for).
+    rig.wait("the Mount to show the final answer", || async {
+        rig.mount("a1").await.is_some_and(|m| {
+            !m.status.staged
+                && !m.status.stage_uncertain
+                && m.status
+                    .meta
+                    .last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("InvalidArgument"))
+        })
+    })
+    .await;
     rig.stop("a1").await;
     rig.wait_claim("a1", ClaimPhase::Released).await;
     let steps = rig.steps();
@@ -96,12 +95,13 @@ async fn an_uncertain_node_publish_is_reversed_on_release() {
             .any(|s| s == "NodePublishVolume:Internal")
     })
     .await;
-    let m = rig.mount("a1").await.expect("the claim's Mount");
-    assert!(
-        m.status.publish_uncertain && !m.status.published,
-        "{:?}",
-        m.status
-    );
+    // The Mount is written after the call's answer: waited for, not read at once.
+    rig.wait("the Mount to say the publish is uncertain", || async {
+        rig.mount("a1")
+            .await
+            .is_some_and(|m| m.status.publish_uncertain && !m.status.published)
+    })
+    .await;
     rig.stop("a1").await;
     rig.wait_claim("a1", ClaimPhase::Released).await;
     let steps = rig.steps();
