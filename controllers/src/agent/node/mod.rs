@@ -105,11 +105,14 @@ crate::agent::through_step_error!(
 
 impl NodeError {
     /// A step's closed gate: not a failure, and already recorded when it failed.
-    fn backing_off(&self) -> Option<steps::BackingOff> {
-        match self {
-            NodeError::Step(e) => e.backing_off(),
-            _ => None,
-        }
+    fn is_backing_off(&self) -> bool {
+        matches!(self, NodeError::Step(StepError::BackingOff(_)))
+    }
+
+    /// Nothing new to say on the claim: a closed gate, or a lapsed registration (not
+    /// the claim's failure, and etcd may be out of reach: the next term wakes it).
+    fn is_quiet(&self) -> bool {
+        self.is_backing_off() || matches!(self, NodeError::NotRegistered)
     }
 }
 
@@ -384,9 +387,7 @@ impl Reconcile {
                 Ok(Action::AwaitChange)
             }
             // Recorded on the Mount already; the step's own schedule says when.
-            Err(e) if e.backing_off().is_some() => Ok(Action::Requeue(
-                e.backing_off().map(|b| b.after).unwrap_or_default(),
-            )),
+            Err(NodeError::Step(StepError::BackingOff(b))) => Ok(Action::Requeue(b.after)),
             // Registering again wakes every claim.
             Err(NodeError::NotRegistered) => {
                 tracing::debug!(claim = %key, "waiting for the node to register");
@@ -433,7 +434,7 @@ impl Reconcile {
         };
         if !rec.released {
             if let Err(e) = self.teardown(key, &rec).await {
-                if e.backing_off().is_none() {
+                if !e.is_backing_off() {
                     let msg = moor::process::error_chain(&e);
                     self.sync_mount(key, claim, Some(msg)).await?;
                 }

@@ -252,7 +252,7 @@ impl Reconcile {
     /// it was recorded when it failed (backing off) or is not the claim's failure (a
     /// lapsed registration, when etcd may be out of reach: the next term wakes it).
     async fn mount_failed(&self, key: &str, claim: &Claim, e: NodeError) -> Result<(), NodeError> {
-        if e.backing_off().is_none() && !matches!(e, NodeError::NotRegistered) {
+        if !e.is_quiet() {
             let msg = moor::process::error_chain(&e);
             self.sync_mount(key, claim, Some(msg.clone())).await?;
             self.event(claim, "Mount volume", Some(msg)).await;
@@ -333,7 +333,7 @@ impl Reconcile {
                 .await;
                 Ok(())
             }
-            Err(e) if e.backing_off().is_some() || matches!(e, NodeError::NotRegistered) => Err(e),
+            Err(e) if e.is_quiet() => Err(e),
             Err(e) => {
                 let msg = moor::process::error_chain(&e);
                 self.sync_mount(key, claim, Some(msg.clone())).await?;

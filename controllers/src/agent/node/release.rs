@@ -9,7 +9,7 @@ impl Reconcile {
         let rec = self.r.local.lock().await.publishes.get(key).cloned();
         if let Some(rec) = rec.filter(|r| !r.released) {
             if let Err(e) = self.teardown(key, &rec).await {
-                if e.backing_off().is_none() {
+                if !e.is_backing_off() {
                     let msg = moor::process::error_chain(&e);
                     self.sync_mount(key, claim, Some(msg)).await?;
                 }
