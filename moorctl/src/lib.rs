@@ -372,18 +372,23 @@ pub(crate) fn parse_ns(s: &str) -> anyhow::Result<Namespace> {
     Namespace::new(s).map_err(|e| anyhow::anyhow!("namespace {s:?}: {e}"))
 }
 
-/// A step's write failed on a change that an earlier write of the same step, whose
-/// answer was lost, may have made: [`ride_out`] reads again at once. Past
-/// `--retry-for` it is a refusal.
+/// A step's write failed on a change made since its read: another writer's (a
+/// reconciler's status write, most often) or an earlier write of the same step whose
+/// answer was lost. [`ride_out`] reads again after a short pause; after
+/// [`UNVERSIONED_WRITE_ATTEMPTS`](moor::store::UNVERSIONED_WRITE_ATTEMPTS) races in a
+/// row, or past `--retry-for`, it is a refusal.
 #[derive(Debug, thiserror::Error)]
-#[error("it kept changing while applying; run apply again")]
+#[error("it kept changing while writing (another writer won each time); try again")]
 pub(crate) struct LookAgain;
 
 /// Runs a writing step again while its outcome is unknown (etcd unavailable: a member
 /// gone, a connection reset, a deadline), for `--retry-for` (a minute), on whichever member
 /// answers. Every step reads before it writes, so a run after a lost answer learns
 /// whether that write landed; `retrying` tells it one may have. A step that answers
-/// [`LookAgain`] is run again at once.
+/// [`LookAgain`] (its write lost a race with another writer, most often a reconciler's
+/// status write) is run again after a short pause, at most
+/// [`UNVERSIONED_WRITE_ATTEMPTS`](moor::store::UNVERSIONED_WRITE_ATTEMPTS) times in a
+/// row.
 pub(crate) async fn ride_out<T, F, Fut>(ctx: &Ctx, mut step: F) -> anyhow::Result<T>
 where
     F: FnMut(bool) -> Fut,
@@ -395,6 +400,7 @@ where
         std::time::Duration::from_secs(2),
     );
     let mut retrying = false;
+    let mut races = 0;
     loop {
         match step(retrying).await {
             Err(e) if is_transient(&e) && tokio::time::Instant::now() < deadline => {
@@ -402,7 +408,13 @@ where
                 tokio::time::sleep(backoff.next_delay()).await;
                 retrying = true;
             }
-            Err(e) if e.is::<LookAgain>() && tokio::time::Instant::now() < deadline => {
+            Err(e)
+                if e.is::<LookAgain>()
+                    && races + 1 < moor::store::UNVERSIONED_WRITE_ATTEMPTS
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                races += 1;
+                tokio::time::sleep(moor::store::conflict_pause(races)).await;
                 retrying = true;
             }
             Err(e) if e.is::<LookAgain>() => return Err(Refused(e.to_string()).into()),

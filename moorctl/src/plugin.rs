@@ -4,7 +4,7 @@
 use moor::api::*;
 use moor::store::StoreError;
 
-use crate::{ride_out, Ctx, Refused};
+use crate::{ride_out, Ctx, LookAgain, Refused};
 
 /// Records the instance of `plugin` on `node` as deregistered (by the uid of the Node
 /// object it was seen on); refused while that node is live.
@@ -15,32 +15,28 @@ pub(crate) async fn deregister(ctx: &Ctx, plugin: &str, node: &str) -> anyhow::R
     ride_out(ctx, |_| {
         let (key, node, id) = (&key, &node, &id);
         async move {
-            loop {
-                let Some(mut p) = ctx.store.try_get(key).await? else {
-                    return Err(Refused(format!("plugin {id} not found")).into());
-                };
-                let Some(inst) = p.status.instances.get(node) else {
-                    return Err(
-                        Refused(format!("plugin {id} has no instance on node {node}")).into(),
-                    );
-                };
-                if ctx.store.try_get(&Node::key_for(node)).await?.is_some() {
-                    return Err(Refused(format!(
-                        "node {node} is live; stop its agent (and let its lease expire) before \
-                         deregistering its instance of {id}"
-                    ))
-                    .into());
-                }
-                if p.spec.deregistered.get(node) == Some(&inst.node_uid) {
-                    return Ok(());
-                }
-                p.spec
-                    .deregistered
-                    .insert(node.clone(), inst.node_uid.clone());
-                match ctx.store.replace(&p).await {
-                    Err(StoreError::Conflict { .. }) => continue,
-                    other => return other.map(|_| ()).map_err(anyhow::Error::from),
-                }
+            let Some(mut p) = ctx.store.try_get(key).await? else {
+                return Err(Refused(format!("plugin {id} not found")).into());
+            };
+            let Some(inst) = p.status.instances.get(node) else {
+                return Err(Refused(format!("plugin {id} has no instance on node {node}")).into());
+            };
+            if ctx.store.try_get(&Node::key_for(node)).await?.is_some() {
+                return Err(Refused(format!(
+                    "node {node} is live; stop its agent (and let its lease expire) before \
+                     deregistering its instance of {id}"
+                ))
+                .into());
+            }
+            if p.spec.deregistered.get(node) == Some(&inst.node_uid) {
+                return Ok(());
+            }
+            p.spec
+                .deregistered
+                .insert(node.clone(), inst.node_uid.clone());
+            match ctx.store.replace(&p).await {
+                Err(StoreError::Conflict { .. }) => Err(LookAgain.into()),
+                other => other.map(|_| ()).map_err(anyhow::Error::from),
             }
         }
     })

@@ -24,41 +24,39 @@ pub(crate) async fn detach(
     let outcome = ride_out(ctx, |retrying| {
         let (key, node) = (&key, &node);
         async move {
-            loop {
-                let read = ctx.store.get(key).await?;
-                if retrying && read.spec.force_detach.get(node) == Some(&read.metadata.generation)
-                {
-                    return Ok(());
+            let read = ctx.store.get(key).await?;
+            if retrying && read.spec.force_detach.get(node) == Some(&read.metadata.generation)
+            {
+                return Ok(());
+            }
+            // The node's agent reads no volume: the same transaction tells it
+            // through its declarations key.
+            let (mut declarations, read_at) = match ctx.store.declarations(node).await {
+                Ok(found) => found,
+                Err(StoreError::Malformed { revision, .. }) => {
+                    eprintln!(
+                        "warning: {} held a value that is not force-detach declarations; it is written again from this one",
+                        declarations_key(node)
+                    );
+                    (Declarations::default(), revision)
                 }
-                // The node's agent reads no volume: the same transaction tells it
-                // through its declarations key.
-                let (mut declarations, read_at) = match ctx.store.declarations(node).await {
-                    Ok(found) => found,
-                    Err(StoreError::Malformed { revision, .. }) => {
-                        eprintln!(
-                            "warning: {} held a value that is not force-detach declarations; it is written again from this one",
-                            declarations_key(node)
-                        );
-                        (Declarations::default(), revision)
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                let generation = read.metadata.generation + 1;
-                let mut v = read.clone();
-                v.spec.force_detach.insert(node.clone(), generation);
-                declarations.declare(&v, generation);
-                let mut batch = Batch::default();
-                batch.update(&ctx.store, &read, &v)?;
-                batch.put_raw(
-                    &ctx.store,
-                    &declarations_key(node),
-                    serde_json::to_vec(&declarations)?,
-                    read_at,
-                );
-                match batch.commit(&ctx.store).await {
-                    Err(StoreError::Conflict { .. }) => continue,
-                    other => return other.map(|_| ()).map_err(anyhow::Error::from),
-                }
+                Err(e) => return Err(e.into()),
+            };
+            let generation = read.metadata.generation + 1;
+            let mut v = read.clone();
+            v.spec.force_detach.insert(node.clone(), generation);
+            declarations.declare(&v, generation);
+            let mut batch = Batch::default();
+            batch.update(&ctx.store, &read, &v)?;
+            batch.put_raw(
+                &ctx.store,
+                &declarations_key(node),
+                serde_json::to_vec(&declarations)?,
+                read_at,
+            );
+            match batch.commit(&ctx.store).await {
+                Err(StoreError::Conflict { .. }) => Err(LookAgain.into()),
+                other => other.map(|_| ()).map_err(anyhow::Error::from),
             }
         }
     })
@@ -208,16 +206,14 @@ pub(crate) async fn deregister(
     ride_out(ctx, |_| {
         let key = &key;
         async move {
-            loop {
-                let Some(mut v) = ctx.store.try_get(key).await? else {
-                    return Ok(());
-                };
-                v.metadata.finalizers.clear();
-                match ctx.store.replace(&v).await {
-                    Err(StoreError::Conflict { .. }) => continue,
-                    Err(StoreError::NotFound { .. }) => return Ok(()),
-                    other => return other.map(|_| ()).map_err(anyhow::Error::from),
-                }
+            let Some(mut v) = ctx.store.try_get(key).await? else {
+                return Ok(());
+            };
+            v.metadata.finalizers.clear();
+            match ctx.store.replace(&v).await {
+                Err(StoreError::Conflict { .. }) => Err(LookAgain.into()),
+                Err(StoreError::NotFound { .. }) => Ok(()),
+                other => other.map(|_| ()).map_err(anyhow::Error::from),
             }
         }
     })

@@ -51,6 +51,47 @@ use crate::api::{KeyScope, Object, ObjectKey, Spec, Timestamp};
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "/moor/";
 
+/// How many times a write that names no version (a delete, an edit of a spec or a
+/// status section by read-modify-write) is tried before its conflict is returned. Each
+/// try reads again and writes guarded by what it read, so it loses only to a write that
+/// lands between its own read and write: a reconciler's status write, most often. A
+/// person's `moorctl delete` must not fail on that (a fresh clone's tests did, under
+/// load); losing this many times in a row, with the pauses of [`conflict_pause`]
+/// between, means a writer that never stops, and the caller hears of it.
+pub const UNVERSIONED_WRITE_ATTEMPTS: u32 = 24;
+
+/// The pause before try `attempt` (1 = the first retry) of a write that lost a race:
+/// short and jittered (0.5-1 ms doubling to 25-50 ms), so that two writers that raced
+/// once do not race again in step.
+pub fn conflict_pause(attempt: u32) -> std::time::Duration {
+    crate::backoff::Backoff::new(
+        std::time::Duration::from_millis(1),
+        std::time::Duration::from_millis(50),
+    )
+    .delay(attempt)
+}
+
+/// Runs `step`, a read followed by a write guarded by what it read, again while it
+/// answers [`StoreError::Conflict`]: at most [`UNVERSIONED_WRITE_ATTEMPTS`] times, with
+/// [`conflict_pause`] between. Only for writes that name no version: one that names the
+/// version its caller saw must refuse a stale copy, not retry it.
+pub async fn retry_conflicts<T, F, Fut>(mut step: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match step().await {
+            Err(StoreError::Conflict { .. }) if attempt < UNVERSIONED_WRITE_ATTEMPTS => {
+                tokio::time::sleep(conflict_pause(attempt)).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Keys per page when a list starts: thousands, not hundreds (DESIGN: 100k keys list in
 /// 0.45 s at 10k per page and 3.5 s at 500).
 pub const DEFAULT_PAGE_SIZE: i64 = 5_000;
@@ -480,13 +521,15 @@ impl Store {
     }
 
     /// Read-modify-write of a spec: reads the object, lets `f` edit its spec, and writes
-    /// it back through [`Store::replace`], retrying on conflict. `f` returning false (or
-    /// changing nothing) skips the write. Returns the object and whether it was written.
+    /// it back through [`Store::replace`], retrying on conflict (bounded: see
+    /// [`retry_conflicts`]). `f` returning false (or changing nothing) skips the write.
+    /// Returns the object and whether it was written.
     pub async fn modify_spec<S: Spec>(
         &self,
         key: &ObjectKey<S>,
         mut f: impl FnMut(&mut S) -> bool,
     ) -> Result<(Object<S>, bool), StoreError> {
+        let mut attempt = 1;
         loop {
             let mut obj = self.get(key).await?;
             let mut spec = obj.spec.clone();
@@ -495,7 +538,10 @@ impl Store {
             }
             obj.spec = spec;
             match self.replace(&obj).await {
-                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::Conflict { .. }) if attempt < UNVERSIONED_WRITE_ATTEMPTS => {
+                    tokio::time::sleep(conflict_pause(attempt)).await;
+                    attempt += 1;
+                }
                 other => return other.map(|o| (o, true)),
             }
         }
@@ -551,14 +597,15 @@ impl Store {
     }
 
     /// Read-modify-write of a status: reads the object, lets `f` edit its status, and
-    /// writes it back with compare-and-swap, retrying on conflict. For writers that own
-    /// one section of a status shared with another writer. `f` returning false skips the
-    /// write.
+    /// writes it back with compare-and-swap, retrying on conflict (bounded: see
+    /// [`retry_conflicts`]). For writers that own one section of a status shared with
+    /// another writer. `f` returning false skips the write.
     pub async fn modify_status<S: Spec>(
         &self,
         key: &ObjectKey<S>,
         mut f: impl FnMut(&Object<S>, &mut S::Status) -> bool,
     ) -> Result<Object<S>, StoreError> {
+        let mut attempt = 1;
         loop {
             let mut obj = self.get(key).await?;
             let mut status = obj.status.clone();
@@ -568,16 +615,34 @@ impl Store {
             obj.status = status;
             let rv = obj.metadata.resource_version;
             match self.write_at(obj, rv).await {
-                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::Conflict { .. }) if attempt < UNVERSIONED_WRITE_ATTEMPTS => {
+                    tokio::time::sleep(conflict_pause(attempt)).await;
+                    attempt += 1;
+                }
                 other => return other,
             }
         }
     }
 
-    /// Deletes an object. With `precondition`, only if it is still at that revision.
-    /// An object with finalizers is not deleted but marked (deletion_timestamp) and
-    /// returned as [`Deleted::Finalizing`].
+    /// Deletes an object. With `precondition`, only if it is still at that revision (a
+    /// change since is [`StoreError::Conflict`]); without, whatever version is stored
+    /// when the delete lands: a write between this read and the delete (a reconciler's
+    /// status) is read again, bounded by [`retry_conflicts`]. An object with finalizers
+    /// is not deleted but marked (deletion_timestamp) and returned as
+    /// [`Deleted::Finalizing`].
     pub async fn delete<S: Spec>(
+        &self,
+        key: &ObjectKey<S>,
+        precondition: Option<i64>,
+    ) -> Result<Deleted<S>, StoreError> {
+        match precondition {
+            Some(_) => self.delete_once(key, precondition).await,
+            None => retry_conflicts(|| self.delete_once(key, None)).await,
+        }
+    }
+
+    /// One read-then-delete (or mark) of [`Store::delete`], guarded by the version read.
+    async fn delete_once<S: Spec>(
         &self,
         key: &ObjectKey<S>,
         precondition: Option<i64>,

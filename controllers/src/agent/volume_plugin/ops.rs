@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use moor::api::*;
-use moor::store::{Store, StoreError};
+use moor::store::{conflict_pause, retry_conflicts, Store, StoreError, UNVERSIONED_WRITE_ATTEMPTS};
 
 use super::options::CreateOptions;
 use super::{Answer, Config, Failure};
@@ -219,39 +219,49 @@ impl Endpoint {
 
     /// Remove: refused while any claim holds the volume (named); a volume Create made
     /// is deleted (its finalizer calls DeleteVolume); one that existed before is only
-    /// forgotten by the engine.
+    /// forgotten by the engine. The delete is guarded by the version the check read: a
+    /// claim admitted since (it writes the volume's status) makes it look again, and a
+    /// reconciler's unrelated write likewise (bounded, as every unversioned write).
     async fn remove(&self, req: &Map<String, Value>) -> Answer {
         let id = volume_name(req)?;
-        let Some(v) = self.volume(&id).await? else {
-            return Ok(json!({}));
-        };
-        let claims = &v.status.claims;
-        let holders: Vec<String> = claims
-            .read_claims
-            .iter()
-            .chain(&claims.write_claims)
-            .map(|c| {
-                format!(
-                    "{} (allocation {} on node {})",
-                    c.claim, c.allocation, c.node
-                )
-            })
-            .collect();
-        if !holders.is_empty() {
-            return Err(Failure::bad(format!(
-                "volume {id} is in use by claim {}",
-                holders.join(", ")
-            )));
-        }
-        let ours = v.metadata.labels.get(LABEL_CREATED_BY).map(String::as_str)
-            == Some(CREATED_BY_ENDPOINT);
-        if !ours {
-            tracing::info!(volume = %id, "volume-plugin Remove of a volume it did not create: forgotten by the engine, kept in moor");
-            return Ok(json!({}));
-        }
-        match self.store.delete(&v.object_key(), None).await {
-            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(json!({})),
-            Err(e) => Err(e.into()),
+        let mut attempt = 1;
+        loop {
+            let Some(v) = self.volume(&id).await? else {
+                return Ok(json!({}));
+            };
+            let claims = &v.status.claims;
+            let holders: Vec<String> = claims
+                .read_claims
+                .iter()
+                .chain(&claims.write_claims)
+                .map(|c| {
+                    format!(
+                        "{} (allocation {} on node {})",
+                        c.claim, c.allocation, c.node
+                    )
+                })
+                .collect();
+            if !holders.is_empty() {
+                return Err(Failure::bad(format!(
+                    "volume {id} is in use by claim {}",
+                    holders.join(", ")
+                )));
+            }
+            let ours = v.metadata.labels.get(LABEL_CREATED_BY).map(String::as_str)
+                == Some(CREATED_BY_ENDPOINT);
+            if !ours {
+                tracing::info!(volume = %id, "volume-plugin Remove of a volume it did not create: forgotten by the engine, kept in moor");
+                return Ok(json!({}));
+            }
+            let at = Some(v.metadata.resource_version);
+            match self.store.delete(&v.object_key(), at).await {
+                Ok(_) | Err(StoreError::NotFound { .. }) => return Ok(json!({})),
+                Err(StoreError::Conflict { .. }) if attempt < UNVERSIONED_WRITE_ATTEMPTS => {
+                    tokio::time::sleep(conflict_pause(attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 
@@ -302,10 +312,19 @@ impl Endpoint {
                     a.metadata.name
                 )));
             }
-            Some(a) => {
-                // An earlier, ended mount of the same caller: replaced.
-                match self.store.delete_read(&a).await {
-                    Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Some(_) => {
+                // An earlier, ended mount of the same caller: replaced. The controller
+                // may write its status meanwhile: read again (bounded), and delete only
+                // while it is still ended.
+                let cleared = retry_conflicts(|| async {
+                    match self.store.try_get(&key).await? {
+                        Some(a) if a.is_terminal() => self.store.delete_read(&a).await.map(|_| ()),
+                        _ => Ok(()),
+                    }
+                })
+                .await;
+                match cleared {
+                    Ok(()) | Err(StoreError::NotFound { .. }) => {}
                     Err(e) => return Err(e.into()),
                 }
                 self.create_allocation(&key, &caller, &id, cap).await?

@@ -1,0 +1,310 @@
+//! The front doors under a concurrent writer: every write a person asks for without
+//! naming a version (delete, alloc stop, volume detach and deregister, snapshot delete,
+//! plugin deregister, apply of a copy without a version) lands while another writer
+//! keeps rewriting the same key, as a reconciler's status writes do; a write that names
+//! a version still refuses a stale one. Real etcd, the real moorctl.
+
+mod common;
+
+use common::{bin, Etcd};
+use moor::api::*;
+use moor::store::Store;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Rounds per command: each is one race the command must win.
+const ROUNDS: usize = 6;
+
+fn moorctl(etcd: &Etcd, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(bin("moorctl"))
+        .arg(format!("--endpoints={}", etcd.client_url))
+        .args(args)
+        .output()
+        .expect("run moorctl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("$ moorctl {}\n{text}", args.join(" "));
+    (out.status.success(), text)
+}
+
+/// A writer that rewrites `key` (its stored bytes, unchanged) every few milliseconds
+/// (0-3 ms apart, a write itself takes about as long), until stopped: each write moves
+/// the key's mod_revision, as a busy reconciler's status writes do. Counts the writes,
+/// so the test can show the race was run.
+struct Racer {
+    stop: Arc<AtomicBool>,
+    writes: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Racer {
+    async fn start(etcd: &Etcd, store: &Store, key: &str) -> Racer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writes = Arc::new(AtomicU64::new(0));
+        let full = store.full_key(key);
+        let mut tasks = Vec::new();
+        {
+            let mut client = etcd.raw_client().await;
+            let (stop, writes, full) = (stop.clone(), writes.clone(), full.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(got) = client.get(full.as_bytes(), None).await else {
+                        continue;
+                    };
+                    let Some(kv) = got.kvs().first() else {
+                        // Gone (the command deleted it): wait for the next round's.
+                        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                        continue;
+                    };
+                    // Only over the version read, so a delete is never undone.
+                    let put = etcd_client::TxnOp::put(kv.key(), kv.value(), None);
+                    let same = etcd_client::Compare::mod_revision(
+                        kv.key(),
+                        etcd_client::CompareOp::Equal,
+                        kv.mod_revision(),
+                    );
+                    let txn = etcd_client::Txn::new().when([same]).and_then([put]);
+                    if let Ok(r) = client.txn(txn).await {
+                        if r.succeeded() {
+                            writes.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    let pause = std::time::Duration::from_micros(fastrand::u64(0..3_000));
+                    tokio::time::sleep(pause).await;
+                }
+            }));
+        }
+        // Running before the command starts.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while writes.load(Ordering::Relaxed) < 3 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the racer never wrote"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        Racer {
+            stop,
+            writes,
+            tasks,
+        }
+    }
+
+    async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.writes.load(Ordering::Relaxed)
+    }
+}
+
+fn registered(name: &str) -> Volume {
+    let spec = VolumeSpec {
+        plugin_id: PluginId::new("hostpath.moor.dev").unwrap(),
+        external_id: Some(ExternalVolumeId::new(format!("ext-{name}")).unwrap()),
+        capabilities: vec![VolumeCapability {
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+        }],
+        ..Default::default()
+    };
+    Volume::new(&Namespace::default_ns(), Name::new(name).unwrap(), spec)
+}
+
+fn allocation(name: &str) -> Allocation {
+    let spec = AllocationSpec {
+        node: NodeName::new("n1").unwrap(),
+        ..Default::default()
+    };
+    Allocation::new(&Namespace::default_ns(), Name::new(name).unwrap(), spec)
+}
+
+/// Runs `args` while the racer rewrites `key`; the command must succeed.
+async fn wins(etcd: &Etcd, store: &Store, key: &str, args: &[&str]) -> u64 {
+    let racer = Racer::start(etcd, store, key).await;
+    let (ok, out) = {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let url = etcd.client_url.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = std::process::Command::new(bin("moorctl"))
+                .arg(format!("--endpoints={url}"))
+                .args(&args)
+                .output()
+                .expect("run moorctl");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (out.status.success(), text)
+        })
+        .await
+        .unwrap()
+    };
+    let writes = racer.stop().await;
+    assert!(
+        ok,
+        "moorctl {} lost to a concurrent writer ({writes} writes): {out}",
+        args.join(" ")
+    );
+    writes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_unversioned_moorctl_write_wins_over_a_concurrent_writer() {
+    let etcd = Etcd::start().await;
+    let store = etcd.store("/moor/").await;
+    let mut raced = 0;
+    for i in 0..ROUNDS {
+        // delete volume
+        let v = store
+            .create(&registered(&format!("del-{i}")))
+            .await
+            .unwrap();
+        raced += wins(
+            &etcd,
+            &store,
+            &v.key(),
+            &["delete", "volume", &format!("del-{i}")],
+        )
+        .await;
+        assert!(store.try_get(&v.object_key()).await.unwrap().is_none());
+
+        // alloc stop, then delete allocation
+        let a = store.create(&allocation(&format!("a-{i}"))).await.unwrap();
+        raced += wins(
+            &etcd,
+            &store,
+            &a.key(),
+            &["alloc", "stop", &format!("a-{i}")],
+        )
+        .await;
+        let stopped = store.get(&a.object_key()).await.unwrap();
+        assert_eq!(stopped.spec.desired_status, DesiredStatus::Stop);
+        raced += wins(
+            &etcd,
+            &store,
+            &a.key(),
+            &["delete", "allocation", &format!("a-{i}")],
+        )
+        .await;
+        assert!(store.try_get(&a.object_key()).await.unwrap().is_none());
+
+        // volume detach
+        let v = store
+            .create(&registered(&format!("det-{i}")))
+            .await
+            .unwrap();
+        raced += wins(
+            &etcd,
+            &store,
+            &v.key(),
+            &["volume", "detach", &format!("det-{i}"), "--node", "n1"],
+        )
+        .await;
+        let detached = store.get(&v.object_key()).await.unwrap();
+        assert!(detached
+            .spec
+            .force_detach
+            .contains_key(&NodeName::new("n1").unwrap()));
+
+        // volume deregister
+        let v = store
+            .create(&registered(&format!("dereg-{i}")))
+            .await
+            .unwrap();
+        raced += wins(
+            &etcd,
+            &store,
+            &v.key(),
+            &["volume", "deregister", &format!("dereg-{i}")],
+        )
+        .await;
+        assert!(store.try_get(&v.object_key()).await.unwrap().is_none());
+
+        // snapshot delete
+        let s = Snapshot::new(
+            &Namespace::default_ns(),
+            Name::new(format!("snap-{i}")).unwrap(),
+            SnapshotSpec {
+                volume: VolumeId::new("det-0").unwrap(),
+                ..Default::default()
+            },
+        );
+        let s = store.create(&s).await.unwrap();
+        raced += wins(
+            &etcd,
+            &store,
+            &s.key(),
+            &["volume", "snapshot", "delete", &format!("snap-{i}")],
+        )
+        .await;
+        assert!(store.try_get(&s.object_key()).await.unwrap().is_none());
+
+        // apply of a copy without a version
+        let v = store
+            .create(&registered(&format!("app-{i}")))
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("v.yaml");
+        std::fs::write(
+            &file,
+            format!(
+                "apiVersion: moor/v1\nkind: Volume\nmetadata: {{name: app-{i}, labels: {{tier: gold}}}}\n\
+                 spec:\n  plugin_id: hostpath.moor.dev\n  external_id: ext-app-{i}\n  capabilities:\n    \
+                 - {{access_mode: single-node-writer, attachment_mode: file-system}}\n"
+            ),
+        )
+        .unwrap();
+        raced += wins(
+            &etcd,
+            &store,
+            &v.key(),
+            &["apply", "-f", file.to_str().unwrap()],
+        )
+        .await;
+        let applied = store.get(&v.object_key()).await.unwrap();
+        assert_eq!(
+            applied.metadata.labels.get("tier").map(String::as_str),
+            Some("gold")
+        );
+    }
+    eprintln!("{raced} concurrent writes raced the commands");
+
+    // A write that names a version still refuses a stale copy.
+    let v = store.create(&registered("stale")).await.unwrap();
+    let stale = v.metadata.resource_version;
+    store
+        .modify_status(&v.object_key(), |_, st: &mut VolumeStatus| {
+            st.claims.schedulable = !st.claims.schedulable;
+            true
+        })
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("v.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: moor/v1\nkind: Volume\nmetadata: {{name: stale, resource_version: {stale}, labels: {{a: b}}}}\n\
+             spec:\n  plugin_id: hostpath.moor.dev\n  external_id: ext-stale\n  capabilities:\n    \
+             - {{access_mode: single-node-writer, attachment_mode: file-system}}\n"
+        ),
+    )
+    .unwrap();
+    let (ok, out) = moorctl(&etcd, &["apply", "-f", file.to_str().unwrap()]);
+    assert!(!ok && out.contains("newer than your copy"), "{out}");
+    let err = store
+        .delete(&v.object_key(), Some(stale))
+        .await
+        .expect_err("a delete at a stale version");
+    assert!(
+        matches!(err, moor::store::StoreError::Conflict { .. }),
+        "{err}"
+    );
+}
