@@ -510,9 +510,7 @@ pub fn access_for(
 /// (`alloc`, absent when gone) no longer wants it. A holder not found is taken as
 /// staying.
 pub fn holder_ending(holder: Option<&Claim>, alloc: Option<&Allocation>) -> bool {
-    holder.is_some_and(|h| {
-        h.spec.release || h.is_deleting() || !alloc.is_some_and(|a| a.wants(&h.metadata.name))
-    })
+    holder.is_some_and(|h| h.spec.release || h.is_deleting() || !alloc.is_some_and(|a| a.wants(h)))
 }
 
 /// Whether one request would be admitted now, and if not why.
@@ -549,7 +547,7 @@ where
         .volumes
         .iter()
         .map(|req| {
-            let volume_id = alloc.request_volume(req);
+            let volume_id = alloc.request_volume_in(req, |v| volume_of(v).is_some());
             let volume = volume_id.as_ref().and_then(&volume_of);
             let name = volume_id
                 .as_ref()
@@ -1044,7 +1042,16 @@ mod tests {
         );
         let wanted = a.claim_name(&a.spec.volumes[0]).unwrap();
         h.metadata.name = wanted;
+        h.spec.allocation = AllocationId::new("a").unwrap();
+        h.spec.request = Name::new("r").unwrap();
         assert!(!holder_ending(Some(&h), Some(&a)), "a live holder");
+        // Another allocation's claim under the same name is not this one's.
+        let mut other = h.clone();
+        other.spec.request = Name::new("q").unwrap();
+        assert!(
+            holder_ending(Some(&other), Some(&a)),
+            "a claim it does not own"
+        );
         assert!(!holder_ending(None, None), "a holder not found stays");
         assert!(holder_ending(Some(&h), None), "its allocation gone");
         a.spec.desired_status = DesiredStatus::Stop;

@@ -4,13 +4,19 @@
 //! keeps rewriting the same key, as a reconciler's status writes do; a write that names
 //! a version still refuses a stale one. Real etcd, the real moorctl.
 
+#[path = "common/cluster.rs"]
+mod cluster;
 mod common;
 
+use cluster::{Cluster, PluginOpts};
 use common::{bin, Etcd};
 use moor::api::*;
 use moor::store::Store;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
 
 /// Rounds per command: each is one race the command must win.
 const ROUNDS: usize = 6;
@@ -307,4 +313,86 @@ async fn every_unversioned_moorctl_write_wins_over_a_concurrent_writer() {
         matches!(err, moor::store::StoreError::Conflict { .. }),
         "{err}"
     );
+}
+
+/// Issue 49, item 2: allocation `p` asking for volume `fz1` as request `q.r`, beside
+/// allocation `p.q` whose request `r` holds volume `one`, made one claim name
+/// (`p.q.r`): `p` was Ready at once with `p.q`'s claim and its workload read `one`.
+/// Now each gets its own claim on its own volume, both published, and releasing one
+/// leaves the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_allocations_whose_names_joined_alike_get_a_claim_each() {
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    for v in ["one", "fz1"] {
+        c.apply(c.volume(v, AccessMode::SingleNodeWriter)).await;
+        c.volume_ready(v).await;
+    }
+    let request = |alloc: &str, req: &str, volume: &str| {
+        Allocation::new(
+            &Namespace::default_ns(),
+            Name::new(alloc).unwrap(),
+            AllocationSpec {
+                node: NodeName::new("n1").unwrap(),
+                volumes: vec![VolumeRequest {
+                    name: Name::new(req).unwrap(),
+                    volume: VolumeId::new(volume).unwrap(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        )
+    };
+    let pq = c.apply(request("p.q", "r", "one")).await;
+    let p = c.apply(request("p", "q.r", "fz1")).await;
+    let claim_of = |a: &Allocation| {
+        Claim::key_for(
+            &a.spec.node,
+            &a.metadata.namespace,
+            a.claim_name(&a.spec.volumes[0]).unwrap(),
+        )
+    };
+    let (pq_key, p_key) = (claim_of(&pq), claim_of(&p));
+    assert_ne!(pq_key, p_key, "one claim name for two requests");
+    for (key, volume) in [(&pq_key, "one"), (&p_key, "fz1")] {
+        c.wait(&format!("{key} published on {volume}"), T, || async {
+            c.store.try_get(key).await.ok().flatten().is_some_and(|cl| {
+                cl.status.phase == ClaimPhase::Published && cl.spec.volume.as_str() == volume
+            })
+        })
+        .await;
+    }
+    let p_claim = c.store.get(&p_key).await.unwrap();
+    assert_eq!(
+        (
+            p_claim.spec.allocation.as_str(),
+            p_claim.spec.request.as_str()
+        ),
+        ("p", "q.r")
+    );
+    // Each volume published once, for its own allocation.
+    for key in [&pq_key, &p_key] {
+        let m = c.store.get(&Mount::key_for(key)).await.unwrap();
+        assert!(m.status.published, "{key}: {:?}", m.status);
+    }
+    assert_eq!(c.node("n1").count("NodePublishVolume", "OK"), 2);
+    c.stop_alloc("p").await;
+    c.wait("p's claim released", T, || async {
+        c.store
+            .try_get(&p_key)
+            .await
+            .ok()
+            .flatten()
+            .is_none_or(|cl| cl.status.phase == ClaimPhase::Released)
+    })
+    .await;
+    let kept = c.store.get(&pq_key).await.unwrap();
+    assert_eq!(
+        kept.status.phase,
+        ClaimPhase::Published,
+        "p.q's claim stays"
+    );
+    c.stop_alloc("p.q").await;
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
 }

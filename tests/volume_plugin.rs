@@ -572,3 +572,53 @@ async fn an_agent_restart_keeps_what_containers_use_and_missed_unmounts_are_foun
     .await;
     c.check_calls(true);
 }
+
+/// Issue 49, item 2: the endpoint hashed only a caller ID's first 63 characters, so two
+/// of Docker's 64-character IDs that shared them shared one allocation, and the
+/// second's Unmount ended the first's. Now each ID has its own allocation, and one's
+/// Unmount leaves the other published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_callers_that_share_63_characters_have_an_allocation_each() {
+    let c = start().await;
+    ok(
+        &c,
+        "n1",
+        "Create",
+        json!({"Name": "shared", "Opts": {"size": "1MiB", "mode": "single-node-multi-writer"}}),
+    )
+    .await;
+    c.volume_ready("shared").await;
+    let stem = "f".repeat(63);
+    let (first, second) = (format!("{stem}0"), format!("{stem}1"));
+    let m1 = ok(&c, "n1", "Mount", json!({"Name": "shared", "ID": first})).await;
+    let m2 = ok(&c, "n1", "Mount", json!({"Name": "shared", "ID": second})).await;
+    let allocs = c
+        .store
+        .list(&KeyScope::<AllocationSpec>::all())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(allocs.len(), 2, "{allocs:?}");
+    assert_ne!(m1["Mountpoint"], m2["Mountpoint"]);
+    ok(&c, "n1", "Unmount", json!({"Name": "shared", "ID": second})).await;
+    let live: Vec<Allocation> = c
+        .store
+        .list(&KeyScope::<AllocationSpec>::all())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|a| !a.is_terminal())
+        .collect();
+    assert_eq!(
+        live.len(),
+        1,
+        "the first caller's allocation runs on: {live:?}"
+    );
+    let path = PathBuf::from(m1["Mountpoint"].as_str().unwrap());
+    assert!(path.is_dir(), "{path:?}");
+    ok(&c, "n1", "Unmount", json!({"Name": "shared", "ID": first})).await;
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
+}

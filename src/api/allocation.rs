@@ -82,7 +82,8 @@ pub struct VolumeRequest {
     /// Options that replace the volume's, field by field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount_options: Option<MountOptions>,
-    /// Each allocation gets its own volume, named after the allocation.
+    /// Each allocation gets its own volume, `<volume>.<allocation>` (see
+    /// [`Allocation::request_volume`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub per_alloc: bool,
 }
@@ -248,10 +249,8 @@ impl Allocation {
 
     /// Whether this allocation still wants its claim named `claim`: neither deleting nor
     /// terminal, and one of its requests makes that claim.
-    pub fn wants(&self, claim: &Name) -> bool {
-        !self.is_deleting()
-            && !self.is_terminal()
-            && self.requests().iter().any(|(name, _)| name == claim)
+    pub fn wants(&self, claim: &Claim) -> bool {
+        !self.is_deleting() && !self.is_terminal() && self.owns(claim)
     }
 
     /// The client status as moor knows it: the runner's, or `lost` once the controller
@@ -281,7 +280,9 @@ impl Allocation {
         let spec = ClaimSpec {
             allocation: AllocationId::new(self.metadata.name.as_str()).ok()?,
             request: req.name.clone(),
-            volume: self.request_volume(req)?,
+            // The volume found for the request (a per_alloc one perhaps under its
+            // earlier name: Allocation::request_volume_in).
+            volume: VolumeId::new(volume.metadata.name.as_str()).ok()?,
             node: self.spec.node.clone(),
             plugin_id: volume.spec.plugin_id.clone(),
             mode: req.claim_mode(),
@@ -301,30 +302,95 @@ impl Allocation {
         ))
     }
 
-    /// The name of the claim for a request: `<allocation>.<request>`, bounded.
+    /// The name of the claim for a request: [`joined_name`] of the allocation and the
+    /// request (`<allocation>.<request>` for a request name without a dot).
     pub fn claim_name(&self, req: &VolumeRequest) -> Option<Name> {
-        Name::new(bounded_name(
-            &[self.metadata.name.as_str(), req.name.as_str()],
-            ".",
-        ))
-        .ok()
+        Name::new(joined_name(self.metadata.name.as_str(), req.name.as_str())).ok()
     }
 
-    /// The volume a request claims: a per_alloc request its own `<volume>-<allocation>`,
-    /// a template's the one made for it, `<allocation>.<request>` (bounded).
+    /// The names a claim of this request may be stored under: [`Allocation::claim_name`],
+    /// then, where it differs, the name an earlier release derived (the dotted join,
+    /// ambiguous for a request name with a dot, and cut with FNV past 128): a claim
+    /// stored under it before an upgrade is still this request's when its spec says so
+    /// ([`Allocation::owns`]).
+    pub fn claim_names(&self, req: &VolumeRequest) -> Vec<Name> {
+        let mut names: Vec<Name> = self.claim_name(req).into_iter().collect();
+        let legacy = bounded_name(&[self.metadata.name.as_str(), req.name.as_str()], ".");
+        if let Ok(legacy) = Name::new(legacy) {
+            if !names.contains(&legacy) {
+                names.push(legacy);
+            }
+        }
+        names
+    }
+
+    /// Whether `claim` is the claim of one of this allocation's requests: its spec
+    /// names this allocation and that request, and it is stored under one of the
+    /// request's [`Allocation::claim_names`]. A claim that only shares a name (another
+    /// allocation's, stored under a name an earlier release made ambiguous) is not.
+    pub fn owns(&self, claim: &Claim) -> bool {
+        self.request_of(claim).is_some()
+    }
+
+    /// The request whose claim `claim` is (see [`Allocation::owns`]).
+    pub fn request_of(&self, claim: &Claim) -> Option<&VolumeRequest> {
+        if claim.spec.allocation.as_str() != self.metadata.name.as_str()
+            || claim.metadata.namespace != self.metadata.namespace
+        {
+            return None;
+        }
+        self.spec.volumes.iter().find(|req| {
+            claim.spec.request == req.name && self.claim_names(req).contains(&claim.metadata.name)
+        })
+    }
+
+    /// The volume a request claims: a template's the one made for it, [`joined_name`]
+    /// of the allocation and the request; a per_alloc request its own, [`joined_name`]
+    /// of the volume and the allocation (`<volume>.<allocation>`); otherwise the named
+    /// volume.
     pub fn request_volume(&self, req: &VolumeRequest) -> Option<VolumeId> {
         if req.template.is_some() {
-            VolumeId::new(bounded_name(
-                &[self.metadata.name.as_str(), req.name.as_str()],
-                ".",
+            VolumeId::new(joined_name(self.metadata.name.as_str(), req.name.as_str())).ok()
+        } else if req.per_alloc {
+            VolumeId::new(joined_name(
+                req.volume.as_str(),
+                self.metadata.name.as_str(),
             ))
             .ok()
-        } else if req.per_alloc {
-            VolumeId::new(format!("{}-{}", req.volume, self.metadata.name)).ok()
         } else {
             Some(req.volume.clone())
         }
     }
+
+    /// [`Allocation::request_volume`], where a per_alloc request's volume does not exist
+    /// (`exists` says) but one under the name earlier releases gave it does
+    /// (`<volume>-<allocation>`, ambiguous: volume `a` of allocation `b-c` and volume
+    /// `a-b` of allocation `c` were both `a-b-c`): that one, so that volumes an operator
+    /// made before keep working; the new name wins once it exists.
+    pub fn request_volume_in(
+        &self,
+        req: &VolumeRequest,
+        exists: impl Fn(&VolumeId) -> bool,
+    ) -> Option<VolumeId> {
+        let id = self.request_volume(req)?;
+        if !req.per_alloc || req.template.is_some() || exists(&id) {
+            return Some(id);
+        }
+        match VolumeId::new(format!("{}-{}", req.volume, self.metadata.name)) {
+            Ok(legacy) if exists(&legacy) => Some(legacy),
+            _ => Some(id),
+        }
+    }
+}
+
+/// The first `bytes` bytes (at most 32) of the SHA-256 of `s`, in lower-case hex: for
+/// names that must not collide, even for someone who picks one part to make them.
+pub fn sha256_hex(s: &str, bytes: usize) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
+    digest.as_ref()[..bytes.min(32)]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// FNV-1a, 64 bits: a stable hash for shortening names (std's hasher may change).
@@ -337,8 +403,38 @@ pub fn fnv1a(s: &str) -> u64 {
     h
 }
 
+/// The name moor derives from two user-chosen names (an allocation and its request, a
+/// volume and a node), unambiguous by construction: two different pairs never give one
+/// name.
+///
+/// - `<first>.<second>` when `second` has no dot and the whole fits in 128: split at
+///   its last dot, such a name gives back its pair (and every name moor derived
+///   before stays as it was);
+/// - otherwise a name with no dot at all, so never one of the first form:
+///   `<first>-<second>` with its dots as `-`, cut to leave room, then `-` and 32 hex
+///   digits of the SHA-256 of the pair (the parts separated by `/`, which no name
+///   holds), so that two such names are equal only for one pair.
+///
+/// An allocation `p` with request `q.r` and an allocation `p.q` with request `r` made
+/// one claim name before (`p.q.r`); now the first is `p-q-r-<hash>`.
+pub fn joined_name(first: &str, second: &str) -> String {
+    let plain = format!("{first}.{second}");
+    if !second.contains('.') && plain.len() <= 128 {
+        return plain;
+    }
+    let hash = sha256_hex(&format!("{first}/{second}"), 16);
+    let readable: String = format!("{first}-{second}")
+        .chars()
+        .map(|c| if c == '.' { '-' } else { c })
+        .take(128 - 1 - hash.len())
+        .collect();
+    format!("{readable}-{hash}")
+}
+
 /// A name within the id rule: `parts` joined by `sep`, or, when longer than 128, a
-/// prefix and a hash of the whole.
+/// prefix and an FNV hash of the whole. Ambiguous when a part holds `sep`: names moor
+/// derives use [`joined_name`]; this stays for the names earlier releases stored
+/// ([`Allocation::claim_names`]) and for names of one user-chosen part.
 pub fn bounded_name(parts: &[&str], sep: &str) -> String {
     let full = parts.join(sep);
     if full.len() <= 128 {
@@ -367,6 +463,99 @@ mod tests {
         );
     }
 
+    /// Every name of at most `len` characters over `alphabet` that the id rule takes.
+    fn names_up_to(alphabet: &[char], len: usize) -> Vec<String> {
+        let mut all = vec![String::new()];
+        let mut out = Vec::new();
+        for _ in 0..len {
+            all = all
+                .iter()
+                .flat_map(|p| alphabet.iter().map(move |c| format!("{p}{c}")))
+                .collect();
+            out.extend(
+                all.iter()
+                    .filter(|n| Name::new(n.as_str()).is_ok())
+                    .cloned(),
+            );
+        }
+        out
+    }
+
+    #[test]
+    fn joined_names_never_collide_and_keep_the_id_rule() {
+        // Every pair of short names over the characters that make joins ambiguous,
+        // then long ones at and around the 128-character edge.
+        let short = names_up_to(&['a', '.', '-'], 4);
+        let mut pairs: Vec<(String, String)> = short
+            .iter()
+            .flat_map(|a| short.iter().map(move |b| (a.clone(), b.clone())))
+            .collect();
+        for _ in 0..2_000 {
+            let len_a = fastrand::usize(1..=130);
+            let len_b = fastrand::usize(1..=130);
+            let pick = |n| -> String {
+                (0..n)
+                    .map(|_| ['a', '.', '-', '_'][fastrand::usize(0..4)])
+                    .collect()
+            };
+            let (a, b) = (
+                format!("x{}", pick(len_a - 1)),
+                format!("y{}", pick(len_b - 1)),
+            );
+            pairs.push((a, b));
+        }
+        let mut seen: std::collections::HashMap<String, (String, String)> = Default::default();
+        for (a, b) in pairs {
+            let n = joined_name(&a, &b);
+            assert!(Name::new(n.as_str()).is_ok(), "{a:?} + {b:?} gave {n:?}");
+            if let Some(before) = seen.insert(n.clone(), (a.clone(), b.clone())) {
+                assert_eq!(before, (a, b), "two pairs made {n:?}");
+            }
+        }
+        assert_eq!(
+            joined_name("web-1", "data"),
+            "web-1.data",
+            "names moor made before"
+        );
+        assert_ne!(joined_name("p", "q.r"), joined_name("p.q", "r"));
+    }
+
+    #[test]
+    fn a_claim_is_an_allocation_s_by_its_spec_not_only_its_name() {
+        let alloc = |name: &str, req: &str| {
+            Allocation::new(
+                &Namespace::default_ns(),
+                Name::new(name).unwrap(),
+                AllocationSpec {
+                    volumes: vec![VolumeRequest {
+                        name: Name::new(req).unwrap(),
+                        volume: VolumeId::new("v").unwrap(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            )
+        };
+        let (p, pq) = (alloc("p", "q.r"), alloc("p.q", "r"));
+        assert_ne!(
+            p.claim_name(&p.spec.volumes[0]),
+            pq.claim_name(&pq.spec.volumes[0])
+        );
+        // p.q's claim, stored under the name an earlier release gave both.
+        let v = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v").unwrap(),
+            Default::default(),
+        );
+        let mut theirs = pq.claim_for(&pq.spec.volumes[0], &v).unwrap();
+        theirs.metadata.name = Name::new("p.q.r").unwrap();
+        assert!(pq.owns(&theirs), "the legacy name is still p.q's");
+        assert!(!p.owns(&theirs), "never p's");
+        assert!(p
+            .claim_names(&p.spec.volumes[0])
+            .contains(&theirs.metadata.name));
+    }
+
     #[test]
     fn per_alloc_requests_claim_the_allocation_s_own_volume() {
         let mut a = Allocation::new(
@@ -382,7 +571,21 @@ mod tests {
         });
         let r = a.requests();
         assert_eq!(r[0].0.as_str(), "web-1.data");
-        assert_eq!(r[0].1.as_str(), "db-web-1");
+        assert_eq!(r[0].1.as_str(), "db.web-1");
+        // A volume an operator made under the earlier name is still found, until one
+        // under the new name exists.
+        let req = &a.spec.volumes[0];
+        let legacy = |v: &VolumeId| v.as_str() == "db-web-1";
+        assert_eq!(
+            a.request_volume_in(req, legacy).unwrap().as_str(),
+            "db-web-1"
+        );
+        let both = |v: &VolumeId| v.as_str() == "db-web-1" || v.as_str() == "db.web-1";
+        assert_eq!(a.request_volume_in(req, both).unwrap().as_str(), "db.web-1");
+        assert_eq!(
+            a.request_volume_in(req, |_| false).unwrap().as_str(),
+            "db.web-1"
+        );
     }
 
     #[test]

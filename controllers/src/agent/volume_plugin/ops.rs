@@ -59,8 +59,8 @@ fn volume_name(req: &Map<String, Value>) -> Result<VolumeId, Failure> {
         .map_err(|e| Failure::bad(format!("volume name {}: {e}", moor::api::printable(name))))
 }
 
-/// The caller a Mount or Unmount names: its ID, as a label value (the first 63
-/// characters of [A-Za-z0-9._-]).
+/// The caller a Mount or Unmount names: its whole ID (1-256 characters of
+/// [A-Za-z0-9._-]).
 fn caller(req: &Map<String, Value>) -> Result<String, Failure> {
     let id = field(req, "ID")?;
     if id.is_empty()
@@ -74,7 +74,7 @@ fn caller(req: &Map<String, Value>) -> Result<String, Failure> {
             moor::api::printable(id)
         )));
     }
-    Ok(id.chars().take(63).collect())
+    Ok(id.to_string())
 }
 
 impl Endpoint {
@@ -265,22 +265,65 @@ impl Endpoint {
         }
     }
 
-    /// The allocation of `caller` for volume `id` on this node: `<the caller's first
-    /// 12 characters>-<a hash of this node and the caller>.<volume>`, as short as a
-    /// container's short id (the whole caller is a label). The node is in the hash:
-    /// engines on two nodes may send the same ID (Podman sends one constant ID for
-    /// every mount, as it counts a volume's users itself).
+    /// The allocation of `caller` for volume `id` on this node: [`joined_name`] of
+    /// `<the caller's first 12 characters>-<16 hex digits of the SHA-256 of this node
+    /// and the whole caller>` and the volume, as short as a container's short id (the
+    /// caller's first 63 characters are a label). The node is in the hash: engines on
+    /// two nodes may send the same ID (Podman sends one constant ID for every mount, as
+    /// it counts a volume's users itself). The whole ID is hashed: Docker's are 64
+    /// characters, and two that shared their first 63 once shared one allocation.
     fn allocation_key(
         &self,
         caller: &str,
         id: &VolumeId,
     ) -> Result<ObjectKey<AllocationSpec>, Failure> {
         let short: String = caller.chars().take(12).collect();
-        let hash = fnv1a(&format!("{}/{caller}", self.node)) as u32;
-        let caller = format!("{short}-{hash:08x}");
-        let name = Name::new(bounded_name(&[&caller, id.as_str()], "."))
+        let hash = sha256_hex(&format!("{}/{caller}", self.node), 8);
+        let name = Name::new(joined_name(&format!("{short}-{hash}"), id.as_str()))
             .map_err(|e| Failure::bad(e.to_string()))?;
         Ok(Allocation::key_for(self.ns(), name))
+    }
+
+    /// The key an earlier release gave the allocation of `caller` for `id` (the
+    /// caller cut to 63 characters, a 32-bit FNV hash, the dotted join): a container
+    /// mounted before an upgrade is still found by its Unmount, and Podman's next
+    /// Mount of the same ID adopts it while it runs.
+    fn legacy_allocation_key(
+        &self,
+        caller: &str,
+        id: &VolumeId,
+    ) -> Option<ObjectKey<AllocationSpec>> {
+        let caller: String = caller.chars().take(63).collect();
+        let short: String = caller.chars().take(12).collect();
+        let hash = fnv1a(&format!("{}/{caller}", self.node)) as u32;
+        let name = Name::new(bounded_name(
+            &[&format!("{short}-{hash:08x}"), id.as_str()],
+            ".",
+        ))
+        .ok()?;
+        Some(Allocation::key_for(self.ns(), name))
+    }
+
+    /// The allocation of `caller` for `id`: at its key, or else a live one of this
+    /// node at the key an earlier release gave it ([`Endpoint::legacy_allocation_key`]).
+    /// Returns the key to use and what is stored there.
+    async fn find_allocation(
+        &self,
+        caller: &str,
+        id: &VolumeId,
+    ) -> Result<(ObjectKey<AllocationSpec>, Option<Allocation>), Failure> {
+        let key = self.allocation_key(caller, id)?;
+        if let Some(a) = self.store.try_get(&key).await? {
+            return Ok((key, Some(a)));
+        }
+        if let Some(legacy) = self.legacy_allocation_key(caller, id).filter(|l| *l != key) {
+            if let Some(a) = self.store.try_get(&legacy).await? {
+                if !a.is_terminal() && a.spec.node == self.node {
+                    return Ok((legacy, Some(a)));
+                }
+            }
+        }
+        Ok((key, None))
     }
 
     /// Mount: an allocation of this node for the caller (adopted when the same caller
@@ -300,8 +343,7 @@ impl Endpoint {
             .find(|c| c.attachment_mode == AttachmentMode::FileSystem)
             .copied()
             .ok_or_else(|| Failure::bad(format!("volume {id} offers no file-system capability")))?;
-        let key = self.allocation_key(&caller, &id)?;
-        let existing = self.store.try_get(&key).await?;
+        let (key, existing) = self.find_allocation(&caller, &id).await?;
         let alloc = match existing {
             Some(a) if !a.is_terminal() && a.spec.node == self.node => a,
             // Never another node's live allocation (the name hashes the node: only a
@@ -364,7 +406,9 @@ impl Endpoint {
         let mut alloc = Allocation::new(self.ns(), name, spec);
         let labels = &mut alloc.metadata.labels;
         labels.insert(LABEL_NODE.into(), self.node.to_string());
-        labels.insert(LABEL_CALLER.into(), caller.to_string());
+        // A label value holds 63 characters: what `docker volume inspect` shows; the
+        // allocation's name hashes the whole ID.
+        labels.insert(LABEL_CALLER.into(), caller.chars().take(63).collect());
         match self.store.create(&alloc).await {
             Ok(a) => Ok(a),
             // The same caller's Mount sent twice at once: adopt the other's.
@@ -454,8 +498,8 @@ impl Endpoint {
     async fn unmount(&self, req: &Map<String, Value>) -> Answer {
         let id = volume_name(req)?;
         let caller = caller(req)?;
-        let key = self.allocation_key(&caller, &id)?;
-        let Some(alloc) = self.store.try_get(&key).await? else {
+        let (key, found) = self.find_allocation(&caller, &id).await?;
+        let Some(alloc) = found else {
             return Ok(json!({}));
         };
         self.end(&key, ClientStatus::Complete).await;

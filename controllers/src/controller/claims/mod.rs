@@ -78,9 +78,12 @@ pub async fn run(
         // An allocation's change (a stop, above all) comes before the claims' own
         // follow-up steps: its release is what the operator waits on.
         .watches_urgent(inf.allocations.subscribe(), |a: &Allocation| {
-            a.requests()
-                .into_iter()
-                .map(|(name, _)| {
+            // Each request's claim, under the name an earlier release gave it too.
+            a.spec
+                .volumes
+                .iter()
+                .flat_map(|req| a.claim_names(req))
+                .map(|name| {
                     Claim::key_for(&a.spec.node, &a.metadata.namespace, &name).into_string()
                 })
                 .collect()

@@ -121,7 +121,7 @@ pub(super) async fn attachment_state(
         AttachPlan::Revoke(why) => (Attach::Revoke(why), None),
         AttachPlan::Wait(why) => (Attach::Wait(why), None),
         AttachPlan::Create(spec) => {
-            let name = Name::new(format!("{}.{}", spec.volume, spec.node))
+            let name = Name::new(joined_name(spec.volume.as_str(), spec.node.as_str()))
                 .unwrap_or_else(|_| claim.metadata.name.clone());
             let mut att = Attachment::new(&claim.metadata.namespace, name, spec);
             // The attacher's work on it joins the trace of the claim that asked for it.

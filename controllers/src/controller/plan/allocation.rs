@@ -77,17 +77,39 @@ pub fn converge(
     let mut denied = Vec::new();
     let mut phases = Vec::new();
     for req in &alloc.spec.volumes {
-        let Some(volume_id) = alloc.request_volume(req) else {
+        let Some(volume_id) = alloc.request_volume_in(req, |v| volume(v).is_some()) else {
             waiting.push(format!(
                 "request {}: per_alloc volume name is too long",
                 req.name
             ));
             continue;
         };
-        let Some(name) = alloc.claim_name(req) else {
+        // The request's claim: under its name (or the name an earlier release gave
+        // it), and only if its spec says it is this request's. A claim of another
+        // allocation under the same name (one an earlier release made ambiguous) is
+        // never taken, nor replaced.
+        let names = alloc.claim_names(req);
+        let found: Vec<Arc<Claim>> = names
+            .iter()
+            .filter_map(|n| claim(&Claim::key_for(&alloc.spec.node, ns, n)))
+            .collect();
+        let ours = found.iter().find(|c| alloc.owns(c)).cloned();
+        if ours.is_none() {
+            if let Some(c) = found
+                .iter()
+                .find(|c| Some(&c.metadata.name) == names.first())
+            {
+                waiting.push(format!(
+                    "request {}: claim {} is allocation {}'s request {}",
+                    req.name, c.metadata.name, c.spec.allocation, c.spec.request
+                ));
+                continue;
+            }
+        }
+        if names.is_empty() {
             continue;
-        };
-        if let Some(c) = claim(&Claim::key_for(&alloc.spec.node, ns, &name)) {
+        }
+        if let Some(c) = ours {
             if !terminal && c.spec.release && c.status.phase == ClaimPhase::Released {
                 plan.delete.push(c);
                 phases.push(ClaimPhase::Pending);
@@ -452,18 +474,21 @@ mod tests {
     }
 
     #[test]
-    fn a_per_alloc_name_past_the_id_rule_is_reported() {
+    fn a_per_alloc_name_past_the_id_rule_is_cut_with_a_hash() {
         let long = "v".repeat(120);
         let mut a = alloc_with(&[("data", &long, true)]);
         a.metadata.name = Name::new("a".repeat(20)).unwrap();
+        let id = a.request_volume(&a.spec.volumes[0]).unwrap();
+        assert!(
+            id.as_str().len() <= 128 && !id.as_str().contains('.'),
+            "{id}"
+        );
         let p = plan(&a, &Claims::new(), &[]);
         assert!(p.create.is_empty());
-        assert!(p
-            .status
-            .unwrap()
-            .meta
-            .last_error
-            .unwrap()
-            .contains("per_alloc volume name is too long"));
+        let why = p.status.unwrap().meta.last_error.unwrap();
+        assert!(
+            why.contains(&format!("volume {id} does not exist")),
+            "{why}"
+        );
     }
 }

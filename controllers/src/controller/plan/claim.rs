@@ -5,9 +5,10 @@
 use moor::api::*;
 
 /// Whether the claim's allocation still asks for it: present, not deleting, not
-/// terminal, and one of its requests names the claim.
+/// terminal, and the claim is one of its requests' ([`Allocation::owns`]: by its spec,
+/// not only its name).
 pub fn wanted(claim: &Claim, alloc: Option<&Allocation>) -> bool {
-    alloc.is_some_and(|a| a.wants(&claim.metadata.name))
+    alloc.is_some_and(|a| a.wants(claim))
 }
 
 /// The claim's spec with what the node steps take from the volume brought up to
@@ -48,6 +49,7 @@ mod tests {
             Name::new("a1.data").unwrap(),
             ClaimSpec {
                 allocation: AllocationId::new("a1").unwrap(),
+                request: Name::new("data").unwrap(),
                 volume: VolumeId::new("v1").unwrap(),
                 node: NodeName::new("n1").unwrap(),
                 ..Default::default()
