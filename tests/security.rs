@@ -689,19 +689,31 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
     // escapes in it. Claim a1.data is on n2: n1's event about it is not shown by
     // describe, n2's is, with its source; nothing moorctl prints carries a raw escape.
     // (n1 hosts the volume's controller plugin, so it may speak about v1 itself.)
-    for (node, reason) in [("n1", "Spoofed"), ("n2", "Noted")] {
+    // Issue 49, item 8: naming its own Node or plugin as the related object does not
+    // pass n1's event about n2's claim through (each named object is judged).
+    let own_node = serde_json::json!({"kind": "Node", "namespace": "", "name": "n1"});
+    let own_plugin =
+        serde_json::json!({"kind": "Plugin", "namespace": "", "name": "hostpath.moor.dev"});
+    for (node, reason, related) in [
+        ("n1", "Spoofed", serde_json::Value::Null),
+        ("n1", "Spoofed", own_node),
+        ("n1", "Spoofed", own_plugin),
+        ("n2", "Noted", serde_json::Value::Null),
+    ] {
+        let name = format!("e-{node}-{}", related["kind"].as_str().unwrap_or("none"));
         let event = serde_json::json!({
             "apiVersion": "moor/v1", "kind": "Event",
-            "metadata": {"name": format!("e-{node}"), "namespace": "default"},
+            "metadata": {"name": name, "namespace": "default"},
             "spec": {"reason": reason, "type": "Warning",
                      "message": "\u{1b}[2J\u{1b}]0;owned\u{7}\u{202e}gnirts",
                      "object": {"kind": "Claim", "namespace": "default", "name": "a1.data"},
+                     "related": related,
                      "source": format!("agent/{node}"), "time": "2026-11-24T00:00:00Z"}
         });
         s.raw(&format!("moor-agent-{node}"))
             .await
             .put(
-                format!("/moor/events/node/{node}/default/e-{node}"),
+                format!("/moor/events/node/{node}/default/{name}"),
                 event.to_string(),
                 None,
             )

@@ -3,7 +3,8 @@
 //!
 //! etcd binds an event's source to its writer's key prefix (`agent/N` was written with
 //! node N's identity), but any node may write an event about any object. A node's
-//! event is shown about an object only when the object is on that node: a Claim, Mount,
+//! event is shown only when every object it names (its object, and its related
+//! object) is on that node: a Claim, Mount,
 //! Allocation or Attachment of the node, the Node itself, a Volume claimed or attached
 //! there; or when the node hosts the controller service of the object's plugin (its
 //! provisioner, attacher and snapshotter act on every volume of that plugin). The
@@ -154,18 +155,20 @@ impl Placement {
     }
 
     /// Whether `event` is shown: written by the controller (or anyone not a node), or
-    /// by a node that its object (or the related object) is on. Objects that no longer
-    /// exist cannot be judged (an attachment is deleted once detached): when the event
-    /// names none that exists, it is shown, with its SOURCE.
+    /// by a node that every object it names (its object and its related object) is on.
+    /// Every object is judged: a node that names its own Node, claim or plugin as the
+    /// related object of its event about another node's volume speaks about that
+    /// volume all the same. Objects that no longer exist cannot be judged (an
+    /// attachment is deleted once detached): when the event names none that exists, it
+    /// is shown, with its SOURCE.
     pub fn shown(&self, event: &Value) -> bool {
         let Some(node) = node_source(event) else {
             return true;
         };
-        let known: Vec<_> = ["/spec/object", "/spec/related"]
+        ["/spec/object", "/spec/related"]
             .iter()
             .filter_map(|at| self.known(event, at))
-            .collect();
-        known.is_empty() || known.iter().any(|o| self.speaks_about(o, &node))
+            .all(|o| self.speaks_about(&o, &node))
     }
 }
 
