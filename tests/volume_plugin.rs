@@ -622,3 +622,66 @@ async fn two_callers_that_share_63_characters_have_an_allocation_each() {
         .await;
     c.check_calls(true);
 }
+
+/// Issue 49, item 5: a caller that hangs up during its Mount (Podman's 5 s default
+/// timeout, a killed client) left its allocation running, with no log line: the handler
+/// was dropped with the connection. Now the Mount runs on, sees its caller gone, ends
+/// the allocation and says so; the claim is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_whose_caller_hung_up_is_ended_and_logged() {
+    use tokio::io::AsyncWriteExt;
+    let c = start().await;
+    ok(
+        &c,
+        "n1",
+        "Create",
+        json!({"Name": "left", "Opts": {"size": "1MiB"}}),
+    )
+    .await;
+    c.volume_ready("left").await;
+    // The Mount waits on NodePublish, which hangs until released.
+    c.node("n1")
+        .fault(Command::Hang {
+            rpc: "NodePublishVolume".into(),
+            after: false,
+        })
+        .await;
+    let body = json!({"Name": "left", "ID": "gone-caller"}).to_string();
+    let mut s = tokio::net::UnixStream::connect(socket(&c, "n1"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /VolumeDriver.Mount HTTP/1.1\r\nHost: plugin\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body.as_bytes()).await.unwrap();
+    c.wait("the Mount's NodePublish held", T, || async {
+        c.node("n1").hanging("NodePublishVolume").await > 0
+    })
+    .await;
+    drop(s);
+    c.node("n1")
+        .fault(Command::Release {
+            rpc: "NodePublishVolume".into(),
+        })
+        .await;
+    c.wait("the allocation ended", T, || async {
+        c.store
+            .list(&KeyScope::<AllocationSpec>::all())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|a| a.is_terminal() && a.spec.client_status == ClientStatus::Failed)
+    })
+    .await;
+    c.wait("its claim released", T, || c.all_claims_released())
+        .await;
+    let log = c.node("n1").agent.log_text();
+    assert!(
+        log.contains("the caller of a Mount hung up before its answer"),
+        "{log}"
+    );
+    c.check_calls(true);
+}

@@ -246,6 +246,15 @@ async fn verb(
     let started = std::time::Instant::now();
     let answer = match read_body(body).await {
         Ok(bytes) => match parse(&bytes) {
+            // A Mount outlives its caller (see Endpoint::mount_for).
+            Ok(req) if verb == "Mount" => {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let endpoint = endpoint.clone();
+                tokio::spawn(async move { endpoint.mount_for(&req, reply).await });
+                answer
+                    .await
+                    .unwrap_or_else(|_| Err(Failure::internal("the Mount ended without an answer")))
+            }
             Ok(req) => endpoint.dispatch(&verb, &req).await,
             Err(f) => Err(f),
         },

@@ -41,6 +41,10 @@ pub struct Endpoint {
     cfg: Config,
     store: Store,
     node: NodeName,
+    /// Mounts being answered, per allocation key: a caller that hangs up ends its
+    /// allocation only when no other Mount of the same key is still waiting (Podman
+    /// sends one ID for every mount, and tries again after its timeout).
+    mounting: std::sync::Mutex<BTreeMap<String, usize>>,
 }
 
 /// A field of a request that must be a string.
@@ -80,7 +84,79 @@ fn caller(req: &Map<String, Value>) -> Result<String, Failure> {
 impl Endpoint {
     /// The endpoint of this node.
     pub fn new(cfg: Config, store: Store, node: NodeName) -> Endpoint {
-        Endpoint { cfg, store, node }
+        Endpoint {
+            cfg,
+            store,
+            node,
+            mounting: Default::default(),
+        }
+    }
+
+    /// Mount, answered through `reply`, for a caller that may hang up: a Podman client
+    /// gives up after 5 s by default, a killed `docker run` at once. The handler of a
+    /// caller that hung up is dropped with its connection, so the Mount runs on its own
+    /// task and watches `reply`: once the caller is gone (before the answer, or the
+    /// answer could not be given) the allocation it made or adopted is ended and a
+    /// Warning logged, unless another Mount of the same caller and volume is still
+    /// waiting for it. Nobody would ever Unmount it.
+    pub async fn mount_for(
+        &self,
+        req: &Map<String, Value>,
+        mut reply: tokio::sync::oneshot::Sender<Answer>,
+    ) {
+        let key = match (volume_name(req), caller(req)) {
+            (Ok(id), Ok(caller)) => self.allocation_key(&caller, &id).ok(),
+            _ => None,
+        };
+        let Some(key) = key else {
+            let _ = reply.send(self.mount(req).await);
+            return;
+        };
+        let inflight = key.as_str().to_string();
+        *self.lock_mounting().entry(inflight.clone()).or_default() += 1;
+        let answered = tokio::select! {
+            answer = self.mount(req) => {
+                match reply.send(answer) {
+                    Ok(()) => true,
+                    // Refused: mount() already stopped what it made.
+                    Err(Err(_)) => true,
+                    Err(Ok(_)) => false,
+                }
+            }
+            () = reply.closed() => false,
+        };
+        let last = {
+            let mut mounting = self.lock_mounting();
+            let left = mounting.get(&inflight).map_or(0, |n| n.saturating_sub(1));
+            if left == 0 {
+                mounting.remove(&inflight);
+            } else {
+                mounting.insert(inflight.clone(), left);
+            }
+            left == 0
+        };
+        if answered {
+            return;
+        }
+        if !last {
+            tracing::warn!(allocation = %inflight, "the caller of a Mount hung up before its answer; another Mount of the same caller waits for its allocation, which stays");
+            return;
+        }
+        let (Ok(id), Ok(caller)) = (volume_name(req), caller(req)) else {
+            return;
+        };
+        let ended = match self.find_allocation(&caller, &id).await {
+            Ok((key, Some(a))) if !a.is_terminal() => {
+                self.end(&key, ClientStatus::Failed).await;
+                true
+            }
+            _ => false,
+        };
+        tracing::warn!(volume = %id, caller = %moor::api::printable(&caller), allocation = %inflight, ended, "the caller of a Mount hung up before its answer: nobody will Unmount it, so its allocation is ended");
+    }
+
+    fn lock_mounting(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, usize>> {
+        self.mounting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs the verb `verb` (the part after `VolumeDriver.`).
