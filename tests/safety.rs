@@ -921,3 +921,61 @@ async fn a_node_back_after_a_force_detach_does_not_expand_the_volume() {
     .await;
     assert_eq!(since_back(&c, "NodeExpandVolume"), 0);
 }
+
+/// Issue 49, item 3: ended work is collected, but a claim released without its node
+/// (the node GC timeout here; a force-detach is the same) is collected only once that
+/// node, back, has torn down what it held: its allocation goes after the retention,
+/// the claim stays Released until the node's Mount says it is released, then both go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_released_without_its_node_is_collected_only_after_the_node_tore_down() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let opts = PluginOpts {
+        controller_args: vec!["--node-gc-timeout=3s".into(), "--retention=1s".into()],
+        ..Default::default()
+    };
+    let mut c = ready_cluster(2, opts).await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    let lost_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    c.node_mut("n2").agent.kill();
+    c.node_mut("n2").plugin.kill();
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    let alloc_key = Allocation::key_for(&Namespace::default_ns(), "a1");
+    c.wait("a1 collected after its retention", T, || async {
+        c.store.try_get(&alloc_key).await.ok().flatten().is_none()
+    })
+    .await;
+    // Its claim stays while n2 has not confirmed: through a few of the claim
+    // reconciler's passes (a Mount of n2 would bring one; none comes).
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let claim = c.claim("a1", "n2").await;
+        assert!(
+            claim.is_some_and(|cl| cl.status.phase == ClaimPhase::Released),
+            "a1's claim was collected before n2 tore down"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // n2 comes back, tears down, says so: the claim and its Mount go.
+    c.node_mut("n2").plugin.restart();
+    c.node_mut("n2").agent.restart();
+    let claim_key = Claim::key_for(&cluster::node("n2"), &Namespace::default_ns(), "a1.data");
+    c.wait("a1's claim and Mount collected", T, || async {
+        c.claim("a1", "n2").await.is_none()
+            && c.store
+                .try_get(&Mount::key_for(&claim_key))
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+    })
+    .await;
+    assert!(calls(&c, "n2", "NodeUnpublishVolume") >= 1);
+    c.check_calls_forced(
+        true,
+        [("csi-n2".to_string(), vec![lost_at])]
+            .into_iter()
+            .collect(),
+    );
+}

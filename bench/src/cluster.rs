@@ -311,18 +311,32 @@ impl Cluster {
         external: &[ExternalPlugin],
         plugin_id: &str,
     ) -> anyhow::Result<Cluster> {
+        Cluster::start_with(bins, url, dir, nodes, external, plugin_id, &[]).await
+    }
+
+    /// [`Cluster::start`] with more flags for the controller.
+    pub async fn start_with(
+        bins: &Bins,
+        url: &str,
+        dir: &Path,
+        nodes: usize,
+        external: &[ExternalPlugin],
+        plugin_id: &str,
+        controller_extra: &[String],
+    ) -> anyhow::Result<Cluster> {
         let nodes = if external.is_empty() {
             nodes
         } else {
             external.len()
         };
-        let controller_cmd = vec![
+        let mut controller_cmd = vec![
             "controller".to_string(),
             "--etcd".into(),
             url.into(),
             "--identity".into(),
             "bench".into(),
         ];
+        controller_cmd.extend(controller_extra.iter().cloned());
         let controller = Proc::spawn(
             "controller",
             Command::new(bins.dir.join("moord")).args(&controller_cmd),

@@ -9,6 +9,8 @@
 //!
 //! # Layout
 //! - `ceiling`: the store's own ceiling, measured in the same run.
+//! - `churn`: ended work collected: waves of allocations run and stopped, the keys and
+//!   etcd's size before and after.
 //! - `cluster`: the system under test, as real processes.
 //! - `phases`: the measured phases.
 //! - `scale`: a controller and an agent starting beside a store that holds a big
@@ -17,6 +19,7 @@
 //! - `table`: the report's table.
 
 mod ceiling;
+mod churn;
 mod cluster;
 mod phases;
 mod scale;
@@ -91,6 +94,16 @@ struct Args {
     /// Claims per node in the scale phase (the real agent's node holds this many).
     #[arg(long, default_value_t = 1000)]
     scale_per_node: usize,
+    /// Allocations run, stopped and collected in the churn phase, on a cluster of its
+    /// own whose controller has a short --retention (0 skips it).
+    #[arg(long, default_value_t = 0)]
+    churn: usize,
+    /// Allocations per wave of the churn phase.
+    #[arg(long, default_value_t = 500)]
+    churn_wave: usize,
+    /// The churn phase controller's --retention.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    churn_retention: Duration,
     /// Keep the work directory (logs, call logs) instead of deleting it.
     #[arg(long)]
     keep: bool,
@@ -127,6 +140,7 @@ struct Run {
     attach: AttachRun,
     restart: RestartRun,
     scale: Option<scale::ScaleRun>,
+    churn: Option<churn::ChurnRun>,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -260,6 +274,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
             match scale::run(&bins, backend, &dir, args.scale, args.scale_per_node).await {
                 Ok(s) => run.scale = Some(s),
                 Err(e) => r = Err(e.context("scale phase")),
+            }
+        }
+        if let (Ok(run), true) = (&mut r, args.churn > 0) {
+            let dir = work.path().join("churn");
+            std::fs::create_dir_all(&dir)?;
+            let churned = churn::run(
+                &bins,
+                backend,
+                &dir,
+                &args.plugin_id,
+                args.churn,
+                args.churn_wave,
+                args.churn_retention,
+            )
+            .await;
+            match churned {
+                Ok(c) => run.churn = Some(c),
+                Err(e) => r = Err(e.context("churn phase")),
             }
         }
         if args.keep {
@@ -432,6 +464,7 @@ async fn run_one(
         attach,
         restart,
         scale: None,
+        churn: None,
     })
 }
 

@@ -212,6 +212,17 @@ impl Tracker {
             .unwrap_or(0)
     }
 
+    /// Claims of allocation group `g` in any phase but `phase` (deleted ones are in
+    /// none).
+    pub fn claims_not(&self, g: &str, phase: ClaimPhase) -> usize {
+        let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.claim_counts
+            .iter()
+            .filter(|((group, p), _)| group == g && *p != phase)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
     /// Attachments in `phase`, and in all.
     pub fn attachments(&self, phase: AttachmentPhase) -> (usize, usize) {
         let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());

@@ -201,6 +201,42 @@ pub(super) fn table(runs: &[Run]) -> String {
             format!("{} / {}", s.node_agent.writes, s.node_agent.csi_calls)
         })
     });
+    let ch = |r: &Run, f: &dyn Fn(&crate::churn::ChurnRun) -> String| {
+        r.churn.as_ref().map_or_else(|| "-".to_string(), f)
+    };
+    row("churn: cycles (wave, retention)", &|r| {
+        ch(r, &|c| {
+            format!("{} ({}, {} s)", c.cycles, c.wave, c.retention_s)
+        })
+    });
+    row("churn: cycles per s", &|r| {
+        ch(r, &|c| format!("{:.0}", c.cycles_per_s))
+    });
+    row("churn: ended-work keys before / max / after", &|r| {
+        ch(r, &|c| {
+            format!(
+                "{} / {} / {}",
+                c.work_keys_before, c.work_keys_max, c.work_keys_after
+            )
+        })
+    });
+    row("churn: all keys before / after (events expire)", &|r| {
+        ch(r, &|c| {
+            format!("{} / {}", c.all_keys_before, c.all_keys_after)
+        })
+    });
+    row(
+        "churn: dbSizeInUse after compaction, before / after",
+        &|r| {
+            ch(r, &|c| {
+                format!(
+                    "{:.1} / {:.1} MiB",
+                    c.db_in_use_before as f64 / 1048576.0,
+                    c.db_in_use_after as f64 / 1048576.0
+                )
+            })
+        },
+    );
     let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     let col = rows
         .iter()

@@ -228,6 +228,11 @@ pub struct AllocationStatus {
     /// are released. Never unset.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lost: bool,
+    /// When the controller first saw the allocation ended with every claim released
+    /// (phase Released): it is collected, with its claims, a retention after this
+    /// (`moord controller --retention`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<Timestamp>,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,

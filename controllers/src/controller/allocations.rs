@@ -10,6 +10,9 @@
 //! 3. Releasing is the claim reconciler's (it watches allocations); this one only sums
 //!    the claims up in `status.phase`. What to create, delete and write is decided by
 //!    [`plan::allocation::converge`]; this file carries it out.
+//! 5. An allocation that ended, once every claim is released (phase Released, since
+//!    `status.released_at`), is deleted after `--retention` ([`plan::allocation::collect`]);
+//!    its claims follow (the claim reconciler), and their Mounts (each node's agent).
 //! 4. An allocation whose runner holds a Lease of the same name (`moorctl alloc run`)
 //!    is lost when this process has seen that lease go unrenewed for its duration
 //!    ([`plan::liveness`]): `status.lost` is set, with a Warning, which makes it
@@ -157,12 +160,40 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
         return Ok(Action::AwaitChange);
     }
     let action = converge(ctx, &alloc).await?;
+    // Ended and released: collected after the retention (read again from the cache,
+    // as converge may just have written the time it counts from).
+    let current = ctx.allocations.get(key).unwrap_or(alloc.clone());
+    let action = match plan::allocation::collect(&current, Timestamp::now(), ctx.retention) {
+        plan::allocation::Collect::Keep => action,
+        plan::allocation::Collect::After(left) => match action {
+            Action::Requeue(d) => Action::Requeue(d.min(left)),
+            _ => Action::Requeue(left),
+        },
+        plan::allocation::Collect::Now => return collect(ctx, &current).await,
+    };
     // A live lease is looked at again when it would expire.
     Ok(match (live, action) {
         (Liveness::Live(left), Action::AwaitChange) => Action::Requeue(left),
         (Liveness::Live(left), Action::Requeue(d)) => Action::Requeue(d.min(left)),
         (_, action) => action,
     })
+}
+
+/// Deletes an ended allocation whose retention is over ([`plan::allocation::collect`]).
+/// Its Released claims are deleted by the claim reconciler once their allocation is
+/// gone, each only after its node confirmed the teardown, and each node's agent deletes
+/// the Mount of a deleted claim; an ephemeral volume its template made was deleted when
+/// it ended, a retained one stays for the next allocation of the name.
+async fn collect(ctx: &Ctx, alloc: &Allocation) -> Result<Action, StoreError> {
+    match ctx.writer.delete_read(alloc).await {
+        Ok(_) | Err(StoreError::NotFound { .. }) => {
+            tracing::debug!(allocation = %alloc.key(), "collected an ended allocation");
+            Ok(Action::AwaitChange)
+        }
+        // Changed since the cache showed it (run again, a status write): looked at anew.
+        Err(StoreError::Conflict { .. }) => Ok(Action::Requeue(Duration::from_millis(50))),
+        Err(e) => Err(e),
+    }
 }
 
 /// Carries out [`plan::allocation::converge`]: one claim per request, and the phase.
@@ -175,6 +206,7 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
         .flatten();
     let plan = plan::allocation::converge(
         alloc,
+        Timestamp::now(),
         |key| ctx.claims.get(key),
         |volume| ctx.volume(ns, volume),
         |req, tpl, existing| {

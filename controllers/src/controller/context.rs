@@ -66,6 +66,8 @@ pub struct Ctx {
     pub node_absence: Arc<NodeAbsence>,
     /// See [`super::Args::node_gc_timeout`].
     pub node_gc_timeout: Option<Duration>,
+    /// See [`super::Args::retention`].
+    pub retention: Duration,
 }
 
 impl Ctx {

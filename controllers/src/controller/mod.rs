@@ -69,6 +69,12 @@ pub struct Args {
     /// without waiting for its agent, with a Warning event. Off by default.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub node_gc_timeout: Option<Duration>,
+    /// How long an ended allocation stays after its claims were released (`get` shows
+    /// it, with its claims and Mounts), before it is collected with them. Nomad's job
+    /// GC and Kubernetes' TTL-after-finished are the models: ended work that is kept
+    /// forever fills etcd and every cache.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub retention: Duration,
     /// Reconciles at once, per reconciler.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
@@ -207,6 +213,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         volume_locks: KeyedLocks::default(),
         node_absence: Arc::default(),
         node_gc_timeout: args.node_gc_timeout,
+        retention: args.retention,
     };
     let config = moor::runtime::controller::Config {
         concurrency: args.concurrency,

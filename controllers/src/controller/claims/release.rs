@@ -62,9 +62,17 @@ pub(super) async fn release(
     alloc_gone: bool,
 ) -> Result<Action, StoreError> {
     if claim.status.phase == ClaimPhase::Released {
-        if alloc_gone {
-            match ctx.writer.delete(&claim.object_key(), None).await {
+        // Collected with its allocation, but only once its node confirmed the
+        // teardown: a claim released without its node (force-detach, the node GC
+        // timeout) stays until that node, back, has torn down what it holds, so that
+        // a returning node never meets a claim missing for reasons it cannot tell.
+        let mount = ctx.mounts.get(&Mount::key_for(&claim.object_key()));
+        if alloc_gone && plan::node_confirmed(claim, mount.as_deref()) {
+            match ctx.writer.delete_read(claim).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(StoreError::Conflict { .. }) => {
+                    return Ok(Action::Requeue(Duration::from_millis(50)))
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -64,6 +64,7 @@ pub struct AllocationPlan {
 /// `moor::admission::made`).
 pub fn converge(
     alloc: &Allocation,
+    now: Timestamp,
     claim: impl Fn(&ObjectKey<ClaimSpec>) -> Option<Arc<Claim>>,
     volume: impl Fn(&VolumeId) -> Option<Arc<Volume>>,
     made: impl Fn(&VolumeRequest, &VolumeTemplate, Option<&Volume>) -> Made,
@@ -184,6 +185,11 @@ pub fn converge(
     }
     let mut status = alloc.status.clone();
     status.phase = phase(terminal, waiting.is_empty(), &phases);
+    // The retention counts from the first pass that saw it Released.
+    status.released_at = match status.phase {
+        AllocationPhase::Released => alloc.status.released_at.or(Some(now)),
+        _ => None,
+    };
     status.meta.observed_generation = alloc.metadata.generation;
     let reasons: Vec<String> = waiting.iter().chain(&denied).cloned().collect();
     status.meta.last_error = (!reasons.is_empty()).then(|| reasons.join("; "));
@@ -196,6 +202,34 @@ pub fn converge(
         None
     };
     plan
+}
+
+/// Whether an ended allocation is collected now (deleted: its Released claims follow,
+/// each once its node confirmed the teardown, and their Mounts with them), later, or
+/// not at all: only an allocation that ended (terminal or being deleted) with every
+/// claim released (phase Released, since `released_at`), `retention` after that.
+pub fn collect(alloc: &Allocation, now: Timestamp, retention: Duration) -> Collect {
+    let ended = alloc.is_terminal() || alloc.is_deleting();
+    let since = match alloc.status.released_at {
+        Some(t) if ended && alloc.status.phase == AllocationPhase::Released => t,
+        _ => return Collect::Keep,
+    };
+    let elapsed = now.0.duration_since(since.0).unwrap_or_default();
+    match retention.checked_sub(elapsed) {
+        Some(left) if !left.is_zero() => Collect::After(left),
+        _ => Collect::Now,
+    }
+}
+
+/// What [`collect`] decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collect {
+    /// Not an ended, released allocation: kept.
+    Keep,
+    /// Its retention ends after this long.
+    After(Duration),
+    /// Deleted now.
+    Now,
 }
 
 /// The allocation's phase from its claims' (one per request that has or gets one).
@@ -317,6 +351,7 @@ mod tests {
             volumes.iter().map(|v| (v.to_string(), volume(v))).collect();
         converge(
             a,
+            Timestamp::now(),
             |k| claims.get(k.as_str()).cloned(),
             |v| volumes.get(v.as_str()).cloned(),
             |_, _, _| Made::Ready,
@@ -338,7 +373,13 @@ mod tests {
         let spec = |_: &VolumeRequest, t: &VolumeTemplate, _: Option<&Volume>| {
             Made::Create(t.volume_spec(&VolumeRequest::default(), None, MadeFor::default()))
         };
-        let p = converge(&a, |k| claims.get(k.as_str()).cloned(), |_| None, spec);
+        let p = converge(
+            &a,
+            Timestamp::now(),
+            |k| claims.get(k.as_str()).cloned(),
+            |_| None,
+            spec,
+        );
         assert_eq!(p.create_volumes.len(), 1);
         assert_eq!(p.create_volumes[0].metadata.name.as_str(), "a1.scratch");
         assert!(p.create.is_empty(), "no claim before its volume");
@@ -347,6 +388,7 @@ mod tests {
         let made = volume("a1.scratch");
         let p = converge(
             &a,
+            Timestamp::now(),
             |k| claims.get(k.as_str()).cloned(),
             |_| Some(made.clone()),
             |_, _, _| Made::Ready,
@@ -356,6 +398,7 @@ mod tests {
         // Refused: no claim, the allocation Blocked with the reason.
         let p = converge(
             &a,
+            Timestamp::now(),
             |k| claims.get(k.as_str()).cloned(),
             |_| None,
             |_, _, _| Made::Deny("too big".into()),
@@ -490,5 +533,40 @@ mod tests {
             why.contains(&format!("volume {id} does not exist")),
             "{why}"
         );
+    }
+
+    #[test]
+    fn an_ended_released_allocation_is_collected_after_its_retention() {
+        let retention = Duration::from_secs(60);
+        let t0 = Timestamp::now();
+        let at = |secs| Timestamp(t0.0 + Duration::from_secs(secs));
+        let mut a = alloc_with(&[]);
+        a.spec.client_status = ClientStatus::Complete;
+        // Its first pass as Released sets the time the retention counts from.
+        let status = plan(&a, &Claims::new(), &[]).status.unwrap();
+        assert_eq!(status.phase, AllocationPhase::Released);
+        assert!(status.released_at.is_some());
+        a.status = status;
+        a.status.released_at = Some(t0);
+        assert!(
+            plan(&a, &Claims::new(), &[]).status.is_none(),
+            "a second pass writes nothing"
+        );
+        assert_eq!(
+            collect(&a, at(10), retention),
+            Collect::After(Duration::from_secs(50))
+        );
+        assert_eq!(collect(&a, at(60), retention), Collect::Now);
+        assert_eq!(collect(&a, at(61), Duration::ZERO), Collect::Now);
+        // Not ended, or not yet released: kept, whatever the time.
+        let mut running = a.clone();
+        running.spec.client_status = ClientStatus::Running;
+        assert_eq!(collect(&running, at(999), retention), Collect::Keep);
+        let mut releasing = a.clone();
+        releasing.status.phase = AllocationPhase::Releasing;
+        assert_eq!(collect(&releasing, at(999), retention), Collect::Keep);
+        // Run again: no longer Released, and the time is dropped.
+        let status = plan(&running, &Claims::new(), &[]).status.unwrap();
+        assert_eq!(status.released_at, None);
     }
 }

@@ -232,6 +232,15 @@ pub struct NodeInputs<'a> {
     pub node_gc_timeout: Option<Duration>,
 }
 
+/// Whether the claim's node has nothing left of it: the claim never went onto the node
+/// (never granted, never withdrawn), or the node's Mount of this very claim says it
+/// was released and torn down. A claim released without its node (force-detach, the
+/// node GC timeout) is not, until the node comes back and says so.
+pub fn node_confirmed(claim: &Claim, mount: Option<&Mount>) -> bool {
+    (!claim.spec.publish && !claim.spec.revoked)
+        || mount.is_some_and(|m| m.spec.claim_uid == claim.metadata.uid && m.status.released)
+}
+
 /// The node side of a release. The reasons carry no value that changes from one pass
 /// to the next, so a pass that decides the same writes nothing.
 pub fn node_done(i: &NodeInputs) -> NodeDone {
