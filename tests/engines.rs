@@ -27,6 +27,11 @@ struct Podman {
 
 impl Podman {
     fn new(c: &Cluster, node: &str, timeout_s: u64) -> Podman {
+        Podman::on_socket(c, node, timeout_s, "moor.sock")
+    }
+
+    /// Podman whose `moor` driver is the endpoint socket `socket` of node `node`.
+    fn on_socket(c: &Cluster, node: &str, timeout_s: u64, socket: &str) -> Podman {
         common::need("podman");
         common::need("runc");
         let root = c.dir.path().join(format!("podman-{node}"));
@@ -36,7 +41,7 @@ impl Podman {
             &conf,
             format!(
                 "[engine]\nvolume_plugin_timeout = {timeout_s}\n\n[engine.volume_plugins]\nmoor = \"{}\"\n",
-                c.node(node).dir.join("moor.sock").display()
+                c.node(node).dir.join(socket).display()
             ),
         )
         .unwrap();
@@ -572,5 +577,88 @@ async fn a_podman_container_writes_through_an_agent_restart() {
     p.ok(&["rm", "w"]);
     c.wait("every claim released", T, || c.all_claims_released())
         .await;
+    c.check_calls(true);
+}
+
+/// Issue 49, item 6: `podman volume prune -f` (after `podman volume reload`) deleted
+/// moor volumes Docker had written, one of them referenced by a stopped Docker
+/// container that then failed to start. Each engine now has a socket of its own, and
+/// an engine's Remove deletes only what that engine made: Docker writes, Podman prunes,
+/// the data is still there and the Docker container starts; `docker volume rm` of an
+/// unused Docker-made volume still deletes it, and a protected volume is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podman_pruning_never_deletes_what_docker_made() {
+    let c = start_with(&["--volume-plugin=podman={dir}/podman.sock"]).await;
+    let d = Docker::start(&c, "n1").await;
+    let p = Podman::on_socket(&c, "n1", 120, "podman.sock");
+    for v in ["written", "referenced"] {
+        d.ok(&["volume", "create", "-d", &d.driver, "-o", "size=8MiB", v]);
+    }
+    let out = d.container("written", "echo kept > /data/hello");
+    assert!(out.status.success(), "{out:?}");
+    d.ok(&[
+        "create",
+        "--name",
+        "stopped",
+        "--network",
+        "none",
+        "--volume-driver",
+        &d.driver,
+        "-v",
+        "referenced:/data",
+        "bb:1",
+        "sh",
+        "-c",
+        "ls /data",
+    ]);
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    // Podman sees moor's volumes and prunes every one it thinks unused.
+    p.ok(&["volume", "reload"]);
+    let ls = p.ok(&["volume", "ls"]);
+    assert!(ls.contains("written") && ls.contains("referenced"), "{ls}");
+    p.run(&["volume", "prune", "-f"]);
+    for v in ["written", "referenced"] {
+        assert!(
+            volume(&c, v).await.is_some(),
+            "{v} was deleted by Podman's prune"
+        );
+    }
+    let out = d.container("written", "cat /data/hello");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "kept");
+    d.ok(&["start", "-a", "stopped"]);
+    d.ok(&["rm", "stopped"]);
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    // A protected volume: refused by Docker too, until lifted.
+    let key = Volume::key_for(&Namespace::default_ns(), "referenced");
+    c.store
+        .modify_spec(&key, |s: &mut VolumeSpec| {
+            s.deletion_protection = true;
+            true
+        })
+        .await
+        .unwrap();
+    let out = d.run(&["volume", "rm", "referenced"]);
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("protected"),
+        "{out:?}"
+    );
+    c.store
+        .modify_spec(&key, |s: &mut VolumeSpec| {
+            s.deletion_protection = false;
+            true
+        })
+        .await
+        .unwrap();
+    // Docker removes what Docker made.
+    for v in ["written", "referenced"] {
+        d.ok(&["volume", "rm", v]);
+        c.wait(&format!("{v} deleted"), T, || async {
+            volume(&c, v).await.is_none()
+        })
+        .await;
+    }
     c.check_calls(true);
 }

@@ -282,6 +282,40 @@ async fn every_unversioned_moorctl_write_wins_over_a_concurrent_writer() {
     }
     eprintln!("{raced} concurrent writes raced the commands");
 
+    // Deletion protection refuses the delete from moorctl (exit 1) and the store,
+    // until it is lifted.
+    let mut protected = registered("prot");
+    protected.spec.deletion_protection = true;
+    let protected = store.create(&protected).await.unwrap();
+    let out = std::process::Command::new(bin("moorctl"))
+        .arg(format!("--endpoints={}", etcd.client_url))
+        .args(["delete", "volume", "prot"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1) && text.contains("protected"),
+        "{out:?}"
+    );
+    assert!(matches!(
+        store.delete(&protected.object_key(), None).await,
+        Err(moor::store::StoreError::Protected { .. })
+    ));
+    assert!(store
+        .try_get(&protected.object_key())
+        .await
+        .unwrap()
+        .is_some());
+    store
+        .modify_spec(&protected.object_key(), |s: &mut VolumeSpec| {
+            s.deletion_protection = false;
+            true
+        })
+        .await
+        .unwrap();
+    let (ok, out) = moorctl(&etcd, &["delete", "volume", "prot"]);
+    assert!(ok, "{out}");
+
     // A write that names a version still refuses a stale copy.
     let v = store.create(&registered("stale")).await.unwrap();
     let stale = v.metadata.resource_version;

@@ -44,9 +44,9 @@ pub struct Args {
     #[arg(long)]
     pub http: Option<std::net::SocketAddr>,
     /// Serve the Docker volume-plugin protocol on this socket (as `moord agent
-    /// --volume-plugin`): /run/docker/plugins/moor.sock for Docker.
-    #[arg(long, value_name = "PATH")]
-    pub volume_plugin: Option<PathBuf>,
+    /// --volume-plugin`, repeatable, `[ENGINE=]PATH`): docker=/run/docker/plugins/moor.sock.
+    #[arg(long, value_name = "[ENGINE=]PATH")]
+    pub volume_plugin: Vec<String>,
 }
 
 #[derive(Parser)]
@@ -178,8 +178,8 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         "--leader-ttl".into(),
         "5s".into(),
     ];
-    if let Some(path) = &args.volume_plugin {
-        agent_argv.push(format!("--volume-plugin={}", path.display()));
+    for flag in &args.volume_plugin {
+        agent_argv.push(format!("--volume-plugin={flag}"));
     }
     let agent = AgentArgv::try_parse_from(agent_argv)?.args;
 

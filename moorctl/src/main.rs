@@ -10,7 +10,11 @@ fn main() {
         Err(e) => {
             // The user's answer (not found, refused, timed out) exits 1; anything else
             // (usage, connection, store errors) exits 2.
-            let refused = e.downcast_ref::<moorctl::Refused>().is_some();
+            let refused = e.downcast_ref::<moorctl::Refused>().is_some()
+                || matches!(
+                    e.downcast_ref::<moor::store::StoreError>(),
+                    Some(moor::store::StoreError::Protected { .. })
+                );
             eprintln!(
                 "moorctl: {}",
                 moorctl::out::terminal_safe(&moorctl::explain::explain(&e, &endpoints))

@@ -147,6 +147,13 @@ pub trait Spec:
         usize::MAX
     };
 
+    /// Why a delete of an object with this spec is refused, from every front door
+    /// ([`crate::store::Store::delete`] answers [`crate::store::StoreError::Protected`]);
+    /// none by default (a Volume's `deletion_protection`).
+    fn deletion_refused(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Records every problem of the spec; field paths are relative to `spec.`.
     fn validate(&self, errors: &mut ValidationErrors);
 

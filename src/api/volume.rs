@@ -73,6 +73,12 @@ pub struct VolumeSpec {
     /// to the next allocation of the same name. Set by the controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub made_for: Option<Box<MadeFor>>,
+    /// Deletion protection, opt-in: while set, a delete of the volume is refused from
+    /// every front door (`moorctl delete`, an engine's Remove, a template's ephemeral
+    /// end, `delete allocation --volumes`): the first rule of the deletion precedence
+    /// (docs/architecture.md). Lifted by applying the volume without it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deletion_protection: bool,
 }
 
 /// `force_detach` as a map of node to generation, or as the plain list of nodes
@@ -207,6 +213,12 @@ impl Spec for VolumeSpec {
     const CHECKED: bool = true;
     const AGENT: AgentAccess = AgentAccess::ControllerPlugin;
     type Status = VolumeStatus;
+
+    fn deletion_refused(&self) -> Option<&'static str> {
+        self.deletion_protection.then_some(
+            "its deletion_protection is set; apply it without deletion_protection to lift it",
+        )
+    }
 
     fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
         let secrets = self.secrets.get_mut();

@@ -75,6 +75,14 @@ pub enum StoreError {
         #[source]
         cause: super::SealError,
     },
+    /// A delete refused by the object's own spec (a Volume's deletion protection).
+    #[error("{key} is protected: {why}")]
+    Protected {
+        /// The key below the prefix.
+        key: String,
+        /// What protects it and how to lift it.
+        why: &'static str,
+    },
     /// A lease that etcd does not know (expired or revoked).
     #[error("lease {0:x} has expired or been revoked")]
     LeaseGone(i64),

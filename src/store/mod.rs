@@ -649,6 +649,12 @@ impl Store {
     ) -> Result<Deleted<S>, StoreError> {
         let mut current = self.get(key).await?;
         let rv = current.metadata.resource_version;
+        if let Some(why) = current.spec.deletion_refused() {
+            return Err(StoreError::Protected {
+                key: current.key(),
+                why,
+            });
+        }
         if let Some(expected) = precondition {
             if expected != rv {
                 return Err(StoreError::Conflict {
@@ -674,6 +680,12 @@ impl Store {
     /// the revision of the deletion (or of the marking).
     pub async fn delete_read<S: Spec>(&self, read: &Object<S>) -> Result<i64, StoreError> {
         let rv = read.metadata.resource_version;
+        if let Some(why) = read.spec.deletion_refused() {
+            return Err(StoreError::Protected {
+                key: read.key(),
+                why,
+            });
+        }
         if !read.metadata.finalizers.is_empty() {
             return match self.delete(&read.object_key(), Some(rv)).await? {
                 Deleted::Gone => Ok(rv),

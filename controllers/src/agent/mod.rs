@@ -99,10 +99,13 @@ pub struct Args {
     /// InvalidArgument) waits this long unless the step's inputs change.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub retry_cap: Duration,
-    /// Serve the Docker volume-plugin protocol on this unix socket (Docker:
-    /// /run/docker/plugins/moor.sock; Podman: containers.conf [engine.volume_plugins]).
-    #[arg(long, value_name = "PATH")]
-    pub volume_plugin: Option<PathBuf>,
+    /// Serve the Docker volume-plugin protocol on this unix socket, one per engine:
+    /// `[ENGINE=]PATH`, repeatable (`docker=/run/docker/plugins/moor.sock`,
+    /// `podman=/run/podman/moor.sock` named in containers.conf [engine.volume_plugins];
+    /// a bare PATH is engine `docker`). The socket tells the endpoint which engine
+    /// calls: an engine's Remove deletes only volumes that engine made.
+    #[arg(long, value_name = "[ENGINE=]PATH")]
+    pub volume_plugin: Vec<String>,
     /// The namespace of the volumes and allocations the volume-plugin endpoint serves.
     #[arg(long, default_value = "default")]
     pub volume_plugin_namespace: String,
@@ -278,7 +281,14 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         shutdown.clone(),
     );
 
-    if let Some(path) = &args.volume_plugin {
+    let mut seen_engines = std::collections::BTreeSet::new();
+    for (i, flag) in args.volume_plugin.iter().enumerate() {
+        let (engine, path) = volume_plugin::engine_socket(flag)
+            .map_err(|e| anyhow::anyhow!("--volume-plugin {flag}: {e}"))?;
+        anyhow::ensure!(
+            seen_engines.insert(engine.clone()),
+            "--volume-plugin: engine {engine} is given two sockets"
+        );
         let namespace = Namespace::new(&args.volume_plugin_namespace)
             .map_err(|e| anyhow::anyhow!("--volume-plugin-namespace: {e}"))?;
         let default_plugin = match &args.volume_plugin_default {
@@ -294,7 +304,10 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
             )?,
         };
         let cfg = volume_plugin::Config {
-            path: path.clone(),
+            path,
+            engine,
+            // One watcher of forgotten mounts per agent, whatever the engines.
+            watch_orphans: i == 0,
             namespace,
             default_plugin,
             mount_timeout: args.volume_plugin_mount_timeout,

@@ -221,7 +221,9 @@ fn ephemeral_done(ctx: &Ctx, vol: &Volume) -> bool {
     let Some(m) = vol.spec.made_for.as_deref() else {
         return false;
     };
-    if m.lifecycle != VolumeLifecycle::Ephemeral {
+    // Protection comes first in the deletion precedence: an ephemeral volume an
+    // operator protected stays (its deletion is refused from every front door).
+    if m.lifecycle != VolumeLifecycle::Ephemeral || vol.spec.deletion_protection {
         return false;
     }
     let ns = &vol.metadata.namespace;

@@ -48,6 +48,13 @@ pub const MAX_BODY: usize = 64 << 10;
 pub struct Config {
     /// The socket's path.
     pub path: PathBuf,
+    /// The engine that calls on this socket (`docker`, `podman`, ...): each engine has
+    /// a socket of its own, so the endpoint knows who asks without trusting the
+    /// request, in whatever PID or mount namespace the caller runs.
+    pub engine: String,
+    /// Whether this socket's server also runs the agent's watcher of forgotten mounts
+    /// (one per agent).
+    pub watch_orphans: bool,
     /// The namespace of the volumes and allocations it serves.
     pub namespace: Namespace,
     /// The plugin a Create without `plugin=` uses.
@@ -107,6 +114,23 @@ fn json_response(status: StatusCode, value: &Value) -> Response {
         .into_response()
 }
 
+/// The engine a socket serves when `--volume-plugin` names none.
+pub const DEFAULT_ENGINE: &str = "docker";
+
+/// `[ENGINE=]PATH` of `--volume-plugin`: the engine (a name: letters, digits, `.`, `_`,
+/// `-`; `docker` when absent) and the socket's path.
+pub fn engine_socket(flag: &str) -> Result<(String, PathBuf), String> {
+    let (engine, path) = match flag.split_once('=') {
+        Some((engine, path)) if !engine.contains('/') => (engine, path),
+        _ => (DEFAULT_ENGINE, flag),
+    };
+    moor::api::Name::new(engine).map_err(|e| format!("engine {engine:?}: {e}"))?;
+    if path.is_empty() {
+        return Err("no socket path".into());
+    }
+    Ok((engine.to_string(), PathBuf::from(path)))
+}
+
 /// One verb's answer.
 type Answer = Result<Value, Failure>;
 
@@ -121,14 +145,16 @@ pub async fn serve(
     let listener = bind(&cfg.path)?;
     tracing::info!(path = %cfg.path.display(), namespace = %cfg.namespace, "serving the volume-plugin endpoint");
     let path = cfg.path.clone();
-    tokio::spawn(orphans::watch(
-        store.clone(),
-        node.clone(),
-        cfg.namespace.clone(),
-        cfg.orphan_interval,
-        cfg.orphan_grace,
-        shutdown.clone(),
-    ));
+    if cfg.watch_orphans {
+        tokio::spawn(orphans::watch(
+            store.clone(),
+            node.clone(),
+            cfg.namespace.clone(),
+            cfg.orphan_interval,
+            cfg.orphan_grace,
+            shutdown.clone(),
+        ));
+    }
     let endpoint = Arc::new(Endpoint::new(cfg, store, node));
     let app = axum::Router::new()
         .route("/Plugin.Activate", post(activate))

@@ -21,6 +21,10 @@ use super::{Answer, Config, Failure};
 pub const LABEL_CREATED_BY: &str = "moor.dev/created-by";
 /// The value of [`LABEL_CREATED_BY`] on volumes Create made.
 pub const CREATED_BY_ENDPOINT: &str = "volume-plugin";
+/// The label naming the engine whose Create made a volume (the socket it came in on);
+/// a volume made before engines had sockets of their own has none and counts as
+/// [`super::DEFAULT_ENGINE`]'s.
+pub const LABEL_ENGINE: &str = "moor.dev/engine";
 /// An endpoint allocation's node (the endpoint that serves its caller).
 pub const LABEL_NODE: &str = "moor.dev/volume-plugin-node";
 /// An endpoint allocation's caller (the engine's mount ID, up to 63 characters).
@@ -237,6 +241,10 @@ impl Endpoint {
             .metadata
             .labels
             .insert(LABEL_CREATED_BY.into(), CREATED_BY_ENDPOINT.into());
+        volume
+            .metadata
+            .labels
+            .insert(LABEL_ENGINE.into(), self.cfg.engine.clone());
         if let Err(e) = volume.validate() {
             return Err(Failure::bad(format!("volume {id}: {e}")));
         }
@@ -293,11 +301,14 @@ impl Endpoint {
         })
     }
 
-    /// Remove: refused while any claim holds the volume (named); a volume Create made
-    /// is deleted (its finalizer calls DeleteVolume); one that existed before is only
-    /// forgotten by the engine. The delete is guarded by the version the check read: a
-    /// claim admitted since (it writes the volume's status) makes it look again, and a
-    /// reconciler's unrelated write likewise (bounded, as every unversioned write).
+    /// Remove, by the deletion precedence (docs/architecture.md): refused while the
+    /// volume's deletion protection is set; refused while any claim holds it (named);
+    /// deleted (its finalizer calls DeleteVolume) only when this engine's Create made
+    /// it; any other (made by moorctl, a template, or another engine: `podman volume
+    /// prune` must not delete what Docker wrote) is only forgotten by the engine. The
+    /// delete is guarded by the version the checks read: a claim admitted since (it
+    /// writes the volume's status) makes it look again, and a reconciler's unrelated
+    /// write likewise (bounded, as every unversioned write).
     async fn remove(&self, req: &Map<String, Value>) -> Answer {
         let id = volume_name(req)?;
         let mut attempt = 1;
@@ -305,6 +316,9 @@ impl Endpoint {
             let Some(v) = self.volume(&id).await? else {
                 return Ok(json!({}));
             };
+            if let Some(why) = v.spec.deletion_refused() {
+                return Err(Failure::bad(format!("volume {id} is protected: {why}")));
+            }
             let claims = &v.status.claims;
             let holders: Vec<String> = claims
                 .read_claims
@@ -323,10 +337,14 @@ impl Endpoint {
                     holders.join(", ")
                 )));
             }
-            let ours = v.metadata.labels.get(LABEL_CREATED_BY).map(String::as_str)
-                == Some(CREATED_BY_ENDPOINT);
-            if !ours {
-                tracing::info!(volume = %id, "volume-plugin Remove of a volume it did not create: forgotten by the engine, kept in moor");
+            let labels = &v.metadata.labels;
+            let made_here =
+                labels.get(LABEL_CREATED_BY).map(String::as_str) == Some(CREATED_BY_ENDPOINT);
+            let maker = labels
+                .get(LABEL_ENGINE)
+                .map_or(super::DEFAULT_ENGINE, String::as_str);
+            if !made_here || maker != self.cfg.engine {
+                tracing::info!(volume = %id, engine = %self.cfg.engine, made_by = %if made_here { maker } else { "moor" }, "volume-plugin Remove of a volume this engine did not create: forgotten by the engine, kept in moor");
                 return Ok(json!({}));
             }
             let at = Some(v.metadata.resource_version);
@@ -342,8 +360,8 @@ impl Endpoint {
     }
 
     /// The allocation of `caller` for volume `id` on this node: [`joined_name`] of
-    /// `<the caller's first 12 characters>-<16 hex digits of the SHA-256 of this node
-    /// and the whole caller>` and the volume, as short as a container's short id (the
+    /// `<the caller's first 12 characters>-<16 hex digits of the SHA-256 of this node,
+    /// the engine and the whole caller>` and the volume, as short as a container's short id (the
     /// caller's first 63 characters are a label). The node is in the hash: engines on
     /// two nodes may send the same ID (Podman sends one constant ID for every mount, as
     /// it counts a volume's users itself). The whole ID is hashed: Docker's are 64
@@ -354,7 +372,7 @@ impl Endpoint {
         id: &VolumeId,
     ) -> Result<ObjectKey<AllocationSpec>, Failure> {
         let short: String = caller.chars().take(12).collect();
-        let hash = sha256_hex(&format!("{}/{caller}", self.node), 8);
+        let hash = sha256_hex(&format!("{}/{}/{caller}", self.node, self.cfg.engine), 8);
         let name = Name::new(joined_name(&format!("{short}-{hash}"), id.as_str()))
             .map_err(|e| Failure::bad(e.to_string()))?;
         Ok(Allocation::key_for(self.ns(), name))
