@@ -1491,8 +1491,41 @@ async fn the_volume_plugin_endpoint_runs_under_its_grants_and_refuses_without_th
         "n2",
         "node",
         &n2_keys,
-        &[format!("--volume-plugin={}", sock("n2").display())],
+        &[
+            format!("--volume-plugin={}", sock("n2").display()),
+            "--volume-plugin-namespace=engines".into(),
+        ],
     );
+    // Issue 49, item 9: an engine-serving node writes the engines' namespace only. With
+    // plain etcdctl-like calls under its identity, it cannot write an allocation, nor
+    // delete a volume, nor touch another node's claim, outside it.
+    let mut n2_raw = s.raw("moor-agent-n2").await;
+    for key in [
+        "/moor/allocations/default/probe",
+        "/moor/volumes/default/probe",
+        "/moor/claims/n1/default/probe",
+    ] {
+        let put = n2_raw.put(key, "{}", None).await;
+        assert!(
+            put.as_ref()
+                .is_err_and(|e| e.to_string().contains("permission denied")),
+            "{key}: {put:?}"
+        );
+        let del = n2_raw.delete(key, None).await;
+        assert!(
+            del.as_ref()
+                .is_err_and(|e| e.to_string().contains("permission denied")),
+            "{key}: {del:?}"
+        );
+    }
+    n2_raw
+        .put("/moor/allocations/engines/.probe", "x", None)
+        .await
+        .expect("its own namespace");
+    n2_raw
+        .delete("/moor/allocations/engines/.probe", None)
+        .await
+        .unwrap();
     // n3 is not in VOLUME_PLUGINS: its endpoint may not write allocations.
     let n3_keys = s.tmp.path().join("n3.keys");
     let text = run(Command::new(bin("moord"))

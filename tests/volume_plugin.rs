@@ -685,3 +685,75 @@ async fn a_mount_whose_caller_hung_up_is_ended_and_logged() {
     );
     c.check_calls(true);
 }
+
+/// Issue 49, item 4: with the agent in a PID namespace of its own (as a containerised
+/// agent runs), the forgotten-mount rule saw no container's mount namespace and ended
+/// a live container's allocation after its grace. Now it keeps the claim and says why:
+/// a Warning about the allocation names the volume and the caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_see_the_containers_keeps_their_claims_and_says_why() {
+    common::need("unshare");
+    let c = Cluster::start_volume_plugin_with(cluster::PluginOpts {
+        agent_wrapper: ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+            .map(String::from)
+            .to_vec(),
+        agent_args: vec![
+            "--volume-plugin-orphan-interval=300ms".into(),
+            "--volume-plugin-orphan-grace=1s".into(),
+        ],
+        ..Default::default()
+    })
+    .await;
+    ok(
+        &c,
+        "n1",
+        "Create",
+        json!({"Name": "unseen", "Opts": {"size": "1MiB"}}),
+    )
+    .await;
+    c.volume_ready("unseen").await;
+    ok(
+        &c,
+        "n1",
+        "Mount",
+        json!({"Name": "unseen", "ID": "live-container"}),
+    )
+    .await;
+    c.wait("a Warning that the caller cannot be seen", T, || async {
+        c.store
+            .list(&KeyScope::<EventSpec>::all())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.spec.reason == "Caller not seen"
+                    && e.spec.message.contains("unseen")
+                    && e.spec.message.contains("live-container")
+                    && e.spec.message.contains("PID namespace")
+            })
+    })
+    .await;
+    // Many checks past its grace, the allocation runs and its claim is published.
+    let allocs = c
+        .store
+        .list(&KeyScope::<AllocationSpec>::all())
+        .await
+        .unwrap()
+        .items;
+    assert!(allocs.len() == 1 && !allocs[0].is_terminal(), "{allocs:?}");
+    assert!(claims(&c)
+        .await
+        .iter()
+        .all(|cl| cl.status.phase == ClaimPhase::Published));
+    ok(
+        &c,
+        "n1",
+        "Unmount",
+        json!({"Name": "unseen", "ID": "live-container"}),
+    )
+    .await;
+    c.wait("its claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
+}

@@ -41,6 +41,13 @@ pub struct ChurnRun {
     /// etcd's dbSize (the file) at the same points.
     pub db_size_before: i64,
     pub db_size_after: i64,
+    /// The same once the events written during the waves are gone, as they are an
+    /// hour later (their leases revoked here instead of waited for): every key under
+    /// the prefix, and dbSizeInUse after a compaction.
+    pub all_keys_after_events: usize,
+    pub db_in_use_after_events: i64,
+    /// Event keys written during the waves, per cycle.
+    pub events_per_cycle: f64,
     /// Wall time of all the waves, and cycles per second.
     pub total_s: f64,
     pub cycles_per_s: f64,
@@ -174,6 +181,32 @@ pub async fn run(
     out.work_keys_after = work_keys(&mut raw).await?;
     out.all_keys_after = keys(&mut raw, "").await?;
     (out.db_in_use_after, out.db_size_after) = compacted_size(&mut raw).await?;
+    // An hour later the events are gone with their leases: revoke those leases now.
+    let events_before = out.all_keys_before - out.work_keys_before;
+    let events = keys(&mut raw, "events/").await?;
+    out.events_per_cycle = events.saturating_sub(events_before) as f64 / cycles.max(1) as f64;
+    let prefix = format!("{}events/", moor::store::DEFAULT_PREFIX);
+    let listed = raw
+        .get(
+            prefix.as_bytes(),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only(),
+            ),
+        )
+        .await?;
+    let leases: std::collections::BTreeSet<i64> = listed
+        .kvs()
+        .iter()
+        .map(|kv| kv.lease())
+        .filter(|l| *l != 0)
+        .collect();
     drop(cluster);
+    for lease in leases {
+        let _ = raw.lease_revoke(lease).await;
+    }
+    out.all_keys_after_events = keys(&mut raw, "").await?;
+    (out.db_in_use_after_events, _) = compacted_size(&mut raw).await?;
     Ok(out)
 }

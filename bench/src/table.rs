@@ -237,6 +237,18 @@ pub(super) fn table(runs: &[Run]) -> String {
             })
         },
     );
+    row("churn: event keys per cycle (each lives 1 h)", &|r| {
+        ch(r, &|c| format!("{:.1}", c.events_per_cycle))
+    });
+    row("churn: keys / dbSizeInUse once the events expired", &|r| {
+        ch(r, &|c| {
+            format!(
+                "{} / {:.1} MiB",
+                c.all_keys_after_events,
+                c.db_in_use_after_events as f64 / 1048576.0
+            )
+        })
+    });
     let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     let col = rows
         .iter()

@@ -22,7 +22,9 @@ const HEAD: &str = r#"#!/usr/bin/env bash
 # NODE=PLUGIN_ID: their provisioner and attacher write volumes and attachments, and
 # they campaign in that plugin's election only), get more; so do agents that serve
 # Docker and Podman (VOLUME_PLUGINS, node names: their --volume-plugin endpoint writes
-# allocations for its callers, and volumes on Create and Remove).
+# allocations for its callers, and volumes on Create and Remove, in the engines'
+# namespace only: VOLUME_PLUGIN_NAMESPACE, default `engines`, which their agents name
+# with --volume-plugin-namespace).
 #
 #   ENDPOINT=https://127.0.0.1:2379 CERTS=DIR \
 #   CONTROLLER_PLUGINS="n1=hostpath.moor.dev" VOLUME_PLUGINS="n1 n2" \
@@ -34,6 +36,7 @@ const HEAD: &str = r#"#!/usr/bin/env bash
 set -euo pipefail
 : "${ENDPOINT:?}" "${CERTS:?}"
 PREFIX=${PREFIX:-/moor/}
+VOLUME_PLUGIN_NAMESPACE=${VOLUME_PLUGIN_NAMESPACE:-engines}
 ctl() {
     ETCDCTL_API=3 etcdctl --endpoints "$ENDPOINT" --cacert "$CERTS/ca.pem" \
         --cert "$CERTS/root.pem" --key "$CERTS/root-key.pem" "$@" >/dev/null
@@ -120,9 +123,10 @@ done
 for node in ${VOLUME_PLUGINS:-}; do
     user="moor-agent-$node"
     # The volume-plugin endpoint: an allocation per engine caller, and the volumes
-    # the engines create and remove.
-    ctl role grant-permission "$user" readwrite "${PREFIX}allocations/" --prefix
-    ctl role grant-permission "$user" readwrite "${PREFIX}volumes/" --prefix
+    # the engines create and remove, in the engines' namespace only (what it can
+    # still do there: docs/architecture.md, the identity table).
+    ctl role grant-permission "$user" readwrite "${PREFIX}allocations/$VOLUME_PLUGIN_NAMESPACE/" --prefix
+    ctl role grant-permission "$user" readwrite "${PREFIX}volumes/$VOLUME_PLUGIN_NAMESPACE/" --prefix
     # The capacity reports, to make a volume where the node's segment has room.
     ctl role grant-permission "$user" read "${PREFIX}capacities/" --prefix
 done
@@ -175,5 +179,16 @@ mod tests {
             "{s}"
         );
         assert!(!s.contains("\"${PREFIX}events/\""), "{s}");
+        // An engine-serving agent writes its engines' namespace only.
+        let engines = s.split("for node in ${VOLUME_PLUGINS").nth(1).unwrap();
+        assert!(
+            !engines.contains("\"${PREFIX}allocations/\" --prefix"),
+            "{s}"
+        );
+        assert!(!engines.contains("\"${PREFIX}volumes/\" --prefix"), "{s}");
+        assert!(
+            engines.contains("readwrite \"${PREFIX}volumes/$VOLUME_PLUGIN_NAMESPACE/\" --prefix"),
+            "{s}"
+        );
     }
 }

@@ -127,6 +127,9 @@ pub struct PluginOpts {
     pub agent_args: Vec<String>,
     /// More flags of the controllers.
     pub controller_args: Vec<String>,
+    /// A command the agents run under (`unshare --pid ...`): the agent's program and
+    /// flags follow it.
+    pub agent_wrapper: Vec<String>,
     /// Each controller and agent reaches etcd through a [`Proxy`] of its own (see
     /// [`Cluster::proxy`]), which a test can cut: a partition.
     pub proxied: bool,
@@ -167,6 +170,7 @@ impl Default for PluginOpts {
             node_extra: Vec::new(),
             agent_args: Vec::new(),
             controller_args: Vec::new(),
+            agent_wrapper: Vec::new(),
             proxied: false,
             small_disk_mib: None,
         }
@@ -407,9 +411,18 @@ impl Cluster {
                 .iter()
                 .map(|a| a.replace("{dir}", &node_dir)),
         );
+        let (program, aargs) = match self.opts.agent_wrapper.split_first() {
+            Some((wrapper, flags)) => {
+                let mut all = flags.to_vec();
+                all.push(bin("moord").display().to_string());
+                all.extend(aargs);
+                (PathBuf::from(wrapper), all)
+            }
+            None => (bin("moord"), aargs),
+        };
         let agent = Proc::start(
             &format!("agent-{name}"),
-            bin("moord"),
+            program,
             aargs,
             dir.join("agent.log"),
         );

@@ -315,8 +315,10 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
             orphan_grace: args.volume_plugin_orphan_grace,
         };
         let (store, node, shutdown) = (store.clone(), node.clone(), shutdown.clone());
+        let recorder = recorder.clone();
         tasks.spawn(async move {
-            if let Err(e) = volume_plugin::serve(cfg, store, node, shutdown.clone()).await {
+            if let Err(e) = volume_plugin::serve(cfg, store, node, recorder, shutdown.clone()).await
+            {
                 tracing::error!(
                     error = format!("{e:#}"),
                     "the volume-plugin endpoint failed"

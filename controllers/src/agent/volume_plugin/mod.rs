@@ -139,6 +139,7 @@ pub async fn serve(
     cfg: Config,
     store: Store,
     node: NodeName,
+    recorder: moor::runtime::events::Recorder,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     check_grants(&store, &cfg.namespace).await?;
@@ -152,6 +153,7 @@ pub async fn serve(
             cfg.namespace.clone(),
             cfg.orphan_interval,
             cfg.orphan_grace,
+            recorder,
             shutdown.clone(),
         ));
     }
@@ -179,9 +181,9 @@ pub async fn serve(
 async fn check_grants(store: &Store, ns: &Namespace) -> anyhow::Result<()> {
     use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
     let mut client = store.client();
-    let hint = "roles.sh grants it to the agents named in VOLUME_PLUGINS (deploy/etcd/roles.sh)";
+    let hint = "roles.sh grants it to the agents named in VOLUME_PLUGINS, in the namespace VOLUME_PLUGIN_NAMESPACE (default engines), which --volume-plugin-namespace must name (deploy/etcd/roles.sh)";
     for dir in ["allocations", "volumes"] {
-        let prefix = store.full_key(&format!("{dir}/"));
+        let prefix = store.full_key(&format!("{dir}/{ns}/"));
         let read = client
             .get(
                 prefix.as_str(),
@@ -195,7 +197,7 @@ async fn check_grants(store: &Store, ns: &Namespace) -> anyhow::Result<()> {
             .await;
         if let Err(e) = read {
             anyhow::bail!(
-                "--volume-plugin: this agent's etcd identity cannot read {dir}/ ({e}); {hint}"
+                "--volume-plugin: this agent's etcd identity cannot read {dir}/{ns}/ ({e}); {hint}"
             );
         }
         let probe = store.full_key(&format!("{dir}/{ns}/.volume-plugin-probe"));
@@ -204,7 +206,7 @@ async fn check_grants(store: &Store, ns: &Namespace) -> anyhow::Result<()> {
             .and_then(vec![TxnOp::put(probe, "", None)]);
         if let Err(e) = client.txn(txn).await {
             anyhow::bail!(
-                "--volume-plugin: this agent's etcd identity cannot write {dir}/ ({e}); {hint}"
+                "--volume-plugin: this agent's etcd identity cannot write {dir}/{ns}/ ({e}); {hint}"
             );
         }
     }

@@ -14,6 +14,17 @@
 //!    path. In use: nothing. Not in use at two checks in a row: the caller is gone
 //!    (its Unmount was missed while the agent was down, or it gave up waiting for a
 //!    slow Mount): the allocation ends (complete), and the release goes on as usual.
+//!
+//! The rule never releases under a holder it cannot see. It sees every mount namespace
+//! only from the machine's initial PID namespace, with every process's `ns/mnt`
+//! readable ([`blind_spot`]): an agent in a PID namespace of its own (as a
+//! containerised agent runs) sees none of the containers, so it keeps every claim and
+//! says why, with a Warning about each allocation it would have judged.
+//!
+//! Bounds: a caller gone is released about `grace` + 2 × `interval` after its Mount at
+//! the earliest (140 s + 60 s with the defaults; 120-174 s seen); a process that holds
+//! a copy of the mount table made while the container ran (a `unshare -m` child, a
+//! stuck `mount` helper) holds the claim as long as it lives, as a container would.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -154,6 +165,32 @@ pub fn in_use(path: &Path) -> Option<bool> {
     Some(used(&place, &other_namespaces()))
 }
 
+/// The PID namespace every process of a machine starts in (the kernel's
+/// `PROC_PID_INIT_INO`): only from it are all the containers' processes visible.
+const INITIAL_PID_NS: &str = "pid:[4026531836]";
+
+/// Why this process cannot see every mount namespace of the machine, if it cannot: it
+/// runs in a PID namespace of its own (a containerised agent; `/proc` then lists only
+/// its own namespace's processes), or it may not read other processes' namespaces.
+pub fn blind_spot() -> Option<String> {
+    match std::fs::read_link("/proc/self/ns/pid") {
+        Ok(ns) if ns.to_str() == Some(INITIAL_PID_NS) => {}
+        Ok(ns) => {
+            return Some(format!(
+                "the agent runs in a PID namespace of its own ({}), so it cannot see the containers' mount namespaces",
+                ns.display()
+            ))
+        }
+        Err(e) => return Some(format!("the agent cannot read its PID namespace ({e})")),
+    }
+    match std::fs::read_link("/proc/1/ns/mnt") {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "the agent cannot read other processes' mount namespaces ({e}); run it as root"
+        )),
+    }
+}
+
 /// Runs the rule until `shutdown`.
 pub async fn watch(
     store: Store,
@@ -161,6 +198,7 @@ pub async fn watch(
     ns: Namespace,
     interval: Duration,
     grace: Duration,
+    recorder: moor::runtime::events::Recorder,
     shutdown: CancellationToken,
 ) {
     // Allocations seen unused at the last check, by key.
@@ -170,7 +208,7 @@ pub async fn watch(
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        match check(&store, &node, &ns, grace, &suspects).await {
+        match check(&store, &node, &ns, grace, &suspects, &recorder).await {
             Ok(next) => suspects = next,
             Err(e) => {
                 tracing::warn!(error = %moor::store::bounded_chain(&e), "volume-plugin: could not look for callers that are gone")
@@ -186,9 +224,11 @@ async fn check(
     ns: &Namespace,
     grace: Duration,
     suspects: &BTreeSet<String>,
+    recorder: &moor::runtime::events::Recorder,
 ) -> Result<BTreeSet<String>, moor::store::StoreError> {
     let scope = KeyScope::<AllocationSpec>::namespace(ns).unwrap_or_else(KeyScope::all);
     let mut next = BTreeSet::new();
+    let blind = tokio::task::spawn_blocking(blind_spot).await.ok().flatten();
     for a in store.list(&scope).await?.items {
         let ours = a.metadata.labels.get(LABEL_NODE).map(String::as_str) == Some(node.as_str());
         let old = a
@@ -209,6 +249,37 @@ async fn check(
         if !mount.status.published {
             continue;
         }
+        let caller = a
+            .metadata
+            .labels
+            .get(LABEL_CALLER)
+            .map(String::as_str)
+            .unwrap_or("");
+        if let Some(why) = &blind {
+            // Never a release under a holder it cannot see: kept, and said (the
+            // recorder folds the repeats of every check into one event).
+            let volume = a
+                .spec
+                .volumes
+                .first()
+                .map(|r| r.volume.to_string())
+                .unwrap_or_default();
+            recorder
+                .record(
+                    crate::common::object_ref(&a),
+                    EventType::Warning,
+                    "Caller not seen",
+                    format!(
+                        "volume-plugin: cannot tell whether caller {caller} still uses volume {volume}: {why}; its claim is kept (its Unmount, or moorctl alloc stop, ends it)"
+                    ),
+                    crate::common::details([
+                        ("volume_id", volume.clone()),
+                        ("caller", caller.to_string()),
+                    ]),
+                )
+                .await;
+            continue;
+        }
         let path = PathBuf::from(&mount.spec.target_path);
         let unused = tokio::task::spawn_blocking(move || in_use(&path))
             .await
@@ -225,7 +296,7 @@ async fn check(
         }
         tracing::warn!(
             allocation = %a.metadata.name,
-            caller = %a.metadata.labels.get(LABEL_CALLER).map(String::as_str).unwrap_or(""),
+            caller = %caller,
             "volume-plugin: no container uses the volume any more (its Unmount never came); ending its allocation"
         );
         let r = store
