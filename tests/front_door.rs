@@ -36,10 +36,14 @@ fn moorctl(etcd: &Etcd, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// A writer that rewrites `key` (its stored bytes, unchanged) every few milliseconds
-/// (0-3 ms apart, a write itself takes about as long), until stopped: each write moves
-/// the key's mod_revision, as a busy reconciler's status writes do. Counts the writes,
-/// so the test can show the race was run.
+/// How long the racer writes, back to back, from just before the command starts.
+const BURST: Duration = Duration::from_millis(400);
+
+/// A writer that rewrites `key` (its stored bytes, unchanged) back to back for
+/// [`BURST`], as reconcilers write an object's status when something changes: each
+/// write moves the key's mod_revision. A command whose read lands in the burst loses
+/// its write and must read again until the burst is over (`moorctl delete` failed on
+/// its first conflict before). Counts the writes, so the test can show the race ran.
 struct Racer {
     stop: Arc<AtomicBool>,
     writes: Arc<AtomicU64>,
@@ -55,8 +59,9 @@ impl Racer {
         {
             let mut client = etcd.raw_client().await;
             let (stop, writes, full) = (stop.clone(), writes.clone(), full.clone());
+            let started = std::time::Instant::now();
             tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) && started.elapsed() < BURST {
                     let Ok(got) = client.get(full.as_bytes(), None).await else {
                         continue;
                     };
@@ -78,8 +83,6 @@ impl Racer {
                             writes.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                    let pause = std::time::Duration::from_micros(fastrand::u64(0..3_000));
-                    tokio::time::sleep(pause).await;
                 }
             }));
         }

@@ -148,19 +148,41 @@ pub(crate) async fn deregister(
                     .into());
                 }
             }
-            // Marked at the revision read: a claim admitted since (which writes the
-            // volume's status) makes this a conflict, and the check runs again.
-            match ctx
-                .store
-                .delete(key, Some(vol.metadata.resource_version))
-                .await
-            {
-                Err(StoreError::Conflict { .. }) => return Err(LookAgain.into()),
-                Err(StoreError::NotFound { .. }) => return Ok(None),
-                Err(e) => return Err(e.into()),
-                Ok(_) => {}
+            // Marked at a version whose claims are the ones checked: a claim admitted
+            // since the check (it writes the volume's status) runs the check again. A
+            // write that left the claims as they were (a reconciler's other status
+            // write) is only read past, so the race is a read and a write long, not
+            // the lists of the check.
+            let mut read = vol;
+            let mut attempt = 1;
+            loop {
+                match ctx
+                    .store
+                    .delete(key, Some(read.metadata.resource_version))
+                    .await
+                {
+                    Ok(_) => return Ok(Some((read, held))),
+                    Err(StoreError::NotFound { .. }) => return Ok(None),
+                    Err(StoreError::Conflict { .. })
+                        if attempt < moor::store::UNVERSIONED_WRITE_ATTEMPTS =>
+                    {
+                        tokio::time::sleep(moor::store::conflict_pause(attempt)).await;
+                        attempt += 1;
+                        let Some(now) = ctx.store.try_get(key).await? else {
+                            return Ok(None);
+                        };
+                        let (before, after) = (&read.status.claims, &now.status.claims);
+                        if before.read_claims != after.read_claims
+                            || before.write_claims != after.write_claims
+                        {
+                            return Err(LookAgain.into());
+                        }
+                        read = now;
+                    }
+                    Err(StoreError::Conflict { .. }) => return Err(LookAgain.into()),
+                    Err(e) => return Err(e.into()),
+                }
             }
-            Ok(Some((vol, held)))
         }
     })
     .await?;

@@ -344,8 +344,11 @@ impl Allocation {
         {
             return None;
         }
+        // A claim whose spec names no request was written by a release that did not
+        // record it (before 2026-11-24): its name is all it has.
         self.spec.volumes.iter().find(|req| {
-            claim.spec.request == req.name && self.claim_names(req).contains(&claim.metadata.name)
+            (claim.spec.request == req.name || claim.spec.request.as_str().is_empty())
+                && self.claim_names(req).contains(&claim.metadata.name)
         })
     }
 

@@ -114,6 +114,32 @@ fn json_response(status: StatusCode, value: &Value) -> Response {
         .into_response()
 }
 
+/// Who is on the other end of a connection: the peer's process id as this process's
+/// PID namespace numbers it (`SO_PEERCRED`), `None` when the kernel cannot number it
+/// there: the caller runs in a PID namespace this process does not see into (an agent
+/// in a PID namespace of its own, below the engine's).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    /// The peer's pid, when visible.
+    pub pid: Option<i32>,
+}
+
+impl
+    axum::extract::connect_info::Connected<
+        axum::serve::IncomingStream<'_, tokio::net::UnixListener>,
+    > for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+        let pid = stream
+            .io()
+            .peer_cred()
+            .ok()
+            .and_then(|c| c.pid())
+            .filter(|p| *p > 0);
+        Peer { pid }
+    }
+}
+
 /// The engine a socket serves when `--volume-plugin` names none.
 pub const DEFAULT_ENGINE: &str = "docker";
 
@@ -165,6 +191,7 @@ pub async fn serve(
         .fallback(|| async { Failure::bad("no such verb").into_response() })
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(endpoint);
+    let app = app.into_make_service_with_connect_info::<Peer>();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
@@ -268,6 +295,7 @@ fn parse(body: &Bytes) -> Result<serde_json::Map<String, Value>, Failure> {
 
 async fn verb(
     State(endpoint): State<Arc<Endpoint>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<Peer>,
     axum::extract::Path(verb): axum::extract::Path<String>,
     body: axum::body::Body,
 ) -> Response {
@@ -278,7 +306,7 @@ async fn verb(
             Ok(req) if verb == "Mount" => {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 let endpoint = endpoint.clone();
-                tokio::spawn(async move { endpoint.mount_for(&req, reply).await });
+                tokio::spawn(async move { endpoint.mount_for(&req, peer, reply).await });
                 answer
                     .await
                     .unwrap_or_else(|_| Err(Failure::internal("the Mount ended without an answer")))

@@ -25,6 +25,10 @@ pub const CREATED_BY_ENDPOINT: &str = "volume-plugin";
 /// a volume made before engines had sockets of their own has none and counts as
 /// [`super::DEFAULT_ENGINE`]'s.
 pub const LABEL_ENGINE: &str = "moor.dev/engine";
+/// Set on an endpoint allocation whose Mount came from a process this agent's PID
+/// namespace does not number (`SO_PEERCRED` pid 0): its containers' mount namespaces
+/// are out of the agent's sight.
+pub const LABEL_UNSEEN: &str = "moor.dev/caller-unseen";
 /// An endpoint allocation's node (the endpoint that serves its caller).
 pub const LABEL_NODE: &str = "moor.dev/volume-plugin-node";
 /// An endpoint allocation's caller (the engine's mount ID, up to 63 characters).
@@ -106,6 +110,7 @@ impl Endpoint {
     pub async fn mount_for(
         &self,
         req: &Map<String, Value>,
+        peer: super::Peer,
         mut reply: tokio::sync::oneshot::Sender<Answer>,
     ) {
         let key = match (volume_name(req), caller(req)) {
@@ -113,13 +118,13 @@ impl Endpoint {
             _ => None,
         };
         let Some(key) = key else {
-            let _ = reply.send(self.mount(req).await);
+            let _ = reply.send(self.mount(req, peer).await);
             return;
         };
         let inflight = key.as_str().to_string();
         *self.lock_mounting().entry(inflight.clone()).or_default() += 1;
         let answered = tokio::select! {
-            answer = self.mount(req) => {
+            answer = self.mount(req, peer) => {
                 match reply.send(answer) {
                     Ok(()) => true,
                     // Refused: mount() already stopped what it made.
@@ -168,7 +173,7 @@ impl Endpoint {
         match verb {
             "Create" => self.create(req).await,
             "Remove" => self.remove(req).await,
-            "Mount" => self.mount(req).await,
+            "Mount" => self.mount(req, super::Peer { pid: None }).await,
             "Unmount" => self.unmount(req).await,
             "Path" => self.path(req).await,
             "Get" => self.get(req).await,
@@ -424,7 +429,7 @@ impl Endpoint {
     /// mounts again), then waits until its claim is Published and answers the target
     /// path. A refusal (denied, failed, timed out) stops the allocation it made, so
     /// nothing stays claimed.
-    async fn mount(&self, req: &Map<String, Value>) -> Answer {
+    async fn mount(&self, req: &Map<String, Value>, peer: super::Peer) -> Answer {
         let id = volume_name(req)?;
         let caller = caller(req)?;
         let Some(volume) = self.volume(&id).await? else {
@@ -463,9 +468,13 @@ impl Endpoint {
                     Ok(()) | Err(StoreError::NotFound { .. }) => {}
                     Err(e) => return Err(e.into()),
                 }
-                self.create_allocation(&key, &caller, &id, cap).await?
+                self.create_allocation(&key, &caller, &id, cap, peer)
+                    .await?
             }
-            None => self.create_allocation(&key, &caller, &id, cap).await?,
+            None => {
+                self.create_allocation(&key, &caller, &id, cap, peer)
+                    .await?
+            }
         };
         match self.wait_published(&alloc).await {
             Ok(path) => Ok(json!({ "Mountpoint": path })),
@@ -482,6 +491,7 @@ impl Endpoint {
         caller: &str,
         id: &VolumeId,
         cap: VolumeCapability,
+        peer: super::Peer,
     ) -> Result<Allocation, Failure> {
         let spec = AllocationSpec {
             node: self.node.clone(),
@@ -503,6 +513,11 @@ impl Endpoint {
         // A label value holds 63 characters: what `docker volume inspect` shows; the
         // allocation's name hashes the whole ID.
         labels.insert(LABEL_CALLER.into(), caller.chars().take(63).collect());
+        if peer.pid.is_none() {
+            // The engine runs where this agent cannot see its processes: neither can
+            // the forgotten-mount rule see its containers' (orphans.rs keeps it).
+            labels.insert(LABEL_UNSEEN.into(), "true".into());
+        }
         match self.store.create(&alloc).await {
             Ok(a) => Ok(a),
             // The same caller's Mount sent twice at once: adopt the other's.

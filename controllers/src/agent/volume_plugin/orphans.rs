@@ -15,11 +15,12 @@
 //!    (its Unmount was missed while the agent was down, or it gave up waiting for a
 //!    slow Mount): the allocation ends (complete), and the release goes on as usual.
 //!
-//! The rule never releases under a holder it cannot see. It sees every mount namespace
-//! only from the machine's initial PID namespace, with every process's `ns/mnt`
-//! readable ([`blind_spot`]): an agent in a PID namespace of its own (as a
-//! containerised agent runs) sees none of the containers, so it keeps every claim and
-//! says why, with a Warning about each allocation it would have judged.
+//! The rule never releases under a holder it cannot see. A Mount whose engine this
+//! agent cannot number (`SO_PEERCRED` gives pid 0: the engine runs in a PID namespace
+//! the agent does not see into, as when the agent runs in a PID namespace of its own)
+//! marks its allocation; the containers of such an engine are out of sight too, so the
+//! rule keeps its claim and says why, with a Warning ([`blind_spot`]). An engine the
+//! agent sees is the parent of its containers, whose processes it then sees as well.
 //!
 //! Bounds: a caller gone is released about `grace` + 2 × `interval` after its Mount at
 //! the earliest (140 s + 60 s with the defaults; 120-174 s seen); a process that holds
@@ -35,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use moor::api::*;
 use moor::store::Store;
 
-use super::ops::{LABEL_CALLER, LABEL_NODE};
+use super::ops::{LABEL_CALLER, LABEL_NODE, LABEL_UNSEEN};
 
 /// Where a path lives: its file system's device and the path within that file system.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,30 +166,14 @@ pub fn in_use(path: &Path) -> Option<bool> {
     Some(used(&place, &other_namespaces()))
 }
 
-/// The PID namespace every process of a machine starts in (the kernel's
-/// `PROC_PID_INIT_INO`): only from it are all the containers' processes visible.
-const INITIAL_PID_NS: &str = "pid:[4026531836]";
-
-/// Why this process cannot see every mount namespace of the machine, if it cannot: it
-/// runs in a PID namespace of its own (a containerised agent; `/proc` then lists only
-/// its own namespace's processes), or it may not read other processes' namespaces.
-pub fn blind_spot() -> Option<String> {
-    match std::fs::read_link("/proc/self/ns/pid") {
-        Ok(ns) if ns.to_str() == Some(INITIAL_PID_NS) => {}
-        Ok(ns) => {
-            return Some(format!(
-                "the agent runs in a PID namespace of its own ({}), so it cannot see the containers' mount namespaces",
-                ns.display()
-            ))
-        }
-        Err(e) => return Some(format!("the agent cannot read its PID namespace ({e})")),
-    }
-    match std::fs::read_link("/proc/1/ns/mnt") {
-        Ok(_) => None,
-        Err(e) => Some(format!(
-            "the agent cannot read other processes' mount namespaces ({e}); run it as root"
-        )),
-    }
+/// Why the rule cannot judge allocation `a`, if it cannot: its Mount came from an engine
+/// whose processes this agent cannot see (a PID namespace it does not see into, as
+/// when the agent runs in a PID namespace of its own), so neither can it see the
+/// containers' mount namespaces.
+pub fn blind_spot(a: &Allocation) -> Option<String> {
+    a.metadata.labels.contains_key(LABEL_UNSEEN).then(|| {
+        "its engine called from a PID namespace this agent cannot see into (an agent in a PID namespace of its own), so the containers' mount namespaces are out of its sight".to_string()
+    })
 }
 
 /// Runs the rule until `shutdown`.
@@ -228,7 +213,6 @@ async fn check(
 ) -> Result<BTreeSet<String>, moor::store::StoreError> {
     let scope = KeyScope::<AllocationSpec>::namespace(ns).unwrap_or_else(KeyScope::all);
     let mut next = BTreeSet::new();
-    let blind = tokio::task::spawn_blocking(blind_spot).await.ok().flatten();
     for a in store.list(&scope).await?.items {
         let ours = a.metadata.labels.get(LABEL_NODE).map(String::as_str) == Some(node.as_str());
         let old = a
@@ -255,7 +239,7 @@ async fn check(
             .get(LABEL_CALLER)
             .map(String::as_str)
             .unwrap_or("");
-        if let Some(why) = &blind {
+        if let Some(why) = blind_spot(&a) {
             // Never a release under a holder it cannot see: kept, and said (the
             // recorder folds the repeats of every check into one event).
             let volume = a
