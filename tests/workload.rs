@@ -641,3 +641,38 @@ async fn an_allocation_s_own_status_write_costs_one_quiet_pass() {
     assert_eq!(writes("m2"), 2, "m2: its creation and one status write");
     assert_eq!(writes("m1"), 2, "m1 not written again");
 }
+
+/// Issue 49, item 7: a `setsid` child escaped the workload's process group and wrote on
+/// after its claim was released. The workload runs in a cgroup of its own (cgroup v2),
+/// so the child is ended before the claim leaves Published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setsid_child_is_ended_before_the_claim_leaves_published() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = cluster().await;
+    let pidfile = c.dir.path().join("escaped.pid");
+    let script = format!(
+        "setsid sh -c 'echo $$ > {p}; exec sleep 300' & while [ ! -s {p} ]; do sleep 0.05; done; exit 0",
+        p = pidfile.display()
+    );
+    let out = run(
+        &c,
+        &[
+            "esc", "--node", "n2", "--volume", "data=v1", "--", "sh", "-c", &script,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("without a cgroup of its own"),
+        "the cgroup path must run here (CI runs as root with cgroup2): {out:?}"
+    );
+    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", pid.trim())).exists(),
+        "the setsid child {pid} outlived the release"
+    );
+    assert_eq!(
+        c.claim("esc", "n2").await.unwrap().status.phase,
+        ClaimPhase::Released
+    );
+    c.check_calls(true);
+}

@@ -15,12 +15,17 @@
 //!    no longer the runner), what is left of the group gets SIGTERM, then SIGKILL after
 //!    the grace (the runner gives a third of its lease's TTL, at most 10 s: shorter than
 //!    the controller waits before it releases a dead runner's claims), and the guard
-//!    waits until the group is empty.
+//!    waits until the group is empty. CMD runs in a cgroup of its own where a cgroup2
+//!    hierarchy is writable (`cgroup.rs`): every process it starts stays there, also
+//!    one that left the process group (`setsid`), and the guard ends and waits for the
+//!    cgroup too; elsewhere it warns and relies on the process group.
 //! 5. The guard exits as CMD did: the same code, or killed by the same signal.
 
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
+
+use super::cgroup::Cgroup;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// `moorctl __workload-guard --runner PID --grace D -- CMD...` (internal).
@@ -67,6 +72,28 @@ impl Guard {
             return Ok(None);
         }
         rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+        // A cgroup of the workload's own holds every process it starts, whatever
+        // session it moves to; without one, the process group is all there is.
+        let name = format!(
+            "moor-workload-{}",
+            rustix::process::getpid().as_raw_nonzero()
+        );
+        let cgroup = match Cgroup::create(&name) {
+            Ok(c) => Some(c),
+            Err(why) => {
+                eprintln!(
+                    "moorctl: warning: the workload runs without a cgroup of its own ({why}); a process of it that leaves its process group (setsid) is not ended with it"
+                );
+                None
+            }
+        };
+        let join = match cgroup.as_ref().map(Cgroup::join_fd).transpose() {
+            Ok(fd) => fd,
+            Err(e) => {
+                eprintln!("moorctl: cannot join the workload's cgroup: {e}");
+                return Ok(Some(Ended::Code(127)));
+            }
+        };
         let mut forwarded = Vec::new();
         for (kind, sig) in [
             (SignalKind::interrupt(), Signal::INT),
@@ -77,7 +104,7 @@ impl Guard {
         }
         let mut children = signal(SignalKind::child())?;
         let foreground = is_foreground();
-        let workload = match spawn(&self.command, foreground) {
+        let workload = match spawn(&self.command, foreground, join.as_ref()) {
             Ok(pid) => pid,
             Err(e) => {
                 eprintln!("moorctl: cannot run {:?}: {e}", self.command[0]);
@@ -111,7 +138,12 @@ impl Guard {
         if runner_gone && ended.is_none() {
             eprintln!("moorctl: the runner is gone; ending the workload");
         }
-        ended = end_group(workload, self.grace, ended).await;
+        drop(join);
+        ended = end_group(workload, self.grace, ended, cgroup.as_ref()).await;
+        if let Some(c) = &cgroup {
+            tracing::debug!(cgroup = %c.path().display(), "the workload's cgroup is empty");
+        }
+        drop(cgroup);
         if foreground {
             take_back_terminal();
         }
@@ -139,10 +171,19 @@ fn reap(workload: Option<Pid>) -> Option<Ended> {
     found
 }
 
-/// Ends what is left of the workload's group: SIGTERM, SIGKILL after `grace`, then
-/// waits (reaping) until the group is empty. Returns the workload's end, if seen.
-async fn end_group(group: Pid, grace: Duration, mut ended: Option<Ended>) -> Option<Ended> {
-    let alive = || rustix::process::test_kill_process_group(group).is_ok();
+/// Ends what is left of the workload's group and cgroup: SIGTERM, SIGKILL after
+/// `grace`, then waits (reaping) until both are empty. Returns the workload's end, if
+/// seen.
+async fn end_group(
+    group: Pid,
+    grace: Duration,
+    mut ended: Option<Ended>,
+    cgroup: Option<&Cgroup>,
+) -> Option<Ended> {
+    let alive = || {
+        rustix::process::test_kill_process_group(group).is_ok()
+            || cgroup.is_some_and(Cgroup::populated)
+    };
     let mut sent_term = false;
     let deadline = tokio::time::Instant::now() + grace;
     let mut killed = false;
@@ -155,6 +196,9 @@ async fn end_group(group: Pid, grace: Duration, mut ended: Option<Ended>) -> Opt
         }
         if !sent_term {
             let _ = rustix::process::kill_process_group(group, Signal::TERM);
+            if let Some(c) = cgroup {
+                c.signal(Signal::TERM);
+            }
             sent_term = true;
         } else if !killed && tokio::time::Instant::now() >= deadline {
             eprintln!(
@@ -162,6 +206,9 @@ async fn end_group(group: Pid, grace: Duration, mut ended: Option<Ended>) -> Opt
                 humantime::format_duration(grace)
             );
             let _ = rustix::process::kill_process_group(group, Signal::KILL);
+            if let Some(c) = cgroup {
+                c.kill();
+            }
             killed = true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -175,17 +222,29 @@ fn is_foreground() -> bool {
 }
 
 /// Spawns CMD in a process group of its own (the terminal's foreground group when
-/// `foreground`), with SIGTERM as its parent-death signal.
+/// `foreground`), with SIGTERM as its parent-death signal, in the cgroup whose
+/// `cgroup.procs` is `join` (opened before the fork).
 #[allow(unsafe_code)]
-fn spawn(command: &[String], foreground: bool) -> std::io::Result<Pid> {
+fn spawn(
+    command: &[String],
+    foreground: bool,
+    join: Option<&std::os::fd::OwnedFd>,
+) -> std::io::Result<Pid> {
+    use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]);
+    let join = join.map(AsRawFd::as_raw_fd);
     // SAFETY: the closure runs in the child between fork and exec and makes only
-    // async-signal-safe system calls (setpgid, sigprocmask, tcsetpgrp, prctl); it
-    // allocates and locks nothing.
+    // async-signal-safe system calls (write, setpgid, sigprocmask, tcsetpgrp, prctl);
+    // it allocates and locks nothing. `join` is a descriptor the parent keeps open
+    // until the child has been spawned.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(fd) = join {
+                // `0`: the writing process itself, before it can start another.
+                rustix::io::write(std::os::fd::BorrowedFd::borrow_raw(fd), b"0")?;
+            }
             rustix::process::setpgid(None, None)?;
             if foreground {
                 // As a shell does for a job: SIGTTOU blocked while a background group

@@ -20,7 +20,10 @@
 //!    SIGKILL after a third of the lease TTL, at most 10 s) well before the controller
 //!    finds the lease expired and releases the claims.
 //! 5. When CMD has exited, the rest of its group is ended the same way and waited for:
-//!    a volume is released only after every process of the workload is gone.
+//!    a volume is released only after every process of the workload is gone. The
+//!    guard puts CMD in a cgroup of its own (`cgroup.rs`, cgroup v2) where one is
+//!    writable, so a process that left the group (`setsid`) is ended too; elsewhere it
+//!    says it falls back to the process group.
 //! 6. Then: client_status `complete` (0) or `failed` (with the code or
 //!    signal) and desired_status `stop` in one write; the claims are awaited until
 //!    Released (unless `--no-wait`); the lease is deleted (left to expire when the end
@@ -34,6 +37,7 @@ use std::time::Duration;
 use moor::api::*;
 use moor::store::StoreError;
 
+mod cgroup;
 pub(crate) mod guard;
 mod lease;
 mod process;
