@@ -382,3 +382,40 @@ async fn a_template_the_plugin_refuses_blocks_its_allocation_with_the_reason() {
     assert_eq!(c.node("n1").count("CreateVolume", "InvalidArgument"), 1);
     assert_eq!(c.node("n2").tried("NodePublishVolume"), 0);
 }
+
+/// Issue 49, item 10: `alloc run` printed `Blocked; scratch: no claim yet` until its
+/// timeout while the reason sat in the allocation's status. Now it says why, and a
+/// template refused for good (no room in the node's segment) ends the run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alloc_run_says_why_a_template_is_blocked_and_does_not_wait_for_its_timeout() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, zoned()).await;
+    let capacity = PluginId::new(cluster::PLUGIN).unwrap();
+    c.wait("zone b's capacity reported", T, || async {
+        c.store
+            .capacity(&capacity)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|r| {
+                r.iter()
+                    .any(|e| e.topology.get("zone").map(String::as_str) == Some("b"))
+            })
+    })
+    .await;
+    let out = std::process::Command::new(common::bin("moorctl"))
+        .arg(format!("--endpoints={}", c.etcd.client_url))
+        .args(["alloc", "run", "big", "--node", "n2", "--timeout", "5m"])
+        .args(["--volume", "scratch=new:16MiB", "--", "true"])
+        .output()
+        .expect("run moorctl alloc run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("request scratch is blocked") && stderr.contains("zone=b"),
+        "{stderr}"
+    );
+    // Its own refusal, not the timeout's (which would say "timed out after 5m").
+    assert!(!stderr.contains("timed out"), "{stderr}");
+    assert!(c.all_claims_released().await);
+}

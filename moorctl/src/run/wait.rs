@@ -17,11 +17,18 @@ pub(super) async fn claims(
 ) -> Result<Vec<(Name, Option<Claim>)>, StoreError> {
     let mut out = Vec::new();
     for req in &alloc.spec.volumes {
-        let Some(claim_name) = alloc.claim_name(req) else {
-            continue;
-        };
-        let key = Claim::key_for(&alloc.spec.node, &alloc.metadata.namespace, &claim_name);
-        out.push((req.name.clone(), ctx.store.try_get(&key).await?));
+        // Under its name, or the one an earlier release gave it, if it is this one's.
+        let mut found = None;
+        for claim_name in alloc.claim_names(req) {
+            let key = Claim::key_for(&alloc.spec.node, &alloc.metadata.namespace, &claim_name);
+            if let Some(c) = ctx.store.try_get(&key).await? {
+                if alloc.owns(&c) {
+                    found = Some(c);
+                    break;
+                }
+            }
+        }
+        out.push((req.name.clone(), found));
     }
     Ok(out)
 }
@@ -36,9 +43,20 @@ pub(super) fn progress(
         "allocation {}: {:?}",
         alloc.metadata.name, alloc.status.phase
     );
+    // Why a request has no claim yet (a template's volume refused or being made, a
+    // volume that does not exist): the controller says so on the allocation.
+    let why = alloc
+        .status
+        .meta
+        .last_error
+        .as_deref()
+        .filter(|_| claims.iter().any(|(_, c)| c.is_none()));
     for (req, claim) in claims {
         match claim {
-            None => line.push_str(&format!("; {req}: no claim yet")),
+            None => match why.and_then(|w| reason_for(w, req)) {
+                Some(reason) => line.push_str(&format!("; {req}: {}", printable(&reason))),
+                None => line.push_str(&format!("; {req}: no claim yet")),
+            },
             Some(c) if c.status.phase == settled => {}
             Some(c) => {
                 line.push_str(&format!("; {req}: {:?}", c.status.phase));
@@ -68,8 +86,19 @@ pub(super) fn progress(
     line
 }
 
-/// Waits until every claim of the allocation is Published; a Denied claim, a Failed
-/// volume or the timeout is a refusal naming the reason.
+/// What the allocation's `last_error` (its reasons joined by `; `) says about request
+/// `req`: the part naming it, or one naming its template's volume.
+fn reason_for(last_error: &str, req: &Name) -> Option<String> {
+    let named = format!("request {req}: ");
+    last_error
+        .split("; ")
+        .find(|part| part.starts_with(&named))
+        .map(|part| part[named.len()..].to_string())
+}
+
+/// Waits until every claim of the allocation is Published; a Denied claim, a template
+/// refused for good (the allocation Blocked with no claim for it), a Failed volume or
+/// the timeout is a refusal naming the reason.
 pub(super) async fn wait_published(
     ctx: &Ctx,
     key: &ObjectKey<AllocationSpec>,
@@ -97,6 +126,25 @@ pub(super) async fn wait_published(
                 printable(c.status.reason.as_deref().unwrap_or("no reason given"))
             ))
             .into()));
+        }
+        // Blocked for this very spec with a request that has no claim: its template's
+        // volume was refused (too big for the node's segment, the plugin's final
+        // answer); waiting until the timeout would only hide the reason.
+        let current = alloc.status.meta.observed_generation == alloc.metadata.generation;
+        if current && alloc.status.phase == AllocationPhase::Blocked {
+            let blocked = claims.iter().find_map(|(r, c)| {
+                let why = alloc.status.meta.last_error.as_deref()?;
+                c.is_none()
+                    .then(|| reason_for(why, r).map(|w| (r, w)))
+                    .flatten()
+            });
+            if let Some((req, why)) = blocked {
+                return Some(Err(Refused(format!(
+                    "request {req} is blocked: {}",
+                    printable(&why)
+                ))
+                .into()));
+            }
         }
         let published = !claims.is_empty()
             && claims.iter().all(|(_, c)| {
