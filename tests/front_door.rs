@@ -21,9 +21,9 @@ const T: Duration = Duration::from_secs(60);
 /// Rounds per command: each is one race the command must win.
 const ROUNDS: usize = 6;
 
-fn moorctl(etcd: &Etcd, args: &[&str]) -> (bool, String) {
+fn moorctl(url: &str, args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(bin("moorctl"))
-        .arg(format!("--endpoints={}", etcd.client_url))
+        .arg(format!("--endpoints={url}"))
         .args(args)
         .output()
         .expect("run moorctl");
@@ -139,17 +139,8 @@ async fn wins(etcd: &Etcd, store: &Store, key: &str, args: &[&str]) -> u64 {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let url = etcd.client_url.clone();
         tokio::task::spawn_blocking(move || {
-            let out = std::process::Command::new(bin("moorctl"))
-                .arg(format!("--endpoints={url}"))
-                .args(&args)
-                .output()
-                .expect("run moorctl");
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            (out.status.success(), text)
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            moorctl(&url, &args)
         })
         .await
         .unwrap()
@@ -316,7 +307,7 @@ async fn every_unversioned_moorctl_write_wins_over_a_concurrent_writer() {
         })
         .await
         .unwrap();
-    let (ok, out) = moorctl(&etcd, &["delete", "volume", "prot"]);
+    let (ok, out) = moorctl(&etcd.client_url, &["delete", "volume", "prot"]);
     assert!(ok, "{out}");
 
     // A write that names a version still refuses a stale copy.
@@ -340,7 +331,7 @@ async fn every_unversioned_moorctl_write_wins_over_a_concurrent_writer() {
         ),
     )
     .unwrap();
-    let (ok, out) = moorctl(&etcd, &["apply", "-f", file.to_str().unwrap()]);
+    let (ok, out) = moorctl(&etcd.client_url, &["apply", "-f", file.to_str().unwrap()]);
     assert!(!ok && out.contains("newer than your copy"), "{out}");
     let err = store
         .delete(&v.object_key(), Some(stale))

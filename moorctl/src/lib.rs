@@ -400,7 +400,7 @@ where
         std::time::Duration::from_secs(2),
     );
     let mut retrying = false;
-    let mut races = 0;
+    let mut races = moor::store::ConflictRetry::default();
     loop {
         match step(retrying).await {
             Err(e) if is_transient(&e) && tokio::time::Instant::now() < deadline => {
@@ -410,11 +410,9 @@ where
             }
             Err(e)
                 if e.is::<LookAgain>()
-                    && races + 1 < moor::store::UNVERSIONED_WRITE_ATTEMPTS
-                    && tokio::time::Instant::now() < deadline =>
+                    && tokio::time::Instant::now() < deadline
+                    && races.again().await =>
             {
-                races += 1;
-                tokio::time::sleep(moor::store::conflict_pause(races)).await;
                 retrying = true;
             }
             Err(e) if e.is::<LookAgain>() => return Err(Refused(e.to_string()).into()),

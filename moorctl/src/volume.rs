@@ -154,7 +154,7 @@ pub(crate) async fn deregister(
             // write) is only read past, so the race is a read and a write long, not
             // the lists of the check.
             let mut read = vol;
-            let mut attempt = 1;
+            let mut retry = moor::store::ConflictRetry::default();
             loop {
                 match ctx
                     .store
@@ -163,11 +163,7 @@ pub(crate) async fn deregister(
                 {
                     Ok(_) => return Ok(Some((read, held))),
                     Err(StoreError::NotFound { .. }) => return Ok(None),
-                    Err(StoreError::Conflict { .. })
-                        if attempt < moor::store::UNVERSIONED_WRITE_ATTEMPTS =>
-                    {
-                        tokio::time::sleep(moor::store::conflict_pause(attempt)).await;
-                        attempt += 1;
+                    Err(StoreError::Conflict { .. }) if retry.again().await => {
                         let Some(now) = ctx.store.try_get(key).await? else {
                             return Ok(None);
                         };

@@ -268,15 +268,6 @@ impl Allocation {
         }
     }
 
-    /// The claims the allocation asks for: (claim name, volume id) per request.
-    pub fn requests(&self) -> Vec<(Name, VolumeId)> {
-        self.spec
-            .volumes
-            .iter()
-            .filter_map(|req| Some((self.claim_name(req)?, self.request_volume(req)?)))
-            .collect()
-    }
-
     /// The claim a request makes on `volume` (the request's volume), as the controller
     /// creates it: the mode, the request's access and attachment modes (absent: the
     /// volume's), the merged mount options, the volume's plugin. `None` when the
@@ -577,9 +568,9 @@ mod tests {
             per_alloc: true,
             ..Default::default()
         });
-        let r = a.requests();
-        assert_eq!(r[0].0.as_str(), "web-1.data");
-        assert_eq!(r[0].1.as_str(), "db.web-1");
+        let req = &a.spec.volumes[0];
+        assert_eq!(a.claim_name(req).unwrap().as_str(), "web-1.data");
+        assert_eq!(a.request_volume(req).unwrap().as_str(), "db.web-1");
         // A volume an operator made under the earlier name is still found, until one
         // under the new name exists.
         let req = &a.spec.volumes[0];

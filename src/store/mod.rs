@@ -56,37 +56,49 @@ pub const DEFAULT_PREFIX: &str = "/moor/";
 /// try reads again and writes guarded by what it read, so it loses only to a write that
 /// lands between its own read and write: a reconciler's status write, most often. A
 /// person's `moorctl delete` must not fail on that (a fresh clone's tests did, under
-/// load); losing this many times in a row, with the pauses of [`conflict_pause`]
-/// between, means a writer that never stops, and the caller hears of it.
+/// load); losing this many times in a row, with [`ConflictRetry`]'s pauses between,
+/// means a writer that never stops, and the caller hears of it.
 pub const UNVERSIONED_WRITE_ATTEMPTS: u32 = 24;
 
-/// The pause before try `attempt` (1 = the first retry) of a write that lost a race:
-/// short and jittered (0.5-1 ms doubling to 25-50 ms), so that two writers that raced
-/// once do not race again in step.
-pub fn conflict_pause(attempt: u32) -> std::time::Duration {
-    crate::backoff::Backoff::new(
-        std::time::Duration::from_millis(1),
-        std::time::Duration::from_millis(50),
-    )
-    .delay(attempt)
+/// The tries of one write that names no version, after each conflict: the one place
+/// that bounds them ([`UNVERSIONED_WRITE_ATTEMPTS`]) and paces them (0.5-1 ms doubling
+/// to 25-50 ms, jittered, so that two writers that raced once do not race again in
+/// step). Only for writes that name no version: one that names the version its caller
+/// saw must refuse a stale copy, not retry it.
+#[derive(Debug, Default)]
+pub struct ConflictRetry {
+    conflicts: u32,
+}
+
+impl ConflictRetry {
+    /// After a conflict: pauses and answers true while a try is left, false (at once)
+    /// when the write has lost [`UNVERSIONED_WRITE_ATTEMPTS`] times.
+    pub async fn again(&mut self) -> bool {
+        self.conflicts += 1;
+        if self.conflicts >= UNVERSIONED_WRITE_ATTEMPTS {
+            return false;
+        }
+        let pause = crate::backoff::Backoff::new(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(50),
+        )
+        .delay(self.conflicts);
+        tokio::time::sleep(pause).await;
+        true
+    }
 }
 
 /// Runs `step`, a read followed by a write guarded by what it read, again while it
-/// answers [`StoreError::Conflict`]: at most [`UNVERSIONED_WRITE_ATTEMPTS`] times, with
-/// [`conflict_pause`] between. Only for writes that name no version: one that names the
-/// version its caller saw must refuse a stale copy, not retry it.
+/// answers [`StoreError::Conflict`], as [`ConflictRetry`] allows.
 pub async fn retry_conflicts<T, F, Fut>(mut step: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
-    let mut attempt = 1;
+    let mut retry = ConflictRetry::default();
     loop {
         match step().await {
-            Err(StoreError::Conflict { .. }) if attempt < UNVERSIONED_WRITE_ATTEMPTS => {
-                tokio::time::sleep(conflict_pause(attempt)).await;
-                attempt += 1;
-            }
+            Err(StoreError::Conflict { .. }) if retry.again().await => {}
             other => return other,
         }
     }
@@ -529,7 +541,7 @@ impl Store {
         key: &ObjectKey<S>,
         mut f: impl FnMut(&mut S) -> bool,
     ) -> Result<(Object<S>, bool), StoreError> {
-        let mut attempt = 1;
+        let mut retry = ConflictRetry::default();
         loop {
             let mut obj = self.get(key).await?;
             let mut spec = obj.spec.clone();
@@ -538,10 +550,7 @@ impl Store {
             }
             obj.spec = spec;
             match self.replace(&obj).await {
-                Err(StoreError::Conflict { .. }) if attempt < UNVERSIONED_WRITE_ATTEMPTS => {
-                    tokio::time::sleep(conflict_pause(attempt)).await;
-                    attempt += 1;
-                }
+                Err(StoreError::Conflict { .. }) if retry.again().await => {}
                 other => return other.map(|o| (o, true)),
             }
         }
@@ -605,7 +614,7 @@ impl Store {
         key: &ObjectKey<S>,
         mut f: impl FnMut(&Object<S>, &mut S::Status) -> bool,
     ) -> Result<Object<S>, StoreError> {
-        let mut attempt = 1;
+        let mut retry = ConflictRetry::default();
         loop {
             let mut obj = self.get(key).await?;
             let mut status = obj.status.clone();
@@ -615,10 +624,7 @@ impl Store {
             obj.status = status;
             let rv = obj.metadata.resource_version;
             match self.write_at(obj, rv).await {
-                Err(StoreError::Conflict { .. }) if attempt < UNVERSIONED_WRITE_ATTEMPTS => {
-                    tokio::time::sleep(conflict_pause(attempt)).await;
-                    attempt += 1;
-                }
+                Err(StoreError::Conflict { .. }) if retry.again().await => {}
                 other => return other,
             }
         }

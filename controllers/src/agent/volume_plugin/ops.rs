@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use moor::api::*;
-use moor::store::{conflict_pause, retry_conflicts, Store, StoreError, UNVERSIONED_WRITE_ATTEMPTS};
+use moor::store::{retry_conflicts, ConflictRetry, Store, StoreError};
 
 use super::options::CreateOptions;
 use super::{Answer, Config, Failure};
@@ -113,11 +113,15 @@ impl Endpoint {
         peer: super::Peer,
         mut reply: tokio::sync::oneshot::Sender<Answer>,
     ) {
-        let key = match (volume_name(req), caller(req)) {
-            (Ok(id), Ok(caller)) => self.allocation_key(&caller, &id).ok(),
+        let named = match (volume_name(req), caller(req)) {
+            (Ok(id), Ok(caller)) => self
+                .allocation_key(&caller, &id)
+                .ok()
+                .map(|k| (id, caller, k)),
             _ => None,
         };
-        let Some(key) = key else {
+        // A request mount() refuses at once: nothing to end if its caller left.
+        let Some((id, caller, key)) = named else {
             let _ = reply.send(self.mount(req, peer).await);
             return;
         };
@@ -151,9 +155,6 @@ impl Endpoint {
             tracing::warn!(allocation = %inflight, "the caller of a Mount hung up before its answer; another Mount of the same caller waits for its allocation, which stays");
             return;
         }
-        let (Ok(id), Ok(caller)) = (volume_name(req), caller(req)) else {
-            return;
-        };
         let ended = match self.find_allocation(&caller, &id).await {
             Ok((key, Some(a))) if !a.is_terminal() => {
                 self.end(&key, ClientStatus::Failed).await;
@@ -168,12 +169,12 @@ impl Endpoint {
         self.mounting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs the verb `verb` (the part after `VolumeDriver.`).
+    /// Runs the verb `verb` (the part after `VolumeDriver.`); Mount, which outlives its
+    /// connection, is [`Endpoint::mount_for`].
     pub async fn dispatch(&self, verb: &str, req: &Map<String, Value>) -> Answer {
         match verb {
             "Create" => self.create(req).await,
             "Remove" => self.remove(req).await,
-            "Mount" => self.mount(req, super::Peer { pid: None }).await,
             "Unmount" => self.unmount(req).await,
             "Path" => self.path(req).await,
             "Get" => self.get(req).await,
@@ -316,7 +317,7 @@ impl Endpoint {
     /// write likewise (bounded, as every unversioned write).
     async fn remove(&self, req: &Map<String, Value>) -> Answer {
         let id = volume_name(req)?;
-        let mut attempt = 1;
+        let mut retry = ConflictRetry::default();
         loop {
             let Some(v) = self.volume(&id).await? else {
                 return Ok(json!({}));
@@ -355,10 +356,7 @@ impl Endpoint {
             let at = Some(v.metadata.resource_version);
             match self.store.delete(&v.object_key(), at).await {
                 Ok(_) | Err(StoreError::NotFound { .. }) => return Ok(json!({})),
-                Err(StoreError::Conflict { .. }) if attempt < UNVERSIONED_WRITE_ATTEMPTS => {
-                    tokio::time::sleep(conflict_pause(attempt)).await;
-                    attempt += 1;
-                }
+                Err(StoreError::Conflict { .. }) if retry.again().await => {}
                 Err(e) => return Err(e.into()),
             }
         }
