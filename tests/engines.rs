@@ -173,8 +173,13 @@ struct Docker {
 impl Docker {
     async fn start(c: &Cluster, node: &str) -> Docker {
         common::need("dockerd");
-        // Short paths: containerd's sockets live under the exec root.
-        let dir = PathBuf::from(format!("/tmp/moor-docker-{}", std::process::id()));
+        // Short paths: containerd's sockets live under the exec root. One name per
+        // daemon, not per test process: the tests of this file run in parallel, and two
+        // of them sharing a directory removed each other's socket.
+        static DAEMONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = DAEMONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!("{}-{n}", std::process::id());
+        let dir = PathBuf::from(format!("/tmp/moor-docker-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
@@ -193,7 +198,7 @@ impl Docker {
             .stderr(log)
             .spawn()
             .expect("start dockerd");
-        let driver = format!("moor-test-{}", std::process::id());
+        let driver = format!("moor-test-{tag}");
         std::fs::create_dir_all("/etc/docker/plugins").unwrap();
         let spec = PathBuf::from(format!("/etc/docker/plugins/{driver}.spec"));
         std::fs::write(
