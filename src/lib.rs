@@ -17,6 +17,8 @@
 //! - [`backoff`]: exponential backoff with jitter, shared by the store, the runtime and
 //!   the CSI client.
 //! - [`telemetry`]: logs and traces of a daemon (one trace per claim, OTLP export).
+//! - [`workload`]: a workload's life on its node shared by the front doors (its
+//!   cgroup, which the runner records and the agent ends before an unpublish).
 //! - [`csi`]: moor's side of CSI: the typed client, the call policy (retries, deadlines,
 //!   what an answer means), conversions from moor's types, the requests built without
 //!   I/O (`csi::requests`) and the live contract monitor's rules (`csi::contract`). The protocol itself, the
@@ -34,5 +36,6 @@ pub mod csi;
 pub mod runtime;
 pub mod store;
 pub mod telemetry;
+pub mod workload;
 
 pub use moor_csi::{journal, process};

@@ -676,3 +676,65 @@ async fn a_setsid_child_is_ended_before_the_claim_leaves_published() {
     );
     c.check_calls(true);
 }
+
+/// Issue 49, item 7: `kill -9` of both moorctl processes (the runner and its guard)
+/// left the workload's `setsid` child running while the controller released the claim
+/// as lost. The runner records the workload's cgroup on the allocation; the node's
+/// agent kills what is left in it before NodeUnpublish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_whose_runner_and_guard_were_killed_is_ended_by_the_agent() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = cluster().await;
+    let guard = c.dir.path().join("guard.pid");
+    let escaped = c.dir.path().join("escaped.pid");
+    // The workload's parent is the guard; its setsid child leaves the process group.
+    let script = format!(
+        "echo $PPID > {g}; setsid sh -c 'echo $$ > {e}; exec sleep 300' & while [ ! -s {e} ]; do sleep 0.05; done; echo started; while :; do sleep 0.1; done",
+        g = guard.display(),
+        e = escaped.display()
+    );
+    let mut runner = start(&c, "k9", "n2", &["--lease-ttl", "3s"], &script);
+    let read_pid = |p: &std::path::Path| std::fs::read_to_string(p).unwrap().trim().to_string();
+    let (guard_pid, escaped_pid) = (read_pid(&guard), read_pid(&escaped));
+    // A killed process whose reaper is gone stays a zombie (state Z) until init reaps
+    // it: it runs no more.
+    let alive = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+    };
+    assert!(alive(&escaped_pid));
+    let recorded = allocation(&c, "k9").await.spec.workload_cgroup;
+    assert!(
+        recorded.is_some(),
+        "the workload's cgroup is on the allocation (CI runs as root with cgroup2)"
+    );
+    // Both moorctl processes at once, the guard first: nobody of moorctl ends anything.
+    let ok = Command::new("kill")
+        .args(["-KILL", &guard_pid, &runner.id().to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill -9 the guard and the runner");
+    let _ = runner.wait();
+    c.wait(
+        "k9's claim leaves Published",
+        Duration::from_secs(60),
+        || async {
+            c.claim("k9", "n2")
+                .await
+                .is_some_and(|cl| cl.status.phase != ClaimPhase::Published)
+        },
+    )
+    .await;
+    if alive(&escaped_pid) {
+        c.dump_logs();
+        eprintln!("{:#?}", c.claim("k9", "n2").await);
+        panic!("the workload's setsid child {escaped_pid} outlived both moorctl processes into the release");
+    }
+    c.wait_claim("k9", "n2", ClaimPhase::Released, T).await;
+    let claim = c.claim("k9", "n2").await.unwrap();
+    assert_eq!(claim.spec.workload_cgroup, recorded, "copied at release");
+    c.check_calls(true);
+}

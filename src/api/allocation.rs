@@ -114,6 +114,13 @@ pub struct AllocationSpec {
     /// How the workload ended (with a terminal client status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit: Option<ClientExit>,
+    /// The cgroup (v2; its path in the hierarchy, last component `moor-workload-…`)
+    /// every process of the workload runs in, written by `moorctl alloc run` with
+    /// `client_status: running`. The controller copies it onto the claims it releases
+    /// and the node's agent kills what is left in it before NodeUnpublish
+    /// (`moor::workload::cgroup`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_cgroup: Option<String>,
     /// The volumes it needs.
     #[serde(
         default,
@@ -146,6 +153,13 @@ impl Spec for AllocationSpec {
 
     fn validate(&self, errors: &mut ValidationErrors) {
         errors.check_id("node", self.node.validate());
+        if let Some(Err(e)) = self
+            .workload_cgroup
+            .as_deref()
+            .map(crate::workload::cgroup::check_recorded)
+        {
+            errors.push("workload_cgroup", e);
+        }
         if self.volumes.len() > MAX_VOLUME_REQUESTS {
             errors.push(
                 "volumes",
@@ -447,6 +461,25 @@ pub fn bounded_name(parts: &[&str], sep: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workload_cgroup_that_is_not_a_workload_s_is_refused() {
+        let mut spec = AllocationSpec {
+            node: NodeName::new("n1").unwrap(),
+            workload_cgroup: Some("/user.slice/moor-workload-7-0000002a".into()),
+            ..Default::default()
+        };
+        let mut errors = ValidationErrors::default();
+        spec.validate(&mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        spec.workload_cgroup = Some("/system.slice/sshd.service".into());
+        let mut errors = ValidationErrors::default();
+        spec.validate(&mut errors);
+        assert!(
+            format!("{errors:?}").contains("workload_cgroup"),
+            "{errors:?}"
+        );
+    }
 
     #[test]
     fn claim_names_stay_within_the_id_rule() {

@@ -79,6 +79,11 @@ pub struct ClaimSpec {
     /// Set by the controller when the allocation no longer needs the volume.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub release: bool,
+    /// The allocation's workload cgroup, copied by the controller in the write that
+    /// sets `release`: the node's agent kills what is left in it before NodeUnpublish
+    /// (`moor::workload::cgroup`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_cgroup: Option<String>,
     /// The volume's generation when the claim was admitted, or when a force-detach
     /// withdrew its grant (an operator's force detach applies only to claims admitted,
     /// or withdrawn, before it).
@@ -142,6 +147,13 @@ impl Spec for ClaimSpec {
         }
         if let Err(e) = self.node_secrets.check() {
             errors.push("node_secrets", e);
+        }
+        if let Some(Err(e)) = self
+            .workload_cgroup
+            .as_deref()
+            .map(crate::workload::cgroup::check_recorded)
+        {
+            errors.push("workload_cgroup", e);
         }
         if let Some(mode) = self.access_mode {
             if self.mode == ClaimMode::Write && !mode.allows_write() {

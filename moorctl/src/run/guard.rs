@@ -16,16 +16,17 @@
 //!    the grace (the runner gives a third of its lease's TTL, at most 10 s: shorter than
 //!    the controller waits before it releases a dead runner's claims), and the guard
 //!    waits until the group is empty. CMD runs in a cgroup of its own where a cgroup2
-//!    hierarchy is writable (`cgroup.rs`): every process it starts stays there, also
-//!    one that left the process group (`setsid`), and the guard ends and waits for the
-//!    cgroup too; elsewhere it warns and relies on the process group.
+//!    hierarchy is writable (`moor::workload::cgroup`, made by the runner and passed as
+//!    `--cgroup`): every process it starts stays there, also one that left the process
+//!    group (`setsid`), and the guard ends and waits for the cgroup too; elsewhere it
+//!    relies on the process group.
 //! 5. The guard exits as CMD did: the same code, or killed by the same signal.
 
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
 
-use super::cgroup::Cgroup;
+use moor::workload::cgroup::Cgroup;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// `moorctl __workload-guard --runner PID --grace D -- CMD...` (internal).
@@ -37,6 +38,9 @@ pub struct Guard {
     /// How long what is left of the workload has after SIGTERM before SIGKILL.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub grace: Duration,
+    /// The workload's cgroup, made by the runner (none: the process group alone).
+    #[arg(long)]
+    pub cgroup: Option<std::path::PathBuf>,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     pub command: Vec<String>,
@@ -73,18 +77,13 @@ impl Guard {
         }
         rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
         // A cgroup of the workload's own holds every process it starts, whatever
-        // session it moves to; without one, the process group is all there is.
-        let name = format!(
-            "moor-workload-{}",
-            rustix::process::getpid().as_raw_nonzero()
-        );
-        let cgroup = match Cgroup::create(&name) {
-            Ok(c) => Some(c),
+        // session it moves to; without one, the process group is all there is (the
+        // runner said why).
+        let cgroup = match self.cgroup.as_deref().map(Cgroup::open).transpose() {
+            Ok(c) => c,
             Err(why) => {
-                eprintln!(
-                    "moorctl: warning: the workload runs without a cgroup of its own ({why}); a process of it that leaves its process group (setsid) is not ended with it"
-                );
-                None
+                eprintln!("moorctl: cannot use the workload's cgroup: {why}");
+                return Ok(Some(Ended::Code(127)));
             }
         };
         let join = match cgroup.as_ref().map(Cgroup::join_fd).transpose() {

@@ -20,10 +20,12 @@
 //!    SIGKILL after a third of the lease TTL, at most 10 s) well before the controller
 //!    finds the lease expired and releases the claims.
 //! 5. When CMD has exited, the rest of its group is ended the same way and waited for:
-//!    a volume is released only after every process of the workload is gone. The
-//!    guard puts CMD in a cgroup of its own (`cgroup.rs`, cgroup v2) where one is
-//!    writable, so a process that left the group (`setsid`) is ended too; elsewhere it
-//!    says it falls back to the process group.
+//!    a volume is released only after every process of the workload is gone. CMD
+//!    runs in a cgroup of its own (`moor::workload::cgroup`, cgroup v2) where one is
+//!    writable, so a process that left the group (`setsid`) is ended too; elsewhere
+//!    the runner says it falls back to the process group. The cgroup is recorded on
+//!    the allocation with `running`: if both moorctl processes are killed, the node's
+//!    agent ends what is left in it before it unpublishes.
 //! 6. Then: client_status `complete` (0) or `failed` (with the code or
 //!    signal) and desired_status `stop` in one write; the claims are awaited until
 //!    Released (unless `--no-wait`); the lease is deleted (left to expire when the end
@@ -36,8 +38,8 @@ use std::time::Duration;
 
 use moor::api::*;
 use moor::store::StoreError;
+use moor::workload::cgroup::Cgroup;
 
-mod cgroup;
 pub(crate) mod guard;
 mod lease;
 mod process;
@@ -184,8 +186,25 @@ impl Run {
         if let Some(path) = &self.env_file {
             write_env_file(path, &env)?;
         }
-        set_running(ctx, &key).await?;
-        let exit = spawn_and_wait(&self.command, &env, grace(self.lease_ttl)).await;
+        let cgroup = match Cgroup::create() {
+            Ok(c) => Some(c),
+            Err(why) => {
+                eprintln!(
+                    "moorctl: warning: the workload runs without a cgroup of its own ({why}); a process of it that leaves its process group (setsid) is not ended with it"
+                );
+                None
+            }
+        };
+        set_running(ctx, &key, cgroup.as_ref().map(|c| c.recorded().to_string())).await?;
+        let exit = spawn_and_wait(
+            &self.command,
+            &env,
+            grace(self.lease_ttl),
+            cgroup.as_ref().map(Cgroup::path),
+        )
+        .await;
+        // Empty by now (the guard waited for it): removed.
+        drop(cgroup);
         let (status, info, code) = match exit {
             Ok(st) => outcome(st),
             Err(e) => {
@@ -585,15 +604,23 @@ fn write_env_file(path: &std::path::Path, env: &BTreeMap<String, String>) -> any
     f.write_all(text.as_bytes()).map_err(fail)
 }
 
-async fn set_running(ctx: &Ctx, key: &ObjectKey<AllocationSpec>) -> anyhow::Result<()> {
-    ride_out(ctx, |_| async move {
-        ctx.store
-            .modify_spec(key, |s: &mut AllocationSpec| {
-                s.client_status = ClientStatus::Running;
-                true
-            })
-            .await?;
-        Ok(())
+async fn set_running(
+    ctx: &Ctx,
+    key: &ObjectKey<AllocationSpec>,
+    cgroup: Option<String>,
+) -> anyhow::Result<()> {
+    ride_out(ctx, |_| {
+        let cgroup = cgroup.clone();
+        async move {
+            ctx.store
+                .modify_spec(key, |s: &mut AllocationSpec| {
+                    s.client_status = ClientStatus::Running;
+                    s.workload_cgroup = cgroup.clone();
+                    true
+                })
+                .await?;
+            Ok(())
+        }
     })
     .await
 }

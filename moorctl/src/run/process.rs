@@ -37,15 +37,17 @@ pub(super) async fn spawn_and_wait(
     command: &[String],
     env: &BTreeMap<String, String>,
     grace: Duration,
+    cgroup: Option<&std::path::Path>,
 ) -> std::io::Result<std::process::ExitStatus> {
     use futures::StreamExt;
     let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
     cmd.arg("__workload-guard")
         .arg(format!("--runner={}", std::process::id()))
-        .arg(format!("--grace={}ms", grace.as_millis()))
-        .arg("--")
-        .args(command)
-        .envs(env);
+        .arg(format!("--grace={}ms", grace.as_millis()));
+    if let Some(dir) = cgroup {
+        cmd.arg("--cgroup").arg(dir);
+    }
+    cmd.arg("--").args(command).envs(env);
     // SAFETY: the closure runs in the child between fork and exec and makes one system
     // call (prctl), which is async-signal-safe; it allocates and locks nothing.
     unsafe {

@@ -84,6 +84,15 @@ pub enum NodeError {
     /// still published from it.
     #[error("staging path {0} was staged under an earlier attachment and is still in use; waiting for its other claims to be torn down")]
     StagingBusy(String),
+    /// A released claim's workload still has processes after SIGKILL: its volume is
+    /// not unpublished under them.
+    #[error("the workload's cgroup {cgroup} is not empty: {why}; NodeUnpublish waits until it is")]
+    WorkloadLeft {
+        /// The cgroup, as recorded.
+        cgroup: String,
+        /// What is left.
+        why: String,
+    },
     /// The agent's own files.
     #[error("cannot write {path}")]
     Io {

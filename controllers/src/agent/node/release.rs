@@ -1,6 +1,9 @@
 //! A released or deleted claim: NodeUnpublish if it may be published, then NodeUnstage
 //! when no other claim uses the staging path and it may be staged; a step whose every
-//! attempt failed with a final answer owes no reverse.
+//! attempt failed with a final answer owes no reverse. Before a released claim is
+//! torn down, what is left in its workload's cgroup is killed ([`end_workload`]).
+
+use moor::workload::cgroup::Cgroup;
 
 use super::*;
 
@@ -8,7 +11,14 @@ impl Reconcile {
     pub(super) async fn release(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
         let rec = self.r.local.lock().await.publishes.get(key).cloned();
         if let Some(rec) = rec.filter(|r| !r.released) {
-            if let Err(e) = self.teardown(key, &rec).await {
+            let torn_down = match claim.spec.workload_cgroup.as_deref() {
+                Some(cgroup) => match end_workload(cgroup).await {
+                    Ok(()) => self.teardown(key, &rec).await,
+                    Err(e) => Err(e),
+                },
+                None => self.teardown(key, &rec).await,
+            };
+            if let Err(e) = torn_down {
                 if !e.is_backing_off() {
                     let msg = moor::process::error_chain(&e);
                     self.sync_mount(key, claim, Some(msg)).await?;
@@ -100,4 +110,39 @@ impl Reconcile {
         let _ = std::fs::remove_dir(staging);
         Ok(())
     }
+}
+
+/// How long a pass waits for a workload's cgroup to empty after SIGKILL before it
+/// gives up until its next try.
+const WORKLOAD_END: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Kills what is left in the workload cgroup `recorded` (its runner died without
+/// ending it) and waits until it is empty: nothing of the workload may use the volume
+/// once it is unpublished. A cgroup not found here is gone (or in a hierarchy this
+/// agent does not see: said at debug, and the release goes on).
+pub(super) async fn end_workload(recorded: &str) -> Result<(), NodeError> {
+    let found = match Cgroup::find_recorded(recorded) {
+        Ok(found) => found,
+        Err(why) => {
+            tracing::debug!(cgroup = recorded, %why, "the workload's cgroup is not seen here");
+            return Ok(());
+        }
+    };
+    let Some(cgroup) = found else {
+        return Ok(());
+    };
+    if cgroup.populated() {
+        tracing::warn!(
+            cgroup = recorded,
+            pids = ?cgroup.pids(),
+            "the workload's runner is gone and left processes; killing them before NodeUnpublish"
+        );
+    }
+    cgroup
+        .end(WORKLOAD_END)
+        .await
+        .map_err(|why| NodeError::WorkloadLeft {
+            cgroup: recorded.to_string(),
+            why,
+        })
 }

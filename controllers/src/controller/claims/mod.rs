@@ -176,6 +176,10 @@ async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, StoreError> {
     if !plan::claim::wanted(&claim, alloc.as_deref()) && !claim.spec.release {
         let mut c = (*claim).clone();
         c.spec.release = true;
+        // What is left of the workload is ended by the node before it unpublishes.
+        if let Some(cgroup) = alloc.as_ref().and_then(|a| a.spec.workload_cgroup.clone()) {
+            c.spec.workload_cgroup = Some(cgroup);
+        }
         // The release's first step in the same write: waiting for the node.
         if matches!(node_done(ctx, &c), NodeDone::No) {
             c.status.phase = ClaimPhase::Releasing;
