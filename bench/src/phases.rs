@@ -365,15 +365,12 @@ pub async fn stop_allocations(
 
 /// Sets one allocation's desired status to stop; the time the write returned.
 pub async fn stop_one(store: &Store, name: &str) -> anyhow::Result<SystemTime> {
-    store
-        .modify_spec(
-            &Allocation::key_for(&Namespace::default_ns(), name),
-            |spec: &mut AllocationSpec| {
-                spec.desired_status = DesiredStatus::Stop;
-                true
-            },
-        )
-        .await?;
+    moor::workload::end(
+        store,
+        &Allocation::key_for(&Namespace::default_ns(), name),
+        moor::workload::End::Stop,
+    )
+    .await?;
     Ok(SystemTime::now())
 }
 

@@ -286,7 +286,9 @@ impl Rig {
                 ..Default::default()
             },
         );
-        self.store.create(&a).await.expect("create the allocation");
+        moor::workload::create_or_adopt(&self.store, &a, moor::workload::IfEnded::Refuse, false)
+            .await
+            .expect("create the allocation");
     }
 
     /// Edits volume `name`'s spec (read, changed, written back guarded, again on a
@@ -305,11 +307,7 @@ impl Rig {
     /// Stops allocation `name` (its desired status).
     pub async fn stop(&self, name: &str) {
         let key = Allocation::key_for(&Namespace::default_ns(), name);
-        self.store
-            .modify_spec(&key, |spec| {
-                spec.desired_status = DesiredStatus::Stop;
-                true
-            })
+        moor::workload::end(&self.store, &key, moor::workload::End::Stop)
             .await
             .expect("stop the allocation");
     }

@@ -1,7 +1,8 @@
 //! `moorctl alloc stop NAME`: sets an allocation's desired status to stop; the controller
 //! then releases its claims. `moorctl alloc paths NAME`: where its volumes are.
 
-use moor::api::{Allocation, AllocationSpec, DesiredStatus};
+use moor::api::Allocation;
+use moor::workload::{self, End};
 
 use crate::{is_not_found, parse_name, parse_ns, ride_out, Ctx, Refused};
 
@@ -10,15 +11,10 @@ pub(crate) async fn stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Resu
     let ns = parse_ns(namespace)?;
     let name = parse_name("allocation", name)?;
     let key = Allocation::key_for(&ns, &name);
-    let stop = |spec: &mut AllocationSpec| {
-        let running = spec.desired_status != DesiredStatus::Stop;
-        spec.desired_status = DesiredStatus::Stop;
-        running
-    };
     let outcome = ride_out(ctx, |retrying| {
         let key = &key;
         async move {
-            let (_, wrote) = ctx.store.modify_spec(key, stop).await?;
+            let wrote = workload::end(&ctx.store, key, End::Stop).await?;
             // After a lost answer, "already stopped" may be our write.
             Ok(wrote || retrying)
         }

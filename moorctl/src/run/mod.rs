@@ -39,15 +39,14 @@ use std::time::Duration;
 use moor::api::*;
 use moor::store::StoreError;
 use moor::workload::cgroup::Cgroup;
+use moor::workload::{self, End, IfEnded, Pace, RequestPaths, Started, WorkloadError};
 
 pub(crate) mod guard;
 mod lease;
 mod process;
-mod wait;
 
 use lease::{renew, take_lease};
 use process::{grace, interrupted, outcome, spawn_and_wait};
-use wait::{wait_published, wait_released};
 
 use crate::{parse_name, parse_ns, ride_out, Ctx, Refused};
 
@@ -182,7 +181,7 @@ impl Run {
                 return Err(e);
             }
         };
-        let env = environment(ctx, &alloc).await?;
+        let env = environment(&alloc);
         if let Some(path) = &self.env_file {
             write_env_file(path, &env)?;
         }
@@ -460,77 +459,77 @@ fn host_name() -> anyhow::Result<String> {
     Ok(name)
 }
 
-/// Creates the allocation (`true`), or adopts the stored one of that name when it is not
-/// terminal and is on the same node (`false`).
+/// Creates the allocation (`true`), or adopts the stored one of that name when it is live
+/// and on the same node (`false`): `moor::workload::create_or_adopt`.
 async fn adopt_or_create(ctx: &Ctx, wanted: &Allocation) -> anyhow::Result<bool> {
-    let key = wanted.object_key();
-    ride_out(ctx, |retrying| {
-        let key = &key;
-        async move {
-            match ctx.store.try_get(key).await? {
-                None => match ctx.store.create(wanted).await {
-                    Ok(_) => Ok(true),
-                    Err(StoreError::AlreadyExists { .. }) => Err(crate::LookAgain.into()),
-                    Err(e) => Err(e.into()),
-                },
-                // Our own create, whose answer was lost.
-                Some(a) if retrying && a.spec == wanted.spec => Ok(true),
-                Some(a) => {
-                    let why = if a.is_deleting() {
-                        Some("it is being deleted".to_string())
-                    } else if a.is_terminal() {
-                        Some(format!(
-                            "it has ended (desired {:?}, client {:?})",
-                            a.spec.desired_status,
-                            a.client_status()
-                        ))
-                    } else if a.spec.node != wanted.spec.node {
-                        Some(format!(
-                            "it runs on node {}, not {}",
-                            a.spec.node, wanted.spec.node
-                        ))
-                    } else {
-                        None
-                    };
-                    match why {
-                        Some(why) => Err(Refused(format!(
-                            "allocation {} exists and cannot be adopted: {why}",
-                            a.metadata.name
-                        ))
-                        .into()),
-                        None => {
-                            eprintln!("moorctl: adopting allocation {}", a.metadata.name);
-                            Ok(false)
-                        }
-                    }
-                }
+    ride_out(ctx, |retrying| async move {
+        match workload::create_or_adopt(&ctx.store, wanted, IfEnded::Refuse, retrying).await {
+            Ok(Started::Created(_)) => Ok(true),
+            Ok(Started::Adopted(a)) => {
+                eprintln!("moorctl: adopting allocation {}", a.metadata.name);
+                Ok(false)
             }
+            Err(e) => Err(refusal(e)),
         }
     })
     .await
 }
 
-/// The allocation and its claims as stored, `None` once the allocation is gone.
-type Seen<'a> = Option<(&'a Allocation, &'a [(Name, Option<Claim>)])>;
+/// A refusal of the workload module as moorctl reports it: the reason (exit 1), or the
+/// store's error.
+pub(crate) fn refusal(e: WorkloadError) -> anyhow::Error {
+    match e {
+        WorkloadError::Store(e) => e.into(),
+        other => Refused(other.to_string()).into(),
+    }
+}
+
+/// How a wait of `alloc run` paces itself (every [`POLL`]) and reports (a line on
+/// stderr for each change).
+fn pace(say: &mut (dyn FnMut(&str) + Send)) -> Pace<'_> {
+    Pace {
+        poll: moor::backoff::Backoff::new(POLL, POLL).without_jitter(),
+        progress: say,
+    }
+}
+
+/// Waits until every claim of the allocation is Published, with its paths.
+async fn wait_published(
+    ctx: &Ctx,
+    key: &ObjectKey<AllocationSpec>,
+    timeout: Duration,
+) -> anyhow::Result<workload::Published> {
+    let mut say = |line: &str| eprintln!("moorctl: {line}");
+    workload::wait_published(&ctx.store, key, timeout, pace(&mut say))
+        .await
+        .map_err(refusal)
+}
+
+/// Waits until every claim of the allocation is Released (or gone).
+async fn wait_released(
+    ctx: &Ctx,
+    key: &ObjectKey<AllocationSpec>,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let mut say = |line: &str| eprintln!("moorctl: {line}");
+    workload::wait_released(&ctx.store, key, timeout, pace(&mut say))
+        .await
+        .map_err(refusal)?;
+    eprintln!("moorctl: allocation {}: every claim released", key.name());
+    Ok(())
+}
 
 /// MOOR_ALLOC, MOOR_NODE and `MOOR_VOLUME_<REQ>` for each request (its target path, as
 /// the node's agent published it).
-async fn environment(ctx: &Ctx, alloc: &Allocation) -> anyhow::Result<BTreeMap<String, String>> {
+fn environment(published: &workload::Published) -> BTreeMap<String, String> {
+    let alloc = &published.alloc;
     let mut env = BTreeMap::new();
     env.insert("MOOR_ALLOC".to_string(), alloc.metadata.name.to_string());
     env.insert("MOOR_NODE".to_string(), alloc.spec.node.to_string());
-    for (req, path) in paths(ctx, alloc).await? {
-        env.insert(volume_var(&req), path.target_path);
+    for (req, path) in &published.paths {
+        env.insert(volume_var(req), path.target_path.clone());
     }
-    Ok(env)
-}
-
-/// Where one request's volume is on the node.
-pub(crate) struct RequestPaths {
-    /// The published path (a file system) or device file (a block volume).
-    pub target_path: String,
-    /// The staging path, when the plugin stages.
-    pub staging_path: Option<String>,
+    env
 }
 
 /// Each request's paths, from its claim's Mount (requests not published yet are left
@@ -539,27 +538,10 @@ pub(crate) async fn paths(
     ctx: &Ctx,
     alloc: &Allocation,
 ) -> anyhow::Result<Vec<(Name, RequestPaths)>> {
-    let mut out = Vec::new();
-    for req in &alloc.spec.volumes {
-        let Some(claim_name) = alloc.claim_name(req) else {
-            continue;
-        };
-        let claim_key = Claim::key_for(&alloc.spec.node, &alloc.metadata.namespace, &claim_name);
-        let Some(mount) = ctx.store.try_get(&Mount::key_for(&claim_key)).await? else {
-            continue;
-        };
-        if !mount.status.published {
-            continue;
-        }
-        out.push((
-            req.name.clone(),
-            RequestPaths {
-                target_path: mount.spec.target_path.clone(),
-                staging_path: mount.spec.staging_path.clone(),
-            },
-        ));
-    }
-    Ok(out)
+    Ok(workload::look(&ctx.store, &alloc.object_key(), true)
+        .await?
+        .map(|seen| seen.paths)
+        .unwrap_or_default())
 }
 
 /// `MOOR_VOLUME_<REQ>`: REQ upper-cased, every other character than A-Z and 0-9 `_`.
@@ -611,16 +593,7 @@ async fn set_running(
 ) -> anyhow::Result<()> {
     ride_out(ctx, |_| {
         let cgroup = cgroup.clone();
-        async move {
-            ctx.store
-                .modify_spec(key, |s: &mut AllocationSpec| {
-                    s.client_status = ClientStatus::Running;
-                    s.workload_cgroup = cgroup.clone();
-                    true
-                })
-                .await?;
-            Ok(())
-        }
+        async move { Ok(workload::set_running(&ctx.store, key, cgroup).await?) }
     })
     .await
 }
@@ -633,16 +606,9 @@ async fn end(
     exit: Option<ClientExit>,
 ) -> anyhow::Result<()> {
     ride_out(ctx, |_| {
-        let exit = exit.clone();
+        let how = End::Ended(status, exit.clone());
         async move {
-            ctx.store
-                .modify_spec(key, |s: &mut AllocationSpec| {
-                    s.client_status = status;
-                    s.exit = exit.clone();
-                    s.desired_status = DesiredStatus::Stop;
-                    true
-                })
-                .await?;
+            workload::end(&ctx.store, key, how).await?;
             Ok(())
         }
     })

@@ -12,7 +12,8 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use moor::api::*;
-use moor::store::{retry_conflicts, ConflictRetry, Store, StoreError};
+use moor::store::{ConflictRetry, Store, StoreError};
+use moor::workload::{self, End, IfEnded, Pace, WorkloadError};
 
 use super::options::CreateOptions;
 use super::{Answer, Config, Failure};
@@ -440,41 +441,17 @@ impl Endpoint {
             .find(|c| c.attachment_mode == AttachmentMode::FileSystem)
             .copied()
             .ok_or_else(|| Failure::bad(format!("volume {id} offers no file-system capability")))?;
-        let (key, existing) = self.find_allocation(&caller, &id).await?;
-        let alloc = match existing {
-            Some(a) if !a.is_terminal() && a.spec.node == self.node => a,
-            // Never another node's live allocation (the name hashes the node: only a
-            // collision of hashes gets here).
-            Some(a) if !a.is_terminal() => {
-                return Err(Failure::internal(format!(
-                    "allocation {} of another node has this caller's name; not replaced",
-                    a.metadata.name
-                )));
-            }
-            Some(_) => {
-                // An earlier, ended mount of the same caller: replaced. The controller
-                // may write its status meanwhile: read again (bounded), and delete only
-                // while it is still ended.
-                let cleared = retry_conflicts(|| async {
-                    match self.store.try_get(&key).await? {
-                        Some(a) if a.is_terminal() => self.store.delete_read(&a).await.map(|_| ()),
-                        _ => Ok(()),
-                    }
-                })
-                .await;
-                match cleared {
-                    Ok(()) | Err(StoreError::NotFound { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-                self.create_allocation(&key, &caller, &id, cap, peer)
-                    .await?
-            }
-            None => {
-                self.create_allocation(&key, &caller, &id, cap, peer)
-                    .await?
-            }
-        };
-        match self.wait_published(&alloc).await {
+        // Under the name it was found by (an earlier release's, perhaps), else the
+        // current one; a live one on this node is adopted, an ended one replaced.
+        let (key, _) = self.find_allocation(&caller, &id).await?;
+        let wanted = self.wanted(&key, &caller, &id, cap, peer)?;
+        let started = workload::create_or_adopt(&self.store, &wanted, IfEnded::Replace, false)
+            .await
+            .map_err(|e| match e {
+                WorkloadError::Store(e) => Failure::from(e),
+                other => Failure::internal(other.to_string()),
+            })?;
+        match self.wait_published(started.allocation()).await {
             Ok(path) => Ok(json!({ "Mountpoint": path })),
             Err(f) => {
                 self.end(&key, ClientStatus::Failed).await;
@@ -483,7 +460,9 @@ impl Endpoint {
         }
     }
 
-    async fn create_allocation(
+    /// The allocation a caller's Mount of volume `id` wants: on this node, running,
+    /// one request `data` with the capability Mount chose, labelled with its caller.
+    fn wanted(
         &self,
         key: &ObjectKey<AllocationSpec>,
         caller: &str,
@@ -516,83 +495,56 @@ impl Endpoint {
             // the forgotten-mount rule see its containers' (orphans.rs keeps it).
             labels.insert(LABEL_UNSEEN.into(), "true".into());
         }
-        match self.store.create(&alloc).await {
-            Ok(a) => Ok(a),
-            // The same caller's Mount sent twice at once: adopt the other's.
-            Err(StoreError::AlreadyExists { .. }) => Ok(self.store.get(key).await?),
-            Err(e) => Err(e.into()),
-        }
+        Ok(alloc)
     }
 
-    /// Waits until the allocation's claim is Published; its target path.
+    /// Waits until the allocation's claim is Published (`moor::workload`, on the
+    /// store); its target path. A denied claim is the caller's error; the timeout
+    /// says where things stood.
     async fn wait_published(&self, alloc: &Allocation) -> Result<String, Failure> {
-        let req = &alloc.spec.volumes[0];
-        let claim_name = alloc
-            .claim_name(req)
-            .ok_or_else(|| Failure::internal("the allocation names no claim"))?;
-        let claim_key = Claim::key_for(&self.node, self.ns(), &claim_name);
-        let deadline = Instant::now() + self.cfg.mount_timeout;
-        let mut poll = poll();
-        let mut last_error = None;
-        loop {
-            if let Some(claim) = self.store.try_get(&claim_key).await? {
-                last_error = claim
-                    .status
-                    .meta
-                    .last_error
-                    .clone()
-                    .or_else(|| claim.status.reason.clone())
-                    .or(last_error);
-                match claim.status.phase {
-                    ClaimPhase::Published => {
-                        if let Some(m) = self.store.try_get(&Mount::key_for(&claim_key)).await? {
-                            if m.status.published {
-                                return Ok(m.spec.target_path.clone());
-                            }
-                        }
-                    }
-                    ClaimPhase::Denied => {
-                        return Err(Failure::bad(format!(
-                            "volume {}: claim {}: {}",
-                            req.volume,
-                            claim_name,
-                            claim.status.reason.as_deref().unwrap_or("refused")
-                        )));
-                    }
-                    _ => {}
-                }
+        let volume = alloc
+            .spec
+            .volumes
+            .first()
+            .map(|r| r.volume.to_string())
+            .unwrap_or_default();
+        let mut quiet = |line: &str| tracing::debug!(progress = line, "volume-plugin: waiting");
+        let pace = Pace {
+            poll: poll(),
+            progress: &mut quiet,
+        };
+        match workload::wait_published(
+            &self.store,
+            &alloc.object_key(),
+            self.cfg.mount_timeout,
+            pace,
+        )
+        .await
+        {
+            Ok(published) => published
+                .paths
+                .into_iter()
+                .next()
+                .map(|(_, p)| p.target_path)
+                .ok_or_else(|| Failure::internal("the allocation has no request")),
+            Err(WorkloadError::Refused(why)) => {
+                Err(Failure::bad(format!("volume {volume}: {why}")))
             }
-            if Instant::now() >= deadline {
-                return Err(Failure::internal(format!(
-                    "volume {} was not published on node {} within {}{}",
-                    req.volume,
-                    self.node,
-                    humantime::format_duration(self.cfg.mount_timeout),
-                    last_error
-                        .map(|e| format!(" (last: {})", moor::api::printable(&e)))
-                        .unwrap_or_default()
-                )));
-            }
-            tokio::time::sleep(poll.next_delay()).await;
+            Err(WorkloadError::TimedOut { after, last, .. }) => Err(Failure::internal(format!(
+                "volume {volume} was not published on node {} within {} (last: {})",
+                self.node,
+                humantime::format_duration(after),
+                moor::api::printable(&last)
+            ))),
+            Err(WorkloadError::Store(e)) => Err(e.into()),
         }
     }
 
-    /// Ends the allocation at `key` (client status `status`, desired stop); a failure
-    /// is logged (the allocation then waits for the node rule).
+    /// Ends the allocation at `key` (client status `status`, desired stop:
+    /// `moor::workload::end`); a failure is logged (the allocation then waits for the
+    /// forgotten-mount rule).
     async fn end(&self, key: &ObjectKey<AllocationSpec>, status: ClientStatus) {
-        let r = self
-            .store
-            .modify_spec(key, |s: &mut AllocationSpec| {
-                let before = (s.desired_status, s.client_status);
-                s.desired_status = DesiredStatus::Stop;
-                // A client status already terminal (complete, failed) is kept.
-                if s.client_status == ClientStatus::Running {
-                    s.client_status = status;
-                }
-                before != (s.desired_status, s.client_status)
-            })
-            .await;
-        match r {
+        match workload::end(&self.store, key, End::Ended(status, None)).await {
             Ok(_) | Err(StoreError::NotFound { .. }) => {}
             Err(e) => {
                 tracing::warn!(allocation = %key, error = %moor::store::bounded_chain(&e), "could not end an endpoint allocation")

@@ -283,16 +283,12 @@ async fn check(
             caller = %caller,
             "volume-plugin: no container uses the volume any more (its Unmount never came); ending its allocation"
         );
-        let r = store
-            .modify_spec(&a.object_key(), |s: &mut AllocationSpec| {
-                if s.is_terminal() {
-                    return false;
-                }
-                s.desired_status = DesiredStatus::Stop;
-                s.client_status = ClientStatus::Complete;
-                true
-            })
-            .await;
+        let r = moor::workload::end(
+            store,
+            &a.object_key(),
+            moor::workload::End::Ended(ClientStatus::Complete, None),
+        )
+        .await;
         if let Err(e) = r {
             if !matches!(e, moor::store::StoreError::NotFound { .. }) {
                 return Err(e);

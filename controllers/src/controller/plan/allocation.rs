@@ -204,33 +204,8 @@ pub fn converge(
     plan
 }
 
-/// Whether an ended allocation is collected now (deleted: its Released claims follow,
-/// each once its node confirmed the teardown, and their Mounts with them), later, or
-/// not at all: only an allocation that ended (terminal or being deleted) with every
-/// claim released (phase Released, since `released_at`), `retention` after that.
-pub fn collect(alloc: &Allocation, now: Timestamp, retention: Duration) -> Collect {
-    let ended = alloc.is_terminal() || alloc.is_deleting();
-    let since = match alloc.status.released_at {
-        Some(t) if ended && alloc.status.phase == AllocationPhase::Released => t,
-        _ => return Collect::Keep,
-    };
-    let elapsed = now.0.duration_since(since.0).unwrap_or_default();
-    match retention.checked_sub(elapsed) {
-        Some(left) if !left.is_zero() => Collect::After(left),
-        _ => Collect::Now,
-    }
-}
-
-/// What [`collect`] decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Collect {
-    /// Not an ended, released allocation: kept.
-    Keep,
-    /// Its retention ends after this long.
-    After(Duration),
-    /// Deleted now.
-    Now,
-}
+/// When ended work is collected: the workload module's rule.
+pub use moor::workload::{collect, Collect};
 
 /// The allocation's phase from its claims' (one per request that has or gets one).
 pub fn phase(terminal: bool, none_waiting: bool, claims: &[ClaimPhase]) -> AllocationPhase {
