@@ -39,3 +39,65 @@ pub mod telemetry;
 pub mod workload;
 
 pub use moor_csi::{journal, process};
+
+/// `--version` of a moor binary: its version, commit and whether the tree was clean,
+/// from the calling crate's build script (build/version.rs: MOOR_COMMIT, MOOR_TREE).
+#[macro_export]
+macro_rules! long_version {
+    () => {
+        concat!(
+            env!("CARGO_PKG_VERSION"),
+            " (commit ",
+            env!("MOOR_COMMIT"),
+            ", ",
+            env!("MOOR_TREE"),
+            " tree)"
+        )
+    };
+}
+
+/// This build's version (the workspace's: every moor crate has the same).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The `major.minor` of a version string (`0.2.0`, `0.2.0-rc.1`): while 0.x, a minor
+/// version is a release whose stored objects or flags users may have to act on.
+pub fn minor_of(version: &str) -> Option<(u64, u64)> {
+    let mut parts = version.split(['.', '-', '+']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// What a client of version `ours` says about a controller of version `theirs` (empty:
+/// a controller older than versions in the election record): `None` when they are
+/// the same minor version.
+pub fn version_skew(ours: &str, theirs: &str) -> Option<String> {
+    if theirs.is_empty() {
+        return Some(format!(
+            "the leading controller runs a version older than 0.2 (it does not say which); this is {ours}"
+        ));
+    }
+    if minor_of(ours).is_some() && minor_of(ours) == minor_of(theirs) {
+        return None;
+    }
+    Some(format!(
+        "the leading controller runs {theirs}, this is {ours}: see UPGRADING.md for which mixes work"
+    ))
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::*;
+
+    #[test]
+    fn only_another_minor_version_is_a_skew() {
+        assert_eq!(minor_of("0.2.0"), Some((0, 2)));
+        assert_eq!(minor_of("1.12.3-rc.1"), Some((1, 12)));
+        assert_eq!(minor_of("x"), None);
+        assert_eq!(version_skew("0.2.0", "0.2.7"), None);
+        assert!(version_skew("0.2.0", "0.3.0").is_some());
+        assert!(version_skew("0.2.0", "1.2.0").is_some());
+        assert!(version_skew("0.2.0", "").is_some_and(|w| w.contains("older")));
+        assert!(version_skew("0.2.0", "garbage").is_some());
+    }
+}

@@ -33,7 +33,7 @@ mod roles;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "moord", version, about = "moor's daemon")]
+#[command(name = "moord", version = moor::long_version!(), about = "moor's daemon")]
 struct Cli {
     /// How log lines are written: text, or json (one object per line, with the
     /// object key of the reconcile it came from).
@@ -81,6 +81,12 @@ async fn main() {
             }
         };
     let shutdown = moor::process::on_signal();
+    if matches!(
+        cli.command,
+        Command::Controller(_) | Command::Agent(_) | Command::Dev(_)
+    ) {
+        tracing::info!(version = moor::long_version!(), "{service} starting");
+    }
     let result = match cli.command {
         Command::Controller(args) => controller::run(args, shutdown).await.map(|()| 0),
         Command::Agent(args) => agent::run(*args, shutdown).await.map(|()| 0),

@@ -112,9 +112,12 @@ use moor::store::{EtcdAuth, Store, StoreError};
 
 pub use kind::Kind;
 
+/// `moorctl --version`: the version, the commit and whether the tree was clean.
+pub const LONG_VERSION: &str = moor::long_version!();
+
 /// moorctl: edit moor's desired state and watch it converge.
 #[derive(Debug, Parser)]
-#[command(name = "moorctl", version, about)]
+#[command(name = "moorctl", version = LONG_VERSION, about)]
 pub struct Cli {
     /// etcd endpoints, comma-separated.
     #[arg(
@@ -192,6 +195,8 @@ pub enum Command {
     Wait(wait::Wait),
     /// Check manifests (YAML or JSON, several documents) without applying them.
     Validate(validate::Validate),
+    /// Print moorctl's version and the leading controller's.
+    Version,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion {
         /// The shell.
@@ -308,6 +313,10 @@ impl Cli {
                 endpoints: self.endpoints.clone(),
                 retry_for: self.retry_for,
             };
+            if matches!(self.command, Command::Version) {
+                return version(&ctx).await;
+            }
+            warn_on_skew(&ctx).await;
             match self.command {
                 Command::Apply(cmd) => cmd.run(&ctx).await,
                 Command::Get(cmd) => cmd.run(&ctx).await,
@@ -341,7 +350,10 @@ impl Cli {
                 }
                 Command::Events(cmd) => cmd.run(&ctx).await,
                 Command::Wait(cmd) => cmd.run(&ctx).await,
-                Command::Validate(_) | Command::Completion { .. } | Command::WorkloadGuard(_) => {
+                Command::Validate(_)
+                | Command::Completion { .. }
+                | Command::WorkloadGuard(_)
+                | Command::Version => {
                     unreachable!()
                 }
             }
@@ -432,4 +444,48 @@ pub(crate) fn is_not_found(e: &anyhow::Error) -> bool {
         e.downcast_ref::<StoreError>(),
         Some(StoreError::NotFound { .. })
     )
+}
+
+/// How long moorctl waits for the election record when it only warns about skew.
+const SKEW_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `moorctl version`: this build, and the leading controller's version as its election
+/// record says (older controllers say none).
+async fn version(ctx: &Ctx) -> anyhow::Result<i32> {
+    outln!("moorctl {LONG_VERSION}");
+    match moor::runtime::leader::holder(&ctx.store, "controller").await {
+        Ok(Some(rec)) => {
+            let v = if rec.version.is_empty() {
+                "before 0.2 (unstated)".to_string()
+            } else {
+                rec.version.clone()
+            };
+            outln!(
+                "controller {} ({})",
+                moor::api::printable(&v),
+                moor::api::printable(&rec.holder)
+            );
+            if let Some(w) = moor::version_skew(moor::VERSION, &rec.version) {
+                eprintln!("moorctl: warning: {}", moor::api::printable(&w));
+            }
+        }
+        Ok(None) => outln!("controller: none is leading"),
+        Err(e) => outln!(
+            "controller: cannot tell ({})",
+            moor::store::bounded_chain(&e)
+        ),
+    }
+    Ok(0)
+}
+
+/// Warns once, on stderr, when the leading controller runs another minor version;
+/// says nothing when it cannot tell within [`SKEW_CHECK`] (the verb's own errors say
+/// more).
+async fn warn_on_skew(ctx: &Ctx) {
+    let read = moor::runtime::leader::holder(&ctx.store, "controller");
+    if let Ok(Ok(Some(rec))) = tokio::time::timeout(SKEW_CHECK, read).await {
+        if let Some(w) = moor::version_skew(moor::VERSION, &rec.version) {
+            eprintln!("moorctl: warning: {}", moor::api::printable(&w));
+        }
+    }
 }

@@ -50,6 +50,10 @@ pub struct LeaderRecord {
     pub ttl_ms: u64,
     /// Renewals so far (every renewal changes the value).
     pub renewals: u64,
+    /// The holder's version ([`crate::VERSION`]); empty in a record of a version
+    /// before it was written (0.1). `moorctl` warns when it is another minor version.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
 }
 
 impl LeaderRecord {
@@ -61,6 +65,7 @@ impl LeaderRecord {
             campaign: 0,
             ttl_ms: 0,
             renewals: 0,
+            version: String::new(),
         })
     }
 
@@ -136,6 +141,14 @@ impl Leadership {
     }
 }
 
+/// The record of election `name` as stored now; `None` while nobody holds it.
+pub async fn holder(store: &Store, name: &str) -> Result<Option<LeaderRecord>, StoreError> {
+    Ok(store
+        .get_raw(&crate::api::election_key(name))
+        .await?
+        .map(|(value, _)| LeaderRecord::parse(&value)))
+}
+
 fn election_key(store: &Store, name: &str) -> String {
     store.full_key(&crate::api::election_key(name))
 }
@@ -196,6 +209,7 @@ async fn try_acquire(
         campaign: fastrand::u64(1..),
         ttl_ms: cfg.ttl.as_millis() as u64,
         renewals: 0,
+        version: crate::VERSION.to_string(),
     };
     let txn = Txn::new()
         .when(vec![Compare::create_revision(

@@ -313,8 +313,8 @@ impl Store {
     }
 
     /// The value stored at `key` (below the prefix) and its mod_revision, undecoded:
-    /// for the keys that are not objects (reports, markers).
-    async fn get_raw(&self, key: &str) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
+    /// for the keys that are not objects (reports, markers, election records).
+    pub async fn get_raw(&self, key: &str) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
         let full = self.full_key(key);
         let resp = self
             .send(Repeat::Idempotent, |mut c| {

@@ -1,0 +1,7 @@
+//! The commit and tree state `--version` prints (build/version.rs).
+
+include!("../build/version.rs");
+
+fn main() {
+    emit_version();
+}

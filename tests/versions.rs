@@ -1,0 +1,131 @@
+//! Versions people can name (issue 50, item 1): `moord --version` and `moorctl version`
+//! print the version, commit and tree state; the leading controller says its version in
+//! its election record; moorctl warns, once per command, when that is another minor
+//! version. Real etcd, real moord and moorctl processes.
+
+#[path = "common/cluster.rs"]
+mod cluster;
+mod common;
+
+use cluster::{Cluster, PluginOpts};
+use std::process::Command;
+
+/// `moorctl --endpoints URL ARGS...`: exit code, stdout, stderr.
+fn moorctl(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(common::bin("moorctl"))
+        .arg(format!("--endpoints={url}"))
+        .args(args)
+        .output()
+        .expect("run moorctl");
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    eprintln!("$ moorctl {}\n{o}{e}", args.join(" "));
+    (out.status.code().unwrap_or(-1), o, e)
+}
+
+/// What `--version` promises: `NAME X.Y.Z (commit C, clean|dirty|unknown tree)`.
+fn assert_long_version(line: &str, name: &str) {
+    let rest = line
+        .strip_prefix(&format!("{name} {} (commit ", moor::VERSION))
+        .unwrap_or_else(|| panic!("{line:?} does not start with {name} and the version"));
+    let (commit, tree) = rest.split_once(", ").expect("commit, tree");
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "commit {commit:?}"
+    );
+    assert!(
+        ["clean tree)", "dirty tree)", "unknown tree)"].contains(&tree),
+        "tree {tree:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moorctl_version_names_the_leading_controller_s_version() {
+    for name in ["moord", "moorctl"] {
+        let out = Command::new(common::bin(name))
+            .arg("--version")
+            .output()
+            .expect("--version");
+        assert!(out.status.success());
+        assert_long_version(String::from_utf8_lossy(&out.stdout).trim(), name);
+    }
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    c.wait(
+        "a controller leads",
+        std::time::Duration::from_secs(30),
+        || async {
+            moor::runtime::leader::holder(&c.store, "controller")
+                .await
+                .is_ok_and(|r| r.is_some())
+        },
+    )
+    .await;
+    let (code, out, err) = moorctl(&c.etcd.client_url, &["version"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_long_version(lines[0], "moorctl");
+    assert!(
+        lines[1].starts_with(&format!("controller {} (controller", moor::VERSION)),
+        "{out}"
+    );
+    assert!(!err.contains("warning"), "same version: no warning: {err}");
+    let (code, _, err) = moorctl(&c.etcd.client_url, &["get", "volumes"]);
+    assert_eq!(code, 0);
+    assert!(!err.contains("warning"), "{err}");
+}
+
+/// An election record of another minor version (and one of a controller from before
+/// versions were recorded) makes every command warn once on stderr; a patch release
+/// of the same minor version does not. Its output on stdout is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_minor_version_of_the_controller_is_warned_about_once() {
+    let etcd = common::Etcd::start().await;
+    let mut raw = etcd.raw_client().await;
+    let (major, minor) = moor::minor_of(moor::VERSION).unwrap();
+    let key = format!(
+        "{}{}",
+        moor::store::DEFAULT_PREFIX,
+        moor::api::election_key("controller")
+    );
+    let record = |version: &str| {
+        let mut r = serde_json::json!({
+            "holder": "controller@old-host/1",
+            "campaign": 7,
+            "ttl_ms": 600000,
+            "renewals": 0,
+        });
+        if !version.is_empty() {
+            r["version"] = version.into();
+        }
+        r.to_string()
+    };
+    let (_, quiet, _) = moorctl(&etcd.client_url, &["get", "volumes"]);
+    for (version, warns) in [
+        (format!("{major}.{}.0", minor + 1), true),
+        (String::new(), true),
+        (format!("{major}.{minor}.99"), false),
+    ] {
+        raw.put(key.as_str(), record(&version), None).await.unwrap();
+        let (code, out, err) = moorctl(&etcd.client_url, &["get", "volumes"]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out, quiet, "stdout is the verb's alone");
+        assert_eq!(
+            err.matches("warning: the leading controller runs").count(),
+            usize::from(warns),
+            "controller {version:?}: {err}"
+        );
+        let (_, out, _) = moorctl(&etcd.client_url, &["version"]);
+        let shown = if version.is_empty() {
+            "before 0.2 (unstated)"
+        } else {
+            &version
+        };
+        assert!(
+            out.contains(&format!("controller {shown} (controller@old-host/1)")),
+            "{out}"
+        );
+    }
+}
