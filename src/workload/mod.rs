@@ -11,7 +11,7 @@
 //!    store by default; a front door may answer from state of its own) until every
 //!    claim is Published and its Mount says where ([`Published::paths`]). A denied
 //!    claim, a request blocked for good, an allocation ended or deleted meanwhile, or
-//!    the timeout is a [`WaitError`] that says why ([`judge_published`], pure).
+//!    the timeout is a [`WorkloadError`] that says why ([`judge_published`], pure).
 //! 3. [`end`]: one write for every way a workload ends ([`End`]): desired `stop`, and
 //!    the client status and exit when the workload ended. The first end's client
 //!    status stands.
