@@ -129,3 +129,56 @@ async fn another_minor_version_of_the_controller_is_warned_about_once() {
         );
     }
 }
+
+/// Issue 50, item 2: every stored type is decoded by skipping the fields this version
+/// does not know, and written back whole; before, a newer version's fields were
+/// dropped by the first write of an older one. An allocation carrying fields this
+/// version does not know (as a newer moorctl or controller would write them) keeps
+/// them through moorctl's stop and the controller's status writes, on a real etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_of_a_newer_version_survive_this_version_s_writes() {
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    c.apply(c.volume("v1", moor::api::AccessMode::SingleNodeWriter))
+        .await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n1", "v1", false)).await;
+    let t = std::time::Duration::from_secs(60);
+    c.wait_claim("a1", "n1", moor::api::ClaimPhase::Published, t)
+        .await;
+    let key = format!("{}allocations/default/a1", moor::store::DEFAULT_PREFIX);
+    let mut raw = c.etcd.raw_client().await;
+    let read = |raw: &mut etcd_client::Client| {
+        let key = key.clone();
+        let mut raw = raw.clone();
+        async move {
+            let resp = raw.get(key, None).await.unwrap();
+            serde_json::from_slice::<serde_json::Value>(resp.kvs()[0].value()).unwrap()
+        }
+    };
+    let mut newer = read(&mut raw).await;
+    newer["future_top"] = 1.into();
+    newer["spec"]["future_spec"] = serde_json::json!({"k": "v"});
+    newer["spec"]["volumes"][0]["future_request"] = true.into();
+    newer["status"]["future_status"] = "x".into();
+    raw.put(key.as_str(), newer.to_string(), None)
+        .await
+        .unwrap();
+    let (ok, out) = c.moorctl(&["alloc", "stop", "a1"]);
+    assert!(ok, "{out}");
+    c.wait_claim("a1", "n1", moor::api::ClaimPhase::Released, t)
+        .await;
+    c.wait("the controller wrote a1's status Released", t, || async {
+        read(&mut raw.clone()).await["status"]["phase"] == "released"
+    })
+    .await;
+    let written = read(&mut raw).await;
+    assert_eq!(written["spec"]["desired_status"], "stop", "moorctl's write");
+    assert_eq!(written["future_top"], 1, "{written}");
+    assert_eq!(written["spec"]["future_spec"]["k"], "v", "{written}");
+    assert_eq!(
+        written["spec"]["volumes"][0]["future_request"], true,
+        "{written}"
+    );
+    assert_eq!(written["status"]["future_status"], "x", "{written}");
+    c.check_calls(true);
+}

@@ -48,6 +48,7 @@ mod status;
 mod strmap;
 mod template;
 mod topology;
+mod unknown;
 mod validation;
 mod volume;
 mod yaml_depth;
@@ -74,6 +75,7 @@ pub use status::*;
 pub use strmap::*;
 pub use template::*;
 pub use topology::*;
+pub use unknown::{Step as UnknownStep, UnknownFields};
 pub use validation::*;
 pub use volume::*;
 
@@ -290,6 +292,10 @@ pub struct Object<S: Spec> {
     /// Observed state.
     #[serde(default)]
     pub status: S::Status,
+    /// What the stored value held that this version does not know (a newer version's
+    /// fields), written back with the object (`api::unknown`).
+    #[serde(skip)]
+    pub unknown: UnknownFields,
 }
 
 impl<S: Spec> Object<S> {
@@ -305,6 +311,7 @@ impl<S: Spec> Object<S> {
             },
             spec,
             status: S::Status::default(),
+            unknown: UnknownFields::default(),
         };
         obj.apply_defaults();
         obj

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::{Keyring, MalformedCause, OpenError, StoreError};
-use crate::api::{Object, Secrets, Spec, StoredAs};
+use crate::api::{Object, Secrets, Spec, StoredAs, UnknownFields};
 
 /// What a sealed field is bound to: its object's key and its name.
 fn aad(key: &str, field: &str) -> String {
@@ -48,6 +48,7 @@ impl Codec {
         }
         let mut obj: Object<S> =
             serde_json::from_slice(value).map_err(|e| malformed(MalformedCause::Json(e)))?;
+        obj.unknown = unknown_fields(value, &obj);
         obj.validate()
             .map_err(|e| malformed(MalformedCause::Invalid(e)))?;
         let actual = obj.key();
@@ -98,7 +99,12 @@ impl Codec {
             }
         }
         // Serialising our own types to JSON cannot fail: every map key is a string.
-        Ok(serde_json::to_vec(&stored).unwrap_or_default())
+        if stored.unknown.is_empty() {
+            return Ok(serde_json::to_vec(&stored).unwrap_or_default());
+        }
+        let mut value = serde_json::to_value(&stored).unwrap_or_default();
+        stored.unknown.restore(&mut value);
+        Ok(serde_json::to_vec(&value).unwrap_or_default())
     }
 
     /// Whether `obj` (as read) has secrets this store would store differently: in
@@ -116,6 +122,23 @@ impl Codec {
             None => false,
         })
     }
+}
+
+/// What the stored `value` holds that `obj` (decoded from it, secrets still as stored)
+/// does not: nothing when encoding `obj` again gives the same bytes, as it does for
+/// every value this version wrote; else the members found by comparing the two.
+fn unknown_fields<S: Spec>(value: &[u8], obj: &Object<S>) -> UnknownFields {
+    let again = serde_json::to_vec(obj).unwrap_or_default();
+    if again == value {
+        return UnknownFields::default();
+    }
+    let (Ok(stored), Ok(known)) = (
+        serde_json::from_slice::<serde_json::Value>(value),
+        serde_json::to_value(obj),
+    ) else {
+        return UnknownFields::default();
+    };
+    UnknownFields::between(&stored, &known)
 }
 
 #[cfg(test)]
@@ -163,6 +186,64 @@ mod tests {
             .decode::<VolumeSpec>("volumes/default/a", &bytes, 7)
             .unwrap();
         assert_eq!(decoded.metadata.resource_version, 7);
+    }
+
+    /// Issue 50, item 2: an older moor decoded a newer one's object by skipping the
+    /// fields it did not know and wrote it back whole, without them.
+    #[test]
+    fn a_newer_version_s_fields_survive_a_read_and_a_write_back() {
+        let mut a = Allocation::new(
+            &Namespace::default_ns(),
+            Name::new("a1").unwrap(),
+            AllocationSpec {
+                node: NodeName::new("n1").unwrap(),
+                volumes: vec![VolumeRequest {
+                    name: Name::new("data").unwrap(),
+                    volume: VolumeId::new("v1").unwrap(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        let codec = Codec::default();
+        let ours = codec.encode(&a).unwrap();
+        let read = codec
+            .decode::<AllocationSpec>("allocations/default/a1", &ours, 3)
+            .unwrap();
+        assert!(read.unknown.is_empty(), "this version's own value");
+        // What a newer version wrote: fields at the top, in the spec, in a request and
+        // in the status beside the flattened StatusMeta.
+        let mut newer: serde_json::Value = serde_json::from_slice(&ours).unwrap();
+        newer["future_top"] = 1.into();
+        newer["spec"]["future_spec"] = serde_json::json!({"k": "v"});
+        newer["spec"]["volumes"][0]["future_request"] = true.into();
+        newer["status"]["future_status"] = "x".into();
+        let bytes = serde_json::to_vec(&newer).unwrap();
+        let mut read = codec
+            .decode::<AllocationSpec>("allocations/default/a1", &bytes, 4)
+            .unwrap();
+        assert_eq!(read.unknown.len(), 4);
+        // This version's writers change what they know ...
+        read.status.phase = AllocationPhase::Ready;
+        read.status.meta.last_error = Some("e".into());
+        read.spec.desired_status = DesiredStatus::Stop;
+        let written: serde_json::Value =
+            serde_json::from_slice(&codec.encode(&read).unwrap()).unwrap();
+        // ... and the rest comes back as the newer version wrote it.
+        assert_eq!(written["future_top"], 1);
+        assert_eq!(written["spec"]["future_spec"]["k"], "v");
+        assert_eq!(written["spec"]["volumes"][0]["future_request"], true);
+        assert_eq!(written["status"]["future_status"], "x");
+        assert_eq!(written["status"]["phase"], "ready");
+        assert_eq!(written["status"]["last_error"], "e");
+        assert_eq!(written["spec"]["desired_status"], "stop");
+        // A request removed takes its unknown member with it.
+        a.spec.volumes.clear();
+        a.unknown = read.unknown.clone();
+        let written: serde_json::Value =
+            serde_json::from_slice(&codec.encode(&a).unwrap()).unwrap();
+        assert!(written["spec"].get("volumes").is_none(), "{written}");
+        assert_eq!(written["spec"]["future_spec"]["k"], "v");
     }
 
     fn volume_with_secret(name: &str) -> Volume {
