@@ -178,19 +178,6 @@ async fn objects_written(store: &Store) -> usize {
     v + a
 }
 
-/// How many allocations are stopped so far (0 on an error).
-async fn stopped(store: &Store) -> usize {
-    store
-        .list::<moor::api::AllocationSpec>(&moor::api::KeyScope::all())
-        .await
-        .map_or(0, |l| {
-            l.items
-                .iter()
-                .filter(|a| a.spec.desired_status == moor::api::DesiredStatus::Stop)
-                .count()
-        })
-}
-
 fn big_manifest(n: usize, seed: u64) -> String {
     let mut out = String::new();
     for i in 0..n {
@@ -345,12 +332,20 @@ async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
         .unwrap();
     // Each verb, one object after another (three verbs at once), while the leader dies
     // among them: every one ends with its effect and exit 0.
-    let verb = |list: Vec<Vec<String>>| {
+    // Each thread counts the commands it finished: the leader dies once every thread
+    // is a few commands in (not after a count of one verb's effects, which a loaded
+    // machine let the other verbs finish before).
+    let done: Vec<std::sync::Arc<std::sync::atomic::AtomicUsize>> = (0..3)
+        .map(|_| std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)))
+        .collect();
+    let verb = |i: usize, list: Vec<Vec<String>>| {
         let eps = endpoints.clone();
+        let done = done[i].clone();
         std::thread::spawn(move || {
             let mut failures = Vec::new();
             for args in list {
                 let out = moorctl(&eps).args(&args).output().unwrap();
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 if !out.status.success() {
                     failures.push(format!(
                         "{args:?}: {}",
@@ -364,29 +359,34 @@ async fn moorctl_verbs_and_watches_ride_out_the_death_of_the_leader_member() {
     let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<String>>();
     let verbs = [
         verb(
+            0,
             (0..80)
                 .map(|i| words(&["alloc", "stop", &format!("a{i}")]))
                 .collect(),
         ),
         verb(
+            1,
             (0..40)
                 .map(|i| words(&["volume", "detach", &format!("v{i}"), "--node", "n1"]))
                 .collect(),
         ),
         verb(
+            2,
             (40..80)
                 .map(|i| words(&["delete", "volume", &format!("v{i}")]))
                 .collect(),
         ),
     ];
-    // Killed once the verbs are under way (a random number of allocations stopped),
-    // and only while each of them still runs.
-    let at = fastrand::usize(5..40);
-    let store = Store::connect(&endpoints, "/moor/").await.unwrap();
+    // Killed once every verb is under way (a random few commands into each), and only
+    // while each of them still runs.
+    let at = fastrand::usize(2..8);
     wait_for(
-        &format!("{at} allocations stopped"),
+        &format!("every verb {at} commands in"),
         Duration::from_secs(60),
-        || async { stopped(&store).await >= at },
+        || async {
+            done.iter()
+                .all(|d| d.load(std::sync::atomic::Ordering::SeqCst) >= at)
+        },
     )
     .await;
     assert!(

@@ -32,9 +32,12 @@ pub enum Step {
     Index(usize, usize),
 }
 
+/// Members found, each with its path.
+type Kept = Vec<(Vec<Step>, Value)>;
+
 /// The members of a stored value its decoded object does not have, by path.
 #[derive(Debug, Clone, Default)]
-pub struct UnknownFields(Option<Arc<Vec<(Vec<Step>, Value)>>>);
+pub struct UnknownFields(Option<Arc<Kept>>);
 
 /// Not part of an object's identity: two objects that differ only in what this version
 /// cannot see are equal to it.
@@ -50,7 +53,7 @@ const MAX_KEPT: usize = 256;
 impl UnknownFields {
     /// What `stored` has that `known` (the decoded object, encoded again) has not.
     pub fn between(stored: &Value, known: &Value) -> UnknownFields {
-        let mut found = Vec::new();
+        let mut found = Kept::new();
         let mut path = Vec::new();
         collect(stored, known, &mut path, &mut found);
         if found.is_empty() {
@@ -104,12 +107,7 @@ fn walk<'a>(value: &'a mut Value, path: &[Step]) -> Option<&'a mut Value> {
     Some(at)
 }
 
-fn collect(
-    stored: &Value,
-    known: &Value,
-    path: &mut Vec<Step>,
-    found: &mut Vec<(Vec<Step>, Value)>,
-) {
+fn collect(stored: &Value, known: &Value, path: &mut Vec<Step>, found: &mut Kept) {
     match (stored, known) {
         (Value::Object(s), Value::Object(k)) => members(s, k, path, found),
         (Value::Array(s), Value::Array(k)) if s.len() == k.len() => {
@@ -127,7 +125,7 @@ fn members(
     stored: &Map<String, Value>,
     known: &Map<String, Value>,
     path: &mut Vec<Step>,
-    found: &mut Vec<(Vec<Step>, Value)>,
+    found: &mut Kept,
 ) {
     for (name, sv) in stored {
         if found.len() >= MAX_KEPT {
