@@ -478,3 +478,56 @@ async fn moorctl_apply_without_a_quorum_lists_what_it_did_not_apply() {
         "{stderr}"
     );
 }
+
+/// Issue 50, item 4: deploy/systemd's units and drop-in pass `systemd-analyze verify`
+/// (with the built binaries where they name /usr/local/bin: verify checks that the
+/// program exists). This machine has no systemd as PID 1: what a restart does is tested
+/// by replacing processes (tests/lifecycle.rs, tests/versions.rs).
+#[test]
+fn the_systemd_units_pass_systemd_analyze_verify() {
+    common::need("systemd-analyze");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/systemd");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut units = Vec::new();
+    let mut copy = |from: &Path, to: &Path| {
+        let text = std::fs::read_to_string(from)
+            .unwrap()
+            .replace(
+                "/usr/local/bin/moord",
+                common::bin("moord").to_str().unwrap(),
+            )
+            .replace(
+                "/usr/local/bin/moorctl",
+                common::bin("moorctl").to_str().unwrap(),
+            );
+        std::fs::write(to, text).unwrap();
+    };
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_owned();
+        if path.is_dir() {
+            let dir = tmp.path().join(&name);
+            std::fs::create_dir(&dir).unwrap();
+            for e in std::fs::read_dir(&path).unwrap() {
+                let p = e.unwrap().path();
+                copy(&p, &dir.join(p.file_name().unwrap()));
+            }
+        } else {
+            copy(&path, &tmp.path().join(&name));
+            units.push(format!("./{}", name.to_string_lossy()));
+        }
+    }
+    units.sort();
+    assert!(units.len() >= 3, "{units:?}");
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .args(&units)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.trim().is_empty(),
+        "{units:?}: {err}"
+    );
+}

@@ -15,6 +15,7 @@
 #   ip, iptables (iproute2, iptables)
 #                                 tests/faults.rs partitions an etcd member in its own
 #                                 network namespace
+#   systemd-analyze (systemd)     tests/deploy.rs lints deploy/systemd's units
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/needs.sh
@@ -30,6 +31,7 @@ need busybox busybox-static
 need dockerd docker.io
 need ip iproute2
 need iptables iptables
+need systemd-analyze systemd
 # Every test binary runs, whatever fails first: one failure must not hide another.
 status=0
 cargo test --workspace --no-fail-fast "$@" || status=$?

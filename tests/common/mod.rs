@@ -250,6 +250,7 @@ pub fn need(cmd: &'static str) -> &'static str {
         "etcdctl" => "etcd-client",
         "busybox" => "busybox-static",
         "dockerd" => "docker.io",
+        "systemd-analyze" => "systemd",
         other => other,
     };
     let found = std::env::var_os("PATH")
