@@ -489,7 +489,7 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/systemd");
     let tmp = tempfile::tempdir().unwrap();
     let mut units = Vec::new();
-    let mut copy = |from: &Path, to: &Path| {
+    let copy = |from: &Path, to: &Path| {
         let text = std::fs::read_to_string(from)
             .unwrap()
             .replace(
