@@ -21,6 +21,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod agent;
+mod backup;
 mod check;
 mod common;
 mod controller;
@@ -57,6 +58,9 @@ enum Command {
     Dev(dev::Args),
     /// Lists every moor object in etcd by kind and reports malformed ones (read-only).
     Check(check::Check),
+    /// Backups: `backup check FILE` says what an etcd snapshot holds.
+    #[command(subcommand)]
+    Backup(backup::Backup),
     /// Prints the etcd users-and-roles script (deploy/etcd/roles.sh) made from the kinds.
     Roles(roles::Roles),
     /// Prints key files for secrets at rest (a new cluster key; a node's derived keys).
@@ -91,6 +95,7 @@ async fn main() {
         Command::Controller(args) => controller::run(args, shutdown).await.map(|()| 0),
         Command::Agent(args) => agent::run(*args, shutdown).await.map(|()| 0),
         Command::Check(cmd) => cmd.run().await,
+        Command::Backup(cmd) => cmd.run().await,
         Command::Roles(cmd) => cmd.run(),
         Command::Keys(cmd) => cmd.run(),
         Command::Dev(args) => dev::run(args, shutdown).await.map(|()| 0),
