@@ -307,15 +307,23 @@ impl Cli {
             .enable_all()
             .build()?;
         rt.block_on(async move {
+            if matches!(self.command, Command::Version) {
+                // This build's line first: it answers without etcd.
+                outln!("moorctl {LONG_VERSION}");
+                return match self.auth.connect(&self.endpoints, &self.prefix).await {
+                    Ok(store) => controller_version(&store).await,
+                    Err(e) => {
+                        outln!("controller: cannot tell ({e:#})");
+                        Ok(0)
+                    }
+                };
+            }
             let store = self.auth.connect(&self.endpoints, &self.prefix).await?;
             let ctx = Ctx {
                 store,
                 endpoints: self.endpoints.clone(),
                 retry_for: self.retry_for,
             };
-            if matches!(self.command, Command::Version) {
-                return version(&ctx).await;
-            }
             warn_on_skew(&ctx).await;
             match self.command {
                 Command::Apply(cmd) => cmd.run(&ctx).await,
@@ -449,11 +457,10 @@ pub(crate) fn is_not_found(e: &anyhow::Error) -> bool {
 /// How long moorctl waits for the election record when it only warns about skew.
 const SKEW_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// `moorctl version`: this build, and the leading controller's version as its election
-/// record says (older controllers say none).
-async fn version(ctx: &Ctx) -> anyhow::Result<i32> {
-    outln!("moorctl {LONG_VERSION}");
-    match moor::runtime::leader::holder(&ctx.store, "controller").await {
+/// The second line of `moorctl version`: the leading controller's version as its
+/// election record says (older controllers say none).
+async fn controller_version(store: &Store) -> anyhow::Result<i32> {
+    match moor::runtime::leader::holder(store, "controller").await {
         Ok(Some(rec)) => {
             let v = if rec.version.is_empty() {
                 "before 0.2 (unstated)".to_string()
