@@ -114,7 +114,7 @@ impl Podman {
             PathBuf::from(path)
         };
         std::fs::copy(&path, bin.join("busybox")).unwrap();
-        for c in ["sh", "cat", "echo", "ls", "sleep", "true"] {
+        for c in ["sh", "cat", "echo", "ls", "mv", "sleep", "true"] {
             std::os::unix::fs::symlink("busybox", bin.join(c)).unwrap();
         }
         let tar = self.root.join("bb.tar");
@@ -144,7 +144,7 @@ fn busybox_tar(root: &Path) -> PathBuf {
     let path = PathBuf::from(String::from_utf8_lossy(&which.stdout).trim());
     assert!(path.is_file(), "busybox: {}", common::need("busybox"));
     std::fs::copy(&path, bin.join("busybox")).unwrap();
-    for c in ["sh", "cat", "echo", "ls", "sleep", "true"] {
+    for c in ["sh", "cat", "echo", "ls", "mv", "sleep", "true"] {
         std::os::unix::fs::symlink("busybox", bin.join(c)).unwrap();
     }
     let tar = root.join("bb.tar");
@@ -514,7 +514,9 @@ async fn a_podman_container_writes_through_an_agent_restart() {
         "localhost/bb",
         "sh",
         "-c",
-        "i=0; while :; do i=$((i+1)); echo $i > /data/count; sleep 0.2; done",
+        // Written aside and renamed: a read never meets the truncated file (it read
+        // 0 between `>`'s truncation and the write on a loaded machine).
+        "i=0; while :; do i=$((i+1)); echo $i > /data/count.new; mv /data/count.new /data/count; sleep 0.2; done",
     ]);
     c.wait("the container writes", T, || async {
         published_path(&c, "live")

@@ -13,6 +13,7 @@ const MAPS: &[&str] = &[
     "src/csi/mod.rs",
     "src/runtime/mod.rs",
     "src/store/mod.rs",
+    "src/workload/mod.rs",
     "csi/src/lib.rs",
     "embedded/src/lib.rs",
     "moorctl/src/lib.rs",

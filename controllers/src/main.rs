@@ -6,6 +6,8 @@
 //!   the provisioner, attacher, snapshotter and survey of the controller plugins it
 //!   hosts.
 //! - `check`: `moord check`: a read-only audit of the store.
+//! - `backup`: `moord backup check`: what an etcd snapshot holds, read from a temporary
+//!   etcd restored from it.
 //! - `roles`: `moord roles`: the etcd roles script, generated from the kinds.
 //! - `keys`: `moord keys`: key files for secrets at rest.
 //! - `dev`: `moord dev`: all of moor on one machine, on the embedded store.

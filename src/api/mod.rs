@@ -22,6 +22,8 @@
 //!   retry).
 //! - `quantity`: sizes with units, and timestamps.
 //! - `strmap`, `rare`: the compact containers decoded objects use.
+//! - `unknown`: the fields a stored object holds that this version does not know, kept
+//!   and written back.
 //! - `manifest`, `yaml_depth`: manifests parsed strictly, their nesting bounded in
 //!   libyaml itself.
 //! - `validation`: every problem of an object, each at its field path.

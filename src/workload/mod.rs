@@ -19,7 +19,9 @@
 //! 5. Ended work is kept for a retention, then collected by the controller
 //!    ([`collect`], pure).
 //!
-//! - [`cgroup`]: the workload's own cgroup (v2): `moorctl alloc run` makes it and runs
+//! # Layout
+//! - `mod.rs`: creation and adoption, the waits and their verdicts, the end, collection.
+//! - `cgroup`: the workload's own cgroup (v2): `moorctl alloc run` makes it and runs
 //!   the workload in it, records it on the allocation (`spec.workload_cgroup`), and the
 //!   node's agent ends what is left in it before it unpublishes the allocation's
 //!   volumes, also when both moorctl processes were killed.
