@@ -6,11 +6,14 @@ mod common;
 use common::{fixtures::volume, Etcd};
 use moor::api::*;
 use moor::store::Keyring;
+use std::path::Path;
 use std::process::Command;
 
-/// `moord backup check ARGS...`: exit code, stdout, stderr.
-fn check(args: &[&str]) -> (i32, String, String) {
+/// `moord backup check ARGS...` with its temporary directory in `tmp`: exit code,
+/// stdout, stderr.
+fn check(tmp: &Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(common::bin("moord"))
+        .env("TMPDIR", tmp)
         .args(["backup", "check"])
         .args(args)
         .output()
@@ -29,9 +32,10 @@ fn with_secret(name: &str) -> Volume {
     v
 }
 
-/// The temporary etcds' directories left in the temp dir.
-fn scratch_dirs() -> usize {
-    std::fs::read_dir(std::env::temp_dir())
+/// The temporary etcds' directories left in `tmp` (the test's own: another run's
+/// check on the same machine was counted when this looked in the machine's /tmp).
+fn scratch_dirs(tmp: &Path) -> usize {
+    std::fs::read_dir(tmp)
         .map(|d| {
             d.filter_map(Result::ok)
                 .filter(|e| {
@@ -81,11 +85,16 @@ async fn backup_check_reads_a_snapshot_and_refuses_a_bad_file_or_a_wrong_key() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let before = scratch_dirs();
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let before = scratch_dirs(&scratch);
     let snap_s = snap.to_str().unwrap();
 
     // With the key that sealed them: every secret opens; the garbage value is named.
-    let (code, out, err) = check(&[snap_s, "--encryption-key-file", k1.to_str().unwrap()]);
+    let (code, out, err) = check(
+        &scratch,
+        &[snap_s, "--encryption-key-file", k1.to_str().unwrap()],
+    );
     assert_eq!(code, 1, "a malformed value is a failed check: {out}{err}");
     assert!(
         out.starts_with(&format!("snapshot {snap_s}: revision ")),
@@ -121,11 +130,17 @@ async fn backup_check_reads_a_snapshot_and_refuses_a_bad_file_or_a_wrong_key() {
         .unwrap();
     assert!(saved.success());
     let clean_s = clean.to_str().unwrap();
-    let (code, out, _) = check(&[clean_s, "--encryption-key-file", k1.to_str().unwrap()]);
+    let (code, out, _) = check(
+        &scratch,
+        &[clean_s, "--encryption-key-file", k1.to_str().unwrap()],
+    );
     assert_eq!(code, 0, "{out}");
 
     // Another key: the sealed secrets would stay sealed after a restore.
-    let (code, out, _) = check(&[clean_s, "--encryption-key-file", k2.to_str().unwrap()]);
+    let (code, out, _) = check(
+        &scratch,
+        &[clean_s, "--encryption-key-file", k2.to_str().unwrap()],
+    );
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains("3 sealed with a key it does not hold (k1)")
@@ -134,7 +149,7 @@ async fn backup_check_reads_a_snapshot_and_refuses_a_bad_file_or_a_wrong_key() {
     );
 
     // No key file: said, not failed.
-    let (code, out, _) = check(&[clean_s]);
+    let (code, out, _) = check(&scratch, &[clean_s]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("give the cluster's key file"), "{out}");
 
@@ -145,7 +160,7 @@ async fn backup_check_reads_a_snapshot_and_refuses_a_bad_file_or_a_wrong_key() {
     let junk = tmp.path().join("junk.db");
     std::fs::write(&junk, b"not a snapshot at all").unwrap();
     for bad in [&cut, &junk, &tmp.path().join("missing.db")] {
-        let (code, out, err) = check(&[bad.to_str().unwrap()]);
+        let (code, out, err) = check(&scratch, &[bad.to_str().unwrap()]);
         assert_eq!(code, 2, "{}: {out}{err}", bad.display());
         assert!(
             err.contains("is not an etcd snapshot etcdctl can read"),
@@ -154,7 +169,7 @@ async fn backup_check_reads_a_snapshot_and_refuses_a_bad_file_or_a_wrong_key() {
         );
     }
     assert_eq!(
-        scratch_dirs(),
+        scratch_dirs(&scratch),
         before,
         "a temporary etcd's directory was left behind"
     );
