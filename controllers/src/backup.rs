@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use moor::api::*;
-use moor::process::error_chain;
 use moor::store::{Keyring, Store};
 
 /// Check an etcd snapshot file (read-only: restored into a temporary etcd).
@@ -164,34 +163,21 @@ async fn serve(file: &Path) -> anyhow::Result<Scratch> {
     Ok(scratch)
 }
 
-/// Lists kind `S`: one line of counts, and its objects' secrets added to `secrets`.
+/// Lists kind `S` (`moord check`'s audit) and adds its objects' secrets to `secrets`.
 async fn audit<S: Spec>(
     store: &Store,
     secrets: &mut Secrets,
     bad: &mut usize,
 ) -> anyhow::Result<()> {
-    let list = store
-        .list::<S>(&KeyScope::all())
-        .await
-        .with_context(|| format!("listing {}", KeyScope::<S>::all().as_str()))?;
-    println!(
-        "{:<12} {:>8} objects {:>6} malformed",
-        S::KIND,
-        list.items.len(),
-        list.malformed.len()
-    );
-    for e in &list.malformed {
-        println!("  {}", error_chain(e));
-    }
-    *bad += list.malformed.len();
-    for obj in list.items {
+    for obj in crate::check::audit::<S>(store, bad).await? {
         let mut spec = obj.spec;
         for field in spec.secret_fields() {
             if let Some(text) = field.secrets.sealed() {
-                // `moor:sealed:v1:KEY_ID:…`, kept sealed: no key held opens it.
-                let id = text.split(':').nth(3).unwrap_or("?").to_string();
+                // Kept sealed: no key held opens it.
                 secrets.sealed_unheld += 1;
-                secrets.unheld.insert(id);
+                secrets
+                    .unheld
+                    .insert(sealed_key_id(text).unwrap_or("?").to_string());
                 continue;
             }
             match field.secrets.stored_as() {

@@ -16,7 +16,12 @@ pub struct Check {
     etcd: EtcdArgs,
 }
 
-async fn audit<S: Spec>(store: &Store, bad: &mut usize) -> anyhow::Result<()> {
+/// Lists kind `S`: prints a line of counts and each malformed value (added to `bad`);
+/// the objects that read. Shared with `moord backup check`.
+pub(crate) async fn audit<S: Spec>(
+    store: &Store,
+    bad: &mut usize,
+) -> anyhow::Result<Vec<Object<S>>> {
     let list = store
         .list::<S>(&KeyScope::all())
         .await
@@ -31,7 +36,7 @@ async fn audit<S: Spec>(store: &Store, bad: &mut usize) -> anyhow::Result<()> {
         println!("  {}", error_chain(e));
     }
     *bad += list.malformed.len();
-    Ok(())
+    Ok(list.items)
 }
 
 impl Check {
@@ -57,7 +62,9 @@ impl Check {
             Err(e) => println!("etcd alarms: unknown ({})", error_chain(&e)),
         }
         for &kind in Kind::ALL.iter().filter(|k| k.checked()) {
-            moor::with_spec!(kind, S => audit::<S>(&store, &mut bad).await?);
+            moor::with_spec!(kind, S => {
+                audit::<S>(&store, &mut bad).await?;
+            });
         }
         Ok(if bad > 0 { 1 } else { 0 })
     }

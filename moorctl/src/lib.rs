@@ -472,9 +472,7 @@ async fn controller_version(store: &Store) -> anyhow::Result<i32> {
                 moor::api::printable(&v),
                 moor::api::printable(&rec.holder)
             );
-            if let Some(w) = moor::version_skew(moor::VERSION, &rec.version) {
-                eprintln!("moorctl: warning: {}", moor::api::printable(&w));
-            }
+            warn_if_skewed(&rec);
         }
         Ok(None) => outln!("controller: none is leading"),
         Err(e) => outln!(
@@ -491,8 +489,13 @@ async fn controller_version(store: &Store) -> anyhow::Result<i32> {
 async fn warn_on_skew(ctx: &Ctx) {
     let read = moor::runtime::leader::holder(&ctx.store, "controller");
     if let Ok(Ok(Some(rec))) = tokio::time::timeout(SKEW_CHECK, read).await {
-        if let Some(w) = moor::version_skew(moor::VERSION, &rec.version) {
-            eprintln!("moorctl: warning: {}", moor::api::printable(&w));
-        }
+        warn_if_skewed(&rec);
+    }
+}
+
+/// The one warning line, on stderr, when `rec`'s controller is another minor version.
+fn warn_if_skewed(rec: &moor::runtime::leader::LeaderRecord) {
+    if let Some(w) = moor::version_skew(moor::VERSION, &rec.version) {
+        eprintln!("moorctl: warning: {}", moor::api::printable(&w));
     }
 }

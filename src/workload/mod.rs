@@ -294,6 +294,16 @@ pub async fn look(
     let Some(alloc) = obs.allocation(key).await? else {
         return Ok(None);
     };
+    seen(obs, alloc, with_paths).await.map(Some)
+}
+
+/// [`look`] for an allocation already read: its claims and, with `with_paths`, the
+/// paths of the published ones.
+pub async fn seen(
+    obs: &impl Observe,
+    alloc: Allocation,
+    with_paths: bool,
+) -> Result<Seen, StoreError> {
     let mut claims = Vec::new();
     let mut paths = Vec::new();
     for req in &alloc.spec.volumes {
@@ -324,11 +334,11 @@ pub async fn look(
         }
         claims.push((req.name.clone(), found));
     }
-    Ok(Some(Seen {
+    Ok(Seen {
         alloc,
         claims,
         paths,
-    }))
+    })
 }
 
 impl Seen {

@@ -538,10 +538,7 @@ pub(crate) async fn paths(
     ctx: &Ctx,
     alloc: &Allocation,
 ) -> anyhow::Result<Vec<(Name, RequestPaths)>> {
-    Ok(workload::look(&ctx.store, &alloc.object_key(), true)
-        .await?
-        .map(|seen| seen.paths)
-        .unwrap_or_default())
+    Ok(workload::seen(&ctx.store, alloc.clone(), true).await?.paths)
 }
 
 /// `MOOR_VOLUME_<REQ>`: REQ upper-cased, every other character than A-Z and 0-9 `_`.

@@ -11,13 +11,13 @@ impl Reconcile {
     pub(super) async fn release(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
         let rec = self.r.local.lock().await.publishes.get(key).cloned();
         if let Some(rec) = rec.filter(|r| !r.released) {
-            let torn_down = match claim.spec.workload_cgroup.as_deref() {
-                Some(cgroup) => match end_workload(cgroup).await {
-                    Ok(()) => self.teardown(key, &rec).await,
-                    Err(e) => Err(e),
-                },
-                None => self.teardown(key, &rec).await,
-            };
+            let torn_down = async {
+                if let Some(cgroup) = claim.spec.workload_cgroup.as_deref() {
+                    end_workload(cgroup).await?;
+                }
+                self.teardown(key, &rec).await
+            }
+            .await;
             if let Err(e) = torn_down {
                 if !e.is_backing_off() {
                     let msg = moor::process::error_chain(&e);
