@@ -89,9 +89,65 @@ pub struct MountStatus {
     /// controller may detach. Once set, the agent never mounts for this claim again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub released: bool,
+    /// Set when the claim this mount served is missing from desired state and nothing
+    /// says it was deleted (an older etcd snapshot was restored): the agent keeps the
+    /// mount and reports it here until an operator adopts it into an allocation or
+    /// releases it (`moorctl mount adopt`, `moorctl mount release`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphan: Option<Box<Orphan>>,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,
+}
+
+/// A mount kept on its node although desired state no longer holds its claim: what it
+/// is, so that an operator can adopt it into an allocation that makes the same claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Orphan {
+    /// When the agent found the claim missing.
+    pub since: Timestamp,
+    /// The plugin.
+    pub plugin_id: PluginId,
+    /// The plugin's volume id.
+    pub external_id: ExternalVolumeId,
+    /// The allocation's request the claim was made for (absent when the agent that
+    /// recorded the mount predates 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<Name>,
+    /// Whether it was published read-only or read-write.
+    pub mode: ClaimMode,
+    /// The capability it was published with.
+    pub capability: VolumeCapability,
+}
+
+impl Orphan {
+    /// The allocation that makes this mount's claim again, on `node`: named as the
+    /// claim's allocation was (the target path holds the name), with one request for
+    /// the volume in the mode and capability it was published with. An operator's
+    /// `moorctl mount adopt` writes it; the node's agent then adopts the mount for the
+    /// new claim without a CSI call.
+    pub fn allocation(&self, mount: &Mount) -> Allocation {
+        let request = self
+            .request
+            .clone()
+            .unwrap_or_else(|| Name::new(mount.spec.volume.as_str()).unwrap_or_default());
+        Allocation::new(
+            &mount.metadata.namespace,
+            Name::new(mount.spec.allocation.as_str()).unwrap_or_default(),
+            AllocationSpec {
+                node: mount.spec.node.clone(),
+                volumes: vec![VolumeRequest {
+                    name: request,
+                    volume: mount.spec.volume.clone(),
+                    read_only: self.mode == ClaimMode::Read,
+                    access_mode: Some(self.capability.access_mode),
+                    attachment_mode: Some(self.capability.attachment_mode),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        )
+    }
 }
 
 /// A mount object.

@@ -90,6 +90,16 @@ pub fn journal_failed() {
     JOURNAL_FAILURES.inc();
 }
 
+/// Mounts the agent keeps although desired state lost their claims (an older etcd
+/// snapshot restored): each waits for an operator's `moorctl mount adopt` or
+/// `moorctl mount release`.
+static ORPHANED_MOUNTS: LazyLock<Gauge> = LazyLock::new(Gauge::default);
+
+/// Sets how many orphaned mounts this agent keeps.
+pub fn orphaned_mounts(n: usize) {
+    ORPHANED_MOUNTS.set(i64::try_from(n).unwrap_or(i64::MAX));
+}
+
 /// Events recorded but not written (queue full, or the store refused them); the
 /// process's log has each.
 static EVENTS_DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
@@ -335,6 +345,11 @@ impl Metrics {
             "moor_agent_journal_write_failures",
             "Writes of the agent's journal (its data dir's record of what it staged and published) that failed, such as on a full disk; the step each was to record was not taken",
             JOURNAL_FAILURES.clone(),
+        );
+        registry.register(
+            "moor_agent_orphaned_mounts",
+            "Mounts this agent keeps although desired state lost their claims (an older etcd snapshot restored); each waits for moorctl mount adopt or release",
+            ORPHANED_MOUNTS.clone(),
         );
         registry.register(
             "moor_events_dropped",

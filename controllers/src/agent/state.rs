@@ -92,23 +92,95 @@ pub struct PublishRecord {
     /// [`StageRecord::publish_context`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publish_context: Option<StrMap>,
+    /// The allocation's request, the claim's mode and the capability it was published
+    /// with (absent in records of agents before 0.2): what an orphaned mount's
+    /// adoption makes again ([`Orphan::allocation`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made_for: Option<MadeFor>,
+    /// When the agent found the claim missing from desired state with nothing saying
+    /// it was deleted (an older etcd snapshot restored): the mount is kept and
+    /// reported, never torn down without an operator's command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphaned: Option<Timestamp>,
+}
+
+/// What a publish record was made for, besides its claim's identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MadeFor {
+    /// The allocation's request.
+    pub request: Name,
+    /// Read-only or read-write.
+    pub mode: ClaimMode,
+    /// The capability as the claim holds it.
+    pub capability: VolumeCapability,
+}
+
+impl PublishRecord {
+    /// The record as an orphan ([`Orphan`]) since `since`: the capability and mode it
+    /// was made for, else (a record of an agent before 0.2) read back from the target
+    /// path's last component, `<ro|rw>-<attachment>-<access>`, which this agent made.
+    pub fn orphan(&self, since: Timestamp) -> Option<Orphan> {
+        let made = match &self.made_for {
+            Some(m) => m.clone(),
+            None => {
+                let last = self.target_path.file_name()?.to_str()?;
+                let (mode, usage) = match last.split_at_checked(3)? {
+                    ("ro-", usage) => (ClaimMode::Read, usage),
+                    ("rw-", usage) => (ClaimMode::Write, usage),
+                    _ => return None,
+                };
+                let mode_of = |s: &str| serde_json::from_value(serde_json::Value::from(s)).ok();
+                let (attachment_mode, access) =
+                    [AttachmentMode::FileSystem, AttachmentMode::BlockDevice]
+                        .into_iter()
+                        .find_map(|a| {
+                            Some((a, usage.strip_prefix(a.as_str())?.strip_prefix('-')?))
+                        })?;
+                let capability = VolumeCapability {
+                    attachment_mode,
+                    access_mode: mode_of(access)?,
+                };
+                MadeFor {
+                    request: Name::new(self.volume.as_str()).ok()?,
+                    mode,
+                    capability,
+                }
+            }
+        };
+        Some(Orphan {
+            since,
+            plugin_id: self.plugin_id.clone(),
+            external_id: self.external_id.clone(),
+            request: self.made_for.as_ref().map(|m| m.request.clone()),
+            mode: made.mode,
+            capability: made.capability,
+        })
+    }
 }
 
 /// Whether what was done under `done_under` (a record's attachment) stands on the
-/// claim's grant `granted`: the same attachment, or a record that names none (made
-/// where no ControllerPublish is needed, or before grants named their attachment).
-pub fn same_grant(done_under: Option<&str>, granted: Option<&str>) -> bool {
-    done_under.is_none() || done_under == granted
+/// claim's grant `granted`: the same attachment, a record that names none (made where
+/// no ControllerPublish is needed, or before grants named their attachment), or a
+/// claim never `revoked`. The controller changes a claim's grant only by withdrawing
+/// it (which sets `revoked`, for good); another attachment on a claim never revoked
+/// means the store lost the one the node acted under (an older etcd snapshot
+/// restored), while the volume stayed attached to this node: what the node did
+/// stands, and is not torn down.
+pub fn same_grant(done_under: Option<&str>, granted: Option<&str>, revoked: bool) -> bool {
+    done_under.is_none() || done_under == granted || !revoked
 }
 
 /// Whether what a record did (under attachment `attachment`, with publish_context
-/// `context`) stands on `claim`'s current grant: the same attachment ([`same_grant`])
+/// `context`) stands on `claim`'s current grant: the same grant ([`same_grant`])
 /// with the same publish_context, where the record kept it. A volume published again
 /// with another context (the survey re-publishes one detached behind moor's back) is
 /// staged and published again with it, as a withdrawn grant's work is redone.
 pub fn on_grant(attachment: Option<&str>, context: Option<&StrMap>, claim: &Claim) -> bool {
-    same_grant(attachment, claim.spec.attachment.as_deref())
-        && context.is_none_or(|c| *c == claim.spec.publish_context)
+    same_grant(
+        attachment,
+        claim.spec.attachment.as_deref(),
+        claim.spec.revoked,
+    ) && context.is_none_or(|c| *c == claim.spec.publish_context)
 }
 
 /// Everything the agent did on its node.
@@ -209,6 +281,8 @@ mod tests {
             expanded_bytes: None,
             attachment: None,
             publish_context: None,
+            made_for: None,
+            orphaned: None,
         }
     }
 
@@ -251,6 +325,42 @@ mod tests {
         std::fs::write(dir.path().join(LEGACY_FILE), b"{not json").unwrap();
         let e = format!("{:#}", LocalState::load(dir.path()).unwrap_err());
         assert!(e.contains("state.json is not a valid agent state"), "{e}");
+    }
+
+    #[test]
+    fn an_orphan_reads_its_mode_from_the_record_or_else_from_its_target_path() {
+        let mut r = record("/s", Step::Done, false);
+        r.target_path = PathBuf::from("/m/per-alloc/default/a/v/rw-file-system-single-node-writer");
+        let o = r.orphan(Timestamp::now()).unwrap();
+        assert_eq!(o.mode, ClaimMode::Write);
+        assert_eq!(
+            o.capability,
+            VolumeCapability {
+                attachment_mode: AttachmentMode::FileSystem,
+                access_mode: AccessMode::SingleNodeWriter
+            }
+        );
+        assert_eq!(o.request, None);
+        r.target_path =
+            PathBuf::from("/m/per-alloc/default/a/v/ro-block-device-multi-node-reader-only");
+        let o = r.orphan(Timestamp::now()).unwrap();
+        assert_eq!(o.mode, ClaimMode::Read);
+        assert_eq!(o.capability.attachment_mode, AttachmentMode::BlockDevice);
+        assert_eq!(o.capability.access_mode, AccessMode::MultiNodeReaderOnly);
+        r.target_path = PathBuf::from("/m/elsewhere");
+        assert!(r.orphan(Timestamp::now()).is_none());
+        // Recorded: taken as is, the request with it.
+        r.made_for = Some(MadeFor {
+            request: Name::new("data").unwrap(),
+            mode: ClaimMode::Read,
+            capability: VolumeCapability {
+                attachment_mode: AttachmentMode::FileSystem,
+                access_mode: AccessMode::MultiNodeMultiWriter,
+            },
+        });
+        let o = r.orphan(Timestamp::now()).unwrap();
+        assert_eq!(o.request.as_ref().map(|n| n.as_str()), Some("data"));
+        assert_eq!(o.capability.access_mode, AccessMode::MultiNodeMultiWriter);
     }
 
     #[test]

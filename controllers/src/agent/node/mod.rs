@@ -21,6 +21,8 @@
 //! - `publish`: a granted claim's publish pass.
 //! - `release`: a released or deleted claim's teardown.
 //! - `mount`: the claim's Mount and the node's events.
+//! - `orphans`: mounts whose claims desired state lost (an older snapshot restored):
+//!   kept, reported, adopted.
 //! - `stats`: volume usage and health.
 
 use moor::api::*;
@@ -41,6 +43,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 mod mount;
+mod orphans;
 mod plan;
 mod publish;
 mod release;
@@ -51,7 +54,7 @@ mod tests;
 use mount::claim_ref;
 
 use super::plugins::Supervisor;
-use super::state::{on_grant, LocalState, PublishRecord, StageRecord, Step};
+use super::state::{on_grant, LocalState, MadeFor, PublishRecord, StageRecord, Step};
 use super::{PluginConfig, StepError};
 use crate::common::{details, KeyedLocks};
 use moor::runtime::writer::Writer;
@@ -92,6 +95,22 @@ pub enum NodeError {
         cgroup: String,
         /// What is left.
         why: String,
+    },
+    /// The claim's name is held by an orphaned mount (a claim an older snapshot's
+    /// restore lost) that this claim would not make again.
+    #[error("an orphaned mount of an earlier claim {claim} (missing from desired state since a restore) is kept at {target}; this claim waits until an operator adopts or releases it (moorctl get mounts --orphaned)")]
+    NameHeldByOrphan {
+        /// The claim's name.
+        claim: String,
+        /// The orphan's target path.
+        target: String,
+    },
+    /// An orphaned mount of the same volume is live on this node: the volume is not
+    /// let go (a detach would pull it from under the orphan's workload).
+    #[error("an orphaned mount of this volume is live on the node at {target} (its claim is missing from desired state since a restore); the release is not acknowledged, so the volume is not detached from under it, until an operator adopts or releases it")]
+    VolumeHeldByOrphan {
+        /// The orphan's target path.
+        target: String,
     },
     /// The agent's own files.
     #[error("cannot write {path}")]
@@ -285,7 +304,9 @@ impl NodeReconciler {
         });
         let stats_interval = self.stats_interval;
         let writer = Writer::new(self.store.clone()).tracking(&mounts.reader());
+        let orphans = orphans::Orphans::of(&**self.local.lock().await);
         let this = Arc::new(Reconcile {
+            orphans: std::sync::Mutex::new(orphans),
             r: self,
             claims: reader.clone(),
             mounts: mounts.reader(),
@@ -318,6 +339,8 @@ struct Reconcile {
     writer: Writer,
     /// The registration term in which the claims were first listed.
     listed_in: u64,
+    /// The orphaned records ([`orphans`]).
+    orphans: std::sync::Mutex<orphans::Orphans>,
 }
 
 impl Reconcile {
@@ -349,8 +372,15 @@ impl Reconcile {
         };
         let _guard = self.r.locks.lock(&lock_key).await;
         let Some(claim) = claim else {
-            // Deleted: tear down whatever is left, then forget it.
+            // Deleted: tear down whatever is left, then forget it; unless nothing says
+            // it was deleted (an older snapshot restored): kept and reported.
             if let Some(rec) = record {
+                if self.missing(&key, &rec).await == plan::Missing::Orphan {
+                    return self
+                        .orphaned(&key, &rec)
+                        .await
+                        .map(|()| Action::AwaitChange);
+                }
                 self.teardown(&key, &rec).await?;
                 self.forget(&key).await?;
             }
@@ -363,9 +393,22 @@ impl Reconcile {
         };
         if let Some(rec) = &record {
             if rec.claim_uid != claim.metadata.uid {
-                // The claim was deleted and made again while we were away.
-                self.teardown(&key, rec).await?;
-                self.forget(&key).await?;
+                if self.adopt_in_place(&key, rec, &claim).await? {
+                    // The claim makes again exactly what the orphan holds.
+                } else if self.missing(&key, rec).await == plan::Missing::Deleted {
+                    // The claim was deleted and made again while we were away.
+                    self.teardown(&key, rec).await?;
+                    self.forget(&key).await?;
+                } else {
+                    // The record's claim is unknown to the store, and this claim of
+                    // the same name wants something else: the mount is kept, and
+                    // this claim waits until an operator settles the orphan.
+                    self.orphaned(&key, rec).await?;
+                    return Err(NodeError::NameHeldByOrphan {
+                        claim: claim.metadata.name.to_string(),
+                        target: path_str(&rec.target_path),
+                    });
+                }
             }
         }
         let done = if claim.spec.release || claim.is_deleting() {
@@ -441,6 +484,13 @@ impl Reconcile {
         let Some(rec) = self.r.local.lock().await.publishes.get(key).cloned() else {
             return Ok(());
         };
+        if !rec.released && !claim.spec.revoked && rec.claim_uid == claim.metadata.uid {
+            // Never withdrawn (a withdrawal sets `revoked`), so not granted yet as the
+            // store has it: an older snapshot restored from before the grant. The
+            // mount stays; the controller grants the claim again.
+            tracing::info!(claim = %key, "the store shows this claim not yet granted, though the node published it: keeping the mount until the grant comes back");
+            return Ok(());
+        }
         if !rec.released {
             if let Err(e) = self.teardown(key, &rec).await {
                 if !e.is_backing_off() {
@@ -552,6 +602,7 @@ impl Reconcile {
 
     async fn forget(&self, key: &str) -> Result<(), NodeError> {
         self.r.steps.forget(key);
+        self.forget_orphan(key);
         self.edit(|s| {
             s.publishes.remove(key);
         })

@@ -38,7 +38,16 @@ impl Reconcile {
                 .map(|r| path_str(&r.target_path))
                 .unwrap_or_else(|| "-".into()),
         };
-        let released = rec.as_ref().is_none_or(|r| r.released);
+        // While an orphaned mount of the same volume is live here, no release is
+        // acknowledged: the controller would detach the volume from under it.
+        let held = claim.spec.external_id.as_ref().and_then(|v| {
+            self.held_by_orphan(key, &claim.spec.plugin_id, v)
+                .map(|target| NodeError::VolumeHeldByOrphan {
+                    target: path_str(&target),
+                })
+        });
+        let last_error = last_error.or_else(|| held.as_ref().map(|e| e.to_string()));
+        let released = rec.as_ref().is_none_or(|r| r.released) && held.is_none();
         let publish = rec.as_ref().map(|r| r.step).unwrap_or_default();
         // A failing CSI step stays on the Mount until it succeeds: what it waits on,
         // since when, the last answer and the next retry.
@@ -57,6 +66,7 @@ impl Reconcile {
             publish_uncertain: publish == Step::Uncertain,
             released: released && (claim.spec.release || claim.is_deleting()),
             expanded_bytes: rec.as_ref().and_then(|r| r.expanded_bytes),
+            orphan: None,
             meta: StatusMeta {
                 observed_generation: claim.metadata.generation,
                 last_error,

@@ -123,6 +123,58 @@ pub fn earlier_grant(f: &Facts) -> Earlier {
     }
 }
 
+/// What the node does with a record whose claim desired state no longer holds as the
+/// record knew it (the claim is missing, or stored under another uid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missing {
+    /// The claim was deleted (or nothing of it is on the node): tear down what the
+    /// record holds and forget it, as for a release.
+    Deleted,
+    /// Nothing says the claim was deleted: keep the mount and report it
+    /// ([`moor::api::Orphan`]) until an operator adopts or releases it.
+    Orphan,
+}
+
+/// Decides [`Missing`] from the record's facts and whether the store holds this
+/// node's own Mount of that very claim (`mount_of_claim`: same claim uid, not an
+/// orphan report). Desired state never loses a claim the node acted on: a released
+/// claim is deleted only after the node's Mount acknowledged its teardown, and a
+/// force-detached one stays (revoked) until the node, back, has torn it down. So a
+/// claim gone while its Mount stays was deleted after the node acted (by an operator,
+/// or an older version): torn down. A claim gone with its Mount was never known to the
+/// store as it is now: an older snapshot was restored, and the mount is a live
+/// workload's that the restored state does not know (Nomad's "ghost volumes" after a
+/// state rebuild).
+pub fn missing(f: &Facts, mount_of_claim: bool) -> Missing {
+    let holds = f.published.needs_reverse() || f.staged.is_some_and(Step::needs_reverse);
+    if f.released || !holds || mount_of_claim {
+        Missing::Deleted
+    } else {
+        Missing::Orphan
+    }
+}
+
+/// Whether a granted claim takes over an orphaned record (`rec`) without a CSI call:
+/// it would publish exactly what the record holds (the same plugin's volume at the
+/// same target path, through the same staging path), so doing it again is doing
+/// nothing. The target path names the allocation, the volume and the mode.
+pub fn adopts(
+    rec: &PublishRecord,
+    claim: &Claim,
+    target_path: &std::path::Path,
+    staging_path: Option<&std::path::Path>,
+) -> bool {
+    rec.orphaned.is_some()
+        && !rec.released
+        && claim.spec.publish
+        && !claim.spec.release
+        && !claim.is_deleting()
+        && claim.spec.plugin_id == rec.plugin_id
+        && claim.spec.external_id.as_ref() == Some(&rec.external_id)
+        && rec.target_path == target_path
+        && rec.staging_path.as_deref() == staging_path
+}
+
 /// One action of a publish pass, in the order [`publish_pass`] lists them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -385,6 +437,101 @@ mod tests {
         };
         assert_eq!(to_release(&f), [Reverse::ForgetStage]);
         assert_eq!(to_release(&fresh()), []);
+    }
+
+    #[test]
+    fn a_missing_claim_s_mount_is_kept_unless_the_store_knew_the_claim_after_the_node_acted() {
+        let live = Facts {
+            staged: Some(Step::Done),
+            published: Step::Done,
+            ..fresh()
+        };
+        // Restored from before the claim: neither the claim nor its Mount.
+        assert_eq!(missing(&live, false), Missing::Orphan);
+        // An uncertain step may hold a mount as well.
+        for (staged, published) in [
+            (Some(Step::Uncertain), Step::Absent),
+            (None, Step::Uncertain),
+        ] {
+            let f = Facts {
+                staged,
+                published,
+                ..fresh()
+            };
+            assert_eq!(missing(&f, false), Missing::Orphan);
+        }
+        // The node's own Mount of that claim is stored: deleted after the node acted.
+        assert_eq!(missing(&live, true), Missing::Deleted);
+        // Nothing held (released for good, or nothing took effect): only forgotten.
+        let released = Facts {
+            released: true,
+            ..live
+        };
+        assert_eq!(missing(&released, false), Missing::Deleted);
+        let nothing = Facts {
+            staged: Some(Step::Absent),
+            ..fresh()
+        };
+        assert_eq!(missing(&nothing, false), Missing::Deleted);
+    }
+
+    #[test]
+    fn only_a_granted_claim_that_makes_the_same_mount_adopts_an_orphan() {
+        use crate::agent::state::PublishRecord;
+        use moor::api::*;
+        use std::path::{Path, PathBuf};
+        let rec = PublishRecord {
+            claim_uid: "old".into(),
+            namespace: Namespace::default_ns(),
+            claim: Name::new("a.v").unwrap(),
+            allocation: AllocationId::new("a").unwrap(),
+            volume: VolumeId::new("v").unwrap(),
+            plugin_id: PluginId::new("p").unwrap(),
+            external_id: ExternalVolumeId::new("e").unwrap(),
+            staging_path: Some(PathBuf::from("/s")),
+            target_path: PathBuf::from("/t"),
+            step: Step::Done,
+            released: false,
+            expanded_bytes: None,
+            attachment: Some("att-1".into()),
+            publish_context: None,
+            made_for: None,
+            orphaned: Some(Timestamp::now()),
+        };
+        let mut claim = Claim::new(
+            &Namespace::default_ns(),
+            Name::new("a.v").unwrap(),
+            ClaimSpec {
+                plugin_id: PluginId::new("p").unwrap(),
+                external_id: Some(ExternalVolumeId::new("e").unwrap()),
+                publish: true,
+                attachment: Some("att-2".into()),
+                ..Default::default()
+            },
+        );
+        let (t, s) = (Path::new("/t"), Some(Path::new("/s")));
+        assert!(adopts(&rec, &claim, t, s));
+        assert!(
+            !adopts(&rec, &claim, Path::new("/other"), s),
+            "another target path"
+        );
+        assert!(
+            !adopts(&rec, &claim, t, None),
+            "not through the same staging path"
+        );
+        let not_orphan = PublishRecord {
+            orphaned: None,
+            ..rec.clone()
+        };
+        assert!(!adopts(&not_orphan, &claim, t, s), "a record not orphaned");
+        claim.spec.external_id = Some(ExternalVolumeId::new("other").unwrap());
+        assert!(!adopts(&rec, &claim, t, s), "another volume");
+        claim.spec.external_id = Some(ExternalVolumeId::new("e").unwrap());
+        claim.spec.publish = false;
+        assert!(!adopts(&rec, &claim, t, s), "not granted yet");
+        claim.spec.publish = true;
+        claim.spec.release = true;
+        assert!(!adopts(&rec, &claim, t, s), "released");
     }
 
     /// Nothing asked of the node's expansion.

@@ -58,6 +58,8 @@ fn new_record(
         expanded_bytes: None,
         attachment: claim.spec.attachment.clone(),
         publish_context: Some(claim.spec.publish_context.clone()),
+        made_for: super::orphans::made_for(claim),
+        orphaned: None,
     }
 }
 
@@ -174,6 +176,15 @@ impl Reconcile {
         let (cap, external_id) = capability_and_id(claim)?;
         let paths = paths(&cfg, claim, cap);
         let stages = caps.node.has(NodeRpc::StageUnstageVolume);
+        // A new claim that makes again what an orphaned mount holds takes it over.
+        let existing = match existing {
+            Some(rec) => Some(rec),
+            None => {
+                let staging = stages.then_some(paths.staging_host.as_path());
+                self.adopt_elsewhere(key, claim, &paths.target_host, staging)
+                    .await?
+            }
+        };
         let rec =
             existing.unwrap_or_else(|| new_record(claim, &cfg.id, &external_id, &paths, stages));
         self.edit(|s| {

@@ -34,6 +34,18 @@ impl Reconcile {
             .await?;
         }
         self.sync_mount(key, claim, None).await?;
+        // Torn down, but not acknowledged while an orphan holds the volume here (the
+        // Mount says why): looked at again on the backoff.
+        if let Some(target) = claim
+            .spec
+            .external_id
+            .as_ref()
+            .and_then(|v| self.held_by_orphan(key, &claim.spec.plugin_id, v))
+        {
+            return Err(NodeError::VolumeHeldByOrphan {
+                target: path_str(&target),
+            });
+        }
         Ok(())
     }
 
