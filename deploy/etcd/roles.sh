@@ -75,6 +75,8 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     ctl role grant-permission "$user" readwrite "${PREFIX}capacities/$plugin"
     # And its snapshot list (the plugin's own ListSnapshots, for moorctl).
     ctl role grant-permission "$user" readwrite "${PREFIX}snapshot-lists/$plugin"
+    # And the volumes its ListVolumes holds that moor does not know (for moorctl).
+    ctl role grant-permission "$user" readwrite "${PREFIX}unknown-volumes/$plugin"
 done
 
 for node in ${VOLUME_PLUGINS:-}; do

@@ -41,6 +41,10 @@ pub struct Get {
     /// Print secrets and mount flags instead of `[redacted]`.
     #[arg(long)]
     pub show_secrets: bool,
+    /// With mounts: only those a node keeps although desired state lost their claims
+    /// (an older etcd snapshot restored); `moorctl mount adopt` or `release` each.
+    #[arg(long)]
+    pub orphaned: bool,
     /// Namespace selection.
     #[command(flatten)]
     pub ns: NsArgs,
@@ -52,6 +56,7 @@ impl Get {
             .as_deref()
             .is_none_or(|n| v.pointer("/metadata/name").and_then(Value::as_str) == Some(n))
             && self.selector.as_ref().is_none_or(|s| s.matches(v))
+            && (!self.orphaned || v.pointer("/status/orphan").is_some())
     }
 
     fn prepare(&self, mut v: Value) -> anyhow::Result<Value> {
@@ -65,6 +70,13 @@ impl Get {
 
     /// Prints the objects; exit code 1 when a named object does not exist.
     pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
+        match (self.orphaned, self.kind) {
+            (false, _) | (true, Kind::Mount) => {}
+            (true, Kind::Volume) => return self.unknown_volumes(ctx).await,
+            (true, _) => {
+                return Err(Refused("--orphaned applies to mounts and volumes".into()).into())
+            }
+        }
         let ns = self.ns.filter()?;
         let (items, _) = kind::list(ctx, self.kind, ns.as_ref()).await?;
         let mut items: Vec<Value> = items
@@ -110,6 +122,58 @@ impl Get {
                 .unwrap_or_else(KeyScope::all);
             self.follow::<S>(ctx, scope, ns.as_ref()).await
         })
+    }
+
+    /// `get volumes --orphaned`: the volumes each plugin lists that moor does not know,
+    /// as the agent leading its controller last surveyed them.
+    async fn unknown_volumes(&self, ctx: &Ctx) -> anyhow::Result<i32> {
+        if self.watch || self.name.is_some() {
+            return Err(Refused(
+                "get volumes --orphaned lists every plugin's report; it takes no name and no -w"
+                    .into(),
+            )
+            .into());
+        }
+        let plugins = ctx.store.list(&KeyScope::<PluginSpec>::all()).await?;
+        let mut rows = Vec::new();
+        for p in &plugins.items {
+            let id = match PluginId::new(p.metadata.name.as_str()) {
+                Ok(id) => id,
+                Err(_) => continue,
+            };
+            match ctx.store.unknown_volumes(&id).await {
+                Ok(Some(report)) => rows.push((id, report)),
+                Ok(None) => {}
+                Err(e) => eprintln!("moorctl: plugin {id}: {e}"),
+            }
+        }
+        if matches!(self.output, Output::Json | Output::Yaml) {
+            let items: Vec<Value> = rows
+                .iter()
+                .map(|(id, r)| serde_json::json!({"plugin": id, "volumes": r.volumes, "more": r.more}))
+                .collect();
+            print_doc(self.output, &serde_json::json!({"items": items}))?;
+            return Ok(0);
+        }
+        if rows.iter().all(|(_, r)| r.volumes.is_empty()) {
+            eprintln!("No volumes unknown to moor are listed by any plugin.");
+            return Ok(0);
+        }
+        outln!("PLUGIN\tVOLUME ID\tCAPACITY\tPUBLISHED TO");
+        for (id, r) in &rows {
+            for v in &r.volumes {
+                let nodes = if v.published_nodes.is_empty() {
+                    "-".to_string()
+                } else {
+                    v.published_nodes.join(",")
+                };
+                outln!("{id}\t{}\t{}\t{nodes}", v.volume_id, v.capacity_bytes);
+            }
+            if r.more > 0 {
+                outln!("{id}\t(and {} more)\t\t", r.more);
+            }
+        }
+        Ok(0)
     }
 
     async fn follow<S: Spec>(

@@ -94,6 +94,7 @@ mod events;
 pub mod explain;
 mod get;
 mod kind;
+mod mount;
 mod plan;
 mod plugin;
 mod run;
@@ -189,6 +190,10 @@ pub enum Command {
     /// Plugin verbs.
     #[command(subcommand)]
     Plugin(PluginCmd),
+    /// Mounts a node keeps although desired state lost their claims (an older etcd
+    /// snapshot restored; `get mounts --orphaned` lists them): adopt or release each.
+    #[command(subcommand)]
+    Mount(mount::MountCmd),
     /// The reconciliation events, oldest first.
     Events(events::Events),
     /// Wait until an object reaches a phase.
@@ -356,6 +361,7 @@ impl Cli {
                 Command::Plugin(PluginCmd::Deregister { plugin, node }) => {
                     plugin::deregister(&ctx, &plugin, &node).await
                 }
+                Command::Mount(cmd) => cmd.run(&ctx).await,
                 Command::Events(cmd) => cmd.run(&ctx).await,
                 Command::Wait(cmd) => cmd.run(&ctx).await,
                 Command::Validate(_)

@@ -257,7 +257,10 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                 col("REASON", |v| text(v, "/status/reason")),
             ],
             Kind::Attachment => vec![col("EXTERNAL ID", |v| text(v, "/spec/external_id"))],
-            Kind::Mount => vec![col("TARGET", |v| text(v, "/spec/target_path"))],
+            Kind::Mount => vec![
+                col("TARGET", |v| text(v, "/spec/target_path")),
+                col("ORPHANED", |v| text(v, "/status/orphan/since")),
+            ],
             Kind::Plugin => vec![
                 col("VERSION", |v| text(v, "/status/version")),
                 col("CONTROLLER REQUIRED", |v| {

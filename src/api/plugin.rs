@@ -192,6 +192,61 @@ pub fn parse_snapshot_list(value: &[u8]) -> Result<PluginSnapshots, String> {
     Ok(list)
 }
 
+/// The key of plugin `id`'s unknown volumes: volumes its ListVolumes holds that no
+/// Volume of moor names (a restored etcd snapshot older than their creation, or
+/// volumes made outside moor), listed in two survey passes in a row. Written by the
+/// agent leading the plugin's controller, for `moorctl get volumes --orphaned`; moor
+/// never deletes them.
+pub fn unknown_volumes_key(id: &PluginId) -> String {
+    format!("unknown-volumes/{id}")
+}
+
+/// The most unknown volumes a plugin's report names (the rest is counted).
+pub const MAX_UNKNOWN_VOLUMES: usize = 256;
+
+/// A plugin's unknown volumes, as its survey last found them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnknownVolumes {
+    /// Up to [`MAX_UNKNOWN_VOLUMES`] of them, by volume id.
+    #[serde(default)]
+    pub volumes: Vec<UnknownVolume>,
+    /// How many more.
+    #[serde(default)]
+    pub more: u64,
+}
+
+/// One volume the plugin lists that moor does not know.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnknownVolume {
+    /// The plugin's id of the volume.
+    pub volume_id: String,
+    /// Its capacity (0: unknown).
+    #[serde(default)]
+    pub capacity_bytes: u64,
+    /// The CSI node ids the plugin says it is published to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub published_nodes: Vec<String>,
+}
+
+/// Reads an unknown-volumes report written by an agent (untrusted: bounded).
+pub fn parse_unknown_volumes(value: &[u8]) -> Result<UnknownVolumes, String> {
+    if value.len() > NODE_WRITTEN_MAX_BYTES {
+        return Err(format!(
+            "{} bytes; an unknown-volumes report is at most {NODE_WRITTEN_MAX_BYTES}",
+            value.len()
+        ));
+    }
+    let list: UnknownVolumes =
+        serde_json::from_slice(value).map_err(|e| format!("not an unknown-volumes report: {e}"))?;
+    if list.volumes.len() > MAX_UNKNOWN_VOLUMES {
+        return Err(format!(
+            "{} volumes; at most {MAX_UNKNOWN_VOLUMES}",
+            list.volumes.len()
+        ));
+    }
+    Ok(list)
+}
+
 /// One GetCapacity answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CapacityEntry {

@@ -120,6 +120,36 @@ impl Store {
             .await
     }
 
+    /// Plugin `id`'s last unknown-volumes report ([`crate::api::unknown_volumes_key`]);
+    /// `None` when none was written.
+    pub async fn unknown_volumes(
+        &self,
+        id: &crate::api::PluginId,
+    ) -> Result<Option<crate::api::UnknownVolumes>, StoreError> {
+        let key = crate::api::unknown_volumes_key(id);
+        let Some((value, revision)) = self.get_raw(&key).await? else {
+            return Ok(None);
+        };
+        crate::api::parse_unknown_volumes(&value)
+            .map(Some)
+            .map_err(|why| StoreError::Malformed {
+                key,
+                revision,
+                cause: MalformedCause::Report(why),
+            })
+    }
+
+    /// Writes plugin `id`'s unknown-volumes report.
+    pub async fn put_unknown_volumes(
+        &self,
+        id: &crate::api::PluginId,
+        list: &crate::api::UnknownVolumes,
+    ) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(list).unwrap_or_default();
+        self.put_raw(&crate::api::unknown_volumes_key(id), value)
+            .await
+    }
+
     /// The alarms etcd's members have raised, as `(member id, alarm)` (`NOSPACE`,
     /// `CORRUPT`); empty where the server does not implement alarms (the embedded
     /// store, which has no quota).

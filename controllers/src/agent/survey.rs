@@ -65,6 +65,7 @@ pub struct Survey {
 struct Listed {
     published: BTreeSet<String>,
     condition: Option<v1::VolumeCondition>,
+    capacity_bytes: u64,
 }
 
 /// What a survey pass goes by, besides the volume and its listing.
@@ -188,6 +189,7 @@ impl Survey {
         let mut missing_before = BTreeSet::new();
         let mut unknown_before = BTreeSet::new();
         let mut absent_before = BTreeSet::new();
+        let mut strangers_before = BTreeSet::new();
         // Whether the plugin has filled any volume's published nodes in a pass yet.
         let mut fills_published = false;
         loop {
@@ -216,7 +218,8 @@ impl Survey {
                     tracing::warn!(plugin = %self.ctx.plugin.id, error = %moor::process::error_chain(&*e), "ListSnapshots survey");
                 }
             }
-            let listing = if caps.controller.has(ControllerRpc::ListVolumes) {
+            let lists_all = caps.controller.has(ControllerRpc::ListVolumes);
+            let listing = if lists_all {
                 Some(self.list().await)
             } else if caps.controller.has(ControllerRpc::GetVolume) {
                 Some(self.get_each().await)
@@ -231,6 +234,10 @@ impl Survey {
                             .await;
                         missing_before = missing;
                         unknown_before = unknown;
+                        // Only a whole ListVolumes shows volumes moor does not know.
+                        if lists_all {
+                            strangers_before = self.strangers(&listed, &strangers_before).await;
+                        }
                         fills_published |= listed.values().any(|l| !l.published.is_empty());
                         absent_before = if fills_published {
                             self.absent(&caps, &listed, &absent_before).await
@@ -389,6 +396,7 @@ impl Survey {
                     Listed {
                         published: status.published_node_ids.into_iter().collect(),
                         condition: status.volume_condition,
+                        capacity_bytes: u64::try_from(vol.capacity_bytes).unwrap_or(0),
                     },
                 );
             }
@@ -425,6 +433,9 @@ impl Survey {
                         Listed {
                             published: status.published_node_ids.into_iter().collect(),
                             condition: status.volume_condition,
+                            capacity_bytes: r
+                                .volume
+                                .map_or(0, |v| u64::try_from(v.capacity_bytes).unwrap_or(0)),
                         },
                     );
                 }
@@ -496,6 +507,111 @@ impl Survey {
             self.write(&vol, f.set, f.warn).await;
         }
         (missing, unknown)
+    }
+
+    /// Volumes the plugin lists that no Volume of moor names (by the id the plugin
+    /// gave it, in any phase): after an older etcd snapshot is restored, those made
+    /// since; or volumes made outside moor. Those listed in the previous pass too are
+    /// reported in the plugin's unknown-volumes key (written when it changed) and, when
+    /// new ones appear, with an "Unknown volumes" Warning on the Plugin. Never deleted:
+    /// an operator registers one (a Volume with its `external_id`) or deletes it by
+    /// the plugin's own means. Returns this pass's findings.
+    async fn strangers(
+        &self,
+        listed: &BTreeMap<String, Listed>,
+        before: &BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        let id = &self.ctx.plugin.id;
+        let known: BTreeSet<String> = self
+            .volumes
+            .reader()
+            .state()
+            .iter()
+            .filter(|v| &v.spec.plugin_id == id)
+            .filter_map(|v| {
+                v.status
+                    .provisioning
+                    .external_id
+                    .as_ref()
+                    .or(v.spec.external_id.as_ref())
+                    .map(|e| e.to_string())
+            })
+            .collect();
+        let now: BTreeSet<String> = listed
+            .keys()
+            .filter(|ext| !known.contains(*ext))
+            .cloned()
+            .collect();
+        let mut report = UnknownVolumes::default();
+        for ext in now.intersection(before) {
+            if report.volumes.len() >= MAX_UNKNOWN_VOLUMES {
+                report.more += 1;
+                continue;
+            }
+            let entry = &listed[ext];
+            report.volumes.push(UnknownVolume {
+                volume_id: printable_bounded(ext, 128),
+                capacity_bytes: entry.capacity_bytes,
+                published_nodes: entry
+                    .published
+                    .iter()
+                    .map(|n| printable_bounded(n, 128))
+                    .collect(),
+            });
+        }
+        let stored = self.ctx.reads.unknown_volumes(id).await;
+        let unchanged = match &stored {
+            Ok(Some(known)) => *known == report,
+            Ok(None) => report == UnknownVolumes::default(),
+            Err(_) => false,
+        };
+        if !unchanged {
+            let was: BTreeSet<&str> = match &stored {
+                Ok(Some(k)) => k.volumes.iter().map(|v| v.volume_id.as_str()).collect(),
+                _ => BTreeSet::new(),
+            };
+            let new: Vec<&str> = report
+                .volumes
+                .iter()
+                .map(|v| v.volume_id.as_str())
+                .filter(|v| !was.contains(v))
+                .collect();
+            if !new.is_empty() {
+                let shown: Vec<&str> = new.iter().take(5).copied().collect();
+                let msg = format!(
+                    "plugin {id} lists {} volume(s) moor does not know ({}{}); after an etcd restore these are volumes made since the snapshot. Nothing deletes them: register each as a Volume with its external_id, or remove it with the plugin's own tools (moorctl get volumes --orphaned)",
+                    new.len(),
+                    shown.join(", "),
+                    if new.len() > shown.len() { ", ..." } else { "" }
+                );
+                tracing::warn!(plugin = %id, count = new.len(), "{msg}");
+                let object = ObjectRef {
+                    kind: "Plugin".into(),
+                    namespace: Namespace::default(),
+                    name: Name::new(id.as_str()).unwrap_or_default(),
+                };
+                self.ctx
+                    .recorder
+                    .record(
+                        object,
+                        EventType::Warning,
+                        "Unknown volumes",
+                        msg,
+                        Default::default(),
+                    )
+                    .await;
+            }
+            if let Err(e) = self
+                .ctx
+                .writer
+                .store()
+                .put_unknown_volumes(id, &report)
+                .await
+            {
+                tracing::warn!(plugin = %id, error = %e, "cannot write the unknown-volumes report");
+            }
+        }
+        now
     }
 
     /// Attachments moor holds Attached that the plugin no longer lists as published
@@ -704,6 +820,7 @@ mod tests {
                 abnormal: !m.is_empty(),
                 message: m.to_string(),
             }),
+            capacity_bytes: 0,
         }
     }
 
