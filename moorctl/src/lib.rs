@@ -11,6 +11,8 @@
 //! - `alloc`, `run`, `plan`: `alloc stop` and `paths`, `alloc run`, `alloc plan`.
 //! - `volume`, `snapshot`, `plugin`, `status`: the volume, snapshot and plugin verbs
 //!   and status views.
+//! - `mount`: `mount adopt` and `mount release` of an orphaned mount (an older etcd
+//!   snapshot restored).
 //! - `kind`, `table`: the generic operations on any kind, and each kind's columns.
 //! - `sources`: which writers may speak about an object (every view of events).
 
