@@ -16,6 +16,8 @@
 #                                 tests/faults.rs partitions an etcd member in its own
 #                                 network namespace
 #   systemd-analyze (systemd)     tests/deploy.rs lints deploy/systemd's units
+#   git      (git)                tests/upgrade.rs builds the last release from the clone's
+#                                 history (a shallow clone is deepened first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/needs.sh
@@ -32,6 +34,11 @@ need dockerd docker.io
 need ip iproute2
 need iptables iptables
 need systemd-analyze systemd
+need git git
+# tests/upgrade.rs needs the release it upgrades from in this clone's history.
+if [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = "true" ]; then
+  git fetch --unshallow --quiet || echo "tests/run.sh: cannot deepen this shallow clone; tests/upgrade.rs will say what it lacks" >&2
+fi
 # Every test binary runs, whatever fails first: one failure must not hide another.
 status=0
 cargo test --workspace --no-fail-fast "$@" || status=$?

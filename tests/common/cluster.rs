@@ -81,6 +81,14 @@ impl Proc {
         self.spawn();
     }
 
+    /// Stops the process gracefully (SIGTERM) and starts `program` in its place with
+    /// the same arguments: an upgrade (or downgrade) of this one process.
+    pub fn replace(&mut self, program: PathBuf) {
+        self.stop();
+        self.program = program;
+        self.spawn();
+    }
+
     /// SIGSTOP (`true`) or SIGCONT: a process alive but frozen, as under a long GC
     /// pause, a VM migration or a stalled host. A paused process can still be killed.
     pub fn pause(&mut self, paused: bool) {
@@ -136,6 +144,9 @@ pub struct PluginOpts {
     /// Each agent's data dir (its journal) on a tmpfs of this many MiB, which a test
     /// can fill ([`Cluster::fill_disk`]); root only (without root it is a plain dir).
     pub small_disk_mib: Option<u32>,
+    /// The `moord` the controllers and agents start with (another build's, for an
+    /// upgrade); this build's when `None`.
+    pub moord: Option<PathBuf>,
 }
 
 impl PluginOpts {
@@ -173,6 +184,7 @@ impl Default for PluginOpts {
             agent_wrapper: Vec::new(),
             proxied: false,
             small_disk_mib: None,
+            moord: None,
         }
     }
 }
@@ -319,12 +331,9 @@ impl Cluster {
             "--event-window=1s".into(),
         ];
         args.extend(self.opts.controller_args.iter().cloned());
-        self.controllers.push(Proc::start(
-            &format!("controller-{i}"),
-            bin("moord"),
-            args,
-            log,
-        ));
+        let moord = self.opts.moord.clone().unwrap_or_else(|| bin("moord"));
+        self.controllers
+            .push(Proc::start(&format!("controller-{i}"), moord, args, log));
     }
 
     fn add_node(&mut self, name: &str) {
@@ -411,14 +420,15 @@ impl Cluster {
                 .iter()
                 .map(|a| a.replace("{dir}", &node_dir)),
         );
+        let moord = self.opts.moord.clone().unwrap_or_else(|| bin("moord"));
         let (program, aargs) = match self.opts.agent_wrapper.split_first() {
             Some((wrapper, flags)) => {
                 let mut all = flags.to_vec();
-                all.push(bin("moord").display().to_string());
+                all.push(moord.display().to_string());
                 all.extend(aargs);
                 (PathBuf::from(wrapper), all)
             }
-            None => (bin("moord"), aargs),
+            None => (moord, aargs),
         };
         let agent = Proc::start(
             &format!("agent-{name}"),

@@ -1,0 +1,450 @@
+//! An upgrade one process at a time (issue 50, item 2): a running cluster of an older
+//! release of this repository, built from the clone's own history, is upgraded to this
+//! build: the controller, then each node's agent, then moorctl, as UPGRADING.md says.
+//! Claims are published on two nodes and a workload runs under the old `moorctl alloc
+//! run` throughout: nothing live is torn down (no NodeUnpublish, NodeUnstage or
+//! ControllerUnpublish of a claim still wanted), a new claim is published at each
+//! stage, everything is released at the end and the plugins' call logs are clean.
+//!
+//! The release upgraded from, [`FROM`] (0.2.0), predates two changes to what is
+//! stored, which the test names and checks across the upgrade:
+//! - a stored-object field: `MountStatus.orphan` (a Mount a node keeps after an older
+//!   etcd snapshot was restored);
+//! - the node journal: each publish record's `made_for` (request, mode, capability)
+//!   and `orphaned`; the new agent reads the old agent's records, adopts them without a
+//!   CSI call, and writes the new fields in records it makes.
+//!
+//! 0.2.0 already keeps the fields it does not know: an old agent and an old moorctl
+//! write back objects carrying a field of a later version, and the field survives.
+//!
+//! The old build: `git archive FROM` into `target/upgrade-from/<commit>/src`, built
+//! with its own Cargo.lock into `target/upgrade-from/<commit>/target`, seeded with a
+//! copy of this build's third-party artifacts (`target/debug`), so only moor's own
+//! crates compile. Built once; later runs reuse it.
+
+#[path = "common/cluster.rs"]
+mod cluster;
+mod common;
+
+use cluster::{Cluster, PluginOpts};
+use common::wait_for;
+use moor::api::*;
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// 0.2.0: main at the end of 2026-11-27.
+const FROM: &str = "c009100910a243aebe4fd1b17ad575f0a2f24ff1";
+const FROM_VERSION: &str = "0.2.0";
+
+const T: Duration = Duration::from_secs(60);
+
+/// This workspace's packages (their artifacts are never shared with the old build).
+const OURS: &[&str] = &[
+    "moor",
+    "moor-csi",
+    "moorctl",
+    "moor-embedded",
+    "moor-controllers",
+    "moor-hostpath",
+    "moor-bench",
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Whether an artifact's name (`libfoo_bar-HASH.rlib`, `foo-bar-HASH`) is one of this
+/// workspace's crates, or a test or binary of them (no `lib` prefix in deps/).
+fn ours(name: &str, in_deps: bool) -> bool {
+    if in_deps && !name.starts_with("lib") {
+        return true;
+    }
+    let stem = name.strip_prefix("lib").unwrap_or(name);
+    let krate = stem.rsplit_once('-').map_or(stem, |(k, _)| k);
+    OURS.iter()
+        .any(|p| krate == *p || krate == p.replace('-', "_"))
+}
+
+/// Copies this build's third-party artifacts into the old build's target dir, so that
+/// only moor's crates compile there. Copies, not links: nothing the old build writes
+/// can reach this build's files.
+fn seed(from: &Path, to: &Path) {
+    for (dir, in_deps) in [("deps", true), ("build", false), (".fingerprint", false)] {
+        let (src, dst) = (from.join(dir), to.join(dir));
+        std::fs::create_dir_all(&dst).expect("seed dir");
+        let Ok(entries) = std::fs::read_dir(&src) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if ours(&name, in_deps) {
+                continue;
+            }
+            let ok = Command::new("cp")
+                .args(["-a", "--reflink=auto"])
+                .arg(e.path())
+                .arg(&dst)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "copy {}", e.path().display());
+        }
+    }
+}
+
+/// The old release's `moord` and `moorctl`, built from the clone's history once.
+fn old_build() -> PathBuf {
+    let root = repo().join("target/upgrade-from").join(&FROM[..12]);
+    let bin = root.join("bin");
+    if bin.join("moord").exists() && bin.join("moorctl").exists() {
+        return bin;
+    }
+    let started = Instant::now();
+    // A worktree at FROM, so that the old build names its own commit (clean).
+    let src = root.join("src");
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(repo())
+            .args(args)
+            .output()
+            .expect("run git")
+    };
+    let _ = git(&["worktree", "remove", "--force", &src.display().to_string()]);
+    let _ = std::fs::remove_dir_all(&src);
+    let _ = git(&["worktree", "prune"]);
+    let added = git(&[
+        "worktree",
+        "add",
+        "--detach",
+        &src.display().to_string(),
+        FROM,
+    ]);
+    assert!(
+        added.status.success(),
+        "git worktree add {FROM}: {}: the upgrade test builds the release it upgrades from out of this clone's history (a shallow clone lacks it: git fetch --unshallow)",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let target = root.join("target");
+    seed(&repo().join("target/debug"), &target.join("debug"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(&src)
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTFLAGS")
+        .args([
+            "build",
+            "--locked",
+            "-p",
+            "moor-controllers",
+            "-p",
+            "moorctl",
+            "--bins",
+        ])
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building {FROM}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let compiled = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("Compiling"))
+        .map(|l| l.trim().to_string())
+        .collect::<Vec<_>>();
+    eprintln!(
+        "built {FROM_VERSION} ({}) in {:.0?}; compiled: {}",
+        &FROM[..12],
+        started.elapsed(),
+        compiled.join("; ")
+    );
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    for b in ["moord", "moorctl"] {
+        std::fs::copy(target.join("debug").join(b), bin.join(b)).expect("copy the old binary");
+    }
+    // Only the binaries are kept: the old build's target dir is large.
+    let _ = std::fs::remove_dir_all(&target);
+    let _ = git(&["worktree", "remove", "--force", &src.display().to_string()]);
+    bin
+}
+
+/// `MOORCTL ARGS...` against the cluster.
+fn moorctl(c: &Cluster, program: &Path, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .arg(format!("--endpoints={}", c.etcd.client_url))
+        .args(args)
+        .output()
+        .expect("run moorctl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("$ {} {}\n{text}", program.display(), args.join(" "));
+    assert!(out.status.success(), "moorctl {}: {text}", args.join(" "));
+    text
+}
+
+/// A running `moorctl alloc run`; dropped (a failed assertion), it is ended so that
+/// nothing of it outlives the test.
+struct Run(Child);
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline && self.0.try_wait().ok().flatten().is_none() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// `MOORCTL alloc run NAME --node NODE --volume data=VOL -- sh -c ...`, whose workload
+/// prints `started` and then waits for SIGTERM; returns once it runs. Its stderr goes
+/// to a file of the cluster's dir (not the test's: a pipe held open by a workload
+/// would keep the test's reader waiting).
+fn alloc_run(c: &Cluster, program: &Path, name: &str, node: &str, volume: &str) -> Run {
+    let log = std::fs::File::create(c.dir.path().join(format!("run-{name}.log"))).expect("log");
+    let mut child = Command::new(program)
+        .arg(format!("--endpoints={}", c.etcd.client_url))
+        .args(["alloc", "run", name, "--node", node, "--volume"])
+        .arg(format!("data={volume}"))
+        .args(["--", "sh", "-c", "echo started; exec sleep 3600"])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("spawn moorctl alloc run");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the workload's first line");
+    let run = Run(child);
+    assert_eq!(line.trim(), "started", "the workload of {name} runs");
+    run
+}
+
+/// Ends an `alloc run`'s workload (SIGTERM to the runner, which passes it on), then
+/// waits until the runner has released the claims and exited.
+fn end_run(mut run: Run) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &run.0.id().to_string()])
+        .status();
+    let deadline = Instant::now() + T;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = run.0.try_wait() {
+            // CMD's own end: 128 + SIGTERM.
+            assert_eq!(status.code(), Some(143), "alloc run ended with {status}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("moorctl alloc run did not end within {T:?} of SIGTERM");
+}
+
+/// The plugin's volume id of each volume named.
+async fn external_ids(c: &Cluster, names: &[&str]) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    for n in names {
+        let v = c
+            .store
+            .get(&Volume::key_for(&Namespace::default_ns(), n))
+            .await
+            .expect("volume");
+        ids.insert(
+            v.status
+                .provisioning
+                .external_id
+                .expect("created")
+                .to_string(),
+        );
+    }
+    ids
+}
+
+/// Calls that tear down one of `live` (volume ids) in every plugin's log.
+fn teardowns(c: &Cluster, live: &BTreeSet<String>) -> Vec<String> {
+    c.nodes
+        .iter()
+        .flat_map(|n| n.calls())
+        .filter(|call| {
+            matches!(
+                call.rpc.as_str(),
+                "NodeUnpublishVolume" | "NodeUnstageVolume" | "ControllerUnpublishVolume"
+            ) && call.volume_id.as_ref().is_some_and(|v| live.contains(v))
+        })
+        .map(|call| format!("{} {:?} on {}", call.rpc, call.volume_id, call.plugin_node))
+        .collect()
+}
+
+/// The raw JSON stored at `key` (below the cluster's prefix).
+async fn raw(c: &Cluster, key: &str) -> serde_json::Value {
+    let (bytes, _) = c
+        .store
+        .get_raw(key)
+        .await
+        .expect("read")
+        .unwrap_or_else(|| panic!("{key} is stored"));
+    serde_json::from_slice(&bytes).expect("JSON")
+}
+
+/// Writes `value` at `key` as it is: an object as a later version would write it.
+async fn put_raw(c: &Cluster, key: &str, value: &serde_json::Value) {
+    let mut client = c.etcd.raw_client().await;
+    client
+        .put(format!("/moor/{key}"), value.to_string(), None)
+        .await
+        .expect("put");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_unpublishing() {
+    let old = old_build();
+    let (old_moord, old_moorctl) = (old.join("moord"), old.join("moorctl"));
+    let new_moorctl = common::bin("moorctl");
+    let out = Command::new(&old_moorctl)
+        .arg("--version")
+        .output()
+        .expect("old moorctl --version");
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        version.contains(FROM_VERSION) && version.contains(&FROM[..12]),
+        "{version}"
+    );
+
+    let opts = PluginOpts {
+        moord: Some(old_moord.clone()),
+        ..Default::default()
+    };
+    let mut c = Cluster::start(1, 2, opts).await;
+    let names = ["v1", "v2", "v3", "v4", "v5", "v6", "v7"];
+    for v in names {
+        c.apply(c.volume(v, AccessMode::SingleNodeWriter)).await;
+    }
+    // A volume as a later version would write it, with a field 0.2.0 does not know:
+    // the old provisioner reads it, creates it and writes its status back.
+    let mut v8 = c.volume("v8", AccessMode::SingleNodeWriter);
+    v8.apply_defaults();
+    v8.metadata.uid = "7c0a2b51-4a49-4c6e-9d32-5a8f0e1d2c3b".into();
+    v8.metadata.generation = 1;
+    v8.metadata.creation_timestamp = Some(Timestamp::now());
+    let mut later = serde_json::to_value(v8).unwrap();
+    later["spec"]["from_a_later_version"] = serde_json::json!({"kept": true});
+    put_raw(&c, "volumes/default/v8", &later).await;
+    for v in names.iter().chain(&["v8"]) {
+        c.volume_ready(v).await;
+    }
+    let v8 = raw(&c, "volumes/default/v8").await;
+    assert_eq!(
+        v8["spec"]["from_a_later_version"],
+        serde_json::json!({"kept": true}),
+        "the old provisioner wrote v8's status back without the later field: {v8}"
+    );
+
+    // Claims on both nodes, and a workload under the old alloc run.
+    c.apply(c.allocation("a1", "n1", "v1", false)).await;
+    c.apply(c.allocation("a2", "n2", "v2", false)).await;
+    let run = alloc_run(&c, &old_moorctl, "w1", "n1", "v3");
+    c.wait_claim("a1", "n1", ClaimPhase::Published, T).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, T).await;
+    c.wait_claim("w1", "n1", ClaimPhase::Published, T).await;
+    // The old moorctl writes back an allocation carrying a later field.
+    let mut a0 = c.allocation("a0", "n2", "v8", true);
+    a0.apply_defaults();
+    a0.metadata.uid = "0b6d9e7a-2f3c-4e1b-8a5d-6c7f8e9a0b1c".into();
+    a0.metadata.generation = 1;
+    a0.metadata.creation_timestamp = Some(Timestamp::now());
+    let mut a0 = serde_json::to_value(a0).unwrap();
+    a0["spec"]["from_a_later_version"] = serde_json::json!(7);
+    put_raw(&c, "allocations/default/a0", &a0).await;
+    c.wait_claim("a0", "n2", ClaimPhase::Published, T).await;
+    moorctl(&c, &old_moorctl, &["alloc", "stop", "a0"]);
+    let stopped = raw(&c, "allocations/default/a0").await;
+    assert_eq!(stopped["spec"]["desired_status"], "stop", "{stopped}");
+    assert_eq!(stopped["spec"]["from_a_later_version"], 7, "{stopped}");
+    c.wait_claim("a0", "n2", ClaimPhase::Released, T).await;
+
+    let mut live = external_ids(&c, &["v1", "v2", "v3"]).await;
+    let mut stage_claims = Vec::new();
+    // Each stage: one process replaced, then a new claim published beside the live
+    // ones, and nothing live torn down.
+    let stages: [(&str, &str, &str, &str); 3] = [
+        ("controller", "a3", "n2", "v4"),
+        ("agent n1", "a4", "n1", "v5"),
+        ("agent n2", "a5", "n2", "v6"),
+    ];
+    for (what, alloc, node, volume) in stages {
+        match what {
+            "controller" => c.controllers[0].replace(common::bin("moord")),
+            "agent n1" => c.node_mut("n1").agent.replace(common::bin("moord")),
+            _ => c.node_mut("n2").agent.replace(common::bin("moord")),
+        }
+        c.wait_nodes_healthy().await;
+        c.apply(c.allocation(alloc, node, volume, false)).await;
+        c.wait_claim(alloc, node, ClaimPhase::Published, T).await;
+        let torn = teardowns(&c, &live);
+        assert!(torn.is_empty(), "after upgrading the {what}: {torn:?}");
+        live.extend(external_ids(&c, &[volume]).await);
+        stage_claims.push(alloc);
+    }
+    // moorctl last: the new one runs a workload beside the old one's.
+    let (ok, version) = c.moorctl(&["version"]);
+    assert!(ok && version.contains("controller"), "{version}");
+    let run2 = alloc_run(&c, &new_moorctl, "w2", "n2", "v7");
+    c.wait_claim("w2", "n2", ClaimPhase::Published, T).await;
+    live.extend(external_ids(&c, &["v7"]).await);
+    let torn = teardowns(&c, &live);
+    assert!(torn.is_empty(), "after upgrading moorctl: {torn:?}");
+
+    // The node journal across the upgrade: n1's old records (a1, w1) were read and
+    // kept, and the record the new agent made (a4) carries `made_for`.
+    let journal =
+        std::fs::read_to_string(c.node("n1").dir.join("agent/state.jsonl")).expect("n1's journal");
+    let last_of = |claim: &str| {
+        journal
+            .lines()
+            .rev()
+            .find(|l| l.contains(&format!("\"claims/n1/default/{claim}\"")))
+            .unwrap_or_else(|| panic!("{claim} in n1's journal"))
+            .to_string()
+    };
+    assert!(
+        last_of("a4.data").contains("\"made_for\""),
+        "{}",
+        last_of("a4.data")
+    );
+    assert!(
+        !last_of("a1.data").contains("\"made_for\""),
+        "{}",
+        last_of("a1.data")
+    );
+    // A Mount the old agent wrote reads as this version's Mount (no orphan).
+    let m = c
+        .store
+        .get(&Mount::key_for(
+            &c.claim("a1", "n1").await.unwrap().object_key(),
+        ))
+        .await
+        .expect("a1's Mount decodes");
+    assert!(m.status.published && m.status.orphan.is_none(), "{m:?}");
+
+    // Everything released at the end.
+    end_run(run);
+    end_run(run2);
+    for a in ["a1", "a2"].into_iter().chain(stage_claims) {
+        c.stop_alloc(a).await;
+    }
+    wait_for("every claim released", T, || async {
+        c.all_claims_released().await
+    })
+    .await;
+    c.check_calls(true);
+}
