@@ -399,6 +399,12 @@ impl Reconcile {
                     // The claim was deleted and made again while we were away.
                     self.teardown(&key, rec).await?;
                     self.forget(&key).await?;
+                } else if !claim.spec.publish && !claim.spec.release && !claim.is_deleting() {
+                    // Not granted yet (an adoption's claim is admitted and attached
+                    // first): whether it takes the orphan over is decided once it is;
+                    // its grant brings it back.
+                    self.orphaned(&key, rec).await?;
+                    return Ok(Action::AwaitChange);
                 } else {
                     // The record's claim is unknown to the store, and this claim of
                     // the same name wants something else: the mount is kept, and
