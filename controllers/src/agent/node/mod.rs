@@ -375,7 +375,7 @@ impl Reconcile {
             // Deleted: tear down whatever is left, then forget it; unless nothing says
             // it was deleted (an older snapshot restored): kept and reported.
             if let Some(rec) = record {
-                if self.missing(&key, &rec).await == plan::Missing::Orphan {
+                if self.missing(&key, &rec).await? == plan::Missing::Orphan {
                     return self
                         .orphaned(&key, &rec)
                         .await
@@ -393,27 +393,27 @@ impl Reconcile {
         };
         if let Some(rec) = &record {
             if rec.claim_uid != claim.metadata.uid {
-                if self.adopt_in_place(&key, rec, &claim).await? {
-                    // The claim makes again exactly what the orphan holds.
-                } else if self.missing(&key, rec).await == plan::Missing::Deleted {
+                if self.missing(&key, rec).await? == plan::Missing::Deleted {
                     // The claim was deleted and made again while we were away.
                     self.teardown(&key, rec).await?;
                     self.forget(&key).await?;
-                } else if !claim.spec.publish && !claim.spec.release && !claim.is_deleting() {
-                    // Not granted yet (an adoption's claim is admitted and attached
-                    // first): whether it takes the orphan over is decided once it is;
-                    // its grant brings it back.
-                    self.orphaned(&key, rec).await?;
-                    return Ok(Action::AwaitChange);
                 } else {
-                    // The record's claim is unknown to the store, and this claim of
-                    // the same name wants something else: the mount is kept, and
-                    // this claim waits until an operator settles the orphan.
-                    self.orphaned(&key, rec).await?;
-                    return Err(NodeError::NameHeldByOrphan {
-                        claim: claim.metadata.name.to_string(),
-                        target: path_str(&rec.target_path),
-                    });
+                    // The record's claim is unknown to the store: kept. This claim of
+                    // the same name takes it over if it would publish the same mount;
+                    // until it is granted that cannot be told (an adoption's claim is
+                    // admitted and attached first: its grant brings it back); one that
+                    // wants something else waits until an operator settles the orphan.
+                    let rec = self.mark_orphan(&key, rec).await?;
+                    if !self.adopt_in_place(&key, &rec, &claim).await? {
+                        self.orphaned(&key, &rec).await?;
+                        if !claim.spec.publish && !claim.spec.release && !claim.is_deleting() {
+                            return Ok(Action::AwaitChange);
+                        }
+                        return Err(NodeError::NameHeldByOrphan {
+                            claim: claim.metadata.name.to_string(),
+                            target: path_str(&rec.target_path),
+                        });
+                    }
                 }
             }
         }

@@ -47,55 +47,76 @@ impl Orphans {
 
 impl Reconcile {
     /// [`plan::missing`] for `key`'s record, with the node's own Mount of that claim
-    /// as the store holds it.
-    pub(super) async fn missing(&self, key: &str, rec: &PublishRecord) -> plan::Missing {
-        let mount_of_claim = mount_key_of(key)
-            .and_then(|k| self.mounts.get(&k))
-            .is_some_and(|m| m.spec.claim_uid == rec.claim_uid && m.status.orphan.is_none());
+    /// as the store holds it now: read from the store, not the cache, whose watch may
+    /// not show yet a Mount that went with the claim (only where a record still holds
+    /// something, which is rare).
+    pub(super) async fn missing(
+        &self,
+        key: &str,
+        rec: &PublishRecord,
+    ) -> Result<plan::Missing, NodeError> {
         let facts = plan::read(&*self.r.local.lock().await, key, rec, None);
-        plan::missing(&facts, mount_of_claim)
+        let orphan = rec.orphaned.is_some();
+        if plan::missing(&facts, false, orphan) == plan::Missing::Deleted {
+            return Ok(plan::Missing::Deleted);
+        }
+        let mount = match mount_key_of(key) {
+            Some(k) => self.r.store.try_get(&k).await?,
+            None => None,
+        };
+        let mount_of_claim =
+            mount.is_some_and(|m| m.spec.claim_uid == rec.claim_uid && m.status.orphan.is_none());
+        Ok(plan::missing(&facts, mount_of_claim, orphan))
     }
 
-    /// Keeps `key`'s record as an orphan: marked in the journal (once, with a Warning),
-    /// and reported on its Mount.
+    /// Keeps `key`'s record as an orphan ([`Reconcile::mark_orphan`]) and reports it
+    /// on its Mount.
     pub(super) async fn orphaned(&self, key: &str, rec: &PublishRecord) -> Result<(), NodeError> {
-        let since = match rec.orphaned {
-            Some(since) => since,
-            None => {
-                let since = Timestamp::now();
-                self.edit(|s| {
-                    if let Some(p) = s.publishes.get_mut(key) {
-                        p.orphaned = Some(since);
-                    }
-                })
-                .await?;
-                tracing::warn!(claim = %key, volume = %rec.volume, target = %rec.target_path.display(), "a mount's claim is missing from desired state and nothing says it was deleted (an older etcd snapshot restored?): keeping the mount");
-                self.node_event(
-                    claim_ref(&rec.namespace, &rec.claim),
-                    &rec.volume,
-                    "Orphaned mount",
-                    EventType::Warning,
-                    format!(
-                        "claim {} of allocation {} is missing from desired state, and nothing says it was deleted (an older etcd snapshot restored?): volume {} stays published at {}; adopt it (moorctl mount adopt {} -n {}) or release it (moorctl mount release)",
-                        rec.claim,
-                        rec.allocation,
-                        rec.volume,
-                        rec.target_path.display(),
-                        rec.claim,
-                        rec.namespace,
-                    ),
-                    None,
-                )
-                .await;
-                since
-            }
-        };
-        {
-            let mut orphans = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
-            orphans.0.insert(key.to_string(), Orphans::entry(rec));
-            orphans.publish_count();
+        let rec = self.mark_orphan(key, rec).await?;
+        let since = rec.orphaned.unwrap_or_else(Timestamp::now);
+        self.sync_orphan_mount(key, &rec, since).await
+    }
+
+    /// Marks `key`'s record an orphan in the journal (once, with a Warning) and in the
+    /// node's index of orphans; the record as marked.
+    pub(super) async fn mark_orphan(
+        &self,
+        key: &str,
+        rec: &PublishRecord,
+    ) -> Result<PublishRecord, NodeError> {
+        let mut rec = rec.clone();
+        if rec.orphaned.is_none() {
+            let since = Timestamp::now();
+            self.edit(|s| {
+                if let Some(p) = s.publishes.get_mut(key) {
+                    p.orphaned = Some(since);
+                }
+            })
+            .await?;
+            rec.orphaned = Some(since);
+            tracing::warn!(claim = %key, volume = %rec.volume, target = %rec.target_path.display(), "a mount's claim is missing from desired state and nothing says it was deleted (an older etcd snapshot restored?): keeping the mount");
+            self.node_event(
+                claim_ref(&rec.namespace, &rec.claim),
+                &rec.volume,
+                "Orphaned mount",
+                EventType::Warning,
+                format!(
+                    "claim {} of allocation {} is missing from desired state, and nothing says it was deleted (an older etcd snapshot restored?): volume {} stays published at {}; adopt it (moorctl mount adopt {} -n {}) or release it (moorctl mount release)",
+                    rec.claim,
+                    rec.allocation,
+                    rec.volume,
+                    rec.target_path.display(),
+                    rec.claim,
+                    rec.namespace,
+                ),
+                None,
+            )
+            .await;
         }
-        self.sync_orphan_mount(key, rec, since).await
+        let mut orphans = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+        orphans.0.insert(key.to_string(), Orphans::entry(&rec));
+        orphans.publish_count();
+        Ok(rec)
     }
 
     /// Writes the orphan's Mount: what it holds and `status.orphan`.

@@ -145,8 +145,14 @@ pub enum Missing {
 /// store as it is now: an older snapshot was restored, and the mount is a live
 /// workload's that the restored state does not know (Nomad's "ghost volumes" after a
 /// state rebuild).
-pub fn missing(f: &Facts, mount_of_claim: bool) -> Missing {
+///
+/// A record already found an orphan (`orphan`) stays one until an operator's command
+/// settles it, whatever Mount is stored meanwhile.
+pub fn missing(f: &Facts, mount_of_claim: bool, orphan: bool) -> Missing {
     let holds = f.published.needs_reverse() || f.staged.is_some_and(Step::needs_reverse);
+    if orphan && !f.released && holds {
+        return Missing::Orphan;
+    }
     if f.released || !holds || mount_of_claim {
         Missing::Deleted
     } else {
@@ -447,7 +453,7 @@ mod tests {
             ..fresh()
         };
         // Restored from before the claim: neither the claim nor its Mount.
-        assert_eq!(missing(&live, false), Missing::Orphan);
+        assert_eq!(missing(&live, false, false), Missing::Orphan);
         // An uncertain step may hold a mount as well.
         for (staged, published) in [
             (Some(Step::Uncertain), Step::Absent),
@@ -458,21 +464,23 @@ mod tests {
                 published,
                 ..fresh()
             };
-            assert_eq!(missing(&f, false), Missing::Orphan);
+            assert_eq!(missing(&f, false, false), Missing::Orphan);
         }
         // The node's own Mount of that claim is stored: deleted after the node acted.
-        assert_eq!(missing(&live, true), Missing::Deleted);
+        assert_eq!(missing(&live, true, false), Missing::Deleted);
+        // Once an orphan, always one until settled (its Mount write may have failed).
+        assert_eq!(missing(&live, true, true), Missing::Orphan);
         // Nothing held (released for good, or nothing took effect): only forgotten.
         let released = Facts {
             released: true,
             ..live
         };
-        assert_eq!(missing(&released, false), Missing::Deleted);
+        assert_eq!(missing(&released, false, true), Missing::Deleted);
         let nothing = Facts {
             staged: Some(Step::Absent),
             ..fresh()
         };
-        assert_eq!(missing(&nothing, false), Missing::Deleted);
+        assert_eq!(missing(&nothing, false, false), Missing::Deleted);
     }
 
     #[test]

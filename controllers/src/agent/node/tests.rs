@@ -147,3 +147,66 @@ async fn a_transient_answer_is_repeated_within_the_try() {
         ]
     );
 }
+
+/// The claim of a live allocation, deleted: its allocation makes it again (another
+/// uid). Where the store lost the node's Mount with it (an older snapshot restored),
+/// the node keeps the mount as an orphan and the claim made again adopts it: no call
+/// at all, the volume never unpublished. Where the Mount stayed (the claim alone was
+/// deleted, behind the controller's back), it is torn down and published again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_lost_with_its_mount_is_adopted_and_one_deleted_alone_is_redone() {
+    use moor::api::Mount;
+    let rig = Rig::start(&[]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.run("a1", "v1").await;
+    rig.wait_claim("a1", ClaimPhase::Published).await;
+    let before = rig.steps();
+    let first = rig.claim("a1").await.expect("claim");
+    // Lost with its Mount, in one transaction: as a restore of a snapshot from before
+    // the claim would.
+    let mount_key = Mount::key_for(&first.object_key());
+    let prefix = rig.store.prefix().to_string();
+    let both = [mount_key.as_str(), first.object_key().as_str()]
+        .map(|k| etcd_client::TxnOp::delete(format!("{prefix}{k}"), None));
+    rig.store
+        .client()
+        .txn(etcd_client::Txn::new().and_then(both))
+        .await
+        .expect("delete the claim and its Mount");
+    rig.wait("the claim made again and published", || async {
+        rig.claim("a1").await.is_some_and(|c| {
+            c.metadata.uid != first.metadata.uid && c.status.phase == ClaimPhase::Published
+        })
+    })
+    .await;
+    let m = rig.mount("a1").await.expect("the claim's Mount");
+    assert!(
+        m.status.published && m.status.orphan.is_none(),
+        "{:?}",
+        m.status
+    );
+    assert_eq!(rig.steps(), before, "adopted without a call");
+
+    // Deleted alone, its Mount kept: torn down, then staged and published again.
+    let second = rig.claim("a1").await.expect("claim");
+    rig.store
+        .delete(&second.object_key(), None)
+        .await
+        .expect("delete the claim");
+    rig.wait("torn down and published again", || async {
+        let steps = rig.steps();
+        steps.len() >= before.len() + 4
+            && rig.claim("a1").await.is_some_and(|c| {
+                c.metadata.uid != second.metadata.uid && c.status.phase == ClaimPhase::Published
+            })
+    })
+    .await;
+    let mut expect = before.clone();
+    expect.extend(owned(&[
+        "NodeUnpublishVolume",
+        "NodeUnstageVolume",
+        "NodeStageVolume",
+        "NodePublishVolume",
+    ]));
+    assert_eq!(rig.steps(), expect);
+}
