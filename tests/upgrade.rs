@@ -171,20 +171,10 @@ fn old_build() -> PathBuf {
     bin
 }
 
-/// `MOORCTL ARGS...` against the cluster.
+/// `MOORCTL ARGS...` against the cluster, which must succeed.
 fn moorctl(c: &Cluster, program: &Path, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .arg(format!("--endpoints={}", c.etcd.client_url))
-        .args(args)
-        .output()
-        .expect("run moorctl");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("$ {} {}\n{text}", program.display(), args.join(" "));
-    assert!(out.status.success(), "moorctl {}: {text}", args.join(" "));
+    let (ok, text) = c.moorctl_as(program, args);
+    assert!(ok, "moorctl {}: {text}", args.join(" "));
     text
 }
 

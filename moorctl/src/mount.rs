@@ -12,7 +12,7 @@ use std::time::Duration;
 use moor::api::*;
 use moor::workload::{self, End, IfEnded, Started};
 
-use crate::run::refusal;
+use crate::run::{pace, refusal};
 use crate::{parse_name, parse_ns, Ctx, Refused};
 
 /// `moorctl mount ...`.
@@ -74,14 +74,6 @@ impl MountCmd {
                 Ok(0)
             }
         }
-    }
-}
-
-fn pace(say: &mut (dyn FnMut(&str) + Send)) -> workload::Pace<'_> {
-    let poll = Duration::from_millis(200);
-    workload::Pace {
-        poll: moor::backoff::Backoff::new(poll, poll).without_jitter(),
-        progress: say,
     }
 }
 

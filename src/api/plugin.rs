@@ -114,23 +114,31 @@ pub fn capacity_key(id: &PluginId) -> String {
 /// The most entries a capacity report holds (one per topology segment asked about).
 pub const MAX_CAPACITY_ENTRIES: usize = 256;
 
-/// Reads a capacity report written by an agent (untrusted: bounded in size and count).
-pub fn parse_capacity(value: &[u8]) -> Result<Vec<CapacityEntry>, String> {
+/// Reads an agent's report of `what` (untrusted): at most [`NODE_WRITTEN_MAX_BYTES`],
+/// and at most `max` of the entries `count` counts.
+fn parse_report<T: serde::de::DeserializeOwned>(
+    value: &[u8],
+    what: &str,
+    count: fn(&T) -> usize,
+    max: usize,
+) -> Result<T, String> {
     if value.len() > NODE_WRITTEN_MAX_BYTES {
         return Err(format!(
-            "{} bytes; a capacity report is at most {NODE_WRITTEN_MAX_BYTES}",
+            "{} bytes; a {what} is at most {NODE_WRITTEN_MAX_BYTES}",
             value.len()
         ));
     }
-    let entries: Vec<CapacityEntry> =
-        serde_json::from_slice(value).map_err(|e| format!("not a capacity report: {e}"))?;
-    if entries.len() > MAX_CAPACITY_ENTRIES {
-        return Err(format!(
-            "{} entries; at most {MAX_CAPACITY_ENTRIES}",
-            entries.len()
-        ));
+    let report: T = serde_json::from_slice(value).map_err(|e| format!("not a {what}: {e}"))?;
+    let n = count(&report);
+    if n > max {
+        return Err(format!("{n} entries; at most {max}"));
     }
-    Ok(entries)
+    Ok(report)
+}
+
+/// Reads a capacity report written by an agent (untrusted: bounded in size and count).
+pub fn parse_capacity(value: &[u8]) -> Result<Vec<CapacityEntry>, String> {
+    parse_report(value, "capacity report", Vec::len, MAX_CAPACITY_ENTRIES)
 }
 
 /// The key of plugin `id`'s snapshot list: the plugin's own ListSnapshots (every
@@ -175,21 +183,12 @@ pub struct ListedSnapshot {
 
 /// Reads a snapshot list written by an agent (untrusted: bounded in size and count).
 pub fn parse_snapshot_list(value: &[u8]) -> Result<PluginSnapshots, String> {
-    if value.len() > NODE_WRITTEN_MAX_BYTES {
-        return Err(format!(
-            "{} bytes; a snapshot list is at most {NODE_WRITTEN_MAX_BYTES}",
-            value.len()
-        ));
-    }
-    let list: PluginSnapshots =
-        serde_json::from_slice(value).map_err(|e| format!("not a snapshot list: {e}"))?;
-    if list.snapshots.len() > MAX_LISTED_SNAPSHOTS {
-        return Err(format!(
-            "{} snapshots; at most {MAX_LISTED_SNAPSHOTS}",
-            list.snapshots.len()
-        ));
-    }
-    Ok(list)
+    parse_report(
+        value,
+        "snapshot list",
+        |l: &PluginSnapshots| l.snapshots.len(),
+        MAX_LISTED_SNAPSHOTS,
+    )
 }
 
 /// The key of plugin `id`'s unknown volumes: volumes its ListVolumes holds that no
@@ -230,21 +229,12 @@ pub struct UnknownVolume {
 
 /// Reads an unknown-volumes report written by an agent (untrusted: bounded).
 pub fn parse_unknown_volumes(value: &[u8]) -> Result<UnknownVolumes, String> {
-    if value.len() > NODE_WRITTEN_MAX_BYTES {
-        return Err(format!(
-            "{} bytes; an unknown-volumes report is at most {NODE_WRITTEN_MAX_BYTES}",
-            value.len()
-        ));
-    }
-    let list: UnknownVolumes =
-        serde_json::from_slice(value).map_err(|e| format!("not an unknown-volumes report: {e}"))?;
-    if list.volumes.len() > MAX_UNKNOWN_VOLUMES {
-        return Err(format!(
-            "{} volumes; at most {MAX_UNKNOWN_VOLUMES}",
-            list.volumes.len()
-        ));
-    }
-    Ok(list)
+    parse_report(
+        value,
+        "unknown-volumes report",
+        |l: &UnknownVolumes| l.volumes.len(),
+        MAX_UNKNOWN_VOLUMES,
+    )
 }
 
 /// One GetCapacity answer.

@@ -61,23 +61,43 @@ impl Store {
             })
     }
 
-    /// Plugin `id`'s last capacity report ([`crate::api::capacity_key`]); `None` when
-    /// none was written. A malformed one is an error naming it.
-    pub async fn capacity(
+    /// The report an agent wrote at `key`, read with `parse` (untrusted: bounded by
+    /// it); `None` when none was written. A malformed one is an error naming it.
+    async fn report<T>(
         &self,
-        id: &crate::api::PluginId,
-    ) -> Result<Option<Vec<crate::api::CapacityEntry>>, StoreError> {
-        let key = crate::api::capacity_key(id);
+        key: String,
+        parse: fn(&[u8]) -> Result<T, String>,
+    ) -> Result<Option<T>, StoreError> {
         let Some((value, revision)) = self.get_raw(&key).await? else {
             return Ok(None);
         };
-        crate::api::parse_capacity(&value)
+        parse(&value)
             .map(Some)
             .map_err(|why| StoreError::Malformed {
                 key,
                 revision,
                 cause: MalformedCause::Report(why),
             })
+    }
+
+    /// Writes `report` at `key` as JSON.
+    async fn put_report<T: serde::Serialize + ?Sized>(
+        &self,
+        key: &str,
+        report: &T,
+    ) -> Result<(), StoreError> {
+        // Reports are lists and maps of strings and numbers: they always serialize.
+        let value = serde_json::to_vec(report).unwrap_or_default();
+        self.put_raw(key, value).await
+    }
+
+    /// Plugin `id`'s last capacity report ([`crate::api::capacity_key`]).
+    pub async fn capacity(
+        &self,
+        id: &crate::api::PluginId,
+    ) -> Result<Option<Vec<crate::api::CapacityEntry>>, StoreError> {
+        self.report(crate::api::capacity_key(id), crate::api::parse_capacity)
+            .await
     }
 
     /// Writes plugin `id`'s capacity report (the leader of its controller plugin).
@@ -86,27 +106,20 @@ impl Store {
         id: &crate::api::PluginId,
         entries: &[crate::api::CapacityEntry],
     ) -> Result<(), StoreError> {
-        let value = serde_json::to_vec(entries).unwrap_or_default();
-        self.put_raw(&crate::api::capacity_key(id), value).await
+        self.put_report(&crate::api::capacity_key(id), entries)
+            .await
     }
 
-    /// Plugin `id`'s last snapshot list ([`crate::api::snapshot_list_key`]); `None`
-    /// when none was written.
+    /// Plugin `id`'s last snapshot list ([`crate::api::snapshot_list_key`]).
     pub async fn snapshot_list(
         &self,
         id: &crate::api::PluginId,
     ) -> Result<Option<crate::api::PluginSnapshots>, StoreError> {
-        let key = crate::api::snapshot_list_key(id);
-        let Some((value, revision)) = self.get_raw(&key).await? else {
-            return Ok(None);
-        };
-        crate::api::parse_snapshot_list(&value)
-            .map(Some)
-            .map_err(|why| StoreError::Malformed {
-                key,
-                revision,
-                cause: MalformedCause::Report(why),
-            })
+        self.report(
+            crate::api::snapshot_list_key(id),
+            crate::api::parse_snapshot_list,
+        )
+        .await
     }
 
     /// Writes plugin `id`'s snapshot list.
@@ -115,28 +128,20 @@ impl Store {
         id: &crate::api::PluginId,
         list: &crate::api::PluginSnapshots,
     ) -> Result<(), StoreError> {
-        let value = serde_json::to_vec(list).unwrap_or_default();
-        self.put_raw(&crate::api::snapshot_list_key(id), value)
+        self.put_report(&crate::api::snapshot_list_key(id), list)
             .await
     }
 
-    /// Plugin `id`'s last unknown-volumes report ([`crate::api::unknown_volumes_key`]);
-    /// `None` when none was written.
+    /// Plugin `id`'s last unknown-volumes report ([`crate::api::unknown_volumes_key`]).
     pub async fn unknown_volumes(
         &self,
         id: &crate::api::PluginId,
     ) -> Result<Option<crate::api::UnknownVolumes>, StoreError> {
-        let key = crate::api::unknown_volumes_key(id);
-        let Some((value, revision)) = self.get_raw(&key).await? else {
-            return Ok(None);
-        };
-        crate::api::parse_unknown_volumes(&value)
-            .map(Some)
-            .map_err(|why| StoreError::Malformed {
-                key,
-                revision,
-                cause: MalformedCause::Report(why),
-            })
+        self.report(
+            crate::api::unknown_volumes_key(id),
+            crate::api::parse_unknown_volumes,
+        )
+        .await
     }
 
     /// Writes plugin `id`'s unknown-volumes report.
@@ -145,8 +150,7 @@ impl Store {
         id: &crate::api::PluginId,
         list: &crate::api::UnknownVolumes,
     ) -> Result<(), StoreError> {
-        let value = serde_json::to_vec(list).unwrap_or_default();
-        self.put_raw(&crate::api::unknown_volumes_key(id), value)
+        self.put_report(&crate::api::unknown_volumes_key(id), list)
             .await
     }
 

@@ -539,7 +539,12 @@ impl Cluster {
 
     /// Runs moorctl against this cluster's etcd; returns success and stdout+stderr.
     pub fn moorctl(&self, args: &[&str]) -> (bool, String) {
-        let out = std::process::Command::new(bin("moorctl"))
+        self.moorctl_as(&bin("moorctl"), args)
+    }
+
+    /// [`Cluster::moorctl`] with another build's moorctl (`program`).
+    pub fn moorctl_as(&self, program: &Path, args: &[&str]) -> (bool, String) {
+        let out = std::process::Command::new(program)
             .arg(format!("--endpoints={}", self.etcd.client_url))
             .args(args)
             .output()
@@ -549,7 +554,7 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        eprintln!("$ moorctl {}\n{text}", args.join(" "));
+        eprintln!("$ {} {}\n{text}", program.display(), args.join(" "));
         (out.status.success(), text)
     }
 

@@ -486,7 +486,7 @@ pub(crate) fn refusal(e: WorkloadError) -> anyhow::Error {
 
 /// How a wait of `alloc run` paces itself (every [`POLL`]) and reports (a line on
 /// stderr for each change).
-fn pace(say: &mut (dyn FnMut(&str) + Send)) -> Pace<'_> {
+pub(crate) fn pace(say: &mut (dyn FnMut(&str) + Send)) -> Pace<'_> {
     Pace {
         poll: moor::backoff::Backoff::new(POLL, POLL).without_jitter(),
         progress: say,

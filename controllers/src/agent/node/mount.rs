@@ -75,21 +75,44 @@ impl Reconcile {
             },
         };
         let mount_key = Mount::key_for(&claim.object_key());
-        let current = self.writer.fresh(&self.mounts, &mount_key).await?;
-        // The volume stats loop's fields are kept as it last wrote them.
-        if let Some(current) = &current {
-            status.usage = current.status.usage.clone();
-            status.condition = current.status.condition.clone();
-        }
+        self.put_mount(
+            &mount_key,
+            (&claim.metadata.namespace, &claim.metadata.name),
+            spec,
+            claim.metadata.trace.clone(),
+            |current| {
+                // The volume stats loop's fields are kept as it last wrote them.
+                if let Some(current) = current {
+                    status.usage = current.status.usage.clone();
+                    status.condition = current.status.condition.clone();
+                }
+                status
+            },
+        )
+        .await
+    }
+
+    /// Writes the Mount at `key` (of claim `claim` in `namespace`) with `spec` and the
+    /// status `status` makes from what is stored: created with `trace` when absent,
+    /// nothing written when it is already so.
+    pub(super) async fn put_mount(
+        &self,
+        key: &ObjectKey<MountSpec>,
+        (namespace, claim): (&Namespace, &Name),
+        spec: MountSpec,
+        trace: Option<String>,
+        status: impl FnOnce(Option<&Mount>) -> MountStatus,
+    ) -> Result<(), NodeError> {
+        let current = self.writer.fresh(&self.mounts, key).await?;
+        let status = status(current.as_deref());
         match current {
             None => {
-                let mut m =
-                    Mount::new(&claim.metadata.namespace, claim.metadata.name.clone(), spec);
+                let mut m = Mount::new(namespace, claim.clone(), spec);
                 m.status = status;
-                m.metadata.trace = claim.metadata.trace.clone();
+                m.metadata.trace = trace;
                 self.writer.create(&m).await?;
             }
-            Some(current) if current.spec == spec && current.status == status => return Ok(()),
+            Some(current) if current.spec == spec && current.status == status => {}
             Some(current) => {
                 let mut next = (*current).clone();
                 next.spec = spec;

@@ -151,22 +151,10 @@ impl Reconcile {
             orphan: rec.orphan(since).map(Box::new),
             ..Default::default()
         };
-        let current = self.writer.fresh(&self.mounts, &mount_key).await?;
-        match current {
-            None => {
-                let mut m = Mount::new(&rec.namespace, rec.claim.clone(), spec);
-                m.status = status;
-                self.writer.create(&m).await?;
-            }
-            Some(current) if current.spec == spec && current.status == status => {}
-            Some(current) => {
-                let mut next = (*current).clone();
-                next.spec = spec;
-                next.status = status;
-                self.writer.update(&current, &next).await?;
-            }
-        }
-        Ok(())
+        self.put_mount(&mount_key, (&rec.namespace, &rec.claim), spec, None, |_| {
+            status
+        })
+        .await
     }
 
     /// Adopts `key`'s orphaned record for `claim` (stored under the same key, another
