@@ -349,8 +349,12 @@ async fn podman_containers_write_and_read_a_moor_volume() {
     let n1 = c.node("n1");
     assert_eq!(n1.count("CreateVolume", "OK"), 1);
     assert_eq!(n1.count("DeleteVolume", "OK"), 1);
-    assert_eq!(n1.count("NodePublishVolume", "OK"), 2);
-    assert_eq!(n1.count("NodeUnpublishVolume", "OK"), 2);
+    // The second container started within the engine's hold's linger after the
+    // first ended is answered from the publish in place (one NodePublish), or, on a
+    // slow machine, published again: each publish undone.
+    let publishes = n1.count("NodePublishVolume", "OK");
+    assert!((1..=2).contains(&publishes), "{publishes} NodePublish");
+    assert_eq!(n1.count("NodeUnpublishVolume", "OK"), publishes);
     c.check_calls(true);
 }
 
@@ -393,8 +397,12 @@ async fn docker_containers_write_and_read_a_moor_volume() {
     let n1 = c.node("n1");
     assert_eq!(n1.count("CreateVolume", "OK"), 1);
     assert_eq!(n1.count("DeleteVolume", "OK"), 1);
-    assert_eq!(n1.count("NodePublishVolume", "OK"), 2);
-    assert_eq!(n1.count("NodeUnpublishVolume", "OK"), 2);
+    // The second container started within the engine's hold's linger after the
+    // first ended is answered from the publish in place (one NodePublish), or, on a
+    // slow machine, published again: each publish undone.
+    let publishes = n1.count("NodePublishVolume", "OK");
+    assert!((1..=2).contains(&publishes), "{publishes} NodePublish");
+    assert_eq!(n1.count("NodeUnpublishVolume", "OK"), publishes);
     c.check_calls(true);
 }
 
@@ -454,7 +462,7 @@ async fn a_mount_slower_than_podman_waits_fails_the_start_and_leaves_nothing_cla
     .await;
     let log = c.node("n1").agent.log_text();
     assert!(
-        log.contains("the caller of a Mount hung up before its answer"),
+        log.contains("its caller hung up before the answer"),
         "{log}"
     );
     // The same container starts again, now at the plugin's speed.

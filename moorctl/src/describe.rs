@@ -257,21 +257,32 @@ async fn print_events(
 /// that hold volume `name`: each running endpoint allocation, with its node.
 async fn engine_callers(ctx: &Ctx, ns: &Namespace, name: &str) -> anyhow::Result<()> {
     let (allocs, _) = kind::list(ctx, Kind::Allocation, Some(ns)).await?;
+    // An allocation of one caller's own names it in `moor.dev/caller`; an engine's
+    // hold names each of its callers in a `moor.dev/caller.<hash>` label.
+    let callers = |a: &Value| -> Vec<String> {
+        a.pointer("/metadata/labels")
+            .and_then(Value::as_object)
+            .map(|labels| {
+                labels
+                    .iter()
+                    .filter(|(k, _)| *k == "moor.dev/caller" || k.starts_with("moor.dev/caller."))
+                    .filter_map(|(_, v)| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     let rows: Vec<Vec<String>> = allocs
         .iter()
-        .filter(|a| !text(a, "/metadata/labels/moor.dev~1caller").is_empty())
         .filter(|a| text(a, "/spec/desired_status") != "stop")
         .filter(|a| {
             a.pointer("/spec/volumes")
                 .and_then(Value::as_array)
                 .is_some_and(|v| v.iter().any(|r| text(r, "/volume") == name))
         })
-        .map(|a| {
-            vec![
-                text(a, "/metadata/labels/moor.dev~1caller"),
-                text(a, "/spec/node"),
-                text(a, "/metadata/name"),
-            ]
+        .flat_map(|a| {
+            callers(a)
+                .into_iter()
+                .map(move |caller| vec![caller, text(a, "/spec/node"), text(a, "/metadata/name")])
         })
         .collect();
     outln!("\nEngine callers:");

@@ -141,6 +141,17 @@ impl StoreError {
             if s.code() == tonic::Code::PermissionDenied)
     }
 
+    /// The store unavailable because it gave no answer within `after` (a paused or
+    /// partitioned etcd: a request waits on it with no error of its own).
+    pub fn unanswered(after: std::time::Duration) -> StoreError {
+        StoreError::Unavailable(etcd_client::Error::GRpcStatus(
+            tonic::Status::deadline_exceeded(format!(
+                "etcd did not answer within {}",
+                humantime::format_duration(after)
+            )),
+        ))
+    }
+
     /// Whether retrying the same request later may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))

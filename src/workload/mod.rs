@@ -208,6 +208,34 @@ pub async fn end(
     Ok(wrote)
 }
 
+/// [`end`], only while `still` holds of the allocation as read: the write is guarded by
+/// that read, so a change made in between is read again. Whether it wrote.
+pub async fn end_if(
+    store: &Store,
+    key: &ObjectKey<AllocationSpec>,
+    how: End,
+    still: impl Fn(&Allocation) -> bool,
+) -> Result<bool, StoreError> {
+    let mut retry = ConflictRetry::default();
+    loop {
+        let Some(read) = store.try_get(key).await? else {
+            return Ok(false);
+        };
+        if !still(&read) {
+            return Ok(false);
+        }
+        let mut next = read.clone();
+        if !apply_end(&mut next.spec, &how) || next.spec == read.spec {
+            return Ok(false);
+        }
+        match store.update(&read, &next).await {
+            Ok(_) => return Ok(true),
+            Err(StoreError::Conflict { .. }) if retry.again().await => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Marks the allocation at `key` running, with the cgroup its workload runs in.
 pub async fn set_running(
     store: &Store,
@@ -281,20 +309,38 @@ pub struct Seen {
     pub claims: Vec<(Name, Option<Claim>)>,
     /// The paths of the published requests, in request order.
     pub paths: Vec<(Name, RequestPaths)>,
+    /// With [`Paths::OnNode`]: the requests whose claim, or its Mount, shows a step
+    /// the plugin refused for good (a final answer: FailedPrecondition,
+    /// InvalidArgument, ...), with that failure.
+    pub refused: Vec<(Name, String)>,
+}
+
+/// Which requests' paths a look reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paths {
+    /// None: a wait for Released.
+    None,
+    /// Those of Published claims whose Mount says published.
+    Published,
+    /// Those whose Mount says published for the claim as it is now (same uid, no
+    /// release asked), Published or not yet: NodePublish returned OK for it, which is
+    /// all a caller on that node needs; the controller's Published comes a round trip
+    /// later ([`wait_node_published`]).
+    OnNode,
 }
 
 /// Reads the allocation at `key`, each request's claim (under its name, or the one an
-/// earlier release gave it, if its spec says it is this request's) and, with
-/// `with_paths`, the Mount of each Published claim. `None` once the allocation is gone.
+/// earlier release gave it, if its spec says it is this request's) and the Mounts
+/// `paths` asks for. `None` once the allocation is gone.
 pub async fn look(
     obs: &impl Observe,
     key: &ObjectKey<AllocationSpec>,
-    with_paths: bool,
+    paths: Paths,
 ) -> Result<Option<Seen>, StoreError> {
     let Some(alloc) = obs.allocation(key).await? else {
         return Ok(None);
     };
-    seen(obs, alloc, with_paths).await.map(Some)
+    seen_paths(obs, alloc, paths).await.map(Some)
 }
 
 /// [`look`] for an allocation already read: its claims and, with `with_paths`, the
@@ -304,8 +350,33 @@ pub async fn seen(
     alloc: Allocation,
     with_paths: bool,
 ) -> Result<Seen, StoreError> {
+    let paths = if with_paths {
+        Paths::Published
+    } else {
+        Paths::None
+    };
+    seen_paths(obs, alloc, paths).await
+}
+
+/// [`seen`] with the paths `which` asks for.
+pub async fn seen_paths(
+    obs: &impl Observe,
+    alloc: Allocation,
+    which: Paths,
+) -> Result<Seen, StoreError> {
     let mut claims = Vec::new();
     let mut paths = Vec::new();
+    let mut refused = Vec::new();
+    let final_failure = |meta: &StatusMeta| {
+        meta.retry.as_ref().filter(|f| f.final_answer).map(|f| {
+            format!(
+                "{} was refused for good with {}: {}",
+                f.step,
+                f.code,
+                printable(&f.message)
+            )
+        })
+    };
     for req in &alloc.spec.volumes {
         let mut found = None;
         for name in alloc.claim_names(req) {
@@ -317,10 +388,29 @@ pub async fn seen(
                 }
             }
         }
-        if let Some(c) = found.as_ref().filter(|_| with_paths) {
-            if c.status.phase == ClaimPhase::Published {
+        if let Some(c) = found.as_ref().filter(|_| which != Paths::None) {
+            let wanted = match which {
+                Paths::None => false,
+                Paths::Published => c.status.phase == ClaimPhase::Published,
+                Paths::OnNode => {
+                    c.status.phase != ClaimPhase::Denied && !c.spec.release && !c.is_deleting()
+                }
+            };
+            if which == Paths::OnNode {
+                if let Some(why) = final_failure(&c.status.meta) {
+                    refused.push((req.name.clone(), why));
+                }
+            }
+            if wanted {
                 if let Some(m) = obs.mount(&Mount::key_for(&c.object_key())).await? {
-                    if m.status.published {
+                    let same_claim = which == Paths::Published
+                        || (m.spec.claim_uid == c.metadata.uid && !m.status.released);
+                    if which == Paths::OnNode && same_claim && !m.status.published {
+                        if let Some(why) = final_failure(&m.status.meta) {
+                            refused.push((req.name.clone(), why));
+                        }
+                    }
+                    if m.status.published && same_claim {
                         paths.push((
                             req.name.clone(),
                             RequestPaths {
@@ -338,6 +428,7 @@ pub async fn seen(
         alloc,
         claims,
         paths,
+        refused,
     })
 }
 
@@ -446,13 +537,20 @@ pub fn judge_published(seen: Option<&Seen>) -> Option<Result<(), String>> {
     }
     let published = !seen.claims.is_empty()
         && seen.paths.len() == seen.claims.len()
-        && seen.claims.iter().all(|(_, c)| {
-            c.as_ref()
-                .is_some_and(|c| c.status.phase == ClaimPhase::Published)
-        });
+        && seen.claims.iter().all(|(_, c)| c.is_some());
     let nothing_to_publish =
         alloc.spec.volumes.is_empty() && alloc.status.phase == AllocationPhase::Ready;
     (published || nothing_to_publish).then_some(Ok(()))
+}
+
+/// The verdict of [`wait_node_published`], pure: [`judge_published`], and a request
+/// whose step the plugin refused for good ends the wait at once (a caller would wait
+/// for the cap of the retry schedule otherwise).
+pub fn judge_node_published(seen: Option<&Seen>) -> Option<Result<(), String>> {
+    if let Some((req, why)) = seen.and_then(|s| s.refused.first()) {
+        return Some(Err(format!("request {req}: {why}")));
+    }
+    judge_published(seen)
 }
 
 /// The verdict of a wait for Released, pure: every claim Released or gone (or the
@@ -485,6 +583,37 @@ pub struct Pace<'a> {
     pub poll: Backoff,
     /// Called with each progress line that differs from the one before.
     pub progress: &'a mut (dyn FnMut(&str) + Send),
+    /// Ends a pause early: whoever writes what the wait looks for bumps it (the
+    /// endpoint's agent, after each Mount it writes).
+    pub wake: Option<Wake>,
+    /// How long the store may fail or not answer, without a break, before the wait
+    /// gives up with [`WorkloadError::Store`] (a look that hangs counts from its start);
+    /// `None`: until the wait's timeout.
+    pub store_patience: Option<Duration>,
+}
+
+/// A signal that something a wait looks for may have changed: a counter its writer
+/// bumps, each wait holding a receiver. Cheap to clone; bumping with nobody waiting
+/// costs nothing.
+#[derive(Debug, Clone)]
+pub struct Wake(std::sync::Arc<tokio::sync::watch::Sender<u64>>);
+
+impl Default for Wake {
+    fn default() -> Wake {
+        Wake(std::sync::Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+}
+
+impl Wake {
+    /// Wakes every wait holding a receiver.
+    pub fn bump(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver for one wait: it sees bumps made after this call.
+    pub fn receiver(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.subscribe()
+    }
 }
 
 /// Waits until every claim of the allocation at `key` is Published, with its paths;
@@ -500,9 +629,34 @@ pub async fn wait_published(
         obs,
         key,
         timeout,
-        ClaimPhase::Published,
+        (ClaimPhase::Published, Paths::Published),
         pace,
         judge_published,
+    )
+    .await?;
+    let seen = seen.ok_or_else(|| WorkloadError::Refused("the allocation was deleted".into()))?;
+    Ok(Published {
+        alloc: seen.alloc,
+        paths: seen.paths,
+    })
+}
+
+/// [`wait_published`] for a caller on the allocation's own node: done once every
+/// claim's Mount says published for that claim ([`Paths::OnNode`]: NodePublish returned
+/// OK), without waiting for the controller to mark the claim Published.
+pub async fn wait_node_published(
+    obs: &impl Observe,
+    key: &ObjectKey<AllocationSpec>,
+    timeout: Duration,
+    pace: Pace<'_>,
+) -> Result<Published, WorkloadError> {
+    let seen = wait_for(
+        obs,
+        key,
+        timeout,
+        (ClaimPhase::Published, Paths::OnNode),
+        pace,
+        judge_node_published,
     )
     .await?;
     let seen = seen.ok_or_else(|| WorkloadError::Refused("the allocation was deleted".into()))?;
@@ -523,7 +677,7 @@ pub async fn wait_released(
         obs,
         key,
         timeout,
-        ClaimPhase::Released,
+        (ClaimPhase::Released, Paths::None),
         pace,
         judge_released,
     )
@@ -537,15 +691,29 @@ async fn wait_for(
     obs: &impl Observe,
     key: &ObjectKey<AllocationSpec>,
     timeout: Duration,
-    goal: ClaimPhase,
+    (goal, paths): (ClaimPhase, Paths),
     mut pace: Pace<'_>,
     judge: fn(Option<&Seen>) -> Option<Result<(), String>>,
 ) -> Result<Option<Seen>, WorkloadError> {
     let start = tokio::time::Instant::now();
     let mut last = String::new();
+    let mut wake = pace.wake.as_ref().map(Wake::receiver);
+    // Since when the store has failed without a break.
+    let mut failing: Option<tokio::time::Instant> = None;
     loop {
-        match look(obs, key, goal == ClaimPhase::Published).await {
+        let looked = match pace.store_patience {
+            None => look(obs, key, paths).await,
+            Some(patience) => {
+                let left = patience.saturating_sub(failing.map_or(Duration::ZERO, |f| f.elapsed()));
+                match tokio::time::timeout(left, look(obs, key, paths)).await {
+                    Ok(r) => r,
+                    Err(_) => return Err(WorkloadError::Store(StoreError::unanswered(patience))),
+                }
+            }
+        };
+        match looked {
             Ok(seen) => {
+                failing = None;
                 if let Some(s) = &seen {
                     let line = s.progress(goal);
                     if line != last {
@@ -559,7 +727,12 @@ async fn wait_for(
                     None => {}
                 }
             }
-            Err(e) if e.is_transient() && start.elapsed() < timeout => {}
+            Err(e) if e.is_transient() && start.elapsed() < timeout => {
+                let since = *failing.get_or_insert_with(tokio::time::Instant::now);
+                if pace.store_patience.is_some_and(|p| since.elapsed() >= p) {
+                    return Err(e.into());
+                }
+            }
             Err(e) => return Err(e.into()),
         }
         if start.elapsed() >= timeout {
@@ -569,7 +742,17 @@ async fn wait_for(
                 last,
             });
         }
-        tokio::time::sleep(pace.poll.next_delay()).await;
+        let pause = tokio::time::sleep(pace.poll.next_delay());
+        match wake.as_mut() {
+            Some(rx) => {
+                tokio::select! {
+                    () = pause => {}
+                    // A closed sender: the pause alone paces.
+                    _ = rx.changed() => {}
+                }
+            }
+            None => pause.await,
+        }
     }
 }
 
@@ -725,6 +908,7 @@ mod tests {
             alloc,
             claims: names.into_iter().zip(claims).collect(),
             paths,
+            refused: Vec::new(),
         }
     }
 

@@ -125,6 +125,13 @@ pub struct Args {
     /// (longer than a Mount may take, and a container to start after it).
     #[arg(long, default_value = "140s", value_parser = humantime::parse_duration)]
     pub volume_plugin_orphan_grace: Duration,
+    /// How long an engine's hold on a volume outlives its last Unmount: a Mount of the
+    /// same volume by the same engine meanwhile is answered from the publish still in
+    /// place (Docker mounts and unmounts twice per `docker run` of an image that has
+    /// the target directory; a restarting container unmounts and mounts again). A
+    /// claim by another node waits this much longer for the release; 0 releases at once.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub volume_plugin_linger: Duration,
 }
 
 /// One configured plugin.
@@ -281,6 +288,8 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         shutdown.clone(),
     );
 
+    // The node pass wakes the endpoint's waits for a publish.
+    let wake = moor::workload::Wake::default();
     let mut seen_engines = std::collections::BTreeSet::new();
     for (i, flag) in args.volume_plugin.iter().enumerate() {
         let (engine, path) = volume_plugin::engine_socket(flag)
@@ -313,6 +322,8 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
             mount_timeout: args.volume_plugin_mount_timeout,
             orphan_interval: args.volume_plugin_orphan_interval,
             orphan_grace: args.volume_plugin_orphan_grace,
+            linger: args.volume_plugin_linger,
+            wake: wake.clone(),
         };
         let (store, node, shutdown) = (store.clone(), node.clone(), shutdown.clone());
         let recorder = recorder.clone();
@@ -341,6 +352,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
         recorder: recorder.clone(),
         stats_interval: args.volume_stats_interval,
         declarations: Default::default(),
+        wake,
     };
     {
         let (shutdown, metrics) = (shutdown.clone(), metrics.controller("node"));

@@ -490,6 +490,8 @@ pub(crate) fn pace(say: &mut (dyn FnMut(&str) + Send)) -> Pace<'_> {
     Pace {
         poll: moor::backoff::Backoff::new(POLL, POLL).without_jitter(),
         progress: say,
+        wake: None,
+        store_patience: None,
     }
 }
 

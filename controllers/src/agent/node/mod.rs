@@ -193,6 +193,9 @@ pub struct NodeReconciler {
     /// The node's force-detach declarations, read fresh before a forward step; steps
     /// asking at once share a read that began after they asked.
     pub declarations: moor::runtime::shared_read::SharedRead<Declarations>,
+    /// Bumped after every Mount this node writes: the volume-plugin endpoint's waits
+    /// for a publish wake on it instead of polling the store.
+    pub wake: moor::workload::Wake,
 }
 
 /// The paths a claim uses, on the host and as the plugin sees them.

@@ -112,7 +112,7 @@ impl Reconcile {
                 m.metadata.trace = trace;
                 self.writer.create(&m).await?;
             }
-            Some(current) if current.spec == spec && current.status == status => {}
+            Some(current) if current.spec == spec && current.status == status => return Ok(()),
             Some(current) => {
                 let mut next = (*current).clone();
                 next.spec = spec;
@@ -120,6 +120,7 @@ impl Reconcile {
                 self.writer.update(&current, &next).await?;
             }
         }
+        self.r.wake.bump();
         Ok(())
     }
 

@@ -65,6 +65,10 @@ pub struct Config {
     pub orphan_interval: Duration,
     /// How old an allocation must be before it may be found without a caller.
     pub orphan_grace: Duration,
+    /// How long a hold outlives its last Unmount (`--volume-plugin-linger`).
+    pub linger: Duration,
+    /// Bumped by the node pass after each Mount it writes: a Mount's wait wakes on it.
+    pub wake: moor::workload::Wake,
 }
 
 /// An error answered to the engine: its status and message.
@@ -275,19 +279,18 @@ async fn capabilities() -> Response {
     )
 }
 
-/// A verb's request: its body parsed as a JSON object, whatever the Content-Type.
-fn parse(body: &Bytes) -> Result<serde_json::Map<String, Value>, Failure> {
+/// A verb's request: its body parsed as the verb's JSON object, whatever the
+/// Content-Type (fields the verb does not read are ignored).
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Failure> {
     if body.len() > MAX_BODY {
         return Err(Failure::bad(format!(
             "the request is {} bytes; at most {MAX_BODY} are read",
             body.len()
         )));
     }
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Default::default());
-    }
     match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(m)) => Ok(m),
+        Ok(v @ Value::Object(_)) => serde_json::from_value(v)
+            .map_err(|e| Failure::bad(format!("the request is not valid: {e}"))),
         Ok(_) => Err(Failure::bad("the request is not a JSON object")),
         Err(e) => Err(Failure::bad(format!("the request is not JSON: {e}"))),
     }
@@ -300,32 +303,40 @@ async fn verb(
     body: axum::body::Body,
 ) -> Response {
     let started = std::time::Instant::now();
+    let mut reused = false;
     let answer = match read_body(body).await {
-        Ok(bytes) => match parse(&bytes) {
-            // A Mount outlives its caller (see Endpoint::mount_for).
-            Ok(req) if verb == "Mount" => {
+        // A Mount outlives its caller (see Endpoint::mount_for).
+        Ok(bytes) if verb == "Mount" => match parse::<ops::CallerRequest>(&bytes) {
+            Ok(req) => {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 let endpoint = endpoint.clone();
                 tokio::spawn(async move { endpoint.mount_for(&req, peer, reply).await });
-                answer
-                    .await
-                    .unwrap_or_else(|_| Err(Failure::internal("the Mount ended without an answer")))
+                match answer.await {
+                    Ok(Ok((v, r))) => {
+                        reused = r;
+                        Ok(v)
+                    }
+                    Ok(Err(f)) => Err(f),
+                    Err(_) => Err(Failure::internal("the Mount ended without an answer")),
+                }
             }
-            Ok(req) => endpoint.dispatch(&verb, &req).await,
             Err(f) => Err(f),
         },
+        Ok(bytes) => endpoint.dispatch(&verb, &bytes).await,
         Err(f) => Err(f),
     };
-    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let elapsed_us = started.elapsed().as_micros() as u64;
     match answer {
         Ok(v) => {
-            if matches!(verb.as_str(), "Create" | "Remove" | "Mount" | "Unmount") {
-                tracing::info!(verb = %verb, elapsed_ms, "volume-plugin request answered");
+            if verb == "Mount" {
+                tracing::info!(verb = %verb, elapsed_us, reused, "volume-plugin request answered");
+            } else if matches!(verb.as_str(), "Create" | "Remove" | "Unmount") {
+                tracing::info!(verb = %verb, elapsed_us, "volume-plugin request answered");
             }
             json_response(StatusCode::OK, &v)
         }
         Err(f) => {
-            tracing::info!(verb = %moor::api::printable(&verb), elapsed_ms, error = %moor::api::printable(&f.message), "volume-plugin request refused");
+            tracing::info!(verb = %moor::api::printable(&verb), elapsed_us, error = %moor::api::printable(&f.message), "volume-plugin request refused");
             f.into_response()
         }
     }

@@ -1,14 +1,25 @@
 //! What each verb of the volume-plugin protocol does to moor's desired state.
 //!
-//! A caller (the engine's mount ID, a container's as a rule) gets an Allocation of this
-//! node named `<caller's first 12>-<hash of the caller>.<volume>` (labelled with the
-//! caller and this node), with one request `data`. It holds the volume until Unmount ends it or
-//! the node is lost; it has no runner lease, so an agent restart never ends it.
+//! An engine holds a volume on this node through one Allocation, its *hold*, named
+//! `<engine>-<hash of node and engine>.<volume>` (labelled with this node), with one
+//! request `data`. Each caller (the engine's mount ID: a container's, or the one
+//! Docker uses to copy an image's files in) is recorded on it as a label
+//! `moor.dev/caller.<hash of the ID>` (the ID's first 63 characters): the first Mount
+//! makes the hold and waits for NodePublish; a later Mount of the same volume by the
+//! same engine adds its caller and is answered from the publish in place. The last
+//! Unmount leaves the hold without callers; it ends after `--volume-plugin-linger`
+//! unless a Mount came meanwhile (Docker's two Mounts per `docker run`, a restart). It
+//! has no runner lease, so an agent restart never ends it; a hold found without
+//! callers at two checks of the forgotten-mount rule ends then.
+//!
+//! A caller whose allocation is its own (`<caller's first 12>-<hash of the
+//! caller>.<volume>`: made by an earlier release, or a caller beyond [`MAX_CALLERS`])
+//! keeps it until its Unmount, as before.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use moor::api::*;
@@ -36,6 +47,37 @@ pub const LABEL_NODE: &str = "moor.dev/volume-plugin-node";
 pub const LABEL_CALLER: &str = "moor.dev/caller";
 /// The name of the one request an endpoint allocation makes.
 pub const REQUEST: &str = "data";
+/// The prefix of the labels recording a hold's callers: the prefix, then 16 hex digits
+/// of the SHA-256 of the caller's whole ID; the value is the ID's first 63 characters.
+pub const CALLER_PREFIX: &str = "moor.dev/caller.";
+/// Set on an engine's hold, valued with the engine.
+pub const LABEL_HOLD: &str = "moor.dev/hold";
+/// The most callers one hold records (labels are bounded); a caller beyond them gets an
+/// allocation of its own.
+pub const MAX_CALLERS: usize = MAX_LABELS - 8;
+/// How long the endpoint waits on the store for one answer before it says the store
+/// does not answer (shorter than any engine's timeout).
+pub const STORE_PATIENCE: Duration = Duration::from_secs(5);
+
+/// The label recording `caller` on a hold.
+pub fn caller_label(caller: &str) -> String {
+    format!("{CALLER_PREFIX}{}", sha256_hex(caller, 8))
+}
+
+/// The callers a hold records (their IDs' first 63 characters).
+pub fn hold_callers(alloc: &Allocation) -> impl Iterator<Item = &str> {
+    alloc
+        .metadata
+        .labels
+        .iter()
+        .filter(|(k, _)| k.starts_with(CALLER_PREFIX))
+        .map(|(_, v)| v.as_str())
+}
+
+/// Whether `alloc` is an engine's hold.
+pub fn is_hold(alloc: &Allocation) -> bool {
+    alloc.metadata.labels.contains_key(LABEL_HOLD)
+}
 
 /// How often a waiting Mount or Unmount reads the claim again: from 5 ms, doubling
 /// up to 100 ms (a claim on an idle node is published in tens of milliseconds; a
@@ -56,26 +98,37 @@ pub struct Endpoint {
     mounting: std::sync::Mutex<BTreeMap<String, usize>>,
 }
 
-/// A field of a request that must be a string.
-fn field<'a>(req: &'a Map<String, Value>, name: &str) -> Result<&'a str, Failure> {
-    match req.get(name) {
-        Some(Value::String(s)) => Ok(s),
-        Some(_) => Err(Failure::bad(format!("{name} is not a string"))),
-        None => Err(Failure::bad(format!("{name} is missing"))),
-    }
+/// A request that names a volume: Create (with its options), Remove, Get, Path.
+#[derive(Debug, serde::Deserialize)]
+pub struct NameRequest {
+    /// The volume.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// Create's `-o` options.
+    #[serde(rename = "Opts", default)]
+    pub opts: Option<Value>,
+}
+
+/// Mount and Unmount: the volume and the caller (the engine's mount ID).
+#[derive(Debug, serde::Deserialize)]
+pub struct CallerRequest {
+    /// The volume.
+    #[serde(rename = "Name")]
+    pub name: String,
+    /// The caller.
+    #[serde(rename = "ID")]
+    pub id: String,
 }
 
 /// The volume a request names.
-fn volume_name(req: &Map<String, Value>) -> Result<VolumeId, Failure> {
-    let name = field(req, "Name")?;
+fn volume_name(name: &str) -> Result<VolumeId, Failure> {
     VolumeId::new(name)
         .map_err(|e| Failure::bad(format!("volume name {}: {e}", moor::api::printable(name))))
 }
 
 /// The caller a Mount or Unmount names: its whole ID (1-256 characters of
 /// [A-Za-z0-9._-]).
-fn caller(req: &Map<String, Value>) -> Result<String, Failure> {
-    let id = field(req, "ID")?;
+fn caller(id: &str) -> Result<String, Failure> {
     if id.is_empty()
         || id.len() > 256
         || !id
@@ -89,6 +142,9 @@ fn caller(req: &Map<String, Value>) -> Result<String, Failure> {
     }
     Ok(id.to_string())
 }
+
+/// Whether a Mount was answered from a publish the engine already held.
+pub type Reused = bool;
 
 impl Endpoint {
     /// The endpoint of this node.
@@ -105,35 +161,32 @@ impl Endpoint {
     /// gives up after 5 s by default, a killed `docker run` at once. The handler of a
     /// caller that hung up is dropped with its connection, so the Mount runs on its own
     /// task and watches `reply`: once the caller is gone (before the answer, or the
-    /// answer could not be given) the allocation it made or adopted is ended and a
-    /// Warning logged, unless another Mount of the same caller and volume is still
-    /// waiting for it. Nobody would ever Unmount it.
+    /// answer could not be given) its place on the hold (or its own allocation) is
+    /// given up and a Warning logged, unless another Mount of the same caller and
+    /// volume is still waiting for it. Nobody would ever Unmount it. A refused Mount
+    /// gives its place up likewise, after its answer (a store that does not answer
+    /// must not delay the answer).
     pub async fn mount_for(
         &self,
-        req: &Map<String, Value>,
+        req: &CallerRequest,
         peer: super::Peer,
-        mut reply: tokio::sync::oneshot::Sender<Answer>,
+        mut reply: tokio::sync::oneshot::Sender<Result<(Value, Reused), Failure>>,
     ) {
-        let named = match (volume_name(req), caller(req)) {
-            (Ok(id), Ok(caller)) => self
-                .allocation_key(&caller, &id)
-                .ok()
-                .map(|k| (id, caller, k)),
-            _ => None,
+        let (id, caller) = match (volume_name(&req.name), caller(&req.id)) {
+            (Ok(id), Ok(caller)) => (id, caller),
+            (Err(f), _) | (_, Err(f)) => {
+                let _ = reply.send(Err(f));
+                return;
+            }
         };
-        // A request mount() refuses at once: nothing to end if its caller left.
-        let Some((id, caller, key)) = named else {
-            let _ = reply.send(self.mount(req, peer).await);
-            return;
-        };
-        let inflight = key.as_str().to_string();
+        let inflight = format!("{id}/{caller}");
         *self.lock_mounting().entry(inflight.clone()).or_default() += 1;
         let answered = tokio::select! {
-            answer = self.mount(req, peer) => {
+            answer = self.mount(&id, &caller, peer) => {
+                let refused = answer.is_err();
                 match reply.send(answer) {
-                    Ok(()) => true,
-                    // Refused: mount() already stopped what it made.
-                    Err(Err(_)) => true,
+                    Ok(()) => !refused,
+                    Err(Err(_)) => false,
                     Err(Ok(_)) => false,
                 }
             }
@@ -153,37 +206,44 @@ impl Endpoint {
             return;
         }
         if !last {
-            tracing::warn!(allocation = %inflight, "the caller of a Mount hung up before its answer; another Mount of the same caller waits for its allocation, which stays");
+            tracing::warn!(volume = %id, caller = %moor::api::printable(&caller), "a Mount ended without its answer reaching the caller; another Mount of the same caller waits, so its place stays");
             return;
         }
-        let ended = match self.find_allocation(&caller, &id).await {
-            Ok((key, Some(a))) if !a.is_terminal() => {
-                self.end(&key, ClientStatus::Failed).await;
-                true
-            }
-            _ => false,
-        };
-        tracing::warn!(volume = %id, caller = %moor::api::printable(&caller), allocation = %inflight, ended, "the caller of a Mount hung up before its answer: nobody will Unmount it, so its allocation is ended");
+        let given_up = tokio::time::timeout(STORE_PATIENCE * 2, self.give_up(&caller, &id)).await;
+        tracing::warn!(volume = %id, caller = %moor::api::printable(&caller), given_up = matches!(given_up, Ok(Ok(true))), "a Mount was refused, or its caller hung up before the answer: nobody will Unmount it, so its place on the volume is given up");
     }
 
     fn lock_mounting(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, usize>> {
         self.mounting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs the verb `verb` (the part after `VolumeDriver.`); Mount, which outlives its
-    /// connection, is [`Endpoint::mount_for`].
-    pub async fn dispatch(&self, verb: &str, req: &Map<String, Value>) -> Answer {
-        match verb {
-            "Create" => self.create(req).await,
-            "Remove" => self.remove(req).await,
-            "Unmount" => self.unmount(req).await,
-            "Path" => self.path(req).await,
-            "Get" => self.get(req).await,
-            "List" => self.list().await,
-            _ => Err(Failure::bad(format!(
-                "no such verb VolumeDriver.{}",
-                moor::api::printable(verb)
-            ))),
+    /// Runs the verb `verb` (the part after `VolumeDriver.`) on its request body;
+    /// Mount, which outlives its connection, is [`Endpoint::mount_for`]. Every verb
+    /// answers within [`STORE_PATIENCE`] of the store's silence.
+    pub async fn dispatch(&self, verb: &str, body: &[u8]) -> Answer {
+        let run = async {
+            match verb {
+                "Create" => self.create(&super::parse(body)?).await,
+                "Remove" => self.remove(&super::parse(body)?).await,
+                "Unmount" => self.unmount(&super::parse(body)?).await,
+                "Path" => self.path(&super::parse(body)?).await,
+                "Get" => self.get(&super::parse(body)?).await,
+                "List" => self.list().await,
+                _ => Err(Failure::bad(format!(
+                    "no such verb VolumeDriver.{}",
+                    moor::api::printable(verb)
+                ))),
+            }
+        };
+        // Remove may wait for a lingering hold's release (bounded of its own).
+        let patience = if verb == "Remove" {
+            STORE_PATIENCE * 3
+        } else {
+            STORE_PATIENCE
+        };
+        match tokio::time::timeout(patience, run).await {
+            Ok(answer) => answer,
+            Err(_) => Err(Failure::from(StoreError::unanswered(patience))),
         }
     }
 
@@ -202,9 +262,9 @@ impl Endpoint {
     /// volumes, the capacity its survey reported for this node's segment), with this
     /// node's segment as the requisite and preferred topology. Returns once desired
     /// state is written; Mount waits for Ready.
-    async fn create(&self, req: &Map<String, Value>) -> Answer {
-        let id = volume_name(req)?;
-        let opts = CreateOptions::parse(req.get("Opts"))?;
+    async fn create(&self, req: &NameRequest) -> Answer {
+        let id = volume_name(&req.name)?;
+        let opts = CreateOptions::parse(req.opts.as_ref())?;
         if let Some(v) = self.volume(&id).await? {
             return match opts.contradiction(&v.spec, v.status.provisioning.capacity_bytes) {
                 Some(why) => Err(Failure::bad(format!("volume {id} exists: {why}"))),
@@ -219,7 +279,10 @@ impl Endpoint {
             plugin_id: plugin.clone(),
             capacity_min: opts.size,
             capabilities: vec![VolumeCapability {
-                access_mode: opts.access_mode(),
+                access_mode: match opts.mode {
+                    Some(m) => m,
+                    None => self.default_mode(&plugin).await?,
+                },
                 attachment_mode: AttachmentMode::FileSystem,
             }],
             source: opts.source.clone(),
@@ -261,6 +324,24 @@ impl Endpoint {
             Err(StoreError::AlreadyExists { .. }) => Ok(json!({})),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The access mode of a volume made without `-o mode=`: shared by the claims of one
+    /// node (single-node-multi-writer) where this node's instance of the plugin
+    /// advertises SINGLE_NODE_MULTI_WRITER, as Kubernetes' ReadWriteOnce is (Docker and
+    /// Podman on one node, a `:ro` container beside a writer); otherwise
+    /// single-node-writer.
+    async fn default_mode(&self, plugin: &PluginId) -> Result<AccessMode, Failure> {
+        let node = self.store.try_get(&Node::key_for(&self.node)).await?;
+        let shares = node
+            .as_ref()
+            .and_then(|n| n.status.plugins.get(plugin))
+            .is_some_and(|p| p.capabilities.node.has(NodeRpc::SingleNodeMultiWriter));
+        Ok(if shares {
+            AccessMode::SingleNodeMultiWriter
+        } else {
+            AccessMode::SingleNodeWriter
+        })
     }
 
     /// Where volume `id` of `plugin`, at least `size`, is made for this node (see
@@ -316,13 +397,21 @@ impl Endpoint {
     /// delete is guarded by the version the checks read: a claim admitted since (it
     /// writes the volume's status) makes it look again, and a reconciler's unrelated
     /// write likewise (bounded, as every unversioned write).
-    async fn remove(&self, req: &Map<String, Value>) -> Answer {
-        let id = volume_name(req)?;
+    async fn remove(&self, req: &NameRequest) -> Answer {
+        let id = volume_name(&req.name)?;
         let mut retry = ConflictRetry::default();
+        let mut lingering = poll();
+        let waited = Instant::now();
         loop {
             let Some(v) = self.volume(&id).await? else {
                 return Ok(json!({}));
             };
+            // This engine's hold without callers (lingering after the last Unmount)
+            // ends now, and the Remove waits for its release.
+            if self.release_unheld(&v).await? && waited.elapsed() < STORE_PATIENCE * 2 {
+                tokio::time::sleep(lingering.next_delay()).await;
+                continue;
+            }
             if let Some(why) = v.spec.deletion_refused() {
                 return Err(Failure::bad(format!("volume {id} is protected: {why}")));
             }
@@ -424,48 +513,153 @@ impl Endpoint {
         Ok((key, None))
     }
 
-    /// Mount: an allocation of this node for the caller (adopted when the same caller
-    /// mounts again), then waits until its claim is Published and answers the target
-    /// path. A refusal (denied, failed, timed out) stops the allocation it made, so
-    /// nothing stays claimed.
-    async fn mount(&self, req: &Map<String, Value>, peer: super::Peer) -> Answer {
-        let id = volume_name(req)?;
-        let caller = caller(req)?;
-        let Some(volume) = self.volume(&id).await? else {
-            return Err(Failure::bad(format!("no such volume {id}")));
-        };
-        let cap = volume
-            .spec
-            .capabilities
-            .iter()
-            .find(|c| c.attachment_mode == AttachmentMode::FileSystem)
-            .copied()
-            .ok_or_else(|| Failure::bad(format!("volume {id} offers no file-system capability")))?;
-        // Under the name it was found by (an earlier release's, perhaps), else the
-        // current one; a live one on this node is adopted, an ended one replaced.
-        let (key, _) = self.find_allocation(&caller, &id).await?;
-        let wanted = self.wanted(&key, &caller, &id, cap, peer)?;
-        let started = workload::create_or_adopt(&self.store, &wanted, IfEnded::Replace, false)
+    /// The key of this engine's hold on volume `id` on this node: [`joined_name`] of
+    /// `<engine>-<16 hex digits of the SHA-256 of this node and the engine>` and the
+    /// volume.
+    fn hold_key(&self, id: &VolumeId) -> Result<ObjectKey<AllocationSpec>, Failure> {
+        let hash = sha256_hex(&format!("{}/{}", self.node, self.cfg.engine), 8);
+        let name = Name::new(joined_name(
+            &format!("{}-{hash}", self.cfg.engine),
+            id.as_str(),
+        ))
+        .map_err(|e| Failure::bad(e.to_string()))?;
+        Ok(Allocation::key_for(self.ns(), name))
+    }
+
+    /// Mount: the caller's place on this engine's hold of the volume (the hold made
+    /// when there is none live), then a wait until NodePublish returned OK for the
+    /// hold's claim (woken by the node pass); answers the target path, and whether the
+    /// hold was already live (a re-mount). A caller with a live allocation of its own
+    /// keeps using it.
+    async fn mount(
+        &self,
+        id: &VolumeId,
+        caller: &str,
+        peer: super::Peer,
+    ) -> Result<(Value, Reused), Failure> {
+        let (key, reused) = tokio::time::timeout(STORE_PATIENCE, self.take_place(id, caller, peer))
             .await
-            .map_err(|e| match e {
-                WorkloadError::Store(e) => Failure::from(e),
-                other => Failure::internal(other.to_string()),
-            })?;
-        match self.wait_published(started.allocation()).await {
-            Ok(path) => Ok(json!({ "Mountpoint": path })),
-            Err(f) => {
-                self.end(&key, ClientStatus::Failed).await;
-                Err(f)
+            .map_err(|_| Failure::from(StoreError::unanswered(STORE_PATIENCE)))??;
+        let path = self.wait_published(&key, id).await?;
+        Ok((json!({ "Mountpoint": path }), reused))
+    }
+
+    /// The allocation a Mount of `id` by `caller` waits on, and whether it was live
+    /// already: the engine's hold the caller is on, or the caller's own live
+    /// allocation, or the hold it joins ([`Endpoint::join_hold`]).
+    async fn take_place(
+        &self,
+        id: &VolumeId,
+        caller: &str,
+        peer: super::Peer,
+    ) -> Result<(ObjectKey<AllocationSpec>, Reused), Failure> {
+        // A caller already on the engine's live hold (Podman's one ID, a retried
+        // Mount): nothing to write.
+        let hold_key = self.hold_key(id)?;
+        let on_hold = self.store.try_get(&hold_key).await?.is_some_and(|h| {
+            !h.is_terminal()
+                && h.spec.node == self.node
+                && h.metadata.labels.contains_key(&caller_label(caller))
+        });
+        Ok(if on_hold {
+            (hold_key, true)
+        } else {
+            let Some(volume) = self.volume(id).await? else {
+                return Err(Failure::bad(format!("no such volume {id}")));
+            };
+            let cap = volume
+                .spec
+                .capabilities
+                .iter()
+                .find(|c| c.attachment_mode == AttachmentMode::FileSystem)
+                .copied()
+                .ok_or_else(|| {
+                    Failure::bad(format!("volume {id} offers no file-system capability"))
+                })?;
+            let (own_key, own) = self.find_allocation(caller, id).await?;
+            match own.filter(|a| !a.is_terminal() && a.spec.node == self.node) {
+                Some(_) => (own_key, true),
+                None => self.join_hold(id, caller, cap, peer).await?,
+            }
+        })
+    }
+
+    /// Records `caller` on this engine's hold of `id`, making the hold when none is
+    /// live (one that ended is replaced); a caller beyond [`MAX_CALLERS`] gets an
+    /// allocation of its own. Returns the allocation to wait on and whether it was
+    /// live already.
+    async fn join_hold(
+        &self,
+        id: &VolumeId,
+        caller: &str,
+        cap: VolumeCapability,
+        peer: super::Peer,
+    ) -> Result<(ObjectKey<AllocationSpec>, Reused), Failure> {
+        let key = self.hold_key(id)?;
+        let label = caller_label(caller);
+        let short: String = caller.chars().take(63).collect();
+        let mut retry = ConflictRetry::default();
+        loop {
+            let raced = match self.store.try_get(&key).await? {
+                Some(h) if !h.is_terminal() && !h.is_deleting() && h.spec.node == self.node => {
+                    if h.metadata.labels.contains_key(&label) {
+                        return Ok((key, true));
+                    }
+                    if hold_callers(&h).count() >= MAX_CALLERS {
+                        let own = self.allocation_key(caller, id)?;
+                        let wanted = self.wanted(&own, Some(caller), id, cap, peer)?;
+                        self.start(&wanted).await?;
+                        return Ok((own, false));
+                    }
+                    let mut next = h.clone();
+                    next.metadata.labels.insert(label.clone(), short.clone());
+                    if peer.pid.is_none() {
+                        next.metadata
+                            .labels
+                            .insert(LABEL_UNSEEN.into(), "true".into());
+                    }
+                    match self.store.update(&h, &next).await {
+                        Ok(_) => return Ok((key, true)),
+                        Err(e @ StoreError::Conflict { .. }) => e,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                // None, ended, or being deleted: made (again).
+                _ => {
+                    let mut wanted = self.wanted(&key, None, id, cap, peer)?;
+                    wanted.metadata.labels.insert(label.clone(), short.clone());
+                    wanted
+                        .metadata
+                        .labels
+                        .insert(LABEL_HOLD.into(), self.cfg.engine.clone());
+                    self.start(&wanted).await?;
+                    return Ok((key, false));
+                }
+            };
+            if !retry.again().await {
+                return Err(raced.into());
             }
         }
     }
 
-    /// The allocation a caller's Mount of volume `id` wants: on this node, running,
-    /// one request `data` with the capability Mount chose, labelled with its caller.
+    /// Creates `wanted`, or adopts the live one of its name (an ended one is replaced).
+    async fn start(&self, wanted: &Allocation) -> Result<(), Failure> {
+        workload::create_or_adopt(&self.store, wanted, IfEnded::Replace, false)
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                WorkloadError::Store(e) => Failure::from(e),
+                other => Failure::internal(other.to_string()),
+            })
+    }
+
+    /// The allocation a Mount of volume `id` wants: on this node, running, one request
+    /// `data` with the capability Mount chose, labelled with its node and, for an
+    /// allocation of one caller's own, that caller.
     fn wanted(
         &self,
         key: &ObjectKey<AllocationSpec>,
-        caller: &str,
+        caller: Option<&str>,
         id: &VolumeId,
         cap: VolumeCapability,
         peer: super::Peer,
@@ -487,9 +681,10 @@ impl Endpoint {
         let mut alloc = Allocation::new(self.ns(), name, spec);
         let labels = &mut alloc.metadata.labels;
         labels.insert(LABEL_NODE.into(), self.node.to_string());
-        // A label value holds 63 characters: what `docker volume inspect` shows; the
-        // allocation's name hashes the whole ID.
-        labels.insert(LABEL_CALLER.into(), caller.chars().take(63).collect());
+        if let Some(caller) = caller {
+            // A label value holds 63 characters; the allocation's name hashes the ID.
+            labels.insert(LABEL_CALLER.into(), caller.chars().take(63).collect());
+        }
         if peer.pid.is_none() {
             // The engine runs where this agent cannot see its processes: neither can
             // the forgotten-mount rule see its containers' (orphans.rs keeps it).
@@ -498,29 +693,25 @@ impl Endpoint {
         Ok(alloc)
     }
 
-    /// Waits until the allocation's claim is Published (`moor::workload`, on the
-    /// store); its target path. A denied claim is the caller's error; the timeout
-    /// says where things stood.
-    async fn wait_published(&self, alloc: &Allocation) -> Result<String, Failure> {
-        let volume = alloc
-            .spec
-            .volumes
-            .first()
-            .map(|r| r.volume.to_string())
-            .unwrap_or_default();
+    /// Waits until NodePublish returned OK for the allocation's claim
+    /// ([`workload::wait_node_published`], woken by the node pass; the store read
+    /// between wakes, from 5 ms up to every 100 ms, for what the controller decides);
+    /// its target path. A denied claim is the caller's error at once; a store that does
+    /// not answer for [`STORE_PATIENCE`] ends the wait; the timeout says where things
+    /// stood.
+    async fn wait_published(
+        &self,
+        key: &ObjectKey<AllocationSpec>,
+        volume: &VolumeId,
+    ) -> Result<String, Failure> {
         let mut quiet = |line: &str| tracing::debug!(progress = line, "volume-plugin: waiting");
         let pace = Pace {
             poll: poll(),
             progress: &mut quiet,
+            wake: Some(self.cfg.wake.clone()),
+            store_patience: Some(STORE_PATIENCE),
         };
-        match workload::wait_published(
-            &self.store,
-            &alloc.object_key(),
-            self.cfg.mount_timeout,
-            pace,
-        )
-        .await
-        {
+        match workload::wait_node_published(&self.store, key, self.cfg.mount_timeout, pace).await {
             Ok(published) => published
                 .paths
                 .into_iter()
@@ -552,16 +743,99 @@ impl Endpoint {
         }
     }
 
-    /// Unmount: the caller's allocation ends (complete); answers once this node no
-    /// longer publishes the volume for it. The rest of the release goes on as usual.
-    async fn unmount(&self, req: &Map<String, Value>) -> Answer {
-        let id = volume_name(req)?;
-        let caller = caller(req)?;
-        let (key, found) = self.find_allocation(&caller, &id).await?;
-        let Some(alloc) = found else {
-            return Ok(json!({}));
-        };
-        self.end(&key, ClientStatus::Complete).await;
+    /// Takes `caller` off this engine's hold of `id`; returns whether it was on it and
+    /// whether callers remain.
+    async fn leave_hold(&self, caller: &str, id: &VolumeId) -> Result<(bool, bool), Failure> {
+        let key = self.hold_key(id)?;
+        let label = caller_label(caller);
+        let mut retry = ConflictRetry::default();
+        loop {
+            let Some(h) = self.store.try_get(&key).await? else {
+                return Ok((false, false));
+            };
+            if h.is_terminal() || !h.metadata.labels.contains_key(&label) {
+                return Ok((false, hold_callers(&h).next().is_some()));
+            }
+            let mut next = h.clone();
+            next.metadata.labels.remove(&label);
+            let left = hold_callers(&next).next().is_some();
+            match self.store.update(&h, &next).await {
+                Ok(_) => return Ok((true, left)),
+                Err(StoreError::Conflict { .. }) if retry.again().await => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Gives up `caller`'s place on volume `id` after a refused or unanswered Mount: its
+    /// own allocation ends (failed), or it leaves the hold, which ends at once when no
+    /// caller is left (nothing was published for anyone). Whether anything changed.
+    async fn give_up(&self, caller: &str, id: &VolumeId) -> Result<bool, Failure> {
+        let (own_key, own) = self.find_allocation(caller, id).await?;
+        if own.is_some_and(|a| !a.is_terminal()) {
+            self.end(&own_key, ClientStatus::Failed).await;
+            return Ok(true);
+        }
+        let (left_it, others) = self.leave_hold(caller, id).await?;
+        if !others {
+            end_unheld(&self.store, &self.hold_key(id)?, ClientStatus::Failed).await?;
+        }
+        Ok(left_it)
+    }
+
+    /// Unmount: a caller with an allocation of its own ends it (complete) and the
+    /// answer waits until this node no longer publishes it; a caller on the hold leaves
+    /// it at once, and the hold, when it has no caller left, ends after the linger
+    /// unless a Mount came meanwhile ([`end_unheld`]). The rest of the release goes on
+    /// as usual.
+    async fn unmount(&self, req: &CallerRequest) -> Answer {
+        let id = volume_name(&req.name)?;
+        let caller = caller(&req.id)?;
+        let (own_key, own) = self.find_allocation(&caller, &id).await?;
+        if let Some(alloc) = own.filter(|a| !a.is_terminal()) {
+            self.end(&own_key, ClientStatus::Complete).await;
+            return self.wait_unpublished(&alloc, &id, &caller).await;
+        }
+        let (_, others) = self.leave_hold(&caller, &id).await?;
+        if !others {
+            let (store, key, linger) = (self.store.clone(), self.hold_key(&id)?, self.cfg.linger);
+            tokio::spawn(async move {
+                tokio::time::sleep(linger).await;
+                if let Err(e) = end_unheld(&store, &key, ClientStatus::Complete).await {
+                    tracing::warn!(allocation = %key, error = %e.message, "could not end a hold without callers; the forgotten-mount rule will");
+                }
+            });
+        }
+        Ok(json!({}))
+    }
+
+    /// Ends this engine's hold of volume `v` when it has no caller, and says whether it
+    /// still claims the volume here (ended and not yet released, or ended now): Remove
+    /// waits for that release rather than refusing the volume as in use.
+    async fn release_unheld(&self, v: &Volume) -> Result<bool, Failure> {
+        let id =
+            VolumeId::new(v.metadata.name.as_str()).map_err(|e| Failure::bad(e.to_string()))?;
+        let key = self.hold_key(&id)?;
+        let claims = &v.status.claims;
+        let claimed = claims
+            .read_claims
+            .iter()
+            .chain(&claims.write_claims)
+            .any(|c| c.allocation.as_str() == key.name() && c.node == self.node);
+        if !claimed {
+            return Ok(false);
+        }
+        match self.store.try_get(&key).await? {
+            Some(h) if !h.is_terminal() => {
+                Ok(end_unheld(&self.store, &key, ClientStatus::Complete).await?)
+            }
+            _ => Ok(true),
+        }
+    }
+
+    /// Waits until this node no longer publishes `alloc`'s volume (an allocation of one
+    /// caller's own, ended by its Unmount).
+    async fn wait_unpublished(&self, alloc: &Allocation, id: &VolumeId, caller: &str) -> Answer {
         let Some(claim_name) = alloc.spec.volumes.first().and_then(|r| alloc.claim_name(r)) else {
             return Ok(json!({}));
         };
@@ -578,8 +852,9 @@ impl Endpoint {
             }
             if Instant::now() >= deadline {
                 return Err(Failure::internal(format!(
-                    "volume {id} is still published on node {} for {caller}",
-                    self.node
+                    "volume {id} is still published on node {} for {}",
+                    self.node,
+                    moor::api::printable(caller)
                 )));
             }
             tokio::time::sleep(poll.next_delay()).await;
@@ -617,8 +892,8 @@ impl Endpoint {
         Ok(out)
     }
 
-    async fn path(&self, req: &Map<String, Value>) -> Answer {
-        let id = volume_name(req)?;
+    async fn path(&self, req: &NameRequest) -> Answer {
+        let id = volume_name(&req.name)?;
         let path = self
             .callers(&id)
             .await?
@@ -630,8 +905,8 @@ impl Endpoint {
 
     /// Get: the volume with moor's state of it (phase, plugin, capacity, the nodes
     /// claiming it, this node's callers); an error when moor has no such volume.
-    async fn get(&self, req: &Map<String, Value>) -> Answer {
-        let id = volume_name(req)?;
+    async fn get(&self, req: &NameRequest) -> Answer {
+        let id = volume_name(&req.name)?;
         let Some(v) = self.volume(&id).await? else {
             return Err(Failure::bad(format!("no such volume {id}")));
         };
@@ -660,21 +935,24 @@ impl Endpoint {
             "callers",
             json!(callers
                 .iter()
-                .map(|(a, _)| a
+                .flat_map(|(a, _)| a
                     .metadata
                     .labels
                     .get(LABEL_CALLER)
-                    .cloned()
-                    .unwrap_or_default())
+                    .map(String::as_str)
+                    .into_iter()
+                    .chain(hold_callers(a)))
                 .collect::<Vec<_>>()),
         );
-        Ok(json!({
-            "Volume": {
-                "Name": id.as_str(),
-                "Mountpoint": mountpoint,
-                "Status": status,
-            }
-        }))
+        let mut volume = json!({
+            "Name": id.as_str(),
+            "Mountpoint": mountpoint,
+            "Status": status,
+        });
+        if let Some(t) = v.metadata.creation_timestamp {
+            volume["CreatedAt"] = json!(t.to_string());
+        }
+        Ok(json!({ "Volume": volume }))
     }
 
     /// List: every volume of the namespace that offers a file system.
@@ -695,4 +973,22 @@ impl Endpoint {
             .collect();
         Ok(json!({ "Volumes": volumes }))
     }
+}
+
+/// Ends the hold at `key` (client status `status`) if it is live and has no caller, in
+/// a write guarded by that read (a Mount that joined meanwhile keeps it); whether it
+/// ended it.
+pub async fn end_unheld(
+    store: &Store,
+    key: &ObjectKey<AllocationSpec>,
+    status: ClientStatus,
+) -> Result<bool, Failure> {
+    let ended = workload::end_if(store, key, End::Ended(status, None), |a| {
+        is_hold(a) && hold_callers(a).next().is_none()
+    })
+    .await?;
+    if ended {
+        tracing::debug!(allocation = %key, "a hold without callers ended");
+    }
+    Ok(ended)
 }

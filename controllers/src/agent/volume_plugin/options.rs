@@ -135,11 +135,6 @@ impl CreateOptions {
         Ok(o)
     }
 
-    /// The access mode asked for, or the default.
-    pub fn access_mode(&self) -> AccessMode {
-        self.mode.unwrap_or(AccessMode::SingleNodeWriter)
-    }
-
     /// What an existing volume `spec` contradicts of these options, named: `None` when
     /// the volume can be used as it is.
     pub fn contradiction(

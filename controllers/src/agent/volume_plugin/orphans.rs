@@ -14,6 +14,8 @@
 //!    path. In use: nothing. Not in use at two checks in a row: the caller is gone
 //!    (its Unmount was missed while the agent was down, or it gave up waiting for a
 //!    slow Mount): the allocation ends (complete), and the release goes on as usual.
+//! 3. An engine's hold without callers at two checks in a row (its linger's end was
+//!    lost with the agent's process) ends, whatever its age, unless a Mount joined it.
 //!
 //! The rule never releases under a holder it cannot see. A Mount whose engine this
 //! agent cannot number (`SO_PEERCRED` gives pid 0: the engine runs in a PID namespace
@@ -36,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use moor::api::*;
 use moor::store::Store;
 
-use super::ops::{LABEL_CALLER, LABEL_NODE, LABEL_UNSEEN};
+use super::ops::{hold_callers, is_hold, LABEL_CALLER, LABEL_NODE, LABEL_UNSEEN};
 
 /// Where a path lives: its file system's device and the path within that file system.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,7 +222,28 @@ async fn check(
             .creation_timestamp
             .as_ref()
             .is_some_and(|t| t.elapsed() >= grace);
-        if !ours || !old || a.is_terminal() || a.spec.node != *node {
+        if !ours || a.is_terminal() || a.spec.node != *node {
+            continue;
+        }
+        // A hold left without callers (its linger's end lost with an agent restart):
+        // ended once seen so at two checks in a row, guarded against a Mount meanwhile.
+        if is_hold(&a) && hold_callers(&a).next().is_none() {
+            let key = a.object_key().to_string();
+            if !suspects.contains(&key) {
+                next.insert(key);
+                continue;
+            }
+            let ended = moor::workload::end_if(
+                store,
+                &a.object_key(),
+                moor::workload::End::Ended(ClientStatus::Complete, None),
+                |a| is_hold(a) && hold_callers(a).next().is_none(),
+            )
+            .await?;
+            tracing::info!(allocation = %a.metadata.name, ended, "volume-plugin: a hold without callers since the last check ends");
+            continue;
+        }
+        if !old {
             continue;
         }
         let Some(claim) = a.spec.volumes.first().and_then(|r| a.claim_name(r)) else {
@@ -238,7 +261,10 @@ async fn check(
             .labels
             .get(LABEL_CALLER)
             .map(String::as_str)
-            .unwrap_or("");
+            .into_iter()
+            .chain(hold_callers(&a))
+            .collect::<Vec<_>>()
+            .join(", ");
         if let Some(why) = blind_spot(&a) {
             // Never a release under a holder it cannot see: kept, and said (the
             // recorder folds the repeats of every check into one event).
