@@ -29,6 +29,7 @@
 //! and `moor-store`), `moor-controllers` (`moord`: reconcilers and node agent),
 //! `moor-hostpath` (the reference plugin, on `moor-csi` alone) and `moor-bench`.
 
+pub mod activation;
 pub mod admission;
 pub mod api;
 pub mod backoff;

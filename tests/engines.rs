@@ -182,22 +182,7 @@ impl Docker {
         let dir = PathBuf::from(format!("/tmp/moor-docker-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
-        let daemon = Command::new("dockerd")
-            .args([
-                "--iptables=false",
-                "--ip6tables=false",
-                "--bridge=none",
-                "--storage-driver=vfs",
-            ])
-            .arg(format!("--data-root={}", dir.join("root").display()))
-            .arg(format!("--exec-root={}", dir.join("exec").display()))
-            .arg(format!("-H=unix://{}", dir.join("docker.sock").display()))
-            .arg(format!("--pidfile={}", dir.join("docker.pid").display()))
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start dockerd");
+        let daemon = Docker::daemon(&dir);
         let driver = format!("moor-test-{tag}");
         std::fs::create_dir_all("/etc/docker/plugins").unwrap();
         let spec = PathBuf::from(format!("/etc/docker/plugins/{driver}.spec"));
@@ -222,6 +207,59 @@ impl Docker {
         let tar = busybox_tar(&d.dir);
         d.ok(&["import", tar.to_str().unwrap(), "bb:1"]);
         d
+    }
+
+    /// Starts a dockerd on `dir`'s root, exec root and socket (its log appended to).
+    fn daemon(dir: &Path) -> std::process::Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("dockerd.log"))
+            .unwrap();
+        Command::new("dockerd")
+            .args([
+                "--iptables=false",
+                "--ip6tables=false",
+                "--bridge=none",
+                "--storage-driver=vfs",
+            ])
+            .arg(format!("--data-root={}", dir.join("root").display()))
+            .arg(format!("--exec-root={}", dir.join("exec").display()))
+            .arg(format!("-H=unix://{}", dir.join("docker.sock").display()))
+            .arg(format!("--pidfile={}", dir.join("docker.pid").display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start dockerd")
+    }
+
+    /// Stops dockerd as a shutdown does (SIGTERM: it stops its containers, which
+    /// Unmount), waiting up to 60 s.
+    fn stop_daemon(&mut self) {
+        let _ = Command::new("kill")
+            .arg(self.daemon.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.daemon.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("dockerd did not stop within 60 s");
+    }
+
+    /// Starts dockerd again on the same directories, as a boot does, and waits until it
+    /// answers.
+    async fn start_daemon(&mut self, c: &Cluster) {
+        self.daemon = Docker::daemon(&self.dir);
+        c.wait("dockerd answers again", T, || async {
+            self.cmd()
+                .arg("info")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .await;
     }
 
     fn cmd(&self) -> Command {
@@ -666,5 +704,78 @@ async fn podman_pruning_never_deletes_what_docker_made() {
         })
         .await;
     }
+    c.check_calls(true);
+}
+
+/// Issue 51, item 3: the boot order, as far as a machine without systemd as PID 1 goes.
+/// A `--restart=always` container writes to a moor volume; then a shutdown: dockerd
+/// stops (its container stops and Unmounts), then the agent. At boot the socket is
+/// bound first, as deploy/systemd/moor-agent.socket does (`systemd-socket-activate`,
+/// which starts the agent at the first call and passes it the socket), then dockerd
+/// starts and restarts the container: its Mount reaches the socket before the agent
+/// runs, starts it, and is answered; the container runs again with its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_boot_a_restart_policy_container_starts_behind_the_activated_socket() {
+    common::need("systemd-socket-activate");
+    let mut c = start().await;
+    let mut d = Docker::start(&c, "n1").await;
+    d.ok(&["volume", "create", "-d", &d.driver, "bootvol"]);
+    d.ok(&[
+        "run",
+        "-d",
+        "--name",
+        "svc",
+        "--restart=always",
+        "--network",
+        "none",
+        "-v",
+        "bootvol:/data",
+        "bb:1",
+        "sh",
+        "-c",
+        "echo up >> /data/boots; exec sleep 600",
+    ]);
+    let boots = |d: &Docker| {
+        d.cmd()
+            .args(["exec", "svc", "cat", "/data/boots"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+            .unwrap_or(0)
+    };
+    c.wait("the container wrote once", T, || async { boots(&d) == 1 })
+        .await;
+
+    // Shutdown: the engine first (its container Unmounts), then the agent.
+    d.stop_daemon();
+    let sock = c.node("n1").dir.join("moor.sock");
+    c.node_mut("n1").agent.stop();
+    assert!(
+        !sock.exists(),
+        "the agent removes the socket it bound itself"
+    );
+    // Boot: the socket is bound before the engine starts; the agent is not running.
+    let sock_arg = sock.to_str().unwrap().to_string();
+    c.node_mut("n1")
+        .agent
+        .wrap(&["systemd-socket-activate", "-l", &sock_arg]);
+    c.wait("the activated socket is bound", T, || async {
+        sock.exists()
+    })
+    .await;
+    d.start_daemon(&c).await;
+    c.wait("the container runs again with its data", T, || async {
+        boots(&d) == 2
+    })
+    .await;
+    let log = c.node("n1").agent.log_text();
+    assert!(
+        log.contains("socket activation: sockets passed by the service manager")
+            && log.contains("activated=true"),
+        "{log}"
+    );
+
+    d.ok(&["rm", "-f", "svc"]);
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
     c.check_calls(true);
 }

@@ -187,13 +187,32 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     let controller_task = tokio::spawn(crate::controller::run(controller, daemons.clone()));
     let agent_task = tokio::spawn(crate::agent::run(agent, daemons.clone()));
 
-    let ready = wait_ready(&url, &shutdown);
+    // Ready once the store answers and every volume-plugin socket is bound.
+    let sockets: Vec<(String, std::path::PathBuf)> = args
+        .volume_plugin
+        .iter()
+        .filter_map(|f| crate::agent::volume_plugin::engine_socket(f).ok())
+        .collect();
+    let ready = async {
+        wait_ready(&url, &shutdown).await?;
+        for (_, path) in &sockets {
+            wait_socket(path).await?;
+        }
+        anyhow::Ok(())
+    };
     tokio::select! {
         r = ready => match r {
             Ok(()) => {
                 eprintln!("\nmoor dev is ready (data in {}; bind mounts {}).", dir.display(), if mount { "on" } else { "off: not root" });
                 eprintln!("  store (etcd API): {url}");
                 eprintln!("  node {NODE}, plugin {PLUGIN}");
+                for (engine, path) in &sockets {
+                    eprintln!("  volume-plugin endpoint for {engine}: {}", path.display());
+                }
+                if !sockets.is_empty() {
+                    eprintln!("    (Docker finds a plugin NAME only at /run/docker/plugins/NAME.sock or through");
+                    eprintln!("    /etc/docker/plugins/NAME.spec holding unix://PATH; Podman through containers.conf)");
+                }
                 eprintln!("  try:  export MOOR_ENDPOINTS={url}");
                 eprintln!("        moorctl apply -f deploy/examples/quickstart.yaml");
                 eprintln!(
@@ -223,6 +242,23 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     store_stop.cancel();
     store_task.await??;
     Ok(())
+}
+
+/// Waits (up to 30 s) until `path` is a bound unix socket.
+async fn wait_socket(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the volume-plugin socket {} did not appear within 30 s",
+            path.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Ready when the agent's Node reports the plugin healthy.

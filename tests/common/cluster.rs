@@ -89,6 +89,19 @@ impl Proc {
         self.spawn();
     }
 
+    /// Stops the process gracefully (SIGTERM) and starts it again under `wrapper`
+    /// (`wrapper[0]` runs with the rest of `wrapper`, then the program and its
+    /// arguments): `systemd-socket-activate -l PATH`, as a socket unit starts it.
+    pub fn wrap(&mut self, wrapper: &[&str]) {
+        self.stop();
+        let mut args: Vec<String> = wrapper[1..].iter().map(|s| s.to_string()).collect();
+        args.push(self.program.to_string_lossy().into_owned());
+        args.append(&mut self.args);
+        self.program = PathBuf::from(wrapper[0]);
+        self.args = args;
+        self.spawn();
+    }
+
     /// SIGSTOP (`true`) or SIGCONT: a process alive but frozen, as under a long GC
     /// pause, a VM migration or a stalled host. A paused process can still be killed.
     pub fn pause(&mut self, paused: bool) {

@@ -3,8 +3,10 @@
 //! unix socket, and get the whole CSI lifecycle behind `docker run -v NAME:/data`.
 //!
 //! Expected flow:
-//! 1. The endpoint binds PATH (a stale socket left by an earlier run is replaced; any
-//!    other file there is refused) and answers `POST /Plugin.Activate`, `/VolumeDriver.*`.
+//! 1. The endpoint serves the socket systemd passed for PATH (socket activation,
+//!    `moor::activation`: deploy/systemd/moor-agent.socket), else binds PATH (a stale
+//!    socket left by an earlier run is replaced; any other file there is refused), and
+//!    answers `POST /Plugin.Activate`, `/VolumeDriver.*`.
 //! 2. Every body is read whole up to [`MAX_BODY`] and parsed as JSON whatever its
 //!    Content-Type (Docker sends none, Podman its own); an answer is JSON, and an error
 //!    a non-200 status with `{"Err": "..."}` (Podman reads only the status).
@@ -173,8 +175,17 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     check_grants(&store, &cfg.namespace).await?;
-    let listener = bind(&cfg.path)?;
-    tracing::info!(path = %cfg.path.display(), namespace = %cfg.namespace, "serving the volume-plugin endpoint");
+    let (listener, activated) = match moor::activation::take(&cfg.path) {
+        Some(l) => {
+            l.set_nonblocking(true)
+                .context("socket activation: setting the passed socket non-blocking")?;
+            let l = tokio::net::UnixListener::from_std(l)
+                .context("socket activation: serving the passed socket")?;
+            (l, true)
+        }
+        None => (bind(&cfg.path)?, false),
+    };
+    tracing::info!(path = %cfg.path.display(), namespace = %cfg.namespace, activated, "serving the volume-plugin endpoint");
     let path = cfg.path.clone();
     if cfg.watch_orphans {
         tokio::spawn(orphans::watch(
@@ -200,7 +211,11 @@ pub async fn serve(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
         .context("serving the volume-plugin endpoint");
-    let _ = std::fs::remove_file(&path);
+    // A socket the service manager passed stays: it holds the engines' calls while
+    // the agent is away, and is passed again at the next start.
+    if !activated {
+        let _ = std::fs::remove_file(&path);
+    }
     served
 }
 
