@@ -40,7 +40,7 @@ impl Podman {
         std::fs::write(
             &conf,
             format!(
-                "[engine]\nvolume_plugin_timeout = {timeout_s}\n\n[engine.volume_plugins]\nmoor = \"{}\"\n",
+                "[engine]\nvolume_plugin_timeout = {timeout_s}\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n\n[engine.volume_plugins]\nmoor = \"{}\"\n",
                 c.node(node).dir.join(socket).display()
             ),
         )
@@ -777,5 +777,148 @@ async fn at_boot_a_restart_policy_container_starts_behind_the_activated_socket()
     d.ok(&["rm", "-f", "svc"]);
     c.wait("every claim released", T, || c.all_claims_released())
         .await;
+    c.check_calls(true);
+}
+
+/// deploy/engines' Compose files, as a person runs them.
+fn compose_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/engines")
+        .join(name)
+}
+
+/// Runs a Compose command (`program` with `args`), its environment set by `env`,
+/// asserting it succeeds.
+fn compose_ok(mut cmd: Command, args: &[&str]) {
+    let out = cmd.args(args).output().expect("run compose");
+    eprintln!(
+        "$ compose {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "compose {args:?} failed");
+}
+
+/// Issue 51, item 5: docker-compose 1.29 (Debian's) with deploy/engines/compose.test.yaml:
+/// up makes the moor volume (CreateVolume) and the service writes; down keeps it; up
+/// again reads what the first wrote; down -v removes it, and moor deletes it
+/// (DeleteVolume: Docker's Create made it), right after the container ended (the hold's
+/// linger is waited out by Remove, not refused as in use).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_compose_up_down_and_down_v() {
+    common::need("docker-compose");
+    let c = start().await;
+    let d = Docker::start(&c, "n1").await;
+    let file = compose_file("compose.test.yaml");
+    let compose = |args: &[&str]| {
+        let mut cmd = Command::new("docker-compose");
+        cmd.env(
+            "DOCKER_HOST",
+            format!("unix://{}", d.dir.join("docker.sock").display()),
+        )
+        .env("IMAGE", "bb:1")
+        .env("MOOR_DRIVER", &d.driver)
+        .args(["-p", "demo", "-f", file.to_str().unwrap()]);
+        compose_ok(cmd, args);
+    };
+    let boots = || {
+        d.cmd()
+            .args(["exec", "demo_app_1", "cat", "/data/boots"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+            .unwrap_or(0)
+    };
+    compose(&["up", "-d"]);
+    c.wait("the service wrote", T, || async { boots() == 1 })
+        .await;
+    assert!(volume(&c, "demo_notes").await.is_some(), "a moor Volume");
+    compose(&["down"]);
+    assert!(volume(&c, "demo_notes").await.is_some(), "down keeps it");
+    compose(&["up", "-d"]);
+    c.wait("the service read back and wrote again", T, || async {
+        boots() == 2
+    })
+    .await;
+    compose(&["down", "-v"]);
+    c.wait("down -v deleted it", T, || async {
+        volume(&c, "demo_notes").await.is_none()
+    })
+    .await;
+    let n1 = c.node("n1");
+    assert_eq!(n1.count("CreateVolume", "OK"), 1);
+    assert_eq!(n1.count("DeleteVolume", "OK"), 1);
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
+}
+
+/// Issue 51, item 5: podman-compose 1.0.3 (Debian's) ignores a volume's `driver:` and
+/// makes a local volume of that name, silently (this test shows it, so a later
+/// podman-compose that honours it is noticed); deploy/engines/compose.podman.yaml names
+/// a volume made first with `podman volume create --driver moor` as external: up
+/// writes, down keeps it, up reads back, and `podman volume rm` deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podman_compose_on_a_moor_volume_made_first() {
+    common::need("podman-compose");
+    let c = start().await;
+    let p = Podman::new(&c, "n1", 120);
+    let compose = |file: &str, args: &[&str]| {
+        let mut cmd = Command::new("podman-compose");
+        cmd.env("CONTAINERS_CONF", &p.conf)
+            .env("IMAGE", "localhost/bb")
+            .arg(format!(
+                "--podman-args=--root {} --runroot {}",
+                p.root.join("storage").display(),
+                p.root.join("run").display()
+            ))
+            .args(["-p", "demo", "-f", compose_file(file).to_str().unwrap()]);
+        compose_ok(cmd, args);
+    };
+    // What Debian's podman-compose does with `driver: moor`: a local volume.
+    compose("compose.test.yaml", &["up", "-d"]);
+    let ls = p.ok(&["volume", "ls", "--format", "{{.Driver}} {{.Name}}"]);
+    assert!(ls.contains("local demo_notes"), "{ls}");
+    assert!(volume(&c, "demo_notes").await.is_none());
+    compose("compose.test.yaml", &["down", "-v"]);
+
+    // The documented way: the moor volume first, external in the file.
+    p.ok(&[
+        "volume",
+        "create",
+        "--driver",
+        "moor",
+        "-o",
+        "size=8MiB",
+        "notes",
+    ]);
+    let boots = || {
+        p.cmd()
+            .args(["exec", "demo_app_1", "cat", "/data/boots"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+            .unwrap_or(0)
+    };
+    compose("compose.podman.yaml", &["up", "-d"]);
+    c.wait("the service wrote", T, || async { boots() == 1 })
+        .await;
+    compose("compose.podman.yaml", &["down"]);
+    compose("compose.podman.yaml", &["up", "-d"]);
+    c.wait("the service read back and wrote again", T, || async {
+        boots() == 2
+    })
+    .await;
+    compose("compose.podman.yaml", &["down", "-v"]);
+    assert!(
+        volume(&c, "notes").await.is_some(),
+        "an external volume stays"
+    );
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    p.ok(&["volume", "rm", "notes"]);
+    c.wait("notes deleted", T, || async {
+        volume(&c, "notes").await.is_none()
+    })
+    .await;
     c.check_calls(true);
 }

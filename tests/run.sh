@@ -12,6 +12,10 @@
 #   time     (time)               GNU time: moorctl's tests read a command's peak memory
 #   podman, runc, busybox, dockerd (podman, runc, busybox-static, docker.io)
 #                                 tests/engines.rs runs real containers on moor volumes
+#   docker-compose, podman-compose, systemd-socket-activate (docker-compose,
+#                                 podman-compose, systemd): tests/engines.rs runs
+#                                 deploy/engines' Compose files and boots an engine
+#                                 behind the agent's activated socket
 #   ip, iptables (iproute2, iptables)
 #                                 tests/faults.rs partitions an etcd member in its own
 #                                 network namespace
@@ -31,6 +35,9 @@ need podman podman
 need runc runc
 need busybox busybox-static
 need dockerd docker.io
+need docker-compose docker-compose
+need podman-compose podman-compose
+need systemd-socket-activate systemd
 need ip iproute2
 need iptables iptables
 need systemd-analyze systemd
