@@ -673,6 +673,47 @@ async fn podman_pruning_never_deletes_what_docker_made() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "kept");
     d.ok(&["start", "-a", "stopped"]);
     d.ok(&["rm", "stopped"]);
+    // Issue 51, item 4: after `podman volume reload` (the README's step; the prune
+    // above made Podman forget the volumes, and a `podman run -v NAME` of a volume it
+    // does not know makes an empty local one), a Podman container reads what Docker
+    // wrote; Docker lists a volume Podman made at once (it asks List each time).
+    p.ok(&["volume", "reload"]);
+    let out = p.container("written", "cat /data/hello");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "kept");
+    p.ok(&["volume", "create", "--driver", "moor", "podmanmade"]);
+    let ls = d.ok(&["volume", "ls"]);
+    assert!(ls.contains("podmanmade"), "{ls}");
+    // A `:ro` container beside a running writer on the same node shares the volume.
+    d.ok(&[
+        "run",
+        "-d",
+        "--name",
+        "writer",
+        "--network",
+        "none",
+        "-v",
+        "written:/data",
+        "bb:1",
+        "sh",
+        "-c",
+        "exec sleep 600",
+    ]);
+    let out = d.run(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-v",
+        "written:/data:ro",
+        "bb:1",
+        "cat",
+        "/data/hello",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "kept");
+    d.ok(&["rm", "-f", "writer"]);
+    p.ok(&["volume", "rm", "podmanmade"]);
     c.wait("every claim released", T, || c.all_claims_released())
         .await;
     // A protected volume: refused by Docker too, until lifted.
