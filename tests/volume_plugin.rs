@@ -865,3 +865,75 @@ async fn a_mount_refused_for_good_or_a_silent_store_fails_at_once_and_says_why()
     }
     c.etcd.pause(false);
 }
+
+/// Issue 51, item 4: caller connections get a deadline. Connections that never send a
+/// request (900 were held open 60 s) are closed after the endpoint's idle limit (10 s
+/// by default, 2 s here); each answer closes its connection (a caller never reuses one
+/// being closed for idleness); a request being answered is never cut, even when its
+/// Mount waits longer than that limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_caller_connections_are_closed_and_a_long_mount_is_not() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = start_with(&["--volume-plugin-idle-timeout=2s"]).await;
+    ok(&c, "n1", "Create", json!({"Name": "slow"})).await;
+    c.volume_ready("slow").await;
+    let sock = socket(&c, "n1");
+    let mut idle = Vec::new();
+    for _ in 0..50 {
+        idle.push(tokio::net::UnixStream::connect(&sock).await.unwrap());
+    }
+    // A Mount held at NodePublish for 3.5 s, longer than the idle limit (and shorter
+    // than the harness's CSI call timeout, 5 s).
+    c.node("n1")
+        .fault(Command::Latency {
+            rpc: "NodePublishVolume".into(),
+            ms: 3_500,
+        })
+        .await;
+    let mount = ok(&c, "n1", "Mount", json!({"Name": "slow", "ID": "patient"}));
+    let closed = async {
+        for mut s in idle {
+            let mut buf = [0u8; 16];
+            let n = tokio::time::timeout(T, s.read(&mut buf))
+                .await
+                .expect("an idle connection stayed open")
+                .unwrap_or(0);
+            assert_eq!(n, 0, "an idle connection got bytes");
+        }
+    };
+    let (m, ()) = tokio::join!(mount, closed);
+    assert!(m["Mountpoint"].as_str().is_some(), "{m}");
+    c.node("n1")
+        .fault(Command::Latency {
+            rpc: "NodePublishVolume".into(),
+            ms: 0,
+        })
+        .await;
+    // A connection is closed after its answer (Connection: close).
+    let mut s = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let body = br#"{"Name": "slow"}"#;
+    let head = format!(
+        "POST /VolumeDriver.Get HTTP/1.1\r\nHost: plugin\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(T, s.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the connection stayed open after its answer");
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.starts_with("HTTP/1.1 200") && text.to_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    ok(
+        &c,
+        "n1",
+        "Unmount",
+        json!({"Name": "slow", "ID": "patient"}),
+    )
+    .await;
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
+}

@@ -132,6 +132,11 @@ pub struct Args {
     /// claim by another node waits this much longer for the release; 0 releases at once.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub volume_plugin_linger: Duration,
+    /// How long a caller's connection to the volume-plugin endpoint may wait to send a
+    /// request (after it opened, or after its last answer began) before it is closed;
+    /// a request being answered is never cut.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub volume_plugin_idle_timeout: Duration,
 }
 
 /// One configured plugin.
@@ -323,6 +328,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
             orphan_interval: args.volume_plugin_orphan_interval,
             orphan_grace: args.volume_plugin_orphan_grace,
             linger: args.volume_plugin_linger,
+            idle_timeout: args.volume_plugin_idle_timeout,
             wake: wake.clone(),
         };
         let (store, node, shutdown) = (store.clone(), node.clone(), shutdown.clone());

@@ -19,6 +19,7 @@
 //!    that gave up on a slow Mount) is found by the mount table ([`orphans`]): its
 //!    allocation ends once no mount namespace of the machine uses its path.
 
+mod conn;
 mod ops;
 mod options;
 pub mod orphans;
@@ -69,6 +70,8 @@ pub struct Config {
     pub orphan_grace: Duration,
     /// How long a hold outlives its last Unmount (`--volume-plugin-linger`).
     pub linger: Duration,
+    /// How long a caller's connection may idle (`--volume-plugin-idle-timeout`).
+    pub idle_timeout: Duration,
     /// Bumped by the node pass after each Mount it writes: a Mount's wait wakes on it.
     pub wake: moor::workload::Wake,
 }
@@ -111,10 +114,16 @@ impl IntoResponse for Failure {
 }
 
 /// A JSON answer (the protocol's content type).
+/// Each answer closes its connection (`Connection: close`): a caller never reuses one
+/// the endpoint may be closing for idleness at that moment (`conn.rs`); a unix socket
+/// costs microseconds to open.
 fn json_response(status: StatusCode, value: &Value) -> Response {
     (
         status,
-        [("content-type", "application/vnd.docker.plugins.v1+json")],
+        [
+            ("content-type", "application/vnd.docker.plugins.v1+json"),
+            ("connection", "close"),
+        ],
         serde_json::to_vec(value).unwrap_or_default(),
     )
         .into_response()
@@ -130,14 +139,13 @@ pub struct Peer {
     pub pid: Option<i32>,
 }
 
-impl
-    axum::extract::connect_info::Connected<
-        axum::serve::IncomingStream<'_, tokio::net::UnixListener>,
-    > for Peer
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, conn::Listener>>
+    for Peer
 {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, conn::Listener>) -> Self {
         let pid = stream
             .io()
+            .stream()
             .peer_cred()
             .ok()
             .and_then(|c| c.pid())
@@ -198,6 +206,7 @@ pub async fn serve(
             shutdown.clone(),
         ));
     }
+    let idle_timeout = cfg.idle_timeout;
     let endpoint = Arc::new(Endpoint::new(cfg, store, node));
     let app = axum::Router::new()
         .route("/Plugin.Activate", post(activate))
@@ -207,7 +216,7 @@ pub async fn serve(
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(endpoint);
     let app = app.into_make_service_with_connect_info::<Peer>();
-    let served = axum::serve(listener, app)
+    let served = axum::serve(conn::Listener::new(listener, idle_timeout), app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
         .context("serving the volume-plugin endpoint");
