@@ -28,7 +28,7 @@ cleanup() {
     rm -rf "$W" 2>/dev/null || true
 }
 trap cleanup EXIT
-echo "moord: $MOORD ($(git rev-parse --short HEAD))"
+echo "moord: $MOORD ($("$MOORD" --version 2>&1 | head -1))"
 "$MOORD" dev --data-dir "$W/dev" --listen "127.0.0.1:$PORT" \
     --hostpath-bin "$(dirname "$MOORD")/moor-hostpath" --volume-plugin "$W/moor.sock" >"$W/dev.log" 2>&1 &
 DEV=$!

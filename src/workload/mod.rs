@@ -379,14 +379,27 @@ pub async fn seen_paths(
     };
     for req in &alloc.spec.volumes {
         let mut found = None;
-        for name in alloc.claim_names(req) {
+        // The Mount of the claim under its first name is read with it (one round
+        // trip); under another name, after.
+        let mut first_mount: Option<Option<Mount>> = None;
+        for (i, name) in alloc.claim_names(req).into_iter().enumerate() {
             let key = Claim::key_for(&alloc.spec.node, &alloc.metadata.namespace, &name);
-            if let Some(c) = obs.claim(&key).await? {
+            let claim = if i == 0 && which != Paths::None {
+                let mount_key = Mount::key_for(&key);
+                let (c, m) = tokio::join!(obs.claim(&key), obs.mount(&mount_key));
+                first_mount = Some(m?);
+                c?
+            } else {
+                obs.claim(&key).await?
+            };
+            if let Some(c) = claim {
                 if alloc.owns(&c) {
                     found = Some(c);
                     break;
                 }
             }
+            // Not this request's claim: its Mount is not either.
+            first_mount = None;
         }
         if let Some(c) = found.as_ref().filter(|_| which != Paths::None) {
             let wanted = match which {
@@ -402,7 +415,11 @@ pub async fn seen_paths(
                 }
             }
             if wanted {
-                if let Some(m) = obs.mount(&Mount::key_for(&c.object_key())).await? {
+                let mount = match first_mount.take() {
+                    Some(m) => m,
+                    None => obs.mount(&Mount::key_for(&c.object_key())).await?,
+                };
+                if let Some(m) = mount {
                     let same_claim = which == Paths::Published
                         || (m.spec.claim_uid == c.metadata.uid && !m.status.released);
                     if which == Paths::OnNode && same_claim && !m.status.published {

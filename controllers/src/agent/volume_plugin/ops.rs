@@ -500,14 +500,20 @@ impl Endpoint {
         id: &VolumeId,
     ) -> Result<(ObjectKey<AllocationSpec>, Option<Allocation>), Failure> {
         let key = self.allocation_key(caller, id)?;
-        if let Some(a) = self.store.try_get(&key).await? {
+        let legacy = self.legacy_allocation_key(caller, id).filter(|l| *l != key);
+        // Both read at once: one round trip.
+        let (current, old) = tokio::try_join!(self.store.try_get(&key), async {
+            match &legacy {
+                Some(l) => self.store.try_get(l).await,
+                None => Ok(None),
+            }
+        })?;
+        if let Some(a) = current {
             return Ok((key, Some(a)));
         }
-        if let Some(legacy) = self.legacy_allocation_key(caller, id).filter(|l| *l != key) {
-            if let Some(a) = self.store.try_get(&legacy).await? {
-                if !a.is_terminal() && a.spec.node == self.node {
-                    return Ok((legacy, Some(a)));
-                }
+        if let (Some(l), Some(a)) = (legacy, old) {
+            if !a.is_terminal() && a.spec.node == self.node {
+                return Ok((l, Some(a)));
             }
         }
         Ok((key, None))
@@ -553,35 +559,37 @@ impl Endpoint {
         caller: &str,
         peer: super::Peer,
     ) -> Result<(ObjectKey<AllocationSpec>, Reused), Failure> {
+        // The hold, the volume and the caller's own allocation, read at once.
+        let hold_key = self.hold_key(id)?;
+        let (hold, volume, (own_key, own)) = tokio::try_join!(
+            async { Ok::<_, Failure>(self.store.try_get(&hold_key).await?) },
+            self.volume(id),
+            self.find_allocation(caller, id),
+        )?;
         // A caller already on the engine's live hold (Podman's one ID, a retried
         // Mount): nothing to write.
-        let hold_key = self.hold_key(id)?;
-        let on_hold = self.store.try_get(&hold_key).await?.is_some_and(|h| {
+        let on_hold = hold.as_ref().is_some_and(|h| {
             !h.is_terminal()
                 && h.spec.node == self.node
                 && h.metadata.labels.contains_key(&caller_label(caller))
         });
-        Ok(if on_hold {
-            (hold_key, true)
-        } else {
-            let Some(volume) = self.volume(id).await? else {
-                return Err(Failure::bad(format!("no such volume {id}")));
-            };
-            let cap = volume
-                .spec
-                .capabilities
-                .iter()
-                .find(|c| c.attachment_mode == AttachmentMode::FileSystem)
-                .copied()
-                .ok_or_else(|| {
-                    Failure::bad(format!("volume {id} offers no file-system capability"))
-                })?;
-            let (own_key, own) = self.find_allocation(caller, id).await?;
-            match own.filter(|a| !a.is_terminal() && a.spec.node == self.node) {
-                Some(_) => (own_key, true),
-                None => self.join_hold(id, caller, cap, peer).await?,
-            }
-        })
+        if on_hold {
+            return Ok((hold_key, true));
+        }
+        let Some(volume) = volume else {
+            return Err(Failure::bad(format!("no such volume {id}")));
+        };
+        let cap = volume
+            .spec
+            .capabilities
+            .iter()
+            .find(|c| c.attachment_mode == AttachmentMode::FileSystem)
+            .copied()
+            .ok_or_else(|| Failure::bad(format!("volume {id} offers no file-system capability")))?;
+        match own.filter(|a| !a.is_terminal() && a.spec.node == self.node) {
+            Some(_) => Ok((own_key, true)),
+            None => self.join_hold(id, caller, cap, peer, hold).await,
+        }
     }
 
     /// Records `caller` on this engine's hold of `id`, making the hold when none is
@@ -594,13 +602,20 @@ impl Endpoint {
         caller: &str,
         cap: VolumeCapability,
         peer: super::Peer,
+        read: Option<Allocation>,
     ) -> Result<(ObjectKey<AllocationSpec>, Reused), Failure> {
         let key = self.hold_key(id)?;
         let label = caller_label(caller);
         let short: String = caller.chars().take(63).collect();
         let mut retry = ConflictRetry::default();
+        // The hold as the Mount read it, then as read again after a conflict.
+        let mut read = Some(read);
         loop {
-            let raced = match self.store.try_get(&key).await? {
+            let hold = match read.take() {
+                Some(h) => h,
+                None => self.store.try_get(&key).await?,
+            };
+            let raced = match hold {
                 Some(h) if !h.is_terminal() && !h.is_deleting() && h.spec.node == self.node => {
                     if h.metadata.labels.contains_key(&label) {
                         return Ok((key, true));
