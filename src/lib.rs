@@ -17,6 +17,8 @@
 //! - [`backoff`]: exponential backoff with jitter, shared by the store, the runtime and
 //!   the CSI client.
 //! - [`telemetry`]: logs and traces of a daemon (one trace per claim, OTLP export).
+//! - [`activation`]: the sockets systemd passes a socket-activated daemon (the agent's
+//!   volume-plugin sockets), taken once by descriptor number.
 //! - [`workload`]: a workload's life on its node shared by the front doors (its
 //!   cgroup, which the runner records and the agent ends before an unpublish).
 //! - [`csi`]: moor's side of CSI: the typed client, the call policy (retries, deadlines,

@@ -18,6 +18,8 @@
 //! 4. A caller whose Unmount never came (missed while the agent was down, or a caller
 //!    that gave up on a slow Mount) is found by the mount table ([`orphans`]): its
 //!    allocation ends once no mount namespace of the machine uses its path.
+//! 5. Each connection closes after its answer, or after an idle limit without a
+//!    request (`conn`).
 
 mod conn;
 mod ops;
