@@ -144,29 +144,40 @@ async fn a_claim_is_one_trace_across_the_controller_and_the_agents() {
             .map(|s| s.name.clone())
             .collect()
     };
+    // The steps of three processes: the controller's, the attacher's (n1 hosts the
+    // controller plugin) and the node's. Each process exports its spans in batches
+    // on its own schedule, so the controller's may arrive after the agents' CSI calls:
+    // the wait is for all of them.
+    let services_wanted = ["moor-controller", "moor-agent/n1", "moor-agent/n2"];
+    let steps_wanted = ["claim created", "claim", "attach", "node"];
+    let complete = |spans: &[Received]| {
+        let services: std::collections::BTreeSet<&str> =
+            spans.iter().map(|s| s.service.as_str()).collect();
+        calls(spans) == order
+            && services_wanted.iter().all(|w| services.contains(w))
+            && steps_wanted
+                .iter()
+                .all(|w| spans.iter().any(|s| s.name == *w))
+    };
     let deadline = tokio::time::Instant::now() + T;
-    while calls(&in_trace()) != order {
+    while !complete(&in_trace()) {
+        let spans = in_trace();
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the trace's CSI calls: {:?}",
-            calls(&in_trace())
+            "the trace's CSI calls: {:?}; services: {:?}; steps: {:?}",
+            calls(&spans),
+            spans
+                .iter()
+                .map(|s| s.service.as_str())
+                .collect::<std::collections::BTreeSet<_>>(),
+            spans
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<std::collections::BTreeSet<_>>()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let spans = in_trace();
-    // The steps of three processes: the controller's, the attacher's (n1 hosts the
-    // controller plugin) and the node's.
-    let services: std::collections::BTreeSet<&str> =
-        spans.iter().map(|s| s.service.as_str()).collect();
-    for want in ["moor-controller", "moor-agent/n1", "moor-agent/n2"] {
-        assert!(services.contains(want), "{want} missing from {services:?}");
-    }
-    for want in ["claim created", "claim", "attach", "node"] {
-        assert!(
-            spans.iter().any(|s| s.name == want),
-            "no {want} step in the trace"
-        );
-    }
     // CSI spans say what they were about and how it went.
     let stage = spans.iter().find(|s| s.name == "NodeStageVolume").unwrap();
     assert_eq!(stage.attributes["code"], "Ok", "{stage:?}");

@@ -11,10 +11,12 @@
 //!    Content-Type (Docker sends none, Podman its own); an answer is JSON, and an error
 //!    a non-200 status with `{"Err": "..."}` (Podman reads only the status).
 //! 3. Each verb is one operation of [`ops`] on desired state in etcd: Create writes a
-//!    Volume, Mount an Allocation of this node for the caller and waits for its claim
-//!    to be Published, Unmount ends that allocation and waits until this node no longer
-//!    publishes it, Remove deletes a Volume it created. Nothing is kept in memory: an
-//!    agent restart picks everything up from etcd.
+//!    Volume; Mount puts the caller on the engine's hold of the volume on this node
+//!    (one Allocation, made by the first Mount) and waits until NodePublish returned OK
+//!    for it, woken by the node pass; Unmount takes the caller off, and a hold without
+//!    callers ends after the linger; Remove deletes a Volume it created. Only the
+//!    linger's timer is kept in memory: an agent restart picks everything else up from
+//!    etcd, and the forgotten-mount rule ends a hold whose timer was lost.
 //! 4. A caller whose Unmount never came (missed while the agent was down, or a caller
 //!    that gave up on a slow Mount) is found by the mount table ([`orphans`]): its
 //!    allocation ends once no mount namespace of the machine uses its path.
