@@ -197,13 +197,7 @@ impl Docker {
             driver,
             daemon,
         };
-        c.wait("dockerd answers", T, || async {
-            d.cmd()
-                .arg("info")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .await;
+        d.answers(c).await;
         let tar = busybox_tar(&d.dir);
         d.ok(&["import", tar.to_str().unwrap(), "bb:1"]);
         d
@@ -236,24 +230,37 @@ impl Docker {
     /// Stops dockerd as a shutdown does (SIGTERM: it stops its containers, which
     /// Unmount), waiting up to 60 s.
     fn stop_daemon(&mut self) {
+        assert!(
+            self.terminate(Duration::from_secs(60)),
+            "dockerd did not stop within 60 s"
+        );
+    }
+
+    /// SIGTERM to dockerd, then whether it exited within `within`.
+    fn terminate(&mut self, within: Duration) -> bool {
         let _ = Command::new("kill")
             .arg(self.daemon.id().to_string())
             .status();
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let deadline = std::time::Instant::now() + within;
         while std::time::Instant::now() < deadline {
             if let Ok(Some(_)) = self.daemon.try_wait() {
-                return;
+                return true;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("dockerd did not stop within 60 s");
+        false
     }
 
     /// Starts dockerd again on the same directories, as a boot does, and waits until it
     /// answers.
     async fn start_daemon(&mut self, c: &Cluster) {
         self.daemon = Docker::daemon(&self.dir);
-        c.wait("dockerd answers again", T, || async {
+        self.answers(c).await;
+    }
+
+    /// Waits until dockerd answers `docker info`.
+    async fn answers(&self, c: &Cluster) {
+        c.wait("dockerd answers", T, || async {
             self.cmd()
                 .arg("info")
                 .output()
@@ -309,16 +316,7 @@ impl Docker {
 impl Drop for Docker {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.spec);
-        let _ = Command::new("kill")
-            .arg(self.daemon.id().to_string())
-            .status();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = self.daemon.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.terminate(Duration::from_secs(20));
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
         // vfs layers are plain directories; a failed removal leaves them to /tmp's
@@ -776,13 +774,7 @@ async fn at_boot_a_restart_policy_container_starts_behind_the_activated_socket()
         "-c",
         "echo up >> /data/boots; exec sleep 600",
     ]);
-    let boots = |d: &Docker| {
-        d.cmd()
-            .args(["exec", "svc", "cat", "/data/boots"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
-            .unwrap_or(0)
-    };
+    let boots = |d: &Docker| lines_in(d.cmd(), "svc", "/data/boots");
     c.wait("the container wrote once", T, || async { boots(&d) == 1 })
         .await;
 
@@ -819,6 +811,16 @@ async fn at_boot_a_restart_policy_container_starts_behind_the_activated_socket()
     c.wait("every claim released", T, || c.all_claims_released())
         .await;
     c.check_calls(true);
+}
+
+/// How many lines `file` has in container `container`, read with `exec` through
+/// `engine` (a docker or podman command); 0 while it cannot be read.
+fn lines_in(mut engine: Command, container: &str, file: &str) -> usize {
+    engine
+        .args(["exec", container, "cat", file])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(0)
 }
 
 /// deploy/engines' Compose files, as a person runs them.
@@ -863,13 +865,7 @@ async fn docker_compose_up_down_and_down_v() {
         .args(["-p", "demo", "-f", file.to_str().unwrap()]);
         compose_ok(cmd, args);
     };
-    let boots = || {
-        d.cmd()
-            .args(["exec", "demo_app_1", "cat", "/data/boots"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
-            .unwrap_or(0)
-    };
+    let boots = || lines_in(d.cmd(), "demo_app_1", "/data/boots");
     compose(&["up", "-d"]);
     c.wait("the service wrote", T, || async { boots() == 1 })
         .await;
@@ -933,13 +929,7 @@ async fn podman_compose_on_a_moor_volume_made_first() {
         "size=8MiB",
         "notes",
     ]);
-    let boots = || {
-        p.cmd()
-            .args(["exec", "demo_app_1", "cat", "/data/boots"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
-            .unwrap_or(0)
-    };
+    let boots = || lines_in(p.cmd(), "demo_app_1", "/data/boots");
     compose("compose.podman.yaml", &["up", "-d"]);
     c.wait("the service wrote", T, || async { boots() == 1 })
         .await;

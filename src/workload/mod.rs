@@ -642,20 +642,7 @@ pub async fn wait_published(
     timeout: Duration,
     pace: Pace<'_>,
 ) -> Result<Published, WorkloadError> {
-    let seen = wait_for(
-        obs,
-        key,
-        timeout,
-        (ClaimPhase::Published, Paths::Published),
-        pace,
-        judge_published,
-    )
-    .await?;
-    let seen = seen.ok_or_else(|| WorkloadError::Refused("the allocation was deleted".into()))?;
-    Ok(Published {
-        alloc: seen.alloc,
-        paths: seen.paths,
-    })
+    wait_paths(obs, key, timeout, pace, Paths::Published, judge_published).await
 }
 
 /// [`wait_published`] for a caller on the allocation's own node: done once every
@@ -667,13 +654,25 @@ pub async fn wait_node_published(
     timeout: Duration,
     pace: Pace<'_>,
 ) -> Result<Published, WorkloadError> {
+    wait_paths(obs, key, timeout, pace, Paths::OnNode, judge_node_published).await
+}
+
+/// A wait for every request's paths (`which` of them), ended early by `judge`.
+async fn wait_paths(
+    obs: &impl Observe,
+    key: &ObjectKey<AllocationSpec>,
+    timeout: Duration,
+    pace: Pace<'_>,
+    which: Paths,
+    judge: fn(Option<&Seen>) -> Option<Result<(), String>>,
+) -> Result<Published, WorkloadError> {
     let seen = wait_for(
         obs,
         key,
         timeout,
-        (ClaimPhase::Published, Paths::OnNode),
+        (ClaimPhase::Published, which),
         pace,
-        judge_node_published,
+        judge,
     )
     .await?;
     let seen = seen.ok_or_else(|| WorkloadError::Refused("the allocation was deleted".into()))?;

@@ -183,12 +183,9 @@ impl Endpoint {
         *self.lock_mounting().entry(inflight.clone()).or_default() += 1;
         let answered = tokio::select! {
             answer = self.mount(&id, &caller, peer) => {
+                // Answered only when an answer that took the place reached the caller.
                 let refused = answer.is_err();
-                match reply.send(answer) {
-                    Ok(()) => !refused,
-                    Err(Err(_)) => false,
-                    Err(Ok(_)) => false,
-                }
+                reply.send(answer).is_ok() && !refused
             }
             () = reply.closed() => false,
         };
@@ -817,7 +814,7 @@ impl Endpoint {
             tokio::spawn(async move {
                 tokio::time::sleep(linger).await;
                 if let Err(e) = end_unheld(&store, &key, ClientStatus::Complete).await {
-                    tracing::warn!(allocation = %key, error = %e.message, "could not end a hold without callers; the forgotten-mount rule will");
+                    tracing::warn!(allocation = %key, error = %moor::store::bounded_chain(&e), "could not end a hold without callers; the forgotten-mount rule will");
                 }
             });
         }
@@ -997,7 +994,7 @@ pub async fn end_unheld(
     store: &Store,
     key: &ObjectKey<AllocationSpec>,
     status: ClientStatus,
-) -> Result<bool, Failure> {
+) -> Result<bool, StoreError> {
     let ended = workload::end_if(store, key, End::Ended(status, None), |a| {
         is_hold(a) && hold_callers(a).next().is_none()
     })

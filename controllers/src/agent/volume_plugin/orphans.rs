@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use moor::api::*;
 use moor::store::Store;
 
-use super::ops::{hold_callers, is_hold, LABEL_CALLER, LABEL_NODE, LABEL_UNSEEN};
+use super::ops::{end_unheld, hold_callers, is_hold, LABEL_CALLER, LABEL_NODE, LABEL_UNSEEN};
 
 /// Where a path lives: its file system's device and the path within that file system.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,13 +233,7 @@ async fn check(
                 next.insert(key);
                 continue;
             }
-            let ended = moor::workload::end_if(
-                store,
-                &a.object_key(),
-                moor::workload::End::Ended(ClientStatus::Complete, None),
-                |a| is_hold(a) && hold_callers(a).next().is_none(),
-            )
-            .await?;
+            let ended = end_unheld(store, &a.object_key(), ClientStatus::Complete).await?;
             tracing::info!(allocation = %a.metadata.name, ended, "volume-plugin: a hold without callers since the last check ends");
             continue;
         }
