@@ -953,3 +953,99 @@ async fn podman_compose_on_a_moor_volume_made_first() {
     .await;
     c.check_calls(true);
 }
+
+/// Issue 51, item 2, through the engines themselves: with etcd paused, then stopped,
+/// a `docker run` and a `podman run` (with the README's `volume_plugin_timeout = 120`)
+/// of a moor volume fail within the endpoint's store patience (5 s per call), saying
+/// that etcd did not answer, and leave no container behind; with the agent's process
+/// stopped they fail as the README says (Docker after about 15 s, Podman at once) and,
+/// once it is back, the same starts work. Nothing is left claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_starts_fail_in_bounds_without_the_store_or_the_agent() {
+    let mut c = start().await;
+    let p = Podman::new(&c, "n1", 120);
+    let d = Docker::start(&c, "n1").await;
+    p.ok(&["volume", "create", "--driver", "moor", "pv"]);
+    d.ok(&["volume", "create", "--driver", &d.driver, "dv"]);
+    c.volume_ready("pv").await;
+    c.volume_ready("dv").await;
+    // Each kind of engine start, timed: it fails, within `bound`, saying `why`.
+    let fails = |what: &str, bound: Duration, why: &str, out: Output, took: Duration| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{what}: the start worked");
+        assert!(
+            took < bound,
+            "{what}: failed after {took:?}, not within {bound:?}"
+        );
+        assert!(err.contains(why), "{what}: {err:?} does not say {why:?}");
+        eprintln!("{what}: failed after {took:?}");
+    };
+    let timed = |f: &dyn Fn() -> Output| {
+        let t = std::time::Instant::now();
+        let out = f();
+        (out, t.elapsed())
+    };
+    // Docker calls Get, then Mount: two calls of 5 s at most, and its own work.
+    let store_bound = Duration::from_secs(14);
+    for how in ["paused", "stopped"] {
+        match how {
+            "paused" => c.etcd.pause(true),
+            _ => c.etcd.kill(),
+        }
+        // The first call waits 5 s; the next, 1 s while the store stays silent.
+        let why = "moor's store: etcd";
+        let (out, took) = timed(&|| p.container("pv", "true"));
+        fails(&format!("podman, etcd {how}"), store_bound, why, out, took);
+        let (out, took) = timed(&|| d.container("dv", "true"));
+        fails(&format!("docker, etcd {how}"), store_bound, why, out, took);
+        match how {
+            "paused" => c.etcd.pause(false),
+            _ => c.etcd.restart().await,
+        }
+    }
+    let stopped = c.node_mut("n1").agent.pid();
+    c.node_mut("n1").agent.stop();
+    assert!(stopped.is_some());
+    let (out, took) = timed(&|| d.container("dv", "true"));
+    // Docker retries a plugin's socket for 15 s per call (Create, then Get).
+    fails(
+        "docker, agent stopped",
+        Duration::from_secs(40),
+        "moor.sock: connect",
+        out,
+        took,
+    );
+    let (out, took) = timed(&|| p.container("pv", "true"));
+    fails(
+        "podman, agent stopped",
+        store_bound,
+        "volume plugin moor (needed by volume pv) missing",
+        out,
+        took,
+    );
+    c.node_mut("n1").agent.restart();
+    let sock = c.volume_plugin_socket("n1");
+    c.wait("the endpoint is back", T, || async {
+        tokio::net::UnixStream::connect(&sock).await.is_ok()
+    })
+    .await;
+    // Nothing was left behind by the failed starts: no container, no claim, and the
+    // same starts now work.
+    for (engine, mut cmd) in [("podman", p.cmd()), ("docker", d.cmd())] {
+        let out = cmd.args(["ps", "-aq"]).output().unwrap();
+        let left = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            out.status.success() && left.is_empty(),
+            "{engine} left containers: {left:?}"
+        );
+    }
+    c.wait("nothing left claimed", T, || c.all_claims_released())
+        .await;
+    let out = p.container("pv", "echo p > /data/f && cat /data/f");
+    assert!(out.status.success(), "{out:?}");
+    let out = d.container("dv", "echo d > /data/f && cat /data/f");
+    assert!(out.status.success(), "{out:?}");
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
+}

@@ -85,6 +85,8 @@ pub struct Config {
 pub struct Failure {
     status: StatusCode,
     message: String,
+    /// The store did not answer or could not be reached.
+    store_unavailable: bool,
 }
 
 impl Failure {
@@ -93,6 +95,7 @@ impl Failure {
         Failure {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
+            store_unavailable: false,
         }
     }
 
@@ -101,13 +104,22 @@ impl Failure {
         Failure {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: message.into(),
+            store_unavailable: false,
         }
+    }
+
+    /// Whether the store did not answer or could not be reached.
+    pub fn store_unavailable(&self) -> bool {
+        self.store_unavailable
     }
 }
 
 impl From<moor::store::StoreError> for Failure {
     fn from(e: moor::store::StoreError) -> Failure {
-        Failure::internal(format!("moor's store: {}", moor::store::bounded_chain(&e)))
+        Failure {
+            store_unavailable: e.is_transient(),
+            ..Failure::internal(format!("moor's store: {}", moor::store::bounded_chain(&e)))
+        }
     }
 }
 

@@ -58,6 +58,10 @@ pub const MAX_CALLERS: usize = MAX_LABELS - 8;
 /// How long the endpoint waits on the store for one answer before it says the store
 /// does not answer (shorter than any engine's timeout).
 pub const STORE_PATIENCE: Duration = Duration::from_secs(5);
+/// The patience instead of [`STORE_PATIENCE`] once a call found the store unavailable,
+/// until a call gets an answer from it again: one container start makes several calls
+/// (Docker: Get, Create, Mount), and each waiting the whole patience added up to 15 s.
+pub const SILENT_PATIENCE: Duration = Duration::from_secs(1);
 
 /// The label recording `caller` on a hold.
 pub fn caller_label(caller: &str) -> String {
@@ -96,6 +100,8 @@ pub struct Endpoint {
     /// allocation only when no other Mount of the same key is still waiting (Podman
     /// sends one ID for every mount, and tries again after its timeout).
     mounting: std::sync::Mutex<BTreeMap<String, usize>>,
+    /// Whether the last call that ended found the store unavailable ([`SILENT_PATIENCE`]).
+    silent: std::sync::atomic::AtomicBool,
 }
 
 /// A request that names a volume: Create (with its options), Remove, Get, Path.
@@ -154,7 +160,25 @@ impl Endpoint {
             store,
             node,
             mounting: Default::default(),
+            silent: Default::default(),
         }
+    }
+
+    /// How long a call waits on the store: [`STORE_PATIENCE`], or [`SILENT_PATIENCE`]
+    /// while the last call that ended found it unavailable.
+    fn patience(&self) -> Duration {
+        if self.silent.load(std::sync::atomic::Ordering::Relaxed) {
+            SILENT_PATIENCE
+        } else {
+            STORE_PATIENCE
+        }
+    }
+
+    /// Records whether `answer` found the store unavailable.
+    fn note<T>(&self, answer: &Result<T, Failure>) {
+        let silent = answer.as_ref().is_err_and(Failure::store_unavailable);
+        self.silent
+            .store(silent, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Mount, answered through `reply`, for a caller that may hang up: a Podman client
@@ -183,6 +207,7 @@ impl Endpoint {
         *self.lock_mounting().entry(inflight.clone()).or_default() += 1;
         let answered = tokio::select! {
             answer = self.mount(&id, &caller, peer) => {
+                self.note(&answer);
                 // Answered only when an answer that took the place reached the caller.
                 let refused = answer.is_err();
                 reply.send(answer).is_ok() && !refused
@@ -216,7 +241,7 @@ impl Endpoint {
 
     /// Runs the verb `verb` (the part after `VolumeDriver.`) on its request body;
     /// Mount, which outlives its connection, is [`Endpoint::mount_for`]. Every verb
-    /// answers within [`STORE_PATIENCE`] of the store's silence.
+    /// answers within the store's patience ([`Endpoint::patience`]) of its silence.
     pub async fn dispatch(&self, verb: &str, body: &[u8]) -> Answer {
         let run = async {
             match verb {
@@ -234,14 +259,16 @@ impl Endpoint {
         };
         // Remove may wait for a lingering hold's release (bounded of its own).
         let patience = if verb == "Remove" {
-            STORE_PATIENCE * 3
+            self.patience() * 3
         } else {
-            STORE_PATIENCE
+            self.patience()
         };
-        match tokio::time::timeout(patience, run).await {
+        let answer = match tokio::time::timeout(patience, run).await {
             Ok(answer) => answer,
             Err(_) => Err(Failure::from(StoreError::unanswered(patience))),
-        }
+        };
+        self.note(&answer);
+        answer
     }
 
     fn ns(&self) -> &Namespace {
@@ -540,9 +567,10 @@ impl Endpoint {
         caller: &str,
         peer: super::Peer,
     ) -> Result<(Value, Reused), Failure> {
-        let (key, reused) = tokio::time::timeout(STORE_PATIENCE, self.take_place(id, caller, peer))
+        let patience = self.patience();
+        let (key, reused) = tokio::time::timeout(patience, self.take_place(id, caller, peer))
             .await
-            .map_err(|_| Failure::from(StoreError::unanswered(STORE_PATIENCE)))??;
+            .map_err(|_| Failure::from(StoreError::unanswered(patience)))??;
         let path = self.wait_published(&key, id).await?;
         Ok((json!({ "Mountpoint": path }), reused))
     }
@@ -721,7 +749,7 @@ impl Endpoint {
             poll: poll(),
             progress: &mut quiet,
             wake: Some(self.cfg.wake.clone()),
-            store_patience: Some(STORE_PATIENCE),
+            store_patience: Some(self.patience()),
         };
         match workload::wait_node_published(&self.store, key, self.cfg.mount_timeout, pace).await {
             Ok(published) => published
