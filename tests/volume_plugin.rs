@@ -950,3 +950,67 @@ async fn idle_caller_connections_are_closed_and_a_long_mount_is_not() {
         .await;
     c.check_calls(true);
 }
+
+/// Whether node `name` records its plugin with health `healthy`.
+async fn plugin_healthy_on(c: &Cluster, name: &str, healthy: bool) -> bool {
+    c.store
+        .try_get(&Node::key_for(&cluster::node(name)))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|n| {
+            n.status
+                .plugins
+                .get(&PluginId::new(PLUGIN).unwrap())
+                .map(|p| p.healthy)
+        })
+        == Some(healthy)
+}
+
+/// Issue 51, item 2: a Mount that needs the plugin's node calls while the plugin is
+/// down on the node fails within the endpoint's plugin patience (5 s) naming the
+/// plugin, where it waited out the mount timeout (110 s) saying only that the volume
+/// was not published; a Mount answered from a hold already published needs no CSI
+/// call and still works; once the plugin is back, Mounts work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_needing_a_plugin_that_is_down_fails_naming_it() {
+    let mut c = start_with(&["--volume-plugin-mount-timeout=100s"]).await;
+    for v in ["held", "cold"] {
+        ok(&c, "n1", "Create", json!({"Name": v})).await;
+        c.volume_ready(v).await;
+    }
+    ok(&c, "n1", "Mount", json!({"Name": "held", "ID": "a"})).await;
+    c.node_mut("n1").plugin.kill();
+    c.wait("n1 records its plugin unhealthy", T, || {
+        plugin_healthy_on(&c, "n1", false)
+    })
+    .await;
+    let started = std::time::Instant::now();
+    refused(
+        &c,
+        "n1",
+        "Mount",
+        json!({"Name": "cold", "ID": "b"}),
+        "is unhealthy on node n1",
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "refused after {:?}",
+        started.elapsed()
+    );
+    // The hold of `held` is published: a second caller is answered from it.
+    ok(&c, "n1", "Mount", json!({"Name": "held", "ID": "c"})).await;
+    c.node_mut("n1").plugin.restart();
+    c.wait("n1 records its plugin healthy", T, || {
+        plugin_healthy_on(&c, "n1", true)
+    })
+    .await;
+    ok(&c, "n1", "Mount", json!({"Name": "cold", "ID": "b"})).await;
+    for (v, id) in [("held", "a"), ("held", "c"), ("cold", "b")] {
+        ok(&c, "n1", "Unmount", json!({"Name": v, "ID": id})).await;
+    }
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
+}

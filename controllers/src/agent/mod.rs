@@ -330,6 +330,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
             linger: args.volume_plugin_linger,
             idle_timeout: args.volume_plugin_idle_timeout,
             wake: wake.clone(),
+            plugins: supervisor.clone(),
         };
         let (store, node, shutdown) = (store.clone(), node.clone(), shutdown.clone());
         let recorder = recorder.clone();

@@ -35,6 +35,12 @@ pub struct Supervisor {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor").finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     channels: BTreeMap<PluginId, Channel>,
     status: RwLock<BTreeMap<PluginId, NodePluginStatus>>,

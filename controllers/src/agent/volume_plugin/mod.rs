@@ -78,6 +78,9 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// Bumped by the node pass after each Mount it writes: a Mount's wait wakes on it.
     pub wake: moor::workload::Wake,
+    /// The node's plugins as this agent probes them: a Mount that needs a CSI call
+    /// fails naming an unhealthy plugin instead of waiting out its timeout.
+    pub plugins: crate::agent::plugins::Supervisor,
 }
 
 /// An error answered to the engine: its status and message.

@@ -62,6 +62,10 @@ pub const STORE_PATIENCE: Duration = Duration::from_secs(5);
 /// until a call gets an answer from it again: one container start makes several calls
 /// (Docker: Get, Create, Mount), and each waiting the whole patience added up to 15 s.
 pub const SILENT_PATIENCE: Duration = Duration::from_secs(1);
+/// How long a Mount that needs CSI calls waits for the volume's node plugin to be
+/// healthy on this node (an agent just started, a plugin restarting) before it fails
+/// naming the plugin.
+pub const PLUGIN_PATIENCE: Duration = Duration::from_secs(5);
 
 /// The label recording `caller` on a hold.
 pub fn caller_label(caller: &str) -> String {
@@ -172,6 +176,17 @@ impl Endpoint {
         } else {
             STORE_PATIENCE
         }
+    }
+
+    /// `f`, given up after the store's patience: the store did not answer.
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        let patience = self.patience();
+        tokio::time::timeout(patience, f)
+            .await
+            .map_err(|_| Failure::from(StoreError::unanswered(patience)))?
     }
 
     /// Records whether `answer` found the store unavailable.
@@ -567,10 +582,7 @@ impl Endpoint {
         caller: &str,
         peer: super::Peer,
     ) -> Result<(Value, Reused), Failure> {
-        let patience = self.patience();
-        let (key, reused) = tokio::time::timeout(patience, self.take_place(id, caller, peer))
-            .await
-            .map_err(|_| Failure::from(StoreError::unanswered(patience)))??;
+        let (key, reused) = self.take_place(id, caller, peer).await?;
         let path = self.wait_published(&key, id).await?;
         Ok((json!({ "Mountpoint": path }), reused))
     }
@@ -586,11 +598,15 @@ impl Endpoint {
     ) -> Result<(ObjectKey<AllocationSpec>, Reused), Failure> {
         // The hold, the volume and the caller's own allocation, read at once.
         let hold_key = self.hold_key(id)?;
-        let (hold, volume, (own_key, own)) = tokio::try_join!(
-            async { Ok::<_, Failure>(self.store.try_get(&hold_key).await?) },
-            self.volume(id),
-            self.find_allocation(caller, id),
-        )?;
+        let (hold, volume, (own_key, own)) = self
+            .bounded(async {
+                tokio::try_join!(
+                    async { Ok::<_, Failure>(self.store.try_get(&hold_key).await?) },
+                    self.volume(id),
+                    self.find_allocation(caller, id),
+                )
+            })
+            .await?;
         // A caller already on the engine's live hold (Podman's one ID, a retried
         // Mount): nothing to write.
         let on_hold = hold.as_ref().is_some_and(|h| {
@@ -613,7 +629,37 @@ impl Endpoint {
             .ok_or_else(|| Failure::bad(format!("volume {id} offers no file-system capability")))?;
         match own.filter(|a| !a.is_terminal() && a.spec.node == self.node) {
             Some(_) => Ok((own_key, true)),
-            None => self.join_hold(id, caller, cap, peer, hold).await,
+            None => {
+                let live = hold
+                    .as_ref()
+                    .is_some_and(|h| !h.is_terminal() && h.spec.node == self.node);
+                if !live {
+                    // The hold is made: its claim needs the plugin's node calls.
+                    self.plugin_ready(id, &volume.spec.plugin_id).await?;
+                }
+                self.bounded(self.join_hold(id, caller, cap, peer, hold))
+                    .await
+            }
+        }
+    }
+
+    /// Waits up to [`PLUGIN_PATIENCE`] for `plugin` to be healthy on this node, as
+    /// this agent probes it; refused naming the plugin and its last answer.
+    async fn plugin_ready(&self, id: &VolumeId, plugin: &PluginId) -> Result<(), Failure> {
+        let deadline = tokio::time::Instant::now() + PLUGIN_PATIENCE;
+        loop {
+            let why = match self.cfg.plugins.status(plugin) {
+                Some(s) if s.healthy => return Ok(()),
+                Some(s) => format!(
+                    "plugin {plugin} is unhealthy on node {}: {}",
+                    self.node, s.health_message
+                ),
+                None => format!("plugin {plugin} does not run on node {}", self.node),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Failure::bad(format!("volume {id}: {why}")));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
