@@ -168,10 +168,24 @@ struct Docker {
     spec: PathBuf,
     driver: String,
     daemon: std::process::Child,
+    /// The bridge of the daemon's default network, when it has one (deleted on drop).
+    bridge: Option<String>,
 }
 
 impl Docker {
     async fn start(c: &Cluster, node: &str) -> Docker {
+        Docker::start_as(c, node, None, None).await
+    }
+
+    /// A dockerd finding node `node`'s endpoint under the name `driver` (one of the
+    /// test's own by default), with a default network on the bridge `bridge` (none by
+    /// default; made here, with an address of its own).
+    async fn start_as(
+        c: &Cluster,
+        node: &str,
+        driver: Option<&str>,
+        bridge: Option<(&str, &str)>,
+    ) -> Docker {
         common::need("dockerd");
         // Short paths: containerd's sockets live under the exec root. One name per
         // daemon, not per test process: the tests of this file run in parallel, and two
@@ -182,8 +196,21 @@ impl Docker {
         let dir = PathBuf::from(format!("/tmp/moor-docker-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        let bridge = bridge.map(|(name, cidr)| {
+            let _ = Command::new("ip").args(["link", "del", name]).status();
+            for args in [
+                vec!["link", "add", "name", name, "type", "bridge"],
+                vec!["addr", "add", cidr, "dev", name],
+                vec!["link", "set", name, "up"],
+            ] {
+                let ok = Command::new("ip").args(&args).status().unwrap().success();
+                assert!(ok, "ip {args:?}");
+            }
+            name.to_string()
+        });
+        std::fs::write(dir.join("bridge"), bridge.as_deref().unwrap_or("none")).unwrap();
         let daemon = Docker::daemon(&dir);
-        let driver = format!("moor-test-{tag}");
+        let driver = driver.map_or_else(|| format!("moor-test-{tag}"), str::to_string);
         std::fs::create_dir_all("/etc/docker/plugins").unwrap();
         let spec = PathBuf::from(format!("/etc/docker/plugins/{driver}.spec"));
         std::fs::write(
@@ -196,6 +223,7 @@ impl Docker {
             spec,
             driver,
             daemon,
+            bridge,
         };
         d.answers(c).await;
         let tar = busybox_tar(&d.dir);
@@ -203,8 +231,10 @@ impl Docker {
         d
     }
 
-    /// Starts a dockerd on `dir`'s root, exec root and socket (its log appended to).
+    /// Starts a dockerd on `dir`'s root, exec root, socket and bridge (`dir/bridge`;
+    /// its log appended to).
     fn daemon(dir: &Path) -> std::process::Child {
+        let bridge = std::fs::read_to_string(dir.join("bridge")).unwrap();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -214,9 +244,9 @@ impl Docker {
             .args([
                 "--iptables=false",
                 "--ip6tables=false",
-                "--bridge=none",
                 "--storage-driver=vfs",
             ])
+            .arg(format!("--bridge={bridge}"))
             .arg(format!("--data-root={}", dir.join("root").display()))
             .arg(format!("--exec-root={}", dir.join("exec").display()))
             .arg(format!("-H=unix://{}", dir.join("docker.sock").display()))
@@ -319,6 +349,9 @@ impl Drop for Docker {
         self.terminate(Duration::from_secs(20));
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
+        if let Some(bridge) = &self.bridge {
+            let _ = Command::new("ip").args(["link", "del", bridge]).status();
+        }
         // vfs layers are plain directories; a failed removal leaves them to /tmp's
         // cleaning.
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -1045,6 +1078,131 @@ async fn engine_starts_fail_in_bounds_without_the_store_or_the_agent() {
     assert!(out.status.success(), "{out:?}");
     let out = d.container("dv", "echo d > /data/f && cat /data/f");
     assert!(out.status.success(), "{out:?}");
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
+}
+
+/// Issue 51, item 5: the README's engine block, each line run as written through `sh
+/// -c`. Docker finds the plugin by the name `moor` (a spec file in /etc/docker/plugins,
+/// as the README says) and runs on its own defaults (a default network, the image
+/// `busybox`); Podman reads the containers.conf lines the README gives; both are the
+/// test's own, reached through DOCKER_HOST, CONTAINERS_CONF and CONTAINERS_STORAGE_CONF.
+/// What Docker's container wrote, Podman's reads; `docker volume rm` deletes the volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_engine_commands_work_as_written() {
+    // One socket per engine, as the README's agent command has.
+    let c = start_with(&["--volume-plugin=podman={dir}/podman.sock"]).await;
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let at = readme
+        .find("runs behind `-v`:")
+        .expect("the README's engine block");
+    let lines: Vec<&str> = readme[at..]
+        .lines()
+        .skip(1)
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| l.starts_with("    "))
+        .map(str::trim)
+        .collect();
+    for engine in ["docker ", "podman "] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(engine)),
+            "no {engine}command in {lines:?}"
+        );
+    }
+    // The name `moor` is the machine's: a live one (an agent serving this machine's
+    // Docker) is not taken over; one left by a killed run of this test is.
+    for taken in [
+        "/run/docker/plugins/moor.sock",
+        "/etc/docker/plugins/moor.spec",
+    ] {
+        let target = std::fs::read_to_string(taken).unwrap_or_default();
+        let live = Path::new(taken).extension().is_some_and(|e| e == "sock")
+            && Path::new(taken).exists()
+            || Path::new(target.trim().trim_start_matches("unix://")).exists();
+        assert!(
+            !live,
+            "{taken} is in use on this machine: the test needs the name moor"
+        );
+    }
+    let pid = std::process::id();
+    let (bridge, cidr) = (
+        format!("mbr{}", pid % 100_000),
+        format!("10.213.{}.1/24", pid % 250),
+    );
+    let d = Docker::start_as(&c, "n1", Some("moor"), Some((&bridge, &cidr))).await;
+    let tar = busybox_tar(&d.dir.join("image"));
+    d.ok(&["import", tar.to_str().unwrap(), "busybox"]);
+    // Podman: the README's containers.conf lines, and the defaults this machine kind
+    // needs (../shared/CONTAINERS.md), with storage of the test's own.
+    let p = c.dir.path().join("podman-readme");
+    std::fs::create_dir_all(&p).unwrap();
+    let conf = p.join("containers.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "[containers]\nnetns = \"none\"\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\n[engine]\nvolume_plugin_timeout = 120\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n\n[engine.volume_plugins]\nmoor = \"{}\"\n",
+            c.node("n1").dir.join("podman.sock").display()
+        ),
+    )
+    .unwrap();
+    let storage = p.join("storage.conf");
+    std::fs::write(
+        &storage,
+        format!(
+            "[storage]\ndriver = \"vfs\"\ngraphroot = \"{}\"\nrunroot = \"{}\"\n",
+            p.join("storage").display(),
+            p.join("run").display()
+        ),
+    )
+    .unwrap();
+    let sh = |line: &str| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(line)
+            .env(
+                "DOCKER_HOST",
+                format!("unix://{}", d.dir.join("docker.sock").display()),
+            )
+            .env("CONTAINERS_CONF", &conf)
+            .env("CONTAINERS_STORAGE_CONF", &storage)
+            .output()
+            .unwrap();
+        eprintln!(
+            "$ {line}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let imported = sh(&format!("podman import {} busybox", tar.display()));
+    assert!(imported.status.success());
+    let mut outputs = Vec::new();
+    for line in &lines {
+        let out = sh(line);
+        assert!(out.status.success(), "the README's `{line}` failed");
+        outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    // Podman's `cat /data/hello` printed the date Docker's container wrote.
+    let read = lines
+        .iter()
+        .position(|l| l.starts_with("podman run") && l.contains("cat /data/hello"))
+        .expect("the README's podman run reads /data/hello");
+    assert!(
+        outputs[read].trim().len() >= 20,
+        "podman read {:?}",
+        outputs[read]
+    );
+    if lines
+        .iter()
+        .any(|l| l.starts_with("docker volume rm pgdata"))
+    {
+        c.wait("pgdata deleted", T, || async {
+            volume(&c, "pgdata").await.is_none()
+        })
+        .await;
+    }
     c.wait("every claim released", T, || c.all_claims_released())
         .await;
     c.check_calls(true);

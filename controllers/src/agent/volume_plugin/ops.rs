@@ -445,8 +445,8 @@ impl Endpoint {
             let Some(v) = self.volume(&id).await? else {
                 return Ok(json!({}));
             };
-            // This engine's hold without callers (lingering after the last Unmount)
-            // ends now, and the Remove waits for its release.
+            // Holds without callers (lingering after their last Unmount) end now, and
+            // the Remove waits for their release.
             if self.release_unheld(&v).await? && waited.elapsed() < STORE_PATIENCE * 2 {
                 tokio::time::sleep(lingering.next_delay()).await;
                 continue;
@@ -895,28 +895,44 @@ impl Endpoint {
         Ok(json!({}))
     }
 
-    /// Ends this engine's hold of volume `v` when it has no caller, and says whether it
-    /// still claims the volume here (ended and not yet released, or ended now): Remove
-    /// waits for that release rather than refusing the volume as in use.
+    /// Ends the holds of volume `v` on this node that have no caller, whatever their
+    /// engine (a hold without callers is used by nobody: Podman's lingers 2 s after
+    /// `podman run --rm` while `docker volume rm` of the same volume follows), and says
+    /// whether every claim on the volume is being released: held by an allocation that
+    /// ended (or is gone) or by a hold without callers (ended here now, or lingering
+    /// out on another node). Remove then waits for those releases rather than refusing
+    /// the volume as in use; a claim of a live caller refuses it at once.
     async fn release_unheld(&self, v: &Volume) -> Result<bool, Failure> {
-        let id =
-            VolumeId::new(v.metadata.name.as_str()).map_err(|e| Failure::bad(e.to_string()))?;
-        let key = self.hold_key(&id)?;
         let claims = &v.status.claims;
-        let claimed = claims
+        let holders: Vec<_> = claims
             .read_claims
             .iter()
             .chain(&claims.write_claims)
-            .any(|c| c.allocation.as_str() == key.name() && c.node == self.node);
-        if !claimed {
+            .collect();
+        if holders.is_empty() {
             return Ok(false);
         }
-        match self.store.try_get(&key).await? {
-            Some(h) if !h.is_terminal() => {
-                Ok(end_unheld(&self.store, &key, ClientStatus::Complete).await?)
+        let keys: Vec<_> = holders
+            .iter()
+            .map(|c| Allocation::key_for(self.ns(), c.allocation.clone()))
+            .collect();
+        let read =
+            futures::future::try_join_all(keys.iter().map(|k| self.store.try_get(k))).await?;
+        let unheld = |a: &Allocation| is_hold(a) && hold_callers(a).next().is_none();
+        let mut releasing = true;
+        for ((claim, key), alloc) in holders.iter().zip(&keys).zip(read) {
+            match alloc {
+                None => {}
+                Some(a) if a.is_terminal() => {}
+                Some(a) if unheld(&a) && claim.node == self.node => {
+                    end_unheld(&self.store, key, ClientStatus::Complete).await?;
+                }
+                // Another node's lingers out by itself.
+                Some(a) if unheld(&a) => {}
+                Some(_) => releasing = false,
             }
-            _ => Ok(true),
         }
+        Ok(releasing)
     }
 
     /// Waits until this node no longer publishes `alloc`'s volume (an allocation of one
