@@ -1086,7 +1086,7 @@ async fn engine_starts_fail_in_bounds_without_the_store_or_the_agent() {
 /// Issue 51, item 5: the README's engine block, each line run as written through `sh
 /// -c`. Docker finds the plugin by the name `moor` (a spec file in /etc/docker/plugins,
 /// as the README says) and runs on its own defaults (a default network, the image
-/// `busybox`); Podman reads the containers.conf lines the README gives; both are the
+/// `busybox`); Podman reads deploy/engines/containers.conf, as the README says; both are the
 /// test's own, reached through DOCKER_HOST, CONTAINERS_CONF and CONTAINERS_STORAGE_CONF.
 /// What Docker's container wrote, Podman's reads; `docker volume rm` deletes the volume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1134,16 +1134,28 @@ async fn the_readmes_engine_commands_work_as_written() {
     let d = Docker::start_as(&c, "n1", Some("moor"), Some((&bridge, &cidr))).await;
     let tar = busybox_tar(&d.dir.join("image"));
     d.ok(&["import", tar.to_str().unwrap(), "busybox"]);
-    // Podman: the README's containers.conf lines, and the defaults this machine kind
-    // needs (../shared/CONTAINERS.md), with storage of the test's own.
+    // Podman: deploy/engines/containers.conf as shipped, its socket the test's, and
+    // what this machine kind needs (../shared/CONTAINERS.md), with storage of its own.
     let p = c.dir.path().join("podman-readme");
     std::fs::create_dir_all(&p).unwrap();
+    let shipped = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/engines/containers.conf"),
+    )
+    .unwrap();
+    let socket = c.node("n1").dir.join("podman.sock");
+    assert!(shipped.contains("\"/run/podman/moor.sock\"") && shipped.contains("[engine]\n"));
     let conf = p.join("containers.conf");
     std::fs::write(
         &conf,
         format!(
-            "[containers]\nnetns = \"none\"\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\n[engine]\nvolume_plugin_timeout = 120\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n\n[engine.volume_plugins]\nmoor = \"{}\"\n",
-            c.node("n1").dir.join("podman.sock").display()
+            "[containers]\nnetns = \"none\"\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\n{}",
+            shipped
+                .replace("\"/run/podman/moor.sock\"", &format!("\"{}\"", socket.display()))
+                .replacen(
+                    "[engine]\n",
+                    "[engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n",
+                    1
+                )
         ),
     )
     .unwrap();
