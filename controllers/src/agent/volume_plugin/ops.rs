@@ -582,7 +582,10 @@ impl Endpoint {
         caller: &str,
         peer: super::Peer,
     ) -> Result<(Value, Reused), Failure> {
+        let started = Instant::now();
         let (key, reused) = self.take_place(id, caller, peer).await?;
+        let placed_us = started.elapsed().as_micros() as u64;
+        tracing::debug!(allocation = %key, placed_us, reused, "volume-plugin: Mount placed");
         let path = self.wait_published(&key, id).await?;
         Ok((json!({ "Mountpoint": path }), reused))
     }
@@ -710,7 +713,21 @@ impl Endpoint {
                         Err(e) => return Err(e.into()),
                     }
                 }
-                // None, ended, or being deleted: made (again).
+                // None: made, without create_or_adopt's read of what was just read.
+                None => {
+                    let mut wanted = self.wanted(&key, None, id, cap, peer)?;
+                    wanted.metadata.labels.insert(label.clone(), short.clone());
+                    wanted
+                        .metadata
+                        .labels
+                        .insert(LABEL_HOLD.into(), self.cfg.engine.clone());
+                    match self.store.create(&wanted).await {
+                        Ok(_) => return Ok((key, false)),
+                        Err(e @ StoreError::AlreadyExists { .. }) => e,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                // Ended, or being deleted: made again.
                 _ => {
                     let mut wanted = self.wanted(&key, None, id, cap, peer)?;
                     wanted.metadata.labels.insert(label.clone(), short.clone());
