@@ -10,8 +10,8 @@
 //! 2. Every body is read whole up to [`MAX_BODY`] and parsed as JSON whatever its
 //!    Content-Type (Docker sends none, Podman its own); an answer is JSON, and an error
 //!    a non-200 status with `{"Err": "..."}` (Podman reads only the status).
-//! 3. Each verb is one operation of [`ops`] on desired state in etcd: Create writes a
-//!    Volume; Mount puts the caller on the engine's hold of the volume on this node
+//! 3. Each verb is one operation of [`ops`] (Mount and Unmount: [`hold`]) on desired
+//!    state in etcd: Create writes a Volume; Mount puts the caller on the engine's hold of the volume on this node
 //!    (one Allocation, made by the first Mount) and waits until NodePublish returned OK
 //!    for it, woken by the node pass; Unmount takes the caller off, and a hold without
 //!    callers ends after the linger; Remove deletes a Volume it created. Only the
@@ -24,6 +24,7 @@
 //!    request (`conn`).
 
 mod conn;
+mod hold;
 mod ops;
 mod options;
 pub mod orphans;

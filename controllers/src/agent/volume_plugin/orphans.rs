@@ -38,7 +38,8 @@ use tokio_util::sync::CancellationToken;
 use moor::api::*;
 use moor::store::Store;
 
-use super::ops::{end_unheld, hold_callers, is_hold, LABEL_CALLER, LABEL_NODE, LABEL_UNSEEN};
+use super::hold::{end_unheld, hold_callers, is_hold};
+use super::ops::{LABEL_CALLER, LABEL_NODE, LABEL_UNSEEN};
 
 /// Where a path lives: its file system's device and the path within that file system.
 #[derive(Debug, Clone, PartialEq, Eq)]
