@@ -1014,3 +1014,70 @@ async fn a_mount_needing_a_plugin_that_is_down_fails_naming_it() {
         .await;
     c.check_calls(true);
 }
+
+/// Issue 51, item 1: a hold records at most 56 callers (labels are bounded at 64); the
+/// callers beyond get an allocation of their own on the same volume, answered with the
+/// same path, and each is released by its own Unmount while the hold runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_beyond_a_holds_labels_get_allocations_of_their_own() {
+    const CALLERS: usize = 56; // MAX_CALLERS: MAX_LABELS (64) less 8.
+    let c = start().await;
+    ok(
+        &c,
+        "n1",
+        "Create",
+        json!({"Name": "busy", "Opts": {"size": "1MiB"}}),
+    )
+    .await;
+    c.volume_ready("busy").await;
+    let id = |i: usize| format!("caller-{i:03}");
+    let mut paths = std::collections::BTreeSet::new();
+    for i in 0..CALLERS + 2 {
+        let m = ok(&c, "n1", "Mount", json!({"Name": "busy", "ID": id(i)})).await;
+        paths.insert(m["Mountpoint"].as_str().unwrap().to_string());
+    }
+    let allocs = c
+        .store
+        .list(&KeyScope::<AllocationSpec>::all())
+        .await
+        .unwrap()
+        .items;
+    let holds: Vec<_> = allocs
+        .iter()
+        .filter(|a| a.metadata.labels.contains_key("moor.dev/hold"))
+        .collect();
+    assert_eq!(holds.len(), 1, "{allocs:?}");
+    let on_hold = holds[0]
+        .metadata
+        .labels
+        .keys()
+        .filter(|k| k.starts_with("moor.dev/caller."))
+        .count();
+    assert_eq!(on_hold, CALLERS, "the hold's callers");
+    let own: Vec<_> = allocs
+        .iter()
+        .filter(|a| a.metadata.labels.contains_key("moor.dev/caller"))
+        .collect();
+    assert_eq!(own.len(), 2, "callers beyond the hold's: {allocs:?}");
+    // Two claims on one volume on one node, each published at its own target path.
+    assert_eq!(paths.len(), 3, "{paths:?}");
+    for i in (CALLERS..CALLERS + 2).rev() {
+        ok(&c, "n1", "Unmount", json!({"Name": "busy", "ID": id(i)})).await;
+    }
+    let hold = c.store.get(&holds[0].object_key()).await.unwrap();
+    assert!(!hold.is_terminal(), "the hold ended under its callers");
+    for a in &own {
+        let a = c.store.get(&a.object_key()).await.unwrap();
+        assert!(
+            a.is_terminal(),
+            "{} runs on after its Unmount",
+            a.metadata.name
+        );
+    }
+    for i in 0..CALLERS {
+        ok(&c, "n1", "Unmount", json!({"Name": "busy", "ID": id(i)})).await;
+    }
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
+}
