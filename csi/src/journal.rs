@@ -286,18 +286,79 @@ struct SyncState {
     syncing: tokio::sync::Mutex<()>,
     /// fdatasyncs made (commits over syncs is how much the group commit shares).
     syncs: AtomicU64,
+    /// The file's length after the last append: what a sync begun now covers.
+    appended_len: AtomicU64,
+    /// The file's length known on disk (the power-cut mark).
+    synced_len: AtomicU64,
+    /// Where the power-cut mark is written after each sync: `<journal>.synced`, when
+    /// [`POWER_CUT_MARK`] is set in the environment (tests only).
+    mark: Option<PathBuf>,
+    /// One mark write at a time, each with the newest length.
+    mark_lock: Mutex<()>,
+}
+
+/// Set in a process's environment, its journals write after each fdatasync the length
+/// of the file known to be on disk to `<journal>.synced` (not synced itself: a test
+/// reads it after a SIGKILL, which keeps the page cache). A test simulates a power cut
+/// by cutting the journal back to that length ([`cut_to_synced`]): what was appended
+/// since is what a power cut may lose.
+pub const POWER_CUT_MARK: &str = "MOOR_TEST_JOURNAL_POWER_CUT_MARK";
+
+/// Cuts the journal at `path` back to the length its process last knew on disk (its
+/// `<journal>.synced` mark, see [`POWER_CUT_MARK`]), as a power cut could; returns the
+/// bytes dropped. The process must be dead.
+pub fn cut_to_synced(path: &Path) -> std::io::Result<u64> {
+    let mark = std::fs::read_to_string(mark_path(path))?;
+    let synced: u64 = mark
+        .trim()
+        .parse()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let len = std::fs::metadata(path)?.len();
+    if synced < len {
+        OpenOptions::new().write(true).open(path)?.set_len(synced)?;
+    }
+    Ok(len.saturating_sub(synced))
+}
+
+fn mark_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".synced");
+    PathBuf::from(name)
 }
 
 impl Durability {
-    fn new(path: &Path, file: Arc<File>) -> Durability {
-        Durability(Arc::new(SyncState {
+    fn new(path: &Path, file: Arc<File>, len: u64) -> Durability {
+        let d = Durability(Arc::new(SyncState {
             path: path.to_path_buf(),
             file: Mutex::new(file),
             appended: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             syncing: tokio::sync::Mutex::new(()),
             syncs: AtomicU64::new(0),
-        }))
+            appended_len: AtomicU64::new(len),
+            synced_len: AtomicU64::new(0),
+            mark: std::env::var_os(POWER_CUT_MARK).map(|_| mark_path(path)),
+            mark_lock: Mutex::new(()),
+        }));
+        // What replay read was on disk, or is now treated as such.
+        d.synced_len_is(len);
+        d
+    }
+
+    /// The file is on disk up to `len` bytes: the power-cut mark, when kept.
+    fn synced_len_is(&self, len: u64) {
+        let s = &self.0;
+        s.synced_len.fetch_max(len, Ordering::AcqRel);
+        if let Some(mark) = &s.mark {
+            let _one = s.mark_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let now = s.synced_len.load(Ordering::Acquire);
+            let _ = std::fs::write(mark, now.to_string());
+        }
+    }
+
+    /// The file's length after an append (or a rewrite).
+    fn appended_to(&self, len: u64) {
+        self.0.appended_len.store(len, Ordering::Release);
     }
 
     /// The fdatasyncs of commits made so far (inline, or for waiters), rewrites aside.
@@ -322,8 +383,10 @@ impl Durability {
         if s.synced.load(Ordering::Acquire) >= n {
             return Ok(());
         }
-        // Every commit numbered up to `upto` was written before this read.
+        // Every commit numbered up to `upto`, and every byte up to `len`, was written
+        // before these reads.
         let upto = s.appended.load(Ordering::Acquire);
+        let len = s.appended_len.load(Ordering::Acquire);
         let file = s.file.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let io = |source| JournalError::Io {
             path: s.path.clone(),
@@ -335,6 +398,7 @@ impl Durability {
             .map_err(|e| io(std::io::Error::other(e)))?
             .map_err(io)?;
         s.synced.fetch_max(upto, Ordering::AcqRel);
+        self.synced_len_is(len);
         Ok(())
     }
 
@@ -345,9 +409,11 @@ impl Durability {
             return Ok(());
         }
         let upto = self.last_appended();
+        let len = self.0.appended_len.load(Ordering::Acquire);
         self.0.syncs.fetch_add(1, Ordering::Relaxed);
         file.sync_data()?;
         self.synced_up_to(upto);
+        self.synced_len_is(len);
         Ok(())
     }
 
@@ -427,7 +493,7 @@ impl<S: Tables> Journal<S> {
         Ok(Journal {
             state,
             path: path.to_path_buf(),
-            sync: Durability::new(path, file.clone()),
+            sync: Durability::new(path, file.clone(), complete as u64),
             file,
             len: complete as u64,
             written,
@@ -529,6 +595,7 @@ impl<S: Tables> Journal<S> {
             return Err(self.io(e));
         }
         self.len += line.len() as u64;
+        self.sync.appended_to(self.len);
         Ok(())
     }
 
@@ -559,6 +626,10 @@ impl<S: Tables> Journal<S> {
         // The rewrite holds every commit appended so far, synced.
         self.sync.replace_file(self.file.clone());
         self.sync.synced_up_to(self.sync.last_appended());
+        self.sync.appended_to(self.len);
+        // The new file is on disk whole; the old file's length no longer applies.
+        self.sync.0.synced_len.store(0, Ordering::Release);
+        self.sync.synced_len_is(self.len);
         Ok(())
     }
 }
@@ -634,6 +705,34 @@ mod tests {
         assert_eq!(grown, r#"[["names","n5",500]]"#.len() as u64 + 1);
         j.commit().unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len() - size, grown);
+    }
+
+    /// The power-cut hook: a cut keeps every commit a sync covered (inline, waited
+    /// for, or by a rewrite) and drops those appended after the last sync.
+    #[tokio::test]
+    async fn a_power_cut_loses_only_what_no_sync_covered() {
+        std::env::set_var(POWER_CUT_MARK, "1");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let mut j = open(&path);
+        j.state_mut().names.insert("inline".into(), 1);
+        j.commit().unwrap();
+        let d = j.durability();
+        j.state_mut().names.insert("waited".into(), 2);
+        let n = j.commit_unsynced().unwrap();
+        d.wait(n).await.unwrap();
+        j.state_mut().names.insert("unsynced".into(), 3);
+        j.commit_unsynced().unwrap();
+        j.state_mut().names.insert("also unsynced".into(), 4);
+        j.commit_unsynced().unwrap();
+        drop(j);
+        assert!(cut_to_synced(&path).unwrap() > 0, "nothing was cut");
+        let again = open(&path);
+        let names: Vec<_> = again.state().names.keys().cloned().collect();
+        assert_eq!(names, ["inline", "waited"]);
+        // Cut again: nothing more goes.
+        drop(again);
+        assert_eq!(cut_to_synced(&path).unwrap(), 0);
     }
 
     #[test]
