@@ -259,6 +259,14 @@ impl Endpoint {
         let key = self.hold_key(id)?;
         let label = caller_label(caller);
         let short: String = caller.chars().take(63).collect();
+        // The hold this Mount makes when none is live, with this caller on it.
+        let made = || -> Result<Allocation, Failure> {
+            let mut wanted = self.wanted(&key, None, id, cap, peer)?;
+            let labels = &mut wanted.metadata.labels;
+            labels.insert(label.clone(), short.clone());
+            labels.insert(LABEL_HOLD.into(), self.cfg.engine.clone());
+            Ok(wanted)
+        };
         let mut retry = ConflictRetry::default();
         // The hold as the Mount read it, then as read again after a conflict.
         let mut read = Some(read);
@@ -292,28 +300,14 @@ impl Endpoint {
                     }
                 }
                 // None: made, without create_or_adopt's read of what was just read.
-                None => {
-                    let mut wanted = self.wanted(&key, None, id, cap, peer)?;
-                    wanted.metadata.labels.insert(label.clone(), short.clone());
-                    wanted
-                        .metadata
-                        .labels
-                        .insert(LABEL_HOLD.into(), self.cfg.engine.clone());
-                    match self.store.create(&wanted).await {
-                        Ok(_) => return Ok((key, false)),
-                        Err(e @ StoreError::AlreadyExists { .. }) => e,
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+                None => match self.store.create(&made()?).await {
+                    Ok(_) => return Ok((key, false)),
+                    Err(e @ StoreError::AlreadyExists { .. }) => e,
+                    Err(e) => return Err(e.into()),
+                },
                 // Ended, or being deleted: made again.
                 _ => {
-                    let mut wanted = self.wanted(&key, None, id, cap, peer)?;
-                    wanted.metadata.labels.insert(label.clone(), short.clone());
-                    wanted
-                        .metadata
-                        .labels
-                        .insert(LABEL_HOLD.into(), self.cfg.engine.clone());
-                    self.start(&wanted).await?;
+                    self.start(&made()?).await?;
                     return Ok((key, false));
                 }
             };
