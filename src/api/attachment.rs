@@ -67,7 +67,9 @@ pub enum AttachmentPhase {
     Pending,
     /// Published to the node.
     Attached,
-    /// ControllerUnpublish in progress.
+    /// ControllerUnpublish failed and is retried (`spec.detach` set; the failure is
+    /// in the status). A first call is made from Attached, which stays until the
+    /// Attachment is deleted.
     Detaching,
     /// Unpublished; about to be deleted.
     Detached,

@@ -11,7 +11,7 @@
 //! 100,000-object start quadratic.
 
 use futures::{Stream, StreamExt};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 
 use super::watcher::Event;
@@ -74,6 +74,55 @@ struct Cache<K> {
     /// last valid object (acting on it is safer than acting as if it were gone), and
     /// the single writer of such a key may repair it.
     malformed: HashMap<String, i64>,
+    /// The last [`TOMBSTONES`] deletions: each key's last version before it went.
+    tombstones: Tombstones,
+}
+
+/// Deletions a cache remembers (see [`Store::seen`]): enough for the keys a process
+/// wrote and whose deletion its reconcilers have not looked at yet; beyond them a
+/// deletion is simply unknown, which costs a read, never a wrong answer.
+pub const TOMBSTONES: usize = 4096;
+
+/// The last deletions a cache applied: key -> (the version it was deleted after, its
+/// entry's number), and the entries in order, the oldest first. An entry of a key that
+/// came back or was deleted again since is skipped when it leaves the order.
+#[derive(Default)]
+struct Tombstones {
+    last: HashMap<Arc<str>, (i64, u64)>,
+    order: VecDeque<(Arc<str>, u64)>,
+    next: u64,
+}
+
+impl Tombstones {
+    fn bury(&mut self, key: Arc<str>, version: i64) {
+        self.next += 1;
+        self.last.insert(key.clone(), (version, self.next));
+        self.order.push_back((key, self.next));
+        while self.order.len() > TOMBSTONES {
+            if let Some((key, n)) = self.order.pop_front() {
+                if self.last.get(&key).is_some_and(|(_, m)| *m == n) {
+                    self.last.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.last.clear();
+        self.order.clear();
+    }
+}
+
+/// What a cache knows of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// It holds an object at this version.
+    Present(i64),
+    /// It applied the key's deletion, the last version it held before being this one:
+    /// every write up to that version was shown, and the deletion after them.
+    DeletedAfter(i64),
+    /// It holds nothing and remembers no deletion (never held it, or too long ago).
+    Unknown,
 }
 
 impl<K: Resource> Cache<K> {
@@ -82,6 +131,7 @@ impl<K: Resource> Cache<K> {
             Some((k, _)) => k.clone(),
             None => key.into(),
         };
+        self.tombstones.last.remove(&key);
         if let Some(old) = self.objects.insert(key.clone(), obj.clone()) {
             self.unindex(&key, &old);
         }
@@ -98,8 +148,9 @@ impl<K: Resource> Cache<K> {
     }
 
     fn remove(&mut self, key: &str) {
-        if let Some(old) = self.objects.remove(key) {
-            self.unindex(key, &old);
+        if let Some((key, old)) = self.objects.remove_entry(key) {
+            self.unindex(&key, &old);
+            self.tombstones.bury(key, old.version());
         }
     }
 
@@ -115,6 +166,8 @@ impl<K: Resource> Cache<K> {
 
     fn clear(&mut self) {
         self.objects.clear();
+        // A list says what is, not what went.
+        self.tombstones.clear();
         for (_, entries) in &mut self.indexes {
             entries.clear();
         }
@@ -148,6 +201,7 @@ pub fn indexed_store<K: Resource>(indexes: &[Index<K>]) -> (Store<K>, Writer<K>)
         indexes: indexes.iter().map(|i| (*i, HashMap::new())).collect(),
         version: 0,
         malformed: HashMap::new(),
+        tombstones: Tombstones::default(),
     }));
     let (tx, rx) = tokio::sync::watch::channel(false);
     (
@@ -188,6 +242,20 @@ impl<K: Resource> Store<K> {
     /// The object at a key.
     pub fn get<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> Option<Arc<K>> {
         self.read().objects.get(key.cache_key()).cloned()
+    }
+
+    /// What the cache knows of `key`: its object's version, or the version it was
+    /// deleted after (for the last [`TOMBSTONES`] deletions), or nothing.
+    pub fn seen<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> Seen {
+        let cache = self.read();
+        let key = key.cache_key();
+        match cache.objects.get(key) {
+            Some(o) => Seen::Present(o.version()),
+            None => match cache.tombstones.last.get(key) {
+                Some((version, _)) => Seen::DeletedAfter(*version),
+                None => Seen::Unknown,
+            },
+        }
     }
 
     /// The revision of the malformed value stored at `key`, if the last thing stored
@@ -341,6 +409,54 @@ mod tests {
         fn key(&self) -> String {
             self.0.to_string()
         }
+
+        fn version(&self) -> i64 {
+            self.1.into()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cache_remembers_its_last_deletions_and_nothing_a_list_replaced() {
+        let (reader, mut writer) = store::<Obj>();
+        writer.apply(&Event::restarted(vec![Obj("a", 3), Obj("b", 4)]));
+        assert_eq!(reader.seen("a"), Seen::Present(3));
+        assert_eq!(reader.seen("z"), Seen::Unknown);
+        writer.apply(&Event::Deleted {
+            key: "a".into(),
+            last: None,
+        });
+        assert_eq!(reader.seen("a"), Seen::DeletedAfter(3));
+        writer.apply(&Event::applied(Obj("a", 9)));
+        assert_eq!(reader.seen("a"), Seen::Present(9), "back: present again");
+        writer.apply(&Event::Deleted {
+            key: "a".into(),
+            last: None,
+        });
+        assert_eq!(reader.seen("a"), Seen::DeletedAfter(9));
+        // A deletion of a key the cache never held is not remembered.
+        writer.apply(&Event::Deleted {
+            key: "y".into(),
+            last: None,
+        });
+        assert_eq!(reader.seen("y"), Seen::Unknown);
+        // Bounded: the oldest deletions are forgotten first.
+        let names: Vec<&'static str> = (0..TOMBSTONES + 10)
+            .map(|i| &*Box::leak(format!("k{i}").into_boxed_str()))
+            .collect();
+        for n in &names {
+            writer.apply(&Event::applied(Obj(n, 1)));
+            writer.apply(&Event::Deleted {
+                key: n.to_string(),
+                last: None,
+            });
+        }
+        assert_eq!(reader.seen(names[0]), Seen::Unknown);
+        assert_eq!(reader.seen(names[TOMBSTONES + 9]), Seen::DeletedAfter(1));
+        assert_eq!(reader.seen("a"), Seen::Unknown, "pushed out");
+        // A list says what is, not what went.
+        writer.apply(&Event::restarted(vec![Obj("b", 4)]));
+        assert_eq!(reader.seen(names[TOMBSTONES + 9]), Seen::Unknown);
+        assert_eq!(reader.seen("b"), Seen::Present(4));
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::reflector;
+use super::reflector::{self, Seen};
 use crate::api::{Object, ObjectKey, Spec};
 use crate::store::{Batch, Deleted, Store, StoreError};
 
@@ -24,8 +24,8 @@ use crate::store::{Batch, Deleted, Store, StoreError};
 /// delivery, far below this, or relists.
 pub const FORGET_AFTER: Duration = Duration::from_secs(300);
 
-/// The cached version of a key, if the cache holds it.
-type Lookup = Arc<dyn Fn(&str) -> Option<i64> + Send + Sync>;
+/// What the cache of a key's kind knows of it.
+type Lookup = Arc<dyn Fn(&str) -> Seen + Send + Sync>;
 
 #[derive(Clone)]
 struct Written {
@@ -70,7 +70,7 @@ const PRUNE_FLOOR: usize = 1024;
 impl Record {
     /// Records a write; past `prune_at` records, drops every one its cache shows (as
     /// `cached` tells) or older than [`FORGET_AFTER`].
-    fn note(&mut self, key: String, written: Written, cached: impl Fn(&str) -> Option<i64>) {
+    fn note(&mut self, key: String, written: Written, cached: impl Fn(&str) -> Seen) {
         self.writes.insert(key, written);
         if self.writes.len() > self.prune_at {
             let now = Instant::now();
@@ -80,8 +80,9 @@ impl Record {
         }
     }
 
-    /// Where a fresh view of `key` comes from when the cache holds `cached`.
-    fn fresh(&mut self, key: &str, cached: Option<i64>) -> Fresh {
+    /// Where a fresh view of `key` comes from when the cache knows `cached`.
+    fn fresh(&mut self, key: &str, cached: impl Into<Seen>) -> Fresh {
+        let cached = cached.into();
         if self.settled(key, cached) {
             return Fresh::Cache;
         }
@@ -91,21 +92,23 @@ impl Record {
             (Some(w), _) if w.deleted && w.revision != i64::MAX => Fresh::Gone,
             // The cache shows an older version: it lags, and the object is as written
             // (or changed by another since, which the next write's guard catches).
-            // Absent from the cache, it may not have been shown yet or have been
-            // deleted by another since: only the store can say.
+            // Absent from the cache with no deletion after the write, it may not have
+            // been shown yet or have been deleted by another since: only the store can
+            // say. (A deletion after the write shows it: settled above.)
             (
                 Some(Written {
                     object: Some(o), ..
                 }),
-                Some(_),
+                Seen::Present(_),
             ) => Fresh::Written(o.clone()),
             _ => Fresh::Read,
         }
     }
 
-    /// Whether a cache holding `cached` at `key` may be read as is: no write of the
+    /// Whether a cache knowing `cached` of `key` may be read as is: no write of the
     /// key is recorded, or the cache shows the last one (which is then forgotten).
-    fn settled(&mut self, key: &str, cached: Option<i64>) -> bool {
+    fn settled(&mut self, key: &str, cached: impl Into<Seen>) -> bool {
+        let cached = cached.into();
         match self.writes.get(key) {
             None => true,
             Some(w) if shown(w, cached) => {
@@ -145,8 +148,7 @@ impl Writer {
     /// Records this process's writes of `S`, read back through `cache`.
     pub fn tracking<S: Spec>(mut self, cache: &reflector::Store<Object<S>>) -> Writer {
         let cache = cache.clone();
-        let lookup: Lookup =
-            Arc::new(move |key| cache.get(key).map(|o| o.metadata.resource_version));
+        let lookup: Lookup = Arc::new(move |key| cache.seen(key));
         Arc::make_mut(&mut self.caches).push((S::DIR, lookup));
         self
     }
@@ -187,8 +189,9 @@ impl Writer {
             at: Instant::now(),
             object,
         };
-        self.lock()
-            .note(key, written, |k| self.lookup(k).and_then(|l| l(k)));
+        self.lock().note(key, written, |k| {
+            self.lookup(k).map_or(Seen::Unknown, |l| l(k))
+        });
     }
 
     /// The object at `key` from `cache` when the cache holds this process's last
@@ -205,8 +208,11 @@ impl Writer {
         key: &ObjectKey<S>,
     ) -> Result<Option<Arc<Object<S>>>, StoreError> {
         let cached = cache.get(key);
-        let version = cached.as_ref().map(|c| c.metadata.resource_version);
-        let known = self.lock().fresh(key.as_str(), version);
+        let seen = match &cached {
+            Some(c) => Seen::Present(c.metadata.resource_version),
+            None => cache.seen(key),
+        };
+        let known = self.lock().fresh(key.as_str(), seen);
         match known {
             Fresh::Cache => return Ok(cached),
             Fresh::Gone => return Ok(None),
@@ -400,11 +406,21 @@ impl Writer {
     }
 }
 
-/// Whether a cache holding `cached` (its version; `None`: absent) shows the write.
-fn shown(w: &Written, cached: Option<i64>) -> bool {
+/// Whether a cache knowing `cached` shows the write: it holds the object at the
+/// write's version or later, or it applied a deletion after that version (or any
+/// deletion, when the write was one).
+fn shown(w: &Written, cached: Seen) -> bool {
     match cached {
-        Some(version) => version >= w.revision,
-        None => w.deleted,
+        Seen::Present(version) => version >= w.revision,
+        Seen::DeletedAfter(version) => w.deleted || version >= w.revision,
+        Seen::Unknown => w.deleted,
+    }
+}
+
+/// A cached version, or nothing known (the tests' shorthand).
+impl From<Option<i64>> for Seen {
+    fn from(version: Option<i64>) -> Seen {
+        version.map_or(Seen::Unknown, Seen::Present)
     }
 }
 
@@ -435,7 +451,7 @@ mod tests {
             r.settled("claims/n/ns/a", Some(5)),
             "nothing written: the cache"
         );
-        r.note("claims/n/ns/a".into(), put(7), |_| None);
+        r.note("claims/n/ns/a".into(), put(7), |_| Seen::Unknown);
         assert!(
             !r.settled("claims/n/ns/a", Some(5)),
             "the cache lags our write"
@@ -448,11 +464,11 @@ mod tests {
             deleted: true,
             ..put(9)
         };
-        r.note("claims/n/ns/a".into(), gone.clone(), |_| None);
+        r.note("claims/n/ns/a".into(), gone.clone(), |_| Seen::Unknown);
         assert!(!r.settled("claims/n/ns/a", Some(7)));
-        r.note("claims/n/ns/a".into(), gone.clone(), |_| None);
+        r.note("claims/n/ns/a".into(), gone.clone(), |_| Seen::Unknown);
         assert!(r.settled("claims/n/ns/a", None));
-        r.note("claims/n/ns/a".into(), gone, |_| None);
+        r.note("claims/n/ns/a".into(), gone, |_| Seen::Unknown);
         assert!(r.settled("claims/n/ns/a", Some(12)));
     }
 
@@ -464,7 +480,7 @@ mod tests {
             object: Some(written),
             ..put(7)
         };
-        r.note("claims/n/ns/a".into(), with, |_| None);
+        r.note("claims/n/ns/a".into(), with, |_| Seen::Unknown);
         match r.fresh("claims/n/ns/a", Some(5)) {
             Fresh::Written(o) => {
                 assert_eq!(o.downcast::<String>().unwrap().as_str(), "as written")
@@ -476,21 +492,65 @@ mod tests {
         assert!(matches!(r.fresh("claims/n/ns/a", None), Fresh::Read));
         assert!(matches!(r.fresh("claims/n/ns/a", Some(7)), Fresh::Cache));
         // A write that returned nothing (a batch's) is read from the store.
-        r.note("claims/n/ns/a".into(), put(9), |_| None);
+        r.note("claims/n/ns/a".into(), put(9), |_| Seen::Unknown);
         assert!(matches!(r.fresh("claims/n/ns/a", Some(7)), Fresh::Read));
         // A deletion at a known revision is gone; `delete`'s (no revision) is read.
         let gone = Written {
             deleted: true,
             ..put(11)
         };
-        r.note("claims/n/ns/a".into(), gone, |_| None);
+        r.note("claims/n/ns/a".into(), gone, |_| Seen::Unknown);
         assert!(matches!(r.fresh("claims/n/ns/a", Some(9)), Fresh::Gone));
         let unknown = Written {
             deleted: true,
             ..put(i64::MAX)
         };
-        r.note("claims/n/ns/a".into(), unknown, |_| None);
+        r.note("claims/n/ns/a".into(), unknown, |_| Seen::Unknown);
         assert!(matches!(r.fresh("claims/n/ns/a", Some(12)), Fresh::Read));
+    }
+
+    #[test]
+    fn a_deletion_the_cache_applied_after_the_write_shows_it() {
+        let mut r = record();
+        let with = Written {
+            object: Some(Arc::new(String::from("as written"))),
+            ..put(7)
+        };
+        // Written at 7, changed by another at 8, deleted by another: the cache's
+        // tombstone says it held 8 before the deletion, so its absence is current.
+        r.note("claims/n/ns/a".into(), with.clone(), |_| Seen::Unknown);
+        assert!(matches!(
+            r.fresh("claims/n/ns/a", Seen::DeletedAfter(8)),
+            Fresh::Cache
+        ));
+        assert!(r.writes.is_empty(), "forgotten once shown");
+        // Deleted right after our write (the cache held exactly our version).
+        r.note("claims/n/ns/a".into(), with.clone(), |_| Seen::Unknown);
+        assert!(r.settled("claims/n/ns/a", Seen::DeletedAfter(7)));
+        // A deletion of an older incarnation, before our write (which made the key
+        // again) was shown: the store must say.
+        r.note("claims/n/ns/a".into(), with, |_| Seen::Unknown);
+        assert!(matches!(
+            r.fresh("claims/n/ns/a", Seen::DeletedAfter(5)),
+            Fresh::Read
+        ));
+        // Our own deletion is shown by any deletion the cache applied.
+        let gone = Written {
+            deleted: true,
+            ..put(i64::MAX)
+        };
+        r.note("claims/n/ns/a".into(), gone, |_| Seen::Unknown);
+        assert!(r.settled("claims/n/ns/a", Seen::DeletedAfter(3)));
+        // Pruning drops what a tombstone shows, and keeps what it does not.
+        let mut r = record();
+        r.prune_at = 1;
+        r.note("k1".into(), put(4), |_| Seen::Unknown);
+        r.note("k2".into(), put(6), |k| match k {
+            "k1" => Seen::DeletedAfter(4),
+            _ => Seen::DeletedAfter(5),
+        });
+        assert!(!r.writes.contains_key("k1"));
+        assert!(r.writes.contains_key("k2"));
     }
 
     #[test]
@@ -502,7 +562,7 @@ mod tests {
             r.note(format!("k{i}"), put(i + 1), |k| {
                 let n: i64 = k[1..].parse().unwrap();
                 // The last 10 writes are not shown yet.
-                (n < 9_990).then_some(n + 1)
+                (n < 9_990).then_some(n + 1).into()
             });
             assert!(r.writes.len() <= PRUNE_FLOOR + 1);
         }
@@ -519,7 +579,7 @@ mod tests {
             ..put(1)
         };
         for i in 0..=PRUNE_FLOOR {
-            r.note(format!("k{i}"), old.clone(), |_| None);
+            r.note(format!("k{i}"), old.clone(), |_| Seen::Unknown);
         }
         assert!(r.writes.is_empty());
     }

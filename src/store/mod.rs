@@ -504,6 +504,16 @@ impl Store {
         obj.apply_defaults();
         Store::check(&obj)?;
         let current = self.current_at(&obj).await?;
+        self.replace_over(&current, obj).await
+    }
+
+    /// [`Store::replace`]'s write of `obj` (defaulted and checked) over `current`, the
+    /// object as stored at its `resource_version`, guarded by that version.
+    async fn replace_over<S: Spec>(
+        &self,
+        current: &Object<S>,
+        mut obj: Object<S>,
+    ) -> Result<Object<S>, StoreError> {
         obj.metadata.uid = current.metadata.uid.clone();
         obj.metadata.creation_timestamp = current.metadata.creation_timestamp;
         obj.metadata.deletion_timestamp = current.metadata.deletion_timestamp;
@@ -512,7 +522,7 @@ impl Store {
         } else {
             current.metadata.generation
         };
-        obj.status = current.status;
+        obj.status = current.status.clone();
         if obj.is_deleting() && obj.metadata.finalizers.is_empty() {
             // The deletion's revision: a cache showing an older version lags it.
             obj.metadata.resource_version = self
@@ -543,13 +553,18 @@ impl Store {
     ) -> Result<(Object<S>, bool), StoreError> {
         let mut retry = ConflictRetry::default();
         loop {
-            let mut obj = self.get(key).await?;
-            let mut spec = obj.spec.clone();
-            if !f(&mut spec) || spec == obj.spec {
-                return Ok((obj, false));
+            let read = self.get(key).await?;
+            let mut spec = read.spec.clone();
+            if !f(&mut spec) || spec == read.spec {
+                return Ok((read, false));
             }
+            // Written over the object just read, guarded by its version (a change
+            // since is a conflict, read again): one read, not replace's second.
+            let mut obj = read.clone();
             obj.spec = spec;
-            match self.replace(&obj).await {
+            obj.apply_defaults();
+            Store::check(&obj)?;
+            match self.replace_over(&read, obj).await {
                 Err(StoreError::Conflict { .. }) if retry.again().await => {}
                 other => return other.map(|o| (o, true)),
             }

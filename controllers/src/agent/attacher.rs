@@ -189,11 +189,10 @@ impl Attacher {
             .steps
             .begin(&key, "ControllerUnpublishVolume", self.inputs(att))?;
         let req = requests::controller_unpublish(att, self.volume(att).as_deref())?;
-        let att = &self
-            .ctx
-            .writer
-            .write_status(att, |st| st.phase = AttachmentPhase::Detaching)
-            .await?;
+        // No checkpoint before the call: Attached is owed a ControllerUnpublish as much
+        // as Detaching is, and `spec.detach` is final (no claim is granted on this
+        // attachment again), so a crash mid-call repeats the call either way. Detaching
+        // is written when the call fails, with the failure.
         if let Err(failed) = step.call(self.ctx.csi()?.controller_unpublish(req)).await {
             self.ctx
                 .writer
