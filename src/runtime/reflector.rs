@@ -118,8 +118,8 @@ impl Tombstones {
 pub enum Seen {
     /// It holds an object at this version.
     Present(i64),
-    /// It applied the key's deletion, the last version it held before being this one:
-    /// every write up to that version was shown, and the deletion after them.
+    /// It applied the key's deletion, and held this version last before it: every
+    /// write up to that version was shown, and the deletion after them.
     DeletedAfter(i64),
     /// It holds nothing and remembers no deletion (never held it, or too long ago).
     Unknown,
@@ -129,9 +129,13 @@ impl<K: Resource> Cache<K> {
     fn insert(&mut self, key: String, obj: Arc<K>) {
         let key: Arc<str> = match self.objects.get_key_value(key.as_str()) {
             Some((k, _)) => k.clone(),
-            None => key.into(),
+            None => {
+                // Back after a deletion: only an absent key has a tombstone.
+                let key: Arc<str> = key.into();
+                self.tombstones.last.remove(&key);
+                key
+            }
         };
-        self.tombstones.last.remove(&key);
         if let Some(old) = self.objects.insert(key.clone(), obj.clone()) {
             self.unindex(&key, &old);
         }

@@ -504,17 +504,17 @@ impl Store {
         obj.apply_defaults();
         Store::check(&obj)?;
         let current = self.current_at(&obj).await?;
-        self.replace_over(&current, obj).await
+        self.replace_over(current, obj).await
     }
 
     /// [`Store::replace`]'s write of `obj` (defaulted and checked) over `current`, the
     /// object as stored at its `resource_version`, guarded by that version.
     async fn replace_over<S: Spec>(
         &self,
-        current: &Object<S>,
+        current: Object<S>,
         mut obj: Object<S>,
     ) -> Result<Object<S>, StoreError> {
-        obj.metadata.uid = current.metadata.uid.clone();
+        obj.metadata.uid = current.metadata.uid;
         obj.metadata.creation_timestamp = current.metadata.creation_timestamp;
         obj.metadata.deletion_timestamp = current.metadata.deletion_timestamp;
         obj.metadata.generation = if obj.spec != current.spec {
@@ -522,7 +522,7 @@ impl Store {
         } else {
             current.metadata.generation
         };
-        obj.status = current.status.clone();
+        obj.status = current.status;
         if obj.is_deleting() && obj.metadata.finalizers.is_empty() {
             // The deletion's revision: a cache showing an older version lags it.
             obj.metadata.resource_version = self
@@ -564,7 +564,7 @@ impl Store {
             obj.spec = spec;
             obj.apply_defaults();
             Store::check(&obj)?;
-            match self.replace_over(&read, obj).await {
+            match self.replace_over(read, obj).await {
                 Err(StoreError::Conflict { .. }) if retry.again().await => {}
                 other => return other.map(|o| (o, true)),
             }
