@@ -7,6 +7,7 @@ use futures::{Stream, StreamExt};
 use moor::api::*;
 use moor::runtime::reflector;
 use moor::runtime::watcher::{watcher, Event, WatchError};
+use std::sync::Arc;
 use std::time::Duration;
 
 type Item = Result<Event<Volume>, WatchError>;
@@ -334,10 +335,9 @@ async fn an_informer_s_deletions_carry_the_last_state_from_its_cache(backend: Ba
     stop.cancel();
 }
 
-async fn informed(
-    sub: &mut (impl Stream<Item = Result<Event<Volume>, moor::runtime::informer::InformerError>>
-              + Unpin),
-) -> Event<Volume> {
+async fn informed<K>(
+    sub: &mut (impl Stream<Item = Result<Event<K>, moor::runtime::informer::InformerError>> + Unpin),
+) -> Event<K> {
     tokio::time::timeout(Duration::from_secs(30), sub.next())
         .await
         .expect("an event within 30 s")
@@ -410,11 +410,33 @@ async fn a_filtered_informer_caches_and_passes_on_only_what_it_keeps(backend: Ba
     stop.cancel();
 }
 
-/// Issue 27: the controller's Mount cache drops what it never reads. A trimmed
-/// informer's list and its changes reach the cache and the subscribers trimmed, with
-/// everything else as stored.
-async fn a_trimmed_informer_caches_and_passes_on_objects_as_trimmed(backend: Backend) {
+/// Issues 27 and 52: the controller's Mount cache keeps only what it reads. A
+/// projected informer's list and its changes reach the cache and the subscribers as
+/// projections, each at the revision of the object it came from, and a deletion passes
+/// on the last projection.
+async fn a_projected_informer_caches_and_passes_on_projections(backend: Backend) {
     use moor::runtime::informer::Informer;
+    #[derive(Clone, Debug, PartialEq)]
+    struct Seen {
+        key: String,
+        version: i64,
+        path: Option<String>,
+    }
+    impl moor::runtime::Resource for Seen {
+        fn key(&self) -> String {
+            self.key.clone()
+        }
+        fn version(&self) -> i64 {
+            self.version
+        }
+    }
+    fn seen(v: &Volume) -> Seen {
+        Seen {
+            key: v.key(),
+            version: v.metadata.resource_version,
+            path: v.spec.context.get("path").cloned(),
+        }
+    }
     let etcd = Etcd::start_on(backend).await;
     let store = etcd.store("/t/").await;
     let with_context = |name: &str| {
@@ -424,53 +446,42 @@ async fn a_trimmed_informer_caches_and_passes_on_objects_as_trimmed(backend: Bac
             .collect();
         v
     };
-    store.create(&with_context("a1")).await.unwrap();
+    let a1 = store.create(&with_context("a1")).await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
-    let informer = Informer::<Volume>::spawn_trimmed(
-        store.clone(),
-        KeyScope::all(),
-        |v| v.spec.context = Default::default(),
-        stop.clone(),
-    );
+    let informer = Informer::spawn_projected(store.clone(), KeyScope::all(), seen, stop.clone());
     let mut sub = Box::pin(informer.subscribe());
     match informed(&mut sub).await {
-        Event::Restarted(all) => {
-            assert_eq!(names(&all), ["a1"]);
-            assert!(all[0].spec.context.is_empty(), "listed untrimmed");
-        }
+        Event::Restarted(all) => assert_eq!(all, [Arc::new(seen(&a1))]),
         other => panic!("expected the cache first, got {other:?}"),
     }
     let a2 = store.create(&with_context("a2")).await.unwrap();
     match informed(&mut sub).await {
         Event::Applied(v) => {
-            assert_eq!(v.metadata.name.as_str(), "a2");
-            assert!(v.spec.context.is_empty(), "passed on untrimmed");
-            assert_eq!(v.spec.plugin_id, a2.spec.plugin_id);
-            assert_eq!(v.metadata.resource_version, a2.metadata.resource_version);
+            assert_eq!(*v, seen(&a2));
+            assert_eq!(v.path.as_deref(), Some("/srv/a2"));
         }
         other => panic!("expected a2, got {other:?}"),
     }
     let reader = informer.reader();
-    for name in ["a1", "a2"] {
-        let key = Volume::key_for(&Namespace::default_ns(), name).into_string();
-        let cached = reader.get(&key).expect("cached");
-        assert!(cached.spec.context.is_empty(), "{name} cached untrimmed");
-        assert_eq!(cached.spec.capabilities, a2.spec.capabilities);
-    }
-    // The store itself still holds what was trimmed.
-    let stored: Volume = store
-        .get(&Volume::key_for(&Namespace::default_ns(), "a2"))
-        .await
-        .unwrap();
+    assert_eq!(reader.get(&a1.key()), Some(Arc::new(seen(&a1))));
     assert_eq!(
-        stored.spec.context.get("path").map(String::as_str),
-        Some("/srv/a2")
+        reader.get(&a2.key()).map(|s| s.version),
+        Some(a2.metadata.resource_version)
     );
+    store.delete(&a1.object_key(), None).await.unwrap();
+    match informed(&mut sub).await {
+        Event::Deleted { key, last } => {
+            assert_eq!(key, a1.key());
+            assert_eq!(last, Some(Arc::new(seen(&a1))));
+        }
+        other => panic!("expected a1's deletion, got {other:?}"),
+    }
+    assert!(reader.get(&a1.key()).is_none());
     stop.cancel();
 }
 
 crate::both_stores!(
-    a_trimmed_informer_caches_and_passes_on_objects_as_trimmed,
+    a_projected_informer_caches_and_passes_on_projections,
     a_filtered_informer_caches_and_passes_on_only_what_it_keeps,
     an_informer_s_deletions_carry_the_last_state_from_its_cache,
     lists_then_streams_changes_in_order,

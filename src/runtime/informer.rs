@@ -64,7 +64,7 @@ impl<S: Spec> Informer<Object<S>> {
         indexes: &[reflector::Index<Object<S>>],
         shutdown: CancellationToken,
     ) -> Self {
-        Self::spawn_with(store, scope, indexes, None, None, shutdown)
+        spawn_with(store, scope, indexes, None, Arc::new(|o| o), shutdown)
     }
 
     /// [`Informer::spawn`] that caches and passes on only the objects `keep` holds for
@@ -78,110 +78,136 @@ impl<S: Spec> Informer<Object<S>> {
         keep: Keep<Object<S>>,
         shutdown: CancellationToken,
     ) -> Self {
-        Self::spawn_with(store, scope, &[], Some(keep), None, shutdown)
+        spawn_with(store, scope, &[], Some(keep), Arc::new(|o| o), shutdown)
     }
+}
 
-    /// [`Informer::spawn`] whose cache holds each object as `trim` leaves it: a
-    /// process that only reads a kind drops the fields it never looks at (the
-    /// controller keeps no Mount's paths). Such a cache must never be the base of a
-    /// write, which would lose what was dropped.
-    pub fn spawn_trimmed(
+impl<P: Resource> Informer<P> {
+    /// Watches objects of kind `S` under `scope` and caches each as `project` makes it:
+    /// a process that only reads a kind keeps what its reconcilers read, in a type of
+    /// its own (the controller's Mounts), not the whole decoded object. Subscribers
+    /// get the projections too. A projection is never the base of a write (whatever
+    /// writes the kind reads the object itself).
+    pub fn spawn_projected<S: Spec>(
         store: store::Store,
         scope: KeyScope<S>,
-        trim: fn(&mut Object<S>),
+        project: fn(&Object<S>) -> P,
         shutdown: CancellationToken,
     ) -> Self {
-        Self::spawn_with(store, scope, &[], None, Some(trim), shutdown)
+        let project: Projection<S, P> = Arc::new(move |o| Arc::new(project(&o)));
+        spawn_with(store, scope, &[], None, project, shutdown)
     }
+}
 
-    fn spawn_with(
-        store: store::Store,
-        scope: KeyScope<S>,
-        indexes: &[reflector::Index<Object<S>>],
-        keep: Option<Keep<Object<S>>>,
-        trim: Option<fn(&mut Object<S>)>,
-        shutdown: CancellationToken,
-    ) -> Self {
-        let (reader, mut writer) = reflector::indexed_store::<Object<S>>(indexes);
-        let (tx, _) = broadcast::channel(CAPACITY);
-        let informer = Informer {
-            reader,
-            tx: tx.clone(),
-        };
-        let kind = S::KIND;
-        // A malformed value is reported and skipped here, before the backoff: it is not
-        // a failure of the watch, and must not delay the other objects of its kind.
-        // Without previous values: a deletion's last state comes from the cache.
-        // The cache keeps the last valid object of a key that now holds garbage, marks
-        // the key malformed (`Store::malformed`), and passes that object on again so
-        // the key's reconcilers look at it (its single writer may repair it).
-        let marks = informer.reader.clone();
-        let events = watcher_with::<S>(store, scope, false).filter_map(move |item| {
-            std::future::ready(match item {
-                Err(WatchError::Malformed(e)) => skip_malformed(&marks, kind, &e),
-                other => Some(other),
-            })
-        });
-        let events = backoff(
-            events,
-            Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
-        );
-        let cache = informer.reader.clone();
-        tokio::spawn(async move {
-            tokio::pin!(events);
-            let mut repeats = super::repeats::Repeats::default();
-            loop {
-                let item = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    item = events.next() => item,
-                };
-                let item = match (item, &keep) {
-                    (Some(Ok(event)), Some(keep)) => {
-                        match kept(event, &**keep, |key| cache.get(key).is_some()) {
-                            Some(event) => Some(Ok(event)),
+/// Turns each decoded object into what its cache holds.
+type Projection<S, P> = Arc<dyn Fn(Arc<Object<S>>) -> Arc<P> + Send + Sync>;
+
+/// `event`'s objects as `project` makes them.
+fn projected<S: Spec, P>(event: Event<Object<S>>, project: &Projection<S, P>) -> Event<P> {
+    match event {
+        Event::Restarted(all) => Event::Restarted(all.into_iter().map(|o| project(o)).collect()),
+        Event::Applied(o) => Event::Applied(project(o)),
+        Event::Deleted { key, last } => Event::Deleted {
+            key,
+            last: last.map(|o| project(o)),
+        },
+    }
+}
+
+fn spawn_with<S: Spec, P: Resource>(
+    store: store::Store,
+    scope: KeyScope<S>,
+    indexes: &[reflector::Index<P>],
+    keep: Option<Keep<Object<S>>>,
+    project: Projection<S, P>,
+    shutdown: CancellationToken,
+) -> Informer<P> {
+    let (reader, mut writer) = reflector::indexed_store::<P>(indexes);
+    let (tx, _) = broadcast::channel(CAPACITY);
+    let informer = Informer {
+        reader,
+        tx: tx.clone(),
+    };
+    let kind = S::KIND;
+    // A malformed value is reported and skipped here, before the backoff: it is not
+    // a failure of the watch, and must not delay the other objects of its kind.
+    // Without previous values: a deletion's last state comes from the cache.
+    // The cache keeps the last valid object of a key that now holds garbage, marks
+    // the key malformed (`Store::malformed`), and passes that object on again so
+    // the key's reconcilers look at it (its single writer may repair it).
+    let marks = informer.reader.clone();
+    let events = watcher_with::<S>(store, scope, false).filter_map(move |item| {
+        std::future::ready(match item {
+            Err(WatchError::Malformed(e)) => skip_malformed(&marks, kind, &e).map(Ok),
+            other => Some(other.map(Incoming::Event)),
+        })
+    });
+    let events = backoff(
+        events,
+        Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
+    );
+    let cache = informer.reader.clone();
+    tokio::spawn(async move {
+        tokio::pin!(events);
+        let mut repeats = super::repeats::Repeats::default();
+        loop {
+            let item = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                item = events.next() => item,
+            };
+            let item = match item {
+                // The key's last valid object, passed on again as it is cached.
+                Some(Ok(Incoming::Repass(key))) => match cache.get(&key) {
+                    Some(last) => Some(Ok(Event::Applied(last))),
+                    None => continue,
+                },
+                Some(Ok(Incoming::Event(event))) => {
+                    let event = match &keep {
+                        Some(keep) => match kept(event, &**keep, |key| cache.get(key).is_some()) {
+                            Some(event) => event,
                             None => continue,
-                        }
+                        },
+                        None => event,
+                    };
+                    Some(Ok(projected(event, &project)))
+                }
+                Some(Err(e)) => Some(Err(e)),
+                None => None,
+            };
+            match item {
+                None => return,
+                Some(Ok(mut event)) => {
+                    repeats.clear();
+                    if let Event::Deleted {
+                        key,
+                        last: last @ None,
+                    } = &mut event
+                    {
+                        *last = cache.get(key.as_str());
                     }
-                    (item, _) => item,
-                };
-                match item {
-                    None => return,
-                    Some(Ok(mut event)) => {
-                        repeats.clear();
-                        if let Some(trim) = trim {
-                            trimmed(&mut event, trim);
-                        }
-                        if let Event::Deleted {
-                            key,
-                            last: last @ None,
-                        } = &mut event
-                        {
-                            *last = cache.get(key.as_str());
-                        }
-                        // The cache first, so a consumer woken by the event finds it.
-                        let version = writer.apply(&event);
-                        if matches!(event, Event::Restarted(_)) {
-                            super::metrics::cache_listed(kind, true);
-                        }
-                        // No subscriber yet is fine: they read the cache when they start.
-                        let _ = tx.send(Arc::new((version, event)));
+                    // The cache first, so a consumer woken by the event finds it.
+                    let version = writer.apply(&event);
+                    if matches!(event, Event::Restarted(_)) {
+                        super::metrics::cache_listed(kind, true);
                     }
-                    Some(Err(WatchError::Compacted { .. })) => {
-                        tracing::info!(kind, "watch compacted; relisting");
-                    }
-                    Some(Err(e)) => {
-                        let chain = error_chain(&e);
-                        if repeats.is_new(&chain) {
-                            tracing::warn!(kind, error = %chain, "watch error; retrying on a backoff");
-                        } else {
-                            tracing::debug!(kind, error = %chain, "watch error");
-                        }
+                    // No subscriber yet is fine: they read the cache when they start.
+                    let _ = tx.send(Arc::new((version, event)));
+                }
+                Some(Err(WatchError::Compacted { .. })) => {
+                    tracing::info!(kind, "watch compacted; relisting");
+                }
+                Some(Err(e)) => {
+                    let chain = error_chain(&e);
+                    if repeats.is_new(&chain) {
+                        tracing::warn!(kind, error = %chain, "watch error; retrying on a backoff");
+                    } else {
+                        tracing::debug!(kind, error = %chain, "watch error");
                     }
                 }
             }
-        });
-        informer
-    }
+        }
+    });
+    informer
 }
 
 impl<K: Resource> Informer<K> {
@@ -229,16 +255,6 @@ impl<K: Resource> Informer<K> {
     }
 }
 
-/// `event`'s objects as `trim` leaves them. They were just decoded, so each is changed
-/// in place (a copy only if something else already held one).
-fn trimmed<K: Clone>(event: &mut Event<K>, trim: fn(&mut K)) {
-    match event {
-        Event::Restarted(all) => all.iter_mut().for_each(|o| trim(Arc::make_mut(o))),
-        Event::Applied(o) => trim(Arc::make_mut(o)),
-        Event::Deleted { .. } => {}
-    }
-}
-
 /// Which objects a filtered informer keeps (see [`Informer::spawn_filtered`]).
 pub type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 
@@ -266,13 +282,22 @@ fn kept<K: Resource>(
     }
 }
 
+/// What the watch brings an informer's task.
+enum Incoming<S: Spec> {
+    /// A change, decoded.
+    Event(Event<Object<S>>),
+    /// A key now holding a malformed value: its last valid object in the cache is
+    /// passed on again.
+    Repass(String),
+}
+
 /// Reports a malformed value (once per revision), marks its key in `cache`, and
-/// returns the key's last valid object as an event to pass on, if the cache has one.
-fn skip_malformed<K: Resource>(
+/// returns the key, whose last valid object (if cached) is passed on again.
+fn skip_malformed<S: Spec, K: Resource>(
     cache: &reflector::Store<K>,
     kind: &str,
     e: &store::StoreError,
-) -> Option<Result<Event<K>, WatchError>> {
+) -> Option<Incoming<S>> {
     if first_sighting(e) {
         tracing::warn!(kind, error = %bounded_chain(e), "skipping a malformed value");
         super::metrics::malformed_skipped(kind);
@@ -281,7 +306,7 @@ fn skip_malformed<K: Resource>(
         return None;
     };
     cache.note_malformed(key, *revision);
-    cache.get(key.as_str()).map(|last| Ok(Event::Applied(last)))
+    Some(Incoming::Repass(key.clone()))
 }
 
 /// The (key, revision) pairs of malformed values this process has reported.

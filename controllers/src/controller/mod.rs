@@ -160,14 +160,6 @@ async fn watch_alarms(store: Store, shutdown: CancellationToken) {
     }
 }
 
-/// What the controller never reads of a Mount, which it only reads (its node's agent
-/// writes it): the paths and the usage, over a third of a cached Mount's bytes.
-fn trim_mount(m: &mut Mount) {
-    m.spec.staging_path = None;
-    m.spec.target_path = String::new();
-    m.status.usage = None;
-}
-
 /// Runs the reconcilers while leading.
 async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: CancellationToken) {
     // A cluster whose controller holds the key file says so in etcd, so that a moorctl
@@ -189,8 +181,12 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         stop.clone(),
     );
     let attachments = Informer::<Attachment>::spawn(reads.clone(), KeyScope::all(), stop.clone());
-    let mounts =
-        Informer::<Mount>::spawn_trimmed(reads.clone(), KeyScope::all(), trim_mount, stop.clone());
+    let mounts = Informer::spawn_projected(
+        reads.clone(),
+        KeyScope::all(),
+        context::MountView::of,
+        stop.clone(),
+    );
     let nodes = Informer::<Node>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let plugins = Informer::<Plugin>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let leases = Informer::<Lease>::spawn(reads.clone(), KeyScope::all(), stop.clone());

@@ -22,6 +22,7 @@ use moor::store::StoreError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
+use super::context::MountView;
 use super::Ctx;
 use super::Informers;
 use crate::common::{details, object_ref};
@@ -69,11 +70,11 @@ pub async fn run(
         })
         // Only Mounts that report a condition (VOLUME_CONDITION): the others' writes
         // (every publish step) say nothing about health.
-        .watches(inf.mounts.subscribe(), |m: &Mount| {
-            if m.status.condition.is_none() {
+        .watches(inf.mounts.subscribe(), |m: &MountView| {
+            if m.condition.is_none() {
                 return Vec::new();
             }
-            vec![Volume::key_for(&m.metadata.namespace, &m.spec.volume).into_string()]
+            vec![Volume::key_for(&m.namespace, &m.volume).into_string()]
         })
         .run(
             move |key| {
@@ -261,7 +262,7 @@ fn nodes_health(ctx: &Ctx, vol: &Volume) -> Option<(bool, String)> {
         .filter_map(|c| {
             let claim = Claim::key_for(&c.node, ns, &c.claim);
             let m = ctx.mounts.get(&Mount::key_for(&claim))?;
-            let cond = m.status.condition.as_ref().filter(|h| h.abnormal)?;
+            let cond = m.condition.as_ref().filter(|h| h.abnormal)?;
             Some(format!("node {}: {}", c.node, cond.message))
         })
         .collect();

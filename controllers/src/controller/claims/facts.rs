@@ -68,10 +68,10 @@ pub(super) async fn revoked_event(ctx: &Ctx, claim: &Claim, why: &str) {
 }
 
 /// The Mount the claim's node agent keeps for this very claim (same uid), if any.
-pub(super) fn claim_mount(ctx: &Ctx, claim: &Claim) -> Option<Arc<Mount>> {
+pub(super) fn claim_mount(ctx: &Ctx, claim: &Claim) -> Option<Arc<MountView>> {
     ctx.mounts
         .get(&Mount::key_for(&claim.object_key()))
-        .filter(|m| m.spec.claim_uid == claim.metadata.uid)
+        .filter(|m| m.serves(&claim.metadata.uid))
 }
 
 /// Whether `node` has been gone longer than `--node-gc-timeout` (never without one).

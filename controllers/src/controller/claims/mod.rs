@@ -38,7 +38,7 @@ use facts::{attachment_needed_by_others, claim_mount, node_done, revoked_event, 
 use publish::{attachment_state, create_attachment, publish, waiting_for_node, Attach, AttachTodo};
 use release::{node_gc_ticks, release, released_frees, waiting_for_unpublish};
 
-use super::context::waiting_index;
+use super::context::{waiting_index, MountView};
 use super::plan::{self, AttachPlan, NodeDone};
 use super::{volume_index, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use crate::common::{details, object_ref};
@@ -88,8 +88,8 @@ pub async fn run(
                 })
                 .collect()
         })
-        .watches(inf.mounts.subscribe(), |m: &Mount| {
-            vec![Mount::claim_key(&m.object_key()).into_string()]
+        .watches(inf.mounts.subscribe(), |m: &MountView| {
+            vec![m.claim_key().into_string()]
         })
         .watches(inf.attachments.subscribe(), move |a: &Attachment| {
             by_volume(

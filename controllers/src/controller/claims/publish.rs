@@ -147,11 +147,11 @@ pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreErr
         Attach::Revoke(why) => return revoke(ctx, claim, &why).await,
     };
     let mount = claim_mount(ctx, claim);
-    let published = mount.as_ref().is_some_and(|m| m.status.published);
-    let node_error = mount
+    let published = mount.as_ref().is_some_and(|m| m.published);
+    let node_error = mount.as_ref().and_then(|m| m.last_error().cloned());
+    let node_retry = mount
         .as_ref()
-        .and_then(|m| m.status.meta.last_error.clone());
-    let node_retry = mount.as_ref().and_then(|m| m.status.meta.retry.clone());
+        .and_then(|m| m.retry().cloned().map(Box::new));
     let mirror = |st: &mut ClaimStatus| {
         if published {
             st.phase = ClaimPhase::Published;

@@ -121,12 +121,7 @@ async fn node_side(ctx: &Ctx, claim: &Claim) -> Result<Option<Action>, StoreErro
             let why = waiting_for_unpublish(claim);
             // The node's failing step, as its Mount shows it.
             let (error, retry) = claim_mount(ctx, claim)
-                .map(|m| {
-                    (
-                        m.status.meta.last_error.clone(),
-                        m.status.meta.retry.clone(),
-                    )
-                })
+                .map(|m| (m.last_error().cloned(), m.retry().cloned().map(Box::new)))
                 .unwrap_or_default();
             set_status(ctx, claim, |st| {
                 st.phase = ClaimPhase::Releasing;

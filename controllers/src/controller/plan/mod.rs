@@ -17,6 +17,8 @@ pub use allocation::{liveness, Liveness};
 use moor::api::*;
 use std::time::Duration;
 
+use super::context::MountView;
+
 /// Where a claim stands on the controller-publish step, and what to do about it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttachPlan {
@@ -220,7 +222,7 @@ pub struct NodeInputs<'a> {
     /// The claim.
     pub claim: &'a Claim,
     /// Its Mount, if any.
-    pub mount: Option<&'a Mount>,
+    pub mount: Option<&'a MountView>,
     /// Its volume, if any.
     pub volume: Option<&'a Volume>,
     /// Whether the claim's node has a Node object now (its agent renews it).
@@ -236,9 +238,9 @@ pub struct NodeInputs<'a> {
 /// (never granted, never withdrawn), or the node's Mount of this very claim says it
 /// was released and torn down. A claim released without its node (force-detach, the
 /// node GC timeout) is not, until the node comes back and says so.
-pub fn node_confirmed(claim: &Claim, mount: Option<&Mount>) -> bool {
+pub fn node_confirmed(claim: &Claim, mount: Option<&MountView>) -> bool {
     (!claim.spec.publish && !claim.spec.revoked)
-        || mount.is_some_and(|m| m.spec.claim_uid == claim.metadata.uid && m.status.released)
+        || mount.is_some_and(|m| m.serves(&claim.metadata.uid) && m.released)
 }
 
 /// The node side of a release. The reasons carry no value that changes from one pass
@@ -251,7 +253,7 @@ pub fn node_done(i: &NodeInputs) -> NodeDone {
     }
     let acked = i
         .mount
-        .is_some_and(|m| m.spec.claim_uid == claim.metadata.uid && m.status.released);
+        .is_some_and(|m| m.serves(&claim.metadata.uid) && m.released);
     if acked {
         return NodeDone::Agent;
     }
@@ -692,12 +694,14 @@ mod tests {
             },
         );
         m.status.released = true;
+        let view = MountView::of(&m);
         let mut i = node_inputs(&c, None);
-        i.mount = Some(&m);
+        i.mount = Some(&view);
         assert_eq!(node_done(&i), NodeDone::No);
         m.spec.claim_uid = "u1".into();
+        let view = MountView::of(&m);
         let mut i = node_inputs(&c, None);
-        i.mount = Some(&m);
+        i.mount = Some(&view);
         assert_eq!(node_done(&i), NodeDone::Agent);
     }
 
