@@ -172,7 +172,7 @@ where
         plugin,
         &claim.metadata.namespace,
         spec,
-        claim.metadata.uid.as_str(),
+        &claim.metadata.uid,
         node_claims,
     )?;
     let reachable = &volume.status.provisioning.accessible_topology;
@@ -203,7 +203,7 @@ fn room<I>(
     plugin: &NodePluginStatus,
     ns: &Namespace,
     spec: &ClaimSpec,
-    uid: &str,
+    uid: &Uid,
     node_claims: impl FnOnce() -> I,
 ) -> Result<(), Verdict>
 where
@@ -214,7 +214,7 @@ where
         let mut in_use: Vec<(Namespace, VolumeId)> = node_claims()
             .into_iter()
             .filter(|c| {
-                c.metadata.uid != uid
+                c.metadata.uid != *uid
                     && c.spec.plugin_id == spec.plugin_id
                     && c.status.phase.is_live()
                     && !(&c.metadata.namespace == ns && c.spec.volume == spec.volume)
@@ -383,7 +383,7 @@ where
         volume: VolumeId::new(name).unwrap_or_default(),
         ..Default::default()
     };
-    room(plugin, ns, &claim, "", node_claims)?;
+    room(plugin, ns, &claim, &Uid::default(), node_claims)?;
     let segment = plugin.topology.clone().unwrap_or_default();
     if let (Some(min), Some(entries)) = (capacity_min, capacity) {
         // The node's own segment's report, else the plugin's as a whole.
@@ -665,7 +665,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        c.metadata.uid = format!("u-{name}");
+        c.metadata.uid = format!("u-{name}").into();
         c
     }
 

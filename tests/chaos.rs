@@ -299,7 +299,7 @@ impl Chaos {
         self.volumes.insert(
             name,
             Vol {
-                uid: created.metadata.uid.clone(),
+                uid: created.metadata.uid.to_string(),
                 mode,
                 deleted: false,
             },

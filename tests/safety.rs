@@ -34,7 +34,7 @@ async fn ready_cluster(nodes: usize, opts: PluginOpts) -> Cluster {
 }
 
 /// The attachment (uid) the claim of `alloc` on `node` is granted on.
-async fn granted_on(c: &Cluster, alloc: &str, node: &str) -> Option<String> {
+async fn granted_on(c: &Cluster, alloc: &str, node: &str) -> Option<Uid> {
     c.claim(alloc, node).await.and_then(|cl| cl.spec.attachment)
 }
 

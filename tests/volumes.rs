@@ -1506,7 +1506,10 @@ async fn get_capacity_is_recorded_and_a_volume_that_fits_nowhere_is_not_created(
         .node("n1")
         .calls()
         .into_iter()
-        .filter(|k| k.rpc == "CreateVolume" && k.name.as_deref() == Some(big.metadata.uid.as_str()))
+        .filter(|k| {
+            k.rpc == "CreateVolume"
+                && k.name.as_deref() == Some(big.metadata.uid.to_string().as_str())
+        })
         .count();
     assert_eq!(creates, 0, "never called while it cannot fit");
 

@@ -123,7 +123,7 @@ impl Events {
                 Ok(Event::Applied(obj)) => vec![serde_json::to_value(&*obj)?],
                 Ok(Event::Restarted(objs)) => objs
                     .iter()
-                    .filter(|o| !seen.contains(&o.metadata.uid))
+                    .filter(|o| !seen.contains(&o.metadata.uid.to_string()))
                     .map(|o| serde_json::to_value(&**o))
                     .collect::<Result<_, _>>()?,
                 Ok(Event::Deleted { .. }) => continue,

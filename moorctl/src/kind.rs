@@ -97,7 +97,7 @@ pub async fn find_key(
 pub async fn delete(ctx: &Ctx, kind: Kind, key: &str) -> anyhow::Result<Vec<String>> {
     with_spec!(kind, S => match ctx.store.delete(&ObjectKey::<S>::parse(key)?, None).await? {
         Deleted::Gone => Ok(Vec::new()),
-        Deleted::Finalizing(obj) => Ok(obj.metadata.finalizers.clone()),
+        Deleted::Finalizing(obj) => Ok(obj.metadata.finalizers.iter().map(|f| f.to_string()).collect()),
     })
 }
 

@@ -92,7 +92,7 @@ impl Plan {
                         Name::new(name.as_str()).unwrap_or_default(),
                         NodeSpec {},
                     );
-                    n.metadata.uid.clear();
+                    n.metadata.uid = Default::default();
                     n
                 })]
             }

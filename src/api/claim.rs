@@ -64,7 +64,7 @@ pub struct ClaimSpec {
     /// attachment it stands on: what it staged or published under another one was done
     /// on a device that has since been detached, and is torn down first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attachment: Option<String>,
+    pub attachment: Option<Uid>,
     /// Set when the controller withdrew `publish` because the attachment it stood on
     /// was force-detached (a node collected after `--node-gc-timeout`, or `moorctl
     /// volume detach`): the node may have acted under the withdrawn grant, so a release
@@ -92,7 +92,7 @@ pub struct ClaimSpec {
     /// The uid of the volume admitted (absent on claims admitted by earlier versions):
     /// what a node's force-detach declarations are matched on ([`Declarations`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub volume_uid: Option<String>,
+    pub volume_uid: Option<Uid>,
 }
 
 impl ClaimSpec {

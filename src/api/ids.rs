@@ -162,6 +162,18 @@ impl Term {
 
 interned_text!(Term);
 
+impl From<&str> for Term {
+    fn from(s: &str) -> Self {
+        Term::new(s)
+    }
+}
+
+impl From<String> for Term {
+    fn from(s: String) -> Self {
+        Term::new(&s)
+    }
+}
+
 impl std::ops::Deref for Term {
     type Target = str;
     fn deref(&self) -> &str {

@@ -13,6 +13,7 @@
 //! - `kinds`: the registry of kinds (`for_each_kind!`, `Kind`, `with_spec!`).
 //! - `key`: typed object keys and key scopes, built only here.
 //! - `ids`: the id newtypes, interned process-wide.
+//! - `uid`: object uids, held as a UUID's 16 bytes.
 //! - `modes`: access and attachment modes, and the claim rules that follow from them.
 //! - `mounting`: mount options, redacted mount flags, what a node observes of a volume.
 //! - `template`: volumes made for the workload (an allocation's request templates).
@@ -50,6 +51,7 @@ mod status;
 mod strmap;
 mod template;
 mod topology;
+mod uid;
 mod unknown;
 mod validation;
 mod volume;
@@ -77,6 +79,7 @@ pub use status::*;
 pub use strmap::*;
 pub use template::*;
 pub use topology::*;
+pub use uid::Uid;
 pub use unknown::{Step as UnknownStep, UnknownFields};
 pub use validation::*;
 pub use volume::*;
@@ -194,8 +197,8 @@ pub struct ObjectMeta {
     #[serde(default, skip_serializing_if = "Namespace::is_empty")]
     pub namespace: Namespace,
     /// Set by the store at creation; never reused.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub uid: String,
+    #[serde(default, skip_serializing_if = "Uid::is_empty")]
+    pub uid: Uid,
     /// The etcd `mod_revision` the object was read at; not stored in the value.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resource_version: i64,
@@ -214,7 +217,7 @@ pub struct ObjectMeta {
         deserialize_with = "crate::api::tight_vec",
         skip_serializing_if = "Vec::is_empty"
     )]
-    pub finalizers: Vec<String>,
+    pub finalizers: Vec<Term>,
     /// Set when deletion was requested while finalizers remained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_timestamp: Option<Timestamp>,
@@ -222,7 +225,7 @@ pub struct ObjectMeta {
     /// carried on to its Attachment and Mount; see `moor::telemetry`). Absent when the
     /// controller exports no traces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trace: Option<String>,
+    pub trace: Option<Box<str>>,
 }
 
 /// Deserializes a list into a vector of exactly its length. Decoding grows a vector as
@@ -243,34 +246,78 @@ pub(crate) fn is_zero(n: &i64) -> bool {
     *n == 0
 }
 
-/// `apiVersion` and `kind`: every cached object carries both, so the values moor knows
-/// are borrowed from the binary instead of allocated per object.
-pub type Word = std::borrow::Cow<'static, str>;
-
-fn default_api_version() -> Word {
-    Word::Borrowed(API_VERSION)
+/// `apiVersion` or `kind` as read. Every cached object carries both, and validation
+/// accepts only the one value each position may hold (`moor/v1`, the kind's name), so
+/// that value is not held at all: `Word::Expected` costs 8 bytes and no allocation. A
+/// manifest's other text is kept for validation to report; an empty `kind` is filled
+/// in by `apply_defaults`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Word {
+    /// The value this position must hold.
+    #[default]
+    Expected,
+    /// Anything else, as read.
+    Other(Box<String>),
 }
 
-/// Reads a [`Word`]: [`API_VERSION`] or a kind's name without allocating, anything else
-/// (which validation then reports) as read.
-fn word<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Word, D::Error> {
-    struct Visitor;
-    impl serde::de::Visitor<'_> for Visitor {
+impl Word {
+    /// The text, `expected` standing for [`Word::Expected`].
+    pub fn as_str<'a>(&'a self, expected: &'a str) -> &'a str {
+        match self {
+            Word::Expected => expected,
+            Word::Other(s) => s,
+        }
+    }
+
+    /// Whether it was read empty (a manifest left it out).
+    fn is_empty(&self) -> bool {
+        matches!(self, Word::Other(s) if s.is_empty())
+    }
+}
+
+/// Reads `apiVersion`: [`API_VERSION`] as [`Word::Expected`].
+fn api_version_word<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Word, D::Error> {
+    read_word(d, API_VERSION)
+}
+
+/// Reads a kind's name: `S::KIND` as [`Word::Expected`].
+struct KindWord<S>(std::marker::PhantomData<S>);
+
+impl<S: Spec> KindWord<S> {
+    fn read<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Word, D::Error> {
+        read_word(d, S::KIND)
+    }
+
+    fn write<Z: serde::Serializer>(w: &Word, s: Z) -> Result<Z::Ok, Z::Error> {
+        s.serialize_str(w.as_str(S::KIND))
+    }
+}
+
+fn write_api_version<Z: serde::Serializer>(w: &Word, s: Z) -> Result<Z::Ok, Z::Error> {
+    s.serialize_str(w.as_str(API_VERSION))
+}
+
+fn read_word<'de, D: serde::Deserializer<'de>>(d: D, expected: &str) -> Result<Word, D::Error> {
+    struct Visitor<'a>(&'a str);
+    impl serde::de::Visitor<'_> for Visitor<'_> {
         type Value = Word;
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a string")
         }
         fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Word, E> {
-            if v == API_VERSION {
-                return Ok(Word::Borrowed(API_VERSION));
-            }
-            Ok(match Kind::ALL.iter().find(|k| k.name() == v) {
-                Some(k) => Word::Borrowed(k.name()),
-                None => Word::Owned(v.to_string()),
+            Ok(if v == self.0 {
+                Word::Expected
+            } else {
+                Word::Other(Box::new(v.to_string()))
             })
         }
     }
-    d.deserialize_str(Visitor)
+    d.deserialize_str(Visitor(expected))
+}
+
+/// An absent `kind`: read as empty, so that `apply_defaults` fills it in.
+fn absent_kind() -> Word {
+    Word::Other(Box::default())
 }
 
 /// A resource: `{apiVersion, kind, metadata, spec, status}`.
@@ -280,12 +327,17 @@ pub struct Object<S: Spec> {
     /// Always `moor/v1`.
     #[serde(
         rename = "apiVersion",
-        default = "default_api_version",
-        deserialize_with = "word"
+        default,
+        deserialize_with = "api_version_word",
+        serialize_with = "write_api_version"
     )]
     pub api_version: Word,
     /// The kind's name; filled in when empty.
-    #[serde(default, deserialize_with = "word")]
+    #[serde(
+        default = "absent_kind",
+        deserialize_with = "KindWord::<S>::read",
+        serialize_with = "KindWord::<S>::write"
+    )]
     pub kind: Word,
     /// Identity and bookkeeping.
     pub metadata: ObjectMeta,
@@ -304,8 +356,8 @@ impl<S: Spec> Object<S> {
     /// A new object with an empty status; `namespace` is ignored for cluster-wide kinds.
     pub fn new(namespace: &Namespace, name: Name, spec: S) -> Self {
         let mut obj = Object {
-            api_version: Word::Borrowed(API_VERSION),
-            kind: Word::Borrowed(S::KIND),
+            api_version: Word::Expected,
+            kind: Word::Expected,
             metadata: ObjectMeta {
                 name,
                 namespace: namespace.clone(),
@@ -322,10 +374,10 @@ impl<S: Spec> Object<S> {
     /// Fills what a manifest may leave out: kind, apiVersion, the `default` namespace.
     pub fn apply_defaults(&mut self) {
         if self.kind.is_empty() {
-            self.kind = Word::Borrowed(S::KIND);
+            self.kind = Word::Expected;
         }
         if self.api_version.is_empty() {
-            self.api_version = Word::Borrowed(API_VERSION);
+            self.api_version = Word::Expected;
         }
         if S::NAMESPACED && self.metadata.namespace.is_empty() {
             self.metadata.namespace = Namespace::default_ns();
@@ -348,17 +400,13 @@ impl<S: Spec> Object<S> {
     /// Checks the whole object and reports every problem at once.
     pub fn validate(&self) -> Result<(), ValidationErrors> {
         let mut errors = ValidationErrors::default();
-        if self.api_version != API_VERSION {
-            errors.push(
-                "apiVersion",
-                format!("is {:?}; expected {API_VERSION:?}", self.api_version),
-            );
+        if let Word::Other(v) = &self.api_version {
+            errors.push("apiVersion", format!("is {v:?}; expected {API_VERSION:?}"));
         }
-        if !self.kind.is_empty() && self.kind != S::KIND {
-            errors.push(
-                "kind",
-                format!("is {:?}; expected {:?}", self.kind, S::KIND),
-            );
+        if let Word::Other(v) = &self.kind {
+            if !v.is_empty() {
+                errors.push("kind", format!("is {v:?}; expected {:?}", S::KIND));
+            }
         }
         errors.check_id("metadata.name", self.metadata.name.validate());
         check_labels(&self.metadata.labels, &mut errors);

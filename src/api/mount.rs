@@ -24,7 +24,7 @@ pub struct MountSpec {
     /// The uid of the claim this mount serves: a claim deleted and made again under
     /// the same name is another claim.
     #[serde(default)]
-    pub claim_uid: String,
+    pub claim_uid: Uid,
     /// Host path of the staging directory, when the plugin stages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staging_path: Option<String>,

@@ -77,7 +77,7 @@ pub struct MadeFor {
     pub allocation: Name,
     /// The allocation's uid when it was made (an allocation made again under the same
     /// name is another allocation).
-    pub allocation_uid: String,
+    pub allocation_uid: Uid,
     /// The request.
     pub request: Name,
     /// Ephemeral or retain.

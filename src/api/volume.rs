@@ -137,7 +137,7 @@ pub struct Declarations {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Declaration {
     /// The volume's uid (a volume made again under the same name is another volume).
-    pub uid: String,
+    pub uid: Uid,
     /// The volume generation the declaration made (its `spec.force_detach` entry).
     pub generation: i64,
 }
@@ -509,7 +509,7 @@ mod tests {
                 ClaimSpec {
                     volume: VolumeId::new(volume).unwrap(),
                     volume_generation: generation,
-                    volume_uid: uid.map(str::to_string),
+                    volume_uid: uid.map(Uid::new),
                     ..Default::default()
                 },
             )

@@ -102,7 +102,7 @@ pub fn create_volume(
             .unwrap_or_default()
     };
     Ok(v1::CreateVolumeRequest {
-        name: volume.metadata.uid.clone(),
+        name: volume.metadata.uid.to_string(),
         capacity_range: (spec.capacity_min.is_some() || spec.capacity_max.is_some()).then(|| {
             v1::CapacityRange {
                 required_bytes: bytes(spec.capacity_min),
@@ -245,7 +245,7 @@ pub fn create_snapshot(
 ) -> Result<v1::CreateSnapshotRequest, SealedSecrets> {
     Ok(v1::CreateSnapshotRequest {
         source_volume_id: source.to_string(),
-        name: snap.metadata.uid.clone(),
+        name: snap.metadata.uid.to_string(),
         secrets: snapshot_secrets(snap, volume)?,
         parameters: snap.spec.parameters.clone(),
     })

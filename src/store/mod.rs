@@ -465,7 +465,7 @@ impl Store {
     fn prepared_for_create<S: Spec>(obj: &Object<S>) -> Result<Object<S>, StoreError> {
         let mut obj = obj.clone();
         obj.apply_defaults();
-        obj.metadata.uid = uuid::Uuid::new_v4().to_string();
+        obj.metadata.uid = crate::api::Uid::random();
         obj.metadata.generation = 1;
         obj.metadata.creation_timestamp = Some(Timestamp::now());
         obj.metadata.deletion_timestamp = None;

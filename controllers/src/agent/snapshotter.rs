@@ -218,7 +218,7 @@ impl Snapshotter {
             Step::Nothing | Step::WaitForVolume => Ok(Action::AwaitChange),
             Step::AddFinalizer => {
                 let mut s = (*snap).clone();
-                s.metadata.finalizers.push(FINALIZER.to_string());
+                s.metadata.finalizers.push(FINALIZER.into());
                 self.ctx.writer.replace(&s).await?;
                 Ok(Action::AwaitChange)
             }

@@ -178,7 +178,12 @@ pub fn same_grant(done_under: Option<&str>, granted: Option<&str>, revoked: bool
 pub fn on_grant(attachment: Option<&str>, context: Option<&StrMap>, claim: &Claim) -> bool {
     same_grant(
         attachment,
-        claim.spec.attachment.as_deref(),
+        claim
+            .spec
+            .attachment
+            .as_ref()
+            .map(Uid::to_string)
+            .as_deref(),
         claim.spec.revoked,
     ) && context.is_none_or(|c| *c == claim.spec.publish_context)
 }

@@ -248,7 +248,7 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
             claim.spec.node.as_str(),
             None,
         );
-        claim.metadata.trace = moor::telemetry::traceparent(&root);
+        claim.metadata.trace = moor::telemetry::traceparent(&root).map(Into::into);
         match ctx.writer.create(&claim).await {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
             Err(e) => return Err(e),

@@ -320,7 +320,7 @@ pub struct MountView {
     /// The moor volume.
     pub volume: VolumeId,
     /// The uid of the claim served.
-    pub claim_uid: Box<str>,
+    pub claim_uid: Uid,
     /// The revision the Mount was read at.
     pub resource_version: i64,
     /// NodePublish succeeded.
@@ -357,7 +357,7 @@ impl MountView {
             claim: m.spec.claim.clone(),
             node: m.spec.node.clone(),
             volume: m.spec.volume.clone(),
-            claim_uid: m.spec.claim_uid.as_str().into(),
+            claim_uid: m.spec.claim_uid.clone(),
             resource_version: m.metadata.resource_version,
             published: m.status.published,
             released: m.status.released,
@@ -367,8 +367,8 @@ impl MountView {
     }
 
     /// Whether it serves the claim of uid `uid` (not an earlier claim of that name).
-    pub fn serves(&self, uid: &str) -> bool {
-        *self.claim_uid == *uid
+    pub fn serves(&self, uid: &Uid) -> bool {
+        self.claim_uid == *uid
     }
 
     /// The key of the claim it serves.

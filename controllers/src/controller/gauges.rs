@@ -38,7 +38,7 @@ struct Seen {
     pass: bool,
 }
 
-fn uid_hash(uid: &str) -> u64 {
+fn uid_hash(uid: &Uid) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
     uid.hash(&mut h);

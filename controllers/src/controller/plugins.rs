@@ -221,7 +221,7 @@ fn instances(
                 plugin_type: s.plugin_type,
                 healthy: s.healthy,
                 message: s.health_message.clone(),
-                node_uid: n.metadata.uid.clone(),
+                node_uid: n.metadata.uid.to_string(),
                 topology: s.topology.clone().filter(|t| !t.is_empty()),
             };
             (name, inst)

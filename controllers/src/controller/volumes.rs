@@ -116,7 +116,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
         }
         Next::AddFinalizer => {
             let mut v = (*vol).clone();
-            v.metadata.finalizers.push(FINALIZER.to_string());
+            v.metadata.finalizers.push(FINALIZER.into());
             ctx.writer.replace(&v).await?;
             return Ok(Action::AwaitChange);
         }
@@ -293,7 +293,7 @@ mod tests {
             Name::new("v1").unwrap(),
             VolumeSpec::default(),
         );
-        v.metadata.finalizers.push(FINALIZER.to_string());
+        v.metadata.finalizers.push(FINALIZER.into());
         v.status.provisioning.external_id = Some(ExternalVolumeId::new("ext-1").unwrap());
         v
     }

@@ -100,7 +100,7 @@ impl Reconcile {
         key: &ObjectKey<MountSpec>,
         (namespace, claim): (&Namespace, &Name),
         spec: MountSpec,
-        trace: Option<String>,
+        trace: Option<Box<str>>,
         status: impl FnOnce(Option<&Mount>) -> MountStatus,
     ) -> Result<(), NodeError> {
         let current = self.writer.fresh(&self.mounts, key).await?;

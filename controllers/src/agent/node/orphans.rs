@@ -135,7 +135,7 @@ impl Reconcile {
         };
         let spec = MountSpec {
             claim: rec.claim.clone(),
-            claim_uid: rec.claim_uid.clone(),
+            claim_uid: Uid::new(&rec.claim_uid),
             allocation: rec.allocation.clone(),
             volume: rec.volume.clone(),
             node: self.r.node.clone(),
@@ -220,11 +220,11 @@ impl Reconcile {
         claim: &Claim,
     ) -> Result<PublishRecord, NodeError> {
         let adopted = PublishRecord {
-            claim_uid: claim.metadata.uid.clone(),
+            claim_uid: claim.metadata.uid.to_string(),
             namespace: claim.metadata.namespace.clone(),
             claim: claim.metadata.name.clone(),
             allocation: claim.spec.allocation.clone(),
-            attachment: claim.spec.attachment.clone(),
+            attachment: claim.spec.attachment.as_ref().map(Uid::to_string),
             publish_context: Some(claim.spec.publish_context.clone()),
             made_for: made_for(claim),
             orphaned: None,
@@ -234,7 +234,7 @@ impl Reconcile {
             s.publishes.remove(from);
             s.publishes.insert(to.to_string(), adopted.clone());
             if let Some(st) = rec.staging_path.as_ref().and_then(|p| s.stages.get_mut(p)) {
-                st.attachment = claim.spec.attachment.clone();
+                st.attachment = claim.spec.attachment.as_ref().map(Uid::to_string);
                 st.publish_context = Some(claim.spec.publish_context.clone());
             }
         })

@@ -44,7 +44,7 @@ fn new_record(
     stages: bool,
 ) -> PublishRecord {
     PublishRecord {
-        claim_uid: claim.metadata.uid.clone(),
+        claim_uid: claim.metadata.uid.to_string(),
         namespace: claim.metadata.namespace.clone(),
         claim: claim.metadata.name.clone(),
         allocation: claim.spec.allocation.clone(),
@@ -56,7 +56,7 @@ fn new_record(
         step: Step::Absent,
         released: false,
         expanded_bytes: None,
-        attachment: claim.spec.attachment.clone(),
+        attachment: claim.spec.attachment.as_ref().map(Uid::to_string),
         publish_context: Some(claim.spec.publish_context.clone()),
         made_for: super::orphans::made_for(claim),
         orphaned: None,
@@ -117,7 +117,7 @@ impl Reconcile {
         for &action in &actions[..current] {
             match (action, rec.staging_path.as_deref()) {
                 (plan::Action::Unstage, Some(staging)) => {
-                    self.unstage(&cfg, key, &rec, staging, &claim.metadata.uid)
+                    self.unstage(&cfg, key, &rec, staging, &claim.metadata.uid.to_string())
                         .await?
                 }
                 (plan::Action::WaitForStaging, Some(staging)) => {
@@ -281,7 +281,7 @@ impl Reconcile {
     ) -> Result<(), NodeError> {
         const STEP: &str = "NodeExpandVolume";
         let (key, claim, rec) = (pass.key, pass.v.claim, pass.rec);
-        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
+        let inputs = self.inputs(&claim.metadata.uid.to_string(), claim.metadata.generation);
         let step = self.begin(key, STEP, inputs)?;
         let staging = rec
             .staging_path
@@ -380,12 +380,12 @@ impl Reconcile {
             plugin_id: cfg.id.clone(),
             external_id: v.volume_id.clone(),
             step: Step::Uncertain,
-            attachment: claim.spec.attachment.clone(),
+            attachment: claim.spec.attachment.as_ref().map(Uid::to_string),
             publish_context: Some(claim.spec.publish_context.clone()),
         };
         let req = requests::node_stage(v, &path_str(&plugin_path(cfg, staging)));
         let csi = self.forward_csi(cfg, pass.term)?;
-        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
+        let inputs = self.inputs(&claim.metadata.uid.to_string(), claim.metadata.generation);
         let before = current.map_or(Step::Absent, |c| c.step);
         let mark = |s: &mut LocalState, step: Step| {
             if step == Step::Absent {
@@ -474,7 +474,7 @@ impl Reconcile {
             .map(|s| path_str(&plugin_path(cfg, s)));
         let req = requests::node_publish(v, staging.as_deref(), &path_str(&paths.target_plugin));
         let csi = self.forward_csi(cfg, pass.term)?;
-        let inputs = self.inputs(&claim.metadata.uid, claim.metadata.generation);
+        let inputs = self.inputs(&claim.metadata.uid.to_string(), claim.metadata.generation);
         let mark = |s: &mut LocalState, step: Step| {
             if let Some(p) = s.publishes.get_mut(key) {
                 p.step = step;

@@ -172,7 +172,7 @@ impl Provisioner {
             Step::Validate => self.validate(&vol).await,
             Step::AddFinalizer => {
                 let mut v = (*vol).clone();
-                v.metadata.finalizers.push(FINALIZER.to_string());
+                v.metadata.finalizers.push(FINALIZER.into());
                 self.ctx.writer.replace(&v).await?;
                 Ok(Action::AwaitChange)
             }
@@ -412,7 +412,7 @@ impl Provisioner {
             self.ctx.steps.forget(&key);
             self.ctx
                 .monitor
-                .forget_created(&self.ctx.plugin.id, &vol.metadata.uid);
+                .forget_created(&self.ctx.plugin.id, &vol.metadata.uid.to_string());
             self.event(
                 vol,
                 "Volume deleted",
@@ -538,7 +538,7 @@ mod tests {
             Name::new("v1").unwrap(),
             VolumeSpec::default(),
         );
-        v.metadata.finalizers = finalizers.iter().map(|f| f.to_string()).collect();
+        v.metadata.finalizers = finalizers.iter().map(|f| Term::new(f)).collect();
         v.metadata.deletion_timestamp = Some(Timestamp::now());
         v.status.provisioning.phase = phase;
         v.status.provisioning.external_id = ext.map(|e| ExternalVolumeId::new(e).unwrap());

@@ -208,7 +208,7 @@ mod tests {
             Some("ext-1")
         );
         assert_eq!(c.spec.volume_generation, Some(7));
-        assert_eq!(c.spec.volume_uid.as_deref(), Some("vuid"));
+        assert_eq!(c.spec.volume_uid, Some(Uid::new("vuid")));
         assert_eq!(c.status.phase, ClaimPhase::Admitted);
         // The plugin's context wins over the declared one, key by key.
         assert_eq!(

@@ -35,8 +35,7 @@ impl Grant {
     pub fn held_by(&self, c: &Claim) -> bool {
         c.spec.publish
             && c.spec.publish_context == self.context
-            && c.spec.attachment.as_deref()
-                == self.attachment.as_ref().map(|a| a.metadata.uid.as_str())
+            && c.spec.attachment.as_ref() == self.attachment.as_ref().map(|a| &a.metadata.uid)
     }
 }
 

@@ -315,7 +315,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        v.metadata.uid = format!("uid-{name}");
+        v.metadata.uid = format!("uid-{name}").into();
         Arc::new(v)
     }
 

@@ -25,7 +25,7 @@ pub enum AttachPlan {
     /// The plugin needs no ControllerPublish, or the volume is attached in a way that
     /// covers the claim: the node may act, with this publish context, on the grant of
     /// this attachment (its uid; none when no ControllerPublish is needed).
-    Ready(StrMap, Option<String>),
+    Ready(StrMap, Option<Uid>),
     /// The claim was let onto the node on an attachment that is gone, detaching, or
     /// replaced by another (a force-detach: the node was collected or an operator
     /// detached it): the node's permission is withdrawn before anything else happens,
@@ -508,7 +508,7 @@ mod tests {
     fn granted_on(uid: Option<&str>) -> Claim {
         let mut c = claim(ClaimMode::Read, AccessMode::SingleNodeWriter);
         c.spec.publish = true;
-        c.spec.attachment = uid.map(str::to_string);
+        c.spec.attachment = uid.map(Uid::new);
         c
     }
 
