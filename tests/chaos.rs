@@ -1119,11 +1119,11 @@ impl Chaos {
             .iter()
             .filter(|e| e.spec.reason == "Node steps skipped")
         {
-            let Some(at) = e.spec.series.as_ref().map(|s| s.first_time.0).or(e
+            let Some(at) = e.spec.series.as_ref().map(|s| s.first_time.system()).or(e
                 .spec
                 .time
                 .as_ref()
-                .map(|t| t.0))
+                .map(|t| t.system()))
             else {
                 continue;
             };

@@ -735,6 +735,10 @@ async fn a_workload_whose_runner_and_guard_were_killed_is_ended_by_the_agent() {
     }
     c.wait_claim("k9", "n2", ClaimPhase::Released, T).await;
     let claim = c.claim("k9", "n2").await.unwrap();
-    assert_eq!(claim.spec.workload_cgroup, recorded, "copied at release");
+    assert_eq!(
+        claim.spec.workload_cgroup.as_deref(),
+        recorded.as_deref(),
+        "copied at release"
+    );
     c.check_calls(true);
 }

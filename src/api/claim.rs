@@ -83,7 +83,7 @@ pub struct ClaimSpec {
     /// sets `release`: the node's agent kills what is left in it before NodeUnpublish
     /// (`moor::workload::cgroup`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workload_cgroup: Option<String>,
+    pub workload_cgroup: Option<Box<str>>,
     /// The volume's generation when the claim was admitted, or when a force-detach
     /// withdrew its grant (an operator's force detach applies only to claims admitted,
     /// or withdrawn, before it).
@@ -200,7 +200,7 @@ pub struct ClaimStatus {
     pub phase: ClaimPhase,
     /// Why it is denied or blocked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<Box<str>>,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,

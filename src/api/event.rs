@@ -87,7 +87,10 @@ impl EventSpec {
     pub fn repeats(&self) -> String {
         match (&self.series, &self.time) {
             (Some(s), Some(last)) => {
-                let over = last.0.duration_since(s.first_time.0).unwrap_or_default();
+                let over = last
+                    .system()
+                    .duration_since(s.first_time.system())
+                    .unwrap_or_default();
                 let over = std::time::Duration::from_secs(over.as_secs());
                 format!("x{} over {}", s.count, humantime::format_duration(over))
             }

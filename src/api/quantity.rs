@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
+use std::num::NonZeroI64;
 use std::time::{Duration, SystemTime};
 
 /// A size in bytes. Manifests may write plain bytes (`1073741824`) or units (`1GiB`,
@@ -113,28 +114,81 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
-/// A point in time, written as RFC 3339 UTC (`2026-11-21T19:18:00.123Z`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Timestamp(pub SystemTime);
+/// A point in time, written as RFC 3339 UTC (`2026-11-21T19:18:00.123Z`), held to the
+/// millisecond (what is written) in 8 bytes, and 8 as an `Option` too: every cached
+/// object carries two and each condition one.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Timestamp(NonZeroI64);
 
 impl Timestamp {
+    /// Milliseconds since the Unix epoch (before it: negative) as held: with the sign bit
+    /// flipped, so that only `i64::MIN` ms, far before any RFC 3339 year, is the zero
+    /// an `Option` uses.
+    fn from_millis(ms: i64) -> Self {
+        Timestamp(NonZeroI64::new(ms ^ i64::MIN).unwrap_or(NonZeroI64::MIN))
+    }
+
+    /// Milliseconds since the Unix epoch.
+    fn millis(self) -> i64 {
+        self.0.get() ^ i64::MIN
+    }
+
+    /// `t`, to the millisecond (earlier digits dropped, as when written).
+    pub fn from_system(t: SystemTime) -> Self {
+        let ms = match t.duration_since(SystemTime::UNIX_EPOCH) {
+            Ok(after) => i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+            Err(e) => {
+                let before = e.duration().as_nanos().div_ceil(1_000_000);
+                i64::try_from(before).map_or(i64::MIN + 1, |b| -b)
+            }
+        };
+        Timestamp::from_millis(ms)
+    }
+
+    /// As a `SystemTime`.
+    pub fn system(self) -> SystemTime {
+        let ms = self.millis();
+        let d = Duration::from_millis(ms.unsigned_abs());
+        if ms >= 0 {
+            SystemTime::UNIX_EPOCH + d
+        } else {
+            SystemTime::UNIX_EPOCH - d
+        }
+    }
+
     /// The current time, to the millisecond (what is stored), so a round trip through
     /// the store is exact.
     pub fn now() -> Self {
-        let since = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
-        Timestamp(SystemTime::UNIX_EPOCH + Duration::from_millis(since.as_millis() as u64))
+        Timestamp::from_system(SystemTime::now())
     }
+
     /// Time elapsed since this timestamp (zero if it lies in the future).
     pub fn elapsed(&self) -> Duration {
-        self.0.elapsed().unwrap_or_default()
+        self.system().elapsed().unwrap_or_default()
+    }
+}
+
+impl PartialOrd for Timestamp {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Timestamp {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.millis().cmp(&other.millis())
+    }
+}
+
+impl fmt::Debug for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Timestamp({self})")
     }
 }
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", humantime::format_rfc3339_millis(self.0))
+        write!(f, "{}", humantime::format_rfc3339_millis(self.system()))
     }
 }
 
@@ -148,7 +202,7 @@ impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         humantime::parse_rfc3339_weak(&s)
-            .map(Timestamp)
+            .map(Timestamp::from_system)
             .map_err(|e| serde::de::Error::custom(format!("{s:?} is not an RFC 3339 time: {e}")))
     }
 }
@@ -188,5 +242,23 @@ mod tests {
         let back: Timestamp = serde_json::from_str(&json).unwrap();
         assert_eq!(back, t);
         assert!(serde_json::from_str::<Timestamp>("\"yesterday\"").is_err());
+        for (text, written) in [
+            ("1970-01-01T00:00:00Z", "1970-01-01T00:00:00.000Z"),
+            ("2026-11-21T19:18:00.123456Z", "2026-11-21T19:18:00.123Z"),
+            ("9999-12-31T23:59:59.999Z", "9999-12-31T23:59:59.999Z"),
+        ] {
+            let t: Timestamp = serde_json::from_str(&format!("{text:?}")).unwrap();
+            assert_eq!(t.to_string(), written);
+        }
+        let (early, late) = (
+            Timestamp::from_system(SystemTime::UNIX_EPOCH - Duration::from_millis(5)),
+            Timestamp::from_system(SystemTime::UNIX_EPOCH + Duration::from_millis(5)),
+        );
+        assert!(early < late);
+        assert_eq!(
+            early.system(),
+            SystemTime::UNIX_EPOCH - Duration::from_millis(5)
+        );
+        assert_eq!(std::mem::size_of::<Option<Timestamp>>(), 8);
     }
 }

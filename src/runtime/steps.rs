@@ -319,7 +319,7 @@ impl Steps {
         // Whole milliseconds, so the status written round-trips exactly.
         let delay =
             Duration::from_millis(self.schedule.delay(attempts, final_answer).as_millis() as u64);
-        let now = Timestamp::now().0;
+        let now = Timestamp::now().system();
         let failure = StepFailure {
             step: step.to_string(),
             since,
@@ -327,7 +327,7 @@ impl Steps {
             code: code.to_string(),
             message: message.to_string(),
             final_answer,
-            next_retry: Timestamp(now.checked_add(delay).unwrap_or(now)),
+            next_retry: Timestamp::from_system(now.checked_add(delay).unwrap_or(now)),
         };
         steps.insert(
             step,

@@ -486,7 +486,7 @@ impl Seen {
                             printable(&f.message),
                             humantime::format_duration(Duration::from_secs(
                                 f.next_retry
-                                    .0
+                                    .system()
                                     .duration_since(std::time::SystemTime::now())
                                     .map_or(0, |d| d.as_secs())
                             ))
@@ -793,7 +793,10 @@ pub fn collect(alloc: &Allocation, now: Timestamp, retention: Duration) -> Colle
         Some(t) if ended && alloc.status.phase == AllocationPhase::Released => t,
         _ => return Collect::Keep,
     };
-    let elapsed = now.0.duration_since(since.0).unwrap_or_default();
+    let elapsed = now
+        .system()
+        .duration_since(since.system())
+        .unwrap_or_default();
     match retention.checked_sub(elapsed) {
         Some(left) if !left.is_zero() => Collect::After(left),
         _ => Collect::Now,
@@ -891,7 +894,7 @@ mod tests {
             ClaimSpec::default(),
         );
         c.status.phase = phase;
-        c.status.reason = reason.map(str::to_string);
+        c.status.reason = reason.map(Into::into);
         c
     }
 

@@ -31,11 +31,11 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
     let (state, todo) = attachment_state(ctx, &c).await?;
     let mut guard = None;
     match state {
-        Attach::Wait(why) => c.status.reason = Some(why),
+        Attach::Wait(why) => c.status.reason = Some(why.into()),
         Attach::Revoke(why) => withdraw(&mut c, &why, Some(&volume)),
         Attach::Ready(grant) => {
             grant.apply(&mut c);
-            c.status.reason = Some(waiting_for_node(&c));
+            c.status.reason = Some(waiting_for_node(&c).into());
             guard = grant.attachment;
         }
     }
@@ -149,7 +149,7 @@ pub(super) async fn refuse(
     let changed = claim.status.phase != phase || claim.status.reason.as_deref() != Some(&reason);
     set_status(ctx, claim, |st| {
         st.phase = phase;
-        st.reason = Some(reason.clone());
+        st.reason = Some(reason.as_str().into());
         st.meta
             .set_condition("Admitted", false, &format!("{phase:?}"), &reason);
     })

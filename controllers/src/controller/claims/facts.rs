@@ -24,7 +24,7 @@ pub(super) fn withdraw(c: &mut Claim, why: &str, volume: Option<&Volume>) {
     if c.status.phase == ClaimPhase::Published {
         c.status.phase = ClaimPhase::Admitted;
     }
-    c.status.reason = Some(format!("node permission withdrawn: {why}"));
+    c.status.reason = Some(format!("node permission withdrawn: {why}").into());
 }
 
 /// Whether another claim of the claim's volume on its node may still be using the

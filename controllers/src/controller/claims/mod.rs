@@ -178,12 +178,12 @@ async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, StoreError> {
         c.spec.release = true;
         // What is left of the workload is ended by the node before it unpublishes.
         if let Some(cgroup) = alloc.as_ref().and_then(|a| a.spec.workload_cgroup.clone()) {
-            c.spec.workload_cgroup = Some(cgroup);
+            c.spec.workload_cgroup = Some(cgroup.into());
         }
         // The release's first step in the same write: waiting for the node.
         if matches!(node_done(ctx, &c), NodeDone::No) {
             c.status.phase = ClaimPhase::Releasing;
-            c.status.reason = Some(waiting_for_unpublish(&c));
+            c.status.reason = Some(waiting_for_unpublish(&c).into());
         }
         write(ctx, &claim, c).await?;
         return Ok(Action::AwaitChange);

@@ -156,7 +156,7 @@ pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreErr
             st.phase = ClaimPhase::Published;
             st.reason = None;
         } else {
-            st.reason = Some(waiting_for_node(claim));
+            st.reason = Some(waiting_for_node(claim).into());
         }
         st.meta.last_error = node_error.clone();
         st.meta.retry = node_retry.clone();
@@ -206,6 +206,6 @@ async fn revoke(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, StoreErro
 }
 
 async fn waiting(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, StoreError> {
-    set_status(ctx, claim, |st| st.reason = Some(why.to_string())).await?;
+    set_status(ctx, claim, |st| st.reason = Some(why.into())).await?;
     Ok(Action::AwaitChange)
 }

@@ -125,7 +125,7 @@ async fn node_side(ctx: &Ctx, claim: &Claim) -> Result<Option<Action>, StoreErro
                 .unwrap_or_default();
             set_status(ctx, claim, |st| {
                 st.phase = ClaimPhase::Releasing;
-                st.reason = Some(why.clone());
+                st.reason = Some(why.as_str().into());
                 st.meta.last_error = error.clone();
                 st.meta.retry = retry.clone();
             })

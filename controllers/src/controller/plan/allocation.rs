@@ -514,7 +514,7 @@ mod tests {
     fn an_ended_released_allocation_is_collected_after_its_retention() {
         let retention = Duration::from_secs(60);
         let t0 = Timestamp::now();
-        let at = |secs| Timestamp(t0.0 + Duration::from_secs(secs));
+        let at = |secs| Timestamp::from_system(t0.system() + Duration::from_secs(secs));
         let mut a = alloc_with(&[]);
         a.spec.client_status = ClientStatus::Complete;
         // Its first pass as Released sets the time the retention counts from.
