@@ -233,7 +233,8 @@ impl Rig {
                 capabilities: vec![VolumeCapability {
                     access_mode: mode,
                     attachment_mode: AttachmentMode::FileSystem,
-                }],
+                }]
+                .into(),
                 ..Default::default()
             },
         );
@@ -282,7 +283,7 @@ impl Rig {
             Name::new(name).expect("allocation name"),
             AllocationSpec {
                 node: NodeName::new(NODE).expect("node name"),
-                volumes: vec![request],
+                volumes: vec![request].into(),
                 ..Default::default()
             },
         );

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::Slim;
+
 use super::{Term, Timestamp};
 
 /// One observed condition of an object (Kubernetes-shaped).
@@ -30,12 +32,8 @@ pub struct StatusMeta {
     #[serde(default, skip_serializing_if = "crate::api::is_zero")]
     pub observed_generation: i64,
     /// Observed conditions.
-    #[serde(
-        default,
-        deserialize_with = "crate::api::tight_vec",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Slim::is_empty")]
+    pub conditions: Slim<Condition>,
     /// The last error met while reconciling, cleared on success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,

@@ -586,7 +586,8 @@ impl Cluster {
                 capabilities: vec![VolumeCapability {
                     access_mode: mode,
                     attachment_mode: AttachmentMode::FileSystem,
-                }],
+                }]
+                .into(),
                 ..Default::default()
             },
         )
@@ -603,7 +604,8 @@ impl Cluster {
                     volume: VolumeId::new(volume).unwrap(),
                     read_only,
                     ..Default::default()
-                }],
+                }]
+                .into(),
                 ..Default::default()
             },
         )

@@ -323,7 +323,8 @@ mod tests {
         v.spec.capabilities = vec![VolumeCapability {
             access_mode: AccessMode::SingleNodeSingleWriter,
             attachment_mode: AttachmentMode::FileSystem,
-        }];
+        }]
+        .into();
         let Step::Refuse {
             condition,
             reason,
@@ -380,8 +381,8 @@ mod tests {
         // A required segment with room is enough, whatever the whole says.
         let zone: Topology = [("zone".to_string(), "a".to_string())].into();
         v.spec.topology_request = Some(Box::new(TopologyRequest {
-            required: vec![zone.clone()],
-            preferred: Vec::new(),
+            required: vec![zone.clone()].into(),
+            preferred: Vec::new().into(),
         }));
         let in_zone = CapacityEntry {
             topology: zone,
