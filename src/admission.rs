@@ -844,7 +844,7 @@ mod tests {
     fn topology_must_reach_the_node() {
         let mut v = volume(&[AccessMode::SingleNodeWriter]);
         v.status.provisioning.accessible_topology =
-            vec![[("zone".to_string(), "a".to_string())].into()].into();
+            vec![[("zone".to_string(), "a".to_string())].into()];
         let c = claim("c", "n1", ClaimMode::Write, None);
         let mut n = node(true);
         assert!(
@@ -962,7 +962,7 @@ mod tests {
             ClaimMode::Write,
             Some(AccessMode::SingleNodeWriter),
         );
-        v.status.claims.write_claims = vec![held("old", "a-old", "n1", ClaimMode::Write)].into();
+        v.status.claims.write_claims = vec![held("old", "a-old", "n1", ClaimMode::Write)];
         let ending_old = |r: &ClaimRef| r.claim.as_str() == "old";
         match access_for(&v, &admitted, &me, ending_old) {
             Err(Verdict::Wait(why)) => assert!(
@@ -978,7 +978,7 @@ mod tests {
         }
         // One ending writer and one live reader on another node: the live one still
         // keeps the single-node volume away, so a denial naming it.
-        v.status.claims.read_claims = vec![held("live", "a-live", "n2", ClaimMode::Read)].into();
+        v.status.claims.read_claims = vec![held("live", "a-live", "n2", ClaimMode::Read)];
         match access_for(&v, &admitted, &me, ending_old) {
             Err(Verdict::Deny(why)) => {
                 assert!(why.contains("a-live") && why.contains("node n2"), "{why}")
@@ -1004,7 +1004,7 @@ mod tests {
             ClaimMode::Read,
             Some(AccessMode::SingleNodeWriter),
         );
-        v.status.claims.write_claims = vec![held("old", "a-old", "n1", ClaimMode::Write)].into();
+        v.status.claims.write_claims = vec![held("old", "a-old", "n1", ClaimMode::Write)];
         match access_for(&v, &admitted, &reader, |_| false) {
             Err(Verdict::Deny(why)) => assert!(
                 why.contains("once per node")
@@ -1036,8 +1036,7 @@ mod tests {
                     name: Name::new("r").unwrap(),
                     volume: VolumeId::new("v").unwrap(),
                     ..Default::default()
-                }]
-                .into(),
+                }],
                 ..Default::default()
             },
         );

@@ -127,8 +127,7 @@ fn registered(name: &str) -> Volume {
         capabilities: vec![VolumeCapability {
             access_mode: AccessMode::SingleNodeWriter,
             attachment_mode: AttachmentMode::FileSystem,
-        }]
-        .into(),
+        }],
         ..Default::default()
     };
     Volume::new(&Namespace::default_ns(), Name::new(name).unwrap(), spec)
@@ -375,8 +374,7 @@ async fn two_allocations_whose_names_joined_alike_get_a_claim_each() {
                     name: Name::new(req).unwrap(),
                     volume: VolumeId::new(volume).unwrap(),
                     ..Default::default()
-                }]
-                .into(),
+                }],
                 ..Default::default()
             },
         )

@@ -291,8 +291,7 @@ pub async fn create_volumes_named(
                 capabilities: vec![VolumeCapability {
                     access_mode: AccessMode::SingleNodeWriter,
                     attachment_mode: AttachmentMode::FileSystem,
-                }]
-                .into(),
+                }],
                 ..Default::default()
             };
             Ok(Volume::new(&ns(), Name::new(name)?, spec))
@@ -325,8 +324,7 @@ pub fn allocation_named(name: &str, volume: &str, node: &NodeName) -> anyhow::Re
             access_mode: Some(AccessMode::SingleNodeWriter),
             attachment_mode: Some(AttachmentMode::FileSystem),
             ..Default::default()
-        }]
-        .into(),
+        }],
         ..Default::default()
     };
     Ok(Allocation::new(&ns(), Name::new(name)?, spec))

@@ -233,8 +233,7 @@ impl Rig {
                 capabilities: vec![VolumeCapability {
                     access_mode: mode,
                     attachment_mode: AttachmentMode::FileSystem,
-                }]
-                .into(),
+                }],
                 ..Default::default()
             },
         );
@@ -283,7 +282,7 @@ impl Rig {
             Name::new(name).expect("allocation name"),
             AllocationSpec {
                 node: NodeName::new(NODE).expect("node name"),
-                volumes: vec![request].into(),
+                volumes: vec![request],
                 ..Default::default()
             },
         );

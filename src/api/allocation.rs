@@ -122,8 +122,12 @@ pub struct AllocationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload_cgroup: Option<String>,
     /// The volumes it needs.
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub volumes: Slim<VolumeRequest>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub volumes: Vec<VolumeRequest>,
 }
 
 impl AllocationSpec {
@@ -559,8 +563,7 @@ mod tests {
                         name: Name::new(req).unwrap(),
                         volume: VolumeId::new("v").unwrap(),
                         ..Default::default()
-                    }]
-                    .into(),
+                    }],
                     ..Default::default()
                 },
             )

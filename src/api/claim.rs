@@ -249,8 +249,7 @@ mod tests {
             capabilities: vec![VolumeCapability {
                 access_mode: AccessMode::MultiNodeReaderOnly,
                 attachment_mode: AttachmentMode::FileSystem,
-            }]
-            .into(),
+            }],
             ..Default::default()
         };
         let old: ClaimSpec = serde_json::from_str(r#"{"volume":"v","node":"n"}"#).unwrap();

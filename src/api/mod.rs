@@ -22,7 +22,7 @@
 //! - `status`: what every status shares (conditions, observed generation, last error,
 //!   retry).
 //! - `quantity`: sizes with units, and timestamps.
-//! - `strmap`, `rare`, `slim`: the compact containers decoded objects use.
+//! - `strmap`, `rare`: the compact containers decoded objects use.
 //! - `unknown`: the fields a stored object holds that this version does not know, kept
 //!   and written back.
 //! - `manifest`, `yaml_depth`: manifests parsed strictly, their nesting bounded in
@@ -46,7 +46,6 @@ mod plugin;
 mod quantity;
 mod rare;
 mod secrets;
-mod slim;
 mod snapshot;
 mod status;
 mod strmap;
@@ -75,7 +74,6 @@ pub use plugin::*;
 pub use quantity::*;
 pub use rare::*;
 pub use secrets::*;
-pub use slim::Slim;
 pub use snapshot::*;
 pub use status::*;
 pub use strmap::*;
@@ -214,8 +212,12 @@ pub struct ObjectMeta {
     #[serde(default, skip_serializing_if = "Rare::is_empty")]
     pub labels: Rare<BTreeMap<String, String>>,
     /// Finalizers hold a deletion until their owners remove them.
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub finalizers: Slim<Term>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub finalizers: Vec<Term>,
     /// Set when deletion was requested while finalizers remained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_timestamp: Option<Timestamp>,
@@ -224,6 +226,20 @@ pub struct ObjectMeta {
     /// controller exports no traces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<Box<str>>,
+}
+
+/// Deserializes a list into a vector of exactly its length. Decoding grows a vector as
+/// it reads (a list of one gets room for four), and cached objects live long: a
+/// status's conditions, a volume's claims and an allocation's requests are mostly one
+/// or two entries, held for every object of a 100,000-object cache.
+pub(crate) fn tight_vec<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let mut v = Vec::<T>::deserialize(d)?;
+    v.shrink_to_fit();
+    Ok(v)
 }
 
 pub(crate) fn is_zero(n: &i64) -> bool {

@@ -143,8 +143,7 @@ impl Orphan {
                     access_mode: Some(self.capability.access_mode),
                     attachment_mode: Some(self.capability.attachment_mode),
                     ..Default::default()
-                }]
-                .into(),
+                }],
                 ..Default::default()
             },
         )

@@ -3,8 +3,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Slim;
-
 use super::{Term, Timestamp};
 
 /// One observed condition of an object (Kubernetes-shaped).
@@ -32,8 +30,12 @@ pub struct StatusMeta {
     #[serde(default, skip_serializing_if = "crate::api::is_zero")]
     pub observed_generation: i64,
     /// Observed conditions.
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub conditions: Slim<Condition>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub conditions: Vec<Condition>,
     /// The last error met while reconciling, cleared on success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,

@@ -46,8 +46,12 @@ pub struct VolumeTemplate {
     pub capacity_max: Option<Size>,
     /// The ways the volume may be used (empty: the request's modes, else
     /// single-node-writer on a file system).
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub capabilities: Slim<VolumeCapability>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub capabilities: Vec<VolumeCapability>,
     /// CreateVolume parameters.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub parameters: BTreeMap<String, String>,
@@ -86,7 +90,7 @@ impl VolumeTemplate {
     /// (single-node-writer and file-system where it names none).
     pub fn capabilities(&self, req: &VolumeRequest) -> Vec<VolumeCapability> {
         if !self.capabilities.is_empty() {
-            return self.capabilities.clone().into();
+            return self.capabilities.clone();
         }
         vec![VolumeCapability {
             access_mode: req.access_mode.unwrap_or(AccessMode::SingleNodeWriter),
@@ -106,15 +110,15 @@ impl VolumeTemplate {
             plugin_id: self.plugin_id.clone(),
             capacity_min: self.capacity_min,
             capacity_max: self.capacity_max,
-            capabilities: self.capabilities(req).into(),
+            capabilities: self.capabilities(req),
             mount_options: Rare::new(self.mount_options.clone()),
             parameters: Rare::new(self.parameters.clone()),
             mutable_parameters: Rare::new(self.mutable_parameters.clone()),
             source: self.source.clone(),
             topology_request: segment.filter(|s| !s.is_empty()).map(|s| {
                 Box::new(TopologyRequest {
-                    required: vec![s.clone()].into(),
-                    preferred: vec![s.clone()].into(),
+                    required: vec![s.clone()],
+                    preferred: vec![s.clone()],
                 })
             }),
             made_for: Some(Box::new(made_for)),
@@ -215,7 +219,7 @@ mod tests {
         let spec = tpl().volume_spec(&req, Some(&seg), made.clone());
         let t = spec.topology_request.as_deref().unwrap();
         assert_eq!(
-            (&t.required[..], &t.preferred[..]),
+            (t.required.as_slice(), t.preferred.as_slice()),
             (&[seg.clone()][..], &[seg][..])
         );
         assert_eq!(

@@ -2,8 +2,6 @@
 //! should be.
 
 use serde::{Deserialize, Serialize};
-
-use super::Slim;
 use std::collections::BTreeMap;
 
 /// A topology segment map, e.g. `{zone: z1}` (CSI `Topology`).
@@ -13,9 +11,17 @@ pub type Topology = BTreeMap<String, String>;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopologyRequest {
     /// The volume must be accessible from one of these.
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub required: Slim<Topology>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub required: Vec<Topology>,
     /// Preferred, in order.
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub preferred: Slim<Topology>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub preferred: Vec<Topology>,
 }

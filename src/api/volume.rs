@@ -24,8 +24,8 @@ pub struct VolumeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_max: Option<Size>,
     /// The ways the volume may be used; a claim picks one.
-    #[serde(default)]
-    pub capabilities: Slim<VolumeCapability>,
+    #[serde(default, deserialize_with = "crate::api::tight_vec")]
+    pub capabilities: Vec<VolumeCapability>,
     /// Default mount options; a claim's request replaces them field by field.
     #[serde(default, skip_serializing_if = "Rare::is_empty")]
     pub mount_options: Rare<MountOptions>,
@@ -47,8 +47,12 @@ pub struct VolumeSpec {
     pub topology_request: Option<Box<TopologyRequest>>,
     /// Where a registered volume is accessible from (empty: what ControllerGetVolume
     /// says, else everywhere).
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub accessible_topology: Slim<Topology>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub accessible_topology: Vec<Topology>,
     /// Parameters the plugin may change on a live volume: passed to CreateVolume, and
     /// a change on a ready volume calls ControllerModifyVolume (MODIFY_VOLUME).
     #[serde(default, skip_serializing_if = "Rare::is_empty")]
@@ -342,8 +346,12 @@ pub struct ProvisioningStatus {
     #[serde(default, skip_serializing_if = "StrMap::is_empty")]
     pub volume_context: StrMap,
     /// Where the volume is accessible from; empty means everywhere.
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub accessible_topology: Slim<Topology>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub accessible_topology: Vec<Topology>,
     /// The mutable parameters the plugin last accepted (CreateVolume or
     /// ControllerModifyVolume).
     #[serde(default, skip_serializing_if = "Rare::is_empty")]
@@ -382,14 +390,26 @@ pub struct VolumeClaimsStatus {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub schedulable: bool,
     /// Live read claims.
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub read_claims: Slim<ClaimRef>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub read_claims: Vec<ClaimRef>,
     /// Live write claims.
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub write_claims: Slim<ClaimRef>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub write_claims: Vec<ClaimRef>,
     /// Released claims, most recent last.
-    #[serde(default, skip_serializing_if = "Slim::is_empty")]
-    pub past_claims: Slim<ClaimRef>,
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub past_claims: Vec<ClaimRef>,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,

@@ -494,15 +494,14 @@ mod tests {
         v.spec.capabilities = vec![VolumeCapability {
             access_mode: AccessMode::SingleNodeWriter,
             attachment_mode: AttachmentMode::FileSystem,
-        }]
-        .into();
+        }];
         v.spec.capacity_min = Some(Size(1 << 20));
         v.spec.parameters = BTreeMap::from([("tier".to_string(), "gold".to_string())]).into();
         v.spec.mutable_parameters =
             BTreeMap::from([("iops".to_string(), "300".to_string())]).into();
         v.spec.topology_request = Some(Box::new(TopologyRequest {
-            required: vec![[("zone".to_string(), "a".to_string())].into()].into(),
-            preferred: vec![].into(),
+            required: vec![[("zone".to_string(), "a".to_string())].into()],
+            preferred: vec![],
         }));
         let r = create_volume(&v, Some(ContentSource::Snapshot("snap-1".into())), true).unwrap();
         assert_eq!(r.name, "uid-7", "named by its uid");
@@ -552,8 +551,7 @@ mod tests {
                 access_mode: AccessMode::SingleNodeWriter,
                 attachment_mode: AttachmentMode::BlockDevice,
             },
-        ]
-        .into();
+        ];
         v.spec.parameters = BTreeMap::from([("tier".to_string(), "gold".to_string())]).into();
         v.spec.mutable_parameters =
             BTreeMap::from([("iops".to_string(), "300".to_string())]).into();

@@ -164,8 +164,7 @@ mod tests {
             capabilities: vec![VolumeCapability {
                 access_mode: AccessMode::SingleNodeWriter,
                 attachment_mode: AttachmentMode::FileSystem,
-            }]
-            .into(),
+            }],
             ..Default::default()
         };
         let v = Volume::new(&Namespace::default_ns(), Name::new("a").unwrap(), spec);
@@ -202,8 +201,7 @@ mod tests {
                     name: Name::new("data").unwrap(),
                     volume: VolumeId::new("v1").unwrap(),
                     ..Default::default()
-                }]
-                .into(),
+                }],
                 ..Default::default()
             },
         );
@@ -254,8 +252,7 @@ mod tests {
             capabilities: vec![VolumeCapability {
                 access_mode: AccessMode::SingleNodeWriter,
                 attachment_mode: AttachmentMode::FileSystem,
-            }]
-            .into(),
+            }],
             secrets: Secrets::new([("token".to_string(), "hunter2".to_string())].into()).into(),
             ..Default::default()
         };

@@ -586,8 +586,7 @@ impl Cluster {
                 capabilities: vec![VolumeCapability {
                     access_mode: mode,
                     attachment_mode: AttachmentMode::FileSystem,
-                }]
-                .into(),
+                }],
                 ..Default::default()
             },
         )
@@ -604,8 +603,7 @@ impl Cluster {
                     volume: VolumeId::new(volume).unwrap(),
                     read_only,
                     ..Default::default()
-                }]
-                .into(),
+                }],
                 ..Default::default()
             },
         )

@@ -419,8 +419,7 @@ pub mod fixtures {
             capabilities: vec![VolumeCapability {
                 access_mode: AccessMode::SingleNodeWriter,
                 attachment_mode: AttachmentMode::FileSystem,
-            }]
-            .into(),
+            }],
             ..Default::default()
         };
         Volume::new(&Namespace::default_ns(), Name::new(name).unwrap(), spec)

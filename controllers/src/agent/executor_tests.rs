@@ -350,8 +350,7 @@ async fn a_registered_volume_is_validated_once_and_a_final_refusal_fails_it() {
                 capabilities: vec![moor::api::VolumeCapability {
                     access_mode: AccessMode::SingleNodeWriter,
                     attachment_mode: moor::api::AttachmentMode::FileSystem,
-                }]
-                .into(),
+                }],
                 ..Default::default()
             },
         )

@@ -323,8 +323,7 @@ mod tests {
         v.spec.capabilities = vec![VolumeCapability {
             access_mode: AccessMode::SingleNodeSingleWriter,
             attachment_mode: AttachmentMode::FileSystem,
-        }]
-        .into();
+        }];
         let Step::Refuse {
             condition,
             reason,
@@ -381,8 +380,8 @@ mod tests {
         // A required segment with room is enough, whatever the whole says.
         let zone: Topology = [("zone".to_string(), "a".to_string())].into();
         v.spec.topology_request = Some(Box::new(TopologyRequest {
-            required: vec![zone.clone()].into(),
-            preferred: Vec::new().into(),
+            required: vec![zone.clone()],
+            preferred: Vec::new(),
         }));
         let in_zone = CapacityEntry {
             topology: zone,

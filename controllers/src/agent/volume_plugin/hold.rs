@@ -349,8 +349,7 @@ impl Endpoint {
                 access_mode: Some(cap.access_mode),
                 attachment_mode: Some(cap.attachment_mode),
                 ..Default::default()
-            }]
-            .into(),
+            }],
             ..Default::default()
         };
         let name = Name::new(key.name()).map_err(|e| Failure::internal(e.to_string()))?;

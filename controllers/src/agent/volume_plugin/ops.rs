@@ -277,8 +277,7 @@ impl Endpoint {
                     None => self.default_mode(&plugin).await?,
                 },
                 attachment_mode: AttachmentMode::FileSystem,
-            }]
-            .into(),
+            }],
             source: opts.source.clone(),
             ..Default::default()
         };
@@ -295,8 +294,8 @@ impl Endpoint {
         let segment = self.placement(&id, &plugin, opts.size).await?;
         if !segment.is_empty() {
             spec.topology_request = Some(Box::new(TopologyRequest {
-                required: vec![segment.clone()].into(),
-                preferred: vec![segment].into(),
+                required: vec![segment.clone()],
+                preferred: vec![segment],
             }));
         }
         let name = Name::new(id.as_str()).map_err(|e| Failure::bad(e.to_string()))?;

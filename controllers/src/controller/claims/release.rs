@@ -162,9 +162,7 @@ async fn mark_released(ctx: &Ctx, claim: &Claim) -> Result<(), StoreError> {
             };
             live.past_claims.push(r);
             let extra = live.past_claims.len().saturating_sub(PAST_CLAIMS);
-            live.past_claims.edit(|v| {
-                v.drain(..extra);
-            });
+            live.past_claims.drain(..extra);
             Ok(true)
         },
         released.clone(),

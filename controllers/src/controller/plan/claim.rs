@@ -69,8 +69,7 @@ mod tests {
                     name: Name::new("data").unwrap(),
                     volume: VolumeId::new("v1").unwrap(),
                     ..Default::default()
-                }]
-                .into(),
+                }],
                 ..Default::default()
             },
         )
