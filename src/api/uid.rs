@@ -33,12 +33,13 @@ impl Uid {
 
     /// The uid whose text is `s`.
     pub fn new(s: &str) -> Uid {
-        match uuid::Uuid::try_parse(s) {
-            Ok(u) if s.len() == uuid::fmt::Hyphenated::LENGTH && canonical(&u) == s => {
-                Uid(Repr::Uuid(*u.as_bytes()))
+        if let Ok(u) = uuid::Uuid::try_parse(s) {
+            let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+            if u.hyphenated().encode_lower(&mut buf) == s {
+                return Uid(Repr::Uuid(*u.as_bytes()));
             }
-            _ => Uid(Repr::Text(s.into())),
         }
+        Uid(Repr::Text(s.into()))
     }
 
     /// Whether it is empty (an object not yet created).
@@ -46,41 +47,17 @@ impl Uid {
         matches!(&self.0, Repr::Text(t) if t.is_empty())
     }
 
-    /// Runs `f` on the text without allocating.
+    /// Runs `f` on the text without allocating (a UUID's canonical text, on the stack).
     fn with_str<R>(&self, f: impl FnOnce(&str) -> R) -> R {
         match &self.0 {
-            Repr::Uuid(b) => f(&canonical(&uuid::Uuid::from_bytes(*b))),
+            Repr::Uuid(b) => {
+                let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+                f(uuid::Uuid::from_bytes(*b)
+                    .hyphenated()
+                    .encode_lower(&mut buf))
+            }
             Repr::Text(t) => f(t),
         }
-    }
-}
-
-/// A UUID's canonical text (lower-case, hyphenated), on the stack.
-fn canonical(u: &uuid::Uuid) -> CanonicalText {
-    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    u.hyphenated().encode_lower(&mut buf);
-    CanonicalText(buf)
-}
-
-struct CanonicalText([u8; uuid::fmt::Hyphenated::LENGTH]);
-
-impl std::ops::Deref for CanonicalText {
-    type Target = str;
-    fn deref(&self) -> &str {
-        // encode_lower writes ASCII only.
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-}
-
-impl PartialEq<str> for CanonicalText {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other.as_bytes()
-    }
-}
-
-impl PartialEq<&str> for CanonicalText {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == other.as_bytes()
     }
 }
 
