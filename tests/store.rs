@@ -746,6 +746,118 @@ async fn concurrent_writes_share_transactions_and_keep_their_own_answers(backend
     assert!(((after - before) as usize) < N);
 }
 
+/// Riders (issue 52): a write that need not land at once (events) joins the
+/// transaction of the next write of the process, through an unfenced or a fenced
+/// handle, and keeps its own answer; alone, it goes after its linger. Each case waits
+/// on the rider with a long linger, so nothing here depends on timing but the last.
+async fn a_rider_joins_the_next_write_and_keeps_its_own_answer(backend: Backend) {
+    let etcd = Etcd::start_on(backend).await;
+    let store = etcd.store("/t/").await;
+    let long = Duration::from_secs(60);
+    let ride = |store: &moor::store::Store, name: &str| {
+        let (store, v) = (store.clone(), volume(name));
+        tokio::spawn(async move {
+            let mut batch = Batch::default();
+            batch.create(&store, &v)?;
+            batch.commit_riding(&store, long).await
+        })
+    };
+    let stored_at = |name: &str| {
+        let store = store.clone();
+        let key = crate::common::key::<VolumeSpec>(&format!("volumes/default/{name}"));
+        async move {
+            store
+                .try_get(&key)
+                .await
+                .unwrap()
+                .map(|v| v.metadata.resource_version)
+        }
+    };
+    // Waits until rider `name` is queued: it is not written meanwhile.
+    async fn queued(store: &moor::store::Store, name: &str, before: i64) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = store
+            .list(&KeyScope::<VolumeSpec>::all())
+            .await
+            .unwrap()
+            .revision;
+        assert_eq!(now, before, "rider {name} waits for a write to join");
+    }
+    let revision = |store: &moor::store::Store| {
+        let store = store.clone();
+        async move {
+            store
+                .list(&KeyScope::<VolumeSpec>::all())
+                .await
+                .unwrap()
+                .revision
+        }
+    };
+
+    // 1. It joins a plain write: one revision for both.
+    let before = revision(&store).await;
+    let r1 = ride(&store, "r1");
+    queued(&store, "r1", before).await;
+    let w1 = store.create(&volume("w1")).await.unwrap();
+    let at = r1.await.unwrap().unwrap();
+    assert_eq!(at, w1.metadata.resource_version, "one transaction");
+    assert_eq!(stored_at("r1").await, Some(at));
+    assert_eq!(revision(&store).await, before + 1);
+
+    // 2. It joins a write through a fenced handle of the same connection.
+    let mut raw = etcd.raw_client().await;
+    let put = raw.put("/t/leader/test", "me", None).await.unwrap();
+    let fenced = store.fenced(Fence {
+        key: "/t/leader/test".into(),
+        create_revision: put.header().unwrap().revision(),
+        lease: 0,
+    });
+    let before = revision(&store).await;
+    let r2 = ride(&store, "r2");
+    queued(&store, "r2", before).await;
+    let w2 = fenced.create(&volume("w2")).await.unwrap();
+    assert_eq!(r2.await.unwrap().unwrap(), w2.metadata.resource_version);
+
+    // 3. The fenced write finds its fence gone: it is deposed and writes nothing;
+    // the rider, which needs no fence, lands on its own.
+    raw.delete("/t/leader/test", None).await.unwrap();
+    let before = revision(&store).await;
+    let r3 = ride(&store, "r3");
+    queued(&store, "r3", before).await;
+    assert!(matches!(
+        fenced.create(&volume("w3")).await,
+        Err(StoreError::Deposed { .. })
+    ));
+    let at = r3.await.unwrap().unwrap();
+    assert_eq!(stored_at("r3").await, Some(at));
+    assert_eq!(
+        stored_at("w3").await,
+        None,
+        "the deposed write wrote nothing"
+    );
+
+    // 4. A rider whose own guard fails (it creates what exists) does not fail the
+    // write it joined: each gets the answer it would have had alone.
+    let before = revision(&store).await;
+    let r1_again = ride(&store, "r1");
+    queued(&store, "r1 again", before).await;
+    let w4 = store.create(&volume("w4")).await.unwrap();
+    assert_eq!(stored_at("w4").await, Some(w4.metadata.resource_version));
+    assert!(matches!(
+        r1_again.await.unwrap(),
+        Err(StoreError::Conflict { .. })
+    ));
+
+    // 5. Nobody writes: the rider goes alone once its linger is over.
+    let mut batch = Batch::default();
+    batch.create(&store, &volume("r5")).unwrap();
+    let at = batch
+        .commit_riding(&store, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(stored_at("r5").await, Some(at));
+}
+
 /// While a cache lags this process's own write, `Writer::fresh` answers with the object
 /// as written, a batch's included, without reading the store (issue 39): shown here by
 /// removing the key behind the writer's back, which a store read would see.
@@ -803,6 +915,7 @@ async fn a_lagging_cache_is_read_back_as_written_without_a_store_read(backend: B
 }
 
 crate::both_stores!(
+    a_rider_joins_the_next_write_and_keeps_its_own_answer,
     a_lagging_cache_is_read_back_as_written_without_a_store_read,
     concurrent_writes_share_transactions_and_keep_their_own_answers,
     a_malformed_value_is_named_and_its_single_writer_repairs_it,

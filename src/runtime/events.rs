@@ -3,9 +3,12 @@
 //! Recording never waits for the store and never fails the caller: [`Recorder::record`]
 //! logs the event and queues it; one writer task per recorder takes whatever has
 //! queued and writes it in one transaction (up to [`MAX_BATCH`] events), so a burst of
-//! reconciles costs a few event writes instead of one synchronous write each, and an
-//! idle system still writes each event at once. A full queue drops the event (it was
-//! logged) and counts it in `moor_events_dropped_total`.
+//! reconciles costs a few event writes instead of one synchronous write each. That
+//! transaction rides: it waits up to [`RIDE`] for another write of the process (the
+//! status write the events describe, or the next one) and joins its transaction, so
+//! events cost the store no revision, fdatasync or watch delivery of their own under
+//! load; on an idle system they go alone after [`RIDE`]. A full queue drops the event
+//! (it was logged) and counts it in `moor_events_dropped_total`.
 //!
 //! Repeats fold: an event like one this recorder wrote before (same object, related
 //! object, type, reason, and message up to its numbers) updates that event's
@@ -38,6 +41,12 @@ pub const RETENTION: Duration = Duration::from_secs(3600);
 const WINDOW: Duration = Duration::from_secs(300);
 /// Most events written in one transaction (etcd refuses more than 128 operations).
 pub const MAX_BATCH: usize = 64;
+/// How long a batch of events waits for another write of the process to ride with
+/// (one transaction for both; see `store::group`) before it goes alone.
+pub const RIDE: Duration = Duration::from_millis(50);
+/// Most events that ride (see [`RIDE`]): a batch this small fits beside the writes of
+/// a busy committer's transaction; more go alone, in transactions of their own.
+const RIDE_BATCH: usize = 16;
 /// Events queued behind the one being written before new ones are dropped.
 const QUEUE: usize = 8192;
 /// How often, at most, a run of repeats is written by default.
@@ -286,6 +295,13 @@ async fn write_events(
             .filter(|(_, r)| due(r, window, at, closed || ended))
             .map(|(k, _)| k.clone())
             .collect();
+        // A few events ride; a burst fills transactions of its own, and a closing
+        // writer sends what is left at once.
+        let linger = if closed || ended || keys.len() > RIDE_BATCH {
+            Duration::ZERO
+        } else {
+            RIDE
+        };
         for chunk in keys.chunks(MAX_BATCH) {
             let id = match lease {
                 Some((id, since)) if since.elapsed() < WINDOW => id,
@@ -309,7 +325,7 @@ async fn write_events(
             let mut taken: Vec<(String, Run)> =
                 chunk.iter().filter_map(|k| runs.remove_entry(k)).collect();
             let mut batch: Vec<&mut Run> = taken.iter_mut().map(|(_, r)| r).collect();
-            match write_runs(&store, &mut batch, id).await {
+            match write_runs(&store, &mut batch, id, linger).await {
                 Ok(()) => runs.extend(taken),
                 Err(e) => {
                     // The window's lease may have been revoked or expired early.
@@ -352,6 +368,7 @@ async fn write_runs(
     store: &Store,
     runs: &mut [&mut Run],
     lease: LeaseId,
+    linger: Duration,
 ) -> Result<(), StoreError> {
     let mut batch = Batch::default();
     let mut written = Vec::with_capacity(runs.len());
@@ -361,7 +378,7 @@ async fn write_runs(
             None => batch.create_with_lease(store, &r.now, lease)?,
         });
     }
-    match batch.commit(store).await {
+    match batch.commit_riding(store, linger).await {
         Ok(revision) => {
             for (r, mut obj) in runs.iter_mut().zip(written) {
                 obj.metadata.resource_version = revision;

@@ -265,6 +265,18 @@ impl Batch {
     /// [`StoreError::Malformed`] naming it, so that a writer is not told to read again
     /// what it can never read.
     pub async fn commit(self, store: &Store) -> Result<i64, StoreError> {
+        self.commit_riding(store, std::time::Duration::ZERO).await
+    }
+
+    /// [`Batch::commit`] of writes that need not land at once (events): the batch
+    /// joins the transaction of another write this process makes within `linger`, or
+    /// goes alone after it (see [`super::group`], riders). A retry after a repair goes
+    /// at once.
+    pub async fn commit_riding(
+        self,
+        store: &Store,
+        mut linger: std::time::Duration,
+    ) -> Result<i64, StoreError> {
         let Batch {
             mut compares,
             ops,
@@ -289,7 +301,10 @@ impl Batch {
                 keys: keys.iter().map(|g| store.full_key(&g.key)).collect(),
                 bytes,
             };
-            let found = match store.commit_write(write).await? {
+            let found = match store
+                .commit_riding(write, std::mem::take(&mut linger))
+                .await?
+            {
                 Ok(revision) => return Ok(revision),
                 Err(found) => found,
             };

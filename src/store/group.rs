@@ -22,12 +22,23 @@
 //! Writes that touch a key another write of the batch touches wait for the next
 //! batch (etcd refuses a transaction that writes a key twice), and a batch stays
 //! within [`MAX_OPS`] operations and [`MAX_BYTES`] of values.
+//!
+//! **Riders** ([`Store::commit_riding`]): a write that need not land at once (an
+//! event) waits up to its linger for another write of the process, through any of its
+//! committers (the controller's fenced one as much as the events' unfenced one), and
+//! joins that write's transaction: one revision, one fdatasync and one watch delivery
+//! for both. A rider never delays a write it joins (riders are taken only when a batch
+//! leaves, and only as far as they fit), and a rider nobody took by its deadline goes
+//! alone. A rider taken into a fenced batch that finds the fence gone is sent again
+//! alone by its own store: a rider is not leader work.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use etcd_client::{Compare, TxnOp};
 use futures::future::join_all;
-use std::sync::{Arc, OnceLock};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::{Store, StoreError};
@@ -77,6 +88,56 @@ struct Pending {
     done: oneshot::Sender<Outcome>,
 }
 
+/// Writes waiting for another write of the process to ride with (see the module
+/// docs), shared by every handle of one connection, fenced or not.
+#[derive(Default)]
+pub(super) struct Riders {
+    waiting: Mutex<Vec<(u64, Pending)>>,
+    /// How many wait: a batch leaving checks this before taking the lock.
+    count: AtomicUsize,
+    next: AtomicU64,
+}
+
+impl Riders {
+    fn push(&self, p: Pending) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut w) = self.waiting.lock() {
+            w.push((id, p));
+            self.count.store(w.len(), Ordering::Release);
+        }
+        id
+    }
+
+    /// Takes rider `id` back if nobody took it.
+    fn withdraw(&self, id: u64) -> Option<Pending> {
+        let mut w = self.waiting.lock().ok()?;
+        let i = w.iter().position(|(i, _)| *i == id)?;
+        let (_, p) = w.swap_remove(i);
+        self.count.store(w.len(), Ordering::Release);
+        Some(p)
+    }
+
+    /// Moves the riders that fit into `batch`, oldest first.
+    fn board(&self, batch: &mut Batch) {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let Ok(mut w) = self.waiting.lock() else {
+            return;
+        };
+        let mut i = 0;
+        while i < w.len() {
+            if batch.fits(&w[i].1.write) {
+                let (_, p) = w.remove(i);
+                batch.push(p);
+            } else {
+                i += 1;
+            }
+        }
+        self.count.store(w.len(), Ordering::Release);
+    }
+}
+
 /// A store's committer: started by its first write, ended when the last handle of
 /// the store is dropped.
 #[derive(Default)]
@@ -100,12 +161,35 @@ impl Store {
             // The committer is gone (its runtime ended): write alone.
             return self.txn_now(p.write).await;
         }
-        answer.await.unwrap_or_else(|_| {
-            // The committer stopped while holding the write: it may have been sent.
-            Err(StoreError::Unavailable(etcd_client::Error::GRpcStatus(
-                tonic::Status::unavailable("the store's committer stopped"),
-            )))
-        })
+        // The committer stopped while holding the write: it may have been sent.
+        answer.await.unwrap_or_else(|_| Err(committer_stopped()))
+    }
+
+    /// Runs `write` as a rider (see the module docs): it joins the next write of this
+    /// process within `linger`, or goes alone after it. Each outcome is the one the
+    /// write would have had alone, but for its revision.
+    pub(super) async fn commit_riding(&self, write: Write, linger: Duration) -> Outcome {
+        if linger.is_zero() || self.group.is_none() {
+            return self.commit_write(write).await;
+        }
+        // Kept to send again alone if a fenced batch takes it and finds its fence gone.
+        let again = write.clone();
+        let (done, mut answer) = oneshot::channel();
+        let id = self.riders.push(Pending { write, done });
+        let outcome = tokio::select! {
+            a = &mut answer => a,
+            _ = tokio::time::sleep(linger) => match self.riders.withdraw(id) {
+                Some(p) => return self.commit_write(p.write).await,
+                None => answer.await,
+            },
+        };
+        match outcome {
+            Ok(Err(StoreError::Deposed { .. })) if self.fence.is_none() => {
+                self.commit_write(again).await
+            }
+            Ok(o) => o,
+            Err(_) => Err(committer_stopped()),
+        }
     }
 
     /// This store without a committer: what the committer itself sends with.
@@ -115,6 +199,12 @@ impl Store {
             ..self.clone()
         }
     }
+}
+
+fn committer_stopped() -> StoreError {
+    StoreError::Unavailable(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+        "the store's committer stopped",
+    )))
 }
 
 async fn commit_loop(store: Store, mut queue: mpsc::UnboundedReceiver<Pending>) {
@@ -140,6 +230,7 @@ async fn commit_loop(store: Store, mut queue: mpsc::UnboundedReceiver<Pending>) 
             }
             batch.push(p);
         }
+        store.riders.board(&mut batch);
         let store = store.clone();
         tokio::spawn(async move {
             batch.send(&store).await;

@@ -187,6 +187,8 @@ pub struct Store {
     /// The committer its guarded writes go through (see [`group`]); `None` for the
     /// committer's own handle.
     group: Option<Arc<group::Group>>,
+    /// Writes waiting to ride with another write of this connection (see [`group`]).
+    riders: Arc<group::Riders>,
 }
 
 impl std::fmt::Debug for Store {
@@ -220,6 +222,7 @@ impl Store {
             fence: None,
             codec: Codec::default(),
             group: Some(Arc::default()),
+            riders: Arc::default(),
         }
     }
 
