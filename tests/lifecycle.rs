@@ -27,6 +27,17 @@ async fn events(c: &Cluster, reason: &str) -> Vec<Event> {
         .collect()
 }
 
+/// Waits until an event with `reason` is stored: the recorder writes events after the
+/// status that caused them (a batch rides with its process's next write, or goes
+/// alone within `events::RIDE`), so seeing the status does not mean seeing its event.
+async fn wait_event(c: &Cluster, reason: &str) -> Vec<Event> {
+    c.wait(&format!("a {reason:?} event"), T, || async {
+        !events(c, reason).await.is_empty()
+    })
+    .await;
+    events(c, reason).await
+}
+
 /// Publishes one claim on n2 and releases it; returns the cluster for more checks.
 async fn publish_and_release(opts: PluginOpts) -> Cluster {
     let c = Cluster::start(1, 2, opts.clone()).await;
@@ -36,6 +47,27 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
     c.volume_ready("v1").await;
     c.apply(c.allocation("a1", "n2", "v1", false)).await;
     c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    // The allocation's first pass made its claim and its pending status in one
+    // transaction (issue 52): the allocation, as of the claim's creation, was written
+    // at that very revision, with the generation it saw.
+    let mut raw = c.etcd.raw_client().await;
+    let made = raw
+        .get("/moor/claims/n2/default/a1.data", None)
+        .await
+        .unwrap()
+        .kvs()[0]
+        .create_revision();
+    let then = raw
+        .get(
+            "/moor/allocations/default/a1",
+            Some(etcd_client::GetOptions::new().with_revision(made)),
+        )
+        .await
+        .unwrap();
+    let then = &then.kvs()[0];
+    assert_eq!(then.mod_revision(), made, "claim and status in one transaction");
+    let status: serde_json::Value = serde_json::from_slice(then.value()).unwrap();
+    assert_eq!(status["status"]["observed_generation"], 1, "{status}");
     // The node steps get the volume's secrets from the claim (the agent reads its
     // node's claims, not volumes); they leave the claim once it is released.
     let claim = c.claim("a1", "n2").await.expect("claim");
@@ -163,7 +195,7 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
     if cluster::can_mount() {
         assert_eq!(c.mounts_under("n2"), 0, "nothing left mounted");
     }
-    let mounted = events(&c, "Mount volume").await;
+    let mounted = wait_event(&c, "Mount volume").await;
     assert!(
         mounted.iter().any(
             |e| e.spec.details.get("volume_id").map(String::as_str) == Some("v1")
@@ -171,7 +203,7 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
         ),
         "{mounted:?}"
     );
-    assert!(!events(&c, "Unmount volume").await.is_empty());
+    wait_event(&c, "Unmount volume").await;
     let vol = c
         .store
         .get(&crate::common::key::<VolumeSpec>("volumes/default/v1"))
@@ -357,7 +389,7 @@ async fn single_node_writer_second_node_is_denied_then_admitted_after_release() 
         }
     })
     .await;
-    assert!(!events(&c, "Claim denied").await.is_empty());
+    wait_event(&c, "Claim denied").await;
 
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n1", ClaimPhase::Released, T).await;
@@ -708,7 +740,7 @@ async fn a_plugin_that_disappears_is_unhealthy_not_forgotten() {
         "what was learned is kept"
     );
     assert!(!after.health_message.is_empty());
-    assert!(!events(&c, "Plugin unhealthy").await.is_empty());
+    wait_event(&c, "Plugin unhealthy").await;
     let store = c.store.clone();
     c.wait("the plugin aggregate to count one healthy node", T, || {
         let store = store.clone();
@@ -729,7 +761,7 @@ async fn a_plugin_that_disappears_is_unhealthy_not_forgotten() {
     c.wait_claim("a1", "n2", ClaimPhase::Denied, T).await;
     c.node_mut("n2").plugin.restart();
     c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
-    assert!(!events(&c, "Plugin healthy").await.is_empty());
+    wait_event(&c, "Plugin healthy").await;
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
     c.check_calls(true);
@@ -764,7 +796,7 @@ async fn an_operator_force_detach_releases_a_claim_on_a_dead_node() {
         }
     }
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
-    assert!(!events(&c, "Node steps skipped").await.is_empty());
+    wait_event(&c, "Node steps skipped").await;
     assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 1);
     assert!(c.attachment("v1", "n2").await.is_none());
 }

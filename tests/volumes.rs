@@ -296,8 +296,11 @@ async fn registration_is_validated_by_the_plugin_and_a_volume_it_cannot_serve_fa
     let (_, out) = c.moorctl(&["volume", "status", "r-ok"]);
     assert_eq!(field(&out, "Phase"), "ready", "{out}");
     assert_eq!(field(&out, "Capacity"), "1.0 MiB", "{out}");
-    let (_, out) = c.moorctl(&["events", "--for", "volume/r-missing"]);
-    assert!(out.contains("Volume validation failed"), "{out}");
+    c.wait("the validation failure's event", T, || async {
+        let (_, out) = c.moorctl(&["events", "--for", "volume/r-missing"]);
+        out.contains("Volume validation failed")
+    })
+    .await;
 
     // A claim on a failed volume is denied with the plugin's reason.
     c.apply(c.allocation("a1", "n1", "r-missing", false)).await;
@@ -696,11 +699,11 @@ async fn snapshots_are_cut_listed_restored_and_deleted_through_moorctl() {
     })
     .await;
     assert_eq!(c.node("n1").count("DeleteSnapshot", "OK"), 1);
-    let (_, out) = c.moorctl(&["events", "--for", "snapshot/s1"]);
-    assert!(
-        out.contains("Snapshot created") && out.contains("Snapshot deleted"),
-        "{out}"
-    );
+    c.wait("the snapshot's created and deleted events", T, || async {
+        let (_, out) = c.moorctl(&["events", "--for", "snapshot/s1"]);
+        out.contains("Snapshot created") && out.contains("Snapshot deleted")
+    })
+    .await;
     // A snapshot of a volume that does not exist is refused.
     let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "nope", "s9"]);
     assert!(!ok && out.contains("not found"), "{out}");
@@ -1774,13 +1777,13 @@ async fn the_survey_s_unpublish_follows_the_step_schedule() {
     assert!(c.node("n1").calls().iter().all(|k| {
         k.rpc != "ControllerUnpublishVolume" || k.volume_id.as_deref() == Some(stray.as_str())
     }));
-    let warned = events_of(&c, "Unknown attachment unpublished").await;
-    assert!(
-        warned
+    c.wait("a failed attempt's Warning", T, || async {
+        events_of(&c, "Unknown attachment unpublished")
+            .await
             .iter()
-            .any(|e| e.spec.type_ == EventType::Warning && e.spec.message.contains("Unavailable")),
-        "a failed attempt is a Warning"
-    );
+            .any(|e| e.spec.type_ == EventType::Warning && e.spec.message.contains("Unavailable"))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

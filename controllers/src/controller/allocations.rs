@@ -22,7 +22,7 @@
 use moor::api::*;
 use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::metrics::ControllerMetrics;
-use moor::store::StoreError;
+use moor::store::{Batch, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -239,22 +239,40 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
             Err(e) => return Err(e),
         }
     }
-    for mut claim in plan.create {
-        // The claim's trace starts here: every step on it, in any process, joins it.
-        let root = moor::telemetry::step_span(
-            "claim created",
-            &claim.key(),
-            claim.spec.volume.as_str(),
-            claim.spec.node.as_str(),
-            None,
-        );
-        claim.metadata.trace = moor::telemetry::traceparent(&root).map(Into::into);
-        match ctx.writer.create(&claim).await {
-            Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+    let claims: Vec<Claim> = plan.create.into_iter().map(traced).collect();
+    let mut status = plan.status;
+    let mut batched = false;
+    if let Some(st) = status
+        .as_ref()
+        .filter(|_| !claims.is_empty() && claims.len() <= 32)
+    {
+        // The claims it makes and the status that says it saw them, in one
+        // transaction: one revision and one round trip for what the next pass would
+        // otherwise write after them. A claim already there, or an allocation changed
+        // since it was read, fails the batch: each is then written on its own below.
+        let store = ctx.writer.store();
+        let mut batch = Batch::default();
+        for claim in &claims {
+            batch.create(store, claim)?;
+        }
+        let mut a = (**alloc).clone();
+        a.status = st.clone();
+        batch.update(store, alloc, &a)?;
+        match ctx.writer.commit(batch).await {
+            Ok(_) => (status, batched) = (None, true),
+            Err(StoreError::Conflict { .. }) => {}
             Err(e) => return Err(e),
         }
     }
-    if let Some(status) = plan.status {
+    if !batched {
+        for claim in &claims {
+            match ctx.writer.create(claim).await {
+                Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    if let Some(status) = status {
         let mut a = (**alloc).clone();
         a.status = status;
         match ctx.writer.update(alloc, &a).await {
@@ -266,6 +284,20 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
         }
     }
     Ok(plan.requeue.map_or(Action::AwaitChange, Action::Requeue))
+}
+
+/// A claim to create, with the trace that starts with it: every step on it, in any
+/// process, joins it.
+fn traced(mut claim: Claim) -> Claim {
+    let root = moor::telemetry::step_span(
+        "claim created",
+        &claim.key(),
+        claim.spec.volume.as_str(),
+        claim.spec.node.as_str(),
+        None,
+    );
+    claim.metadata.trace = moor::telemetry::traceparent(&root).map(Into::into);
+    claim
 }
 
 /// The capacity reports of the plugins whose templates have no volume yet (read only
