@@ -172,6 +172,18 @@ pub struct List<S: Spec, T = Object<S>> {
 }
 
 /// Whether a response was refused for exceeding the gRPC message size limit.
+/// Runs `work` (CPU for a while without an await: a page of tens of thousands of
+/// objects decoded) where it does not hold up the runtime's other tasks: on a
+/// multi-threaded runtime the worker running it hands its other tasks to another
+/// worker first (`block_in_place`), so that a leader's renewal, a node's heartbeat or a
+/// timer is not kept waiting behind a list. Inline on a current-thread runtime.
+fn off_the_workers(work: &mut dyn FnMut()) {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
 fn too_large(e: &etcd_client::Error) -> bool {
     e.to_string().contains("message length too large")
 }
@@ -432,11 +444,14 @@ impl Store {
                 revision = resp.header().map(|h| h.revision()).unwrap_or_default();
             }
             let mut bytes = 0;
-            for kv in resp.kvs() {
-                let key = String::from_utf8_lossy(&kv.key()[self.prefix.len()..]);
-                each(&key, kv.value(), kv.mod_revision());
-                bytes += kv.key().len() + kv.value().len();
-            }
+            let mut page_each = || {
+                for kv in resp.kvs() {
+                    let key = String::from_utf8_lossy(&kv.key()[self.prefix.len()..]);
+                    each(&key, kv.value(), kv.mod_revision());
+                    bytes += kv.key().len() + kv.value().len();
+                }
+            };
+            off_the_workers(&mut page_each);
             let remaining = resp.count() - resp.kvs().len() as i64;
             page = next_page_size(self.page_size, resp.kvs().len(), bytes, remaining);
             match (resp.more(), resp.kvs().last()) {
