@@ -65,7 +65,11 @@ async fn publish_and_release(opts: PluginOpts) -> Cluster {
         .await
         .unwrap();
     let then = &then.kvs()[0];
-    assert_eq!(then.mod_revision(), made, "claim and status in one transaction");
+    assert_eq!(
+        then.mod_revision(),
+        made,
+        "claim and status in one transaction"
+    );
     let status: serde_json::Value = serde_json::from_slice(then.value()).unwrap();
     assert_eq!(status["status"]["observed_generation"], 1, "{status}");
     // The node steps get the volume's secrets from the claim (the agent reads its
