@@ -270,7 +270,7 @@ impl Batch {
 
     /// [`Batch::commit`] of writes that need not land at once (events): the batch
     /// joins the transaction of another write this process makes within `linger`, or
-    /// goes alone after it (see [`super::group`], riders). A retry after a repair goes
+    /// goes alone after it (the store's riders: `store::group`). A retry after a repair goes
     /// at once.
     pub async fn commit_riding(
         self,
