@@ -804,3 +804,202 @@ async fn an_operator_force_detach_releases_a_claim_on_a_dead_node() {
     assert_eq!(c.node("n1").count("ControllerUnpublishVolume", "OK"), 1);
     assert!(c.attachment("v1", "n2").await.is_none());
 }
+
+/// When each of `node`'s successful calls of `rpc` was at the plugin: (start, end).
+fn call_spans(
+    n: &cluster::TestNode,
+    rpc: &str,
+) -> Vec<(std::time::SystemTime, std::time::SystemTime)> {
+    let mut spans: Vec<_> = n
+        .calls()
+        .iter()
+        .filter(|c| c.rpc == rpc && c.ok())
+        .map(|c| {
+            let end = humantime::parse_rfc3339(&c.time).expect("a call's time");
+            (end - Duration::from_secs_f64(c.duration_ms / 1000.0), end)
+        })
+        .collect();
+    spans.sort();
+    spans
+}
+
+/// Two volumes attached to one node at once, then detached at once, with the first
+/// call of each held in the plugin. With the plugin's `serialize-per-node`, the second
+/// call waits in the agent (counted by `moor_controller_calls_waiting_for_node`) and
+/// never reaches the plugin while the first is there; without it, both are at the
+/// plugin together.
+async fn two_controller_calls_to_one_node(serialize: bool) {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let opts = PluginOpts {
+        plugin_options: if serialize {
+            vec!["serialize-per-node=true".into()]
+        } else {
+            Vec::new()
+        },
+        // A held call must not time out while the test looks at it.
+        agent_args: vec!["--csi-timeout=120s".into()],
+        ..Default::default()
+    };
+    let c = Cluster::start(1, 2, opts).await;
+    for v in ["v1", "v2"] {
+        c.apply(c.volume(v, AccessMode::SingleNodeWriter)).await;
+        c.volume_ready(v).await;
+    }
+    let n1 = c.node("n1");
+    let waiting = "moor_controller_calls_waiting_for_node{plugin=\"hostpath.moor.dev\"}";
+    for (rpc, step) in [
+        ("ControllerPublishVolume", "attach"),
+        ("ControllerUnpublishVolume", "detach"),
+    ] {
+        hold(&c, "n1", rpc).await;
+        if step == "attach" {
+            c.apply(c.allocation("a1", "n2", "v1", false)).await;
+            c.apply(c.allocation("a2", "n2", "v2", false)).await;
+        } else {
+            c.stop_alloc("a1").await;
+            c.stop_alloc("a2").await;
+        }
+        if serialize {
+            c.wait(&format!("one {step} held, one waiting"), T, || async move {
+                n1.hanging(rpc).await == 1
+                    && common::metric(&n1.http_get("/metrics").await, waiting) == Some(1.0)
+            })
+            .await;
+            // The waiting call is counted before it waits: it has not been sent.
+            assert_eq!(
+                n1.hanging(rpc).await,
+                1,
+                "the second {step} reached the plugin"
+            );
+        } else {
+            c.wait(&format!("both {step}es held"), T, || async move {
+                n1.hanging(rpc).await == 2
+            })
+            .await;
+            let page = n1.http_get("/metrics").await;
+            assert_ne!(common::metric(&page, waiting), Some(1.0));
+        }
+        let_go(&c, "n1", rpc).await;
+        let phase = if step == "attach" {
+            ClaimPhase::Published
+        } else {
+            ClaimPhase::Released
+        };
+        c.wait_claim("a1", "n2", phase, T).await;
+        c.wait_claim("a2", "n2", phase, T).await;
+        let spans = call_spans(n1, rpc);
+        assert_eq!(spans.len(), 2, "{rpc}: {spans:?}");
+        let overlap = spans[1].0 < spans[0].1;
+        assert_eq!(overlap, !serialize, "{rpc} at the plugin: {spans:?}");
+    }
+    c.check_calls(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serialize_per_node_sends_one_controller_call_per_node_at_a_time() {
+    two_controller_calls_to_one_node(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_serialize_per_node_controller_calls_to_one_node_overlap() {
+    two_controller_calls_to_one_node(false).await;
+}
+
+/// An attach limit that fell while running (Kubernetes' MutableCSINodeAllocatableCount):
+/// the node can take one volume now. ControllerPublish refused with ResourceExhausted
+/// (the spec's "max volumes attached") makes the node's agent ask NodeGetInfo again at
+/// once, though its fingerprint interval here is an hour; the Node shows the new
+/// max_volumes_per_node, admission holds the next claim by it, and the refused claim
+/// attaches once a volume left the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_refused_for_the_node_s_limit_refreshes_the_limit() {
+    use moor_hostpath::faults::Command;
+    let _slot = SLOTS.acquire().await.unwrap();
+    let opts = PluginOpts {
+        agent_args: vec!["--fingerprint-interval=1h".into(), "--retry-cap=2s".into()],
+        ..Default::default()
+    };
+    let c = Cluster::start(1, 2, opts).await;
+    for v in ["v1", "v2", "v3"] {
+        c.apply(c.volume(v, AccessMode::SingleNodeWriter)).await;
+        c.volume_ready(v).await;
+    }
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    let (n1, n2) = (c.node("n1"), c.node("n2"));
+    let asked_before = n2.tried("NodeGetInfo");
+    // The controller instance (n1) enforces the new limit, the node instance (n2)
+    // reports it.
+    for n in [n1, n2] {
+        n.fault(Command::MaxVolumes { max: 1 }).await;
+    }
+    c.apply(c.allocation("a2", "n2", "v2", false)).await;
+    let store = &c.store;
+    let limit = || async move {
+        store
+            .get(&Node::key_for(&cluster::node("n2")))
+            .await
+            .ok()
+            .and_then(|n| {
+                n.status
+                    .plugins
+                    .get(&PluginId::new(cluster::PLUGIN).unwrap())
+                    .cloned()
+            })
+            .and_then(|p| p.max_volumes_per_node)
+    };
+    c.wait("the node's new limit on its Node", T, || async move {
+        limit().await == Some(1)
+    })
+    .await;
+    assert!(n1.count("ControllerPublishVolume", "ResourceExhausted") >= 1);
+    let a2 = c.claim("a2", "n2").await.expect("a2's claim");
+    let refused = a2
+        .status
+        .meta
+        .retry
+        .as_deref()
+        .expect("a2 shows the refusal");
+    assert_eq!(
+        (refused.step.as_str(), refused.code.as_str()),
+        ("ControllerPublishVolume", "ResourceExhausted")
+    );
+    // Asked again because of the refusals, not in a loop.
+    let asked = n2.tried("NodeGetInfo") - asked_before;
+    let refusals = n1.count("ControllerPublishVolume", "ResourceExhausted");
+    assert!(
+        asked >= 1 && asked <= refusals + 1,
+        "NodeGetInfo asked {asked} times for {refusals} refusals"
+    );
+
+    // Admission now counts by the new limit.
+    c.apply(c.allocation("a3", "n2", "v3", false)).await;
+    let cr = &c;
+    c.wait("a3 held by the node's limit", T, || async move {
+        cr.claim("a3", "n2").await.is_some_and(|cl| {
+            cl.status.phase == ClaimPhase::Denied
+                && cl
+                    .status
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("(max 1)"))
+        })
+    })
+    .await;
+    // A volume leaves the node: the refused claim attaches on its retry.
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, T).await;
+    let a3 = c.claim("a3", "n2").await.expect("a3's claim");
+    assert_eq!(
+        a3.status.phase,
+        ClaimPhase::Denied,
+        "a2 holds the one volume"
+    );
+    for a in ["a2", "a3"] {
+        c.stop_alloc(a).await;
+    }
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
+}

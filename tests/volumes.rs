@@ -491,6 +491,82 @@ async fn raising_capacity_min_expands_the_volume_and_the_node_online_and_shrinki
     c.check_calls(false);
 }
 
+/// An expansion the plugin refuses for good (OUT_OF_RANGE: moor-hostpath makes volumes
+/// of at most 8 MiB) does not wedge the volume (Kubernetes' RecoverVolumeExpansionFailure):
+/// lowered to a size the plugin takes, the volume expands to it; lowered to what the
+/// volume already has, the failure is withdrawn, with no call. The volume is used
+/// before, during and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_expansion_recovers_when_the_request_is_lowered() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, plugin_flags(&["--max-volume-size=8MiB"])).await;
+    create_ready(&c, "v1").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    let n1 = c.node("n1");
+    let refused = || async {
+        let v = volume(&c, "v1").await;
+        let p = &v.status.provisioning;
+        p.meta.retry.as_ref().is_some_and(|r| r.final_answer)
+            && p.meta
+                .conditions
+                .iter()
+                .any(|k| k.type_ == "Expanded" && !k.status)
+    };
+
+    apply_yaml(&c, "v1-64", &created("v1", "capacity_min: 64MiB"));
+    c.wait("the expansion refused", T, refused).await;
+    assert_eq!(n1.count("ControllerExpandVolume", "OutOfRange"), 1);
+    // Lowered to a size the plugin takes: expanded to it at once (not after the
+    // refusal's backoff).
+    apply_yaml(&c, "v1-4", &created("v1", "capacity_min: 4MiB"));
+    c.wait("v1 expanded to 4MiB", T, || async {
+        let v = volume(&c, "v1").await;
+        let p = &v.status.provisioning;
+        p.capacity_bytes == Some(4 * MIB) && p.meta.retry.is_none()
+    })
+    .await;
+
+    // Refused again, then lowered to what the volume has: withdrawn, no call.
+    apply_yaml(&c, "v1-64b", &created("v1", "capacity_min: 64MiB"));
+    c.wait("the expansion refused again", T, refused).await;
+    let calls = n1.tried("ControllerExpandVolume");
+    apply_yaml(&c, "v1-2", &created("v1", "capacity_min: 2MiB"));
+    c.wait("the failure withdrawn", T, || async {
+        let v = volume(&c, "v1").await;
+        let p = &v.status.provisioning;
+        p.meta.retry.is_none()
+            && p.meta.last_error.is_none()
+            && p.meta
+                .conditions
+                .iter()
+                .any(|k| k.type_ == "Expanded" && k.status && k.reason == "ExpansionWithdrawn")
+    })
+    .await;
+    wait_events(&c, "Volume expansion withdrawn", 1).await;
+    assert_eq!(
+        n1.tried("ControllerExpandVolume"),
+        calls,
+        "no call to withdraw"
+    );
+    assert_eq!(
+        volume(&c, "v1").await.status.provisioning.capacity_bytes,
+        Some(4 * MIB),
+        "never shrunk"
+    );
+    let (_, out) = c.moorctl(&["volume", "status", "v1"]);
+    assert!(field(&out, "Conditions").contains("Expanded=true"), "{out}");
+
+    // Still usable: released, and claimed again.
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    c.apply(c.allocation("a2", "n2", "v1", false)).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, T).await;
+    assert_eq!(n1.count("ControllerExpandVolume", "OK"), 1);
+    assert_eq!(n1.count("ControllerExpandVolume", "OutOfRange"), 2);
+    c.check_calls(false);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offline_plugin_expands_once_released_and_the_node_expands_at_the_next_stage() {
     let _slot = SLOTS.acquire().await.unwrap();

@@ -115,8 +115,13 @@ pub async fn run(
     let mut raw = etcd_client::Client::connect([&srv.url], None).await?;
     let store = Store::connect(std::slice::from_ref(&srv.url), moor::store::DEFAULT_PREFIX).await?;
     let retention_flag = format!("--retention={}ms", retention.as_millis());
-    let cluster =
-        Cluster::start_with(bins, &srv.url, dir, 1, &[], plugin_id, &[retention_flag]).await?;
+    let cluster = {
+        let agent = crate::cluster::AgentFlags {
+            plugin_id,
+            plugin_options: "",
+        };
+        Cluster::start_with(bins, &srv.url, dir, 1, &[], &agent, &[retention_flag]).await?
+    };
     cluster.wait_ready(&store, plugin_id).await?;
     let tracker = Tracker::spawn(&store);
     let long = Duration::from_secs(600);

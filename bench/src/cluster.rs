@@ -266,6 +266,16 @@ pub async fn start_store(backend: Backend, bins: &Bins, dir: &Path) -> anyhow::R
     Ok(StoreProc { url, version, proc })
 }
 
+/// What each agent's `--plugin` names besides its endpoint.
+#[derive(Clone, Copy)]
+pub struct AgentFlags<'a> {
+    /// The plugin's id.
+    pub plugin_id: &'a str,
+    /// More `--plugin` options (`serialize-per-node=true`), comma-separated; may be
+    /// empty.
+    pub plugin_options: &'a str,
+}
+
 /// moord controller and the nodes.
 pub struct Cluster {
     /// The controller (killed and restarted by the restart phase).
@@ -310,8 +320,13 @@ impl Cluster {
         nodes: usize,
         external: &[ExternalPlugin],
         plugin_id: &str,
+        plugin_options: &str,
     ) -> anyhow::Result<Cluster> {
-        Cluster::start_with(bins, url, dir, nodes, external, plugin_id, &[]).await
+        let agent = AgentFlags {
+            plugin_id,
+            plugin_options,
+        };
+        Cluster::start_with(bins, url, dir, nodes, external, &agent, &[]).await
     }
 
     /// [`Cluster::start`] with more flags for the controller.
@@ -321,9 +336,13 @@ impl Cluster {
         dir: &Path,
         nodes: usize,
         external: &[ExternalPlugin],
-        plugin_id: &str,
+        agent_flags: &AgentFlags<'_>,
         controller_extra: &[String],
     ) -> anyhow::Result<Cluster> {
+        let AgentFlags {
+            plugin_id,
+            plugin_options,
+        } = *agent_flags;
         let nodes = if external.is_empty() {
             nodes
         } else {
@@ -385,8 +404,13 @@ impl Cluster {
                     .arg(ndir.join("agent"))
                     .arg("--plugin")
                     .arg(format!(
-                        "id={plugin_id},type={plugin_type},endpoint={endpoint},mount-dir={}",
-                        ndir.join("mnt").display()
+                        "id={plugin_id},type={plugin_type},endpoint={endpoint},mount-dir={}{}",
+                        ndir.join("mnt").display(),
+                        if plugin_options.is_empty() {
+                            String::new()
+                        } else {
+                            format!(",{plugin_options}")
+                        }
                     ))
                     .arg("--http")
                     .arg(format!("127.0.0.1:{port}")),
@@ -411,6 +435,34 @@ impl Cluster {
     }
 
     /// Waits until every node has a healthy plugin and the Plugin object counts them.
+    /// Makes every ControllerPublish and ControllerUnpublish of the plugins the harness
+    /// started take `ms` longer (moor-hostpath's latency fault, sent to its admin
+    /// socket): a plugin as slow as a cloud's attach API.
+    pub async fn slow_controller_calls(&self, ms: u64) -> anyhow::Result<()> {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        for log in self.call_logs.iter().flatten() {
+            let admin = log.with_file_name("admin.sock");
+            for rpc in ["ControllerPublishVolume", "ControllerUnpublishVolume"] {
+                let line = serde_json::json!({"op": "latency", "rpc": rpc, "ms": ms});
+                let mut stream = tokio::net::UnixStream::connect(&admin)
+                    .await
+                    .with_context(|| format!("connecting to {}", admin.display()))?;
+                stream.write_all(format!("{line}\n").as_bytes()).await?;
+                let mut reply = String::new();
+                tokio::io::BufReader::new(stream)
+                    .read_line(&mut reply)
+                    .await?;
+                anyhow::ensure!(
+                    reply.trim() == "ok",
+                    "{}: {}",
+                    admin.display(),
+                    reply.trim()
+                );
+            }
+        }
+        Ok(())
+    }
+
     pub async fn wait_ready(&self, store: &Store, plugin_id: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {

@@ -88,6 +88,13 @@ struct Args {
     /// The plugin's name (GetPluginInfo) when --plugin-endpoint is given.
     #[arg(long, default_value = cluster::PLUGIN_ID)]
     plugin_id: String,
+    /// More options of each agent's `--plugin` (e.g. `serialize-per-node=true`).
+    #[arg(long, default_value = "")]
+    plugin_options: String,
+    /// Milliseconds added to every ControllerPublish/ControllerUnpublish of the
+    /// moor-hostpath plugins the harness starts (a slow attach API).
+    #[arg(long, default_value_t = 0)]
+    controller_latency_ms: u64,
     /// Volumes, allocations and published claims stored for the scale phase (0 skips it).
     #[arg(long, default_value_t = 100_000)]
     scale: usize,
@@ -351,10 +358,23 @@ async fn run_one(
     };
 
     let store = Store::connect(std::slice::from_ref(&srv.url), moor::store::DEFAULT_PREFIX).await?;
-    let mut cluster =
-        Cluster::start(bins, &srv.url, dir, args.nodes, external, &args.plugin_id).await?;
+    let mut cluster = Cluster::start(
+        bins,
+        &srv.url,
+        dir,
+        args.nodes,
+        external,
+        &args.plugin_id,
+        &args.plugin_options,
+    )
+    .await?;
     step("waiting for the nodes");
     cluster.wait_ready(&store, &args.plugin_id).await?;
+    if args.controller_latency_ms > 0 {
+        cluster
+            .slow_controller_calls(args.controller_latency_ms)
+            .await?;
+    }
     let tracker = Tracker::spawn(&store);
     let long = Duration::from_secs(600 + n as u64 / 10);
 

@@ -254,6 +254,36 @@ pub fn plugins(instances: &[(&str, &str, i64, i64)]) {
     }
 }
 
+/// The label of per-plugin metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginIdLabel {
+    /// The plugin id.
+    pub plugin: String,
+}
+
+static WAITING_FOR_NODE: LazyLock<Family<PluginIdLabel, Gauge>> = LazyLock::new(Family::default);
+
+/// Counts one ControllerPublish/Unpublish of `plugin` waiting for its node's turn
+/// (`serialize-per-node`) until the returned guard drops.
+pub fn waiting_for_node(plugin: &str) -> WaitingForNode {
+    let gauge = WAITING_FOR_NODE
+        .get_or_create(&PluginIdLabel {
+            plugin: plugin.to_string(),
+        })
+        .clone();
+    gauge.inc();
+    WaitingForNode(gauge)
+}
+
+/// One call counted as waiting for its node's turn; uncounted when dropped.
+pub struct WaitingForNode(Gauge);
+
+impl Drop for WaitingForNode {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Forgets a volume no longer published on this node.
 pub fn forget_volume(namespace: &str, volume: &str) {
     volume_stats(namespace, volume, &Default::default(), None);
@@ -385,6 +415,11 @@ impl Metrics {
             "moor_plugin_instances_expected",
             "Instances a plugin is expected to have, by type (the leading controller's view)",
             PLUGIN_EXPECTED.clone(),
+        );
+        registry.register(
+            "moor_controller_calls_waiting_for_node",
+            "ControllerPublish/ControllerUnpublish calls of a plugin set to serialize-per-node that wait for another call to the same node to end",
+            WAITING_FOR_NODE.clone(),
         );
         registry.register(
             "moor_volume",

@@ -146,6 +146,8 @@ pub struct PluginOpts {
     pub node_extra: Vec<(String, Vec<String>)>,
     /// More flags of the agents.
     pub agent_args: Vec<String>,
+    /// More options of the agents' `--plugin` (`serialize-per-node=true`).
+    pub plugin_options: Vec<String>,
     /// More flags of the controllers.
     pub controller_args: Vec<String>,
     /// A command the agents run under (`unshare --pid ...`): the agent's program and
@@ -193,6 +195,7 @@ impl Default for PluginOpts {
             extra: Vec::new(),
             node_extra: Vec::new(),
             agent_args: Vec::new(),
+            plugin_options: Vec::new(),
             controller_args: Vec::new(),
             agent_wrapper: Vec::new(),
             proxied: false,
@@ -412,19 +415,34 @@ impl Cluster {
             format!("--etcd={etcd}"),
             format!("--data-dir={}", data_dir.display()),
             format!(
-                "--plugin=id={PLUGIN},type={kind},endpoint=unix://{},mount-dir={}",
+                "--plugin=id={PLUGIN},type={kind},endpoint=unix://{},mount-dir={}{}",
                 sock.display(),
-                mount_dir.display()
+                mount_dir.display(),
+                self.opts
+                    .plugin_options
+                    .iter()
+                    .map(|o| format!(",{o}"))
+                    .collect::<String>()
             ),
-            "--fingerprint-interval=1s".into(),
             "--node-ttl=3s".into(),
             "--leader-ttl=3s".into(),
-            "--csi-timeout=5s".into(),
             "--csi-tries=2".into(),
             // Repeats of an event fold; their counts are written within a second.
             "--event-window=1s".into(),
             format!("--http={http}"),
         ];
+        // These unless the test gives its own.
+        for default in ["--fingerprint-interval=1s", "--csi-timeout=5s"] {
+            let flag = default.split('=').next().unwrap_or(default);
+            if !self
+                .opts
+                .agent_args
+                .iter()
+                .any(|a| a.split('=').next() == Some(flag))
+            {
+                aargs.push(default.into());
+            }
+        }
         // `{dir}` in an agent argument is the node's own directory.
         let node_dir = dir.display().to_string();
         aargs.extend(

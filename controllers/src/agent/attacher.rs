@@ -14,7 +14,9 @@
 //!    again on its step's schedule ([`moor::runtime::steps`]): the status write does not
 //!    bring the retry forward.
 //!
-//! One controller call per volume at a time (a lock shared with the provisioner).
+//! One controller call per volume at a time (a lock shared with the provisioner); with
+//! the plugin's `serialize-per-node`, also one ControllerPublish/Unpublish per node at a
+//! time (taken after the volume's lock, around the call only).
 
 use moor::api::*;
 use moor::csi::requests;
@@ -138,7 +140,10 @@ impl Attacher {
             .writer
             .write_status(att, |st| st.uncertain = true)
             .await?;
-        match step.call(self.ctx.csi()?.controller_publish(req)).await {
+        let turn = self.ctx.node_turn(att.spec.csi_node_id.as_str()).await;
+        let answer = step.call(self.ctx.csi()?.controller_publish(req)).await;
+        drop(turn);
+        match answer {
             Ok(resp) => {
                 self.ctx
                     .writer
@@ -193,7 +198,10 @@ impl Attacher {
         // as Detaching is, and `spec.detach` is final (no claim is granted on this
         // attachment again), so a crash mid-call repeats the call either way. Detaching
         // is written when the call fails, with the failure.
-        if let Err(failed) = step.call(self.ctx.csi()?.controller_unpublish(req)).await {
+        let turn = self.ctx.node_turn(att.spec.csi_node_id.as_str()).await;
+        let answer = step.call(self.ctx.csi()?.controller_unpublish(req)).await;
+        drop(turn);
+        if let Err(failed) = answer {
             self.ctx
                 .writer
                 .write_status(att, |st| {

@@ -152,6 +152,11 @@ pub struct PluginConfig {
     pub mount_dir: PathBuf,
     /// The same directory as the plugin sees it (containerised plugins).
     pub container_mount_dir: PathBuf,
+    /// `serialize-per-node=true`: one ControllerPublish or ControllerUnpublish at a
+    /// time per node of this plugin (for plugins that fail when two volumes attach to
+    /// one node at once); off by default. The agent leading the plugin's controller
+    /// election applies its own setting.
+    pub serialize_per_node: bool,
 }
 
 impl PluginConfig {
@@ -175,6 +180,7 @@ impl std::str::FromStr for PluginConfig {
     fn from_str(s: &str) -> Result<Self, String> {
         let (mut id, mut ty, mut endpoint, mut mount_dir, mut container) =
             (None, None, None, None, None);
+        let mut serialize_per_node = false;
         for part in s.split(',').filter(|p| !p.is_empty()) {
             let (k, v) = part
                 .split_once('=')
@@ -197,6 +203,13 @@ impl std::str::FromStr for PluginConfig {
                 }
                 "mount-dir" => mount_dir = Some(PathBuf::from(v)),
                 "container-mount-dir" => container = Some(PathBuf::from(v)),
+                "serialize-per-node" => {
+                    serialize_per_node = match v {
+                        "true" => true,
+                        "false" => false,
+                        _ => return Err(format!("serialize-per-node {v:?} is not true or false")),
+                    }
+                }
                 _ => return Err(format!("unknown plugin option {k:?}")),
             }
         }
@@ -218,6 +231,7 @@ impl std::str::FromStr for PluginConfig {
             endpoint,
             mount_dir,
             container_mount_dir,
+            serialize_per_node,
         })
     }
 }
@@ -396,6 +410,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
                     policy: policy.clone(),
                     recorder: recorder.clone(),
                     locks: KeyedLocks::default(),
+                    node_calls: KeyedLocks::default(),
                     steps: moor::runtime::steps::Steps::new(schedule.clone()),
                     capacity: Default::default(),
                     surveyed: Arc::new(tokio::sync::watch::channel(0).0),
@@ -438,6 +453,9 @@ pub struct ControllerPluginCtx {
     pub recorder: Recorder,
     /// One in-flight controller call per volume.
     pub locks: KeyedLocks,
+    /// One in-flight ControllerPublish/Unpublish per node, by CSI node id, when the
+    /// plugin is configured so ([`ControllerPluginCtx::node_turn`]).
+    pub node_calls: KeyedLocks,
     /// Retry gates of failing controller steps.
     pub steps: moor::runtime::steps::Steps,
     /// GetCapacity's answers from the last survey (none yet: unknown).
@@ -525,6 +543,19 @@ impl ControllerPluginCtx {
             moor::csi::client::Csi::new(ch, self.policy.for_plugin(self.plugin.id.as_str()))
                 .under(self.term.clone()),
         )
+    }
+
+    /// With `serialize-per-node`, waits until no other ControllerPublish or
+    /// ControllerUnpublish of this plugin is in flight to `csi_node`, and holds the
+    /// node until the guard drops (after the call); `None` at once otherwise. Taken
+    /// after the volume's lock, never before it, so the two cannot deadlock. The
+    /// waiting are counted in `moor_controller_calls_waiting_for_node`.
+    pub async fn node_turn(&self, csi_node: &str) -> Option<crate::common::KeyGuard> {
+        if !self.plugin.serialize_per_node {
+            return None;
+        }
+        let _waiting = moor::runtime::metrics::waiting_for_node(self.plugin.id.as_str());
+        Some(self.node_calls.lock(csi_node).await)
     }
 
     /// Whether the plugin advertises controller capability `rpc` (false until its
@@ -640,6 +671,11 @@ mod tests {
         assert_eq!(p.container_mount_dir, PathBuf::from("/c"));
         let c: PluginConfig = "id=x,type=controller,endpoint=unix:///s".parse().unwrap();
         assert!(!c.is_node());
+        assert!(!c.serialize_per_node, "off unless asked");
+        let c: PluginConfig = "id=x,type=controller,endpoint=unix:///s,serialize-per-node=true"
+            .parse()
+            .unwrap();
+        assert!(c.serialize_per_node);
         for (bad, says) in [
             ("type=node,endpoint=unix:///s,mount-dir=/h", "id="),
             ("id=x,type=nope,endpoint=unix:///s,mount-dir=/h", "type"),
@@ -652,6 +688,10 @@ mod tests {
             (
                 "id=x,type=node,endpoint=unix:///s,mount-dir=/h,colour=red",
                 "colour",
+            ),
+            (
+                "id=x,type=controller,endpoint=unix:///s,serialize-per-node=yes",
+                "serialize-per-node",
             ),
         ] {
             let e = bad.parse::<PluginConfig>().unwrap_err();

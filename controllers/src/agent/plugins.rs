@@ -3,7 +3,8 @@
 //! Expected flow:
 //! 1. Each plugin is probed until ready, then fingerprinted (GetPluginInfo, plugin,
 //!    controller and node capabilities, NodeGetInfo) every interval; every second while
-//!    unhealthy.
+//!    unhealthy; at once when a claim of the node shows its ControllerPublish refused
+//!    with ResourceExhausted (an attach limit that changed).
 //! 2. A plugin that stops answering is marked unhealthy with the reason and keeps what
 //!    was last learned of it (it is not forgotten); a health change is an event.
 //! 3. The Node object holds every plugin's status. It is created under the node's lease,
@@ -52,6 +53,12 @@ struct Inner {
     /// controller may have collected the node, so the agent counts itself unregistered
     /// whatever `registered` says.
     vouched: std::sync::Mutex<Term>,
+    /// Per plugin: wakes its fingerprint loop before its interval is up
+    /// ([`Supervisor::attach_refused`]).
+    refresh: BTreeMap<PluginId, Arc<tokio::sync::Notify>>,
+    /// Per plugin: the last refused ControllerPublish that woke it (since, attempts of
+    /// the claim's failing step), so one refusal asks once.
+    refused: std::sync::Mutex<BTreeMap<PluginId, (Timestamp, u32)>>,
 }
 
 /// What the node rules of the contract monitor need: the volumes this node has
@@ -138,6 +145,10 @@ impl Supervisor {
         }
         let (changed, _) = watch::channel(0);
         let (registered, _) = watch::channel(0);
+        let refresh = configs
+            .iter()
+            .map(|c| (c.id.clone(), Arc::default()))
+            .collect();
         let sup = Supervisor {
             inner: Arc::new(Inner {
                 channels,
@@ -145,6 +156,8 @@ impl Supervisor {
                 changed,
                 registered,
                 vouched: Default::default(),
+                refresh,
+                refused: Default::default(),
             }),
         };
         for cfg in configs {
@@ -164,6 +177,38 @@ impl Supervisor {
         let (keeper, shutdown) = (sup.clone(), shutdown.clone());
         tasks.spawn(async move { keeper.keep_node(store, node, node_ttl, shutdown).await });
         sup
+    }
+
+    /// Reads a claim of this node: when its attachment's ControllerPublish was refused
+    /// with ResourceExhausted (the spec's "max volumes attached"), the plugin is
+    /// fingerprinted again at once, so that NodeGetInfo's max_volumes_per_node, if it
+    /// changed, reaches the Node and the controller's admission now rather than at
+    /// the next `--fingerprint-interval`. Each refusal (the failing step's since and
+    /// attempts) asks once.
+    pub fn attach_refused(&self, claim: &Claim) {
+        let Some(f) = claim.status.meta.retry.as_deref() else {
+            return;
+        };
+        if f.step != "ControllerPublishVolume" || f.code != "ResourceExhausted" {
+            return;
+        }
+        let Some(wake) = self.inner.refresh.get(&claim.spec.plugin_id) else {
+            return;
+        };
+        let this = (f.since, f.attempts);
+        {
+            let mut refused = self.inner.refused.lock().unwrap_or_else(|p| p.into_inner());
+            if refused.get(&claim.spec.plugin_id) == Some(&this) {
+                return;
+            }
+            refused.insert(claim.spec.plugin_id.clone(), this);
+        }
+        tracing::info!(
+            plugin = %claim.spec.plugin_id,
+            claim = %claim.metadata.name,
+            "ControllerPublish refused with ResourceExhausted: asking NodeGetInfo again"
+        );
+        wake.notify_one();
     }
 
     /// The channel to a plugin.
@@ -240,6 +285,7 @@ impl Supervisor {
         let Some(channel) = self.channel(&cfg.id) else {
             return;
         };
+        let wake = self.inner.refresh.get(&cfg.id).cloned().unwrap_or_default();
         loop {
             // What a plugin reports is checked before it is written: a Node the
             // controller would refuse must never be what this agent writes.
@@ -323,6 +369,7 @@ impl Supervisor {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
+                _ = wake.notified() => {}
             }
         }
     }

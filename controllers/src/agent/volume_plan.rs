@@ -11,6 +11,7 @@
 //! | created, not Ready | CreateVolume |
 //! | Ready, `capacity_max` below the capacity | refused: volumes do not shrink |
 //! | Ready, `capacity_min` above the capacity | ControllerExpandVolume (EXPAND_VOLUME) |
+//! | Ready, no expansion owed, `Expanded` false (a request refused, since lowered) | the failure cleared, `Expanded` true |
 //! | Ready, `mutable_parameters` not those accepted | ControllerModifyVolume (MODIFY_VOLUME) |
 
 use moor::api::*;
@@ -34,6 +35,14 @@ pub enum Step {
         required: u64,
         /// capacity_max, or 0.
         limit: u64,
+    },
+    /// An expansion failed or was refused, and the request was lowered since to what
+    /// the volume already has (never below it: volumes do not shrink): nothing is
+    /// owed any more, so the failure is cleared and `Expanded` shows true again
+    /// (Kubernetes' RecoverVolumeExpansionFailure).
+    ExpansionWithdrawn {
+        /// The volume's capacity, which meets the request now.
+        capacity: u64,
     },
     /// ControllerModifyVolume with the spec's mutable parameters.
     Modify,
@@ -218,7 +227,19 @@ fn ready(vol: &Volume, caps: &PluginCapabilities) -> Step {
                 }
             }
         }
-        _ => Step::Nothing,
+        Some(actual) => {
+            let refused = p
+                .meta
+                .conditions
+                .iter()
+                .any(|c| c.type_ == EXPANDED && !c.status);
+            if refused {
+                Step::ExpansionWithdrawn { capacity: actual }
+            } else {
+                Step::Nothing
+            }
+        }
+        None => Step::Nothing,
     };
     if step != Step::Nothing {
         return refused_once(vol, step);
@@ -486,6 +507,16 @@ mod tests {
             }
         ));
         v.spec.capacity_max = None;
+        // Nothing is owed now, but the status still shows the earlier refusal: it is
+        // withdrawn once, then nothing.
+        assert_eq!(
+            next(&v, F, &caps(&[ControllerRpc::ExpandVolume]), None),
+            Step::ExpansionWithdrawn { capacity: 100 }
+        );
+        v.status
+            .provisioning
+            .meta
+            .set_condition(EXPANDED, true, "ExpansionWithdrawn", "met");
         assert_eq!(
             next(&v, F, &caps(&[ControllerRpc::ExpandVolume]), None),
             Step::Nothing
@@ -568,5 +599,41 @@ mod tests {
             ),
             Step::Nothing
         );
+    }
+
+    #[test]
+    fn a_refused_expansion_recovers_when_the_request_is_lowered() {
+        let expand = caps(&[ControllerRpc::ExpandVolume]);
+        let mut v = ready_volume();
+        v.spec.capacity_min = Some(Size(1000));
+        assert!(matches!(
+            next(&v, F, &expand, None),
+            Step::Expand { required: 1000, .. }
+        ));
+        // The plugin refused it for good.
+        let meta = &mut v.status.provisioning.meta;
+        meta.set_condition(EXPANDED, false, "ControllerExpandVolumeFailed", "too big");
+        meta.last_error = Some("too big".into());
+        // Still asked for: still owed (the step's gate decides when).
+        assert!(matches!(next(&v, F, &expand, None), Step::Expand { .. }));
+        // Lowered to a size the plugin takes: expanded to it.
+        v.spec.capacity_min = Some(Size(200));
+        assert!(matches!(
+            next(&v, F, &expand, None),
+            Step::Expand { required: 200, .. }
+        ));
+        // Lowered to what the volume has, or below (it does not shrink): withdrawn.
+        for min in [100, 50] {
+            v.spec.capacity_min = Some(Size(min));
+            assert_eq!(
+                next(&v, F, &expand, None),
+                Step::ExpansionWithdrawn { capacity: 100 },
+                "capacity_min {min}"
+            );
+        }
+        // Never expanded, never refused: nothing.
+        let mut fresh = ready_volume();
+        fresh.spec.capacity_min = Some(Size(50));
+        assert_eq!(next(&fresh, F, &expand, None), Step::Nothing);
     }
 }

@@ -76,6 +76,13 @@ pub enum Command {
         /// Start (true) or stop.
         on: bool,
     },
+    /// From now on max_volumes_per_node is `max` (0: no limit) for this instance, in
+    /// place of its flag: what NodeGetInfo answers and what ControllerPublish enforces
+    /// (an attach limit that changed while running).
+    MaxVolumes {
+        /// The new limit.
+        max: i64,
+    },
     /// Remove every fault and release every hang.
     Clear,
     /// Answer with the calls counted and the calls held, per RPC.
@@ -128,6 +135,7 @@ struct Rules {
     exit_at: HashMap<String, u32>,
     conditions: HashMap<String, (bool, String)>,
     lies: std::collections::HashSet<Lie>,
+    max_volumes: Option<i64>,
     status: FaultStatus,
 }
 
@@ -211,7 +219,14 @@ impl Faults {
                     r.lies.remove(&lie);
                 }
             }
+            Command::MaxVolumes { max } => {
+                if max < 0 {
+                    return Err(format!("max_volumes_per_node {max} is negative"));
+                }
+                r.max_volumes = Some(max);
+            }
             Command::Clear => {
+                r.max_volumes = None;
                 for (_, h) in r.hang.drain() {
                     h.released.send_replace(true);
                 }
@@ -225,6 +240,11 @@ impl Faults {
             }
         }
         Ok(None)
+    }
+
+    /// The max_volumes_per_node set by [`Command::MaxVolumes`], if any.
+    pub fn max_volumes(&self) -> Option<i64> {
+        self.rules().max_volumes
     }
 
     /// Whether the plugin is told to commit `lie`.

@@ -129,6 +129,11 @@ pub struct Config {
     /// Keep the same state and rules without mounting (unprivileged machines, benchmarks).
     #[arg(long)]
     pub no_mount: bool,
+    /// The largest volume the plugin makes (bytes or units, e.g. 8MiB): CreateVolume and
+    /// ControllerExpandVolume asked for more answer OUT_OF_RANGE ("unsupported
+    /// capacity_range"), a refusal for good. Without it: no limit but `--capacity`.
+    #[arg(long)]
+    pub max_volume_size: Option<String>,
     /// ControllerExpandVolume answers `node_expansion_required` (NodeExpandVolume then
     /// follows on each node using the volume).
     #[arg(long)]
@@ -209,6 +214,8 @@ impl Config {
 struct Inner {
     cfg: Config,
     capacity: i64,
+    /// `--max-volume-size`.
+    max_volume: Option<i64>,
     topology: BTreeMap<String, String>,
     /// `--segment`s: the controller's segments and their capacities.
     segments: Vec<(BTreeMap<String, String>, i64)>,
@@ -282,6 +289,20 @@ impl Plugin {
                     cfg.capacity
                 )
             })?;
+        let max_volume = match &cfg.max_volume_size {
+            None => None,
+            Some(m) => Some(
+                m.trim()
+                    .parse::<bytesize::ByteSize>()
+                    .ok()
+                    .and_then(|b| i64::try_from(b.as_u64()).ok())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--max-volume-size {m:?} is not a size below 2^63 bytes (write bytes, or e.g. 8MiB)"
+                        )
+                    })?,
+            ),
+        };
         let mut topology = BTreeMap::new();
         for seg in &cfg.topology {
             let (k, v) = seg
@@ -315,6 +336,7 @@ impl Plugin {
             inner: Arc::new(Inner {
                 cfg,
                 capacity,
+                max_volume,
                 topology,
                 segments,
                 state: Mutex::new(state),
@@ -337,6 +359,24 @@ impl Plugin {
     /// Whether the plugin is told to commit `lie` (a fault for the contract monitor).
     fn lies(&self, lie: faults::Lie) -> bool {
         self.inner.faults.lies(lie)
+    }
+
+    /// OUT_OF_RANGE when `required` bytes exceed `--max-volume-size`.
+    fn within_max_size(&self, required: i64) -> Result<(), Status> {
+        match self.inner.max_volume {
+            Some(max) if required > max => Err(Status::out_of_range(format!(
+                "unsupported capacity_range: {required} bytes required, this plugin makes volumes of at most {max}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// max_volumes_per_node now: the flag's, unless a fault changed it.
+    fn max_volumes(&self) -> i64 {
+        self.inner
+            .faults
+            .max_volumes()
+            .unwrap_or(self.cfg().max_volumes_per_node)
     }
 
     /// Runs one RPC: faults first, then the operation, then the log line.

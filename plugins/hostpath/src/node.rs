@@ -588,7 +588,7 @@ impl Node for Plugin {
                 max_volumes_per_node: if self.lies(Lie::MaxVolumes) {
                     1
                 } else {
-                    self.cfg().max_volumes_per_node
+                    self.max_volumes()
                 },
                 accessible_topology: (!self.inner.topology.is_empty()).then(|| Topology {
                     segments: self.inner.topology.clone(),

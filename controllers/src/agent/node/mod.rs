@@ -367,6 +367,9 @@ impl Reconcile {
         key: String,
         claim: Option<Arc<Claim>>,
     ) -> Result<Action, NodeError> {
+        if let Some(c) = &claim {
+            self.r.supervisor.attach_refused(c);
+        }
         let record = self.r.local.lock().await.publishes.get(&key).cloned();
         let lock_key = match (&claim, &record) {
             (Some(c), _) => Volume::key_for(&c.metadata.namespace, &c.spec.volume).into_string(),

@@ -153,6 +153,41 @@ impl Provisioner {
         Ok(Action::AwaitChange)
     }
 
+    /// The expansion that failed (or was refused) is no longer asked for: the request
+    /// was lowered to what the volume has. The expansion's failure is cleared (another
+    /// step's stays), `Expanded` is true again, and a Normal event says so.
+    pub(super) async fn expansion_withdrawn(
+        &self,
+        vol: &Volume,
+        capacity: u64,
+    ) -> Result<Action, ProvisionError> {
+        const STEP: &str = "ControllerExpandVolume";
+        let message = format!(
+            "the request is met by the volume's capacity {}: no expansion is owed",
+            Size(capacity)
+        );
+        self.ctx
+            .writer
+            .modify_status(&vol.object_key(), |_, st| {
+                let p = &mut st.provisioning;
+                if p.meta.retry.as_ref().is_some_and(|r| r.step == STEP) {
+                    p.meta.clear_failure();
+                }
+                p.meta
+                    .set_condition(EXPANDED, true, "ExpansionWithdrawn", &message);
+                true
+            })
+            .await?;
+        self.event(
+            vol,
+            "Volume expansion withdrawn",
+            EventType::Normal,
+            message,
+        )
+        .await;
+        Ok(Action::AwaitChange)
+    }
+
     /// ControllerModifyVolume with the spec's mutable parameters.
     pub(super) async fn modify(&self, vol: &Volume) -> Result<Action, ProvisionError> {
         const STEP: &str = "ControllerModifyVolume";

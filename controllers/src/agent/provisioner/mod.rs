@@ -183,6 +183,7 @@ impl Provisioner {
                 Ok(Action::Requeue(std::time::Duration::from_secs(1)))
             }
             Step::Expand { required, limit } => self.expand(&vol, required, limit).await,
+            Step::ExpansionWithdrawn { capacity } => self.expansion_withdrawn(&vol, capacity).await,
             Step::Modify => self.modify(&vol).await,
             Step::Refuse {
                 condition,

@@ -31,7 +31,10 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
     let (state, todo) = attachment_state(ctx, &c).await?;
     let mut guard = None;
     match state {
-        Attach::Wait(why) => c.status.reason = Some(why.into()),
+        Attach::Wait(why, failing) => {
+            c.status.reason = Some(why.into());
+            c.status.meta.retry = failing;
+        }
         Attach::Revoke(why) => withdraw(&mut c, &why, Some(&volume)),
         Attach::Ready(grant) => {
             grant.apply(&mut c);

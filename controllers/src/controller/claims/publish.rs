@@ -8,8 +8,9 @@ use super::*;
 pub(super) enum Attach {
     /// Attached, or the plugin needs none: the node may act on this grant.
     Ready(Grant),
-    /// Not yet, and why.
-    Wait(String),
+    /// Not yet, and why; with the failing step of the attachment waited for (its
+    /// ControllerPublish or ControllerUnpublish), which the claim's status shows too.
+    Wait(String, Option<Box<StepFailure>>),
     /// The grant the claim holds stands on an attachment that is gone, detaching or
     /// replaced: withdraw it, for this reason.
     Revoke(String),
@@ -118,7 +119,13 @@ pub(super) async fn attachment_state(
             )
         }
         AttachPlan::Revoke(why) => (Attach::Revoke(why), None),
-        AttachPlan::Wait(why) => (Attach::Wait(why), None),
+        AttachPlan::Wait(why) => {
+            let failing = attachment
+                .as_ref()
+                .filter(|a| a.status.phase != AttachmentPhase::Attached || a.spec.detach)
+                .and_then(|a| a.status.meta.retry.clone());
+            (Attach::Wait(why, failing), None)
+        }
         AttachPlan::Create(spec) => {
             let name = Name::new(joined_name(spec.volume.as_str(), spec.node.as_str()))
                 .unwrap_or_else(|_| claim.metadata.name.clone());
@@ -126,11 +133,14 @@ pub(super) async fn attachment_state(
             // The attacher's work on it joins the trace of the claim that asked for it.
             att.metadata.trace = claim.metadata.trace.clone();
             let why = "waiting for the volume to be attached".to_string();
-            (Attach::Wait(why), Some(AttachTodo::Create(Box::new(att))))
+            (
+                Attach::Wait(why, None),
+                Some(AttachTodo::Create(Box::new(att))),
+            )
         }
         AttachPlan::Replace => {
             let why = "waiting for the volume's attachment to be replaced by one for this claim's capability".to_string();
-            (Attach::Wait(why), attachment.map(AttachTodo::Replace))
+            (Attach::Wait(why, None), attachment.map(AttachTodo::Replace))
         }
     })
 }
@@ -142,7 +152,7 @@ pub(super) fn waiting_for_node(claim: &Claim) -> String {
 pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError> {
     let grant = match ensure_attachment(ctx, claim).await? {
         Attach::Ready(grant) => grant,
-        Attach::Wait(why) => return waiting(ctx, claim, &why).await,
+        Attach::Wait(why, failing) => return waiting(ctx, claim, &why, failing).await,
         Attach::Revoke(why) => return revoke(ctx, claim, &why).await,
     };
     let mount = claim_mount(ctx, claim);
@@ -205,7 +215,19 @@ async fn revoke(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, StoreErro
     Ok(Action::AwaitChange)
 }
 
-async fn waiting(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, StoreError> {
-    set_status(ctx, claim, |st| st.reason = Some(why.into())).await?;
+async fn waiting(
+    ctx: &Ctx,
+    claim: &Claim,
+    why: &str,
+    failing: Option<Box<StepFailure>>,
+) -> Result<Action, StoreError> {
+    // The attachment's failing step is shown on the claim (its node agent reads it
+    // there: a ControllerPublish refused with ResourceExhausted asks the node's
+    // NodeGetInfo again at once).
+    set_status(ctx, claim, |st| {
+        st.reason = Some(why.into());
+        st.meta.retry = failing.clone();
+    })
+    .await?;
     Ok(Action::AwaitChange)
 }

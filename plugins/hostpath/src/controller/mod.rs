@@ -354,7 +354,7 @@ impl Controller for Plugin {
             if !crate::node_known(self.cfg(), &req.node_id) {
                 return Err(Status::not_found(format!("node {} not found", req.node_id)));
             }
-            let max = self.cfg().max_volumes_per_node;
+            let max = self.max_volumes();
             let device = self
                 .mutate(|st| {
                     // Counted only when limited: a scan of every volume per call.

@@ -41,6 +41,7 @@ impl Plugin {
                     "capacity_range.limit_bytes is below required_bytes",
                 ));
             }
+            self.within_max_size(required)?;
             let size = if required > 0 {
                 required
             } else if limit > 0 {
@@ -298,6 +299,7 @@ impl Plugin {
             let range = req
                 .capacity_range
                 .ok_or_else(|| Status::invalid_argument("capacity_range is required"))?;
+            self.within_max_size(range.required_bytes)?;
             let total = self.inner.capacity;
             let offline = self.cfg().expansion == crate::Expansion::Offline;
             let capacity = self
