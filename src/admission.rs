@@ -34,6 +34,10 @@ pub struct Admitted {
     /// whether a single-node volume may be published there at several target paths
     /// ([`AccessMode::admit`]).
     pub multi_writer_cap: bool,
+    /// Whether the agent sends SELinux labels to the plugin on the claim's node
+    /// (`selinux-mount=true`): then a volume's claims on that node carry one label
+    /// ([`selinux_for`]).
+    pub selinux_mount: bool,
 }
 
 /// The external id a claim may use: a created volume's once created, a registered
@@ -153,6 +157,13 @@ where
             )));
         }
     }
+    if let Some(label) = &spec.mount_options.selinux_label {
+        if capability.attachment_mode == AttachmentMode::BlockDevice {
+            return Err(Verdict::Deny(format!(
+                "selinux_label {label} applies to file-system volumes, not block devices"
+            )));
+        }
+    }
     if capability.access_mode.needs_single_node_multi_writer()
         && !plugin.capabilities.node.has(NodeRpc::SingleNodeMultiWriter)
     {
@@ -192,6 +203,7 @@ where
         capability,
         external_id,
         multi_writer_cap: plugin.capabilities.node.has(NodeRpc::SingleNodeMultiWriter),
+        selinux_mount: plugin.selinux_mount,
     })
 }
 
@@ -459,6 +471,50 @@ pub fn access(
             cause,
             holder: Some(holder.clone()),
         })?;
+    }
+    Ok(())
+}
+
+/// The SELinux rule, where the node's plugin takes labels (`admitted.selinux_mount`):
+/// the plugin stages a volume once per node, mounted with the first claim's label, so
+/// every live claim of the volume on that node must carry the same label (no label
+/// counts as one). A claim with another is denied, the denial naming both labels.
+/// `label_of` gives a live claim's label (`None`: the claim is not known here, not
+/// counted). Where the plugin does not take labels none is ever sent: no rule.
+pub fn selinux_for(
+    volume: &Volume,
+    admitted: &Admitted,
+    claim: &Claim,
+    label_of: impl Fn(&ClaimRef) -> Option<Option<String>>,
+) -> Result<(), Verdict> {
+    if !admitted.selinux_mount || admitted.capability.attachment_mode == AttachmentMode::BlockDevice
+    {
+        return Ok(());
+    }
+    let mine = claim.spec.mount_options.selinux_label.as_deref();
+    let live = &volume.status.claims;
+    for r in live.read_claims.iter().chain(&live.write_claims) {
+        if r.node != claim.spec.node
+            || (r.claim == claim.metadata.name && r.allocation == claim.spec.allocation)
+        {
+            continue;
+        }
+        let Some(theirs) = label_of(r) else {
+            continue;
+        };
+        if theirs.as_deref() != mine {
+            let shown = |l: Option<&str>| {
+                l.map_or_else(|| "no label".to_string(), |l| format!("label {l}"))
+            };
+            return Err(Verdict::Deny(format!(
+                "volume {} is mounted on node {} with SELinux {} (claim of allocation {}); this claim asks for {}",
+                claim.spec.volume,
+                claim.spec.node,
+                shown(theirs.as_deref()),
+                r.allocation,
+                shown(mine)
+            )));
+        }
     }
     Ok(())
 }
@@ -949,12 +1005,59 @@ mod tests {
     }
 
     #[test]
+    fn a_volume_s_claims_on_one_node_carry_one_selinux_label_where_the_plugin_takes_labels() {
+        let mut v = volume(&[AccessMode::MultiNodeMultiWriter]);
+        let mut admitted = Admitted {
+            capability: cap(AccessMode::MultiNodeMultiWriter),
+            external_id: ExternalVolumeId::new("ext-v").unwrap(),
+            multi_writer_cap: true,
+            selinux_mount: true,
+        };
+        let (l1, l2) = (
+            "system_u:object_r:container_file_t:s0:c1,c2",
+            "system_u:object_r:container_file_t:s0:c3,c4",
+        );
+        let mut me = claim("me", "n1", ClaimMode::Write, None);
+        me.spec.mount_options.selinux_label = Some(l2.into());
+        v.status.claims.write_claims = vec![
+            held("same-node", "a-one", "n1", ClaimMode::Write),
+            held("other-node", "a-two", "n2", ClaimMode::Write),
+        ];
+        fn labels(first: Option<&str>) -> impl Fn(&ClaimRef) -> Option<Option<String>> + '_ {
+            move |r: &ClaimRef| match r.claim.as_str() {
+                "same-node" => Some(first.map(String::from)),
+                _ => Some(Some("user_u:role_r:other_t".to_string())),
+            }
+        }
+        match selinux_for(&v, &admitted, &me, labels(Some(l1))) {
+            Err(Verdict::Deny(why)) => assert!(
+                why.contains(l1) && why.contains(l2) && why.contains("a-one"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // No label is a label of its own.
+        assert!(matches!(
+            selinux_for(&v, &admitted, &me, labels(None)),
+            Err(Verdict::Deny(w)) if w.contains("no label")
+        ));
+        // The same label on the node (whatever another node uses): admitted.
+        assert!(selinux_for(&v, &admitted, &me, labels(Some(l2))).is_ok());
+        // A claim not known here is not counted.
+        assert!(selinux_for(&v, &admitted, &me, |_| None).is_ok());
+        // A plugin that does not take labels: never sent, no rule.
+        admitted.selinux_mount = false;
+        assert!(selinux_for(&v, &admitted, &me, labels(Some(l1))).is_ok());
+    }
+
+    #[test]
     fn a_conflict_only_with_holders_being_released_waits_and_any_live_one_denies() {
         let mut v = volume(&[AccessMode::SingleNodeWriter]);
         let admitted = Admitted {
             capability: cap(AccessMode::SingleNodeWriter),
             external_id: ExternalVolumeId::new("ext-v").unwrap(),
             multi_writer_cap: true,
+            selinux_mount: false,
         };
         let me = claim(
             "me",
@@ -997,6 +1100,7 @@ mod tests {
             capability: cap(AccessMode::SingleNodeWriter),
             external_id: ExternalVolumeId::new("ext-v").unwrap(),
             multi_writer_cap: false,
+            selinux_mount: false,
         };
         let reader = claim(
             "me",

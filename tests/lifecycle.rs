@@ -1003,3 +1003,93 @@ async fn an_attach_refused_for_the_node_s_limit_refreshes_the_limit() {
         .await;
     c.check_calls(true);
 }
+
+/// SELinux labels on mounts (Kubernetes' SELinuxMount): a claim's label is sent as the
+/// mount flag `context="..."` of NodeStage and NodePublish only to a node plugin the
+/// agent is set to send it to (`selinux-mount=true`, n2 here, not n3), and a second
+/// label on a volume already mounted on a node under another is denied, naming both.
+/// This machine has no SELinux: what is checked is what each plugin was sent (its
+/// call log records the context, the one mount flag it logs), not a labelled mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selinux_labels_go_only_where_configured_and_one_volume_has_one_label_per_node() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let opts = PluginOpts {
+        node_plugin_options: vec![("n2".into(), vec!["selinux-mount=true".into()])],
+        ..Default::default()
+    };
+    let c = Cluster::start(1, 3, opts).await;
+    c.apply(c.volume("v1", AccessMode::MultiNodeMultiWriter))
+        .await;
+    c.volume_ready("v1").await;
+    let (l1, l2) = (
+        "system_u:object_r:container_file_t:s0:c1,c2",
+        "system_u:object_r:container_file_t:s0:c3,c4",
+    );
+    let labelled = |name: &str, node: &str, label: &str| {
+        let mut a = c.allocation(name, node, "v1", false);
+        a.spec.volumes[0].mount_options = Some(MountOptions {
+            selinux_label: Some(label.into()),
+            ..Default::default()
+        });
+        a
+    };
+    c.apply(labelled("a1", "n2", l1)).await;
+    c.apply(labelled("a2", "n3", l2)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    c.wait_claim("a2", "n3", ClaimPhase::Published, T).await;
+    let sent = |node: &str| -> Vec<(String, Option<String>)> {
+        c.node(node)
+            .calls()
+            .into_iter()
+            .filter(|k| k.rpc == "NodeStageVolume" || k.rpc == "NodePublishVolume")
+            .map(|k| (k.rpc, k.selinux_context))
+            .collect()
+    };
+    let l1_sent = Some(l1.to_string());
+    assert_eq!(
+        sent("n2"),
+        [
+            ("NodeStageVolume".to_string(), l1_sent.clone()),
+            ("NodePublishVolume".to_string(), l1_sent.clone())
+        ],
+        "n2 takes labels"
+    );
+    assert!(
+        sent("n3").len() == 2 && sent("n3").iter().all(|(_, l)| l.is_none()),
+        "n3 does not take labels: {:?}",
+        sent("n3")
+    );
+
+    // Another label on n2, where v1 is mounted under l1: denied, naming both.
+    c.apply(labelled("a3", "n2", l2)).await;
+    c.wait_claim("a3", "n2", ClaimPhase::Denied, T).await;
+    let reason = c
+        .claim("a3", "n2")
+        .await
+        .and_then(|cl| cl.status.reason)
+        .unwrap_or_default();
+    assert!(reason.contains(l1) && reason.contains(l2), "{reason}");
+    // The same label: admitted, published beside a1 (one stage, two publishes).
+    c.apply(labelled("a4", "n2", l1)).await;
+    c.wait_claim("a4", "n2", ClaimPhase::Published, T).await;
+    assert_eq!(c.node("n2").count("NodeStageVolume", "OK"), 1);
+    assert_eq!(c.node("n2").count("NodePublishVolume", "OK"), 2);
+    // Once the l1 claims are gone, l2 is admitted on n2.
+    for a in ["a1", "a4"] {
+        c.stop_alloc(a).await;
+    }
+    c.wait_claim("a3", "n2", ClaimPhase::Published, T).await;
+    let last_stage = c
+        .node("n2")
+        .calls()
+        .into_iter()
+        .rfind(|k| k.rpc == "NodeStageVolume")
+        .and_then(|k| k.selinux_context);
+    assert_eq!(last_stage.as_deref(), Some(l2), "staged again under l2");
+    for a in ["a2", "a3"] {
+        c.stop_alloc(a).await;
+    }
+    c.wait("every claim released", T, || c.all_claims_released())
+        .await;
+    c.check_calls(true);
+}

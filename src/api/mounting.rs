@@ -56,12 +56,29 @@ pub struct MountOptions {
     /// mount group, Kubernetes' fsGroup); needs the node plugin's VOLUME_MOUNT_GROUP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount_group: Option<String>,
+    /// The SELinux context to mount the volume with, `user:role:type[:level]` (e.g.
+    /// `system_u:object_r:container_file_t:s0:c1,c2`; Kubernetes' SELinuxMount): sent
+    /// as the mount flag `context="..."` of NodeStage and NodePublish only where the
+    /// node's plugin is set to take it (`--plugin ...,selinux-mount=true`), never to
+    /// another. A label, not a secret: shown as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selinux_label: Option<String>,
 }
 
 impl MountOptions {
     /// Whether nothing is set (not written to the store).
     pub fn is_empty(&self) -> bool {
-        self.fs_type.is_none() && self.mount_flags.is_empty() && self.mount_group.is_none()
+        self.fs_type.is_none()
+            && self.mount_flags.is_empty()
+            && self.mount_group.is_none()
+            && self.selinux_label.is_none()
+    }
+
+    /// The mount flag that carries the SELinux label, `context="LABEL"`, if one is set.
+    pub fn selinux_context_flag(&self) -> Option<String> {
+        self.selinux_label
+            .as_ref()
+            .map(|l| format!("context=\"{l}\""))
     }
 
     /// Checks the mount group: 1-64 of `[A-Za-z0-9._-]` (a group id or name).
@@ -74,8 +91,24 @@ impl MountOptions {
                         .bytes()
                         .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
             {
-                Err(format!(
+                return Err(format!(
                     "mount_group {g:?} must be 1-64 of [A-Za-z0-9._-] (a group id)"
+                ));
+            }
+            _ => {}
+        }
+        match &self.selinux_label {
+            Some(l)
+                if l.is_empty()
+                    || l.len() > 255
+                    || l.split(':').count() < 3
+                    || l.split(':').take(3).any(str::is_empty)
+                    || !l
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_.:,-".contains(&b)) =>
+            {
+                Err(format!(
+                    "selinux_label {l:?} must be user:role:type[:level], at most 255 of [A-Za-z0-9_.:,-] (e.g. system_u:object_r:container_file_t:s0:c1,c2)"
                 ))
             }
             _ => Ok(()),
@@ -95,6 +128,9 @@ impl MountOptions {
             }
             if let Some(g) = req.mount_group.as_ref().filter(|s| !s.is_empty()) {
                 merged.mount_group = Some(g.clone());
+            }
+            if let Some(l) = req.selinux_label.as_ref().filter(|s| !s.is_empty()) {
+                merged.selinux_label = Some(l.clone());
             }
         }
         merged
@@ -147,6 +183,7 @@ mod tests {
             fs_type: Some("ext4".into()),
             mount_flags: flags.clone(),
             mount_group: None,
+            selinux_label: None,
         };
         for text in [
             format!("{secrets:?}"),
@@ -170,12 +207,14 @@ mod tests {
             fs_type: Some("ext4".into()),
             mount_flags: MountFlags::new(vec!["noatime".into()]),
             mount_group: Some("100".into()),
+            selinux_label: Some("system_u:object_r:container_file_t:s0:c1,c2".into()),
         };
         assert_eq!(MountOptions::merge(&vol, None), vol);
         let req = MountOptions {
             fs_type: Some("xfs".into()),
             mount_flags: MountFlags::default(),
             mount_group: None,
+            selinux_label: None,
         };
         let merged = MountOptions::merge(&vol, Some(&req));
         assert_eq!(merged.fs_type.as_deref(), Some("xfs"));
@@ -185,6 +224,7 @@ mod tests {
             fs_type: None,
             mount_flags: MountFlags::new(vec!["ro".into(), "nodev".into()]),
             mount_group: Some("200".into()),
+            selinux_label: Some("system_u:object_r:container_file_t:s0:c3".into()),
         };
         let merged = MountOptions::merge(&vol, Some(&req));
         assert_eq!(merged.fs_type.as_deref(), Some("ext4"));
@@ -196,5 +236,45 @@ mod tests {
             ..req
         };
         assert!(bad.check().unwrap_err().contains("mount_group"));
+    }
+
+    #[test]
+    fn an_selinux_label_is_checked_merged_and_sent_as_a_context_flag() {
+        let vol = MountOptions {
+            selinux_label: Some("system_u:object_r:container_file_t:s0".into()),
+            ..Default::default()
+        };
+        assert!(!vol.is_empty());
+        assert_eq!(MountOptions::merge(&vol, None), vol);
+        let req = MountOptions {
+            selinux_label: Some("system_u:object_r:container_file_t:s0:c1,c2".into()),
+            ..Default::default()
+        };
+        let merged = MountOptions::merge(&vol, Some(&req));
+        assert_eq!(merged.selinux_label, req.selinux_label);
+        assert_eq!(
+            merged.selinux_context_flag().as_deref(),
+            Some("context=\"system_u:object_r:container_file_t:s0:c1,c2\"")
+        );
+        assert!(req.check().is_ok());
+        assert!(MountOptions::default().selinux_context_flag().is_none());
+        for bad in [
+            "",
+            "container_file_t",
+            "u:r",
+            "u::t",
+            "u:r:t\",nodev",
+            "u:r:t s0",
+            &format!("u:r:{}", "t".repeat(300)),
+        ] {
+            let o = MountOptions {
+                selinux_label: Some(bad.into()),
+                ..Default::default()
+            };
+            assert!(
+                o.check().is_err_and(|e| e.contains("selinux_label")),
+                "{bad:?}"
+            );
+        }
     }
 }

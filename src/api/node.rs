@@ -194,6 +194,11 @@ pub struct NodePluginStatus {
     /// NodeGetInfo's max_volumes_per_node; absent means no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_volumes_per_node: Option<u64>,
+    /// The agent is set to send SELinux labels to this node plugin
+    /// (`--plugin ...,selinux-mount=true`): it stages a volume once per node with one
+    /// label, so admission keeps the labels of a volume's claims on the node alike.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub selinux_mount: bool,
     /// NodeGetInfo's accessible topology.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<Topology>,

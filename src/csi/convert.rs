@@ -4,9 +4,10 @@ use super::v1;
 use crate::api::{AccessMode, AttachmentMode, MountOptions, Topology, VolumeCapability};
 
 /// The CSI capability for a moor capability, with the mount options for file systems,
-/// as the controller calls carry it (no mount group: that is the node's).
+/// as the controller calls carry it (no mount group and no SELinux context: those are
+/// the node's).
 pub fn capability(cap: VolumeCapability, options: &MountOptions) -> v1::VolumeCapability {
-    let mut c = node_capability(cap, options);
+    let mut c = node_capability(cap, options, false);
     if let Some(v1::volume_capability::AccessType::Mount(m)) = &mut c.access_type {
         m.volume_mount_group.clear();
     }
@@ -14,8 +15,14 @@ pub fn capability(cap: VolumeCapability, options: &MountOptions) -> v1::VolumeCa
 }
 
 /// The CSI capability NodeStage / NodePublish carry: with the mount group (when the
-/// claim has one; admission requires VOLUME_MOUNT_GROUP for it).
-pub fn node_capability(cap: VolumeCapability, options: &MountOptions) -> v1::VolumeCapability {
+/// claim has one; admission requires VOLUME_MOUNT_GROUP for it), and, when the node's
+/// plugin takes SELinux labels (`selinux_mount`), the claim's label as the last mount
+/// flag, `context="LABEL"`. A plugin that does not take labels never gets one.
+pub fn node_capability(
+    cap: VolumeCapability,
+    options: &MountOptions,
+    selinux_mount: bool,
+) -> v1::VolumeCapability {
     use v1::volume_capability::{access_mode::Mode, AccessType, BlockVolume, MountVolume};
     let mode = match cap.access_mode {
         AccessMode::SingleNodeWriter => Mode::SingleNodeWriter,
@@ -30,7 +37,13 @@ pub fn node_capability(cap: VolumeCapability, options: &MountOptions) -> v1::Vol
         AttachmentMode::BlockDevice => AccessType::Block(BlockVolume {}),
         AttachmentMode::FileSystem => AccessType::Mount(MountVolume {
             fs_type: options.fs_type.clone().unwrap_or_default(),
-            mount_flags: options.mount_flags.expose().to_vec(),
+            mount_flags: options
+                .mount_flags
+                .expose()
+                .iter()
+                .cloned()
+                .chain(options.selinux_context_flag().filter(|_| selinux_mount))
+                .collect(),
             volume_mount_group: options.mount_group.clone().unwrap_or_default(),
         }),
     };
@@ -114,15 +127,30 @@ mod tests {
             fs_type: Some("ext4".into()),
             mount_flags: MountFlags::new(vec!["noatime".into()]),
             mount_group: Some("4321".into()),
+            selinux_label: Some("system_u:object_r:container_file_t:s0:c5".into()),
         };
         let fs = VolumeCapability {
             access_mode: AccessMode::MultiNodeSingleWriter,
             attachment_mode: AttachmentMode::FileSystem,
         };
-        // The node's calls carry the mount group; the controller's do not.
-        match node_capability(fs, &opts).access_type {
+        // The node's calls carry the mount group; the controller's do not. The SELinux
+        // context only to a node plugin that takes it.
+        match node_capability(fs, &opts, true).access_type {
             Some(v1::volume_capability::AccessType::Mount(m)) => {
-                assert_eq!(m.volume_mount_group, "4321")
+                assert_eq!(m.volume_mount_group, "4321");
+                assert_eq!(
+                    m.mount_flags,
+                    [
+                        "noatime",
+                        "context=\"system_u:object_r:container_file_t:s0:c5\""
+                    ]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match node_capability(fs, &opts, false).access_type {
+            Some(v1::volume_capability::AccessType::Mount(m)) => {
+                assert_eq!(m.mount_flags, ["noatime"])
             }
             other => panic!("{other:?}"),
         }

@@ -383,6 +383,7 @@ mod tests {
                 attachment_mode: AttachmentMode::FileSystem,
             },
             &MountOptions::default(),
+            false,
         )
     }
 

@@ -148,6 +148,8 @@ pub struct PluginOpts {
     pub agent_args: Vec<String>,
     /// More options of the agents' `--plugin` (`serialize-per-node=true`).
     pub plugin_options: Vec<String>,
+    /// More options of one node's agent's `--plugin`: (node name, options).
+    pub node_plugin_options: Vec<(String, Vec<String>)>,
     /// More flags of the controllers.
     pub controller_args: Vec<String>,
     /// A command the agents run under (`unshare --pid ...`): the agent's program and
@@ -196,6 +198,7 @@ impl Default for PluginOpts {
             node_extra: Vec::new(),
             agent_args: Vec::new(),
             plugin_options: Vec::new(),
+            node_plugin_options: Vec::new(),
             controller_args: Vec::new(),
             agent_wrapper: Vec::new(),
             proxied: false,
@@ -421,6 +424,13 @@ impl Cluster {
                 self.opts
                     .plugin_options
                     .iter()
+                    .chain(
+                        self.opts
+                            .node_plugin_options
+                            .iter()
+                            .filter(|(n, _)| n == name)
+                            .flat_map(|(_, o)| o)
+                    )
                     .map(|o| format!(",{o}"))
                     .collect::<String>()
             ),

@@ -62,7 +62,7 @@ pub struct Args {
     #[arg(long)]
     pub data_dir: PathBuf,
     /// A plugin on this node:
-    /// `id=ID,type=node|controller|monolith,endpoint=unix://PATH,mount-dir=HOST_PATH[,container-mount-dir=PATH]`.
+    /// `id=ID,type=node|controller|monolith,endpoint=unix://PATH,mount-dir=HOST_PATH[,container-mount-dir=PATH][,serialize-per-node=true][,selinux-mount=true]`.
     #[arg(long = "plugin", required = true)]
     pub plugins: Vec<String>,
     /// How often plugins are fingerprinted.
@@ -157,6 +157,10 @@ pub struct PluginConfig {
     /// one node at once); off by default. The agent leading the plugin's controller
     /// election applies its own setting.
     pub serialize_per_node: bool,
+    /// `selinux-mount=true`: the node plugin takes SELinux labels as the mount flag
+    /// `context="..."` of NodeStage/NodePublish (a claim's `selinux_label`); off by
+    /// default, when a label is never sent to it.
+    pub selinux_mount: bool,
 }
 
 impl PluginConfig {
@@ -180,7 +184,7 @@ impl std::str::FromStr for PluginConfig {
     fn from_str(s: &str) -> Result<Self, String> {
         let (mut id, mut ty, mut endpoint, mut mount_dir, mut container) =
             (None, None, None, None, None);
-        let mut serialize_per_node = false;
+        let (mut serialize_per_node, mut selinux_mount) = (false, false);
         for part in s.split(',').filter(|p| !p.is_empty()) {
             let (k, v) = part
                 .split_once('=')
@@ -203,11 +207,16 @@ impl std::str::FromStr for PluginConfig {
                 }
                 "mount-dir" => mount_dir = Some(PathBuf::from(v)),
                 "container-mount-dir" => container = Some(PathBuf::from(v)),
-                "serialize-per-node" => {
-                    serialize_per_node = match v {
+                "serialize-per-node" | "selinux-mount" => {
+                    let on = match v {
                         "true" => true,
                         "false" => false,
-                        _ => return Err(format!("serialize-per-node {v:?} is not true or false")),
+                        _ => return Err(format!("{k} {v:?} is not true or false")),
+                    };
+                    if k == "selinux-mount" {
+                        selinux_mount = on;
+                    } else {
+                        serialize_per_node = on;
                     }
                 }
                 _ => return Err(format!("unknown plugin option {k:?}")),
@@ -232,6 +241,7 @@ impl std::str::FromStr for PluginConfig {
             mount_dir,
             container_mount_dir,
             serialize_per_node,
+            selinux_mount,
         })
     }
 }

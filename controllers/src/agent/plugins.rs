@@ -547,6 +547,7 @@ async fn fingerprint(cfg: &PluginConfig, channel: Channel) -> Result<NodePluginS
         .into_inner();
     let mut status = NodePluginStatus {
         plugin_type: cfg.plugin_type,
+        selinux_mount: cfg.selinux_mount && cfg.is_node(),
         healthy: true,
         provider: info.name,
         version: info.vendor_version,

@@ -47,6 +47,10 @@ pub struct Call {
     /// The capability's volume_mount_group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount_group: Option<String>,
+    /// The SELinux context among the capability's mount flags (`context="..."`), the
+    /// one flag logged: a label, not a secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selinux_context: Option<String>,
     /// The readonly flag in the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readonly: Option<bool>,

@@ -563,6 +563,20 @@ fn mount_group_of(cap: Option<&moor_csi::v1::VolumeCapability>) -> Option<String
     }
 }
 
+/// The SELinux context a capability's mount flags carry (`context="LABEL"`, the label
+/// without its quotes): logged, as the one mount flag that is a label, not a secret.
+fn selinux_context_of(cap: Option<&moor_csi::v1::VolumeCapability>) -> Option<String> {
+    match cap?.access_type.as_ref()? {
+        moor_csi::v1::volume_capability::AccessType::Mount(m) => {
+            m.mount_flags.iter().find_map(|f| {
+                let v = f.strip_prefix("context=")?;
+                Some(v.trim_matches('"').to_string())
+            })
+        }
+        _ => None,
+    }
+}
+
 fn require(value: &str, field: &str) -> Result<(), Status> {
     if value.is_empty() {
         Err(Status::invalid_argument(format!("{field} is required")))

@@ -176,6 +176,7 @@ impl Node for Plugin {
         let c = Call {
             access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
             mount_group: crate::mount_group_of(req.volume_capability.as_ref()),
+            selinux_context: crate::selinux_context_of(req.volume_capability.as_ref()),
             secret_keys: req.secrets.keys().cloned().collect(),
             ..path_call(
                 "NodeStageVolume",
@@ -295,6 +296,7 @@ impl Node for Plugin {
             readonly: Some(req.readonly),
             access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
             mount_group: crate::mount_group_of(req.volume_capability.as_ref()),
+            selinux_context: crate::selinux_context_of(req.volume_capability.as_ref()),
             secret_keys: req.secrets.keys().cloned().collect(),
             ..path_call(
                 "NodePublishVolume",

@@ -135,8 +135,11 @@ impl Reconcile {
         // Sent as what the claims on this node use it as: several claims of a
         // single-node volume share it under SINGLE_NODE_MULTI_WRITER where advertised.
         let multi_writer_cap = caps.node.has(NodeRpc::SingleNodeMultiWriter);
-        let capability =
-            convert::node_capability(cap.as_sent(multi_writer_cap), &claim.spec.mount_options);
+        let capability = convert::node_capability(
+            cap.as_sent(multi_writer_cap),
+            &claim.spec.mount_options,
+            cfg.selinux_mount,
+        );
         let pass = Pass {
             key,
             cfg: &cfg,

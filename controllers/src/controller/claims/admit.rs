@@ -65,6 +65,12 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
             let ns = &claim.metadata.namespace;
             admission::access_for(v, &admitted, claim, |r| ending(ctx, ns, r))
                 .map_err(Refusal::Access)?;
+            admission::selinux_for(v, &admitted, claim, |r| {
+                ctx.claims
+                    .get(&Claim::key_for(&r.node, ns, &r.claim))
+                    .map(|c| c.spec.mount_options.selinux_label.clone())
+            })
+            .map_err(Refusal::Access)?;
             match me.mode {
                 ClaimMode::Read => live.read_claims.push(me.clone()),
                 ClaimMode::Write => live.write_claims.push(me.clone()),
@@ -202,6 +208,7 @@ mod tests {
             },
             external_id: ExternalVolumeId::new("ext-1").unwrap(),
             multi_writer_cap: false,
+            selinux_mount: false,
         };
         let c = admitted_claim(&claim, &volume, &admitted);
         assert_eq!(c.spec.access_mode, Some(AccessMode::MultiNodeReaderOnly));
