@@ -636,7 +636,19 @@ where
                     ))),
                     Some(claim) => match check(&claim, Some(volume), node, &node_claims) {
                         Err(v) => Some(v),
-                        Ok(admitted) => access_for(volume, &admitted, &claim, &ending).err(),
+                        Ok(admitted) => access_for(volume, &admitted, &claim, &ending)
+                            .and_then(|()| {
+                                selinux_for(volume, &admitted, &claim, |r| {
+                                    node_claims()
+                                        .into_iter()
+                                        .find(|c| {
+                                            c.metadata.name == r.claim
+                                                && c.metadata.namespace == claim.metadata.namespace
+                                        })
+                                        .map(|c| c.spec.mount_options.selinux_label.clone())
+                                })
+                            })
+                            .err(),
                     },
                 },
             };

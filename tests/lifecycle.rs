@@ -1069,6 +1069,25 @@ async fn selinux_labels_go_only_where_configured_and_one_volume_has_one_label_pe
         .and_then(|cl| cl.status.reason)
         .unwrap_or_default();
     assert!(reason.contains(l1) && reason.contains(l2), "{reason}");
+    // `moorctl alloc plan` says the same before anything is applied.
+    let file = c.dir.path().join("a5.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: moor/v1\nkind: Allocation\nmetadata: {{name: a5}}\nspec:\n  node: n2\n  \
+             volumes:\n    - {{name: data, volume: v1, mount_options: {{selinux_label: \"{l2}\"}}}}\n"
+        ),
+    )
+    .unwrap();
+    let (_, plan) = c.moorctl(&[
+        "alloc",
+        "plan",
+        "-f",
+        file.to_str().unwrap(),
+        "--node",
+        "n2",
+    ]);
+    assert!(plan.contains(l1) && plan.contains(l2), "{plan}");
     // The same label: admitted, published beside a1 (one stage, two publishes).
     c.apply(labelled("a4", "n2", l1)).await;
     c.wait_claim("a4", "n2", ClaimPhase::Published, T).await;
