@@ -486,13 +486,17 @@ pub fn selinux_for(
     admitted: &Admitted,
     claim: &Claim,
     label_of: impl Fn(&ClaimRef) -> Option<Option<String>>,
+    ending: impl Fn(&ClaimRef) -> bool,
 ) -> Result<(), Verdict> {
     if !admitted.selinux_mount || admitted.capability.attachment_mode == AttachmentMode::BlockDevice
     {
         return Ok(());
     }
     let mine = claim.spec.mount_options.selinux_label.as_deref();
+    let shown =
+        |l: Option<&str>| l.map_or_else(|| "no label".to_string(), |l| format!("label {l}"));
     let live = &volume.status.claims;
+    let mut waiting = None;
     for r in live.read_claims.iter().chain(&live.write_claims) {
         if r.node != claim.spec.node
             || (r.claim == claim.metadata.name && r.allocation == claim.spec.allocation)
@@ -502,21 +506,25 @@ pub fn selinux_for(
         let Some(theirs) = label_of(r) else {
             continue;
         };
-        if theirs.as_deref() != mine {
-            let shown = |l: Option<&str>| {
-                l.map_or_else(|| "no label".to_string(), |l| format!("label {l}"))
-            };
-            return Err(Verdict::Deny(format!(
-                "volume {} is mounted on node {} with SELinux {} (claim of allocation {}); this claim asks for {}",
-                claim.spec.volume,
-                claim.spec.node,
-                shown(theirs.as_deref()),
-                r.allocation,
-                shown(mine)
-            )));
+        if theirs.as_deref() == mine {
+            continue;
         }
+        let why = format!(
+            "volume {} is mounted on node {} with SELinux {} (claim of allocation {}); this claim asks for {}",
+            claim.spec.volume,
+            claim.spec.node,
+            shown(theirs.as_deref()),
+            r.allocation,
+            shown(mine)
+        );
+        // As the access modes: a conflict only with claims being released waits for
+        // them; one with a live claim is a denial.
+        if !ending(r) {
+            return Err(Verdict::Deny(why));
+        }
+        waiting.get_or_insert(format!("{why}: waiting for its release"));
     }
-    Ok(())
+    waiting.map_or(Ok(()), |w| Err(Verdict::Wait(w)))
 }
 
 /// The access-mode rules for `claim`, admitted by [`check`] as `admitted`, against
@@ -638,15 +646,22 @@ where
                         Err(v) => Some(v),
                         Ok(admitted) => access_for(volume, &admitted, &claim, &ending)
                             .and_then(|()| {
-                                selinux_for(volume, &admitted, &claim, |r| {
-                                    node_claims()
-                                        .into_iter()
-                                        .find(|c| {
-                                            c.metadata.name == r.claim
-                                                && c.metadata.namespace == claim.metadata.namespace
-                                        })
-                                        .map(|c| c.spec.mount_options.selinux_label.clone())
-                                })
+                                selinux_for(
+                                    volume,
+                                    &admitted,
+                                    &claim,
+                                    |r| {
+                                        node_claims()
+                                            .into_iter()
+                                            .find(|c| {
+                                                c.metadata.name == r.claim
+                                                    && c.metadata.namespace
+                                                        == claim.metadata.namespace
+                                            })
+                                            .map(|c| c.spec.mount_options.selinux_label.clone())
+                                    },
+                                    &ending,
+                                )
                             })
                             .err(),
                     },
@@ -1041,25 +1056,30 @@ mod tests {
                 _ => Some(Some("user_u:role_r:other_t".to_string())),
             }
         }
-        match selinux_for(&v, &admitted, &me, labels(Some(l1))) {
+        match selinux_for(&v, &admitted, &me, labels(Some(l1)), |_| false) {
             Err(Verdict::Deny(why)) => assert!(
                 why.contains(l1) && why.contains(l2) && why.contains("a-one"),
                 "{why}"
             ),
             other => panic!("{other:?}"),
         }
+        // Only a claim being released holds the other label: a wait, admitted after.
+        assert!(matches!(
+            selinux_for(&v, &admitted, &me, labels(Some(l1)), |r| r.claim.as_str() == "same-node"),
+            Err(Verdict::Wait(w)) if w.contains(l1) && w.contains("waiting for its release")
+        ));
         // No label is a label of its own.
         assert!(matches!(
-            selinux_for(&v, &admitted, &me, labels(None)),
+            selinux_for(&v, &admitted, &me, labels(None), |_| false),
             Err(Verdict::Deny(w)) if w.contains("no label")
         ));
         // The same label on the node (whatever another node uses): admitted.
-        assert!(selinux_for(&v, &admitted, &me, labels(Some(l2))).is_ok());
+        assert!(selinux_for(&v, &admitted, &me, labels(Some(l2)), |_| false).is_ok());
         // A claim not known here is not counted.
-        assert!(selinux_for(&v, &admitted, &me, |_| None).is_ok());
+        assert!(selinux_for(&v, &admitted, &me, |_| None, |_| false).is_ok());
         // A plugin that does not take labels: never sent, no rule.
         admitted.selinux_mount = false;
-        assert!(selinux_for(&v, &admitted, &me, labels(Some(l1))).is_ok());
+        assert!(selinux_for(&v, &admitted, &me, labels(Some(l1)), |_| false).is_ok());
     }
 
     #[test]

@@ -65,11 +65,17 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
             let ns = &claim.metadata.namespace;
             admission::access_for(v, &admitted, claim, |r| ending(ctx, ns, r))
                 .map_err(Refusal::Access)?;
-            admission::selinux_for(v, &admitted, claim, |r| {
-                ctx.claims
-                    .get(&Claim::key_for(&r.node, ns, &r.claim))
-                    .map(|c| c.spec.mount_options.selinux_label.clone())
-            })
+            admission::selinux_for(
+                v,
+                &admitted,
+                claim,
+                |r| {
+                    ctx.claims
+                        .get(&Claim::key_for(&r.node, ns, &r.claim))
+                        .map(|c| c.spec.mount_options.selinux_label.clone())
+                },
+                |r| ending(ctx, ns, r),
+            )
             .map_err(Refusal::Access)?;
             match me.mode {
                 ClaimMode::Read => live.read_claims.push(me.clone()),
