@@ -982,18 +982,7 @@ async fn an_attach_refused_for_the_node_s_limit_refreshes_the_limit() {
 
     // Admission now counts by the new limit.
     c.apply(c.allocation("a3", "n2", "v3", false)).await;
-    let cr = &c;
-    c.wait("a3 held by the node's limit", T, || async move {
-        cr.claim("a3", "n2").await.is_some_and(|cl| {
-            cl.status.phase == ClaimPhase::Denied
-                && cl
-                    .status
-                    .reason
-                    .as_deref()
-                    .is_some_and(|r| r.contains("(max 1)"))
-        })
-    })
-    .await;
+    c.wait_denied("a3", "n2", "(max 1)", T).await;
     // A volume leaves the node: the refused claim attaches on its retry.
     c.stop_alloc("a1").await;
     c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;

@@ -304,17 +304,7 @@ async fn registration_is_validated_by_the_plugin_and_a_volume_it_cannot_serve_fa
 
     // A claim on a failed volume is denied with the plugin's reason.
     c.apply(c.allocation("a1", "n1", "r-missing", false)).await;
-    c.wait("a1's claim denied", T, || async {
-        c.claim("a1", "n1").await.is_some_and(|cl| {
-            cl.status.phase == ClaimPhase::Denied
-                && cl
-                    .status
-                    .reason
-                    .as_deref()
-                    .is_some_and(|r| r.contains("not found"))
-        })
-    })
-    .await;
+    c.wait_denied("a1", "n1", "not found", T).await;
     // Fixed by the operator: validated again at the new generation; the declared
     // topology (rack r1) does not reach n1, then, declared away, it is claimed.
     apply_yaml(
@@ -1368,16 +1358,7 @@ async fn a_mount_group_is_denied_at_admission_where_the_node_lacks_volume_mount_
         "a1",
         &alloc_yaml("a1", "n2", "v1", "file-system", group),
     );
-    c.wait("a1 denied", T, || async {
-        c.claim("a1", "n2").await.is_some_and(|k| {
-            k.status.phase == ClaimPhase::Denied
-                && k.status
-                    .reason
-                    .as_deref()
-                    .is_some_and(|r| r.contains("VOLUME_MOUNT_GROUP"))
-        })
-    })
-    .await;
+    c.wait_denied("a1", "n2", "VOLUME_MOUNT_GROUP", T).await;
     assert_eq!(
         c.node("n2")
             .calls()

@@ -439,25 +439,14 @@ impl Cluster {
     /// started take `ms` longer (moor-hostpath's latency fault, sent to its admin
     /// socket): a plugin as slow as a cloud's attach API.
     pub async fn slow_controller_calls(&self, ms: u64) -> anyhow::Result<()> {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        use moor_hostpath::faults::{send, Command};
         for log in self.call_logs.iter().flatten() {
             let admin = log.with_file_name("admin.sock");
             for rpc in ["ControllerPublishVolume", "ControllerUnpublishVolume"] {
-                let line = serde_json::json!({"op": "latency", "rpc": rpc, "ms": ms});
-                let mut stream = tokio::net::UnixStream::connect(&admin)
+                let rpc = rpc.to_string();
+                send(&admin, &Command::Latency { rpc, ms })
                     .await
-                    .with_context(|| format!("connecting to {}", admin.display()))?;
-                stream.write_all(format!("{line}\n").as_bytes()).await?;
-                let mut reply = String::new();
-                tokio::io::BufReader::new(stream)
-                    .read_line(&mut reply)
-                    .await?;
-                anyhow::ensure!(
-                    reply.trim() == "ok",
-                    "{}: {}",
-                    admin.display(),
-                    reply.trim()
-                );
+                    .with_context(|| format!("slowing the plugin at {}", admin.display()))?;
             }
         }
         Ok(())

@@ -723,6 +723,19 @@ impl Cluster {
         .await;
     }
 
+    /// Waits until the claim of `alloc` on `node` is Denied with a reason that says
+    /// `says`.
+    pub async fn wait_denied(&self, alloc: &str, node: &str, says: &str, timeout: Duration) {
+        let what = format!("claim {alloc}.data on {node} denied: {says}");
+        self.wait(&what, timeout, || async move {
+            self.claim(alloc, node).await.is_some_and(|c| {
+                c.status.phase == ClaimPhase::Denied
+                    && c.status.reason.as_deref().is_some_and(|r| r.contains(says))
+            })
+        })
+        .await;
+    }
+
     pub async fn stop_alloc(&self, alloc: &str) {
         loop {
             let mut a = self

@@ -140,10 +140,13 @@ impl Attacher {
             .writer
             .write_status(att, |st| st.uncertain = true)
             .await?;
-        let turn = self.ctx.node_turn(att.spec.csi_node_id.as_str()).await;
-        let answer = step.call(self.ctx.csi()?.controller_publish(req)).await;
-        drop(turn);
-        match answer {
+        let csi = self.ctx.csi()?;
+        let call = step.call(csi.controller_publish(req));
+        match self
+            .ctx
+            .in_node_turn(att.spec.csi_node_id.as_str(), call)
+            .await
+        {
             Ok(resp) => {
                 self.ctx
                     .writer
@@ -198,10 +201,13 @@ impl Attacher {
         // as Detaching is, and `spec.detach` is final (no claim is granted on this
         // attachment again), so a crash mid-call repeats the call either way. Detaching
         // is written when the call fails, with the failure.
-        let turn = self.ctx.node_turn(att.spec.csi_node_id.as_str()).await;
-        let answer = step.call(self.ctx.csi()?.controller_unpublish(req)).await;
-        drop(turn);
-        if let Err(failed) = answer {
+        let csi = self.ctx.csi()?;
+        let call = step.call(csi.controller_unpublish(req));
+        if let Err(failed) = self
+            .ctx
+            .in_node_turn(att.spec.csi_node_id.as_str(), call)
+            .await
+        {
             self.ctx
                 .writer
                 .write_status(att, |st| {

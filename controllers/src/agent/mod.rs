@@ -207,18 +207,8 @@ impl std::str::FromStr for PluginConfig {
                 }
                 "mount-dir" => mount_dir = Some(PathBuf::from(v)),
                 "container-mount-dir" => container = Some(PathBuf::from(v)),
-                "serialize-per-node" | "selinux-mount" => {
-                    let on = match v {
-                        "true" => true,
-                        "false" => false,
-                        _ => return Err(format!("{k} {v:?} is not true or false")),
-                    };
-                    if k == "selinux-mount" {
-                        selinux_mount = on;
-                    } else {
-                        serialize_per_node = on;
-                    }
-                }
+                "serialize-per-node" => serialize_per_node = on_off(k, v)?,
+                "selinux-mount" => selinux_mount = on_off(k, v)?,
                 _ => return Err(format!("unknown plugin option {k:?}")),
             }
         }
@@ -243,6 +233,15 @@ impl std::str::FromStr for PluginConfig {
             serialize_per_node,
             selinux_mount,
         })
+    }
+}
+
+/// A `--plugin` option's `true` or `false`.
+fn on_off(option: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("{option} {value:?} is not true or false")),
     }
 }
 
@@ -464,7 +463,7 @@ pub struct ControllerPluginCtx {
     /// One in-flight controller call per volume.
     pub locks: KeyedLocks,
     /// One in-flight ControllerPublish/Unpublish per node, by CSI node id, when the
-    /// plugin is configured so ([`ControllerPluginCtx::node_turn`]).
+    /// plugin is configured so ([`ControllerPluginCtx::in_node_turn`]).
     pub node_calls: KeyedLocks,
     /// Retry gates of failing controller steps.
     pub steps: moor::runtime::steps::Steps,
@@ -555,17 +554,24 @@ impl ControllerPluginCtx {
         )
     }
 
-    /// With `serialize-per-node`, waits until no other ControllerPublish or
-    /// ControllerUnpublish of this plugin is in flight to `csi_node`, and holds the
-    /// node until the guard drops (after the call); `None` at once otherwise. Taken
-    /// after the volume's lock, never before it, so the two cannot deadlock. The
-    /// waiting are counted in `moor_controller_calls_waiting_for_node`.
-    pub async fn node_turn(&self, csi_node: &str) -> Option<crate::common::KeyGuard> {
+    /// Runs `call` (a ControllerPublish or ControllerUnpublish to `csi_node`) in the
+    /// node's turn: with `serialize-per-node`, only once no other such call of this
+    /// plugin is in flight to that node, the node held until `call` ends; at once
+    /// otherwise. Taken after the volume's lock, never before it, so the two cannot
+    /// deadlock. The waiting are counted in `moor_controller_calls_waiting_for_node`.
+    pub async fn in_node_turn<T>(
+        &self,
+        csi_node: &str,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
         if !self.plugin.serialize_per_node {
-            return None;
+            return call.await;
         }
-        let _waiting = moor::runtime::metrics::waiting_for_node(self.plugin.id.as_str());
-        Some(self.node_calls.lock(csi_node).await)
+        let _turn = {
+            let _waiting = moor::runtime::metrics::waiting_for_node(self.plugin.id.as_str());
+            self.node_calls.lock(csi_node).await
+        };
+        call.await
     }
 
     /// Whether the plugin advertises controller capability `rpc` (false until its

@@ -739,12 +739,11 @@ impl Survey {
             return; // backing off after a failure; a later pass tries again
         };
         let r = match self.ctx.csi() {
-            Ok(csi) => {
-                let _turn = self.ctx.node_turn(node).await;
-                step.call(csi.controller_unpublish(req))
-                    .await
-                    .map_err(|f| f.message())
-            }
+            Ok(csi) => self
+                .ctx
+                .in_node_turn(node, step.call(csi.controller_unpublish(req)))
+                .await
+                .map_err(|f| f.message()),
             Err(e) => Err(e.to_string()),
         };
         let (type_, msg) = match r {

@@ -277,32 +277,12 @@ impl Plugin {
         std::fs::create_dir_all(cfg.state_dir.join("volumes"))
             .with_context(|| format!("creating {}", cfg.state_dir.display()))?;
         std::fs::create_dir_all(cfg.state_dir.join("snapshots"))?;
-        let capacity = cfg
-            .capacity
-            .trim()
-            .parse::<bytesize::ByteSize>()
-            .ok()
-            .and_then(|b| i64::try_from(b.as_u64()).ok())
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "--capacity {:?} is not a size below 2^63 bytes (write bytes, or e.g. 10GiB)",
-                    cfg.capacity
-                )
-            })?;
-        let max_volume = match &cfg.max_volume_size {
-            None => None,
-            Some(m) => Some(
-                m.trim()
-                    .parse::<bytesize::ByteSize>()
-                    .ok()
-                    .and_then(|b| i64::try_from(b.as_u64()).ok())
-                    .ok_or_else(|| {
-                        anyhow::anyhow!(
-                            "--max-volume-size {m:?} is not a size below 2^63 bytes (write bytes, or e.g. 8MiB)"
-                        )
-                    })?,
-            ),
-        };
+        let capacity = size_flag("--capacity", &cfg.capacity)?;
+        let max_volume = cfg
+            .max_volume_size
+            .as_deref()
+            .map(|m| size_flag("--max-volume-size", m))
+            .transpose()?;
         let mut topology = BTreeMap::new();
         for seg in &cfg.topology {
             let (k, v) = seg
@@ -322,10 +302,7 @@ impl Plugin {
                 })?;
                 t.insert(k.to_string(), v.to_string());
             }
-            let bytes = size
-                .parse::<bytesize::ByteSize>()
-                .ok()
-                .and_then(|b| i64::try_from(b.as_u64()).ok())
+            let bytes = size_bytes(size)
                 .ok_or_else(|| anyhow::anyhow!("--segment {seg:?}: {size:?} is not a size"))?;
             segments.push((t, bytes));
         }
@@ -561,6 +538,21 @@ fn mount_group_of(cap: Option<&moor_csi::v1::VolumeCapability>) -> Option<String
         }
         _ => None,
     }
+}
+
+/// A size written as bytes or with units (`10GiB`), below 2^63 bytes.
+fn size_bytes(text: &str) -> Option<i64> {
+    let b = text.trim().parse::<bytesize::ByteSize>().ok()?;
+    i64::try_from(b.as_u64()).ok()
+}
+
+/// A size flag's bytes, or an error naming the flag.
+fn size_flag(flag: &str, text: &str) -> anyhow::Result<i64> {
+    size_bytes(text).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{flag} {text:?} is not a size below 2^63 bytes (write bytes, or e.g. 10GiB)"
+        )
+    })
 }
 
 /// The SELinux context a capability's mount flags carry (`context="LABEL"`, the label
