@@ -160,14 +160,73 @@ pub struct VolumeUsage {
     pub inodes_total: Option<u64>,
 }
 
-/// A volume's condition as a plugin reports it (CSI VolumeCondition).
+/// A volume's health as a plugin reports it: CSI 1.13's VolumeHealth (a list of adverse
+/// conditions, empty when healthy) or, from a 1.9-1.12 plugin, the older VolumeCondition
+/// (abnormal and a message, no list). `abnormal` and `message` are filled either way, so
+/// a reader that knows only them (an older moor) reads a 1.13 plugin's health too.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeHealth {
     /// The plugin says the volume is not healthy.
     pub abnormal: bool,
+    /// The plugin's message; for a 1.13 plugin, its conditions in one line.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// The adverse conditions of a 1.13 plugin (those of a type moor knows).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<HealthCondition>,
+}
+
+/// One adverse condition a CSI 1.13 plugin reports of a volume
+/// (`VolumeHealthErrorType`) or of its storage as a node sees it
+/// (`StorageHealthErrorType`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthCondition {
+    /// `Degraded`, `Inaccessible`, `DataLoss` (a volume); `StorageDegraded`,
+    /// `StorageUnreachable` (the storage). Text, so that a later moor's values read.
+    pub status: String,
+    /// The plugin's CamelCase reason.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
     /// The plugin's message.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// Storage only: the kind of volume it concerns (`SINGLE_NODE_WRITER/mount`), when
+    /// not all.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub capability: String,
+}
+
+impl HealthCondition {
+    /// `Status/Reason: message` (the parts present).
+    pub fn line(&self) -> String {
+        let mut s = self.status.clone();
+        if !self.reason.is_empty() {
+            s = format!("{s}/{}", self.reason);
+        }
+        if !self.capability.is_empty() {
+            s = format!("{s} ({})", self.capability);
+        }
+        if !self.message.is_empty() {
+            s = format!("{s}: {}", self.message);
+        }
+        s
+    }
+
+    /// The conditions in one line, `; ` between them.
+    pub fn lines(all: &[HealthCondition]) -> String {
+        all.iter().map(HealthCondition::line).collect::<Vec<_>>().join("; ")
+    }
+}
+
+impl VolumeHealth {
+    /// The health a 1.13 plugin's conditions make.
+    pub fn of(conditions: Vec<HealthCondition>) -> VolumeHealth {
+        VolumeHealth {
+            abnormal: !conditions.is_empty(),
+            message: HealthCondition::lines(&conditions),
+            conditions,
+        }
+    }
 }
 
 #[cfg(test)]

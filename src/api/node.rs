@@ -202,6 +202,11 @@ pub struct NodePluginStatus {
     /// NodeGetInfo's accessible topology.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<Topology>,
+    /// NodeGetStorageHealth (GET_STORAGE_HEALTH, CSI 1.13): the storage's adverse
+    /// conditions as this node sees it; empty when it sees none, absent when the plugin
+    /// does not report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_health: Option<Vec<HealthCondition>>,
     /// When the plugin was last fingerprinted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<Timestamp>,
@@ -294,6 +299,24 @@ impl NodePluginStatus {
                     printable_bounded(c, 64)
                 ));
             }
+        }
+        let health = self.storage_health.as_deref().unwrap_or_default();
+        if health.len() > MAX_PLUGIN_ITEMS {
+            return Err(format!(
+                "{} storage health conditions; at most {MAX_PLUGIN_ITEMS}",
+                health.len()
+            ));
+        }
+        if let Some(h) = health.iter().find(|h| {
+            [&h.status, &h.reason, &h.message, &h.capability]
+                .iter()
+                .any(|t| t.len() > MAX_PLUGIN_TEXT / 4)
+        }) {
+            return Err(format!(
+                "storage health condition {:?} has a text over {} bytes",
+                printable_bounded(&h.status, 64),
+                MAX_PLUGIN_TEXT / 4
+            ));
         }
         if let Some(t) = &self.topology {
             if t.len() > MAX_PLUGIN_ITEMS {

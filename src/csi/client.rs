@@ -94,6 +94,8 @@ targets! {
     NodeUnpublishVolumeRequest => volume_id;
     NodeGetVolumeStatsRequest => volume_id;
     NodeExpandVolumeRequest => volume_id;
+    NodeGetVolumeHealthRequest => volume_id;
+    ControllerGetVolumeHealthRequest => volume_id;
 }
 
 impl Target for v1::GetSnapshotRequest {}
@@ -101,6 +103,7 @@ impl Target for v1::ListSnapshotsRequest {}
 impl Target for v1::DeleteSnapshotRequest {}
 impl Target for v1::GetCapacityRequest {}
 impl Target for v1::ListVolumesRequest {}
+impl Target for v1::ControllerListVolumeHealthRequest {}
 
 impl Csi {
     /// A client over `channel` (see [`super::channel`]) under `policy`.
@@ -362,6 +365,39 @@ impl Csi {
     ) -> Result<v1::NodeGetVolumeStatsResponse, CsiError> {
         self.call("NodeGetVolumeStats", req, |ch, r| async move {
             NodeClient::new(ch).node_get_volume_stats(r).await
+        })
+        .await
+    }
+
+    /// NodeGetVolumeHealth (node GET_VOLUME_HEALTH, CSI 1.13).
+    pub async fn node_get_volume_health(
+        &self,
+        req: v1::NodeGetVolumeHealthRequest,
+    ) -> Result<v1::NodeGetVolumeHealthResponse, CsiError> {
+        self.call("NodeGetVolumeHealth", req, |ch, r| async move {
+            NodeClient::new(ch).node_get_volume_health(r).await
+        })
+        .await
+    }
+
+    /// ControllerGetVolumeHealth (GET_VOLUME_HEALTH, CSI 1.13).
+    pub async fn controller_get_volume_health(
+        &self,
+        req: v1::ControllerGetVolumeHealthRequest,
+    ) -> Result<v1::ControllerGetVolumeHealthResponse, CsiError> {
+        self.call("ControllerGetVolumeHealth", req, |ch, r| async move {
+            ControllerClient::new(ch).controller_get_volume_health(r).await
+        })
+        .await
+    }
+
+    /// ControllerListVolumeHealth (LIST_VOLUME_HEALTH, CSI 1.13), one page.
+    pub async fn controller_list_volume_health(
+        &self,
+        req: v1::ControllerListVolumeHealthRequest,
+    ) -> Result<v1::ControllerListVolumeHealthResponse, CsiError> {
+        self.call("ControllerListVolumeHealth", req, |ch, r| async move {
+            ControllerClient::new(ch).controller_list_volume_health(r).await
         })
         .await
     }

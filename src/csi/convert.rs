@@ -116,9 +116,144 @@ pub fn node_capability_names(resp: &v1::NodeGetCapabilitiesResponse) -> Vec<Stri
         .collect()
 }
 
+/// The most conditions moor keeps of one health answer, and the longest text of each.
+const MAX_HEALTH: usize = 16;
+const MAX_HEALTH_TEXT: usize = 256;
+
+fn health_text(s: &str) -> String {
+    crate::process::printable_bounded(s, MAX_HEALTH_TEXT)
+}
+
+/// A volume's health from a CSI 1.13 VolumeHealth (absent: healthy). A condition of a
+/// type this moor does not know is left out, as the spec requires of a CO; so is one
+/// repeating a (status, reason) already kept.
+pub fn volume_health(h: Option<&v1::VolumeHealth>) -> crate::api::VolumeHealth {
+    use v1::VolumeHealthErrorType as T;
+    let mut out: Vec<crate::api::HealthCondition> = Vec::new();
+    for e in h.map(|h| h.health_statuses.as_slice()).unwrap_or_default() {
+        let status = match T::try_from(e.status) {
+            Ok(T::Degraded) => "Degraded",
+            Ok(T::Inaccessible) => "Inaccessible",
+            Ok(T::DataLoss) => "DataLoss",
+            Ok(T::UnknownVolumeHealthType) | Err(_) => continue,
+        };
+        let c = crate::api::HealthCondition {
+            status: status.into(),
+            reason: health_text(&e.reason),
+            message: health_text(&e.message),
+            capability: String::new(),
+        };
+        if out.len() < MAX_HEALTH
+            && !out.iter().any(|o| o.status == c.status && o.reason == c.reason)
+        {
+            out.push(c);
+        }
+    }
+    crate::api::VolumeHealth::of(out)
+}
+
+/// The storage's health from NodeGetStorageHealth, unknown types left out.
+pub fn storage_health(r: &v1::NodeGetStorageHealthResponse) -> Vec<crate::api::HealthCondition> {
+    use v1::StorageHealthErrorType as T;
+    let mut out: Vec<crate::api::HealthCondition> = Vec::new();
+    for e in &r.backend_health {
+        let status = match T::try_from(e.status) {
+            Ok(T::StorageDegraded) => "StorageDegraded",
+            Ok(T::StorageUnreachable) => "StorageUnreachable",
+            Ok(T::UnknownStorageHealthErrorType) | Err(_) => continue,
+        };
+        let c = crate::api::HealthCondition {
+            status: status.into(),
+            reason: health_text(&e.reason),
+            message: health_text(&e.message),
+            capability: e.volume_capability.as_ref().map(capability_name).unwrap_or_default(),
+        };
+        if out.len() < MAX_HEALTH && !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `SINGLE_NODE_WRITER/mount`: a capability named for display.
+fn capability_name(c: &v1::VolumeCapability) -> String {
+    use v1::volume_capability::{access_mode::Mode, AccessType};
+    let mode = c
+        .access_mode
+        .as_ref()
+        .and_then(|m| Mode::try_from(m.mode).ok())
+        .map_or("UNKNOWN", |m| m.as_str_name());
+    let kind = match c.access_type {
+        Some(AccessType::Block(_)) => "block",
+        Some(AccessType::Mount(_)) => "mount",
+        None => "any",
+    };
+    format!("{mode}/{kind}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn health_keeps_the_known_types_once_and_ignores_the_rest() {
+        use v1::volume_health::VolumeHealthEntry as E;
+        let e = |status: i32, reason: &str| E {
+            status,
+            reason: reason.into(),
+            message: "m".into(),
+        };
+        let h = v1::VolumeHealth {
+            volume_id: "x".into(),
+            health_statuses: vec![
+                e(99, "FromTheFuture"),
+                e(0, "Unknown"),
+                e(2, "PathMissing"),
+                e(2, "PathMissing"),
+                e(1, "Slow"),
+            ],
+        };
+        let got = volume_health(Some(&h));
+        assert!(got.abnormal);
+        let kept: Vec<_> = got.conditions.iter().map(|c| c.line()).collect();
+        assert_eq!(kept, ["Inaccessible/PathMissing: m", "Degraded/Slow: m"]);
+        assert_eq!(got.message, "Inaccessible/PathMissing: m; Degraded/Slow: m");
+        // Only types moor does not know: healthy.
+        let future = v1::VolumeHealth {
+            volume_id: "x".into(),
+            health_statuses: vec![e(7, "New")],
+        };
+        assert_eq!(volume_health(Some(&future)), crate::api::VolumeHealth::default());
+        assert!(!volume_health(None).abnormal);
+
+        let r = v1::NodeGetStorageHealthResponse {
+            backend_health: vec![
+                v1::node_get_storage_health_response::StorageBackendHealth {
+                    status: 2,
+                    reason: "NetworkPartition".into(),
+                    message: String::new(),
+                    volume_capability: Some(capability(
+                        VolumeCapability {
+                            access_mode: AccessMode::MultiNodeMultiWriter,
+                            attachment_mode: AttachmentMode::FileSystem,
+                        },
+                        &MountOptions::default(),
+                    )),
+                },
+                v1::node_get_storage_health_response::StorageBackendHealth {
+                    status: 5,
+                    reason: "Later".into(),
+                    ..Default::default()
+                },
+            ],
+        };
+        let got = storage_health(&r);
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[0].line(),
+            "StorageUnreachable/NetworkPartition (MULTI_NODE_MULTI_WRITER/mount)"
+        );
+    }
     use crate::api::MountFlags;
 
     #[test]

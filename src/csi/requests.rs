@@ -248,6 +248,7 @@ pub fn create_snapshot(
         name: snap.metadata.uid.to_string(),
         secrets: snapshot_secrets(snap, volume)?,
         parameters: snap.spec.parameters.clone(),
+        accessibility_requirements: None,
     })
 }
 

@@ -159,6 +159,42 @@ pub fn volume_stats(
     }
 }
 
+/// The labels of the storage-health gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StorageHealthLabel {
+    /// The plugin.
+    pub plugin: String,
+    /// `StorageDegraded` or `StorageUnreachable`.
+    pub status: String,
+}
+
+/// The storage's adverse conditions as this node's plugin reports them
+/// (NodeGetStorageHealth), by status.
+static STORAGE_HEALTH: LazyLock<Family<StorageHealthLabel, Gauge>> =
+    LazyLock::new(Family::default);
+
+/// Records the storage's health of `plugin` on this node: for each status the number of
+/// conditions (0 when healthy); `None` (not reported) removes the series.
+pub fn storage_health(plugin: &str, conditions: Option<&[crate::api::HealthCondition]>) {
+    for status in ["StorageDegraded", "StorageUnreachable"] {
+        let label = StorageHealthLabel {
+            plugin: plugin.to_string(),
+            status: status.to_string(),
+        };
+        match conditions {
+            Some(all) => {
+                let n = all.iter().filter(|c| c.status == status).count();
+                STORAGE_HEALTH
+                    .get_or_create(&label)
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            None => {
+                STORAGE_HEALTH.remove(&label);
+            }
+        }
+    }
+}
+
 /// The label of etcd's alarms.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AlarmLabel {
@@ -425,6 +461,11 @@ impl Metrics {
             "moor_volume",
             "Usage and health of the volumes published on this node, by resource",
             VOLUMES.clone(),
+        );
+        registry.register(
+            "moor_storage_unhealthy",
+            "Adverse conditions of a plugin's storage as this node sees it (NodeGetStorageHealth), by status",
+            STORAGE_HEALTH.clone(),
         );
         m
     }

@@ -296,7 +296,7 @@ impl Supervisor {
                     Err(e) => Err(format!("the plugin's report is refused: {e}")),
                 })
                 .map_err(|message| printable_bounded(&message, MAX_PLUGIN_TEXT / 2));
-            let (was_healthy, now_healthy, message, answered) = {
+            let (was_healthy, now_healthy, message, answered, storage) = {
                 let mut all = self.inner.status.write().unwrap_or_else(|p| p.into_inner());
                 let old = all.get(&cfg.id).cloned().unwrap_or_default();
                 let mut next = match found {
@@ -311,6 +311,11 @@ impl Supervisor {
                     },
                 };
                 next.last_seen = old.last_seen;
+                if next.storage_health.is_none()
+                    && next.capabilities.node.has(NodeRpc::GetStorageHealth)
+                {
+                    next.storage_health = old.storage_health.clone();
+                }
                 let changed = next != old;
                 if changed {
                     if next.healthy {
@@ -322,11 +327,15 @@ impl Supervisor {
                 // A new answer of a healthy plugin: the monitor's node rules.
                 let answered =
                     (changed && next.healthy && cfg.is_node()).then(|| (old.clone(), next.clone()));
+                let storage = (old.storage_health != next.storage_health)
+                    .then(|| next.storage_health.clone())
+                    .map(|now| (old.storage_health.clone(), now));
                 (
                     old.healthy,
                     next.healthy,
                     next.health_message.clone(),
                     answered,
+                    storage,
                 )
             };
             let object = ObjectRef {
@@ -336,6 +345,9 @@ impl Supervisor {
             };
             if let Some((old, next)) = answered {
                 published.check(&cfg.id, &object, &old, &next).await;
+            }
+            if let Some((before, now)) = storage {
+                storage_changed(&recorder, &cfg.id, &object, before, now).await;
             }
             if was_healthy != now_healthy {
                 let details = crate::common::details([("plugin_id", cfg.id.to_string())]);
@@ -522,6 +534,44 @@ enum Tick {
 }
 
 /// Asks the plugin who it is and what it can do; `Err` says why it is unhealthy.
+/// The storage's health as this node sees it changed (NodeGetStorageHealth): the gauge
+/// and an event on the Node, `Storage unhealthy` (a Warning) or `Storage healthy`.
+async fn storage_changed(
+    recorder: &Recorder,
+    plugin: &PluginId,
+    node: &ObjectRef,
+    before: Option<Vec<HealthCondition>>,
+    now: Option<Vec<HealthCondition>>,
+) {
+    moor::runtime::metrics::storage_health(plugin.as_str(), now.as_deref());
+    let (Some(before), Some(now)) = (before.or(Some(Vec::new())), now) else {
+        return;
+    };
+    let details = crate::common::details([("plugin_id", plugin.to_string())]);
+    let (kind, reason, message) = if now.is_empty() {
+        if before.is_empty() {
+            return;
+        }
+        (
+            EventType::Normal,
+            "Storage healthy",
+            format!("plugin {plugin} sees its storage healthy again"),
+        )
+    } else {
+        (
+            EventType::Warning,
+            "Storage unhealthy",
+            format!(
+                "plugin {plugin} sees its storage unhealthy: {}",
+                HealthCondition::lines(&now)
+            ),
+        )
+    };
+    recorder
+        .record(node.clone(), kind, reason, message, details)
+        .await;
+}
+
 async fn fingerprint(cfg: &PluginConfig, channel: Channel) -> Result<NodePluginStatus, String> {
     use moor::csi::policy::request;
     let t = FINGERPRINT_TIMEOUT;
@@ -583,6 +633,21 @@ async fn fingerprint(cfg: &PluginConfig, channel: Channel) -> Result<NodePluginS
         status.max_volumes_per_node =
             (info.max_volumes_per_node > 0).then_some(info.max_volumes_per_node as u64);
         status.topology = info.accessible_topology.map(|t| t.segments);
+        // The storage as this node sees it (CSI 1.13). A failed call leaves it
+        // unknown here; the loop keeps what the last answer said.
+        if status.capabilities.node.has(NodeRpc::GetStorageHealth) {
+            match n
+                .node_get_storage_health(request(v1::NodeGetStorageHealthRequest::default(), t))
+                .await
+            {
+                Ok(r) => status.storage_health = Some(convert::storage_health(&r.into_inner())),
+                Err(s) => tracing::warn!(
+                    plugin = %cfg.id,
+                    error = %fail("NodeGetStorageHealth", s),
+                    "storage health not read"
+                ),
+            }
+        }
     }
     Ok(status)
 }

@@ -13,8 +13,13 @@
 //!    each Ready volume (NotFound counts as not listed). A Ready volume of this plugin missing from two
 //!    lists in a row gets condition `Present` false and a `Volume missing` Warning; back
 //!    in the list, `Present` true.
-//! 3. VOLUME_CONDITION: the listed condition becomes the volume's `Healthy` condition;
-//!    turning abnormal is a `Volume abnormal` Warning.
+//! 3. Health: from a CSI 1.13 plugin, every page of ControllerListVolumeHealth
+//!    (LIST_VOLUME_HEALTH; a volume it leaves out is healthy once two lists in a row
+//!    leave it out, since a paged list may skip an entry) or ControllerGetVolumeHealth
+//!    of each listed volume (GET_VOLUME_HEALTH); from a 1.9-1.12 plugin, the condition
+//!    ListVolumes or ControllerGetVolume carries (VOLUME_CONDITION). It becomes the
+//!    volume's `Healthy` condition; turning abnormal (or abnormal otherwise) is a
+//!    `Volume abnormal` Warning, healthy again a `Volume healthy` event.
 //! 4. LIST_VOLUMES_PUBLISHED_NODES: a node the plugin says a volume is published to,
 //!    where moor has no Attachment of it, seen in two lists in a row, is condition
 //!    `Attachments` false and an `Unknown attachment` Warning; with
@@ -64,14 +69,23 @@ pub struct Survey {
 /// What one ListVolumes said of a volume.
 struct Listed {
     published: BTreeSet<String>,
-    condition: Option<v1::VolumeCondition>,
+    condition: Option<VolumeHealth>,
     capacity_bytes: u64,
+}
+
+/// The VolumeCondition of a 1.9-1.12 plugin, as moor keeps health.
+fn legacy(c: Option<v1::VolumeCondition>) -> Option<VolumeHealth> {
+    c.map(|c| VolumeHealth {
+        abnormal: c.abnormal,
+        message: printable_bounded(&c.message, 1024),
+        conditions: Vec::new(),
+    })
 }
 
 /// What a survey pass goes by, besides the volume and its listing.
 struct Seen<'a> {
     plugin: &'a PluginId,
-    /// The plugin reports volume conditions (VOLUME_CONDITION).
+    /// The plugin reports volume health (VOLUME_CONDITION, or the 1.13 health RPCs).
     with_condition: bool,
     /// The plugin lists the nodes each volume is published to.
     with_nodes: bool,
@@ -97,6 +111,8 @@ struct Finding {
     set: Vec<(&'static str, bool, String, String)>,
     /// Warnings to record: reason, message.
     warn: Vec<(&'static str, String)>,
+    /// Normal events to record: reason, message.
+    normal: Vec<(&'static str, String)>,
 }
 
 /// Judges one ready volume (external id `ext`) against what ListVolumes said of it
@@ -137,9 +153,12 @@ fn judge(
             let reason = if healthy { "Normal" } else { "VolumeAbnormal" };
             f.set
                 .push((HEALTHY, healthy, reason.into(), c.message.clone()));
-            if !healthy && shown.is_none_or(|s| s.status) {
+            if !healthy {
                 f.warn
                     .push(("Volume abnormal", format!("{ext}: {}", c.message)));
+            } else if shown.is_some_and(|s| !s.status) {
+                f.normal
+                    .push(("Volume healthy", format!("{ext}: healthy again")));
             }
         }
     }
@@ -192,6 +211,8 @@ impl Survey {
         let mut strangers_before = BTreeSet::new();
         // Whether the plugin has filled any volume's published nodes in a pass yet.
         let mut fills_published = false;
+        // The volumes the previous ControllerListVolumeHealth listed.
+        let mut health_before = BTreeSet::new();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -228,7 +249,8 @@ impl Survey {
             };
             if let Some(listing) = listing {
                 match listing {
-                    Ok(listed) => {
+                    Ok(mut listed) => {
+                        health_before = self.health(&caps, &mut listed, &health_before).await;
                         let (missing, unknown) = self
                             .compare(&caps, &listed, &missing_before, &unknown_before)
                             .await;
@@ -374,6 +396,90 @@ impl Survey {
         Ok(())
     }
 
+    /// A CSI 1.13 plugin's health of the listed volumes, in place of any condition the
+    /// listing carried: every page of ControllerListVolumeHealth (LIST_VOLUME_HEALTH),
+    /// or ControllerGetVolumeHealth of each (GET_VOLUME_HEALTH). A volume the list
+    /// leaves out is healthy only when the previous list (`before`) left it out too: a
+    /// paged list may skip an entry. A failed call leaves the health unknown this pass
+    /// (nothing changes). Returns the volumes this list held.
+    async fn health(
+        &self,
+        caps: &PluginCapabilities,
+        listed: &mut BTreeMap<String, Listed>,
+        before: &BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        let list = caps.controller.has(ControllerRpc::ListVolumeHealth);
+        if !list && !caps.controller.has(ControllerRpc::GetVolumeHealth) {
+            return BTreeSet::new();
+        }
+        for entry in listed.values_mut() {
+            entry.condition = None;
+        }
+        let csi = match self.ctx.csi() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(plugin = %self.ctx.plugin.id, error = %e, "health survey");
+                return before.clone();
+            }
+        };
+        if !list {
+            for (ext, entry) in listed.iter_mut() {
+                let req = v1::ControllerGetVolumeHealthRequest {
+                    volume_id: ext.clone(),
+                    secrets: Default::default(),
+                };
+                match csi.controller_get_volume_health(req).await {
+                    Ok(r) => {
+                        entry.condition =
+                            Some(moor::csi::convert::volume_health(r.volume_health.as_ref()));
+                    }
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => {
+                        tracing::warn!(plugin = %self.ctx.plugin.id, volume_id = %ext, error = %e, "ControllerGetVolumeHealth");
+                    }
+                }
+            }
+            return BTreeSet::new();
+        }
+        let mut unhealthy: BTreeMap<String, VolumeHealth> = BTreeMap::new();
+        let mut token = String::new();
+        for _ in 0..100_000 {
+            let page = match csi
+                .controller_list_volume_health(v1::ControllerListVolumeHealthRequest {
+                    max_entries: 500,
+                    starting_token: token.clone(),
+                    secrets: Default::default(),
+                })
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(plugin = %self.ctx.plugin.id, error = %e, "ControllerListVolumeHealth");
+                    return before.clone();
+                }
+            };
+            for h in &page.entries {
+                unhealthy.insert(h.volume_id.clone(), moor::csi::convert::volume_health(Some(h)));
+            }
+            if page.next_token.is_empty() || page.next_token == token {
+                break;
+            }
+            token = page.next_token;
+        }
+        for (ext, entry) in listed.iter_mut() {
+            entry.condition = match unhealthy.get(ext) {
+                Some(h) => Some(h.clone()),
+                None if !before.contains(ext) => Some(VolumeHealth::default()),
+                None => None,
+            };
+        }
+        unhealthy
+            .into_iter()
+            .filter(|(_, h)| h.abnormal)
+            .map(|(ext, _)| ext)
+            .collect()
+    }
+
     /// Every page of ListVolumes, by the plugin's volume id.
     async fn list(
         &self,
@@ -395,7 +501,7 @@ impl Survey {
                     vol.volume_id,
                     Listed {
                         published: status.published_node_ids.into_iter().collect(),
-                        condition: status.volume_condition,
+                        condition: legacy(status.volume_condition),
                         capacity_bytes: u64::try_from(vol.capacity_bytes).unwrap_or(0),
                     },
                 );
@@ -432,7 +538,7 @@ impl Survey {
                         ext.to_string(),
                         Listed {
                             published: status.published_node_ids.into_iter().collect(),
-                            condition: status.volume_condition,
+                            condition: legacy(status.volume_condition),
                             capacity_bytes: r
                                 .volume
                                 .map_or(0, |v| u64::try_from(v.capacity_bytes).unwrap_or(0)),
@@ -460,7 +566,9 @@ impl Survey {
     ) -> (BTreeSet<String>, BTreeSet<(String, String)>) {
         let seen = Seen {
             plugin: &self.ctx.plugin.id,
-            with_condition: caps.controller.has(ControllerRpc::VolumeCondition),
+            with_condition: caps.controller.has(ControllerRpc::VolumeCondition)
+                || caps.controller.has(ControllerRpc::GetVolumeHealth)
+                || caps.controller.has(ControllerRpc::ListVolumeHealth),
             with_nodes: caps
                 .controller
                 .has(ControllerRpc::ListVolumesPublishedNodes),
@@ -504,7 +612,7 @@ impl Survey {
                     self.unpublish(&vol, &ext, node).await;
                 }
             }
-            self.write(&vol, f.set, f.warn).await;
+            self.write(&vol, f.set, f.warn, f.normal).await;
         }
         (missing, unknown)
     }
@@ -766,6 +874,7 @@ impl Survey {
         vol: &Volume,
         set: Vec<(&'static str, bool, String, String)>,
         warn: Vec<(&'static str, String)>,
+        normal: Vec<(&'static str, String)>,
     ) {
         if !set.is_empty() {
             let r = self
@@ -784,6 +893,9 @@ impl Survey {
         }
         for (reason, msg) in warn {
             self.event(vol, reason, EventType::Warning, msg).await;
+        }
+        for (reason, msg) in normal {
+            self.event(vol, reason, EventType::Normal, msg).await;
         }
     }
 
@@ -817,9 +929,10 @@ mod tests {
     fn listed(published: &[&str], abnormal: Option<&str>) -> Listed {
         Listed {
             published: published.iter().map(|n| n.to_string()).collect(),
-            condition: abnormal.map(|m| v1::VolumeCondition {
+            condition: abnormal.map(|m| VolumeHealth {
                 abnormal: !m.is_empty(),
                 message: m.to_string(),
+                conditions: Vec::new(),
             }),
             capacity_bytes: 0,
         }
@@ -900,6 +1013,7 @@ mod tests {
         let well = judged(&v, Some(&listed(&[], Some(""))), &[], &[], &[]);
         assert_eq!(well.set[0].0, HEALTHY);
         assert!(well.set[0].1 && well.warn.is_empty());
+        assert_eq!(well.normal.len(), 1);
     }
 
     #[test]

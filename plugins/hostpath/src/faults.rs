@@ -68,6 +68,24 @@ pub enum Command {
         #[serde(default)]
         message: String,
     },
+    /// Report a volume's health the CSI 1.13 way (NodeGetVolumeHealth on this instance's
+    /// node, ControllerGetVolumeHealth and ControllerListVolumeHealth on its
+    /// controller): these adverse conditions; none is healthy again. Served with
+    /// `--health-api=1.13`.
+    Health {
+        /// The plugin's volume id.
+        volume_id: String,
+        /// The conditions, in the order answered.
+        #[serde(default)]
+        statuses: Vec<HealthEntry>,
+    },
+    /// Report the storage as this instance's node sees it (NodeGetStorageHealth): these
+    /// adverse conditions; none is healthy again.
+    StorageHealth {
+        /// The conditions, in the order answered.
+        #[serde(default)]
+        statuses: Vec<HealthEntry>,
+    },
     /// Commit (or stop committing) a breach of the spec in every answer it concerns,
     /// so that the contract monitor's tests have a plugin that lies.
     Lie {
@@ -87,6 +105,30 @@ pub enum Command {
     Clear,
     /// Answer with the calls counted and the calls held, per RPC.
     Status,
+}
+
+/// One adverse condition to answer (CSI 1.13 health).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthEntry {
+    /// The type's name as the spec spells it (`DEGRADED`, `INACCESSIBLE`, `DATA_LOSS`;
+    /// `STORAGE_DEGRADED`, `STORAGE_UNREACHABLE`) or a number (one the spec has not
+    /// defined, as a later plugin would answer).
+    pub status: String,
+    /// The CamelCase reason.
+    #[serde(default)]
+    pub reason: String,
+    /// The message.
+    #[serde(default)]
+    pub message: String,
+}
+
+impl HealthEntry {
+    /// The type's number among `names` (a name, or a number as it is).
+    fn number(&self, name_of: fn(&str) -> Option<i32>) -> Result<i32, String> {
+        name_of(&self.status)
+            .or_else(|| self.status.parse().ok())
+            .ok_or_else(|| format!("unknown health status {:?}", self.status))
+    }
 }
 
 /// A breach of a MUST of the spec the plugin can be told to commit.
@@ -134,6 +176,8 @@ struct Rules {
     hang: HashMap<String, Hang>,
     exit_at: HashMap<String, u32>,
     conditions: HashMap<String, (bool, String)>,
+    health: HashMap<String, Vec<moor_csi::v1::volume_health::VolumeHealthEntry>>,
+    storage_health: Vec<moor_csi::v1::node_get_storage_health_response::StorageBackendHealth>,
     lies: std::collections::HashSet<Lie>,
     max_volumes: Option<i64>,
     status: FaultStatus,
@@ -212,6 +256,44 @@ impl Faults {
             } => {
                 r.conditions.insert(volume_id, (abnormal, message));
             }
+            Command::Health {
+                volume_id,
+                statuses,
+            } => {
+                let name_of = |n: &str| {
+                    moor_csi::v1::VolumeHealthErrorType::from_str_name(n).map(|t| t as i32)
+                };
+                let mut entries = Vec::new();
+                for e in statuses {
+                    entries.push(moor_csi::v1::volume_health::VolumeHealthEntry {
+                        status: e.number(name_of)?,
+                        reason: e.reason,
+                        message: e.message,
+                    });
+                }
+                if entries.is_empty() {
+                    r.health.remove(&volume_id);
+                } else {
+                    r.health.insert(volume_id, entries);
+                }
+            }
+            Command::StorageHealth { statuses } => {
+                let name_of = |n: &str| {
+                    moor_csi::v1::StorageHealthErrorType::from_str_name(n).map(|t| t as i32)
+                };
+                let mut entries = Vec::new();
+                for e in statuses {
+                    entries.push(
+                        moor_csi::v1::node_get_storage_health_response::StorageBackendHealth {
+                            status: e.number(name_of)?,
+                            reason: e.reason,
+                            message: e.message,
+                            volume_capability: None,
+                        },
+                    );
+                }
+                r.storage_health = entries;
+            }
             Command::Lie { lie, on } => {
                 if on {
                     r.lies.insert(lie);
@@ -261,6 +343,28 @@ impl Faults {
             .cloned()
             .unwrap_or_default();
         moor_csi::v1::VolumeCondition { abnormal, message }
+    }
+
+    /// The 1.13 health set for a volume (healthy unless set).
+    pub fn health(&self, volume_id: &str) -> moor_csi::v1::VolumeHealth {
+        moor_csi::v1::VolumeHealth {
+            volume_id: volume_id.to_string(),
+            health_statuses: self.rules().health.get(volume_id).cloned().unwrap_or_default(),
+        }
+    }
+
+    /// The volumes with a 1.13 health set, by id.
+    pub fn unhealthy(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.rules().health.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// The storage's health set (healthy unless set).
+    pub fn storage_health(
+        &self,
+    ) -> Vec<moor_csi::v1::node_get_storage_health_response::StorageBackendHealth> {
+        self.rules().storage_health.clone()
     }
 
     /// Runs before an RPC's operation: counts it, exits if asked, delays, holds, or

@@ -28,6 +28,7 @@ pub mod checker;
 mod controller;
 pub mod faults;
 mod group;
+mod health;
 mod identity;
 pub mod mounts;
 mod node;
@@ -69,6 +70,20 @@ pub enum Expansion {
     Online,
     /// Only volumes not published are expanded.
     Offline,
+}
+
+/// Which generation of the volume health API the plugin serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HealthApi {
+    /// CSI 1.13: ControllerListVolumeHealth, ControllerGetVolumeHealth,
+    /// NodeGetVolumeHealth, NodeGetStorageHealth and their capabilities; no
+    /// `volume_condition` anywhere.
+    #[value(name = "1.13")]
+    V113,
+    /// CSI 1.9-1.12: VOLUME_CONDITION on both services, the condition in ListVolumes,
+    /// ControllerGetVolume and NodeGetVolumeStats; the 1.13 RPCs UNIMPLEMENTED.
+    #[value(name = "1.12")]
+    V112,
 }
 
 /// How the plugin runs (the command line).
@@ -178,6 +193,11 @@ pub struct Config {
     /// GetSnapshot, ListSnapshots), as a plugin still uploading it would; 0: at once.
     #[arg(long, default_value_t = 0)]
     pub snapshot_ready_after: u32,
+    /// The volume health API served: `1.13` (the health RPCs, set by the `health` and
+    /// `storage_health` faults) or `1.12` (VolumeCondition, set by the `condition`
+    /// fault).
+    #[arg(long, value_enum, default_value = "1.13")]
+    pub health_api: HealthApi,
     /// The fault-injection socket (default `<state-dir>/admin.sock`).
     #[arg(long)]
     pub admin_socket: Option<PathBuf>,
@@ -499,6 +519,10 @@ logged!(
     moor_csi::v1::NodeExpandVolumeResponse,
     moor_csi::v1::NodeGetCapabilitiesResponse,
     moor_csi::v1::NodeGetInfoResponse,
+    moor_csi::v1::ControllerListVolumeHealthResponse,
+    moor_csi::v1::ControllerGetVolumeHealthResponse,
+    moor_csi::v1::NodeGetVolumeHealthResponse,
+    moor_csi::v1::NodeGetStorageHealthResponse,
 );
 
 impl Logged for moor_csi::v1::CreateVolumeResponse {

@@ -476,6 +476,20 @@ impl Node for Plugin {
         .await
     }
 
+    async fn node_get_volume_health(
+        &self,
+        request: Request<moor_csi::v1::NodeGetVolumeHealthRequest>,
+    ) -> Result<Response<moor_csi::v1::NodeGetVolumeHealthResponse>, Status> {
+        self.node_get_volume_health_rpc(request).await
+    }
+
+    async fn node_get_storage_health(
+        &self,
+        request: Request<moor_csi::v1::NodeGetStorageHealthRequest>,
+    ) -> Result<Response<moor_csi::v1::NodeGetStorageHealthResponse>, Status> {
+        self.node_get_storage_health_rpc(request).await
+    }
+
     async fn node_get_volume_stats(
         &self,
         request: Request<NodeGetVolumeStatsRequest>,
@@ -508,7 +522,7 @@ impl Node for Plugin {
                         unit: volume_usage::Unit::Inodes as i32,
                     },
                 ],
-                volume_condition: Some(self.inner.faults.condition(&req.volume_id)),
+                volume_condition: self.legacy_condition(&req.volume_id),
             })
         })
         .await
@@ -547,11 +561,13 @@ impl Node for Plugin {
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
         use node_service_capability::rpc::Type;
         self.call(Call::new("NodeGetCapabilities"), async {
-            let mut types = vec![
-                Type::GetVolumeStats,
-                Type::ExpandVolume,
-                Type::VolumeCondition,
-            ];
+            let mut types = vec![Type::GetVolumeStats, Type::ExpandVolume];
+            match self.cfg().health_api {
+                crate::HealthApi::V113 => {
+                    types.extend([Type::GetVolumeHealth, Type::GetStorageHealth]);
+                }
+                crate::HealthApi::V112 => types.push(Type::VolumeCondition),
+            }
             if self.cfg().volume_mount_group {
                 types.push(Type::VolumeMountGroup);
             }

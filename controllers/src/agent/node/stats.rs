@@ -1,10 +1,13 @@
 //! Volume health and usage on the node: every `--volume-stats-interval`, for each claim
-//! published here whose plugin advertises GET_VOLUME_STATS, NodeGetVolumeStats at the
-//! target path. The usage and (with VOLUME_CONDITION) the condition go to the per-volume
-//! gauges of /metrics at once, and to the claim's Mount when the condition changed or
-//! the usage moved by 1% of the total or more (so a busy volume does not rewrite its
-//! Mount every interval). A volume turning abnormal is a Warning event on the volume;
-//! the controller raises the volume's `HealthyOnNodes` condition from the Mounts.
+//! published here, NodeGetVolumeStats at the target path (GET_VOLUME_STATS) and the
+//! volume's health: NodeGetVolumeHealth (GET_VOLUME_HEALTH, CSI 1.13) where the plugin
+//! advertises it, else the condition a 1.9-1.12 plugin puts in NodeGetVolumeStats
+//! (VOLUME_CONDITION). The usage and the health go to the per-volume gauges of /metrics
+//! at once, and to the claim's Mount when the health changed or the usage moved by 1%
+//! of the total or more (so a busy volume does not rewrite its Mount every interval).
+//! A change of health is an event on the volume (`Volume abnormal`, a Warning;
+//! `Volume healthy`); the controller raises the volume's `HealthyOnNodes` condition
+//! from the Mounts.
 
 use super::*;
 use std::time::Duration;
@@ -90,13 +93,19 @@ impl Reconcile {
         }
     }
 
-    /// One claim's NodeGetVolumeStats; returns whether it was measured.
+    /// One claim's NodeGetVolumeStats (GET_VOLUME_STATS) and health: NodeGetVolumeHealth
+    /// where the plugin advertises it (CSI 1.13), else the VolumeCondition a 1.9-1.12
+    /// plugin puts in NodeGetVolumeStats (VOLUME_CONDITION). Returns whether it was
+    /// measured.
     async fn volume_stats(&self, key: &str, rec: &PublishRecord) -> Result<bool, NodeError> {
         let cfg = self.plugin(&rec.plugin_id)?.clone();
         let Some(fp) = self.r.supervisor.status(&cfg.id) else {
             return Ok(false);
         };
-        if !fp.capabilities.node.has(NodeRpc::GetVolumeStats) {
+        let caps = &fp.capabilities.node;
+        let with_stats = caps.has(NodeRpc::GetVolumeStats);
+        let with_health = caps.has(NodeRpc::GetVolumeHealth);
+        if !with_stats && !with_health {
             return Ok(false);
         }
         let Some(claim) = self.claims.get(key) else {
@@ -112,29 +121,48 @@ impl Reconcile {
         {
             return Ok(false);
         }
-        let req = v1::NodeGetVolumeStatsRequest {
-            volume_id: rec.external_id.to_string(),
-            volume_path: path_str(&plugin_path(&cfg, &rec.target_path)),
-            staging_target_path: rec
-                .staging_path
-                .as_ref()
-                .map(|s| path_str(&plugin_path(&cfg, s)))
-                .unwrap_or_default(),
-        };
-        let resp = self.csi(&cfg)?.node_get_volume_stats(req).await?;
-        let usage = usage_of(&resp);
-        let condition = resp
-            .volume_condition
+        let volume_path = path_str(&plugin_path(&cfg, &rec.target_path));
+        let staging_target_path = rec
+            .staging_path
             .as_ref()
-            .filter(|_| fp.capabilities.node.has(NodeRpc::VolumeCondition))
-            .map(|c| VolumeHealth {
-                abnormal: c.abnormal,
-                message: c.message.clone(),
-            });
+            .map(|s| path_str(&plugin_path(&cfg, s)))
+            .unwrap_or_default();
+        let csi = self.csi(&cfg)?;
+        let mut usage = None;
+        let mut condition = None;
+        if with_stats {
+            let req = v1::NodeGetVolumeStatsRequest {
+                volume_id: rec.external_id.to_string(),
+                volume_path: volume_path.clone(),
+                staging_target_path: staging_target_path.clone(),
+            };
+            let resp = csi.node_get_volume_stats(req).await?;
+            usage = Some(usage_of(&resp));
+            condition = resp
+                .volume_condition
+                .as_ref()
+                .filter(|_| !with_health && caps.has(NodeRpc::VolumeCondition))
+                .map(|c| VolumeHealth {
+                    abnormal: c.abnormal,
+                    message: c.message.clone(),
+                    conditions: Vec::new(),
+                });
+        }
+        if with_health {
+            let req = v1::NodeGetVolumeHealthRequest {
+                volume_id: rec.external_id.to_string(),
+                volume_publish_path: volume_path,
+                staging_target_path,
+            };
+            let resp = csi.node_get_volume_health(req).await?;
+            condition = Some(moor::csi::convert::volume_health(
+                resp.volume_health.as_ref(),
+            ));
+        }
         moor::runtime::metrics::volume_stats(
             rec.namespace.as_str(),
             rec.volume.as_str(),
-            &usage,
+            usage.as_ref().unwrap_or(&VolumeUsage::default()),
             condition.as_ref().map(|c| c.abnormal),
         );
         // Serialised with the claim's node steps, which write the same Mount.
@@ -144,23 +172,32 @@ impl Reconcile {
         let Some(current) = self.writer.fresh(&self.mounts, &mount_key).await? else {
             return Ok(true);
         };
-        let turned_abnormal = condition.as_ref().is_some_and(|c| c.abnormal)
-            && !current
-                .status
-                .condition
-                .as_ref()
-                .is_some_and(|c| c.abnormal);
-        if current.status.condition.as_deref() == condition.as_ref()
-            && !moved(current.status.usage.as_deref(), &usage)
-        {
+        let was = current.status.condition.as_deref();
+        let usage_moved = usage
+            .as_ref()
+            .is_some_and(|u| moved(current.status.usage.as_deref(), u));
+        if was == condition.as_ref() && !usage_moved {
             return Ok(true);
         }
         let mut next = (*current).clone();
-        next.status.usage = Some(Box::new(usage));
+        if let Some(u) = usage {
+            next.status.usage = Some(Box::new(u));
+        }
         next.status.condition = condition.clone().map(Box::new);
         self.writer.update(&current, &next).await?;
-        if turned_abnormal {
-            let msg = condition.map(|c| c.message).unwrap_or_default();
+        // An event when the health changes: abnormal (or abnormal otherwise), or
+        // healthy again.
+        let was_abnormal = was.is_some_and(|c| c.abnormal);
+        let event = match condition {
+            Some(c) if c.abnormal && (!was_abnormal || was.map(|w| &w.message) != Some(&c.message)) => {
+                Some((EventType::Warning, "Volume abnormal", c.message))
+            }
+            Some(c) if !c.abnormal && was_abnormal => {
+                Some((EventType::Normal, "Volume healthy", String::from("healthy again")))
+            }
+            _ => None,
+        };
+        if let Some((kind, reason, msg)) = event {
             let object = ObjectRef {
                 kind: "Volume".into(),
                 namespace: rec.namespace.clone(),
@@ -174,8 +211,8 @@ impl Reconcile {
                 .recorder
                 .record(
                     object,
-                    EventType::Warning,
-                    "Volume abnormal",
+                    kind,
+                    reason,
                     format!("{} on node {}: {msg}", rec.volume, self.r.node),
                     d,
                 )

@@ -217,6 +217,7 @@ impl Plugin {
             }),
             ready_to_use: true,
             group_snapshot_id: s.group_id.clone().unwrap_or_default(),
+            accessible_topology: Vec::new(),
         }
     }
 
@@ -524,9 +525,14 @@ impl Controller for Plugin {
                 Type::CloneVolume,
                 Type::ExpandVolume,
                 Type::GetVolume,
-                Type::VolumeCondition,
                 Type::GetSnapshot,
             ];
+            match self.cfg().health_api {
+                crate::HealthApi::V113 => {
+                    types.extend([Type::GetVolumeHealth, Type::ListVolumeHealth]);
+                }
+                crate::HealthApi::V112 => types.push(Type::VolumeCondition),
+            }
             if !self.cfg().mutable_parameters.is_empty() {
                 types.push(Type::ModifyVolume);
             }
@@ -589,6 +595,20 @@ impl Controller for Plugin {
         request: Request<ControllerGetVolumeRequest>,
     ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
         self.controller_get_volume_rpc(request).await
+    }
+
+    async fn controller_list_volume_health(
+        &self,
+        request: Request<moor_csi::v1::ControllerListVolumeHealthRequest>,
+    ) -> Result<Response<moor_csi::v1::ControllerListVolumeHealthResponse>, Status> {
+        self.controller_list_volume_health_rpc(request).await
+    }
+
+    async fn controller_get_volume_health(
+        &self,
+        request: Request<moor_csi::v1::ControllerGetVolumeHealthRequest>,
+    ) -> Result<Response<moor_csi::v1::ControllerGetVolumeHealthResponse>, Status> {
+        self.controller_get_volume_health_rpc(request).await
     }
 
     async fn get_snapshot(

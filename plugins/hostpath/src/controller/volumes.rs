@@ -275,7 +275,7 @@ impl Plugin {
                         volume: Some(self.volume_message(v)),
                         status: Some(list_volumes_response::VolumeStatus {
                             published_node_ids: v.published.keys().cloned().collect(),
-                            volume_condition: Some(self.inner.faults.condition(&v.id)),
+                            volume_condition: self.legacy_condition(&v.id),
                         }),
                     })
                     .collect(),
@@ -360,7 +360,7 @@ impl Plugin {
                 volume: Some(self.volume_message(&vol)),
                 status: Some(moor_csi::v1::controller_get_volume_response::VolumeStatus {
                     published_node_ids: vol.published.keys().cloned().collect(),
-                    volume_condition: Some(self.inner.faults.condition(&vol.id)),
+                    volume_condition: self.legacy_condition(&vol.id),
                 }),
             })
         })
