@@ -1451,18 +1451,45 @@ fn condition(v: &Volume, t: &str) -> Option<Condition> {
         .cloned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn usage_and_health_are_read_from_the_node_and_the_controller_plugin() {
-    use moor_hostpath::faults::Command;
+/// A 1.13 health condition for moor-hostpath's faults.
+fn entry(status: &str, reason: &str, message: &str) -> moor_hostpath::faults::HealthEntry {
+    moor_hostpath::faults::HealthEntry {
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+    }
+}
+
+/// The value of one series of a node's /metrics, if it is there.
+async fn metric(c: &Cluster, node: &str, series: &str) -> Option<String> {
+    let text = c.node(node).http_get("/metrics").await;
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')
+            .map(str::to_string)
+    })
+}
+
+/// How a test makes a plugin report a volume unhealthy (or healthy: `None`), in one
+/// generation of the health API.
+type SetHealth = fn(&str, Option<(&str, &str)>) -> moor_hostpath::faults::Command;
+
+/// Volume health through the node plugin and the controller plugin, whichever
+/// generation of the API the plugin serves (`health_api`, moor-hostpath's flag): each
+/// change shows in describe, `volume status`, the node's metric and an event.
+async fn volume_health_is_read_from_node_and_controller(health_api: &str, set: SetHealth) {
     let _slot = SLOTS.acquire().await.unwrap();
-    let c = Cluster::start(1, 2, surveyed()).await;
+    let mut opts = surveyed();
+    opts.extra.push(format!("--health-api={health_api}"));
+    let c = Cluster::start(1, 2, opts).await;
     create_ready(&c, "v1").await;
     let ext = volume(&c, "v1")
         .await
         .status
         .provisioning
         .external_id
-        .unwrap();
+        .unwrap()
+        .to_string();
     c.apply(c.allocation("a1", "n2", "v1", false)).await;
     c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
     // NodeGetVolumeStats at the target path, on the Mount and in n2's /metrics.
@@ -1474,11 +1501,18 @@ async fn usage_and_health_are_read_from_the_node_and_the_controller_plugin() {
         })
     })
     .await;
-    let metrics = c.node("n2").http_get("/metrics").await;
-    assert!(
-        metrics.contains(r#"moor_volume{namespace="default",volume="v1",resource="bytes_total"}"#),
-        "{metrics}"
-    );
+    let series = r#"moor_volume{namespace="default",volume="v1",resource="abnormal"}"#;
+    c.wait("healthy in the metric", T, || async {
+        metric(&c, "n2", series).await.as_deref() == Some("0")
+    })
+    .await;
+    assert!(metric(
+        &c,
+        "n2",
+        r#"moor_volume{namespace="default",volume="v1",resource="bytes_total"}"#
+    )
+    .await
+    .is_some());
     let (_, out) = c.moorctl(&["volume", "status", "v1"]);
     let row = out
         .lines()
@@ -1486,57 +1520,211 @@ async fn usage_and_health_are_read_from_the_node_and_the_controller_plugin() {
         .unwrap_or_default();
     assert!(row.contains("normal") && row.contains('/'), "{out}");
 
-    // n2's plugin reports the volume abnormal: a condition on the volume, a Warning.
+    // n2's plugin reports the volume unhealthy: a condition on the volume, a Warning,
+    // the metric, describe and `volume status`.
     c.node("n2")
-        .fault(Command::Condition {
-            volume_id: ext.to_string(),
-            abnormal: true,
-            message: "disk on fire".into(),
-        })
+        .fault(set(&ext, Some(("PathMissing", "disk on fire"))))
         .await;
     c.wait("HealthyOnNodes false", T, || async {
-        condition(&volume(&c, "v1").await, "HealthyOnNodes")
-            .is_some_and(|k| !k.status && k.message.contains("node n2: disk on fire"))
+        condition(&volume(&c, "v1").await, "HealthyOnNodes").is_some_and(|k| {
+            !k.status
+                && k.message.contains("node n2: ")
+                && k.message.contains("disk on fire")
+                && !k.message.contains("FromALaterSpec")
+        })
     })
     .await;
     wait_events(&c, "Volume abnormal", 1).await;
-    let metrics = c.node("n2").http_get("/metrics").await;
-    assert!(
-        metrics.contains(r#"moor_volume{namespace="default",volume="v1",resource="abnormal"} 1"#),
-        "{metrics}"
-    );
+    assert_eq!(metric(&c, "n2", series).await.as_deref(), Some("1"));
     let (_, out) = c.moorctl(&["volume", "status", "v1"]);
-    assert!(out.contains("abnormal: disk on fire"), "{out}");
+    assert!(
+        out.contains("abnormal: ") && out.contains("disk on fire"),
+        "{out}"
+    );
     assert!(
         field(&out, "Conditions").contains("HealthyOnNodes=false"),
         "{out}"
     );
-    c.node("n2")
-        .fault(Command::Condition {
-            volume_id: ext.to_string(),
-            abnormal: false,
-            message: String::new(),
-        })
-        .await;
+    assert!(
+        field(&out, "Health").starts_with("unhealthy: node n2: "),
+        "{out}"
+    );
+    let (_, out) = c.moorctl(&["describe", "volume", "v1"]);
+    assert!(
+        out.contains("disk on fire") && out.contains("Volume abnormal"),
+        "{out}"
+    );
+    let (_, out) = c.moorctl(&["get", "volumes", "-o", "wide"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("v1 ") && l.contains("unhealthy")),
+        "{out}"
+    );
+
+    // Healthy again: the condition, a Normal event, the metric.
+    c.node("n2").fault(set(&ext, None)).await;
     c.wait("HealthyOnNodes true again", T, || async {
         condition(&volume(&c, "v1").await, "HealthyOnNodes").is_some_and(|k| k.status)
     })
     .await;
+    wait_events(&c, "Volume healthy", 1).await;
+    assert_eq!(metric(&c, "n2", series).await.as_deref(), Some("0"));
+    let (_, out) = c.moorctl(&["volume", "status", "v1"]);
+    assert_eq!(field(&out, "Health"), "healthy", "{out}");
 
-    // The controller plugin's view (ListVolumes with VOLUME_CONDITION).
+    // The controller plugin's view.
     c.node("n1")
-        .fault(Command::Condition {
-            volume_id: ext.to_string(),
-            abnormal: true,
-            message: "replica lost".into(),
-        })
+        .fault(set(&ext, Some(("ReplicaLost", "replica lost"))))
         .await;
     c.wait("Healthy false", T, || async {
         condition(&volume(&c, "v1").await, "Healthy")
-            .is_some_and(|k| !k.status && k.message == "replica lost")
+            .is_some_and(|k| !k.status && k.message.contains("replica lost"))
     })
     .await;
     wait_events(&c, "Volume abnormal", 2).await;
+    let (_, out) = c.moorctl(&["describe", "volume", "v1"]);
+    assert!(out.contains("replica lost"), "{out}");
+    c.node("n1").fault(set(&ext, None)).await;
+    c.wait("Healthy true again", T, || async {
+        condition(&volume(&c, "v1").await, "Healthy").is_some_and(|k| k.status)
+    })
+    .await;
+    wait_events(&c, "Volume healthy", 2).await;
+    let calls = c.node("n1").calls();
+    let called = |rpc: &str| calls.iter().any(|k| k.rpc == rpc);
+    let calls2 = c.node("n2").calls();
+    let called2 = |rpc: &str| calls2.iter().any(|k| k.rpc == rpc);
+    if health_api == "1.13" {
+        assert!(called("ControllerListVolumeHealth") && called2("NodeGetVolumeHealth"));
+    } else {
+        assert!(!called("ControllerListVolumeHealth") && !called2("NodeGetVolumeHealth"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_health_from_a_1_12_plugin_is_read_from_its_volume_conditions() {
+    fn set(ext: &str, bad: Option<(&str, &str)>) -> moor_hostpath::faults::Command {
+        moor_hostpath::faults::Command::Condition {
+            volume_id: ext.to_string(),
+            abnormal: bad.is_some(),
+            message: bad.map(|(_, m)| m.to_string()).unwrap_or_default(),
+        }
+    }
+    volume_health_is_read_from_node_and_controller("1.12", set).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_health_from_a_1_13_plugin_is_read_from_the_health_rpcs() {
+    fn set(ext: &str, bad: Option<(&str, &str)>) -> moor_hostpath::faults::Command {
+        moor_hostpath::faults::Command::Health {
+            volume_id: ext.to_string(),
+            // A type this moor does not know (9) is ignored, as the spec requires.
+            statuses: bad
+                .map(|(reason, msg)| {
+                    vec![
+                        entry("9", "FromALaterSpec", "ignored"),
+                        entry("INACCESSIBLE", reason, msg),
+                    ]
+                })
+                .unwrap_or_default(),
+        }
+    }
+    volume_health_is_read_from_node_and_controller("1.13", set).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_health_seen_from_a_node_shows_on_the_node_with_an_event_and_a_metric() {
+    use moor_hostpath::faults::Command;
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, surveyed()).await;
+    let series = format!(
+        r#"moor_storage_unhealthy{{plugin="{}",status="StorageUnreachable"}}"#,
+        cluster::PLUGIN
+    );
+    c.wait("the storage healthy in n2's metric", T, || async {
+        metric(&c, "n2", &series).await.as_deref() == Some("0")
+    })
+    .await;
+    let (_, out) = c.moorctl(&["get", "nodes", "-o", "wide"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("n2 ") && l.contains(&format!("{}(healthy)", cluster::PLUGIN))),
+        "{out}"
+    );
+
+    // Only a type moor does not know: still healthy, nothing said.
+    c.node("n2")
+        .fault(Command::StorageHealth {
+            statuses: vec![entry("7", "FromALaterSpec", "")],
+        })
+        .await;
+    let asked = || async {
+        c.node("n2")
+            .calls()
+            .iter()
+            .filter(|k| k.rpc == "NodeGetStorageHealth")
+            .count()
+    };
+    let before = asked().await;
+    c.wait("two more NodeGetStorageHealth", T, || async {
+        asked().await >= before + 2
+    })
+    .await;
+    assert_eq!(metric(&c, "n2", &series).await.as_deref(), Some("0"));
+    assert!(events_of(&c, "Storage unhealthy").await.is_empty());
+    c.node("n2")
+        .fault(Command::StorageHealth {
+            statuses: vec![
+                entry("7", "FromALaterSpec", ""),
+                entry(
+                    "STORAGE_UNREACHABLE",
+                    "NetworkPartition",
+                    "no route to the array",
+                ),
+            ],
+        })
+        .await;
+    c.wait("unreachable in n2's metric", T, || async {
+        metric(&c, "n2", &series).await.as_deref() == Some("1")
+    })
+    .await;
+    wait_events(&c, "Storage unhealthy", 1).await;
+    let warned = events_of(&c, "Storage unhealthy").await;
+    assert!(
+        warned[0]
+            .spec
+            .message
+            .contains("StorageUnreachable/NetworkPartition: no route to the array")
+            && !warned[0].spec.message.contains("FromALaterSpec"),
+        "{:?}",
+        warned[0].spec
+    );
+    let (_, out) = c.moorctl(&["get", "nodes", "-o", "wide"]);
+    assert!(
+        out.lines().any(|l| l.starts_with("n2 ")
+            && l.contains(&format!(
+                "{}(StorageUnreachable/NetworkPartition)",
+                cluster::PLUGIN
+            ))),
+        "{out}"
+    );
+    let (_, out) = c.moorctl(&["describe", "node", "n2"]);
+    assert!(
+        out.contains("no route to the array") && out.contains("Storage unhealthy"),
+        "{out}"
+    );
+    // n1 sees its storage well.
+    assert_eq!(metric(&c, "n1", &series).await.as_deref(), Some("0"));
+
+    c.node("n2")
+        .fault(Command::StorageHealth { statuses: vec![] })
+        .await;
+    c.wait("healthy again in n2's metric", T, || async {
+        metric(&c, "n2", &series).await.as_deref() == Some("0")
+    })
+    .await;
+    wait_events(&c, "Storage healthy", 1).await;
+    wait_events(&c, "Storage unhealthy", 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

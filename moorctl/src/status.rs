@@ -365,6 +365,7 @@ impl VolumeStatusCmd {
                 "Mutable Parameters",
                 keys(v, "/status/provisioning/mutable_parameters"),
             ),
+            ("Health", super::table::volume_health(v)),
             ("Conditions", conditions(v)),
             ("Last Error", text(v, "/status/provisioning/last_error")),
         ]);

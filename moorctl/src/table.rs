@@ -95,6 +95,66 @@ fn node_plugins(v: &Value) -> String {
         .join(",")
 }
 
+/// A volume's health as its plugins report it (the `Healthy` condition, from the
+/// controller plugin, and `HealthyOnNodes`, from the node plugins): `healthy`,
+/// `unhealthy: MESSAGE`, or `-` where no plugin reports health.
+pub fn volume_health(v: &Value) -> String {
+    let mut known = false;
+    let mut bad = Vec::new();
+    for section in [
+        "/status/provisioning/conditions",
+        "/status/claims/conditions",
+    ] {
+        for c in v
+            .pointer(section)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|c| matches!(text(c, "/type").as_str(), "Healthy" | "HealthyOnNodes"))
+        {
+            known = true;
+            if c.get("status").and_then(Value::as_bool) == Some(false) {
+                bad.push(text(c, "/message"));
+            }
+        }
+    }
+    match (known, bad.is_empty()) {
+        (false, _) => "-".into(),
+        (true, true) => "healthy".into(),
+        (true, false) => format!("unhealthy: {}", bad.join("; ")),
+    }
+}
+
+/// The storage's health each plugin of a node reports (NodeGetStorageHealth):
+/// `ID(healthy)` or `ID(Status/Reason, ...)`; plugins that do not report it are left out.
+fn node_storage(v: &Value) -> String {
+    let Some(plugins) = v.pointer("/status/plugins").and_then(Value::as_object) else {
+        return String::new();
+    };
+    let shown: Vec<String> = plugins
+        .iter()
+        .filter_map(|(id, p)| {
+            let all = p.get("storage_health")?.as_array()?;
+            if all.is_empty() {
+                return Some(format!("{id}(healthy)"));
+            }
+            let each: Vec<String> = all
+                .iter()
+                .map(|c| match text(c, "/reason").as_str() {
+                    "" => text(c, "/status"),
+                    r => format!("{}/{r}", text(c, "/status")),
+                })
+                .collect();
+            Some(format!("{id}({})", each.join(", ")))
+        })
+        .collect();
+    if shown.is_empty() {
+        "-".into()
+    } else {
+        shown.join(",")
+    }
+}
+
 /// How long ago an event last happened, and for a series how often over how long:
 /// `3s (x6 over 21s)`.
 fn event_age(v: &Value) -> String {
@@ -250,7 +310,12 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                     text(v, "/status/provisioning/capacity_bytes")
                 }),
                 col("ACCESS MODES", access_modes),
+                col("HEALTH", |v| {
+                    let h = volume_health(v);
+                    h.split(':').next().unwrap_or_default().to_string()
+                }),
             ],
+            Kind::Node => vec![col("STORAGE", node_storage)],
             Kind::Claim => vec![
                 col("ALLOCATION", |v| text(v, "/spec/allocation")),
                 col("ACCESS MODE", |v| text(v, "/spec/access_mode")),

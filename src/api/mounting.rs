@@ -214,7 +214,10 @@ impl HealthCondition {
 
     /// The conditions in one line, `; ` between them.
     pub fn lines(all: &[HealthCondition]) -> String {
-        all.iter().map(HealthCondition::line).collect::<Vec<_>>().join("; ")
+        all.iter()
+            .map(HealthCondition::line)
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 

@@ -386,7 +386,9 @@ impl Csi {
         req: v1::ControllerGetVolumeHealthRequest,
     ) -> Result<v1::ControllerGetVolumeHealthResponse, CsiError> {
         self.call("ControllerGetVolumeHealth", req, |ch, r| async move {
-            ControllerClient::new(ch).controller_get_volume_health(r).await
+            ControllerClient::new(ch)
+                .controller_get_volume_health(r)
+                .await
         })
         .await
     }
@@ -397,7 +399,9 @@ impl Csi {
         req: v1::ControllerListVolumeHealthRequest,
     ) -> Result<v1::ControllerListVolumeHealthResponse, CsiError> {
         self.call("ControllerListVolumeHealth", req, |ch, r| async move {
-            ControllerClient::new(ch).controller_list_volume_health(r).await
+            ControllerClient::new(ch)
+                .controller_list_volume_health(r)
+                .await
         })
         .await
     }

@@ -144,7 +144,9 @@ pub fn volume_health(h: Option<&v1::VolumeHealth>) -> crate::api::VolumeHealth {
             capability: String::new(),
         };
         if out.len() < MAX_HEALTH
-            && !out.iter().any(|o| o.status == c.status && o.reason == c.reason)
+            && !out
+                .iter()
+                .any(|o| o.status == c.status && o.reason == c.reason)
         {
             out.push(c);
         }
@@ -166,7 +168,11 @@ pub fn storage_health(r: &v1::NodeGetStorageHealthResponse) -> Vec<crate::api::H
             status: status.into(),
             reason: health_text(&e.reason),
             message: health_text(&e.message),
-            capability: e.volume_capability.as_ref().map(capability_name).unwrap_or_default(),
+            capability: e
+                .volume_capability
+                .as_ref()
+                .map(capability_name)
+                .unwrap_or_default(),
         };
         if out.len() < MAX_HEALTH && !out.contains(&c) {
             out.push(c);
@@ -223,7 +229,10 @@ mod tests {
             volume_id: "x".into(),
             health_statuses: vec![e(7, "New")],
         };
-        assert_eq!(volume_health(Some(&future)), crate::api::VolumeHealth::default());
+        assert_eq!(
+            volume_health(Some(&future)),
+            crate::api::VolumeHealth::default()
+        );
         assert!(!volume_health(None).abnormal);
 
         let r = v1::NodeGetStorageHealthResponse {

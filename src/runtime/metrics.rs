@@ -170,8 +170,7 @@ pub struct StorageHealthLabel {
 
 /// The storage's adverse conditions as this node's plugin reports them
 /// (NodeGetStorageHealth), by status.
-static STORAGE_HEALTH: LazyLock<Family<StorageHealthLabel, Gauge>> =
-    LazyLock::new(Family::default);
+static STORAGE_HEALTH: LazyLock<Family<StorageHealthLabel, Gauge>> = LazyLock::new(Family::default);
 
 /// Records the storage's health of `plugin` on this node: for each status the number of
 /// conditions (0 when healthy); `None` (not reported) removes the series.

@@ -459,7 +459,10 @@ impl Survey {
                 }
             };
             for h in &page.entries {
-                unhealthy.insert(h.volume_id.clone(), moor::csi::convert::volume_health(Some(h)));
+                unhealthy.insert(
+                    h.volume_id.clone(),
+                    moor::csi::convert::volume_health(Some(h)),
+                );
             }
             if page.next_token.is_empty() || page.next_token == token {
                 break;

@@ -349,7 +349,12 @@ impl Faults {
     pub fn health(&self, volume_id: &str) -> moor_csi::v1::VolumeHealth {
         moor_csi::v1::VolumeHealth {
             volume_id: volume_id.to_string(),
-            health_statuses: self.rules().health.get(volume_id).cloned().unwrap_or_default(),
+            health_statuses: self
+                .rules()
+                .health
+                .get(volume_id)
+                .cloned()
+                .unwrap_or_default(),
         }
     }
 

@@ -44,7 +44,10 @@ impl Plugin {
                 .collect();
             let (items, next_token) = page(&ids, req.max_entries, &req.starting_token)?;
             Ok(ControllerListVolumeHealthResponse {
-                entries: items.iter().map(|id| self.inner.faults.health(id)).collect(),
+                entries: items
+                    .iter()
+                    .map(|id| self.inner.faults.health(id))
+                    .collect(),
                 next_token,
             })
         })

@@ -189,12 +189,16 @@ impl Reconcile {
         // healthy again.
         let was_abnormal = was.is_some_and(|c| c.abnormal);
         let event = match condition {
-            Some(c) if c.abnormal && (!was_abnormal || was.map(|w| &w.message) != Some(&c.message)) => {
+            Some(c)
+                if c.abnormal && (!was_abnormal || was.map(|w| &w.message) != Some(&c.message)) =>
+            {
                 Some((EventType::Warning, "Volume abnormal", c.message))
             }
-            Some(c) if !c.abnormal && was_abnormal => {
-                Some((EventType::Normal, "Volume healthy", String::from("healthy again")))
-            }
+            Some(c) if !c.abnormal && was_abnormal => Some((
+                EventType::Normal,
+                "Volume healthy",
+                String::from("healthy again"),
+            )),
             _ => None,
         };
         if let Some((kind, reason, msg)) = event {
