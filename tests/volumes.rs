@@ -775,6 +775,236 @@ async fn snapshots_are_cut_listed_restored_and_deleted_through_moorctl() {
     assert!(!ok && out.contains("not found"), "{out}");
 }
 
+/// A group snapshot's object.
+async fn group_snapshot(c: &Cluster, name: &str) -> Option<VolumeGroupSnapshot> {
+    c.store
+        .try_get(&VolumeGroupSnapshot::key_for(
+            &Namespace::default_ns(),
+            name,
+        ))
+        .await
+        .unwrap()
+}
+
+async fn snapshot_of(c: &Cluster, name: &str) -> Option<Snapshot> {
+    c.store
+        .try_get(&Snapshot::key_for(&Namespace::default_ns(), name))
+        .await
+        .unwrap()
+}
+
+/// Issue 53, part 2: a group snapshot is one CreateVolumeGroupSnapshot; each member is
+/// a Snapshot restored like any other (the data came along); deleting the group is one
+/// DeleteVolumeGroupSnapshot and takes its members; a group made elsewhere is imported
+/// (GetVolumeGroupSnapshot) and kept when deleted; a plugin whose answer leaves out a
+/// member is named by the contract monitor and the group is Failed, never half made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_snapshots_are_cut_in_one_call_restored_by_member_deleted_and_imported() {
+    use moor_hostpath::faults::{Command, Lie};
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    let data = |v: &Volume| {
+        std::path::PathBuf::from(v.status.provisioning.volume_context.get("path").unwrap())
+    };
+    for v in ["v1", "v2"] {
+        create_ready(&c, v).await;
+        std::fs::write(
+            data(&volume(&c, v).await).join("hello"),
+            format!("from {v}"),
+        )
+        .unwrap();
+    }
+    let (ok, out) = c.moorctl(&[
+        "volume", "snapshot", "create", "nightly", "--group", "v1,v2",
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = c.moorctl(&[
+        "wait",
+        "volumegroupsnapshot/nightly",
+        "--for",
+        "phase=ready",
+        "--timeout",
+        "30s",
+    ]);
+    assert!(ok, "{out}");
+    let g = group_snapshot(&c, "nightly").await.unwrap();
+    let gid = g.status.group_snapshot_id.clone().unwrap();
+    assert_eq!(g.status.members.len(), 2);
+    c.wait("both members made", T, || async {
+        snapshot_of(&c, "nightly-v1").await.is_some()
+            && snapshot_of(&c, "nightly-v2").await.is_some()
+    })
+    .await;
+    for (v, m) in [("v1", &g.status.members[0]), ("v2", &g.status.members[1])] {
+        let s = snapshot_of(&c, &format!("nightly-{v}")).await.unwrap();
+        assert_eq!(s.spec.group.as_ref().map(|n| n.as_str()), Some("nightly"));
+        assert_eq!(s.spec.volume.as_str(), v);
+        assert_eq!(
+            s.status.snapshot_id.as_deref(),
+            Some(m.snapshot_id.as_str())
+        );
+        assert!(s.status.ready_to_use && s.status.phase == SnapshotPhase::Ready);
+    }
+    // One call for the group, none per member.
+    assert_eq!(c.node("n1").tried("CreateVolumeGroupSnapshot"), 1);
+    assert_eq!(c.node("n1").tried("CreateSnapshot"), 0);
+    let (ok, out) = c.moorctl(&["get", "vgs"]);
+    assert!(
+        ok && out
+            .lines()
+            .any(|l| l.starts_with("nightly ") && l.contains(&gid)),
+        "{out}"
+    );
+    let (ok, out) = c.moorctl(&["describe", "volumegroupsnapshot", "nightly"]);
+    assert!(ok && out.contains("Group snapshot created"), "{out}");
+
+    // Each member restores like any snapshot.
+    for v in ["v1", "v2"] {
+        let r = format!("r-{v}");
+        apply_yaml(
+            &c,
+            &r,
+            &created(
+                &r,
+                &format!("capacity_min: 1MiB\n  source: {{snapshot: nightly-{v}}}"),
+            ),
+        );
+        wait_phase(&c, &r, VolumePhase::Ready).await;
+        assert_eq!(
+            std::fs::read(data(&volume(&c, &r).await).join("hello")).unwrap(),
+            format!("from {v}").as_bytes()
+        );
+    }
+
+    // Deleted: one DeleteVolumeGroupSnapshot, the members with it.
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "delete", "nightly", "--group"]);
+    assert!(ok, "{out}");
+    c.wait("nightly and its members gone", T, || async {
+        group_snapshot(&c, "nightly").await.is_none()
+            && snapshot_of(&c, "nightly-v1").await.is_none()
+            && snapshot_of(&c, "nightly-v2").await.is_none()
+    })
+    .await;
+    assert_eq!(c.node("n1").count("DeleteVolumeGroupSnapshot", "OK"), 1);
+    assert_eq!(c.node("n1").tried("DeleteSnapshot"), 0);
+
+    // A group made elsewhere: imported, restorable, kept in the plugin when deleted.
+    let ext = |v: Volume| v.status.provisioning.external_id.unwrap().to_string();
+    let sources = vec![ext(volume(&c, "v1").await), ext(volume(&c, "v2").await)];
+    let made = c
+        .csi()
+        .create_group_snapshot(moor::csi::v1::CreateVolumeGroupSnapshotRequest {
+            name: "by-hand".into(),
+            source_volume_ids: sources,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .group_snapshot
+        .unwrap();
+    let (ok, out) = c.moorctl(&[
+        "volume",
+        "snapshot",
+        "import",
+        "imp",
+        "--group-snapshot-id",
+        &made.group_snapshot_id,
+        "--source-volume",
+        "v1,v2",
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = c.moorctl(&[
+        "wait",
+        "volumegroupsnapshot/imp",
+        "--for",
+        "phase=ready",
+        "--timeout",
+        "30s",
+    ]);
+    assert!(ok, "{out}");
+    c.wait("imported members made", T, || async {
+        snapshot_of(&c, "imp-v2")
+            .await
+            .is_some_and(|s| s.status.ready_to_use)
+    })
+    .await;
+    assert!(c.node("n1").count("GetVolumeGroupSnapshot", "OK") >= 1);
+    assert_eq!(
+        c.node("n1").tried("CreateVolumeGroupSnapshot"),
+        2,
+        "the test's own"
+    );
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "delete", "imp", "--group"]);
+    assert!(ok, "{out}");
+    c.wait("imp gone", T, || async {
+        group_snapshot(&c, "imp").await.is_none() && snapshot_of(&c, "imp-v1").await.is_none()
+    })
+    .await;
+    assert_eq!(
+        c.node("n1").count("DeleteVolumeGroupSnapshot", "OK"),
+        1,
+        "kept"
+    );
+    c.csi()
+        .get_group_snapshot(moor::csi::v1::GetVolumeGroupSnapshotRequest {
+            group_snapshot_id: made.group_snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("still in the plugin");
+
+    // A plugin that answers a member short: named once, the group Failed with the
+    // reason and no member made; deleting it still deletes what was cut.
+    c.node("n1")
+        .fault(Command::Lie {
+            lie: Lie::GroupMembers,
+            on: true,
+        })
+        .await;
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "short", "--group", "v1,v2"]);
+    assert!(ok, "{out}");
+    c.wait("short Failed", T, || async {
+        group_snapshot(&c, "short")
+            .await
+            .is_some_and(|g| g.status.phase == SnapshotPhase::Failed)
+    })
+    .await;
+    c.wait("group_members_mismatch named", T, || async {
+        contract_warnings(&c, "group_members_mismatch", "VolumeGroupSnapshot", "short").await == 1
+    })
+    .await;
+    let g = group_snapshot(&c, "short").await.unwrap();
+    assert!(
+        g.status
+            .meta
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("exactly one snapshot of volume v2"),
+        "{:?}",
+        g.status
+    );
+    assert!(snapshot_of(&c, "short-v1").await.is_none());
+    c.node("n1")
+        .fault(Command::Lie {
+            lie: Lie::GroupMembers,
+            on: false,
+        })
+        .await;
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "delete", "short", "--group"]);
+    assert!(ok, "{out}");
+    c.wait("short gone", T, || async {
+        group_snapshot(&c, "short").await.is_none()
+    })
+    .await;
+    assert_eq!(c.node("n1").count("DeleteVolumeGroupSnapshot", "OK"), 2);
+
+    // Refused up front: a volume that does not exist.
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "bad", "--group", "v1,nope"]);
+    assert!(!ok && out.contains("not found"), "{out}");
+    c.check_calls(false);
+}
+
 /// Issue 40, item 4: a snapshot made outside moor (here: CreateSnapshot sent to the
 /// plugin directly) is imported by its id, confirmed through ListSnapshots, restored
 /// into a new volume with its data, and kept in the plugin when its Snapshot is

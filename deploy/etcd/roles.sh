@@ -67,6 +67,7 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     ctl role grant-permission "$user" readwrite "${PREFIX}volumes/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}attachments/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}snapshots/" --prefix
+    ctl role grant-permission "$user" readwrite "${PREFIX}groupsnapshots/" --prefix
     # The election of the controller plugin it hosts (that key only: not another
     # plugin's, not the controller's).
     ctl role grant-permission "$user" readwrite "${PREFIX}leaders/plugin.$plugin"

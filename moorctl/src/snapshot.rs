@@ -1,5 +1,6 @@
 //! `moorctl volume snapshot create|import|delete|list`: Nomad's verbs over Snapshot
-//! objects (the snapshotter of the volume's plugin cuts, finds and deletes them).
+//! objects (the snapshotter of the volume's plugin cuts, finds and deletes them), and
+//! with `--group` over VolumeGroupSnapshots (one consistent cut of several volumes).
 
 use moor::api::*;
 
@@ -11,11 +12,16 @@ use crate::{parse_name, parse_ns, Ctx, Refused};
 #[derive(Debug, clap::Subcommand)]
 pub enum SnapshotCmd {
     /// Snapshot a volume: a Snapshot object the volume's plugin cuts (CreateSnapshot).
+    /// With `--group V1,V2,...` and only a NAME: one consistent snapshot of those
+    /// volumes, a VolumeGroupSnapshot NAME cut by one CreateVolumeGroupSnapshot, whose
+    /// members become Snapshots NAME-VOLUME, restored like any other.
     Create {
-        /// The volume.
-        volume: String,
-        /// The snapshot's name.
-        name: String,
+        /// `VOLUME NAME`; with --group, `NAME`.
+        #[arg(num_args = 1..=2, required = true, value_names = ["VOLUME", "NAME"])]
+        args: Vec<String>,
+        /// The volumes of a group snapshot (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        group: Vec<String>,
         /// CreateSnapshot parameters, `KEY=VALUE` (repeatable).
         #[arg(long = "parameter", value_parser = parse_kv)]
         parameters: Vec<(String, String)>,
@@ -25,24 +31,34 @@ pub enum SnapshotCmd {
     },
     /// Import a snapshot made outside moor: a Snapshot object naming the plugin's id of
     /// it, which the volume's plugin confirms (ListSnapshots) before it can be
-    /// restored from. Deleting it later keeps it in the plugin.
+    /// restored from. Deleting it later keeps it in the plugin. With
+    /// `--group-snapshot-id` and `--source-volume V1,V2,...`: a group snapshot made
+    /// outside moor (GetVolumeGroupSnapshot; its members must be of those volumes).
     Import {
-        /// The snapshot's name.
+        /// The snapshot's (or group's) name.
         name: String,
         /// The plugin's id of the snapshot.
-        #[arg(long)]
-        snapshot_id: String,
-        /// The moor volume it was taken of (its plugin holds the snapshot).
-        #[arg(long)]
-        source_volume: String,
+        #[arg(long, required_unless_present = "group_snapshot_id")]
+        snapshot_id: Option<String>,
+        /// The plugin's id of a group snapshot.
+        #[arg(long, conflicts_with = "snapshot_id")]
+        group_snapshot_id: Option<String>,
+        /// The moor volume it was taken of (its plugin holds the snapshot); for a group,
+        /// its volumes (comma-separated).
+        #[arg(long, value_delimiter = ',', required = true)]
+        source_volume: Vec<String>,
         /// Namespace.
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
     },
     /// Delete a snapshot (DeleteSnapshot; its finalizer holds it until the plugin did).
+    /// With `--group`: a group snapshot (DeleteVolumeGroupSnapshot) and its members.
     Delete {
         /// The snapshot.
         name: String,
+        /// NAME is a VolumeGroupSnapshot.
+        #[arg(long)]
+        group: bool,
         /// Namespace.
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
@@ -73,32 +89,70 @@ impl SnapshotCmd {
     pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
         match self {
             SnapshotCmd::Create {
-                volume,
-                name,
+                args,
+                group,
                 parameters,
                 namespace,
-            } => {
-                let spec = SnapshotSpec {
-                    parameters: parameters.into_iter().collect(),
-                    ..Default::default()
-                };
-                create(ctx, &namespace, &name, &volume, spec, "cut").await
-            }
+            } => match (args.as_slice(), group.is_empty()) {
+                ([volume, name], true) => {
+                    let spec = SnapshotSpec {
+                        parameters: parameters.into_iter().collect(),
+                        ..Default::default()
+                    };
+                    create(ctx, &namespace, name, volume, spec, "cut").await
+                }
+                ([name], false) => {
+                    let spec = VolumeGroupSnapshotSpec {
+                        parameters: parameters.into_iter().collect(),
+                        ..Default::default()
+                    };
+                    create_group(ctx, &namespace, name, &group, spec, "cut").await
+                }
+                (_, true) => Err(Refused(
+                    "create takes VOLUME NAME (or NAME --group V1,V2,...)".into(),
+                )
+                .into()),
+                (_, false) => {
+                    Err(Refused("with --group, create takes only the group's NAME".into()).into())
+                }
+            },
             SnapshotCmd::Import {
                 name,
                 snapshot_id,
+                group_snapshot_id,
                 source_volume,
                 namespace,
+            } => match (snapshot_id, group_snapshot_id) {
+                (Some(id), None) => {
+                    let [volume] = source_volume.as_slice() else {
+                        return Err(Refused("a snapshot is of one --source-volume".into()).into());
+                    };
+                    let spec = SnapshotSpec {
+                        snapshot_id: Some(id),
+                        ..Default::default()
+                    };
+                    create(ctx, &namespace, &name, volume, spec, "found").await
+                }
+                (None, Some(id)) => {
+                    let spec = VolumeGroupSnapshotSpec {
+                        group_snapshot_id: Some(id),
+                        ..Default::default()
+                    };
+                    create_group(ctx, &namespace, &name, &source_volume, spec, "found").await
+                }
+                _ => Err(Refused("one of --snapshot-id and --group-snapshot-id".into()).into()),
+            },
+            SnapshotCmd::Delete {
+                name,
+                group,
+                namespace,
             } => {
-                let spec = SnapshotSpec {
-                    snapshot_id: Some(snapshot_id),
-                    ..Default::default()
-                };
-                create(ctx, &namespace, &name, &source_volume, spec, "found").await
-            }
-            SnapshotCmd::Delete { name, namespace } => {
                 crate::delete::Delete {
-                    kind: Kind::Snapshot,
+                    kind: if group {
+                        Kind::VolumeGroupSnapshot
+                    } else {
+                        Kind::Snapshot
+                    },
                     name,
                     namespace,
                     volumes: false,
@@ -200,6 +254,55 @@ async fn plugin_list(ctx: &Ctx, plugin: &str) -> anyhow::Result<i32> {
     if list.more > 0 {
         out!("({} more not listed)", list.more);
     }
+    Ok(0)
+}
+
+/// Creates VolumeGroupSnapshot `name` of `volumes` with `spec` (its volumes set here),
+/// checked and refused when a volume does not exist, the volumes are of more than one
+/// plugin, a member's name would not be valid, or the name is taken.
+async fn create_group(
+    ctx: &Ctx,
+    namespace: &str,
+    name: &str,
+    volumes: &[String],
+    mut spec: VolumeGroupSnapshotSpec,
+    done: &str,
+) -> anyhow::Result<i32> {
+    let ns = parse_ns(namespace)?;
+    let name = parse_name("group snapshot", name)?;
+    spec.volumes = volumes
+        .iter()
+        .map(|v| VolumeId::new(v.as_str()).map_err(|e| anyhow::anyhow!("volume {v:?}: {e}")))
+        .collect::<Result<_, _>>()?;
+    let mut errors = ValidationErrors::default();
+    spec.validate(&mut errors);
+    if !errors.is_empty() {
+        return Err(Refused(format!("group snapshot {ns}/{name}: {errors}")).into());
+    }
+    let group = VolumeGroupSnapshot::new(&ns, name.clone(), spec);
+    let mut plugins = std::collections::BTreeSet::new();
+    for v in &group.spec.volumes {
+        let Some(vol) = ctx.store.try_get(&Volume::key_for(&ns, v)).await? else {
+            return Err(Refused(format!("volume {ns}/{v} not found")).into());
+        };
+        plugins.insert(vol.spec.plugin_id.to_string());
+        group.member_name(v).map_err(Refused)?;
+    }
+    if plugins.len() > 1 {
+        return Err(Refused(format!(
+            "the volumes are of plugins {}: a group snapshot is of one plugin's volumes",
+            plugins.into_iter().collect::<Vec<_>>().join(", ")
+        ))
+        .into());
+    }
+    match ctx.store.create(&group).await {
+        Ok(_) => {}
+        Err(moor::store::StoreError::AlreadyExists { .. }) => {
+            return Err(Refused(format!("group snapshot {ns}/{name} exists")).into())
+        }
+        Err(e) => return Err(e.into()),
+    }
+    outln!("volumegroupsnapshot/{ns}/{name} created; `moorctl wait volumegroupsnapshot/{name} --for phase=ready` waits until it is {done}; its members are snapshots {name}-VOLUME");
     Ok(0)
 }
 

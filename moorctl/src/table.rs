@@ -292,6 +292,26 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             col("READY", |v| yes_no(v, "/status/ready_to_use")),
             col("PHASE", |v| text(v, "/status/phase")),
         ],
+        Kind::VolumeGroupSnapshot => vec![
+            col("NAME", name),
+            col("GROUP SNAPSHOT ID", |v| {
+                text(v, "/status/group_snapshot_id")
+            }),
+            col("VOLUMES", |v| {
+                v.pointer("/spec/volumes")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_default()
+            }),
+            col("CREATE TIME", |v| text(v, "/status/creation_time")),
+            col("READY", |v| yes_no(v, "/status/ready_to_use")),
+            col("PHASE", |v| text(v, "/status/phase")),
+        ],
         Kind::Event => vec![
             col("AGE", event_age),
             col("TYPE", |v| text(v, "/spec/type")),
@@ -336,6 +356,7 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                 }),
             ],
             Kind::Event => vec![col("SOURCE", |v| text(v, "/spec/source"))],
+            Kind::Snapshot => vec![col("GROUP", |v| text(v, "/spec/group"))],
             _ => Vec::new(),
         };
         cols.extend(extra);

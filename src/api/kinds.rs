@@ -56,6 +56,7 @@ macro_rules! for_each_kind {
             Plugin(PluginSpec),
             Event(EventSpec),
             Snapshot(SnapshotSpec),
+            VolumeGroupSnapshot(VolumeGroupSnapshotSpec),
             Lease(LeaseSpec),
         }
     };
@@ -221,6 +222,7 @@ mod tests {
         assert_eq!("Volume".parse::<Kind>(), Ok(Kind::Volume));
         assert_eq!("claims".parse::<Kind>(), Ok(Kind::Claim));
         assert_eq!("ev".parse::<Kind>(), Ok(Kind::Event));
+        assert_eq!("vgs".parse::<Kind>(), Ok(Kind::VolumeGroupSnapshot));
         assert!("pods".parse::<Kind>().is_err());
     }
 
@@ -230,7 +232,7 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 10);
+        assert_eq!(Kind::ALL.len(), 11);
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub enum PluginType {
 
 /// A ControllerGetCapabilities RPC capability (the CSI enum).
 pub use crate::csi::v1::controller_service_capability::rpc::Type as ControllerRpc;
+/// A GroupControllerGetCapabilities RPC capability (the CSI enum).
+pub use crate::csi::v1::group_controller_service_capability::rpc::Type as GroupRpc;
 /// A NodeGetCapabilities RPC capability (the CSI enum).
 pub use crate::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 /// A GetPluginCapabilities service capability (the CSI enum).
@@ -45,6 +47,12 @@ impl Capability for ControllerRpc {
 }
 
 impl Capability for NodeRpc {
+    fn name(self) -> &'static str {
+        self.as_str_name()
+    }
+}
+
+impl Capability for GroupRpc {
     fn name(self) -> &'static str {
         self.as_str_name()
     }
@@ -165,6 +173,10 @@ pub struct PluginCapabilities {
     /// NodeGetCapabilities' RPC capabilities.
     #[serde(default, skip_serializing_if = "CapabilitySet::is_empty")]
     pub node: CapabilitySet<NodeRpc>,
+    /// GroupControllerGetCapabilities' RPC capabilities (a plugin with
+    /// GROUP_CONTROLLER_SERVICE).
+    #[serde(default, skip_serializing_if = "CapabilitySet::is_empty")]
+    pub group: CapabilitySet<GroupRpc>,
 }
 
 /// One plugin as its node's agent observes it.
@@ -274,10 +286,11 @@ impl NodePluginStatus {
             }
         }
         let caps = &self.capabilities;
-        let sets: [(&str, Vec<&str>); 3] = [
+        let sets: [(&str, Vec<&str>); 4] = [
             ("plugin", caps.plugin.names().collect()),
             ("controller", caps.controller.names().collect()),
             ("node", caps.node.names().collect()),
+            ("group", caps.group.names().collect()),
         ];
         for (what, names) in sets {
             let len = names.len();

@@ -28,6 +28,12 @@ pub struct SnapshotSpec {
     /// the plugin when this Snapshot is deleted (moor did not make it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
+    /// The VolumeGroupSnapshot it is a member of: made by the group's one call (the
+    /// group snapshotter writes it with `snapshot_id` and its status), restored from
+    /// like any other, and deleted in the plugin only with its group
+    /// (DeleteVolumeGroupSnapshot); deleting this object alone keeps it there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<Name>,
 }
 
 /// The longest plugin id of a snapshot an import accepts (the CSI spec's size limit for
@@ -54,6 +60,12 @@ impl Spec for SnapshotSpec {
 
     fn validate(&self, errors: &mut ValidationErrors) {
         errors.check_id("volume", self.volume.validate());
+        if let Some(g) = &self.group {
+            errors.check_id("group", g.validate());
+            if self.snapshot_id.is_none() {
+                errors.push("group", "a group's member names its snapshot_id");
+            }
+        }
         if let Err(e) = self.secrets.check() {
             errors.push("secrets", e);
         }

@@ -26,6 +26,7 @@ use super::policy::{request, CsiError, Policy};
 use super::v1;
 use crate::runtime::term::Term;
 use v1::controller_client::ControllerClient;
+use v1::group_controller_client::GroupControllerClient;
 use v1::node_client::NodeClient;
 
 /// The gRPC header naming the term a call was made under (see [`Csi::under`]).
@@ -104,6 +105,9 @@ impl Target for v1::DeleteSnapshotRequest {}
 impl Target for v1::GetCapacityRequest {}
 impl Target for v1::ListVolumesRequest {}
 impl Target for v1::ControllerListVolumeHealthRequest {}
+impl Target for v1::CreateVolumeGroupSnapshotRequest {}
+impl Target for v1::DeleteVolumeGroupSnapshotRequest {}
+impl Target for v1::GetVolumeGroupSnapshotRequest {}
 
 impl Csi {
     /// A client over `channel` (see [`super::channel`]) under `policy`.
@@ -401,6 +405,45 @@ impl Csi {
         self.call("ControllerListVolumeHealth", req, |ch, r| async move {
             ControllerClient::new(ch)
                 .controller_list_volume_health(r)
+                .await
+        })
+        .await
+    }
+
+    /// CreateVolumeGroupSnapshot (CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT).
+    pub async fn create_group_snapshot(
+        &self,
+        req: v1::CreateVolumeGroupSnapshotRequest,
+    ) -> Result<v1::CreateVolumeGroupSnapshotResponse, CsiError> {
+        self.call("CreateVolumeGroupSnapshot", req, |ch, r| async move {
+            GroupControllerClient::new(ch)
+                .create_volume_group_snapshot(r)
+                .await
+        })
+        .await
+    }
+
+    /// DeleteVolumeGroupSnapshot (CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT).
+    pub async fn delete_group_snapshot(
+        &self,
+        req: v1::DeleteVolumeGroupSnapshotRequest,
+    ) -> Result<v1::DeleteVolumeGroupSnapshotResponse, CsiError> {
+        self.call("DeleteVolumeGroupSnapshot", req, |ch, r| async move {
+            GroupControllerClient::new(ch)
+                .delete_volume_group_snapshot(r)
+                .await
+        })
+        .await
+    }
+
+    /// GetVolumeGroupSnapshot (CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT).
+    pub async fn get_group_snapshot(
+        &self,
+        req: v1::GetVolumeGroupSnapshotRequest,
+    ) -> Result<v1::GetVolumeGroupSnapshotResponse, CsiError> {
+        self.call("GetVolumeGroupSnapshot", req, |ch, r| async move {
+            GroupControllerClient::new(ch)
+                .get_volume_group_snapshot(r)
                 .await
         })
         .await

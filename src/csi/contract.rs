@@ -37,11 +37,15 @@ pub enum Rule {
     ConfirmedOtherCapabilities,
     /// GetCapacity answered a negative available capacity.
     NegativeCapacity,
+    /// CreateVolumeGroupSnapshot or GetVolumeGroupSnapshot answered a group whose
+    /// members are not one snapshot of each volume asked (a volume missing, one
+    /// another, one twice, a member without an id or of another group).
+    GroupMembersMismatch,
 }
 
 impl Rule {
     /// Every rule, in the order the documentation lists them.
-    pub const ALL: [Rule; 9] = [
+    pub const ALL: [Rule; 10] = [
         Rule::CapacityOutOfRange,
         Rule::VolumeIdChanged,
         Rule::TopologyOutsideRequisite,
@@ -51,6 +55,7 @@ impl Rule {
         Rule::SnapshotOfOtherVolume,
         Rule::ConfirmedOtherCapabilities,
         Rule::NegativeCapacity,
+        Rule::GroupMembersMismatch,
     ];
 
     /// The rule's name, as the metric's `rule` label and the Warning carry it.
@@ -65,6 +70,7 @@ impl Rule {
             Rule::SnapshotOfOtherVolume => "snapshot_of_other_volume",
             Rule::ConfirmedOtherCapabilities => "confirmed_other_capabilities",
             Rule::NegativeCapacity => "negative_capacity",
+            Rule::GroupMembersMismatch => "group_members_mismatch",
         }
     }
 }
@@ -220,6 +226,52 @@ pub fn snapshot_created(
                 ),
             )
         })
+}
+
+/// A group snapshot's answer (`rpc`) against the plugin's volume ids it was asked for
+/// (`asked`): one member snapshot of each, none of another volume or group, each with
+/// an id, and the group with an id.
+pub fn group_snapshot(
+    rpc: &str,
+    asked: &[String],
+    group: &v1::VolumeGroupSnapshot,
+) -> Option<Breach> {
+    let mut sources: Vec<&str> = group
+        .snapshots
+        .iter()
+        .map(|s| s.source_volume_id.as_str())
+        .collect();
+    sources.sort_unstable();
+    let mut want: Vec<&str> = asked.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    let problem = if group.group_snapshot_id.is_empty() {
+        Some("no group_snapshot_id".to_string())
+    } else if sources != want {
+        Some(format!(
+            "members of volumes [{}] for volumes [{}]",
+            sources.join(", "),
+            want.join(", ")
+        ))
+    } else if let Some(s) = group.snapshots.iter().find(|s| s.snapshot_id.is_empty()) {
+        Some(format!(
+            "a member of volume {} without an id",
+            s.source_volume_id
+        ))
+    } else {
+        group
+            .snapshots
+            .iter()
+            .find(|s| {
+                !s.group_snapshot_id.is_empty() && s.group_snapshot_id != group.group_snapshot_id
+            })
+            .map(|s| format!("member {} of group {}", s.snapshot_id, s.group_snapshot_id))
+    };
+    problem.map(|p| {
+        Breach::new(
+            Rule::GroupMembersMismatch,
+            format!("{rpc} answered group {:?}: {p}", group.group_snapshot_id),
+        )
+    })
 }
 
 /// GetCapacity's answer: never negative.

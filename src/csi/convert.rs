@@ -102,6 +102,21 @@ pub fn controller_capability_names(resp: &v1::ControllerGetCapabilitiesResponse)
         .collect()
 }
 
+/// The names of group controller capabilities
+/// (`CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT`).
+pub fn group_capability_names(resp: &v1::GroupControllerGetCapabilitiesResponse) -> Vec<String> {
+    use v1::group_controller_service_capability::{rpc, Type};
+    resp.capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(Type::Rpc(r)) => rpc::Type::try_from(r.r#type)
+                .ok()
+                .map(|t| t.as_str_name().to_string()),
+            None => None,
+        })
+        .collect()
+}
+
 /// The names of node capabilities (`STAGE_UNSTAGE_VOLUME`, ...).
 pub fn node_capability_names(resp: &v1::NodeGetCapabilitiesResponse) -> Vec<String> {
     use v1::node_service_capability::{rpc, Type};

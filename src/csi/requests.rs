@@ -6,7 +6,10 @@
 use std::collections::BTreeMap;
 
 use super::{convert, v1};
-use crate::api::{Attachment, Claim, ClaimMode, ExternalVolumeId, SealedSecrets, Snapshot, Volume};
+use crate::api::{
+    Attachment, Claim, ClaimMode, ExternalVolumeId, SealedSecrets, Snapshot, Volume,
+    VolumeGroupSnapshot,
+};
 
 /// ControllerPublishVolume of an attachment: its volume and CSI node ids, capability
 /// (as sent to a controller service that advertises SINGLE_NODE_MULTI_WRITER or not,
@@ -286,6 +289,65 @@ pub fn delete_snapshot(
     Ok(v1::DeleteSnapshotRequest {
         snapshot_id: id.to_string(),
         secrets: snapshot_secrets(snap, volume)?,
+    })
+}
+
+/// A group snapshot's secrets: its own, else its first volume's.
+pub fn group_secrets(
+    group: &VolumeGroupSnapshot,
+    first: Option<&Volume>,
+) -> Result<BTreeMap<String, String>, SealedSecrets> {
+    if !group.spec.secrets.is_empty() {
+        return Ok(group.spec.secrets.expose()?.clone());
+    }
+    Ok(match first {
+        Some(v) => v.spec.secrets.expose()?.clone(),
+        None => BTreeMap::new(),
+    })
+}
+
+/// CreateVolumeGroupSnapshot of the plugin's volumes `sources`, named by the group's
+/// uid (so a repeat is idempotent), with its parameters and secrets.
+pub fn create_group_snapshot(
+    group: &VolumeGroupSnapshot,
+    first: Option<&Volume>,
+    sources: &[String],
+) -> Result<v1::CreateVolumeGroupSnapshotRequest, SealedSecrets> {
+    Ok(v1::CreateVolumeGroupSnapshotRequest {
+        name: group.metadata.uid.to_string(),
+        source_volume_ids: sources.to_vec(),
+        secrets: group_secrets(group, first)?,
+        parameters: group.spec.parameters.clone(),
+    })
+}
+
+/// GetVolumeGroupSnapshot of the plugin's group `id` (its members `snapshot_ids`,
+/// when known), with the group's secrets.
+pub fn get_group_snapshot(
+    group: &VolumeGroupSnapshot,
+    first: Option<&Volume>,
+    id: &str,
+    snapshot_ids: Vec<String>,
+) -> Result<v1::GetVolumeGroupSnapshotRequest, SealedSecrets> {
+    Ok(v1::GetVolumeGroupSnapshotRequest {
+        group_snapshot_id: id.to_string(),
+        snapshot_ids,
+        secrets: group_secrets(group, first)?,
+    })
+}
+
+/// DeleteVolumeGroupSnapshot of the plugin's group `id` with every member
+/// `snapshot_ids` (the spec requires them all), with the group's secrets.
+pub fn delete_group_snapshot(
+    group: &VolumeGroupSnapshot,
+    first: Option<&Volume>,
+    id: &str,
+    snapshot_ids: Vec<String>,
+) -> Result<v1::DeleteVolumeGroupSnapshotRequest, SealedSecrets> {
+    Ok(v1::DeleteVolumeGroupSnapshotRequest {
+        group_snapshot_id: id.to_string(),
+        snapshot_ids,
+        secrets: group_secrets(group, first)?,
     })
 }
 

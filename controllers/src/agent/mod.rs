@@ -25,6 +25,7 @@ pub mod attacher;
 pub mod contract;
 #[cfg(test)]
 mod executor_tests;
+pub mod group_snapshotter;
 pub mod node;
 pub mod plugins;
 pub mod provisioner;
@@ -632,15 +633,27 @@ impl ControllerPluginCtx {
             Informer::<Attachment>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
         let snapshots =
             Informer::<Snapshot>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
+        let groups = Informer::<VolumeGroupSnapshot>::spawn(
+            self.reads.clone(),
+            KeyScope::all(),
+            stop.clone(),
+        );
         self.writer = self
             .writer
             .tracking(&volumes.reader())
             .tracking(&attachments.reader())
-            .tracking(&snapshots.reader());
+            .tracking(&snapshots.reader())
+            .tracking(&groups.reader());
         let prov = provisioner::Provisioner {
             ctx: self.clone(),
             volumes: volumes.clone(),
             snapshots: snapshots.clone(),
+        };
+        let group = group_snapshotter::GroupSnapshotter {
+            ctx: self.clone(),
+            groups,
+            snapshots: snapshots.clone(),
+            volumes: volumes.clone(),
         };
         let snap = snapshotter::Snapshotter {
             ctx: self.clone(),
@@ -662,6 +675,7 @@ impl ControllerPluginCtx {
         tokio::join!(
             prov.run(metrics.controller("provisioner"), stop.clone()),
             snap.run(metrics.controller("snapshotter"), stop.clone()),
+            group.run(metrics.controller("group-snapshotter"), stop.clone()),
             survey.run(stop.clone()),
             att.run(metrics.controller("attacher"), stop)
         );

@@ -613,6 +613,21 @@ async fn fingerprint(cfg: &PluginConfig, channel: Channel) -> Result<NodePluginS
             .into_inner();
         status.capabilities.controller =
             CapabilitySet::from_names(convert::controller_capability_names(&caps));
+        if status.capabilities.plugin.has(PluginCapability::Service(
+            PluginService::GroupControllerService,
+        )) {
+            let mut g = v1::group_controller_client::GroupControllerClient::new(channel.clone());
+            let caps = g
+                .group_controller_get_capabilities(request(
+                    v1::GroupControllerGetCapabilitiesRequest {},
+                    t,
+                ))
+                .await
+                .map_err(|s| fail("GroupControllerGetCapabilities", s))?
+                .into_inner();
+            status.capabilities.group =
+                CapabilitySet::from_names(convert::group_capability_names(&caps));
+        }
     }
     if cfg.is_node() {
         let mut n = v1::node_client::NodeClient::new(channel);

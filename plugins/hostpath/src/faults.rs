@@ -153,6 +153,9 @@ pub enum Lie {
     Validation,
     /// GetCapacity answers -1 bytes.
     NegativeCapacity,
+    /// CreateVolumeGroupSnapshot and GetVolumeGroupSnapshot answer the group without
+    /// its last member.
+    GroupMembers,
 }
 
 /// What `Command::Status` answers.

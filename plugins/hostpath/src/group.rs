@@ -33,6 +33,14 @@ impl Plugin {
         }
     }
 
+    /// The group as answered: without its last member while told to lie so.
+    fn lie_about_members(&self, mut group: VolumeGroupSnapshot) -> VolumeGroupSnapshot {
+        if self.lies(crate::faults::Lie::GroupMembers) {
+            group.snapshots.pop();
+        }
+        group
+    }
+
     /// The group `id`, checked against the snapshot ids a request names (when it names
     /// any): another set is INVALID_ARGUMENT.
     fn group_named<'a>(
@@ -135,7 +143,7 @@ impl GroupController for Plugin {
                 })
                 .await?;
             Ok(CreateVolumeGroupSnapshotResponse {
-                group_snapshot: Some(group),
+                group_snapshot: Some(self.lie_about_members(group)),
             })
         })
         .await
@@ -195,7 +203,7 @@ impl GroupController for Plugin {
                     ))
                 })?;
             Ok(GetVolumeGroupSnapshotResponse {
-                group_snapshot: Some(group),
+                group_snapshot: Some(self.lie_about_members(group)),
             })
         })
         .await
