@@ -10,6 +10,7 @@
 //! - `allocation`, `attachment`, `claim`, `event`, `lease`, `mount`, `node`, `plugin`,
 //!   `snapshot`, `volume`: one file per kind: its spec, status, key layout and
 //!   validation.
+//! - `group_snapshot`: the VolumeGroupSnapshot kind (one cut of several volumes).
 //! - `kinds`: the registry of kinds (`for_each_kind!`, `Kind`, `with_spec!`).
 //! - `key`: typed object keys and key scopes, built only here.
 //! - `ids`: the id newtypes, interned process-wide.

@@ -17,6 +17,8 @@
 //!   modification, DeleteVolume, and their decision.
 //! - [`attacher`]: ControllerPublish and ControllerUnpublish.
 //! - [`snapshotter`]: CreateSnapshot, polling, DeleteSnapshot.
+//! - [`group_snapshotter`]: CreateVolumeGroupSnapshot, polling, import,
+//!   DeleteVolumeGroupSnapshot, and the member Snapshots.
 //! - [`survey`]: GetCapacity and ListVolumes against moor's view.
 //! - [`contract`]: the live contract monitor.
 //! - [`volume_plugin`]: the Docker volume-plugin endpoint.

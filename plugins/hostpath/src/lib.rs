@@ -14,6 +14,7 @@
 //!   state dir after every change.
 //! - `identity`, `controller`, `node`, `group`: the CSI services (the spec's error
 //!   codes).
+//! - `health`: the CSI 1.13 volume and storage health RPCs (`--health-api`).
 //! - [`attach_marker`]: what a node instance sees of a ControllerPublish.
 //! - [`mounts`]: real bind mounts (or none, with `--no-mount`).
 //! - [`faults`]: fault injection through the admin socket.
