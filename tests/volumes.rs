@@ -2267,6 +2267,8 @@ async fn without_list_volumes_the_survey_asks_controller_get_volume_per_volume()
     let _slot = SLOTS.acquire().await.unwrap();
     let mut opts = surveyed();
     opts.extra.push("--list-volumes=false".into());
+    // The condition ControllerGetVolume carries is the 1.12 generation's.
+    opts.extra.push("--health-api=1.12".into());
     let c = Cluster::start(1, 1, opts).await;
     create_ready(&c, "v1").await;
     let ext = volume(&c, "v1")
