@@ -2,7 +2,9 @@
 //! controller caches, so every rule is unit-tested here. The controller admits with
 //! them and `moorctl alloc plan` answers placement questions with them: one copy.
 //!
-//! Checked in order: the volume exists and is not being deleted; it has been created
+//! Checked in order: the node is not cordoned ([`cordoned`], asked separately); the
+//! volume exists and is not being deleted; it admits new claims (its availability is
+//! `active`: paused or drained, the claim waits); it has been created
 //! (else the claim waits); the claim's capability (its own modes, or the volume's first
 //! for a claim made before per-claim modes existed) is one the volume offers, and allows
 //! writing if the claim writes; the plugin is registered on the node, advertises what the
@@ -77,6 +79,20 @@ where
             "volume {} is being deleted",
             spec.volume
         )));
+    }
+    match volume.spec.availability {
+        Availability::Active => {}
+        a => {
+            let what = if a == Availability::Pause {
+                "paused"
+            } else {
+                "drained"
+            };
+            return Err(Verdict::Wait(format!(
+                "volume {} is {what}: it admits no new claim until `moorctl volume activate`",
+                spec.volume
+            )));
+        }
     }
     if volume.spec.plugin_id != spec.plugin_id {
         return Err(Verdict::Deny(format!(
@@ -205,6 +221,15 @@ where
         multi_writer_cap: plugin.capabilities.node.has(NodeRpc::SingleNodeMultiWriter),
         selinux_mount: plugin.selinux_mount,
     })
+}
+
+/// Whether a node takes new claims: not while an operator cordoned it (the claim
+/// waits, with the cordon's reason, and is admitted after `moorctl node uncordon`).
+pub fn cordoned(cordon: Option<&Cordon>) -> Result<(), Verdict> {
+    match cordon {
+        Some(c) => Err(Verdict::Wait(c.why())),
+        None => Ok(()),
+    }
 }
 
 /// Whether node `spec.node` has room for one more volume of plugin `plugin` (its
@@ -784,6 +809,37 @@ mod tests {
         let a = check(&c, Some(&v), Some(&node(true)), Vec::<&Claim>::new).unwrap();
         assert_eq!(a.capability, cap(AccessMode::MultiNodeReaderOnly));
         assert_eq!(a.external_id.as_str(), "ext-v");
+    }
+
+    #[test]
+    fn a_paused_or_drained_volume_and_a_cordoned_node_make_the_claim_wait() {
+        let mut v = volume(&[AccessMode::SingleNodeWriter]);
+        let c = claim("c", "n1", ClaimMode::Write, None);
+        for (a, says) in [
+            (Availability::Pause, "paused"),
+            (Availability::Drain, "drained"),
+        ] {
+            v.spec.availability = a;
+            match check(&c, Some(&v), Some(&node(true)), Vec::<&Claim>::new) {
+                Err(Verdict::Wait(w)) => assert!(w.contains(says), "{w}"),
+                other => panic!("{a}: {other:?}"),
+            }
+        }
+        v.spec.availability = Availability::Active;
+        assert!(check(&c, Some(&v), Some(&node(true)), Vec::<&Claim>::new).is_ok());
+        let cordon = Cordon::new(
+            &Namespace::default(),
+            Name::new("n1").unwrap(),
+            CordonSpec {
+                reason: "maintenance".into(),
+                drain: false,
+            },
+        );
+        assert_eq!(
+            cordoned(Some(&cordon)),
+            Err(Verdict::Wait("node n1 is cordoned: maintenance".into()))
+        );
+        assert_eq!(cordoned(None), Ok(()));
     }
 
     #[test]

@@ -92,6 +92,7 @@ mod alloc;
 mod apply;
 mod delete;
 mod describe;
+mod drain;
 mod events;
 pub mod explain;
 mod get;
@@ -192,6 +193,9 @@ pub enum Command {
     /// Plugin verbs.
     #[command(subcommand)]
     Plugin(PluginCmd),
+    /// Node verbs: cordon, uncordon, drain.
+    #[command(subcommand)]
+    Node(drain::NodeCmd),
     /// Mounts a node keeps although desired state lost their claims (an older etcd
     /// snapshot restored; `get mounts --orphaned` lists them): adopt or release each.
     #[command(subcommand)]
@@ -261,6 +265,35 @@ pub enum VolumeCmd {
     },
     /// Volumes with their plugin, schedulability, access mode and claims.
     Status(status::VolumeStatusCmd),
+    /// Admit no new claim of VOLUME (Swarm's pause); its claims stay.
+    Pause {
+        /// The volume.
+        volume: String,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Admit claims of VOLUME again (undoes pause and drain).
+    Activate {
+        /// The volume.
+        volume: String,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Pause VOLUME, stop the allocations holding it whose runner can stop their
+    /// workload (an engine container's is reported, never stopped), and wait until no
+    /// claim holds it. Exit 1 at the timeout.
+    Drain {
+        /// The volume.
+        volume: String,
+        /// How long to wait.
+        #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
     /// Snapshots of volumes: create, delete, list.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCmd),
@@ -360,6 +393,23 @@ impl Cli {
                     namespace,
                 }) => volume::deregister(&ctx, &namespace, &volume, force).await,
                 Command::Plugin(PluginCmd::Status(cmd)) => cmd.run(&ctx).await,
+                Command::Node(cmd) => cmd.run(&ctx).await,
+                Command::Volume(VolumeCmd::Pause { volume, namespace }) => {
+                    let cmd = drain::VolumeAvailabilityCmd::Pause;
+                    drain::volume(&ctx, cmd, &namespace, &volume, Default::default()).await
+                }
+                Command::Volume(VolumeCmd::Activate { volume, namespace }) => {
+                    let cmd = drain::VolumeAvailabilityCmd::Activate;
+                    drain::volume(&ctx, cmd, &namespace, &volume, Default::default()).await
+                }
+                Command::Volume(VolumeCmd::Drain {
+                    volume,
+                    timeout,
+                    namespace,
+                }) => {
+                    let cmd = drain::VolumeAvailabilityCmd::Drain;
+                    drain::volume(&ctx, cmd, &namespace, &volume, timeout).await
+                }
                 Command::Plugin(PluginCmd::Deregister { plugin, node }) => {
                     plugin::deregister(&ctx, &plugin, &node).await
                 }

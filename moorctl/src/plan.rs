@@ -138,12 +138,20 @@ impl Plan {
                 }
             }
         }
+        let cordons: BTreeMap<String, Cordon> = ctx
+            .store
+            .list::<CordonSpec>(&KeyScope::all())
+            .await?
+            .items
+            .into_iter()
+            .map(|c| (c.metadata.name.to_string(), c))
+            .collect();
         let mut out = Vec::new();
         for node in &nodes {
             let name = NodeName::new(node.metadata.name.as_str())?;
             alloc.spec.node = name.clone();
             let registered = !node.metadata.uid.is_empty();
-            let fits = admission::plan(
+            let mut fits = admission::plan(
                 &alloc,
                 registered.then_some(node),
                 |v| volumes.get(v),
@@ -161,6 +169,12 @@ impl Plan {
                 },
                 |p| capacities.get(p).map(Vec::as_slice),
             );
+            // A cordoned node takes no new claim, whatever else would fit.
+            if let Err(v) = admission::cordoned(cordons.get(name.as_str())) {
+                for f in &mut fits {
+                    f.refused = Some(v.clone());
+                }
+            }
             out.push(NodeFit {
                 node: name.to_string(),
                 fits: fits.iter().all(|f| f.refused.is_none()),

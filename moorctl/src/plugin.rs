@@ -1,5 +1,6 @@
 //! `moorctl plugin deregister PLUGIN --node NODE`: forgets a plugin instance whose node
-//! is gone for good, so it no longer counts as expected.
+//! is gone for good, so it no longer counts as expected; refused while the node is
+//! live or while claims there still hold volumes of the plugin.
 
 use moor::api::*;
 use moor::store::StoreError;
@@ -30,6 +31,25 @@ pub(crate) async fn deregister(ctx: &Ctx, plugin: &str, node: &str) -> anyhow::R
             }
             if p.spec.deregistered.get(node) == Some(&inst.node_uid) {
                 return Ok(());
+            }
+            // Still needed while it has volumes there to unpublish (nomad#22192: a
+            // plugin stopped before its consumers).
+            let holding: Vec<String> = ctx
+                .store
+                .list::<ClaimSpec>(&Claim::node_scope(node))
+                .await?
+                .items
+                .into_iter()
+                .filter(|c| &c.spec.plugin_id == id && c.status.phase.is_live())
+                .map(|c| format!("{}/{}", c.metadata.namespace, c.spec.volume))
+                .collect();
+            if !holding.is_empty() {
+                return Err(Refused(format!(
+                    "plugin {id} on node {node} still has volume(s) {} published by live \
+                     claims: release them first (`moorctl volume detach VOLUME --node {node}`)",
+                    holding.join(", ")
+                ))
+                .into());
             }
             p.spec
                 .deregistered

@@ -188,6 +188,12 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             col("PHASE", |v| text(v, "/status/provisioning/phase")),
             col("SCHEDULABLE", |v| yes_no(v, "/status/claims/schedulable")),
             col("CLAIMS", claims),
+            col("AVAILABILITY", |v| {
+                match text(v, "/spec/availability").as_str() {
+                    "" => "active".into(),
+                    a => a.to_string(),
+                }
+            }),
             col("MADE FOR", |v| {
                 let alloc = text(v, "/spec/made_for/allocation");
                 if alloc.is_empty() {
@@ -248,6 +254,12 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
         Kind::Node => vec![
             col("NAME", name),
             col("PLUGINS", node_plugins),
+            col("AGE", age),
+        ],
+        Kind::Cordon => vec![
+            col("NODE", name),
+            col("DRAIN", |v| yes_no(v, "/spec/drain")),
+            col("REASON", |v| text(v, "/spec/reason")),
             col("AGE", age),
         ],
         Kind::Plugin => vec![

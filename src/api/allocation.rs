@@ -99,6 +99,11 @@ impl VolumeRequest {
     }
 }
 
+/// The label on an engine's hold (the allocation a Docker or Podman container's volume
+/// runs under), valued with the engine: never stopped under the live container by a
+/// drain.
+pub const ENGINE_HOLD_LABEL: &str = "moor.dev/hold";
+
 /// Desired state of an allocation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AllocationSpec {

@@ -53,6 +53,7 @@ macro_rules! for_each_kind {
             Attachment(AttachmentSpec),
             Mount(MountSpec),
             Node(NodeSpec),
+            Cordon(CordonSpec),
             Plugin(PluginSpec),
             Event(EventSpec),
             Snapshot(SnapshotSpec),
@@ -232,7 +233,7 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 11);
+        assert_eq!(Kind::ALL.len(), 12);
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //!   `snapshot`, `volume`: one file per kind: its spec, status, key layout and
 //!   validation.
 //! - `group_snapshot`: the VolumeGroupSnapshot kind (one cut of several volumes).
+//! - `cordon`: the Cordon kind (a node that takes no new claim) and a volume's
+//!   availability.
 //! - `kinds`: the registry of kinds (`for_each_kind!`, `Kind`, `with_spec!`).
 //! - `key`: typed object keys and key scopes, built only here.
 //! - `ids`: the id newtypes, interned process-wide.
@@ -33,6 +35,7 @@
 mod allocation;
 mod attachment;
 mod claim;
+mod cordon;
 mod event;
 mod group_snapshot;
 mod ids;
@@ -62,6 +65,7 @@ mod yaml_depth;
 pub use allocation::*;
 pub use attachment::*;
 pub use claim::*;
+pub use cordon::*;
 pub use event::*;
 pub use group_snapshot::*;
 pub use ids::*;

@@ -79,6 +79,11 @@ pub struct VolumeSpec {
     /// (docs/architecture.md). Lifted by applying the volume without it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deletion_protection: bool,
+    /// Whether it admits new claims: `active` (the default), `pause` (no new claim; the
+    /// claims it has stay) or `drain` (also: `moorctl volume drain` asked the
+    /// allocations holding it to stop). Docker Swarm's volume availability.
+    #[serde(default, skip_serializing_if = "Availability::is_active")]
+    pub availability: Availability,
 }
 
 /// `force_detach` as a map of node to generation, or as the plain list of nodes

@@ -32,6 +32,8 @@ pub struct Informers {
     pub plugins: Informer<Plugin>,
     /// Leases (allocations' runners).
     pub leases: Informer<Lease>,
+    /// Cordons (nodes that take no new claim).
+    pub cordons: Informer<Cordon>,
 }
 
 /// What the reconcilers share.
@@ -56,6 +58,8 @@ pub struct Ctx {
     pub plugins: reflector::Store<Plugin>,
     /// Leases: an allocation's is renewed by its runner.
     pub leases: reflector::Store<Lease>,
+    /// Cordons, by node.
+    pub cordons: reflector::Store<Cordon>,
     /// When each lease was last seen to change, by this process's clock.
     pub lease_observer: Arc<Mutex<LeaseObserver>>,
     /// Events.
@@ -81,6 +85,7 @@ impl Ctx {
         self.nodes.wait_until_ready().await;
         self.plugins.wait_until_ready().await;
         self.leases.wait_until_ready().await;
+        self.cordons.wait_until_ready().await;
     }
 
     /// How long a node has been gone (no Node object), `None` while it is registered.

@@ -190,6 +190,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     let nodes = Informer::<Node>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let plugins = Informer::<Plugin>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let leases = Informer::<Lease>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let cordons = Informer::<Cordon>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let ctx = Ctx {
         writer: Writer::new(fenced)
             .tracking(&claims.reader())
@@ -204,6 +205,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         nodes: nodes.reader(),
         plugins: plugins.reader(),
         leases: leases.reader(),
+        cordons: cordons.reader(),
         lease_observer: Arc::default(),
         recorder: args.events.recorder(reads, "controller"),
         volume_locks: KeyedLocks::default(),
@@ -241,6 +243,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         nodes: nodes.clone(),
         plugins: plugins.clone(),
         leases,
+        cordons,
     };
     {
         let (ctx, started) = (ctx.clone(), Instant::now());

@@ -35,7 +35,7 @@ use super::{Answer, Failure};
 /// of the SHA-256 of the caller's whole ID; the value is the ID's first 63 characters.
 pub const CALLER_PREFIX: &str = "moor.dev/caller.";
 /// Set on an engine's hold, valued with the engine.
-pub const LABEL_HOLD: &str = "moor.dev/hold";
+pub const LABEL_HOLD: &str = moor::api::ENGINE_HOLD_LABEL;
 /// The most callers one hold records (labels are bounded); a caller beyond them gets an
 /// allocation of its own.
 pub const MAX_CALLERS: usize = MAX_LABELS - 8;

@@ -7,8 +7,11 @@ use super::*;
 pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError> {
     let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
     let node = ctx.nodes.get(&Node::key_for(&claim.spec.node));
-    let checked = admission::check(claim, volume.as_deref(), node.as_deref(), || {
-        ctx.claims.by_index(BY_NODE, claim.spec.node.as_str())
+    let cordon = ctx.cordons.get(&Cordon::key_for(&claim.spec.node));
+    let checked = admission::cordoned(cordon.as_deref()).and_then(|()| {
+        admission::check(claim, volume.as_deref(), node.as_deref(), || {
+            ctx.claims.by_index(BY_NODE, claim.spec.node.as_str())
+        })
     });
     let (admitted, volume) = match (checked, volume) {
         (Ok(a), Some(v)) => (a, v),

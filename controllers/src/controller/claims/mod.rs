@@ -71,6 +71,7 @@ pub async fn run(
     let claims2 = claims.clone();
     let claims3 = claims.clone();
     let claims4 = claims.clone();
+    let claims5 = claims.clone();
     let this = Arc::new(ctx);
     Controller::new("claims", claims, config)
         .with_metrics(metrics)
@@ -119,6 +120,15 @@ pub async fn run(
                 .collect()
         })
         .watches(inf.claims.subscribe(), released_frees(claims4))
+        // A cordon set or lifted: the claims waiting on its node.
+        .watches(inf.cordons.subscribe(), move |c: &Cordon| {
+            claims5
+                .by_index(BY_NODE, c.metadata.name.as_str())
+                .iter()
+                .filter(|c| !c.status.phase.is_live())
+                .map(|c| c.key())
+                .collect()
+        })
         .trigger(node_gc_ticks(this.clone()).boxed())
         .run(
             move |key| {
