@@ -531,6 +531,40 @@ spec:
                 volume_with("").replace("{name: v}", "{name: v, labels: {a: \"\\e[31m\"}}"),
                 "label value",
             ),
+            // Issue 54: a volume's availability, a cordon; issue 53: a group snapshot.
+            (volume_with("  availability: forever\n"), "spec.availability"),
+            (
+                "kind: Cordon\nmetadata: {name: n1}\nspec: {reason: \"\\e[31mred\"}\n".to_string(),
+                "spec.reason",
+            ),
+            (
+                "kind: Cordon\nmetadata: {name: n1}\nspec: {drain: yes please}\n".to_string(),
+                "spec.drain",
+            ),
+            (
+                "kind: Cordon\nmetadata: {name: n1}\nspec: {bogus: 1}\n".to_string(),
+                "unknown field spec.bogus",
+            ),
+            (
+                "kind: VolumeGroupSnapshot\nmetadata: {name: g}\nspec: {volumes: []}\n".to_string(),
+                "at least one volume",
+            ),
+            (
+                "kind: VolumeGroupSnapshot\nmetadata: {name: g}\nspec: {volumes: [a, a]}\n".to_string(),
+                "named twice",
+            ),
+            (
+                "kind: VolumeGroupSnapshot\nmetadata: {name: g}\nspec: {volumes: [\"../x\"]}\n".to_string(),
+                "spec.volumes",
+            ),
+            (
+                "kind: VolumeGroupSnapshot\nmetadata: {name: g}\nspec: {volumes: [a], group_snapshot_id: \"a\\u0007b\"}\n".to_string(),
+                "spec.group_snapshot_id",
+            ),
+            (
+                "kind: Snapshot\nmetadata: {name: s}\nspec: {volume: a, group: g}\n".to_string(),
+                "spec.group",
+            ),
             // The same object twice in one text.
             (
                 format!("{}---\n{}", volume_with(""), volume_with("")),
@@ -556,6 +590,9 @@ spec:
             volume_with("  parameters: {note: it's \"fine\" [really}\n").replace("{note: it's \"fine\" [really}", "\n    note: it's \"fine\" [really"),
             volume_with("  # a comment with a \" quote\n  parameters: {a: 'it''s'}\n"),
             "apiVersion: moor/v1\nkind: Allocation\nmetadata: {name: a}\nspec:\n  node: n1\n  volumes:\n    - {name: d, volume: v, read_only: false, per_alloc: false}\n".to_string(),
+            volume_with("  availability: pause\n"),
+            "kind: Cordon\nmetadata: {name: n1}\nspec: {reason: disk swap, drain: true}\n".to_string(),
+            "kind: VolumeGroupSnapshot\nmetadata: {name: g}\nspec: {volumes: [a, b]}\n".to_string(),
         ] {
             assert_eq!(errors_of(&text), "", "refused: {text:?}");
         }
