@@ -46,9 +46,10 @@ pub enum NodeCmd {
         /// How long to wait.
         #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
         timeout: Duration,
-        /// Why (shown in each claim that waits).
-        #[arg(long, default_value = "drained")]
-        reason: String,
+        /// Why (shown in each claim that waits); without it, a cordon's own reason
+        /// stays.
+        #[arg(long)]
+        reason: Option<String>,
     },
 }
 
@@ -78,6 +79,15 @@ impl NodeCmd {
                 reason,
             } => {
                 let node = parse_node(&node)?;
+                let reason = match reason {
+                    Some(r) => r,
+                    None => ctx
+                        .store
+                        .try_get(&Cordon::key_for(&node))
+                        .await?
+                        .map(|c| c.spec.reason)
+                        .unwrap_or_default(),
+                };
                 cordon(ctx, &node, &reason, true).await?;
                 outln!("node {node} cordoned");
                 if stop {
