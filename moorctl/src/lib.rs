@@ -13,6 +13,7 @@
 //!   and status views.
 //! - `mount`: `mount adopt` and `mount release` of an orphaned mount (an older etcd
 //!   snapshot restored).
+//! - `drain`: `node cordon|uncordon|drain` and `volume pause|activate|drain`.
 //! - `kind`, `table`: the generic operations on any kind, and each kind's columns.
 //! - `sources`: which writers may speak about an object (every view of events).
 

@@ -78,6 +78,23 @@ impl Lease {
     pub fn duration(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.spec.duration_seconds)
     }
+
+    /// How long after its runner's death a workload takes to end, all of it: the
+    /// guard's SIGTERM-to-SIGKILL window ([`workload_grace`]).
+    pub fn workload_grace(&self) -> std::time::Duration {
+        workload_grace(self.duration())
+    }
+}
+
+/// The window a runner's guard gives what is left of a workload between SIGTERM and
+/// SIGKILL once the runner is gone: a third of the lease's duration, at most 10 s.
+/// The controller counts a runner lost only after the lease went unrenewed for its
+/// duration and this window (`Lease::workload_grace`): the runner's last renewal is at
+/// most a third of the duration before its death, so by then the guard has ended the
+/// workload with two thirds of the duration to spare (not one third, as with the
+/// duration alone: a guard delayed under load then outlived it).
+pub fn workload_grace(duration: std::time::Duration) -> std::time::Duration {
+    (duration / 3).min(std::time::Duration::from_secs(10))
 }
 
 /// When a reader last saw each lease change, by its own clock: what decides expiry.

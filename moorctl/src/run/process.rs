@@ -23,10 +23,10 @@ pub(super) async fn interrupted() {
 }
 
 /// How long what is left of the workload has after SIGTERM before SIGKILL: a third of
-/// the lease's TTL (the controller releases a dead runner's claims only after the
-/// whole TTL), at most 10 s.
+/// the lease's TTL, at most 10 s (the controller releases a dead runner's claims only
+/// after the whole TTL and this grace).
 pub(super) fn grace(lease_ttl: Duration) -> Duration {
-    (lease_ttl / 3).min(Duration::from_secs(10))
+    moor::api::workload_grace(lease_ttl)
 }
 
 /// Runs CMD under the workload guard with `env` added, passing SIGINT, SIGTERM and

@@ -30,7 +30,9 @@ pub fn liveness(alloc: &Allocation, lease: Option<&Lease>, unrenewed_for: Durati
     let Some(lease) = lease else {
         return Liveness::Untracked;
     };
-    let duration = lease.duration();
+    // The lease's duration, then the window the runner's guard gives the workload to
+    // end: a claim is released only after every process of it is gone.
+    let duration = lease.duration() + lease.workload_grace();
     if unrenewed_for >= duration {
         Liveness::Lost
     } else {
@@ -250,15 +252,30 @@ mod tests {
     }
 
     #[test]
-    fn an_allocation_is_lost_when_its_lease_goes_unrenewed_for_its_duration() {
+    fn an_allocation_is_lost_when_its_lease_goes_unrenewed_for_its_duration_and_the_guard_s_grace()
+    {
         let a = running_alloc();
         let l = runner_lease(30);
+        // 30 s, then the guard's 10 s (a third, at most 10 s).
         assert_eq!(
             liveness(&a, Some(&l), Duration::from_secs(10)),
-            Liveness::Live(Duration::from_secs(20))
+            Liveness::Live(Duration::from_secs(30))
         );
+        assert!(matches!(
+            liveness(&a, Some(&l), Duration::from_secs(39)),
+            Liveness::Live(_)
+        ));
         assert_eq!(
-            liveness(&a, Some(&l), Duration::from_secs(30)),
+            liveness(&a, Some(&l), Duration::from_secs(40)),
+            Liveness::Lost
+        );
+        let short = runner_lease(3);
+        assert!(matches!(
+            liveness(&a, Some(&short), Duration::from_millis(3_900)),
+            Liveness::Live(_)
+        ));
+        assert_eq!(
+            liveness(&a, Some(&short), Duration::from_secs(4)),
             Liveness::Lost
         );
         // Without a lease nothing judges it.
