@@ -129,26 +129,17 @@ fn keys(v: &Value, pointer: &str) -> String {
 
 /// Each condition of the provisioner's and the controller's sections, `Type=bool(reason)`.
 fn conditions(v: &Value) -> String {
-    let mut out = Vec::new();
-    for section in [
-        "/status/provisioning/conditions",
-        "/status/claims/conditions",
-    ] {
-        for c in v
-            .pointer(section)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            out.push(format!(
+    super::table::volume_conditions(v)
+        .map(|c| {
+            format!(
                 "{}={}({})",
                 text(c, "/type"),
                 text(c, "/status"),
                 text(c, "/reason")
-            ));
-        }
-    }
-    out.join(" ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// GetCapacity's answers: `available (max N)` for the whole plugin, then per segment

@@ -95,27 +95,33 @@ fn node_plugins(v: &Value) -> String {
         .join(",")
 }
 
+/// A volume's conditions: the provisioner's section's, then the controller's.
+pub fn volume_conditions(v: &Value) -> impl Iterator<Item = &Value> {
+    [
+        "/status/provisioning/conditions",
+        "/status/claims/conditions",
+    ]
+    .into_iter()
+    .flat_map(|section| {
+        v.pointer(section)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+    })
+}
+
 /// A volume's health as its plugins report it (the `Healthy` condition, from the
 /// controller plugin, and `HealthyOnNodes`, from the node plugins): `healthy`,
 /// `unhealthy: MESSAGE`, or `-` where no plugin reports health.
 pub fn volume_health(v: &Value) -> String {
     let mut known = false;
     let mut bad = Vec::new();
-    for section in [
-        "/status/provisioning/conditions",
-        "/status/claims/conditions",
-    ] {
-        for c in v
-            .pointer(section)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter(|c| matches!(text(c, "/type").as_str(), "Healthy" | "HealthyOnNodes"))
-        {
-            known = true;
-            if c.get("status").and_then(Value::as_bool) == Some(false) {
-                bad.push(text(c, "/message"));
-            }
+    for c in volume_conditions(v)
+        .filter(|c| matches!(text(c, "/type").as_str(), "Healthy" | "HealthyOnNodes"))
+    {
+        known = true;
+        if c.get("status").and_then(Value::as_bool) == Some(false) {
+            bad.push(text(c, "/message"));
         }
     }
     match (known, bad.is_empty()) {

@@ -82,14 +82,7 @@ impl Spec for VolumeGroupSnapshotSpec {
             errors.push("secrets", e);
         }
         if let Some(id) = &self.group_snapshot_id {
-            if id.is_empty() || id.len() > MAX_SNAPSHOT_ID_BYTES {
-                errors.push(
-                    "group_snapshot_id",
-                    format!("must be 1 to {MAX_SNAPSHOT_ID_BYTES} bytes"),
-                );
-            } else if id.chars().any(char::is_control) {
-                errors.push("group_snapshot_id", "must not contain control characters");
-            }
+            super::snapshot::check_plugin_snapshot_id(errors, "group_snapshot_id", id);
         }
     }
 }

@@ -40,6 +40,16 @@ pub struct SnapshotSpec {
 /// its ids).
 pub const MAX_SNAPSHOT_ID_BYTES: usize = 128;
 
+/// Checks a plugin's id of a snapshot (or of a group snapshot) an operator names for an
+/// import: 1 to [`MAX_SNAPSHOT_ID_BYTES`] bytes, no control characters.
+pub(super) fn check_plugin_snapshot_id(errors: &mut ValidationErrors, field: &str, id: &str) {
+    if id.is_empty() || id.len() > MAX_SNAPSHOT_ID_BYTES {
+        errors.push(field, format!("must be 1 to {MAX_SNAPSHOT_ID_BYTES} bytes"));
+    } else if id.chars().any(char::is_control) {
+        errors.push(field, "must not contain control characters");
+    }
+}
+
 impl Spec for SnapshotSpec {
     const KIND: &'static str = "Snapshot";
     const DIR: &'static str = "snapshots";
@@ -70,14 +80,7 @@ impl Spec for SnapshotSpec {
             errors.push("secrets", e);
         }
         if let Some(id) = &self.snapshot_id {
-            if id.is_empty() || id.len() > MAX_SNAPSHOT_ID_BYTES {
-                errors.push(
-                    "snapshot_id",
-                    format!("must be 1 to {MAX_SNAPSHOT_ID_BYTES} bytes"),
-                );
-            } else if id.chars().any(char::is_control) {
-                errors.push("snapshot_id", "must not contain control characters");
-            }
+            check_plugin_snapshot_id(errors, "snapshot_id", id);
         }
     }
 }

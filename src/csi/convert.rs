@@ -88,47 +88,44 @@ pub fn plugin_capability_names(resp: &v1::GetPluginCapabilitiesResponse) -> Vec<
         .collect()
 }
 
-/// The names of controller capabilities (`PUBLISH_UNPUBLISH_VOLUME`, ...).
-pub fn controller_capability_names(resp: &v1::ControllerGetCapabilitiesResponse) -> Vec<String> {
-    use v1::controller_service_capability::{rpc, Type};
-    resp.capabilities
-        .iter()
-        .filter_map(|c| match &c.r#type {
-            Some(Type::Rpc(r)) => rpc::Type::try_from(r.r#type)
-                .ok()
-                .map(|t| t.as_str_name().to_string()),
-            None => None,
-        })
-        .collect()
+/// The names of a service's RPC capabilities, one function per service: every
+/// capability message is `oneof type { RPC rpc = 1; }` with an enum `RPC.Type`.
+macro_rules! rpc_capability_names {
+    ($($(#[$doc:meta])* $name:ident($resp:ty, $module:ident);)*) => {$(
+        $(#[$doc])*
+        pub fn $name(resp: &$resp) -> Vec<String> {
+            use v1::$module::{rpc, Type};
+            resp.capabilities
+                .iter()
+                .filter_map(|c| match &c.r#type {
+                    Some(Type::Rpc(r)) => rpc::Type::try_from(r.r#type)
+                        .ok()
+                        .map(|t| t.as_str_name().to_string()),
+                    None => None,
+                })
+                .collect()
+        }
+    )*};
 }
 
-/// The names of group controller capabilities
-/// (`CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT`).
-pub fn group_capability_names(resp: &v1::GroupControllerGetCapabilitiesResponse) -> Vec<String> {
-    use v1::group_controller_service_capability::{rpc, Type};
-    resp.capabilities
-        .iter()
-        .filter_map(|c| match &c.r#type {
-            Some(Type::Rpc(r)) => rpc::Type::try_from(r.r#type)
-                .ok()
-                .map(|t| t.as_str_name().to_string()),
-            None => None,
-        })
-        .collect()
+rpc_capability_names! {
+    /// The names of controller capabilities (`PUBLISH_UNPUBLISH_VOLUME`, ...).
+    controller_capability_names(v1::ControllerGetCapabilitiesResponse, controller_service_capability);
+    /// The names of group controller capabilities
+    /// (`CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT`).
+    group_capability_names(v1::GroupControllerGetCapabilitiesResponse, group_controller_service_capability);
+    /// The names of node capabilities (`STAGE_UNSTAGE_VOLUME`, ...).
+    node_capability_names(v1::NodeGetCapabilitiesResponse, node_service_capability);
 }
 
-/// The names of node capabilities (`STAGE_UNSTAGE_VOLUME`, ...).
-pub fn node_capability_names(resp: &v1::NodeGetCapabilitiesResponse) -> Vec<String> {
-    use v1::node_service_capability::{rpc, Type};
-    resp.capabilities
-        .iter()
-        .filter_map(|c| match &c.r#type {
-            Some(Type::Rpc(r)) => rpc::Type::try_from(r.r#type)
-                .ok()
-                .map(|t| t.as_str_name().to_string()),
-            None => None,
-        })
-        .collect()
+/// A plugin's creation time (a snapshot's, a group's) as moor keeps it; none when
+/// absent or out of range.
+pub fn time_of(t: Option<&prost_types::Timestamp>) -> Option<crate::api::Timestamp> {
+    let t = t?;
+    let d = std::time::Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
+    std::time::UNIX_EPOCH
+        .checked_add(d)
+        .map(crate::api::Timestamp::from_system)
 }
 
 /// The most conditions moor keeps of one health answer, and the longest text of each.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use super::{convert, v1};
 use crate::api::{
-    Attachment, Claim, ClaimMode, ExternalVolumeId, SealedSecrets, Snapshot, Volume,
+    Attachment, Claim, ClaimMode, ExternalVolumeId, SealedSecrets, Secrets, Snapshot, Volume,
     VolumeGroupSnapshot,
 };
 
@@ -230,8 +230,16 @@ pub fn snapshot_secrets(
     snap: &Snapshot,
     volume: Option<&Volume>,
 ) -> Result<BTreeMap<String, String>, SealedSecrets> {
-    if !snap.spec.secrets.is_empty() {
-        return Ok(snap.spec.secrets.expose()?.clone());
+    own_or_volume_secrets(&snap.spec.secrets, volume)
+}
+
+/// `own` secrets when there are any, else `volume`'s (none without a volume).
+fn own_or_volume_secrets(
+    own: &Secrets,
+    volume: Option<&Volume>,
+) -> Result<BTreeMap<String, String>, SealedSecrets> {
+    if !own.is_empty() {
+        return Ok(own.expose()?.clone());
     }
     Ok(match volume {
         Some(v) => v.spec.secrets.expose()?.clone(),
@@ -297,13 +305,7 @@ pub fn group_secrets(
     group: &VolumeGroupSnapshot,
     first: Option<&Volume>,
 ) -> Result<BTreeMap<String, String>, SealedSecrets> {
-    if !group.spec.secrets.is_empty() {
-        return Ok(group.spec.secrets.expose()?.clone());
-    }
-    Ok(match first {
-        Some(v) => v.spec.secrets.expose()?.clone(),
-        None => BTreeMap::new(),
-    })
+    own_or_volume_secrets(&group.spec.secrets, first)
 }
 
 /// CreateVolumeGroupSnapshot of the plugin's volumes `sources`, named by the group's

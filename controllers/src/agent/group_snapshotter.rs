@@ -64,8 +64,9 @@ pub enum Step {
     Create(Vec<String>),
     /// GetVolumeGroupSnapshot of this group id (cut, not yet ready to use).
     Poll(String),
-    /// GetVolumeGroupSnapshot of this group id, made outside moor (imported).
-    Import(String),
+    /// GetVolumeGroupSnapshot of this group id, made outside moor (imported), whose
+    /// members must be of these external volume ids.
+    Import(String, Vec<String>),
     /// Make the member Snapshots.
     Members,
     /// DeleteVolumeGroupSnapshot.
@@ -148,7 +149,7 @@ pub fn next(
     if let Some(id) = &group.spec.group_snapshot_id {
         // The volumes' ids are what the members are matched against.
         return match sources {
-            Some(_) => Step::Import(id.clone()),
+            Some(s) => Step::Import(id.clone(), s),
             None => Step::WaitForVolumes,
         };
     }
@@ -209,15 +210,6 @@ fn members(
         ));
     }
     Ok(out)
-}
-
-fn timestamp(t: Option<&v1::VolumeGroupSnapshot>) -> Option<Timestamp> {
-    let t = t?.creation_time.as_ref();
-    let t = t?;
-    let d = Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
-    std::time::UNIX_EPOCH
-        .checked_add(d)
-        .map(Timestamp::from_system)
 }
 
 /// The group snapshotter of one plugin.
@@ -336,8 +328,11 @@ impl GroupSnapshotter {
                 Ok(Action::AwaitChange)
             }
             Step::Create(sources) => self.create(&group, first, sources).await,
-            Step::Poll(id) => self.get(&group, first, id, false).await,
-            Step::Import(id) => self.get(&group, first, id, true).await,
+            Step::Poll(id) => {
+                let sources = group.status.source_volume_ids.clone();
+                self.get(&group, first, id, sources).await
+            }
+            Step::Import(id, sources) => self.get(&group, first, id, sources).await,
             Step::Members => self.members(&group).await,
             Step::Delete => self.delete(&group, first).await,
         }
@@ -384,13 +379,13 @@ impl GroupSnapshotter {
     }
 
     /// GetVolumeGroupSnapshot: of a group cut but not ready yet, or of one made
-    /// outside moor (`import`).
+    /// outside moor; its members must be of `sources`.
     async fn get(
         &self,
         group: &VolumeGroupSnapshot,
         first: Option<&Volume>,
         id: String,
-        import: bool,
+        sources: Vec<String>,
     ) -> Result<Action, GroupError> {
         const STEP: &str = "GetVolumeGroupSnapshot";
         let key = group.key();
@@ -401,22 +396,6 @@ impl GroupSnapshotter {
             .iter()
             .map(|m| m.snapshot_id.clone())
             .collect();
-        let sources: Vec<String> = if import {
-            group
-                .spec
-                .volumes
-                .iter()
-                .filter_map(|v| {
-                    self.volumes
-                        .reader()
-                        .get(&Volume::key_for(&group.metadata.namespace, v))
-                        .and_then(|v| v.status.provisioning.external_id.clone())
-                        .map(|e| e.to_string())
-                })
-                .collect()
-        } else {
-            group.status.source_volume_ids.clone()
-        };
         let req = requests::get_group_snapshot(group, first, &id, known)?;
         let csi = self.ctx.csi()?;
         let answer = step
@@ -425,15 +404,6 @@ impl GroupSnapshotter {
                 answered(STEP, r.group_snapshot)
             })
             .await;
-        if import && answer.is_ok() && group.status.plugin_id.is_none() {
-            let plugin = self.ctx.plugin.id.clone();
-            let src = sources.clone();
-            self.write_status(group, |st| {
-                st.plugin_id = Some(plugin.clone());
-                st.source_volume_ids = src.clone();
-            })
-            .await?;
-        }
         self.record(group, STEP, &sources, answer).await
     }
 
@@ -461,8 +431,15 @@ impl GroupSnapshotter {
         let ready = cut.ready_to_use;
         let generation = group.metadata.generation;
         let matched = members(group, sources, &cut);
-        let created = timestamp(Some(&cut));
+        let created = moor::csi::convert::time_of(cut.creation_time.as_ref());
+        let plugin = &self.ctx.plugin.id;
         self.write_status(group, |st| {
+            // The plugin that holds it and what it was taken of: recorded before a
+            // CreateVolumeGroupSnapshot, learned here for an import.
+            st.plugin_id.get_or_insert_with(|| plugin.clone());
+            if st.source_volume_ids.is_empty() {
+                st.source_volume_ids = sources.to_vec();
+            }
             st.group_snapshot_id = Some(cut.group_snapshot_id.clone());
             st.creation_time = created;
             st.meta.observed_generation = generation;

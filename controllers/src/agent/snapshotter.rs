@@ -381,12 +381,7 @@ impl Snapshotter {
                 st.source_volume_id = Some(cut.source_volume_id.clone());
             }
             st.size_bytes = (cut.size_bytes > 0).then_some(cut.size_bytes as u64);
-            st.creation_time = cut.creation_time.as_ref().and_then(|t| {
-                let d = Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
-                std::time::UNIX_EPOCH
-                    .checked_add(d)
-                    .map(Timestamp::from_system)
-            });
+            st.creation_time = moor::csi::convert::time_of(cut.creation_time.as_ref());
             st.ready_to_use = ready;
             st.meta.clear_failure();
             st.meta.observed_generation = generation;
