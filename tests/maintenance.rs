@@ -265,3 +265,286 @@ async fn a_dead_node_s_plugin_is_not_deregistered_while_it_has_volumes_to_unpubl
     let (ok, out) = c.moorctl(&["plugin", "deregister", cluster::PLUGIN, "--node", "n2"]);
     assert!(ok, "{out}");
 }
+
+/// Issue 54, part 5: the Snapshots schedule `name` made, not being deleted, oldest
+/// slot first.
+async fn scheduled(c: &Cluster, name: &str) -> Vec<Snapshot> {
+    let mut snaps: Vec<Snapshot> = c
+        .store
+        .list::<SnapshotSpec>(&KeyScope::all())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|s| {
+            !s.is_deleting()
+                && s.metadata.labels.get(SCHEDULE_LABEL).map(String::as_str) == Some(name)
+        })
+        .collect();
+    snaps.sort_by(|a, b| {
+        a.metadata
+            .labels
+            .get(SLOT_LABEL)
+            .cmp(&b.metadata.labels.get(SLOT_LABEL))
+    });
+    snaps
+}
+
+/// Volume `name`, labelled `tier: TIER` when given, created and ready.
+async fn labelled_volume(c: &Cluster, name: &str, tier: Option<&str>) {
+    let mut v = c.volume(name, AccessMode::SingleNodeWriter);
+    if let Some(t) = tier {
+        *v.metadata.labels = [("tier".to_string(), t.to_string())].into();
+    }
+    c.apply(v).await;
+    c.volume_ready(name).await;
+}
+
+fn schedule_yaml(name: &str, cadence: &str, retention: &str) -> String {
+    format!(
+        "apiVersion: moor/v1\nkind: SnapshotSchedule\nmetadata: {{name: {name}}}\nspec:\n  \
+         selector: {{tier: gold}}\n  {cadence}\n  retention: {{{retention}}}\n"
+    )
+}
+
+fn apply_yaml(c: &Cluster, name: &str, yaml: &str) {
+    let path = c.dir.path().join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    let (ok, out) = c.moorctl(&["apply", "-f", path.to_str().unwrap()]);
+    assert!(ok, "{out}");
+}
+
+async fn schedule(c: &Cluster, name: &str) -> SnapshotSchedule {
+    c.store
+        .get(&SnapshotSchedule::key_for(&Namespace::default_ns(), name))
+        .await
+        .unwrap()
+}
+
+/// The names the plugin was asked to cut (CreateSnapshot's name: a Snapshot's uid).
+fn cut_names(c: &Cluster) -> std::collections::BTreeSet<String> {
+    c.node("n1")
+        .calls()
+        .into_iter()
+        .filter(|k| k.rpc == "CreateSnapshot")
+        .filter_map(|k| k.name)
+        .collect()
+}
+
+/// A schedule cuts the volumes its selector picks on its interval, names and labels
+/// each cut by slot, prunes by count (DeleteSnapshot through the snapshotter) and by
+/// age, cuts nothing while paused (the slots pass in its status), and shows in `get`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_cuts_on_its_interval_and_prunes_by_count_and_by_age() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    labelled_volume(&c, "v1", Some("gold")).await;
+    labelled_volume(&c, "v2", Some("gold")).await;
+    labelled_volume(&c, "v3", None).await;
+
+    // By count: every 2 s, keep 2.
+    apply_yaml(
+        &c,
+        "count",
+        &schedule_yaml("count", "interval: 2s", "keep: 2"),
+    );
+    c.wait("4 slots of count cut and pruned to 2 each", T, || async {
+        let s = schedule(&c, "count").await;
+        let snaps = scheduled(&c, "count").await;
+        let per = |v: &str| snaps.iter().filter(|s| s.spec.volume.as_str() == v).count();
+        c.node("n1").count("DeleteSnapshot", "OK") >= 4
+            && s.status.last_cut_volumes == 2
+            && per("v1") <= 3
+            && per("v2") <= 3
+    })
+    .await;
+    let snaps = scheduled(&c, "count").await;
+    assert!(
+        snaps.iter().all(|s| s.spec.volume.as_str() != "v3"),
+        "v3 is not selected"
+    );
+    for s in &snaps {
+        let slot = s.metadata.labels.get(SLOT_LABEL).unwrap();
+        assert_eq!(
+            s.metadata.name.as_str(),
+            format!("count-{}-{}", s.spec.volume, slot.to_ascii_lowercase()),
+        );
+    }
+    // Never more than `keep` ready ones of a volume once pruning ran.
+    c.wait("count keeps at most 2 ready snapshots of v1", T, || async {
+        scheduled(&c, "count")
+            .await
+            .iter()
+            .filter(|s| s.spec.volume.as_str() == "v1" && s.status.phase == SnapshotPhase::Ready)
+            .count()
+            == 2
+    })
+    .await;
+    let (ok, out) = c.moorctl(&["get", "snapshotschedules"]);
+    assert!(
+        ok && out.contains("every 2s") && out.contains("tier=gold"),
+        "{out}"
+    );
+
+    // Paused: the slots pass in the status, nothing is cut.
+    let paused = schedule_yaml("count", "interval: 2s", "keep: 2") + "  paused: true\n";
+    apply_yaml(&c, "count", &paused);
+    c.wait("count paused", T, || async {
+        schedule(&c, "count").await.spec.paused
+    })
+    .await;
+    // A cut already asked for may still reach the plugin: wait until every Snapshot
+    // is cut before counting.
+    c.wait("every scheduled snapshot cut", T, || async {
+        scheduled(&c, "count")
+            .await
+            .iter()
+            .all(|s| s.status.phase == SnapshotPhase::Ready)
+    })
+    .await;
+    let before = c.node("n1").tried("CreateSnapshot");
+    let from = schedule(&c, "count").await.status.last_slot.unwrap();
+    c.wait("two slots passed while paused", T, || async {
+        schedule(&c, "count")
+            .await
+            .status
+            .last_slot
+            .is_some_and(|l| l.system() >= from.system() + Duration::from_secs(4))
+    })
+    .await;
+    assert_eq!(
+        c.node("n1").tried("CreateSnapshot"),
+        before,
+        "nothing cut while paused"
+    );
+    assert_eq!(schedule(&c, "count").await.status.missed_slots, 0);
+
+    // By age: every second, keep any number younger than 3 s.
+    apply_yaml(
+        &c,
+        "age",
+        &schedule_yaml("age", "interval: 1s", "keep: 100, max_age: 3s"),
+    );
+    c.wait("age's first cuts ready", T, || async {
+        scheduled(&c, "age")
+            .await
+            .iter()
+            .filter(|s| s.status.phase == SnapshotPhase::Ready)
+            .count()
+            >= 2
+    })
+    .await;
+    let first = scheduled(&c, "age").await[0].metadata.name.clone();
+    c.wait("age's first cut pruned for its age", T, || async {
+        c.store
+            .try_get(&Snapshot::key_for(&Namespace::default_ns(), &first))
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    // What is left is young: nothing ready is older than 3 s and a margin for the
+    // tick, the delete and the plugin's call.
+    let oldest_kept = slot_label(std::time::SystemTime::now() - Duration::from_secs(8));
+    for s in scheduled(&c, "age").await {
+        let slot = s.metadata.labels.get(SLOT_LABEL).unwrap();
+        assert!(
+            slot.as_str() >= oldest_kept.as_str(),
+            "{slot} kept past its age"
+        );
+    }
+    c.check_calls(false);
+}
+
+/// After the controller was down across at least three slots, the schedule cuts one
+/// catch-up snapshot for the latest slot (none for the missed ones: counted in the
+/// plugin's log), reports the missed slots in its status and a Warning, and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_controller_outage_a_schedule_cuts_one_catch_up_snapshot() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = Cluster::start(1, 1, PluginOpts::default()).await;
+    labelled_volume(&c, "v1", Some("gold")).await;
+    apply_yaml(&c, "s", &schedule_yaml("s", "interval: 2s", "keep: 100"));
+    c.wait("a first cut ready", T, || async {
+        scheduled(&c, "s")
+            .await
+            .iter()
+            .any(|s| s.status.phase == SnapshotPhase::Ready)
+    })
+    .await;
+
+    c.controllers[0].stop();
+    let last = schedule(&c, "s").await.status.last_slot.unwrap().system();
+    let before: Vec<Name> = scheduled(&c, "s")
+        .await
+        .into_iter()
+        .map(|s| s.metadata.name)
+        .collect();
+    // Down until four more slots have passed: three are missed, the fourth is cut.
+    let back = last + Duration::from_secs(8);
+    if let Ok(wait) = back.duration_since(std::time::SystemTime::now()) {
+        tokio::time::sleep(wait).await;
+    }
+    c.controllers[0].restart();
+
+    c.wait("the missed slots reported", T, || async {
+        schedule(&c, "s").await.status.missed_slots >= 3
+    })
+    .await;
+    let st = schedule(&c, "s").await.status;
+    assert!(st.last_missed.is_some());
+    let catch_up = st.last_slot.unwrap().system();
+    let missed = (catch_up.duration_since(last).unwrap().as_secs() / 2) - 1;
+    assert_eq!(
+        st.missed_slots, missed,
+        "every slot between {last:?} and {catch_up:?}"
+    );
+    c.wait("the catch-up snapshot ready", T, || async {
+        scheduled(&c, "s")
+            .await
+            .iter()
+            .filter(|s| !before.contains(&s.metadata.name))
+            .any(|s| s.status.phase == SnapshotPhase::Ready)
+    })
+    .await;
+    // Exactly one new Snapshot for the slots up to the catch-up, at its slot.
+    let (after_last, catch_label) = (slot_label(last), slot_label(catch_up));
+    let snaps = scheduled(&c, "s").await;
+    let between: Vec<&Snapshot> = snaps
+        .iter()
+        .filter(|s| {
+            let slot = s.metadata.labels.get(SLOT_LABEL).unwrap();
+            slot.as_str() > after_last.as_str() && slot.as_str() <= catch_label.as_str()
+        })
+        .collect();
+    assert_eq!(between.len(), 1, "{between:?}");
+    assert_eq!(
+        between[0].metadata.labels.get(SLOT_LABEL),
+        Some(&catch_label)
+    );
+    // The plugin was asked for no snapshot moor does not hold: every CreateSnapshot
+    // name is the uid of a scheduled Snapshot (pruning is off here).
+    let uids: std::collections::BTreeSet<String> =
+        snaps.iter().map(|s| s.metadata.uid.to_string()).collect();
+    for name in cut_names(&c) {
+        assert!(
+            uids.contains(&name),
+            "CreateSnapshot {name} is no Snapshot's"
+        );
+    }
+    c.wait("the Missed slots Warning", T, || async {
+        let (_, out) = c.moorctl(&["events", "--for", "snapshotschedule/s"]);
+        out.contains("Missed slots")
+    })
+    .await;
+    // And it goes on at its interval.
+    c.wait("the next slot cut", T, || async {
+        schedule(&c, "s")
+            .await
+            .status
+            .last_slot
+            .is_some_and(|l| l.system() > catch_up)
+    })
+    .await;
+    c.check_calls(false);
+}

@@ -153,9 +153,11 @@ async fn check(ctx: &Ctx, obj: &AnyObject, plaintext_ok: bool) -> anyhow::Result
                 }
             )))
         }
-        AnyObject::Allocation(_) | AnyObject::Snapshot(_) => Ok(None),
+        AnyObject::Allocation(_) | AnyObject::Snapshot(_) | AnyObject::SnapshotSchedule(_) => {
+            Ok(None)
+        }
         other => Err(Refused(format!(
-            "{}: {} objects are written by moor itself; apply Volumes, Allocations and Snapshots",
+            "{}: {} objects are written by moor itself; apply Volumes, Allocations, Snapshots and SnapshotSchedules",
             other.key(),
             other.kind().dir()
         ))
@@ -169,6 +171,7 @@ async fn apply_any(ctx: &Ctx, obj: AnyObject) -> anyhow::Result<String> {
         AnyObject::Volume(o) => apply_one(ctx, *o).await,
         AnyObject::Allocation(o) => apply_one(ctx, *o).await,
         AnyObject::Snapshot(o) => apply_one(ctx, *o).await,
+        AnyObject::SnapshotSchedule(o) => apply_one(ctx, *o).await,
         other => Err(Refused(format!("{}: not applied", other.key())).into()),
     }
 }

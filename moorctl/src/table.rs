@@ -330,6 +330,48 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             col("READY", |v| yes_no(v, "/status/ready_to_use")),
             col("PHASE", |v| text(v, "/status/phase")),
         ],
+        Kind::SnapshotSchedule => vec![
+            col("NAME", name),
+            col("SCHEDULE", |v| {
+                let every = text(v, "/spec/interval");
+                if every.is_empty() {
+                    format!("cron {}", text(v, "/spec/cron"))
+                } else {
+                    format!("every {every}")
+                }
+            }),
+            col("SELECTOR", |v| {
+                v.pointer("/spec/selector")
+                    .and_then(Value::as_object)
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_default()
+            }),
+            col("KEEP", |v| {
+                let (n, age) = (
+                    text(v, "/spec/retention/keep"),
+                    text(v, "/spec/retention/max_age"),
+                );
+                match (n.is_empty(), age.is_empty()) {
+                    (false, false) => format!("{n}, {age}"),
+                    (false, true) => n,
+                    _ => age,
+                }
+            }),
+            col("LAST SLOT", |v| text(v, "/status/last_slot")),
+            col("MISSED", |v| {
+                match text(v, "/status/missed_slots").as_str() {
+                    "" => "0".into(),
+                    n => n.to_string(),
+                }
+            }),
+            col("PAUSED", |v| yes_no(v, "/spec/paused")),
+            col("AGE", age),
+        ],
         Kind::Event => vec![
             col("AGE", event_age),
             col("TYPE", |v| text(v, "/spec/type")),
@@ -372,6 +414,48 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                         _ => "unknown".into(),
                     }
                 }),
+            ],
+            Kind::SnapshotSchedule => vec![
+                col("NAME", name),
+                col("SCHEDULE", |v| {
+                    let every = text(v, "/spec/interval");
+                    if every.is_empty() {
+                        format!("cron {}", text(v, "/spec/cron"))
+                    } else {
+                        format!("every {every}")
+                    }
+                }),
+                col("SELECTOR", |v| {
+                    v.pointer("/spec/selector")
+                        .and_then(Value::as_object)
+                        .map(|m| {
+                            m.iter()
+                                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .unwrap_or_default()
+                }),
+                col("KEEP", |v| {
+                    let (n, age) = (
+                        text(v, "/spec/retention/keep"),
+                        text(v, "/spec/retention/max_age"),
+                    );
+                    match (n.is_empty(), age.is_empty()) {
+                        (false, false) => format!("{n}, {age}"),
+                        (false, true) => n,
+                        _ => age,
+                    }
+                }),
+                col("LAST SLOT", |v| text(v, "/status/last_slot")),
+                col("MISSED", |v| {
+                    match text(v, "/status/missed_slots").as_str() {
+                        "" => "0".into(),
+                        n => n.to_string(),
+                    }
+                }),
+                col("PAUSED", |v| yes_no(v, "/spec/paused")),
+                col("AGE", age),
             ],
             Kind::Event => vec![col("SOURCE", |v| text(v, "/spec/source"))],
             Kind::Snapshot => vec![col("GROUP", |v| text(v, "/spec/group"))],

@@ -58,6 +58,7 @@ macro_rules! for_each_kind {
             Event(EventSpec),
             Snapshot(SnapshotSpec),
             VolumeGroupSnapshot(VolumeGroupSnapshotSpec),
+            SnapshotSchedule(SnapshotScheduleSpec),
             Lease(LeaseSpec),
         }
     };
@@ -233,7 +234,7 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 12);
+        assert_eq!(Kind::ALL.len(), 13);
     }
 
     #[test]

@@ -565,6 +565,31 @@ spec:
                 "kind: Snapshot\nmetadata: {name: s}\nspec: {volume: a, group: g}\n".to_string(),
                 "spec.group",
             ),
+            // Issue 54, part 5: snapshot schedules.
+            (
+                "kind: SnapshotSchedule\nmetadata: {name: s}\nspec: {interval: \"1h\\e[31m\", retention: {keep: 1}}\n".to_string(),
+                "spec.interval",
+            ),
+            (
+                "kind: SnapshotSchedule\nmetadata: {name: s}\nspec: {cron: \"99 * * * *\", retention: {keep: 1}}\n".to_string(),
+                "spec.cron",
+            ),
+            (
+                "kind: SnapshotSchedule\nmetadata: {name: s}\nspec: {interval: 1h, retention: {keep: -1}}\n".to_string(),
+                "spec.retention.keep",
+            ),
+            (
+                "kind: SnapshotSchedule\nmetadata: {name: s}\nspec: {interval: 1h, retention: {keep: 1}, selector: {\"a b\": c}}\n".to_string(),
+                "spec.selector",
+            ),
+            (
+                format!("kind: SnapshotSchedule\nmetadata: {{name: {}}}\nspec: {{interval: 1h, retention: {{keep: 1}}}}\n", "s".repeat(64)),
+                "at most 63",
+            ),
+            (
+                "kind: SnapshotSchedule\nmetadata: {name: s}\nspec: {interval: 1h, retention: {keep: 1}, paused: maybe}\n".to_string(),
+                "spec.paused",
+            ),
             // The same object twice in one text.
             (
                 format!("{}---\n{}", volume_with(""), volume_with("")),
@@ -593,6 +618,7 @@ spec:
             volume_with("  availability: pause\n"),
             "kind: Cordon\nmetadata: {name: n1}\nspec: {reason: disk swap, drain: true}\n".to_string(),
             "kind: VolumeGroupSnapshot\nmetadata: {name: g}\nspec: {volumes: [a, b]}\n".to_string(),
+            "kind: SnapshotSchedule\nmetadata: {name: nightly}\nspec: {cron: \"0 2 * * *\", selector: {tier: gold}, retention: {keep: 7, max_age: 30d}, parameters: {kind: full}}\n".to_string(),
         ] {
             assert_eq!(errors_of(&text), "", "refused: {text:?}");
         }

@@ -11,6 +11,8 @@
 //!   `snapshot`, `volume`: one file per kind: its spec, status, key layout and
 //!   validation.
 //! - `group_snapshot`: the VolumeGroupSnapshot kind (one cut of several volumes).
+//! - `schedule`: the SnapshotSchedule kind (snapshots on a cadence, pruned), its slots
+//!   and its retention rule.
 //! - `cordon`: the Cordon kind (a node that takes no new claim) and a volume's
 //!   availability.
 //! - `kinds`: the registry of kinds (`for_each_kind!`, `Kind`, `with_spec!`).
@@ -50,6 +52,7 @@ mod node;
 mod plugin;
 mod quantity;
 mod rare;
+mod schedule;
 mod secrets;
 mod snapshot;
 mod status;
@@ -80,6 +83,7 @@ pub use node::*;
 pub use plugin::*;
 pub use quantity::*;
 pub use rare::*;
+pub use schedule::*;
 pub use secrets::*;
 pub use snapshot::*;
 pub use status::*;
@@ -160,6 +164,10 @@ pub trait Spec:
     } else {
         usize::MAX
     };
+
+    /// The longest name an object of the kind may have, below the id rule's 128 bytes
+    /// where the name is copied into a label value (63 bytes at most).
+    const MAX_NAME: usize = 128;
 
     /// Why a delete of an object with this spec is refused, from every front door
     /// ([`crate::store::Store::delete`] answers [`crate::store::StoreError::Protected`]);
@@ -416,6 +424,17 @@ impl<S: Spec> Object<S> {
             }
         }
         errors.check_id("metadata.name", self.metadata.name.validate());
+        if self.metadata.name.as_str().len() > S::MAX_NAME {
+            errors.push(
+                "metadata.name",
+                format!(
+                    "{} bytes; a {} name is at most {} (its objects carry it in a label)",
+                    self.metadata.name.as_str().len(),
+                    S::KIND,
+                    S::MAX_NAME
+                ),
+            );
+        }
         check_labels(&self.metadata.labels, &mut errors);
         // A W3C traceparent is 55 characters; its form is checked where it is read.
         if self.metadata.trace.as_ref().is_some_and(|t| t.len() > 128) {
@@ -459,9 +478,18 @@ pub const MAX_LABELS: usize = 64;
 /// (an optional DNS prefix and `/`, then a name) and a value of up to 63 bytes of
 /// `[A-Za-z0-9._-]`; at most [`MAX_LABELS`].
 fn check_labels(labels: &BTreeMap<String, String>, errors: &mut ValidationErrors) {
+    check_label_map("metadata.labels", labels, errors)
+}
+
+/// [`check_labels`]' rule for any map shaped as labels (a selector), at `field`.
+pub(crate) fn check_label_map(
+    field: &str,
+    labels: &BTreeMap<String, String>,
+    errors: &mut ValidationErrors,
+) {
     if labels.len() > MAX_LABELS {
         errors.push(
-            "metadata.labels",
+            field,
             format!("{} labels; at most {MAX_LABELS}", labels.len()),
         );
         return;
@@ -473,7 +501,7 @@ fn check_labels(labels: &BTreeMap<String, String>, errors: &mut ValidationErrors
     for (k, v) in labels {
         let field = || {
             let shown: String = k.chars().take(64).collect();
-            format!("metadata.labels.{}", printable(&shown))
+            format!("{field}.{}", printable(&shown))
         };
         if k.is_empty() || k.len() > 253 || !charset(k, &['/']) {
             errors.push(

@@ -194,6 +194,37 @@ pub fn storage_health(plugin: &str, conditions: Option<&[crate::api::HealthCondi
     }
 }
 
+/// The labels of a snapshot schedule's metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScheduleLabel {
+    /// The schedule's namespace.
+    pub namespace: String,
+    /// The schedule's name.
+    pub schedule: String,
+}
+
+/// When each snapshot schedule last found slots passed without a cut (its
+/// `status.last_missed`), as the leading controller exports it.
+static SCHEDULE_LAST_MISSED: LazyLock<Family<ScheduleLabel, Gauge>> =
+    LazyLock::new(Family::default);
+
+/// Exports when schedule `namespace/schedule` last missed a slot (Unix seconds);
+/// `None` removes its series (never missed, or gone).
+pub fn schedule_last_missed(namespace: &str, schedule: &str, at: Option<i64>) {
+    let label = ScheduleLabel {
+        namespace: namespace.to_string(),
+        schedule: schedule.to_string(),
+    };
+    match at {
+        Some(secs) => {
+            SCHEDULE_LAST_MISSED.get_or_create(&label).set(secs);
+        }
+        None => {
+            SCHEDULE_LAST_MISSED.remove(&label);
+        }
+    }
+}
+
 /// The label of etcd's alarms.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AlarmLabel {
@@ -465,6 +496,11 @@ impl Metrics {
             "moor_storage_unhealthy",
             "Adverse conditions of a plugin's storage as this node sees it (NodeGetStorageHealth), by status",
             STORAGE_HEALTH.clone(),
+        );
+        registry.register(
+            "moor_snapshot_schedule_last_missed_timestamp_seconds",
+            "When a snapshot schedule last found slots passed without a cut (the controller down or not leading; one catch-up snapshot was cut), from its status",
+            SCHEDULE_LAST_MISSED.clone(),
         );
         m
     }

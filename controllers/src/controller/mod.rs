@@ -21,6 +21,7 @@
 //!   nodes.
 //! - [`plugins`]: one Plugin per plugin id, aggregated from the Nodes.
 //! - [`nodes`]: a Node its agent stopped renewing is removed.
+//! - [`schedules`]: snapshot schedules' cuts, missed slots and retention.
 //! - [`reseal`]: secrets in plain text or under an old key, rewritten sealed.
 //! - [`gauges`]: the cluster's claims and plugins as metrics.
 //! - [`plan`]: the reconcilers' decisions as pure functions.
@@ -34,6 +35,7 @@ pub mod nodes;
 pub mod plan;
 pub mod plugins;
 pub mod reseal;
+pub mod schedules;
 pub mod volumes;
 
 use moor::api::*;
@@ -191,6 +193,9 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     let plugins = Informer::<Plugin>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let leases = Informer::<Lease>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let cordons = Informer::<Cordon>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let schedules =
+        Informer::<SnapshotSchedule>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let snapshots = Informer::<Snapshot>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let ctx = Ctx {
         writer: Writer::new(fenced)
             .tracking(&claims.reader())
@@ -263,6 +268,14 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         nodes::run(ctx.clone(), stop.clone()),
         reseal::run(ctx.writer.clone(), volumes.clone(), stop.clone()),
         reseal::run(ctx.writer.clone(), claims.clone(), stop.clone()),
+        schedules::run(
+            ctx.writer.clone(),
+            ctx.recorder.clone(),
+            schedules,
+            snapshots,
+            volumes.reader(),
+            stop.clone()
+        ),
         claims::run(
             ctx.clone(),
             &informers,
