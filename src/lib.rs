@@ -62,6 +62,15 @@ macro_rules! long_version {
 /// This build's version (the workspace's: every moor crate has the same).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// What this build's controller knows that an older one of the same version number
+/// may not, written in its election record (`LeaderRecord::features`): a client
+/// writes a field an older controller would refuse only where the leader lists it.
+pub const FEATURES: &[&str] = &[FEATURE_TEMPLATE_CLASS];
+
+/// A template may name a VolumeClass, or leave the plugin to the default class (an
+/// older controller refuses the field, so the allocation would never start).
+pub const FEATURE_TEMPLATE_CLASS: &str = "template-class";
+
 /// The `major.minor` of a version string (`0.2.0`, `0.2.0-rc.1`): while 0.x, a minor
 /// version is a release whose stored objects or flags users may have to act on.
 pub fn minor_of(version: &str) -> Option<(u64, u64)> {

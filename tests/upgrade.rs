@@ -362,6 +362,27 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
     assert_eq!(stopped["spec"]["from_a_later_version"], 7, "{stopped}");
     c.wait_claim("a0", "n2", ClaimPhase::Released, T).await;
 
+    // A template naming a volume class (a field the old controller refuses), written
+    // by the new moorctl while the old controller leads: refused, nothing written.
+    let class_tpl = c.dir.path().join("t1.yaml");
+    std::fs::write(
+        &class_tpl,
+        "kind: Allocation\nmetadata: {name: t1}\nspec:\n  node: n1\n  volumes:\n    \
+         - name: data\n      template: {class: std, capacity_min: 1MiB}\n",
+    )
+    .unwrap();
+    let apply_t1 = ["apply", "-f", class_tpl.to_str().unwrap()];
+    let (ok, out) = c.moorctl_as(&new_moorctl, &apply_t1);
+    assert!(!ok && out.contains("upgrade the controller first"), "{out}");
+    assert!(
+        c.store
+            .try_get(&Allocation::key_for(&Namespace::default_ns(), "t1"))
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing written"
+    );
+
     let mut live = external_ids(&c, &["v1", "v2", "v3"]).await;
     let mut stage_claims = Vec::new();
     // Each stage: one process replaced, then a new claim published beside the live
@@ -390,6 +411,21 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
     assert!(ok && version.contains("controller"), "{version}");
     let run2 = alloc_run(&c, &new_moorctl, "w2", "n2", "v7");
     c.wait_claim("w2", "n2", ClaimPhase::Published, T).await;
+    // With the new controller leading, the template's class is taken.
+    let class = c.dir.path().join("std.yaml");
+    std::fs::write(
+        &class,
+        format!(
+            "kind: VolumeClass\nmetadata: {{name: std}}\nspec: {{plugin_id: {}}}\n",
+            cluster::PLUGIN
+        ),
+    )
+    .unwrap();
+    moorctl(&c, &new_moorctl, &["apply", "-f", class.to_str().unwrap()]);
+    moorctl(&c, &new_moorctl, &apply_t1);
+    c.wait_claim("t1", "n1", ClaimPhase::Published, T).await;
+    moorctl(&c, &new_moorctl, &["alloc", "stop", "t1"]);
+    c.wait_claim("t1", "n1", ClaimPhase::Released, T).await;
     live.extend(external_ids(&c, &["v7"]).await);
     let torn = teardowns(&c, &live);
     assert!(torn.is_empty(), "after upgrading moorctl: {torn:?}");

@@ -1081,3 +1081,176 @@ async fn callers_beyond_a_holds_labels_get_allocations_of_their_own() {
         .await;
     c.check_calls(true);
 }
+
+/// Writes `yaml` to a file and runs `moorctl apply` on it: (success, output).
+fn apply_text(c: &Cluster, name: &str, yaml: &str) -> (bool, String) {
+    let path = c.dir.path().join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    c.moorctl(&["apply", "-f", path.to_str().unwrap()])
+}
+
+async fn stored_volume(c: &Cluster, name: &str) -> Volume {
+    c.store
+        .get(&Volume::key_for(&Namespace::default_ns(), name))
+        .await
+        .unwrap()
+}
+
+/// Issue 54, part 3: one class used by a volume (`moorctl apply`), a template and the
+/// engine endpoint (`-o class=`); a volume contradicting its class is refused by name;
+/// the default class fills a volume that names neither a class nor a plugin and
+/// forbids its expansion; re-applying a class-made volume changes nothing; the class's
+/// `on_delete: retain` keeps the plugin's volume (no DeleteVolume) when the Volume is
+/// deleted; a second default class is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_fills_volumes_from_moorctl_a_template_and_the_endpoint() {
+    let c = start().await;
+    let classes = format!(
+        "kind: VolumeClass\nmetadata: {{name: fast}}\nspec:\n  plugin_id: {PLUGIN}\n  \
+         parameters: {{tier: fast}}\n  on_delete: retain\n  capabilities:\n    \
+         - {{access_mode: single-node-writer, attachment_mode: file-system}}\n---\n\
+         kind: VolumeClass\nmetadata: {{name: cheap}}\nspec:\n  plugin_id: {PLUGIN}\n  \
+         parameters: {{tier: cheap}}\n  allow_expansion: false\n  default: true\n  \
+         capabilities:\n    - {{access_mode: single-node-writer, attachment_mode: file-system}}\n"
+    );
+    let (ok_, out) = apply_text(&c, "classes", &classes);
+    assert!(ok_, "{out}");
+    let (ok_, out) = c.moorctl(&["get", "classes"]);
+    assert!(
+        ok_ && out.contains("cheap") && out.contains("retain"),
+        "{out}"
+    );
+    let (ok_, out) = apply_text(
+        &c,
+        "second-default",
+        &format!("kind: VolumeClass\nmetadata: {{name: other}}\nspec: {{plugin_id: {PLUGIN}, default: true}}\n"),
+    );
+    assert!(
+        !ok_ && out.contains("class cheap is already the default"),
+        "{out}"
+    );
+
+    // A volume naming the class: filled from it.
+    let v1 = "kind: Volume\nmetadata: {name: v1}\nspec: {class: fast, capacity_min: 1MiB, parameters: {zone: a}}\n";
+    let (ok_, out) = apply_text(&c, "v1", v1);
+    assert!(ok_, "{out}");
+    c.volume_ready("v1").await;
+    let v = stored_volume(&c, "v1").await;
+    assert_eq!(v.spec.plugin_id.as_str(), PLUGIN);
+    assert_eq!(
+        v.spec.parameters.get("tier").map(String::as_str),
+        Some("fast")
+    );
+    assert_eq!(v.spec.parameters.get("zone").map(String::as_str), Some("a"));
+    assert_eq!(v.spec.on_delete, Some(OnDelete::Retain));
+    // The same manifest again changes nothing.
+    let (ok_, out) = apply_text(&c, "v1", v1);
+    assert!(ok_ && out.contains("unchanged"), "{out}");
+    // A contradiction is refused by name, and nothing is written.
+    let (ok_, out) = apply_text(
+        &c,
+        "v2",
+        "kind: Volume\nmetadata: {name: v2}\nspec: {class: fast, capacity_min: 1MiB, parameters: {tier: slow}}\n",
+    );
+    assert!(
+        !ok_ && out.contains("spec.parameters.tier") && out.contains("class fast"),
+        "{out}"
+    );
+    assert!(!volumes(&c).await.contains(&"v2".to_string()));
+    // Neither class nor plugin: the default class; its rule forbids expansion.
+    let v3 = |size: &str| {
+        format!("kind: Volume\nmetadata: {{name: v3}}\nspec: {{capacity_min: {size}}}\n")
+    };
+    let (ok_, out) = apply_text(&c, "v3", &v3("1MiB"));
+    assert!(ok_, "{out}");
+    c.volume_ready("v3").await;
+    let v = stored_volume(&c, "v3").await;
+    assert_eq!(v.spec.class.as_ref().map(Name::as_str), Some("cheap"));
+    assert_eq!(
+        v.spec.parameters.get("tier").map(String::as_str),
+        Some("cheap")
+    );
+    let (ok_, out) = apply_text(&c, "v3", &v3("2MiB"));
+    assert!(!ok_ && out.contains("does not allow expansion"), "{out}");
+
+    // A template naming the class.
+    let alloc = "kind: Allocation\nmetadata: {name: a1}\nspec:\n  node: n1\n  volumes:\n    \
+                 - name: data\n      template: {class: fast, capacity_min: 1MiB}\n";
+    let (ok_, out) = apply_text(&c, "a1", alloc);
+    assert!(ok_, "{out}");
+    c.wait_claim("a1", "n1", ClaimPhase::Published, T).await;
+    let made = stored_volume(&c, "a1.data").await;
+    assert_eq!(made.spec.class.as_ref().map(Name::as_str), Some("fast"));
+    assert_eq!(
+        made.spec.parameters.get("tier").map(String::as_str),
+        Some("fast")
+    );
+
+    // The endpoint: `-o class=fast`, a class that does not exist, and the default.
+    ok(
+        &c,
+        "n1",
+        "Create",
+        json!({"Name": "e1", "Opts": {"class": "fast"}}),
+    )
+    .await;
+    let e1 = stored_volume(&c, "e1").await;
+    assert_eq!(e1.spec.class.as_ref().map(Name::as_str), Some("fast"));
+    assert_eq!(
+        e1.spec.parameters.get("tier").map(String::as_str),
+        Some("fast")
+    );
+    refused(
+        &c,
+        "n1",
+        "Create",
+        json!({"Name": "e2", "Opts": {"class": "nope"}}),
+        "volume class nope not found",
+    )
+    .await;
+    ok(&c, "n1", "Create", json!({"Name": "e3", "Opts": {}})).await;
+    assert_eq!(
+        stored_volume(&c, "e3")
+            .await
+            .spec
+            .class
+            .as_ref()
+            .map(Name::as_str),
+        Some("cheap")
+    );
+    refused(
+        &c,
+        "n1",
+        "Create",
+        json!({"Name": "e1", "Opts": {"class": "cheap"}}),
+        "option class=cheap",
+    )
+    .await;
+
+    // on_delete: retain: the Volume goes, the plugin's volume stays.
+    let ext = stored_volume(&c, "v1")
+        .await
+        .status
+        .provisioning
+        .external_id
+        .unwrap();
+    let (ok_, out) = c.moorctl(&["delete", "volume", "v1"]);
+    assert!(ok_, "{out}");
+    c.wait("v1 gone", T, || async {
+        !volumes(&c).await.contains(&"v1".to_string())
+    })
+    .await;
+    let deleted = c
+        .node("n1")
+        .calls()
+        .into_iter()
+        .filter(|k| k.rpc == "DeleteVolume" && k.volume_id.as_deref() == Some(ext.as_str()))
+        .count();
+    assert_eq!(deleted, 0, "a retained volume is not deleted in the plugin");
+    c.wait("the Volume retained event", T, || async {
+        let (_, out) = c.moorctl(&["events", "--for", "volume/v1"]);
+        out.contains("Volume retained")
+    })
+    .await;
+    c.check_calls(false);
+}

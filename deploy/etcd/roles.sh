@@ -45,6 +45,7 @@ for node in "$@"; do
     user="moor-agent-$node"
     ctl user add "$user" --no-password
     ctl role add "$user"
+    ctl role grant-permission "$user" read "${PREFIX}volumeclasses/" --prefix
     ctl role grant-permission "$user" read "${PREFIX}claims/$node/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}mounts/$node/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}nodes/$node"

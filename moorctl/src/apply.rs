@@ -67,9 +67,12 @@ impl Apply {
         let mut refused = 0;
         for result in results {
             let checked = match result {
-                Ok(obj) => check(ctx, &obj, self.allow_plaintext_secrets)
-                    .await
-                    .map(|warning| (obj, warning)),
+                Ok(mut obj) => match classify(ctx, &mut obj).await {
+                    Ok(()) => check(ctx, &obj, self.allow_plaintext_secrets)
+                        .await
+                        .map(|warning| (obj, warning)),
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(anyhow::Error::new(e)),
             };
             match checked {
@@ -126,6 +129,93 @@ impl Apply {
     }
 }
 
+/// What volume classes do to `obj` before it is checked: a new Volume is filled from
+/// its class (`moor::api::resolve`: the one it names, or the default one when it names
+/// no plugin), an update of a class-made one keeps what the class filled and may not
+/// raise a capacity its class forbids; a second default class is refused; an
+/// Allocation whose template relies on a class is refused while the leading
+/// controller does not say it knows that.
+async fn classify(ctx: &Ctx, obj: &mut AnyObject) -> anyhow::Result<()> {
+    match obj {
+        AnyObject::Volume(v) => {
+            let classes = classes(ctx).await?;
+            let what = v.key();
+            match ctx.store.try_get(&v.object_key()).await? {
+                None => moor::api::resolve(&mut v.spec, &classes)
+                    .map_err(|e| Refused(format!("{what}: {}", prefixed(e))))?,
+                Some(stored) => {
+                    moor::api::keep_class_fill(&mut v.spec, &stored.spec);
+                    if let Some(why) = moor::api::expansion_refused(&v.spec, &stored.spec, &classes)
+                    {
+                        return Err(Refused(format!("{what}: {why}")).into());
+                    }
+                }
+            }
+            Ok(())
+        }
+        AnyObject::VolumeClass(c) if c.spec.default => {
+            let other = classes(ctx)
+                .await?
+                .into_iter()
+                .find(|o| o.spec.default && o.metadata.name != c.metadata.name && !o.is_deleting());
+            match other {
+                Some(o) => Err(Refused(format!(
+                    "{}: class {} is already the default; apply it with default: false first",
+                    c.key(),
+                    o.metadata.name
+                ))
+                .into()),
+                None => Ok(()),
+            }
+        }
+        AnyObject::Allocation(a) => {
+            let relies = a.spec.volumes.iter().any(|r| {
+                r.template
+                    .as_ref()
+                    .is_some_and(|t| t.class.is_some() || t.plugin_id.is_empty())
+            });
+            if !relies {
+                return Ok(());
+            }
+            let leader = moor::runtime::leader::holder(&ctx.store, "controller").await?;
+            let knows = leader
+                .as_ref()
+                .is_some_and(|r| r.features.iter().any(|f| f == moor::FEATURE_TEMPLATE_CLASS));
+            if knows {
+                Ok(())
+            } else {
+                Err(Refused(format!(
+                    "{}: a template names a class (or no plugin), and the leading controller {} does not know volume classes in templates: upgrade the controller first (UPGRADING.md)",
+                    a.key(),
+                    match &leader {
+                        Some(r) => format!("({})", moor::api::printable(&r.version)),
+                        None => "(none is leading)".to_string(),
+                    }
+                ))
+                .into())
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Every volume class.
+async fn classes(ctx: &Ctx) -> anyhow::Result<Vec<moor::api::VolumeClass>> {
+    Ok(ctx
+        .store
+        .list::<moor::api::VolumeClassSpec>(&moor::api::KeyScope::all())
+        .await?
+        .items)
+}
+
+/// Validation errors with each field under `spec.`.
+fn prefixed(e: moor::api::ValidationErrors) -> String {
+    e.0.iter()
+        .map(|f| format!("spec.{}: {}", f.field, f.message))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// What refuses `obj` before anything is written; `Ok(Some)` is a warning to print if
 /// the file is applied.
 async fn check(ctx: &Ctx, obj: &AnyObject, plaintext_ok: bool) -> anyhow::Result<Option<String>> {
@@ -153,11 +243,12 @@ async fn check(ctx: &Ctx, obj: &AnyObject, plaintext_ok: bool) -> anyhow::Result
                 }
             )))
         }
-        AnyObject::Allocation(_) | AnyObject::Snapshot(_) | AnyObject::SnapshotSchedule(_) => {
-            Ok(None)
-        }
+        AnyObject::Allocation(_)
+        | AnyObject::Snapshot(_)
+        | AnyObject::SnapshotSchedule(_)
+        | AnyObject::VolumeClass(_) => Ok(None),
         other => Err(Refused(format!(
-            "{}: {} objects are written by moor itself; apply Volumes, Allocations, Snapshots and SnapshotSchedules",
+            "{}: {} objects are written by moor itself; apply Volumes, VolumeClasses, Allocations, Snapshots and SnapshotSchedules",
             other.key(),
             other.kind().dir()
         ))
@@ -172,6 +263,7 @@ async fn apply_any(ctx: &Ctx, obj: AnyObject) -> anyhow::Result<String> {
         AnyObject::Allocation(o) => apply_one(ctx, *o).await,
         AnyObject::Snapshot(o) => apply_one(ctx, *o).await,
         AnyObject::SnapshotSchedule(o) => apply_one(ctx, *o).await,
+        AnyObject::VolumeClass(o) => apply_one(ctx, *o).await,
         other => Err(Refused(format!("{}: not applied", other.key())).into()),
     }
 }

@@ -200,6 +200,10 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                     a => a.to_string(),
                 }
             }),
+            col("CLASS", |v| match text(v, "/spec/class").as_str() {
+                "" => "-".into(),
+                c => c.to_string(),
+            }),
             col("MADE FOR", |v| {
                 let alloc = text(v, "/spec/made_for/allocation");
                 if alloc.is_empty() {
@@ -260,6 +264,22 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
         Kind::Node => vec![
             col("NAME", name),
             col("PLUGINS", node_plugins),
+            col("AGE", age),
+        ],
+        Kind::VolumeClass => vec![
+            col("NAME", name),
+            col("PLUGIN", |v| text(v, "/spec/plugin_id")),
+            col("DEFAULT", |v| yes_no(v, "/spec/default")),
+            col("EXPANSION", |v| {
+                match v.pointer("/spec/allow_expansion").and_then(Value::as_bool) {
+                    Some(false) => "no".into(),
+                    _ => "yes".into(),
+                }
+            }),
+            col("ON DELETE", |v| match text(v, "/spec/on_delete").as_str() {
+                "" => "delete".into(),
+                d => d.to_string(),
+            }),
             col("AGE", age),
         ],
         Kind::Cordon => vec![

@@ -48,6 +48,7 @@ macro_rules! for_each_kind {
     ($m:ident) => {
         $m! {
             Volume(VolumeSpec),
+            VolumeClass(VolumeClassSpec),
             Allocation(AllocationSpec),
             Claim(ClaimSpec),
             Attachment(AttachmentSpec),
@@ -234,7 +235,7 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 13);
+        assert_eq!(Kind::ALL.len(), 14);
     }
 
     #[test]

@@ -712,7 +712,7 @@ spec: {capabilities: [{access_mode: single-node, attachment_mode: file-system}]}
 ---
 kind: Volume
 metadata: {name: "a/b"}
-spec: {capacity_min: 2GiB, capacity_max: 1GiB}
+spec: {plugin_id: "a b", capacity_min: 2GiB, capacity_max: 1GiB}
 ---
 kind: Gadget
 metadata: {name: g}

@@ -13,6 +13,8 @@
 //! - `group_snapshot`: the VolumeGroupSnapshot kind (one cut of several volumes).
 //! - `schedule`: the SnapshotSchedule kind (snapshots on a cadence, pruned), its slots
 //!   and its retention rule.
+//! - `class`: the VolumeClass kind and how a class fills a volume or a template
+//!   (`resolve`), the one function every front door that makes volumes calls.
 //! - `cordon`: the Cordon kind (a node that takes no new claim) and a volume's
 //!   availability.
 //! - `kinds`: the registry of kinds (`for_each_kind!`, `Kind`, `with_spec!`).
@@ -37,6 +39,7 @@
 mod allocation;
 mod attachment;
 mod claim;
+mod class;
 mod cordon;
 mod event;
 mod group_snapshot;
@@ -68,6 +71,7 @@ mod yaml_depth;
 pub use allocation::*;
 pub use attachment::*;
 pub use claim::*;
+pub use class::*;
 pub use cordon::*;
 pub use event::*;
 pub use group_snapshot::*;

@@ -83,6 +83,21 @@ impl MountOptions {
 
     /// Checks the mount group: 1-64 of `[A-Za-z0-9._-]` (a group id or name).
     pub fn check(&self) -> Result<(), String> {
+        match &self.fs_type {
+            Some(f)
+                if f.is_empty()
+                    || f.len() > 32
+                    || !f
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._".contains(&b)) =>
+            {
+                return Err(format!(
+                    "fs_type {:?} must be 1-32 of [A-Za-z0-9._] (a filesystem type)",
+                    crate::api::printable(f)
+                ));
+            }
+            _ => {}
+        }
         match &self.mount_group {
             Some(g)
                 if g.is_empty()

@@ -135,7 +135,7 @@ impl Spec for SnapshotScheduleSpec {
                 "keep, max_age or both: a schedule that never prunes fills the plugin",
             );
         }
-        check_parameters("parameters", &self.parameters, errors);
+        check_map_sizes("parameters", &self.parameters, errors);
     }
 }
 
@@ -158,30 +158,6 @@ fn is_zero_u32(n: &u32) -> bool {
 
 fn is_zero_u64(n: &u64) -> bool {
     *n == 0
-}
-
-/// Parameters as CSI carries them: at most [`MAX_LABELS`] keys and 128 bytes per key,
-/// no control characters.
-fn check_parameters(field: &str, map: &BTreeMap<String, String>, errors: &mut ValidationErrors) {
-    if map.len() > MAX_LABELS {
-        errors.push(
-            field,
-            format!("{} entries; at most {MAX_LABELS}", map.len()),
-        );
-    }
-    for (k, v) in map {
-        if k.is_empty() || k.len() > 128 || k.chars().any(char::is_control) {
-            errors.push(
-                format!("{field}.{}", printable(k)),
-                "a key is 1 to 128 bytes without control characters",
-            );
-        } else if v.len() > 4096 || v.chars().any(char::is_control) {
-            errors.push(
-                format!("{field}.{}", printable(k)),
-                "a value is up to 4096 bytes without control characters",
-            );
-        }
-    }
 }
 
 /// Parses a duration of whole seconds within the bounds.

@@ -35,9 +35,14 @@ impl std::fmt::Display for VolumeLifecycle {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeTemplate {
-    /// The CSI plugin.
+    /// The CSI plugin (empty: the class's).
     #[serde(default)]
     pub plugin_id: PluginId,
+    /// The VolumeClass that fills what the template leaves empty (none and no plugin:
+    /// the default class). A field older controllers refuse: moorctl writes it only
+    /// where the leading controller says it knows it (`LeaderRecord::features`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<Name>,
     /// Smallest acceptable capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_min: Option<Size>,
@@ -115,6 +120,7 @@ impl VolumeTemplate {
             parameters: Rare::new(self.parameters.clone()),
             mutable_parameters: Rare::new(self.mutable_parameters.clone()),
             source: self.source.clone(),
+            class: self.class.clone(),
             topology_request: segment.filter(|s| !s.is_empty()).map(|s| {
                 Box::new(TopologyRequest {
                     required: vec![s.clone()],
@@ -234,7 +240,17 @@ mod tests {
         let mut errors = ValidationErrors::default();
         tpl().validate("volumes[0].template", &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
+        // No plugin: the class's (resolved by the controller); a bad one is refused.
         VolumeTemplate::default().validate("volumes[0].template", &mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        VolumeTemplate {
+            plugin_id: PluginId::new("p").unwrap(),
+            ..Default::default()
+        }
+        .validate("volumes[0].template", &mut errors);
+        let _ = &mut errors;
+        let bad: VolumeTemplate = serde_json::from_str(r#"{"plugin_id": "a b"}"#).unwrap();
+        bad.validate("volumes[0].template", &mut errors);
         assert!(errors
             .0
             .iter()

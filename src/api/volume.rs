@@ -11,9 +11,19 @@ use super::*;
 /// Desired state of a volume.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct VolumeSpec {
-    /// The CSI plugin that serves the volume.
+    /// The CSI plugin that serves the volume (empty in a manifest that names a class,
+    /// or none to take the default class: the front door fills it).
     #[serde(default)]
     pub plugin_id: PluginId,
+    /// The VolumeClass it was made from (recorded; the class filled the fields this
+    /// spec left empty when it was made, and a later change to the class does not
+    /// rewrite them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<Name>,
+    /// What deleting the Volume does to a created volume's storage: `delete`
+    /// (DeleteVolume, the default) or `retain` (the plugin's volume stays).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_delete: Option<OnDelete>,
     /// Registers a volume that already exists in the storage system.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_id: Option<ExternalVolumeId>,
@@ -238,14 +248,20 @@ impl Spec for VolumeSpec {
     }
 
     fn validate(&self, errors: &mut ValidationErrors) {
-        errors.check_id("plugin_id", self.plugin_id.validate());
+        // An empty plugin is a class's to fill (`class::resolve`, at the front door).
+        if !self.plugin_id.is_empty() {
+            errors.check_id("plugin_id", self.plugin_id.validate());
+        }
+        if let Some(c) = &self.class {
+            errors.check_id("class", c.validate());
+        }
         if let Err(e) = self.secrets.check() {
             errors.push("secrets", e);
         }
         if let Err(e) = self.mount_options.check() {
             errors.push("mount_options", e);
         }
-        if self.capabilities.is_empty() {
+        if self.capabilities.is_empty() && self.class.is_none() && !self.plugin_id.is_empty() {
             errors.push(
                 "capabilities",
                 "at least one {access_mode, attachment_mode} is required",
@@ -456,7 +472,7 @@ mod tests {
     #[test]
     fn validation_reports_every_problem_at_once() {
         let json = r#"{"kind": "Volume", "metadata": {"name": "", "namespace": "a/b"},
-            "spec": {"external_id": "", "capacity_min": "2GiB", "capacity_max": "1GiB"}}"#;
+            "spec": {"plugin_id": "a b", "external_id": "", "capacity_min": "2GiB", "capacity_max": "1GiB"}}"#;
         let v: Volume = serde_json::from_str(json).unwrap();
         let errs = v.validate().unwrap_err();
         let fields: Vec<&str> = errs.0.iter().map(|e| e.field.as_str()).collect();

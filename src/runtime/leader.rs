@@ -54,6 +54,10 @@ pub struct LeaderRecord {
     /// before it was written (0.1). `moorctl` warns when it is another minor version.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub version: String,
+    /// What the holder knows that an older build may not ([`crate::FEATURES`]);
+    /// absent from records of builds before it was written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
 
 impl LeaderRecord {
@@ -66,6 +70,7 @@ impl LeaderRecord {
             ttl_ms: 0,
             renewals: 0,
             version: String::new(),
+            features: Vec::new(),
         })
     }
 
@@ -210,6 +215,7 @@ async fn try_acquire(
         ttl_ms: cfg.ttl.as_millis() as u64,
         renewals: 0,
         version: crate::VERSION.to_string(),
+        features: crate::FEATURES.iter().map(|f| f.to_string()).collect(),
     };
     let txn = Txn::new()
         .when(vec![Compare::create_revision(

@@ -19,6 +19,7 @@
 //!    terminal, so its claims are released through the normal sequence. A lease whose
 //!    allocation is gone is deleted once it has expired.
 
+use moor::admission::Made;
 use moor::api::*;
 use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::metrics::ControllerMetrics;
@@ -41,6 +42,7 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let this = Arc::new(ctx);
+    let waiting_on_class = this.allocations.clone();
     Controller::new("allocations", this.allocations.clone(), config)
         .with_metrics(metrics)
         .owns_trusting(inf.allocations.subscribe(), converged)
@@ -49,6 +51,22 @@ pub async fn run(
         })
         .watches(inf.leases.subscribe(), |l: &Lease| {
             vec![Allocation::key_for(&l.metadata.namespace, &l.metadata.name).into_string()]
+        })
+        // A class made or changed: the allocations whose templates wait on one.
+        .watches(inf.classes.subscribe(), move |_: &VolumeClass| {
+            waiting_on_class
+                .state()
+                .iter()
+                .filter(|a| {
+                    a.status.phase == AllocationPhase::Pending
+                        && a.spec.volumes.iter().any(|r| {
+                            r.template
+                                .as_ref()
+                                .is_some_and(|t| t.class.is_some() || t.plugin_id.is_empty())
+                        })
+                })
+                .map(|a| a.key())
+                .collect()
         })
         .run(
             move |key| {
@@ -196,6 +214,37 @@ async fn collect(ctx: &Ctx, alloc: &Allocation) -> Result<Action, StoreError> {
     }
 }
 
+/// The template a request's class makes of `tpl` (`moor::api::resolve_template`), and
+/// the class's deletion rule; for a volume the template made before (`existing`, of
+/// the same class) what the class filled then, never the class as it is now. A class
+/// not (yet) there waits; a template contradicting its class is refused.
+fn classed(
+    tpl: &VolumeTemplate,
+    existing: Option<&Volume>,
+    classes: &[Arc<VolumeClass>],
+) -> Result<(VolumeTemplate, Option<OnDelete>), Box<Made>> {
+    if tpl.class.is_none() && !tpl.plugin_id.is_empty() {
+        return Ok((tpl.clone(), None));
+    }
+    if let Some(v) = existing.filter(|v| v.spec.class.is_some() && v.spec.class == tpl.class) {
+        let mut t = tpl.clone();
+        let mut spec = t.volume_spec(&VolumeRequest::default(), None, MadeFor::default());
+        keep_class_fill(&mut spec, &v.spec);
+        t.plugin_id = spec.plugin_id;
+        t.parameters = (*spec.parameters).clone();
+        t.mutable_parameters = (*spec.mutable_parameters).clone();
+        if t.capabilities.is_empty() {
+            t.capabilities = spec.capabilities;
+        }
+        t.mount_options = (*spec.mount_options).clone();
+        return Ok((t, v.spec.on_delete));
+    }
+    if let Err(why) = pick(classes, tpl.class.as_ref(), !tpl.plugin_id.is_empty()) {
+        return Err(Box::new(Made::Wait(why)));
+    }
+    resolve_template(tpl, classes).map_err(|why| Box::new(Made::Deny(why)))
+}
+
 /// Carries out [`plan::allocation::converge`]: one claim per request, and the phase.
 async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreError> {
     let ns = &alloc.metadata.namespace;
@@ -204,16 +253,25 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
     let node = templated
         .then(|| ctx.nodes.get(&Node::key_for(&alloc.spec.node)))
         .flatten();
+    let classes = if templated {
+        ctx.classes.state()
+    } else {
+        Vec::new()
+    };
     let plan = plan::allocation::converge(
         alloc,
         Timestamp::now(),
         |key| ctx.claims.get(key),
         |volume| ctx.volume(ns, volume),
         |req, tpl, existing| {
-            moor::admission::made(
+            let (tpl, on_delete) = match classed(tpl, existing, &classes) {
+                Ok(t) => t,
+                Err(made) => return *made,
+            };
+            let made = moor::admission::made(
                 alloc,
                 req,
-                tpl,
+                &tpl,
                 existing,
                 node.as_deref(),
                 capacities.get(&tpl.plugin_id).map(Vec::as_slice),
@@ -221,7 +279,20 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
                     ctx.claims
                         .by_index(super::BY_NODE, alloc.spec.node.as_str())
                 },
-            )
+            );
+            match made {
+                Made::Create(mut spec) => {
+                    spec.on_delete = on_delete;
+                    Made::Create(spec)
+                }
+                Made::Update(spec) => {
+                    match existing.and_then(|v| expansion_refused(&spec, &v.spec, &classes)) {
+                        Some(why) => Made::Deny(why),
+                        None => Made::Update(spec),
+                    }
+                }
+                other => other,
+            }
         },
     );
     for v in &plan.create_volumes {

@@ -34,6 +34,8 @@ pub struct Informers {
     pub leases: Informer<Lease>,
     /// Cordons (nodes that take no new claim).
     pub cordons: Informer<Cordon>,
+    /// Volume classes (templates that name one).
+    pub classes: Informer<VolumeClass>,
 }
 
 /// What the reconcilers share.
@@ -60,6 +62,8 @@ pub struct Ctx {
     pub leases: reflector::Store<Lease>,
     /// Cordons, by node.
     pub cordons: reflector::Store<Cordon>,
+    /// Volume classes.
+    pub classes: reflector::Store<VolumeClass>,
     /// When each lease was last seen to change, by this process's clock.
     pub lease_observer: Arc<Mutex<LeaseObserver>>,
     /// Events.
@@ -86,6 +90,7 @@ impl Ctx {
         self.plugins.wait_until_ready().await;
         self.leases.wait_until_ready().await;
         self.cordons.wait_until_ready().await;
+        self.classes.wait_until_ready().await;
     }
 
     /// How long a node has been gone (no Node object), `None` while it is registered.

@@ -193,6 +193,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     let plugins = Informer::<Plugin>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let leases = Informer::<Lease>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let cordons = Informer::<Cordon>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let classes = Informer::<VolumeClass>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let schedules =
         Informer::<SnapshotSchedule>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let snapshots = Informer::<Snapshot>::spawn(reads.clone(), KeyScope::all(), stop.clone());
@@ -211,6 +212,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         plugins: plugins.reader(),
         leases: leases.reader(),
         cordons: cordons.reader(),
+        classes: classes.reader(),
         lease_observer: Arc::default(),
         recorder: args.events.recorder(reads, "controller"),
         volume_locks: KeyedLocks::default(),
@@ -249,6 +251,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         plugins: plugins.clone(),
         leases,
         cordons,
+        classes,
     };
     {
         let (ctx, started) = (ctx.clone(), Instant::now());

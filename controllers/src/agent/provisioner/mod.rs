@@ -11,7 +11,8 @@
 //! 3. Registered, expanded or modified ([`changes`]): ValidateVolumeCapabilities (and
 //!    ControllerGetVolume), ControllerExpandVolume, ControllerModifyVolume.
 //! 4. Deleted: wait until the controller has released every claim (its
-//!    `moor.dev/claims` finalizer is gone), DeleteVolume, drop our finalizer.
+//!    `moor.dev/claims` finalizer is gone), DeleteVolume (none for `on_delete: retain`:
+//!    a `Volume retained` event names the id kept), drop our finalizer.
 
 use moor::api::*;
 use moor::csi::policy::CsiError;
@@ -401,7 +402,23 @@ impl Provisioner {
                 }
             }
         };
-        if let Some(ext) = ext {
+        if let Some(ext) = ext
+            .as_ref()
+            .filter(|_| vol.spec.on_delete == Some(OnDelete::Retain))
+        {
+            // The deletion rule of the volume (or of its class): the storage stays.
+            self.ctx.steps.forget(&key);
+            self.event(
+                vol,
+                "Volume retained",
+                EventType::Normal,
+                format!(
+                    "{ext} kept in plugin {} (on_delete: retain); register it again with external_id: {ext}",
+                    vol.spec.plugin_id
+                ),
+            )
+            .await;
+        } else if let Some(ext) = ext {
             let req = requests::delete_volume(vol, ext.as_str())?;
             let step = self
                 .ctx

@@ -264,20 +264,30 @@ impl Endpoint {
                 None => Ok(json!({})),
             };
         }
-        let plugin = opts
-            .plugin
-            .clone()
-            .unwrap_or_else(|| self.cfg.default_plugin.clone());
+        // The class named, or the default one unless a plugin is named: it fills what
+        // the options leave out (moor::api::resolve, as every front door does).
+        let classes = self
+            .store
+            .list::<VolumeClassSpec>(&KeyScope::all())
+            .await?
+            .items;
+        let class = pick(&classes, opts.class.as_ref(), opts.plugin.is_some())
+            .map_err(|e| Failure::bad(format!("option class: {e}")))?;
+        let plugin = match (&opts.plugin, class) {
+            (Some(p), _) => p.clone(),
+            (None, Some(c)) => c.spec.plugin_id.clone(),
+            (None, None) => self.cfg.default_plugin.clone(),
+        };
+        let capabilities = match (opts.mode, class) {
+            (Some(m), _) => vec![capability(m)],
+            (None, Some(c)) if !c.spec.capabilities.is_empty() => Vec::new(),
+            (None, _) => vec![capability(self.default_mode(&plugin).await?)],
+        };
         let mut spec = VolumeSpec {
             plugin_id: plugin.clone(),
+            class: class.map(|c| c.metadata.name.clone()),
             capacity_min: opts.size,
-            capabilities: vec![VolumeCapability {
-                access_mode: match opts.mode {
-                    Some(m) => m,
-                    None => self.default_mode(&plugin).await?,
-                },
-                attachment_mode: AttachmentMode::FileSystem,
-            }],
+            capabilities,
             source: opts.source.clone(),
             ..Default::default()
         };
@@ -290,6 +300,9 @@ impl Endpoint {
         }
         if !opts.parameters.is_empty() {
             spec.parameters = Rare::new(opts.parameters.clone());
+        }
+        if let Err(e) = resolve(&mut spec, &classes) {
+            return Err(Failure::bad(format!("volume {id}: {e}")));
         }
         let segment = self.placement(&id, &plugin, opts.size).await?;
         if !segment.is_empty() {
@@ -319,7 +332,8 @@ impl Endpoint {
         }
     }
 
-    /// The access mode of a volume made without `-o mode=`: shared by the claims of one
+    /// The access mode of a volume made without `-o mode=` (nor a class that names its
+    /// capabilities): shared by the claims of one
     /// node (single-node-multi-writer) where this node's instance of the plugin
     /// advertises SINGLE_NODE_MULTI_WRITER, as Kubernetes' ReadWriteOnce is (Docker and
     /// Podman on one node, a `:ro` container beside a writer); otherwise
@@ -556,5 +570,13 @@ impl Endpoint {
             .map(|v| json!({ "Name": v.metadata.name.as_str() }))
             .collect();
         Ok(json!({ "Volumes": volumes }))
+    }
+}
+
+/// A file-system capability of `mode` (an engine's volumes are mounted, never block).
+fn capability(mode: AccessMode) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: mode,
+        attachment_mode: AttachmentMode::FileSystem,
     }
 }

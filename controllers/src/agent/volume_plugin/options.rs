@@ -13,7 +13,8 @@ use moor::api::{
 use super::Failure;
 
 /// The options the endpoint knows, for its error messages.
-pub const KNOWN: &str = "size, mode, fs, mount-flags, plugin, snapshot, source-volume, param.KEY";
+pub const KNOWN: &str =
+    "size, mode, fs, mount-flags, plugin, class, snapshot, source-volume, param.KEY";
 
 /// Create's options, parsed.
 #[derive(Debug, Default, PartialEq)]
@@ -26,8 +27,11 @@ pub struct CreateOptions {
     pub fs_type: Option<String>,
     /// `mount-flags`: comma-separated mount flags.
     pub mount_flags: Option<Vec<String>>,
-    /// `plugin`: the CSI plugin id (default: the endpoint's).
+    /// `plugin`: the CSI plugin id (default: the class's, else the endpoint's).
     pub plugin: Option<PluginId>,
+    /// `class`: the VolumeClass that fills what the other options leave out (default:
+    /// the default class, unless `plugin` is given).
+    pub class: Option<Name>,
     /// `snapshot` (a moor Snapshot) or `source-volume` (a moor volume to clone).
     pub source: Option<VolumeSource>,
     /// `param.KEY=VALUE`: CreateVolume parameters.
@@ -109,6 +113,7 @@ impl CreateOptions {
                     o.mount_flags = Some(flags);
                 }
                 "plugin" => o.plugin = Some(PluginId::new(v).map_err(|e| bad(e.to_string()))?),
+                "class" => o.class = Some(Name::new(v).map_err(|e| bad(e.to_string()))?),
                 "snapshot" => {
                     o.source = Some(VolumeSource::Snapshot(
                         Name::new(v).map_err(|e| bad(e.to_string()))?,
@@ -147,6 +152,17 @@ impl CreateOptions {
                 return Some(format!(
                     "option plugin={p}: the volume is of plugin {}",
                     spec.plugin_id
+                ));
+            }
+        }
+        if let Some(c) = &self.class {
+            if spec.class.as_ref() != Some(c) {
+                return Some(format!(
+                    "option class={c}: the volume is of {}",
+                    match &spec.class {
+                        Some(theirs) => format!("class {theirs}"),
+                        None => "no class".to_string(),
+                    }
                 ));
             }
         }
