@@ -565,6 +565,32 @@ spec:
                 "kind: Snapshot\nmetadata: {name: s}\nspec: {volume: a, group: g}\n".to_string(),
                 "spec.group",
             ),
+            // Issue 54, part 3: volume classes, and the fields that name one.
+            (
+                "kind: VolumeClass\nmetadata: {name: c}\nspec: {plugin_id: \"a b\"}\n".to_string(),
+                "spec.plugin_id",
+            ),
+            (
+                "kind: VolumeClass\nmetadata: {name: c}\nspec: {plugin_id: p, parameters: {\"k\\u0007\": v}}\n".to_string(),
+                "spec.parameters",
+            ),
+            (
+                "kind: VolumeClass\nmetadata: {name: c}\nspec: {plugin_id: p, mount_options: {fs_type: \"ext4 -o x\"}}\n".to_string(),
+                "fs_type",
+            ),
+            (
+                "kind: VolumeClass\nmetadata: {name: c}\nspec: {plugin_id: p, on_delete: shred}\n".to_string(),
+                "spec.on_delete",
+            ),
+            (
+                "kind: VolumeClass\nmetadata: {name: c}\nspec: {plugin_id: p, reclaim: keep}\n".to_string(),
+                "unknown field spec.reclaim",
+            ),
+            (volume_with("  class: \"../fast\"\n"), "spec.class"),
+            (
+                "apiVersion: moor/v1\nkind: Allocation\nmetadata: {name: a}\nspec:\n  node: n1\n  volumes:\n    - {name: d, template: {class: \"a b\"}}\n".to_string(),
+                "spec.volumes[0].template.class",
+            ),
             // Issue 54, part 5: snapshot schedules.
             (
                 "kind: SnapshotSchedule\nmetadata: {name: s}\nspec: {interval: \"1h\\e[31m\", retention: {keep: 1}}\n".to_string(),
@@ -618,6 +644,8 @@ spec:
             volume_with("  availability: pause\n"),
             "kind: Cordon\nmetadata: {name: n1}\nspec: {reason: disk swap, drain: true}\n".to_string(),
             "kind: VolumeGroupSnapshot\nmetadata: {name: g}\nspec: {volumes: [a, b]}\n".to_string(),
+            "kind: VolumeClass\nmetadata: {name: fast}\nspec: {plugin_id: p, parameters: {tier: ssd}, on_delete: retain, allow_expansion: false, default: true}\n".to_string(),
+            "kind: Volume\nmetadata: {name: v}\nspec: {class: fast}\n".to_string(),
             "kind: SnapshotSchedule\nmetadata: {name: nightly}\nspec: {cron: \"0 2 * * *\", selector: {tier: gold}, retention: {keep: 7, max_age: 30d}, parameters: {kind: full}}\n".to_string(),
         ] {
             assert_eq!(errors_of(&text), "", "refused: {text:?}");
