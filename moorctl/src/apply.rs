@@ -62,12 +62,21 @@ impl Apply {
             return Ok(1);
         }
         let total = results.len();
+        // Classes applied in the same file count for its volumes (they are written
+        // first when they come first, as in the file).
+        let incoming: Vec<moor::api::VolumeClass> = results
+            .iter()
+            .filter_map(|r| match r {
+                Ok(AnyObject::VolumeClass(c)) => Some((**c).clone()),
+                _ => None,
+            })
+            .collect();
         let mut objects = Vec::with_capacity(total);
         let mut warnings = Vec::new();
         let mut refused = 0;
         for result in results {
             let checked = match result {
-                Ok(mut obj) => match classify(ctx, &mut obj).await {
+                Ok(mut obj) => match classify(ctx, &mut obj, &incoming).await {
                     Ok(()) => check(ctx, &obj, self.allow_plaintext_secrets)
                         .await
                         .map(|warning| (obj, warning)),
@@ -135,10 +144,14 @@ impl Apply {
 /// raise a capacity its class forbids; a second default class is refused; an
 /// Allocation whose template relies on a class is refused while the leading
 /// controller does not say it knows that.
-async fn classify(ctx: &Ctx, obj: &mut AnyObject) -> anyhow::Result<()> {
+async fn classify(
+    ctx: &Ctx,
+    obj: &mut AnyObject,
+    incoming: &[moor::api::VolumeClass],
+) -> anyhow::Result<()> {
     match obj {
         AnyObject::Volume(v) => {
-            let classes = classes(ctx).await?;
+            let classes = classes(ctx, incoming).await?;
             let what = v.key();
             match ctx.store.try_get(&v.object_key()).await? {
                 None => moor::api::resolve(&mut v.spec, &classes)
@@ -154,7 +167,7 @@ async fn classify(ctx: &Ctx, obj: &mut AnyObject) -> anyhow::Result<()> {
             Ok(())
         }
         AnyObject::VolumeClass(c) if c.spec.default => {
-            let other = classes(ctx)
+            let other = classes(ctx, incoming)
                 .await?
                 .into_iter()
                 .find(|o| o.spec.default && o.metadata.name != c.metadata.name && !o.is_deleting());
@@ -199,13 +212,21 @@ async fn classify(ctx: &Ctx, obj: &mut AnyObject) -> anyhow::Result<()> {
     }
 }
 
-/// Every volume class.
-async fn classes(ctx: &Ctx) -> anyhow::Result<Vec<moor::api::VolumeClass>> {
-    Ok(ctx
+/// Every volume class: those stored, each replaced by the file's own of that name.
+async fn classes(
+    ctx: &Ctx,
+    incoming: &[moor::api::VolumeClass],
+) -> anyhow::Result<Vec<moor::api::VolumeClass>> {
+    let mut all: Vec<moor::api::VolumeClass> = ctx
         .store
         .list::<moor::api::VolumeClassSpec>(&moor::api::KeyScope::all())
         .await?
-        .items)
+        .items
+        .into_iter()
+        .filter(|c| !incoming.iter().any(|i| i.metadata.name == c.metadata.name))
+        .collect();
+    all.extend(incoming.iter().cloned());
+    Ok(all)
 }
 
 /// Validation errors with each field under `spec.`.
