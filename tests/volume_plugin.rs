@@ -1111,10 +1111,16 @@ async fn a_class_fills_volumes_from_moorctl_a_template_and_the_endpoint() {
          - {{access_mode: single-node-writer, attachment_mode: file-system}}\n---\n\
          kind: VolumeClass\nmetadata: {{name: cheap}}\nspec:\n  plugin_id: {PLUGIN}\n  \
          parameters: {{tier: cheap}}\n  allow_expansion: false\n  default: true\n  \
-         capabilities:\n    - {{access_mode: single-node-writer, attachment_mode: file-system}}\n"
+         capabilities:\n    - {{access_mode: single-node-writer, attachment_mode: file-system}}\n\
+         ---\nkind: Volume\nmetadata: {{name: v0}}\nspec: {{class: fast, capacity_min: 1MiB}}\n"
     );
+    // The classes and a volume of one, in one file.
     let (ok_, out) = apply_text(&c, "classes", &classes);
     assert!(ok_, "{out}");
+    assert_eq!(
+        stored_volume(&c, "v0").await.spec.plugin_id.as_str(),
+        PLUGIN
+    );
     let (ok_, out) = c.moorctl(&["get", "classes"]);
     assert!(
         ok_ && out.contains("cheap") && out.contains("retain"),
