@@ -115,6 +115,34 @@ async fn a_cordoned_node_admits_nothing_new_and_a_drain_returns_once_its_holders
         "{out}"
     );
     assert!(row("n1 ").contains(" yes "), "{out}");
+    // Nor is a volume made there for a template: the allocation waits, saying why.
+    let mut t1 = c.allocation("t1", "n2", "unused", false);
+    t1.spec.volumes[0].volume = VolumeId::default();
+    t1.spec.volumes[0].template = Some(Box::new(VolumeTemplate {
+        plugin_id: PluginId::new(cluster::PLUGIN).unwrap(),
+        capacity_min: Some(Size(1 << 20)),
+        ..Default::default()
+    }));
+    c.apply(t1).await;
+    c.wait("t1 waits for the cordon", T, || async {
+        c.store
+            .get(&Allocation::key_for(&Namespace::default_ns(), "t1"))
+            .await
+            .unwrap()
+            .status
+            .meta
+            .last_error
+            .is_some_and(|e| e.contains("node n2 is cordoned"))
+    })
+    .await;
+    assert!(
+        c.store
+            .try_get(&Volume::key_for(&Namespace::default_ns(), "t1.data"))
+            .await
+            .unwrap()
+            .is_none(),
+        "no volume is made on a cordoned node"
+    );
     // What it already had stays.
     for a in ["a1", "a2"] {
         let k = claim(&c, a, "n2").await.unwrap();
@@ -124,6 +152,8 @@ async fn a_cordoned_node_admits_nothing_new_and_a_drain_returns_once_its_holders
     let (ok, out) = c.moorctl(&["node", "uncordon", "n2"]);
     assert!(ok, "{out}");
     c.wait_claim("a3", "n2", ClaimPhase::Published, T).await;
+    c.wait_claim("t1", "n2", ClaimPhase::Published, T).await;
+    c.stop_alloc("t1").await;
 
     // Drain with --stop: a1's runner is stopped; a2 and a3 have none and are named as
     // holding until they are stopped by hand; then it returns.

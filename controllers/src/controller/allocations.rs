@@ -258,12 +258,19 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
     } else {
         Vec::new()
     };
+    // A cordoned node takes no new claim, so no volume is made for one there either.
+    let cordon = templated
+        .then(|| ctx.cordons.get(&Cordon::key_for(&alloc.spec.node)))
+        .flatten();
     let plan = plan::allocation::converge(
         alloc,
         Timestamp::now(),
         |key| ctx.claims.get(key),
         |volume| ctx.volume(ns, volume),
         |req, tpl, existing| {
+            if let (None, Some(c)) = (existing, &cordon) {
+                return Made::Wait(c.why());
+            }
             let (tpl, on_delete) = match classed(tpl, existing, &classes) {
                 Ok(t) => t,
                 Err(made) => return *made,
