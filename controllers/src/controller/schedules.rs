@@ -72,8 +72,11 @@ pub async fn run(
     let mut exported: HashSet<(Namespace, Name)> = HashSet::new();
     loop {
         let all = this.schedules.state();
-        for schedule in &all {
-            this.pass(schedule, SystemTime::now()).await;
+        if !all.is_empty() {
+            let seen = Seen::now(&this.snapshots, &this.volumes);
+            for schedule in &all {
+                this.pass(schedule, &seen, SystemTime::now()).await;
+            }
         }
         export(&all, &mut exported);
         tokio::select! {
@@ -85,7 +88,7 @@ pub async fn run(
 
 impl Schedules {
     /// One look at one schedule at `now`.
-    async fn pass(&self, schedule: &SnapshotSchedule, now: SystemTime) {
+    async fn pass(&self, schedule: &SnapshotSchedule, seen: &Seen, now: SystemTime) {
         if schedule.is_deleting() {
             return;
         }
@@ -109,7 +112,7 @@ impl Schedules {
             self.cut(schedule, due).await;
         }
         if !schedule.spec.paused {
-            self.prune(schedule, now).await;
+            self.prune(schedule, seen, now).await;
         }
     }
 
@@ -210,33 +213,18 @@ impl Schedules {
     }
 
     /// Deletes what the schedule's retention drops.
-    async fn prune(&self, schedule: &SnapshotSchedule, now: SystemTime) {
+    async fn prune(&self, schedule: &SnapshotSchedule, seen: &Seen, now: SystemTime) {
         let ns = &schedule.metadata.namespace;
-        let mine: Vec<Arc<Snapshot>> = self
-            .snapshots
-            .state()
-            .into_iter()
-            .filter(|s| {
-                &s.metadata.namespace == ns
-                    && !s.is_deleting()
-                    && s.metadata.labels.get(SCHEDULE_LABEL).map(String::as_str)
-                        == Some(schedule.metadata.name.as_str())
-            })
-            .collect();
-        if mine.is_empty() {
+        let key = (ns.clone(), schedule.metadata.name.to_string());
+        let Some(mine) = seen.by_schedule.get(&key) else {
             return;
-        }
-        let volumes = self.volumes.state();
+        };
         let restoring = |s: &Snapshot| {
-            volumes.iter().any(|v| {
-                &v.metadata.namespace == ns
-                    && v.status.provisioning.external_id.is_none()
-                    && matches!(&v.spec.source,
-                        Some(VolumeSource::Snapshot(n)) if n == &s.metadata.name)
-            })
+            seen.restoring
+                .contains(&(ns.clone(), s.metadata.name.clone()))
         };
         let mut by_volume: HashMap<&VolumeId, Vec<&Arc<Snapshot>>> = HashMap::new();
-        for s in &mine {
+        for s in mine {
             by_volume.entry(&s.spec.volume).or_default().push(s);
         }
         let oldest = schedule
@@ -291,6 +279,44 @@ impl Schedules {
                     BTreeMap::new(),
                 )
                 .await;
+        }
+    }
+}
+
+/// What one tick reads of the caches, once for every schedule.
+struct Seen {
+    /// Scheduled snapshots not being deleted, by namespace and schedule.
+    by_schedule: HashMap<(Namespace, String), Vec<Arc<Snapshot>>>,
+    /// Snapshots a volume is being restored from (not yet created), by namespace.
+    restoring: HashSet<(Namespace, Name)>,
+}
+
+impl Seen {
+    fn now(snapshots: &reflector::Store<Snapshot>, volumes: &reflector::Store<Volume>) -> Seen {
+        let mut by_schedule: HashMap<(Namespace, String), Vec<Arc<Snapshot>>> = HashMap::new();
+        for s in snapshots.state() {
+            if s.is_deleting() {
+                continue;
+            }
+            if let Some(name) = s.metadata.labels.get(SCHEDULE_LABEL) {
+                by_schedule
+                    .entry((s.metadata.namespace.clone(), name.clone()))
+                    .or_default()
+                    .push(s.clone());
+            }
+        }
+        let restoring = volumes
+            .state()
+            .iter()
+            .filter(|v| v.status.provisioning.external_id.is_none())
+            .filter_map(|v| match &v.spec.source {
+                Some(VolumeSource::Snapshot(n)) => Some((v.metadata.namespace.clone(), n.clone())),
+                _ => None,
+            })
+            .collect();
+        Seen {
+            by_schedule,
+            restoring,
         }
     }
 }
