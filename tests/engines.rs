@@ -1219,3 +1219,69 @@ async fn the_readmes_engine_commands_work_as_written() {
         .await;
     c.check_calls(true);
 }
+
+/// Issue 54, part 1 left this untested: `moorctl node drain --stop` never stops a
+/// container's hold under the live container; it names it as an engine's hold, times
+/// out with the claim still published and the container still writing, and returns
+/// once the container is stopped by its engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_reports_a_live_container_s_hold_and_never_releases_it() {
+    let c = start().await;
+    let p = Podman::new(&c, "n1", 120);
+    p.ok(&["volume", "create", "--driver", "moor", "held"]);
+    c.volume_ready("held").await;
+    p.ok(&[
+        "run",
+        "-d",
+        "--name",
+        "h",
+        "--network",
+        "none",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "-v",
+        "held:/data",
+        "localhost/bb",
+        "sh",
+        "-c",
+        "while :; do date > /data/now.new; mv /data/now.new /data/now; sleep 0.2; done",
+    ]);
+    c.wait("the container writes", T, || async {
+        published_path(&c, "held")
+            .await
+            .is_some_and(|p| p.join("now").exists())
+    })
+    .await;
+    let (ok, out) = c.moorctl(&["node", "drain", "n1", "--stop", "--timeout", "3s"]);
+    assert!(!ok, "a drain under a live container times out: {out}");
+    assert!(
+        out.contains("'s container hold") && out.contains("not stopped under a live container"),
+        "{out}"
+    );
+    assert!(
+        out.contains("timed out: node n1 still holds volumes"),
+        "{out}"
+    );
+    let running = p.ok(&["ps", "--format", "{{.Names}}"]);
+    assert!(running.lines().any(|l| l.trim() == "h"), "{running}");
+    assert!(
+        c.store
+            .list(&KeyScope::<ClaimSpec>::all())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|k| k.status.phase == ClaimPhase::Published),
+        "the container's claim stays published"
+    );
+    // Stopped by its engine: the drain completes.
+    p.ok(&["stop", "-t", "1", "h"]);
+    let (ok, out) = c.moorctl(&["node", "drain", "n1", "--timeout", "60s"]);
+    assert!(ok && out.contains("drained"), "{out}");
+    let (ok, out) = c.moorctl(&["node", "uncordon", "n1"]);
+    assert!(ok, "{out}");
+    p.ok(&["rm", "h"]);
+    c.check_calls(true);
+}
