@@ -150,7 +150,10 @@ async fn classify(
     incoming: &[moor::api::VolumeClass],
 ) -> anyhow::Result<()> {
     match obj {
-        AnyObject::Volume(v) => {
+        // A volume naming its plugin and no class reads nothing here (a class-made
+        // one it updates keeps what its class filled: `Spec::keep_on_update`, in the
+        // write itself).
+        AnyObject::Volume(v) if v.spec.class.is_some() || v.spec.plugin_id.is_empty() => {
             let classes = classes(ctx, incoming).await?;
             let what = v.key();
             match ctx.store.try_get(&v.object_key()).await? {
@@ -344,7 +347,9 @@ async fn apply_once<S: Spec>(
             Err(e) => Err(e.into()),
         };
     };
-    let ours = current.spec == obj.spec && current.metadata.labels == obj.metadata.labels;
+    let mut spec = obj.spec.clone();
+    spec.keep_on_update(&current.spec);
+    let ours = current.spec == spec && current.metadata.labels == obj.metadata.labels;
     if ours {
         return Ok(match sent.get() {
             Sent::Nothing => format!("{what} unchanged"),
@@ -363,7 +368,7 @@ async fn apply_once<S: Spec>(
         return Err(Refused(format!("{what}: not applied: it is being deleted")).into());
     }
     let mut next = current;
-    next.spec = obj.spec.clone();
+    next.spec = spec;
     next.metadata.labels = obj.metadata.labels.clone();
     let before = sent.replace(Sent::Update);
     match ctx.store.replace(&next).await {

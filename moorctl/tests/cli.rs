@@ -49,6 +49,7 @@ fn validate_reports_every_problem_and_never_prints_secrets() {
 kind: Volume
 metadata: {name: "..", namespace: "a b"}
 spec:
+  plugin_id: "not a plugin"
   capacity_min: 2GiB
   capacity_max: 1GiB
   secrets: {password: hunter2}

@@ -183,6 +183,16 @@ pub trait Spec:
     /// Records every problem of the spec; field paths are relative to `spec.`.
     fn validate(&self, errors: &mut ValidationErrors);
 
+    /// What a stored object must hold beyond what a manifest must (a manifest's volume
+    /// may leave its plugin to a class; a stored one has it): field paths relative to
+    /// `spec.`. Nothing more by default.
+    fn check_stored(&self, _errors: &mut ValidationErrors) {}
+
+    /// An update's spec `self`, written over the stored `stored`: what the writer
+    /// leaves out that the stored object keeps (a class-made volume keeps what its
+    /// class filled). Nothing by default.
+    fn keep_on_update(&mut self, _stored: &Self) {}
+
     /// Records every problem of a status; field paths are relative to `status.`. Only
     /// kinds whose status a node writes check theirs (what a node writes is untrusted).
     fn validate_status(_status: &Self::Status, _errors: &mut ValidationErrors) {}
@@ -461,6 +471,21 @@ impl<S: Spec> Object<S> {
         S::validate_status(&self.status, &mut status_errors);
         for e in status_errors.0 {
             errors.push(format!("status.{}", e.field), e.message);
+        }
+        errors.into_result()
+    }
+
+    /// [`Object::validate`], and what a stored object must hold beyond a manifest
+    /// ([`Spec::check_stored`]): what the store refuses to write and readers skip.
+    pub fn validate_stored(&self) -> Result<(), ValidationErrors> {
+        let mut errors = match self.validate() {
+            Ok(()) => ValidationErrors::default(),
+            Err(e) => e,
+        };
+        let mut stored = ValidationErrors::default();
+        self.spec.check_stored(&mut stored);
+        for e in stored.0 {
+            errors.push(format!("spec.{}", e.field), e.message);
         }
         errors.into_result()
     }

@@ -235,6 +235,14 @@ impl Spec for VolumeSpec {
         )
     }
 
+    fn check_stored(&self, errors: &mut ValidationErrors) {
+        self.check_resolved(errors);
+    }
+
+    fn keep_on_update(&mut self, stored: &Self) {
+        keep_class_fill(self, stored);
+    }
+
     fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
         let secrets = self.secrets.get_mut();
         secrets

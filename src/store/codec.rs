@@ -49,7 +49,7 @@ impl Codec {
         let mut obj: Object<S> =
             serde_json::from_slice(value).map_err(|e| malformed(MalformedCause::Json(e)))?;
         obj.unknown = unknown_fields(value, &obj);
-        obj.validate()
+        obj.validate_stored()
             .map_err(|e| malformed(MalformedCause::Invalid(e)))?;
         let actual = obj.key();
         if actual != key {

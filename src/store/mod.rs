@@ -300,7 +300,7 @@ impl Store {
     }
 
     fn check<S: Spec>(obj: &Object<S>) -> Result<(), StoreError> {
-        obj.validate().map_err(|errors| StoreError::Invalid {
+        obj.validate_stored().map_err(|errors| StoreError::Invalid {
             kind: S::KIND,
             errors,
         })
