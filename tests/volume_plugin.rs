@@ -1178,6 +1178,22 @@ async fn a_class_fills_volumes_from_moorctl_a_template_and_the_endpoint() {
     );
     let (ok_, out) = apply_text(&c, "v3", &v3("2MiB"));
     assert!(!ok_ && out.contains("does not allow expansion"), "{out}");
+    // Raised behind moorctl's back (straight into the store): the provisioner refuses
+    // it by the class too, and the plugin is never asked.
+    let mut raised = stored_volume(&c, "v3").await;
+    raised.spec.capacity_min = Some(Size(2 << 20));
+    c.store.replace(&raised).await.unwrap();
+    c.wait("v3's expansion refused by its class", T, || async {
+        stored_volume(&c, "v3")
+            .await
+            .status
+            .provisioning
+            .meta
+            .condition("Expanded")
+            .is_some_and(|k| !k.status && k.reason == "ExpansionNotAllowed")
+    })
+    .await;
+    assert_eq!(c.node("n1").tried("ControllerExpandVolume"), 0);
 
     // A template naming the class.
     let alloc = "kind: Allocation\nmetadata: {name: a1}\nspec:\n  node: n1\n  volumes:\n    \

@@ -183,27 +183,61 @@ impl Provisioner {
             Step::Expand { .. } | Step::Modify | Step::Refuse { .. } if !known => {
                 Ok(Action::Requeue(std::time::Duration::from_secs(1)))
             }
-            Step::Expand { required, limit } => self.expand(&vol, required, limit).await,
+            Step::Expand { required, limit } => match self.expansion_forbidden(&vol).await? {
+                // Its class forbids it, whichever front door raised the capacity.
+                Some(message) => {
+                    self.refuse(&vol, EXPANDED, "ExpansionNotAllowed", message)
+                        .await
+                }
+                None => self.expand(&vol, required, limit).await,
+            },
             Step::ExpansionWithdrawn { capacity } => self.expansion_withdrawn(&vol, capacity).await,
             Step::Modify => self.modify(&vol).await,
             Step::Refuse {
                 condition,
                 reason,
                 message,
-            } => {
-                self.ctx
-                    .writer
-                    .modify_status(&vol_key, |_, st| {
-                        st.provisioning
-                            .meta
-                            .set_condition(condition, false, reason, &message);
-                        true
-                    })
-                    .await?;
-                self.event(&vol, reason, EventType::Warning, message).await;
-                Ok(Action::AwaitChange)
-            }
+            } => self.refuse(&vol, condition, reason, message).await,
         }
+    }
+
+    /// A step refused: its condition false with the reason, and a Warning; looked at
+    /// again on the next change.
+    async fn refuse(
+        &self,
+        vol: &Volume,
+        condition: &'static str,
+        reason: &'static str,
+        message: String,
+    ) -> Result<Action, ProvisionError> {
+        self.ctx
+            .writer
+            .modify_status(&vol.object_key(), |_, st| {
+                st.provisioning
+                    .meta
+                    .set_condition(condition, false, reason, &message);
+                true
+            })
+            .await?;
+        self.event(vol, reason, EventType::Warning, message).await;
+        Ok(Action::AwaitChange)
+    }
+
+    /// Why the volume's class, as it is now, forbids raising its capacity (read when
+    /// an expansion is owed, which is rare: no cache of classes is kept).
+    async fn expansion_forbidden(&self, vol: &Volume) -> Result<Option<String>, ProvisionError> {
+        let Some(name) = &vol.spec.class else {
+            return Ok(None);
+        };
+        let class = self
+            .ctx
+            .reads
+            .try_get(&VolumeClass::key_for(name))
+            .await
+            .map_err(super::StepError::from)?;
+        Ok(class
+            .filter(|c| !c.spec.allow_expansion)
+            .map(|_| format!("class {name} does not allow expansion (allow_expansion: false)")))
     }
 
     /// What a volume's steps depend on: its spec and the plugin's fingerprint (the
