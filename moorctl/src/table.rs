@@ -435,48 +435,6 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                     }
                 }),
             ],
-            Kind::SnapshotSchedule => vec![
-                col("NAME", name),
-                col("SCHEDULE", |v| {
-                    let every = text(v, "/spec/interval");
-                    if every.is_empty() {
-                        format!("cron {}", text(v, "/spec/cron"))
-                    } else {
-                        format!("every {every}")
-                    }
-                }),
-                col("SELECTOR", |v| {
-                    v.pointer("/spec/selector")
-                        .and_then(Value::as_object)
-                        .map(|m| {
-                            m.iter()
-                                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        })
-                        .unwrap_or_default()
-                }),
-                col("KEEP", |v| {
-                    let (n, age) = (
-                        text(v, "/spec/retention/keep"),
-                        text(v, "/spec/retention/max_age"),
-                    );
-                    match (n.is_empty(), age.is_empty()) {
-                        (false, false) => format!("{n}, {age}"),
-                        (false, true) => n,
-                        _ => age,
-                    }
-                }),
-                col("LAST SLOT", |v| text(v, "/status/last_slot")),
-                col("MISSED", |v| {
-                    match text(v, "/status/missed_slots").as_str() {
-                        "" => "0".into(),
-                        n => n.to_string(),
-                    }
-                }),
-                col("PAUSED", |v| yes_no(v, "/spec/paused")),
-                col("AGE", age),
-            ],
             Kind::Event => vec![col("SOURCE", |v| text(v, "/spec/source"))],
             Kind::Snapshot => vec![col("GROUP", |v| text(v, "/spec/group"))],
             _ => Vec::new(),
@@ -550,6 +508,24 @@ pub fn table(kind: Kind, items: &[Value], wide: bool, all_namespaces: bool) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_kind_shows_a_column_twice() {
+        for kind in Kind::ALL {
+            for wide in [false, true] {
+                let cols = columns(*kind, wide);
+                let mut headers: Vec<&str> = cols.iter().map(|c| c.header).collect();
+                let all = headers.len();
+                headers.sort_unstable();
+                headers.dedup();
+                assert_eq!(
+                    headers.len(),
+                    all,
+                    "{kind:?} (wide: {wide}) repeats a column"
+                );
+            }
+        }
+    }
 
     #[test]
     fn columns_line_up() {
