@@ -412,7 +412,7 @@ async fn a_schedule_cuts_on_its_interval_and_prunes_by_count_and_by_age() {
     .await;
     let (ok, out) = c.moorctl(&["get", "snapshotschedules"]);
     assert!(
-        ok && out.contains("every 2s") && out.contains("tier=gold"),
+        ok && out.contains("every 2s") && out.contains("tier=gold") && out.contains("NEXT SLOT"),
         "{out}"
     );
 

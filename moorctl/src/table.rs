@@ -26,6 +26,32 @@ fn namespace(v: &Value) -> String {
     text(v, "/metadata/namespace")
 }
 
+/// A snapshot schedule's next slot after its last one (or after now, for one never
+/// cut): the arithmetic the controller acts on (`moor::api::Cadence`). `paused` when
+/// paused, empty for a spec this version cannot read.
+fn next_slot(v: &Value) -> String {
+    let Some(spec) = v
+        .get("spec")
+        .cloned()
+        .and_then(|s| serde_json::from_value::<moor::api::SnapshotScheduleSpec>(s).ok())
+    else {
+        return String::new();
+    };
+    if spec.paused {
+        return "paused".into();
+    }
+    let last = v
+        .pointer("/status/last_slot")
+        .and_then(Value::as_str)
+        .and_then(|t| humantime::parse_rfc3339(t).ok());
+    let from = last.map_or_else(SystemTime::now, |l| l.max(SystemTime::now()));
+    spec.cadence()
+        .ok()
+        .and_then(|c| c.next_after(from))
+        .map(|t| humantime::format_rfc3339_seconds(t).to_string())
+        .unwrap_or_default()
+}
+
 fn age(v: &Value) -> String {
     ago(&text(v, "/metadata/creation_timestamp"))
 }
@@ -383,6 +409,7 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                 }
             }),
             col("LAST SLOT", |v| text(v, "/status/last_slot")),
+            col("NEXT SLOT", next_slot),
             col("MISSED", |v| {
                 match text(v, "/status/missed_slots").as_str() {
                     "" => "0".into(),
@@ -508,6 +535,23 @@ pub fn table(kind: Kind, items: &[Value], wide: bool, all_namespaces: bool) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schedule_shows_its_next_slot() {
+        let v = serde_json::json!({
+            "spec": {"interval": "1h", "retention": {"keep": 1}},
+            "status": {"last_slot": "2000-01-01T00:00:00.000Z"}
+        });
+        // A slot of an hourly schedule is on the hour, after now.
+        let next = next_slot(&v);
+        let t = humantime::parse_rfc3339(&next).unwrap();
+        let secs = t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
+        assert_eq!(secs % 3600, 0, "{next}");
+        assert!(t > SystemTime::now() && t <= SystemTime::now() + Duration::from_secs(3600));
+        let paused = serde_json::json!({"spec": {"interval": "1h", "paused": true}});
+        assert_eq!(next_slot(&paused), "paused");
+        assert_eq!(next_slot(&serde_json::json!({"spec": {"interval": 7}})), "");
+    }
 
     #[test]
     fn no_kind_shows_a_column_twice() {
