@@ -64,19 +64,22 @@ impl Apply {
         let total = results.len();
         // Classes applied in the same file count for its volumes (they are written
         // first when they come first, as in the file).
-        let incoming: Vec<moor::api::VolumeClass> = results
-            .iter()
-            .filter_map(|r| match r {
-                Ok(AnyObject::VolumeClass(c)) => Some((**c).clone()),
-                _ => None,
-            })
-            .collect();
+        let mut classes = Classes {
+            incoming: results
+                .iter()
+                .filter_map(|r| match r {
+                    Ok(AnyObject::VolumeClass(c)) => Some((**c).clone()),
+                    _ => None,
+                })
+                .collect(),
+            all: None,
+        };
         let mut objects = Vec::with_capacity(total);
         let mut warnings = Vec::new();
         let mut refused = 0;
         for result in results {
             let checked = match result {
-                Ok(mut obj) => match classify(ctx, &mut obj, &incoming).await {
+                Ok(mut obj) => match classify(ctx, &mut obj, &mut classes).await {
                     Ok(()) => check(ctx, &obj, self.allow_plaintext_secrets)
                         .await
                         .map(|warning| (obj, warning)),
@@ -144,24 +147,20 @@ impl Apply {
 /// raise a capacity its class forbids; a second default class is refused; an
 /// Allocation whose template relies on a class is refused while the leading
 /// controller does not say it knows that.
-async fn classify(
-    ctx: &Ctx,
-    obj: &mut AnyObject,
-    incoming: &[moor::api::VolumeClass],
-) -> anyhow::Result<()> {
+async fn classify(ctx: &Ctx, obj: &mut AnyObject, classes: &mut Classes) -> anyhow::Result<()> {
     match obj {
         // A volume naming its plugin and no class reads nothing here (a class-made
         // one it updates keeps what its class filled: `Spec::keep_on_update`, in the
         // write itself).
         AnyObject::Volume(v) if v.spec.class.is_some() || v.spec.plugin_id.is_empty() => {
-            let classes = classes(ctx, incoming).await?;
+            let classes = classes.all(ctx).await?;
             let what = v.key();
             match ctx.store.try_get(&v.object_key()).await? {
-                None => moor::api::resolve(&mut v.spec, &classes)
+                None => moor::api::resolve(&mut v.spec, classes)
                     .map_err(|e| Refused(format!("{what}: {}", prefixed(e))))?,
+                // What its class filled is kept by the write itself (keep_on_update).
                 Some(stored) => {
-                    moor::api::keep_class_fill(&mut v.spec, &stored.spec);
-                    if let Some(why) = moor::api::expansion_refused(&v.spec, &stored.spec, &classes)
+                    if let Some(why) = moor::api::expansion_refused(&v.spec, &stored.spec, classes)
                     {
                         return Err(Refused(format!("{what}: {why}")).into());
                     }
@@ -170,10 +169,10 @@ async fn classify(
             Ok(())
         }
         AnyObject::VolumeClass(c) if c.spec.default => {
-            let other = classes(ctx, incoming)
-                .await?
-                .into_iter()
-                .find(|o| o.spec.default && o.metadata.name != c.metadata.name && !o.is_deleting());
+            let other =
+                classes.all(ctx).await?.iter().find(|o| {
+                    o.spec.default && o.metadata.name != c.metadata.name && !o.is_deleting()
+                });
             match other {
                 Some(o) => Err(Refused(format!(
                     "{}: class {} is already the default; apply it with default: false first",
@@ -215,21 +214,33 @@ async fn classify(
     }
 }
 
-/// Every volume class: those stored, each replaced by the file's own of that name.
-async fn classes(
-    ctx: &Ctx,
-    incoming: &[moor::api::VolumeClass],
-) -> anyhow::Result<Vec<moor::api::VolumeClass>> {
-    let mut all: Vec<moor::api::VolumeClass> = ctx
-        .store
-        .list::<moor::api::VolumeClassSpec>(&moor::api::KeyScope::all())
-        .await?
-        .items
-        .into_iter()
-        .filter(|c| !incoming.iter().any(|i| i.metadata.name == c.metadata.name))
-        .collect();
-    all.extend(incoming.iter().cloned());
-    Ok(all)
+/// The volume classes an apply sees: the file's own, and those stored, read once when
+/// a document first needs them.
+struct Classes {
+    /// The file's classes.
+    incoming: Vec<moor::api::VolumeClass>,
+    /// Every class, once read: those stored, each replaced by the file's own of that
+    /// name.
+    all: Option<Vec<moor::api::VolumeClass>>,
+}
+
+impl Classes {
+    async fn all(&mut self, ctx: &Ctx) -> anyhow::Result<&[moor::api::VolumeClass]> {
+        if self.all.is_none() {
+            let incoming = &self.incoming;
+            let mut all: Vec<moor::api::VolumeClass> = ctx
+                .store
+                .list::<moor::api::VolumeClassSpec>(&moor::api::KeyScope::all())
+                .await?
+                .items
+                .into_iter()
+                .filter(|c| !incoming.iter().any(|i| i.metadata.name == c.metadata.name))
+                .collect();
+            all.extend(incoming.iter().cloned());
+            self.all = Some(all);
+        }
+        Ok(self.all.as_deref().unwrap_or_default())
+    }
 }
 
 /// Validation errors with each field under `spec.`.

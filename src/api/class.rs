@@ -173,6 +173,8 @@ impl VolumeClass {
 
 /// The fields a class fills, borrowed from a volume's spec or a template.
 pub struct Classed<'a> {
+    /// The class named (recorded once picked).
+    pub class: &'a mut Option<Name>,
     /// The plugin.
     pub plugin_id: &'a mut PluginId,
     /// CreateVolume parameters.
@@ -189,6 +191,7 @@ impl VolumeSpec {
     /// The fields a class fills.
     pub fn classed(&mut self) -> Classed<'_> {
         Classed {
+            class: &mut self.class,
             plugin_id: &mut self.plugin_id,
             parameters: &mut self.parameters,
             mutable_parameters: &mut self.mutable_parameters,
@@ -202,6 +205,7 @@ impl VolumeTemplate {
     /// The fields a class fills.
     pub fn classed(&mut self) -> Classed<'_> {
         Classed {
+            class: &mut self.class,
             plugin_id: &mut self.plugin_id,
             parameters: &mut self.parameters,
             mutable_parameters: &mut self.mutable_parameters,
@@ -214,7 +218,7 @@ impl VolumeTemplate {
 impl VolumeClassSpec {
     /// Fills what `target` leaves empty from this class (named `class`), and refuses,
     /// field by field, what `target` sets against it.
-    pub fn fill(&self, class: &Name, target: Classed<'_>, errors: &mut ValidationErrors) {
+    pub fn fill(&self, class: &Name, target: &mut Classed<'_>, errors: &mut ValidationErrors) {
         let against = |what: &str| format!("contradicts class {class}, which sets {what}");
         if target.plugin_id.is_empty() {
             *target.plugin_id = self.plugin_id.clone();
@@ -307,6 +311,61 @@ impl AsRef<VolumeClass> for VolumeClass {
     }
 }
 
+/// What every front door says of a volume that names no plugin once its class is
+/// resolved.
+const PLUGIN_REQUIRED: &str =
+    "is required: name a plugin or a class, or make a VolumeClass the default";
+
+impl Classed<'_> {
+    /// Picks the class (see [`pick`]), fills what this leaves empty from it and
+    /// records its name; returns the class's deletion rule. A problem is pushed to
+    /// `errors` by field.
+    fn take_class(
+        &mut self,
+        classes: &[impl AsRef<VolumeClass>],
+        errors: &mut ValidationErrors,
+    ) -> Option<OnDelete> {
+        match pick(classes, self.class.as_ref(), !self.plugin_id.is_empty()) {
+            Err(e) => {
+                errors.push("class", e);
+                None
+            }
+            Ok(Some(class)) => {
+                let name = class.metadata.name.clone();
+                class.spec.fill(&name, self, errors);
+                *self.class = Some(name);
+                class.spec.on_delete
+            }
+            Ok(None) => None,
+        }
+    }
+
+    /// For what this leaves empty, what its class filled in `stored` when that was
+    /// made (maps key by key).
+    fn keep_from(&mut self, stored: &VolumeSpec) {
+        if self.class.is_none() {
+            *self.class = stored.class.clone();
+        }
+        if self.plugin_id.is_empty() {
+            *self.plugin_id = stored.plugin_id.clone();
+        }
+        for (ours, theirs) in [
+            (&mut *self.parameters, &*stored.parameters),
+            (&mut *self.mutable_parameters, &*stored.mutable_parameters),
+        ] {
+            for (k, v) in theirs {
+                ours.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        if self.capabilities.is_empty() {
+            *self.capabilities = stored.capabilities.clone();
+        }
+        if self.mount_options.is_empty() {
+            *self.mount_options = (*stored.mount_options).clone();
+        }
+    }
+}
+
 /// Resolves a new volume's class (see [`pick`]): fills the spec from it, records the
 /// class's name and deletion rule, and checks what a volume needs once resolved (a
 /// plugin and at least one capability). Every problem is named by its `spec.` field.
@@ -315,17 +374,9 @@ pub fn resolve(
     classes: &[impl AsRef<VolumeClass>],
 ) -> Result<(), ValidationErrors> {
     let mut errors = ValidationErrors::default();
-    match pick(classes, spec.class.as_ref(), !spec.plugin_id.is_empty()) {
-        Err(e) => errors.push("class", e),
-        Ok(Some(class)) => {
-            let name = class.metadata.name.clone();
-            class.spec.fill(&name, spec.classed(), &mut errors);
-            if spec.on_delete.is_none() {
-                spec.on_delete = class.spec.on_delete;
-            }
-            spec.class = Some(name);
-        }
-        Ok(None) => {}
+    let on_delete = spec.classed().take_class(classes, &mut errors);
+    if spec.on_delete.is_none() {
+        spec.on_delete = on_delete;
     }
     spec.check_resolved(&mut errors);
     errors.into_result()
@@ -339,27 +390,26 @@ pub fn resolve_template(
 ) -> Result<(VolumeTemplate, Option<OnDelete>), String> {
     let mut t = template.clone();
     let mut errors = ValidationErrors::default();
-    let mut on_delete = None;
-    match pick(classes, t.class.as_ref(), !t.plugin_id.is_empty()) {
-        Err(e) => return Err(e),
-        Ok(Some(class)) => {
-            let name = class.metadata.name.clone();
-            class.spec.fill(&name, t.classed(), &mut errors);
-            on_delete = class.spec.on_delete;
-            t.class = Some(name);
-        }
-        Ok(None) => {}
-    }
+    let on_delete = t.classed().take_class(classes, &mut errors);
     if t.plugin_id.is_empty() {
-        errors.push(
-            "plugin_id",
-            "is required: name a plugin or a class, or make a VolumeClass the default",
-        );
+        errors.push("plugin_id", PLUGIN_REQUIRED);
     }
     errors
         .into_result()
         .map(|()| (t, on_delete))
         .map_err(|e| e.to_string())
+}
+
+/// A template met against the volume it made before with the same class (`stored`):
+/// what the template leaves empty is what the class filled then, never the class as
+/// it is now; returns it with the volume's deletion rule.
+pub fn template_as_made(
+    template: &VolumeTemplate,
+    stored: &VolumeSpec,
+) -> (VolumeTemplate, Option<OnDelete>) {
+    let mut t = template.clone();
+    t.classed().keep_from(stored);
+    (t, stored.on_delete)
 }
 
 /// An update of a stored volume a class made (`stored.class`): what the manifest
@@ -370,26 +420,7 @@ pub fn keep_class_fill(spec: &mut VolumeSpec, stored: &VolumeSpec) {
     if stored.class.is_none() {
         return;
     }
-    if spec.class.is_none() {
-        spec.class = stored.class.clone();
-    }
-    if spec.plugin_id.is_empty() {
-        spec.plugin_id = stored.plugin_id.clone();
-    }
-    for (ours, theirs) in [
-        (&mut *spec.parameters, &*stored.parameters),
-        (&mut *spec.mutable_parameters, &*stored.mutable_parameters),
-    ] {
-        for (k, v) in theirs {
-            ours.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-    }
-    if spec.capabilities.is_empty() {
-        spec.capabilities = stored.capabilities.clone();
-    }
-    if spec.mount_options.is_empty() {
-        spec.mount_options = stored.mount_options.clone();
-    }
+    spec.classed().keep_from(stored);
     if spec.on_delete.is_none() {
         spec.on_delete = stored.on_delete;
     }
@@ -421,10 +452,7 @@ impl VolumeSpec {
     /// What a volume needs once its class is resolved: a plugin and a capability.
     pub fn check_resolved(&self, errors: &mut ValidationErrors) {
         if self.plugin_id.is_empty() {
-            errors.push(
-                "plugin_id",
-                "is required: name a plugin or a class, or make a VolumeClass the default",
-            );
+            errors.push("plugin_id", PLUGIN_REQUIRED);
         }
         if self.capabilities.is_empty() {
             errors.push(

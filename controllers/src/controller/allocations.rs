@@ -227,17 +227,7 @@ fn classed(
         return Ok((tpl.clone(), None));
     }
     if let Some(v) = existing.filter(|v| v.spec.class.is_some() && v.spec.class == tpl.class) {
-        let mut t = tpl.clone();
-        let mut spec = t.volume_spec(&VolumeRequest::default(), None, MadeFor::default());
-        keep_class_fill(&mut spec, &v.spec);
-        t.plugin_id = spec.plugin_id;
-        t.parameters = (*spec.parameters).clone();
-        t.mutable_parameters = (*spec.mutable_parameters).clone();
-        if t.capabilities.is_empty() {
-            t.capabilities = spec.capabilities;
-        }
-        t.mount_options = (*spec.mount_options).clone();
-        return Ok((t, v.spec.on_delete));
+        return Ok(template_as_made(tpl, &v.spec));
     }
     if let Err(why) = pick(classes, tpl.class.as_ref(), !tpl.plugin_id.is_empty()) {
         return Err(Box::new(Made::Wait(why)));

@@ -266,11 +266,15 @@ impl Endpoint {
         }
         // The class named, or the default one unless a plugin is named: it fills what
         // the options leave out (moor::api::resolve, as every front door does).
-        let classes = self
-            .store
-            .list::<VolumeClassSpec>(&KeyScope::all())
-            .await?
-            .items;
+        // A plugin named without a class uses none: no classes are read.
+        let classes = if opts.plugin.is_some() && opts.class.is_none() {
+            Vec::new()
+        } else {
+            self.store
+                .list::<VolumeClassSpec>(&KeyScope::all())
+                .await?
+                .items
+        };
         let class = pick(&classes, opts.class.as_ref(), opts.plugin.is_some())
             .map_err(|e| Failure::bad(format!("option class: {e}")))?;
         let plugin = match (&opts.plugin, class) {
