@@ -81,7 +81,7 @@ for node in "$@"; do
             AgentAccess::Read => out.push_str(&format!(
                 "    ctl role grant-permission \"$user\" read \"${{PREFIX}}{dir}/\" --prefix\n"
             )),
-            AgentAccess::None | AgentAccess::ControllerPlugin => {}
+            AgentAccess::None | AgentAccess::ControllerPlugin | AgentAccess::OwnPlugin => {}
         }
     }
     out.push_str(
@@ -102,11 +102,17 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
 "#,
     );
     for &kind in Kind::ALL {
-        if kind.agent_access() == AgentAccess::ControllerPlugin {
-            out.push_str(&format!(
+        match kind.agent_access() {
+            AgentAccess::ControllerPlugin => out.push_str(&format!(
                 "    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{}/\" --prefix\n",
                 kind.dir()
-            ));
+            )),
+            AgentAccess::OwnPlugin => out.push_str(&format!(
+                "    # Its plugin's {} (read only; not another plugin's).\n    ctl role grant-permission \"$user\" read \"${{PREFIX}}{}/$plugin/\" --prefix\n",
+                kind.dir(),
+                kind.dir()
+            )),
+            _ => {}
         }
     }
     out.push_str(

@@ -69,6 +69,8 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     ctl role grant-permission "$user" readwrite "${PREFIX}attachments/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}snapshots/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}groupsnapshots/" --prefix
+    # Its plugin's secrets (read only; not another plugin's).
+    ctl role grant-permission "$user" read "${PREFIX}secrets/$plugin/" --prefix
     # The election of the controller plugin it hosts (that key only: not another
     # plugin's, not the controller's).
     ctl role grant-permission "$user" readwrite "${PREFIX}leaders/plugin.$plugin"

@@ -28,6 +28,9 @@ impl Delete {
         if cmd.volumes && cmd.kind != Kind::Allocation {
             return Err(Refused("--volumes applies to an allocation".into()).into());
         }
+        if cmd.kind == Kind::Secret {
+            refuse_secret_in_use(ctx, &ns, &cmd.name).await?;
+        }
         // The volumes its templates made, read before the allocation goes.
         let made = if cmd.volumes {
             made_volumes(ctx, &ns, &cmd.name).await?
@@ -107,4 +110,64 @@ async fn made_volumes(
         }
     }
     Ok(out)
+}
+
+/// Refuses to delete Secret `name` while a volume, a volume class or a snapshot
+/// names it (the next call of theirs would fail), naming each of them.
+async fn refuse_secret_in_use(
+    ctx: &Ctx,
+    ns: &moor::api::Namespace,
+    name: &str,
+) -> anyhow::Result<()> {
+    use moor::api::{
+        KeyScope, Name, Secret, SecretSpec, SnapshotSpec, VolumeClassSpec, VolumeSpec,
+    };
+    let Ok(name) = Name::new(name) else {
+        return Ok(());
+    };
+    let Some(key) = kind::find_key(ctx, Kind::Secret, Some(ns), name.as_str()).await? else {
+        return Ok(());
+    };
+    let secret = ctx
+        .store
+        .try_get(&moor::api::ObjectKey::<SecretSpec>::parse(&key)?)
+        .await?;
+    let Some(secret) = secret else {
+        return Ok(());
+    };
+    let plugin = &secret.spec.plugin_id;
+    let mut users = Vec::new();
+    let scope = KeyScope::<VolumeSpec>::namespace(ns).unwrap_or_else(KeyScope::all);
+    for v in ctx.store.list(&scope).await?.items {
+        if &v.metadata.namespace == ns
+            && &v.spec.plugin_id == plugin
+            && v.spec.secret_refs.names_secret(&name)
+        {
+            users.push(format!("volume {}", v.metadata.name));
+        }
+    }
+    for c in ctx.store.list(&KeyScope::<VolumeClassSpec>::all()).await?.items {
+        if &c.spec.plugin_id == plugin && c.spec.secret_refs.names_secret(&name) {
+            users.push(format!("volumeclass {}", c.metadata.name));
+        }
+    }
+    let scope = KeyScope::<SnapshotSpec>::namespace(ns).unwrap_or_else(KeyScope::all);
+    for s in ctx.store.list(&scope).await?.items {
+        if &s.metadata.namespace == ns && s.spec.secret_ref.as_ref() == Some(&name) {
+            users.push(format!("snapshot {}", s.metadata.name));
+        }
+    }
+    if users.is_empty() {
+        return Ok(());
+    }
+    let more = users.len().saturating_sub(10);
+    users.truncate(10);
+    let key = Secret::key_for(plugin, ns, &name);
+    Err(Refused(format!(
+        "secret {}/{name} is in use by {}{}: name another Secret there first (the key is {key})",
+        ns,
+        users.join(", "),
+        if more > 0 { format!(" and {more} more") } else { String::new() }
+    ))
+    .into())
 }

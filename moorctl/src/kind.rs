@@ -71,9 +71,26 @@ pub async fn find(
         return Ok(found);
     }
     let (items, _) = list(ctx, kind, ns).await?;
-    Ok(items
+    let mut found: Vec<Value> = items
         .into_iter()
-        .find(|v| v.pointer("/metadata/name").and_then(Value::as_str) == Some(name)))
+        .filter(|v| v.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
+        .collect();
+    if found.len() > 1 {
+        // Two Secrets of one name for two plugins, say: never pick one.
+        let keys: Vec<String> = found
+            .iter()
+            .filter_map(|v| {
+                with_spec!(kind, S => serde_json::from_value::<Object<S>>(v.clone()).ok().map(|o| o.key()))
+            })
+            .collect();
+        return Err(Refused(format!(
+            "{kind} {name} names {} objects ({}); delete or edit them through a manifest",
+            found.len(),
+            keys.join(", ")
+        ))
+        .into());
+    }
+    Ok(found.pop())
 }
 
 /// The key of the object named `name`.

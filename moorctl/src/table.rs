@@ -308,6 +308,16 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             }),
             col("AGE", age),
         ],
+        Kind::Secret => vec![
+            col("NAME", name),
+            col("PLUGIN", |v| text(v, "/spec/plugin_id")),
+            // The names of its keys are counted, never listed (nor their values).
+            col("KEYS", |v| match v.pointer("/spec/secrets") {
+                Some(Value::Object(m)) => m.len().to_string(),
+                _ => "sealed".into(),
+            }),
+            col("AGE", age),
+        ],
         Kind::Cordon => vec![
             col("NODE", name),
             col("DRAIN", |v| yes_no(v, "/spec/drain")),

@@ -51,6 +51,11 @@ pub struct ClaimSpec {
     /// reads its node's claims, not volumes (see deploy/etcd/roles.sh).
     #[serde(default, skip_serializing_if = "Rare::is_empty")]
     pub node_secrets: Rare<Secrets>,
+    /// NodePublish's secrets when the volume names a different Secret for them than
+    /// for NodeStage (empty: `node_secrets`); copied and dropped like them. An older
+    /// agent skips the field and sends `node_secrets`.
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub node_publish_secrets: Rare<Secrets>,
     /// ControllerPublish's publish_context, once attached.
     #[serde(default, skip_serializing_if = "StrMap::is_empty")]
     pub publish_context: StrMap,
@@ -125,15 +130,17 @@ impl Spec for ClaimSpec {
 
     fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
         let node = Some(self.node.as_str());
-        self.node_secrets
-            .get_mut()
-            .map(|secrets| SecretField {
-                field: "node_secrets",
-                node,
-                secrets,
-            })
-            .into_iter()
-            .collect()
+        let stage = self.node_secrets.get_mut().map(|secrets| SecretField {
+            field: "node_secrets",
+            node,
+            secrets,
+        });
+        let publish = self.node_publish_secrets.get_mut().map(|secrets| SecretField {
+            field: "node_publish_secrets",
+            node,
+            secrets,
+        });
+        stage.into_iter().chain(publish).collect()
     }
 
     fn validate(&self, errors: &mut ValidationErrors) {
@@ -147,6 +154,9 @@ impl Spec for ClaimSpec {
         }
         if let Err(e) = self.node_secrets.check() {
             errors.push("node_secrets", e);
+        }
+        if let Err(e) = self.node_publish_secrets.check() {
+            errors.push("node_publish_secrets", e);
         }
         if let Some(Err(e)) = self
             .workload_cgroup

@@ -74,6 +74,10 @@ pub struct VolumeClassSpec {
     /// What deleting a volume made from it does to its storage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_delete: Option<OnDelete>,
+    /// The Secrets (in each volume's namespace) its volumes' calls carry, per family;
+    /// filled into each new volume like the parameters.
+    #[serde(default, skip_serializing_if = "SecretRefs::is_empty")]
+    pub secret_refs: SecretRefs,
     /// The class of a volume or template that names neither a class nor a plugin.
     /// Several defaults (a race between two writers): the oldest counts.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -129,6 +133,7 @@ impl Spec for VolumeClassSpec {
         }
         check_map_sizes("parameters", &self.parameters, errors);
         check_map_sizes("mutable_parameters", &self.mutable_parameters, errors);
+        self.secret_refs.validate("secret_refs", errors);
     }
 }
 
@@ -320,11 +325,11 @@ impl Classed<'_> {
     /// Picks the class (see [`pick`]), fills what this leaves empty from it and
     /// records its name; returns the class's deletion rule. A problem is pushed to
     /// `errors` by field.
-    fn take_class(
+    fn take_class<'c, C: AsRef<VolumeClass>>(
         &mut self,
-        classes: &[impl AsRef<VolumeClass>],
+        classes: &'c [C],
         errors: &mut ValidationErrors,
-    ) -> Option<OnDelete> {
+    ) -> Option<&'c VolumeClass> {
         match pick(classes, self.class.as_ref(), !self.plugin_id.is_empty()) {
             Err(e) => {
                 errors.push("class", e);
@@ -334,7 +339,7 @@ impl Classed<'_> {
                 let name = class.metadata.name.clone();
                 class.spec.fill(&name, self, errors);
                 *self.class = Some(name);
-                class.spec.on_delete
+                Some(class)
             }
             Ok(None) => None,
         }
@@ -374,9 +379,16 @@ pub fn resolve(
     classes: &[impl AsRef<VolumeClass>],
 ) -> Result<(), ValidationErrors> {
     let mut errors = ValidationErrors::default();
-    let on_delete = spec.classed().take_class(classes, &mut errors);
-    if spec.on_delete.is_none() {
-        spec.on_delete = on_delete;
+    if let Some(class) = spec.classed().take_class(classes, &mut errors) {
+        if spec.on_delete.is_none() {
+            spec.on_delete = class.spec.on_delete;
+        }
+        if !class.spec.secret_refs.is_empty() {
+            let name = class.metadata.name.clone();
+            let mut refs = (*spec.secret_refs).clone();
+            refs.fill_from(&class.spec.secret_refs, &name, "secret_refs", &mut errors);
+            spec.secret_refs = Rare::new(refs);
+        }
     }
     spec.check_resolved(&mut errors);
     errors.into_result()
@@ -390,7 +402,10 @@ pub fn resolve_template(
 ) -> Result<(VolumeTemplate, Option<OnDelete>), String> {
     let mut t = template.clone();
     let mut errors = ValidationErrors::default();
-    let on_delete = t.classed().take_class(classes, &mut errors);
+    let on_delete = t
+        .classed()
+        .take_class(classes, &mut errors)
+        .and_then(|c| c.spec.on_delete);
     if t.plugin_id.is_empty() {
         errors.push("plugin_id", PLUGIN_REQUIRED);
     }
@@ -423,6 +438,11 @@ pub fn keep_class_fill(spec: &mut VolumeSpec, stored: &VolumeSpec) {
     spec.classed().keep_from(stored);
     if spec.on_delete.is_none() {
         spec.on_delete = stored.on_delete;
+    }
+    if !stored.secret_refs.is_empty() {
+        let mut refs = (*spec.secret_refs).clone();
+        refs.keep_from(&stored.secret_refs);
+        spec.secret_refs = Rare::new(refs);
     }
 }
 

@@ -39,6 +39,9 @@ pub enum AgentAccess {
     /// Read and write, on the nodes that host a controller plugin (their provisioner
     /// and attacher); nothing elsewhere.
     ControllerPlugin,
+    /// Read the objects of the plugin it hosts as a controller plugin, keyed by plugin
+    /// first (its Secrets); nothing elsewhere, and nothing on node-only agents.
+    OwnPlugin,
 }
 
 /// Calls `$m! { Variant(SpecType), ... }` with every kind, in the order moorctl and
@@ -60,6 +63,7 @@ macro_rules! for_each_kind {
             Snapshot(SnapshotSpec),
             VolumeGroupSnapshot(VolumeGroupSnapshotSpec),
             SnapshotSchedule(SnapshotScheduleSpec),
+            Secret(SecretSpec),
             Lease(LeaseSpec),
         }
     };
@@ -235,7 +239,7 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 14);
+        assert_eq!(Kind::ALL.len(), 15);
     }
 
     #[test]

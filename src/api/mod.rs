@@ -26,6 +26,8 @@
 //! - `template`: volumes made for the workload (an allocation's request templates).
 //! - `topology`: where a volume is accessible from, and where one must be created.
 //! - `secrets`: secrets passed to plugins, redacted and possibly sealed.
+//! - `secret`: the Secret kind (secrets stored once, keyed by plugin) and the
+//!   references per RPC family that volumes, classes and snapshots make to it.
 //! - `status`: what every status shares (conditions, observed generation, last error,
 //!   retry).
 //! - `quantity`: sizes with units, and timestamps.
@@ -56,6 +58,7 @@ mod plugin;
 mod quantity;
 mod rare;
 mod schedule;
+mod secret;
 mod secrets;
 mod snapshot;
 mod status;
@@ -88,6 +91,7 @@ pub use plugin::*;
 pub use quantity::*;
 pub use rare::*;
 pub use schedule::*;
+pub use secret::*;
 pub use secrets::*;
 pub use snapshot::*;
 pub use status::*;

@@ -23,6 +23,11 @@ pub struct SnapshotSpec {
     /// the volume's.
     #[serde(default, skip_serializing_if = "Secrets::is_empty")]
     pub secrets: Secrets,
+    /// The Secret (same namespace, the volume's plugin) its calls carry instead of
+    /// `secrets` (absent: `secrets`, else the volume's snapshot Secret, else the
+    /// volume's secrets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<Name>,
     /// Imported: the plugin's id of a snapshot made outside moor (of `volume`). The
     /// snapshotter finds it with ListSnapshots instead of cutting one, and keeps it in
     /// the plugin when this Snapshot is deleted (moor did not make it).
@@ -78,6 +83,9 @@ impl Spec for SnapshotSpec {
         }
         if let Err(e) = self.secrets.check() {
             errors.push("secrets", e);
+        }
+        if let Some(name) = &self.secret_ref {
+            errors.check_id("secret_ref", name.validate());
         }
         if let Some(id) = &self.snapshot_id {
             check_plugin_snapshot_id(errors, "snapshot_id", id);

@@ -46,6 +46,11 @@ pub struct VolumeSpec {
     /// Secrets passed to the plugin's calls (redacted in output).
     #[serde(default, skip_serializing_if = "Rare::is_empty")]
     pub secrets: Rare<Secrets>,
+    /// The Secret (same namespace, this volume's plugin) each family of calls carries
+    /// instead of `secrets`, read when the call is made: a rotated Secret is used by
+    /// every later call, and copied again into the live claims for their nodes.
+    #[serde(default, skip_serializing_if = "Rare::is_empty")]
+    pub secret_refs: Rare<SecretRefs>,
     /// Volume context for a registered volume (CreateVolume returns it otherwise).
     #[serde(default, skip_serializing_if = "Rare::is_empty")]
     pub context: Rare<BTreeMap<String, String>>,
@@ -266,6 +271,7 @@ impl Spec for VolumeSpec {
         if let Err(e) = self.secrets.check() {
             errors.push("secrets", e);
         }
+        self.secret_refs.validate("secret_refs", errors);
         if let Err(e) = self.mount_options.check() {
             errors.push("mount_options", e);
         }

@@ -362,9 +362,11 @@ pub struct NodeVolume<'a> {
     pub volume_id: &'a ExternalVolumeId,
     /// The claim's capability with its mount options ([`super::convert::node_capability`]).
     pub capability: &'a v1::VolumeCapability,
-    /// The secrets NodeStage, NodePublish and NodeExpand carry (the claim's node
-    /// secrets, opened).
+    /// The secrets NodeStage and NodeExpand carry (the claim's node secrets, opened).
     pub secrets: &'a BTreeMap<String, String>,
+    /// The secrets NodePublish carries (the claim's node-publish secrets, else its
+    /// node secrets).
+    pub publish_secrets: &'a BTreeMap<String, String>,
 }
 
 /// NodeStageVolume to `staging_target_path` (the plugin's view).
@@ -393,7 +395,7 @@ pub fn node_publish(
         target_path: target_path.to_string(),
         volume_capability: Some(v.capability.clone()),
         readonly: v.claim.spec.mode == ClaimMode::Read,
-        secrets: v.secrets.clone(),
+        secrets: v.publish_secrets.clone(),
         volume_context: v.claim.spec.volume_context.clone().into(),
     }
 }
@@ -752,6 +754,7 @@ mod tests {
             volume_id: &id,
             capability: &cap,
             secrets: &secrets,
+            publish_secrets: &BTreeMap::new(),
         };
         let r = node_stage(&v, "/csi/staging/x");
         assert_eq!(r.volume_id, "vol-1");
@@ -766,14 +769,17 @@ mod tests {
     fn publish_is_read_only_for_a_reader_and_names_the_staging_path_only_when_staged() {
         let (id, cap) = (id(), capability());
         let secrets = BTreeMap::new();
+        let publish: BTreeMap<String, String> = [("p".to_string(), "1".to_string())].into();
         let writer = claim(ClaimMode::Write);
         let v = NodeVolume {
             claim: &writer,
             volume_id: &id,
             capability: &cap,
             secrets: &secrets,
+            publish_secrets: &publish,
         };
         let r = node_publish(&v, Some("/csi/staging/x"), "/csi/target/y");
+        assert_eq!(r.secrets, publish, "NodePublish carries its own family's");
         assert!(!r.readonly);
         assert_eq!(r.staging_target_path, "/csi/staging/x");
         assert_eq!(r.target_path, "/csi/target/y");
@@ -800,6 +806,7 @@ mod tests {
             volume_id: &id,
             capability: &cap,
             secrets: &secrets,
+            publish_secrets: &secrets,
         };
         let r = node_expand(&v, "/csi/target/y", Some("/csi/staging/x"), 4 << 20);
         assert_eq!(r.volume_path, "/csi/target/y");

@@ -129,11 +129,11 @@ impl Attacher {
             .steps
             .begin(&key, "ControllerPublishVolume", self.inputs(att))?;
         let was_uncertain = att.status.uncertain;
-        let req = requests::controller_publish(
-            att,
-            self.volume(att).as_deref(),
-            self.ctx.multi_writer_cap(),
-        )?;
+        let vol = (self.ctx)
+            .resolved(self.volume(att), SecretFamily::Controller)
+            .await?;
+        let req =
+            requests::controller_publish(att, vol.as_deref(), self.ctx.multi_writer_cap())?;
         // Checkpoint: from here on the volume may be attached.
         let att = &self
             .ctx
@@ -196,7 +196,10 @@ impl Attacher {
             .ctx
             .steps
             .begin(&key, "ControllerUnpublishVolume", self.inputs(att))?;
-        let req = requests::controller_unpublish(att, self.volume(att).as_deref())?;
+        let vol = (self.ctx)
+            .resolved(self.volume(att), SecretFamily::Controller)
+            .await?;
+        let req = requests::controller_unpublish(att, vol.as_deref())?;
         // No checkpoint before the call: Attached is owed a ControllerUnpublish as much
         // as Detaching is, and `spec.detach` is final (no claim is granted on this
         // attachment again), so a crash mid-call repeats the call either way. Detaching

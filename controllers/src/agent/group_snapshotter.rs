@@ -327,14 +327,24 @@ impl GroupSnapshotter {
                 .await;
                 Ok(Action::AwaitChange)
             }
-            Step::Create(sources) => self.create(&group, first, sources).await,
+            Step::Create(sources) => {
+                let first = self.for_calls(&group, first).await?;
+                self.create(&group, first.as_deref(), sources).await
+            }
             Step::Poll(id) => {
                 let sources = group.status.source_volume_ids.clone();
-                self.get(&group, first, id, sources).await
+                let first = self.for_calls(&group, first).await?;
+                self.get(&group, first.as_deref(), id, sources).await
             }
-            Step::Import(id, sources) => self.get(&group, first, id, sources).await,
+            Step::Import(id, sources) => {
+                let first = self.for_calls(&group, first).await?;
+                self.get(&group, first.as_deref(), id, sources).await
+            }
             Step::Members => self.members(&group).await,
-            Step::Delete => self.delete(&group, first).await,
+            Step::Delete => {
+                let first = self.for_calls(&group, first).await?;
+                self.delete(&group, first.as_deref()).await
+            }
         }
     }
 
@@ -344,6 +354,21 @@ impl GroupSnapshotter {
             group.metadata.generation,
             self.ctx.supervisor.epoch(),
         ))
+    }
+
+    /// The group's first volume as the group calls see it, when the group has no
+    /// secrets of its own: with the Secret it names for snapshot calls, read now.
+    async fn for_calls<'a>(
+        &self,
+        group: &VolumeGroupSnapshot,
+        first: Option<&'a Volume>,
+    ) -> Result<Option<std::borrow::Cow<'a, Volume>>, GroupError> {
+        match first {
+            Some(v) if group.spec.secrets.is_empty() => {
+                Ok(Some(self.ctx.for_family(v, SecretFamily::Snapshot).await?))
+            }
+            v => Ok(v.map(std::borrow::Cow::Borrowed)),
+        }
     }
 
     /// One CreateVolumeGroupSnapshot of `sources`, recorded before it is sent.

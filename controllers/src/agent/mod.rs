@@ -429,6 +429,13 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
                     survey_interval,
                     unpublish_unknown,
                     monitor: monitor.clone(),
+                    // This plugin's Secrets only (the grant roles.sh gives it).
+                    secrets: moor::runtime::informer::Informer::<Secret>::spawn(
+                        base.clone(),
+                        Secret::scope_for(&cfg.id),
+                        stop.clone(),
+                    )
+                    .reader(),
                 };
                 let metrics = metrics.clone();
                 async move { ctx.run(metrics, stop).await }
@@ -483,6 +490,9 @@ pub struct ControllerPluginCtx {
     /// This agent's leadership of the plugin by its own clock: every CSI call checks
     /// it right before it is sent (no fence guards a call to the plugin).
     pub term: moor::runtime::term::Term,
+    /// The plugin's Secrets, which its volumes and snapshots name per call family:
+    /// read when a call is built, so a rotated Secret goes into every later call.
+    pub secrets: moor::runtime::reflector::Store<Secret>,
 }
 
 /// What a pass of a controller-plugin executor (attacher, provisioner, snapshotter)
@@ -505,6 +515,9 @@ pub enum StepError {
     /// The secrets are sealed with a key this agent does not hold.
     #[error(transparent)]
     Sealed(#[from] moor::api::SealedSecrets),
+    /// A Secret the call needs is not there.
+    #[error(transparent)]
+    MissingSecret(#[from] moor::api::MissingSecret),
 }
 
 impl moor::runtime::controller::ReconcileError for StepError {
@@ -600,6 +613,49 @@ impl ControllerPluginCtx {
         self.monitor
             .report(&self.plugin.id, &crate::common::object_ref(vol), breaches)
             .await;
+    }
+
+    /// How long a call that names a Secret waits for this agent's first list of the
+    /// plugin's Secrets (a leader just elected), before the Secret counts as missing.
+    const SECRETS_LISTED: Duration = Duration::from_secs(5);
+
+    /// The plugin's Secrets through which a call's secrets are looked up, once listed
+    /// (or after [`Self::SECRETS_LISTED`]: a missing Secret is then reported).
+    pub async fn secret_book(
+        &self,
+    ) -> impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>> + '_ {
+        if !self.secrets.is_ready() {
+            let _ = tokio::time::timeout(Self::SECRETS_LISTED, self.secrets.wait_until_ready())
+                .await;
+        }
+        |key| self.secrets.get(key)
+    }
+
+    /// `vol` as `family`'s calls see it: with the Secret it names for them, read now.
+    pub async fn for_family<'v>(
+        &self,
+        vol: &'v Volume,
+        family: SecretFamily,
+    ) -> Result<std::borrow::Cow<'v, Volume>, moor::api::MissingSecret> {
+        if vol.spec.secret_refs.get(family).is_none() {
+            return Ok(std::borrow::Cow::Borrowed(vol));
+        }
+        vol.for_family(family, self.secret_book().await)
+    }
+
+    /// [`Self::for_family`] of a volume that may be gone (none stays none).
+    pub async fn resolved(
+        &self,
+        vol: Option<Arc<Volume>>,
+        family: SecretFamily,
+    ) -> Result<Option<Arc<Volume>>, moor::api::MissingSecret> {
+        match vol {
+            Some(v) if v.spec.secret_refs.get(family).is_some() => {
+                let owned = self.for_family(&v, family).await?.into_owned();
+                Ok(Some(Arc::new(owned)))
+            }
+            other => Ok(other),
+        }
     }
 
     /// Records an event about a volume.

@@ -31,6 +31,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ControllerPluginCtx;
+use std::borrow::Cow;
 use crate::common::{details, object_ref};
 
 /// The finalizer that holds a snapshot's deletion until DeleteSnapshot.
@@ -270,7 +271,8 @@ impl Snapshotter {
             })
             .await?;
         }
-        let req = requests::create_snapshot(snap, volume, &source)?;
+        let (s, v) = self.for_calls(snap, volume).await?;
+        let req = requests::create_snapshot(&s, v.as_deref(), &source)?;
         let asked = v1::CreateSnapshotRequest {
             secrets: Default::default(),
             ..req.clone()
@@ -289,6 +291,30 @@ impl Snapshotter {
         self.record(snap, STEP, answer).await
     }
 
+    /// The snapshot and its volume as the snapshot calls see them: the Secret the
+    /// snapshot names, else its own secrets, else the volume's snapshot Secret, else
+    /// the volume's secrets ([`requests::snapshot_secrets`]), each Secret read now.
+    async fn for_calls<'a>(
+        &self,
+        snap: &'a Snapshot,
+        volume: Option<&'a Volume>,
+    ) -> Result<(Cow<'a, Snapshot>, Option<Cow<'a, Volume>>), SnapshotError> {
+        let s = match &snap.spec.secret_ref {
+            None => Cow::Borrowed(snap),
+            Some(_) => {
+                let book = self.ctx.secret_book().await;
+                snap.with_secret(&self.ctx.plugin.id, book)?
+            }
+        };
+        let v = match volume {
+            Some(v) if s.spec.secrets.is_empty() => {
+                Some(self.ctx.for_family(v, SecretFamily::Snapshot).await?)
+            }
+            v => v.map(Cow::Borrowed),
+        };
+        Ok((s, v))
+    }
+
     /// GetSnapshot of a snapshot cut but not yet ready to use.
     async fn poll(
         &self,
@@ -299,7 +325,8 @@ impl Snapshotter {
         const STEP: &str = "GetSnapshot";
         let key = snap.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(snap))?;
-        let req = requests::get_snapshot(snap, volume, &id)?;
+        let (s, v) = self.for_calls(snap, volume).await?;
+        let req = requests::get_snapshot(&s, v.as_deref(), &id)?;
         let csi = self.ctx.csi()?;
         let answer = step
             .call(async { cut(STEP, csi.get_snapshot(req).await?.snapshot) })
@@ -319,7 +346,8 @@ impl Snapshotter {
         const STEP: &str = "ListSnapshots";
         let key = snap.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(snap))?;
-        let req = requests::list_snapshot(snap, volume, &id)?;
+        let (s, v) = self.for_calls(snap, volume).await?;
+        let req = requests::list_snapshot(&s, v.as_deref(), &id)?;
         let source = volume.and_then(|v| v.status.provisioning.external_id.clone());
         let plugin = self.ctx.plugin.id.clone();
         let csi = self.ctx.csi()?;
@@ -434,7 +462,8 @@ impl Snapshotter {
                 .begin(&key, "DeleteSnapshot", self.inputs(snap))?;
             let csi = self.ctx.csi()?;
             if let (None, Some(src)) = (&id, &snap.status.source_volume_id) {
-                let req = requests::create_snapshot(snap, volume, src)?;
+                let (s, v) = self.for_calls(snap, volume).await?;
+                let req = requests::create_snapshot(&s, v.as_deref(), src)?;
                 match csi.create_snapshot(req).await {
                     Ok(r) => id = r.snapshot.map(|s| s.snapshot_id).filter(|s| !s.is_empty()),
                     // The volume is gone, or the plugin refuses for good: nothing was cut.
@@ -443,7 +472,8 @@ impl Snapshotter {
                 }
             }
             if let Some(id) = id {
-                let req = requests::delete_snapshot(snap, volume, &id)?;
+                let (s, v) = self.for_calls(snap, volume).await?;
+                let req = requests::delete_snapshot(&s, v.as_deref(), &id)?;
                 if let Err(failed) = step.call(csi.delete_snapshot(req)).await {
                     return self.failed(snap, failed).await;
                 }

@@ -831,7 +831,12 @@ impl Survey {
     /// why; the next pass looks again); on the step runner's schedule, per volume and
     /// node, so a plugin failing it is not called every pass.
     async fn unpublish(&self, vol: &Volume, ext: &str, node: &str) {
-        let req = match moor::csi::requests::controller_unpublish_of(ext, node, Some(vol)) {
+        let built = match self.ctx.for_family(vol, SecretFamily::Controller).await {
+            Ok(v) => moor::csi::requests::controller_unpublish_of(ext, node, Some(&v))
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let req = match built {
             Ok(req) => req,
             Err(e) => {
                 let msg = format!("not unpublishing {ext} from node {node}: {e}");

@@ -280,6 +280,15 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
             match made {
                 Made::Create(mut spec) => {
                     spec.on_delete = on_delete;
+                    // The class's Secrets, named for each family (a template names none
+                    // of its own).
+                    if let Some(class) = spec
+                        .class
+                        .as_ref()
+                        .and_then(|n| classes.iter().find(|c| &c.metadata.name == n))
+                    {
+                        spec.secret_refs = Rare::new(class.spec.secret_refs.clone());
+                    }
                     Made::Create(spec)
                 }
                 Made::Update(spec) => {

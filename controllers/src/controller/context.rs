@@ -36,6 +36,8 @@ pub struct Informers {
     pub cordons: Informer<Cordon>,
     /// Volume classes (templates that name one).
     pub classes: Informer<VolumeClass>,
+    /// Secrets (what claims carry for their nodes).
+    pub secrets: Informer<Secret>,
 }
 
 /// What the reconcilers share.
@@ -64,6 +66,8 @@ pub struct Ctx {
     pub cordons: reflector::Store<Cordon>,
     /// Volume classes.
     pub classes: reflector::Store<VolumeClass>,
+    /// Secrets: the node families' are copied into claims.
+    pub secrets: reflector::Store<Secret>,
     /// When each lease was last seen to change, by this process's clock.
     pub lease_observer: Arc<Mutex<LeaseObserver>>,
     /// Events.
@@ -91,6 +95,7 @@ impl Ctx {
         self.leases.wait_until_ready().await;
         self.cordons.wait_until_ready().await;
         self.classes.wait_until_ready().await;
+        self.secrets.wait_until_ready().await;
     }
 
     /// How long a node has been gone (no Node object), `None` while it is registered.
@@ -116,6 +121,12 @@ impl Ctx {
             &claim.spec.node,
         );
         self.writer.fresh(&self.attachments, &key).await
+    }
+
+    /// What a claim of `volume` carries for its node's calls, with the Secrets it
+    /// names as they are now.
+    pub fn node_secrets(&self, volume: &Volume) -> Result<NodeSecrets, MissingSecret> {
+        volume.node_secrets(|key| self.secrets.get(key))
     }
 
     /// The volume of a claim-like object.
@@ -175,12 +186,24 @@ pub fn unsettled(c: &Claim) -> bool {
 }
 
 /// The volumes cache's indexes.
-pub const VOLUME_INDEXES: &[reflector::Index<Volume>] = &[(BY_SCHEDULABLE, |v| {
-    vec![schedulable_index(
-        v.spec.plugin_id.as_str(),
-        v.status.claims.schedulable,
-    )]
-})];
+pub const VOLUME_INDEXES: &[reflector::Index<Volume>] = &[
+    (BY_SCHEDULABLE, |v| {
+        vec![schedulable_index(
+            v.spec.plugin_id.as_str(),
+            v.status.claims.schedulable,
+        )]
+    }),
+    (BY_SECRET, |v| {
+        v.spec
+            .secret_refs
+            .names()
+            .into_iter()
+            .map(|name| {
+                Secret::key_for(&v.spec.plugin_id, &v.metadata.namespace, name).into_string()
+            })
+            .collect()
+    }),
+];
 
 /// The [`BY_SCHEDULABLE`] value of a plugin's volumes that are (or are not) schedulable.
 pub fn schedulable_index(plugin: &str, schedulable: bool) -> String {
@@ -245,6 +268,8 @@ pub const BY_WAITING: &str = "waiting";
 /// Index of volumes by plugin id and `status.claims.schedulable`
 /// ([`schedulable_index`]).
 pub const BY_SCHEDULABLE: &str = "schedulable";
+/// Index of volumes by the keys of the Secrets they name.
+pub const BY_SECRET: &str = "secret";
 /// Index of the [`unsettled`] claims by plugin id.
 pub const BY_UNSETTLED: &str = "unsettled";
 

@@ -197,6 +197,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     let schedules =
         Informer::<SnapshotSchedule>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let snapshots = Informer::<Snapshot>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let secrets = Informer::<Secret>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let ctx = Ctx {
         writer: Writer::new(fenced)
             .tracking(&claims.reader())
@@ -213,6 +214,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         leases: leases.reader(),
         cordons: cordons.reader(),
         classes: classes.reader(),
+        secrets: secrets.reader(),
         lease_observer: Arc::default(),
         recorder: args.events.recorder(reads, "controller"),
         volume_locks: KeyedLocks::default(),
@@ -252,6 +254,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         leases,
         cordons,
         classes,
+        secrets,
     };
     {
         let (ctx, started) = (ctx.clone(), Instant::now());

@@ -129,9 +129,14 @@ impl Reconcile {
                 _ => {}
             }
         }
-        // The controller copies the volume's secrets onto the claim at admission: an
+        // The controller copies the volume's secrets (or the Secrets it names for the
+        // node calls) onto the claim at admission, and again when they change: an
         // agent reads its node's claims only.
         let secrets = claim.spec.node_secrets.expose()?.clone();
+        let publish_secrets = match claim.spec.node_publish_secrets.is_empty() {
+            true => secrets.clone(),
+            false => claim.spec.node_publish_secrets.expose()?.clone(),
+        };
         // Sent as what the claims on this node use it as: several claims of a
         // single-node volume share it under SINGLE_NODE_MULTI_WRITER where advertised.
         let multi_writer_cap = caps.node.has(NodeRpc::SingleNodeMultiWriter);
@@ -150,6 +155,7 @@ impl Reconcile {
                 volume_id: &external_id,
                 capability: &capability,
                 secrets: &secrets,
+                publish_secrets: &publish_secrets,
             },
             term,
         };

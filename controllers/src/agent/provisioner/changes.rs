@@ -18,8 +18,12 @@ impl Provisioner {
         let key = vol.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(vol))?;
         let csi = self.ctx.csi()?;
-        let req =
-            requests::validate_volume_capabilities(vol, ext.as_str(), self.ctx.multi_writer_cap())?;
+        let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
+        let req = requests::validate_volume_capabilities(
+            &for_call,
+            ext.as_str(),
+            self.ctx.multi_writer_cap(),
+        )?;
         let get_volume = self.ctx.advertises(ControllerRpc::GetVolume);
         let asked = v1::ValidateVolumeCapabilitiesRequest {
             secrets: Default::default(),
@@ -105,8 +109,9 @@ impl Provisioner {
         let key = vol.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(vol))?;
         // A volume in use is expanded with the capability it is used with.
+        let for_call = self.ctx.for_family(vol, SecretFamily::Expand).await?;
         let req = requests::controller_expand(
-            vol,
+            &for_call,
             ext.as_str(),
             required,
             limit,
@@ -197,7 +202,8 @@ impl Provisioner {
         let key = vol.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(vol))?;
         let params = vol.spec.mutable_parameters.clone();
-        let req = requests::controller_modify(vol, ext.as_str())?;
+        let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
+        let req = requests::controller_modify(&for_call, ext.as_str())?;
         if let Err(failed) = step.call(self.ctx.csi()?.controller_modify(req)).await {
             return self.failed(vol, failed, MODIFIED).await;
         }

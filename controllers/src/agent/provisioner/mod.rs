@@ -58,6 +58,7 @@ super::through_step_error!(
     StoreError,
     super::NoChannel,
     SealedSecrets,
+    moor::api::MissingSecret,
 );
 
 impl ReconcileError for ProvisionError {
@@ -290,7 +291,8 @@ impl Provisioner {
             Source::Ready(source) => source,
             Source::Waiting(why) => return self.waiting_for_source(vol, why).await,
         };
-        let req = requests::create_volume(vol, source, self.ctx.multi_writer_cap())?;
+        let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
+        let req = requests::create_volume(&for_call, source, self.ctx.multi_writer_cap())?;
         self.ctx
             .writer
             .modify_status(&vol.object_key(), |_, st| {
@@ -424,7 +426,8 @@ impl Provisioner {
                     Source::Ready(source) => source,
                     Source::Waiting(why) => return Err(ProvisionError::SourceGone(why)),
                 };
-                let req = requests::create_volume(vol, source, self.ctx.multi_writer_cap())?;
+                let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
+        let req = requests::create_volume(&for_call, source, self.ctx.multi_writer_cap())?;
                 let asked = asked(&req);
                 match step.call(self.ctx.csi()?.create_volume(req)).await {
                     Ok(resp) => {
@@ -453,7 +456,8 @@ impl Provisioner {
             )
             .await;
         } else if let Some(ext) = ext {
-            let req = requests::delete_volume(vol, ext.as_str())?;
+            let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
+            let req = requests::delete_volume(&for_call, ext.as_str())?;
             let step = self
                 .ctx
                 .steps

@@ -18,6 +18,11 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         (Err(verdict), _) => return refuse(ctx, claim, verdict).await,
         (Ok(_), None) => return Ok(Action::AwaitChange),
     };
+    // What the node's calls carry, read now (a Secret created later wakes the claim).
+    let node_secrets = match ctx.node_secrets(&volume) {
+        Ok(n) => n,
+        Err(missing) => return refuse(ctx, claim, Verdict::Wait(missing.to_string())).await,
+    };
     // The access rules, against the volume's live claims, in the same compare-and-swap
     // that records this claim as one of them.
     let me = ClaimRef {
@@ -27,7 +32,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         mode: claim.spec.mode,
         access_mode: Some(admitted.capability.access_mode),
     };
-    let mut c = admitted_claim(claim, &volume, &admitted);
+    let mut c = admitted_claim(claim, &volume, &admitted, node_secrets);
     // The next step in the same write: the node let act when the attachment is ready
     // or not needed, else the attachment asked for (created in the admission's own
     // transaction, so an attachment never exists for a claim that was not admitted).
@@ -111,9 +116,14 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
 }
 
 /// The claim as admitted on `volume`: the capability and the plugin's id resolved at
-/// admission, the volume's and its provisioning's contexts, the volume's secrets for
-/// the node, the generation and uid admitted against; phase Admitted.
-fn admitted_claim(claim: &Claim, volume: &Volume, admitted: &admission::Admitted) -> Claim {
+/// admission, the volume's and its provisioning's contexts, the secrets for the node's
+/// calls, the generation and uid admitted against; phase Admitted.
+fn admitted_claim(
+    claim: &Claim,
+    volume: &Volume,
+    admitted: &admission::Admitted,
+    node_secrets: NodeSecrets,
+) -> Claim {
     let mut context = StrMap::from((*volume.spec.context).clone());
     context.extend(volume.status.provisioning.volume_context.clone());
     let mut c = claim.clone();
@@ -121,7 +131,7 @@ fn admitted_claim(claim: &Claim, volume: &Volume, admitted: &admission::Admitted
     c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
     c.spec.external_id = Some(admitted.external_id.clone());
     c.spec.volume_context = context;
-    c.spec.node_secrets = volume.spec.secrets.clone();
+    node_secrets.put_into(&mut c.spec);
     c.spec.volume_generation = Some(volume.metadata.generation);
     c.spec.volume_uid = Some(volume.metadata.uid.clone());
     c.status.phase = ClaimPhase::Admitted;
@@ -219,7 +229,12 @@ mod tests {
             multi_writer_cap: false,
             selinux_mount: false,
         };
-        let c = admitted_claim(&claim, &volume, &admitted);
+        let secrets = NodeSecrets {
+            stage: Secrets::new([("k".to_string(), "s".to_string())].into()).into(),
+            publish: Default::default(),
+        };
+        let c = admitted_claim(&claim, &volume, &admitted, secrets.clone());
+        assert!(secrets.carried_by(&c.spec), "the node's secrets as resolved");
         assert_eq!(c.spec.access_mode, Some(AccessMode::MultiNodeReaderOnly));
         assert_eq!(c.spec.attachment_mode, Some(AttachmentMode::BlockDevice));
         assert_eq!(

@@ -40,6 +40,7 @@ use release::{node_gc_ticks, release, released_frees, waiting_for_unpublish};
 
 use super::context::{waiting_index, MountView};
 use super::plan::{self, AttachPlan, NodeDone};
+use super::context::BY_SECRET;
 use super::{volume_index, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use crate::common::{details, object_ref};
 use moor::admission::{self, Verdict};
@@ -72,6 +73,7 @@ pub async fn run(
     let claims3 = claims.clone();
     let claims4 = claims.clone();
     let claims5 = claims.clone();
+    let (volumes, by_volume3) = (ctx.volumes.clone(), by_volume.clone());
     let this = Arc::new(ctx);
     Controller::new("claims", claims, config)
         .with_metrics(metrics)
@@ -127,6 +129,15 @@ pub async fn run(
                 .iter()
                 .filter(|c| !c.status.phase.is_live())
                 .map(|c| c.key())
+                .collect()
+        })
+        // A Secret made, rotated or removed: the claims of the volumes naming it (a
+        // waiting one is admitted; a live one gets the new copy for its node).
+        .watches(inf.secrets.subscribe(), move |s: &Secret| {
+            volumes
+                .by_index(BY_SECRET, s.object_key().as_str())
+                .iter()
+                .flat_map(|v| by_volume3(&v.metadata.namespace, v.metadata.name.as_str(), None))
                 .collect()
         })
         .trigger(node_gc_ticks(this.clone()).boxed())
@@ -202,10 +213,21 @@ async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, StoreError> {
         return release(ctx, &claim, alloc.is_none()).await;
     }
     let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
-    if let Some(spec) = volume.and_then(|v| plan::claim::node_copy(&claim, &v)) {
+    // A Secret missing here keeps the copy the claim has (the node keeps working
+    // with it); admission waits on one.
+    let copy = volume.as_ref().and_then(|v| {
+        let secrets = ctx.node_secrets(v).ok()?;
+        plan::claim::node_copy(&claim, v, &secrets)
+    });
+    if let Some(spec) = copy {
+        let rotated = spec.node_secrets != claim.spec.node_secrets
+            || spec.node_publish_secrets != claim.spec.node_publish_secrets;
         let mut c = (*claim).clone();
         c.spec = spec;
         write(ctx, &claim, c).await?;
+        if rotated {
+            secrets_rotated(ctx, &claim, volume.as_deref()).await;
+        }
         return Ok(Action::AwaitChange);
     }
     match claim.status.phase {
@@ -213,6 +235,45 @@ async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, StoreError> {
         ClaimPhase::Admitted | ClaimPhase::Published => publish(ctx, &claim).await,
         ClaimPhase::Releasing | ClaimPhase::Released => Ok(Action::AwaitChange),
     }
+}
+
+/// A Normal event on a live claim whose node copy of its secrets was replaced (sealed
+/// again with its node's key): naming the Secrets the volume names for the node's
+/// calls and their generations, never a value.
+async fn secrets_rotated(ctx: &Ctx, claim: &Claim, volume: Option<&Volume>) {
+    let named: Vec<String> = volume
+        .map(|v| {
+            [SecretFamily::NodeStage, SecretFamily::NodePublish]
+                .into_iter()
+                .filter_map(|family| {
+                    let name = v.spec.secret_refs.get(family)?;
+                    let key = Secret::key_for(&v.spec.plugin_id, &v.metadata.namespace, name);
+                    let generation = ctx.secrets.get(&key).map(|s| s.metadata.generation);
+                    Some(format!(
+                        "{family}: Secret {name} generation {}",
+                        generation.unwrap_or_default()
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let from = match named.is_empty() {
+        true => "the volume's secrets".to_string(),
+        false => named.join(", "),
+    };
+    let msg = format!(
+        "the node's copy of the secrets was replaced and sealed for node {} ({from})",
+        claim.spec.node
+    );
+    ctx.recorder
+        .record(
+            object_ref(claim),
+            EventType::Normal,
+            "Secrets updated",
+            msg,
+            details([("volume_id", claim.spec.volume.to_string())]),
+        )
+        .await;
 }
 
 /// `next` as it is to be written over `claim`, or `None` when nothing changed.

@@ -143,6 +143,7 @@ async fn mark_released(ctx: &Ctx, claim: &Claim) -> Result<(), StoreError> {
     released.status.phase = ClaimPhase::Released;
     // The node is done with it: its secrets leave the claim.
     released.spec.node_secrets = Secrets::default().into();
+    released.spec.node_publish_secrets = Secrets::default().into();
     released.status.reason = None;
     let dropped = with_volume(
         ctx,

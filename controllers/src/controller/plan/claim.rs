@@ -12,11 +12,12 @@ pub fn wanted(claim: &Claim, alloc: Option<&Allocation>) -> bool {
 }
 
 /// The claim's spec with what the node steps take from the volume brought up to
-/// date, or `None` when it is current: the volume's secrets (a claim admitted by an
-/// older controller has none, and a volume's secrets may change), and the capacity
-/// the node expands to once the volume was expanded past what the claim says. Only
-/// for an Admitted or Published claim (the node acts on no other).
-pub fn node_copy(claim: &Claim, volume: &Volume) -> Option<ClaimSpec> {
+/// date, or `None` when it is current: the secrets of the node's calls (`secrets`:
+/// the volume's, or the Secrets it names, as they are now; a claim admitted by an
+/// older controller has none, and a volume's secrets or a Secret may change), and the
+/// capacity the node expands to once the volume was expanded past what the claim
+/// says. Only for an Admitted or Published claim (the node acts on no other).
+pub fn node_copy(claim: &Claim, volume: &Volume, secrets: &NodeSecrets) -> Option<ClaimSpec> {
     if !matches!(
         claim.status.phase,
         ClaimPhase::Admitted | ClaimPhase::Published
@@ -28,11 +29,11 @@ pub fn node_copy(claim: &Claim, volume: &Volume) -> Option<ClaimSpec> {
         .provisioning
         .node_expansion_bytes
         .filter(|b| claim.spec.node_expansion_bytes < Some(*b));
-    if volume.spec.secrets == claim.spec.node_secrets && expand.is_none() {
+    if secrets.carried_by(&claim.spec) && expand.is_none() {
         return None;
     }
     let mut spec = claim.spec.clone();
-    spec.node_secrets = volume.spec.secrets.clone();
+    secrets.clone().put_into(&mut spec);
     if expand.is_some() {
         spec.node_expansion_bytes = expand;
     }
@@ -103,25 +104,37 @@ mod tests {
         assert!(!wanted(&c, Some(&other)), "the request is gone");
     }
 
+    /// The node secrets of `v` with no Secret named (its own secrets).
+    fn own(v: &Volume) -> NodeSecrets {
+        v.node_secrets(|_| None).unwrap()
+    }
+
     #[test]
     fn the_node_copy_follows_the_volume_s_secrets_and_expansion() {
         let c = claim(ClaimPhase::Published);
         let mut v = volume();
-        assert_eq!(node_copy(&c, &v), None, "current");
+        assert_eq!(node_copy(&c, &v, &own(&v)), None, "current");
         v.spec.secrets = Secrets::new([("token".to_string(), "s3".to_string())].into()).into();
-        let spec = node_copy(&c, &v).expect("the volume's secrets changed");
+        let spec = node_copy(&c, &v, &own(&v)).expect("the volume's secrets changed");
         assert_eq!(spec.node_secrets, v.spec.secrets);
         assert_eq!(spec.node_expansion_bytes, None);
         let mut c = c.clone();
         c.spec = spec;
-        assert_eq!(node_copy(&c, &v), None, "copied");
+        assert_eq!(node_copy(&c, &v, &own(&v)), None, "copied");
+        // A Secret rotated: the new values for both node calls, publish's apart.
+        let rotated = NodeSecrets {
+            stage: Secrets::new([("token".to_string(), "s4".to_string())].into()).into(),
+            publish: Secrets::new([("p".to_string(), "1".to_string())].into()).into(),
+        };
+        let spec = node_copy(&c, &v, &rotated).expect("the Secret changed");
+        assert!(rotated.carried_by(&spec));
         v.status.provisioning.node_expansion_bytes = Some(2 << 30);
-        let spec = node_copy(&c, &v).expect("expanded");
+        let spec = node_copy(&c, &v, &own(&v)).expect("expanded");
         assert_eq!(spec.node_expansion_bytes, Some(2 << 30));
         // Never back down: a claim past the volume's figure is left alone.
         let mut ahead = c.clone();
         ahead.spec.node_expansion_bytes = Some(4 << 30);
-        assert_eq!(node_copy(&ahead, &v), None);
+        assert_eq!(node_copy(&ahead, &v, &own(&v)), None);
         // Pending, Releasing or Released claims are not the node's to act on.
         for phase in [
             ClaimPhase::Pending,
@@ -129,7 +142,7 @@ mod tests {
             ClaimPhase::Releasing,
             ClaimPhase::Released,
         ] {
-            assert_eq!(node_copy(&claim(phase), &v), None, "{phase:?}");
+            assert_eq!(node_copy(&claim(phase), &v, &rotated), None, "{phase:?}");
         }
     }
 }
