@@ -578,3 +578,171 @@ async fn after_a_controller_outage_a_schedule_cuts_one_catch_up_snapshot() {
     .await;
     c.check_calls(false);
 }
+
+/// The secret names the last call of `rpc` on `node` carried (never their values).
+fn last_secret_keys(c: &Cluster, node: &str, rpc: &str) -> Option<Vec<String>> {
+    c.node(node)
+        .calls()
+        .into_iter()
+        .rev()
+        .find(|k| k.rpc == rpc && k.code == "OK")
+        .map(|k| k.secret_keys)
+}
+
+fn secret_yaml(name: &str, key: &str, value: &str) -> String {
+    format!(
+        "apiVersion: moor/v1\nkind: Secret\nmetadata: {{name: {name}}}\nspec:\n  \
+         plugin_id: {}\n  secrets: {{{key}: {value}}}\n",
+        cluster::PLUGIN
+    )
+}
+
+/// Secrets by reference (issue 54, part 4): a volume names a Secret per call family;
+/// each call carries its family's Secret as it is when the call is made; a rotation
+/// is copied into the claim already published (an event on it says so, with no
+/// value), and the next NodeStage, on another node, carries the new value; a volume
+/// naming a Secret not there yet waits and is created once it is; a Secret in use is
+/// not deleted, and no value is ever shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_secret_reaches_live_claims_and_the_next_call_and_cannot_be_deleted_in_use() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    apply_yaml(&c, "creds", &secret_yaml("creds", "user1", "one-value"));
+    apply_yaml(&c, "pub", &secret_yaml("pub", "pubkey", "pub-value"));
+    let mut v = c.volume("v1", AccessMode::SingleNodeWriter);
+    v.spec.secret_refs = Rare::new(SecretRefs {
+        controller: Some(Name::new("creds").unwrap()),
+        node_stage: Some(Name::new("creds").unwrap()),
+        node_publish: Some(Name::new("pub").unwrap()),
+        snapshot: Some(Name::new("creds").unwrap()),
+        ..Default::default()
+    });
+    c.apply(v).await;
+    c.volume_ready("v1").await;
+    assert_eq!(
+        last_secret_keys(&c, "n1", "CreateVolume"),
+        Some(vec!["user1".to_string()])
+    );
+    c.apply(c.allocation("a1", "n1", "v1", false)).await;
+    c.wait_claim("a1", "n1", ClaimPhase::Published, T).await;
+    assert_eq!(
+        last_secret_keys(&c, "n1", "NodeStageVolume"),
+        Some(vec!["user1".to_string()])
+    );
+    assert_eq!(
+        last_secret_keys(&c, "n1", "NodePublishVolume"),
+        Some(vec!["pubkey".to_string()]),
+        "NodePublish carries its own family's Secret"
+    );
+    assert_eq!(
+        last_secret_keys(&c, "n1", "ControllerPublishVolume"),
+        Some(vec!["user1".to_string()])
+    );
+
+    // Rotated: the published claim's copy follows, with an event naming the Secret.
+    apply_yaml(&c, "creds", &secret_yaml("creds", "user2", "two-value"));
+    c.wait("a1's node copy rotated", T, || async {
+        claim(&c, "a1", "n1").await.is_some_and(|k| {
+            k.spec
+                .node_secrets
+                .expose()
+                .is_ok_and(|m| m.get("user2").map(String::as_str) == Some("two-value"))
+        })
+    })
+    .await;
+    let k = claim(&c, "a1", "n1").await.unwrap();
+    assert_eq!(k.status.phase, ClaimPhase::Published, "nothing else moved");
+    assert!(
+        k.spec
+            .node_publish_secrets
+            .expose()
+            .is_ok_and(|m| m.contains_key("pubkey")),
+        "{:?}",
+        k.spec
+            .node_publish_secrets
+            .expose()
+            .map(|m| m.keys().cloned().collect::<Vec<_>>())
+    );
+    c.wait("the rotation shown on a1's claim", T, || async {
+        let (_, out) = c.moorctl(&["describe", "claim", "a1.data"]);
+        out.contains("Secrets updated") && out.contains("node_stage: Secret creds generation 2")
+    })
+    .await;
+    // The next calls carry the new value: a snapshot (the volume's snapshot family),
+    // and NodeStage on another node once a1 is gone.
+    let (ok, out) = c.moorctl(&["volume", "snapshot", "create", "v1", "s1"]);
+    assert!(ok, "{out}");
+    c.wait("s1 cut", T, || async {
+        last_secret_keys(&c, "n1", "CreateSnapshot").is_some()
+    })
+    .await;
+    assert_eq!(
+        last_secret_keys(&c, "n1", "CreateSnapshot"),
+        Some(vec!["user2".to_string()])
+    );
+    c.stop_alloc("a1").await;
+    c.wait_claim("a1", "n1", ClaimPhase::Released, T).await;
+    let k = claim(&c, "a1", "n1").await.unwrap();
+    assert!(k.spec.node_secrets.is_empty() && k.spec.node_publish_secrets.is_empty());
+    c.apply(c.allocation("a2", "n2", "v1", false)).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, T).await;
+    assert_eq!(
+        last_secret_keys(&c, "n2", "NodeStageVolume"),
+        Some(vec!["user2".to_string()])
+    );
+    assert_eq!(
+        last_secret_keys(&c, "n1", "ControllerPublishVolume"),
+        Some(vec!["user2".to_string()])
+    );
+
+    // In use: refused, naming who uses it; nothing shows a value.
+    let (ok, out) = c.moorctl(&["delete", "secret", "creds"]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("secret default/creds is in use by volume v1"),
+        "{out}"
+    );
+    for args in [
+        &["get", "secrets"][..],
+        &["get", "secret", "creds", "-o", "yaml"],
+        &["describe", "secret", "creds"],
+        &["describe", "claim", "a2.data"],
+        &["get", "events"],
+    ] {
+        let (ok, out) = c.moorctl(args);
+        assert!(ok, "{out}");
+        assert!(
+            !out.contains("two-value") && !out.contains("pub-value"),
+            "{args:?}: {out}"
+        );
+    }
+    let (_, out) = c.moorctl(&["get", "secrets"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("creds ") && l.contains(cluster::PLUGIN)),
+        "{out}"
+    );
+
+    // A volume naming a Secret that is not there waits, saying so, and is made once
+    // the Secret is.
+    let mut v2 = c.volume("v2", AccessMode::SingleNodeWriter);
+    v2.spec.secret_refs = Rare::new(SecretRefs {
+        controller: Some(Name::new("later").unwrap()),
+        ..Default::default()
+    });
+    c.apply(v2).await;
+    c.wait("v2 waits for its Secret", T, || async {
+        let (_, out) = c.moorctl(&["describe", "volume", "v2"]);
+        out.contains("Secret default/later of plugin hostpath.moor.dev, named for the controller calls, does not exist")
+    })
+    .await;
+    apply_yaml(&c, "later", &secret_yaml("later", "late", "late-value"));
+    c.volume_ready("v2").await;
+    assert_eq!(
+        last_secret_keys(&c, "n1", "CreateVolume"),
+        Some(vec!["late".to_string()])
+    );
+    c.stop_alloc("a2").await;
+    c.wait_claim("a2", "n2", ClaimPhase::Released, T).await;
+    c.check_calls(true);
+}

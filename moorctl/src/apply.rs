@@ -251,39 +251,49 @@ fn prefixed(e: moor::api::ValidationErrors) -> String {
         .join("; ")
 }
 
+/// The refusal (or the warning) for secrets `key` holds (`has_secrets`) that this
+/// moorctl, holding no key file, would write in clear.
+async fn in_clear(
+    ctx: &Ctx,
+    key: &str,
+    has_secrets: bool,
+    plaintext_ok: bool,
+) -> anyhow::Result<Option<String>> {
+    if !has_secrets || ctx.store.keyring().is_some() {
+        return Ok(None);
+    }
+    let sealing = ctx.store.sealing().await?;
+    if let (Some(ids), false) = (&sealing, plaintext_ok) {
+        return Err(Refused(format!(
+            "{}: this cluster seals secrets at rest (its controller holds key {}) and this moorctl has no --encryption-key-file: written in clear, the secrets would stay readable in etcd's history and WAL until compacted. Give the cluster's key file, or --allow-plaintext-secrets to write them anyway",
+            key,
+            ids.join(", ")
+        ))
+        .into());
+    }
+    Ok(Some(format!(
+        "{}: its secrets are written unencrypted (this moorctl has no --encryption-key-file){}",
+        key,
+        if sealing.is_some() {
+            "; the controller rewrites them sealed, but the clear text stays in etcd's history and WAL until compacted"
+        } else {
+            ""
+        }
+    )))
+}
+
 /// What refuses `obj` before anything is written; `Ok(Some)` is a warning to print if
 /// the file is applied.
 async fn check(ctx: &Ctx, obj: &AnyObject, plaintext_ok: bool) -> anyhow::Result<Option<String>> {
     match obj {
-        AnyObject::Volume(o) => {
-            if o.spec.secrets.is_empty() || ctx.store.keyring().is_some() {
-                return Ok(None);
-            }
-            let sealing = ctx.store.sealing().await?;
-            if let (Some(ids), false) = (&sealing, plaintext_ok) {
-                return Err(Refused(format!(
-                    "{}: this cluster seals secrets at rest (its controller holds key {}) and this moorctl has no --encryption-key-file: written in clear, the secrets would stay readable in etcd's history and WAL until compacted. Give the cluster's key file, or --allow-plaintext-secrets to write them anyway",
-                    o.key(),
-                    ids.join(", ")
-                ))
-                .into());
-            }
-            Ok(Some(format!(
-                "{}: its secrets are written unencrypted (this moorctl has no --encryption-key-file){}",
-                o.key(),
-                if sealing.is_some() {
-                    "; the controller rewrites them sealed, but the clear text stays in etcd's history and WAL until compacted"
-                } else {
-                    ""
-                }
-            )))
-        }
+        AnyObject::Volume(o) => in_clear(ctx, &o.key(), !o.spec.secrets.is_empty(), plaintext_ok).await,
+        AnyObject::Secret(o) => in_clear(ctx, &o.key(), !o.spec.secrets.is_empty(), plaintext_ok).await,
         AnyObject::Allocation(_)
         | AnyObject::Snapshot(_)
         | AnyObject::SnapshotSchedule(_)
         | AnyObject::VolumeClass(_) => Ok(None),
         other => Err(Refused(format!(
-            "{}: {} objects are written by moor itself; apply Volumes, VolumeClasses, Allocations, Snapshots and SnapshotSchedules",
+            "{}: {} objects are written by moor itself; apply Volumes, VolumeClasses, Secrets, Allocations, Snapshots and SnapshotSchedules",
             other.key(),
             other.kind().dir()
         ))
@@ -299,6 +309,7 @@ async fn apply_any(ctx: &Ctx, obj: AnyObject) -> anyhow::Result<String> {
         AnyObject::Snapshot(o) => apply_one(ctx, *o).await,
         AnyObject::SnapshotSchedule(o) => apply_one(ctx, *o).await,
         AnyObject::VolumeClass(o) => apply_one(ctx, *o).await,
+        AnyObject::Secret(o) => apply_one(ctx, *o).await,
         other => Err(Refused(format!("{}: not applied", other.key())).into()),
     }
 }

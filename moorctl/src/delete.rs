@@ -146,7 +146,12 @@ async fn refuse_secret_in_use(
             users.push(format!("volume {}", v.metadata.name));
         }
     }
-    for c in ctx.store.list(&KeyScope::<VolumeClassSpec>::all()).await?.items {
+    for c in ctx
+        .store
+        .list(&KeyScope::<VolumeClassSpec>::all())
+        .await?
+        .items
+    {
         if &c.spec.plugin_id == plugin && c.spec.secret_refs.names_secret(&name) {
             users.push(format!("volumeclass {}", c.metadata.name));
         }
@@ -167,7 +172,11 @@ async fn refuse_secret_in_use(
         "secret {}/{name} is in use by {}{}: name another Secret there first (the key is {key})",
         ns,
         users.join(", "),
-        if more > 0 { format!(" and {more} more") } else { String::new() }
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
     ))
     .into())
 }

@@ -135,11 +135,14 @@ impl Spec for ClaimSpec {
             node,
             secrets,
         });
-        let publish = self.node_publish_secrets.get_mut().map(|secrets| SecretField {
-            field: "node_publish_secrets",
-            node,
-            secrets,
-        });
+        let publish = self
+            .node_publish_secrets
+            .get_mut()
+            .map(|secrets| SecretField {
+                field: "node_publish_secrets",
+                node,
+                secrets,
+            });
         stage.into_iter().chain(publish).collect()
     }
 

@@ -290,7 +290,9 @@ impl SecretRefs {
 
 /// A Secret a call needs is not there (or not yet in this process's cache).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("Secret {namespace}/{name} of plugin {plugin}, named for the {family} calls, does not exist")]
+#[error(
+    "Secret {namespace}/{name} of plugin {plugin}, named for the {family} calls, does not exist"
+)]
 pub struct MissingSecret {
     /// Its namespace.
     pub namespace: Namespace,
@@ -463,9 +465,7 @@ mod tests {
         v
     }
 
-    fn book(
-        secrets: Vec<Arc<Secret>>,
-    ) -> impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>> {
+    fn book(secrets: Vec<Arc<Secret>>) -> impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>> {
         move |k| {
             secrets
                 .iter()

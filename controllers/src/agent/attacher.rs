@@ -49,10 +49,26 @@ impl Attacher {
     pub async fn run(self, metrics: ControllerMetrics, stop: CancellationToken) {
         let reader = self.attachments.reader();
         let events = self.attachments.subscribe();
+        let secrets = self.ctx.secrets.subscribe();
+        let (volumes, attachments) = (self.volumes.reader(), reader.clone());
         let this = Arc::new(self);
         Controller::new("attacher", reader, Config::default())
             .with_metrics(metrics)
             .owns(events)
+            // A Secret made or rotated: the attachments of the volumes that name it.
+            .watches(secrets, move |s: &Secret| {
+                let named = ControllerPluginCtx::naming(&volumes, s);
+                attachments
+                    .state()
+                    .iter()
+                    .filter(|a| {
+                        named.contains(
+                            &Volume::key_for(&a.metadata.namespace, &a.spec.volume).into_string(),
+                        )
+                    })
+                    .map(|a| a.key())
+                    .collect()
+            })
             .run(
                 move |key| {
                     let this = this.clone();
@@ -132,8 +148,7 @@ impl Attacher {
         let vol = (self.ctx)
             .resolved(self.volume(att), SecretFamily::Controller)
             .await?;
-        let req =
-            requests::controller_publish(att, vol.as_deref(), self.ctx.multi_writer_cap())?;
+        let req = requests::controller_publish(att, vol.as_deref(), self.ctx.multi_writer_cap())?;
         // Checkpoint: from here on the volume may be attached.
         let att = &self
             .ctx

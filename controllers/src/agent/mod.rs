@@ -434,8 +434,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
                         base.clone(),
                         Secret::scope_for(&cfg.id),
                         stop.clone(),
-                    )
-                    .reader(),
+                    ),
                 };
                 let metrics = metrics.clone();
                 async move { ctx.run(metrics, stop).await }
@@ -492,7 +491,7 @@ pub struct ControllerPluginCtx {
     pub term: moor::runtime::term::Term,
     /// The plugin's Secrets, which its volumes and snapshots name per call family:
     /// read when a call is built, so a rotated Secret goes into every later call.
-    pub secrets: moor::runtime::reflector::Store<Secret>,
+    pub secrets: moor::runtime::informer::Informer<Secret>,
 }
 
 /// What a pass of a controller-plugin executor (attacher, provisioner, snapshotter)
@@ -621,14 +620,12 @@ impl ControllerPluginCtx {
 
     /// The plugin's Secrets through which a call's secrets are looked up, once listed
     /// (or after [`Self::SECRETS_LISTED`]: a missing Secret is then reported).
-    pub async fn secret_book(
-        &self,
-    ) -> impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>> + '_ {
-        if !self.secrets.is_ready() {
-            let _ = tokio::time::timeout(Self::SECRETS_LISTED, self.secrets.wait_until_ready())
-                .await;
+    pub async fn secret_book(&self) -> impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>> {
+        let secrets = self.secrets.reader();
+        if !secrets.is_ready() {
+            let _ = tokio::time::timeout(Self::SECRETS_LISTED, secrets.wait_until_ready()).await;
         }
-        |key| self.secrets.get(key)
+        move |key| secrets.get(key)
     }
 
     /// `vol` as `family`'s calls see it: with the Secret it names for them, read now.
@@ -640,7 +637,34 @@ impl ControllerPluginCtx {
         if vol.spec.secret_refs.get(family).is_none() {
             return Ok(std::borrow::Cow::Borrowed(vol));
         }
-        vol.for_family(family, self.secret_book().await)
+        let resolved = vol.for_family(family, self.secret_book().await);
+        if let Err(missing) = &resolved {
+            // The call waits (on the step's backoff, and for the Secret's event): the
+            // volume says why.
+            self.volume_event(
+                vol,
+                "Secret missing",
+                EventType::Warning,
+                missing.to_string(),
+            )
+            .await;
+        }
+        resolved
+    }
+
+    /// The keys of the volumes (in `volumes`) that name Secret `s`, for a watch: a
+    /// Secret made or changed wakes the calls that wait on it.
+    pub fn naming(volumes: &moor::runtime::reflector::Store<Volume>, s: &Secret) -> Vec<String> {
+        volumes
+            .state()
+            .iter()
+            .filter(|v| {
+                v.metadata.namespace == s.metadata.namespace
+                    && v.spec.plugin_id == s.spec.plugin_id
+                    && v.spec.secret_refs.names_secret(&s.metadata.name)
+            })
+            .map(|v| v.key())
+            .collect()
     }
 
     /// [`Self::for_family`] of a volume that may be gone (none stays none).

@@ -31,8 +31,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ControllerPluginCtx;
-use std::borrow::Cow;
 use crate::common::{details, object_ref};
+use std::borrow::Cow;
 
 /// The finalizer that holds a snapshot's deletion until DeleteSnapshot.
 pub const FINALIZER: &str = "moor.dev/snapshotter";
@@ -303,7 +303,15 @@ impl Snapshotter {
             None => Cow::Borrowed(snap),
             Some(_) => {
                 let book = self.ctx.secret_book().await;
-                snap.with_secret(&self.ctx.plugin.id, book)?
+                match snap.with_secret(&self.ctx.plugin.id, book) {
+                    Ok(s) => s,
+                    Err(missing) => {
+                        let msg = missing.to_string();
+                        self.event(snap, "Secret missing", EventType::Warning, msg)
+                            .await;
+                        return Err(missing.into());
+                    }
+                }
             }
         };
         let v = match volume {

@@ -198,6 +198,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         Informer::<SnapshotSchedule>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let snapshots = Informer::<Snapshot>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let secrets = Informer::<Secret>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let secrets_for_reseal = secrets.clone();
     let ctx = Ctx {
         writer: Writer::new(fenced)
             .tracking(&claims.reader())
@@ -274,6 +275,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         nodes::run(ctx.clone(), stop.clone()),
         reseal::run(ctx.writer.clone(), volumes.clone(), stop.clone()),
         reseal::run(ctx.writer.clone(), claims.clone(), stop.clone()),
+        reseal::run(ctx.writer.clone(), secrets_for_reseal, stop.clone()),
         schedules::run(
             ctx.writer.clone(),
             ctx.recorder.clone(),

@@ -110,10 +110,16 @@ impl Provisioner {
                 }
             })
         };
+        let secrets = self.ctx.secrets.subscribe();
+        let naming = reader.clone();
         let this = Arc::new(self);
         Controller::new("provisioner", reader, Config::default())
             .with_metrics(metrics)
             .owns(events)
+            // A Secret made or rotated: the volumes that name it (one waiting for it).
+            .watches(secrets, move |s: &Secret| {
+                ControllerPluginCtx::naming(&naming, s)
+            })
             .trigger(futures::StreamExt::flatten(uncreated))
             // A snapshot becoming ready lets the volumes restored from it be created.
             .watches(snapshots, move |s: &Snapshot| {
@@ -427,7 +433,7 @@ impl Provisioner {
                     Source::Waiting(why) => return Err(ProvisionError::SourceGone(why)),
                 };
                 let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
-        let req = requests::create_volume(&for_call, source, self.ctx.multi_writer_cap())?;
+                let req = requests::create_volume(&for_call, source, self.ctx.multi_writer_cap())?;
                 let asked = asked(&req);
                 match step.call(self.ctx.csi()?.create_volume(req)).await {
                     Ok(resp) => {

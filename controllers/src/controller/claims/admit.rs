@@ -234,7 +234,10 @@ mod tests {
             publish: Default::default(),
         };
         let c = admitted_claim(&claim, &volume, &admitted, secrets.clone());
-        assert!(secrets.carried_by(&c.spec), "the node's secrets as resolved");
+        assert!(
+            secrets.carried_by(&c.spec),
+            "the node's secrets as resolved"
+        );
         assert_eq!(c.spec.access_mode, Some(AccessMode::MultiNodeReaderOnly));
         assert_eq!(c.spec.attachment_mode, Some(AttachmentMode::BlockDevice));
         assert_eq!(

@@ -38,9 +38,9 @@ use facts::{attachment_needed_by_others, claim_mount, node_done, revoked_event, 
 use publish::{attachment_state, create_attachment, publish, waiting_for_node, Attach, AttachTodo};
 use release::{node_gc_ticks, release, released_frees, waiting_for_unpublish};
 
+use super::context::BY_SECRET;
 use super::context::{waiting_index, MountView};
 use super::plan::{self, AttachPlan, NodeDone};
-use super::context::BY_SECRET;
 use super::{volume_index, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use crate::common::{details, object_ref};
 use moor::admission::{self, Verdict};

@@ -24,6 +24,7 @@ impl Plugin {
         let c = Call {
             volume_id: Some(req.source_volume_id.clone()),
             name: Some(req.name.clone()),
+            secret_keys: req.secrets.keys().cloned().collect(),
             ..Call::new("CreateSnapshot")
         };
         self.call(c, async {
@@ -63,6 +64,7 @@ impl Plugin {
         let req = request.into_inner();
         let c = Call {
             snapshot_id: Some(req.snapshot_id.clone()),
+            secret_keys: req.secrets.keys().cloned().collect(),
             ..Call::new("DeleteSnapshot")
         };
         self.call(c, async {

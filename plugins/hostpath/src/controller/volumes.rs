@@ -292,6 +292,7 @@ impl Plugin {
         let req = request.into_inner();
         let c = Call {
             volume_id: Some(req.volume_id.clone()),
+            secret_keys: req.secrets.keys().cloned().collect(),
             ..Call::new("ControllerExpandVolume")
         };
         self.call(c, async {
