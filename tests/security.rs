@@ -333,7 +333,32 @@ async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
         let e = n2.get(key, None).await.expect_err(key);
         assert!(denied(&e), "{key}: {e}");
     }
-    for prefix in ["/moor/volumes/", "/moor/events/", "/moor/claims/"] {
+    // Secrets: n1 reads its plugin's (read only), not another plugin's; n2, which
+    // leads no controller plugin, none at all.
+    let mine = "/moor/secrets/hostpath.moor.dev/default/db";
+    n1.get(mine, None)
+        .await
+        .unwrap_or_else(|e| panic!("agent n1 may read {mine}: {e}"));
+    let e = n1
+        .put(mine, "{}", None)
+        .await
+        .expect_err("n1 writes a Secret");
+    assert!(denied(&e), "{e}");
+    for key in [
+        "/moor/secrets/other.example.com/default/db",
+        "/moor/secrets/hostpath.moor.devx/default/db",
+    ] {
+        let e = n1.get(key, None).await.expect_err(key);
+        assert!(denied(&e), "{key}: {e}");
+    }
+    let e = n2.get(mine, None).await.expect_err("n2 reads a Secret");
+    assert!(denied(&e), "{e}");
+    for prefix in [
+        "/moor/volumes/",
+        "/moor/events/",
+        "/moor/claims/",
+        "/moor/secrets/",
+    ] {
         let e = n2
             .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
             .await
@@ -489,7 +514,10 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
     std::fs::write(
         &manifest,
         volume("v1") + &volume("vx") + "\
-         apiVersion: moor/v1\nkind: Allocation\nmetadata: {name: a1}\nspec:\n  node: n2\n  volumes:\n    - {name: data, volume: v1}\n",
+         apiVersion: moor/v1\nkind: Allocation\nmetadata: {name: a1}\nspec:\n  node: n2\n  volumes:\n    - {name: data, volume: v1}\n---\n\
+         apiVersion: moor/v1\nkind: Secret\nmetadata: {name: db}\nspec:\n  plugin_id: hostpath.moor.dev\n  secrets: {dbpass: by-reference}\n---\n\
+         apiVersion: moor/v1\nkind: Volume\nmetadata: {name: vr}\nspec:\n  plugin_id: hostpath.moor.dev\n  capacity_min: 1MiB\n  secret_refs: {controller: db, node_stage: db, node_publish: db}\n  capabilities:\n    - {access_mode: single-node-writer, attachment_mode: file-system}\n---\n\
+         apiVersion: moor/v1\nkind: Allocation\nmetadata: {name: ar}\nspec:\n  node: n2\n  volumes:\n    - {name: data, volume: vr}\n",
     )
     .unwrap();
     let out = s.moorctl(
@@ -540,8 +568,14 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
         .unwrap_or_default();
     let publish = calls
         .iter()
-        .find(|c| c.rpc == "NodePublishVolume" && c.code == "OK")
-        .expect("a NodePublishVolume on n2");
+        .find(|c| {
+            c.rpc == "NodePublishVolume"
+                && c.code == "OK"
+                && c.target_path
+                    .as_deref()
+                    .is_some_and(|p| p.contains("/a1/v1/"))
+        })
+        .expect("a1's NodePublishVolume on n2");
     assert_eq!(publish.secret_keys, ["token"], "{publish:?}");
     // The controller-plugin agent n1 opened the volume's for CreateVolume and
     // ControllerPublish.
@@ -556,6 +590,57 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
                 .any(|c| c.rpc == "ControllerPublishVolume" && c.secret_keys == ["token"]),
         "{calls:?}"
     );
+
+    // Secrets by reference, under the same grants: n1 (leading the plugin) read the
+    // Secret for CreateVolume and ControllerPublish; n2, which may not read Secrets,
+    // got its copy in its claim, sealed with its own key.
+    let ar_key = Claim::key_for(
+        &NodeName::new("n2").unwrap(),
+        &Namespace::default_ns(),
+        "ar.data",
+    );
+    wait_for("ar published on n2 with a Secret by reference", T, || {
+        let (store, key) = (store.clone(), ar_key.clone());
+        async move {
+            store
+                .try_get(&key)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|c| c.status.phase == ClaimPhase::Published)
+        }
+    })
+    .await;
+    for key in [
+        "/moor/secrets/hostpath.moor.dev/default/db",
+        "/moor/claims/n2/default/ar.data",
+    ] {
+        let value = raw_value(&mut root, key).await;
+        assert!(value.contains("moor:sealed:v1:k1:"), "{key}: {value}");
+        assert!(!value.contains("by-reference"), "{key}: {value}");
+    }
+    let vr_id = store
+        .get(&Volume::key_for(&Namespace::default_ns(), "vr"))
+        .await
+        .unwrap()
+        .status
+        .provisioning
+        .external_id
+        .unwrap()
+        .to_string();
+    let with_db = |file: &str, rpc: &str| {
+        moor_hostpath::calllog::CallLog::read(&s.tmp.path().join(file))
+            .unwrap_or_default()
+            .iter()
+            .any(|c| {
+                c.rpc == rpc
+                    && c.code == "OK"
+                    && c.volume_id.as_deref() == Some(vr_id.as_str())
+                    && c.secret_keys == ["dbpass"]
+            })
+    };
+    assert!(with_db("n1/plugin/calls.jsonl", "ControllerPublishVolume"));
+    assert!(with_db("n2/plugin/calls.jsonl", "NodePublishVolume"));
 
     // vx published to n2 behind moor's back: n1's survey finds the attachment it does
     // not hold and unpublishes it with vx's secrets, opened with the cluster's key.

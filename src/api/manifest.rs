@@ -198,7 +198,19 @@ fn unknown_field(
                             return Some(found);
                         }
                     }
-                    None if known(&ptr) => {}
+                    // A known field written back as absent (its value is the
+                    // default once typed): whatever it holds that is not a known
+                    // field at its default is unknown (`secret_refs: {bogus: x}`).
+                    None if known(&ptr) => {
+                        let empty = Value::Object(Default::default());
+                        if let Some(found) = v
+                            .as_object()
+                            .filter(|m| !m.is_empty())
+                            .and_then(|_| unknown_field(v, &empty, p, ptr, known))
+                        {
+                            return Some(found);
+                        }
+                    }
                     None => return Some(printable(&p)),
                 }
             }
@@ -615,6 +627,42 @@ spec:
             (
                 "kind: SnapshotSchedule\nmetadata: {name: s}\nspec: {interval: 1h, retention: {keep: 1}, paused: maybe}\n".to_string(),
                 "spec.paused",
+            ),
+            // Issue 54, part 4: Secrets, and the fields that name one.
+            (
+                "kind: Secret\nmetadata: {name: s}\nspec: {plugin_id: p, secrets: {}}\n".to_string(),
+                "spec.secrets: at least one key",
+            ),
+            (
+                "kind: Secret\nmetadata: {name: s}\nspec: {plugin_id: p, secrets: {\"k\\e[31m\": v}}\n".to_string(),
+                "spec.secrets.",
+            ),
+            (
+                "kind: Secret\nmetadata: {name: s}\nspec: {plugin_id: \"../p\", secrets: {k: v}}\n".to_string(),
+                "spec.plugin_id",
+            ),
+            (
+                "kind: Secret\nmetadata: {name: s}\nspec: {plugin_id: p, secrets: [k]}\n".to_string(),
+                "spec.secrets",
+            ),
+            (
+                "kind: Secret\nmetadata: {name: s}\nspec: {plugin_id: p, secrets: {k: v}, data: {k: v}}\n".to_string(),
+                "unknown field spec.data",
+            ),
+            (
+                format!("kind: Secret\nmetadata: {{name: s}}\nspec: {{plugin_id: p, secrets: {{k: {}}}}}\n", "x".repeat(70_000)),
+                "at most 65536",
+            ),
+            (volume_with("  secret_refs: {controller: \"../x\"}\n"), "spec.secret_refs.controller"),
+            (volume_with("  secret_refs: {node_stage: \"a\\u0007\"}\n"), "spec.secret_refs.node_stage"),
+            (volume_with("  secret_refs: {provisioner: x}\n"), "unknown field spec.secret_refs.provisioner"),
+            (
+                "kind: Snapshot\nmetadata: {name: s}\nspec: {volume: a, secret_ref: \"a b\"}\n".to_string(),
+                "spec.secret_ref",
+            ),
+            (
+                "kind: VolumeClass\nmetadata: {name: c}\nspec: {plugin_id: p, secret_refs: {expand: \"../e\"}}\n".to_string(),
+                "spec.secret_refs.expand",
             ),
             // The same object twice in one text.
             (
