@@ -481,6 +481,27 @@ async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
     assert!(refused, "a client without a certificate was served");
 }
 
+/// Waits (with a deadline) until claim `name` on n2 is Published.
+async fn published_on_n2(store: &Store, name: &str, what: &str) {
+    let key = Claim::key_for(
+        &NodeName::new("n2").unwrap(),
+        &Namespace::default_ns(),
+        name,
+    );
+    wait_for(what, T, || {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .try_get(&key)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|c| c.status.phase == ClaimPhase::Published)
+        }
+    })
+    .await;
+}
+
 /// The raw value stored at `key`, read as root.
 async fn raw_value(raw: &mut etcd_client::Client, key: &str) -> String {
     let resp = raw.get(key, None).await.unwrap();
@@ -537,20 +558,10 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
         &Namespace::default_ns(),
         "a1.data",
     );
-    wait_for(
+    published_on_n2(
+        &store,
+        "a1.data",
         "the claim published on n2 under the agents' own roles",
-        T,
-        || {
-            let (store, key) = (store.clone(), claim_key.clone());
-            async move {
-                store
-                    .try_get(&key)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some_and(|c| c.status.phase == ClaimPhase::Published)
-            }
-        },
     )
     .await;
     // At rest: sealed, with the key's id; nowhere in plain text.
@@ -594,22 +605,11 @@ async fn the_whole_lifecycle_runs_under_each_identity_s_certificate_with_secrets
     // Secrets by reference, under the same grants: n1 (leading the plugin) read the
     // Secret for CreateVolume and ControllerPublish; n2, which may not read Secrets,
     // got its copy in its claim, sealed with its own key.
-    let ar_key = Claim::key_for(
-        &NodeName::new("n2").unwrap(),
-        &Namespace::default_ns(),
+    published_on_n2(
+        &store,
         "ar.data",
-    );
-    wait_for("ar published on n2 with a Secret by reference", T, || {
-        let (store, key) = (store.clone(), ar_key.clone());
-        async move {
-            store
-                .try_get(&key)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|c| c.status.phase == ClaimPhase::Published)
-        }
-    })
+        "ar published on n2 with a Secret by reference",
+    )
     .await;
     for key in [
         "/moor/secrets/hostpath.moor.dev/default/db",
@@ -1436,23 +1436,7 @@ async fn under_the_deploy_roles_an_idle_cluster_is_quiet_and_the_plugin_standby_
     );
     assert!(out.status.success(), "{out:?}");
     let store = s.store("moor-controller", keys).await;
-    let claim_key = Claim::key_for(
-        &NodeName::new("n2").unwrap(),
-        &Namespace::default_ns(),
-        "a1.data",
-    );
-    wait_for("the claim published on n2", T, || {
-        let (store, key) = (store.clone(), claim_key.clone());
-        async move {
-            store
-                .try_get(&key)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|c| c.status.phase == ClaimPhase::Published)
-        }
-    })
-    .await;
+    published_on_n2(&store, "a1.data", "the claim published on n2").await;
 
     // Idle for 30 s: every moor process under a few percent of a core.
     let mut procs: Vec<(String, u32)> = vec![("controller".into(), controller.0.id())];

@@ -563,6 +563,54 @@ mod tests {
     }
 
     #[test]
+    fn a_class_names_its_secrets_for_each_volume_and_an_update_keeps_them() {
+        let mut fast = class("fast", false);
+        fast.spec.secret_refs = SecretRefs {
+            controller: Some(Name::new("ctl").unwrap()),
+            node_stage: Some(Name::new("node").unwrap()),
+            ..Default::default()
+        };
+        let classes = vec![fast];
+        let mut spec = VolumeSpec {
+            class: Some(Name::new("fast").unwrap()),
+            secret_refs: Rare::new(SecretRefs {
+                snapshot: Some(Name::new("snap").unwrap()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        resolve(&mut spec, &classes).unwrap();
+        let names: Vec<&str> = spec
+            .secret_refs
+            .names()
+            .iter()
+            .map(|n| n.as_str())
+            .collect();
+        assert_eq!(names, ["ctl", "node", "snap"]);
+        // An update that leaves them out keeps what the class named at creation.
+        let mut update = VolumeSpec {
+            class: Some(Name::new("fast").unwrap()),
+            ..Default::default()
+        };
+        keep_class_fill(&mut update, &spec);
+        assert_eq!(update.secret_refs, spec.secret_refs);
+        // Naming another Secret for a family the class names is refused by field.
+        let mut bad = VolumeSpec {
+            class: Some(Name::new("fast").unwrap()),
+            secret_refs: Rare::new(SecretRefs {
+                controller: Some(Name::new("mine").unwrap()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = resolve(&mut bad, &classes).unwrap_err().to_string();
+        assert!(
+            e.contains("secret_refs.controller: contradicts class fast, which names Secret ctl"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_template_is_resolved_like_a_volume() {
         let classes = vec![class("fast", false)];
         let t = VolumeTemplate {
