@@ -199,7 +199,7 @@ async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, StoreError> {
         c.spec.release = true;
         // What is left of the workload is ended by the node before it unpublishes.
         if let Some(cgroup) = alloc.as_ref().and_then(|a| a.spec.workload_cgroup.clone()) {
-            c.spec.workload_cgroup = Some(cgroup.into());
+            c.spec.workload_cgroup = Some(Box::new(cgroup));
         }
         // The release's first step in the same write: waiting for the node.
         if matches!(node_done(ctx, &c), NodeDone::No) {
