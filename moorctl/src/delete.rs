@@ -119,22 +119,14 @@ async fn refuse_secret_in_use(
     ns: &moor::api::Namespace,
     name: &str,
 ) -> anyhow::Result<()> {
-    use moor::api::{
-        KeyScope, Name, Secret, SecretSpec, SnapshotSpec, VolumeClassSpec, VolumeSpec,
-    };
+    use moor::api::{KeyScope, Name, Secret, SnapshotSpec, VolumeClassSpec, VolumeSpec};
     let Ok(name) = Name::new(name) else {
         return Ok(());
     };
-    let Some(key) = kind::find_key(ctx, Kind::Secret, Some(ns), name.as_str()).await? else {
+    let Some(found) = kind::find(ctx, Kind::Secret, Some(ns), name.as_str()).await? else {
         return Ok(());
     };
-    let secret = ctx
-        .store
-        .try_get(&moor::api::ObjectKey::<SecretSpec>::parse(&key)?)
-        .await?;
-    let Some(secret) = secret else {
-        return Ok(());
-    };
+    let secret: Secret = serde_json::from_value(found)?;
     let plugin = &secret.spec.plugin_id;
     let mut users = Vec::new();
     let scope = KeyScope::<VolumeSpec>::namespace(ns).unwrap_or_else(KeyScope::all);

@@ -313,17 +313,25 @@ pub fn referenced_secret(
     ns: &Namespace,
     lookup: impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>>,
 ) -> Result<Option<Arc<Secret>>, MissingSecret> {
-    let Some(name) = refs.get(family) else {
-        return Ok(None);
-    };
-    lookup(&Secret::key_for(plugin, ns, name))
-        .map(Some)
-        .ok_or_else(|| MissingSecret {
-            namespace: ns.clone(),
-            name: name.clone(),
-            plugin: plugin.clone(),
-            family,
-        })
+    refs.get(family)
+        .map(|name| named_secret(name, family, plugin, ns, lookup))
+        .transpose()
+}
+
+/// Secret `name` of `plugin` in `ns`, named for `family`, through `lookup`.
+fn named_secret(
+    name: &Name,
+    family: SecretFamily,
+    plugin: &PluginId,
+    ns: &Namespace,
+    lookup: impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>>,
+) -> Result<Arc<Secret>, MissingSecret> {
+    lookup(&Secret::key_for(plugin, ns, name)).ok_or_else(|| MissingSecret {
+        namespace: ns.clone(),
+        name: name.clone(),
+        plugin: plugin.clone(),
+        family,
+    })
 }
 
 impl Volume {
@@ -350,8 +358,9 @@ impl Volume {
         }
     }
 
-    /// What a claim of this volume carries for its node: the NodeStage secrets, and
-    /// NodePublish's when a different Secret is named for them (empty: the same).
+    /// The Secrets this volume names for its node's calls, as they are now (what a
+    /// claim of it carries: [`NodeSecrets`]). Nothing is copied: the caller compares
+    /// with, or puts into, a claim.
     pub fn node_secrets(
         &self,
         lookup: impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>>,
@@ -365,15 +374,10 @@ impl Volume {
                 &lookup,
             )
         };
-        let stage = match resolve(SecretFamily::NodeStage)? {
-            Some(s) => Rare::new(s.spec.secrets.clone()),
-            None => self.spec.secrets.clone(),
-        };
-        let publish = match resolve(SecretFamily::NodePublish)? {
-            Some(s) if s.spec.secrets != *stage => Rare::new(s.spec.secrets.clone()),
-            _ => Rare::default(),
-        };
-        Ok(NodeSecrets { stage, publish })
+        Ok(NodeSecrets {
+            stage: resolve(SecretFamily::NodeStage)?,
+            publish: resolve(SecretFamily::NodePublish)?,
+        })
     }
 }
 
@@ -388,46 +392,59 @@ impl Snapshot {
         let Some(name) = &self.spec.secret_ref else {
             return Ok(Cow::Borrowed(self));
         };
-        let refs = SecretRefs {
-            snapshot: Some(name.clone()),
-            ..Default::default()
-        };
-        match referenced_secret(
-            &refs,
-            SecretFamily::Snapshot,
-            plugin,
-            &self.metadata.namespace,
-            lookup,
-        )? {
-            None => Ok(Cow::Borrowed(self)),
-            Some(secret) => {
-                let mut s = self.clone();
-                s.spec.secrets = secret.spec.secrets.clone();
-                Ok(Cow::Owned(s))
-            }
-        }
+        let ns = &self.metadata.namespace;
+        let secret = named_secret(name, SecretFamily::Snapshot, plugin, ns, lookup)?;
+        let mut s = self.clone();
+        s.spec.secrets = secret.spec.secrets.clone();
+        Ok(Cow::Owned(s))
     }
 }
 
-/// What a claim carries for its node's calls ([`Volume::node_secrets`]).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The Secrets a volume names for its node's calls ([`Volume::node_secrets`]): what a
+/// claim of it carries is derived from these and the volume's own `secrets`.
+#[derive(Debug, Clone, Default)]
 pub struct NodeSecrets {
-    /// NodeStage's (and NodeExpand's); NodePublish's too when `publish` is empty.
-    pub stage: Rare<Secrets>,
-    /// NodePublish's, when they differ.
-    pub publish: Rare<Secrets>,
+    /// NodeStage's Secret (none: the volume's `secrets`).
+    pub stage: Option<Arc<Secret>>,
+    /// NodePublish's Secret (none: NodeStage's).
+    pub publish: Option<Arc<Secret>>,
 }
 
 impl NodeSecrets {
-    /// Whether `claim` carries these.
-    pub fn carried_by(&self, claim: &ClaimSpec) -> bool {
-        claim.node_secrets == self.stage && claim.node_publish_secrets == self.publish
+    /// What NodeStage (and NodeExpand) carries for `volume`: the Secret, else its own.
+    pub fn stage_secrets<'a>(&'a self, volume: &'a VolumeSpec) -> &'a Secrets {
+        match &self.stage {
+            Some(s) => &s.spec.secrets,
+            None => &volume.secrets,
+        }
     }
 
-    /// Puts them into `claim`.
-    pub fn put_into(self, claim: &mut ClaimSpec) {
-        claim.node_secrets = self.stage;
-        claim.node_publish_secrets = self.publish;
+    /// What NodePublish carries for `volume` when it differs from NodeStage's (none:
+    /// the same, and the claim keeps one copy).
+    pub fn publish_secrets<'a>(&'a self, volume: &'a VolumeSpec) -> Option<&'a Secrets> {
+        let stage = self.stage_secrets(volume);
+        self.publish
+            .as_ref()
+            .map(|s| &s.spec.secrets)
+            .filter(|p| *p != stage)
+    }
+
+    /// Whether `claim`, of `volume`, carries them.
+    pub fn carried_by(&self, volume: &VolumeSpec, claim: &ClaimSpec) -> bool {
+        *claim.node_secrets == *self.stage_secrets(volume)
+            && match self.publish_secrets(volume) {
+                Some(p) => *claim.node_publish_secrets == *p,
+                None => claim.node_publish_secrets.is_empty(),
+            }
+    }
+
+    /// Puts a copy of them into `claim`, of `volume`.
+    pub fn put_into(&self, volume: &VolumeSpec, claim: &mut ClaimSpec) {
+        claim.node_secrets = Rare::new(self.stage_secrets(volume).clone());
+        claim.node_publish_secrets = self
+            .publish_secrets(volume)
+            .map(|p| Rare::new(p.clone()))
+            .unwrap_or_default();
     }
 }
 
@@ -511,23 +528,27 @@ mod tests {
             secret("pub", &[("publish", "p")]),
         ]);
         let n = v.node_secrets(&lookup).unwrap();
-        assert_eq!(keys(&n.stage), ["stage"]);
-        assert_eq!(keys(&n.publish), ["publish"]);
+        assert_eq!(keys(n.stage_secrets(&v.spec)), ["stage"]);
+        assert_eq!(keys(n.publish_secrets(&v.spec).unwrap()), ["publish"]);
         let mut c = ClaimSpec::default();
-        assert!(!n.carried_by(&c));
-        n.clone().put_into(&mut c);
-        assert!(n.carried_by(&c));
+        assert!(!n.carried_by(&v.spec, &c));
+        n.put_into(&v.spec, &mut c);
+        assert!(n.carried_by(&v.spec, &c));
         // The same data for both: one copy.
         let same = book(vec![
             secret("st", &[("k", "v")]),
             secret("pub", &[("k", "v")]),
         ]);
-        assert!(v.node_secrets(&same).unwrap().publish.is_empty());
+        assert!(v
+            .node_secrets(&same)
+            .unwrap()
+            .publish_secrets(&v.spec)
+            .is_none());
         // None named: the inline secrets, as before Secrets existed.
         let plain = volume(SecretRefs::default());
         let n = plain.node_secrets(book(vec![])).unwrap();
-        assert_eq!(keys(&n.stage), ["inline"]);
-        assert!(n.publish.is_empty());
+        assert_eq!(keys(n.stage_secrets(&plain.spec)), ["inline"]);
+        assert!(n.publish_secrets(&plain.spec).is_none());
         assert!(v.node_secrets(book(vec![])).is_err());
     }
 

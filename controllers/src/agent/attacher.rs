@@ -57,7 +57,10 @@ impl Attacher {
             .owns(events)
             // A Secret made or rotated: the attachments of the volumes that name it.
             .watches(secrets, move |s: &Secret| {
-                let named = ControllerPluginCtx::naming(&volumes, s);
+                let named: std::collections::HashSet<String> =
+                    ControllerPluginCtx::naming(&volumes, s)
+                        .into_iter()
+                        .collect();
                 attachments
                     .state()
                     .iter()

@@ -673,13 +673,14 @@ impl ControllerPluginCtx {
         vol: Option<Arc<Volume>>,
         family: SecretFamily,
     ) -> Result<Option<Arc<Volume>>, moor::api::MissingSecret> {
-        match vol {
-            Some(v) if v.spec.secret_refs.get(family).is_some() => {
-                let owned = self.for_family(&v, family).await?.into_owned();
-                Ok(Some(Arc::new(owned)))
-            }
-            other => Ok(other),
-        }
+        let Some(v) = vol else {
+            return Ok(None);
+        };
+        let owned = match self.for_family(&v, family).await? {
+            std::borrow::Cow::Borrowed(_) => None,
+            std::borrow::Cow::Owned(o) => Some(Arc::new(o)),
+        };
+        Ok(Some(owned.unwrap_or(v)))
     }
 
     /// Records an event about a volume.

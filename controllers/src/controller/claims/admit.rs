@@ -32,7 +32,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         mode: claim.spec.mode,
         access_mode: Some(admitted.capability.access_mode),
     };
-    let mut c = admitted_claim(claim, &volume, &admitted, node_secrets);
+    let mut c = admitted_claim(claim, &volume, &admitted, &node_secrets);
     // The next step in the same write: the node let act when the attachment is ready
     // or not needed, else the attachment asked for (created in the admission's own
     // transaction, so an attachment never exists for a claim that was not admitted).
@@ -122,7 +122,7 @@ fn admitted_claim(
     claim: &Claim,
     volume: &Volume,
     admitted: &admission::Admitted,
-    node_secrets: NodeSecrets,
+    node_secrets: &NodeSecrets,
 ) -> Claim {
     let mut context = StrMap::from((*volume.spec.context).clone());
     context.extend(volume.status.provisioning.volume_context.clone());
@@ -131,7 +131,7 @@ fn admitted_claim(
     c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
     c.spec.external_id = Some(admitted.external_id.clone());
     c.spec.volume_context = context;
-    node_secrets.put_into(&mut c.spec);
+    node_secrets.put_into(&volume.spec, &mut c.spec);
     c.spec.volume_generation = Some(volume.metadata.generation);
     c.spec.volume_uid = Some(volume.metadata.uid.clone());
     c.status.phase = ClaimPhase::Admitted;
@@ -230,12 +230,19 @@ mod tests {
             selinux_mount: false,
         };
         let secrets = NodeSecrets {
-            stage: Secrets::new([("k".to_string(), "s".to_string())].into()).into(),
-            publish: Default::default(),
+            stage: Some(Arc::new(Secret::new(
+                &Namespace::default_ns(),
+                Name::new("s").unwrap(),
+                SecretSpec {
+                    plugin_id: PluginId::new("p").unwrap(),
+                    secrets: Secrets::new([("k".to_string(), "s".to_string())].into()),
+                },
+            ))),
+            publish: None,
         };
-        let c = admitted_claim(&claim, &volume, &admitted, secrets.clone());
+        let c = admitted_claim(&claim, &volume, &admitted, &secrets);
         assert!(
-            secrets.carried_by(&c.spec),
+            secrets.carried_by(&volume.spec, &c.spec),
             "the node's secrets as resolved"
         );
         assert_eq!(c.spec.access_mode, Some(AccessMode::MultiNodeReaderOnly));

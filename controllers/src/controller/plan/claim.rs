@@ -29,11 +29,11 @@ pub fn node_copy(claim: &Claim, volume: &Volume, secrets: &NodeSecrets) -> Optio
         .provisioning
         .node_expansion_bytes
         .filter(|b| claim.spec.node_expansion_bytes < Some(*b));
-    if secrets.carried_by(&claim.spec) && expand.is_none() {
+    if secrets.carried_by(&volume.spec, &claim.spec) && expand.is_none() {
         return None;
     }
     let mut spec = claim.spec.clone();
-    secrets.clone().put_into(&mut spec);
+    secrets.put_into(&volume.spec, &mut spec);
     if expand.is_some() {
         spec.node_expansion_bytes = expand;
     }
@@ -122,12 +122,22 @@ mod tests {
         c.spec = spec;
         assert_eq!(node_copy(&c, &v, &own(&v)), None, "copied");
         // A Secret rotated: the new values for both node calls, publish's apart.
+        let secret = |name: &str, key: &str, value: &str| {
+            Some(std::sync::Arc::new(Secret::new(
+                &Namespace::default_ns(),
+                Name::new(name).unwrap(),
+                SecretSpec {
+                    plugin_id: PluginId::new("p").unwrap(),
+                    secrets: Secrets::new([(key.to_string(), value.to_string())].into()),
+                },
+            )))
+        };
         let rotated = NodeSecrets {
-            stage: Secrets::new([("token".to_string(), "s4".to_string())].into()).into(),
-            publish: Secrets::new([("p".to_string(), "1".to_string())].into()).into(),
+            stage: secret("st", "token", "s4"),
+            publish: secret("pub", "p", "1"),
         };
         let spec = node_copy(&c, &v, &rotated).expect("the Secret changed");
-        assert!(rotated.carried_by(&spec));
+        assert!(rotated.carried_by(&v.spec, &spec));
         v.status.provisioning.node_expansion_bytes = Some(2 << 30);
         let spec = node_copy(&c, &v, &own(&v)).expect("expanded");
         assert_eq!(spec.node_expansion_bytes, Some(2 << 30));
