@@ -656,6 +656,152 @@ async fn agent_killed_mid_release_finishes_the_release() {
     c.check_calls(true);
 }
 
+/// Agents that write their journal's power-cut mark (the length known on disk after
+/// each fdatasync), so a test can cut a killed agent's journal back to it.
+fn power_cut_opts() -> PluginOpts {
+    PluginOpts {
+        agent_wrapper: vec!["env".into(), format!("{}=1", moor::journal::POWER_CUT_MARK)],
+        ..Default::default()
+    }
+}
+
+/// Kills `node`'s agent and cuts its journal back to what it last knew on disk, as a
+/// power cut may (SIGKILL alone keeps the page cache); the records the journal holds
+/// then, by table and key (a replay of its lines, each `[table, key, value]`).
+fn power_cut(
+    c: &mut Cluster,
+    node: &str,
+) -> std::collections::BTreeMap<(String, String), serde_json::Value> {
+    c.node_mut(node).agent.kill();
+    let journal = c.node(node).dir.join("agent").join("state.jsonl");
+    let dropped = moor::journal::cut_to_synced(&journal).expect("cut the journal");
+    eprintln!("power cut on {node}: {dropped} bytes of its journal were not on disk");
+    let text = std::fs::read_to_string(&journal).expect("read the journal");
+    let mut records = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let commit: Vec<(String, String, serde_json::Value)> =
+            serde_json::from_str(line).expect("a whole commit");
+        for (table, key, value) in commit {
+            if value.is_null() {
+                records.remove(&(table, key));
+            } else {
+                records.insert((table, key), value);
+            }
+        }
+    }
+    records
+}
+
+/// A power cut while NodePublish has taken effect but its answer is not back: the
+/// step's record was on disk before the call, so the agent that comes back knows the
+/// volume may be published, and releasing the claim unpublishes and unstages it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_cut_mid_publish_keeps_the_step_owed() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = Cluster::start(1, 2, power_cut_opts()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.node("n2")
+        .fault(moor_hostpath::faults::Command::Hang {
+            rpc: "NodePublishVolume".into(),
+            after: true,
+        })
+        .await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    wait_held(&c, "n2", "NodePublishVolume").await;
+    let records = power_cut(&mut c, "n2");
+    let publish = records
+        .iter()
+        .find(|((table, _), _)| table == "publishes")
+        .map(|(_, v)| v["step"].clone());
+    assert_eq!(
+        publish,
+        Some(serde_json::json!("uncertain")),
+        "the publish record survives the cut, uncertain: {records:?}"
+    );
+    wait_abandoned(&c, "n2", "NodePublishVolume").await;
+    let_go(&c, "n2", "NodePublishVolume").await;
+    c.stop_alloc("a1").await;
+    c.node_mut("n2").agent.restart();
+    c.wait_claim("a1", "n2", ClaimPhase::Released, T).await;
+    let n2 = c.node("n2");
+    assert!(
+        n2.count("NodeUnpublishVolume", "OK") >= 1,
+        "the publish stayed owed"
+    );
+    assert!(
+        n2.count("NodeUnstageVolume", "OK") >= 1,
+        "the stage stayed owed"
+    );
+    if cluster::can_mount() {
+        assert_eq!(c.mounts_under("n2"), 0, "nothing leaked");
+    }
+    c.check_calls(true);
+}
+
+/// What the node reported in a Mount survives a power cut: a release acknowledged
+/// (the controller may detach the volume and collect the claim at once) and, once the
+/// claim was collected, the record forgotten. Were either lost, the agent that comes
+/// back would hold a record of a claim the store no longer has: an orphaned mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_cut_keeps_what_the_node_reported() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let mut c = Cluster::start(
+        1,
+        2,
+        PluginOpts {
+            controller_args: vec!["--retention=1s".into()],
+            ..power_cut_opts()
+        },
+    )
+    .await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n2", "v1", false)).await;
+    c.wait_claim("a1", "n2", ClaimPhase::Published, T).await;
+    // Released on the node, but not yet collected: the allocation's retention is
+    // counted from its release, so the cut lands in it.
+    hold(&c, "n1", "ControllerUnpublishVolume").await;
+    c.stop_alloc("a1").await;
+    wait_held(&c, "n1", "ControllerUnpublishVolume").await;
+    let records = power_cut(&mut c, "n2");
+    let publishes: Vec<_> = records
+        .iter()
+        .filter(|((table, _), _)| table == "publishes")
+        .map(|(_, v)| v.clone())
+        .collect();
+    assert!(
+        !publishes.is_empty()
+            && publishes
+                .iter()
+                .all(|p| p["released"] == serde_json::json!(true)),
+        "the release the Mount reported is on disk: {publishes:?}"
+    );
+    assert!(
+        !records.keys().any(|(table, _)| table == "stages"),
+        "the unstage is on disk: {records:?}"
+    );
+    c.node_mut("n2").agent.restart();
+    let_go(&c, "n1", "ControllerUnpublishVolume").await;
+    let store = c.store.clone();
+    c.wait("the claim and its Mount collected", T, || {
+        let store = store.clone();
+        async move {
+            let claims = store.list(&KeyScope::<ClaimSpec>::all()).await;
+            let mounts = store.list(&KeyScope::<MountSpec>::all()).await;
+            let (claims, mounts) = (claims.map(|l| l.items.len()), mounts.map(|l| l.items.len()));
+            matches!((claims, mounts), (Ok(0), Ok(0)))
+        }
+    })
+    .await;
+    let records = power_cut(&mut c, "n2");
+    assert!(
+        !records.keys().any(|(table, _)| table == "publishes"),
+        "the record forgotten before its Mount was deleted is gone: {records:?}"
+    );
+    c.check_calls(true);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leading_controller_killed_mid_publish_is_replaced_and_converges() {
     let _slot = SLOTS.acquire().await.unwrap();

@@ -312,6 +312,18 @@ impl Cluster {
         Ok(total)
     }
 
+    /// The agents' node journal so far, summed: (commits appended, fdatasyncs), from
+    /// their /metrics; (0, 0) from a build that does not count them.
+    pub async fn journal(&self) -> anyhow::Result<Journal> {
+        let mut total = Journal::default();
+        for port in &self.metrics_ports {
+            let text = http_get(*port, "/metrics").await?;
+            total.commits += counter_in(&text, "moor_agent_journal_commits_total");
+            total.syncs += counter_in(&text, "moor_agent_journal_syncs_total");
+        }
+        Ok(total)
+    }
+
     /// Starts the controller and `nodes` agents (with plugins unless `external`).
     pub async fn start(
         bins: &Bins,
@@ -503,6 +515,37 @@ impl Cluster {
         )?;
         Ok(())
     }
+}
+
+/// Agents' journal counts ([`Cluster::journal`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Journal {
+    pub commits: u64,
+    pub syncs: u64,
+}
+
+/// Per claim between two readings: commits and fdatasyncs of the node journals.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct JournalPerClaim {
+    pub commits: f64,
+    pub syncs: f64,
+}
+
+impl Journal {
+    pub fn per_claim_since(&self, before: &Journal, n: usize) -> JournalPerClaim {
+        let n = n.max(1) as f64;
+        JournalPerClaim {
+            commits: self.commits.saturating_sub(before.commits) as f64 / n,
+            syncs: self.syncs.saturating_sub(before.syncs) as f64 / n,
+        }
+    }
+}
+
+/// The value of an unlabelled counter in a /metrics text (0 when absent).
+fn counter_in(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 /// The calls of `rpc` counted in a /metrics text (`moor_csi_call_duration_seconds_count`,

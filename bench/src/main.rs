@@ -142,6 +142,9 @@ struct Run {
     /// Store requests per claim by gRPC method (etcd's /metrics; empty on moor-store).
     store_requests_per_claim_publish: BTreeMap<String, f64>,
     store_requests_per_claim_release: BTreeMap<String, f64>,
+    /// The node journals' commits and fdatasyncs per claim (agents' /metrics).
+    journal_per_claim_publish: cluster::JournalPerClaim,
+    journal_per_claim_release: cluster::JournalPerClaim,
     reaction_burst_ms: Percentiles,
     reaction_idle_ms: Percentiles,
     attach: AttachRun,
@@ -397,6 +400,7 @@ async fn run_one(
         .collect::<anyhow::Result<Vec<_>>>()?;
     let rev0 = phases::revision(&store).await?;
     let req0 = cluster::store_requests(&srv.url).await;
+    let journal0 = cluster.journal().await?;
     let cpu0 = cluster.cpu(&srv.proc);
     let t = Instant::now();
     phases::write_allocations(&store, allocs).await?;
@@ -409,6 +413,7 @@ async fn run_one(
     let rev1 = phases::revision(&store).await?;
     let cpu1 = cluster.cpu(&srv.proc);
     let req1 = cluster::store_requests(&srv.url).await;
+    let journal1 = cluster.journal().await?;
 
     // Bulk release: every allocation stopped at once.
     step(&format!("releasing {n} claims"));
@@ -423,6 +428,7 @@ async fn run_one(
     let rev2 = phases::revision(&store).await?;
     let cpu2 = cluster.cpu(&srv.proc);
     let req2 = cluster::store_requests(&srv.url).await;
+    let journal2 = cluster.journal().await?;
     let reaction_burst_ms = phases::Calls::read(&cluster.call_logs)?.reaction(&stops);
 
     // Reaction latency on an idle system: one stop at a time.
@@ -479,6 +485,8 @@ async fn run_one(
         cpu_ms_per_claim_release: cpu2.since(&cpu1).per_claim_ms(n),
         store_requests_per_claim_publish: cluster::requests_per_claim(&req0, &req1, n),
         store_requests_per_claim_release: cluster::requests_per_claim(&req1, &req2, n),
+        journal_per_claim_publish: journal1.per_claim_since(&journal0, n),
+        journal_per_claim_release: journal2.per_claim_since(&journal1, n),
         reaction_burst_ms,
         reaction_idle_ms,
         attach,

@@ -373,15 +373,16 @@ impl Durability {
 
     /// Returns once commit `n` (from [`Journal::commit_unsynced`]) is on disk: an
     /// fdatasync that began after it was appended has finished. The fdatasync runs on
-    /// a blocking thread and covers every commit appended before it began.
-    pub async fn wait(&self, n: u64) -> Result<(), JournalError> {
+    /// a blocking thread and covers every commit appended before it began. `true`
+    /// when this wait made that fdatasync (`false`: another's covered it).
+    pub async fn wait(&self, n: u64) -> Result<bool, JournalError> {
         let s = &self.0;
         if s.synced.load(Ordering::Acquire) >= n {
-            return Ok(());
+            return Ok(false);
         }
         let _one = s.syncing.lock().await;
         if s.synced.load(Ordering::Acquire) >= n {
-            return Ok(());
+            return Ok(false);
         }
         // Every commit numbered up to `upto`, and every byte up to `len`, was written
         // before these reads.
@@ -399,7 +400,7 @@ impl Durability {
             .map_err(io)?;
         s.synced.fetch_max(upto, Ordering::AcqRel);
         self.synced_len_is(len);
-        Ok(())
+        Ok(true)
     }
 
     /// Puts commit `n` on disk before returning, with an fdatasync of `file` on this

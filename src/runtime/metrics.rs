@@ -90,6 +90,21 @@ pub fn journal_failed() {
     JOURNAL_FAILURES.inc();
 }
 
+/// Commits appended to the agent's journal, and the fdatasyncs that put them on disk
+/// (group-committed: one covers every commit appended before it began).
+static JOURNAL_COMMITS: LazyLock<Counter> = LazyLock::new(Counter::default);
+static JOURNAL_SYNCS: LazyLock<Counter> = LazyLock::new(Counter::default);
+
+/// Counts a commit appended to the agent's journal.
+pub fn journal_committed() {
+    JOURNAL_COMMITS.inc();
+}
+
+/// Counts an fdatasync of the agent's journal.
+pub fn journal_synced() {
+    JOURNAL_SYNCS.inc();
+}
+
 /// Mounts the agent keeps although desired state lost their claims (an older etcd
 /// snapshot restored): each waits for an operator's `moorctl mount adopt` or
 /// `moorctl mount release`.
@@ -441,6 +456,16 @@ impl Metrics {
             "moor_agent_journal_write_failures",
             "Writes of the agent's journal (its data dir's record of what it staged and published) that failed, such as on a full disk; the step each was to record was not taken",
             JOURNAL_FAILURES.clone(),
+        );
+        registry.register(
+            "moor_agent_journal_commits",
+            "Commits appended to the agent's journal (each records node steps: a step's record before its call, its outcome after)",
+            JOURNAL_COMMITS.clone(),
+        );
+        registry.register(
+            "moor_agent_journal_syncs",
+            "fdatasyncs of the agent's journal; each puts on disk every commit appended before it began (a group commit)",
+            JOURNAL_SYNCS.clone(),
         );
         registry.register(
             "moor_agent_orphaned_mounts",

@@ -391,6 +391,7 @@ impl Reconcile {
                 self.forget(&key).await?;
             }
             if let Some(mount) = mount_key_of(&key) {
+                self.settle().await?;
                 crate::common::ignore_not_found(
                     self.writer.delete(&mount, None).await.map(|_| ()),
                 )?;
@@ -557,12 +558,12 @@ impl Reconcile {
         self.edit(|s| mark(s, Step::Uncertain)).await?;
         match step.call(call).await {
             Ok(v) => {
-                self.edit(|s| mark(s, Step::Done)).await?;
+                self.record(|s| mark(s, Step::Done)).await?;
                 Ok(v)
             }
             Err(failed) => {
                 if took_no_effect(&failed.error) && before == Step::Absent {
-                    self.edit(|s| mark(s, Step::Absent)).await?;
+                    self.record(|s| mark(s, Step::Absent)).await?;
                 }
                 Err(failed.into())
             }
@@ -578,15 +579,54 @@ impl Reconcile {
     }
 
     /// Edits the local state and returns once the change is on disk, before the
-    /// caller goes on to act on it. The disk is waited for outside the state's lock:
-    /// the steps of claims that edit meanwhile share one fdatasync (a group commit).
+    /// caller goes on to act on it: the record of a forward step, before its call.
+    /// The disk is waited for outside the state's lock: the steps of claims that edit
+    /// meanwhile share one fdatasync (a group commit).
+    ///
+    /// What the journal promises (and a power cut, `moor::journal::cut_to_synced`,
+    /// tests): a forward step that may have taken effect has its record on disk, and
+    /// so has everything the node reported in a Mount. What it does not promise is
+    /// an outcome recorded after a call ([`Reconcile::record`]): a power cut may lose
+    /// it, and the step is then taken again (each is idempotent by the CSI spec), or
+    /// its reverse is owed once more.
     async fn edit(&self, f: impl FnOnce(&mut LocalState)) -> Result<(), NodeError> {
-        let (n, durability) = {
-            let mut local = self.r.local.lock().await;
-            f(local.state_mut());
-            (local.commit_unsynced()?, local.durability())
-        };
-        Ok(durability.wait(n).await?)
+        let (n, durability) = self.append(f).await?;
+        Self::synced(&durability, n).await
+    }
+
+    /// Edits the local state and goes on without waiting for the disk: an outcome
+    /// recorded after a call (done, undone, forgotten). The next [`Reconcile::edit`]
+    /// or Mount written ([`Reconcile::settle`]) puts it on disk first, with whatever
+    /// else was appended meanwhile (commits reach the disk in order).
+    async fn record(&self, f: impl FnOnce(&mut LocalState)) -> Result<(), NodeError> {
+        self.append(f).await.map(|_| ())
+    }
+
+    /// Returns once every commit appended so far is on disk: before the node reports
+    /// anything in a Mount (a release acknowledged there lets the controller detach
+    /// and collect the claim, so the journal must not lose it first).
+    pub(super) async fn settle(&self) -> Result<(), NodeError> {
+        let durability = self.r.local.lock().await.durability();
+        let n = durability.commits();
+        Self::synced(&durability, n).await
+    }
+
+    async fn append(
+        &self,
+        f: impl FnOnce(&mut LocalState),
+    ) -> Result<(u64, moor::journal::Durability), NodeError> {
+        let mut local = self.r.local.lock().await;
+        f(local.state_mut());
+        let n = local.commit_unsynced()?;
+        moor::runtime::metrics::journal_committed();
+        Ok((n, local.durability()))
+    }
+
+    async fn synced(durability: &moor::journal::Durability, n: u64) -> Result<(), NodeError> {
+        if durability.wait(n).await? {
+            moor::runtime::metrics::journal_synced();
+        }
+        Ok(())
     }
 
     /// Reports a journal write that failed (the step it was to record was not taken):
@@ -615,7 +655,7 @@ impl Reconcile {
     async fn forget(&self, key: &str) -> Result<(), NodeError> {
         self.r.steps.forget(key);
         self.forget_orphan(key);
-        self.edit(|s| {
+        self.record(|s| {
             s.publishes.remove(key);
         })
         .await

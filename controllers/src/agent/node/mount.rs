@@ -103,6 +103,8 @@ impl Reconcile {
         trace: Option<Box<str>>,
         status: impl FnOnce(Option<&Mount>) -> MountStatus,
     ) -> Result<(), NodeError> {
+        // What the Mount says, the journal holds on disk first.
+        self.settle().await?;
         let current = self.writer.fresh(&self.mounts, key).await?;
         let status = status(current.as_deref());
         match current {

@@ -246,6 +246,7 @@ impl Reconcile {
         }
         if from != to {
             if let Some(old) = mount_key_of(from) {
+                self.settle().await?;
                 crate::common::ignore_not_found(self.writer.delete(&old, None).await.map(|_| ()))?;
             }
         }

@@ -196,7 +196,8 @@ impl Reconcile {
         };
         let rec =
             existing.unwrap_or_else(|| new_record(claim, &cfg.id, &external_id, &paths, stages));
-        self.edit(|s| {
+        // On disk with the first step's record, before its call.
+        self.record(|s| {
             s.publishes.insert(key.to_string(), rec.clone());
         })
         .await?;
@@ -320,7 +321,7 @@ impl Reconcile {
         } else {
             bytes
         };
-        self.edit(|s| {
+        self.record(|s| {
             if let Some(p) = s.publishes.get_mut(key) {
                 p.expanded_bytes = Some(got);
             }
@@ -448,7 +449,7 @@ impl Reconcile {
         staging: &Path,
         rec: Option<StageRecord>,
     ) -> Result<(), NodeError> {
-        self.edit(|s| match rec {
+        self.record(|s| match rec {
             Some(r) => {
                 s.stages.insert(staging.to_path_buf(), r);
             }
@@ -460,7 +461,7 @@ impl Reconcile {
     }
 
     pub(super) async fn set_publish_step(&self, key: &str, step: Step) -> Result<(), NodeError> {
-        self.edit(|s| {
+        self.record(|s| {
             if let Some(p) = s.publishes.get_mut(key) {
                 p.step = step;
             }

@@ -25,7 +25,8 @@ impl Reconcile {
                 }
                 return Err(e);
             }
-            self.edit(|s| {
+            // On disk before the Mount says released (sync_mount settles).
+            self.record(|s| {
                 if let Some(p) = s.publishes.get_mut(key) {
                     p.released = true;
                     p.step = Step::Absent;
