@@ -3,6 +3,9 @@
 #
 #   bash bench/profile-publish.sh BIN_DIR OUT_DIR [moor-bench args...]
 #
+# PHASE=releasing profiles the release phase instead (the 5 s from its start);
+# CALLGRAPH=none records without call graphs (a flat profile, read in seconds).
+#
 # BIN_DIR holds moord, moor-hostpath and moor-store built with line tables
 # (CARGO_PROFILE_RELEASE_DEBUG=line-tables-only CARGO_TARGET_DIR=target/prof cargo build
 # --release --workspace --bins). Runs the working tree's moor-bench with --claims 2000
@@ -19,11 +22,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
     --scale 0 --reaction-samples 10 --single-attaches 1 --store etcd \
     --json "$out/bench.json" "$@" >"$out/bench.log" 2>&1 &
 bench=$!
-until grep -q "publishing" "$out/bench.log"; do
-    kill -0 "$bench" 2>/dev/null || { echo "moor-bench ended before publishing; see $out/bench.log" >&2; exit 1; }
+phase=${PHASE:-publishing}
+until grep -q "$phase" "$out/bench.log"; do
+    kill -0 "$bench" 2>/dev/null || { echo "moor-bench ended before $phase; see $out/bench.log" >&2; exit 1; }
     sleep 0.05
 done
 ps -eo pid,args | grep -E "moord|moor-hostpath|etcd --name" | grep -v grep >"$out/ps.txt" || true
-perf record -a -F 249 --call-graph dwarf,8192 -o "$out/perf.data" -- sleep 5 >"$out/perf.log" 2>&1
+graph=(--call-graph dwarf,8192)
+[ "${CALLGRAPH:-dwarf}" = none ] && graph=()
+perf record -a -F 249 "${graph[@]}" -o "$out/perf.data" -- sleep 5 >"$out/perf.log" 2>&1
 wait "$bench"
 echo "profile in $out/perf.data, processes in $out/ps.txt, figures in $out/bench.log"
