@@ -1,29 +1,64 @@
-//! The module maps cannot drift silently: each file below has a `# Layout` section in
-//! its module doc, whose bullets name (before their colon) each child module the file
+//! The module maps cannot drift silently: every folder module (a crate's root, and each
+//! file whose children live in a folder of their own) has one `# Layout` section in its
+//! module doc, whose bullets name (before their colon) each child module the file
 //! declares, every one and only those. A module added, removed or renamed without its
-//! map fails here, naming the file and the difference.
+//! map, a new folder without one, or a second Layout section fails here, naming the
+//! file and the difference.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// The files whose children a newcomer finds through their map.
-const MAPS: &[&str] = &[
-    "src/lib.rs",
-    "src/api/mod.rs",
-    "src/csi/mod.rs",
-    "src/runtime/mod.rs",
-    "src/store/mod.rs",
-    "src/workload/mod.rs",
-    "csi/src/lib.rs",
-    "embedded/src/lib.rs",
-    "moorctl/src/lib.rs",
-    "controllers/src/main.rs",
-    "controllers/src/agent/mod.rs",
-    "controllers/src/agent/node/mod.rs",
-    "controllers/src/controller/mod.rs",
-    "plugins/hostpath/src/lib.rs",
-    "bench/src/main.rs",
+/// The source folders of the workspace's crates.
+const CRATES: &[&str] = &[
+    "src",
+    "csi/src",
+    "moorctl/src",
+    "embedded/src",
+    "controllers/src",
+    "plugins/hostpath/src",
+    "bench/src",
 ];
+
+/// Every folder module under `root`: the crate's root files (`lib.rs`, `main.rs`; a
+/// thin `main.rs` beside a library declares no module and needs no map) and, for each
+/// folder below, the file that declares it (`dir/mod.rs` or `dir.rs`).
+fn folder_modules(root: &Path, crate_dir: &str) -> Vec<PathBuf> {
+    let src = root.join(crate_dir);
+    let mut out: Vec<PathBuf> = ["lib.rs", "main.rs"]
+        .iter()
+        .map(|f| src.join(f))
+        .filter(|p| p.is_file())
+        .collect();
+    let mut dirs = vec![src];
+    while let Some(dir) = dirs.pop() {
+        let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if !path.is_dir() {
+                continue;
+            }
+            let owner = [path.join("mod.rs"), path.with_extension("rs")]
+                .into_iter()
+                .find(|p| p.is_file())
+                .unwrap_or_else(|| panic!("{}: no mod.rs and no file of its name", path.display()));
+            out.push(owner);
+            dirs.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// How many `# Layout` headings the module doc of `src` has.
+fn layouts(src: &str) -> usize {
+    src.lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .filter(|d| {
+            let d = d.trim();
+            d.starts_with('#') && d.trim_start_matches('#').trim() == "Layout"
+        })
+        .count()
+}
 
 /// The modules the `# Layout` bullets of `src` name: the backticked identifiers before
 /// each bullet's first colon (a bullet's head may run onto its continuation lines).
@@ -95,12 +130,42 @@ fn declared(src: &str) -> BTreeSet<String> {
 }
 
 #[test]
-fn every_map_names_its_modules_and_only_those() {
+fn every_folder_module_has_one_map_naming_its_modules_and_only_those() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut wrong = Vec::new();
-    for file in MAPS {
-        let src = std::fs::read_to_string(root.join(file))
-            .unwrap_or_else(|e| panic!("reading {file}: {e}"));
+    let files: Vec<PathBuf> = CRATES
+        .iter()
+        .flat_map(|c| folder_modules(root, c))
+        .collect();
+    // The crates' roots and the folders known when this was written: a check that
+    // found fewer would be looking in the wrong place.
+    assert!(
+        files.len() >= 24,
+        "only {} folder modules found",
+        files.len()
+    );
+    for path in &files {
+        let file = path
+            .strip_prefix(root)
+            .unwrap_or(path)
+            .display()
+            .to_string();
+        let src = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {file}: {e}"));
+        // A binary's thin main beside its library declares nothing to map.
+        if declared(&src).is_empty() && layouts(&src) == 0 {
+            continue;
+        }
+        match layouts(&src) {
+            1 => {}
+            0 => {
+                wrong.push(format!("{file}: no # Layout section in its module doc"));
+                continue;
+            }
+            n => {
+                wrong.push(format!("{file}: {n} # Layout sections; one map per module"));
+                continue;
+            }
+        }
         let (named, declared) = (named(&src), declared(&src));
         let unnamed: Vec<_> = declared.difference(&named).collect();
         let missing: Vec<_> = named.difference(&declared).collect();
@@ -120,4 +185,6 @@ fn the_check_reads_a_layout_and_the_declarations() {
     assert_eq!(n, ["a", "b_2", "d", "f"]);
     let d: Vec<_> = declared(src).into_iter().collect();
     assert_eq!(d, ["a", "b_2", "d", "f"]);
+    assert_eq!(layouts(src), 1);
+    assert_eq!(layouts(&src.replace("# Other", "# Layout")), 2);
 }

@@ -16,6 +16,10 @@
 //!    writes it made on the way are reported.
 //! 4. The same for a restarted agent of node `sn0000` (its `per_node` claims, and as
 //!    the plugin's controller node, every volume), with the CSI calls it made.
+//!
+//! # Layout
+//! - this file: steps 1, 3 and 4, and the figures.
+//! - `seed`: step 2, the templates written again under new names, and checked.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -7,7 +7,8 @@
 //!    an interval, publish what was found in the Node object.
 //! 3. Run the node reconciler ([`node`]) over the claims of this node.
 //! 4. For each plugin hosted here as `controller` or `monolith`, campaign for
-//!    `plugin.<id>`; the leader runs the provisioner and the attacher for that plugin.
+//!    `plugin.<id>`; the leader runs that plugin's provisioner, attacher, snapshotter,
+//!    group snapshotter and survey.
 //!
 //! # Layout
 //! - [`plugins`]: plugin supervision and the node's registration.

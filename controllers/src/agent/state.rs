@@ -1,11 +1,14 @@
 //! What the agent has staged and published, persisted in its data dir so a restarted
 //! agent re-adopts it instead of doing it again, and finishes half-done releases.
 //!
-//! A step is recorded as `Uncertain` *before* its CSI call and `Done` after it succeeds,
-//! so a crash in between leaves a record that says the reverse may be owed. A final
-//! error removes the record (the call took no effect). Each change is appended (and
-//! fsynced) to `<data-dir>/state.jsonl`, a [`Journal`] of the two tables, before the
-//! agent goes on; the `state.json` of earlier versions is imported once.
+//! A forward step is recorded as `Uncertain` *before* its CSI call and `Done` after it
+//! succeeds, so a crash in between leaves a record that says the reverse may be owed.
+//! A refusal (a final or transient answer: the call took no effect) to a step that had
+//! not taken effect before records it `Absent` again; an uncertain answer leaves it
+//! `Uncertain`. Each change is appended to `<data-dir>/state.jsonl`, a [`Journal`] of
+//! the two tables; a step's record is on disk before its call, an outcome before the
+//! Mount reports it (`node::Reconcile::edit`, `record`, `settle`). The `state.json` of
+//! earlier versions is imported once.
 
 use anyhow::Context;
 use moor::api::*;

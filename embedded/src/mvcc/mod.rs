@@ -5,6 +5,12 @@
 //! etcd's revision rules: one revision per write request (a txn's writes share it), none
 //! for a request that changes nothing; a key's `version` counts puts since its creation
 //! and a delete resets it; reads at a past revision are answered by undoing the log.
+//!
+//! # Layout
+//! - this file: the keyspace, the history log, reads at a revision, puts and deletes,
+//!   what a write persists, compaction.
+//! - `txn`: transactions, compared and applied as etcd does.
+//! - `lease`: leases and their expiry.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;

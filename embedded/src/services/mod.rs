@@ -1,5 +1,9 @@
 //! The gRPC services over [`Mvcc`]: one lock around the data, writes on blocking threads
 //! (each one fsyncs), a revision channel that wakes watchers.
+//!
+//! # Layout
+//! - this file: the KV, Lease and Maintenance services over [`Mvcc`].
+//! - `watches`: the Watch service.
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -31,6 +31,13 @@
 //!    Released (unless `--no-wait`); the lease is deleted (left to expire when the end
 //!    could not be recorded, so the controller releases the claims as lost); moorctl
 //!    exits with CMD's code (128 + the signal's number when a signal ended it).
+//!
+//! # Layout
+//! - this file: the run itself (steps 1-6), its progress and its end.
+//! - `lease`: the runner's Lease, created or taken over, renewed every TTL/3.
+//! - `process`: CMD as a child under the guard, its signals and its exit.
+//! - `guard`: `moorctl __workload-guard`, which ends the workload's whole group (and
+//!   cgroup) if the runner dies.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -4,14 +4,6 @@
 //! # Layout
 //! - [`state`]: volumes, snapshots, attachments, stages and publishes, persisted in the
 //!   state dir after every change.
-//! - `identity`, `controller`, `node`: the three CSI services (the spec's error codes).
-//! - [`mounts`]: real bind mounts (or none, with `--no-mount`).
-//! - [`faults`]: fault injection through the admin socket.
-//! - [`calllog`]: one JSON line per RPC; [`checker`] reports moor's invariants broken in one.
-//!
-//! # Layout
-//! - [`state`]: volumes, snapshots, attachments, stages and publishes, persisted in the
-//!   state dir after every change.
 //! - `identity`, `controller`, `node`, `group`: the CSI services (the spec's error
 //!   codes).
 //! - `health`: the CSI 1.13 volume and storage health RPCs (`--health-api`).

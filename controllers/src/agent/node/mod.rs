@@ -7,14 +7,17 @@
 //!    `ensure_staged` (once per staging path, `<mount-dir>/staging/NS/VOL/<usage>`, when
 //!    the plugin has STAGE_UNSTAGE_VOLUME), then `ensure_published` to
 //!    `<mount-dir>/per-alloc/NS/ALLOC/VOL/<ro|rw>-<usage>`. Each step is recorded as
-//!    uncertain in the data dir before its call and done after it, so a restarted agent
-//!    adopts what is done instead of repeating it.
+//!    uncertain in the data dir (on disk) before its call and done after it (on disk
+//!    before the Mount says so), so a restarted agent adopts what is done instead of
+//!    repeating it.
 //! 3. A released (or deleted) claim: `ensure_unpublished`, then `unstage` when
 //!    no other claim uses the staging path; then the Mount says `released`, which is
 //!    what lets the controller detach.
 //! 4. Every change is mirrored in the claim's Mount object; failures are recorded there
-//!    (`last_error`) and as "Mount volume" / "Unmount volume" events, and retried with
-//!    the controller's per-key backoff.
+//!    (`last_error`) and as "Mount volume" / "Unmount volume" events. The key is
+//!    retried on the runtime's per-key backoff, and a CSI step is not called again
+//!    before its own schedule allows (its gate, `moor::runtime::steps`, answers
+//!    backing off until then).
 //!
 //! # Layout
 //! - `plan`: what the node owes a claim, decided from facts alone.

@@ -13,6 +13,10 @@
 //! 4. Deleted: wait until the controller has released every claim (its
 //!    `moor.dev/claims` finalizer is gone), DeleteVolume (none for `on_delete: retain`:
 //!    a `Volume retained` event names the id kept), drop our finalizer.
+//!
+//! # Layout
+//! - this file: the reconciler, CreateVolume and DeleteVolume (steps 1, 2 and 4).
+//! - `changes`: a registered volume validated, an expansion, a modification (step 3).
 
 use moor::api::*;
 use moor::csi::policy::CsiError;

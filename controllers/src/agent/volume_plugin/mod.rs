@@ -22,6 +22,15 @@
 //!    allocation ends once no mount namespace of the machine uses its path.
 //! 5. Each connection closes after its answer, or after an idle limit without a
 //!    request (`conn`).
+//!
+//! # Layout
+//! - this file: the socket (passed by systemd or bound), the routes, bodies parsed, and
+//!   the grants checked at start.
+//! - `ops`: Create, Remove, Path, Get and List on desired state.
+//! - `hold`: Mount and Unmount through an engine's hold of a volume on this node.
+//! - `options`: `-o KEY=VALUE` checked into a Volume.
+//! - `orphans`: callers whose Unmount never came, found by the mount table.
+//! - `conn`: connections with an idle deadline.
 
 mod conn;
 mod hold;

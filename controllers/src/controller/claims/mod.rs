@@ -18,6 +18,15 @@
 //!    attacher to detach and wait for the Attachment to go; then drop the claim from
 //!    the volume's live claims (kept as a past claim) and mark it Released. A Released
 //!    claim whose allocation is gone is deleted.
+//!
+//! # Layout
+//! - this file: the reconciler and what wakes it (Mounts, attachments, volumes, nodes,
+//!   plugins, cordons, Secrets), step 1, the claim's node copy of its volume (secrets
+//!   rotated), and the guarded writes the other files share.
+//! - `admit`: step 2.
+//! - `publish`: step 3.
+//! - `release`: step 4.
+//! - `facts`: what the publish and release directions both read or do.
 
 use futures::StreamExt;
 use moor::api::*;

@@ -3,6 +3,7 @@
 //! (`claims/`, `allocations.rs`) gather the inputs and carry out what these return;
 //! every transition is unit-tested here, without a store or a clock.
 //!
+//! # Layout
 //! - this file: the claim's controller-publish step ([`attach`]) and its node side on
 //!   release ([`node_done`]);
 //! - [`claim`]: whether the claim is still wanted, and what its spec copies from its

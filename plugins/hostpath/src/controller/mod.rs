@@ -1,8 +1,12 @@
 //! The Controller service: volumes are directories under `<state-dir>/volumes`,
 //! snapshots copies under `<state-dir>/snapshots`, attachments a set of node ids per volume.
-//! This file holds the service (each RPC delegating to its file), publish and unpublish,
-//! capacity and capabilities; `volumes.rs` the volume RPCs, `snapshots.rs` the snapshot
-//! ones.
+//!
+//! # Layout
+//! - this file: the service (each RPC delegating to its file), publish and unpublish,
+//!   capacity and capabilities.
+//! - `volumes`: CreateVolume (empty, or a copy of a snapshot or volume), validation,
+//!   ListVolumes, ControllerGetVolume, expansion, modification, DeleteVolume.
+//! - `snapshots`: CreateSnapshot, GetSnapshot, ListSnapshots, DeleteSnapshot.
 
 use moor_csi::v1::{
     controller_server::Controller, controller_service_capability, list_volumes_response,
