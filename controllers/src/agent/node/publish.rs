@@ -194,13 +194,19 @@ impl Reconcile {
                     .await?
             }
         };
-        let rec =
-            existing.unwrap_or_else(|| new_record(claim, &cfg.id, &external_id, &paths, stages));
-        // On disk with the first step's record, before its call.
-        self.record(|s| {
-            s.publishes.insert(key.to_string(), rec.clone());
-        })
-        .await?;
+        let rec = match existing {
+            // Already in the journal as it is (this grant's, or adopted from an orphan).
+            Some(rec) => rec,
+            None => {
+                let rec = new_record(claim, &cfg.id, &external_id, &paths, stages);
+                // On disk with the first step's record, before its call.
+                self.record(|s| {
+                    s.publishes.insert(key.to_string(), rec.clone());
+                })
+                .await?;
+                rec
+            }
+        };
         Ok(Some(Recorded {
             cfg,
             caps,
