@@ -8,16 +8,26 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// The source folders of the workspace's crates.
-const CRATES: &[&str] = &[
-    "src",
-    "csi/src",
-    "moorctl/src",
-    "embedded/src",
-    "controllers/src",
-    "plugins/hostpath/src",
-    "bench/src",
-];
+/// The source folders of the workspace's crates: each member's `src` (Cargo.toml's
+/// `members = [...]`), so a new crate is checked without being listed here.
+fn crates(root: &Path) -> Vec<String> {
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("reading Cargo.toml");
+    let line = manifest
+        .lines()
+        .find(|l| l.trim_start().starts_with("members"))
+        .expect("the workspace's members");
+    line.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(|m| {
+            if m == "." {
+                "src".to_string()
+            } else {
+                format!("{m}/src")
+            }
+        })
+        .collect()
+}
 
 /// Every folder module under `root`: the crate's root files (`lib.rs`, `main.rs`; a
 /// thin `main.rs` beside a library declares no module and needs no map) and, for each
@@ -133,7 +143,9 @@ fn declared(src: &str) -> BTreeSet<String> {
 fn every_folder_module_has_one_map_naming_its_modules_and_only_those() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut wrong = Vec::new();
-    let files: Vec<PathBuf> = CRATES
+    let crates = crates(root);
+    assert!(crates.len() >= 7, "workspace members read: {crates:?}");
+    let files: Vec<PathBuf> = crates
         .iter()
         .flat_map(|c| folder_modules(root, c))
         .collect();

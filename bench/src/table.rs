@@ -72,19 +72,14 @@ pub(super) fn table(runs: &[Run]) -> String {
     row("store requests per claim, release", &|r| {
         requests_cell(&r.store_requests_per_claim_release)
     });
+    let journal = |j: crate::cluster::JournalPerClaim| format!("{:.2} / {:.2}", j.commits, j.syncs);
     row(
         "node journal commits / fdatasyncs per claim, publish",
-        &|r| {
-            let j = r.journal_per_claim_publish;
-            format!("{:.2} / {:.2}", j.commits, j.syncs)
-        },
+        &|r| journal(r.journal_per_claim_publish),
     );
     row(
         "node journal commits / fdatasyncs per claim, release",
-        &|r| {
-            let j = r.journal_per_claim_release;
-            format!("{:.2} / {:.2}", j.commits, j.syncs)
-        },
+        &|r| journal(r.journal_per_claim_release),
     );
     row("reaction: stop -> NodeUnpublish, idle", &|r| {
         r.reaction_idle_ms.cell()

@@ -393,12 +393,7 @@ impl Reconcile {
                 self.teardown(&key, &rec).await?;
                 self.forget(&key).await?;
             }
-            if let Some(mount) = mount_key_of(&key) {
-                self.settle().await?;
-                crate::common::ignore_not_found(
-                    self.writer.delete(&mount, None).await.map(|_| ()),
-                )?;
-            }
+            self.delete_mount(&key).await?;
             return Ok(Action::AwaitChange);
         };
         if let Some(rec) = &record {

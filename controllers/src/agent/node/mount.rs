@@ -92,6 +92,17 @@ impl Reconcile {
         .await
     }
 
+    /// Deletes the Mount of the claim at `claim_key` (gone already is fine), once the
+    /// journal holds on disk what led to it.
+    pub(super) async fn delete_mount(&self, claim_key: &str) -> Result<(), NodeError> {
+        let Some(mount) = mount_key_of(claim_key) else {
+            return Ok(());
+        };
+        self.settle().await?;
+        crate::common::ignore_not_found(self.writer.delete(&mount, None).await.map(|_| ()))?;
+        Ok(())
+    }
+
     /// Writes the Mount at `key` (of claim `claim` in `namespace`) with `spec` and the
     /// status `status` makes from what is stored: created with `trace` when absent,
     /// nothing written when it is already so.

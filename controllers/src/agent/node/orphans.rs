@@ -245,10 +245,7 @@ impl Reconcile {
             orphans.publish_count();
         }
         if from != to {
-            if let Some(old) = mount_key_of(from) {
-                self.settle().await?;
-                crate::common::ignore_not_found(self.writer.delete(&old, None).await.map(|_| ()))?;
-            }
+            self.delete_mount(from).await?;
         }
         tracing::info!(claim = %to, orphan = %from, target = %rec.target_path.display(), "adopted an orphaned mount without a CSI call");
         self.node_event(
