@@ -347,7 +347,9 @@ async fn informed<K>(
 
 /// Issue 27: a plugin's controller-node agent caches only its plugin's volumes. The
 /// filtered informer lists and passes on only what it keeps; another plugin's changes
-/// never reach a subscriber; a volume edited onto another plugin leaves as a deletion.
+/// never reach a subscriber; a volume edited onto another plugin leaves as a deletion
+/// carrying the last state this cache held. Issue 52: a filtered projection (what the
+/// agent keeps of each volume) sees the same, as projections.
 async fn a_filtered_informer_caches_and_passes_on_only_what_it_keeps(backend: Backend) {
     use moor::runtime::informer::Informer;
     let etcd = Etcd::start_on(backend).await;
@@ -366,10 +368,38 @@ async fn a_filtered_informer_caches_and_passes_on_only_what_it_keeps(backend: Ba
         std::sync::Arc::new(|v: &Volume| v.spec.plugin_id.as_str() == "a.example"),
         stop.clone(),
     );
+    /// A volume's key, all this projection keeps.
+    #[derive(Clone, Debug, PartialEq)]
+    struct Keyed(String);
+    impl moor::runtime::Resource for Keyed {
+        fn key(&self) -> String {
+            self.0.clone()
+        }
+    }
+    let names_of = |v: Volume| Keyed(v.key());
+    let projected = Informer::<Keyed>::spawn_projected(
+        store.clone(),
+        KeyScope::all(),
+        Some(std::sync::Arc::new(|v: &Volume| {
+            v.spec.plugin_id.as_str() == "a.example"
+        })),
+        names_of,
+        stop.clone(),
+    );
     let mut sub = Box::pin(informer.subscribe());
     match informed(&mut sub).await {
         Event::Restarted(all) => assert_eq!(names(&all), ["a1"]),
         other => panic!("expected the cache first, got {other:?}"),
+    }
+    let mut projected_sub = Box::pin(projected.subscribe());
+    match informed(&mut projected_sub).await {
+        Event::Restarted(all) => {
+            assert_eq!(
+                all,
+                [std::sync::Arc::new(Keyed("volumes/default/a1".into()))]
+            )
+        }
+        other => panic!("expected the projected cache first, got {other:?}"),
     }
     // b's volume changes, then a2 is created: the first event seen is a2's.
     let mut b1_next = b1.clone();
@@ -401,12 +431,25 @@ async fn a_filtered_informer_caches_and_passes_on_only_what_it_keeps(backend: Ba
             assert_eq!(key, "volumes/default/a1");
             assert_eq!(
                 last.expect("its last state").spec.plugin_id.as_str(),
-                "b.example"
+                "a.example"
             );
         }
         other => panic!("expected a1 to leave, got {other:?}"),
     }
     assert_eq!(reader.keys(), ["volumes/default/a2"]);
+    // The projection saw a2 arrive and a1 leave, and nothing of plugin b.
+    match informed(&mut projected_sub).await {
+        Event::Applied(v) => assert_eq!(v.0, "volumes/default/a2"),
+        other => panic!("expected a2's projection, got {other:?}"),
+    }
+    match informed(&mut projected_sub).await {
+        Event::Deleted { key, last } => {
+            assert_eq!(key, "volumes/default/a1");
+            assert_eq!(last.map(|v| v.0.clone()).as_deref(), Some(key.as_str()));
+        }
+        other => panic!("expected a1's projection to leave, got {other:?}"),
+    }
+    assert_eq!(projected.reader().keys(), ["volumes/default/a2"]);
     stop.cancel();
 }
 
@@ -448,7 +491,13 @@ async fn a_projected_informer_caches_and_passes_on_projections(backend: Backend)
     };
     let a1 = store.create(&with_context("a1")).await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
-    let informer = Informer::spawn_projected(store.clone(), KeyScope::all(), seen, stop.clone());
+    let informer = Informer::spawn_projected(
+        store.clone(),
+        KeyScope::all(),
+        None,
+        |v| seen(&v),
+        stop.clone(),
+    );
     let mut sub = Box::pin(informer.subscribe());
     match informed(&mut sub).await {
         Event::Restarted(all) => assert_eq!(all, [Arc::new(seen(&a1))]),

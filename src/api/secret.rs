@@ -334,6 +334,28 @@ fn named_secret(
     })
 }
 
+impl AttachInputs {
+    /// The inputs as `family`'s calls see them (of a volume of `plugin` in `ns`): the
+    /// secrets replaced by the Secret `secret_refs` names for the family (borrowed as
+    /// they are when none is named).
+    pub fn for_family(
+        &self,
+        family: SecretFamily,
+        plugin: &PluginId,
+        ns: &Namespace,
+        lookup: impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>>,
+    ) -> Result<Cow<'_, AttachInputs>, MissingSecret> {
+        match referenced_secret(&self.secret_refs, family, plugin, ns, lookup)? {
+            None => Ok(Cow::Borrowed(self)),
+            Some(secret) => {
+                let mut inputs = self.clone();
+                inputs.secrets = Rare::new(secret.spec.secrets.clone());
+                Ok(Cow::Owned(inputs))
+            }
+        }
+    }
+}
+
 impl Volume {
     /// The volume as `family`'s calls see it: its `secrets` replaced by the Secret
     /// its `secret_refs` names for the family (borrowed as it is when none is named).

@@ -458,6 +458,34 @@ impl Volume {
     pub fn key_for(ns: &Namespace, name: impl std::fmt::Display) -> ObjectKey<VolumeSpec> {
         ObjectKey::from_parts(&[ns, &name])
     }
+
+    /// What its ControllerPublish and ControllerUnpublish calls take from it.
+    pub fn attach_inputs(&self) -> AttachInputs {
+        AttachInputs {
+            secrets: self.spec.secrets.clone(),
+            secret_refs: self.spec.secret_refs.clone(),
+            context: self.spec.context.clone(),
+            volume_context: self.status.provisioning.volume_context.clone(),
+            mount_options: self.spec.mount_options.clone(),
+        }
+    }
+}
+
+/// What a volume's ControllerPublish and ControllerUnpublish calls take from it (its
+/// secrets, or the Secret named for the call's family, its contexts and its mount
+/// options), apart from the volume: the attacher keeps these, not the whole object.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AttachInputs {
+    /// `spec.secrets`.
+    pub secrets: Rare<Secrets>,
+    /// `spec.secret_refs`.
+    pub secret_refs: Rare<SecretRefs>,
+    /// `spec.context` (a registered volume's).
+    pub context: Rare<BTreeMap<String, String>>,
+    /// `status.provisioning.volume_context` (what CreateVolume returned).
+    pub volume_context: StrMap,
+    /// `spec.mount_options`.
+    pub mount_options: Rare<MountOptions>,
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use super::{convert, v1};
 use crate::api::{
-    Attachment, Claim, ClaimMode, ExternalVolumeId, SealedSecrets, Secrets, Snapshot, Volume,
-    VolumeGroupSnapshot,
+    AttachInputs, Attachment, Claim, ClaimMode, ExternalVolumeId, SealedSecrets, Secrets, Snapshot,
+    Volume, VolumeGroupSnapshot,
 };
 
 /// ControllerPublishVolume of an attachment: its volume and CSI node ids, capability
@@ -19,17 +19,17 @@ use crate::api::{
 /// secrets this process cannot open are an error.
 pub fn controller_publish(
     att: &Attachment,
-    volume: Option<&Volume>,
+    volume: Option<&AttachInputs>,
     multi_writer_cap: bool,
 ) -> Result<v1::ControllerPublishVolumeRequest, SealedSecrets> {
     let (secrets, context, mount_options) = match volume {
         Some(v) => {
-            let mut context = (*v.spec.context).clone();
-            context.extend(v.status.provisioning.volume_context.clone());
+            let mut context = (*v.context).clone();
+            context.extend(v.volume_context.clone());
             (
-                v.spec.secrets.expose()?.clone(),
+                v.secrets.expose()?.clone(),
                 context,
-                (*v.spec.mount_options).clone(),
+                (*v.mount_options).clone(),
             )
         }
         None => Default::default(),
@@ -51,7 +51,7 @@ pub fn controller_publish(
 /// the volume is gone).
 pub fn controller_unpublish(
     att: &Attachment,
-    volume: Option<&Volume>,
+    volume: Option<&AttachInputs>,
 ) -> Result<v1::ControllerUnpublishVolumeRequest, SealedSecrets> {
     controller_unpublish_of(
         att.spec.external_id.as_str(),
@@ -67,13 +67,13 @@ pub fn controller_unpublish(
 pub fn controller_unpublish_of(
     volume_id: &str,
     node_id: &str,
-    volume: Option<&Volume>,
+    volume: Option<&AttachInputs>,
 ) -> Result<v1::ControllerUnpublishVolumeRequest, SealedSecrets> {
     Ok(v1::ControllerUnpublishVolumeRequest {
         volume_id: volume_id.to_string(),
         node_id: node_id.to_string(),
         secrets: match volume {
-            Some(v) => v.spec.secrets.expose()?.clone(),
+            Some(v) => v.secrets.expose()?.clone(),
             None => BTreeMap::new(),
         },
     })
@@ -495,7 +495,7 @@ mod tests {
 
     #[test]
     fn controller_publish_carries_every_field_the_spec_defines() {
-        let (att, v) = (attachment(), volume());
+        let (att, v) = (attachment(), volume().attach_inputs());
         let r = controller_publish(&att, Some(&v), false).unwrap();
         assert_eq!(r.volume_id, "vol-1");
         assert_eq!(r.node_id, "csi-n1");
@@ -537,7 +537,7 @@ mod tests {
 
     #[test]
     fn an_unpublish_of_an_unknown_attachment_carries_the_volume_s_secrets_or_is_not_made() {
-        let v = volume();
+        let v = volume().attach_inputs();
         let r = controller_unpublish_of("vol-9", "csi-n2", Some(&v)).unwrap();
         assert_eq!(
             (r.volume_id.as_str(), r.node_id.as_str()),
@@ -549,6 +549,7 @@ mod tests {
         // Sealed with a key this process does not hold: no request, never empty secrets.
         let mut sealed = volume();
         sealed.spec.secrets = Secrets::sealed_text("moor:sealed:v1:k9:AAAA".into()).into();
+        let sealed = sealed.attach_inputs();
         let err = controller_unpublish_of("vol-9", "csi-n2", Some(&sealed)).unwrap_err();
         assert_eq!(err.key_id, "k9");
         let att = attachment();

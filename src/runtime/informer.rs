@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backoff::{backoff, Backoff};
 use super::reflector::{self, Store};
-use super::watcher::{watcher_with, Event, WatchError};
+use super::watcher::{watcher_making, Event, Make, WatchError};
 use super::Resource;
 use crate::api::{KeyScope, Object, Spec};
 use crate::process::error_chain;
@@ -64,7 +64,8 @@ impl<S: Spec> Informer<Object<S>> {
         indexes: &[reflector::Index<Object<S>>],
         shutdown: CancellationToken,
     ) -> Self {
-        spawn_with(store, scope, indexes, None, Arc::new(|o| o), shutdown)
+        let make: Make<S, Object<S>> = Arc::new(|o| Some(Arc::new(o)));
+        spawn_with(store, scope, indexes, make, false, shutdown)
     }
 
     /// [`Informer::spawn`] that caches and passes on only the objects `keep` holds for
@@ -78,7 +79,8 @@ impl<S: Spec> Informer<Object<S>> {
         keep: Keep<Object<S>>,
         shutdown: CancellationToken,
     ) -> Self {
-        spawn_with(store, scope, &[], Some(keep), Arc::new(|o| o), shutdown)
+        let make: Make<S, Object<S>> = Arc::new(move |o| keep(&o).then(|| Arc::new(o)));
+        spawn_with(store, scope, &[], make, true, shutdown)
     }
 }
 
@@ -87,30 +89,21 @@ impl<P: Resource> Informer<P> {
     /// a process that only reads a kind keeps what its reconcilers read, in a type of
     /// its own (the controller's Mounts), not the whole decoded object. Subscribers
     /// get the projections too. A projection is never the base of a write (whatever
-    /// writes the kind reads the object itself).
+    /// writes the kind reads the object itself). With `keep`, only the objects it holds
+    /// for are cached, as in [`Informer::spawn_filtered`].
     pub fn spawn_projected<S: Spec>(
         store: store::Store,
         scope: KeyScope<S>,
-        project: fn(&Object<S>) -> P,
+        keep: Option<Keep<Object<S>>>,
+        project: fn(Object<S>) -> P,
         shutdown: CancellationToken,
     ) -> Self {
-        let project: Projection<S, P> = Arc::new(move |o| Arc::new(project(&o)));
-        spawn_with(store, scope, &[], None, project, shutdown)
-    }
-}
-
-/// Turns each decoded object into what its cache holds.
-type Projection<S, P> = Arc<dyn Fn(Arc<Object<S>>) -> Arc<P> + Send + Sync>;
-
-/// `event`'s objects as `project` makes them.
-fn projected<S: Spec, P>(event: Event<Object<S>>, project: &Projection<S, P>) -> Event<P> {
-    match event {
-        Event::Restarted(all) => Event::Restarted(all.into_iter().map(|o| project(o)).collect()),
-        Event::Applied(o) => Event::Applied(project(o)),
-        Event::Deleted { key, last } => Event::Deleted {
-            key,
-            last: last.map(|o| project(o)),
-        },
+        let filtered = keep.is_some();
+        let make: Make<S, P> = Arc::new(move |o| {
+            let kept = keep.as_ref().is_none_or(|keep| keep(&o));
+            kept.then(|| Arc::new(project(o)))
+        });
+        spawn_with(store, scope, &[], make, filtered, shutdown)
     }
 }
 
@@ -118,8 +111,8 @@ fn spawn_with<S: Spec, P: Resource>(
     store: store::Store,
     scope: KeyScope<S>,
     indexes: &[reflector::Index<P>],
-    keep: Option<Keep<Object<S>>>,
-    project: Projection<S, P>,
+    make: Make<S, P>,
+    filtered: bool,
     shutdown: CancellationToken,
 ) -> Informer<P> {
     let (reader, mut writer) = reflector::indexed_store::<P>(indexes);
@@ -136,7 +129,10 @@ fn spawn_with<S: Spec, P: Resource>(
     // the key malformed (`Store::malformed`), and passes that object on again so
     // the key's reconcilers look at it (its single writer may repair it).
     let marks = informer.reader.clone();
-    let events = watcher_with::<S>(store, scope, false).filter_map(move |item| {
+    // Each object is made into what the cache keeps as it is decoded (a list never
+    // holds every decoded object at once); a change to one not kept comes as its
+    // deletion, which matters only where the cache held it.
+    let events = watcher_making(store, scope, false, make).filter_map(move |item| {
         std::future::ready(match item {
             Err(WatchError::Malformed(e)) => skip_malformed(&marks, kind, &e).map(Ok),
             other => Some(other.map(Incoming::Event)),
@@ -161,16 +157,13 @@ fn spawn_with<S: Spec, P: Resource>(
                     Some(last) => Some(Ok(Event::Applied(last))),
                     None => continue,
                 },
-                Some(Ok(Incoming::Event(event))) => {
-                    let event = match &keep {
-                        Some(keep) => match kept(event, &**keep, |key| cache.get(key).is_some()) {
-                            Some(event) => event,
-                            None => continue,
-                        },
-                        None => event,
-                    };
-                    Some(Ok(projected(event, &project)))
+                // A filtered cache never held it, or dropped it already.
+                Some(Ok(Incoming::Event(Event::Deleted { key, .. })))
+                    if filtered && cache.get(key.as_str()).is_none() =>
+                {
+                    continue;
                 }
+                Some(Ok(Incoming::Event(event))) => Some(Ok(event)),
                 Some(Err(e)) => Some(Err(e)),
                 None => None,
             };
@@ -258,34 +251,10 @@ impl<K: Resource> Informer<K> {
 /// Which objects a filtered informer keeps (see [`Informer::spawn_filtered`]).
 pub type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 
-/// `event` as a cache keeping only what `keep` holds for sees it; `cached` says
-/// whether a key is in that cache. `None`: nothing to pass on.
-fn kept<K: Resource>(
-    event: Event<K>,
-    keep: &(dyn Fn(&K) -> bool + Send + Sync),
-    cached: impl Fn(&str) -> bool,
-) -> Option<Event<K>> {
-    match event {
-        Event::Restarted(all) => Some(Event::Restarted(
-            all.into_iter().filter(|o| keep(o)).collect(),
-        )),
-        Event::Applied(obj) if keep(&obj) => Some(Event::Applied(obj)),
-        // It was kept and is no more: gone, as far as this cache is concerned.
-        Event::Applied(obj) => {
-            let key = obj.key();
-            cached(&key).then_some(Event::Deleted {
-                key,
-                last: Some(obj),
-            })
-        }
-        Event::Deleted { key, last } => cached(&key).then_some(Event::Deleted { key, last }),
-    }
-}
-
 /// What the watch brings an informer's task.
-enum Incoming<S: Spec> {
+enum Incoming<P> {
     /// A change, decoded.
-    Event(Event<Object<S>>),
+    Event(Event<P>),
     /// A key now holding a malformed value: its last valid object in the cache is
     /// passed on again.
     Repass(String),
@@ -293,11 +262,11 @@ enum Incoming<S: Spec> {
 
 /// Reports a malformed value (once per revision), marks its key in `cache`, and
 /// returns the key, whose last valid object (if cached) is passed on again.
-fn skip_malformed<S: Spec, K: Resource>(
+fn skip_malformed<K: Resource>(
     cache: &reflector::Store<K>,
     kind: &str,
     e: &store::StoreError,
-) -> Option<Incoming<S>> {
+) -> Option<Incoming<K>> {
     if first_sighting(e) {
         tracing::warn!(kind, error = %bounded_chain(e), "skipping a malformed value");
         super::metrics::malformed_skipped(kind);
@@ -387,44 +356,5 @@ mod tests {
             Some(Ok(Event::Restarted(objs))) => assert_eq!(objs.len(), 4),
             other => panic!("expected a resync, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn a_filtered_cache_sees_only_what_it_keeps_and_loses_what_stops_matching() {
-        let keep = |o: &Obj| o.0.starts_with('a');
-        let none = |_: &str| false;
-        let all = |_: &str| true;
-        match kept(
-            Event::restarted(vec![Obj("a1"), Obj("b1"), Obj("a2")]),
-            &keep,
-            none,
-        ) {
-            Some(Event::Restarted(objs)) => {
-                assert_eq!(objs, vec![Arc::new(Obj("a1")), Arc::new(Obj("a2"))])
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(
-            kept(Event::applied(Obj("a3")), &keep, none),
-            Some(Event::Applied(_))
-        ));
-        // Never kept: nothing to say.
-        assert!(kept(Event::applied(Obj("b2")), &keep, none).is_none());
-        let gone = || Event::Deleted {
-            key: "b2".to_string(),
-            last: None,
-        };
-        assert!(kept(gone(), &keep, none).is_none());
-        // Kept before (in the cache) and no more: a deletion, with its last state.
-        match kept(Event::applied(Obj("b2")), &keep, all) {
-            Some(Event::Deleted { key, last }) => {
-                assert_eq!((key.as_str(), last), ("b2", Some(Arc::new(Obj("b2")))))
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(
-            kept(gone(), &keep, all),
-            Some(Event::Deleted { .. })
-        ));
     }
 }

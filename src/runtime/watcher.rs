@@ -106,12 +106,18 @@ enum State {
     },
 }
 
-struct Watcher<S: Spec> {
+/// What a watcher makes of each decoded object: the item it yields, or `None` for
+/// an object its consumer does not keep (a change to one is yielded as its
+/// deletion, so a consumer that kept it before drops it).
+pub type Make<S, T> = Arc<dyn Fn(Object<S>) -> Option<Arc<T>> + Send + Sync>;
+
+struct Watcher<S: Spec, T> {
     store: Store,
     scope: KeyScope<S>,
     previous: bool,
+    make: Make<S, T>,
     state: State,
-    pending: VecDeque<Result<Event<Object<S>>, WatchError>>,
+    pending: VecDeque<Result<Event<T>, WatchError>>,
 }
 
 /// Watches the objects of kind `S` in `scope` (the kind, or one node's claims or
@@ -131,10 +137,23 @@ pub fn watcher_with<S: Spec>(
     scope: KeyScope<S>,
     previous: bool,
 ) -> impl Stream<Item = Result<Event<Object<S>>, WatchError>> + Send + 'static {
-    let w = Watcher::<S> {
+    watcher_making(store, scope, previous, Arc::new(|o| Some(Arc::new(o))))
+}
+
+/// [`watcher_with`] yielding what `make` makes of each object as it is decoded (a
+/// projection, or nothing for an object not kept): a list never holds every decoded
+/// object at once, only what `make` keeps of them.
+pub fn watcher_making<S: Spec, T: Send + Sync + 'static>(
+    store: Store,
+    scope: KeyScope<S>,
+    previous: bool,
+    make: Make<S, T>,
+) -> impl Stream<Item = Result<Event<T>, WatchError>> + Send + 'static {
+    let w = Watcher::<S, T> {
         store,
         scope,
         previous,
+        make,
         state: State::Empty,
         pending: VecDeque::new(),
     };
@@ -148,10 +167,10 @@ pub fn watcher_with<S: Spec>(
     })
 }
 
-impl<S: Spec> Watcher<S> {
+impl<S: Spec, T: Send + Sync + 'static> Watcher<S, T> {
     async fn step(&mut self) {
         self.state = match std::mem::replace(&mut self.state, State::Empty) {
-            State::Empty => match self.store.list_shared::<S>(&self.scope).await {
+            State::Empty => match self.store.list_making(&self.scope, &*self.make).await {
                 Ok(list) => {
                     // The list first, then its malformed values: a reader marking
                     // those does so on the listed state.
@@ -209,15 +228,18 @@ impl<S: Spec> Watcher<S> {
                                 .store
                                 .codec()
                                 .decode::<S>(&ev.key, &ev.value, ev.mod_revision)
-                                .map(|o| Event::Applied(Arc::new(o)))
+                                .map(|o| match (self.make)(o) {
+                                    Some(item) => Event::Applied(item),
+                                    None => Event::Deleted {
+                                        key: ev.key,
+                                        last: None,
+                                    },
+                                })
                                 .map_err(WatchError::Malformed),
                             RawEventKind::Delete => Ok(Event::Deleted {
                                 last: ev.prev_value.and_then(|(value, rev)| {
-                                    self.store
-                                        .codec()
-                                        .decode::<S>(&ev.key, &value, rev)
-                                        .ok()
-                                        .map(Arc::new)
+                                    let o = self.store.codec().decode::<S>(&ev.key, &value, rev);
+                                    (self.make)(o.ok()?)
                                 }),
                                 key: ev.key,
                             }),

@@ -105,6 +105,43 @@ impl Record {
         }
     }
 
+    /// Where [`Writer::current`] takes `key` from when its projecting cache knows
+    /// `seen`: the object as last written here while the cache holds that version or
+    /// an older one (forgotten once it holds that version); gone after a deletion here
+    /// at a known revision the cache shows nothing newer than; the cache (what it
+    /// holds of the object, if anything) when nothing written here is pending or the
+    /// cache shows a later change; else the store.
+    fn current(&mut self, key: &str, seen: Seen) -> Fresh {
+        let Some(w) = self.writes.get(key) else {
+            return Fresh::Cache;
+        };
+        if newer(seen, w.revision) {
+            self.writes.remove(key);
+            return Fresh::Cache;
+        }
+        match w {
+            Written {
+                deleted: true,
+                revision,
+                ..
+            } if *revision != i64::MAX => Fresh::Gone,
+            // Present at our write's version or before it. Absent, it may not have
+            // been shown yet or have been deleted since: the store says.
+            Written {
+                object: Some(o),
+                revision,
+                ..
+            } if matches!(seen, Seen::Present(v) if v <= *revision) => {
+                let o = o.clone();
+                if seen == Seen::Present(*revision) {
+                    self.writes.remove(key);
+                }
+                Fresh::Written(o)
+            }
+            _ => Fresh::Read,
+        }
+    }
+
     /// Whether a cache knowing `cached` of `key` may be read as is: no write of the
     /// key is recorded, or the cache shows the last one (which is then forgotten).
     fn settled(&mut self, key: &str, cached: impl Into<Seen>) -> bool {
@@ -146,7 +183,16 @@ impl Writer {
     }
 
     /// Records this process's writes of `S`, read back through `cache`.
-    pub fn tracking<S: Spec>(mut self, cache: &reflector::Store<Object<S>>) -> Writer {
+    pub fn tracking<S: Spec>(self, cache: &reflector::Store<Object<S>>) -> Writer {
+        self.tracking_as::<S, _>(cache)
+    }
+
+    /// Records this process's writes of `S`, whose cache keeps `P`s (a projection),
+    /// read back with [`Writer::current`].
+    pub fn tracking_as<S: Spec, P: super::Resource>(
+        mut self,
+        cache: &reflector::Store<P>,
+    ) -> Writer {
         let cache = cache.clone();
         let lookup: Lookup = Arc::new(move |key| cache.seen(key));
         Arc::make_mut(&mut self.caches).push((S::DIR, lookup));
@@ -229,6 +275,34 @@ impl Writer {
             self.lock().writes.remove(key.as_str());
         }
         Ok(stored)
+    }
+
+    /// The object at `key` as stored now, for a reconciler whose cache keeps a
+    /// projection (`cache`, registered with [`Writer::tracking_as`]) that may hold the
+    /// whole object (`held`, at the cache's version): this process's last write of it
+    /// while the cache holds that version or an older one (nobody wrote since, or the
+    /// cache would hold a later one); `None` after its deletion here at a known
+    /// revision; `held` when nothing written here is pending; else as read from the
+    /// store. The record is dropped once the cache shows the write, as
+    /// [`Writer::fresh`] drops it.
+    pub async fn current<S: Spec, P: super::Resource>(
+        &self,
+        cache: &reflector::Store<P>,
+        key: &ObjectKey<S>,
+        held: Option<Arc<Object<S>>>,
+    ) -> Result<Option<Arc<Object<S>>>, StoreError> {
+        let known = self.lock().current(key.as_str(), cache.seen(key.as_str()));
+        match known {
+            Fresh::Gone => return Ok(None),
+            Fresh::Written(obj) => {
+                if let Ok(obj) = obj.downcast::<Object<S>>() {
+                    return Ok(Some(obj));
+                }
+            }
+            Fresh::Cache if held.is_some() => return Ok(held),
+            Fresh::Cache | Fresh::Read => {}
+        }
+        Ok(self.store.try_get(key).await?.map(Arc::new))
     }
 
     fn wrote<S: Spec>(&self, written: &Object<S>) {
@@ -406,6 +480,16 @@ impl Writer {
     }
 }
 
+/// Whether a cache knowing `cached` shows a change after `revision` (a later version,
+/// or a deletion after it): then a write at `revision` is no longer the object.
+fn newer(cached: Seen, revision: i64) -> bool {
+    match cached {
+        Seen::Present(version) => version > revision,
+        Seen::DeletedAfter(version) => version >= revision,
+        Seen::Unknown => false,
+    }
+}
+
 /// Whether a cache knowing `cached` shows the write: it holds the object at the
 /// write's version or later, or it applied a deletion after that version (or any
 /// deletion, when the write was one).
@@ -442,6 +526,79 @@ mod tests {
             writes: HashMap::new(),
             prune_at: PRUNE_FLOOR,
         }
+    }
+
+    #[test]
+    fn a_projecting_cache_reads_its_own_last_write_until_someone_writes_after_it() {
+        let mut r = record();
+        let key = "volumes/ns/v";
+        let written = |revision| Written {
+            object: Some(Arc::new(revision) as Arc<dyn std::any::Any + Send + Sync>),
+            ..put(revision)
+        };
+        let read = |f: Fresh| match f {
+            Fresh::Written(o) => Some(*o.downcast::<i64>().unwrap()),
+            Fresh::Read => None,
+            Fresh::Gone => Some(-1),
+            Fresh::Cache => Some(-2),
+        };
+        assert_eq!(
+            read(r.current(key, Seen::Present(3))),
+            Some(-2),
+            "nothing written"
+        );
+        r.note(key.into(), written(7), |_| Seen::Unknown);
+        assert_eq!(
+            read(r.current(key, Seen::Present(5))),
+            Some(7),
+            "the cache lags"
+        );
+        assert_eq!(
+            read(r.current(key, Seen::Unknown)),
+            None,
+            "not shown: the store"
+        );
+        assert_eq!(
+            read(r.current(key, Seen::Present(7))),
+            Some(7),
+            "shown: still ours"
+        );
+        assert!(r.writes.is_empty(), "and forgotten");
+        assert_eq!(
+            read(r.current(key, Seen::Present(7))),
+            Some(-2),
+            "the cache's"
+        );
+        r.note(key.into(), written(8), |_| Seen::Unknown);
+        assert_eq!(
+            read(r.current(key, Seen::Present(9))),
+            Some(-2),
+            "written since: the cache's"
+        );
+        assert!(r.writes.is_empty(), "and forgotten");
+        let gone = Written {
+            deleted: true,
+            ..put(9)
+        };
+        r.note(key.into(), gone, |_| Seen::Unknown);
+        assert_eq!(
+            read(r.current(key, Seen::Present(7))),
+            Some(-1),
+            "deleted here"
+        );
+        assert_eq!(
+            read(r.current(key, Seen::Present(7))),
+            Some(-1),
+            "still gone"
+        );
+        assert_eq!(
+            read(r.current(key, Seen::Present(12))),
+            Some(-2),
+            "made again since"
+        );
+        // Written without the object (a batch's raw key): only the store can say.
+        r.note(key.into(), put(14), |_| Seen::Unknown);
+        assert_eq!(read(r.current(key, Seen::Present(12))), None);
     }
 
     #[test]

@@ -360,7 +360,7 @@ impl Store {
     /// Lists every object in `scope` (the kind, or one node's claims), in pages at one
     /// consistent revision.
     pub async fn list<S: Spec>(&self, scope: &KeyScope<S>) -> Result<List<S>, StoreError> {
-        self.list_as(scope, |obj| obj).await
+        self.list_as(scope, Some).await
     }
 
     /// [`Store::list`] with each object shared as it is decoded, as a cache keeps it:
@@ -369,13 +369,23 @@ impl Store {
         &self,
         scope: &KeyScope<S>,
     ) -> Result<List<S, Arc<Object<S>>>, StoreError> {
-        self.list_as(scope, Arc::new).await
+        self.list_as(scope, |obj| Some(Arc::new(obj))).await
+    }
+
+    /// [`Store::list_shared`] of what `make` makes of each object as it is decoded,
+    /// leaving out those it makes nothing of (see `runtime::watcher::Make`).
+    pub async fn list_making<S: Spec, T>(
+        &self,
+        scope: &KeyScope<S>,
+        make: &(dyn Fn(Object<S>) -> Option<Arc<T>> + Send + Sync),
+    ) -> Result<List<S, Arc<T>>, StoreError> {
+        self.list_as(scope, make).await
     }
 
     async fn list_as<S: Spec, T>(
         &self,
         scope: &KeyScope<S>,
-        wrap: impl Fn(Object<S>) -> T,
+        wrap: impl Fn(Object<S>) -> Option<T>,
     ) -> Result<List<S, T>, StoreError> {
         let mut list = List {
             items: Vec::new(),
@@ -386,7 +396,7 @@ impl Store {
         list.revision = self
             .scan(scope.as_str(), |key, value, mod_revision| {
                 match self.codec.decode::<S>(key, value, mod_revision) {
-                    Ok(obj) => list.items.push(wrap(obj)),
+                    Ok(obj) => list.items.extend(wrap(obj)),
                     Err(e) => list.malformed.push(e),
                 }
             })

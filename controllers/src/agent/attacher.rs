@@ -28,6 +28,7 @@ use moor::store::StoreError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
+use super::volume_view::VolumeView;
 use super::ControllerPluginCtx;
 use crate::common::{details, object_ref};
 
@@ -39,7 +40,7 @@ pub struct Attacher {
     /// Shared with the provisioner.
     pub ctx: ControllerPluginCtx,
     /// Volumes (secrets, context).
-    pub volumes: Informer<Volume>,
+    pub volumes: Informer<VolumeView>,
     /// Attachments.
     pub attachments: Informer<Attachment>,
 }
@@ -51,6 +52,7 @@ impl Attacher {
         let events = self.attachments.subscribe();
         let secrets = self.ctx.secrets.subscribe();
         let (volumes, attachments) = (self.volumes.reader(), reader.clone());
+        let plugin = self.ctx.plugin.id.clone();
         let this = Arc::new(self);
         Controller::new("attacher", reader, Config::default())
             .with_metrics(metrics)
@@ -58,7 +60,7 @@ impl Attacher {
             // A Secret made or rotated: the attachments of the volumes that name it.
             .watches(secrets, move |s: &Secret| {
                 let named: std::collections::HashSet<String> =
-                    ControllerPluginCtx::naming(&volumes, s)
+                    ControllerPluginCtx::naming(&volumes, &plugin, s)
                         .into_iter()
                         .collect();
                 attachments
@@ -125,7 +127,7 @@ impl Attacher {
         tracing::Instrument::instrument(step, span).await
     }
 
-    fn volume(&self, att: &Attachment) -> Option<Arc<Volume>> {
+    fn volume(&self, att: &Attachment) -> Option<Arc<VolumeView>> {
         self.volumes
             .reader()
             .get(&Volume::key_for(&att.metadata.namespace, &att.spec.volume))
@@ -149,9 +151,9 @@ impl Attacher {
             .begin(&key, "ControllerPublishVolume", self.inputs(att))?;
         let was_uncertain = att.status.uncertain;
         let vol = (self.ctx)
-            .resolved(self.volume(att), SecretFamily::Controller)
+            .attach_inputs(self.volume(att).as_deref(), SecretFamily::Controller)
             .await?;
-        let req = requests::controller_publish(att, vol.as_deref(), self.ctx.multi_writer_cap())?;
+        let req = requests::controller_publish(att, vol.as_ref(), self.ctx.multi_writer_cap())?;
         // Checkpoint: from here on the volume may be attached.
         let att = &self
             .ctx
@@ -215,9 +217,9 @@ impl Attacher {
             .steps
             .begin(&key, "ControllerUnpublishVolume", self.inputs(att))?;
         let vol = (self.ctx)
-            .resolved(self.volume(att), SecretFamily::Controller)
+            .attach_inputs(self.volume(att).as_deref(), SecretFamily::Controller)
             .await?;
-        let req = requests::controller_unpublish(att, vol.as_deref())?;
+        let req = requests::controller_unpublish(att, vol.as_ref())?;
         // No checkpoint before the call: Attached is owed a ControllerUnpublish as much
         // as Detaching is, and `spec.detach` is final (no claim is granted on this
         // attachment again), so a crash mid-call repeats the call either way. Detaching

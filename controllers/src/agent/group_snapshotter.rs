@@ -39,6 +39,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::volume_view::VolumeView;
 use super::ControllerPluginCtx;
 use crate::common::{details, object_ref};
 
@@ -220,8 +221,8 @@ pub struct GroupSnapshotter {
     pub groups: Informer<VolumeGroupSnapshot>,
     /// Snapshots (the members).
     pub snapshots: Informer<Snapshot>,
-    /// Volumes.
-    pub volumes: Informer<Volume>,
+    /// Volumes, as viewed (a group's volumes are read from the store).
+    pub volumes: Informer<VolumeView>,
 }
 
 impl GroupSnapshotter {
@@ -234,16 +235,13 @@ impl GroupSnapshotter {
             .with_metrics(metrics)
             .owns(this.groups.subscribe())
             // A volume becoming ready lets the groups waiting for it be cut.
-            .watches(this.volumes.subscribe(), move |v: &Volume| {
+            .watches(this.volumes.subscribe(), move |v: &VolumeView| {
                 groups
                     .state()
                     .iter()
                     .filter(|g| {
-                        g.metadata.namespace == v.metadata.namespace
-                            && g.spec
-                                .volumes
-                                .iter()
-                                .any(|n| n.as_str() == v.metadata.name.as_str())
+                        g.metadata.namespace == v.namespace
+                            && g.spec.volumes.iter().any(|n| n.as_str() == v.name.as_str())
                             && g.status.group_snapshot_id.is_none()
                     })
                     .map(|g| g.key())
@@ -280,16 +278,11 @@ impl GroupSnapshotter {
         let Some(group) = self.ctx.writer.fresh(&reader, &group_key).await? else {
             return Ok(Action::AwaitChange);
         };
-        let volumes: Vec<Option<Arc<Volume>>> = group
-            .spec
-            .volumes
-            .iter()
-            .map(|v| {
-                self.volumes
-                    .reader()
-                    .get(&Volume::key_for(&group.metadata.namespace, v))
-            })
-            .collect();
+        let mut volumes: Vec<Option<Arc<Volume>>> = Vec::new();
+        for v in &group.spec.volumes {
+            let key = Volume::key_for(&group.metadata.namespace, v);
+            volumes.push(self.ctx.read_volume(&self.volumes.reader(), &key).await?);
+        }
         let refs: Vec<Option<&Volume>> = volumes.iter().map(|v| v.as_deref()).collect();
         let caps = self
             .ctx

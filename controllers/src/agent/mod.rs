@@ -21,6 +21,7 @@
 //! - [`group_snapshotter`]: CreateVolumeGroupSnapshot, polling, import,
 //!   DeleteVolumeGroupSnapshot, and the member Snapshots.
 //! - [`survey`]: GetCapacity and ListVolumes against moor's view.
+//! - [`volume_view`]: what the plugin's leader caches of each volume.
 //! - [`contract`]: the live contract monitor.
 //! - [`volume_plugin`]: the Docker volume-plugin endpoint.
 
@@ -37,6 +38,7 @@ pub mod state;
 pub mod survey;
 pub mod volume_plan;
 pub mod volume_plugin;
+pub mod volume_view;
 
 use anyhow::Context;
 use moor::api::*;
@@ -51,6 +53,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{EtcdArgs, KeyedLocks};
+use volume_view::VolumeView;
 
 /// Flags of `moord agent`.
 #[derive(Debug, Clone, clap::Args)]
@@ -604,15 +607,13 @@ impl ControllerPluginCtx {
         self.advertises(moor::api::ControllerRpc::SingleNodeMultiWriter)
     }
 
-    /// Reports `breaches` of the plugin about `vol` to the contract monitor.
+    /// Reports `breaches` of the plugin about volume `vol` to the contract monitor.
     pub async fn breached(
         &self,
-        vol: &Volume,
+        vol: &ObjectRef,
         breaches: impl IntoIterator<Item = moor::csi::contract::Breach>,
     ) {
-        self.monitor
-            .report(&self.plugin.id, &crate::common::object_ref(vol), breaches)
-            .await;
+        self.monitor.report(&self.plugin.id, vol, breaches).await;
     }
 
     /// How long a call that names a Secret waits for this agent's first list of the
@@ -639,9 +640,15 @@ impl ControllerPluginCtx {
             return Ok(std::borrow::Cow::Borrowed(vol));
         }
         let resolved = vol.for_family(family, self.secret_book().await);
-        if let Err(missing) = &resolved {
-            // The call waits (on the step's backoff, and for the Secret's event): the
-            // volume says why.
+        self.missing_secret(&crate::common::object_ref(vol), &resolved)
+            .await;
+        resolved
+    }
+
+    /// A volume's call waits for the Secret it names (on the step's backoff, and for
+    /// the Secret's event): the volume says why.
+    async fn missing_secret<T>(&self, vol: &ObjectRef, resolved: &Result<T, MissingSecret>) {
+        if let Err(missing) = resolved {
             self.volume_event(
                 vol,
                 "Secret missing",
@@ -650,51 +657,78 @@ impl ControllerPluginCtx {
             )
             .await;
         }
-        resolved
     }
 
-    /// The keys of the volumes (in `volumes`) that name Secret `s`, for a watch: a
-    /// Secret made or changed wakes the calls that wait on it.
-    pub fn naming(volumes: &moor::runtime::reflector::Store<Volume>, s: &Secret) -> Vec<String> {
+    /// The keys of the volumes (in `volumes`, this plugin's) that name Secret `s`, for
+    /// a watch: a Secret made or changed wakes the calls that wait on it.
+    pub fn naming(
+        volumes: &moor::runtime::reflector::Store<VolumeView>,
+        plugin: &PluginId,
+        s: &Secret,
+    ) -> Vec<String> {
+        if s.spec.plugin_id != *plugin {
+            return Vec::new();
+        }
         volumes
             .state()
             .iter()
             .filter(|v| {
-                v.metadata.namespace == s.metadata.namespace
-                    && v.spec.plugin_id == s.spec.plugin_id
-                    && v.spec.secret_refs.names_secret(&s.metadata.name)
+                v.namespace == s.metadata.namespace
+                    && v.attach.secret_refs.names_secret(&s.metadata.name)
             })
-            .map(|v| v.key())
+            .map(|v| moor::runtime::Resource::key(&**v))
             .collect()
     }
 
-    /// [`Self::for_family`] of a volume that may be gone (none stays none).
-    pub async fn resolved(
+    /// Volume `key` as stored now, when the plugin's volume cache (`views`) holds it:
+    /// what acts on a whole volume reads it first (the cache keeps views), unless the
+    /// view holds it whole or this agent wrote it last (`Writer::current`). A volume
+    /// the cache does not hold, or stored now under another plugin, is absent.
+    pub async fn read_volume(
         &self,
-        vol: Option<Arc<Volume>>,
+        views: &moor::runtime::reflector::Store<VolumeView>,
+        key: &ObjectKey<VolumeSpec>,
+    ) -> Result<Option<Arc<Volume>>, moor::store::StoreError> {
+        let Some(view) = views.get(key) else {
+            return Ok(None);
+        };
+        let stored = self.writer.current(views, key, view.whole.clone()).await?;
+        Ok(stored.filter(|v| v.spec.plugin_id == self.plugin.id))
+    }
+
+    /// What `family`'s attach calls take from a volume that may be gone (none stays
+    /// none): its inputs, with the Secret it names for them, read now.
+    pub async fn attach_inputs(
+        &self,
+        vol: Option<&VolumeView>,
         family: SecretFamily,
-    ) -> Result<Option<Arc<Volume>>, moor::api::MissingSecret> {
+    ) -> Result<Option<AttachInputs>, MissingSecret> {
         let Some(v) = vol else {
             return Ok(None);
         };
-        let owned = match self.for_family(&v, family).await? {
-            std::borrow::Cow::Borrowed(_) => None,
-            std::borrow::Cow::Owned(o) => Some(Arc::new(o)),
-        };
-        Ok(Some(owned.unwrap_or(v)))
+        if v.attach.secret_refs.get(family).is_none() {
+            return Ok(Some(v.attach.clone()));
+        }
+        let book = self.secret_book().await;
+        let resolved = v
+            .attach
+            .for_family(family, &self.plugin.id, &v.namespace, book)
+            .map(std::borrow::Cow::into_owned);
+        self.missing_secret(&v.object_ref(), &resolved).await;
+        resolved.map(Some)
     }
 
     /// Records an event about a volume.
     pub async fn volume_event(
         &self,
-        vol: &Volume,
+        vol: &ObjectRef,
         reason: &str,
         type_: EventType,
         message: String,
     ) {
-        let d = crate::common::details([("volume_id", vol.metadata.name.to_string())]);
+        let d = crate::common::details([("volume_id", vol.name.to_string())]);
         self.recorder
-            .record(crate::common::object_ref(vol), type_, reason, message, d)
+            .record(vol.clone(), type_, reason, message, d)
             .await;
     }
 
@@ -705,12 +739,14 @@ impl ControllerPluginCtx {
         // plugin's share in its own agent): the provisioner, snapshotter, survey and
         // attacher treat another plugin's volume exactly as an absent one (they skip
         // it), so a volume edited onto another plugin, which leaves this cache as a
-        // deletion, is seen as before.
+        // deletion, is seen as before. Each as a view (`volume_view`): what acts on a
+        // whole volume reads it from the store.
         let plugin = self.plugin.id.clone();
-        let volumes = Informer::<Volume>::spawn_filtered(
+        let volumes = Informer::<VolumeView>::spawn_projected(
             self.reads.clone(),
             KeyScope::all(),
-            Arc::new(move |v: &Volume| v.spec.plugin_id == plugin),
+            Some(Arc::new(move |v: &Volume| v.spec.plugin_id == plugin)),
+            VolumeView::of_provisioned,
             stop.clone(),
         );
         let attachments =
@@ -724,7 +760,7 @@ impl ControllerPluginCtx {
         );
         self.writer = self
             .writer
-            .tracking(&volumes.reader())
+            .tracking_as::<VolumeSpec, _>(&volumes.reader())
             .tracking(&attachments.reader())
             .tracking(&snapshots.reader())
             .tracking(&groups.reader());

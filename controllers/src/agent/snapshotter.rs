@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+use super::volume_view::VolumeView;
 use super::ControllerPluginCtx;
 use crate::common::{details, object_ref};
 use std::borrow::Cow;
@@ -144,8 +145,8 @@ pub struct Snapshotter {
     pub ctx: ControllerPluginCtx,
     /// Snapshots.
     pub snapshots: Informer<Snapshot>,
-    /// Volumes.
-    pub volumes: Informer<Volume>,
+    /// Volumes, as viewed (a snapshot's volume is read from the store).
+    pub volumes: Informer<VolumeView>,
 }
 
 impl Snapshotter {
@@ -159,13 +160,13 @@ impl Snapshotter {
             .owns(this.snapshots.subscribe())
             // A volume becoming ready lets its waiting snapshots be cut (snapshots are
             // few: a scan per volume change is cheap).
-            .watches(this.volumes.subscribe(), move |v: &Volume| {
+            .watches(this.volumes.subscribe(), move |v: &VolumeView| {
                 snapshots
                     .state()
                     .iter()
                     .filter(|s| {
-                        s.metadata.namespace == v.metadata.namespace
-                            && s.spec.volume.as_str() == v.metadata.name.as_str()
+                        s.metadata.namespace == v.namespace
+                            && s.spec.volume.as_str() == v.name.as_str()
                             && s.status.snapshot_id.is_none()
                     })
                     .map(|s| s.key())
@@ -201,10 +202,10 @@ impl Snapshotter {
         let Some(snap) = self.ctx.writer.fresh(&reader, &snap_key).await? else {
             return Ok(Action::AwaitChange);
         };
-        let volume = self.volumes.reader().get(&Volume::key_for(
-            &snap.metadata.namespace,
-            &snap.spec.volume,
-        ));
+        let volume_key = Volume::key_for(&snap.metadata.namespace, &snap.spec.volume);
+        let volume = (self.ctx)
+            .read_volume(&self.volumes.reader(), &volume_key)
+            .await?;
         let controller = self
             .ctx
             .supervisor

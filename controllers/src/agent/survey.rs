@@ -43,7 +43,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+use super::volume_view::VolumeView;
 use super::ControllerPluginCtx;
+use moor::runtime::Resource;
 
 /// Condition: the plugin lists the volume.
 pub const PRESENT: &str = "Present";
@@ -57,7 +59,7 @@ pub struct Survey {
     /// Shared with the provisioner.
     pub ctx: ControllerPluginCtx,
     /// Volumes.
-    pub volumes: Informer<Volume>,
+    pub volumes: Informer<VolumeView>,
     /// Attachments.
     pub attachments: Informer<Attachment>,
     /// How often.
@@ -120,14 +122,13 @@ struct Finding {
 /// when two passes in a row agree; a condition is written only when it changes.
 fn judge(
     seen: &Seen<'_>,
-    vol: &Volume,
+    vol: &VolumeView,
     ext: &str,
     entry: Option<&Listed>,
     ours: &BTreeSet<String>,
 ) -> Finding {
     let mut f = Finding::default();
-    let p = &vol.status.provisioning;
-    let cond = |t: &str| p.meta.conditions.iter().find(|c| c.type_ == t);
+    let cond = |t: &str| vol.condition(t);
     let Some(entry) = entry else {
         f.missing = true;
         let again = seen.missing_before.contains(ext);
@@ -138,7 +139,7 @@ fn judge(
             f.warn.push(("Volume missing", msg));
         }
         // One it created for moor and was never asked to delete.
-        f.breach = again && !vol.spec.is_registration();
+        f.breach = again && vol.registered_id().is_none();
         return f;
     };
     if cond(PRESENT).is_some_and(|c| !c.status) {
@@ -346,10 +347,7 @@ impl Survey {
                 }
             }
             for v in self.volumes.reader().state() {
-                if v.spec.plugin_id != self.ctx.plugin.id {
-                    continue;
-                }
-                for t in v.spec.topology_request.iter().flat_map(|t| &t.required) {
+                for t in v.required_topology() {
                     if segments.len() < 64 {
                         segments.insert(t.clone());
                     }
@@ -525,10 +523,11 @@ impl Survey {
         let csi = self.ctx.csi()?;
         let mut out = BTreeMap::new();
         for vol in self.volumes.reader().state() {
-            let p = &vol.status.provisioning;
-            let Some(ext) = p.external_id.as_ref().filter(|_| {
-                vol.spec.plugin_id == self.ctx.plugin.id && p.phase == VolumePhase::Ready
-            }) else {
+            let Some(ext) = vol
+                .external_id
+                .as_ref()
+                .filter(|_| vol.phase == VolumePhase::Ready)
+            else {
                 continue;
             };
             let req = v1::ControllerGetVolumeRequest {
@@ -589,14 +588,7 @@ impl Survey {
         let mut missing = BTreeSet::new();
         let mut unknown = BTreeSet::new();
         for vol in self.volumes.reader().state() {
-            let p = &vol.status.provisioning;
-            if vol.spec.plugin_id != self.ctx.plugin.id
-                || vol.is_deleting()
-                || p.phase != VolumePhase::Ready
-            {
-                continue;
-            }
-            let Some(ext) = p.external_id.as_ref().map(|e| e.to_string()) else {
+            let Some(ext) = vol.ready_id().map(|e| e.to_string()) else {
                 continue;
             };
             let ours = known.get(&vol.key()).cloned().unwrap_or_default();
@@ -606,7 +598,7 @@ impl Survey {
             }
             if f.breach {
                 self.ctx
-                    .breached(&vol, [moor::csi::contract::not_listed(&ext)])
+                    .breached(&vol.object_ref(), [moor::csi::contract::not_listed(&ext)])
                     .await;
             }
             unknown.extend(f.strangers.into_iter().map(|n| (vol.key(), n)));
@@ -638,13 +630,10 @@ impl Survey {
             .reader()
             .state()
             .iter()
-            .filter(|v| &v.spec.plugin_id == id)
             .filter_map(|v| {
-                v.status
-                    .provisioning
-                    .external_id
+                v.external_id
                     .as_ref()
-                    .or(v.spec.external_id.as_ref())
+                    .or(v.registered_id())
                     .map(|e| e.to_string())
             })
             .collect();
@@ -804,6 +793,7 @@ impl Survey {
         let vol_key = Volume::key_for(&att.metadata.namespace, &att.spec.volume);
         match self.volumes.reader().get(&vol_key) {
             Some(vol) => {
+                let vol = vol.object_ref();
                 self.event(&vol, "Detached behind moor's back", EventType::Warning, msg)
                     .await
             }
@@ -830,23 +820,28 @@ impl Survey {
     /// the volume's secrets, or not at all while they cannot be opened (a Warning says
     /// why; the next pass looks again); on the step runner's schedule, per volume and
     /// node, so a plugin failing it is not called every pass.
-    async fn unpublish(&self, vol: &Volume, ext: &str, node: &str) {
-        let built = match self.ctx.for_family(vol, SecretFamily::Controller).await {
-            Ok(v) => moor::csi::requests::controller_unpublish_of(ext, node, Some(&v))
+    async fn unpublish(&self, vol: &VolumeView, ext: &str, node: &str) {
+        let inputs = self
+            .ctx
+            .attach_inputs(Some(vol), SecretFamily::Controller)
+            .await;
+        let built = match inputs {
+            Ok(v) => moor::csi::requests::controller_unpublish_of(ext, node, v.as_ref())
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
+        let vol_ref = vol.object_ref();
         let req = match built {
             Ok(req) => req,
             Err(e) => {
                 let msg = format!("not unpublishing {ext} from node {node}: {e}");
-                self.event(vol, "Unknown attachment kept", EventType::Warning, msg)
+                self.event(&vol_ref, "Unknown attachment kept", EventType::Warning, msg)
                     .await;
                 return;
             }
         };
         let key = format!("{}@{node}", vol.key());
-        let inputs = moor::runtime::steps::inputs((ext, node, vol.metadata.generation));
+        let inputs = moor::runtime::steps::inputs((ext, node, vol.generation));
         let Ok(step) = self
             .ctx
             .steps
@@ -872,14 +867,14 @@ impl Survey {
                 format!("unpublishing {ext} from node {node}: {e}"),
             ),
         };
-        self.event(vol, "Unknown attachment unpublished", type_, msg)
+        self.event(&vol_ref, "Unknown attachment unpublished", type_, msg)
             .await;
     }
 
     /// Sets conditions on the volume's provisioning section and records the Warnings.
     async fn write(
         &self,
-        vol: &Volume,
+        vol: &VolumeView,
         set: Vec<(&'static str, bool, String, String)>,
         warn: Vec<(&'static str, String)>,
         normal: Vec<(&'static str, String)>,
@@ -899,15 +894,16 @@ impl Survey {
                 tracing::warn!(volume = %vol.key(), error = %e, "survey write");
             }
         }
+        let vol = vol.object_ref();
         for (reason, msg) in warn {
-            self.event(vol, reason, EventType::Warning, msg).await;
+            self.event(&vol, reason, EventType::Warning, msg).await;
         }
         for (reason, msg) in normal {
-            self.event(vol, reason, EventType::Normal, msg).await;
+            self.event(&vol, reason, EventType::Normal, msg).await;
         }
     }
 
-    async fn event(&self, vol: &Volume, reason: &str, type_: EventType, message: String) {
+    async fn event(&self, vol: &ObjectRef, reason: &str, type_: EventType, message: String) {
         self.ctx.volume_event(vol, reason, type_, message).await;
     }
 }
@@ -968,7 +964,13 @@ mod tests {
             unknown_before: &unknown_before,
         };
         let ours = ours.iter().map(|s| s.to_string()).collect();
-        judge(&seen, vol, "ext-1", entry, &ours)
+        judge(
+            &seen,
+            &VolumeView::of_provisioned(vol.clone()),
+            "ext-1",
+            entry,
+            &ours,
+        )
     }
 
     /// Applies a finding's conditions, as the survey's write does.

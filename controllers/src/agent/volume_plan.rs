@@ -275,6 +275,36 @@ fn ready(vol: &Volume, caps: &PluginCapabilities) -> Step {
     Step::Nothing
 }
 
+/// Whether nothing is owed for `vol` whatever the plugin advertises and GetCapacity
+/// said: [`next`] is `Nothing` for every `caps` and `capacity`. A created or registered
+/// volume, Ready at its generation, with its finalizer, no expansion or modification
+/// owed and no refused expansion shown. The provisioner skips such a volume without
+/// reading it (its cache keeps only this answer, `VolumeView::at_rest`); every other
+/// volume is read from the store and given to `next`. False for some volumes that owe
+/// nothing (a refusal already shown): they cost a read, never a missed step.
+pub fn at_rest(vol: &Volume, finalizer: &str) -> bool {
+    let (spec, p) = (&vol.spec, &vol.status.provisioning);
+    let identified = match &spec.external_id {
+        Some(ext) => p.external_id.as_ref() == Some(ext),
+        None => p.external_id.is_some() && vol.metadata.finalizers.iter().any(|f| f == finalizer),
+    };
+    let capacity_met = p.capacity_bytes.is_none_or(|actual| {
+        spec.capacity_max.is_none_or(|max| max.0 >= actual)
+            && spec.capacity_min.is_none_or(|min| min.0 <= actual)
+            && !p
+                .meta
+                .conditions
+                .iter()
+                .any(|c| c.type_ == EXPANDED && !c.status)
+    });
+    !vol.is_deleting()
+        && identified
+        && p.phase == VolumePhase::Ready
+        && p.meta.observed_generation == vol.metadata.generation
+        && capacity_met
+        && spec.mutable_parameters == p.mutable_parameters
+}
+
 /// A refusal already shown (same condition, reason and message) is not shown again.
 fn refused_once(vol: &Volume, step: Step) -> Step {
     if let Step::Refuse {
@@ -323,6 +353,97 @@ mod tests {
         p.external_id = Some(ExternalVolumeId::new("e1").unwrap());
         p.capacity_bytes = Some(100);
         v
+    }
+
+    /// `at_rest` holds for a converged volume and for none of a set of volumes each
+    /// one edit away from it; wherever it holds, `next` owes nothing under every set
+    /// of capabilities and capacity answers tried (every combination of the edits).
+    #[test]
+    fn a_volume_at_rest_owes_nothing_whatever_the_plugin_says() {
+        let mut at_rest_volume = ready_volume();
+        at_rest_volume.status.provisioning.meta.observed_generation = 2;
+        let registered = {
+            let mut v = at_rest_volume.clone();
+            v.spec.external_id = v.status.provisioning.external_id.clone();
+            v.metadata.finalizers.clear();
+            v
+        };
+        type Edit = (&'static str, fn(&mut Volume));
+        let edits: Vec<Edit> = vec![
+            ("deleting", |v| {
+                v.metadata.deletion_timestamp = Some(Timestamp::now())
+            }),
+            ("no finalizer", |v| v.metadata.finalizers.clear()),
+            ("creating", |v| {
+                v.status.provisioning.phase = VolumePhase::Creating
+            }),
+            ("no id", |v| v.status.provisioning.external_id = None),
+            ("another id registered", |v| {
+                v.spec.external_id = Some(ExternalVolumeId::new("other").unwrap())
+            }),
+            ("spec edited", |v| v.metadata.generation = 3),
+            ("expansion owed", |v| v.spec.capacity_min = Some(Size(200))),
+            ("shrink asked", |v| v.spec.capacity_max = Some(Size(50))),
+            ("expansion refused", |v| {
+                v.status
+                    .provisioning
+                    .meta
+                    .set_condition(EXPANDED, false, "X", "m")
+            }),
+            ("modification owed", |v| {
+                v.spec.mutable_parameters =
+                    std::collections::BTreeMap::from([("iops".into(), "1".into())]).into()
+            }),
+            ("single-node-multi-writer", |v| {
+                v.spec.capabilities = vec![VolumeCapability {
+                    access_mode: AccessMode::SingleNodeMultiWriter,
+                    attachment_mode: AttachmentMode::FileSystem,
+                }]
+            }),
+            ("restored", |v| {
+                v.spec.source = Some(VolumeSource::Snapshot(Name::new("s").unwrap()))
+            }),
+        ];
+        let every: Vec<ControllerRpc> = (0..64)
+            .filter_map(|i| ControllerRpc::try_from(i).ok())
+            .collect();
+        let mut capses = vec![caps(&[]), caps(&every)];
+        capses.extend(every.iter().map(|r| caps(&[*r])));
+        let mut offline = caps(&every);
+        offline.plugin = [PluginCapability::ExpansionOffline].into_iter().collect();
+        capses.push(offline);
+        let tiny = [CapacityEntry::default()];
+        let answers: [Option<&[CapacityEntry]>; 3] = [None, Some(&[]), Some(&tiny)];
+        assert!(at_rest(&at_rest_volume, F) && at_rest(&registered, F));
+        let mut seen_at_rest = 0;
+        for base in [&at_rest_volume, &registered] {
+            for (name, edit) in &edits {
+                let mut v = base.clone();
+                edit(&mut v);
+                let untouched = matches!(*name, "single-node-multi-writer" | "restored")
+                    || (base.spec.external_id.is_some() && *name == "no finalizer");
+                assert_eq!(at_rest(&v, F), untouched, "{name}");
+            }
+            // Every combination of the edits: at rest implies nothing owed.
+            for mask in 0u32..(1 << edits.len()) {
+                let mut v = base.clone();
+                for (i, (_, edit)) in edits.iter().enumerate() {
+                    if mask & (1 << i) != 0 {
+                        edit(&mut v);
+                    }
+                }
+                if !at_rest(&v, F) {
+                    continue;
+                }
+                seen_at_rest += 1;
+                for c in &capses {
+                    for capacity in answers {
+                        assert_eq!(next(&v, F, c, capacity), Step::Nothing, "{mask:b}");
+                    }
+                }
+            }
+        }
+        assert!(seen_at_rest > 4, "the combinations reach volumes at rest");
     }
 
     #[test]

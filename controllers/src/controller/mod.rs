@@ -186,7 +186,8 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     let mounts = Informer::spawn_projected(
         reads.clone(),
         KeyScope::all(),
-        context::MountView::of,
+        None,
+        |m| context::MountView::of(&m),
         stop.clone(),
     );
     let nodes = Informer::<Node>::spawn(reads.clone(), KeyScope::all(), stop.clone());

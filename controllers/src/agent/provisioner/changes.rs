@@ -58,7 +58,7 @@ impl Provisioner {
         });
         let got = validated.await;
         let breach = breach.into_inner().unwrap_or_else(|p| p.into_inner());
-        self.ctx.breached(vol, breach).await;
+        self.ctx.breached(&object_ref(vol), breach).await;
         let got = match got {
             Ok(got) => got,
             Err(failed) => return self.failed(vol, failed, VALIDATED).await,
@@ -128,7 +128,7 @@ impl Provisioner {
             range.as_ref(),
             resp.capacity_bytes,
         );
-        self.ctx.breached(vol, breach).await;
+        self.ctx.breached(&object_ref(vol), breach).await;
         // A plugin may answer 0 (unknown): the request was met.
         let capacity = if resp.capacity_bytes > 0 {
             resp.capacity_bytes as u64

@@ -32,7 +32,10 @@ use tokio_util::sync::CancellationToken;
 mod changes;
 
 use super::volume_plan::{self, Step, EXPANDED, MODIFIED, VALIDATED};
+use super::volume_view::VolumeView;
 use super::ControllerPluginCtx;
+use crate::common::object_ref;
+use moor::runtime::Resource;
 
 /// The finalizer that holds a created volume's deletion until DeleteVolume.
 pub const FINALIZER: &str = "moor.dev/provisioner";
@@ -78,8 +81,8 @@ impl ReconcileError for ProvisionError {
 pub struct Provisioner {
     /// Shared with the attacher.
     pub ctx: ControllerPluginCtx,
-    /// Volumes.
-    pub volumes: Informer<Volume>,
+    /// Volumes, as viewed (see `volume_view`).
+    pub volumes: Informer<VolumeView>,
     /// Snapshots (a volume restored from one waits until it is ready to use).
     pub snapshots: Informer<Snapshot>,
 }
@@ -94,20 +97,16 @@ impl Provisioner {
         // After each survey, the volumes still to be created look again at the
         // capacity the plugin reported.
         let uncreated = {
-            let (reader, plugin) = (reader.clone(), self.ctx.plugin.id.clone());
+            let reader = reader.clone();
             let rx = self.ctx.surveyed.subscribe();
             futures::stream::unfold(rx, move |mut rx| {
-                let (reader, plugin) = (reader.clone(), plugin.clone());
+                let reader = reader.clone();
                 async move {
                     rx.changed().await.ok()?;
                     let keys: Vec<String> = reader
                         .state()
                         .iter()
-                        .filter(|v| {
-                            v.spec.plugin_id == plugin
-                                && v.spec.external_id.is_none()
-                                && v.status.provisioning.external_id.is_none()
-                        })
+                        .filter(|v| v.registered_id().is_none() && v.external_id.is_none())
                         .map(|v| v.key())
                         .collect();
                     Some((futures::stream::iter(keys), rx))
@@ -116,13 +115,14 @@ impl Provisioner {
         };
         let secrets = self.ctx.secrets.subscribe();
         let naming = reader.clone();
+        let plugin = self.ctx.plugin.id.clone();
         let this = Arc::new(self);
         Controller::new("provisioner", reader, Config::default())
             .with_metrics(metrics)
             .owns(events)
             // A Secret made or rotated: the volumes that name it (one waiting for it).
             .watches(secrets, move |s: &Secret| {
-                ControllerPluginCtx::naming(&naming, s)
+                ControllerPluginCtx::naming(&naming, &plugin, s)
             })
             .trigger(futures::StreamExt::flatten(uncreated))
             // A snapshot becoming ready lets the volumes restored from it be created.
@@ -131,10 +131,8 @@ impl Provisioner {
                     .state()
                     .iter()
                     .filter(|v| {
-                        v.metadata.namespace == s.metadata.namespace
-                            && v.status.provisioning.external_id.is_none()
-                            && matches!(&v.spec.source,
-                                Some(VolumeSource::Snapshot(n)) if n == &s.metadata.name)
+                        v.namespace == s.metadata.namespace
+                            && v.restoring_from() == Some(&s.metadata.name)
                     })
                     .map(|v| v.key())
                     .collect()
@@ -159,14 +157,19 @@ impl Provisioner {
     async fn reconcile(&self, key: String) -> Result<Action, ProvisionError> {
         let reader = self.volumes.reader();
         reader.wait_until_ready().await;
+        // A volume at rest owes nothing whatever the plugin says.
         let vol_key = match reader.get(&key) {
-            Some(v) if v.spec.plugin_id == self.ctx.plugin.id => v.object_key(),
+            Some(v) if !v.at_rest => v.object_key(),
             _ => return Ok(Action::AwaitChange),
         };
         let _guard = self.ctx.locks.lock(vol_key.as_str()).await;
-        // From the cache, unless it lags this agent's own last write of the volume.
-        let Some(vol) = self.ctx.writer.fresh(&reader, &vol_key).await? else {
-            return Ok(Action::AwaitChange);
+        // Something may be owed: decide on the whole volume its view holds, unless the
+        // cache lags this agent's own last write of it (then that write), or the view
+        // holds none (read).
+        let held = reader.get(&vol_key).and_then(|v| v.whole.clone());
+        let vol = match self.ctx.writer.current(&reader, &vol_key, held).await? {
+            Some(v) if v.spec.plugin_id == self.ctx.plugin.id => v,
+            _ => return Ok(Action::AwaitChange),
         };
         let caps = self.ctx.supervisor.status(&self.ctx.plugin.id);
         let known = caps
@@ -284,7 +287,7 @@ impl Provisioner {
                 .volumes
                 .reader()
                 .get(&Volume::key_for(ns, id))
-                .and_then(|v| v.status.provisioning.external_id.clone())
+                .and_then(|v| v.external_id.clone())
                 .map_or_else(
                     || Source::Waiting(format!("source volume {id} has no external id yet")),
                     |src| Source::Ready(Some(requests::ContentSource::Volume(src.to_string()))),
@@ -509,7 +512,7 @@ impl Provisioner {
                 .monitor
                 .earlier_id(&self.ctx.plugin.id, &asked.name, &created.volume_id);
         let found = moor::csi::contract::create_volume(asked, created, earlier.as_deref());
-        self.ctx.breached(vol, found).await;
+        self.ctx.breached(&object_ref(vol), found).await;
     }
 
     /// A step of the deletion failed: shown on the status (its step, attempts and next
@@ -533,7 +536,9 @@ impl Provisioner {
     }
 
     async fn event(&self, vol: &Volume, reason: &str, type_: EventType, message: String) {
-        self.ctx.volume_event(vol, reason, type_, message).await;
+        self.ctx
+            .volume_event(&object_ref(vol), reason, type_, message)
+            .await;
     }
 }
 
