@@ -363,17 +363,9 @@ impl Store {
         self.list_as(scope, Some).await
     }
 
-    /// [`Store::list`] with each object shared as it is decoded, as a cache keeps it:
-    /// a list of 100,000 objects never holds them twice.
-    pub async fn list_shared<S: Spec>(
-        &self,
-        scope: &KeyScope<S>,
-    ) -> Result<List<S, Arc<Object<S>>>, StoreError> {
-        self.list_as(scope, |obj| Some(Arc::new(obj))).await
-    }
-
-    /// [`Store::list_shared`] of what `make` makes of each object as it is decoded,
-    /// leaving out those it makes nothing of (see `runtime::watcher::Make`).
+    /// [`Store::list`] of what `make` makes of each object as it is decoded (shared, as
+    /// a cache keeps it), leaving out those it makes nothing of: a list of 100,000
+    /// objects never holds them all decoded at once (see `runtime::watcher::Make`).
     pub async fn list_making<S: Spec, T>(
         &self,
         scope: &KeyScope<S>,
