@@ -221,7 +221,8 @@ pub struct GroupSnapshotter {
     pub groups: Informer<VolumeGroupSnapshot>,
     /// Snapshots (the members).
     pub snapshots: Informer<Snapshot>,
-    /// Volumes, as viewed (a group's volumes are read from the store).
+    /// Volumes, as viewed (a group's volumes are taken whole through
+    /// `ControllerPluginCtx::read_volume`).
     pub volumes: Informer<VolumeView>,
 }
 

@@ -740,7 +740,7 @@ impl ControllerPluginCtx {
         // attacher treat another plugin's volume exactly as an absent one (they skip
         // it), so a volume edited onto another plugin, which leaves this cache as a
         // deletion, is seen as before. Each as a view (`volume_view`): what acts on a
-        // whole volume reads it from the store.
+        // whole volume takes it through `Writer::current`.
         let plugin = self.plugin.id.clone();
         let volumes = Informer::<VolumeView>::spawn_projected(
             self.reads.clone(),

@@ -145,7 +145,8 @@ pub struct Snapshotter {
     pub ctx: ControllerPluginCtx,
     /// Snapshots.
     pub snapshots: Informer<Snapshot>,
-    /// Volumes, as viewed (a snapshot's volume is read from the store).
+    /// Volumes, as viewed (a snapshot's volume is taken whole through
+    /// `ControllerPluginCtx::read_volume`).
     pub volumes: Informer<VolumeView>,
 }
 

@@ -278,10 +278,11 @@ fn ready(vol: &Volume, caps: &PluginCapabilities) -> Step {
 /// Whether nothing is owed for `vol` whatever the plugin advertises and GetCapacity
 /// said: [`next`] is `Nothing` for every `caps` and `capacity`. A created or registered
 /// volume, Ready at its generation, with its finalizer, no expansion or modification
-/// owed and no refused expansion shown. The provisioner skips such a volume without
-/// reading it (its cache keeps only this answer, `VolumeView::at_rest`); every other
-/// volume is read from the store and given to `next`. False for some volumes that owe
-/// nothing (a refusal already shown): they cost a read, never a missed step.
+/// owed and no refused expansion shown. The provisioner skips such a volume (its
+/// cache keeps only this answer, `VolumeView::at_rest`, and drops the whole volume);
+/// every other volume is kept whole and given to `next`. False for some volumes that
+/// owe nothing (a refusal already shown): they cost a pass and their whole object,
+/// never a missed step.
 pub fn at_rest(vol: &Volume, finalizer: &str) -> bool {
     let (spec, p) = (&vol.spec, &vol.status.provisioning);
     let identified = match &spec.external_id {

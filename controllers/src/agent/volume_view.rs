@@ -4,8 +4,10 @@
 //! their objects (docs/benchmarks.md).
 //!
 //! A view is never the base of a write. Whoever acts on a volume's whole spec or
-//! status reads it from the store first: the provisioner, for a volume not at rest
-//! ([`VolumeView::at_rest`]); the snapshotters, for a snapshot's volume; the survey
+//! status takes it through `Writer::current` (this agent's own last write while the
+//! cache lags or shows it, else the whole volume a view keeps while something is owed
+//! it, else a read): the provisioner, for a volume not at rest
+//! ([`VolumeView::at_rest`]); the snapshotters, for a snapshot's volume. The survey
 //! writes its conditions by a read-modify-write (`Writer::modify_status`). The attacher
 //! calls with what the view keeps ([`AttachInputs`]), so an attach reads nothing more.
 
