@@ -387,15 +387,19 @@ impl Volume {
         &self,
         lookup: impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>>,
     ) -> Result<NodeSecrets, MissingSecret> {
-        let resolve = |family| {
-            referenced_secret(
-                &self.spec.secret_refs,
-                family,
-                &self.spec.plugin_id,
-                &self.metadata.namespace,
-                &lookup,
-            )
-        };
+        self.spec.node_secrets(&self.metadata.namespace, lookup)
+    }
+}
+
+impl VolumeSpec {
+    /// [`Volume::node_secrets`] of a volume of this spec in namespace `ns`.
+    pub fn node_secrets(
+        &self,
+        ns: &Namespace,
+        lookup: impl Fn(&ObjectKey<SecretSpec>) -> Option<Arc<Secret>>,
+    ) -> Result<NodeSecrets, MissingSecret> {
+        let resolve =
+            |family| referenced_secret(&self.secret_refs, family, &self.plugin_id, ns, &lookup);
         Ok(NodeSecrets {
             stage: resolve(SecretFamily::NodeStage)?,
             publish: resolve(SecretFamily::NodePublish)?,

@@ -89,7 +89,8 @@ impl<P: Resource> Informer<P> {
     /// a process that only reads a kind keeps what its reconcilers read, in a type of
     /// its own (the controller's Mounts), not the whole decoded object. Subscribers
     /// get the projections too. A projection is never the base of a write (whatever
-    /// writes the kind reads the object itself). With `keep`, only the objects it holds
+    /// writes the kind reads the object itself, or takes it through
+    /// `Writer::current`). With `keep`, only the objects it holds
     /// for are cached, as in [`Informer::spawn_filtered`].
     pub fn spawn_projected<S: Spec>(
         store: store::Store,
@@ -104,6 +105,19 @@ impl<P: Resource> Informer<P> {
             kept.then(|| Arc::new(project(o)))
         });
         spawn_with(store, scope, &[], make, filtered, shutdown)
+    }
+
+    /// [`Informer::spawn_projected`] of every object, with a cache that keeps
+    /// `indexes` over the projections.
+    pub fn spawn_projected_indexed<S: Spec>(
+        store: store::Store,
+        scope: KeyScope<S>,
+        indexes: &[reflector::Index<P>],
+        project: fn(Object<S>) -> P,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let make: Make<S, P> = Arc::new(move |o| Some(Arc::new(project(o))));
+        spawn_with(store, scope, indexes, make, false, shutdown)
     }
 }
 

@@ -305,6 +305,12 @@ impl Writer {
         Ok(self.store.try_get(key).await?.map(Arc::new))
     }
 
+    /// Whether a write of `key` by this process is recorded (not yet seen shown by its
+    /// cache): a cache of every object that lacks `key` is then not the last word.
+    pub fn pending(&self, key: &str) -> bool {
+        self.lock().writes.contains_key(key)
+    }
+
     fn wrote<S: Spec>(&self, written: &Object<S>) {
         if self.lookup(S::DIR).is_none() {
             return;

@@ -111,10 +111,16 @@ impl Codec {
     /// plain text, or sealed with a key other than the one that seals now. Only a
     /// store with the cluster's keys answers yes.
     pub fn needs_reseal<S: Spec>(&self, obj: &Object<S>) -> bool {
+        self.spec_needs_reseal(&obj.spec)
+    }
+
+    /// [`Codec::needs_reseal`] of an object of spec `spec` (a projection that keeps
+    /// the secret fields as read).
+    pub fn spec_needs_reseal<S: Spec>(&self, spec: &S) -> bool {
         let Some(keyring) = self.keyring.as_deref().filter(|k| k.node().is_none()) else {
             return false;
         };
-        let mut spec = obj.spec.clone();
+        let mut spec = spec.clone();
         let fields = spec.secret_fields();
         fields.iter().any(|f| match f.secrets.stored_as() {
             Some(StoredAs::Plain) => !f.secrets.is_empty(),

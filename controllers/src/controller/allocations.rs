@@ -24,6 +24,7 @@ use moor::api::*;
 use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::metrics::ControllerMetrics;
 use moor::store::{Batch, StoreError};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -252,55 +253,80 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
     let cordon = templated
         .then(|| ctx.cordons.get(&Cordon::key_for(&alloc.spec.node)))
         .flatten();
-    let plan = plan::allocation::converge(
-        alloc,
-        Timestamp::now(),
-        |key| ctx.claims.get(key),
-        |volume| ctx.volume(ns, volume),
-        |req, tpl, existing| {
-            if let (None, Some(c)) = (existing, &cordon) {
-                return Made::Wait(c.why());
-            }
-            let (tpl, on_delete) = match classed(tpl, existing, &classes) {
-                Ok(t) => t,
-                Err(made) => return *made,
-            };
-            let made = moor::admission::made(
-                alloc,
-                req,
-                &tpl,
-                existing,
-                node.as_deref(),
-                capacities.get(&tpl.plugin_id).map(Vec::as_slice),
-                || {
-                    ctx.claims
-                        .by_index(super::BY_NODE, alloc.spec.node.as_str())
-                },
-            );
-            match made {
-                Made::Create(mut spec) => {
-                    spec.on_delete = on_delete;
-                    // The class's Secrets, named for each family (a template names none
-                    // of its own).
-                    if let Some(class) = spec
-                        .class
-                        .as_ref()
-                        .and_then(|n| classes.iter().find(|c| &c.metadata.name == n))
-                    {
-                        spec.secret_refs = Rare::new(class.spec.secret_refs.clone());
-                    }
-                    Made::Create(spec)
+    let made = |req: &VolumeRequest, tpl: &VolumeTemplate, existing: Option<&Volume>| {
+        if let (None, Some(c)) = (existing, &cordon) {
+            return Made::Wait(c.why());
+        }
+        let (tpl, on_delete) = match classed(tpl, existing, &classes) {
+            Ok(t) => t,
+            Err(made) => return *made,
+        };
+        let made = moor::admission::made(
+            alloc,
+            req,
+            &tpl,
+            existing,
+            node.as_deref(),
+            capacities.get(&tpl.plugin_id).map(Vec::as_slice),
+            || {
+                ctx.claims
+                    .by_index(super::BY_NODE, alloc.spec.node.as_str())
+            },
+        );
+        match made {
+            Made::Create(mut spec) => {
+                spec.on_delete = on_delete;
+                // The class's Secrets, named for each family (a template names none
+                // of its own).
+                if let Some(class) = spec
+                    .class
+                    .as_ref()
+                    .and_then(|n| classes.iter().find(|c| &c.metadata.name == n))
+                {
+                    spec.secret_refs = Rare::new(class.spec.secret_refs.clone());
                 }
-                Made::Update(spec) => {
-                    match existing.and_then(|v| expansion_refused(&spec, &v.spec, &classes)) {
-                        Some(why) => Made::Deny(why),
-                        None => Made::Update(spec),
-                    }
-                }
-                other => other,
+                Made::Create(spec)
             }
-        },
-    );
+            Made::Update(spec) => {
+                match existing.and_then(|v| expansion_refused(&spec, &v.spec, &classes)) {
+                    Some(why) => Made::Deny(why),
+                    None => Made::Update(spec),
+                }
+            }
+            other => other,
+        }
+    };
+    // The plan asks for the whole volume of a request it makes a claim or a volume for:
+    // one the cache keeps only as a view (at rest) is read, and the plan made again.
+    let mut read: HashMap<VolumeId, Option<Arc<Volume>>> = HashMap::new();
+    let plan = loop {
+        let unread = std::cell::RefCell::new(Vec::new());
+        let plan = plan::allocation::converge(
+            alloc,
+            Timestamp::now(),
+            |key| ctx.claims.get(key),
+            |volume| ctx.volume(ns, volume).is_some(),
+            |volume| match read.get(volume) {
+                Some(whole) => whole.clone(),
+                None => {
+                    let view = ctx.volume(ns, volume)?;
+                    if view.whole.is_none() {
+                        unread.borrow_mut().push(volume.clone());
+                    }
+                    view.whole.clone()
+                }
+            },
+            made,
+        );
+        let unread = unread.into_inner();
+        if unread.is_empty() {
+            break plan;
+        }
+        for id in unread {
+            let whole = ctx.whole_volume(&Volume::key_for(ns, &id)).await?;
+            read.insert(id, whole);
+        }
+    };
     for v in &plan.create_volumes {
         create_volume(ctx, alloc, v).await?;
     }

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::volume_view::VolumeView;
 use crate::common::KeyedLocks;
 
 /// The informers the controller's reconcilers subscribe to.
@@ -20,8 +21,8 @@ pub struct Informers {
     pub allocations: Informer<Allocation>,
     /// Claims.
     pub claims: Informer<Claim>,
-    /// Volumes.
-    pub volumes: Informer<Volume>,
+    /// Volumes, as the controller reads them.
+    pub volumes: Informer<VolumeView>,
     /// Attachments.
     pub attachments: Informer<Attachment>,
     /// Mounts, as the controller reads them.
@@ -50,8 +51,8 @@ pub struct Ctx {
     pub allocations: reflector::Store<Allocation>,
     /// Claims of every node.
     pub claims: reflector::Store<Claim>,
-    /// Volumes.
-    pub volumes: reflector::Store<Volume>,
+    /// Volumes, as the controller reads them (whole only while not at rest).
+    pub volumes: reflector::Store<VolumeView>,
     /// Attachments.
     pub attachments: reflector::Store<Attachment>,
     /// Mounts of every node, as the controller reads them.
@@ -125,13 +126,32 @@ impl Ctx {
 
     /// What a claim of `volume` carries for its node's calls, with the Secrets it
     /// names as they are now.
-    pub fn node_secrets(&self, volume: &Volume) -> Result<NodeSecrets, MissingSecret> {
+    pub fn node_secrets(&self, volume: &VolumeView) -> Result<NodeSecrets, MissingSecret> {
         volume.node_secrets(|key| self.secrets.get(key))
     }
 
-    /// The volume of a claim-like object.
-    pub fn volume(&self, ns: &Namespace, volume: &VolumeId) -> Option<Arc<Volume>> {
+    /// The view of the volume of a claim-like object.
+    pub fn volume(&self, ns: &Namespace, volume: &VolumeId) -> Option<Arc<VolumeView>> {
         self.volumes.get(&Volume::key_for(ns, volume))
+    }
+
+    /// The whole volume at `key` as stored now, for a decision on its whole spec or a
+    /// write: this process's own last write while the cache lags or shows it, else the
+    /// whole volume its view keeps, else a read (`Writer::current`).
+    pub async fn whole_volume(
+        &self,
+        key: &ObjectKey<VolumeSpec>,
+    ) -> Result<Option<Arc<Volume>>, StoreError> {
+        let Some(view) = self.volumes.get(key) else {
+            // The cache holds every volume: one it lacks is gone, unless this
+            // process's own write of it is not shown yet.
+            if !self.writer.pending(key.as_str()) {
+                return Ok(None);
+            }
+            return self.writer.current(&self.volumes, key, None).await;
+        };
+        let held = view.whole.clone();
+        self.writer.current(&self.volumes, key, held).await
     }
 }
 
@@ -186,21 +206,19 @@ pub fn unsettled(c: &Claim) -> bool {
 }
 
 /// The volumes cache's indexes.
-pub const VOLUME_INDEXES: &[reflector::Index<Volume>] = &[
+pub const VOLUME_INDEXES: &[reflector::Index<VolumeView>] = &[
     (BY_SCHEDULABLE, |v| {
-        vec![schedulable_index(
-            v.spec.plugin_id.as_str(),
-            v.status.claims.schedulable,
-        )]
+        vec![schedulable_index(v.plugin_id.as_str(), v.schedulable)]
     }),
     (BY_SECRET, |v| {
-        v.spec
+        let Some(rare) = &v.rare else {
+            return Vec::new();
+        };
+        rare.spec
             .secret_refs
             .names()
             .into_iter()
-            .map(|name| {
-                Secret::key_for(&v.spec.plugin_id, &v.metadata.namespace, name).into_string()
-            })
+            .map(|name| Secret::key_for(&v.plugin_id, &v.namespace, name).into_string())
             .collect()
     }),
 ];

@@ -26,6 +26,8 @@
 //! - [`gauges`]: the cluster's claims and plugins as metrics.
 //! - [`plan`]: the reconcilers' decisions as pure functions.
 //! - [`context`]: what the reconcilers share: the fenced store, the caches, the writer.
+//! - [`volume_view`]: what the volume cache keeps of a volume (whole only while its
+//!   next step needs it).
 
 pub mod allocations;
 pub mod claims;
@@ -36,6 +38,7 @@ pub mod plan;
 pub mod plugins;
 pub mod reseal;
 pub mod schedules;
+pub mod volume_view;
 pub mod volumes;
 
 use moor::api::*;
@@ -176,10 +179,11 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         CLAIM_INDEXES,
         stop.clone(),
     );
-    let volumes = Informer::<Volume>::spawn_indexed(
+    let volumes = Informer::spawn_projected_indexed(
         reads.clone(),
-        KeyScope::all(),
+        KeyScope::<VolumeSpec>::all(),
         VOLUME_INDEXES,
+        volume_view::VolumeView::of,
         stop.clone(),
     );
     let attachments = Informer::<Attachment>::spawn(reads.clone(), KeyScope::all(), stop.clone());
@@ -204,7 +208,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         writer: Writer::new(fenced)
             .tracking(&claims.reader())
             .tracking(&attachments.reader())
-            .tracking(&volumes.reader())
+            .tracking_as::<VolumeSpec, _>(&volumes.reader())
             .tracking(&allocations.reader()),
         allocations: allocations.reader(),
         claims: claims.reader(),
@@ -274,7 +278,13 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     tokio::join!(
         gauges::run(claims.reader(), plugins.reader(), stop.clone()),
         nodes::run(ctx.clone(), stop.clone()),
-        reseal::run(ctx.writer.clone(), volumes.clone(), stop.clone()),
+        reseal::run_as(
+            ctx.writer.clone(),
+            volumes.clone(),
+            |v| v.rare.as_ref().map(|r| &r.spec),
+            volume_view::VolumeView::object_key,
+            stop.clone()
+        ),
         reseal::run(ctx.writer.clone(), claims.clone(), stop.clone()),
         reseal::run(ctx.writer.clone(), secrets_for_reseal, stop.clone()),
         schedules::run(

@@ -7,19 +7,40 @@
 //! reconciler's fresh read of the object sees it.
 
 use futures::StreamExt;
-use moor::api::{Object, Spec};
+use moor::api::{Object, ObjectKey, Spec};
 use moor::runtime::informer::Informer;
 use moor::runtime::watcher::Event;
 use moor::runtime::writer::Writer;
+use moor::runtime::Resource;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// How often a failed rewrite is tried again before waiting for the object's next event.
 const ATTEMPTS: u32 = 5;
 
-/// Rewrites every object of kind `S` that [`moor::store::Codec::needs_reseal`] flags, from the
-/// informer's cache and then as objects change, until `stop`.
+/// [`run_as`] over a cache of whole objects.
 pub async fn run<S: Spec>(writer: Writer, informer: Informer<Object<S>>, stop: CancellationToken) {
+    run_as(
+        writer,
+        informer,
+        |o| Some(&o.spec),
+        Object::object_key,
+        stop,
+    )
+    .await
+}
+
+/// Rewrites every object of kind `S` that [`moor::store::Codec::spec_needs_reseal`]
+/// flags, from the informer's cache and then as objects change, until `stop`. The
+/// cache keeps `P`s: `spec` is what one keeps of the object's spec with its secret
+/// fields as read (`None`: no secrets), `key` the object's key.
+pub async fn run_as<S: Spec, P: Resource>(
+    writer: Writer,
+    informer: Informer<P>,
+    spec: fn(&P) -> Option<&S>,
+    key: fn(&P) -> ObjectKey<S>,
+    stop: CancellationToken,
+) {
     let store = writer.store();
     if store.keyring().is_none_or(|k| k.node().is_some()) {
         return;
@@ -32,18 +53,25 @@ pub async fn run<S: Spec>(writer: Writer, informer: Informer<Object<S>>, stop: C
             Ok(Event::Restarted(all)) => all,
             Ok(Event::Deleted { .. }) | Err(_) => continue,
         };
-        for obj in objects.iter().filter(|o| store.codec().needs_reseal(*o)) {
-            reseal(&writer, obj).await;
+        let flagged = objects
+            .iter()
+            .filter(|o| spec(o).is_some_and(|s| store.codec().spec_needs_reseal(s)));
+        for obj in flagged {
+            reseal(&writer, &key(obj)).await;
         }
     }
 }
 
-/// Writes the cached object back (no read first: a changed object is a conflict, and
-/// its own event brings it here again).
-async fn reseal<S: Spec>(writer: &Writer, obj: &Object<S>) {
-    let key = obj.object_key();
+/// Reads the object at `key` and writes it back if it still needs it (a change since
+/// is a conflict, and its own event brings it here again).
+async fn reseal<S: Spec>(writer: &Writer, key: &ObjectKey<S>) {
     for attempt in 1..=ATTEMPTS {
-        match writer.reseal(obj).await {
+        let written = match writer.store().try_get(key).await {
+            Ok(Some(obj)) if writer.store().codec().needs_reseal(&obj) => writer.reseal(&obj).await,
+            Ok(_) => return,
+            Err(e) => Err(e),
+        };
+        match written {
             Ok(wrote) => {
                 if wrote {
                     tracing::info!(key = %key, "secrets sealed with the current key");

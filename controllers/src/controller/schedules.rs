@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 
+use super::volume_view::VolumeView;
 use crate::common::object_ref;
 
 /// How often the schedules are looked at (a slot is cut within this of its time).
@@ -47,7 +48,7 @@ pub struct Schedules {
     recorder: Recorder,
     schedules: reflector::Store<SnapshotSchedule>,
     snapshots: reflector::Store<Snapshot>,
-    volumes: reflector::Store<Volume>,
+    volumes: reflector::Store<VolumeView>,
 }
 
 /// Runs the schedules until `stop`.
@@ -56,7 +57,7 @@ pub async fn run(
     recorder: Recorder,
     schedules: Informer<SnapshotSchedule>,
     snapshots: Informer<Snapshot>,
-    volumes: reflector::Store<Volume>,
+    volumes: reflector::Store<VolumeView>,
     stop: CancellationToken,
 ) {
     let this = Schedules {
@@ -202,11 +203,11 @@ impl Schedules {
             .state()
             .iter()
             .filter(|v| {
-                v.metadata.namespace == schedule.metadata.namespace
-                    && !v.is_deleting()
-                    && schedule.spec.selects(&v.metadata.labels)
+                v.namespace == schedule.metadata.namespace
+                    && !v.deleting
+                    && schedule.spec.selects(v.labels())
             })
-            .filter_map(|v| VolumeId::new(v.metadata.name.as_str()).ok())
+            .filter_map(|v| VolumeId::new(v.name.as_str()).ok())
             .collect();
         picked.sort();
         picked
@@ -292,7 +293,7 @@ struct Seen {
 }
 
 impl Seen {
-    fn now(snapshots: &reflector::Store<Snapshot>, volumes: &reflector::Store<Volume>) -> Seen {
+    fn now(snapshots: &reflector::Store<Snapshot>, volumes: &reflector::Store<VolumeView>) -> Seen {
         let mut by_schedule: HashMap<(Namespace, String), Vec<Arc<Snapshot>>> = HashMap::new();
         for s in snapshots.state() {
             if s.is_deleting() {
@@ -308,9 +309,9 @@ impl Seen {
         let restoring = volumes
             .state()
             .iter()
-            .filter(|v| v.status.provisioning.external_id.is_none())
-            .filter_map(|v| match &v.spec.source {
-                Some(VolumeSource::Snapshot(n)) => Some((v.metadata.namespace.clone(), n.clone())),
+            .filter(|v| !v.provisioned)
+            .filter_map(|v| match &v.rare.as_ref()?.spec.source {
+                Some(VolumeSource::Snapshot(n)) => Some((v.namespace.clone(), n.clone())),
                 _ => None,
             })
             .collect();

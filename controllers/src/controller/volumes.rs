@@ -23,10 +23,10 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::context::MountView;
+use super::volume_view::VolumeView;
 use super::Ctx;
 use super::Informers;
 use crate::common::{details, object_ref};
-use moor::admission::external_id;
 
 /// The controller's finalizer on volumes.
 pub const FINALIZER: &str = "moor.dev/claims";
@@ -54,7 +54,7 @@ pub async fn run(
                     &super::context::schedulable_index(p.metadata.name.as_str(), !healthy),
                 )
                 .iter()
-                .map(|v| v.key())
+                .map(|v| moor::runtime::Resource::key(&**v))
                 .collect()
         })
         // The volumes an allocation's templates made: an ephemeral one goes when the
@@ -89,10 +89,8 @@ pub async fn run(
 /// A volume the controller's section says is settled (schedulable, carrying the
 /// finalizer, not being deleted): a relist puts it in the repair pass behind every
 /// change (the order only; it still runs).
-fn converged(v: &Volume) -> bool {
-    v.status.claims.schedulable
-        && !v.is_deleting()
-        && v.metadata.finalizers.iter().any(|f| f == FINALIZER)
+fn converged(v: &VolumeView) -> bool {
+    v.schedulable && !v.deleting && v.finalized
 }
 
 async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
@@ -102,33 +100,22 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     };
     let plugin_serves = ctx
         .plugins
-        .get(&Plugin::key_for(&vol.spec.plugin_id))
+        .get(&Plugin::key_for(&vol.plugin_id))
         .is_some_and(|p| p.status.serves_volumes());
     let schedulable = match next(&vol, plugin_serves, || ephemeral_done(ctx, &vol)) {
-        Next::RemoveFinalizer => {
-            let mut v = (*vol).clone();
-            v.metadata.finalizers.retain(|f| f != FINALIZER);
-            match ctx.writer.replace(&v).await {
-                Ok(_) | Err(StoreError::NotFound { .. }) => {}
-                Err(e) => return Err(e),
+        Next::Status { schedulable } => schedulable,
+        write => {
+            // Never at rest (the view keeps the volume whole): no read but a lagging
+            // cache's.
+            if let Some(whole) = ctx.whole_volume(&vol.object_key()).await? {
+                write_whole(ctx, write, &whole).await?;
             }
             return Ok(Action::AwaitChange);
         }
-        Next::AddFinalizer => {
-            let mut v = (*vol).clone();
-            v.metadata.finalizers.push(FINALIZER.into());
-            ctx.writer.replace(&v).await?;
-            return Ok(Action::AwaitChange);
-        }
-        Next::DeleteEphemeral => {
-            delete_ephemeral(ctx, &vol).await?;
-            return Ok(Action::AwaitChange);
-        }
-        Next::Status { schedulable } => schedulable,
     };
     let health = nodes_health(ctx, &vol);
-    if vol.status.claims.schedulable != schedulable || health.is_some() {
-        let generation = vol.metadata.generation;
+    if vol.schedulable != schedulable || health.is_some() {
+        let generation = vol.generation;
         ctx.writer
             .modify_status(&vol.object_key(), |_, st| {
                 st.claims.schedulable = schedulable;
@@ -144,6 +131,29 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
             .await?;
     }
     Ok(Action::AwaitChange)
+}
+
+/// Carries out a [`Next`] that writes the volume (`vol`, whole as stored now).
+async fn write_whole(ctx: &Ctx, write: Next, vol: &Volume) -> Result<(), StoreError> {
+    let has_finalizer = vol.metadata.finalizers.iter().any(|f| f == FINALIZER);
+    match write {
+        Next::RemoveFinalizer if has_finalizer => {
+            let mut v = vol.clone();
+            v.metadata.finalizers.retain(|f| f != FINALIZER);
+            match ctx.writer.replace(&v).await {
+                Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Next::AddFinalizer if !has_finalizer => {
+            let mut v = vol.clone();
+            v.metadata.finalizers.push(FINALIZER.into());
+            ctx.writer.replace(&v).await.map(drop)
+        }
+        Next::DeleteEphemeral => delete_ephemeral(ctx, vol).await,
+        // Done already, as the stored volume shows (the cache lags).
+        Next::RemoveFinalizer | Next::AddFinalizer | Next::Status { .. } => Ok(()),
+    }
 }
 
 /// What the volume reconciler does with a volume.
@@ -168,11 +178,10 @@ enum Next {
 /// Decides [`Next`] from the volume, whether its plugin serves volumes
 /// (`plugin_serves`) and, asked only of a settled volume no claim holds, whether it is
 /// an ephemeral volume whose allocation ended.
-fn next(vol: &Volume, plugin_serves: bool, ephemeral_done: impl FnOnce() -> bool) -> Next {
-    let live =
-        !vol.status.claims.read_claims.is_empty() || !vol.status.claims.write_claims.is_empty();
-    let has_finalizer = vol.metadata.finalizers.iter().any(|f| f == FINALIZER);
-    if vol.is_deleting() {
+fn next(vol: &VolumeView, plugin_serves: bool, ephemeral_done: impl FnOnce() -> bool) -> Next {
+    let live = vol.live();
+    let has_finalizer = vol.finalized;
+    if vol.deleting {
         if has_finalizer && !live {
             return Next::RemoveFinalizer;
         }
@@ -182,7 +191,7 @@ fn next(vol: &Volume, plugin_serves: bool, ephemeral_done: impl FnOnce() -> bool
         return Next::DeleteEphemeral;
     }
     Next::Status {
-        schedulable: !vol.is_deleting() && external_id(vol).is_some() && plugin_serves,
+        schedulable: !vol.deleting && vol.created && plugin_serves,
     }
 }
 
@@ -218,16 +227,20 @@ async fn delete_ephemeral(ctx: &Ctx, vol: &Volume) -> Result<(), StoreError> {
 /// Whether `vol` is an ephemeral template volume whose allocation ended: gone, made
 /// again (another uid), deleting, or terminal (stopped, completed, failed, lost), with
 /// no claim of that allocation on it still to be released.
-fn ephemeral_done(ctx: &Ctx, vol: &Volume) -> bool {
-    let Some(m) = vol.spec.made_for.as_deref() else {
+fn ephemeral_done(ctx: &Ctx, vol: &VolumeView) -> bool {
+    let Some(m) = vol.made_for() else {
         return false;
     };
     // Protection comes first in the deletion precedence: an ephemeral volume an
     // operator protected stays (its deletion is refused from every front door).
-    if m.lifecycle != VolumeLifecycle::Ephemeral || vol.spec.deletion_protection {
+    let protected = vol
+        .rare
+        .as_ref()
+        .is_some_and(|r| r.spec.deletion_protection);
+    if m.lifecycle != VolumeLifecycle::Ephemeral || protected {
         return false;
     }
-    let ns = &vol.metadata.namespace;
+    let ns = &vol.namespace;
     let alloc = ctx.allocations.get(&Allocation::key_for(ns, &m.allocation));
     let ended = alloc
         .as_ref()
@@ -238,7 +251,7 @@ fn ephemeral_done(ctx: &Ctx, vol: &Volume) -> bool {
     // Its claims on the volume: released (or gone) before the volume goes.
     let claims = ctx.claims.by_index(
         super::BY_VOLUME,
-        &super::volume_index(ns, vol.metadata.name.as_str()),
+        &super::volume_index(ns, vol.name.as_str()),
     );
     claims
         .iter()
@@ -251,14 +264,10 @@ pub const HEALTHY_ON_NODES: &str = "HealthyOnNodes";
 /// The `HealthyOnNodes` condition to write, if it changes: false with each abnormal
 /// node's message while a Mount of a live claim reports the volume abnormal; true again
 /// once none does (only after it was false).
-fn nodes_health(ctx: &Ctx, vol: &Volume) -> Option<(bool, String)> {
-    let ns = &vol.metadata.namespace;
+fn nodes_health(ctx: &Ctx, vol: &VolumeView) -> Option<(bool, String)> {
+    let ns = &vol.namespace;
     let mut abnormal: Vec<String> = vol
-        .status
-        .claims
-        .read_claims
-        .iter()
-        .chain(&vol.status.claims.write_claims)
+        .live_claims()
         .filter_map(|c| {
             let claim = Claim::key_for(&c.node, ns, &c.claim);
             let m = ctx.mounts.get(&Mount::key_for(&claim))?;
@@ -268,13 +277,7 @@ fn nodes_health(ctx: &Ctx, vol: &Volume) -> Option<(bool, String)> {
         .collect();
     abnormal.sort();
     abnormal.dedup();
-    let current = vol
-        .status
-        .claims
-        .meta
-        .conditions
-        .iter()
-        .find(|c| c.type_ == HEALTHY_ON_NODES);
+    let current = vol.healthy_on_nodes.as_deref();
     let want = if abnormal.is_empty() {
         current.filter(|c| !c.status).map(|_| (true, String::new()))
     } else {
@@ -314,23 +317,27 @@ mod tests {
         v
     }
 
+    fn next_of(v: Volume, plugin_serves: bool, ephemeral_done: impl FnOnce() -> bool) -> Next {
+        next(&VolumeView::of(v), plugin_serves, ephemeral_done)
+    }
+
     const ASKED: fn() -> bool = || panic!("asked whether an ephemeral volume is done");
 
     #[test]
     fn a_volume_being_deleted_keeps_its_finalizer_while_a_claim_holds_it() {
         assert_eq!(
-            next(&deleting(claimed(volume())), true, ASKED),
+            next_of(deleting(claimed(volume())), true, ASKED),
             Next::Status { schedulable: false }
         );
         assert_eq!(
-            next(&deleting(volume()), true, ASKED),
+            next_of(deleting(volume()), true, ASKED),
             Next::RemoveFinalizer
         );
         // Without the finalizer (removed, or never added): nothing to remove or add.
         let mut bare = deleting(volume());
         bare.metadata.finalizers.clear();
         assert_eq!(
-            next(&bare, true, ASKED),
+            next_of(bare, true, ASKED),
             Next::Status { schedulable: false }
         );
     }
@@ -339,32 +346,32 @@ mod tests {
     fn every_live_volume_carries_the_finalizer_first() {
         let mut v = claimed(volume());
         v.metadata.finalizers.clear();
-        assert_eq!(next(&v, true, ASKED), Next::AddFinalizer);
+        assert_eq!(next_of(v, true, ASKED), Next::AddFinalizer);
     }
 
     #[test]
     fn schedulable_needs_an_external_id_and_a_serving_plugin() {
         assert_eq!(
-            next(&claimed(volume()), true, ASKED),
+            next_of(claimed(volume()), true, ASKED),
             Next::Status { schedulable: true }
         );
         assert_eq!(
-            next(&claimed(volume()), false, ASKED),
+            next_of(claimed(volume()), false, ASKED),
             Next::Status { schedulable: false }
         );
         let mut uncreated = claimed(volume());
         uncreated.status.provisioning.external_id = None;
         assert_eq!(
-            next(&uncreated, true, ASKED),
+            next_of(uncreated, true, ASKED),
             Next::Status { schedulable: false }
         );
     }
 
     #[test]
     fn only_an_unclaimed_settled_volume_is_asked_whether_its_allocation_ended() {
-        assert_eq!(next(&volume(), true, || true), Next::DeleteEphemeral);
+        assert_eq!(next_of(volume(), true, || true), Next::DeleteEphemeral);
         assert_eq!(
-            next(&volume(), true, || false),
+            next_of(volume(), true, || false),
             Next::Status { schedulable: true }
         );
     }

@@ -5,7 +5,10 @@
 use super::*;
 
 pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError> {
-    let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
+    // Decided on the whole volume (the view keeps it until the volume's first claim;
+    // a further claim of a settled volume reads it).
+    let key = Volume::key_for(&claim.metadata.namespace, &claim.spec.volume);
+    let volume = ctx.whole_volume(&key).await?;
     let node = ctx.nodes.get(&Node::key_for(&claim.spec.node));
     let cordon = ctx.cordons.get(&Cordon::key_for(&claim.spec.node));
     let checked = admission::cordoned(cordon.as_deref()).and_then(|()| {
@@ -19,7 +22,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         (Ok(_), None) => return Ok(Action::AwaitChange),
     };
     // What the node's calls carry, read now (a Secret created later wakes the claim).
-    let node_secrets = match ctx.node_secrets(&volume) {
+    let node_secrets = match volume.node_secrets(|key| ctx.secrets.get(key)) {
         Ok(n) => n,
         Err(missing) => return refuse(ctx, claim, Verdict::Wait(missing.to_string())).await,
     };
@@ -43,7 +46,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
             c.status.reason = Some(why.into());
             c.status.meta.retry = failing;
         }
-        Attach::Revoke(why) => withdraw(&mut c, &why, Some(&volume)),
+        Attach::Revoke(why) => withdraw(&mut c, &why, Some(volume.metadata.generation)),
         Attach::Ready(grant) => {
             grant.apply(&mut c);
             c.status.reason = Some(waiting_for_node(&c).into());

@@ -8,18 +8,18 @@ use super::*;
 /// Withdraws the claim's node permission (the grant's attachment was force-detached):
 /// the node tears down what it did under it, and acts again only on a new grant.
 ///
-/// The claim is stamped with the volume's generation now (`volume`'s, when known): the
+/// The claim is stamped with the volume's generation now (`generation`, when known): the
 /// force-detach that withdrew the grant does not cover what the claim does from here
 /// on. Else a claim waiting for its new attachment would count as gone from the node,
 /// and the next release there would detach that new attachment too (found by the long
 /// chaos runs: ControllerPublish and ControllerUnpublish alternating every 30 ms).
-pub(super) fn withdraw(c: &mut Claim, why: &str, volume: Option<&Volume>) {
+pub(super) fn withdraw(c: &mut Claim, why: &str, generation: Option<i64>) {
     c.spec.publish = false;
     c.spec.publish_context.clear();
     c.spec.attachment = None;
     c.spec.revoked = true;
-    if let Some(v) = volume {
-        c.spec.volume_generation = Some(v.metadata.generation);
+    if let Some(g) = generation {
+        c.spec.volume_generation = Some(g);
     }
     if c.status.phase == ClaimPhase::Published {
         c.status.phase = ClaimPhase::Admitted;

@@ -50,6 +50,7 @@ use release::{node_gc_ticks, release, released_frees, waiting_for_unpublish};
 use super::context::BY_SECRET;
 use super::context::{waiting_index, MountView};
 use super::plan::{self, AttachPlan, NodeDone};
+use super::volume_view::VolumeView;
 use super::{volume_index, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use crate::common::{details, object_ref};
 use moor::admission::{self, Verdict};
@@ -110,8 +111,8 @@ pub async fn run(
                 Some(&a.spec.node),
             )
         })
-        .watches(inf.volumes.subscribe(), move |v: &Volume| {
-            by_volume2(&v.metadata.namespace, v.metadata.name.as_str(), None)
+        .watches(inf.volumes.subscribe(), move |v: &VolumeView| {
+            by_volume2(&v.namespace, v.name.as_str(), None)
         })
         .watches(
             crate::controller::nodes::without_renewals(inf.nodes.subscribe()),
@@ -146,7 +147,7 @@ pub async fn run(
             volumes
                 .by_index(BY_SECRET, s.object_key().as_str())
                 .iter()
-                .flat_map(|v| by_volume3(&v.metadata.namespace, v.metadata.name.as_str(), None))
+                .flat_map(|v| by_volume3(&v.namespace, v.name.as_str(), None))
                 .collect()
         })
         .trigger(node_gc_ticks(this.clone()).boxed())
@@ -249,14 +250,15 @@ async fn step(ctx: &Ctx, claim: Arc<Claim>) -> Result<Action, StoreError> {
 /// A Normal event on a live claim whose node copy of its secrets was replaced (sealed
 /// again with its node's key): naming the Secrets the volume names for the node's
 /// calls and their generations, never a value.
-async fn secrets_rotated(ctx: &Ctx, claim: &Claim, volume: Option<&Volume>) {
+async fn secrets_rotated(ctx: &Ctx, claim: &Claim, volume: Option<&VolumeView>) {
     let named: Vec<String> = volume
         .map(|v| {
             [SecretFamily::NodeStage, SecretFamily::NodePublish]
                 .into_iter()
                 .filter_map(|family| {
-                    let name = v.spec.secret_refs.get(family)?;
-                    let key = Secret::key_for(&v.spec.plugin_id, &v.metadata.namespace, name);
+                    let spec = v.spec();
+                    let name = spec.secret_refs.get(family)?;
+                    let key = Secret::key_for(&v.plugin_id, &v.namespace, name);
                     let generation = ctx.secrets.get(&key).map(|s| s.metadata.generation);
                     Some(format!(
                         "{family}: Secret {name} generation {}",
@@ -378,7 +380,7 @@ async fn with_volume<E>(
 ) -> Result<VolumeWrite<E>, StoreError> {
     let ns = &claim.metadata.namespace;
     let key = Volume::key_for(ns, &claim.spec.volume);
-    if let Some(read) = ctx.writer.fresh(&ctx.volumes, &key).await? {
+    if let Some(read) = ctx.whole_volume(&key).await? {
         let mut volume = (*read).clone();
         if let Err(e) = f(&read, &mut volume.status) {
             return Ok(VolumeWrite::Refused(e));

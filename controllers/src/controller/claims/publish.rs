@@ -209,7 +209,7 @@ pub(super) async fn publish(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreErr
 async fn revoke(ctx: &Ctx, claim: &Claim, why: &str) -> Result<Action, StoreError> {
     let mut c = claim.clone();
     let volume = ctx.volume(&claim.metadata.namespace, &claim.spec.volume);
-    withdraw(&mut c, why, volume.as_deref());
+    withdraw(&mut c, why, volume.map(|v| v.generation));
     write(ctx, claim, c).await?;
     revoked_event(ctx, claim, why).await;
     Ok(Action::AwaitChange)

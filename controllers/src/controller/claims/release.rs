@@ -237,7 +237,7 @@ async fn detach(ctx: &Ctx, claim: &Claim, att: &Attachment) -> Result<(), StoreE
             continue;
         }
         let mut c = (*other).clone();
-        withdraw(&mut c, WHY, volume.as_deref());
+        withdraw(&mut c, WHY, volume.as_ref().map(|v| v.generation));
         if let Some(c) = next_claim(&other, c) {
             withdrawn.push(batch.update(ctx.writer.store(), &other, &c)?);
         }

@@ -61,13 +61,15 @@ pub struct AllocationPlan {
     pub requeue: Option<Duration>,
 }
 
-/// One claim per request, and the phase the claims sum up to. `claim` and `volume`
-/// look up the caches; `made` judges a template request's volume (found or not:
-/// `moor::admission::made`).
+/// One claim per request, and the phase the claims sum up to. `claim` and `exists`
+/// look up the caches; `volume` is the whole volume of a request without its claim
+/// (what the claim is made from), and `made` judges a template request's (found or
+/// not: `moor::admission::made`).
 pub fn converge(
     alloc: &Allocation,
     now: Timestamp,
     claim: impl Fn(&ObjectKey<ClaimSpec>) -> Option<Arc<Claim>>,
+    exists: impl Fn(&VolumeId) -> bool,
     volume: impl Fn(&VolumeId) -> Option<Arc<Volume>>,
     made: impl Fn(&VolumeRequest, &VolumeTemplate, Option<&Volume>) -> Made,
 ) -> AllocationPlan {
@@ -80,7 +82,7 @@ pub fn converge(
     let mut denied = Vec::new();
     let mut phases = Vec::new();
     for req in &alloc.spec.volumes {
-        let Some(volume_id) = alloc.request_volume_in(req, |v| volume(v).is_some()) else {
+        let Some(volume_id) = alloc.request_volume_in(req, &exists) else {
             waiting.push(format!(
                 "request {}: per_alloc volume name is too long",
                 req.name
@@ -345,6 +347,7 @@ mod tests {
             a,
             Timestamp::now(),
             |k| claims.get(k.as_str()).cloned(),
+            |v| volumes.contains_key(v.as_str()),
             |v| volumes.get(v.as_str()).cloned(),
             |_, _, _| Made::Ready,
         )
@@ -369,6 +372,7 @@ mod tests {
             &a,
             Timestamp::now(),
             |k| claims.get(k.as_str()).cloned(),
+            |_| false,
             |_| None,
             spec,
         );
@@ -382,6 +386,7 @@ mod tests {
             &a,
             Timestamp::now(),
             |k| claims.get(k.as_str()).cloned(),
+            |_| true,
             |_| Some(made.clone()),
             |_, _, _| Made::Ready,
         );
@@ -392,6 +397,7 @@ mod tests {
             &a,
             Timestamp::now(),
             |k| claims.get(k.as_str()).cloned(),
+            |_| false,
             |_| None,
             |_, _, _| Made::Deny("too big".into()),
         );

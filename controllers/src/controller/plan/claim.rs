@@ -4,6 +4,8 @@
 
 use moor::api::*;
 
+use super::super::volume_view::VolumeView;
+
 /// Whether the claim's allocation still asks for it: present, not deleting, not
 /// terminal, and the claim is one of its requests' ([`Allocation::owns`]: by its spec,
 /// not only its name).
@@ -17,7 +19,7 @@ pub fn wanted(claim: &Claim, alloc: Option<&Allocation>) -> bool {
 /// older controller has none, and a volume's secrets or a Secret may change), and the
 /// capacity the node expands to once the volume was expanded past what the claim
 /// says. Only for an Admitted or Published claim (the node acts on no other).
-pub fn node_copy(claim: &Claim, volume: &Volume, secrets: &NodeSecrets) -> Option<ClaimSpec> {
+pub fn node_copy(claim: &Claim, volume: &VolumeView, secrets: &NodeSecrets) -> Option<ClaimSpec> {
     if !matches!(
         claim.status.phase,
         ClaimPhase::Admitted | ClaimPhase::Published
@@ -25,15 +27,14 @@ pub fn node_copy(claim: &Claim, volume: &Volume, secrets: &NodeSecrets) -> Optio
         return None;
     }
     let expand = volume
-        .status
-        .provisioning
         .node_expansion_bytes
         .filter(|b| claim.spec.node_expansion_bytes < Some(*b));
-    if secrets.carried_by(&volume.spec, &claim.spec) && expand.is_none() {
+    let vspec = volume.spec();
+    if secrets.carried_by(&vspec, &claim.spec) && expand.is_none() {
         return None;
     }
     let mut spec = claim.spec.clone();
-    secrets.put_into(&volume.spec, &mut spec);
+    secrets.put_into(&vspec, &mut spec);
     if expand.is_some() {
         spec.node_expansion_bytes = expand;
     }
@@ -113,14 +114,23 @@ mod tests {
     fn the_node_copy_follows_the_volume_s_secrets_and_expansion() {
         let c = claim(ClaimPhase::Published);
         let mut v = volume();
-        assert_eq!(node_copy(&c, &v, &own(&v)), None, "current");
+        assert_eq!(
+            node_copy(&c, &VolumeView::of(v.clone()), &own(&v)),
+            None,
+            "current"
+        );
         v.spec.secrets = Secrets::new([("token".to_string(), "s3".to_string())].into()).into();
-        let spec = node_copy(&c, &v, &own(&v)).expect("the volume's secrets changed");
+        let spec = node_copy(&c, &VolumeView::of(v.clone()), &own(&v))
+            .expect("the volume's secrets changed");
         assert_eq!(spec.node_secrets, v.spec.secrets);
         assert_eq!(spec.node_expansion_bytes, None);
         let mut c = c.clone();
         c.spec = spec;
-        assert_eq!(node_copy(&c, &v, &own(&v)), None, "copied");
+        assert_eq!(
+            node_copy(&c, &VolumeView::of(v.clone()), &own(&v)),
+            None,
+            "copied"
+        );
         // A Secret rotated: the new values for both node calls, publish's apart.
         let secret = |name: &str, key: &str, value: &str| {
             Some(std::sync::Arc::new(Secret::new(
@@ -136,15 +146,18 @@ mod tests {
             stage: secret("st", "token", "s4"),
             publish: secret("pub", "p", "1"),
         };
-        let spec = node_copy(&c, &v, &rotated).expect("the Secret changed");
+        let spec = node_copy(&c, &VolumeView::of(v.clone()), &rotated).expect("the Secret changed");
         assert!(rotated.carried_by(&v.spec, &spec));
         v.status.provisioning.node_expansion_bytes = Some(2 << 30);
-        let spec = node_copy(&c, &v, &own(&v)).expect("expanded");
+        let spec = node_copy(&c, &VolumeView::of(v.clone()), &own(&v)).expect("expanded");
         assert_eq!(spec.node_expansion_bytes, Some(2 << 30));
         // Never back down: a claim past the volume's figure is left alone.
         let mut ahead = c.clone();
         ahead.spec.node_expansion_bytes = Some(4 << 30);
-        assert_eq!(node_copy(&ahead, &v, &own(&v)), None);
+        assert_eq!(
+            node_copy(&ahead, &VolumeView::of(v.clone()), &own(&v)),
+            None
+        );
         // Pending, Releasing or Released claims are not the node's to act on.
         for phase in [
             ClaimPhase::Pending,
@@ -152,7 +165,11 @@ mod tests {
             ClaimPhase::Releasing,
             ClaimPhase::Released,
         ] {
-            assert_eq!(node_copy(&claim(phase), &v, &rotated), None, "{phase:?}");
+            assert_eq!(
+                node_copy(&claim(phase), &VolumeView::of(v.clone()), &rotated),
+                None,
+                "{phase:?}"
+            );
         }
     }
 }

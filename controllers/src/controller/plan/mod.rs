@@ -19,6 +19,7 @@ use moor::api::*;
 use std::time::Duration;
 
 use super::context::MountView;
+use super::volume_view::VolumeView;
 
 /// Where a claim stands on the controller-publish step, and what to do about it.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +55,7 @@ pub struct AttachInputs<'a> {
     /// Whether another claim of the volume on the node may be using the attachment.
     pub attachment_in_use: bool,
     /// The claim's volume, if cached (its operator's force detaches).
-    pub volume: Option<&'a Volume>,
+    pub volume: Option<&'a VolumeView>,
 }
 
 /// Whether an attachment published with `att`'s capability serves `claim`: the same
@@ -85,10 +86,8 @@ pub fn covers(att: &AttachmentSpec, claim: &ClaimSpec) -> bool {
 pub fn attach(i: &AttachInputs) -> AttachPlan {
     let claim = i.claim;
     if !claim.spec.publish
-        && i.volume.is_some_and(|v| {
-            v.spec
-                .force_detached(&claim.spec.node, claim.spec.volume_generation)
-        })
+        && i.volume
+            .is_some_and(|v| v.force_detached(&claim.spec.node, claim.spec.volume_generation))
     {
         return AttachPlan::Wait(format!(
             "the operator detached volume {} from node {}",
@@ -225,7 +224,7 @@ pub struct NodeInputs<'a> {
     /// Its Mount, if any.
     pub mount: Option<&'a MountView>,
     /// Its volume, if any.
-    pub volume: Option<&'a Volume>,
+    pub volume: Option<&'a VolumeView>,
     /// Whether the claim's node has a Node object now (its agent renews it).
     pub node_present: bool,
     /// How long the claim's node has been without a Node object (`None`: present, or
@@ -262,10 +261,9 @@ pub fn node_done(i: &NodeInputs) -> NodeDone {
     // present (its agent renews its Node) it is asked, as for any release. A node
     // that came back may have acted since the declaration (a call in flight when it
     // was made); what it did, it undoes before the detach.
-    let forced = i.volume.is_some_and(|v| {
-        v.spec
-            .force_detached(&claim.spec.node, claim.spec.volume_generation)
-    });
+    let forced = i
+        .volume
+        .is_some_and(|v| v.force_detached(&claim.spec.node, claim.spec.volume_generation));
     if forced && !i.node_present {
         return NodeDone::Skipped(format!(
             "the operator detached volume {} from node {}",
@@ -388,6 +386,7 @@ mod tests {
         let mut c = claim(ClaimMode::Write, AccessMode::SingleNodeWriter);
         c.spec.volume_generation = Some(3);
         v.spec.force_detach.insert(c.spec.node.clone(), 4);
+        let v = VolumeView::of(v);
         let mut i = inputs(&c, Some(&p), Some(&n), None);
         i.volume = Some(&v);
         assert!(matches!(attach(&i), AttachPlan::Wait(w) if w.contains("operator detached")));
@@ -633,7 +632,7 @@ mod tests {
         assert!(!needs_attachment(&done, &NodeDone::No, false));
     }
 
-    fn volume_forced(node: &str, generation: i64) -> Volume {
+    fn volume_forced(node: &str, generation: i64) -> VolumeView {
         let mut v = Volume::new(
             &Namespace::default_ns(),
             Name::new("v1").unwrap(),
@@ -642,7 +641,7 @@ mod tests {
         v.spec
             .force_detach
             .insert(NodeName::new(node).unwrap(), generation);
-        v
+        VolumeView::of(v)
     }
 
     fn releasing(admitted_at: Option<i64>) -> Claim {
@@ -653,7 +652,7 @@ mod tests {
         c
     }
 
-    fn node_inputs<'a>(c: &'a Claim, v: Option<&'a Volume>) -> NodeInputs<'a> {
+    fn node_inputs<'a>(c: &'a Claim, v: Option<&'a VolumeView>) -> NodeInputs<'a> {
         NodeInputs {
             claim: c,
             mount: None,
