@@ -177,6 +177,49 @@ pub fn details<const N: usize>(
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
+/// The key, the event reference and the cache lookup of a projection of a Volume (a
+/// type with `namespace`, `name` and `resource_version` fields): the controller's and
+/// the plugin leader's `VolumeView`s.
+macro_rules! volume_view_keys {
+    ($view:ty) => {
+        impl $view {
+            /// The volume's key.
+            pub fn object_key(&self) -> moor::api::ObjectKey<moor::api::VolumeSpec> {
+                moor::api::Volume::key_for(&self.namespace, &self.name)
+            }
+
+            /// The volume, as events name it.
+            pub fn object_ref(&self) -> moor::api::ObjectRef {
+                moor::api::ObjectRef {
+                    kind: <moor::api::VolumeSpec as moor::api::Spec>::KIND.to_string(),
+                    namespace: self.namespace.clone(),
+                    name: self.name.clone(),
+                }
+            }
+        }
+
+        impl moor::runtime::Resource for $view {
+            fn key(&self) -> String {
+                self.object_key().into_string()
+            }
+
+            fn version(&self) -> i64 {
+                self.resource_version
+            }
+        }
+
+        /// The cache is looked up by the volume's typed key.
+        impl moor::runtime::reflector::Lookup<$view>
+            for moor::api::ObjectKey<moor::api::VolumeSpec>
+        {
+            fn cache_key(&self) -> &str {
+                self.as_str()
+            }
+        }
+    };
+}
+pub(crate) use volume_view_keys;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,6 @@
 //! calls with what the view keeps ([`AttachInputs`]), so an attach reads nothing more.
 
 use moor::api::*;
-use moor::runtime::reflector;
 
 use super::survey::{ATTACHMENTS, HEALTHY, PRESENT};
 use super::volume_plan;
@@ -111,20 +110,6 @@ impl VolumeView {
         VolumeView::of(v, super::provisioner::FINALIZER)
     }
 
-    /// The volume's key.
-    pub fn object_key(&self) -> ObjectKey<VolumeSpec> {
-        Volume::key_for(&self.namespace, &self.name)
-    }
-
-    /// The volume, as events name it.
-    pub fn object_ref(&self) -> ObjectRef {
-        ObjectRef {
-            kind: VolumeSpec::KIND.to_string(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        }
-    }
-
     /// Ready, with the plugin's id: what the survey compares with the plugin's list.
     pub fn ready_id(&self) -> Option<&ExternalVolumeId> {
         self.external_id
@@ -156,22 +141,7 @@ impl VolumeView {
     }
 }
 
-impl moor::runtime::Resource for VolumeView {
-    fn key(&self) -> String {
-        self.object_key().into_string()
-    }
-
-    fn version(&self) -> i64 {
-        self.resource_version
-    }
-}
-
-/// The cache is looked up by the Volume's typed key.
-impl reflector::Lookup<VolumeView> for ObjectKey<VolumeSpec> {
-    fn cache_key(&self) -> &str {
-        self.as_str()
-    }
-}
+crate::common::volume_view_keys!(VolumeView);
 
 #[cfg(test)]
 mod tests {

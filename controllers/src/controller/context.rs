@@ -142,15 +142,13 @@ impl Ctx {
         &self,
         key: &ObjectKey<VolumeSpec>,
     ) -> Result<Option<Arc<Volume>>, StoreError> {
-        let Some(view) = self.volumes.get(key) else {
-            // The cache holds every volume: one it lacks is gone, unless this
-            // process's own write of it is not shown yet.
-            if !self.writer.pending(key.as_str()) {
-                return Ok(None);
-            }
-            return self.writer.current(&self.volumes, key, None).await;
-        };
-        let held = view.whole.clone();
+        let view = self.volumes.get(key);
+        // The cache holds every volume: one it lacks is gone, unless this process's
+        // own write of it is not shown yet.
+        if view.is_none() && !self.writer.pending(key.as_str()) {
+            return Ok(None);
+        }
+        let held = view.and_then(|v| v.whole.clone());
         self.writer.current(&self.volumes, key, held).await
     }
 }

@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use moor::api::*;
-use moor::runtime::reflector;
 
 use super::volumes::{FINALIZER, HEALTHY_ON_NODES};
 
@@ -83,26 +82,13 @@ impl VolumeView {
     fn parts(v: &Volume) -> VolumeView {
         let claims = &v.status.claims;
         let s = &v.spec;
-        let rare = RareParts {
-            spec: VolumeSpec {
-                plugin_id: s.plugin_id.clone(),
-                secrets: s.secrets.clone(),
-                secret_refs: s.secret_refs.clone(),
-                force_detach: s.force_detach.clone(),
-                made_for: s.made_for.clone(),
-                deletion_protection: s.deletion_protection,
-                source: s.source.clone(),
-                ..Default::default()
-            },
-            labels: v.metadata.labels.clone(),
-        };
-        let plain = RareParts {
-            spec: VolumeSpec {
-                plugin_id: s.plugin_id.clone(),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let rare = !s.secrets.is_empty()
+            || !s.secret_refs.is_empty()
+            || !s.force_detach.is_empty()
+            || s.made_for.is_some()
+            || s.deletion_protection
+            || s.source.is_some()
+            || !v.metadata.labels.is_empty();
         VolumeView {
             namespace: v.metadata.namespace.clone(),
             name: v.metadata.name.clone(),
@@ -123,7 +109,21 @@ impl VolumeView {
                 .iter()
                 .find(|c| c.type_ == HEALTHY_ON_NODES)
                 .map(|c| Box::new(c.clone())),
-            rare: (rare != plain).then(|| Box::new(rare)),
+            rare: rare.then(|| {
+                Box::new(RareParts {
+                    spec: VolumeSpec {
+                        plugin_id: s.plugin_id.clone(),
+                        secrets: s.secrets.clone(),
+                        secret_refs: s.secret_refs.clone(),
+                        force_detach: s.force_detach.clone(),
+                        made_for: s.made_for.clone(),
+                        deletion_protection: s.deletion_protection,
+                        source: s.source.clone(),
+                        ..Default::default()
+                    },
+                    labels: v.metadata.labels.clone(),
+                })
+            }),
             whole: None,
         }
     }
@@ -192,38 +192,9 @@ impl VolumeView {
     ) -> Result<NodeSecrets, MissingSecret> {
         self.spec().node_secrets(&self.namespace, lookup)
     }
-
-    /// Its key.
-    pub fn object_key(&self) -> ObjectKey<VolumeSpec> {
-        Volume::key_for(&self.namespace, &self.name)
-    }
-
-    /// A reference to it, for events.
-    pub fn object_ref(&self) -> ObjectRef {
-        ObjectRef {
-            kind: VolumeSpec::KIND.to_string(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        }
-    }
 }
 
-impl moor::runtime::Resource for VolumeView {
-    fn key(&self) -> String {
-        self.object_key().into_string()
-    }
-
-    fn version(&self) -> i64 {
-        self.resource_version
-    }
-}
-
-/// The cache is looked up by the volume's typed key.
-impl reflector::Lookup<VolumeView> for ObjectKey<VolumeSpec> {
-    fn cache_key(&self) -> &str {
-        self.as_str()
-    }
-}
+crate::common::volume_view_keys!(VolumeView);
 
 #[cfg(test)]
 mod tests {
