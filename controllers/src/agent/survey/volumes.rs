@@ -1,82 +1,24 @@
-//! The survey of a controller plugin, run by the agent leading it every
-//! `--survey-interval`: what the plugin says against what moor holds. Nothing is ever
-//! deleted here; what differs is shown (conditions, Warning events) and, only where an
-//! operator opted in, an unknown attachment is unpublished.
-//!
-//! Expected flow of one pass:
-//! 1. GET_CAPACITY: GetCapacity for the plugin as a whole and, with
-//!    VOLUME_ACCESSIBILITY_CONSTRAINTS, for each segment its volumes require; recorded in
-//!    the plugin's capacity key (`capacities/ID`) and handed to the provisioner, which refuses a
-//!    CreateVolume that fits nowhere (and looks again after each pass).
-//! 2. LIST_VOLUMES: every page of ListVolumes (a failed page ends the pass: no
-//!    conclusion from half a list); without it, with GET_VOLUME, ControllerGetVolume of
-//!    each Ready volume (NotFound counts as not listed). A Ready volume of this plugin missing from two
-//!    lists in a row gets condition `Present` false and a `Volume missing` Warning; back
-//!    in the list, `Present` true.
-//! 3. Health: from a CSI 1.13 plugin, every page of ControllerListVolumeHealth
-//!    (LIST_VOLUME_HEALTH; a volume it leaves out is healthy once two lists in a row
-//!    leave it out, since a paged list may skip an entry) or ControllerGetVolumeHealth
-//!    of each listed volume (GET_VOLUME_HEALTH); from a 1.9-1.12 plugin, the condition
-//!    ListVolumes or ControllerGetVolume carries (VOLUME_CONDITION). It becomes the
-//!    volume's `Healthy` condition; turning abnormal (or abnormal otherwise) is a
-//!    `Volume abnormal` Warning, healthy again a `Volume healthy` event.
-//! 4. LIST_VOLUMES_PUBLISHED_NODES: a node the plugin says a volume is published to,
-//!    where moor has no Attachment of it, seen in two lists in a row, is condition
-//!    `Attachments` false and an `Unknown attachment` Warning; with
-//!    `--unpublish-unknown-attachments` it is also ControllerUnpublishVolume'd.
-//! 5. The other way (detached behind moor's back: a console, a script, a plugin that
-//!    lost its attachments): an Attachment moor holds Attached, not being detached,
-//!    whose node the plugin no longer lists for its volume in two lists in a row, is
-//!    set back to Pending with condition `Attached` false (`NotListedByPlugin`) and a
-//!    `Detached behind moor's back` Warning; the attacher then ControllerPublishes it
-//!    again. Nothing is unpublished. A plugin that has not yet listed a published node
-//!    for any volume since the agent started surveying it (it advertises the
-//!    capability but does not fill the field) is left alone.
-//!
-//! Steps 2-4 are decided per volume by [`judge`] (pure); the pass carries its
-//! [`Finding`] out.
+//! The survey's look at volumes: what the plugin lists (or answers of each) against
+//! what moor holds, its health, and volumes the plugin has that moor does not.
 
 use moor::api::*;
 use moor::csi::v1;
-use moor::runtime::informer::Informer;
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
-use super::volume_view::VolumeView;
-use super::ControllerPluginCtx;
+use crate::agent::volume_view::VolumeView;
 use moor::runtime::Resource;
 
-/// Condition: the plugin lists the volume.
-pub const PRESENT: &str = "Present";
-/// Condition: the plugin's view of the volume's health.
-pub const HEALTHY: &str = "Healthy";
-/// Condition: no attachment the plugin reports is unknown to moor.
-pub const ATTACHMENTS: &str = "Attachments";
-
-/// The survey of one plugin.
-pub struct Survey {
-    /// Shared with the provisioner.
-    pub ctx: ControllerPluginCtx,
-    /// Volumes.
-    pub volumes: Informer<VolumeView>,
-    /// Attachments.
-    pub attachments: Informer<Attachment>,
-    /// How often.
-    pub every: Duration,
-    /// `--unpublish-unknown-attachments`.
-    pub unpublish_unknown: bool,
-}
+use super::{Survey, ATTACHMENTS, HEALTHY, PRESENT};
 
 /// What one ListVolumes said of a volume.
-struct Listed {
-    published: BTreeSet<String>,
-    condition: Option<VolumeHealth>,
-    capacity_bytes: u64,
+pub(super) struct Listed {
+    pub(super) published: BTreeSet<String>,
+    pub(super) condition: Option<VolumeHealth>,
+    pub(super) capacity_bytes: u64,
 }
 
 /// The VolumeCondition of a 1.9-1.12 plugin, as moor keeps health.
-fn legacy(c: Option<v1::VolumeCondition>) -> Option<VolumeHealth> {
+pub(super) fn legacy(c: Option<v1::VolumeCondition>) -> Option<VolumeHealth> {
     c.map(|c| VolumeHealth {
         abnormal: c.abnormal,
         message: printable_bounded(&c.message, 1024),
@@ -85,7 +27,7 @@ fn legacy(c: Option<v1::VolumeCondition>) -> Option<VolumeHealth> {
 }
 
 /// What a survey pass goes by, besides the volume and its listing.
-struct Seen<'a> {
+pub(super) struct Seen<'a> {
     plugin: &'a PluginId,
     /// The plugin reports volume health (VOLUME_CONDITION, or the 1.13 health RPCs).
     with_condition: bool,
@@ -99,7 +41,7 @@ struct Seen<'a> {
 
 /// What one pass found of one volume, and what it does about it.
 #[derive(Debug, Default, PartialEq)]
-struct Finding {
+pub(super) struct Finding {
     /// The plugin does not list it.
     missing: bool,
     /// Unlisted two passes in a row, and moor created it: a breach of the contract.
@@ -120,7 +62,7 @@ struct Finding {
 /// Judges one ready volume (external id `ext`) against what ListVolumes said of it
 /// (`entry`) and the CSI node ids moor attached it to (`ours`). A finding acts only
 /// when two passes in a row agree; a condition is written only when it changes.
-fn judge(
+pub(super) fn judge(
     seen: &Seen<'_>,
     vol: &VolumeView,
     ext: &str,
@@ -200,207 +142,13 @@ fn judge(
 }
 
 impl Survey {
-    /// Runs a pass every `every` until `stop`.
-    pub async fn run(self, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(self.every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // What the previous pass found (missing volumes, unknown attachments): a
-        // finding acts only when two passes in a row agree.
-        let mut missing_before = BTreeSet::new();
-        let mut unknown_before = BTreeSet::new();
-        let mut absent_before = BTreeSet::new();
-        let mut strangers_before = BTreeSet::new();
-        // Whether the plugin has filled any volume's published nodes in a pass yet.
-        let mut fills_published = false;
-        // The volumes the previous ControllerListVolumeHealth listed.
-        let mut health_before = BTreeSet::new();
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            self.volumes.reader().wait_until_ready().await;
-            self.attachments.reader().wait_until_ready().await;
-            let Some(caps) = self
-                .ctx
-                .supervisor
-                .status(&self.ctx.plugin.id)
-                .filter(|s| !s.capabilities.plugin.is_empty())
-                .map(|s| s.capabilities)
-            else {
-                continue;
-            };
-            if caps.controller.has(ControllerRpc::GetCapacity) {
-                if let Err(e) = self.capacity(&caps).await {
-                    tracing::warn!(plugin = %self.ctx.plugin.id, error = %moor::process::error_chain(&*e), "GetCapacity survey");
-                }
-            }
-            if caps.controller.has(ControllerRpc::ListSnapshots) {
-                if let Err(e) = self.snapshots().await {
-                    tracing::warn!(plugin = %self.ctx.plugin.id, error = %moor::process::error_chain(&*e), "ListSnapshots survey");
-                }
-            }
-            let lists_all = caps.controller.has(ControllerRpc::ListVolumes);
-            let listing = if lists_all {
-                Some(self.list().await)
-            } else if caps.controller.has(ControllerRpc::GetVolume) {
-                Some(self.get_each().await)
-            } else {
-                None
-            };
-            if let Some(listing) = listing {
-                match listing {
-                    Ok(mut listed) => {
-                        health_before = self.health(&caps, &mut listed, &health_before).await;
-                        let (missing, unknown) = self
-                            .compare(&caps, &listed, &missing_before, &unknown_before)
-                            .await;
-                        missing_before = missing;
-                        unknown_before = unknown;
-                        // Only a whole ListVolumes shows volumes moor does not know.
-                        if lists_all {
-                            strangers_before = self.strangers(&listed, &strangers_before).await;
-                        }
-                        fills_published |= listed.values().any(|l| !l.published.is_empty());
-                        absent_before = if fills_published {
-                            self.absent(&caps, &listed, &absent_before).await
-                        } else {
-                            BTreeSet::new()
-                        };
-                    }
-                    Err(e) => {
-                        tracing::warn!(plugin = %self.ctx.plugin.id, error = %e, "ListVolumes survey");
-                    }
-                }
-            }
-        }
-    }
-
-    /// Every page of ListSnapshots (the plugin's own snapshots, moor's or not), kept in
-    /// the plugin's snapshot list key for `moorctl volume snapshot list --plugin`: the
-    /// first [`MAX_LISTED_SNAPSHOTS`], and how many more. Written when it changed.
-    async fn snapshots(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let csi = self.ctx.csi()?;
-        let mut list = PluginSnapshots::default();
-        let mut token = String::new();
-        // Bounded however the plugin pages: a plugin that repeats a token ends the list.
-        for _ in 0..1024 {
-            let page = csi
-                .list_snapshots(v1::ListSnapshotsRequest {
-                    starting_token: token.clone(),
-                    ..Default::default()
-                })
-                .await?;
-            for e in page.entries {
-                let Some(s) = e.snapshot else { continue };
-                if list.snapshots.len() >= MAX_LISTED_SNAPSHOTS {
-                    list.more += 1;
-                    continue;
-                }
-                list.snapshots.push(ListedSnapshot {
-                    snapshot_id: printable_bounded(&s.snapshot_id, 128),
-                    source_volume_id: printable_bounded(&s.source_volume_id, 128),
-                    size_bytes: u64::try_from(s.size_bytes).unwrap_or(0),
-                    created_secs: s.creation_time.map(|t| t.seconds),
-                    ready: s.ready_to_use,
-                });
-            }
-            if page.next_token.is_empty() || page.next_token == token {
-                break;
-            }
-            token = page.next_token;
-        }
-        let id = &self.ctx.plugin.id;
-        if !matches!(self.ctx.reads.snapshot_list(id).await, Ok(Some(ref known)) if *known == list)
-        {
-            self.ctx.writer.store().put_snapshot_list(id, &list).await?;
-        }
-        Ok(())
-    }
-
-    /// GetCapacity, whole and per required segment; recorded on the Plugin and shared
-    /// with the provisioner.
-    async fn capacity(
-        &self,
-        caps: &PluginCapabilities,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let mut segments: BTreeSet<Topology> = BTreeSet::new();
-        segments.insert(Topology::new());
-        if caps.plugin.has(PluginCapability::Service(
-            PluginService::VolumeAccessibilityConstraints,
-        )) {
-            // Each node instance's segment, where a template's volume would be made.
-            let plugin = self
-                .ctx
-                .reads
-                .try_get(&Plugin::key_for(&self.ctx.plugin.id))
-                .await
-                .ok()
-                .flatten();
-            for t in plugin
-                .iter()
-                .flat_map(|p| p.status.instances.values())
-                .filter_map(|i| i.topology.as_ref())
-            {
-                if segments.len() < 64 {
-                    segments.insert(t.clone());
-                }
-            }
-            for v in self.volumes.reader().state() {
-                for t in v.required_topology() {
-                    if segments.len() < 64 {
-                        segments.insert(t.clone());
-                    }
-                }
-            }
-        }
-        let csi = self.ctx.csi()?;
-        let mut entries = Vec::new();
-        for t in segments {
-            let req = v1::GetCapacityRequest {
-                volume_capabilities: Vec::new(),
-                parameters: Default::default(),
-                accessible_topology: (!t.is_empty()).then(|| moor::csi::convert::topology(&t)),
-            };
-            let r = csi.get_capacity(req).await?;
-            let breach = moor::csi::contract::capacity(r.available_capacity);
-            if breach.is_some() {
-                let plugin = ObjectRef {
-                    kind: "Plugin".into(),
-                    namespace: Default::default(),
-                    name: Name::new(self.ctx.plugin.id.as_str()).unwrap_or_default(),
-                };
-                self.ctx
-                    .monitor
-                    .report(&self.ctx.plugin.id, &plugin, breach)
-                    .await;
-            }
-            let size = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).filter(|v| *v > 0);
-            entries.push(CapacityEntry {
-                topology: t,
-                available_bytes: u64::try_from(r.available_capacity).unwrap_or(0),
-                maximum_volume_size: size(r.maximum_volume_size),
-                minimum_volume_size: size(r.minimum_volume_size),
-            });
-        }
-        // Written to the plugin's capacity key (its only grant besides the election and
-        // the volumes and attachments it serves), when it changed.
-        let id = &self.ctx.plugin.id;
-        if !matches!(self.ctx.reads.capacity(id).await, Ok(Some(ref known)) if *known == entries) {
-            self.ctx.writer.store().put_capacity(id, &entries).await?;
-        }
-        *self.ctx.capacity.write().unwrap_or_else(|e| e.into_inner()) = Some(entries);
-        self.ctx.surveyed.send_modify(|n| *n += 1);
-        Ok(())
-    }
-
     /// A CSI 1.13 plugin's health of the listed volumes, in place of any condition the
     /// listing carried: every page of ControllerListVolumeHealth (LIST_VOLUME_HEALTH),
     /// or ControllerGetVolumeHealth of each (GET_VOLUME_HEALTH). A volume the list
     /// leaves out is healthy only when the previous list (`before`) left it out too: a
     /// paged list may skip an entry. A failed call leaves the health unknown this pass
     /// (nothing changes). Returns the volumes this list held.
-    async fn health(
+    pub(super) async fn health(
         &self,
         caps: &PluginCapabilities,
         listed: &mut BTreeMap<String, Listed>,
@@ -482,7 +230,7 @@ impl Survey {
     }
 
     /// Every page of ListVolumes, by the plugin's volume id.
-    async fn list(
+    pub(super) async fn list(
         &self,
     ) -> Result<BTreeMap<String, Listed>, Box<dyn std::error::Error + Send + Sync>> {
         let csi = self.ctx.csi()?;
@@ -517,7 +265,7 @@ impl Survey {
 
     /// Without LIST_VOLUMES: ControllerGetVolume (GET_VOLUME) of each Ready volume of
     /// this plugin, as a list (NotFound: not in it; any other error ends the pass).
-    async fn get_each(
+    pub(super) async fn get_each(
         &self,
     ) -> Result<BTreeMap<String, Listed>, Box<dyn std::error::Error + Send + Sync>> {
         let csi = self.ctx.csi()?;
@@ -559,7 +307,7 @@ impl Survey {
     /// the conditions and events written, the confirmed unknown attachments unpublished
     /// when asked to. Returns what was missing and which attachments were unknown in
     /// this pass.
-    async fn compare(
+    pub(super) async fn compare(
         &self,
         caps: &PluginCapabilities,
         listed: &BTreeMap<String, Listed>,
@@ -619,7 +367,7 @@ impl Survey {
     /// new ones appear, with an "Unknown volumes" Warning on the Plugin. Never deleted:
     /// an operator registers one (a Volume with its `external_id`) or deletes it by
     /// the plugin's own means. Returns this pass's findings.
-    async fn strangers(
+    pub(super) async fn strangers(
         &self,
         listed: &BTreeMap<String, Listed>,
         before: &BTreeSet<String>,
@@ -713,207 +461,6 @@ impl Survey {
         }
         now
     }
-
-    /// Attachments moor holds Attached that the plugin no longer lists as published
-    /// to their node (LIST_VOLUMES_PUBLISHED_NODES): those found in the previous pass
-    /// too are published again ([`Survey::reattach`]). Returns this pass's findings, by
-    /// attachment key. Called only once the plugin has filled some volume's published
-    /// nodes in a pass: from a plugin that never does, an empty list proves nothing.
-    async fn absent(
-        &self,
-        caps: &PluginCapabilities,
-        listed: &BTreeMap<String, Listed>,
-        absent_before: &BTreeSet<String>,
-    ) -> BTreeSet<String> {
-        let mut absent = BTreeSet::new();
-        if !caps
-            .controller
-            .has(ControllerRpc::ListVolumesPublishedNodes)
-        {
-            return absent;
-        }
-        for att in self.attachments.reader().state() {
-            if !held(&att, &self.ctx.plugin.id) {
-                continue;
-            }
-            // A volume missing from the list altogether is the volume's finding
-            // (`Present`), not the attachment's.
-            let Some(entry) = listed.get(att.spec.external_id.as_str()) else {
-                continue;
-            };
-            if entry.published.contains(att.spec.csi_node_id.as_str()) {
-                continue;
-            }
-            let key = att.key();
-            if absent_before.contains(&key) {
-                self.reattach(&att).await;
-            }
-            absent.insert(key);
-        }
-        absent
-    }
-
-    /// Sets an attachment the plugin no longer lists back to Pending, so the attacher
-    /// publishes it again: under the volume's controller lock, on the attachment as
-    /// stored now, only while it is still held Attached.
-    async fn reattach(&self, att: &Attachment) {
-        let _guard = self
-            .ctx
-            .locks
-            .lock(Volume::key_for(&att.metadata.namespace, &att.spec.volume).as_str())
-            .await;
-        let reader = self.attachments.reader();
-        let att = match self.ctx.writer.fresh(&reader, &att.object_key()).await {
-            Ok(Some(att)) if held(&att, &self.ctx.plugin.id) => att,
-            Ok(_) => return,
-            Err(e) => {
-                tracing::warn!(attachment = %att.key(), error = %e, "survey read");
-                return;
-            }
-        };
-        let msg = format!(
-            "plugin {} no longer lists volume {} as published to node {} ({}); publishing it again",
-            self.ctx.plugin.id, att.spec.external_id, att.spec.node, att.spec.csi_node_id
-        );
-        let r = self
-            .ctx
-            .writer
-            .write_status(&att, |st| {
-                st.phase = AttachmentPhase::Pending;
-                st.meta
-                    .set_condition("Attached", false, "NotListedByPlugin", &msg);
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::warn!(attachment = %att.key(), error = %e, "survey write");
-            return;
-        }
-        // Where an operator looks: the volume's events (`describe volume`), and the
-        // attachment's condition.
-        let vol_key = Volume::key_for(&att.metadata.namespace, &att.spec.volume);
-        match self.volumes.reader().get(&vol_key) {
-            Some(vol) => {
-                let vol = vol.object_ref();
-                self.event(&vol, "Detached behind moor's back", EventType::Warning, msg)
-                    .await
-            }
-            None => {
-                let d = crate::common::details([
-                    ("volume_id", att.spec.volume.to_string()),
-                    ("node", att.spec.node.to_string()),
-                ]);
-                self.ctx
-                    .recorder
-                    .record(
-                        crate::common::object_ref(&*att),
-                        EventType::Warning,
-                        "Detached behind moor's back",
-                        msg,
-                        d,
-                    )
-                    .await;
-            }
-        }
-    }
-
-    /// ControllerUnpublishVolume of an attachment moor does not know (opted in): with
-    /// the volume's secrets, or not at all while they cannot be opened (a Warning says
-    /// why; the next pass looks again); on the step runner's schedule, per volume and
-    /// node, so a plugin failing it is not called every pass.
-    async fn unpublish(&self, vol: &VolumeView, ext: &str, node: &str) {
-        let inputs = self
-            .ctx
-            .attach_inputs(Some(vol), SecretFamily::Controller)
-            .await;
-        let built = match inputs {
-            Ok(v) => moor::csi::requests::controller_unpublish_of(ext, node, v.as_ref())
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        let vol_ref = vol.object_ref();
-        let req = match built {
-            Ok(req) => req,
-            Err(e) => {
-                let msg = format!("not unpublishing {ext} from node {node}: {e}");
-                self.event(&vol_ref, "Unknown attachment kept", EventType::Warning, msg)
-                    .await;
-                return;
-            }
-        };
-        let key = format!("{}@{node}", vol.key());
-        let inputs = moor::runtime::steps::inputs((ext, node, vol.generation));
-        let Ok(step) = self
-            .ctx
-            .steps
-            .begin(&key, "ControllerUnpublishVolume", inputs)
-        else {
-            return; // backing off after a failure; a later pass tries again
-        };
-        let r = match self.ctx.csi() {
-            Ok(csi) => self
-                .ctx
-                .in_node_turn(node, step.call(csi.controller_unpublish(req)))
-                .await
-                .map_err(|f| f.message()),
-            Err(e) => Err(e.to_string()),
-        };
-        let (type_, msg) = match r {
-            Ok(()) => (
-                EventType::Normal,
-                format!("{ext} unpublished from node {node}, where moor had no attachment"),
-            ),
-            Err(e) => (
-                EventType::Warning,
-                format!("unpublishing {ext} from node {node}: {e}"),
-            ),
-        };
-        self.event(&vol_ref, "Unknown attachment unpublished", type_, msg)
-            .await;
-    }
-
-    /// Sets conditions on the volume's provisioning section and records the Warnings.
-    async fn write(
-        &self,
-        vol: &VolumeView,
-        set: Vec<(&'static str, bool, String, String)>,
-        warn: Vec<(&'static str, String)>,
-        normal: Vec<(&'static str, String)>,
-    ) {
-        if !set.is_empty() {
-            let r = self
-                .ctx
-                .writer
-                .modify_status(&vol.object_key(), |_, st| {
-                    for (t, status, reason, msg) in &set {
-                        st.provisioning.meta.set_condition(t, *status, reason, msg);
-                    }
-                    true
-                })
-                .await;
-            if let Err(e) = r {
-                tracing::warn!(volume = %vol.key(), error = %e, "survey write");
-            }
-        }
-        let vol = vol.object_ref();
-        for (reason, msg) in warn {
-            self.event(&vol, reason, EventType::Warning, msg).await;
-        }
-        for (reason, msg) in normal {
-            self.event(&vol, reason, EventType::Normal, msg).await;
-        }
-    }
-
-    async fn event(&self, vol: &ObjectRef, reason: &str, type_: EventType, message: String) {
-        self.ctx.volume_event(vol, reason, type_, message).await;
-    }
-}
-
-/// An attachment of `plugin` moor holds Attached and does not mean to detach.
-fn held(att: &Attachment, plugin: &PluginId) -> bool {
-    &att.spec.plugin_id == plugin
-        && att.status.phase == AttachmentPhase::Attached
-        && !att.spec.detach
-        && !att.is_deleting()
 }
 
 #[cfg(test)]
