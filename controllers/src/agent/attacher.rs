@@ -29,11 +29,11 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::volume_view::VolumeView;
-use super::ControllerPluginCtx;
+use crate::agent::context::ControllerPluginCtx;
 use crate::common::{details, object_ref};
 
 /// Why an attachment could not be converged.
-pub type AttachError = super::StepError;
+pub type AttachError = crate::agent::step_error::StepError;
 
 /// The attacher of one plugin.
 pub struct Attacher {

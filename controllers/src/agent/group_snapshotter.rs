@@ -40,7 +40,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::volume_view::VolumeView;
-use super::ControllerPluginCtx;
+use crate::agent::context::ControllerPluginCtx;
 use crate::common::{details, object_ref};
 
 /// The finalizer that holds a group's deletion until DeleteVolumeGroupSnapshot.
@@ -50,7 +50,7 @@ pub const FINALIZER: &str = "moor.dev/group-snapshotter";
 pub const MEMBERS_CREATED: &str = "MembersCreated";
 
 /// Why a group could not be converged.
-pub type GroupError = super::StepError;
+pub type GroupError = crate::agent::step_error::StepError;
 
 /// What the group snapshotter does next for a group.
 #[derive(Debug, Clone, PartialEq, Eq)]

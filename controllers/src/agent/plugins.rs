@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-use super::PluginConfig;
+use super::config::PluginConfig;
 
 /// Deadline of each fingerprint call.
 const FINGERPRINT_TIMEOUT: Duration = Duration::from_secs(10);

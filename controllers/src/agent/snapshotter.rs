@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::volume_view::VolumeView;
-use super::ControllerPluginCtx;
+use crate::agent::context::ControllerPluginCtx;
 use crate::common::{details, object_ref};
 use std::borrow::Cow;
 
@@ -39,7 +39,7 @@ use std::borrow::Cow;
 pub const FINALIZER: &str = "moor.dev/snapshotter";
 
 /// Why a snapshot could not be converged.
-pub type SnapshotError = super::StepError;
+pub type SnapshotError = crate::agent::step_error::StepError;
 
 /// What the snapshotter does next for a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]

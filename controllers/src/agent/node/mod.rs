@@ -56,9 +56,10 @@ mod tests;
 
 use mount::claim_ref;
 
+use super::config::PluginConfig;
 use super::plugins::Supervisor;
 use super::state::{on_grant, LocalState, MadeFor, PublishRecord, StageRecord, Step};
-use super::{PluginConfig, StepError};
+use super::step_error::StepError;
 use crate::common::{details, KeyedLocks};
 use moor::runtime::writer::Writer;
 
@@ -126,7 +127,7 @@ pub enum NodeError {
     },
 }
 
-crate::agent::through_step_error!(
+crate::agent::step_error::through_step_error!(
     NodeError,
     steps::BackingOff,
     CsiError,

@@ -33,7 +33,7 @@ mod changes;
 
 use super::volume_plan::{self, Step, EXPANDED, MODIFIED, VALIDATED};
 use super::volume_view::VolumeView;
-use super::ControllerPluginCtx;
+use crate::agent::context::ControllerPluginCtx;
 use crate::common::object_ref;
 use moor::runtime::Resource;
 
@@ -48,7 +48,7 @@ pub const CLAIMS_FINALIZER: &str = "moor.dev/claims";
 pub enum ProvisionError {
     /// What every executor's pass fails with.
     #[error(transparent)]
-    Step(#[from] super::StepError),
+    Step(#[from] crate::agent::step_error::StepError),
     /// A volume whose CreateVolume may have taken effect is being deleted, and its
     /// id cannot be asked for again: the source it was made from is not there.
     #[error("cannot ask CreateVolume again for the id of a volume being deleted: {0}")]
@@ -58,12 +58,12 @@ pub enum ProvisionError {
     NoVolume,
 }
 
-super::through_step_error!(
+crate::agent::step_error::through_step_error!(
     ProvisionError,
     moor::runtime::steps::BackingOff,
     CsiError,
     StoreError,
-    super::NoChannel,
+    crate::agent::step_error::NoChannel,
     SealedSecrets,
     moor::api::MissingSecret,
 );
@@ -248,7 +248,7 @@ impl Provisioner {
             .reads
             .try_get(&VolumeClass::key_for(name))
             .await
-            .map_err(super::StepError::from)?;
+            .map_err(crate::agent::step_error::StepError::from)?;
         Ok(class
             .filter(|c| !c.spec.allow_expansion)
             .map(|_| format!("class {name} does not allow expansion (allow_expansion: false)")))
@@ -404,7 +404,9 @@ impl Provisioner {
     /// Warning; a final answer took no effect, so the volume shows Failed (retried at
     /// the cap or when its spec or the plugin changes), not "creating".
     async fn create_failed(&self, vol: &Volume, failed: Failed) -> Result<Action, ProvisionError> {
-        let msg = moor::process::error_chain(&super::StepError::Csi(failed.error.clone()));
+        let msg = moor::process::error_chain(&crate::agent::step_error::StepError::Csi(
+            failed.error.clone(),
+        ));
         self.ctx
             .writer
             .modify_status(&vol.object_key(), |_, st| {

@@ -52,7 +52,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::volume_view::VolumeView;
-use super::ControllerPluginCtx;
+use crate::agent::context::ControllerPluginCtx;
 use moor::runtime::Resource;
 
 mod attachments;
