@@ -110,9 +110,10 @@ pub fn selinux_for(
     waiting.map_or(Ok(()), |w| Err(Verdict::Wait(w)))
 }
 
-/// The access-mode rules for `claim`, admitted by [`check`] as `admitted`, against
-/// `volume`'s live claims (its own entry, if recorded already, left out): what the
-/// controller checks inside the compare-and-swap that records the claim on the volume.
+/// The access-mode rules for `claim`, admitted by [`check`](super::check) as
+/// `admitted`, against `volume`'s live claims (its own entry, if recorded already, left
+/// out): what the controller checks inside the compare-and-swap that records the claim
+/// on the volume.
 ///
 /// A conflict only with holders that are being released (`ending`: their allocation
 /// ended, stopped or is gone) is a wait, not a denial: the claim is admitted once they

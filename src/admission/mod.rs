@@ -11,7 +11,7 @@
 //! claim needs there (VOLUME_MOUNT_GROUP for a mount group, SINGLE_NODE_MULTI_WRITER for
 //! the two newer single-node modes) and is healthy; the
 //! node's max volumes for the plugin; the volume's accessible topology reaches the node.
-//! The access-mode rules across every node ([`access`]) are checked last, against the
+//! The access-mode rules across every node ([`access()`]) are checked last, against the
 //! volume's live claims, inside the compare-and-swap that records the claim on the volume.
 //!
 //! # Layout

@@ -3,7 +3,8 @@
 use moor::api::*;
 
 /// What a pass of a controller-plugin executor (attacher, provisioner, snapshotter)
-/// fails with; the provisioner adds its own cases to it ([`provisioner::ProvisionError`]).
+/// fails with; the provisioner adds its own cases to it
+/// ([`crate::agent::provisioner::ProvisionError`]).
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
     /// A step's gate is closed: not a failure, the key is looked at again when it
