@@ -43,6 +43,10 @@ pub struct Args {
     /// Serve the controller's /metrics and /healthz here.
     #[arg(long)]
     pub http: Option<std::net::SocketAddr>,
+    /// Serve the web console here (loopback; when the port is taken, another one is
+    /// picked and printed).
+    #[arg(long, default_value = "127.0.0.1:8480")]
+    pub console: std::net::SocketAddr,
     /// Serve the Docker volume-plugin protocol on this socket (as `moord agent
     /// --volume-plugin`, repeatable, `[ENGINE=]PATH`): docker=/run/docker/plugins/moor.sock.
     #[arg(long, value_name = "[ENGINE=]PATH")]
@@ -186,6 +190,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     let daemons = shutdown.child_token();
     let controller_task = tokio::spawn(crate::controller::run(controller, daemons.clone()));
     let agent_task = tokio::spawn(crate::agent::run(agent, daemons.clone()));
+    let (console_url, console_task) = start_console(&args, &url, daemons.clone()).await?;
 
     // Ready once the store answers and every volume-plugin socket is bound.
     let sockets: Vec<(String, std::path::PathBuf)> = args
@@ -205,6 +210,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
             Ok(()) => {
                 eprintln!("\nmoor dev is ready (data in {}; bind mounts {}).", dir.display(), if mount { "on" } else { "off: not root" });
                 eprintln!("  store (etcd API): {url}");
+                eprintln!("  console: {console_url}");
                 eprintln!("  node {NODE}, plugin {PLUGIN}");
                 for (engine, path) in &sockets {
                     eprintln!("  volume-plugin endpoint for {engine}: {}", path.display());
@@ -227,7 +233,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
     shutdown.cancelled().await;
     // Daemons first (they resign their leases and close their watches), then the
     // plugin, then the store.
-    let (c, a) = tokio::join!(controller_task, agent_task);
+    let (c, a, _) = tokio::join!(controller_task, agent_task, console_task);
     // Their last events, while the store still runs.
     moor::runtime::events::flush(crate::common::EVENT_GRACE).await;
     for (what, r) in [("controller", c), ("agent", a)] {
@@ -245,6 +251,45 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> 
 }
 
 /// Waits (up to 30 s) until `path` is a bound unix socket.
+/// Binds the console (loopback only: `moord dev` never serves it elsewhere) and starts
+/// it on the store at `url`; returns its URL.
+async fn start_console(
+    args: &Args,
+    url: &str,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+    anyhow::ensure!(
+        args.console.ip().is_loopback(),
+        "moord dev serves the console on loopback only (use `moord console` with TLS for {})",
+        args.console
+    );
+    let listener = match tokio::net::TcpListener::bind(args.console).await {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            tokio::net::TcpListener::bind((args.console.ip(), 0)).await?
+        }
+        Err(e) => {
+            return Err(e).with_context(|| format!("binding the console to {}", args.console))
+        }
+    };
+    let console_url = format!("http://{}/", listener.local_addr()?);
+    let store =
+        moor::store::Store::connect(&[url.to_string()], moor::store::DEFAULT_PREFIX).await?;
+    let listen = crate::console::ListenArgs {
+        listen: listener.local_addr()?,
+        tls_cert: None,
+        tls_key: None,
+        client_ca: None,
+        token_file: None,
+    };
+    let task = tokio::spawn(async move {
+        if let Err(e) = crate::console::serve(listener, &listen, store, shutdown).await {
+            tracing::error!(error = format!("{e:#}"), "console failed");
+        }
+    });
+    Ok((console_url, task))
+}
+
 async fn wait_socket(path: &std::path::Path) -> anyhow::Result<()> {
     use std::os::unix::fs::FileTypeExt;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);

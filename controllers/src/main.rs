@@ -5,6 +5,7 @@
 //! - `agent`: `moord agent`: one per node: plugin supervision, the node reconciler, and
 //!   the provisioner, attacher, snapshotter and survey of the controller plugins it
 //!   hosts.
+//! - `console`: `moord console`: the read-only web console.
 //! - `check`: `moord check`: a read-only audit of the store.
 //! - `backup`: `moord backup check`: what an etcd snapshot holds, read from a temporary
 //!   etcd restored from it.
@@ -26,6 +27,7 @@ mod agent;
 mod backup;
 mod check;
 mod common;
+mod console;
 mod controller;
 mod dev;
 mod keys;
@@ -56,6 +58,8 @@ enum Command {
     Controller(controller::Args),
     /// Runs the node agent for one node.
     Agent(Box<agent::Args>),
+    /// Serves the read-only web console (volumes, attachments, mounts, what waits and why).
+    Console(Box<console::Args>),
     /// Runs moor on one machine: embedded store, controller, agent and moor-hostpath.
     Dev(dev::Args),
     /// Lists every moor object in etcd by kind and reports malformed ones (read-only).
@@ -76,6 +80,7 @@ async fn main() {
         Command::Controller(_) => "moor-controller".to_string(),
         Command::Agent(args) => format!("moor-agent/{}", args.node),
         Command::Dev(_) => "moor-dev".to_string(),
+        Command::Console(_) => "moor-console".to_string(),
         _ => "moord".to_string(),
     };
     let telemetry =
@@ -89,7 +94,7 @@ async fn main() {
     let shutdown = moor::process::on_signal();
     if matches!(
         cli.command,
-        Command::Controller(_) | Command::Agent(_) | Command::Dev(_)
+        Command::Controller(_) | Command::Agent(_) | Command::Dev(_) | Command::Console(_)
     ) {
         tracing::info!(version = moor::long_version!(), "{service} starting");
     }
@@ -101,6 +106,7 @@ async fn main() {
         Command::Roles(cmd) => cmd.run(),
         Command::Keys(cmd) => cmd.run(),
         Command::Dev(args) => dev::run(args, shutdown).await.map(|()| 0),
+        Command::Console(args) => console::run(*args, shutdown).await.map(|()| 0),
     };
     // What the daemons said and did not write yet (SIGTERM): written before exiting.
     moor::runtime::events::flush(common::EVENT_GRACE).await;

@@ -118,35 +118,10 @@ pub async fn delete(ctx: &Ctx, kind: Kind, key: &str) -> anyhow::Result<Vec<Stri
     })
 }
 
-/// Replaces secret values and mount flags with `[redacted]`, wherever they appear.
-pub fn redact(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            for (k, child) in map.iter_mut() {
-                match (k.as_str(), &mut *child) {
-                    (k, Value::Object(secrets)) if is_secrets(k) => {
-                        for s in secrets.values_mut() {
-                            *s = Value::String("[redacted]".into());
-                        }
-                    }
-                    // Sealed secrets: the text says which key sealed them, nothing else.
-                    (k, Value::String(_)) if is_secrets(k) => {
-                        *child = Value::String("[redacted]".into());
-                    }
-                    ("mount_flags", Value::Array(flags)) if !flags.is_empty() => {
-                        *child = Value::String("[redacted]".into());
-                    }
-                    _ => redact(child),
-                }
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(redact),
-        _ => {}
-    }
-}
+pub use moor::api::redact_json as redact;
 
 fn is_secrets(field: &str) -> bool {
-    field == "secrets" || field.ends_with("_secrets")
+    moor::api::is_secrets_field(field)
 }
 
 /// Refuses to print secrets this moorctl could not open: `--show-secrets` shows them

@@ -47,6 +47,41 @@ pub enum StoredAs {
 /// What redacted values print as.
 pub const REDACTED: &str = "[redacted]";
 
+/// Replaces secret values and mount flags with [`REDACTED`], wherever they appear in an
+/// object written as JSON: what moorctl prints by default and every console page
+/// shows.
+pub fn redact_json(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            for (k, child) in map.iter_mut() {
+                match (k.as_str(), &mut *child) {
+                    (k, Value::Object(secrets)) if is_secrets_field(k) => {
+                        for s in secrets.values_mut() {
+                            *s = Value::String(REDACTED.into());
+                        }
+                    }
+                    // Sealed secrets: the text says which key sealed them, nothing else.
+                    (k, Value::String(_)) if is_secrets_field(k) => {
+                        *child = Value::String(REDACTED.into());
+                    }
+                    ("mount_flags", Value::Array(flags)) if !flags.is_empty() => {
+                        *child = Value::String(REDACTED.into());
+                    }
+                    _ => redact_json(child),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact_json),
+        _ => {}
+    }
+}
+
+/// Whether an object's field of this name holds secrets (`secrets`, `node_secrets`).
+pub fn is_secrets_field(field: &str) -> bool {
+    field == "secrets" || field.ends_with("_secrets")
+}
+
 /// What sealed secrets start with.
 pub const SEALED_PREFIX: &str = "moor:sealed:v1:";
 

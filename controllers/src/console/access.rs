@@ -1,0 +1,318 @@
+//! Who may open the console: loopback by default; any other address only with TLS and
+//! an access rule (client certificates signed by a CA, or a bearer token from a
+//! file), checked before the console starts.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::rustls;
+use tokio_rustls::server::TlsStream;
+
+/// The console's listening flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenArgs {
+    /// Where to serve the console. Any address but loopback needs --tls-cert,
+    /// --tls-key and an access rule (--client-ca or --token-file).
+    #[arg(long, default_value = "127.0.0.1:8480")]
+    pub listen: SocketAddr,
+    /// Serve HTTPS with this certificate chain (PEM).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Admit only browsers presenting a client certificate signed by this CA (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
+    /// Admit only requests carrying the token this file holds (its first line): as
+    /// `Authorization: Bearer TOKEN`, or once as `?token=TOKEN`, which sets a cookie.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+}
+
+impl ListenArgs {
+    /// Refuses an address the flags do not protect.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.listen.ip().is_loopback() {
+            return Ok(());
+        }
+        if self.tls_cert.is_none() {
+            bail!(
+                "refusing to serve the console on {} without TLS: give --tls-cert and --tls-key \
+                 and an access rule (--client-ca or --token-file), or listen on loopback",
+                self.listen
+            );
+        }
+        if self.client_ca.is_none() && self.token_file.is_none() {
+            bail!(
+                "refusing to serve the console on {} without an access rule: give --client-ca \
+                 (client certificates) or --token-file",
+                self.listen
+            );
+        }
+        Ok(())
+    }
+
+    /// The token, if the console asks for one.
+    pub fn token(&self) -> anyhow::Result<Option<Arc<str>>> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the token file {}", path.display()))?;
+        let token = text.lines().next().unwrap_or("").trim();
+        if token.len() < 16 {
+            bail!(
+                "the token in {} is shorter than 16 characters",
+                path.display()
+            );
+        }
+        Ok(Some(token.into()))
+    }
+
+    /// The TLS configuration, if the console serves HTTPS.
+    pub fn tls(&self) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .with_context(|| format!("reading certificates from {}", cert.display()))?;
+        let key = PrivateKeyDer::from_pem_file(key)
+            .with_context(|| format!("reading the private key {}", key.display()))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .context("TLS versions")?;
+        let builder = match &self.client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_file_iter(ca)
+                    .with_context(|| format!("reading {}", ca.display()))?
+                {
+                    roots
+                        .add(c.with_context(|| format!("reading {}", ca.display()))?)
+                        .with_context(|| format!("a CA certificate in {}", ca.display()))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    roots.into(),
+                    provider,
+                )
+                .build()
+                .context("client certificate verifier")?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_single_cert(chain, key).with_context(|| {
+            format!(
+                "the key {} does not fit {}",
+                self.tls_key
+                    .as_deref()
+                    .map_or("".into(), |p: &Path| p.display().to_string()),
+                cert.display()
+            )
+        })?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Some(Arc::new(config)))
+    }
+}
+
+/// A TLS listener for axum: handshakes run beside the accept loop (a slow client
+/// holds up nobody), each bounded in time.
+pub struct TlsListener {
+    local: SocketAddr,
+    rx: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+}
+
+/// How long a TLS handshake may take.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+impl TlsListener {
+    pub fn new(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        let local = listener.local_addr()?;
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "console: accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                if tx.is_closed() {
+                    return;
+                }
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "console: TLS handshake failed")
+                        }
+                        Err(_) => tracing::debug!(%peer, "console: TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener { local, rx })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(c) => c,
+            // The accept loop never ends while the listener lives.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+/// The cookie a `?token=` visit sets.
+const COOKIE: &str = "moor_console_token";
+
+/// Admits a request carrying the token (header or cookie); a `?token=` visit with the
+/// right token gets the cookie and is sent on without it in its address.
+pub async fn require_token(
+    State(token): State<Arc<str>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let headers = request.headers();
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let cookie = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| c.trim().strip_prefix(COOKIE)?.strip_prefix('='));
+    if bearer.or(cookie).is_some_and(|t| same(t, &token)) {
+        return next.run(request).await;
+    }
+    let uri = request.uri();
+    let params = super::html::query(uri.query());
+    if let Some((_, given)) = params.iter().find(|(k, _)| k == "token") {
+        if same(given, &token) {
+            let rest: Vec<String> = params
+                .iter()
+                .filter(|(k, _)| k != "token")
+                .map(|(k, v)| format!("{}={}", super::html::encode(k), super::html::encode(v)))
+                .collect();
+            let to = if rest.is_empty() {
+                uri.path().to_string()
+            } else {
+                format!("{}?{}", uri.path(), rest.join("&"))
+            };
+            return (
+                StatusCode::SEE_OTHER,
+                [
+                    (header::LOCATION, to),
+                    (
+                        header::SET_COOKIE,
+                        format!("{COOKIE}={given}; Path=/; HttpOnly; Secure; SameSite=Strict"),
+                    ),
+                ],
+            )
+                .into_response();
+        }
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "moor console: open it with ?token=TOKEN (the console's --token-file), or send Authorization: Bearer TOKEN\n",
+    )
+        .into_response()
+}
+
+/// Compares in time that does not depend on where they differ.
+fn same(given: &str, token: &str) -> bool {
+    let (a, b) = (given.as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Argv {
+        #[command(flatten)]
+        listen: ListenArgs,
+    }
+
+    fn args(argv: &[&str]) -> ListenArgs {
+        Argv::try_parse_from(std::iter::once("console").chain(argv.iter().copied()))
+            .unwrap()
+            .listen
+    }
+
+    #[test]
+    fn only_loopback_is_served_without_tls_and_an_access_rule() {
+        assert!(args(&[]).check().is_ok());
+        assert!(args(&["--listen", "[::1]:9000"]).check().is_ok());
+        let e = args(&["--listen", "0.0.0.0:8480"]).check().unwrap_err();
+        assert!(e.to_string().contains("without TLS"), "{e}");
+        let e = args(&["--listen", "10.0.0.1:8480", "--token-file", "t"])
+            .check()
+            .unwrap_err();
+        assert!(e.to_string().contains("without TLS"), "{e}");
+        let e = args(&[
+            "--listen",
+            "10.0.0.1:8480",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+        ])
+        .check()
+        .unwrap_err();
+        assert!(e.to_string().contains("access rule"), "{e}");
+        assert!(args(&[
+            "--listen",
+            "10.0.0.1:8480",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--token-file",
+            "t"
+        ])
+        .check()
+        .is_ok());
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same("0123456789abcdef", "0123456789abcdef"));
+        assert!(!same("0123456789abcdeg", "0123456789abcdef"));
+        assert!(!same("0123456789abcde", "0123456789abcdef"));
+    }
+}

@@ -1,0 +1,318 @@
+//! The console's one set of watches: a watch per kind it shows, each kept as a sorted
+//! table of rows (what the pages show, [`super::rows`]) with an index of related
+//! objects, and one broadcast of what changed, which every browser's live stream
+//! filters. A browser never opens a watch of its own: 50 open pages cost etcd what one
+//! does.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use moor::api::*;
+use moor::runtime::backoff::{backoff, Backoff};
+use moor::runtime::watcher::{watcher_making, Event, Make, WatchError};
+use moor::store::Store;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::rows::*;
+
+/// What changed: the topics it wakes (its kind, `k:KEY`, and its related topics).
+/// `Restarted` wakes everything.
+#[derive(Debug)]
+pub struct Change {
+    pub topics: Vec<String>,
+}
+
+impl Change {
+    /// Whether a page following `wanted` must refresh.
+    pub fn wakes(&self, wanted: &[String]) -> bool {
+        self.topics
+            .iter()
+            .any(|t| t == "*" || wanted.iter().any(|w| w == t || w == "*"))
+    }
+}
+
+/// A sorted table of one kind's rows, with their index values.
+pub struct Table<R> {
+    inner: RwLock<Inner<R>>,
+}
+
+struct Inner<R> {
+    rows: BTreeMap<Arc<str>, Arc<R>>,
+    index: HashMap<String, BTreeSet<Arc<str>>>,
+    ready: bool,
+}
+
+impl<R: Row> Default for Table<R> {
+    fn default() -> Self {
+        Table {
+            inner: RwLock::new(Inner {
+                rows: BTreeMap::new(),
+                index: HashMap::new(),
+                ready: false,
+            }),
+        }
+    }
+}
+
+impl<R: Row> Table<R> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner<R>> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner<R>> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the first list has arrived.
+    pub fn ready(&self) -> bool {
+        self.read().ready
+    }
+
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        self.read().rows.len()
+    }
+
+    /// One row.
+    pub fn get(&self, key: &str) -> Option<Arc<R>> {
+        self.read().rows.get(key).cloned()
+    }
+
+    /// The rows whose related topics include `value`, in key order.
+    pub fn by(&self, value: &str) -> Vec<Arc<R>> {
+        let inner = self.read();
+        inner
+            .index
+            .get(value)
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| inner.rows.get(k).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// How many rows hold `value`.
+    pub fn count_by(&self, value: &str) -> usize {
+        self.read().index.get(value).map_or(0, BTreeSet::len)
+    }
+
+    /// Calls `f` with each row in key order, from the first key after `after`, until
+    /// it returns false.
+    pub fn scan(&self, after: Option<&str>, mut f: impl FnMut(&Arc<R>) -> bool) {
+        use std::ops::Bound;
+        let inner = self.read();
+        let range = match after {
+            Some(a) => inner
+                .rows
+                .range::<str, _>((Bound::Excluded(a), Bound::Unbounded)),
+            None => inner.rows.range::<str, _>(..),
+        };
+        for (_, row) in range {
+            if !f(row) {
+                return;
+            }
+        }
+    }
+
+    /// Calls `f` with each row in reverse key order, from the last key before
+    /// `before`, until it returns false.
+    pub fn scan_back(&self, before: &str, mut f: impl FnMut(&Arc<R>) -> bool) {
+        use std::ops::Bound;
+        let inner = self.read();
+        for (_, row) in inner
+            .rows
+            .range::<str, _>((Bound::Unbounded, Bound::Excluded(before)))
+            .rev()
+        {
+            if !f(row) {
+                return;
+            }
+        }
+    }
+
+    fn unindex(inner: &mut Inner<R>, row: &R) {
+        for value in row.related() {
+            if let Some(set) = inner.index.get_mut(&value) {
+                set.remove(row.key());
+                if set.is_empty() {
+                    inner.index.remove(&value);
+                }
+            }
+        }
+    }
+
+    fn insert(inner: &mut Inner<R>, row: Arc<R>) {
+        if let Some(old) = inner.rows.insert(row.key().clone(), row.clone()) {
+            Self::unindex(inner, &old);
+        }
+        for value in row.related() {
+            inner
+                .index
+                .entry(value)
+                .or_default()
+                .insert(row.key().clone());
+        }
+    }
+
+    /// Applies a watch event; returns the change it makes.
+    fn apply(&self, event: Event<R>) -> Change {
+        let mut inner = self.write();
+        match event {
+            Event::Restarted(all) => {
+                inner.rows.clear();
+                inner.index.clear();
+                for row in all {
+                    Self::insert(&mut inner, row);
+                }
+                inner.ready = true;
+                Change {
+                    topics: vec!["*".into()],
+                }
+            }
+            Event::Applied(row) => {
+                let mut topics = vec![R::KIND.to_string(), format!("k:{}", row.key())];
+                topics.extend(row.related());
+                Self::insert(&mut inner, row);
+                Change { topics }
+            }
+            Event::Deleted { key, .. } => {
+                let mut topics = vec![R::KIND.to_string(), format!("k:{key}")];
+                if let Some(old) = inner.rows.remove(key.as_str()) {
+                    Self::unindex(&mut inner, &old);
+                    topics.extend(old.related());
+                }
+                Change { topics }
+            }
+        }
+    }
+}
+
+/// Every table, and the broadcast of changes.
+pub struct Catalog {
+    pub volumes: Table<VolumeRow>,
+    pub claims: Table<ClaimRow>,
+    pub allocations: Table<AllocationRow>,
+    pub attachments: Table<AttachmentRow>,
+    pub mounts: Table<MountRow>,
+    pub snapshots: Table<SnapshotRow>,
+    pub events: Table<EventRow>,
+    pub nodes: Table<Whole<NodeSpec>>,
+    pub plugins: Table<Whole<PluginSpec>>,
+    pub cordons: Table<Whole<CordonSpec>>,
+    /// What changed, for the live streams.
+    pub changes: broadcast::Sender<Arc<Change>>,
+    /// The store, for detail pages (one read of the object shown).
+    pub store: Store,
+}
+
+/// How many changes a live stream may fall behind before it just refreshes.
+const CHANGES: usize = 1024;
+
+impl Catalog {
+    /// Starts the watches; they run until `shutdown`.
+    pub fn spawn(store: Store, shutdown: CancellationToken) -> Arc<Catalog> {
+        let catalog = Arc::new(Catalog {
+            volumes: Table::default(),
+            claims: Table::default(),
+            allocations: Table::default(),
+            attachments: Table::default(),
+            mounts: Table::default(),
+            snapshots: Table::default(),
+            events: Table::default(),
+            nodes: Table::default(),
+            plugins: Table::default(),
+            cordons: Table::default(),
+            changes: broadcast::channel(CHANGES).0,
+            store,
+        });
+        follow(&catalog, |c| &c.volumes, VolumeRow::project, &shutdown);
+        follow(&catalog, |c| &c.claims, ClaimRow::project, &shutdown);
+        follow(
+            &catalog,
+            |c| &c.allocations,
+            AllocationRow::project,
+            &shutdown,
+        );
+        follow(
+            &catalog,
+            |c| &c.attachments,
+            AttachmentRow::project,
+            &shutdown,
+        );
+        follow(&catalog, |c| &c.mounts, MountRow::project, &shutdown);
+        follow(&catalog, |c| &c.snapshots, SnapshotRow::project, &shutdown);
+        follow(&catalog, |c| &c.events, EventRow::project, &shutdown);
+        follow(&catalog, |c| &c.nodes, Whole::project, &shutdown);
+        follow(&catalog, |c| &c.plugins, Whole::project, &shutdown);
+        follow(&catalog, |c| &c.cordons, Whole::project, &shutdown);
+        catalog
+    }
+
+    /// Whether every table has its first list.
+    pub fn ready(&self) -> bool {
+        self.volumes.ready()
+            && self.claims.ready()
+            && self.allocations.ready()
+            && self.attachments.ready()
+            && self.mounts.ready()
+            && self.snapshots.ready()
+            && self.events.ready()
+            && self.nodes.ready()
+            && self.plugins.ready()
+            && self.cordons.ready()
+    }
+}
+
+/// Watches kind `S`, keeping its rows in the table `table` picks.
+fn follow<S: Spec, R: Row>(
+    catalog: &Arc<Catalog>,
+    table: fn(&Catalog) -> &Table<R>,
+    project: fn(Object<S>) -> R,
+    shutdown: &CancellationToken,
+) {
+    let make: Make<S, R> = Arc::new(move |o| Some(Arc::new(project(o))));
+    let events = watcher_making(catalog.store.clone(), KeyScope::<S>::all(), false, make)
+        .filter_map(|item| {
+            std::future::ready(match item {
+                // A malformed value is not shown (moord check reports it), and is not
+                // a failure of the watch.
+                Err(WatchError::Malformed(e)) => {
+                    if moor::runtime::informer::first_sighting(&e) {
+                        tracing::warn!(kind = S::KIND, error = %e, "console: skipping a malformed value");
+                    }
+                    None
+                }
+                other => Some(other),
+            })
+        });
+    let events = backoff(
+        events,
+        Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
+    );
+    let catalog = catalog.clone();
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::pin!(events);
+        loop {
+            let item = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                item = events.next() => item,
+            };
+            match item {
+                None => return,
+                Some(Ok(event)) => {
+                    let change = table(&catalog).apply(event);
+                    // No live page open is fine.
+                    let _ = catalog.changes.send(Arc::new(change));
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(kind = S::KIND, error = %moor::process::error_chain(&e), "console: watch error")
+                }
+            }
+        }
+    });
+}
