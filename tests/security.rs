@@ -1655,3 +1655,54 @@ async fn the_volume_plugin_endpoint_runs_under_its_grants_and_refuses_without_th
     let log = std::fs::read_to_string(s.tmp.path().join("agent-n2.log")).unwrap();
     assert!(!log.to_lowercase().contains("permission denied"), "{log}");
 }
+
+/// Issue 55, item 3: the console under its own identity (roles.sh's moor-console) lists
+/// every kind it shows and serves them, logs no refusal, and that identity may write
+/// nothing and read no Secret, lease record or election.
+#[tokio::test]
+async fn the_console_reads_with_an_identity_of_its_own_and_nothing_more() {
+    let s = Secure::start().await;
+    let admin = s.store("moor-controller", Some(&s.cluster_keys)).await;
+    admin.create(&volume("seen-by-console")).await.unwrap();
+    let port = free_port();
+    let mut cmd = s.cmd("moord", "moor-console", None);
+    cmd.args(["console", "--etcd", &s.url])
+        .arg(format!("--listen=127.0.0.1:{port}"));
+    let _console = s.spawn(cmd, "console");
+    let addr = format!("127.0.0.1:{port}");
+    let log = || std::fs::read_to_string(s.tmp.path().join("console.log")).unwrap_or_default();
+    let listed = tokio::time::timeout(T, async {
+        loop {
+            if tokio::net::TcpStream::connect(&addr).await.is_ok()
+                && common::http_get(&addr, "/healthz")
+                    .await
+                    .starts_with("HTTP/1.1 200")
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(listed.is_ok(), "the console did not list every kind it shows: {}", log());
+    let page = common::http_get(&addr, "/volumes").await;
+    assert!(page.contains("seen-by-console"), "{page}");
+    assert!(!log().contains("permission denied"), "{}", log());
+
+    let mut raw = s.raw("moor-console").await;
+    for key in [
+        "/moor/volumes/default/x",
+        "/moor/nodes/n1",
+        "/moor/events/node/n1/default/e1",
+    ] {
+        let e = raw.put(key, "{}", None).await.unwrap_err();
+        assert!(denied(&e), "the console wrote {key}: {e}");
+    }
+    for prefix in ["/moor/secrets/", "/moor/leaders/", "/moor/declarations/"] {
+        let e = raw
+            .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .unwrap_err();
+        assert!(denied(&e), "the console read {prefix}: {e}");
+    }
+}

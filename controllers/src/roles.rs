@@ -50,11 +50,23 @@ ctl user add moor-controller --no-password
 ctl role add moor-controller
 ctl role grant-permission moor-controller readwrite "$PREFIX" --prefix
 ctl user grant-role moor-controller moor-controller
+
+# The web console (moord console): reads what its pages show, writes nothing, and
+# never reads Secrets (sealed or not), leases or elections.
+ctl user add moor-console --no-password
+ctl role add moor-console
 "#;
 
 /// The script.
 pub fn script() -> String {
     let mut out = String::from(HEAD);
+    for kind in crate::console::READS {
+        out.push_str(&format!(
+            "ctl role grant-permission moor-console read \"${{PREFIX}}{}/\" --prefix\n",
+            kind.dir()
+        ));
+    }
+    out.push_str("ctl user grant-role moor-console moor-console\n");
     out.push_str(
         r#"
 for node in "$@"; do
@@ -140,7 +152,7 @@ for node in ${VOLUME_PLUGINS:-}; do
 done
 
 ctl auth enable
-echo "auth enabled: root, moor-controller, moor-agent-{$*}"
+echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}"
 "#,
     );
     out
@@ -164,6 +176,20 @@ mod tests {
             on_disk == super::script(),
             "deploy/etcd/roles.sh is stale: run `moord roles > deploy/etcd/roles.sh`"
         );
+    }
+
+    #[test]
+    fn the_console_reads_what_it_shows_and_never_secrets() {
+        let s = super::script();
+        let console: Vec<&str> = s
+            .lines()
+            .filter(|l| l.contains("moor-console") && l.contains("grant-permission"))
+            .collect();
+        assert_eq!(console.len(), crate::console::READS.len(), "{console:#?}");
+        assert!(console.iter().all(|l| l.contains(" read \"")), "{console:#?}");
+        for never in ["secrets/", "leases/", "leaders/", "\"${PREFIX}\" --prefix"] {
+            assert!(!console.iter().any(|l| l.contains(never)), "{never}: {console:#?}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 #   deploy/etcd/certs.sh DIR NODE...
 #
 # Writes DIR/ca.pem, DIR/server.pem (+ -key), and client certificates for root,
-# moor-controller and moor-agent-NODE for each NODE. SERVER_SANS (default
+# moor-controller, moor-console and moor-agent-NODE for each NODE. SERVER_SANS (default
 # IP:127.0.0.1,DNS:localhost) names the server; add your hosts for a real cluster.
 set -euo pipefail
 DIR=${1:?directory}
@@ -32,7 +32,7 @@ issue server etcd "subjectAltName=$SANS
 basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth,clientAuth"
-for user in root moor-controller "${@/#/moor-agent-}"; do
+for user in root moor-controller moor-console "${@/#/moor-agent-}"; do
     issue "$user" "$user" "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"

@@ -41,6 +41,22 @@ ctl role add moor-controller
 ctl role grant-permission moor-controller readwrite "$PREFIX" --prefix
 ctl user grant-role moor-controller moor-controller
 
+# The web console (moord console): reads what its pages show, writes nothing, and
+# never reads Secrets (sealed or not), leases or elections.
+ctl user add moor-console --no-password
+ctl role add moor-console
+ctl role grant-permission moor-console read "${PREFIX}volumes/" --prefix
+ctl role grant-permission moor-console read "${PREFIX}claims/" --prefix
+ctl role grant-permission moor-console read "${PREFIX}allocations/" --prefix
+ctl role grant-permission moor-console read "${PREFIX}attachments/" --prefix
+ctl role grant-permission moor-console read "${PREFIX}mounts/" --prefix
+ctl role grant-permission moor-console read "${PREFIX}snapshots/" --prefix
+ctl role grant-permission moor-console read "${PREFIX}events/" --prefix
+ctl role grant-permission moor-console read "${PREFIX}nodes/" --prefix
+ctl role grant-permission moor-console read "${PREFIX}plugins/" --prefix
+ctl role grant-permission moor-console read "${PREFIX}cordons/" --prefix
+ctl user grant-role moor-console moor-console
+
 for node in "$@"; do
     user="moor-agent-$node"
     ctl user add "$user" --no-password
@@ -95,4 +111,4 @@ for node in ${VOLUME_PLUGINS:-}; do
 done
 
 ctl auth enable
-echo "auth enabled: root, moor-controller, moor-agent-{$*}"
+echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}"

@@ -47,6 +47,13 @@ pub use access::ListenArgs;
 use pages::Page;
 use state::Catalog;
 
+/// The kinds the console watches (its etcd role reads these, and nothing else: never
+/// Secrets, leases or elections). [`state::Catalog::spawn`] follows exactly these.
+pub const READS: [moor::api::Kind; 10] = {
+    use moor::api::Kind::*;
+    [Volume, Claim, Allocation, Attachment, Mount, Snapshot, Event, Node, Plugin, Cordon]
+};
+
 /// Flags of `moord console`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
