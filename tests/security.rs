@@ -1684,7 +1684,11 @@ async fn the_console_reads_with_an_identity_of_its_own_and_nothing_more() {
         }
     })
     .await;
-    assert!(listed.is_ok(), "the console did not list every kind it shows: {}", log());
+    assert!(
+        listed.is_ok(),
+        "the console did not list every kind it shows: {}",
+        log()
+    );
     let page = common::http_get(&addr, "/volumes").await;
     assert!(page.contains("seen-by-console"), "{page}");
     assert!(!log().contains("permission denied"), "{}", log());

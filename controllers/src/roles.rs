@@ -186,9 +186,15 @@ mod tests {
             .filter(|l| l.contains("moor-console") && l.contains("grant-permission"))
             .collect();
         assert_eq!(console.len(), crate::console::READS.len(), "{console:#?}");
-        assert!(console.iter().all(|l| l.contains(" read \"")), "{console:#?}");
+        assert!(
+            console.iter().all(|l| l.contains(" read \"")),
+            "{console:#?}"
+        );
         for never in ["secrets/", "leases/", "leaders/", "\"${PREFIX}\" --prefix"] {
-            assert!(!console.iter().any(|l| l.contains(never)), "{never}: {console:#?}");
+            assert!(
+                !console.iter().any(|l| l.contains(never)),
+                "{never}: {console:#?}"
+            );
         }
     }
 

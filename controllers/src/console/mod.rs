@@ -51,7 +51,9 @@ use state::Catalog;
 /// Secrets, leases or elections). [`state::Catalog::spawn`] follows exactly these.
 pub const READS: [moor::api::Kind; 10] = {
     use moor::api::Kind::*;
-    [Volume, Claim, Allocation, Attachment, Mount, Snapshot, Event, Node, Plugin, Cordon]
+    [
+        Volume, Claim, Allocation, Attachment, Mount, Snapshot, Event, Node, Plugin, Cordon,
+    ]
 };
 
 /// Flags of `moord console`.

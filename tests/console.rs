@@ -1,0 +1,303 @@
+//! The web console (issue 55) in a real browser: headless Chromium through chromedriver
+//! against a real cluster (etcd, the controller, an agent and moor-hostpath) and
+//! `moord console`. Each test waits for what the page shows with a deadline.
+
+#[path = "common/cluster.rs"]
+mod cluster;
+mod common;
+
+use std::time::{Duration, Instant};
+
+use cluster::{Cluster, PluginOpts, Proc};
+use common::browser::Browser;
+use common::{bin, free_port};
+use moor::api::*;
+use moor_hostpath::faults::Command;
+
+const T: Duration = Duration::from_secs(60);
+
+/// `moord console` on the cluster's etcd, on a free loopback port; its address once
+/// it has listed every kind.
+async fn console(c: &Cluster) -> (Proc, String) {
+    let port = free_port();
+    let proc = Proc::start(
+        "console",
+        bin("moord"),
+        vec![
+            "console".into(),
+            "--etcd".into(),
+            c.etcd.client_url.clone(),
+            format!("--listen=127.0.0.1:{port}"),
+        ],
+        c.dir.path().join("console.log"),
+    );
+    let addr = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    loop {
+        if tokio::net::TcpStream::connect(&addr).await.is_ok()
+            && common::http_get(&addr, "/healthz")
+                .await
+                .starts_with("HTTP/1.1 200")
+        {
+            return (proc, addr);
+        }
+        assert!(
+            started.elapsed() < T,
+            "the console did not start: {}",
+            proc.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A claim waiting on a failing NodeStage shows on the overview with its step and
+/// error, live; its volume's picture turns from attached to published when the claim
+/// publishes, without a reload; hostile text from the store renders as text.
+#[tokio::test]
+async fn the_console_shows_what_waits_and_follows_the_claim_live() {
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    let (_console, addr) = console(&c).await;
+    let browser = Browser::start(1280, 900).await;
+    browser.open(&format!("http://{addr}/")).await;
+    browser
+        .wait(
+            "the live stream",
+            T,
+            "return document.getElementById('live').textContent === 'live';",
+        )
+        .await;
+    browser.eval("window.__same_page = 42; return true;").await;
+
+    // A volume, and an event about it whose message is hostile (labels
+    // and names are validated; an event's text is whatever its writer said).
+    let hostile = "<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">\u{1b}[2J\u{202e}gnirts";
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    let mut event = Event::new(
+        &Namespace::default_ns(),
+        Name::new("hostile-1").unwrap(),
+        EventSpec {
+            reason: "Probe".into(),
+            message: hostile.into(),
+            object: ObjectRef {
+                kind: "Volume".into(),
+                namespace: Namespace::default_ns(),
+                name: Name::new("v1").unwrap(),
+            },
+            source: "controller".into(),
+            time: Some(Timestamp::now()),
+            ..Default::default()
+        },
+    );
+    event.metadata.namespace = Namespace::default_ns();
+    c.apply(event).await;
+
+    // NodeStage fails until told otherwise.
+    let n1 = c.node("n1");
+    n1.fault(Command::Fail {
+        rpc: "NodeStageVolume".into(),
+        code: "Unavailable".into(),
+        times: 1_000_000,
+    })
+    .await;
+    c.apply(c.allocation("a1", "n1", "v1", false)).await;
+    // When the store first says the claim waits on NodeStage...
+    let stored = Instant::now();
+    let mut in_store = None;
+    while in_store.is_none() {
+        let claim = c.claim("a1", "n1").await;
+        if claim
+            .as_ref()
+            .and_then(|cl| cl.status.meta.retry.as_ref())
+            .is_some_and(|r| r.step == "NodeStageVolume")
+        {
+            in_store = Some(Instant::now());
+        }
+        assert!(stored.elapsed() < T, "the claim never waited on NodeStage");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ...and when the overview, never reloaded, shows it with its step and error.
+    let shown = browser
+        .wait(
+            "the overview to list the claim waiting on NodeStageVolume",
+            T,
+            "return Array.from(document.querySelectorAll('tr.waiter')).some(r => \
+             r.innerText.includes('NodeStageVolume') && r.innerText.includes('injected fault'));",
+        )
+        .await;
+    let latency = in_store.unwrap().elapsed();
+    eprintln!(
+        "console: the waiting claim showed {:?} after the store held it (browser polled every 25 ms; waited {shown:?} in all)",
+        latency
+    );
+    assert_eq!(
+        browser.eval("return window.__same_page;").await,
+        42,
+        "the overview reloaded"
+    );
+
+    // The volume's page: attached, the stage failing; then published, without a reload.
+    browser
+        .open(&format!("http://{addr}/volumes/default/v1"))
+        .await;
+    browser
+        .wait(
+            "the live stream",
+            T,
+            "return document.getElementById('live').textContent === 'live';",
+        )
+        .await;
+    browser.eval("window.__same_page = 43; return true;").await;
+    browser
+        .wait(
+            "the picture to show the attachment and the stage failing",
+            T,
+            "const a = document.querySelector('.attachment'); const m = document.querySelector('.mount'); \
+             return !!a && !!m && m.dataset.state !== 'published' && m.innerText.includes('NodeStageVolume');",
+        )
+        .await;
+    n1.fault(Command::Fail {
+        rpc: "NodeStageVolume".into(),
+        code: "Unavailable".into(),
+        times: 0,
+    })
+    .await;
+    let published = browser
+        .wait(
+            "the picture to turn published",
+            T,
+            "const m = document.querySelector('.mount'); return !!m && m.dataset.state === 'published';",
+        )
+        .await;
+    eprintln!("console: the picture turned published {published:?} after the fault was lifted (NodeStage's next retry included)");
+    assert_eq!(
+        browser.eval("return window.__same_page;").await,
+        43,
+        "the volume page reloaded"
+    );
+
+    // Hostile text is text: no script of the store's ran, none was added, the text
+    // shows escaped.
+    let text = browser.text().await;
+    assert!(text.contains("<script>window.__pwned=1</script>"), "{text}");
+    assert!(
+        text.contains("\\u{202e}gnirts") && text.contains("\\u{1b}[2J"),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\u{202e}') && !text.contains('\u{1b}'),
+        "{text}"
+    );
+    assert_eq!(
+        browser.eval("return window.__pwned === undefined;").await,
+        true
+    );
+    assert_eq!(
+        browser
+            .eval("return document.querySelectorAll('script').length;")
+            .await,
+        1,
+        "only the console's own script"
+    );
+    assert_eq!(
+        browser
+            .eval("return document.querySelectorAll('img').length;")
+            .await,
+        0
+    );
+
+    // The page renders: laid out with height, and not a blank image.
+    let height = browser
+        .eval("return document.querySelector('main').getBoundingClientRect().height;")
+        .await;
+    assert!(height.as_f64().unwrap_or(0.0) > 300.0, "{height}");
+    let png = browser.screenshot().await;
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+    // A blank 1280x900 page compresses to a few KiB; this one has text and boxes.
+    assert!(
+        png.len() > 20_000,
+        "a blank screenshot ({} bytes)",
+        png.len()
+    );
+}
+
+/// The value of the first sample of `name` in a Prometheus page.
+fn gauge(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            (series == name || series.starts_with(&format!("{name}{{")))
+                .then(|| value.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no {name} in etcd's metrics"))
+}
+
+/// 50 live pages cost etcd no more watchers than one: they share the console's.
+#[tokio::test]
+async fn fifty_live_clients_leave_etcds_watchers_as_one_does() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    let (_console, addr) = console(&c).await;
+    let etcd = c.etcd.client_url.trim_start_matches("http://").to_string();
+    let watchers = || async {
+        let page = common::http_get(&etcd, "/metrics").await;
+        (
+            gauge(&page, "etcd_debugging_mvcc_watcher_total"),
+            gauge(&page, "etcd_debugging_mvcc_watch_stream_total"),
+        )
+    };
+    let open = |n: usize| {
+        let addr = addr.clone();
+        async move {
+            let mut streams = Vec::new();
+            for _ in 0..n {
+                let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+                s.write_all(b"GET /live?topics=Volume HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut buf = vec![0u8; 4096];
+                let mut got = String::new();
+                while !got.contains("event: hello") {
+                    let n = s.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the stream closed: {got}");
+                    got.push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+                streams.push(s);
+            }
+            streams
+        }
+    };
+    let mut one = open(1).await;
+    // The cluster's own watchers settle first (a plugin's survey may come and go).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let with_one = watchers().await;
+    let mut fifty = open(49).await;
+    fifty.append(&mut one);
+    let with_fifty = watchers().await;
+    assert_eq!(
+        with_one, with_fifty,
+        "watchers and watch streams with 1 and 50 live clients"
+    );
+
+    // And every one of them is live: a change reaches all 50.
+    c.apply(c.volume("v-live", AccessMode::SingleNodeWriter))
+        .await;
+    for (i, s) in fifty.iter_mut().enumerate() {
+        let mut buf = vec![0u8; 4096];
+        let mut got = String::new();
+        let deadline = Instant::now() + T;
+        while !got.contains("event: changed") {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let n = tokio::time::timeout(left, s.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("client {i} heard no change"))
+                .unwrap();
+            assert!(n > 0, "client {i}'s stream closed");
+            got.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    }
+    eprintln!(
+        "etcd watchers, watch streams with 1 and with 50 live clients: {with_one:?} {with_fifty:?}"
+    );
+}
