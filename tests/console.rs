@@ -2,14 +2,16 @@
 //! against a real cluster (etcd, the controller, an agent and moor-hostpath) and
 //! `moord console`. Each test waits for what the page shows with a deadline.
 
+#[path = "common/browser.rs"]
+mod browser;
 #[path = "common/cluster.rs"]
 mod cluster;
 mod common;
 
 use std::time::{Duration, Instant};
 
+use browser::Browser;
 use cluster::{Cluster, PluginOpts, Proc};
-use common::browser::Browser;
 use common::{bin, free_port};
 use moor::api::*;
 use moor_hostpath::faults::Command;

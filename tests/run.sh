@@ -42,6 +42,9 @@ need ip iproute2
 need iptables iptables
 need systemd-analyze systemd
 need git git
+# tests/console.rs drives the web console in headless Chromium through chromedriver.
+need chromium chromium
+need chromedriver chromium-driver
 # tests/upgrade.rs needs the release it upgrades from in this clone's history.
 if [ "$(git rev-parse --is-shallow-repository 2>/dev/null)" = "true" ]; then
   git fetch --unshallow --quiet || echo "tests/run.sh: cannot deepen this shallow clone; tests/upgrade.rs will say what it lacks" >&2

@@ -2,7 +2,6 @@
 //! chromedriver on a free loopback port, one session with a fresh profile, spoken to
 //! over plain HTTP/1.1 with JSON bodies.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,6 @@ pub struct Browser {
     addr: String,
     session: String,
     _profile: tempfile::TempDir,
-    pub log: PathBuf,
 }
 
 /// How long one driver call may take (a page load included).
@@ -82,9 +80,9 @@ async fn call_once(
 impl Browser {
     /// Starts chromedriver and a headless Chromium session.
     pub async fn start(width: u32, height: u32) -> Browser {
-        let driver_bin = super::need("chromedriver");
-        let chromium = super::need("chromium");
-        let port = super::free_port();
+        let driver_bin = crate::common::need("chromedriver");
+        let chromium = crate::common::need("chromium");
+        let port = crate::common::free_port();
         let profile = tempfile::tempdir().unwrap();
         let log = profile.path().join("chromedriver.log");
         let driver = Command::new(driver_bin)
@@ -140,7 +138,6 @@ impl Browser {
             addr,
             session,
             _profile: profile,
-            log,
         }
     }
 

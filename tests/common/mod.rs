@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use moor::store::Store;
 
-pub mod browser;
 pub mod members;
 pub mod proxy;
 

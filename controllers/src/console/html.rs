@@ -43,7 +43,7 @@ impl Html {
 
     /// A value's text (numbers, ids), escaped.
     pub fn show(&mut self, value: impl Display) -> &mut Self {
-        self.text(&value.to_string())
+        self.text(value.to_string())
     }
 
     /// A link to `href` showing `text`.
@@ -78,7 +78,7 @@ impl Html {
     pub fn cell_phase(&mut self, phase: impl AsRef<str>) -> &mut Self {
         let phase = phase.as_ref();
         self.raw("<td><span class=\"phase ")
-            .text(&phase.to_ascii_lowercase())
+            .text(phase.to_ascii_lowercase())
             .raw("\">")
             .text(phase)
             .raw("</span></td>")

@@ -19,7 +19,9 @@
 //! - `pages`: the frame, the overview, timelines, filtering and paging.
 //! - `volumes`: the volume list and a volume's page with its picture.
 //! - `objects`: allocations, nodes and plugins.
-//! - `assets`: the stylesheet and the script.
+//!
+//! The stylesheet and the script are controllers/assets/console.{css,js}, served as they
+//! are (no build step).
 
 mod access;
 mod html;
@@ -184,10 +186,10 @@ fn router(app: Arc<App>) -> axum::Router {
             }
         }))
         .route("/static/console.css", get(|| async {
-            asset("text/css; charset=utf-8", include_str!("assets/console.css"))
+            asset("text/css; charset=utf-8", include_str!("../../assets/console.css"))
         }))
         .route("/static/console.js", get(|| async {
-            asset("text/javascript; charset=utf-8", include_str!("assets/console.js"))
+            asset("text/javascript; charset=utf-8", include_str!("../../assets/console.js"))
         }))
         .fallback(|request: Request| async move {
             let t = Instant::now();

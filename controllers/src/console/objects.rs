@@ -42,7 +42,7 @@ pub fn allocations(c: &Catalog, q: Option<&str>) -> Page {
             .cell_link(&Href::to("/nodes").seg(&a.node), &a.node)
             .cell(&a.client)
             .cell_phase(&a.phase)
-            .cell(&a.requests.len().to_string())
+            .cell(a.requests.len().to_string())
             .cell(a.waiting.as_ref().map_or("-", |w| &w.step))
             .raw("</tr>");
     }
@@ -160,12 +160,12 @@ pub fn node_page(c: &Catalog, name: &str) -> Page {
         .text(name)
         .raw("</h1><dl class=\"facts\">");
     fact(h, "Health", format!("{health} ({line})"));
-    fact(h, "Cordon", &cordon_word(c, name));
+    fact(h, "Cordon", cordon_word(c, name));
     if let Some(l) = &n.obj.status.liveness {
         fact(
             h,
             "Liveness",
-            &format!("ttl {} ms, {} renewals", l.ttl_ms, l.renewals),
+            format!("ttl {} ms, {} renewals", l.ttl_ms, l.renewals),
         );
     }
     h.raw("</dl><h2>Plugins</h2>");
@@ -181,12 +181,12 @@ pub fn node_page(c: &Catalog, name: &str) -> Page {
     for (id, p) in &n.obj.status.plugins {
         h.raw("<tr>")
             .cell_link(&Href::to("/plugins").seg(id), id)
-            .cell(&word(&p.plugin_type))
+            .cell(word(&p.plugin_type))
             .cell_phase(if p.healthy { "healthy" } else { "unhealthy" })
             .cell(&p.health_message)
             .cell(&p.version)
-            .cell(&p.max_volumes_per_node.map_or("-".into(), |m| m.to_string()))
-            .cell(&ago(p.last_seen))
+            .cell(p.max_volumes_per_node.map_or("-".into(), |m| m.to_string()))
+            .cell(ago(p.last_seen))
             .raw("</tr>");
     }
     h.raw("</tbody></table>");
@@ -199,7 +199,7 @@ pub fn node_page(c: &Catalog, name: &str) -> Page {
         h.raw("<tr>")
             .cell_link(
                 &volume_href(&a.namespace, &a.volume),
-                &format!("{}/{}", a.namespace, a.volume),
+                format!("{}/{}", a.namespace, a.volume),
             )
             .cell_phase(&a.phase)
             .cell(a.waiting.as_ref().map_or("-", |w| &w.step))
@@ -214,7 +214,7 @@ pub fn node_page(c: &Catalog, name: &str) -> Page {
         h.raw("<tr>")
             .cell_link(
                 &volume_href(&m.namespace, &m.volume),
-                &format!("{}/{}", m.namespace, m.volume),
+                format!("{}/{}", m.namespace, m.volume),
             )
             .cell_link(&alloc_href(&m.namespace, &m.allocation), &m.allocation)
             .cell_phase(m.state())
@@ -268,7 +268,7 @@ pub fn plugin_page(c: &Catalog, id: &str) -> Page {
     fact(
         h,
         "Controllers",
-        &format!(
+        format!(
             "{}/{} healthy",
             s.controllers_healthy, s.controllers_expected
         ),
@@ -276,7 +276,7 @@ pub fn plugin_page(c: &Catalog, id: &str) -> Page {
     fact(
         h,
         "Nodes",
-        &format!("{}/{} healthy", s.nodes_healthy, s.nodes_expected),
+        format!("{}/{} healthy", s.nodes_healthy, s.nodes_expected),
     );
     h.raw("</dl>");
     if let Some(w) = waiting(&s.meta) {
@@ -287,7 +287,7 @@ pub fn plugin_page(c: &Catalog, id: &str) -> Page {
     for (node_name, i) in &s.instances {
         h.raw("<tr>")
             .cell_link(&Href::to("/nodes").seg(node_name), node_name)
-            .cell(&word(&i.plugin_type))
+            .cell(word(&i.plugin_type))
             .cell_phase(if i.healthy { "healthy" } else { "unhealthy" })
             .cell(&i.message)
             .raw("</tr>");

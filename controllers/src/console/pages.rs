@@ -48,7 +48,7 @@ impl Page {
             .text(&self.title)
             .raw(" · moor</title><link rel=\"stylesheet\" href=\"/static/console.css\">")
             .raw("<script src=\"/static/console.js\" defer></script></head><body data-live=\"")
-            .text(&self.topics.join(","))
+            .text(self.topics.join(","))
             .raw("\"><header><a class=\"brand\" href=\"/\">moor</a><nav>")
             .raw("<a href=\"/\">Overview</a><a href=\"/volumes\">Volumes</a>")
             .raw("<a href=\"/allocations\">Allocations</a><a href=\"/nodes\">Nodes</a>")
@@ -66,14 +66,14 @@ pub fn waiting_box(h: &mut Html, w: &Waiting) {
     h.raw("<div class=\"waiting\"><b>Waiting on ")
         .text(&w.step)
         .raw("</b> since ")
-        .text(&ago(w.since))
+        .text(ago(w.since))
         .raw(", ")
         .show(w.attempts)
         .raw(" attempts; ");
     if w.final_answer {
         h.raw("the plugin's answer was final: no retry.");
     } else {
-        h.raw("next retry ").text(&until(w.next_retry)).raw(".");
+        h.raw("next retry ").text(until(w.next_retry)).raw(".");
     }
     h.raw("<pre class=\"error\">")
         .lines(&w.message)
@@ -156,7 +156,7 @@ fn everything_waiting(c: &Catalog) -> Vec<Waiter> {
             format!("{}/{}", r.namespace, r.name),
         ))
     });
-    all.sort_by(|a, b| b.waiting.since.cmp(&a.waiting.since));
+    all.sort_by_key(|w| std::cmp::Reverse(w.waiting.since));
     all
 }
 
@@ -201,8 +201,8 @@ pub fn overview(c: &Catalog) -> Page {
                 .cell(w.kind)
                 .cell_link(&w.href, &w.name)
                 .cell(&w.waiting.step)
-                .cell(&ago(w.waiting.since))
-                .cell(&w.waiting.attempts.to_string())
+                .cell(ago(w.waiting.since))
+                .cell(w.waiting.attempts.to_string())
                 .raw("<td class=\"error\">")
                 .lines(&w.waiting.message)
                 .raw("</td>")
@@ -238,7 +238,7 @@ fn counts<R: Row>(h: &mut Html, title: &'static str, table: &Table<R>, phase: fn
         .raw("</span></h3><ul>");
     for (phase, n) in by {
         h.raw("<li><span class=\"phase ")
-            .text(&phase.to_ascii_lowercase())
+            .text(phase.to_ascii_lowercase())
             .raw("\">")
             .text(&phase)
             .raw("</span> ")
@@ -262,11 +262,11 @@ pub fn plugins_table(h: &mut Html, c: &Catalog) {
                 &Href::to("/plugins").seg(&p.obj.metadata.name),
                 &p.obj.metadata.name,
             )
-            .cell(&format!(
+            .cell(format!(
                 "{}/{}",
                 s.controllers_healthy, s.controllers_expected
             ))
-            .cell(&format!("{}/{}", s.nodes_healthy, s.nodes_expected))
+            .cell(format!("{}/{}", s.nodes_healthy, s.nodes_expected))
             .cell(&s.provider)
             .cell(&s.version)
             .raw("</tr>");
@@ -318,10 +318,10 @@ pub fn nodes_table(h: &mut Html, c: &Catalog) {
             .cell_link(&Href::to("/nodes").seg(&name), &name)
             .cell_phase(word)
             .cell(&line)
-            .cell(&ago(seen))
-            .cell(&cordon_word(c, &name))
-            .cell(&c.mounts.count_by(&node(&name)).to_string())
-            .cell(&c.attachments.count_by(&node(&name)).to_string())
+            .cell(ago(seen))
+            .cell(cordon_word(c, &name))
+            .cell(c.mounts.count_by(&node(&name)).to_string())
+            .cell(c.attachments.count_by(&node(&name)).to_string())
             .raw("</tr>");
         true
     });
@@ -351,7 +351,7 @@ pub fn cordon_word(c: &Catalog, name: &str) -> String {
 /// The events about an object, newest first, as a timeline.
 pub fn timeline(h: &mut Html, c: &Catalog, about_topic: &str) {
     let mut events: Vec<Arc<EventRow>> = c.events.by(about_topic);
-    events.sort_by(|a, b| b.time.cmp(&a.time));
+    events.sort_by_key(|e| std::cmp::Reverse(e.time));
     h.raw("<h2>Events</h2>");
     if events.is_empty() {
         h.raw("<p class=\"empty\">No events.</p>");
@@ -365,7 +365,7 @@ pub fn timeline(h: &mut Html, c: &Catalog, about_topic: &str) {
             "<li>"
         })
         .raw("<time>")
-        .text(&ago(e.time))
+        .text(ago(e.time))
         .raw("</time> <b>")
         .text(&e.reason)
         .raw("</b> ");

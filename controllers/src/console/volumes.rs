@@ -44,8 +44,8 @@ pub fn list(c: &Catalog, q: Option<&str>) -> Page {
             .cell_link(&volume_href(&v.namespace, &v.name), &v.name)
             .cell(&v.plugin)
             .cell_phase(&v.phase)
-            .cell(&v.capacity.map(bytes).unwrap_or_else(|| "-".into()))
-            .cell(&v.claims.to_string())
+            .cell(v.capacity.map(bytes).unwrap_or_else(|| "-".into()))
+            .cell(v.claims.to_string())
             .cell(v.waiting.as_ref().map_or("-", |w| &w.step))
             .raw("</tr>");
     }
@@ -93,7 +93,7 @@ pub async fn detail(c: &Catalog, ns: Namespace, name: &str) -> anyhow::Result<Pa
     fact(
         h,
         "Capacity",
-        &row.capacity.map(bytes).unwrap_or_else(|| "-".into()),
+        row.capacity.map(bytes).unwrap_or_else(|| "-".into()),
     );
     fact(
         h,
@@ -107,7 +107,7 @@ pub async fn detail(c: &Catalog, ns: Namespace, name: &str) -> anyhow::Result<Pa
     );
     fact(h, "Schedulable", if row.schedulable { "yes" } else { "no" });
     let labels: Vec<String> = row.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    fact(h, "Labels", &labels.join(", "));
+    fact(h, "Labels", labels.join(", "));
     h.raw("</dl>");
     if let Some(w) = &row.waiting {
         waiting_box(h, w);
@@ -271,8 +271,8 @@ fn snapshots(h: &mut Html, c: &Catalog, ns: &Namespace, name: &str) {
         h.raw("<tr>")
             .cell(&s.name)
             .cell_phase(&s.phase)
-            .cell(&s.size.map(bytes).unwrap_or_else(|| "-".into()))
-            .cell(&super::html::ago(s.created))
+            .cell(s.size.map(bytes).unwrap_or_else(|| "-".into()))
+            .cell(super::html::ago(s.created))
             .raw("</tr>");
     }
     h.raw("</tbody></table>");
