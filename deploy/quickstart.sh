@@ -57,6 +57,24 @@ done
 moorctl plugin status
 moorctl apply -f deploy/examples/quickstart.yaml
 moorctl wait volume/web-data --for phase=ready --timeout 60s
+
+# The web console moord dev serves (its URL is in moord.log): the volume is there.
+CONSOLE=$(sed -n 's/^  console: //p' "$DATA/moord.log" | tail -n 1)
+console_page() {
+    local hostport=${CONSOLE#http://}
+    hostport=${hostport%/}
+    exec 3<>"/dev/tcp/${hostport%:*}/${hostport##*:}"
+    printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$1" "$hostport" >&3
+    cat <&3
+    exec 3<&-
+}
+if [ -n "$CONSOLE" ] && console_page /volumes/default/web-data | grep -q '<h1>Volume web-data'; then
+    echo
+    echo "# the web console shows it: ${CONSOLE}volumes/default/web-data"
+else
+    echo "# the web console (${CONSOLE:-not started}) does not show web-data; see $DATA/moord.log" >&2
+    exit 1
+fi
 moorctl alloc plan -f deploy/examples/web-1.yaml
 # A workload that writes into the volume: moorctl publishes it on node local, runs the
 # command with MOOR_VOLUME_DATA set to its path, and releases it when the command ends.

@@ -57,6 +57,7 @@ fn the_readme_quickstart_runs_workloads_on_a_volume() {
     for expected in [
         "volume/default/web-data created",
         "volume/web-data: phase=ready",
+        "# the web console shows it: http://127.0.0.1:",
         "local   yes    -",
         "web-1 wrote ",
         "web-1   local   stop      complete   released",

@@ -210,6 +210,25 @@ pub(super) fn table(runs: &[Run]) -> String {
             format!("{} / {}", s.node_agent.writes, s.node_agent.csi_calls)
         })
     });
+    row("scale: console start -> listed", &|r| {
+        sc(r, |s| {
+            let c = &s.console;
+            format!(
+                "{:.1} s, RSS {:.0} MiB; {:.0} MiB after its pages (peak {:.0})",
+                c.ready_s, c.ready_rss_mib, c.served_rss_mib, c.peak_rss_mib
+            )
+        })
+    });
+    row("scale: console server time per page (median)", &|r| {
+        sc(r, |s| {
+            s.console
+                .pages
+                .iter()
+                .map(|(what, p)| format!("{what} {:.1} ms", p.server_ms))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    });
     let ch = |r: &Run, f: &dyn Fn(&crate::churn::ChurnRun) -> String| {
         r.churn.as_ref().map_or_else(|| "-".to_string(), f)
     };

@@ -16,10 +16,12 @@
 //!    writes it made on the way are reported.
 //! 4. The same for a restarted agent of node `sn0000` (its `per_node` claims, and as
 //!    the plugin's controller node, every volume), with the CSI calls it made.
+//! 5. `moord console` on all of it: until listed, its memory, its time per page.
 //!
 //! # Layout
 //! - this file: steps 1, 3 and 4, and the figures.
 //! - `seed`: step 2, the templates written again under new names, and checked.
+//! - `console`: step 5.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -34,6 +36,7 @@ use tokio::process::Command;
 
 use crate::cluster::{self, free_port, http_get, Bins, Proc};
 
+mod console;
 mod seed;
 
 use crate::phases;
@@ -67,6 +70,8 @@ pub struct ScaleRun {
     /// The node-only agent restarted at each size of the cluster (claims stored): it
     /// reads only its own node's claims and mounts, so these should be flat.
     pub node_agent_by_cluster_claims: BTreeMap<usize, Synced>,
+    /// The web console on all of it.
+    pub console: console::ConsoleRun,
 }
 
 /// One process from start until synced.
@@ -237,6 +242,10 @@ pub async fn run(
         .restart_agent(&srv, &store, &mut agents[0], 0, &want, long)
         .await?;
 
+    // 5. The console, with the system running beside it.
+    crate::step("scale: console start until listed, then its pages");
+    let console = console::measure(&sys.bins, &sys.url, dir, claims, long).await?;
+
     keeper.abort();
     controller.terminate().await;
     drop(agents);
@@ -253,6 +262,7 @@ pub async fn run(
         controller_agent,
         node_agent,
         node_agent_by_cluster_claims,
+        console,
     })
 }
 

@@ -13,7 +13,7 @@ use serde::Serialize;
 #[derive(Debug, Clone)]
 pub struct Waiting {
     /// The step (`NodeStageVolume`), or `-` for an error not tied to one.
-    pub step: Box<str>,
+    pub step: Term,
     /// Since when it fails.
     pub since: Option<Timestamp>,
     /// How many attempts so far.
@@ -30,7 +30,7 @@ pub struct Waiting {
 pub fn waiting(meta: &StatusMeta) -> Option<Box<Waiting>> {
     if let Some(r) = &meta.retry {
         return Some(Box::new(Waiting {
-            step: r.step.as_str().into(),
+            step: Term::new(&r.step),
             since: Some(r.since),
             attempts: r.attempts,
             message: r.message.as_str().into(),
@@ -40,7 +40,7 @@ pub fn waiting(meta: &StatusMeta) -> Option<Box<Waiting>> {
     }
     meta.last_error.as_ref().map(|e| {
         Box::new(Waiting {
-            step: "-".into(),
+            step: Term::new("-"),
             since: None,
             attempts: 0,
             message: e.as_str().into(),
@@ -50,12 +50,13 @@ pub fn waiting(meta: &StatusMeta) -> Option<Box<Waiting>> {
     })
 }
 
-/// A unit enum's name as its manifests spell it (`Published`).
-pub fn word<T: Serialize>(t: &T) -> Box<str> {
+/// A unit enum's name as its manifests spell it (`published`), interned: 100,000
+/// rows share one copy of each word.
+pub fn word<T: Serialize>(t: &T) -> Term {
     match serde_json::to_value(t) {
-        Ok(serde_json::Value::String(s)) => s.into(),
-        Ok(other) => other.to_string().into(),
-        Err(_) => "?".into(),
+        Ok(serde_json::Value::String(s)) => Term::new(&s),
+        Ok(other) => Term::new(&other.to_string()),
+        Err(_) => Term::new("?"),
     }
 }
 
@@ -63,6 +64,9 @@ pub fn word<T: Serialize>(t: &T) -> Box<str> {
 pub trait Row: Send + Sync + 'static {
     /// The kind, as pages and topics name it.
     const KIND: &'static str;
+    /// Whether the table indexes its related topics (a volume's only topic is itself:
+    /// not indexed).
+    const INDEXED: bool = true;
     /// Its key below the prefix.
     fn key(&self) -> &Arc<str>;
     /// The topics a change to it wakes, besides its kind and its key, which are also
@@ -73,8 +77,12 @@ pub trait Row: Send + Sync + 'static {
 
 macro_rules! row {
     ($row:ty, $kind:literal, |$r:ident| $related:expr) => {
+        row!($row, $kind, true, |$r| $related);
+    };
+    ($row:ty, $kind:literal, $indexed:literal, |$r:ident| $related:expr) => {
         impl Row for $row {
             const KIND: &'static str = $kind;
+            const INDEXED: bool = $indexed;
             fn key(&self) -> &Arc<str> {
                 &self.key
             }
@@ -113,7 +121,7 @@ pub struct VolumeRow {
     pub namespace: Namespace,
     pub name: Name,
     pub plugin: PluginId,
-    pub phase: Box<str>,
+    pub phase: Term,
     pub labels: Rare<BTreeMap<String, String>>,
     pub capacity: Option<u64>,
     /// Live claims (readers and writers).
@@ -122,7 +130,10 @@ pub struct VolumeRow {
     pub deleting: bool,
     pub waiting: Option<Box<Waiting>>,
 }
-row!(VolumeRow, "Volume", |r| vec![vol(&r.namespace, &r.name)]);
+row!(VolumeRow, "Volume", false, |r| vec![vol(
+    &r.namespace,
+    &r.name
+)]);
 
 impl VolumeRow {
     pub fn project(v: Volume) -> VolumeRow {
@@ -158,8 +169,8 @@ pub struct ClaimRow {
     pub volume: VolumeId,
     pub allocation: AllocationId,
     pub request: Name,
-    pub mode: Box<str>,
-    pub phase: Box<str>,
+    pub mode: Term,
+    pub phase: Term,
     pub release: bool,
     pub waiting: Option<Box<Waiting>>,
 }
@@ -203,10 +214,10 @@ pub struct AllocationRow {
     pub namespace: Namespace,
     pub name: Name,
     pub node: NodeName,
-    pub desired: Box<str>,
-    pub client: Box<str>,
+    pub desired: Term,
+    pub client: Term,
     pub exit: Option<Box<str>>,
-    pub phase: Box<str>,
+    pub phase: Term,
     pub lost: bool,
     pub requests: Box<[RequestRow]>,
     pub waiting: Option<Box<Waiting>>,
@@ -261,7 +272,7 @@ pub struct AttachmentRow {
     pub namespace: Namespace,
     pub volume: VolumeId,
     pub node: NodeName,
-    pub phase: Box<str>,
+    pub phase: Term,
     pub uncertain: bool,
     pub detach: bool,
     pub waiting: Option<Box<Waiting>>,
@@ -295,7 +306,8 @@ pub struct MountRow {
     pub allocation: AllocationId,
     pub volume: VolumeId,
     pub node: NodeName,
-    pub staging_path: Option<Box<str>>,
+    /// Whether the claim stages (its plugin has STAGE_UNSTAGE_VOLUME).
+    pub stages: bool,
     pub target_path: Box<str>,
     pub staged: bool,
     pub stage_uncertain: bool,
@@ -317,7 +329,7 @@ impl MountRow {
         let s = &m.status;
         MountRow {
             key: m.object_key().as_str().into(),
-            staging_path: m.spec.staging_path.as_deref().map(Into::into),
+            stages: m.spec.staging_path.is_some(),
             target_path: m.spec.target_path.as_str().into(),
             staged: s.staged,
             stage_uncertain: s.stage_uncertain,
@@ -357,7 +369,7 @@ pub struct SnapshotRow {
     pub namespace: Namespace,
     pub name: Name,
     pub volume: VolumeId,
-    pub phase: Box<str>,
+    pub phase: Term,
     pub size: Option<u64>,
     pub created: Option<Timestamp>,
     pub waiting: Option<Box<Waiting>>,
@@ -389,9 +401,9 @@ pub struct EventRow {
     pub object: ObjectRef,
     pub related: Option<ObjectRef>,
     pub warning: bool,
-    pub reason: Box<str>,
+    pub reason: Term,
     pub message: Box<str>,
-    pub source: Box<str>,
+    pub source: Term,
     pub time: Option<Timestamp>,
     pub count: u32,
 }
@@ -405,9 +417,9 @@ impl EventRow {
         EventRow {
             key: e.object_key().as_str().into(),
             warning: matches!(e.spec.type_, EventType::Warning),
-            reason: e.spec.reason.into(),
+            reason: Term::new(&e.spec.reason),
             message: e.spec.message.into(),
-            source: e.spec.source.into(),
+            source: Term::new(&e.spec.source),
             time: e.spec.time.or(e.metadata.creation_timestamp),
             count: e.spec.series.as_ref().map_or(1, |s| s.count),
             object: e.spec.object,

@@ -41,8 +41,52 @@ pub struct Table<R> {
 
 struct Inner<R> {
     rows: BTreeMap<Arc<str>, Arc<R>>,
-    index: HashMap<String, BTreeSet<Arc<str>>>,
+    index: HashMap<Box<str>, Keys>,
     ready: bool,
+}
+
+/// The keys of the rows that hold one index value: most values (a claim's volume, a
+/// mount's allocation) are held by one row, kept without a set of its own.
+enum Keys {
+    One(Arc<str>),
+    Many(BTreeSet<Arc<str>>),
+}
+
+impl Keys {
+    fn insert(&mut self, key: Arc<str>) {
+        match self {
+            Keys::One(k) if *k == key => {}
+            Keys::One(k) => *self = Keys::Many(BTreeSet::from([k.clone(), key])),
+            Keys::Many(set) => {
+                set.insert(key);
+            }
+        }
+    }
+
+    /// Removes `key`; whether none is left.
+    fn remove(&mut self, key: &str) -> bool {
+        match self {
+            Keys::One(k) => &**k == key,
+            Keys::Many(set) => {
+                set.remove(key);
+                set.is_empty()
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Keys::One(_) => 1,
+            Keys::Many(set) => set.len(),
+        }
+    }
+
+    fn iter(&self) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
+        match self {
+            Keys::One(k) => Box::new(std::iter::once(k)),
+            Keys::Many(set) => Box::new(set.iter()),
+        }
+    }
 }
 
 impl<R: Row> Default for Table<R> {
@@ -97,7 +141,7 @@ impl<R: Row> Table<R> {
 
     /// How many rows hold `value`.
     pub fn count_by(&self, value: &str) -> usize {
-        self.read().index.get(value).map_or(0, BTreeSet::len)
+        self.read().index.get(value).map_or(0, Keys::len)
     }
 
     /// Calls `f` with each row in key order, from the first key after `after`, until
@@ -135,11 +179,13 @@ impl<R: Row> Table<R> {
     }
 
     fn unindex(inner: &mut Inner<R>, row: &R) {
+        if !R::INDEXED {
+            return;
+        }
         for value in row.related() {
-            if let Some(set) = inner.index.get_mut(&value) {
-                set.remove(row.key());
-                if set.is_empty() {
-                    inner.index.remove(&value);
+            if let Some(keys) = inner.index.get_mut(value.as_str()) {
+                if keys.remove(row.key()) {
+                    inner.index.remove(value.as_str());
                 }
             }
         }
@@ -149,12 +195,17 @@ impl<R: Row> Table<R> {
         if let Some(old) = inner.rows.insert(row.key().clone(), row.clone()) {
             Self::unindex(inner, &old);
         }
+        if !R::INDEXED {
+            return;
+        }
         for value in row.related() {
-            inner
-                .index
-                .entry(value)
-                .or_default()
-                .insert(row.key().clone());
+            match inner.index.get_mut(value.as_str()) {
+                Some(keys) => keys.insert(row.key().clone()),
+                None => {
+                    let key = row.key().clone();
+                    inner.index.insert(value.into_boxed_str(), Keys::One(key));
+                }
+            }
         }
     }
 
@@ -176,6 +227,14 @@ impl<R: Row> Table<R> {
             Event::Applied(row) => {
                 let mut topics = vec![R::KIND.to_string(), format!("k:{}", row.key())];
                 topics.extend(row.related());
+                // What it related to before (a page of what it left must refresh too).
+                if let Some(old) = inner.rows.get(row.key()) {
+                    for t in old.related() {
+                        if !topics.contains(&t) {
+                            topics.push(t);
+                        }
+                    }
+                }
                 Self::insert(&mut inner, row);
                 Change { topics }
             }
@@ -315,4 +374,76 @@ fn follow<S: Spec, R: Row>(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount(name: &str, volume: &str, node_name: &str) -> Arc<MountRow> {
+        Arc::new(MountRow {
+            key: format!("mounts/{node_name}/default/{name}").into(),
+            namespace: Namespace::default_ns(),
+            claim: Name::new(name).unwrap(),
+            allocation: AllocationId::new(name).unwrap(),
+            volume: VolumeId::new(volume).unwrap(),
+            node: NodeName::new(node_name).unwrap(),
+            stages: true,
+            target_path: "/t".into(),
+            staged: false,
+            stage_uncertain: false,
+            published: false,
+            publish_uncertain: false,
+            released: false,
+            abnormal: None,
+            usage: None,
+            waiting: None,
+        })
+    }
+
+    #[test]
+    fn the_index_follows_changes_and_deletions() {
+        let t = Table::<MountRow>::default();
+        let change = t.apply(Event::Restarted(vec![
+            mount("a", "v1", "n1"),
+            mount("b", "v1", "n2"),
+            mount("c", "v2", "n1"),
+        ]));
+        assert!(change.wakes(&["anything".into()]));
+        assert!(t.ready());
+        let v1 = vol(&Namespace::default_ns(), "v1");
+        assert_eq!(t.count_by(&v1), 2);
+        assert_eq!(t.count_by(&node("n1")), 2);
+        assert_eq!(t.count_by(&alloc(&Namespace::default_ns(), "c")), 1);
+        // b moves to v2: out of v1's index, into v2's.
+        let change = t.apply(Event::Applied(mount("b", "v2", "n2")));
+        assert!(change.wakes(&[v1.clone()]), "the volume it left is woken");
+        assert!(change.wakes(&["Mount".into()]));
+        assert!(!change.wakes(&[node("n1")]));
+        assert_eq!(t.count_by(&v1), 1);
+        assert_eq!(t.count_by(&vol(&Namespace::default_ns(), "v2")), 2);
+        let change = t.apply(Event::Deleted {
+            key: "mounts/n1/default/a".into(),
+            last: None,
+        });
+        assert!(
+            change.wakes(&[v1.clone()]),
+            "the deleted row's topics are woken"
+        );
+        assert_eq!(t.count_by(&v1), 0);
+        assert!(t.by(&v1).is_empty());
+        assert_eq!(t.len(), 2);
+        let mut keys = Vec::new();
+        t.scan(Some("mounts/n1/default/c"), |r| {
+            keys.push(r.key().to_string());
+            true
+        });
+        assert_eq!(keys, vec!["mounts/n2/default/b"]);
+        keys.clear();
+        t.scan_back("mounts/n2/default/b", |r| {
+            keys.push(r.key().to_string());
+            true
+        });
+        assert_eq!(keys, vec!["mounts/n1/default/c"]);
+    }
 }

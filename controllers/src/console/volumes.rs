@@ -181,7 +181,7 @@ fn picture(h: &mut Html, c: &Catalog, ns: &Namespace, name: &str) {
             let stage = match (m.staged, m.stage_uncertain) {
                 (_, true) => "stage uncertain",
                 (true, _) => "staged",
-                _ if m.staging_path.is_none() => "no stage",
+                _ if !m.stages => "no stage",
                 _ => "not staged",
             };
             let publish = match (m.published, m.publish_uncertain) {
