@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Takes the console's screenshots in docs/console/ (overview.png, volume.png): starts
 # `moord dev` in a temporary directory, makes the quickstart's volume, publishes it for a
-# workload that sleeps, has a second claim wait on a volume that fails to stage, and
+# workload that sleeps, has a second claim wait on a NodeStage that fails, and
 # photographs the pages with headless Chromium. Not part of the tests; run it after a
 # change to the pages:
 #
@@ -16,6 +16,7 @@ PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 "$BIN/moord" dev --data-dir "$TMP/dev" --listen "127.0.0.1:$PORT" --console 127.0.0.1:0 >"$TMP/moord.log" 2>&1 &
 DEV=$!
 cleanup() {
+    jobs -p | xargs -r kill 2>/dev/null || true
     kill "$DEV" 2>/dev/null || true
     wait "$DEV" 2>/dev/null || true
     rm -rf "$TMP"
@@ -30,28 +31,20 @@ CONSOLE=$(sed -n 's/^  console: //p' "$TMP/moord.log" | tail -n 1)
 "$BIN/moorctl" apply -f deploy/examples/quickstart.yaml
 "$BIN/moorctl" wait volume/web-data --for phase=ready --timeout 60s
 "$BIN/moorctl" alloc run web-1 -f deploy/examples/web-1.yaml -- sleep 60 &
-# A volume whose stage keeps failing: its fs type is one mkfs does not know.
-cat >"$TMP/stuck.yaml" <<'YAML'
-apiVersion: moor/v1
-kind: Volume
-metadata: {name: logs}
-spec:
-  plugin_id: hostpath.moor.dev
-  capacity_min: 64MiB
-  capabilities:
-    - {access_mode: single-node-writer, attachment_mode: file-system}
-  mount_options: {fs_type: no-such-fs}
----
-apiVersion: moor/v1
-kind: Allocation
-metadata: {name: collector-1}
-spec:
-  node: local
-  volumes:
-    - {name: logs, volume: logs}
-YAML
-"$BIN/moorctl" apply -f "$TMP/stuck.yaml"
 "$BIN/moorctl" wait claim/web-1.data --for phase=published --timeout 60s
+# A second volume whose NodeStage keeps failing: a fault moor-hostpath injects on
+# its admin socket (the overview's waiting list then has a claim to show).
+python3 - "$TMP/dev/plugin/admin.sock" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall((json.dumps({"op": "fail", "rpc": "NodeStageVolume", "code": "Unavailable", "times": 1000}) + "\n").encode())
+print("fault:", s.recv(4096).decode().strip())
+PY
+sed 's/web-data/logs/' deploy/examples/quickstart.yaml >"$TMP/logs.yaml"
+"$BIN/moorctl" apply -f "$TMP/logs.yaml"
+"$BIN/moorctl" wait volume/logs --for phase=ready --timeout 60s
+"$BIN/moorctl" alloc run collector-1 --node local --volume data=logs -- sleep 60 &
 sleep 3
 shot() {
     chromium --headless --no-sandbox --disable-gpu --disable-background-networking \
@@ -60,5 +53,5 @@ shot() {
         --screenshot="$2" "$1" 2>/dev/null
     echo "wrote $2"
 }
-shot "${CONSOLE}" docs/console/overview.png 1000
+shot "${CONSOLE}" docs/console/overview.png 720
 shot "${CONSOLE}volumes/default/web-data" docs/console/volume.png 900
