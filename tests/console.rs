@@ -303,3 +303,177 @@ async fn fifty_live_clients_leave_etcds_watchers_as_one_does() {
         "etcd watchers, watch streams with 1 and with 50 live clients: {with_one:?} {with_fifty:?}"
     );
 }
+
+/// `openssl s_client`'s exchange with the console at `port`: the answer to `request`.
+fn over_tls(
+    port: u16,
+    ca: &std::path::Path,
+    request: &str,
+    client: Option<(&std::path::Path, &std::path::Path)>,
+) -> String {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(common::need("openssl"));
+    cmd.args(["s_client", "-quiet", "-verify_return_error", "-connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("-CAfile")
+        .arg(ca);
+    if let Some((cert, key)) = client {
+        cmd.arg("-cert").arg(cert).arg("-key").arg(key);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Off loopback, the console refuses to start without TLS and an access rule; with
+/// them it serves HTTPS, and only to a request with the token, or a browser with a
+/// client certificate its CA signed.
+#[tokio::test]
+async fn off_loopback_the_console_needs_tls_and_an_access_rule() {
+    let etcd = common::Etcd::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Refused, and says why.
+    for (flags, says) in [
+        (vec![], "without TLS"),
+        (
+            vec!["--tls-cert=c.pem", "--tls-key=k.pem"],
+            "without an access rule",
+        ),
+    ] {
+        let out = std::process::Command::new(bin("moord"))
+            .args(["console", "--etcd", &etcd.client_url, "--listen=0.0.0.0:0"])
+            .args(flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+    // A CA, the console's certificate for 127.0.0.1, and a client's.
+    let sh = |script: &str| {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca-key.pem -out ca.pem -days 1 -subj /CN=test-ca 2>/dev/null \
+        && openssl req -newkey rsa:2048 -nodes -keyout key.pem -out csr.pem -subj /CN=console 2>/dev/null \
+        && printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext \
+        && openssl x509 -req -in csr.pem -CA ca.pem -CAkey ca-key.pem -CAcreateserial -out cert.pem -days 1 -extfile san.ext 2>/dev/null \
+        && openssl req -newkey rsa:2048 -nodes -keyout client-key.pem -out client.csr -subj /CN=operator 2>/dev/null \
+        && printf 'basicConstraints=CA:FALSE\\nextendedKeyUsage=clientAuth\\n' > client.ext \
+        && openssl x509 -req -in client.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -out client.pem -days 1 -extfile client.ext 2>/dev/null \
+        && echo 0123456789abcdef-console-token > token");
+    let start = |rule: &str, port: u16| {
+        Proc::start(
+            &format!("console-{port}"),
+            bin("moord"),
+            vec![
+                "console".into(),
+                "--etcd".into(),
+                etcd.client_url.clone(),
+                format!("--listen=0.0.0.0:{port}"),
+                format!("--tls-cert={}", dir.join("cert.pem").display()),
+                format!("--tls-key={}", dir.join("key.pem").display()),
+                rule.to_string(),
+            ],
+            dir.join(format!("console-{port}.log")),
+        )
+    };
+    let ca = dir.join("ca.pem");
+    let wait_up = |port: u16,
+                   request: &'static str,
+                   client: Option<(std::path::PathBuf, std::path::PathBuf)>| {
+        let ca = ca.clone();
+        async move {
+            let started = Instant::now();
+            loop {
+                let answer = over_tls(
+                    port,
+                    &ca,
+                    request,
+                    client.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+                );
+                if answer.contains("HTTP/1.0") || answer.contains("HTTP/1.1") {
+                    return answer;
+                }
+                assert!(started.elapsed() < T, "no HTTPS answer: {answer}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+
+    // A token file: refused without it, served with it.
+    let port = free_port();
+    let _token = start(
+        &format!("--token-file={}", dir.join("token").display()),
+        port,
+    );
+    let refused = wait_up(port, "GET /healthz HTTP/1.0\r\n\r\n", None).await;
+    assert!(refused.contains(" 401 "), "{refused}");
+    let served = wait_up(
+        port,
+        "GET /volumes HTTP/1.0\r\nAuthorization: Bearer 0123456789abcdef-console-token\r\n\r\n",
+        None,
+    )
+    .await;
+    assert!(
+        served.contains(" 200 ") && served.contains("<h1>Volumes</h1>"),
+        "{served}"
+    );
+    let visit = wait_up(
+        port,
+        "GET /volumes?token=0123456789abcdef-console-token HTTP/1.0\r\n\r\n",
+        None,
+    )
+    .await;
+    assert!(
+        visit.contains(" 303 ") && visit.contains("moor_console_token="),
+        "{visit}"
+    );
+    let wrong = wait_up(
+        port,
+        "GET /volumes HTTP/1.0\r\nAuthorization: Bearer 0123456789abcdef-console-tokeN\r\n\r\n",
+        None,
+    )
+    .await;
+    assert!(wrong.contains(" 401 "), "{wrong}");
+
+    // Client certificates: no certificate, no page; the CA's client, served.
+    let port = free_port();
+    let _certs = start(&format!("--client-ca={}", ca.display()), port);
+    let client = Some((dir.join("client.pem"), dir.join("client-key.pem")));
+    let served = wait_up(port, "GET /nodes HTTP/1.0\r\n\r\n", client).await;
+    assert!(
+        served.contains(" 200 ") && served.contains("<h1>Nodes</h1>"),
+        "{served}"
+    );
+    let refused = over_tls(port, &ca, "GET /nodes HTTP/1.0\r\n\r\n", None);
+    assert!(
+        !refused.contains(" 200 "),
+        "served without a client certificate: {refused}"
+    );
+}

@@ -212,13 +212,19 @@ mod tests {
         );
         assert!(!s.contains("read \"$PREFIX\" --prefix"), "{s}");
         // Allocations only for the agents that serve engines (VOLUME_PLUGINS).
-        let node_loop = s.split("for pair in").next().unwrap();
+        let node_loop = s
+            .split("for node in \"$@\"")
+            .nth(1)
+            .unwrap()
+            .split("for pair in")
+            .next()
+            .unwrap();
         assert!(!node_loop.contains("allocations/"), "{s}");
         assert!(
             s.contains("readwrite \"${PREFIX}events/node/$node/\" --prefix"),
             "{s}"
         );
-        assert!(!s.contains("\"${PREFIX}events/\""), "{s}");
+        assert!(!node_loop.contains("\"${PREFIX}events/\""), "{s}");
         // An engine-serving agent writes its engines' namespace only.
         let engines = s.split("for node in ${VOLUME_PLUGINS").nth(1).unwrap();
         assert!(

@@ -46,8 +46,9 @@ use moor::api::Namespace;
 use tokio_util::sync::CancellationToken;
 
 pub use access::ListenArgs;
-use pages::Page;
+use pages::{Page, Written};
 use state::Catalog;
+use std::collections::HashMap;
 
 /// The kinds the console watches (its etcd role reads these, and nothing else: never
 /// Secrets, leases or elections). [`state::Catalog::spawn`] follows exactly these.
@@ -105,6 +106,7 @@ pub async fn serve(
     let app = Arc::new(App {
         catalog,
         shutdown: shutdown.clone(),
+        renders: Default::default(),
     });
     let mut router = router(app);
     if let Some(token) = token {
@@ -129,19 +131,61 @@ pub async fn serve(
 struct App {
     catalog: Arc<Catalog>,
     shutdown: CancellationToken,
+    renders: std::sync::Mutex<HashMap<String, Arc<Cached>>>,
+}
+
+/// A page written from the tables, kept while the tables have not changed (and at most
+/// [`CACHED_FOR`]): after one write, 50 live overviews refresh with one render.
+struct Cached {
+    version: u64,
+    at: Instant,
+    page: Written,
+}
+
+/// How long a cached page is served at most (its "3s ago" texts age).
+const CACHED_FOR: Duration = Duration::from_secs(1);
+
+/// How many pages the cache keeps before it starts again.
+const CACHED_PAGES: usize = 256;
+
+impl App {
+    /// The page `key` (its path and query) names, from the cache or written by `write`.
+    /// Writes are one at a time: browsers woken by one change wait for the first
+    /// render and share it.
+    fn cached(&self, key: String, write: impl FnOnce() -> Page) -> Arc<Cached> {
+        let version = self.catalog.version();
+        let mut renders = self.renders.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = renders.get(&key) {
+            if c.version == version && c.at.elapsed() < CACHED_FOR {
+                return c.clone();
+            }
+        }
+        let cached = Arc::new(Cached {
+            version,
+            at: Instant::now(),
+            page: write().written(),
+        });
+        if renders.len() >= CACHED_PAGES {
+            renders.clear();
+        }
+        renders.insert(key, cached.clone());
+        cached
+    }
 }
 
 type Shared = State<Arc<App>>;
 
 fn router(app: Arc<App>) -> axum::Router {
     axum::Router::new()
-        .route("/", get(|State(a): Shared, h: HeaderMap| async move {
+        .route("/", get(|State(a): Shared, RawQuery(q): RawQuery, h: HeaderMap| async move {
             let t = Instant::now();
-            respond(pages::overview(&a.catalog), &h, t)
+            let key = format!("/?{}", q.as_deref().unwrap_or(""));
+            respond_cached(&a.cached(key, || pages::overview(&a.catalog)), &h, t)
         }))
         .route("/volumes", get(|State(a): Shared, RawQuery(q): RawQuery, h: HeaderMap| async move {
             let t = Instant::now();
-            respond(volumes::list(&a.catalog, q.as_deref()), &h, t)
+            let key = format!("/volumes?{}", q.as_deref().unwrap_or(""));
+            respond_cached(&a.cached(key, || volumes::list(&a.catalog, q.as_deref())), &h, t)
         }))
         .route("/volumes/{ns}/{name}", get(|State(a): Shared, Path((ns, name)): Path<(String, String)>, h: HeaderMap| async move {
             let t = Instant::now();
@@ -152,7 +196,8 @@ fn router(app: Arc<App>) -> axum::Router {
         }))
         .route("/allocations", get(|State(a): Shared, RawQuery(q): RawQuery, h: HeaderMap| async move {
             let t = Instant::now();
-            respond(objects::allocations(&a.catalog, q.as_deref()), &h, t)
+            let key = format!("/allocations?{}", q.as_deref().unwrap_or(""));
+            respond_cached(&a.cached(key, || objects::allocations(&a.catalog, q.as_deref())), &h, t)
         }))
         .route("/allocations/{ns}/{name}", get(|State(a): Shared, Path((ns, name)): Path<(String, String)>, h: HeaderMap| async move {
             let t = Instant::now();
@@ -236,13 +281,22 @@ const FRAGMENT: &str = "x-moor-fragment";
 /// A page as a response: the whole document, or only its body for the live script;
 /// with the server's time to write it (`Server-Timing: render;dur=MS`).
 fn respond(page: Page, headers: &HeaderMap, started: Instant) -> Response {
+    respond_written(&page.written(), headers, started)
+}
+
+/// A cached page as a response.
+fn respond_cached(cached: &Cached, headers: &HeaderMap, started: Instant) -> Response {
+    respond_written(&cached.page, headers, started)
+}
+
+fn respond_written(page: &Written, headers: &HeaderMap, started: Instant) -> Response {
     let status = if page.found {
         StatusCode::OK
     } else {
         StatusCode::NOT_FOUND
     };
     let body = if headers.contains_key(FRAGMENT) {
-        page.body.into_string()
+        page.body.clone()
     } else {
         page.document()
     };

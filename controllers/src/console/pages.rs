@@ -40,8 +40,28 @@ impl Page {
         page
     }
 
+    /// The page written: what a response is made of, and what the render cache keeps.
+    pub fn written(self) -> Written {
+        Written {
+            title: self.title,
+            topics: self.topics,
+            body: self.body.into_string(),
+            found: self.found,
+        }
+    }
+}
+
+/// A page written: its body's markup, and what its frame needs.
+pub struct Written {
+    pub title: String,
+    pub topics: Vec<String>,
+    pub body: String,
+    pub found: bool,
+}
+
+impl Written {
     /// The whole document: the frame around the body.
-    pub fn document(self) -> String {
+    pub fn document(&self) -> String {
         let mut h = Html::default();
         h.raw("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">")
             .raw("<meta name=\"viewport\" content=\"width=device-width\"><title>")
@@ -55,7 +75,7 @@ impl Page {
             .raw("<a href=\"/plugins\">Plugins</a></nav>")
             .raw("<span id=\"live\" class=\"live off\" title=\"live updates\">connecting</span></header><main>");
         let mut out = h.into_string();
-        out.push_str(&self.body.into_string());
+        out.push_str(&self.body);
         out.push_str("</main></body></html>");
         out
     }

@@ -281,6 +281,8 @@ pub struct Catalog {
     pub changes: broadcast::Sender<Arc<Change>>,
     /// The store, for detail pages (one read of the object shown).
     pub store: Store,
+    /// How many changes the tables applied (the render cache's version).
+    applied: std::sync::atomic::AtomicU64,
 }
 
 /// How many changes a live stream may fall behind before it just refreshes.
@@ -302,6 +304,7 @@ impl Catalog {
             cordons: Table::default(),
             changes: broadcast::channel(CHANGES).0,
             store,
+            applied: Default::default(),
         });
         follow(&catalog, |c| &c.volumes, VolumeRow::project, &shutdown);
         follow(&catalog, |c| &c.claims, ClaimRow::project, &shutdown);
@@ -324,6 +327,11 @@ impl Catalog {
         follow(&catalog, |c| &c.plugins, Whole::project, &shutdown);
         follow(&catalog, |c| &c.cordons, Whole::project, &shutdown);
         catalog
+    }
+
+    /// How many changes the tables applied so far.
+    pub fn version(&self) -> u64 {
+        self.applied.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether every table has its first list.
@@ -380,6 +388,9 @@ fn follow<S: Spec, R: Row>(
                 None => return,
                 Some(Ok(event)) => {
                     let change = table(&catalog).apply(event);
+                    catalog
+                        .applied
+                        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                     // No live page open is fine.
                     let _ = catalog.changes.send(Arc::new(change));
                 }
@@ -432,7 +443,10 @@ mod tests {
         assert_eq!(t.count_by(&alloc(&Namespace::default_ns(), "c")), 1);
         // b moves to v2: out of v1's index, into v2's.
         let change = t.apply(Event::Applied(mount("b", "v2", "n2")));
-        assert!(change.wakes(&[v1.clone()]), "the volume it left is woken");
+        assert!(
+            change.wakes(std::slice::from_ref(&v1)),
+            "the volume it left is woken"
+        );
         assert!(change.wakes(&["Mount".into()]));
         assert!(!change.wakes(&[node("n1")]));
         assert_eq!(t.count_by(&v1), 1);
@@ -442,7 +456,7 @@ mod tests {
             last: None,
         });
         assert!(
-            change.wakes(&[v1.clone()]),
+            change.wakes(std::slice::from_ref(&v1)),
             "the deleted row's topics are woken"
         );
         assert_eq!(t.count_by(&v1), 0);
