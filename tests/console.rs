@@ -477,3 +477,89 @@ async fn off_loopback_the_console_needs_tls_and_an_access_rule() {
         "served without a client certificate: {refused}"
     );
 }
+
+/// Secrets and mount flags never reach a page: a volume, a claim and an allocation
+/// holding them are shown with `[redacted]` where moorctl prints it, and the values
+/// appear nowhere, whole page or live fragment.
+#[tokio::test]
+async fn secrets_and_mount_flags_never_reach_a_page() {
+    let etcd = common::Etcd::start().await;
+    let store = etcd.store("/moor/").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let secret = "hunter2-console-secret";
+    let flag = "console-secret-flag";
+    let mut v = common::fixtures::volume("guarded");
+    v.spec.secrets = Rare::new(Secrets::new(
+        [("password".to_string(), secret.to_string())].into(),
+    ));
+    v.spec.mount_options = Rare::new(MountOptions {
+        fs_type: Some("ext4".into()),
+        mount_flags: MountFlags::new(vec![flag.to_string()]),
+        ..Default::default()
+    });
+    store.create(&v).await.unwrap();
+    let mut a = Allocation::new(
+        &Namespace::default_ns(),
+        Name::new("holder").unwrap(),
+        AllocationSpec {
+            node: NodeName::new("n1").unwrap(),
+            volumes: vec![VolumeRequest {
+                name: Name::new("data").unwrap(),
+                volume: VolumeId::new("guarded").unwrap(),
+                mount_options: Some(MountOptions {
+                    mount_flags: MountFlags::new(vec![flag.to_string()]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    );
+    a = store.create(&a).await.unwrap();
+    let port = free_port();
+    let console = Proc::start(
+        "console",
+        bin("moord"),
+        vec![
+            "console".into(),
+            "--etcd".into(),
+            etcd.client_url.clone(),
+            format!("--listen=127.0.0.1:{port}"),
+        ],
+        tmp.path().join("console.log"),
+    );
+    let addr = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    while !(tokio::net::TcpStream::connect(&addr).await.is_ok()
+        && common::http_get(&addr, "/healthz")
+            .await
+            .starts_with("HTTP/1.1 200"))
+    {
+        assert!(
+            started.elapsed() < T,
+            "the console did not start: {}",
+            console.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for path in [
+        "/volumes/default/guarded",
+        "/allocations/default/holder",
+        "/volumes?name=guarded",
+        "/",
+    ] {
+        let page = common::http_get(&addr, path).await;
+        assert!(page.starts_with("HTTP/1.1 200"), "{path}: {page}");
+        assert!(
+            !page.contains(secret) && !page.contains(flag),
+            "{path} shows a secret: {page}"
+        );
+    }
+    let page = common::http_get(&addr, "/volumes/default/guarded").await;
+    assert!(
+        page.contains("[redacted]") && page.contains("ext4"),
+        "{page}"
+    );
+    assert!(!console.log_text().contains(secret));
+    drop(a);
+}
