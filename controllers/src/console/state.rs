@@ -4,13 +4,14 @@
 //! filters. A browser never opens a watch of its own: 50 open pages cost etcd what one
 //! does.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
 use moor::api::*;
 use moor::runtime::backoff::{backoff, Backoff};
+use moor::runtime::reflector::Keys;
 use moor::runtime::watcher::{watcher_making, Event, Make, WatchError};
 use moor::store::Store;
 use tokio::sync::broadcast;
@@ -53,50 +54,6 @@ fn hash(value: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     value.hash(&mut h);
     h.finish()
-}
-
-/// The keys of the rows that hold one index value: most values (a claim's volume, a
-/// mount's allocation) are held by one row, kept without a set of its own.
-enum Keys {
-    One(Arc<str>),
-    Many(BTreeSet<Arc<str>>),
-}
-
-impl Keys {
-    fn insert(&mut self, key: Arc<str>) {
-        match self {
-            Keys::One(k) if *k == key => {}
-            Keys::One(k) => *self = Keys::Many(BTreeSet::from([k.clone(), key])),
-            Keys::Many(set) => {
-                set.insert(key);
-            }
-        }
-    }
-
-    /// Removes `key`; whether none is left.
-    fn remove(&mut self, key: &str) -> bool {
-        match self {
-            Keys::One(k) => &**k == key,
-            Keys::Many(set) => {
-                set.remove(key);
-                set.is_empty()
-            }
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Keys::One(_) => 1,
-            Keys::Many(set) => set.len(),
-        }
-    }
-
-    fn iter(&self) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
-        match self {
-            Keys::One(k) => Box::new(std::iter::once(k)),
-            Keys::Many(set) => Box::new(set.iter()),
-        }
-    }
 }
 
 impl<R: Row> Default for Table<R> {
@@ -215,7 +172,7 @@ impl<R: Row> Table<R> {
         for value in row.related() {
             let h = hash(&value);
             match inner.index.get_mut(&h) {
-                Some(keys) => keys.insert(row.key().clone()),
+                Some(keys) => keys.insert(row.key()),
                 None => {
                     let key = row.key().clone();
                     inner.index.insert(h, Keys::One(key));
