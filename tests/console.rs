@@ -21,6 +21,11 @@ const T: Duration = Duration::from_secs(60);
 /// `moord console` on the cluster's etcd, on a free loopback port; its address once
 /// it has listed every kind.
 async fn console(c: &Cluster) -> (Proc, String) {
+    console_on(&c.etcd.client_url, c.dir.path()).await
+}
+
+/// `moord console` on the etcd at `url`, its log in `dir`.
+async fn console_on(url: &str, dir: &std::path::Path) -> (Proc, String) {
     let port = free_port();
     let proc = Proc::start(
         "console",
@@ -28,10 +33,10 @@ async fn console(c: &Cluster) -> (Proc, String) {
         vec![
             "console".into(),
             "--etcd".into(),
-            c.etcd.client_url.clone(),
+            url.to_string(),
             format!("--listen=127.0.0.1:{port}"),
         ],
-        c.dir.path().join("console.log"),
+        dir.join("console.log"),
     );
     let addr = format!("127.0.0.1:{port}");
     let started = Instant::now();
@@ -516,32 +521,7 @@ async fn secrets_and_mount_flags_never_reach_a_page() {
         },
     );
     a = store.create(&a).await.unwrap();
-    let port = free_port();
-    let console = Proc::start(
-        "console",
-        bin("moord"),
-        vec![
-            "console".into(),
-            "--etcd".into(),
-            etcd.client_url.clone(),
-            format!("--listen=127.0.0.1:{port}"),
-        ],
-        tmp.path().join("console.log"),
-    );
-    let addr = format!("127.0.0.1:{port}");
-    let started = Instant::now();
-    while !(tokio::net::TcpStream::connect(&addr).await.is_ok()
-        && common::http_get(&addr, "/healthz")
-            .await
-            .starts_with("HTTP/1.1 200"))
-    {
-        assert!(
-            started.elapsed() < T,
-            "the console did not start: {}",
-            console.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (console, addr) = console_on(&etcd.client_url, tmp.path()).await;
     for path in [
         "/volumes/default/guarded",
         "/allocations/default/holder",

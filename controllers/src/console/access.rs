@@ -3,7 +3,7 @@
 //! file), checked before the console starts.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,7 +80,7 @@ impl ListenArgs {
 
     /// The TLS configuration, if the console serves HTTPS.
     pub fn tls(&self) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
-        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+        let (Some(cert), Some(key_file)) = (&self.tls_cert, &self.tls_key) else {
             return Ok(None);
         };
         use rustls::pki_types::pem::PemObject;
@@ -88,8 +88,8 @@ impl ListenArgs {
         let chain = CertificateDer::pem_file_iter(cert)
             .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
             .with_context(|| format!("reading certificates from {}", cert.display()))?;
-        let key = PrivateKeyDer::from_pem_file(key)
-            .with_context(|| format!("reading the private key {}", key.display()))?;
+        let key = PrivateKeyDer::from_pem_file(key_file)
+            .with_context(|| format!("reading the private key {}", key_file.display()))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -117,9 +117,7 @@ impl ListenArgs {
         let mut config = builder.with_single_cert(chain, key).with_context(|| {
             format!(
                 "the key {} does not fit {}",
-                self.tls_key
-                    .as_deref()
-                    .map_or("".into(), |p: &Path| p.display().to_string()),
+                key_file.display(),
                 cert.display()
             )
         })?;

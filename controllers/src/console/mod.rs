@@ -180,12 +180,12 @@ fn router(app: Arc<App>) -> axum::Router {
         .route("/", get(|State(a): Shared, RawQuery(q): RawQuery, h: HeaderMap| async move {
             let t = Instant::now();
             let key = format!("/?{}", q.as_deref().unwrap_or(""));
-            respond_cached(&a.cached(key, || pages::overview(&a.catalog)), &h, t)
+            respond_written(&a.cached(key, || pages::overview(&a.catalog)).page, &h, t)
         }))
         .route("/volumes", get(|State(a): Shared, RawQuery(q): RawQuery, h: HeaderMap| async move {
             let t = Instant::now();
             let key = format!("/volumes?{}", q.as_deref().unwrap_or(""));
-            respond_cached(&a.cached(key, || volumes::list(&a.catalog, q.as_deref())), &h, t)
+            respond_written(&a.cached(key, || volumes::list(&a.catalog, q.as_deref())).page, &h, t)
         }))
         .route("/volumes/{ns}/{name}", get(|State(a): Shared, Path((ns, name)): Path<(String, String)>, h: HeaderMap| async move {
             let t = Instant::now();
@@ -197,7 +197,7 @@ fn router(app: Arc<App>) -> axum::Router {
         .route("/allocations", get(|State(a): Shared, RawQuery(q): RawQuery, h: HeaderMap| async move {
             let t = Instant::now();
             let key = format!("/allocations?{}", q.as_deref().unwrap_or(""));
-            respond_cached(&a.cached(key, || objects::allocations(&a.catalog, q.as_deref())), &h, t)
+            respond_written(&a.cached(key, || objects::allocations(&a.catalog, q.as_deref())).page, &h, t)
         }))
         .route("/allocations/{ns}/{name}", get(|State(a): Shared, Path((ns, name)): Path<(String, String)>, h: HeaderMap| async move {
             let t = Instant::now();
@@ -282,11 +282,6 @@ const FRAGMENT: &str = "x-moor-fragment";
 /// with the server's time to write it (`Server-Timing: render;dur=MS`).
 fn respond(page: Page, headers: &HeaderMap, started: Instant) -> Response {
     respond_written(&page.written(), headers, started)
-}
-
-/// A cached page as a response.
-fn respond_cached(cached: &Cached, headers: &HeaderMap, started: Instant) -> Response {
-    respond_written(&cached.page, headers, started)
 }
 
 fn respond_written(page: &Written, headers: &HeaderMap, started: Instant) -> Response {

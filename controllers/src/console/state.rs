@@ -148,40 +148,39 @@ impl<R: Row> Table<R> {
         }
     }
 
-    fn unindex(inner: &mut Inner<R>, row: &R) {
+    /// Drops `key` from the index values `related` (its row's, as indexed).
+    fn unindex(inner: &mut Inner<R>, key: &str, related: &[String]) {
         if !R::INDEXED {
             return;
         }
-        for value in row.related() {
-            let h = hash(&value);
+        for value in related {
+            let h = hash(value);
             if let Some(keys) = inner.index.get_mut(&h) {
-                if keys.remove(row.key()) {
+                if keys.remove(key) {
                     inner.index.remove(&h);
                 }
             }
         }
     }
 
-    fn insert(inner: &mut Inner<R>, row: Arc<R>) {
-        if let Some(old) = inner.rows.insert(row.key().clone(), row.clone()) {
-            Self::unindex(inner, &old);
-        }
+    /// Adds `key` under the index values `related`.
+    fn index(inner: &mut Inner<R>, key: &Arc<str>, related: &[String]) {
         if !R::INDEXED {
             return;
         }
-        for value in row.related() {
-            let h = hash(&value);
+        for value in related {
+            let h = hash(value);
             match inner.index.get_mut(&h) {
-                Some(keys) => keys.insert(row.key()),
+                Some(keys) => keys.insert(key),
                 None => {
-                    let key = row.key().clone();
-                    inner.index.insert(h, Keys::One(key));
+                    inner.index.insert(h, Keys::One(key.clone()));
                 }
             }
         }
     }
 
-    /// Applies a watch event; returns the change it makes.
+    /// Applies a watch event; returns the change it makes. Each row's related topics
+    /// are made once and serve both the index and the change.
     fn apply(&self, event: Event<R>) -> Change {
         let mut inner = self.write();
         match event {
@@ -189,7 +188,8 @@ impl<R: Row> Table<R> {
                 inner.rows.clear();
                 inner.index.clear();
                 for row in all {
-                    Self::insert(&mut inner, row);
+                    Self::index(&mut inner, row.key(), &row.related());
+                    inner.rows.insert(row.key().clone(), row);
                 }
                 inner.ready = true;
                 Change {
@@ -197,24 +197,25 @@ impl<R: Row> Table<R> {
                 }
             }
             Event::Applied(row) => {
-                let mut topics = vec![R::KIND.to_string(), format!("k:{}", row.key())];
-                topics.extend(row.related());
-                // What it related to before (a page of what it left must refresh too).
-                if let Some(old) = inner.rows.get(row.key()) {
-                    for t in old.related() {
-                        if !topics.contains(&t) {
-                            topics.push(t);
-                        }
-                    }
+                let key = row.key().clone();
+                let mut topics = vec![R::KIND.to_string(), format!("k:{key}")];
+                let related = row.related();
+                // What it related to before: a page of what it left must refresh too.
+                if let Some(old) = inner.rows.insert(key.clone(), row) {
+                    let before = old.related();
+                    Self::unindex(&mut inner, &key, &before);
+                    topics.extend(before.into_iter().filter(|t| !related.contains(t)));
                 }
-                Self::insert(&mut inner, row);
+                Self::index(&mut inner, &key, &related);
+                topics.extend(related);
                 Change { topics }
             }
             Event::Deleted { key, .. } => {
                 let mut topics = vec![R::KIND.to_string(), format!("k:{key}")];
                 if let Some(old) = inner.rows.remove(key.as_str()) {
-                    Self::unindex(&mut inner, &old);
-                    topics.extend(old.related());
+                    let before = old.related();
+                    Self::unindex(&mut inner, &key, &before);
+                    topics.extend(before);
                 }
                 Change { topics }
             }
