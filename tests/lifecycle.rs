@@ -713,7 +713,7 @@ async fn a_power_cut_mid_publish_keeps_the_step_owed() {
     let publish = records
         .iter()
         .find(|((table, _), _)| table == "publishes")
-        .map(|(_, v)| v["step"].clone());
+        .map(|(_, v)| v["steps"]["NodePublishVolume"].clone());
     assert_eq!(
         publish,
         Some(serde_json::json!("uncertain")),

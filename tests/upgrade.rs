@@ -11,8 +11,10 @@
 //! - a stored-object field: `MountStatus.orphan` (a Mount a node keeps after an older
 //!   etcd snapshot was restored);
 //! - the node journal: each publish record's `made_for` (request, mode, capability)
-//!   and `orphaned`; the new agent reads the old agent's records, adopts them without a
-//!   CSI call, and writes the new fields in records it makes.
+//!   and `orphaned`, and its steps recorded by name (`steps`, where 0.2.0 wrote
+//!   NodePublish's alone as `step`); the new agent reads the old agent's records,
+//!   adopts them without a CSI call, releases them with the calls they owe, and
+//!   writes the new form in records it makes.
 //!
 //! 0.2.0 already keeps the fields it does not know: an old agent and an old moorctl
 //! write back objects carrying a field of a later version, and the field survives.
@@ -452,6 +454,18 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
         "{}",
         last_of("a1.data")
     );
+    // The per-step record (0.3): the old agent wrote NodePublish's step alone, the new
+    // one names each step it recorded.
+    assert!(
+        last_of("a1.data").contains("\"step\":\"done\""),
+        "{}",
+        last_of("a1.data")
+    );
+    assert!(
+        last_of("a4.data").contains("\"steps\":{\"NodePublishVolume\":\"done\"}"),
+        "{}",
+        last_of("a4.data")
+    );
     // A Mount the old agent wrote reads as this version's Mount (no orphan).
     let m = c
         .store
@@ -472,5 +486,19 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
         c.all_claims_released().await
     })
     .await;
+    // The old agent's records were read as the steps they say: releasing their claims
+    // unpublished and unstaged what 0.2.0 had done (a record read as nothing done
+    // would be released without a call, and leave the mounts).
+    let old_records = external_ids(&c, &["v1", "v3"]).await;
+    let torn = teardowns(&c, &old_records);
+    for id in &old_records {
+        for rpc in ["NodeUnpublishVolume", "NodeUnstageVolume"] {
+            assert!(
+                torn.iter()
+                    .any(|t| t.starts_with(rpc) && t.contains(id.as_str())),
+                "{rpc} of {id}, published by the old agent: {torn:?}"
+            );
+        }
+    }
     c.check_calls(true);
 }

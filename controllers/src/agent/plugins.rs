@@ -78,7 +78,7 @@ impl Published {
         let volumes: std::collections::BTreeSet<_> = local
             .publishes
             .values()
-            .filter(|p| &p.plugin_id == plugin && p.step.needs_reverse())
+            .filter(|p| &p.plugin_id == plugin && p.steps.owed())
             .map(|p| &p.external_id)
             .collect();
         volumes.len()

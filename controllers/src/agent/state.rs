@@ -80,8 +80,11 @@ pub struct PublishRecord {
     pub staging_path: Option<PathBuf>,
     /// Host target path.
     pub target_path: PathBuf,
-    /// NodePublish.
-    pub step: Step,
+    /// How far each of the claim's own steps got (NodePublish, and any step after
+    /// it), keyed by the step's name; an agent before 0.3 wrote NodePublish's alone,
+    /// as `step`.
+    #[serde(alias = "step")]
+    pub steps: ClaimSteps,
     /// Torn down after the claim's release: never published again.
     pub released: bool,
     /// The capacity NodeExpandVolume expanded the volume to for this claim.
@@ -106,6 +109,69 @@ pub struct PublishRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub orphaned: Option<Timestamp>,
 }
+
+/// How far each of a claim's own steps got, keyed by the step's CSI name (the name its
+/// retry gate and its failures use): a step not listed is `Absent`. The node
+/// executor's checkpointing code writes it ([`Step::Uncertain`] before the call, the
+/// outcome after), so a new step needs no field of its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct ClaimSteps(BTreeMap<String, Step>);
+
+impl ClaimSteps {
+    /// How far step `name` got.
+    pub fn get(&self, name: &str) -> Step {
+        self.0.get(name).copied().unwrap_or_default()
+    }
+
+    /// Records how far step `name` got (`Absent` drops it).
+    pub fn set(&mut self, name: &str, step: Step) {
+        match step {
+            Step::Absent => {
+                self.0.remove(name);
+            }
+            step => {
+                if let Some(s) = self.0.get_mut(name) {
+                    *s = step;
+                } else {
+                    self.0.insert(name.to_string(), step);
+                }
+            }
+        }
+    }
+
+    /// Whether any step may have taken effect (its reverse is owed).
+    pub fn owed(&self) -> bool {
+        self.0.values().any(|s| s.needs_reverse())
+    }
+}
+
+/// The steps as this version writes them (a map by name), or as an agent before 0.3
+/// did: NodePublish's alone.
+impl<'de> Deserialize<'de> for ClaimSteps {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Stored {
+            ByName(BTreeMap<String, Step>),
+            Publish(Step),
+        }
+        let mut steps = ClaimSteps::default();
+        match Stored::deserialize(d)? {
+            Stored::ByName(by_name) => {
+                for (name, step) in by_name {
+                    steps.set(&name, step);
+                }
+            }
+            Stored::Publish(step) => steps.set(LEGACY_STEP, step),
+        }
+        Ok(steps)
+    }
+}
+
+/// The one step a publish record of an agent before 0.3 recorded (as `step`): the node
+/// executor's name for NodePublishVolume (`node::plan::PUBLISH`).
+const LEGACY_STEP: &str = "NodePublishVolume";
 
 /// What a publish record was made for, besides its claim's identity.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -262,7 +328,7 @@ impl LocalState {
         let staging = staging.as_os_str();
         self.publishes.iter().any(|(k, p)| {
             !p.released
-                && p.step.needs_reverse()
+                && p.steps.owed()
                 && p.staging_path.as_deref().map(Path::as_os_str) == Some(staging)
                 && k != except
         })
@@ -274,6 +340,8 @@ mod tests {
     use super::*;
 
     fn record(staging: &str, step: Step, released: bool) -> PublishRecord {
+        let mut steps = ClaimSteps::default();
+        steps.set(LEGACY_STEP, step);
         PublishRecord {
             claim_uid: "u".into(),
             namespace: Namespace::default_ns(),
@@ -284,7 +352,7 @@ mod tests {
             external_id: ExternalVolumeId::new("e").unwrap(),
             staging_path: Some(PathBuf::from(staging)),
             target_path: PathBuf::from("/t"),
-            step,
+            steps,
             released,
             expanded_bytes: None,
             attachment: None,
@@ -328,11 +396,49 @@ mod tests {
         assert!(!dir.path().join(LEGACY_FILE).exists());
         drop(j);
         let again = LocalState::load(dir.path()).unwrap();
-        assert_eq!(again.publishes["claims/n/default/c"].step, Step::Done);
+        assert_eq!(
+            again.publishes["claims/n/default/c"].steps.get(LEGACY_STEP),
+            Step::Done
+        );
 
         std::fs::write(dir.path().join(LEGACY_FILE), b"{not json").unwrap();
         let e = format!("{:#}", LocalState::load(dir.path()).unwrap_err());
         assert!(e.contains("state.json is not a valid agent state"), "{e}");
+    }
+
+    /// A journal line of an agent before 0.3 (its publish record's `step`) reads as
+    /// that step by name; this version writes the map, and only steps not `Absent`.
+    #[test]
+    fn a_publish_record_of_an_agent_before_0_3_reads_its_step_by_name() {
+        let mut old = serde_json::to_value(record("/s", Step::Done, false)).unwrap();
+        let fields = old.as_object_mut().unwrap();
+        fields.remove("steps");
+        fields.insert("step".into(), serde_json::json!("uncertain"));
+        let line = serde_json::json!([["publishes", "claims/n/default/c", old]]);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE), format!("{line}\n")).unwrap();
+        let j = LocalState::load(dir.path()).unwrap();
+        let rec = &j.publishes["claims/n/default/c"];
+        assert_eq!(rec.steps.get(LEGACY_STEP), Step::Uncertain);
+        assert!(rec.steps.owed());
+        let written = serde_json::to_value(rec).unwrap();
+        assert_eq!(
+            written["steps"],
+            serde_json::json!({LEGACY_STEP: "uncertain"})
+        );
+        assert!(written.get("step").is_none(), "{written}");
+        // An absent step is not written, and reads back as absent.
+        let mut absent = rec.clone();
+        absent.steps.set(LEGACY_STEP, Step::Absent);
+        let back: PublishRecord =
+            serde_json::from_value(serde_json::to_value(&absent).unwrap()).unwrap();
+        assert_eq!(back.steps, ClaimSteps::default());
+        // The old form with nothing done reads as nothing done.
+        let mut none = serde_json::to_value(&absent).unwrap();
+        none.as_object_mut().unwrap().remove("steps");
+        none["step"] = serde_json::json!("absent");
+        let back: PublishRecord = serde_json::from_value(none).unwrap();
+        assert!(!back.steps.owed());
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //!
 //! Expected flow for a claim key:
 //! 1. Wait for the claim cache; take the volume's lock (one node call per volume at a
-//!    time, so a stage and an unstage of one staging path never race).
+//!    time, so a stage and an unstage of one staging path never race). What the pass
+//!    does is [`plan::pass`]'s decision, from the claim and the claim's record, carried
+//!    out in one exhaustive match (`Reconcile::reconcile_claim`); a record whose claim
+//!    is gone or replaced is settled first (`orphans`).
 //! 2. A claim the controller allowed (`spec.publish`) and not released:
 //!    `ensure_staged` (once per staging path, `<mount-dir>/staging/NS/VOL/<usage>`, when
 //!    the plugin has STAGE_UNSTAGE_VOLUME), then `ensure_published` to
@@ -14,10 +17,10 @@
 //!    no other claim uses the staging path; then the Mount says `released`, which is
 //!    what lets the controller detach.
 //! 4. Every change is mirrored in the claim's Mount object; failures are recorded there
-//!    (`last_error`) and as "Mount volume" / "Unmount volume" events. The key is
-//!    retried on the runtime's per-key backoff, and a CSI step is not called again
-//!    before its own schedule allows (its gate, `moor::runtime::steps`, answers
-//!    backing off until then).
+//!    (`last_error`) and as "Mount volume" / "Unmount volume" events. What a failure
+//!    asks of the loop is [`plan::after`]'s: the key is retried on the runtime's
+//!    per-key backoff, and a CSI step is not called again before its own schedule
+//!    allows (its gate, `moor::runtime::steps`, answers backing off until then).
 //!
 //! # Layout
 //! - `plan`: what the node owes a claim, decided from facts alone.
@@ -381,86 +384,102 @@ impl Reconcile {
             (None, None) => key.clone(),
         };
         let _guard = self.r.locks.lock(&lock_key).await;
-        let Some(claim) = claim else {
-            // Deleted: tear down whatever is left, then forget it; unless nothing says
-            // it was deleted (an older snapshot restored): kept and reported.
-            if let Some(rec) = record {
-                if self.missing(&key, &rec).await? == plan::Missing::Orphan {
-                    return self
-                        .orphaned(&key, &rec)
-                        .await
-                        .map(|()| Action::AwaitChange);
-                }
-                self.teardown(&key, &rec).await?;
-                self.forget(&key).await?;
+        let (claim, wanted) = match plan::pass(claim.as_deref(), record.as_ref()) {
+            plan::Pass::Nothing => {
+                self.delete_mount(&key).await?;
+                return Ok(Action::AwaitChange);
             }
-            self.delete_mount(&key).await?;
-            return Ok(Action::AwaitChange);
+            plan::Pass::Gone(rec) => return self.gone(&key, rec).await,
+            plan::Pass::ReleasedForGood => return Ok(Action::AwaitChange),
+            plan::Pass::Replaced(rec, claim, wanted) => {
+                if let Some(done) = self.replaced(&key, rec, claim, wanted).await? {
+                    return Ok(done);
+                }
+                (claim, wanted)
+            }
+            plan::Pass::Claim(claim, wanted) => (claim, wanted),
         };
-        if let Some(rec) = &record {
-            if rec.claim_uid != claim.metadata.uid {
-                if self.missing(&key, rec).await? == plan::Missing::Deleted {
-                    // The claim was deleted and made again while we were away.
-                    self.teardown(&key, rec).await?;
-                    self.forget(&key).await?;
-                } else {
-                    // The record's claim is unknown to the store: kept. This claim of
-                    // the same name takes it over if it would publish the same mount;
-                    // until it is granted that cannot be told (an adoption's claim is
-                    // admitted and attached first: its grant brings it back); one that
-                    // wants something else waits until an operator settles the orphan.
-                    let rec = self.mark_orphan(&key, rec).await?;
-                    if !self.adopt_in_place(&key, &rec, &claim).await? {
-                        self.orphaned(&key, &rec).await?;
-                        if !claim.spec.publish && !claim.spec.release && !claim.is_deleting() {
-                            return Ok(Action::AwaitChange);
-                        }
-                        return Err(NodeError::NameHeldByOrphan {
-                            claim: claim.metadata.name.to_string(),
-                            target: path_str(&rec.target_path),
-                        });
-                    }
-                }
-            }
-        }
-        let done = if claim.spec.release || claim.is_deleting() {
-            self.release(&key, &claim).await
-        } else if claim.spec.publish {
-            match self.granted(&claim).await {
+        let done = match wanted {
+            plan::Wanted::Release => self.release(&key, claim).await,
+            plan::Wanted::Publish => match self.granted(claim).await {
                 Ok(Some((claim, term))) => self.publish(&key, &claim, term).await,
                 // Changed since the cache showed it: its own event comes next.
                 Ok(None) => Ok(()),
                 Err(e) => Err(e),
-            }
-        } else {
-            self.withdrawn(&key, &claim).await
+            },
+            plan::Wanted::Withdrawn => self.withdrawn(&key, claim).await,
         };
-        match done {
+        let Err(e) = done else {
+            return Ok(Action::AwaitChange);
+        };
+        match plan::after(&e) {
             // The step was not taken: said on the Mount (etcd, not the full disk) and
             // as a Warning, and counted.
-            Err(NodeError::State(e)) => {
-                let e = NodeError::State(e);
-                self.journal_failed(&key, &claim, &e).await;
+            plan::After::JournalFailed => {
+                self.journal_failed(&key, claim, &e).await;
                 Err(e)
             }
-            // Not a failure to back off from: the plugin's first fingerprint (every
-            // change of it) triggers every claim again. Right after an agent starts,
-            // this is every claim of the node.
-            Err(NodeError::PluginNotReady(id)) => {
-                tracing::debug!(claim = %key, plugin = %id, "waiting for the plugin's fingerprint");
+            // Not a failure to back off from: the plugin's first fingerprint (right
+            // after an agent starts, every claim of the node waits for it) or the
+            // node's next registration wakes every claim.
+            plan::After::AwaitChange => {
+                tracing::debug!(claim = %key, reason = %e, "waiting");
                 Ok(Action::AwaitChange)
             }
             // Recorded on the Mount already; the step's own schedule says when.
-            Err(NodeError::Step(StepError::BackingOff(b))) => Ok(Action::Requeue(b.after)),
-            // Registering again wakes every claim.
-            Err(NodeError::NotRegistered) => {
-                tracing::debug!(claim = %key, "waiting for the node to register");
-                Ok(Action::AwaitChange)
-            }
-            Err(NodeError::Step(StepError::Csi(_))) => Ok(Action::Requeue(
+            plan::After::Gated(after) => Ok(Action::Requeue(after)),
+            plan::After::StepSchedule => Ok(Action::Requeue(
                 self.r.steps.remaining(&key).unwrap_or_default(),
             )),
-            other => other.map(|()| Action::AwaitChange),
+            plan::After::Backoff => Err(e),
+        }
+    }
+
+    /// A record whose claim the store no longer holds: torn down and forgotten (and
+    /// the claim's Mount deleted), unless nothing says the claim was deleted (an older
+    /// snapshot restored): then kept and reported.
+    async fn gone(&self, key: &str, rec: &PublishRecord) -> Result<Action, NodeError> {
+        if self.missing(key, rec).await? == plan::Missing::Orphan {
+            self.orphaned(key, rec).await?;
+            return Ok(Action::AwaitChange);
+        }
+        self.teardown(key, rec).await?;
+        self.forget(key).await?;
+        self.delete_mount(key).await?;
+        Ok(Action::AwaitChange)
+    }
+
+    /// A record of another claim of the same name: torn down and forgotten if that
+    /// claim was deleted (and made again while the agent was away); else kept as an
+    /// orphan, which this claim takes over if it would publish the same mount. `Some`:
+    /// the pass ends there (the claim waits for an operator to settle the orphan).
+    async fn replaced(
+        &self,
+        key: &str,
+        rec: &PublishRecord,
+        claim: &Claim,
+        wanted: plan::Wanted,
+    ) -> Result<Option<Action>, NodeError> {
+        if self.missing(key, rec).await? == plan::Missing::Deleted {
+            self.teardown(key, rec).await?;
+            self.forget(key).await?;
+            return Ok(None);
+        }
+        // The record's claim is unknown to the store: kept. Until this claim is
+        // granted it cannot be told whether it makes the same mount (an adoption's
+        // claim is admitted and attached first: its grant brings it back); one that
+        // wants something else waits until an operator settles the orphan.
+        let rec = self.mark_orphan(key, rec).await?;
+        if self.adopt_in_place(key, &rec, claim).await? {
+            return Ok(None);
+        }
+        self.orphaned(key, &rec).await?;
+        match wanted {
+            plan::Wanted::Withdrawn => Ok(Some(Action::AwaitChange)),
+            plan::Wanted::Release | plan::Wanted::Publish => Err(NodeError::NameHeldByOrphan {
+                claim: claim.metadata.name.to_string(),
+                target: path_str(&rec.target_path),
+            }),
         }
     }
 
@@ -470,13 +489,16 @@ impl Reconcile {
     /// not show the withdrawal yet). `None`: the grant is no longer as cached. With the
     /// claim, the registration term it was read in: each forward call is gated on that
     /// term still holding ([`Reconcile::forward_csi`]).
-    async fn granted(&self, cached: &Arc<Claim>) -> Result<Option<(Arc<Claim>, u64)>, NodeError> {
+    async fn granted<'c>(
+        &self,
+        cached: &'c Claim,
+    ) -> Result<Option<(std::borrow::Cow<'c, Claim>, u64)>, NodeError> {
         let term = self.r.supervisor.registration();
         if term == 0 {
             return Err(NodeError::NotRegistered);
         }
         if term == self.listed_in {
-            return Ok(Some((cached.clone(), term)));
+            return Ok(Some((std::borrow::Cow::Borrowed(cached), term)));
         }
         let fresh = self.r.store.try_get(&cached.object_key()).await?;
         Ok(fresh
@@ -486,7 +508,7 @@ impl Reconcile {
                     && !c.spec.release
                     && !c.is_deleting()
             })
-            .map(|c| (Arc::new(c), term)))
+            .map(|c| (std::borrow::Cow::Owned(c), term)))
     }
 
     /// A claim the node may not act on (not yet granted, or its grant withdrawn): what
@@ -504,13 +526,7 @@ impl Reconcile {
             return Ok(());
         }
         if !rec.released {
-            if let Err(e) = self.teardown(key, &rec).await {
-                if !e.is_backing_off() {
-                    let msg = moor::process::error_chain(&e);
-                    self.sync_mount(key, claim, Some(msg)).await?;
-                }
-                return Err(e);
-            }
+            self.torn_down(key, claim, &rec).await?;
         }
         self.forget(key).await?;
         self.sync_mount(key, claim, None).await
@@ -538,31 +554,36 @@ impl Reconcile {
             .map_err(NodeError::from)
     }
 
-    /// Runs a forward CSI step as a checkpoint in the local state: gated first (a step
-    /// that is backing off records nothing new), then recorded as uncertain by `mark`
-    /// before the call and done after OK. A final or transient answer (the plugin
-    /// refused: it took no effect) to a step that had not taken effect before
-    /// (`before` Absent) records it Absent again: nothing is owed. An uncertain answer
-    /// leaves it uncertain, so its reverse stays owed.
+    /// Runs forward CSI step `step` as a checkpoint in the local state, its record kept
+    /// in `scope`: gated first (a step that is backing off records nothing new), then
+    /// recorded as uncertain before the call and done after OK. A final or transient
+    /// answer (the plugin refused: it took no effect) to a step that had not taken
+    /// effect before (its record Absent) records it Absent again: nothing is owed. An
+    /// uncertain answer leaves it uncertain, so its reverse stays owed.
     async fn checkpointed<T>(
         &self,
         key: &str,
         step: &'static str,
         inputs: u64,
-        before: Step,
-        mark: impl Fn(&mut LocalState, Step),
+        scope: Scope<'_>,
         call: impl std::future::Future<Output = Result<T, CsiError>>,
     ) -> Result<T, NodeError> {
-        let step = self.begin(key, step, inputs)?;
-        self.edit(|s| mark(s, Step::Uncertain)).await?;
-        match step.call(call).await {
+        let gate = self.begin(key, step, inputs)?;
+        let mut before = Step::Absent;
+        self.edit(|s| {
+            before = scope.get(s, key, step);
+            scope.set(s, key, step, Step::Uncertain)
+        })
+        .await?;
+        match gate.call(call).await {
             Ok(v) => {
-                self.record(|s| mark(s, Step::Done)).await?;
+                self.record(|s| scope.set(s, key, step, Step::Done)).await?;
                 Ok(v)
             }
             Err(failed) => {
                 if took_no_effect(&failed.error) && before == Step::Absent {
-                    self.record(|s| mark(s, Step::Absent)).await?;
+                    self.record(|s| scope.set(s, key, step, Step::Absent))
+                        .await?;
                 }
                 Err(failed.into())
             }
@@ -682,6 +703,58 @@ impl Reconcile {
             .ok_or(NodeError::NotRegistered)?;
         Ok(self.csi(cfg)?.under(term))
     }
+}
+
+/// Where a forward step's record is kept.
+#[derive(Clone, Copy)]
+enum Scope<'a> {
+    /// Among the claim's own steps (its publish record's `steps`), by the step's name.
+    Claim,
+    /// The staging path's record, shared by the claims staged there: made as this one
+    /// (its step aside) when the step is recorded, dropped when the step is Absent.
+    Staging(&'a Path, &'a StageRecord),
+}
+
+impl Scope<'_> {
+    /// How far `step` got, as recorded.
+    fn get(self, s: &LocalState, key: &str, step: &str) -> Step {
+        match self {
+            Scope::Claim => s
+                .publishes
+                .get(key)
+                .map_or(Step::Absent, |p| p.steps.get(step)),
+            Scope::Staging(path, _) => s.stages.get(path).map_or(Step::Absent, |st| st.step),
+        }
+    }
+
+    /// Records how far `step` got.
+    fn set(self, s: &mut LocalState, key: &str, step: &str, to: Step) {
+        match self {
+            Scope::Claim => {
+                if let Some(p) = s.publishes.get_mut(key) {
+                    p.steps.set(step, to);
+                }
+            }
+            Scope::Staging(path, _) if to == Step::Absent => {
+                s.stages.remove(path);
+            }
+            Scope::Staging(path, made) => {
+                let rec = StageRecord {
+                    step: to,
+                    ..made.clone()
+                };
+                s.stages.insert(path.to_path_buf(), rec);
+            }
+        }
+    }
+}
+
+/// The staging path of a record the plan stages or unstages (it does only where the
+/// record has one: [`plan::Facts::stages`]).
+fn staging_of(rec: &PublishRecord) -> Result<&Path, NodeError> {
+    rec.staging_path
+        .as_deref()
+        .ok_or(NodeError::Incomplete("a staging path"))
 }
 
 /// A final or transient answer (ResourceExhausted, Aborted): the plugin refused, the

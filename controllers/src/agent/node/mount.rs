@@ -48,7 +48,9 @@ impl Reconcile {
         });
         let last_error = last_error.or_else(|| held.as_ref().map(|e| e.to_string()));
         let released = rec.as_ref().is_none_or(|r| r.released) && held.is_none();
-        let publish = rec.as_ref().map(|r| r.step).unwrap_or_default();
+        let publish = rec
+            .as_ref()
+            .map_or(Step::Absent, |r| r.steps.get(plan::PUBLISH));
         // A failing CSI step stays on the Mount until it succeeds: what it waits on,
         // since when, the last answer and the next retry.
         let retry = self.r.steps.latest_failure(key);

@@ -145,8 +145,8 @@ impl Reconcile {
         let status = MountStatus {
             staged: stage == Some(Step::Done),
             stage_uncertain: stage == Some(Step::Uncertain),
-            published: rec.step == Step::Done,
-            publish_uncertain: rec.step == Step::Uncertain,
+            published: rec.steps.get(plan::PUBLISH) == Step::Done,
+            publish_uncertain: rec.steps.get(plan::PUBLISH) == Step::Uncertain,
             expanded_bytes: rec.expanded_bytes,
             orphan: rec.orphan(since).map(Box::new),
             ..Default::default()

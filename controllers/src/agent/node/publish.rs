@@ -53,7 +53,7 @@ fn new_record(
         external_id: external_id.clone(),
         staging_path: stages.then(|| paths.staging_host.clone()),
         target_path: paths.target_host.clone(),
-        step: Step::Absent,
+        steps: Default::default(),
         released: false,
         expanded_bytes: None,
         attachment: claim.spec.attachment.as_ref().map(Uid::to_string),
@@ -77,8 +77,8 @@ struct Recorded {
 
 impl Reconcile {
     /// The publish pass of a granted claim: the record on the current grant
-    /// ([`Reconcile::recorded`]), the actions [`plan::publish_pass`] lists for it, those
-    /// on a staging path of an earlier grant first, then the rest
+    /// ([`Reconcile::recorded`]), a staging path of an earlier grant settled
+    /// ([`plan::earlier_stage`]), then the actions [`plan::publish_pass`] lists
     /// ([`Reconcile::carry_out`]).
     pub(super) async fn publish(
         &self,
@@ -86,22 +86,33 @@ impl Reconcile {
         claim: &Claim,
         term: u64,
     ) -> Result<(), NodeError> {
-        let Some(Recorded {
+        let Recorded {
             cfg,
             caps,
             cap,
             external_id,
             paths,
             rec,
-        }) = self.recorded(key, claim).await?
-        else {
-            return Ok(());
-        };
+        } = self.recorded(key, claim).await?;
         // The Mount is written once the steps owed are done (or one failed), not
         // before the first call: the journal already records each call's uncertainty,
         // and the controller waits for a Mount that acknowledges a release whether or
         // not one was written before.
         let facts = plan::read(&*self.r.local.lock().await, key, &rec, Some(claim));
+        match plan::earlier_stage(&facts) {
+            plan::EarlierStage::Stands => {}
+            plan::EarlierStage::Unstage => {
+                let uid = claim.metadata.uid.to_string();
+                self.unstage(&cfg, key, &rec, staging_of(&rec)?, &uid)
+                    .await?
+            }
+            plan::EarlierStage::Wait => {
+                let e = NodeError::StagingBusy(path_str(staging_of(&rec)?));
+                self.sync_mount(key, claim, Some(moor::process::error_chain(&e)))
+                    .await?;
+                return Err(e);
+            }
+        }
         let expansion = plan::Expansion {
             asked: claim.spec.node_expansion_bytes,
             expanded: rec.expanded_bytes,
@@ -110,25 +121,6 @@ impl Reconcile {
             stages: rec.staging_path.is_some(),
         };
         let actions = plan::publish_pass(&facts, &expansion);
-        let current = actions
-            .iter()
-            .position(|a| !a.on_earlier_stage())
-            .unwrap_or(actions.len());
-        for &action in &actions[..current] {
-            match (action, rec.staging_path.as_deref()) {
-                (plan::Action::Unstage, Some(staging)) => {
-                    self.unstage(&cfg, key, &rec, staging, &claim.metadata.uid.to_string())
-                        .await?
-                }
-                (plan::Action::WaitForStaging, Some(staging)) => {
-                    let e = NodeError::StagingBusy(path_str(staging));
-                    self.sync_mount(key, claim, Some(moor::process::error_chain(&e)))
-                        .await?;
-                    return Err(e);
-                }
-                _ => {}
-            }
-        }
         // The controller copies the volume's secrets (or the Secrets it names for the
         // node calls) onto the claim at admission, and again when they change: an
         // agent reads its node's claims only.
@@ -159,17 +151,15 @@ impl Reconcile {
             },
             term,
         };
-        self.carry_out(&pass, &actions[current..]).await
+        self.carry_out(&pass, &actions).await
     }
 
     /// The claim's record on its current grant, written to the local state before any
     /// step: what an earlier grant left settled first ([`plan::earlier_grant`]), a new
-    /// record made when there is none. `None`: released for good, nothing to do.
-    async fn recorded(&self, key: &str, claim: &Claim) -> Result<Option<Recorded>, NodeError> {
+    /// record made when there is none. A record released for good never gets here
+    /// ([`plan::Pass::ReleasedForGood`]).
+    async fn recorded(&self, key: &str, claim: &Claim) -> Result<Recorded, NodeError> {
         let existing = self.r.local.lock().await.publishes.get(key).cloned();
-        if existing.as_ref().is_some_and(|r| r.released) {
-            return Ok(None);
-        }
         let existing = match existing {
             Some(rec) => self.on_current_grant(key, claim, rec).await?,
             None => None,
@@ -207,46 +197,45 @@ impl Reconcile {
                 rec
             }
         };
-        Ok(Some(Recorded {
+        Ok(Recorded {
             cfg,
             caps,
             cap,
             external_id,
             paths,
             rec,
-        }))
+        })
     }
 
-    /// Carries out a publish pass's actions on the current grant, in order: the
-    /// Mount written and "Mount volume" said once the forward steps are done, or at the
-    /// first that failed ([`Reconcile::mount_failed`]).
+    /// Carries out a publish pass's actions on the current grant, in order, each in its
+    /// own arm: the Mount written and "Mount volume" said once the forward steps are
+    /// done, or at the first that failed ([`Reconcile::mount_failed`]).
     async fn carry_out(&self, pass: &Pass<'_>, actions: &[plan::Action]) -> Result<(), NodeError> {
-        let (key, claim, cfg) = (pass.key, pass.v.claim, pass.cfg);
+        let (key, claim) = (pass.key, pass.v.claim);
         let mut mounted = false;
         for &action in actions {
-            let done = match (action, pass.rec.staging_path.as_deref()) {
-                (plan::Action::Adopt, _) => return self.sync_mount(key, claim, None).await,
-                (plan::Action::Confirm, _) => match self.declared_gone(claim).await? {
+            let done = match action {
+                plan::Action::Adopt => return self.sync_mount(key, claim, None).await,
+                plan::Action::Confirm => match self.declared_gone(claim).await? {
                     Some(why) => return self.sync_mount(key, claim, Some(why)).await,
-                    None => continue,
+                    // Nothing forward is done yet: the steps that follow say it.
+                    None => Ok(false),
                 },
-                (plan::Action::ExpandPublished(bytes), _) => {
-                    let volume_path = path_str(&pass.paths.target_plugin);
-                    let r = self.ensure_expanded(pass, bytes, &volume_path).await;
+                plan::Action::Stage => self.ensure_staged(pass).await.map(|()| true),
+                plan::Action::ExpandStaged(bytes) => self
+                    .ensure_expanded(pass, bytes, Expanded::Staged)
+                    .await
+                    .map(|()| true),
+                plan::Action::Publish => self.ensure_published(pass).await.map(|()| true),
+                plan::Action::ExpandPublished(bytes) => {
+                    let r = self.ensure_expanded(pass, bytes, Expanded::Published).await;
                     return self.after_expansion(key, claim, r).await;
                 }
-                (plan::Action::Stage, Some(staging)) => self.ensure_staged(pass, staging).await,
-                (plan::Action::ExpandStaged(bytes), Some(staging)) => {
-                    let volume_path = path_str(&plugin_path(cfg, staging));
-                    self.ensure_expanded(pass, bytes, &volume_path).await
-                }
-                (plan::Action::Publish, _) => self.ensure_published(pass).await,
-                _ => continue,
             };
-            if let Err(e) = done {
-                return self.mount_failed(key, claim, e).await;
+            match done {
+                Ok(stepped) => mounted |= stepped,
+                Err(e) => return self.mount_failed(key, claim, e).await,
             }
-            mounted = true;
         }
         if mounted {
             self.sync_mount(key, claim, None).await?;
@@ -287,33 +276,37 @@ impl Reconcile {
         Err(e)
     }
 
-    /// NodeExpandVolume of the volume at `volume_path` to `bytes`; the capacity is
-    /// recorded in the claim's publish record (and so on its Mount).
+    /// NodeExpandVolume of the volume (at its staging path or its target path) to
+    /// `bytes`; the capacity is recorded in the claim's publish record (and so on its
+    /// Mount).
     async fn ensure_expanded(
         &self,
         pass: &Pass<'_>,
         bytes: u64,
-        volume_path: &str,
+        at: Expanded,
     ) -> Result<(), NodeError> {
-        const STEP: &str = "NodeExpandVolume";
         let (key, claim, rec) = (pass.key, pass.v.claim, pass.rec);
-        let inputs = self.inputs(&claim.metadata.uid.to_string(), claim.metadata.generation);
-        let step = self.begin(key, STEP, inputs)?;
         let staging = rec
             .staging_path
             .as_ref()
             .map(|s| path_str(&plugin_path(pass.cfg, s)));
+        let volume_path = match at {
+            Expanded::Staged => path_str(&plugin_path(pass.cfg, staging_of(rec)?)),
+            Expanded::Published => path_str(&pass.paths.target_plugin),
+        };
+        let inputs = self.inputs(&claim.metadata.uid.to_string(), claim.metadata.generation);
+        let step = self.begin(key, plan::EXPAND, inputs)?;
         // The volume as the record names it (the one staged and published).
         let v = NodeVolume {
             volume_id: &rec.external_id,
             ..pass.v
         };
-        let req = requests::node_expand(&v, volume_path, staging.as_deref(), bytes);
+        let req = requests::node_expand(&v, &volume_path, staging.as_deref(), bytes);
         let range = req.capacity_range;
         let csi = self.forward_csi(pass.cfg, pass.term)?;
         let resp = step.call(csi.node_expand(req)).await?;
         let breach = moor::csi::contract::expanded(
-            STEP,
+            plan::EXPAND,
             rec.external_id.as_str(),
             range.as_ref(),
             resp.capacity_bytes,
@@ -382,15 +375,17 @@ impl Reconcile {
         }
     }
 
-    async fn ensure_staged(&self, pass: &Pass<'_>, staging: &Path) -> Result<(), NodeError> {
+    /// NodeStageVolume to the record's staging path, recorded in the staging path's
+    /// record (shared by the claims staged there).
+    async fn ensure_staged(&self, pass: &Pass<'_>) -> Result<(), NodeError> {
         let (cfg, key, v) = (pass.cfg, pass.key, &pass.v);
         let claim = v.claim;
-        let current = self.r.local.lock().await.stages.get(staging).cloned();
+        let staging = staging_of(pass.rec)?;
         std::fs::create_dir_all(staging).map_err(|source| NodeError::Io {
             path: path_str(staging),
             source,
         })?;
-        let record = StageRecord {
+        let made = StageRecord {
             namespace: claim.metadata.namespace.clone(),
             volume: claim.spec.volume.clone(),
             plugin_id: cfg.id.clone(),
@@ -402,30 +397,10 @@ impl Reconcile {
         let req = requests::node_stage(v, &path_str(&plugin_path(cfg, staging)));
         let csi = self.forward_csi(cfg, pass.term)?;
         let inputs = self.inputs(&claim.metadata.uid.to_string(), claim.metadata.generation);
-        let before = current.map_or(Step::Absent, |c| c.step);
-        let mark = |s: &mut LocalState, step: Step| {
-            if step == Step::Absent {
-                s.stages.remove(staging);
-            } else {
-                s.stages.insert(
-                    staging.to_path_buf(),
-                    StageRecord {
-                        step,
-                        ..record.clone()
-                    },
-                );
-            }
-        };
-        self.checkpointed(
-            key,
-            "NodeStageVolume",
-            inputs,
-            before,
-            mark,
-            csi.node_stage(req),
-        )
-        .await
-        .map(|_| ())
+        let scope = Scope::Staging(staging, &made);
+        self.checkpointed(key, plan::STAGE, inputs, scope, csi.node_stage(req))
+            .await
+            .map(|_| ())
     }
 
     /// The claim's publish record if it stands on the claim's current grant; if it was
@@ -450,31 +425,6 @@ impl Reconcile {
         Ok(None)
     }
 
-    pub(super) async fn set_stage(
-        &self,
-        staging: &Path,
-        rec: Option<StageRecord>,
-    ) -> Result<(), NodeError> {
-        self.record(|s| match rec {
-            Some(r) => {
-                s.stages.insert(staging.to_path_buf(), r);
-            }
-            None => {
-                s.stages.remove(staging);
-            }
-        })
-        .await
-    }
-
-    pub(super) async fn set_publish_step(&self, key: &str, step: Step) -> Result<(), NodeError> {
-        self.record(|s| {
-            if let Some(p) = s.publishes.get_mut(key) {
-                p.step = step;
-            }
-        })
-        .await
-    }
-
     async fn ensure_published(&self, pass: &Pass<'_>) -> Result<(), NodeError> {
         let (cfg, key, v, rec, paths) = (pass.cfg, pass.key, &pass.v, pass.rec, pass.paths);
         let claim = v.claim;
@@ -491,20 +441,18 @@ impl Reconcile {
         let req = requests::node_publish(v, staging.as_deref(), &path_str(&paths.target_plugin));
         let csi = self.forward_csi(cfg, pass.term)?;
         let inputs = self.inputs(&claim.metadata.uid.to_string(), claim.metadata.generation);
-        let mark = |s: &mut LocalState, step: Step| {
-            if let Some(p) = s.publishes.get_mut(key) {
-                p.step = step;
-            }
-        };
-        self.checkpointed(
-            key,
-            "NodePublishVolume",
-            inputs,
-            rec.step,
-            mark,
-            csi.node_publish(req),
-        )
-        .await
-        .map(|_| ())
+        let call = csi.node_publish(req);
+        self.checkpointed(key, plan::PUBLISH, inputs, Scope::Claim, call)
+            .await
+            .map(|_| ())
     }
+}
+
+/// Where NodeExpandVolume finds the volume.
+#[derive(Clone, Copy)]
+enum Expanded {
+    /// At its staging path, before NodePublish (offline).
+    Staged,
+    /// At the claim's target path (online).
+    Published,
 }

@@ -11,25 +11,17 @@ impl Reconcile {
     pub(super) async fn release(&self, key: &str, claim: &Claim) -> Result<(), NodeError> {
         let rec = self.r.local.lock().await.publishes.get(key).cloned();
         if let Some(rec) = rec.filter(|r| !r.released) {
-            let torn_down = async {
-                if let Some(cgroup) = claim.spec.workload_cgroup.as_deref() {
-                    end_workload(cgroup).await?;
+            if let Some(cgroup) = claim.spec.workload_cgroup.as_deref() {
+                if let Err(e) = end_workload(cgroup).await {
+                    return self.teardown_failed(key, claim, e).await;
                 }
-                self.teardown(key, &rec).await
             }
-            .await;
-            if let Err(e) = torn_down {
-                if !e.is_backing_off() {
-                    let msg = moor::process::error_chain(&e);
-                    self.sync_mount(key, claim, Some(msg)).await?;
-                }
-                return Err(e);
-            }
+            self.torn_down(key, claim, &rec).await?;
             // On disk before the Mount says released (sync_mount settles).
             self.record(|s| {
                 if let Some(p) = s.publishes.get_mut(key) {
                     p.released = true;
-                    p.step = Step::Absent;
+                    p.steps = Default::default();
                 }
             })
             .await?;
@@ -50,6 +42,35 @@ impl Reconcile {
         Ok(())
     }
 
+    /// The claim's teardown ([`Reconcile::teardown`]) for a release or a withdrawn
+    /// grant, its failure said on the Mount.
+    pub(super) async fn torn_down(
+        &self,
+        key: &str,
+        claim: &Claim,
+        rec: &PublishRecord,
+    ) -> Result<(), NodeError> {
+        match self.teardown(key, rec).await {
+            Ok(()) => Ok(()),
+            Err(e) => self.teardown_failed(key, claim, e).await,
+        }
+    }
+
+    /// A teardown that failed: said on the Mount, unless it was recorded when it failed
+    /// (backing off).
+    async fn teardown_failed(
+        &self,
+        key: &str,
+        claim: &Claim,
+        e: NodeError,
+    ) -> Result<(), NodeError> {
+        if !e.is_backing_off() {
+            let msg = moor::process::error_chain(&e);
+            self.sync_mount(key, claim, Some(msg)).await?;
+        }
+        Err(e)
+    }
+
     /// NodeUnpublish if it may be published, then NodeUnstage if no other claim uses the
     /// staging path and it may be staged.
     pub(super) async fn teardown(&self, key: &str, rec: &PublishRecord) -> Result<(), NodeError> {
@@ -60,14 +81,14 @@ impl Reconcile {
         let facts = plan::read(&*self.r.local.lock().await, key, rec, None);
         let steps = plan::to_release(&facts);
         for step in steps {
-            match (step, &rec.staging_path) {
-                (plan::Reverse::Unpublish, _) => self.ensure_unpublished(&cfg, key, rec).await?,
-                (plan::Reverse::Unstage, Some(staging)) => {
+            match step {
+                plan::Reverse::Unpublish => self.ensure_unpublished(&cfg, key, rec).await?,
+                plan::Reverse::Unstage => {
+                    let staging = staging_of(rec)?;
                     self.unstage(&cfg, key, rec, staging, &rec.claim_uid)
                         .await?
                 }
-                (plan::Reverse::ForgetStage, Some(staging)) => self.forget_stage(staging).await?,
-                (plan::Reverse::Unstage | plan::Reverse::ForgetStage, None) => {}
+                plan::Reverse::ForgetStage => self.forget_stage(staging_of(rec)?).await?,
             }
         }
         Ok(())
@@ -91,7 +112,7 @@ impl Reconcile {
             volume_id: volume_id.to_string(),
             staging_target_path: path_str(&plugin_path(cfg, staging)),
         };
-        let step = self.begin(key, "NodeUnstageVolume", self.inputs(claim_uid, 0))?;
+        let step = self.begin(key, plan::UNSTAGE, self.inputs(claim_uid, 0))?;
         let csi = self.csi(cfg)?;
         step.call(csi.node_unstage(req)).await?;
         self.forget_stage(staging).await
@@ -107,19 +128,23 @@ impl Reconcile {
             volume_id: rec.external_id.to_string(),
             target_path: path_str(&plugin_path(cfg, &rec.target_path)),
         };
-        let step = self.begin(key, "NodeUnpublishVolume", self.inputs(&rec.claim_uid, 0))?;
+        let step = self.begin(key, plan::UNPUBLISH, self.inputs(&rec.claim_uid, 0))?;
         let csi = self.csi(cfg)?;
         let result = step.call(csi.node_unpublish(req)).await;
         let error = result.as_ref().err().map(|f| f.message());
         self.unmount_event(rec, error).await;
         result?;
-        self.set_publish_step(key, Step::Absent).await
+        self.record(|s| Scope::Claim.set(s, key, plan::PUBLISH, Step::Absent))
+            .await
     }
 
     /// Drops the staging path's record; the directory is ours to remove once the
     /// plugin let go of it.
     async fn forget_stage(&self, staging: &Path) -> Result<(), NodeError> {
-        self.set_stage(staging, None).await?;
+        self.record(|s| {
+            s.stages.remove(staging);
+        })
+        .await?;
         let _ = std::fs::remove_dir(staging);
         Ok(())
     }

@@ -70,7 +70,7 @@ impl Reconcile {
                 local
                     .publishes
                     .iter()
-                    .filter(|(_, r)| r.step == Step::Done && !r.released)
+                    .filter(|(_, r)| r.steps.get(plan::PUBLISH) == Step::Done && !r.released)
                     .map(|(k, r)| (k.clone(), r.clone()))
                     .collect()
             };

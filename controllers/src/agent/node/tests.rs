@@ -210,3 +210,76 @@ async fn a_claim_lost_with_its_mount_is_adopted_and_one_deleted_alone_is_redone(
     ]));
     assert_eq!(rig.steps(), expect);
 }
+
+/// An online expansion asked of the node (the plugin answers ControllerExpandVolume
+/// with `node_expansion_required`): NodeExpandVolume of the published volume is the
+/// pass's only step (nothing staged or published again), recorded on the Mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_online_expansion_is_the_published_volume_s_only_step() {
+    let rig = Rig::start(&["--node-expansion-required"]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.run("a1", "v1").await;
+    rig.wait_claim("a1", ClaimPhase::Published).await;
+    rig.edit_volume("v1", |s| s.capacity_min = Some(moor::api::Size(4 << 20)))
+        .await;
+    rig.wait("the node to expand a1's volume", || async {
+        rig.mount("a1")
+            .await
+            .is_some_and(|m| m.status.expanded_bytes == Some(4 << 20))
+    })
+    .await;
+    let mut expect = owned(&CREATED);
+    expect.extend(owned(&[
+        "NodeStageVolume",
+        "NodePublishVolume",
+        "ControllerExpandVolume",
+        "NodeExpandVolume",
+    ]));
+    assert_eq!(rig.steps(), expect);
+    let expand = rig
+        .calls()
+        .into_iter()
+        .find(|c| c.rpc == "NodeExpandVolume")
+        .expect("the call");
+    let target = rig.mount("a1").await.expect("Mount").spec.target_path;
+    assert!(
+        expand
+            .target_path
+            .as_deref()
+            .is_some_and(|t| target.ends_with(t)),
+        "expanded at the target path {target}: {expand:?}"
+    );
+}
+
+/// An offline plugin: the volume is expanded once released, and the next claim's
+/// node expands it on the staged volume, between NodeStage and NodePublish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_expansion_runs_between_stage_and_publish() {
+    let rig = Rig::start(&["--node-expansion-required", "--expansion=offline"]).await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.run("a1", "v1").await;
+    rig.wait_claim("a1", ClaimPhase::Published).await;
+    rig.stop("a1").await;
+    rig.wait_claim("a1", ClaimPhase::Released).await;
+    rig.edit_volume("v1", |s| s.capacity_min = Some(moor::api::Size(4 << 20)))
+        .await;
+    rig.wait("the controller to expand v1", || async {
+        rig.steps().iter().any(|s| s == "ControllerExpandVolume")
+    })
+    .await;
+    let before = rig.steps().len();
+    rig.run("a2", "v1").await;
+    rig.wait_claim("a2", ClaimPhase::Published).await;
+    let steps = rig.steps();
+    assert_eq!(
+        steps[before..],
+        owned(&[
+            "ControllerPublishVolume",
+            "NodeStageVolume",
+            "NodeExpandVolume",
+            "NodePublishVolume"
+        ])
+    );
+    let m = rig.mount("a2").await.expect("Mount");
+    assert_eq!(m.status.expanded_bytes, Some(4 << 20), "{:?}", m.status);
+}
