@@ -946,10 +946,13 @@ async fn group_snapshots_are_cut_in_one_call_restored_by_member_deleted_and_impo
         "kept"
     );
     c.csi()
-        .get_group_snapshot(moor::csi::v1::GetVolumeGroupSnapshotRequest {
-            group_snapshot_id: made.group_snapshot_id.clone(),
-            ..Default::default()
-        })
+        .get_group_snapshot(
+            moor::csi::v1::GetVolumeGroupSnapshotRequest {
+                group_snapshot_id: made.group_snapshot_id.clone(),
+                ..Default::default()
+            },
+            &[],
+        )
         .await
         .expect("still in the plugin");
 

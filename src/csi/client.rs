@@ -22,9 +22,12 @@ use std::future::Future;
 use tonic::transport::Channel;
 use tracing::Instrument;
 
+use super::contract::{self, Breach, Monitor};
 use super::policy::{request, CsiError, Policy};
 use super::v1;
+use crate::api::ObjectRef;
 use crate::runtime::term::Term;
+use std::sync::Arc;
 use v1::controller_client::ControllerClient;
 use v1::group_controller_client::GroupControllerClient;
 use v1::node_client::NodeClient;
@@ -40,6 +43,10 @@ pub struct Csi {
     channel: Channel,
     policy: Policy,
     term: Option<Term>,
+    /// Where the answers' breaches of the contract go ([`Csi::checked`]).
+    monitor: Option<Arc<dyn Monitor>>,
+    /// The object the calls are about ([`Csi::about`]).
+    about: Option<ObjectRef>,
 }
 
 /// A reverse call's answer: NotFound is the spec's answer for something already gone,
@@ -116,6 +123,42 @@ impl Csi {
             channel,
             policy,
             term: None,
+            monitor: None,
+            about: None,
+        }
+    }
+
+    /// This client with its answers checked against the contract's rules
+    /// ([`contract`]) wherever it is called, each breach reported to `monitor`; the
+    /// caller goes on with the answer as given.
+    pub fn checked(self, monitor: Arc<dyn Monitor>) -> Csi {
+        Csi {
+            monitor: Some(monitor),
+            ..self
+        }
+    }
+
+    /// This client's calls are about `object` (a volume, a claim, a snapshot): the
+    /// object a breach is reported on (the plugin itself without one).
+    pub fn about(self, object: ObjectRef) -> Csi {
+        Csi {
+            about: Some(object),
+            ..self
+        }
+    }
+
+    /// Runs `rules` against the monitor, if the client is checked, and reports what
+    /// they find.
+    async fn check<I>(&self, rules: impl FnOnce(&dyn Monitor) -> I)
+    where
+        I: IntoIterator<Item = Breach>,
+    {
+        let Some(monitor) = &self.monitor else {
+            return;
+        };
+        let found: Vec<Breach> = rules(monitor.as_ref()).into_iter().collect();
+        if !found.is_empty() {
+            monitor.report(self.about.as_ref(), found).await;
         }
     }
 
@@ -134,7 +177,7 @@ impl Csi {
     ///
     /// The call (with its tries) is a span exported with the caller's trace: `rpc`,
     /// `volume`, `node`, and the answer's `code`.
-    async fn call<Q, R, F, Fut>(&self, rpc: &'static str, req: Q, send: F) -> Result<R, CsiError>
+    async fn call<Q, R, F, Fut>(&self, rpc: &'static str, req: &Q, send: F) -> Result<R, CsiError>
     where
         Q: Clone + Target,
         F: Fn(Channel, tonic::Request<Q>) -> Fut,
@@ -182,16 +225,25 @@ impl Csi {
         &self,
         req: v1::CreateVolumeRequest,
     ) -> Result<v1::CreateVolumeResponse, CsiError> {
-        self.call("CreateVolume", req, |ch, r| async move {
-            ControllerClient::new(ch).create_volume(r).await
-        })
-        .await
+        let resp = self
+            .call("CreateVolume", &req, |ch, r| async move {
+                ControllerClient::new(ch).create_volume(r).await
+            })
+            .await?;
+        if let Some(v) = resp.volume.as_ref().filter(|v| !v.volume_id.is_empty()) {
+            self.check(|m| {
+                let earlier = m.earlier_id(&req.name, &v.volume_id);
+                contract::create_volume(&req, v, earlier.as_deref())
+            })
+            .await;
+        }
+        Ok(resp)
     }
 
     /// DeleteVolume; NotFound is done.
     pub async fn delete_volume(&self, req: v1::DeleteVolumeRequest) -> Result<(), CsiError> {
         done_if_gone(
-            self.call("DeleteVolume", req, |ch, r| async move {
+            self.call("DeleteVolume", &req, |ch, r| async move {
                 ControllerClient::new(ch).delete_volume(r).await
             })
             .await,
@@ -203,7 +255,7 @@ impl Csi {
         &self,
         req: v1::ControllerPublishVolumeRequest,
     ) -> Result<v1::ControllerPublishVolumeResponse, CsiError> {
-        self.call("ControllerPublishVolume", req, |ch, r| async move {
+        self.call("ControllerPublishVolume", &req, |ch, r| async move {
             ControllerClient::new(ch).controller_publish_volume(r).await
         })
         .await
@@ -215,7 +267,7 @@ impl Csi {
         req: v1::ControllerUnpublishVolumeRequest,
     ) -> Result<(), CsiError> {
         done_if_gone(
-            self.call("ControllerUnpublishVolume", req, |ch, r| async move {
+            self.call("ControllerUnpublishVolume", &req, |ch, r| async move {
                 ControllerClient::new(ch)
                     .controller_unpublish_volume(r)
                     .await
@@ -229,7 +281,7 @@ impl Csi {
         &self,
         req: v1::NodeStageVolumeRequest,
     ) -> Result<v1::NodeStageVolumeResponse, CsiError> {
-        self.call("NodeStageVolume", req, |ch, r| async move {
+        self.call("NodeStageVolume", &req, |ch, r| async move {
             NodeClient::new(ch).node_stage_volume(r).await
         })
         .await
@@ -238,7 +290,7 @@ impl Csi {
     /// NodeUnstageVolume; NotFound is done.
     pub async fn node_unstage(&self, req: v1::NodeUnstageVolumeRequest) -> Result<(), CsiError> {
         done_if_gone(
-            self.call("NodeUnstageVolume", req, |ch, r| async move {
+            self.call("NodeUnstageVolume", &req, |ch, r| async move {
                 NodeClient::new(ch).node_unstage_volume(r).await
             })
             .await,
@@ -250,7 +302,7 @@ impl Csi {
         &self,
         req: v1::NodePublishVolumeRequest,
     ) -> Result<v1::NodePublishVolumeResponse, CsiError> {
-        self.call("NodePublishVolume", req, |ch, r| async move {
+        self.call("NodePublishVolume", &req, |ch, r| async move {
             NodeClient::new(ch).node_publish_volume(r).await
         })
         .await
@@ -262,7 +314,7 @@ impl Csi {
         req: v1::NodeUnpublishVolumeRequest,
     ) -> Result<(), CsiError> {
         done_if_gone(
-            self.call("NodeUnpublishVolume", req, |ch, r| async move {
+            self.call("NodeUnpublishVolume", &req, |ch, r| async move {
                 NodeClient::new(ch).node_unpublish_volume(r).await
             })
             .await,
@@ -276,12 +328,15 @@ impl Csi {
         &self,
         req: v1::ValidateVolumeCapabilitiesRequest,
     ) -> Result<v1::ValidateVolumeCapabilitiesResponse, CsiError> {
-        self.call("ValidateVolumeCapabilities", req, |ch, r| async move {
-            ControllerClient::new(ch)
-                .validate_volume_capabilities(r)
-                .await
-        })
-        .await
+        let resp = self
+            .call("ValidateVolumeCapabilities", &req, |ch, r| async move {
+                ControllerClient::new(ch)
+                    .validate_volume_capabilities(r)
+                    .await
+            })
+            .await?;
+        self.check(|_| contract::validated(&req, &resp)).await;
+        Ok(resp)
     }
 
     /// ControllerGetVolume (GET_VOLUME).
@@ -289,7 +344,7 @@ impl Csi {
         &self,
         req: v1::ControllerGetVolumeRequest,
     ) -> Result<v1::ControllerGetVolumeResponse, CsiError> {
-        self.call("ControllerGetVolume", req, |ch, r| async move {
+        self.call("ControllerGetVolume", &req, |ch, r| async move {
             ControllerClient::new(ch).controller_get_volume(r).await
         })
         .await
@@ -300,10 +355,16 @@ impl Csi {
         &self,
         req: v1::ControllerExpandVolumeRequest,
     ) -> Result<v1::ControllerExpandVolumeResponse, CsiError> {
-        self.call("ControllerExpandVolume", req, |ch, r| async move {
-            ControllerClient::new(ch).controller_expand_volume(r).await
-        })
-        .await
+        let resp = self
+            .call("ControllerExpandVolume", &req, |ch, r| async move {
+                ControllerClient::new(ch).controller_expand_volume(r).await
+            })
+            .await?;
+        let range = req.capacity_range.as_ref();
+        let rpc = "ControllerExpandVolume";
+        self.check(|_| contract::expanded(rpc, &req.volume_id, range, resp.capacity_bytes))
+            .await;
+        Ok(resp)
     }
 
     /// ControllerModifyVolume (MODIFY_VOLUME).
@@ -311,7 +372,7 @@ impl Csi {
         &self,
         req: v1::ControllerModifyVolumeRequest,
     ) -> Result<v1::ControllerModifyVolumeResponse, CsiError> {
-        self.call("ControllerModifyVolume", req, |ch, r| async move {
+        self.call("ControllerModifyVolume", &req, |ch, r| async move {
             ControllerClient::new(ch).controller_modify_volume(r).await
         })
         .await
@@ -323,10 +384,15 @@ impl Csi {
         &self,
         req: v1::CreateSnapshotRequest,
     ) -> Result<v1::CreateSnapshotResponse, CsiError> {
-        self.call("CreateSnapshot", req, |ch, r| async move {
-            ControllerClient::new(ch).create_snapshot(r).await
-        })
-        .await
+        let resp = self
+            .call("CreateSnapshot", &req, |ch, r| async move {
+                ControllerClient::new(ch).create_snapshot(r).await
+            })
+            .await?;
+        if let Some(cut) = resp.snapshot.as_ref().filter(|s| !s.snapshot_id.is_empty()) {
+            self.check(|_| contract::snapshot_created(&req, cut)).await;
+        }
+        Ok(resp)
     }
 
     /// ListSnapshots (LIST_SNAPSHOTS): how a snapshot made outside moor is found by
@@ -335,7 +401,7 @@ impl Csi {
         &self,
         req: v1::ListSnapshotsRequest,
     ) -> Result<v1::ListSnapshotsResponse, CsiError> {
-        self.call("ListSnapshots", req, |ch, r| async move {
+        self.call("ListSnapshots", &req, |ch, r| async move {
             ControllerClient::new(ch).list_snapshots(r).await
         })
         .await
@@ -346,7 +412,7 @@ impl Csi {
         &self,
         req: v1::GetSnapshotRequest,
     ) -> Result<v1::GetSnapshotResponse, CsiError> {
-        self.call("GetSnapshot", req, |ch, r| async move {
+        self.call("GetSnapshot", &req, |ch, r| async move {
             ControllerClient::new(ch).get_snapshot(r).await
         })
         .await
@@ -355,7 +421,7 @@ impl Csi {
     /// DeleteSnapshot; NotFound is done.
     pub async fn delete_snapshot(&self, req: v1::DeleteSnapshotRequest) -> Result<(), CsiError> {
         done_if_gone(
-            self.call("DeleteSnapshot", req, |ch, r| async move {
+            self.call("DeleteSnapshot", &req, |ch, r| async move {
                 ControllerClient::new(ch).delete_snapshot(r).await
             })
             .await,
@@ -367,7 +433,7 @@ impl Csi {
         &self,
         req: v1::NodeGetVolumeStatsRequest,
     ) -> Result<v1::NodeGetVolumeStatsResponse, CsiError> {
-        self.call("NodeGetVolumeStats", req, |ch, r| async move {
+        self.call("NodeGetVolumeStats", &req, |ch, r| async move {
             NodeClient::new(ch).node_get_volume_stats(r).await
         })
         .await
@@ -378,7 +444,7 @@ impl Csi {
         &self,
         req: v1::NodeGetVolumeHealthRequest,
     ) -> Result<v1::NodeGetVolumeHealthResponse, CsiError> {
-        self.call("NodeGetVolumeHealth", req, |ch, r| async move {
+        self.call("NodeGetVolumeHealth", &req, |ch, r| async move {
             NodeClient::new(ch).node_get_volume_health(r).await
         })
         .await
@@ -389,7 +455,7 @@ impl Csi {
         &self,
         req: v1::ControllerGetVolumeHealthRequest,
     ) -> Result<v1::ControllerGetVolumeHealthResponse, CsiError> {
-        self.call("ControllerGetVolumeHealth", req, |ch, r| async move {
+        self.call("ControllerGetVolumeHealth", &req, |ch, r| async move {
             ControllerClient::new(ch)
                 .controller_get_volume_health(r)
                 .await
@@ -402,7 +468,7 @@ impl Csi {
         &self,
         req: v1::ControllerListVolumeHealthRequest,
     ) -> Result<v1::ControllerListVolumeHealthResponse, CsiError> {
-        self.call("ControllerListVolumeHealth", req, |ch, r| async move {
+        self.call("ControllerListVolumeHealth", &req, |ch, r| async move {
             ControllerClient::new(ch)
                 .controller_list_volume_health(r)
                 .await
@@ -415,12 +481,17 @@ impl Csi {
         &self,
         req: v1::CreateVolumeGroupSnapshotRequest,
     ) -> Result<v1::CreateVolumeGroupSnapshotResponse, CsiError> {
-        self.call("CreateVolumeGroupSnapshot", req, |ch, r| async move {
-            GroupControllerClient::new(ch)
-                .create_volume_group_snapshot(r)
-                .await
-        })
-        .await
+        let resp = self
+            .call("CreateVolumeGroupSnapshot", &req, |ch, r| async move {
+                GroupControllerClient::new(ch)
+                    .create_volume_group_snapshot(r)
+                    .await
+            })
+            .await?;
+        let rpc = "CreateVolumeGroupSnapshot";
+        self.check_group(rpc, &req.source_volume_ids, resp.group_snapshot.as_ref())
+            .await;
+        Ok(resp)
     }
 
     /// DeleteVolumeGroupSnapshot (CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT).
@@ -428,7 +499,7 @@ impl Csi {
         &self,
         req: v1::DeleteVolumeGroupSnapshotRequest,
     ) -> Result<v1::DeleteVolumeGroupSnapshotResponse, CsiError> {
-        self.call("DeleteVolumeGroupSnapshot", req, |ch, r| async move {
+        self.call("DeleteVolumeGroupSnapshot", &req, |ch, r| async move {
             GroupControllerClient::new(ch)
                 .delete_volume_group_snapshot(r)
                 .await
@@ -436,17 +507,42 @@ impl Csi {
         .await
     }
 
-    /// GetVolumeGroupSnapshot (CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT).
+    /// GetVolumeGroupSnapshot (CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT) of a group of
+    /// the plugin's volumes `sources` (what its members are checked against: the
+    /// request does not name them).
     pub async fn get_group_snapshot(
         &self,
         req: v1::GetVolumeGroupSnapshotRequest,
+        sources: &[String],
     ) -> Result<v1::GetVolumeGroupSnapshotResponse, CsiError> {
-        self.call("GetVolumeGroupSnapshot", req, |ch, r| async move {
-            GroupControllerClient::new(ch)
-                .get_volume_group_snapshot(r)
-                .await
-        })
-        .await
+        let resp = self
+            .call("GetVolumeGroupSnapshot", &req, |ch, r| async move {
+                GroupControllerClient::new(ch)
+                    .get_volume_group_snapshot(r)
+                    .await
+            })
+            .await?;
+        self.check_group(
+            "GetVolumeGroupSnapshot",
+            sources,
+            resp.group_snapshot.as_ref(),
+        )
+        .await;
+        Ok(resp)
+    }
+
+    /// A group snapshot's answer (with an id: one without is the caller's error) against
+    /// the volumes asked.
+    async fn check_group(
+        &self,
+        rpc: &str,
+        sources: &[String],
+        group: Option<&v1::VolumeGroupSnapshot>,
+    ) {
+        if let Some(g) = group.filter(|g| !g.group_snapshot_id.is_empty()) {
+            self.check(|_| contract::group_snapshot(rpc, sources, g))
+                .await;
+        }
     }
 
     /// GetCapacity (GET_CAPACITY).
@@ -454,10 +550,14 @@ impl Csi {
         &self,
         req: v1::GetCapacityRequest,
     ) -> Result<v1::GetCapacityResponse, CsiError> {
-        self.call("GetCapacity", req, |ch, r| async move {
-            ControllerClient::new(ch).get_capacity(r).await
-        })
-        .await
+        let resp = self
+            .call("GetCapacity", &req, |ch, r| async move {
+                ControllerClient::new(ch).get_capacity(r).await
+            })
+            .await?;
+        self.check(|_| contract::capacity(resp.available_capacity))
+            .await;
+        Ok(resp)
     }
 
     /// ListVolumes (LIST_VOLUMES), one page.
@@ -465,7 +565,7 @@ impl Csi {
         &self,
         req: v1::ListVolumesRequest,
     ) -> Result<v1::ListVolumesResponse, CsiError> {
-        self.call("ListVolumes", req, |ch, r| async move {
+        self.call("ListVolumes", &req, |ch, r| async move {
             ControllerClient::new(ch).list_volumes(r).await
         })
         .await
@@ -476,10 +576,16 @@ impl Csi {
         &self,
         req: v1::NodeExpandVolumeRequest,
     ) -> Result<v1::NodeExpandVolumeResponse, CsiError> {
-        self.call("NodeExpandVolume", req, |ch, r| async move {
-            NodeClient::new(ch).node_expand_volume(r).await
-        })
-        .await
+        let resp = self
+            .call("NodeExpandVolume", &req, |ch, r| async move {
+                NodeClient::new(ch).node_expand_volume(r).await
+            })
+            .await?;
+        let range = req.capacity_range.as_ref();
+        let rpc = "NodeExpandVolume";
+        self.check(|_| contract::expanded(rpc, &req.volume_id, range, resp.capacity_bytes))
+            .await;
+        Ok(resp)
     }
 }
 

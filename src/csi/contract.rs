@@ -1,13 +1,32 @@
 //! The live contract monitor's rules: what the CSI spec says a plugin MUST answer,
 //! checked on each answer as it arrives. Pure functions over a request and its answer
-//! (or what moor knows beside them), each returning the breaches found; the agents
-//! report them (a Warning on the object, once per plugin, rule and object, and
+//! (or what moor knows beside them), each returning the breaches found; a checked
+//! typed client runs those of its answers ([`Monitor`]) and the agents report them (a Warning on the object, once per plugin, rule and object, and
 //! `moor_plugin_contract_violations_total{plugin,rule}`) and act exactly as they would
 //! without the check: a breach is named, never worked around here.
 
 use std::fmt;
 
 use super::v1;
+use crate::api::ObjectRef;
+
+/// Where a checked client ([`super::client::Csi::checked`]) reports what these rules
+/// find in its plugin's answers: an agent's monitor, bound to the plugin. The client
+/// runs the rules of each call it makes on the request it built and the answer, so no
+/// caller checks (or copies a request without its secrets to check) by hand.
+pub trait Monitor: Send + Sync {
+    /// Reports `breaches` found in an answer to a call about `object` (`None`: about
+    /// the plugin itself).
+    fn report<'a>(
+        &'a self,
+        object: Option<&'a ObjectRef>,
+        breaches: Vec<Breach>,
+    ) -> futures::future::BoxFuture<'a, ()>;
+
+    /// The volume id CreateVolume answered before for `name`, when `id` differs from
+    /// it; remembers `id` for the name otherwise.
+    fn earlier_id(&self, name: &str, id: &str) -> Option<String>;
+}
 
 /// A rule of the spec a plugin's answer can break.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -65,7 +65,8 @@ impl ControllerPluginCtx {
             .ok_or_else(|| NoChannel(self.plugin.id.clone()))?;
         Ok(
             moor::csi::client::Csi::new(ch, self.policy.for_plugin(self.plugin.id.as_str()))
-                .under(self.term.clone()),
+                .under(self.term.clone())
+                .checked(self.monitor.for_plugin(&self.plugin.id)),
         )
     }
 

@@ -1,6 +1,7 @@
-//! The live contract monitor: the agents check each plugin answer against the spec's
-//! MUSTs as it arrives (the rules are `moor::csi::contract`'s) and report a breach
-//! here. A breach raises a Warning "Plugin broke the CSI contract" on the object it
+//! The live contract monitor: each plugin answer is checked against the spec's MUSTs
+//! as it arrives (the rules are `moor::csi::contract`'s, run by the typed client this
+//! monitor is given to, [`Monitor::for_plugin`]; the rules over several answers by the
+//! supervisor and the survey) and a breach is reported here. A breach raises a Warning "Plugin broke the CSI contract" on the object it
 //! concerns, once per plugin, rule and object (the recorder aggregates repeats of the
 //! same event anyway), and counts `moor_plugin_contract_violations_total{plugin,rule}`
 //! once for each. It never changes what moor does: the caller goes on with the answer
@@ -89,6 +90,16 @@ impl Monitor {
         }
     }
 
+    /// This monitor as the typed CSI client of `plugin` takes it
+    /// ([`moor::csi::client::Csi::checked`]): what the client's checks find in that
+    /// plugin's answers is reported here.
+    pub fn for_plugin(&self, plugin: &PluginId) -> Arc<dyn moor::csi::contract::Monitor> {
+        Arc::new(OfPlugin {
+            monitor: self.clone(),
+            plugin: plugin.clone(),
+        })
+    }
+
     /// The id CreateVolume answered before for `name` by `plugin`, when `id` differs
     /// from it; remembers `id` for the name otherwise.
     pub fn earlier_id(&self, plugin: &PluginId, name: &str, id: &str) -> Option<String> {
@@ -111,6 +122,43 @@ impl Monitor {
     pub fn forget_created(&self, plugin: &PluginId, name: &str) {
         let mut created = self.inner.created.lock().unwrap_or_else(|p| p.into_inner());
         created.remove(&(plugin.clone(), name.to_string()));
+    }
+}
+
+/// The monitor bound to one plugin, for its CSI client.
+struct OfPlugin {
+    monitor: Monitor,
+    plugin: PluginId,
+}
+
+impl moor::csi::contract::Monitor for OfPlugin {
+    fn report<'a>(
+        &'a self,
+        object: Option<&'a ObjectRef>,
+        breaches: Vec<Breach>,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            match object {
+                Some(o) => self.monitor.report(&self.plugin, o, breaches).await,
+                None => {
+                    let plugin = plugin_ref(&self.plugin);
+                    self.monitor.report(&self.plugin, &plugin, breaches).await
+                }
+            }
+        })
+    }
+
+    fn earlier_id(&self, name: &str, id: &str) -> Option<String> {
+        self.monitor.earlier_id(&self.plugin, name, id)
+    }
+}
+
+/// The Plugin object a breach about the plugin itself is reported on.
+fn plugin_ref(plugin: &PluginId) -> ObjectRef {
+    ObjectRef {
+        kind: "Plugin".into(),
+        namespace: Default::default(),
+        name: moor::api::Name::new(plugin.as_str()).unwrap_or_default(),
     }
 }
 

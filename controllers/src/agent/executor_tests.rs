@@ -457,3 +457,89 @@ async fn a_template_volume_lives_and_dies_with_its_allocation() {
         ]
     );
 }
+
+/// What a checked client's monitor was told: (object name or "plugin", rules).
+#[derive(Default)]
+struct Told(std::sync::Mutex<Vec<(String, Vec<moor::csi::contract::Rule>)>>);
+
+impl moor::csi::contract::Monitor for Told {
+    fn report<'a>(
+        &'a self,
+        object: Option<&'a moor::api::ObjectRef>,
+        breaches: Vec<moor::csi::contract::Breach>,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        let about = object.map_or("plugin".to_string(), |o| o.name.to_string());
+        let rules = breaches.iter().map(|b| b.rule).collect();
+        self.0.lock().unwrap().push((about, rules));
+        Box::pin(async {})
+    }
+
+    fn earlier_id(&self, _name: &str, _id: &str) -> Option<String> {
+        None
+    }
+}
+
+/// The typed client checks each answer itself, wherever it is called: a checked
+/// client's CreateVolume and GetCapacity answers that break the spec are reported to
+/// its monitor (about the object named, or the plugin), honest answers are not, and
+/// an unchecked client reports nothing (no caller runs the rules by hand).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checked_client_reports_the_breaches_in_its_answers() {
+    use moor::csi::contract::Rule;
+    use moor_hostpath::faults::{Command, Lie};
+    let rig = Rig::start(&[]).await;
+    let told = std::sync::Arc::new(Told::default());
+    let object = moor::api::ObjectRef {
+        kind: "Volume".into(),
+        namespace: moor::api::Namespace::default_ns(),
+        name: moor::api::Name::new("v1").unwrap(),
+    };
+    let checked = rig.csi().checked(told.clone()).about(object);
+    let create = |name: &str| moor::csi::v1::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(moor::csi::v1::CapacityRange {
+            required_bytes: 2 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![moor::csi::convert::capability(
+            moor::api::VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: moor::api::AttachmentMode::FileSystem,
+            },
+            &moor::api::MountOptions::default(),
+        )],
+        ..Default::default()
+    };
+    checked.create_volume(create("honest")).await.expect("made");
+    assert!(told.0.lock().unwrap().is_empty(), "an honest answer");
+
+    rig.fault(Command::Lie {
+        lie: Lie::Capacity,
+        on: true,
+    })
+    .await;
+    checked.create_volume(create("short")).await.expect("made");
+    rig.csi()
+        .create_volume(create("unchecked"))
+        .await
+        .expect("made");
+    assert_eq!(
+        *told.0.lock().unwrap(),
+        [("v1".to_string(), vec![Rule::CapacityOutOfRange])]
+    );
+
+    rig.fault(Command::Lie {
+        lie: Lie::NegativeCapacity,
+        on: true,
+    })
+    .await;
+    let plugin_wide = rig.csi().checked(told.clone());
+    plugin_wide
+        .get_capacity(Default::default())
+        .await
+        .expect("answered");
+    assert_eq!(
+        told.0.lock().unwrap().last(),
+        Some(&("plugin".to_string(), vec![Rule::NegativeCapacity]))
+    );
+}

@@ -387,7 +387,7 @@ impl GroupSnapshotter {
             .await?;
         }
         let req = requests::create_group_snapshot(group, first, &sources)?;
-        let csi = self.ctx.csi()?;
+        let csi = self.ctx.csi()?.about(object_ref(group));
         let answer = step
             .call(async {
                 let r = csi.create_group_snapshot(req).await?;
@@ -416,10 +416,10 @@ impl GroupSnapshotter {
             .map(|m| m.snapshot_id.clone())
             .collect();
         let req = requests::get_group_snapshot(group, first, &id, known)?;
-        let csi = self.ctx.csi()?;
+        let csi = self.ctx.csi()?.about(object_ref(group));
         let answer = step
             .call(async {
-                let r = csi.get_group_snapshot(req).await?;
+                let r = csi.get_group_snapshot(req, &sources).await?;
                 answered(STEP, r.group_snapshot)
             })
             .await;
@@ -442,11 +442,6 @@ impl GroupSnapshotter {
             Ok(cut) => cut,
             Err(failed) => return self.failed(group, failed).await,
         };
-        let breach = moor::csi::contract::group_snapshot(step, sources, &cut);
-        self.ctx
-            .monitor
-            .report(&self.ctx.plugin.id, &object_ref(group), breach)
-            .await;
         let ready = cut.ready_to_use;
         let generation = group.metadata.generation;
         let matched = members(group, sources, &cut);
@@ -620,7 +615,7 @@ impl GroupSnapshotter {
                 self.ctx
                     .steps
                     .begin(&key, "DeleteVolumeGroupSnapshot", self.inputs(group))?;
-            let csi = self.ctx.csi()?;
+            let csi = self.ctx.csi()?.about(object_ref(group));
             if in_doubt {
                 let req = requests::create_group_snapshot(group, first, &st.source_volume_ids)?;
                 match csi.create_group_snapshot(req).await {

@@ -275,21 +275,10 @@ impl Snapshotter {
         }
         let (s, v) = self.for_calls(snap, volume).await?;
         let req = requests::create_snapshot(&s, v.as_deref(), &source)?;
-        let asked = v1::CreateSnapshotRequest {
-            secrets: Default::default(),
-            ..req.clone()
-        };
-        let csi = self.ctx.csi()?;
+        let csi = self.ctx.csi()?.about(object_ref(snap));
         let answer = step
             .call(async { cut(STEP, csi.create_snapshot(req).await?.snapshot) })
             .await;
-        if let Ok(cut) = &answer {
-            let breach = moor::csi::contract::snapshot_created(&asked, cut);
-            self.ctx
-                .monitor
-                .report(&self.ctx.plugin.id, &object_ref(snap), breach)
-                .await;
-        }
         self.record(snap, STEP, answer).await
     }
 
@@ -470,7 +459,7 @@ impl Snapshotter {
                 .ctx
                 .steps
                 .begin(&key, "DeleteSnapshot", self.inputs(snap))?;
-            let csi = self.ctx.csi()?;
+            let csi = self.ctx.csi()?.about(object_ref(snap));
             if let (None, Some(src)) = (&id, &snap.status.source_volume_id) {
                 let (s, v) = self.for_calls(snap, volume).await?;
                 let req = requests::create_snapshot(&s, v.as_deref(), src)?;

@@ -687,7 +687,8 @@ impl Reconcile {
             .supervisor
             .channel(&cfg.id)
             .ok_or_else(|| NodeError::UnknownPlugin(cfg.id.clone()))?;
-        Ok(Csi::new(ch, self.r.policy.for_plugin(cfg.id.as_str())))
+        Ok(Csi::new(ch, self.r.policy.for_plugin(cfg.id.as_str()))
+            .checked(self.r.monitor.for_plugin(&cfg.id)))
     }
 
     /// The client for a forward step (NodeStage, NodePublish, NodeExpand) taken on a

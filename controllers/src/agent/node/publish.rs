@@ -302,19 +302,10 @@ impl Reconcile {
             ..pass.v
         };
         let req = requests::node_expand(&v, &volume_path, staging.as_deref(), bytes);
-        let range = req.capacity_range;
-        let csi = self.forward_csi(pass.cfg, pass.term)?;
+        let csi = self
+            .forward_csi(pass.cfg, pass.term)?
+            .about(crate::common::object_ref(claim));
         let resp = step.call(csi.node_expand(req)).await?;
-        let breach = moor::csi::contract::expanded(
-            plan::EXPAND,
-            rec.external_id.as_str(),
-            range.as_ref(),
-            resp.capacity_bytes,
-        );
-        self.r
-            .monitor
-            .report(&pass.cfg.id, &crate::common::object_ref(claim), breach)
-            .await;
         let got = if resp.capacity_bytes > 0 {
             resp.capacity_bytes as u64
         } else {

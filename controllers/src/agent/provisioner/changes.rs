@@ -17,7 +17,7 @@ impl Provisioner {
         };
         let key = vol.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(vol))?;
-        let csi = self.ctx.csi()?;
+        let csi = self.ctx.csi()?.about(object_ref(vol));
         let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
         let req = requests::validate_volume_capabilities(
             &for_call,
@@ -25,16 +25,9 @@ impl Provisioner {
             self.ctx.multi_writer_cap(),
         )?;
         let get_volume = self.ctx.advertises(ControllerRpc::GetVolume);
-        let asked = v1::ValidateVolumeCapabilitiesRequest {
-            secrets: Default::default(),
-            ..req.clone()
-        };
-        let breach = std::sync::Mutex::new(None);
         // One step: the capabilities confirmed, then what the plugin reports of it.
         let validated = step.call(async {
             let r = csi.validate_volume_capabilities(req).await?;
-            *breach.lock().unwrap_or_else(|p| p.into_inner()) =
-                moor::csi::contract::validated(&asked, &r);
             if r.confirmed.is_none() {
                 let why = if r.message.is_empty() {
                     "the plugin did not confirm the capabilities".to_string()
@@ -56,10 +49,7 @@ impl Provisioner {
             };
             Ok(csi.controller_get_volume(req).await?.volume)
         });
-        let got = validated.await;
-        let breach = breach.into_inner().unwrap_or_else(|p| p.into_inner());
-        self.ctx.breached(&object_ref(vol), breach).await;
-        let got = match got {
+        let got = match validated.await {
             Ok(got) => got,
             Err(failed) => return self.failed(vol, failed, VALIDATED).await,
         };
@@ -117,18 +107,11 @@ impl Provisioner {
             limit,
             self.ctx.multi_writer_cap(),
         )?;
-        let range = req.capacity_range;
-        let resp = match step.call(self.ctx.csi()?.controller_expand(req)).await {
+        let csi = self.ctx.csi()?.about(object_ref(vol));
+        let resp = match step.call(csi.controller_expand(req)).await {
             Ok(r) => r,
             Err(failed) => return self.failed(vol, failed, EXPANDED).await,
         };
-        let breach = moor::csi::contract::expanded(
-            "ControllerExpandVolume",
-            ext.as_str(),
-            range.as_ref(),
-            resp.capacity_bytes,
-        );
-        self.ctx.breached(&object_ref(vol), breach).await;
         // A plugin may answer 0 (unknown): the request was met.
         let capacity = if resp.capacity_bytes > 0 {
             resp.capacity_bytes as u64

@@ -313,12 +313,10 @@ impl Provisioner {
                 true
             })
             .await?;
-        let csi = self.ctx.csi()?;
-        let asked = asked(&req);
+        let csi = self.ctx.csi()?.about(object_ref(vol));
         match step.call(csi.create_volume(req)).await {
             Ok(resp) => {
                 let created = created_volume(resp)?;
-                self.check_created(vol, &asked, &created).await;
                 self.created(vol, created).await
             }
             Err(failed) => self.create_failed(vol, failed).await,
@@ -443,11 +441,10 @@ impl Provisioner {
                 };
                 let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
                 let req = requests::create_volume(&for_call, source, self.ctx.multi_writer_cap())?;
-                let asked = asked(&req);
-                match step.call(self.ctx.csi()?.create_volume(req)).await {
+                let csi = self.ctx.csi()?.about(object_ref(vol));
+                match step.call(csi.create_volume(req)).await {
                     Ok(resp) => {
                         let created = created_volume(resp)?;
-                        self.check_created(vol, &asked, &created).await;
                         ExternalVolumeId::new(created.volume_id).ok()
                     }
                     Err(failed) => return self.delete_failed(vol, failed).await,
@@ -502,21 +499,6 @@ impl Provisioner {
         Ok(Action::AwaitChange)
     }
 
-    /// The contract monitor's CreateVolume rules on an answer.
-    async fn check_created(
-        &self,
-        vol: &Volume,
-        asked: &v1::CreateVolumeRequest,
-        created: &v1::Volume,
-    ) {
-        let earlier =
-            self.ctx
-                .monitor
-                .earlier_id(&self.ctx.plugin.id, &asked.name, &created.volume_id);
-        let found = moor::csi::contract::create_volume(asked, created, earlier.as_deref());
-        self.ctx.breached(&object_ref(vol), found).await;
-    }
-
     /// A step of the deletion failed: shown on the status (its step, attempts and next
     /// retry) and in a Warning; looked at again when its schedule says.
     async fn delete_failed(&self, vol: &Volume, failed: Failed) -> Result<Action, ProvisionError> {
@@ -541,15 +523,6 @@ impl Provisioner {
         self.ctx
             .volume_event(&object_ref(vol), reason, type_, message)
             .await;
-    }
-}
-
-/// What the contract monitor compares a CreateVolume answer with: the request without
-/// its secrets.
-fn asked(req: &v1::CreateVolumeRequest) -> v1::CreateVolumeRequest {
-    v1::CreateVolumeRequest {
-        secrets: Default::default(),
-        ..req.clone()
     }
 }
 

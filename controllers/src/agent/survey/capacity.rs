@@ -52,18 +52,6 @@ impl Survey {
                 accessible_topology: (!t.is_empty()).then(|| moor::csi::convert::topology(&t)),
             };
             let r = csi.get_capacity(req).await?;
-            let breach = moor::csi::contract::capacity(r.available_capacity);
-            if breach.is_some() {
-                let plugin = ObjectRef {
-                    kind: "Plugin".into(),
-                    namespace: Default::default(),
-                    name: Name::new(self.ctx.plugin.id.as_str()).unwrap_or_default(),
-                };
-                self.ctx
-                    .monitor
-                    .report(&self.ctx.plugin.id, &plugin, breach)
-                    .await;
-            }
             let size = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).filter(|v| *v > 0);
             entries.push(CapacityEntry {
                 topology: t,
