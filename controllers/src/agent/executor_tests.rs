@@ -2,7 +2,7 @@
 //! ControllerPublish and ControllerUnpublish, the claims' detach that waits for the
 //! node, and the provisioner's CreateVolume and DeleteVolume, for each class of answer.
 
-use crate::rig::Rig;
+use crate::rig::{Rig, RigConfig};
 use moor::api::{AccessMode, ClaimPhase, Namespace, Volume};
 
 fn count(steps: &[String], step: &str) -> usize {
@@ -20,7 +20,7 @@ fn position(steps: &[String], step: &str) -> usize {
 /// answers OK; the step is tried again on its schedule, one call per try.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_node_step_before_controller_publish_answers_ok() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.fail("ControllerPublishVolume", "FailedPrecondition", 2)
         .await;
@@ -45,7 +45,7 @@ async fn no_node_step_before_controller_publish_answers_ok() {
 /// ControllerUnpublish, and no node step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncertain_controller_publish_is_unpublished_on_release() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.fail("ControllerPublishVolume", "Internal", 1000).await;
     rig.run("a1", "v1").await;
@@ -71,7 +71,7 @@ async fn an_uncertain_controller_publish_is_unpublished_on_release() {
 /// ControllerUnpublish is sent; it follows the NodeUnstage that answers OK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_detach_waits_for_the_node_to_unstage() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.run("a1", "v1").await;
     rig.wait_claim("a1", ClaimPhase::Published).await;
@@ -94,7 +94,7 @@ async fn the_detach_waits_for_the_node_to_unstage() {
 /// which its finalizer is removed and the object is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_provisioner_creates_once_and_deletes_once() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.fail("CreateVolume", "ResourceExhausted", 1).await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.fail("CreateVolume", "InvalidArgument", 1).await;
@@ -136,10 +136,13 @@ async fn the_provisioner_creates_once_and_deletes_once() {
 /// exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_survey_unpublishes_an_unknown_attachment_once_two_passes_agree() {
-    let rig = Rig::start_with(
-        &[],
-        &["--survey-interval=300ms", "--unpublish-unknown-attachments"],
-    )
+    let rig = Rig::start_with(RigConfig {
+        agent: Box::new(|_, a| {
+            a.survey_interval = std::time::Duration::from_millis(300);
+            a.unpublish_unknown_attachments = true;
+        }),
+        ..Default::default()
+    })
     .await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     let ext = rig
@@ -204,7 +207,7 @@ async fn the_survey_unpublishes_an_unknown_attachment_once_two_passes_agree() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_snapshotter_cuts_once_and_deletes_once() {
     use moor::api::{Name, Snapshot, SnapshotSpec, VolumeId};
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.fail("CreateSnapshot", "ResourceExhausted", 1).await;
     let ns = Namespace::default_ns();
@@ -253,7 +256,7 @@ async fn the_snapshotter_cuts_once_and_deletes_once() {
 /// its schedule, and the Mount records the capacity once it answers OK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_online_expansion_reaches_the_node_after_the_controller() {
-    let rig = Rig::start(&["--node-expansion-required"]).await;
+    let rig = Rig::start_with(RigConfig::plugin(|p| p.node_expansion_required = true)).await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.run("a1", "v1").await;
     rig.wait_claim("a1", ClaimPhase::Published).await;
@@ -282,7 +285,7 @@ async fn an_online_expansion_reaches_the_node_after_the_controller() {
 /// first's reverse steps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_writer_waits_for_the_first_s_release() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.run("a1", "v1").await;
     rig.wait_claim("a1", ClaimPhase::Published).await;
@@ -320,7 +323,7 @@ async fn a_second_writer_waits_for_the_first_s_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registered_volume_is_validated_once_and_a_final_refusal_fails_it() {
     use moor::api::{ClaimPhase, ExternalVolumeId, Name, VolumePhase, VolumeSpec};
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     let mut ids = Vec::new();
     for name in ["outside-1", "outside-2"] {
         let made = rig
@@ -402,7 +405,10 @@ async fn a_registered_volume_is_validated_once_and_a_final_refusal_fails_it() {
 /// accepts the name); the accepted parameters are recorded, and nothing more is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mutable_parameter_change_is_one_controller_modify() {
-    let rig = Rig::start(&["--mutable-parameters=iops"]).await;
+    let rig = Rig::start_with(RigConfig::plugin(|p| {
+        p.mutable_parameters = vec!["iops".into()]
+    }))
+    .await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.edit_volume("v1", |v| {
         let params = [("iops".to_string(), "300".to_string())];
@@ -433,7 +439,7 @@ async fn a_mutable_parameter_change_is_one_controller_modify() {
 /// and deleted (one DeleteVolume) once its allocation ended and its claim is Released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_template_volume_lives_and_dies_with_its_allocation() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.run_templated("t1").await;
     rig.wait_claim("t1", ClaimPhase::Published).await;
     let made = rig.get_volume("t1.data").await.expect("the volume made");
@@ -487,7 +493,7 @@ impl moor::csi::contract::Monitor for Told {
 async fn a_checked_client_reports_the_breaches_in_its_answers() {
     use moor::csi::contract::Rule;
     use moor_hostpath::faults::{Command, Lie};
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     let told = std::sync::Arc::new(Told::default());
     let object = moor::api::ObjectRef {
         kind: "Volume".into(),
@@ -542,4 +548,101 @@ async fn a_checked_client_reports_the_breaches_in_its_answers() {
         told.0.lock().unwrap().last(),
         Some(&("plugin".to_string(), vec![Rule::NegativeCapacity]))
     );
+}
+
+/// Two nodes share a multi-node volume: it is attached to each (one ControllerPublish
+/// per node, each with that node's id), staged and published on each by its own
+/// agent; one claim's release tears down and detaches on its node only, while the
+/// other node's mount stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_shared_by_two_nodes_is_attached_to_each_and_detached_from_each() {
+    let rig = Rig::start_with(RigConfig {
+        nodes: 2,
+        ..Default::default()
+    })
+    .await;
+    rig.volume("v1", AccessMode::MultiNodeMultiWriter).await;
+    rig.run_on("a1", "n1", "v1").await;
+    rig.run_on("a2", "n2", "v1").await;
+    rig.wait_claim_on("n1", "a1", ClaimPhase::Published).await;
+    rig.wait_claim_on("n2", "a2", ClaimPhase::Published).await;
+    let publishes_to = |rpc: &str| -> Vec<String> {
+        let mut nodes: Vec<String> = rig
+            .calls()
+            .into_iter()
+            .filter(|c| c.rpc == rpc && c.ok())
+            .filter_map(|c| c.node_id)
+            .collect();
+        nodes.sort();
+        nodes
+    };
+    assert_eq!(
+        publishes_to("ControllerPublishVolume"),
+        ["csi-n1", "csi-n2"]
+    );
+    let node_steps = ["NodeStageVolume", "NodePublishVolume"];
+    assert_eq!(rig.steps_on("n2"), node_steps, "n2's own plugin");
+    assert_eq!(count(&rig.steps(), "NodePublishVolume"), 1, "n1's");
+
+    rig.stop("a2").await;
+    rig.wait_claim_on("n2", "a2", ClaimPhase::Released).await;
+    rig.wait("the detach from n2", || async {
+        publishes_to("ControllerUnpublishVolume") == ["csi-n2"]
+    })
+    .await;
+    assert_eq!(
+        rig.steps_on("n2"),
+        [
+            "NodeStageVolume",
+            "NodePublishVolume",
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume"
+        ]
+    );
+    let m = rig.mount_on("n1", "a1").await.expect("a1's Mount");
+    assert!(m.status.published, "n1's mount stays: {:?}", m.status);
+    assert_eq!(count(&rig.steps(), "NodeUnpublishVolume"), 0);
+}
+
+/// A node gone (its agent stopped, its registration expired) past the controller's
+/// `node_gc_timeout`: its ended allocation's claim is released without node calls
+/// (its agent cannot answer), the volume detached from it, and the single-node volume
+/// is then attached, staged and published on the other node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_gone_is_let_go_and_its_volume_attached_elsewhere() {
+    let rig = Rig::start_with(RigConfig {
+        nodes: 2,
+        controller: Box::new(|c| c.node_gc_timeout = Some(std::time::Duration::from_secs(1))),
+        ..Default::default()
+    })
+    .await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.run_on("a1", "n2", "v1").await;
+    rig.wait_claim_on("n2", "a1", ClaimPhase::Published).await;
+    let on_n2 = rig.steps_on("n2");
+
+    rig.stop_agent("n2");
+    rig.stop("a1").await;
+    rig.wait_claim_on("n2", "a1", ClaimPhase::Released).await;
+    rig.wait("the detach from n2", || async {
+        rig.calls()
+            .iter()
+            .any(|c| c.rpc == "ControllerUnpublishVolume" && c.node_id.as_deref() == Some("csi-n2"))
+    })
+    .await;
+    assert_eq!(
+        rig.steps_on("n2"),
+        on_n2,
+        "no node call once n2's agent is gone"
+    );
+
+    rig.run_on("a2", "n1", "v1").await;
+    rig.wait_claim_on("n1", "a2", ClaimPhase::Published).await;
+    let steps = rig.steps();
+    let after = |a: &str, b: &str| position(&steps, a) < position(&steps, b);
+    assert!(
+        after("ControllerUnpublishVolume", "NodeStageVolume"),
+        "{steps:?}"
+    );
+    assert!(after("NodeStageVolume", "NodePublishVolume"), "{steps:?}");
 }

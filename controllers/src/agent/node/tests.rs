@@ -1,7 +1,7 @@
 //! The node executor in-process (see `crate::rig`): the calls it sends, in order, and
 //! what it records, for each class of answer the plugin gives.
 
-use crate::rig::Rig;
+use crate::rig::{Rig, RigConfig};
 use moor::api::{AccessMode, ClaimPhase};
 
 const CREATED: [&str; 2] = ["CreateVolume", "ControllerPublishVolume"];
@@ -14,7 +14,7 @@ fn owned(s: &[&str]) -> Vec<String> {
 /// after both. Each call exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_is_staged_then_published_and_torn_down_in_reverse() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.run("a1", "v1").await;
     rig.wait_claim("a1", ClaimPhase::Published).await;
@@ -40,7 +40,7 @@ async fn a_claim_is_staged_then_published_and_torn_down_in_reverse() {
 /// and, once released, owes no NodeUnstage and no NodeUnpublish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_final_answer_to_node_stage_owes_no_reverse() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.fail("NodeStageVolume", "InvalidArgument", 1000).await;
     rig.run("a1", "v1").await;
@@ -85,7 +85,7 @@ async fn a_final_answer_to_node_stage_owes_no_reverse() {
 /// node owes NodeUnpublish although no NodePublish ever answered OK, then NodeUnstage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncertain_node_publish_is_reversed_on_release() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.fail("NodePublishVolume", "Internal", 1000).await;
     rig.run("a1", "v1").await;
@@ -128,7 +128,7 @@ async fn an_uncertain_node_publish_is_reversed_on_release() {
 /// of the step itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transient_answer_is_repeated_within_the_try() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.fail("NodeStageVolume", "ResourceExhausted", 2).await;
     rig.run("a1", "v1").await;
@@ -156,7 +156,7 @@ async fn a_transient_answer_is_repeated_within_the_try() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_lost_with_its_mount_is_adopted_and_one_deleted_alone_is_redone() {
     use moor::api::Mount;
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start().await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.run("a1", "v1").await;
     rig.wait_claim("a1", ClaimPhase::Published).await;
@@ -216,7 +216,7 @@ async fn a_claim_lost_with_its_mount_is_adopted_and_one_deleted_alone_is_redone(
 /// pass's only step (nothing staged or published again), recorded on the Mount.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_online_expansion_is_the_published_volume_s_only_step() {
-    let rig = Rig::start(&["--node-expansion-required"]).await;
+    let rig = Rig::start_with(RigConfig::plugin(|p| p.node_expansion_required = true)).await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.run("a1", "v1").await;
     rig.wait_claim("a1", ClaimPhase::Published).await;
@@ -255,7 +255,11 @@ async fn an_online_expansion_is_the_published_volume_s_only_step() {
 /// node expands it on the staged volume, between NodeStage and NodePublish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offline_expansion_runs_between_stage_and_publish() {
-    let rig = Rig::start(&["--node-expansion-required", "--expansion=offline"]).await;
+    let rig = Rig::start_with(RigConfig::plugin(|p| {
+        p.node_expansion_required = true;
+        p.expansion = moor_hostpath::Expansion::Offline;
+    }))
+    .await;
     rig.volume("v1", AccessMode::SingleNodeWriter).await;
     rig.run("a1", "v1").await;
     rig.wait_claim("a1", ClaimPhase::Published).await;
