@@ -11,6 +11,7 @@ use moor::runtime::metrics::Metrics;
 use moor::runtime::reflector;
 use moor::runtime::watcher::watcher;
 use moor::store::StoreError;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +38,7 @@ async fn a_controller_converges_status_to_spec_and_follows_changes(backend: Back
         .owns(events);
     let (r, s) = (reader.clone(), store.clone());
     let run = tokio::spawn(ctl.run(
-        move |key: String| {
+        move |_: Arc<()>, key: String| {
             let (reader, store) = (r.clone(), s.clone());
             async move {
                 let Some(obj) = reader.get(&key) else {
@@ -54,6 +55,7 @@ async fn a_controller_converges_status_to_spec_and_follows_changes(backend: Back
                 Ok::<_, StoreError>(Action::AwaitChange)
             }
         },
+        Arc::new(()),
         shutdown.clone(),
     ));
 
@@ -206,7 +208,7 @@ async fn a_trusting_start_serves_a_change_before_its_repair_pass(backend: Backen
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let o = order.clone();
     let run = tokio::spawn(ctl.run(
-        move |key: String| {
+        move |_: Arc<()>, key: String| {
             let o = o.clone();
             async move {
                 let name = key.rsplit('/').next().unwrap_or_default().to_string();
@@ -216,6 +218,7 @@ async fn a_trusting_start_serves_a_change_before_its_repair_pass(backend: Backen
                 Ok::<_, StoreError>(Action::AwaitChange)
             }
         },
+        Arc::new(()),
         shutdown.clone(),
     ));
     let ran = |order: &std::sync::Arc<std::sync::Mutex<Vec<String>>>, name: &str| {

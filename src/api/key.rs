@@ -68,6 +68,23 @@ impl<S: Spec> ObjectKey<S> {
     /// Reads a key string (from a watch, a queue or a person): `DIR/` and as many valid
     /// ids as the kind's layout has.
     pub fn parse(key: &str) -> Result<Self, KeyError> {
+        Self::check(key)?;
+        Ok(ObjectKey {
+            key: key.to_string(),
+            kind: PhantomData,
+        })
+    }
+
+    /// [`ObjectKey::parse`] of an owned key string, kept without a copy.
+    pub fn parse_owned(key: String) -> Result<Self, KeyError> {
+        Self::check(&key)?;
+        Ok(ObjectKey {
+            key,
+            kind: PhantomData,
+        })
+    }
+
+    fn check(key: &str) -> Result<(), KeyError> {
         let wrong = || KeyError {
             key: key.to_string(),
             kind: S::KIND,
@@ -81,10 +98,7 @@ impl<S: Spec> ObjectKey<S> {
         if parts.iter().any(|p| check_id(p).is_err()) || !S::key_layout(&parts) {
             return Err(wrong());
         }
-        Ok(ObjectKey {
-            key: key.to_string(),
-            kind: PhantomData,
-        })
+        Ok(())
     }
 
     /// The whole key, e.g. `volumes/default/db`.
@@ -210,6 +224,12 @@ impl<S> fmt::Debug for ObjectKey<S> {
 impl<S> fmt::Display for ObjectKey<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.key)
+    }
+}
+
+impl<S> From<ObjectKey<S>> for String {
+    fn from(key: ObjectKey<S>) -> String {
+        key.key
     }
 }
 

@@ -11,7 +11,10 @@
 //! 2. Due keys run, at most `concurrency` at once and never one key twice at once; a
 //!    burst of triggers for one key collapses into one run (plus one more if triggers
 //!    arrived during the run).
-//! 3. `reconcile(key)` returns an [`Action`]: requeue after a delay, or await the next
+//! 3. `reconcile(ctx, key)` (kube-runtime's contract: the reconciler's shared context as
+//!    an `Arc`, and the key typed, [`Key`]: read once from the queue's string, a key
+//!    no object of the kind can have is dropped with a warning) returns an [`Action`]:
+//!    requeue after a delay, or await the next
 //!    change. An error says how it is treated ([`ReconcileError::policy`]): a lost
 //!    write race is looked at again soon and quietly; anything else requeues the key
 //!    after a per-key exponential backoff (jittered) that a success resets.
@@ -21,6 +24,8 @@ use futures::stream::{BoxStream, SelectAll};
 use futures::{Stream, StreamExt};
 use std::collections::HashMap;
 use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
 
 use std::time::Duration;
 use tokio::task::JoinSet;
@@ -74,6 +79,26 @@ impl ReconcileError for crate::store::StoreError {
     }
 }
 
+/// The key a controller hands its reconciler: what its queue holds (a string) read
+/// back as the reconciler's type once per run.
+pub trait Key: Clone + Send + Sync + Into<String> + 'static {
+    /// The key `queued` names, or `None` when no object of the controller's kind can
+    /// have it.
+    fn from_queue(queued: String) -> Option<Self>;
+}
+
+impl Key for String {
+    fn from_queue(queued: String) -> Option<Self> {
+        Some(queued)
+    }
+}
+
+impl<S: crate::api::Spec> Key for crate::api::ObjectKey<S> {
+    fn from_queue(queued: String) -> Option<Self> {
+        crate::api::ObjectKey::parse_owned(queued).ok()
+    }
+}
+
 /// How a controller runs.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -95,8 +120,9 @@ impl Default for Config {
     }
 }
 
-/// A controller for objects of type `K`, keyed by their store key.
-pub struct Controller<K: Resource> {
+/// A controller for objects of type `K`, keyed by their store key, whose reconciler
+/// takes keys of type `Q`.
+pub struct Controller<K: Resource, Q: Key> {
     name: String,
     reader: Store<K>,
     /// Keys, and what scheduled each.
@@ -105,9 +131,10 @@ pub struct Controller<K: Resource> {
     trusting: bool,
     config: Config,
     metrics: ControllerMetrics,
+    key: PhantomData<fn() -> Q>,
 }
 
-impl<K: Resource> Controller<K> {
+impl<K: Resource, Q: Key> Controller<K, Q> {
     /// A controller over the cache `reader` (used for resync).
     pub fn new(name: &str, reader: Store<K>, config: Config) -> Self {
         Controller {
@@ -117,6 +144,7 @@ impl<K: Resource> Controller<K> {
             trusting: false,
             config,
             metrics: ControllerMetrics::unregistered(),
+            key: PhantomData,
         }
     }
 
@@ -156,13 +184,13 @@ impl<K: Resource> Controller<K> {
     pub fn watches<R, E>(
         self,
         events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
-        mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
+        mapper: impl Fn(&R) -> Vec<Q> + Send + Sync + 'static,
     ) -> Self
     where
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
-        self.map_events(events, mapper, false, false, |_| true)
+        self.map_events(events, queued(mapper), false, false, |_| true)
     }
 
     /// [`Controller::watches`] whose keys run before every other due key: for the
@@ -171,13 +199,13 @@ impl<K: Resource> Controller<K> {
     pub fn watches_urgent<R, E>(
         self,
         events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
-        mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
+        mapper: impl Fn(&R) -> Vec<Q> + Send + Sync + 'static,
     ) -> Self
     where
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
-        self.map_events(events, mapper, false, true, |_| true)
+        self.map_events(events, queued(mapper), false, true, |_| true)
     }
 
     /// Triggers on the keys `mapper` gives for each event's objects: a change's
@@ -226,16 +254,18 @@ impl<K: Resource> Controller<K> {
     }
 
     /// Triggers on any stream of keys.
-    pub fn trigger(mut self, keys: impl Stream<Item = String> + Send + 'static) -> Self {
+    pub fn trigger(mut self, keys: impl Stream<Item = Q> + Send + 'static) -> Self {
         self.triggers
-            .push(keys.map(|k| (k, Trigger::Change(false))).boxed());
+            .push(keys.map(|k| (k.into(), Trigger::Change(false))).boxed());
         self
     }
 
-    /// Runs until `shutdown` is cancelled, then waits for running reconciles.
-    pub async fn run<F, Fut, E>(self, reconcile: F, shutdown: CancellationToken)
+    /// Runs `reconcile(ctx, key)` for each due key until `shutdown` is cancelled, then
+    /// waits for running reconciles.
+    pub async fn run<C, F, Fut, E>(self, reconcile: F, ctx: Arc<C>, shutdown: CancellationToken)
     where
-        F: Fn(String) -> Fut + Send + Sync + 'static,
+        C: Send + Sync + 'static,
+        F: Fn(Arc<C>, Q) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: ReconcileError,
     {
@@ -246,6 +276,7 @@ impl<K: Resource> Controller<K> {
             trusting,
             config,
             metrics,
+            key: _,
         } = self;
         let concurrency = config.concurrency.max(1);
         let mut queue = Queue::new();
@@ -313,8 +344,13 @@ impl<K: Resource> Controller<K> {
                 let Some(key) = queue.pop_ready(now) else {
                     break;
                 };
+                let Some(typed) = Q::from_queue(key.clone()) else {
+                    tracing::warn!(controller = %name, key = %key, "not a key of this controller's kind; dropped");
+                    queue.finish(&key);
+                    continue;
+                };
                 let span = tracing::info_span!("reconcile", controller = %name, object = %key);
-                let fut = reconcile(key.clone());
+                let fut = reconcile(ctx.clone(), typed);
                 let handle = tasks.spawn(
                     async move {
                         let start = Instant::now();
@@ -357,6 +393,13 @@ impl<K: Resource> Controller<K> {
         }
         tracing::debug!(controller = %name, "controller stopped");
     }
+}
+
+/// A mapper to typed keys as one to the queue's strings.
+fn queued<R, Q: Key>(
+    mapper: impl Fn(&R) -> Vec<Q> + Send + Sync + 'static,
+) -> impl Fn(&R) -> Vec<String> + Send + Sync + 'static {
+    move |r| mapper(r).into_iter().map(Into::into).collect()
 }
 
 /// What scheduled a key.
@@ -465,7 +508,7 @@ mod tests {
         let r = runs.clone();
         let ctl = Controller::new("t", reader, config(4)).trigger(keys);
         let handle = tokio::spawn(ctl.run(
-            move |_key| {
+            move |_: Arc<()>, _key: String| {
                 let r = r.clone();
                 async move {
                     r.fetch_add(1, Ordering::SeqCst);
@@ -473,6 +516,7 @@ mod tests {
                     Ok::<_, Boom>(Action::AwaitChange)
                 }
             },
+            Arc::new(()),
             shutdown.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -494,7 +538,7 @@ mod tests {
         let (f, ms, mt) = (in_flight.clone(), max_same.clone(), max_total.clone());
         let ctl = Controller::new("t", reader, config(3)).trigger(keys);
         let handle = tokio::spawn(ctl.run(
-            move |key: String| {
+            move |_: Arc<()>, key: String| {
                 let (f, ms, mt) = (f.clone(), ms.clone(), mt.clone());
                 async move {
                     {
@@ -508,6 +552,7 @@ mod tests {
                     Ok::<_, Boom>(Action::AwaitChange)
                 }
             },
+            Arc::new(()),
             shutdown.clone(),
         ));
         for round in 0..20 {
@@ -542,7 +587,7 @@ mod tests {
         let (l, c) = (log.clone(), calls.clone());
         let ctl = Controller::new("t", reader, config(1)).trigger(keys);
         let handle = tokio::spawn(ctl.run(
-            move |key: String| {
+            move |_: Arc<()>, key: String| {
                 let (l, c) = (l.clone(), c.clone());
                 async move {
                     l.lock().unwrap().push((key, start.elapsed()));
@@ -553,6 +598,7 @@ mod tests {
                     }
                 }
             },
+            Arc::new(()),
             shutdown.clone(),
         ));
         tx.send("a".into()).unwrap();
@@ -591,7 +637,7 @@ mod tests {
         let l = log.clone();
         let ctl = Controller::new("t", reader, config(1)).trigger(keys);
         let handle = tokio::spawn(ctl.run(
-            move |key: String| {
+            move |_: Arc<()>, key: String| {
                 let l = l.clone();
                 async move {
                     l.lock().unwrap().push((key, start.elapsed()));
@@ -601,6 +647,7 @@ mod tests {
                     }))
                 }
             },
+            Arc::new(()),
             shutdown.clone(),
         ));
         tx.send("a".into()).unwrap();
@@ -634,7 +681,7 @@ mod tests {
         };
         let ctl = Controller::new("t", reader, cfg).trigger(keys);
         let handle = tokio::spawn(ctl.run(
-            move |key: String| {
+            move |_: Arc<()>, key: String| {
                 let l = l.clone();
                 async move {
                     l.lock().unwrap().push((key.clone(), start.elapsed()));
@@ -645,6 +692,7 @@ mod tests {
                     })
                 }
             },
+            Arc::new(()),
             shutdown.clone(),
         ));
         tx.send("a".into()).unwrap();
@@ -692,7 +740,7 @@ mod tests {
             |r: &Related| r.owners.iter().map(|o| o.to_string()).collect(),
         );
         let handle = tokio::spawn(ctl.run(
-            move |key: String| {
+            move |_: Arc<()>, key: String| {
                 let l = l.clone();
                 async move {
                     l.lock().unwrap().push((key, start.elapsed()));
@@ -700,6 +748,7 @@ mod tests {
                     Ok::<_, Boom>(Action::AwaitChange)
                 }
             },
+            Arc::new(()),
             shutdown.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(secs)).await;
@@ -758,7 +807,7 @@ mod tests {
             ..config(1)
         };
         let handle = tokio::spawn(Controller::new("t", reader, cfg).trigger(keys).run(
-            move |key: String| {
+            move |_: Arc<()>, key: String| {
                 let l = l.clone();
                 async move {
                     l.lock().unwrap().push((key, start.elapsed()));
@@ -766,6 +815,7 @@ mod tests {
                     Ok::<_, Boom>(Action::AwaitChange)
                 }
             },
+            Arc::new(()),
             shutdown.clone(),
         ));
         tokio::time::sleep(Duration::from_millis(10_500)).await;
@@ -787,7 +837,7 @@ mod tests {
         let d = done.clone();
         let ctl = Controller::new("t", reader, config(1)).trigger(keys);
         let handle = tokio::spawn(ctl.run(
-            move |_key: String| {
+            move |_: Arc<()>, _key: String| {
                 let d = d.clone();
                 async move {
                     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -795,6 +845,7 @@ mod tests {
                     Ok::<_, Boom>(Action::AwaitChange)
                 }
             },
+            Arc::new(()),
             shutdown.clone(),
         ));
         tx.send("a".into()).unwrap();
@@ -855,13 +906,14 @@ mod tests {
                 r.owners.iter().map(|o| o.to_string()).collect()
             });
         let handle = tokio::spawn(ctl.run(
-            move |key: String| {
+            move |_: Arc<()>, key: String| {
                 let l = l.clone();
                 async move {
                     l.lock().unwrap().push((key, start.elapsed()));
                     Ok::<_, Boom>(Action::AwaitChange)
                 }
             },
+            Arc::new(()),
             shutdown.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -884,7 +936,7 @@ mod tests {
             .with_metrics(metrics.clone())
             .trigger(keys);
         let handle = tokio::spawn(ctl.run(
-            move |_key: String| {
+            move |_: Arc<()>, _key: String| {
                 let c = c.clone();
                 async move {
                     if c.fetch_add(1, Ordering::SeqCst) == 0 {
@@ -893,6 +945,7 @@ mod tests {
                     Ok::<_, Boom>(Action::AwaitChange)
                 }
             },
+            Arc::new(()),
             shutdown.clone(),
         ));
         tx.send("a".into()).unwrap();

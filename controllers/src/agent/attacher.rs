@@ -59,7 +59,7 @@ impl Attacher {
             .owns(events)
             // A Secret made or rotated: the attachments of the volumes that name it.
             .watches(secrets, move |s: &Secret| {
-                let named: std::collections::HashSet<String> =
+                let named: std::collections::HashSet<ObjectKey<VolumeSpec>> =
                     ControllerPluginCtx::naming(&volumes, &plugin, s)
                         .into_iter()
                         .collect();
@@ -67,32 +67,28 @@ impl Attacher {
                     .state()
                     .iter()
                     .filter(|a| {
-                        named.contains(
-                            &Volume::key_for(&a.metadata.namespace, &a.spec.volume).into_string(),
-                        )
+                        named.contains(&Volume::key_for(&a.metadata.namespace, &a.spec.volume))
                     })
-                    .map(|a| a.key())
+                    .map(|a| a.object_key())
                     .collect()
             })
             .run(
-                move |key| {
-                    let this = this.clone();
-                    async move {
-                        moor::runtime::steps::requeue_backing_off(
-                            this.reconcile(key).await,
-                            AttachError::backing_off,
-                        )
-                    }
+                |this: Arc<Self>, key| async move {
+                    moor::runtime::steps::requeue_backing_off(
+                        this.reconcile(key).await,
+                        AttachError::backing_off,
+                    )
                 },
+                this,
                 stop,
             )
             .await;
     }
 
-    async fn reconcile(&self, key: String) -> Result<Action, AttachError> {
+    async fn reconcile(&self, key: ObjectKey<AttachmentSpec>) -> Result<Action, AttachError> {
         let reader = self.attachments.reader();
         reader.wait_until_ready().await;
-        let Some(att) = reader.get(&key) else {
+        let Some(att) = reader.get(key.as_str()) else {
             return Ok(Action::AwaitChange);
         };
         if att.spec.plugin_id != self.ctx.plugin.id {
@@ -110,7 +106,7 @@ impl Attacher {
         // A step of the trace of the claim the attachment was made for.
         let span = moor::telemetry::step_span(
             "attach",
-            &key,
+            key.as_str(),
             att.spec.volume.as_str(),
             att.spec.node.as_str(),
             att.metadata.trace.as_deref(),

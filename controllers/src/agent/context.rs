@@ -162,7 +162,7 @@ impl ControllerPluginCtx {
         volumes: &moor::runtime::reflector::Store<VolumeView>,
         plugin: &PluginId,
         s: &Secret,
-    ) -> Vec<String> {
+    ) -> Vec<ObjectKey<VolumeSpec>> {
         if s.spec.plugin_id != *plugin {
             return Vec::new();
         }
@@ -173,7 +173,7 @@ impl ControllerPluginCtx {
                 v.namespace == s.metadata.namespace
                     && v.attach.secret_refs.names_secret(&s.metadata.name)
             })
-            .map(|v| moor::runtime::Resource::key(&**v))
+            .map(|v| v.object_key())
             .collect()
     }
 

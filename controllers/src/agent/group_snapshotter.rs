@@ -245,33 +245,28 @@ impl GroupSnapshotter {
                             && g.spec.volumes.iter().any(|n| n.as_str() == v.name.as_str())
                             && g.status.group_snapshot_id.is_none()
                     })
-                    .map(|g| g.key())
+                    .map(|g| g.object_key())
                     .collect()
             })
             .run(
-                {
-                    let this = this.clone();
-                    move |key| {
-                        let this = this.clone();
-                        async move {
-                            steps::requeue_backing_off(
-                                this.reconcile(key).await,
-                                GroupError::backing_off,
-                            )
-                        }
-                    }
+                |this: Arc<Self>, key| async move {
+                    steps::requeue_backing_off(this.reconcile(key).await, GroupError::backing_off)
                 },
+                this,
                 stop,
             )
             .await;
     }
 
-    async fn reconcile(&self, key: String) -> Result<Action, GroupError> {
+    async fn reconcile(
+        &self,
+        key: ObjectKey<VolumeGroupSnapshotSpec>,
+    ) -> Result<Action, GroupError> {
         let reader = self.groups.reader();
         reader.wait_until_ready().await;
         self.volumes.reader().wait_until_ready().await;
         self.snapshots.reader().wait_until_ready().await;
-        let Some(cached) = reader.get(&key) else {
+        let Some(cached) = reader.get(key.as_str()) else {
             return Ok(Action::AwaitChange);
         };
         let group_key = cached.object_key();

@@ -170,28 +170,23 @@ impl Snapshotter {
                             && s.spec.volume.as_str() == v.name.as_str()
                             && s.status.snapshot_id.is_none()
                     })
-                    .map(|s| s.key())
+                    .map(|s| s.object_key())
                     .collect()
             })
             .run(
-                {
-                    let this = this.clone();
-                    move |key| {
-                        let this = this.clone();
-                        async move {
-                            moor::runtime::steps::requeue_backing_off(
-                                this.reconcile(key).await,
-                                SnapshotError::backing_off,
-                            )
-                        }
-                    }
+                |this: Arc<Self>, key| async move {
+                    moor::runtime::steps::requeue_backing_off(
+                        this.reconcile(key).await,
+                        SnapshotError::backing_off,
+                    )
                 },
+                this,
                 stop,
             )
             .await;
     }
 
-    async fn reconcile(&self, key: String) -> Result<Action, SnapshotError> {
+    async fn reconcile(&self, key: ObjectKey<SnapshotSpec>) -> Result<Action, SnapshotError> {
         let reader = self.snapshots.reader();
         reader.wait_until_ready().await;
         self.volumes.reader().wait_until_ready().await;

@@ -48,10 +48,13 @@ pub async fn run(
         .with_metrics(metrics)
         .owns_trusting(inf.allocations.subscribe(), converged)
         .watches(inf.claims.subscribe(), |c: &Claim| {
-            vec![Allocation::key_for(&c.metadata.namespace, &c.spec.allocation).into_string()]
+            vec![Allocation::key_for(
+                &c.metadata.namespace,
+                &c.spec.allocation,
+            )]
         })
         .watches(inf.leases.subscribe(), |l: &Lease| {
-            vec![Allocation::key_for(&l.metadata.namespace, &l.metadata.name).into_string()]
+            vec![Allocation::key_for(&l.metadata.namespace, &l.metadata.name)]
         })
         // A class made or changed: the allocations whose templates wait on one.
         .watches(inf.classes.subscribe(), move |_: &VolumeClass| {
@@ -66,16 +69,10 @@ pub async fn run(
                                 .is_some_and(|t| t.class.is_some() || t.plugin_id.is_empty())
                         })
                 })
-                .map(|a| a.key())
+                .map(|a| a.object_key())
                 .collect()
         })
-        .run(
-            move |key| {
-                let this = this.clone();
-                async move { reconcile(&this, &key).await }
-            },
-            stop,
-        )
+        .run(reconcile, this, stop)
         .await;
 }
 
@@ -92,8 +89,7 @@ fn converged(a: &Allocation) -> bool {
 
 /// The lease of the allocation at `key` (same namespace and name) and how long this
 /// process has seen it go unrenewed.
-fn lease_of(ctx: &Ctx, key: &str) -> Option<(Arc<Lease>, Duration)> {
-    let key = ObjectKey::<AllocationSpec>::parse(key).ok()?;
+fn lease_of(ctx: &Ctx, key: &ObjectKey<AllocationSpec>) -> Option<(Arc<Lease>, Duration)> {
     let (ns, name) = key.suffix().split_once('/')?;
     let lease_key = Lease::key_for(&Namespace::new(ns).ok()?, name);
     let mut observer = ctx.lease_observer.lock().unwrap_or_else(|p| p.into_inner());
@@ -108,7 +104,7 @@ fn lease_of(ctx: &Ctx, key: &str) -> Option<(Arc<Lease>, Duration)> {
 
 /// A lease whose allocation is gone: deleted once expired (its runner may still be
 /// about to create the allocation until then).
-async fn collect_lease(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
+async fn collect_lease(ctx: &Ctx, key: &ObjectKey<AllocationSpec>) -> Result<Action, StoreError> {
     let Some((lease, unrenewed)) = lease_of(ctx, key) else {
         return Ok(Action::AwaitChange);
     };
@@ -123,10 +119,11 @@ async fn collect_lease(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     Ok(Action::AwaitChange)
 }
 
-async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
+async fn reconcile(ctx: Arc<Ctx>, key: ObjectKey<AllocationSpec>) -> Result<Action, StoreError> {
+    let ctx = &*ctx;
     ctx.ready().await;
-    let Some(cached) = ctx.allocations.get(key) else {
-        return collect_lease(ctx, key).await;
+    let Some(cached) = ctx.allocations.get(&key) else {
+        return collect_lease(ctx, &key).await;
     };
     // From the cache, unless it lags this process's own last write of the allocation.
     let Some(alloc) = ctx
@@ -136,7 +133,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     else {
         return Ok(Action::AwaitChange);
     };
-    let lease = lease_of(ctx, key);
+    let lease = lease_of(ctx, &key);
     let live = plan::liveness(
         &alloc,
         lease.as_ref().map(|(l, _)| &**l),
@@ -181,7 +178,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     let action = converge(ctx, &alloc).await?;
     // Ended and released: collected after the retention (read again from the cache,
     // as converge may just have written the time it counts from).
-    let current = ctx.allocations.get(key).unwrap_or(alloc.clone());
+    let current = ctx.allocations.get(&key).unwrap_or(alloc.clone());
     let action = match plan::allocation::collect(&current, Timestamp::now(), ctx.retention) {
         plan::allocation::Collect::Keep => action,
         plan::allocation::Collect::After(left) => match action {

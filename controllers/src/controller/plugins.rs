@@ -40,41 +40,28 @@ pub async fn run(
         .watches(super::nodes::without_renewals(inf.nodes.subscribe()), {
             // A node's plugins now and the ones it listed before: a plugin a live node
             // stops listing must drop that node's instance.
-            let listed: std::sync::Mutex<HashMap<String, Vec<String>>> = Default::default();
+            type Keys = Vec<ObjectKey<PluginSpec>>;
+            let listed: std::sync::Mutex<HashMap<String, Keys>> = Default::default();
             move |n: &Node| {
-                let now: Vec<String> = n
-                    .status
-                    .plugins
-                    .keys()
-                    .map(|id| Plugin::key_for(id).into_string())
-                    .collect();
+                let now: Keys = n.status.plugins.keys().map(Plugin::key_for).collect();
                 let mut listed = listed.lock().unwrap_or_else(|p| p.into_inner());
                 let before = listed.insert(n.key(), now.clone()).unwrap_or_default();
-                let gone: Vec<String> = before.into_iter().filter(|k| !now.contains(k)).collect();
+                let gone: Keys = before.into_iter().filter(|k| !now.contains(k)).collect();
                 let mut keys = now;
                 keys.extend(gone);
                 keys
             }
         })
-        .run(
-            move |key| {
-                let this = this.clone();
-                async move {
-                    // A conflict (the cache lags a write) is retried soon by the
-                    // runtime's error policy, and counted as a failure if it persists.
-                    reconcile(&this, &key).await
-                }
-            },
-            stop,
-        )
+        // A conflict (the cache lags a write) is retried soon by the runtime's error
+        // policy, and counted as a failure if it persists.
+        .run(reconcile, this, stop)
         .await;
 }
 
-async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
+async fn reconcile(ctx: Arc<Ctx>, plugin_key: ObjectKey<PluginSpec>) -> Result<Action, StoreError> {
+    let ctx = &*ctx;
     ctx.ready().await;
-    let Ok(plugin_key) = ObjectKey::<PluginSpec>::parse(key) else {
-        return Ok(Action::AwaitChange);
-    };
+    let key = plugin_key.as_str();
     let id = plugin_key.name();
     let Ok(name) = Name::new(id) else {
         return Ok(Action::AwaitChange);

@@ -54,7 +54,7 @@ pub async fn run(
                     &super::context::schedulable_index(p.metadata.name.as_str(), !healthy),
                 )
                 .iter()
-                .map(|v| moor::runtime::Resource::key(&**v))
+                .map(|v| v.object_key())
                 .collect()
         })
         // The volumes an allocation's templates made: an ephemeral one goes when the
@@ -65,7 +65,7 @@ pub async fn run(
                 .iter()
                 .filter(|r| r.template.is_some())
                 .filter_map(|r| a.request_volume(r))
-                .map(|v| Volume::key_for(&a.metadata.namespace, &v).into_string())
+                .map(|v| Volume::key_for(&a.metadata.namespace, &v))
                 .collect()
         })
         // Only Mounts that report a condition (VOLUME_CONDITION): the others' writes
@@ -74,15 +74,9 @@ pub async fn run(
             if m.condition.is_none() {
                 return Vec::new();
             }
-            vec![Volume::key_for(&m.namespace, &m.volume).into_string()]
+            vec![Volume::key_for(&m.namespace, &m.volume)]
         })
-        .run(
-            move |key| {
-                let this = this.clone();
-                async move { reconcile(&this, &key).await }
-            },
-            stop,
-        )
+        .run(reconcile, this, stop)
         .await;
 }
 
@@ -93,9 +87,10 @@ fn converged(v: &VolumeView) -> bool {
     v.schedulable && !v.deleting && v.finalized
 }
 
-async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
+async fn reconcile(ctx: Arc<Ctx>, key: ObjectKey<VolumeSpec>) -> Result<Action, StoreError> {
+    let ctx = &*ctx;
     ctx.ready().await;
-    let Some(vol) = ctx.volumes.get(key) else {
+    let Some(vol) = ctx.volumes.get(&key) else {
         return Ok(Action::AwaitChange);
     };
     let plugin_serves = ctx

@@ -245,9 +245,17 @@ fn plugin_path(cfg: &PluginConfig, host: &Path) -> PathBuf {
     }
 }
 
-/// The key of the claim a Mount mirrors, as the claims queue holds it.
-fn claim_key_of(m: &Mount) -> String {
-    Mount::claim_key(&m.object_key()).into_string()
+/// The key of the claim a Mount mirrors.
+fn claim_key_of(m: &Mount) -> ObjectKey<ClaimSpec> {
+    Mount::claim_key(&m.object_key())
+}
+
+/// The claim keys among `keys` (a cache's or the journal's; the journal's are claim
+/// keys this agent wrote).
+fn claim_keys<'a>(keys: impl IntoIterator<Item = &'a String>) -> Vec<ObjectKey<ClaimSpec>> {
+    keys.into_iter()
+        .filter_map(|k| ObjectKey::parse(k).ok())
+        .collect()
 }
 
 /// The key of the Mount of a claim key from the claims queue (`None`: not a claim key).
@@ -279,15 +287,15 @@ impl NodeReconciler {
         );
         let reader = claims.reader();
         // Claims deleted while the agent was down are known only to the local state.
-        let local_keys: Vec<String> = self.local.lock().await.publishes.keys().cloned().collect();
+        let local_keys = claim_keys(self.local.lock().await.publishes.keys());
         let on_plugin_change = {
             let (reader, local) = (reader.clone(), self.local.clone());
             futures::stream::unfold(self.supervisor.changes(), move |mut rx| {
                 let (reader, local) = (reader.clone(), local.clone());
                 async move {
                     rx.changed().await.ok()?;
-                    let mut keys = reader.keys();
-                    keys.extend(local.lock().await.publishes.keys().cloned());
+                    let mut keys = claim_keys(&reader.keys());
+                    keys.extend(claim_keys(local.lock().await.publishes.keys()));
                     Some((futures::stream::iter(keys), rx))
                 }
             })
@@ -304,7 +312,7 @@ impl NodeReconciler {
         // by listing the Mounts: each (re)list names the claims of the Mounts, so one
         // without a claim is deleted. The agent's own Mount writes trigger nothing.
         let listed_mounts = futures::StreamExt::flat_map(mounts.subscribe(), |e| {
-            let keys: Vec<String> = match e {
+            let keys: Vec<ObjectKey<ClaimSpec>> = match e {
                 Ok(moor::runtime::watcher::Event::Restarted(all)) => {
                     all.iter().map(|m| claim_key_of(m)).collect()
                 }
@@ -330,13 +338,7 @@ impl NodeReconciler {
             .trigger(futures::stream::iter(local_keys))
             .trigger(futures::StreamExt::flatten(on_plugin_change))
             .trigger(listed_mounts)
-            .run(
-                move |key| {
-                    let this = this.clone();
-                    async move { this.reconcile(key).await }
-                },
-                shutdown,
-            )
+            .run(Reconcile::reconcile, this, shutdown)
             .await;
     }
 }
@@ -354,14 +356,15 @@ struct Reconcile {
 }
 
 impl Reconcile {
-    async fn reconcile(&self, key: String) -> Result<Action, NodeError> {
+    async fn reconcile(self: Arc<Self>, key: ObjectKey<ClaimSpec>) -> Result<Action, NodeError> {
         self.claims.wait_until_ready().await;
         self.mounts.wait_until_ready().await;
-        let claim = self.claims.get(&key);
+        let key = key.as_str();
+        let claim = self.claims.get(key);
         // A step of the claim's trace: its NodeStage, NodePublish and their reverses.
         let span = moor::telemetry::step_span(
             "node",
-            &key,
+            key,
             claim.as_ref().map_or("", |c| c.spec.volume.as_str()),
             self.r.node.as_str(),
             claim.as_ref().and_then(|c| c.metadata.trace.as_deref()),
@@ -371,28 +374,28 @@ impl Reconcile {
 
     async fn reconcile_claim(
         &self,
-        key: String,
+        key: &str,
         claim: Option<Arc<Claim>>,
     ) -> Result<Action, NodeError> {
         if let Some(c) = &claim {
             self.r.supervisor.attach_refused(c);
         }
-        let record = self.r.local.lock().await.publishes.get(&key).cloned();
+        let record = self.r.local.lock().await.publishes.get(key).cloned();
         let lock_key = match (&claim, &record) {
             (Some(c), _) => Volume::key_for(&c.metadata.namespace, &c.spec.volume).into_string(),
             (None, Some(r)) => Volume::key_for(&r.namespace, &r.volume).into_string(),
-            (None, None) => key.clone(),
+            (None, None) => key.to_string(),
         };
         let _guard = self.r.locks.lock(&lock_key).await;
         let (claim, wanted) = match plan::pass(claim.as_deref(), record.as_ref()) {
             plan::Pass::Nothing => {
-                self.delete_mount(&key).await?;
+                self.delete_mount(key).await?;
                 return Ok(Action::AwaitChange);
             }
-            plan::Pass::Gone(rec) => return self.gone(&key, rec).await,
+            plan::Pass::Gone(rec) => return self.gone(key, rec).await,
             plan::Pass::ReleasedForGood => return Ok(Action::AwaitChange),
             plan::Pass::Replaced(rec, claim, wanted) => {
-                if let Some(done) = self.replaced(&key, rec, claim, wanted).await? {
+                if let Some(done) = self.replaced(key, rec, claim, wanted).await? {
                     return Ok(done);
                 }
                 (claim, wanted)
@@ -400,14 +403,14 @@ impl Reconcile {
             plan::Pass::Claim(claim, wanted) => (claim, wanted),
         };
         let done = match wanted {
-            plan::Wanted::Release => self.release(&key, claim).await,
+            plan::Wanted::Release => self.release(key, claim).await,
             plan::Wanted::Publish => match self.granted(claim).await {
-                Ok(Some((claim, term))) => self.publish(&key, &claim, term).await,
+                Ok(Some((claim, term))) => self.publish(key, &claim, term).await,
                 // Changed since the cache showed it: its own event comes next.
                 Ok(None) => Ok(()),
                 Err(e) => Err(e),
             },
-            plan::Wanted::Withdrawn => self.withdrawn(&key, claim).await,
+            plan::Wanted::Withdrawn => self.withdrawn(key, claim).await,
         };
         let Err(e) = done else {
             return Ok(Action::AwaitChange);
@@ -416,7 +419,7 @@ impl Reconcile {
             // The step was not taken: said on the Mount (etcd, not the full disk) and
             // as a Warning, and counted.
             plan::After::JournalFailed => {
-                self.journal_failed(&key, claim, &e).await;
+                self.journal_failed(key, claim, &e).await;
                 Err(e)
             }
             // Not a failure to back off from: the plugin's first fingerprint (right
@@ -429,7 +432,7 @@ impl Reconcile {
             // Recorded on the Mount already; the step's own schedule says when.
             plan::After::Gated(after) => Ok(Action::Requeue(after)),
             plan::After::StepSchedule => Ok(Action::Requeue(
-                self.r.steps.remaining(&key).unwrap_or_default(),
+                self.r.steps.remaining(key).unwrap_or_default(),
             )),
             plan::After::Backoff => Err(e),
         }

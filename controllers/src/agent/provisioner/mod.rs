@@ -35,7 +35,6 @@ use super::volume_plan::{self, Step, EXPANDED, MODIFIED, VALIDATED};
 use super::volume_view::VolumeView;
 use crate::agent::context::ControllerPluginCtx;
 use crate::common::object_ref;
-use moor::runtime::Resource;
 
 /// The finalizer that holds a created volume's deletion until DeleteVolume.
 pub const FINALIZER: &str = "moor.dev/provisioner";
@@ -103,11 +102,11 @@ impl Provisioner {
                 let reader = reader.clone();
                 async move {
                     rx.changed().await.ok()?;
-                    let keys: Vec<String> = reader
+                    let keys: Vec<ObjectKey<VolumeSpec>> = reader
                         .state()
                         .iter()
                         .filter(|v| v.registered_id().is_none() && v.external_id.is_none())
-                        .map(|v| v.key())
+                        .map(|v| v.object_key())
                         .collect();
                     Some((futures::stream::iter(keys), rx))
                 }
@@ -134,27 +133,26 @@ impl Provisioner {
                         v.namespace == s.metadata.namespace
                             && v.restoring_from() == Some(&s.metadata.name)
                     })
-                    .map(|v| v.key())
+                    .map(|v| v.object_key())
                     .collect()
             })
             .run(
-                move |key| {
-                    let this = this.clone();
-                    async move {
-                        moor::runtime::steps::requeue_backing_off(this.reconcile(key).await, |e| {
-                            match e {
-                                ProvisionError::Step(e) => e.backing_off(),
-                                _ => None,
-                            }
-                        })
-                    }
+                |this: Arc<Self>, key| async move {
+                    moor::runtime::steps::requeue_backing_off(
+                        this.reconcile(key).await,
+                        |e| match e {
+                            ProvisionError::Step(e) => e.backing_off(),
+                            _ => None,
+                        },
+                    )
                 },
+                this,
                 stop,
             )
             .await;
     }
 
-    async fn reconcile(&self, key: String) -> Result<Action, ProvisionError> {
+    async fn reconcile(&self, key: ObjectKey<VolumeSpec>) -> Result<Action, ProvisionError> {
         let reader = self.volumes.reader();
         reader.wait_until_ready().await;
         // A volume at rest owes nothing whatever the plugin says.

@@ -69,12 +69,12 @@ pub async fn run(
     let claims = ctx.claims.clone();
     let by_volume = {
         let claims = claims.clone();
-        move |ns: &Namespace, volume: &str, node: Option<&NodeName>| -> Vec<String> {
+        move |ns: &Namespace, volume: &str, node: Option<&NodeName>| -> Vec<ObjectKey<ClaimSpec>> {
             claims
                 .by_index(BY_VOLUME, &volume_index(ns, volume))
                 .iter()
                 .filter(|c| node.is_none_or(|n| &c.spec.node == n))
-                .map(|c| c.key())
+                .map(|c| c.object_key())
                 .collect()
         }
     };
@@ -96,14 +96,10 @@ pub async fn run(
                 .volumes
                 .iter()
                 .flat_map(|req| a.claim_names(req))
-                .map(|name| {
-                    Claim::key_for(&a.spec.node, &a.metadata.namespace, &name).into_string()
-                })
+                .map(|name| Claim::key_for(&a.spec.node, &a.metadata.namespace, &name))
                 .collect()
         })
-        .watches(inf.mounts.subscribe(), |m: &MountView| {
-            vec![m.claim_key().into_string()]
-        })
+        .watches(inf.mounts.subscribe(), |m: &MountView| vec![m.claim_key()])
         .watches(inf.attachments.subscribe(), move |a: &Attachment| {
             by_volume(
                 &a.metadata.namespace,
@@ -120,7 +116,7 @@ pub async fn run(
                 claims2
                     .by_index(BY_NODE, n.metadata.name.as_str())
                     .iter()
-                    .map(|c| c.key())
+                    .map(|c| c.object_key())
                     .collect()
             },
         )
@@ -128,7 +124,7 @@ pub async fn run(
             claims3
                 .by_index(BY_UNSETTLED, p.metadata.name.as_str())
                 .iter()
-                .map(|c| c.key())
+                .map(|c| c.object_key())
                 .collect()
         })
         .watches(inf.claims.subscribe(), released_frees(claims4))
@@ -138,7 +134,7 @@ pub async fn run(
                 .by_index(BY_NODE, c.metadata.name.as_str())
                 .iter()
                 .filter(|c| !c.status.phase.is_live())
-                .map(|c| c.key())
+                .map(|c| c.object_key())
                 .collect()
         })
         // A Secret made, rotated or removed: the claims of the volumes naming it (a
@@ -151,14 +147,8 @@ pub async fn run(
                 .collect()
         })
         .trigger(node_gc_ticks(this.clone()).boxed())
-        .run(
-            move |key| {
-                let this = this.clone();
-                // A conflict (our cache lagged a write) is retried soon by the runtime.
-                async move { reconcile(&this, &key).await }
-            },
-            stop,
-        )
+        // A conflict (our cache lagged a write) is retried soon by the runtime.
+        .run(reconcile, this, stop)
         .await;
 }
 
@@ -172,9 +162,10 @@ fn converged(c: &Claim) -> bool {
         && !c.is_deleting()
 }
 
-async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
+async fn reconcile(ctx: Arc<Ctx>, key: ObjectKey<ClaimSpec>) -> Result<Action, StoreError> {
+    let ctx = &*ctx;
     ctx.ready().await;
-    let Some(cached) = ctx.claims.get(key) else {
+    let Some(cached) = ctx.claims.get(&key) else {
         return Ok(Action::AwaitChange);
     };
     let _guard = ctx
@@ -190,7 +181,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Action, StoreError> {
     // through the claim, its Attachment and its Mount).
     let span = moor::telemetry::step_span(
         "claim",
-        key,
+        key.as_str(),
         claim.spec.volume.as_str(),
         claim.spec.node.as_str(),
         claim.metadata.trace.as_deref(),

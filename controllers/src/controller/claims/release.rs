@@ -11,16 +11,16 @@ use super::*;
 /// looked at: a node's settled claims cost nothing here.
 pub(super) fn released_frees(
     claims: moor::runtime::reflector::Store<Claim>,
-) -> impl Fn(&Claim) -> Vec<String> + Send + Sync + 'static {
+) -> impl Fn(&Claim) -> Vec<ObjectKey<ClaimSpec>> + Send + Sync + 'static {
     move |released: &Claim| {
         if released.status.phase != ClaimPhase::Released {
             return Vec::new();
         }
-        let mut keys: Vec<String> = waiting_index(released)
+        let mut keys: Vec<ObjectKey<ClaimSpec>> = waiting_index(released)
             .iter()
             .flat_map(|value| claims.by_index(BY_WAITING, value))
             .filter(|c| c.metadata.uid != released.metadata.uid)
-            .map(|c| c.key())
+            .map(|c| c.object_key())
             .collect();
         keys.sort();
         keys.dedup();
@@ -30,7 +30,9 @@ pub(super) fn released_frees(
 
 /// With `--node-gc-timeout`, releasing claims on absent nodes are looked at again
 /// every few seconds, so the timeout is noticed without another trigger.
-pub(super) fn node_gc_ticks(ctx: Arc<Ctx>) -> impl futures::Stream<Item = String> + Send {
+pub(super) fn node_gc_ticks(
+    ctx: Arc<Ctx>,
+) -> impl futures::Stream<Item = ObjectKey<ClaimSpec>> + Send {
     let every = ctx
         .node_gc_timeout
         .map(|t| (t / 4).clamp(Duration::from_millis(200), Duration::from_secs(10)));
@@ -39,13 +41,13 @@ pub(super) fn node_gc_ticks(ctx: Arc<Ctx>) -> impl futures::Stream<Item = String
             Some(d) => tokio::time::sleep(d).await,
             None => std::future::pending::<()>().await,
         }
-        let keys: Vec<String> = ctx
+        let keys: Vec<ObjectKey<ClaimSpec>> = ctx
             .claims
             .state()
             .iter()
             .filter(|c| c.spec.release && c.status.phase != ClaimPhase::Released)
             .filter(|c| ctx.nodes.get(&Node::key_for(&c.spec.node)).is_none())
-            .map(|c| c.key())
+            .map(|c| c.object_key())
             .collect();
         Some((futures::stream::iter(keys), ctx))
     })
