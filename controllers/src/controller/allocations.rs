@@ -29,9 +29,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+use super::context::{Ctx, Informers};
 use super::plan::{self, Liveness};
-use super::Ctx;
-use super::Informers;
 use crate::common::{details, object_ref};
 
 /// Runs until `stop`.
@@ -267,7 +266,7 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
             capacities.get(&tpl.plugin_id).map(Vec::as_slice),
             || {
                 ctx.claims
-                    .by_index(super::BY_NODE, alloc.spec.node.as_str())
+                    .by_index(super::context::BY_NODE, alloc.spec.node.as_str())
             },
         );
         match made {

@@ -52,9 +52,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{EtcdArgs, KeyedLocks};
-pub use context::volume_index;
-pub use context::{Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
-use context::{CLAIM_INDEXES, VOLUME_INDEXES};
+use context::{Ctx, Informers, CLAIM_INDEXES, VOLUME_INDEXES};
 use moor::runtime::writer::Writer;
 
 /// Flags of `moord controller`.

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::Ctx;
+use super::context::Ctx;
 use crate::common::object_ref;
 
 /// How often the cached Nodes are looked at.

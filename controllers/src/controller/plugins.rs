@@ -22,8 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use super::Ctx;
-use super::Informers;
+use super::context::{Ctx, Informers};
 
 /// Runs until `stop`.
 pub async fn run(

@@ -7,7 +7,7 @@
 //! snapshot schedules' selection), and the whole volume while its next step needs it:
 //! until it is claimed and settled ([`VolumeView::at_rest`]). A view is never the base
 //! of a write: whoever decides on the whole spec or writes the volume takes it through
-//! [`super::Ctx::whole_volume`] (this process's own last write while the cache lags or
+//! [`super::context::Ctx::whole_volume`] (this process's own last write while the cache lags or
 //! shows it, else the whole volume a view keeps, else a read). So the admission of a
 //! second claim of a settled volume and each release read the volume once; the
 //! admission of a volume's first claim reads nothing more.

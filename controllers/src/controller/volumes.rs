@@ -23,9 +23,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::context::MountView;
+use super::context::{Ctx, Informers};
 use super::volume_view::VolumeView;
-use super::Ctx;
-use super::Informers;
 use crate::common::{details, object_ref};
 
 /// The controller's finalizer on volumes.
@@ -245,8 +244,8 @@ fn ephemeral_done(ctx: &Ctx, vol: &VolumeView) -> bool {
     }
     // Its claims on the volume: released (or gone) before the volume goes.
     let claims = ctx.claims.by_index(
-        super::BY_VOLUME,
-        &super::volume_index(ns, vol.name.as_str()),
+        super::context::BY_VOLUME,
+        &super::context::volume_index(ns, vol.name.as_str()),
     );
     claims
         .iter()

@@ -48,10 +48,10 @@ use publish::{attachment_state, create_attachment, publish, waiting_for_node, At
 use release::{node_gc_ticks, release, released_frees, waiting_for_unpublish};
 
 use super::context::BY_SECRET;
+use super::context::{volume_index, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use super::context::{waiting_index, MountView};
 use super::plan::{self, AttachPlan, NodeDone};
 use super::volume_view::VolumeView;
-use super::{volume_index, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
 use crate::common::{details, object_ref};
 use moor::admission::{self, Verdict};
 
