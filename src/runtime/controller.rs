@@ -280,63 +280,19 @@ impl<K: Resource, Q: Key> Controller<K, Q> {
         } = self;
         let concurrency = config.concurrency.max(1);
         let mut queue = Queue::new();
-        let mut failures: HashMap<String, u32> = HashMap::new();
-        let mut conflicts: HashMap<String, u32> = HashMap::new();
+        let mut outcomes = Outcomes {
+            name: &name,
+            backoff: &config.backoff,
+            metrics: &metrics,
+            failures: HashMap::new(),
+            conflicts: HashMap::new(),
+        };
         let mut tasks: JoinSet<(Duration, Result<Action, E>)> = JoinSet::new();
         let mut running: HashMap<tokio::task::Id, String> = HashMap::new();
         let mut triggers_open = true;
         let mut resync = config
             .resync
             .map(|d| tokio::time::interval_at(Instant::now() + d, d));
-
-        let mut finished = |queue: &mut Queue,
-                            key: String,
-                            outcome: Result<(Duration, Result<Action, E>), String>,
-                            reschedule: bool| {
-            queue.finish(&key);
-            let conflict =
-                matches!(&outcome, Ok((_, Err(e))) if e.policy() == ErrorPolicy::Conflict);
-            let (took, result) = match outcome {
-                Ok((took, Err(e))) if conflict => {
-                    // A guarded write lost a race (usually our cache lagged a write):
-                    // look again soon, quietly, unless it keeps happening.
-                    let n = conflicts.entry(key.clone()).or_default();
-                    *n += 1;
-                    if *n <= QUIET_CONFLICTS {
-                        tracing::debug!(controller = %name, object = %key, error = %error_chain(&e), "conflict; looking again");
-                        (took, Ok(Action::Requeue(CONFLICT_RETRY)))
-                    } else {
-                        (took, Err(error_chain(&e)))
-                    }
-                }
-                Ok((took, result)) => (took, result.map_err(|e| error_chain(&e))),
-                Err(panic) => (Duration::ZERO, Err(panic)),
-            };
-            if !conflict {
-                conflicts.remove(&key);
-            }
-            metrics.record(took, result.is_err());
-            let next = match result {
-                Ok(action) => {
-                    failures.remove(&key);
-                    match action {
-                        Action::Requeue(after) => Some(after),
-                        Action::AwaitChange => None,
-                    }
-                }
-                Err(error) => {
-                    let n = failures.entry(key.clone()).or_default();
-                    *n += 1;
-                    let delay = config.backoff.delay(*n);
-                    tracing::warn!(controller = %name, object = %key, failures = *n,
-                        retry_in = ?delay, %error, "reconcile failed");
-                    Some(delay)
-                }
-            };
-            if let (Some(after), true) = (next, reschedule) {
-                queue.schedule(key, Instant::now() + after);
-            }
-        };
 
         loop {
             let now = Instant::now();
@@ -370,7 +326,7 @@ impl<K: Resource, Q: Key> Controller<K, Q> {
                 _ = shutdown.cancelled() => break,
                 Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
                     let (key, outcome) = joined_outcome(&mut running, joined);
-                    finished(&mut queue, key, outcome, true);
+                    outcomes.finished(&mut queue, key, outcome, true);
                 }
                 next = triggers.next(), if triggers_open => match next {
                     Some((key, trigger)) => {
@@ -389,9 +345,82 @@ impl<K: Resource, Q: Key> Controller<K, Q> {
         }
         while let Some(joined) = tasks.join_next_with_id().await {
             let (key, outcome) = joined_outcome(&mut running, joined);
-            finished(&mut queue, key, outcome, false);
+            outcomes.finished(&mut queue, key, outcome, false);
         }
         tracing::debug!(controller = %name, "controller stopped");
+    }
+}
+
+/// What a controller makes of each finished reconcile: the key's conflicts and
+/// failures in a row, the metrics, and when it runs again.
+struct Outcomes<'a> {
+    name: &'a str,
+    backoff: &'a Backoff,
+    metrics: &'a ControllerMetrics,
+    failures: HashMap<String, u32>,
+    conflicts: HashMap<String, u32>,
+}
+
+impl Outcomes<'_> {
+    /// Settles `key`'s run (`outcome`: how long it took and its result, or a panic)
+    /// and, with `reschedule`, schedules it again when its action or its failure says.
+    fn finished<E: ReconcileError>(
+        &mut self,
+        queue: &mut Queue,
+        key: String,
+        outcome: Result<(Duration, Result<Action, E>), String>,
+        reschedule: bool,
+    ) {
+        queue.finish(&key);
+        let (took, result) = self.conflicts_quietly(&key, outcome);
+        self.metrics.record(took, result.is_err());
+        let next = match result {
+            Ok(action) => {
+                self.failures.remove(&key);
+                match action {
+                    Action::Requeue(after) => Some(after),
+                    Action::AwaitChange => None,
+                }
+            }
+            Err(error) => {
+                let n = self.failures.entry(key.clone()).or_default();
+                *n += 1;
+                let delay = self.backoff.delay(*n);
+                tracing::warn!(controller = %self.name, object = %key, failures = *n,
+                    retry_in = ?delay, %error, "reconcile failed");
+                Some(delay)
+            }
+        };
+        if let (Some(after), true) = (next, reschedule) {
+            queue.schedule(key, Instant::now() + after);
+        }
+    }
+
+    /// A guarded write that lost a race (usually the cache lagged a write) is looked at
+    /// again soon, quietly, unless it keeps happening; anything else as it came.
+    fn conflicts_quietly<E: ReconcileError>(
+        &mut self,
+        key: &str,
+        outcome: Result<(Duration, Result<Action, E>), String>,
+    ) -> (Duration, Result<Action, String>) {
+        let conflict = matches!(&outcome, Ok((_, Err(e))) if e.policy() == ErrorPolicy::Conflict);
+        if !conflict {
+            self.conflicts.remove(key);
+        }
+        match outcome {
+            Ok((took, Err(e))) if conflict => {
+                let n = self.conflicts.entry(key.to_string()).or_default();
+                *n += 1;
+                if *n <= QUIET_CONFLICTS {
+                    tracing::debug!(controller = %self.name, object = %key, error = %error_chain(&e), "conflict; looking again");
+                    (took, Ok(Action::Requeue(CONFLICT_RETRY)))
+                } else {
+                    (took, Err(error_chain(&e)))
+                }
+            }
+            Ok((took, result)) => (took, result.map_err(|e| error_chain(&e))),
+            Err(panic) => (Duration::ZERO, Err(panic)),
+        }
     }
 }
 

@@ -121,13 +121,37 @@ impl Reconcile {
         {
             return Ok(false);
         }
-        let volume_path = path_str(&plugin_path(&cfg, &rec.target_path));
+        let condition_in_stats = !with_health && caps.has(NodeRpc::VolumeCondition);
+        let (usage, condition) = self
+            .measure(&cfg, rec, with_stats, with_health, condition_in_stats)
+            .await?;
+        moor::runtime::metrics::volume_stats(
+            rec.namespace.as_str(),
+            rec.volume.as_str(),
+            usage.as_ref().unwrap_or(&VolumeUsage::default()),
+            condition.as_ref().map(|c| c.abnormal),
+        );
+        self.mirror_health(rec, &claim, usage, condition).await?;
+        Ok(true)
+    }
+
+    /// NodeGetVolumeStats (`with_stats`: the usage, and the condition where
+    /// `condition_in_stats`) and NodeGetVolumeHealth (`with_health`: the condition).
+    async fn measure(
+        &self,
+        cfg: &PluginConfig,
+        rec: &PublishRecord,
+        with_stats: bool,
+        with_health: bool,
+        condition_in_stats: bool,
+    ) -> Result<(Option<VolumeUsage>, Option<VolumeHealth>), NodeError> {
+        let volume_path = path_str(&plugin_path(cfg, &rec.target_path));
         let staging_target_path = rec
             .staging_path
             .as_ref()
-            .map(|s| path_str(&plugin_path(&cfg, s)))
+            .map(|s| path_str(&plugin_path(cfg, s)))
             .unwrap_or_default();
-        let csi = self.csi(&cfg)?;
+        let csi = self.csi(cfg)?;
         let mut usage = None;
         let mut condition = None;
         if with_stats {
@@ -141,7 +165,7 @@ impl Reconcile {
             condition = resp
                 .volume_condition
                 .as_ref()
-                .filter(|_| !with_health && caps.has(NodeRpc::VolumeCondition))
+                .filter(|_| condition_in_stats)
                 .map(|c| VolumeHealth {
                     abnormal: c.abnormal,
                     message: c.message.clone(),
@@ -159,25 +183,31 @@ impl Reconcile {
                 resp.volume_health.as_ref(),
             ));
         }
-        moor::runtime::metrics::volume_stats(
-            rec.namespace.as_str(),
-            rec.volume.as_str(),
-            usage.as_ref().unwrap_or(&VolumeUsage::default()),
-            condition.as_ref().map(|c| c.abnormal),
-        );
+        Ok((usage, condition))
+    }
+
+    /// Writes what was measured on the claim's Mount when it moved, and says a change
+    /// of health as an event ([`health_event`]).
+    async fn mirror_health(
+        &self,
+        rec: &PublishRecord,
+        claim: &Claim,
+        usage: Option<VolumeUsage>,
+        condition: Option<VolumeHealth>,
+    ) -> Result<(), NodeError> {
         // Serialised with the claim's node steps, which write the same Mount.
-        let lock_key = Volume::key_for(&rec.namespace, &rec.volume).into_string();
-        let _guard = self.r.locks.lock(&lock_key).await;
+        let lock_key = Volume::key_for(&rec.namespace, &rec.volume);
+        let _guard = self.r.locks.lock(lock_key.as_str()).await;
         let mount_key = Mount::key_for(&claim.object_key());
         let Some(current) = self.writer.fresh(&self.mounts, &mount_key).await? else {
-            return Ok(true);
+            return Ok(());
         };
         let was = current.status.condition.as_deref();
         let usage_moved = usage
             .as_ref()
             .is_some_and(|u| moved(current.status.usage.as_deref(), u));
         if was == condition.as_ref() && !usage_moved {
-            return Ok(true);
+            return Ok(());
         }
         let mut next = (*current).clone();
         if let Some(u) = usage {
@@ -185,50 +215,80 @@ impl Reconcile {
         }
         next.status.condition = condition.clone().map(Box::new);
         self.writer.update(&current, &next).await?;
-        // An event when the health changes: abnormal (or abnormal otherwise), or
-        // healthy again.
-        let was_abnormal = was.is_some_and(|c| c.abnormal);
-        let event = match condition {
-            Some(c)
-                if c.abnormal && (!was_abnormal || was.map(|w| &w.message) != Some(&c.message)) =>
-            {
-                Some((EventType::Warning, "Volume abnormal", c.message))
-            }
-            Some(c) if !c.abnormal && was_abnormal => Some((
-                EventType::Normal,
-                "Volume healthy",
-                String::from("healthy again"),
-            )),
-            _ => None,
+        let Some((kind, reason, msg)) = health_event(was, condition) else {
+            return Ok(());
         };
-        if let Some((kind, reason, msg)) = event {
-            let object = ObjectRef {
-                kind: "Volume".into(),
-                namespace: rec.namespace.clone(),
-                name: Name::new(rec.volume.as_str()).unwrap_or_default(),
-            };
-            let d = details([
-                ("volume_id", rec.volume.to_string()),
-                ("node", self.r.node.to_string()),
-            ]);
-            self.r
-                .recorder
-                .record(
-                    object,
-                    kind,
-                    reason,
-                    format!("{} on node {}: {msg}", rec.volume, self.r.node),
-                    d,
-                )
-                .await;
+        let object = ObjectRef {
+            kind: "Volume".into(),
+            namespace: rec.namespace.clone(),
+            name: Name::new(rec.volume.as_str()).unwrap_or_default(),
+        };
+        let d = details([
+            ("volume_id", rec.volume.to_string()),
+            ("node", self.r.node.to_string()),
+        ]);
+        self.r
+            .recorder
+            .record(
+                object,
+                kind,
+                reason,
+                format!("{} on node {}: {msg}", rec.volume, self.r.node),
+                d,
+            )
+            .await;
+        Ok(())
+    }
+}
+
+/// The event a change of a volume's health on the node says: abnormal (or abnormal
+/// otherwise), or healthy again.
+fn health_event(
+    was: Option<&VolumeHealth>,
+    now: Option<VolumeHealth>,
+) -> Option<(EventType, &'static str, String)> {
+    let was_abnormal = was.is_some_and(|c| c.abnormal);
+    match now {
+        Some(c) if c.abnormal && (!was_abnormal || was.map(|w| &w.message) != Some(&c.message)) => {
+            Some((EventType::Warning, "Volume abnormal", c.message))
         }
-        Ok(true)
+        Some(c) if !c.abnormal && was_abnormal => Some((
+            EventType::Normal,
+            "Volume healthy",
+            String::from("healthy again"),
+        )),
+        _ => None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_of_health_is_said_once() {
+        let h = |abnormal: bool, message: &str| VolumeHealth {
+            abnormal,
+            message: message.into(),
+            conditions: Vec::new(),
+        };
+        let said = |was: Option<&VolumeHealth>, now: Option<VolumeHealth>| {
+            health_event(was, now).map(|(_, reason, _)| reason)
+        };
+        assert_eq!(said(None, Some(h(true, "io"))), Some("Volume abnormal"));
+        assert_eq!(said(Some(&h(true, "io")), Some(h(true, "io"))), None);
+        assert_eq!(
+            said(Some(&h(true, "io")), Some(h(true, "gone"))),
+            Some("Volume abnormal"),
+            "abnormal otherwise"
+        );
+        assert_eq!(
+            said(Some(&h(true, "io")), Some(h(false, ""))),
+            Some("Volume healthy")
+        );
+        assert_eq!(said(None, Some(h(false, ""))), None);
+        assert_eq!(said(Some(&h(true, "io")), None), None);
+    }
 
     #[test]
     fn usage_is_rewritten_only_when_it_moved_by_a_percent() {
