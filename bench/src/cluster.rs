@@ -78,6 +78,11 @@ impl Proc {
         Ok(Proc { child })
     }
 
+    /// Whether the process has ended (its status reaped).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// CPU seconds (user + system) the process has used so far.
     pub fn cpu_seconds(&self) -> f64 {
         self.child

@@ -212,21 +212,29 @@ pub(super) fn table(runs: &[Run]) -> String {
     });
     row("scale: console start -> listed", &|r| {
         sc(r, |s| {
-            let c = &s.console;
-            format!(
-                "{:.1} s, RSS {:.0} MiB; {:.0} MiB after its pages (peak {:.0})",
-                c.ready_s, c.ready_rss_mib, c.served_rss_mib, c.peak_rss_mib
+            s.console.as_ref().map_or_else(
+                || "-".to_string(),
+                |c| {
+                    format!(
+                        "{:.1} s, RSS {:.0} MiB; {:.0} MiB after its pages (peak {:.0})",
+                        c.ready_s, c.ready_rss_mib, c.served_rss_mib, c.peak_rss_mib
+                    )
+                },
             )
         })
     });
     row("scale: console server time per page (median)", &|r| {
         sc(r, |s| {
-            s.console
-                .pages
-                .iter()
-                .map(|(what, p)| format!("{what} {:.1} ms", p.server_ms))
-                .collect::<Vec<_>>()
-                .join("; ")
+            s.console.as_ref().map_or_else(
+                || "-".to_string(),
+                |c| {
+                    c.pages
+                        .iter()
+                        .map(|(what, p)| format!("{what} {:.1} ms", p.server_ms))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                },
+            )
         })
     });
     let ch = |r: &Run, f: &dyn Fn(&crate::churn::ChurnRun) -> String| {

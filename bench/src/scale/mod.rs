@@ -70,8 +70,9 @@ pub struct ScaleRun {
     /// The node-only agent restarted at each size of the cluster (claims stored): it
     /// reads only its own node's claims and mounts, so these should be flat.
     pub node_agent_by_cluster_claims: BTreeMap<usize, Synced>,
-    /// The web console on all of it.
-    pub console: console::ConsoleRun,
+    /// The web console on all of it (none from a build without `moord console`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub console: Option<console::ConsoleRun>,
 }
 
 /// One process from start until synced.
