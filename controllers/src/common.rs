@@ -162,6 +162,16 @@ pub fn object_ref<S: Spec>(obj: &Object<S>) -> ObjectRef {
     }
 }
 
+/// The Plugin object of plugin `id`, which events and breaches about the plugin itself
+/// are recorded on.
+pub fn plugin_ref(id: &PluginId) -> ObjectRef {
+    ObjectRef {
+        kind: PluginSpec::KIND.to_string(),
+        namespace: Default::default(),
+        name: Name::new(id.as_str()).unwrap_or_default(),
+    }
+}
+
 /// Treats "already gone" as done.
 pub fn ignore_not_found(r: Result<(), StoreError>) -> Result<(), StoreError> {
     match r {

@@ -190,7 +190,7 @@ impl<K: Resource, Q: Key> Controller<K, Q> {
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
-        self.map_events(events, queued(mapper), false, false, |_| true)
+        self.map_events(events, mapper, false, false, |_| true)
     }
 
     /// [`Controller::watches`] whose keys run before every other due key: for the
@@ -205,16 +205,16 @@ impl<K: Resource, Q: Key> Controller<K, Q> {
         R: Resource,
         E: std::error::Error + Send + 'static,
     {
-        self.map_events(events, queued(mapper), false, true, |_| true)
+        self.map_events(events, mapper, false, true, |_| true)
     }
 
     /// Triggers on the keys `mapper` gives for each event's objects: a change's
     /// urgent or not, a relist's [`Trigger::Relist`] where `relisted` holds for the
     /// object.
-    fn map_events<R, E>(
+    fn map_events<R, E, T>(
         mut self,
         events: impl Stream<Item = Result<Event<R>, E>> + Send + 'static,
-        mapper: impl Fn(&R) -> Vec<String> + Send + Sync + 'static,
+        mapper: impl Fn(&R) -> Vec<T> + Send + Sync + 'static,
         own_kind: bool,
         urgent: bool,
         relisted: impl Fn(&R) -> bool + Send + Sync + 'static,
@@ -222,6 +222,7 @@ impl<K: Resource, Q: Key> Controller<K, Q> {
     where
         R: Resource,
         E: std::error::Error + Send + 'static,
+        T: Into<String>,
     {
         let name = self.name.clone();
         let keys = events.flat_map(move |item| {
@@ -231,13 +232,19 @@ impl<K: Resource, Q: Key> Controller<K, Q> {
                     .iter()
                     .flat_map(|o| {
                         let t = if relisted(o) { Trigger::Relist } else { change };
-                        mapper(o).into_iter().map(move |k| (k, t))
+                        mapper(o).into_iter().map(move |k| (k.into(), t))
                     })
                     .collect(),
-                Ok(Event::Applied(obj)) => mapper(&obj).into_iter().map(|k| (k, change)).collect(),
+                Ok(Event::Applied(obj)) => mapper(&obj)
+                    .into_iter()
+                    .map(|k| (k.into(), change))
+                    .collect(),
                 Ok(Event::Deleted {
                     last: Some(obj), ..
-                }) => mapper(&obj).into_iter().map(|k| (k, change)).collect(),
+                }) => mapper(&obj)
+                    .into_iter()
+                    .map(|k| (k.into(), change))
+                    .collect(),
                 // A deletion whose last state is unknown names only its own key, which
                 // is a key of this controller only when the events are its own kind's.
                 Ok(Event::Deleted { key, last: None }) if own_kind => vec![(key, change)],
@@ -422,13 +429,6 @@ impl Outcomes<'_> {
             Err(panic) => (Duration::ZERO, Err(panic)),
         }
     }
-}
-
-/// A mapper to typed keys as one to the queue's strings.
-fn queued<R, Q: Key>(
-    mapper: impl Fn(&R) -> Vec<Q> + Send + Sync + 'static,
-) -> impl Fn(&R) -> Vec<String> + Send + Sync + 'static {
-    move |r| mapper(r).into_iter().map(Into::into).collect()
 }
 
 /// What scheduled a key.

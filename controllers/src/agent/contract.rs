@@ -141,7 +141,7 @@ impl moor::csi::contract::Monitor for OfPlugin {
             match object {
                 Some(o) => self.monitor.report(&self.plugin, o, breaches).await,
                 None => {
-                    let plugin = plugin_ref(&self.plugin);
+                    let plugin = crate::common::plugin_ref(&self.plugin);
                     self.monitor.report(&self.plugin, &plugin, breaches).await
                 }
             }
@@ -150,15 +150,6 @@ impl moor::csi::contract::Monitor for OfPlugin {
 
     fn earlier_id(&self, name: &str, id: &str) -> Option<String> {
         self.monitor.earlier_id(&self.plugin, name, id)
-    }
-}
-
-/// The Plugin object a breach about the plugin itself is reported on.
-fn plugin_ref(plugin: &PluginId) -> ObjectRef {
-    ObjectRef {
-        kind: "Plugin".into(),
-        namespace: Default::default(),
-        name: moor::api::Name::new(plugin.as_str()).unwrap_or_default(),
     }
 }
 

@@ -9,6 +9,22 @@ fn count(steps: &[String], step: &str) -> usize {
     steps.iter().filter(|s| *s == step).count()
 }
 
+/// A CreateVolume request for a single-node-writer filesystem volume named `name`, as a
+/// test sends it behind moor's back.
+fn create_request(name: &str) -> moor::csi::v1::CreateVolumeRequest {
+    moor::csi::v1::CreateVolumeRequest {
+        name: name.into(),
+        volume_capabilities: vec![moor::csi::convert::capability(
+            moor::api::VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: moor::api::AttachmentMode::FileSystem,
+            },
+            &moor::api::MountOptions::default(),
+        )],
+        ..Default::default()
+    }
+}
+
 fn position(steps: &[String], step: &str) -> usize {
     steps
         .iter()
@@ -328,17 +344,7 @@ async fn a_registered_volume_is_validated_once_and_a_final_refusal_fails_it() {
     for name in ["outside-1", "outside-2"] {
         let made = rig
             .csi()
-            .create_volume(moor::csi::v1::CreateVolumeRequest {
-                name: name.into(),
-                volume_capabilities: vec![moor::csi::convert::capability(
-                    moor::api::VolumeCapability {
-                        access_mode: AccessMode::SingleNodeWriter,
-                        attachment_mode: moor::api::AttachmentMode::FileSystem,
-                    },
-                    &moor::api::MountOptions::default(),
-                )],
-                ..Default::default()
-            })
+            .create_volume(create_request(name))
             .await
             .expect("a volume made outside moor");
         ids.push(made.volume.expect("its volume").volume_id);
@@ -502,19 +508,11 @@ async fn a_checked_client_reports_the_breaches_in_its_answers() {
     };
     let checked = rig.csi().checked(told.clone()).about(object);
     let create = |name: &str| moor::csi::v1::CreateVolumeRequest {
-        name: name.into(),
         capacity_range: Some(moor::csi::v1::CapacityRange {
             required_bytes: 2 << 20,
             limit_bytes: 0,
         }),
-        volume_capabilities: vec![moor::csi::convert::capability(
-            moor::api::VolumeCapability {
-                access_mode: AccessMode::SingleNodeWriter,
-                attachment_mode: moor::api::AttachmentMode::FileSystem,
-            },
-            &moor::api::MountOptions::default(),
-        )],
-        ..Default::default()
+        ..create_request(name)
     };
     checked.create_volume(create("honest")).await.expect("made");
     assert!(told.0.lock().unwrap().is_empty(), "an honest answer");

@@ -156,16 +156,17 @@ impl<'de> Deserialize<'de> for ClaimSteps {
             ByName(BTreeMap<String, Step>),
             Publish(Step),
         }
-        let mut steps = ClaimSteps::default();
-        match Stored::deserialize(d)? {
-            Stored::ByName(by_name) => {
-                for (name, step) in by_name {
-                    steps.set(&name, step);
-                }
-            }
-            Stored::Publish(step) => steps.set(LEGACY_STEP, step),
-        }
-        Ok(steps)
+        let by_name = match Stored::deserialize(d)? {
+            Stored::ByName(by_name) => by_name,
+            Stored::Publish(step) => BTreeMap::from([(LEGACY_STEP.to_string(), step)]),
+        };
+        // Absent is never listed (`set` drops it): a stored one reads as not listed.
+        Ok(ClaimSteps(
+            by_name
+                .into_iter()
+                .filter(|(_, s)| *s != Step::Absent)
+                .collect(),
+        ))
     }
 }
 

@@ -250,8 +250,7 @@ fn claim_key_of(m: &Mount) -> ObjectKey<ClaimSpec> {
     Mount::claim_key(&m.object_key())
 }
 
-/// The claim keys among `keys` (a cache's or the journal's; the journal's are claim
-/// keys this agent wrote).
+/// The claim keys among the journal's keys (claim keys this agent wrote).
 fn claim_keys<'a>(keys: impl IntoIterator<Item = &'a String>) -> Vec<ObjectKey<ClaimSpec>> {
     keys.into_iter()
         .filter_map(|k| ObjectKey::parse(k).ok())
@@ -294,7 +293,7 @@ impl NodeReconciler {
                 let (reader, local) = (reader.clone(), local.clone());
                 async move {
                     rx.changed().await.ok()?;
-                    let mut keys = claim_keys(&reader.keys());
+                    let mut keys: Vec<_> = reader.state().iter().map(|c| c.object_key()).collect();
                     keys.extend(claim_keys(local.lock().await.publishes.keys()));
                     Some((futures::stream::iter(keys), rx))
                 }

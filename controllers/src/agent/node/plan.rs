@@ -601,22 +601,10 @@ mod tests {
         use moor::api::*;
         use std::path::{Path, PathBuf};
         let rec = PublishRecord {
-            claim_uid: "old".into(),
-            namespace: Namespace::default_ns(),
-            claim: Name::new("a.v").unwrap(),
-            allocation: AllocationId::new("a").unwrap(),
-            volume: VolumeId::new("v").unwrap(),
-            plugin_id: PluginId::new("p").unwrap(),
-            external_id: ExternalVolumeId::new("e").unwrap(),
             staging_path: Some(PathBuf::from("/s")),
-            target_path: PathBuf::from("/t"),
-            steps: Default::default(),
-            released: false,
-            expanded_bytes: None,
             attachment: Some("att-1".into()),
-            publish_context: None,
-            made_for: None,
             orphaned: Some(Timestamp::now()),
+            ..record("old", false)
         };
         let mut claim = Claim::new(
             &Namespace::default_ns(),

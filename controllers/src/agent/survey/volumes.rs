@@ -433,11 +433,7 @@ impl Survey {
                     if new.len() > shown.len() { ", ..." } else { "" }
                 );
                 tracing::warn!(plugin = %id, count = new.len(), "{msg}");
-                let object = ObjectRef {
-                    kind: "Plugin".into(),
-                    namespace: Namespace::default(),
-                    name: Name::new(id.as_str()).unwrap_or_default(),
-                };
+                let object = crate::common::plugin_ref(id);
                 self.ctx
                     .recorder
                     .record(
