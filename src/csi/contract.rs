@@ -5,6 +5,7 @@
 //! `moor_plugin_contract_violations_total{plugin,rule}`) and act exactly as they would
 //! without the check: a breach is named, never worked around here.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use super::v1;
@@ -46,8 +47,9 @@ pub enum Rule {
     NodeIdChanged,
     /// NodeGetInfo's max_volumes_per_node fell below the volumes published there.
     MaxVolumesBelowPublished,
-    /// A plugin with LIST_VOLUMES did not list, in two surveys in a row, a volume it
-    /// created for moor and was never asked to delete.
+    /// A plugin did not list (ListVolumes) or find (ControllerGetVolume, without
+    /// LIST_VOLUMES), in two surveys in a row, a volume it created for moor and was
+    /// never asked to delete.
     VolumeNotListed,
     /// CreateSnapshot answered a snapshot of another volume than the one asked.
     SnapshotOfOtherVolume,
@@ -340,18 +342,78 @@ pub fn node_info(before: Option<&NodeInfo>, now: &NodeInfo, published: usize) ->
     found
 }
 
-/// The Ready volume the plugin created (id `volume_id`) that it left out of two
-/// ListVolumes in a row.
-pub fn not_listed(volume_id: &str) -> Breach {
-    Breach::new(
-        Rule::VolumeNotListed,
-        format!("ListVolumes left out volume {volume_id} in two surveys in a row; it was created and never deleted"),
-    )
+/// What moor expects of a plugin's volumes in one survey: the Ready volumes the plugin
+/// created for moor and was never asked to delete (by the plugin's volume id, with the
+/// object each is), and the ids the previous survey found missing.
+#[derive(Debug, Clone, Copy)]
+pub struct Expected<'a> {
+    /// The plugin's volume id of each volume it created, and the Volume.
+    pub made: &'a BTreeMap<String, ObjectRef>,
+    /// The volume ids the previous survey did not find.
+    pub missing_before: &'a BTreeSet<String>,
+}
+
+/// The volumes of `expected.made` that a whole survey by `rpc` (ListVolumes's pages,
+/// or ControllerGetVolume of each) did not find (`found` false) and the previous
+/// survey did not find either, each with its breach.
+pub fn unlisted<'a>(
+    rpc: &str,
+    expected: Expected<'a>,
+    found: impl Fn(&str) -> bool,
+) -> Vec<(&'a ObjectRef, Breach)> {
+    expected
+        .made
+        .iter()
+        .filter(|(id, _)| !found(id) && expected.missing_before.contains(*id))
+        .map(|(id, vol)| {
+            let detail = format!(
+                "{rpc} left out volume {id} in two surveys in a row; it was created and never deleted"
+            );
+            (vol, Breach::new(Rule::VolumeNotListed, detail))
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_made_volume_is_unlisted_when_two_surveys_in_a_row_miss_it() {
+        let vol = |n: &str| ObjectRef {
+            kind: "Volume".into(),
+            namespace: crate::api::Namespace::default_ns(),
+            name: crate::api::Name::new(n).expect("a name"),
+        };
+        let made: BTreeMap<String, ObjectRef> = [("e1", "v1"), ("e2", "v2"), ("e3", "v3")]
+            .into_iter()
+            .map(|(e, v)| (e.to_string(), vol(v)))
+            .collect();
+        // e1 missed before and now; e2 missed before, found now; e3 missed now only;
+        // e4 missed twice but moor did not make it (registered, or not Ready).
+        let before: BTreeSet<String> = ["e1", "e2", "e4"].map(String::from).into();
+        let found = |id: &str| id == "e2";
+        let expected = Expected {
+            made: &made,
+            missing_before: &before,
+        };
+        let got = unlisted("ListVolumes", expected, found);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].0.name.as_str(), "v1");
+        assert_eq!(got[0].1.rule, Rule::VolumeNotListed);
+        assert!(
+            got[0]
+                .1
+                .detail
+                .starts_with("ListVolumes left out volume e1"),
+            "{got:?}"
+        );
+        let first = Expected {
+            made: &made,
+            missing_before: &BTreeSet::new(),
+        };
+        assert!(unlisted("ListVolumes", first, |_| false).is_empty());
+    }
 
     fn topo(pairs: &[(&str, &str)]) -> v1::Topology {
         v1::Topology {

@@ -104,15 +104,6 @@ impl ControllerPluginCtx {
         self.advertises(moor::api::ControllerRpc::SingleNodeMultiWriter)
     }
 
-    /// Reports `breaches` of the plugin about volume `vol` to the contract monitor.
-    pub async fn breached(
-        &self,
-        vol: &ObjectRef,
-        breaches: impl IntoIterator<Item = moor::csi::contract::Breach>,
-    ) {
-        self.monitor.report(&self.plugin.id, vol, breaches).await;
-    }
-
     /// How long a call that names a Secret waits for this agent's first list of the
     /// plugin's Secrets (a leader just elected), before the Secret counts as missing.
     const SECRETS_LISTED: Duration = Duration::from_secs(5);

@@ -1,7 +1,9 @@
 //! The live contract monitor: each plugin answer is checked against the spec's MUSTs
 //! as it arrives (the rules are `moor::csi::contract`'s, run by the typed client this
-//! monitor is given to, [`Monitor::for_plugin`]; the rules over several answers by the
-//! supervisor and the survey) and a breach is reported here. A breach raises a Warning "Plugin broke the CSI contract" on the object it
+//! monitor is given to, [`Monitor::for_plugin`], including the survey's whole
+//! listing against the volumes moor expects; NodeGetInfo's rule, over the node's
+//! previous answer and its journal, by the plugin supervisor) and a breach is reported
+//! here. A breach raises a Warning "Plugin broke the CSI contract" on the object it
 //! concerns, once per plugin, rule and object (the recorder aggregates repeats of the
 //! same event anyway), and counts `moor_plugin_contract_violations_total{plugin,rule}`
 //! once for each. It never changes what moor does: the caller goes on with the answer

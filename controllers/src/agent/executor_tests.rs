@@ -548,6 +548,63 @@ async fn a_checked_client_reports_the_breaches_in_its_answers() {
     );
 }
 
+/// A survey's whole listing is checked by the client too: a volume the plugin made for
+/// moor, left out of this listing and the previous survey, is reported about the
+/// volume, by ListVolumes and by ControllerGetVolume of each alike; one listed, or
+/// missed once, is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checked_client_reports_a_made_volume_its_listing_left_out_twice() {
+    use moor::csi::contract::{Expected, Rule};
+    use std::collections::{BTreeMap, BTreeSet};
+    let rig = Rig::start().await;
+    let listed = rig
+        .csi()
+        .create_volume(create_request("listed"))
+        .await
+        .expect("made")
+        .volume
+        .expect("a volume")
+        .volume_id;
+    let vol = |n: &str| moor::api::ObjectRef {
+        kind: "Volume".into(),
+        namespace: moor::api::Namespace::default_ns(),
+        name: moor::api::Name::new(n).unwrap(),
+    };
+    let made: BTreeMap<String, moor::api::ObjectRef> = [
+        (listed.clone(), vol("listed")),
+        ("gone-twice".to_string(), vol("gone-twice")),
+        ("gone-once".to_string(), vol("gone-once")),
+    ]
+    .into();
+    let before: BTreeSet<String> = [listed.clone(), "gone-twice".to_string()].into();
+    let expected = Expected {
+        made: &made,
+        missing_before: &before,
+    };
+    let told = std::sync::Arc::new(Told::default());
+    let checked = rig.csi().checked(told.clone());
+    let entries = checked.list_every_volume(expected).await.expect("listed");
+    assert!(entries
+        .iter()
+        .any(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == listed)));
+    let want = [("gone-twice".to_string(), vec![Rule::VolumeNotListed])];
+    assert_eq!(*told.0.lock().unwrap(), want);
+
+    told.0.lock().unwrap().clear();
+    let ids = made.keys().cloned();
+    let got = checked
+        .get_every_volume(ids, expected)
+        .await
+        .expect("asked");
+    assert_eq!(got.keys().collect::<Vec<_>>(), [&listed]);
+    assert_eq!(*told.0.lock().unwrap(), want);
+
+    // Unchecked, nothing is reported (the listing is the same).
+    told.0.lock().unwrap().clear();
+    rig.csi().list_every_volume(expected).await.expect("listed");
+    assert!(told.0.lock().unwrap().is_empty());
+}
+
 /// Two nodes share a multi-node volume: it is attached to each (one ControllerPublish
 /// per node, each with that node's id), staged and published on each by its own
 /// agent; one claim's release tears down and detaches on its node only, while the

@@ -12,7 +12,10 @@
 //!    conclusion from half a list); without it, with GET_VOLUME, ControllerGetVolume of
 //!    each Ready volume (NotFound counts as not listed). A Ready volume of this plugin missing from two
 //!    lists in a row gets condition `Present` false and a `Volume missing` Warning; back
-//!    in the list, `Present` true.
+//!    in the list, `Present` true. One the plugin created for moor (not registered) is
+//!    also the plugin's breach of the contract (volume_not_listed): the typed client
+//!    checks its whole listing against what moor expects (`Csi::list_every_volume`,
+//!    `Csi::get_every_volume`) and reports it, about the volume.
 //! 3. Health: from a CSI 1.13 plugin, every page of ControllerListVolumeHealth
 //!    (LIST_VOLUME_HEALTH; a volume it leaves out is healthy once two lists in a row
 //!    leave it out, since a paged list may skip an entry) or ControllerGetVolumeHealth
@@ -46,6 +49,7 @@
 //!   unknown attachments unpublished when asked to (steps 4-5).
 
 use moor::api::*;
+use moor::csi::contract::Expected;
 use moor::runtime::informer::Informer;
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -123,10 +127,15 @@ impl Survey {
                 }
             }
             let lists_all = caps.controller.has(ControllerRpc::ListVolumes);
+            let made = self.made();
+            let expected = Expected {
+                made: &made,
+                missing_before: &missing_before,
+            };
             let listing = if lists_all {
-                Some(self.list().await)
+                Some(self.list(expected).await)
             } else if caps.controller.has(ControllerRpc::GetVolume) {
-                Some(self.get_each().await)
+                Some(self.get_each(expected).await)
             } else {
                 None
             };

@@ -2,6 +2,7 @@
 //! what moor holds, its health, and volumes the plugin has that moor does not.
 
 use moor::api::*;
+use moor::csi::contract::Expected;
 use moor::csi::v1;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -44,8 +45,6 @@ pub(super) struct Seen<'a> {
 pub(super) struct Finding {
     /// The plugin does not list it.
     missing: bool,
-    /// Unlisted two passes in a row, and moor created it: a breach of the contract.
-    breach: bool,
     /// CSI node ids the plugin says it is published to where moor has no attachment.
     strangers: Vec<String>,
     /// Those of `strangers` the previous pass found too.
@@ -80,8 +79,6 @@ pub(super) fn judge(
                 .push((PRESENT, false, "MissingFromPlugin".into(), msg.clone()));
             f.warn.push(("Volume missing", msg));
         }
-        // One it created for moor and was never asked to delete.
-        f.breach = again && vol.registered_id().is_none();
         return f;
     };
     if cond(PRESENT).is_some_and(|c| !c.status) {
@@ -229,82 +226,75 @@ impl Survey {
             .collect()
     }
 
-    /// Every page of ListVolumes, by the plugin's volume id.
+    /// The Ready volumes the plugin created for moor (not registered), by the plugin's
+    /// volume id: those whose absence from a survey is the plugin's breach.
+    pub(super) fn made(&self) -> BTreeMap<String, ObjectRef> {
+        self.volumes
+            .reader()
+            .state()
+            .iter()
+            .filter(|v| v.registered_id().is_none())
+            .filter_map(|v| Some((v.ready_id()?.to_string(), v.object_ref())))
+            .collect()
+    }
+
+    /// Every page of ListVolumes, by the plugin's volume id (the client reports a
+    /// volume of `expected` left out twice in a row).
     pub(super) async fn list(
         &self,
+        expected: Expected<'_>,
     ) -> Result<BTreeMap<String, Listed>, Box<dyn std::error::Error + Send + Sync>> {
-        let csi = self.ctx.csi()?;
+        let entries = self.ctx.csi()?.list_every_volume(expected).await?;
         let mut out = BTreeMap::new();
-        let mut token = String::new();
-        for _ in 0..100_000 {
-            let page = csi
-                .list_volumes(v1::ListVolumesRequest {
-                    max_entries: 500,
-                    starting_token: token.clone(),
-                })
-                .await?;
-            for e in page.entries {
-                let Some(vol) = e.volume else { continue };
-                let status = e.status.unwrap_or_default();
-                out.insert(
-                    vol.volume_id,
-                    Listed {
-                        published: status.published_node_ids.into_iter().collect(),
-                        condition: legacy(status.volume_condition),
-                        capacity_bytes: u64::try_from(vol.capacity_bytes).unwrap_or(0),
-                    },
-                );
-            }
-            if page.next_token.is_empty() {
-                return Ok(out);
-            }
-            token = page.next_token;
+        for e in entries {
+            let Some(vol) = e.volume else { continue };
+            let status = e.status.unwrap_or_default();
+            out.insert(
+                vol.volume_id,
+                Listed {
+                    published: status.published_node_ids.into_iter().collect(),
+                    condition: legacy(status.volume_condition),
+                    capacity_bytes: u64::try_from(vol.capacity_bytes).unwrap_or(0),
+                },
+            );
         }
-        Err("ListVolumes did not end".into())
+        Ok(out)
     }
 
     /// Without LIST_VOLUMES: ControllerGetVolume (GET_VOLUME) of each Ready volume of
     /// this plugin, as a list (NotFound: not in it; any other error ends the pass).
     pub(super) async fn get_each(
         &self,
+        expected: Expected<'_>,
     ) -> Result<BTreeMap<String, Listed>, Box<dyn std::error::Error + Send + Sync>> {
-        let csi = self.ctx.csi()?;
-        let mut out = BTreeMap::new();
-        for vol in self.volumes.reader().state() {
-            let Some(ext) = vol
-                .external_id
-                .as_ref()
-                .filter(|_| vol.phase == VolumePhase::Ready)
-            else {
-                continue;
-            };
-            let req = v1::ControllerGetVolumeRequest {
-                volume_id: ext.to_string(),
-            };
-            match csi.controller_get_volume(req).await {
-                Ok(r) => {
-                    let status = r.status.unwrap_or_default();
-                    out.insert(
-                        ext.to_string(),
-                        Listed {
-                            published: status.published_node_ids.into_iter().collect(),
-                            condition: legacy(status.volume_condition),
-                            capacity_bytes: r
-                                .volume
-                                .map_or(0, |v| u64::try_from(v.capacity_bytes).unwrap_or(0)),
-                        },
-                    );
-                }
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(out)
+        let ids: Vec<String> = self
+            .volumes
+            .reader()
+            .state()
+            .iter()
+            .filter(|v| v.phase == VolumePhase::Ready)
+            .filter_map(|v| Some(v.external_id.as_ref()?.to_string()))
+            .collect();
+        let answers = self.ctx.csi()?.get_every_volume(ids, expected).await?;
+        Ok(answers
+            .into_iter()
+            .map(|(id, r)| {
+                let status = r.status.unwrap_or_default();
+                let listed = Listed {
+                    published: status.published_node_ids.into_iter().collect(),
+                    condition: legacy(status.volume_condition),
+                    capacity_bytes: r
+                        .volume
+                        .map_or(0, |v| u64::try_from(v.capacity_bytes).unwrap_or(0)),
+                };
+                (id, listed)
+            })
+            .collect())
     }
 
     /// Compares the list with moor's volumes and attachments ([`judge`] for each of
-    /// the plugin's ready volumes) and carries out the findings: the breach reported,
-    /// the conditions and events written, the confirmed unknown attachments unpublished
+    /// the plugin's ready volumes) and carries out the findings: the conditions and
+    /// events written, the confirmed unknown attachments unpublished
     /// when asked to. Returns what was missing and which attachments were unknown in
     /// this pass.
     pub(super) async fn compare(
@@ -343,11 +333,6 @@ impl Survey {
             let f = judge(&seen, &vol, &ext, listed.get(&ext), &ours);
             if f.missing {
                 missing.insert(ext.clone());
-            }
-            if f.breach {
-                self.ctx
-                    .breached(&vol.object_ref(), [moor::csi::contract::not_listed(&ext)])
-                    .await;
             }
             unknown.extend(f.strangers.into_iter().map(|n| (vol.key(), n)));
             if self.unpublish_unknown {
@@ -528,25 +513,21 @@ mod tests {
     }
 
     #[test]
-    fn a_volume_missing_twice_in_a_row_is_said_once_and_is_a_breach_if_moor_made_it() {
+    fn a_volume_missing_twice_in_a_row_is_said_once() {
         let v = volume();
         let once = judged(&v, None, &[], &[], &[]);
-        assert!(once.missing && !once.breach && once.set.is_empty() && once.warn.is_empty());
+        assert!(once.missing && once.set.is_empty() && once.warn.is_empty());
         let twice = judged(&v, None, &[], &["ext-1"], &[]);
-        assert!(twice.breach, "{twice:?}");
+        assert!(twice.missing, "{twice:?}");
         assert_eq!(twice.set[0].0, PRESENT);
         assert!(!twice.set[0].1);
         assert_eq!(twice.warn.len(), 1);
         // Said: the next pass writes nothing more, until it is listed again.
         let v = written(v, &twice);
         let thrice = judged(&v, None, &[], &["ext-1"], &[]);
-        assert!(thrice.set.is_empty() && thrice.warn.is_empty() && thrice.breach);
+        assert!(thrice.set.is_empty() && thrice.warn.is_empty() && thrice.missing);
         let back = judged(&v, Some(&listed(&[], None)), &[], &["ext-1"], &[]);
         assert_eq!(back.set, [(PRESENT, true, "Listed".into(), String::new())]);
-        // A registered volume missing is said, but it is not the plugin's breach.
-        let mut reg = volume();
-        reg.spec.external_id = Some(ExternalVolumeId::new("ext-1").unwrap());
-        assert!(!judged(&reg, None, &[], &["ext-1"], &[]).breach);
     }
 
     #[test]
