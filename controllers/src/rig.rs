@@ -6,7 +6,9 @@
 //! from each plugin's call log (the calls, in order), and faults are set on a plugin's
 //! admin socket, as the system tests do with processes. Every part is configured as a
 //! typed value ([`RigConfig`] edits moor-hostpath's `Config` and the agent's `Args`),
-//! not as argv strings; a node's agent can be stopped on its own ([`Rig::stop_agent`]).
+//! not as argv strings; a node's agent can be stopped or restarted on its own
+//! ([`Rig::stop_agent`], [`Rig::restart_agent`]), and an operator's force-detach is the
+//! store's own transaction ([`Rig::force_detach`], as `moorctl volume detach`).
 //!
 //! The plugin never mounts (`no_mount`): its state and its rules are the same, and the
 //! tests check calls and order, which the system tests also check for real mounts.
@@ -39,6 +41,9 @@ pub struct RigConfig {
     pub agent: Edit<crate::agent::Args>,
     /// Edits the controller's arguments.
     pub controller: Box<dyn Fn(&mut crate::controller::Args)>,
+    /// Every agent serves Docker's volume-plugin protocol (engine `docker`) on a
+    /// socket of its node ([`Rig::engine`] calls it).
+    pub engine: bool,
 }
 
 impl Default for RigConfig {
@@ -48,6 +53,7 @@ impl Default for RigConfig {
             plugin: Box::new(|_, _| {}),
             agent: Box::new(|_, _| {}),
             controller: Box::new(|_| {}),
+            engine: false,
         }
     }
 }
@@ -65,10 +71,33 @@ impl RigConfig {
 /// One node of the rig.
 struct RigNode {
     name: String,
+    /// Its directory (agent data, sockets).
+    dir: PathBuf,
     /// Its plugin's state dir (call log, admin socket).
     plugin_dir: PathBuf,
-    /// Stops its agent alone.
-    agent: CancellationToken,
+    /// The node's own stop (its plugin's; its agent's parent).
+    stop: CancellationToken,
+    /// Its agent as it runs now: its arguments, its stop, its task.
+    agent: std::sync::Mutex<RigAgent>,
+}
+
+/// A node's agent task.
+struct RigAgent {
+    args: crate::agent::Args,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl RigAgent {
+    fn start(args: crate::agent::Args, parent: &CancellationToken) -> RigAgent {
+        let stop = parent.child_token();
+        let task = tokio::spawn(crate::agent::run(args.clone(), stop.clone()));
+        RigAgent {
+            args,
+            stop,
+            task: Some(task),
+        }
+    }
 }
 
 /// One store, a plugin per node, the controller and an agent per node, stopped when
@@ -79,6 +108,8 @@ pub struct Rig {
     dir: tempfile::TempDir,
     stop: CancellationToken,
     nodes: Vec<RigNode>,
+    /// The agents serve the engine endpoint.
+    engine: bool,
 }
 
 /// A clap configuration with only its required values given: every other field is
@@ -178,13 +209,18 @@ impl Rig {
             a.retry_initial = Duration::from_millis(200);
             a.retry_cap = Duration::from_secs(2);
             a.events.event_window = Duration::from_secs(1);
+            if cfg.engine {
+                let sock = node_dir.join("engine.sock");
+                a.volume_plugin = vec![format!("docker={}", sock.display())];
+            }
             (cfg.agent)(&name, a);
-            let agent_stop = node_stop.child_token();
-            tokio::spawn(crate::agent::run(agent.args, agent_stop.clone()));
+            let agent = RigAgent::start(agent.args, &node_stop);
             nodes.push(RigNode {
                 name,
+                dir: node_dir,
                 plugin_dir,
-                agent: agent_stop,
+                stop: node_stop,
+                agent: std::sync::Mutex::new(agent),
             });
         }
 
@@ -196,6 +232,7 @@ impl Rig {
             dir,
             stop,
             nodes,
+            engine: cfg.engine,
         };
         for n in &rig.nodes {
             let key = Node::key_for(&NodeName::new(&n.name).expect("node name"));
@@ -208,8 +245,21 @@ impl Rig {
                     .is_some_and(|n| n.status.plugins.values().any(|p| p.healthy))
             })
             .await;
+            rig.wait_engine(&n.name).await;
         }
         rig
+    }
+
+    /// With the engine endpoint, waits until node `name`'s agent accepts on it.
+    async fn wait_engine(&self, name: &str) {
+        if !self.engine {
+            return;
+        }
+        let sock = self.node(name).dir.join("engine.sock");
+        self.wait(&format!("{name}'s engine endpoint"), || async {
+            tokio::net::UnixStream::connect(&sock).await.is_ok()
+        })
+        .await;
     }
 
     fn node(&self, name: &str) -> &RigNode {
@@ -222,7 +272,87 @@ impl Rig {
     /// Stops node `name`'s agent (its plugin goes on serving): the node is gone to the
     /// control plane once its registration's lease expires.
     pub fn stop_agent(&self, name: &str) {
-        self.node(name).agent.cancel();
+        self.node(name)
+            .agent
+            .lock()
+            .expect("the agent")
+            .stop
+            .cancel();
+    }
+
+    /// Stops node `name`'s agent, waits for it to end, and starts it again with the
+    /// same arguments (its journal, its data dir): a restart of the agent alone.
+    pub async fn restart_agent(&self, name: &str) {
+        let node = self.node(name);
+        let (task, args) = {
+            let mut agent = node.agent.lock().expect("the agent");
+            agent.stop.cancel();
+            (agent.task.take(), agent.args.clone())
+        };
+        if let Some(task) = task {
+            let ended = tokio::time::timeout(Duration::from_secs(30), task).await;
+            ended
+                .expect("the agent to stop")
+                .expect("the agent's task")
+                .expect("the agent's run");
+        }
+        *node.agent.lock().expect("the agent") = RigAgent::start(args, &node.stop);
+        self.wait_engine(name).await;
+    }
+
+    /// Declares node `node` gone for volume `volume` as `moorctl volume detach` does
+    /// (the volume's force-detach entry and the node's declarations, one transaction).
+    pub async fn force_detach(&self, volume: &str, node: &str) {
+        let key = Volume::key_for(&Namespace::default_ns(), Name::new(volume).expect("name"));
+        let node = NodeName::new(node).expect("node name");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.store.declare_node_gone(&key, &node, false).await {
+                Ok(_) => return,
+                Err(moor::store::StoreError::Conflict { .. })
+                    if tokio::time::Instant::now() < deadline => {}
+                Err(e) => panic!("declare {node} gone for {volume}: {e}"),
+            }
+        }
+    }
+
+    /// Calls `VolumeDriver.VERB` on node `node`'s engine endpoint ([`RigConfig::engine`])
+    /// as Docker does (a POST of JSON over its unix socket); the status and the JSON
+    /// answer.
+    pub async fn engine(
+        &self,
+        node: &str,
+        verb: &str,
+        body: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let sock = self.node(node).dir.join("engine.sock");
+        let mut s = tokio::net::UnixStream::connect(&sock)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", sock.display()));
+        let body = body.to_string();
+        let req = format!(
+            "POST /VolumeDriver.{verb} HTTP/1.1\r\nHost: plugin\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.expect("send the request");
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.expect("read the answer");
+        let text = String::from_utf8_lossy(&out);
+        let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok());
+        let status = status.unwrap_or_else(|| panic!("no status in {text:?}"));
+        let rest = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(rest)
+        } else {
+            rest.to_string()
+        };
+        let value = serde_json::from_str(&rest)
+            .unwrap_or_else(|e| panic!("{verb}: not JSON ({e}): {rest:?}"));
+        (status, value)
     }
 
     /// A CSI client of the rig's plugin, for what a test does behind moor's back.
@@ -484,4 +614,18 @@ impl Drop for Rig {
     fn drop(&mut self) {
         self.stop.cancel();
     }
+}
+
+/// A chunked HTTP body, joined.
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
 }

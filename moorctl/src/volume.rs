@@ -3,7 +3,7 @@
 //! removes a volume from moor without plugin calls.
 
 use moor::api::*;
-use moor::store::{Batch, StoreError};
+use moor::store::{Declared, StoreError};
 
 use crate::{is_not_found, parse_name, parse_ns, ride_out, Ctx, LookAgain, Refused};
 
@@ -18,45 +18,22 @@ pub(crate) async fn detach(
     let volume = parse_name("volume", volume)?;
     let node = NodeName::new(node).map_err(|e| anyhow::anyhow!("node {node:?}: {e}"))?;
     let key = Volume::key_for(&ns, &volume);
-    // The entry names the generation this very write makes, so it covers exactly the
-    // claims admitted before it. After a lost answer, an entry naming the stored
-    // generation is that write.
     let outcome = ride_out(ctx, |retrying| {
         let (key, node) = (&key, &node);
         async move {
-            let read = ctx.store.get(key).await?;
-            if retrying && read.spec.force_detach.get(node) == Some(&read.metadata.generation)
-            {
-                return Ok(());
-            }
-            // The node's agent reads no volume: the same transaction tells it
-            // through its declarations key.
-            let (mut declarations, read_at) = match ctx.store.declarations(node).await {
-                Ok(found) => found,
-                Err(StoreError::Malformed { revision, .. }) => {
+            match ctx.store.declare_node_gone(key, node, retrying).await {
+                Ok(Declared::Written {
+                    replaced_malformed: true,
+                }) => {
                     eprintln!(
-                        "warning: {} held a value that is not force-detach declarations; it is written again from this one",
+                        "warning: {} held a value that is not force-detach declarations; it was written again from this one",
                         declarations_key(node)
                     );
-                    (Declarations::default(), revision)
+                    Ok(())
                 }
-                Err(e) => return Err(e.into()),
-            };
-            let generation = read.metadata.generation + 1;
-            let mut v = read.clone();
-            v.spec.force_detach.insert(node.clone(), generation);
-            declarations.declare(&v, generation);
-            let mut batch = Batch::default();
-            batch.update(&ctx.store, &read, &v)?;
-            batch.put_raw(
-                &ctx.store,
-                &declarations_key(node),
-                serde_json::to_vec(&declarations)?,
-                read_at,
-            );
-            match batch.commit(&ctx.store).await {
+                Ok(_) => Ok(()),
                 Err(StoreError::Conflict { .. }) => Err(LookAgain.into()),
-                other => other.map(|_| ()).map_err(anyhow::Error::from),
+                Err(e) => Err(anyhow::Error::from(e)),
             }
         }
     })

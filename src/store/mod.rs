@@ -37,7 +37,7 @@ pub use codec::Codec;
 pub use connect::EtcdAuth;
 pub use error::{bounded_chain, MalformedCause, StoreError, NOSPACE_HELP};
 pub use lease::{KeepAlive, LeaseId};
-pub use raw::SEALING_KEY;
+pub use raw::{Declared, SEALING_KEY};
 pub use seal::{Keyring, KeyringError, OpenError, SealError};
 pub(crate) use send::Repeat;
 pub use watch::{RawEvent, RawEventKind, WatchBatch, WatchStream};

@@ -8,6 +8,19 @@ use super::{MalformedCause, Repeat, Store, StoreError};
 /// so; it holds key ids only, never a key.
 pub const SEALING_KEY: &str = "sealing";
 
+/// What [`Store::declare_node_gone`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declared {
+    /// Wrote the declaration; `replaced_malformed`: over a declarations value that was
+    /// not one (written again from this declaration alone).
+    Written {
+        /// The node's declarations key held garbage, now replaced.
+        replaced_malformed: bool,
+    },
+    /// An earlier try (whose answer was lost) wrote it.
+    Already,
+}
+
 /// The value at [`SEALING_KEY`].
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct SealingMarker {
@@ -59,6 +72,46 @@ impl Store {
                 revision,
                 cause: MalformedCause::Report(why),
             })
+    }
+
+    /// Declares node `node` gone for the volume at `key` (`moorctl volume detach`): the
+    /// volume's `spec.force_detach` entry and the node's declarations key
+    /// ([`crate::api::declarations_key`]) in one transaction, the entry naming the
+    /// generation this very write makes, so it covers exactly the claims admitted
+    /// before it. One try: a concurrent write is a [`StoreError::Conflict`] to try
+    /// again on; `retrying` (a try after a lost answer) finds an entry naming the
+    /// stored generation to be that try's write.
+    pub async fn declare_node_gone(
+        &self,
+        key: &crate::api::ObjectKey<crate::api::VolumeSpec>,
+        node: &crate::api::NodeName,
+        retrying: bool,
+    ) -> Result<Declared, StoreError> {
+        let read = self.get(key).await?;
+        if retrying && read.spec.force_detach.get(node) == Some(&read.metadata.generation) {
+            return Ok(Declared::Already);
+        }
+        // The node's agent reads no volume: the same transaction tells it.
+        let (mut declarations, read_at, replaced) = match self.declarations(node).await {
+            Ok((found, at)) => (found, at, false),
+            Err(StoreError::Malformed { revision, .. }) => {
+                (crate::api::Declarations::default(), revision, true)
+            }
+            Err(e) => return Err(e),
+        };
+        let generation = read.metadata.generation + 1;
+        let mut v = read.clone();
+        v.spec.force_detach.insert(node.clone(), generation);
+        declarations.declare(&v, generation);
+        // Declarations (strings and integers) always serialize.
+        let value = serde_json::to_vec(&declarations).unwrap_or_default();
+        let mut batch = super::Batch::default();
+        batch.update(self, &read, &v)?;
+        batch.put_raw(self, &crate::api::declarations_key(node), value, read_at);
+        batch.commit(self).await?;
+        Ok(Declared::Written {
+            replaced_malformed: replaced,
+        })
     }
 
     /// The report an agent wrote at `key`, read with `parse` (untrusted: bounded by

@@ -701,3 +701,190 @@ async fn a_node_gone_is_let_go_and_its_volume_attached_elsewhere() {
     );
     assert!(after("NodeStageVolume", "NodePublishVolume"), "{steps:?}");
 }
+
+/// Action::Confirm: the node reads its force-detach declarations fresh before a forward
+/// step. While NodeStage keeps failing, an operator declares the node gone for the
+/// volume (the store's own transaction, as `moorctl volume detach`): the next pass ends
+/// at the check (the Mount says why) and no forward call follows, neither the stage
+/// nor the publish, until the claim is released (its teardown runs as usual).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declaration_read_before_a_forward_step_stops_the_claim_s_steps() {
+    let rig = Rig::start().await;
+    rig.volume("v1", AccessMode::SingleNodeWriter).await;
+    rig.fail("NodeStageVolume", "Unavailable", 100_000).await;
+    rig.run("a1", "v1").await;
+    rig.wait("a NodeStage answered Unavailable", || async {
+        count(&rig.steps(), "NodeStageVolume:Unavailable") >= 1
+    })
+    .await;
+    rig.force_detach("v1", "n1").await;
+    rig.wait("the Mount to say the node was declared gone", || async {
+        rig.mount("a1").await.is_some_and(|m| {
+            m.status
+                .meta
+                .last_error
+                .is_some_and(|e| e.contains("declared node n1 gone"))
+        })
+    })
+    .await;
+    let stages = count(&rig.steps(), "NodeStageVolume:Unavailable");
+    rig.stop("a1").await;
+    rig.wait_claim("a1", ClaimPhase::Released).await;
+    let steps = rig.steps();
+    assert_eq!(
+        count(&steps, "NodeStageVolume:Unavailable"),
+        stages,
+        "a forward step after the declaration was read: {steps:?}"
+    );
+    assert_eq!(count(&steps, "NodeStageVolume"), 0, "{steps:?}");
+    assert_eq!(count(&steps, "NodePublishVolume"), 0, "{steps:?}");
+}
+
+/// The engine endpoint on two nodes: a container's Mount on n1 attaches, stages and
+/// publishes there; n2's Mount of the single-node-writer volume is refused naming the
+/// holder while n1 holds it; n1's agent restarted keeps the publish (adopted: no step
+/// again) and answers its caller's Mount from it; once n1's caller unmounts, n2's
+/// Mount succeeds, and only after the volume was detached from n1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_s_mounts_follow_the_single_writer_rule_across_nodes_and_restarts() {
+    use serde_json::json;
+    let rig = Rig::start_with(RigConfig {
+        nodes: 2,
+        engine: true,
+        agent: Box::new(|_, a| a.volume_plugin_linger = std::time::Duration::ZERO),
+        ..Default::default()
+    })
+    .await;
+    let ok = |(status, v): (u16, serde_json::Value)| {
+        let err = v.get("Err").and_then(|e| e.as_str()).unwrap_or_default();
+        assert!(status == 200 && err.is_empty(), "{status} {v}");
+        v
+    };
+    ok(rig
+        .engine(
+            "n1",
+            "Create",
+            json!({"Name": "web", "Opts": {"size": "1MiB"}}),
+        )
+        .await);
+    let first = ok(rig
+        .engine("n1", "Mount", json!({"Name": "web", "ID": "c1"}))
+        .await);
+    let steps = rig.steps();
+    assert_eq!(count(&steps, "NodePublishVolume"), 1, "{steps:?}");
+
+    let (status, v) = rig
+        .engine("n2", "Mount", json!({"Name": "web", "ID": "c2"}))
+        .await;
+    let err = v["Err"].as_str().unwrap_or_default();
+    assert!(status != 200 && err.contains("on node n1"), "{status} {v}");
+
+    rig.restart_agent("n1").await;
+    let again = ok(rig
+        .engine("n1", "Mount", json!({"Name": "web", "ID": "c1"}))
+        .await);
+    assert_eq!(again["Mountpoint"], first["Mountpoint"]);
+    let steps = rig.steps();
+    assert_eq!(
+        count(&steps, "NodeStageVolume"),
+        1,
+        "staged again: {steps:?}"
+    );
+    assert_eq!(
+        count(&steps, "NodePublishVolume"),
+        1,
+        "published again: {steps:?}"
+    );
+
+    ok(rig
+        .engine("n1", "Unmount", json!({"Name": "web", "ID": "c1"}))
+        .await);
+    ok(rig
+        .engine("n2", "Mount", json!({"Name": "web", "ID": "c2"}))
+        .await);
+    let calls = rig.calls();
+    let at = |rpc: &str, node: &str| {
+        calls
+            .iter()
+            .position(|c| c.rpc == rpc && c.node_id.as_deref() == Some(node))
+            .unwrap_or_else(|| panic!("no {rpc} for {node}: {calls:?}"))
+    };
+    assert!(
+        at("ControllerUnpublishVolume", "csi-n1") < at("ControllerPublishVolume", "csi-n2"),
+        "attached to n2 before the detach from n1"
+    );
+    assert_eq!(
+        rig.steps_on("n2")
+            .iter()
+            .filter(|s| *s == "NodePublishVolume")
+            .count(),
+        1
+    );
+}
+
+/// Wanted::Withdrawn, after a restart: a1 and a2 share v1 on n2 (published, one staging
+/// path); n2's agent stops and stays gone past the GC timeout, a1 ends and is released
+/// without it, v1 is detached from n2 and a2's grant withdrawn with it. n2's agent
+/// restarted (its plugin kept a2's publish) tears down what the withdrawn grant did:
+/// both publishes and the shared stage, while v1's new ControllerPublish to n2 hangs;
+/// once it answers, a2 is granted anew and staged and published again, after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawn_grant_s_steps_are_torn_down_before_the_new_grant_s() {
+    use moor_hostpath::faults::Command;
+    let rig = Rig::start_with(RigConfig {
+        nodes: 2,
+        controller: Box::new(|c| c.node_gc_timeout = Some(std::time::Duration::from_secs(1))),
+        ..Default::default()
+    })
+    .await;
+    rig.volume("v1", AccessMode::SingleNodeMultiWriter).await;
+    rig.run_on("a1", "n2", "v1").await;
+    rig.run_on("a2", "n2", "v1").await;
+    rig.wait_claim_on("n2", "a1", ClaimPhase::Published).await;
+    rig.wait_claim_on("n2", "a2", ClaimPhase::Published).await;
+
+    rig.stop_agent("n2");
+    rig.stop("a1").await;
+    rig.wait_claim_on("n2", "a1", ClaimPhase::Released).await;
+    rig.wait("a2's grant withdrawn", || async {
+        rig.claim_on("n2", "a2")
+            .await
+            .is_some_and(|c| !c.spec.publish && c.spec.attachment.is_none())
+    })
+    .await;
+    rig.fault(Command::Hang {
+        rpc: "ControllerPublishVolume".into(),
+        after: false,
+    })
+    .await;
+    let before = rig.steps_on("n2").len();
+    rig.restart_agent("n2").await;
+    rig.wait("the withdrawn grant's steps torn down on n2", || async {
+        let steps = rig.steps_on("n2");
+        count(&steps, "NodeUnpublishVolume") == 2 && count(&steps, "NodeUnstageVolume") == 1
+    })
+    .await;
+    rig.fault(Command::Release {
+        rpc: "ControllerPublishVolume".into(),
+    })
+    .await;
+    rig.wait_claim_on("n2", "a2", ClaimPhase::Published).await;
+    let since: Vec<String> = rig.steps_on("n2")[before..].to_vec();
+    assert_eq!(
+        since,
+        [
+            "NodeUnpublishVolume",
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "NodeStageVolume",
+            "NodePublishVolume"
+        ],
+        "{since:?}"
+    );
+    let attaches = rig
+        .calls()
+        .iter()
+        .filter(|c| c.rpc == "ControllerPublishVolume" && c.node_id.as_deref() == Some("csi-n2"))
+        .count();
+    assert_eq!(attaches, 2, "attached again to n2 once");
+}
