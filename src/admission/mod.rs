@@ -69,9 +69,11 @@ pub fn external_id(volume: &Volume) -> Option<ExternalVolumeId> {
     }
 }
 
-/// Checks every rule but the access modes across nodes. `node_claims` (the claims on
-/// the claim's node) is asked for only when the plugin limits volumes per node: a node
-/// can hold thousands, and collecting them per admission made a burst quadratic.
+/// Checks every rule but the access modes across nodes, in order: the volume, the
+/// capability asked of it, the node's plugin, what the claim asks of that plugin, room
+/// on the node, topology. `node_claims` (the claims on the claim's node) is asked for
+/// only when the plugin limits volumes per node: a node can hold thousands, and
+/// collecting them per admission made a burst quadratic.
 pub fn check<I>(
     claim: &Claim,
     volume: Option<&Volume>,
@@ -83,6 +85,32 @@ where
     I::Item: std::ops::Deref<Target = Claim>,
 {
     let spec = &claim.spec;
+    let (volume, external_id) = claimable(spec, volume)?;
+    let capability = capability_asked(spec, volume)?;
+    let plugin = plugin_on(spec, node)?;
+    serves(spec, plugin, &capability)?;
+    room(
+        plugin,
+        &claim.metadata.namespace,
+        spec,
+        &claim.metadata.uid,
+        node_claims,
+    )?;
+    reachable(spec, volume, plugin)?;
+    Ok(Admitted {
+        capability,
+        external_id,
+        multi_writer_cap: plugin.capabilities.node.has(NodeRpc::SingleNodeMultiWriter),
+        selinux_mount: plugin.selinux_mount,
+    })
+}
+
+/// The volume as a claim can take it: existing, not being deleted, active, of the
+/// claim's plugin, not failed, and with the id a claim uses.
+fn claimable<'v>(
+    spec: &ClaimSpec,
+    volume: Option<&'v Volume>,
+) -> Result<(&'v Volume, ExternalVolumeId), Verdict> {
     let Some(volume) = volume else {
         return Err(Verdict::Deny(format!(
             "volume {} does not exist",
@@ -139,6 +167,12 @@ where
             spec.volume
         )));
     };
+    Ok((volume, external_id))
+}
+
+/// The capability the claim asks of the volume: one it offers, writable if the claim
+/// writes.
+fn capability_asked(spec: &ClaimSpec, volume: &Volume) -> Result<VolumeCapability, Verdict> {
     let Some(capability) = spec.capability(&volume.spec) else {
         return Err(Verdict::Deny(format!(
             "volume {} offers no capability",
@@ -156,6 +190,15 @@ where
             ClaimDenied::ReadOnlyMode(capability.access_mode).to_string(),
         ));
     }
+    Ok(capability)
+}
+
+/// The claim's plugin on its node: the node registered, the plugin running there as a
+/// node plugin.
+fn plugin_on<'n>(
+    spec: &ClaimSpec,
+    node: Option<&'n Node>,
+) -> Result<&'n NodePluginStatus, Verdict> {
     let Some(node) = node else {
         return Err(Verdict::Wait(format!(
             "node {} is not registered",
@@ -174,6 +217,16 @@ where
             spec.plugin_id, spec.node
         )));
     }
+    Ok(plugin)
+}
+
+/// Whether the node's plugin can do what the claim asks (its mount group, SELinux
+/// label, single-node-multi-writer), and is healthy.
+fn serves(
+    spec: &ClaimSpec,
+    plugin: &NodePluginStatus,
+    capability: &VolumeCapability,
+) -> Result<(), Verdict> {
     if let Some(group) = &spec.mount_options.mount_group {
         if capability.attachment_mode == AttachmentMode::BlockDevice {
             return Err(Verdict::Deny(format!(
@@ -210,32 +263,27 @@ where
             spec.plugin_id, spec.node, plugin.health_message
         )));
     }
-    room(
-        plugin,
-        &claim.metadata.namespace,
-        spec,
-        &claim.metadata.uid,
-        node_claims,
-    )?;
+    Ok(())
+}
+
+/// Whether the volume is accessible from the node's topology segment (any volume
+/// without an accessible topology is).
+fn reachable(spec: &ClaimSpec, volume: &Volume, plugin: &NodePluginStatus) -> Result<(), Verdict> {
     let reachable = &volume.status.provisioning.accessible_topology;
-    if !reachable.is_empty() {
-        let here = plugin.topology.clone().unwrap_or_default();
-        let fits = reachable
-            .iter()
-            .any(|seg| seg.iter().all(|(k, v)| here.get(k) == Some(v)));
-        if !fits {
-            return Err(Verdict::Deny(format!(
-                "volume {} is not accessible from node {} (topology {:?})",
-                spec.volume, spec.node, here
-            )));
-        }
+    if reachable.is_empty() {
+        return Ok(());
     }
-    Ok(Admitted {
-        capability,
-        external_id,
-        multi_writer_cap: plugin.capabilities.node.has(NodeRpc::SingleNodeMultiWriter),
-        selinux_mount: plugin.selinux_mount,
-    })
+    let here = plugin.topology.clone().unwrap_or_default();
+    let fits = reachable
+        .iter()
+        .any(|seg| seg.iter().all(|(k, v)| here.get(k) == Some(v)));
+    if !fits {
+        return Err(Verdict::Deny(format!(
+            "volume {} is not accessible from node {} (topology {:?})",
+            spec.volume, spec.node, here
+        )));
+    }
+    Ok(())
 }
 
 /// Whether a node takes new claims: not while an operator cordoned it (the claim

@@ -6,6 +6,8 @@
 //!
 //! # Layout
 //! - [`client`]: the typed client, one method per RPC moor drives.
+//! - `listing`: the client's whole listings of a plugin's volumes for the survey,
+//!   checked against what moor expects.
 //! - [`policy`]: the call policy: deadlines, tries, and the class of each answer.
 //! - [`requests`]: every request that carries secrets or a capability, built without
 //!   I/O.
@@ -15,6 +17,7 @@
 pub mod client;
 pub mod contract;
 pub mod convert;
+mod listing;
 pub mod policy;
 pub mod requests;
 

@@ -234,6 +234,80 @@ fn classed(
 
 /// Carries out [`plan::allocation::converge`]: one claim per request, and the phase.
 async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreError> {
+    let plan = planned(ctx, alloc).await?;
+    write_volumes(ctx, alloc, &plan).await?;
+    let requeue = plan.requeue;
+    if let Some(action) = write_claims(ctx, alloc, plan.create, plan.status).await? {
+        return Ok(action);
+    }
+    Ok(requeue.map_or(Action::AwaitChange, Action::Requeue))
+}
+
+/// What a templated request's volume is made from, for one pass of an allocation.
+struct Making<'a> {
+    ctx: &'a Ctx,
+    alloc: &'a Allocation,
+    node: Option<&'a Node>,
+    classes: &'a [Arc<VolumeClass>],
+    /// A cordoned node takes no new claim, so no volume is made for one there either.
+    cordon: Option<&'a Cordon>,
+    capacities: &'a std::collections::BTreeMap<PluginId, Vec<CapacityEntry>>,
+}
+
+impl Making<'_> {
+    /// The volume of request `req` from template `tpl` (`existing`: the one there).
+    fn made(&self, req: &VolumeRequest, tpl: &VolumeTemplate, existing: Option<&Volume>) -> Made {
+        if let (None, Some(c)) = (existing, self.cordon) {
+            return Made::Wait(c.why());
+        }
+        let (tpl, on_delete) = match classed(tpl, existing, self.classes) {
+            Ok(t) => t,
+            Err(made) => return *made,
+        };
+        let made = moor::admission::made(
+            self.alloc,
+            req,
+            &tpl,
+            existing,
+            self.node,
+            self.capacities.get(&tpl.plugin_id).map(Vec::as_slice),
+            || {
+                self.ctx
+                    .claims
+                    .by_index(super::context::BY_NODE, self.alloc.spec.node.as_str())
+            },
+        );
+        match made {
+            Made::Create(mut spec) => {
+                spec.on_delete = on_delete;
+                // The class's Secrets, named for each family (a template names none
+                // of its own).
+                if let Some(class) = spec
+                    .class
+                    .as_ref()
+                    .and_then(|n| self.classes.iter().find(|c| &c.metadata.name == n))
+                {
+                    spec.secret_refs = Rare::new(class.spec.secret_refs.clone());
+                }
+                Made::Create(spec)
+            }
+            Made::Update(spec) => {
+                match existing.and_then(|v| expansion_refused(&spec, &v.spec, self.classes)) {
+                    Some(why) => Made::Deny(why),
+                    None => Made::Update(spec),
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+/// The allocation's plan, from the caches and the volumes' whole objects where the
+/// plan needs one the cache keeps only as a view.
+async fn planned(
+    ctx: &Ctx,
+    alloc: &Allocation,
+) -> Result<plan::allocation::AllocationPlan, StoreError> {
     let ns = &alloc.metadata.namespace;
     let capacities = capacities(ctx, alloc).await?;
     let templated = alloc.spec.volumes.iter().any(|r| r.template.is_some());
@@ -249,53 +323,21 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
     let cordon = templated
         .then(|| ctx.cordons.get(&Cordon::key_for(&alloc.spec.node)))
         .flatten();
+    let making = Making {
+        ctx,
+        alloc,
+        node: node.as_deref(),
+        classes: &classes,
+        cordon: cordon.as_deref(),
+        capacities: &capacities,
+    };
     let made = |req: &VolumeRequest, tpl: &VolumeTemplate, existing: Option<&Volume>| {
-        if let (None, Some(c)) = (existing, &cordon) {
-            return Made::Wait(c.why());
-        }
-        let (tpl, on_delete) = match classed(tpl, existing, &classes) {
-            Ok(t) => t,
-            Err(made) => return *made,
-        };
-        let made = moor::admission::made(
-            alloc,
-            req,
-            &tpl,
-            existing,
-            node.as_deref(),
-            capacities.get(&tpl.plugin_id).map(Vec::as_slice),
-            || {
-                ctx.claims
-                    .by_index(super::context::BY_NODE, alloc.spec.node.as_str())
-            },
-        );
-        match made {
-            Made::Create(mut spec) => {
-                spec.on_delete = on_delete;
-                // The class's Secrets, named for each family (a template names none
-                // of its own).
-                if let Some(class) = spec
-                    .class
-                    .as_ref()
-                    .and_then(|n| classes.iter().find(|c| &c.metadata.name == n))
-                {
-                    spec.secret_refs = Rare::new(class.spec.secret_refs.clone());
-                }
-                Made::Create(spec)
-            }
-            Made::Update(spec) => {
-                match existing.and_then(|v| expansion_refused(&spec, &v.spec, &classes)) {
-                    Some(why) => Made::Deny(why),
-                    None => Made::Update(spec),
-                }
-            }
-            other => other,
-        }
+        making.made(req, tpl, existing)
     };
     // The plan asks for the whole volume of a request it makes a claim or a volume for:
     // one the cache keeps only as a view (at rest) is read, and the plan made again.
     let mut read: HashMap<VolumeId, Option<Arc<Volume>>> = HashMap::new();
-    let plan = loop {
+    Ok(loop {
         let unread = std::cell::RefCell::new(Vec::new());
         let plan = plan::allocation::converge(
             alloc,
@@ -322,7 +364,16 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
             let whole = ctx.whole_volume(&Volume::key_for(ns, &id)).await?;
             read.insert(id, whole);
         }
-    };
+    })
+}
+
+/// The volumes the plan makes, changes and deletes (a conflict or one already gone
+/// is left to the next pass).
+async fn write_volumes(
+    ctx: &Ctx,
+    alloc: &Allocation,
+    plan: &plan::allocation::AllocationPlan,
+) -> Result<(), StoreError> {
     for v in &plan.create_volumes {
         create_volume(ctx, alloc, v).await?;
     }
@@ -338,8 +389,20 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
             Err(e) => return Err(e),
         }
     }
-    let claims: Vec<Claim> = plan.create.into_iter().map(traced).collect();
-    let mut status = plan.status;
+    Ok(())
+}
+
+/// The claims the plan makes and the allocation's status, in one transaction where
+/// they fit; `Some` when the pass ends early (the allocation changed under the status
+/// write).
+async fn write_claims(
+    ctx: &Ctx,
+    alloc: &Arc<Allocation>,
+    create: Vec<Claim>,
+    status: Option<AllocationStatus>,
+) -> Result<Option<Action>, StoreError> {
+    let claims: Vec<Claim> = create.into_iter().map(traced).collect();
+    let mut status = status;
     let mut batched = false;
     if let Some(st) = status
         .as_ref()
@@ -377,12 +440,12 @@ async fn converge(ctx: &Ctx, alloc: &Arc<Allocation>) -> Result<Action, StoreErr
         match ctx.writer.update(alloc, &a).await {
             Ok(_) => {}
             Err(StoreError::Conflict { .. }) => {
-                return Ok(Action::Requeue(Duration::from_millis(50)))
+                return Ok(Some(Action::Requeue(Duration::from_millis(50))))
             }
             Err(e) => return Err(e),
         }
     }
-    Ok(plan.requeue.map_or(Action::AwaitChange, Action::Requeue))
+    Ok(None)
 }
 
 /// A claim to create, with the trace that starts with it: every step on it, in any

@@ -7,15 +7,17 @@ use moor::runtime::events::Recorder;
 use moor::runtime::informer::Informer;
 use moor::runtime::reflector;
 use moor::runtime::writer::Writer;
-use moor::store::StoreError;
+use moor::store::{Store, StoreError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 use super::volume_view::VolumeView;
 use crate::common::KeyedLocks;
 
 /// The informers the controller's reconcilers subscribe to.
+#[derive(Clone)]
 pub struct Informers {
     /// Allocations.
     pub allocations: Informer<Allocation>,
@@ -39,6 +41,38 @@ pub struct Informers {
     pub classes: Informer<VolumeClass>,
     /// Secrets (what claims carry for their nodes).
     pub secrets: Informer<Secret>,
+}
+
+impl Informers {
+    /// Starts a cache of every kind the reconcilers read, from `reads`, until `stop`.
+    pub fn spawn(reads: &Store, stop: &CancellationToken) -> Informers {
+        let all = || reads.clone();
+        Informers {
+            allocations: Informer::spawn(all(), KeyScope::all(), stop.clone()),
+            claims: Informer::spawn_indexed(all(), KeyScope::all(), CLAIM_INDEXES, stop.clone()),
+            volumes: Informer::spawn_projected_indexed(
+                all(),
+                KeyScope::<VolumeSpec>::all(),
+                VOLUME_INDEXES,
+                VolumeView::of,
+                stop.clone(),
+            ),
+            attachments: Informer::spawn(all(), KeyScope::all(), stop.clone()),
+            mounts: Informer::spawn_projected(
+                all(),
+                KeyScope::all(),
+                None,
+                |m| MountView::of(&m),
+                stop.clone(),
+            ),
+            nodes: Informer::spawn(all(), KeyScope::all(), stop.clone()),
+            plugins: Informer::spawn(all(), KeyScope::all(), stop.clone()),
+            leases: Informer::spawn(all(), KeyScope::all(), stop.clone()),
+            cordons: Informer::spawn(all(), KeyScope::all(), stop.clone()),
+            classes: Informer::spawn(all(), KeyScope::all(), stop.clone()),
+            secrets: Informer::spawn(all(), KeyScope::all(), stop.clone()),
+        }
+    }
 }
 
 /// What the reconcilers share.

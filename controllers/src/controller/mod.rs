@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{EtcdArgs, KeyedLocks};
-use context::{Ctx, Informers, CLAIM_INDEXES, VOLUME_INDEXES};
+use context::{Ctx, Informers};
 use moor::runtime::writer::Writer;
 
 /// Flags of `moord controller`.
@@ -170,109 +170,24 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     if let Err(e) = reads.declare_sealing().await {
         tracing::warn!(error = %e, "could not declare that this cluster seals secrets at rest");
     }
-    let allocations = Informer::<Allocation>::spawn(reads.clone(), KeyScope::all(), stop.clone());
-    let claims = Informer::<Claim>::spawn_indexed(
-        reads.clone(),
-        KeyScope::all(),
-        CLAIM_INDEXES,
-        stop.clone(),
-    );
-    let volumes = Informer::spawn_projected_indexed(
-        reads.clone(),
-        KeyScope::<VolumeSpec>::all(),
-        VOLUME_INDEXES,
-        volume_view::VolumeView::of,
-        stop.clone(),
-    );
-    let attachments = Informer::<Attachment>::spawn(reads.clone(), KeyScope::all(), stop.clone());
-    let mounts = Informer::spawn_projected(
-        reads.clone(),
-        KeyScope::all(),
-        None,
-        |m| context::MountView::of(&m),
-        stop.clone(),
-    );
-    let nodes = Informer::<Node>::spawn(reads.clone(), KeyScope::all(), stop.clone());
-    let plugins = Informer::<Plugin>::spawn(reads.clone(), KeyScope::all(), stop.clone());
-    let leases = Informer::<Lease>::spawn(reads.clone(), KeyScope::all(), stop.clone());
-    let cordons = Informer::<Cordon>::spawn(reads.clone(), KeyScope::all(), stop.clone());
-    let classes = Informer::<VolumeClass>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let informers = Informers::spawn(&reads, &stop);
     let schedules =
         Informer::<SnapshotSchedule>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let snapshots = Informer::<Snapshot>::spawn(reads.clone(), KeyScope::all(), stop.clone());
-    let secrets = Informer::<Secret>::spawn(reads.clone(), KeyScope::all(), stop.clone());
-    let secrets_for_reseal = secrets.clone();
-    let ctx = Ctx {
-        writer: Writer::new(fenced)
-            .tracking(&claims.reader())
-            .tracking(&attachments.reader())
-            .tracking_as::<VolumeSpec, _>(&volumes.reader())
-            .tracking(&allocations.reader()),
-        allocations: allocations.reader(),
-        claims: claims.reader(),
-        volumes: volumes.reader(),
-        attachments: attachments.reader(),
-        mounts: mounts.reader(),
-        nodes: nodes.reader(),
-        plugins: plugins.reader(),
-        leases: leases.reader(),
-        cordons: cordons.reader(),
-        classes: classes.reader(),
-        secrets: secrets.reader(),
-        lease_observer: Arc::default(),
-        recorder: args.events.recorder(reads, "controller"),
-        volume_locks: KeyedLocks::default(),
-        node_absence: Arc::default(),
-        node_gc_timeout: args.node_gc_timeout,
-        retention: args.retention,
-    };
+    let ctx = shared(reads, fenced, &informers, &args);
     let config = moor::runtime::controller::Config {
         concurrency: args.concurrency,
         ..Default::default()
     };
-    // The Node watch keeps each node's absence current: a node back from an absence
-    // does not carry it into its next one.
-    {
-        let (absence, events, stop) = (
-            ctx.node_absence.clone(),
-            nodes::without_renewals(nodes.subscribe()),
-            stop.clone(),
-        );
-        tokio::spawn(async move {
-            use futures::StreamExt;
-            let events = events.take_until(stop.cancelled_owned());
-            futures::pin_mut!(events);
-            while let Some(event) = events.next().await {
-                absence.observe(&event, Instant::now());
-            }
-        });
-    }
-    let informers = Informers {
-        allocations: allocations.clone(),
-        claims: claims.clone(),
-        volumes: volumes.clone(),
-        attachments,
-        mounts,
-        nodes: nodes.clone(),
-        plugins: plugins.clone(),
-        leases,
-        cordons,
-        classes,
+    follow_absences(&ctx, &informers.nodes, &stop);
+    say_when_listed(&ctx);
+    let Informers {
+        claims,
+        volumes,
+        plugins,
         secrets,
-    };
-    {
-        let (ctx, started) = (ctx.clone(), Instant::now());
-        tokio::spawn(async move {
-            ctx.ready().await;
-            tracing::info!(
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                claims = ctx.claims.len(),
-                volumes = ctx.volumes.len(),
-                allocations = ctx.allocations.len(),
-                "caches listed"
-            );
-        });
-    }
+        ..
+    } = informers.clone();
     tokio::join!(
         gauges::run(claims.reader(), plugins.reader(), stop.clone()),
         nodes::run(ctx.clone(), stop.clone()),
@@ -284,7 +199,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
             stop.clone()
         ),
         reseal::run(ctx.writer.clone(), claims.clone(), stop.clone()),
-        reseal::run(ctx.writer.clone(), secrets_for_reseal, stop.clone()),
+        reseal::run(ctx.writer.clone(), secrets, stop.clone()),
         schedules::run(
             ctx.writer.clone(),
             ctx.recorder.clone(),
@@ -322,4 +237,66 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
             stop.clone()
         ),
     );
+}
+
+/// What the reconcilers share, over the informers' caches: writes through the fenced
+/// store, tracking what this process writes.
+fn shared(reads: Store, fenced: Store, informers: &Informers, args: &Args) -> Ctx {
+    Ctx {
+        writer: Writer::new(fenced)
+            .tracking(&informers.claims.reader())
+            .tracking(&informers.attachments.reader())
+            .tracking_as::<VolumeSpec, _>(&informers.volumes.reader())
+            .tracking(&informers.allocations.reader()),
+        allocations: informers.allocations.reader(),
+        claims: informers.claims.reader(),
+        volumes: informers.volumes.reader(),
+        attachments: informers.attachments.reader(),
+        mounts: informers.mounts.reader(),
+        nodes: informers.nodes.reader(),
+        plugins: informers.plugins.reader(),
+        leases: informers.leases.reader(),
+        cordons: informers.cordons.reader(),
+        classes: informers.classes.reader(),
+        secrets: informers.secrets.reader(),
+        lease_observer: Arc::default(),
+        recorder: args.events.recorder(reads, "controller"),
+        volume_locks: KeyedLocks::default(),
+        node_absence: Arc::default(),
+        node_gc_timeout: args.node_gc_timeout,
+        retention: args.retention,
+    }
+}
+
+/// Keeps each node's absence current from the Node watch: a node back from an absence
+/// does not carry it into its next one.
+fn follow_absences(ctx: &Ctx, nodes: &Informer<Node>, stop: &CancellationToken) {
+    let (absence, events, stop) = (
+        ctx.node_absence.clone(),
+        nodes::without_renewals(nodes.subscribe()),
+        stop.clone(),
+    );
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        let events = events.take_until(stop.cancelled_owned());
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            absence.observe(&event, Instant::now());
+        }
+    });
+}
+
+/// Logs how long the caches took to list, once they have.
+fn say_when_listed(ctx: &Ctx) {
+    let (ctx, started) = (ctx.clone(), Instant::now());
+    tokio::spawn(async move {
+        ctx.ready().await;
+        tracing::info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            claims = ctx.claims.len(),
+            volumes = ctx.volumes.len(),
+            allocations = ctx.allocations.len(),
+            "caches listed"
+        );
+    });
 }
