@@ -73,120 +73,182 @@ pub fn converge(
     volume: impl Fn(&VolumeId) -> Option<Arc<Volume>>,
     made: impl Fn(&VolumeRequest, &VolumeTemplate, Option<&Volume>) -> Made,
 ) -> AllocationPlan {
-    let ns = &alloc.metadata.namespace;
     let terminal = alloc.is_terminal() || alloc.is_deleting();
-    let mut plan = AllocationPlan::default();
-    let mut waiting = Vec::new();
-    // Why a claim was denied: shown on the allocation (no requeue: the claim's own
-    // changes bring it back).
-    let mut denied = Vec::new();
-    let mut phases = Vec::new();
+    let mut pass = Pass::default();
+    let looks = Looks {
+        claim: &claim,
+        exists: &exists,
+        volume: &volume,
+        made: &made,
+    };
     for req in &alloc.spec.volumes {
-        let Some(volume_id) = alloc.request_volume_in(req, &exists) else {
-            waiting.push(format!(
-                "request {}: per_alloc volume name is too long",
-                req.name
-            ));
-            continue;
-        };
-        // The request's claim: under its name (or the name an earlier release gave
-        // it), and only if its spec says it is this request's. A claim of another
-        // allocation under the same name (one an earlier release made ambiguous) is
-        // never taken, nor replaced.
-        let names = alloc.claim_names(req);
-        let found: Vec<Arc<Claim>> = names
+        request(alloc, req, terminal, &looks, &mut pass);
+    }
+    settle(alloc, now, terminal, pass)
+}
+
+/// What the pass asks of the caches (and of the admission's template rules).
+struct Looks<'a> {
+    claim: &'a dyn Fn(&ObjectKey<ClaimSpec>) -> Option<Arc<Claim>>,
+    exists: &'a dyn Fn(&VolumeId) -> bool,
+    volume: &'a dyn Fn(&VolumeId) -> Option<Arc<Volume>>,
+    made: &'a dyn Fn(&VolumeRequest, &VolumeTemplate, Option<&Volume>) -> Made,
+}
+
+/// What the requests came to: the plan, why the allocation waits, why a claim was
+/// denied (shown on the allocation, no requeue: the claim's own changes bring it
+/// back), and each request's claim phase.
+#[derive(Default)]
+struct Pass {
+    plan: AllocationPlan,
+    waiting: Vec<String>,
+    denied: Vec<String>,
+    phases: Vec<ClaimPhase>,
+}
+
+/// One request: its claim as found (ours, another allocation's, or none), or the claim
+/// (and, from a template, the volume) to make.
+fn request(
+    alloc: &Allocation,
+    req: &VolumeRequest,
+    terminal: bool,
+    looks: &Looks<'_>,
+    pass: &mut Pass,
+) {
+    let ns = &alloc.metadata.namespace;
+    let (claim, made) = (looks.claim, looks.made);
+    let Some(volume_id) = alloc.request_volume_in(req, looks.exists) else {
+        pass.waiting.push(format!(
+            "request {}: per_alloc volume name is too long",
+            req.name
+        ));
+        return;
+    };
+    // The request's claim: under its name (or the name an earlier release gave
+    // it), and only if its spec says it is this request's. A claim of another
+    // allocation under the same name (one an earlier release made ambiguous) is
+    // never taken, nor replaced.
+    let names = alloc.claim_names(req);
+    let found: Vec<Arc<Claim>> = names
+        .iter()
+        .filter_map(|n| claim(&Claim::key_for(&alloc.spec.node, ns, n)))
+        .collect();
+    let ours = found.iter().find(|c| alloc.owns(c)).cloned();
+    if ours.is_none() {
+        if let Some(c) = found
             .iter()
-            .filter_map(|n| claim(&Claim::key_for(&alloc.spec.node, ns, n)))
-            .collect();
-        let ours = found.iter().find(|c| alloc.owns(c)).cloned();
-        if ours.is_none() {
-            if let Some(c) = found
-                .iter()
-                .find(|c| Some(&c.metadata.name) == names.first())
-            {
-                waiting.push(format!(
-                    "request {}: claim {} is allocation {}'s request {}",
-                    req.name, c.metadata.name, c.spec.allocation, c.spec.request
-                ));
-                continue;
-            }
-        }
-        if names.is_empty() {
-            continue;
-        }
-        if let Some(c) = ours {
-            if !terminal && c.spec.release && c.status.phase == ClaimPhase::Released {
-                plan.delete.push(c);
-                phases.push(ClaimPhase::Pending);
-            } else {
-                phases.push(c.status.phase);
-                if c.status.phase == ClaimPhase::Denied && !terminal {
-                    denied.push(format!(
-                        "request {}: {}",
-                        req.name,
-                        c.status.reason.as_deref().unwrap_or("denied")
-                    ));
-                }
-            }
-            continue;
-        }
-        if terminal {
-            continue;
-        }
-        let found = volume(&volume_id);
-        if let Some(tpl) = req.template.as_deref() {
-            match made(req, tpl, found.as_deref()) {
-                Made::Ready => {
-                    // Still being made after a retryable failure: the allocation says why.
-                    let p = found.as_ref().map(|v| &v.status.provisioning);
-                    if let Some(err) = p
-                        .filter(|p| p.phase != VolumePhase::Ready)
-                        .and_then(|p| p.meta.last_error.as_deref())
-                    {
-                        waiting.push(format!(
-                            "request {}: volume {volume_id} is being made: {err}",
-                            req.name
-                        ));
-                    }
-                }
-                Made::Update(spec) => {
-                    if let Some(v) = &found {
-                        let mut next = (**v).clone();
-                        next.spec = spec;
-                        plan.update_volumes.push((v.clone(), next));
-                    }
-                }
-                Made::Create(spec) => {
-                    plan.create_volumes.push(Volume::new(
-                        ns,
-                        Name::new(volume_id.as_str()).unwrap_or_default(),
-                        spec,
-                    ));
-                    waiting.push(format!(
-                        "volume {volume_id} is being made from its template"
-                    ));
-                    continue;
-                }
-                Made::Wait(why) => {
-                    waiting.push(format!("request {}: {why}", req.name));
-                    continue;
-                }
-                Made::Deny(why) => {
-                    waiting.push(format!("request {}: {why}", req.name));
-                    phases.push(ClaimPhase::Denied);
-                    continue;
-                }
-            }
-        }
-        let Some(volume) = found else {
-            waiting.push(format!("volume {volume_id} does not exist"));
-            continue;
-        };
-        if let Some(c) = alloc.claim_for(req, &volume) {
-            plan.create.push(c);
-            phases.push(ClaimPhase::Pending);
+            .find(|c| Some(&c.metadata.name) == names.first())
+        {
+            pass.waiting.push(format!(
+                "request {}: claim {} is allocation {}'s request {}",
+                req.name, c.metadata.name, c.spec.allocation, c.spec.request
+            ));
+            return;
         }
     }
+    if names.is_empty() {
+        return;
+    }
+    if let Some(c) = ours {
+        if !terminal && c.spec.release && c.status.phase == ClaimPhase::Released {
+            pass.plan.delete.push(c);
+            pass.phases.push(ClaimPhase::Pending);
+        } else {
+            pass.phases.push(c.status.phase);
+            if c.status.phase == ClaimPhase::Denied && !terminal {
+                pass.denied.push(format!(
+                    "request {}: {}",
+                    req.name,
+                    c.status.reason.as_deref().unwrap_or("denied")
+                ));
+            }
+        }
+        return;
+    }
+    if terminal {
+        return;
+    }
+    let found = (looks.volume)(&volume_id);
+    if let Some(tpl) = req.template.as_deref() {
+        if !template(ns, req, tpl, &volume_id, found.as_ref(), made, pass) {
+            return;
+        }
+    }
+    let Some(volume) = found else {
+        pass.waiting
+            .push(format!("volume {volume_id} does not exist"));
+        return;
+    };
+    if let Some(c) = alloc.claim_for(req, &volume) {
+        pass.plan.create.push(c);
+        pass.phases.push(ClaimPhase::Pending);
+    }
+}
+
+/// A template request's volume, as `made` judges it (`found`: the one there): made,
+/// changed, waited for or denied. False when the request goes no further this pass.
+fn template(
+    ns: &Namespace,
+    req: &VolumeRequest,
+    tpl: &VolumeTemplate,
+    volume_id: &VolumeId,
+    found: Option<&Arc<Volume>>,
+    made: &dyn Fn(&VolumeRequest, &VolumeTemplate, Option<&Volume>) -> Made,
+    pass: &mut Pass,
+) -> bool {
+    match made(req, tpl, found.map(|v| v.as_ref())) {
+        Made::Ready => {
+            // Still being made after a retryable failure: the allocation says why.
+            let p = found.map(|v| &v.status.provisioning);
+            if let Some(err) = p
+                .filter(|p| p.phase != VolumePhase::Ready)
+                .and_then(|p| p.meta.last_error.as_deref())
+            {
+                pass.waiting.push(format!(
+                    "request {}: volume {volume_id} is being made: {err}",
+                    req.name
+                ));
+            }
+        }
+        Made::Update(spec) => {
+            if let Some(v) = found {
+                let mut next = (**v).clone();
+                next.spec = spec;
+                pass.plan.update_volumes.push((v.clone(), next));
+            }
+        }
+        Made::Create(spec) => {
+            pass.plan.create_volumes.push(Volume::new(
+                ns,
+                Name::new(volume_id.as_str()).unwrap_or_default(),
+                spec,
+            ));
+            pass.waiting.push(format!(
+                "volume {volume_id} is being made from its template"
+            ));
+            return false;
+        }
+        Made::Wait(why) => {
+            pass.waiting.push(format!("request {}: {why}", req.name));
+            return false;
+        }
+        Made::Deny(why) => {
+            pass.waiting.push(format!("request {}: {why}", req.name));
+            pass.phases.push(ClaimPhase::Denied);
+            return false;
+        }
+    }
+    true
+}
+
+/// The allocation's status from what its requests came to, and when to look again.
+fn settle(alloc: &Allocation, now: Timestamp, terminal: bool, pass: Pass) -> AllocationPlan {
+    let Pass {
+        mut plan,
+        waiting,
+        denied,
+        phases,
+    } = pass;
     let mut status = alloc.status.clone();
     status.phase = phase(terminal, waiting.is_empty(), &phases);
     // The retention counts from the first pass that saw it Released.
