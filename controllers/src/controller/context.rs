@@ -5,7 +5,7 @@
 use moor::api::*;
 use moor::runtime::events::Recorder;
 use moor::runtime::informer::Informer;
-use moor::runtime::reflector;
+use moor::runtime::reflector::{self, Seen};
 use moor::runtime::writer::Writer;
 use moor::store::{Store, StoreError};
 use std::collections::HashMap;
@@ -135,8 +135,8 @@ impl Ctx {
 
     /// How long a node has been gone (no Node object), `None` while it is registered.
     pub fn node_gone_for(&self, node: &NodeName) -> Option<Duration> {
-        let present = self.nodes.get(&Node::key_for(node)).is_some();
-        self.node_absence.gone_for(node, present, Instant::now())
+        let seen = self.nodes.seen(&Node::key_for(node));
+        self.node_absence.gone_for(node, seen, Instant::now())
     }
 
     /// The claim at `key`, from the cache unless it lags this process's last write.
@@ -263,12 +263,24 @@ pub fn schedulable_index(plugin: &str, schedulable: bool) -> String {
 /// When each absent node went away, kept from the Node watch: an entry is made when a
 /// node's Node object goes (or when a claim first finds it absent) and dropped when it
 /// is back, so a node that was gone once and came back does not carry that old absence
-/// into its next one (a restarted agent's Node is briefly absent).
+/// into its next one (a restarted agent's Node is briefly absent). Each entry names
+/// the deletion it dates (the Node's version before it), and counts only for that
+/// one: the watch that keeps this map runs behind the Node cache a claim reads, so the
+/// cache may already show a later deletion of a node this map still dates from an
+/// earlier absence (it has not yet applied the return in between).
 #[derive(Debug, Default)]
-pub struct NodeAbsence(Mutex<HashMap<NodeName, Instant>>);
+pub struct NodeAbsence(Mutex<HashMap<NodeName, Gone>>);
+
+/// One absence: since when, and which deletion began it (the Node's version before
+/// it; `None` when not known).
+#[derive(Debug, Clone, Copy)]
+struct Gone {
+    since: Instant,
+    after: Option<i64>,
+}
 
 impl NodeAbsence {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<NodeName, Instant>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<NodeName, Gone>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -281,30 +293,49 @@ impl NodeAbsence {
                 map.retain(|name, _| name.as_str() != n.metadata.name.as_str());
             }
             Ok(Event::Restarted(all)) => {
+                // A relist is a gap in what the watch showed (the node may have come
+                // and gone in it): an absence it shows counts from it.
                 map.retain(|name, _| {
                     !all.iter()
                         .any(|n| n.metadata.name.as_str() == name.as_str())
                 });
+                for gone in map.values_mut() {
+                    gone.since = now;
+                }
             }
-            Ok(Event::Deleted { key, .. }) => {
+            Ok(Event::Deleted { key, last }) => {
                 let node = ObjectKey::<NodeSpec>::parse(key).ok();
                 if let Some(name) = node.and_then(|k| NodeName::new(k.name()).ok()) {
-                    map.entry(name).or_insert(now);
+                    let after = last.as_ref().map(|n| n.metadata.resource_version);
+                    let gone = map.entry(name).or_insert(Gone { since: now, after });
+                    if gone.after != after {
+                        *gone = Gone { since: now, after };
+                    }
                 }
             }
             Err(_) => {}
         }
     }
 
-    /// How long `node` has been gone at `now`, `None` while it is `present`. A node
-    /// not known to be gone counts from now.
-    pub fn gone_for(&self, node: &NodeName, present: bool, now: Instant) -> Option<Duration> {
+    /// How long `node` has been gone at `now`, by what the Node cache has `seen` of it:
+    /// `None` while present. A deletion this map has not dated (not yet applied from
+    /// the watch, or never seen) counts from now.
+    pub fn gone_for(&self, node: &NodeName, seen: Seen, now: Instant) -> Option<Duration> {
         let mut map = self.map();
-        if present {
-            map.remove(node);
-            return None;
+        let after = match seen {
+            Seen::Present(_) => {
+                map.remove(node);
+                return None;
+            }
+            Seen::DeletedAfter(v) => Some(v),
+            Seen::Unknown => None,
+        };
+        let fresh = Gone { since: now, after };
+        let gone = map.entry(node.clone()).or_insert(fresh);
+        if after.is_some() && gone.after != after {
+            *gone = fresh;
         }
-        Some(now.saturating_duration_since(*map.entry(node.clone()).or_insert(now)))
+        Some(now.saturating_duration_since(gone.since))
     }
 }
 
@@ -341,10 +372,13 @@ mod tests {
         )
     }
 
-    fn deleted(name: &str) -> Result<Event<Node>, ()> {
+    /// Node `name`'s deletion, its last version `after`.
+    fn deleted(name: &str, after: i64) -> Result<Event<Node>, ()> {
+        let mut last = node(name);
+        last.metadata.resource_version = after;
         Ok(Event::Deleted {
             key: Node::key_for(&NodeName::new(name).unwrap()).into_string(),
-            last: None,
+            last: Some(Arc::new(last)),
         })
     }
 
@@ -353,12 +387,12 @@ mod tests {
         let a = NodeAbsence::default();
         let n1 = NodeName::new("n1").unwrap();
         let t0 = Instant::now();
-        a.observe(&deleted("n1"), t0);
+        a.observe(&deleted("n1", 7), t0);
         assert_eq!(
-            a.gone_for(&n1, false, t0 + Duration::from_secs(5)),
+            a.gone_for(&n1, Seen::DeletedAfter(7), t0 + Duration::from_secs(5)),
             Some(Duration::from_secs(5))
         );
-        assert_eq!(a.gone_for(&n1, true, t0), None);
+        assert_eq!(a.gone_for(&n1, Seen::Present(9), t0), None);
     }
 
     #[test]
@@ -370,22 +404,63 @@ mod tests {
         let a = NodeAbsence::default();
         let n2 = NodeName::new("n2").unwrap();
         let t0 = Instant::now();
-        assert_eq!(a.gone_for(&n2, false, t0), Some(Duration::ZERO));
+        assert_eq!(
+            a.gone_for(&n2, Seen::DeletedAfter(3), t0),
+            Some(Duration::ZERO)
+        );
         a.observe(
             &Ok::<_, ()>(Event::applied(node("n2"))),
             t0 + Duration::from_secs(1),
         );
         let t2 = t0 + Duration::from_secs(40);
-        a.observe(&deleted("n2"), t2);
+        a.observe(&deleted("n2", 8), t2);
         assert_eq!(
-            a.gone_for(&n2, false, t2 + Duration::from_millis(500)),
+            a.gone_for(&n2, Seen::DeletedAfter(8), t2 + Duration::from_millis(500)),
             Some(Duration::from_millis(500))
         );
         // A relist that shows it clears it too.
         a.observe(&Ok::<_, ()>(Event::restarted(vec![node("n2")])), t2);
         assert_eq!(
-            a.gone_for(&n2, false, t2 + Duration::from_secs(1)),
+            a.gone_for(&n2, Seen::DeletedAfter(8), t2 + Duration::from_secs(1)),
             Some(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn a_later_deletion_the_watch_has_not_brought_yet_counts_from_now() {
+        // The task that keeps this map follows the Node watch behind the cache the
+        // claims read: a controller resumed from a pause applies a burst (n3 back, n3
+        // gone again) to the cache first. Dated by the map's older entry, n3's second
+        // absence would count from its first.
+        let a = NodeAbsence::default();
+        let n3 = NodeName::new("n3").unwrap();
+        let t0 = Instant::now();
+        a.observe(&deleted("n3", 10), t0);
+        // The cache shows n3 deleted after version 20 (back at 15, gone again); this
+        // map has applied neither yet.
+        let t1 = t0 + Duration::from_secs(22);
+        assert_eq!(
+            a.gone_for(&n3, Seen::DeletedAfter(20), t1),
+            Some(Duration::ZERO)
+        );
+        // The watch catches up: the return clears it, the deletion dates it again.
+        a.observe(&Ok::<_, ()>(Event::applied(node("n3"))), t1);
+        a.observe(&deleted("n3", 20), t1 + Duration::from_millis(10));
+        assert_eq!(
+            a.gone_for(&n3, Seen::DeletedAfter(20), t1 + Duration::from_secs(4)),
+            Some(Duration::from_secs(4) - Duration::from_millis(10))
+        );
+        // A cache that remembers no deletion goes by this map.
+        assert_eq!(
+            a.gone_for(&n3, Seen::Unknown, t1 + Duration::from_secs(5)),
+            Some(Duration::from_secs(5) - Duration::from_millis(10))
+        );
+        // A relist without n3 is a gap in what the watch showed: from it.
+        let t3 = t1 + Duration::from_secs(6);
+        a.observe(&Ok::<_, ()>(Event::restarted(vec![node("n1")])), t3);
+        assert_eq!(
+            a.gone_for(&n3, Seen::DeletedAfter(20), t3 + Duration::from_secs(1)),
+            Some(Duration::from_secs(1))
         );
     }
 }
