@@ -888,3 +888,51 @@ async fn a_withdrawn_grant_s_steps_are_torn_down_before_the_new_grant_s() {
         .count();
     assert_eq!(attaches, 2, "attached again to n2 once");
 }
+
+/// The node's lease is renewed on its own schedule, whatever else the agent writes to
+/// its Node: a plugin whose health flaps faster than the renewal interval (each flip a
+/// Node write) once kept postponing the renewal, the lease expired under a live agent,
+/// and the controller could count the node gone (found by the randomized suite, seed
+/// 15073). Over three TTLs of flapping the Node stays the same registration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_plugin_does_not_postpone_the_node_s_lease() {
+    use moor::api::{Node, NodeName};
+    use moor_hostpath::faults::Command;
+    let rig = Rig::start_with(RigConfig {
+        agent: Box::new(|_, a| {
+            a.fingerprint_interval = std::time::Duration::from_millis(150);
+            a.csi_tries = 1;
+        }),
+        ..Default::default()
+    })
+    .await;
+    let key = Node::key_for(&NodeName::new("n1").unwrap());
+    let first = rig.store.get(&key).await.expect("n1's Node");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(9);
+    let mut unhealthy_seen = 0;
+    while std::time::Instant::now() < until {
+        rig.fault(Command::Fail {
+            rpc: "Probe".into(),
+            code: "Unavailable".into(),
+            times: 1,
+        })
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let now = rig.store.try_get(&key).await.ok().flatten();
+        if now
+            .as_ref()
+            .is_some_and(|n| n.status.plugins.values().any(|p| !p.healthy))
+        {
+            unhealthy_seen += 1;
+        }
+        let same = now.is_some_and(|n| n.metadata.uid == first.metadata.uid);
+        assert!(
+            same,
+            "n1 registered again: its lease expired under a live agent"
+        );
+    }
+    assert!(
+        unhealthy_seen > 3,
+        "the plugin's health did not flap ({unhealthy_seen})"
+    );
+}

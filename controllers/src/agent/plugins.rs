@@ -471,6 +471,11 @@ impl Supervisor {
             self.inner.changed.send_modify(|n| *n += 1);
         }
         let renew_every = ttl / 3;
+        // The lease is renewed on its own schedule: a Node write for a plugin's change
+        // never postpones it (a plugin whose health flapped kept restarting the wait,
+        // and the lease expired while the agent went on writing: found by the
+        // randomized suite, seed 15073).
+        let mut next_renew = tokio::time::Instant::now() + renew_every;
         loop {
             let mut next = current.clone();
             let deadline = vouched.deadline().unwrap_or_else(tokio::time::Instant::now);
@@ -478,12 +483,16 @@ impl Supervisor {
             // hangs (a partition drops packets; nothing is refused) must not keep the
             // term alive past it.
             let tick = tokio::time::timeout_at(deadline, async {
+                let mut renewed = None;
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(Tick::Stop),
-                    _ = tokio::time::sleep(renew_every) => {
+                    _ = tokio::time::sleep_until(next_renew) => {
                         // The lease only collects a dead agent's Node; liveness is the
                         // renewal written to the Node, which only this agent may write.
+                        let sent = tokio::time::Instant::now();
+                        next_renew = sent + renew_every;
                         keep.renew().await?;
+                        renewed = Some(sent);
                         let live = next.status.liveness.get_or_insert_with(Default::default);
                         live.renewals += 1;
                     }
@@ -498,12 +507,10 @@ impl Supervisor {
                 // controller (not renewed in time) or overwritten fails here, and the
                 // agent registers again in a new term. A wake-up that changed nothing
                 // writes nothing.
-                if next == current {
-                    return Ok(Tick::Unchanged);
+                if next != current {
+                    current = store.update(&current, &next).await?;
                 }
-                let sent = tokio::time::Instant::now();
-                current = store.update(&current, &next).await?;
-                Ok::<_, StoreError>(Tick::Wrote(sent))
+                Ok::<_, StoreError>(Tick::Turned { renewed })
             })
             .await;
             match tick {
@@ -516,8 +523,12 @@ impl Supervisor {
                 }
                 Ok(Err(e)) => return Err(e),
                 Ok(Ok(Tick::Stop)) => return Ok(()),
-                Ok(Ok(Tick::Wrote(sent))) => vouched.renewed(sent, ttl),
-                Ok(Ok(Tick::Unchanged)) => {}
+                // The term lasts as long as the lease: from a renewal (sent before it,
+                // and written to the Node after it), never from a change's write.
+                Ok(Ok(Tick::Turned {
+                    renewed: Some(sent),
+                })) => vouched.renewed(sent, ttl),
+                Ok(Ok(Tick::Turned { renewed: None })) => {}
             }
         }
     }
@@ -527,10 +538,11 @@ impl Supervisor {
 enum Tick {
     /// Shutting down.
     Stop,
-    /// The Node was written; the write was sent at this instant.
-    Wrote(tokio::time::Instant),
-    /// Woken, but nothing to write.
-    Unchanged,
+    /// A turn done (the Node written if it changed); `renewed`: the lease was renewed
+    /// and the renewal written, the renewal sent at this instant.
+    Turned {
+        renewed: Option<tokio::time::Instant>,
+    },
 }
 
 /// Asks the plugin who it is and what it can do; `Err` says why it is unhealthy.
