@@ -766,3 +766,99 @@ async fn a_workload_whose_runner_and_guard_were_killed_is_ended_by_the_agent() {
     );
     c.check_calls(true);
 }
+
+/// Issue 77, item 3: a workload's cgroup is the one its own allocation made. An
+/// allocation of another namespace on the same node names k9's recorded cgroup (a
+/// writer copies it from the allocation it may read); its release must not signal
+/// anything in it, while k9's runner and workload go on. Before the owner tag, the
+/// agent killed k9's workload at the forger's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cgroup_named_by_another_namespace_s_allocation_is_never_signalled() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = cluster().await;
+    let pidfile = c.dir.path().join("victim.pid");
+    let script = format!(
+        "echo $$ > {p}; trap 'exit 0' TERM; echo started; while :; do sleep 0.1; done",
+        p = pidfile.display()
+    );
+    // Ended (SIGTERM, then waited for) however the test ends: nothing left running.
+    struct Ends(Child);
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            if self.0.try_wait().ok().flatten().is_none() {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &self.0.id().to_string()])
+                    .status();
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let mut runner = Ends(start(&c, "k9", "n2", &[], &script));
+    let victim = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .to_string();
+    let recorded = allocation(&c, "k9")
+        .await
+        .spec
+        .workload_cgroup
+        .expect("the workload's cgroup is on the allocation (CI runs as root with cgroup2)");
+    let alive = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+    };
+    // The forger: namespace b, its own volume, an allocation on n2 naming k9's cgroup.
+    let b = Namespace::new("b").unwrap();
+    let mut vol = c.volume("bv", AccessMode::SingleNodeWriter);
+    vol.metadata.namespace = b.clone();
+    c.apply(vol).await;
+    let mut evil = c.allocation("evil", "n2", "bv", false);
+    evil.metadata.namespace = b.clone();
+    evil.spec.client_status = ClientStatus::Running;
+    evil.spec.workload_cgroup = Some(recorded.clone());
+    let evil = c.apply(evil).await.object_key();
+    let claim = Claim::key_for(&NodeName::new("n2").unwrap(), &b, "evil.data");
+    c.wait("evil's claim is published", T, || async {
+        c.store
+            .try_get(&claim)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|cl| cl.status.phase == ClaimPhase::Published)
+    })
+    .await;
+    // The forger ends its allocation: the controller copies the named cgroup onto the
+    // claim it releases, and n2's agent tears it down.
+    c.store
+        .modify_spec(&evil, |s| {
+            s.client_status = ClientStatus::Failed;
+            true
+        })
+        .await
+        .expect("end evil");
+    c.wait("evil's claim is released", T, || async {
+        c.store
+            .try_get(&claim)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|cl| {
+                cl.status.phase == ClaimPhase::Released
+                    && cl.spec.workload_cgroup.as_deref() == Some(&recorded)
+            })
+    })
+    .await;
+    let survived = alive(&victim);
+    // k9's own end, by its runner (SIGTERM), whatever the outcome: nothing left running.
+    signal(&runner.0, "-TERM");
+    let status = runner.0.wait().expect("wait for k9's runner");
+    assert!(
+        survived,
+        "k9's workload {victim} was killed by another namespace's release"
+    );
+    assert_eq!(status.code(), Some(0), "k9's workload chose its own exit");
+    c.wait_claim("k9", "n2", ClaimPhase::Released, T).await;
+    c.check_calls(true);
+}

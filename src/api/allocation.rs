@@ -122,8 +122,9 @@ pub struct AllocationSpec {
     /// The cgroup (v2; its path in the hierarchy, last component `moor-workload-…`)
     /// every process of the workload runs in, written by `moorctl alloc run` with
     /// `client_status: running`. The controller copies it onto the claims it releases
-    /// and the node's agent kills what is left in it before NodeUnpublish
-    /// (`moor::workload::cgroup`).
+    /// and the node's agent kills what is left in it before NodeUnpublish, only when
+    /// its name carries this allocation's owner tag (`moor::workload::cgroup`): a
+    /// request, never proof that the cgroup is this allocation's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload_cgroup: Option<String>,
     /// The volumes it needs.

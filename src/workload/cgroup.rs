@@ -7,7 +7,8 @@
 //! 1. `moorctl alloc run` calls [`Cgroup::create`]: it finds the cgroup2 hierarchy in
 //!    /proc/self/mountinfo (on a hybrid machine it is /sys/fs/cgroup/unified) and its
 //!    own cgroup in /proc/self/cgroup (`0::PATH`), and makes
-//!    `moor-workload-<pid>-<random>` below it. Its path in the hierarchy
+//!    `moor-workload-<owner>-<pid>-<random>` below it, `<owner>` being the allocation's
+//!    [`owner_tag`]. Its path in the hierarchy
 //!    ([`Cgroup::recorded`]) goes on the allocation, `spec.workload_cgroup`, in the
 //!    write that says the workload runs; the controller copies it onto each claim when
 //!    it releases it.
@@ -25,10 +26,14 @@
 //! Where no cgroup2 is writable (not root, a read-only /sys) the runner falls back to
 //! the process group alone, and says so; nothing is recorded.
 //!
-//! A recorded path is trusted only in its shape ([`check_recorded`]): absolute, plain
-//! components, the last one `moor-workload-…`. The agent kills what such a cgroup
-//! holds; a user who may write an allocation can name another workload's cgroup on
-//! the same node, never a service's.
+//! A recorded path is a request, written by whoever may write the allocation: it is
+//! trusted only in its shape ([`check_recorded`]: absolute, plain components, the last
+//! one `moor-workload-…`, never a service's) and only for the allocation it was made
+//! for ([`check_owned`]): its name carries [`owner_tag`] of the allocation's namespace,
+//! name and node, a SHA-256 prefix no writer can match for another allocation. So an
+//! allocation of another namespace or node that names a live workload's cgroup never
+//! has it signalled; a cgroup made by a runner older than the tag is never signalled
+//! either (its name proves nothing).
 
 use std::fs;
 use std::os::fd::OwnedFd;
@@ -39,6 +44,41 @@ pub const PREFIX: &str = "moor-workload-";
 
 /// The longest recorded path accepted.
 pub const MAX_RECORDED: usize = 1024;
+
+/// Hex digits of [`owner_tag`]: 96 bits of SHA-256, beyond any search for a second
+/// allocation with the same tag.
+pub const TAG_LEN: usize = 24;
+
+/// The tag of the allocation `namespace/name` on `node` that its workload cgroup's
+/// name carries. The parts are joined with a newline, which no name holds, so two
+/// different allocations never hash the same text.
+pub fn owner_tag(namespace: &str, allocation: &str, node: &str) -> String {
+    let text = format!("{namespace}\n{allocation}\n{node}");
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let mut tag = String::with_capacity(TAG_LEN);
+    for b in &digest.as_ref()[..TAG_LEN / 2] {
+        tag.push_str(&format!("{b:02x}"));
+    }
+    tag
+}
+
+/// Whether `path`, recorded on an allocation, is a workload cgroup made for the
+/// allocation whose [`owner_tag`] is `tag`: its shape ([`check_recorded`]) and its last
+/// component `moor-workload-<tag>-…`. Why not, when it is not; the reason never
+/// repeats the path.
+pub fn check_owned(path: &str, tag: &str) -> Result<(), String> {
+    check_recorded(path)?;
+    let last = path.rsplit('/').next().unwrap_or_default();
+    let owned = last
+        .strip_prefix(PREFIX)
+        .and_then(|rest| rest.strip_prefix(tag))
+        .is_some_and(|rest| rest.starts_with('-'));
+    if owned {
+        Ok(())
+    } else {
+        Err("was not made for this allocation on this node (another allocation's, or a runner's older than the tag): nothing in it is signalled".into())
+    }
+}
 
 /// A cgroup of the workload's own.
 #[derive(Debug)]
@@ -100,13 +140,18 @@ pub fn check_recorded(path: &str) -> Result<(), String> {
 }
 
 impl Cgroup {
-    /// Makes a workload cgroup below this process's cgroup; why not, when it cannot.
-    pub fn create() -> Result<Cgroup, String> {
+    /// Makes a workload cgroup below this process's cgroup for the allocation whose
+    /// [`owner_tag`] is `tag`; why not, when it cannot.
+    pub fn create(tag: &str) -> Result<Cgroup, String> {
         let mount = mount()?;
         let cgroup = fs::read_to_string("/proc/self/cgroup")
             .map_err(|e| format!("cannot read /proc/self/cgroup ({e})"))?;
         let own = own_cgroup(&cgroup).ok_or("this process has no cgroup2 cgroup")?;
-        let name = format!("{PREFIX}{}-{:08x}", std::process::id(), fastrand::u32(..));
+        let name = format!(
+            "{PREFIX}{tag}-{}-{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        );
         let recorded = format!("{}/{name}", own.trim_end_matches('/'));
         let dir = mount.join(recorded.trim_start_matches('/'));
         fs::create_dir(&dir).map_err(|e| format!("cannot make {} ({e})", dir.display()))?;
@@ -132,10 +177,11 @@ impl Cgroup {
 
     /// The cgroup recorded as `recorded` (a path in the hierarchy), as this process's
     /// cgroup2 mount shows it: `Ok(None)` when it is not there (removed once empty,
-    /// or never seen from here); an error when the path is not a workload cgroup's or
-    /// no cgroup2 hierarchy is mounted here.
-    pub fn find_recorded(recorded: &str) -> Result<Option<Cgroup>, String> {
-        check_recorded(recorded)?;
+    /// or never seen from here); an error when the path is not a workload cgroup made
+    /// for the allocation whose [`owner_tag`] is `tag` ([`check_owned`]) or no cgroup2
+    /// hierarchy is mounted here.
+    pub fn find_recorded(recorded: &str, tag: &str) -> Result<Option<Cgroup>, String> {
+        check_owned(recorded, tag)?;
         let dir = mount()?.join(recorded.trim_start_matches('/'));
         if !dir.join("cgroup.procs").exists() {
             return Ok(None);
@@ -275,5 +321,30 @@ mod tests {
             assert!(check_recorded(bad).is_err(), "{bad:?} was accepted");
         }
         assert!(check_recorded(&format!("/{}{}", PREFIX, "a".repeat(MAX_RECORDED))).is_err());
+    }
+
+    #[test]
+    fn a_cgroup_is_owned_only_by_the_allocation_it_was_made_for() {
+        let mine = owner_tag("a", "web", "n1");
+        assert_eq!(mine.len(), TAG_LEN);
+        let path = format!("/user.slice/{PREFIX}{mine}-7-0000002a");
+        assert_eq!(check_owned(&path, &mine), Ok(()));
+        // Another namespace, name or node: another tag, and the path is refused.
+        for (ns, name, node) in [("b", "web", "n1"), ("a", "web2", "n1"), ("a", "web", "n2")] {
+            let theirs = owner_tag(ns, name, node);
+            assert_ne!(theirs, mine, "{ns}/{name}@{node}");
+            let err = check_owned(&path, &theirs).unwrap_err();
+            assert!(
+                !err.contains("user.slice"),
+                "the reason repeats the path: {err}"
+            );
+        }
+        // The parts cannot slide into each other: a.b/c is not a/b.c.
+        assert_ne!(owner_tag("a.b", "c", "n"), owner_tag("a", "b.c", "n"));
+        // A runner's older name (no tag) and a tag's prefix are refused; a bad shape too.
+        assert!(check_owned(&format!("/{PREFIX}7-0000002a"), &mine).is_err());
+        assert!(check_owned(&format!("/{PREFIX}{}-7-1", &mine[..TAG_LEN - 1]), &mine).is_err());
+        assert!(check_owned(&format!("/{PREFIX}{mine}x-7-1"), &mine).is_err());
+        assert!(check_owned("/system.slice/sshd.service", &mine).is_err());
     }
 }

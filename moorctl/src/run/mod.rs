@@ -192,7 +192,12 @@ impl Run {
         if let Some(path) = &self.env_file {
             write_env_file(path, &env)?;
         }
-        let cgroup = match Cgroup::create() {
+        let tag = moor::workload::cgroup::owner_tag(
+            alloc.alloc.metadata.namespace.as_str(),
+            alloc.alloc.metadata.name.as_str(),
+            alloc.alloc.spec.node.as_str(),
+        );
+        let cgroup = match Cgroup::create(&tag) {
             Ok(c) => Some(c),
             Err(why) => {
                 eprintln!(

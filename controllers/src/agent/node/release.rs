@@ -3,7 +3,7 @@
 //! attempt failed with a final answer owes no reverse. Before a released claim is
 //! torn down, what is left in its workload's cgroup is killed ([`end_workload`]).
 
-use moor::workload::cgroup::Cgroup;
+use moor::workload::cgroup::{owner_tag, Cgroup};
 
 use super::*;
 
@@ -12,7 +12,12 @@ impl Reconcile {
         let rec = self.r.local.lock().await.publishes.get(key).cloned();
         if let Some(rec) = rec.filter(|r| !r.released) {
             if let Some(cgroup) = claim.spec.workload_cgroup.as_deref() {
-                if let Err(e) = end_workload(cgroup).await {
+                let tag = owner_tag(
+                    claim.metadata.namespace.as_str(),
+                    claim.spec.allocation.as_str(),
+                    claim.spec.node.as_str(),
+                );
+                if let Err(e) = end_workload(cgroup, &tag).await {
                     return self.teardown_failed(key, claim, e).await;
                 }
             }
@@ -157,9 +162,16 @@ const WORKLOAD_END: std::time::Duration = std::time::Duration::from_secs(5);
 /// Kills what is left in the workload cgroup `recorded` (its runner died without
 /// ending it) and waits until it is empty: nothing of the workload may use the volume
 /// once it is unpublished. A cgroup not found here is gone (or in a hierarchy this
-/// agent does not see: said at debug, and the release goes on).
-pub(super) async fn end_workload(recorded: &str) -> Result<(), NodeError> {
-    let found = match Cgroup::find_recorded(recorded) {
+/// agent does not see: said at debug, and the release goes on). A cgroup not made for
+/// the claim's allocation (`tag`, [`owner_tag`]) is a writer's word about another
+/// workload: nothing in it is signalled (said as a warning, without the path), and the
+/// release goes on as where no cgroup was recorded.
+pub(super) async fn end_workload(recorded: &str, tag: &str) -> Result<(), NodeError> {
+    if let Err(why) = moor::workload::cgroup::check_owned(recorded, tag) {
+        tracing::warn!(%why, "the claim's recorded workload cgroup is not signalled");
+        return Ok(());
+    }
+    let found = match Cgroup::find_recorded(recorded, tag) {
         Ok(found) => found,
         Err(why) => {
             tracing::debug!(cgroup = recorded, %why, "the workload's cgroup is not seen here");
