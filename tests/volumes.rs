@@ -2392,3 +2392,144 @@ async fn the_new_steps_retry_on_retryable_and_uncertain_answers_and_not_on_final
     );
     wait_events(&c, "Volume expansion failed", 3).await;
 }
+
+/// Issue 77, item 1: a plugin volume belongs to the volume whose plugin's leader
+/// recorded it (`owners/PLUGIN/`, a key no requester writes), not to whoever names it.
+/// Namespace b (1) registers the plugin volume behind a volume of `default`: refused
+/// before any call about it, without naming the owner; (2) writes the same id into its
+/// own volume's status: that volume's claim waits, and its deletion calls no
+/// DeleteVolume of it. Before the records, (1) was validated and published in b and
+/// (2) deleted `default`'s data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_namespace_can_neither_register_use_nor_delete_a_volume_s_plugin_volume() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    let v1 = volume(&c, "v1").await;
+    let ext = v1.status.provisioning.external_id.clone().unwrap();
+    let plugin = PluginId::new(cluster::PLUGIN).unwrap();
+    let rec = c
+        .store
+        .get(&Ownership::key_for(
+            &plugin,
+            OwnedResource::Volume,
+            ext.as_str(),
+        ))
+        .await
+        .expect("the provisioner recorded v1 as the owner of its plugin volume");
+    assert!(owned_by(&rec, &v1), "{rec:?}");
+    let about_ext = |rpc: &str| {
+        c.node("n1")
+            .calls()
+            .iter()
+            .filter(|k| k.rpc == rpc && k.volume_id.as_deref() == Some(ext.as_str()))
+            .count()
+    };
+    let b = Namespace::new("b").unwrap();
+
+    // (1) A registration in b.
+    let mut reg = c.volume("steal", AccessMode::SingleNodeWriter);
+    reg.metadata.namespace = b.clone();
+    reg.spec.capacity_min = None;
+    reg.spec.external_id = Some(ext.clone());
+    c.apply(reg).await;
+    let steal = Volume::key_for(&b, "steal");
+    c.wait("b/steal refused", T, || async {
+        c.store.get(&steal).await.is_ok_and(|v| {
+            v.status.provisioning.meta.conditions.iter().any(|k| {
+                k.type_ == "Validated" && !k.status && k.message.contains("owned by another volume")
+            })
+        })
+    })
+    .await;
+    let refused = c.store.get(&steal).await.unwrap();
+    assert_ne!(refused.status.provisioning.phase, VolumePhase::Ready);
+    let said = format!("{:?}", refused.status);
+    assert!(
+        !said.contains("v1"),
+        "the owner in another namespace is named: {said}"
+    );
+    assert_eq!(
+        about_ext("ValidateVolumeCapabilities"),
+        0,
+        "a call about default/v1's plugin volume for b's registration"
+    );
+
+    // (2) b's own volume, made by the provisioner, then its status forged to name v1's
+    // plugin volume.
+    let mut forged = c.volume("forged", AccessMode::SingleNodeWriter);
+    forged.metadata.namespace = b.clone();
+    c.apply(forged).await;
+    let forged = Volume::key_for(&b, "forged");
+    c.wait("b/forged created", T, || async {
+        c.store
+            .get(&forged)
+            .await
+            .is_ok_and(|v| v.status.provisioning.phase == VolumePhase::Ready)
+    })
+    .await;
+    c.store
+        .modify_status(&forged, |_, st| {
+            st.provisioning.external_id = Some(ext.clone());
+            true
+        })
+        .await
+        .expect("forge b/forged's status");
+    let mut alloc = c.allocation("a1", "n1", "forged", false);
+    alloc.metadata.namespace = b.clone();
+    let alloc = c.apply(alloc).await.object_key();
+    let claim = Claim::key_for(&node("n1"), &b, "a1.data");
+    c.wait("b's claim waits for an owner", T, || async {
+        c.store
+            .try_get(&claim)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|cl| {
+                cl.status.phase == ClaimPhase::Pending
+                    && cl
+                        .status
+                        .reason
+                        .as_deref()
+                        .is_some_and(|r| r.contains("owned by another volume"))
+            })
+    })
+    .await;
+    c.store.delete(&alloc, None).await.expect("delete b/a1");
+    c.wait("b/a1's claim gone", T, || async {
+        c.store.try_get(&claim).await.ok().flatten().is_none()
+    })
+    .await;
+    c.store
+        .delete(&forged, None)
+        .await
+        .expect("delete b/forged");
+    c.wait("b/forged gone", T, || async {
+        c.store.try_get(&forged).await.ok().flatten().is_none()
+    })
+    .await;
+    assert_eq!(
+        about_ext("DeleteVolume"),
+        0,
+        "b's deletion deleted default/v1's plugin volume"
+    );
+    assert_eq!(about_ext("ControllerPublishVolume"), 0);
+    assert_eq!(
+        about_ext("NodeStageVolume") + about_ext("NodePublishVolume"),
+        0
+    );
+    // v1 and its record are as they were.
+    let v1_after = volume(&c, "v1").await;
+    assert_eq!(v1_after.status.provisioning.phase, VolumePhase::Ready);
+    assert!(c
+        .store
+        .try_get(&Ownership::key_for(
+            &plugin,
+            OwnedResource::Volume,
+            ext.as_str()
+        ))
+        .await
+        .unwrap()
+        .is_some_and(|r| owned_by(&r, &v1)));
+}

@@ -93,7 +93,10 @@ for node in "$@"; do
             AgentAccess::Read => out.push_str(&format!(
                 "    ctl role grant-permission \"$user\" read \"${{PREFIX}}{dir}/\" --prefix\n"
             )),
-            AgentAccess::None | AgentAccess::ControllerPlugin | AgentAccess::OwnPlugin => {}
+            AgentAccess::None
+            | AgentAccess::ControllerPlugin
+            | AgentAccess::OwnPlugin
+            | AgentAccess::OwnPluginWrite => {}
         }
     }
     out.push_str(
@@ -121,6 +124,11 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
             )),
             AgentAccess::OwnPlugin => out.push_str(&format!(
                 "    # Its plugin's {} (read only; not another plugin's).\n    ctl role grant-permission \"$user\" read \"${{PREFIX}}{}/$plugin/\" --prefix\n",
+                kind.dir(),
+                kind.dir()
+            )),
+            AgentAccess::OwnPluginWrite => out.push_str(&format!(
+                "    # Its plugin's {} (read and write; not another plugin's): only the\n    # plugin's leader records who owns its ids.\n    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{}/$plugin/\" --prefix\n",
                 kind.dir(),
                 kind.dir()
             )),

@@ -87,6 +87,9 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     ctl role grant-permission "$user" readwrite "${PREFIX}groupsnapshots/" --prefix
     # Its plugin's secrets (read only; not another plugin's).
     ctl role grant-permission "$user" read "${PREFIX}secrets/$plugin/" --prefix
+    # Its plugin's owners (read and write; not another plugin's): only the
+    # plugin's leader records who owns its ids.
+    ctl role grant-permission "$user" readwrite "${PREFIX}owners/$plugin/" --prefix
     # The election of the controller plugin it hosts (that key only: not another
     # plugin's, not the controller's).
     ctl role grant-permission "$user" readwrite "${PREFIX}leaders/plugin.$plugin"

@@ -351,6 +351,19 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             col("RENEWED", |v| text(v, "/spec/renew_time")),
             col("AGE", age),
         ],
+        Kind::Ownership => vec![
+            col("PLUGIN", |v| text(v, "/spec/plugin_id")),
+            col("RESOURCE", |v| text(v, "/spec/resource")),
+            col("EXTERNAL ID", |v| text(v, "/spec/external_id")),
+            col("OWNER", |v| {
+                format!(
+                    "{}/{}",
+                    text(v, "/spec/owner/namespace"),
+                    text(v, "/spec/owner/name")
+                )
+            }),
+            col("AGE", age),
+        ],
         // Nomad's `volume snapshot list` columns.
         Kind::Snapshot => vec![
             col("NAME", name),

@@ -42,6 +42,10 @@ pub enum AgentAccess {
     /// Read the objects of the plugin it hosts as a controller plugin, keyed by plugin
     /// first (its Secrets); nothing elsewhere, and nothing on node-only agents.
     OwnPlugin,
+    /// Read and write the objects of the plugin it hosts as a controller plugin, keyed
+    /// by plugin first (its ownership records, which only its leader writes); nothing
+    /// elsewhere, and nothing on node-only agents.
+    OwnPluginWrite,
 }
 
 /// Calls `$m! { Variant(SpecType), ... }` with every kind, in the order moorctl and
@@ -65,6 +69,7 @@ macro_rules! for_each_kind {
             SnapshotSchedule(SnapshotScheduleSpec),
             Secret(SecretSpec),
             Lease(LeaseSpec),
+            Ownership(OwnershipSpec),
         }
     };
 }
@@ -239,7 +244,7 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 15);
+        assert_eq!(Kind::ALL.len(), 16);
     }
 
     #[test]

@@ -28,6 +28,8 @@
 //! - `secrets`: secrets passed to plugins, redacted and possibly sealed.
 //! - `secret`: the Secret kind (secrets stored once, keyed by plugin) and the
 //!   references per RPC family that volumes, classes and snapshots make to it.
+//! - `ownership`: the Ownership kind: which volume owns each plugin volume, written
+//!   only by the plugin's leader (issue 77).
 //! - `status`: what every status shares (conditions, observed generation, last error,
 //!   retry).
 //! - `quantity`: sizes with units, and timestamps.
@@ -54,6 +56,7 @@ mod modes;
 mod mount;
 mod mounting;
 mod node;
+mod ownership;
 mod plugin;
 mod quantity;
 mod rare;
@@ -87,6 +90,7 @@ pub use modes::*;
 pub use mount::*;
 pub use mounting::*;
 pub use node::*;
+pub use ownership::*;
 pub use plugin::*;
 pub use quantity::*;
 pub use rare::*;

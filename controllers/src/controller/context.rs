@@ -41,6 +41,8 @@ pub struct Informers {
     pub classes: Informer<VolumeClass>,
     /// Secrets (what claims carry for their nodes).
     pub secrets: Informer<Secret>,
+    /// Ownership records (which volume owns each plugin volume; admission reads them).
+    pub owners: Informer<Ownership>,
 }
 
 impl Informers {
@@ -71,6 +73,7 @@ impl Informers {
             cordons: Informer::spawn(all(), KeyScope::all(), stop.clone()),
             classes: Informer::spawn(all(), KeyScope::all(), stop.clone()),
             secrets: Informer::spawn(all(), KeyScope::all(), stop.clone()),
+            owners: Informer::spawn(all(), KeyScope::all(), stop.clone()),
         }
     }
 }
@@ -103,6 +106,9 @@ pub struct Ctx {
     pub classes: reflector::Store<VolumeClass>,
     /// Secrets: the node families' are copied into claims.
     pub secrets: reflector::Store<Secret>,
+    /// Ownership records: a claim is admitted only on a volume that owns its plugin
+    /// volume ([`Ownership`]).
+    pub owners: reflector::Store<Ownership>,
     /// When each lease was last seen to change, by this process's clock.
     pub lease_observer: Arc<Mutex<LeaseObserver>>,
     /// Events.

@@ -259,6 +259,7 @@ fn shared(reads: Store, fenced: Store, informers: &Informers, args: &Args) -> Ct
         cordons: informers.cordons.reader(),
         classes: informers.classes.reader(),
         secrets: informers.secrets.reader(),
+        owners: informers.owners.reader(),
         lease_observer: Arc::default(),
         recorder: args.events.recorder(reads, "controller"),
         volume_locks: KeyedLocks::default(),

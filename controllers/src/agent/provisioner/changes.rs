@@ -17,6 +17,11 @@ impl Provisioner {
         };
         let key = vol.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(vol))?;
+        // Another volume's plugin volume: refused before any call about it.
+        if let (owners::Owner::Another(why), _) = self.owner(vol, &ext).await? {
+            let failed = step.fail(owners::owned_elsewhere(STEP, &why));
+            return self.failed(vol, failed, VALIDATED).await;
+        }
         let csi = self.ctx.csi()?.about(object_ref(vol));
         let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
         let req = requests::validate_volume_capabilities(
@@ -53,6 +58,16 @@ impl Provisioner {
             Ok(got) => got,
             Err(failed) => return self.failed(vol, failed, VALIDATED).await,
         };
+        // Validated: this volume's from now on, unless another volume's record came
+        // first.
+        if let Err(why) = self.take_ownership(vol, &ext).await? {
+            let failed = self
+                .ctx
+                .steps
+                .begin(&key, STEP, self.inputs(vol))?
+                .fail(owners::owned_elsewhere(STEP, &why));
+            return self.failed(vol, failed, VALIDATED).await;
+        }
         let was_ready = vol.status.provisioning.phase == VolumePhase::Ready
             && vol.status.provisioning.external_id.as_ref() == Some(&ext);
         self.succeeded(vol, STEP, VALIDATED, "", |p| {

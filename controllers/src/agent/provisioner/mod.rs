@@ -17,6 +17,7 @@
 //! # Layout
 //! - this file: the reconciler, CreateVolume and DeleteVolume (steps 1, 2 and 4).
 //! - `changes`: a registered volume validated, an expansion, a modification (step 3).
+//! - `owners`: the ownership records of the plugin's volumes, which only it writes.
 
 use moor::api::*;
 use moor::csi::policy::CsiError;
@@ -30,6 +31,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 mod changes;
+mod owners;
 
 use super::volume_plan::{self, Step, EXPANDED, MODIFIED, VALIDATED};
 use super::volume_view::VolumeView;
@@ -89,6 +91,14 @@ pub struct Provisioner {
 impl Provisioner {
     /// Runs until `stop`.
     pub async fn run(self, metrics: ControllerMetrics, stop: CancellationToken) {
+        // The records of the volumes older versions made, before any step.
+        while let Err(e) = self.migrate().await {
+            tracing::warn!(plugin = %self.ctx.plugin.id, error = %moor::process::error_chain(&e), "cannot record the ownership of the plugin's volumes yet; retrying");
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+            }
+        }
         let reader = self.volumes.reader();
         let events = self.volumes.subscribe();
         let restoring = reader.clone();
@@ -315,6 +325,17 @@ impl Provisioner {
         match step.call(csi.create_volume(req)).await {
             Ok(resp) => {
                 let created = created_volume(resp)?;
+                let ext = ExternalVolumeId::new(created.volume_id.clone())
+                    .map_err(|_| ProvisionError::NoVolume)?;
+                // CreateVolume is named by the uid, which whoever writes the key
+                // chooses: an answer naming another volume's plugin volume is not ours.
+                if let Err(why) = self.take_ownership(vol, &ext).await? {
+                    let failed = self
+                        .create_step(&key, vol)?
+                        .0
+                        .fail(owners::owned_elsewhere("CreateVolume", &why));
+                    return self.create_failed(vol, failed).await;
+                }
                 self.created(vol, created).await
             }
             Err(failed) => self.create_failed(vol, failed).await,
@@ -443,12 +464,37 @@ impl Provisioner {
                 match step.call(csi.create_volume(req)).await {
                     Ok(resp) => {
                         let created = created_volume(resp)?;
-                        ExternalVolumeId::new(created.volume_id).ok()
+                        match ExternalVolumeId::new(created.volume_id) {
+                            // Ours only if no other volume owns it.
+                            Ok(ext) => match self.take_ownership(vol, &ext).await? {
+                                Ok(()) => Some(ext),
+                                Err(why) => return self.not_deleted(vol, &why).await,
+                            },
+                            Err(_) => None,
+                        }
                     }
                     Err(failed) => return self.delete_failed(vol, failed).await,
                 }
             }
         };
+        // Deleted or left to the storage only if this volume owns it: the id in the
+        // volume's status is the word of whoever writes the volume's key.
+        if let Some(ext) = &ext {
+            match self.owner(vol, ext).await?.0 {
+                owners::Owner::Mine => {}
+                owners::Owner::Sibling => {
+                    return self
+                        .not_deleted(vol, "owned by another volume of this namespace")
+                        .await
+                }
+                owners::Owner::Another(why) => return self.not_deleted(vol, &why).await,
+                owners::Owner::Nobody => {
+                    return self
+                        .not_deleted(vol, "recorded as no volume's (not made or registered through moor's provisioner)")
+                        .await
+                }
+            }
+        }
         if let Some(ext) = ext
             .as_ref()
             .filter(|_| vol.spec.on_delete == Some(OnDelete::Retain))
@@ -465,7 +511,7 @@ impl Provisioner {
                 ),
             )
             .await;
-        } else if let Some(ext) = ext {
+        } else if let Some(ext) = &ext {
             let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
             let req = requests::delete_volume(&for_call, ext.as_str())?;
             let step = self
@@ -487,9 +533,30 @@ impl Provisioner {
             )
             .await;
         }
+        if let Some(ext) = &ext {
+            self.drop_ownership(vol, ext).await?;
+        }
         // The volume is gone from the plugin: drop our finalizer even if the object
         // changed meanwhile, rather than calling DeleteVolume again after a conflict.
         // (Its deletion: the cache still shows it until the watch says so.)
+        self.ctx
+            .writer
+            .remove_finalizer(&vol.object_key(), FINALIZER)
+            .await?;
+        Ok(Action::AwaitChange)
+    }
+
+    /// A volume whose plugin volume it does not own (`why`): deleted from moor with
+    /// no call about the plugin volume, said in a Warning.
+    async fn not_deleted(&self, vol: &Volume, why: &str) -> Result<Action, ProvisionError> {
+        self.ctx.steps.forget(&vol.key());
+        self.event(
+            vol,
+            "Volume not deleted from the plugin",
+            EventType::Warning,
+            format!("the plugin volume its status names is {why}: no DeleteVolume; only the volume is deleted"),
+        )
+        .await;
         self.ctx
             .writer
             .remove_finalizer(&vol.object_key(), FINALIZER)

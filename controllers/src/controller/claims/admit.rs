@@ -21,6 +21,11 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         (Err(verdict), _) => return refuse(ctx, claim, verdict).await,
         (Ok(_), None) => return Ok(Action::AwaitChange),
     };
+    // The plugin volume is the volume's own only if its plugin's leader recorded so:
+    // what the volume's key says of it is a request.
+    if let Err(why) = owns(ctx, &volume, &admitted.external_id) {
+        return refuse(ctx, claim, Verdict::Wait(why)).await;
+    }
     // What the node's calls carry, read now (a Secret created later wakes the claim).
     let node_secrets = match volume.node_secrets(|key| ctx.secrets.get(key)) {
         Ok(n) => n,
@@ -150,6 +155,38 @@ async fn refused(ctx: &Ctx, claim: &Claim, refusal: Refusal) -> Result<Action, S
     match refusal {
         Refusal::Access(verdict) => refuse(ctx, claim, verdict).await,
         Refusal::Stale => Ok(Action::Requeue(Duration::from_millis(50))),
+    }
+}
+
+/// Whether `volume` owns its plugin volume `ext` by the record its plugin's leader
+/// wrote; why the claim waits, when it does not (another namespace's owner unnamed).
+fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<(), String> {
+    let key = Ownership::key_for(&volume.spec.plugin_id, OwnedResource::Volume, ext.as_str());
+    match ctx.owners.get(&key) {
+        // Its own, or another volume's of the same namespace (a second registration
+        // of one plugin volume: whoever writes one of them writes both).
+        Some(rec)
+            if owned_by(&rec, volume) || rec.spec.owner.namespace == volume.metadata.namespace =>
+        {
+            Ok(())
+        }
+        Some(rec) => Err(format!(
+            "the plugin volume it names is {}: only its owner's claims are admitted",
+            owner_for(&rec, &volume.metadata.namespace)
+        )),
+        // Before the plugin's leader made the records of the volumes older versions
+        // made (a rolling upgrade), the volume's word is taken as it was.
+        None if ctx
+            .owners
+            .get(&Ownership::migrated_key(&volume.spec.plugin_id))
+            .is_none() =>
+        {
+            Ok(())
+        }
+        None => Err(format!(
+            "waiting for plugin {}'s provisioner to record that this volume owns its plugin volume",
+            volume.spec.plugin_id
+        )),
     }
 }
 

@@ -84,6 +84,7 @@ pub async fn run(
     let claims4 = claims.clone();
     let claims5 = claims.clone();
     let (volumes, by_volume3) = (ctx.volumes.clone(), by_volume.clone());
+    let by_volume4 = by_volume.clone();
     let this = Arc::new(ctx);
     Controller::new("claims", claims, config)
         .with_metrics(metrics)
@@ -145,6 +146,11 @@ pub async fn run(
                 .iter()
                 .flat_map(|v| by_volume3(&v.namespace, v.name.as_str(), None))
                 .collect()
+        })
+        // An ownership record made or removed: the claims of the volume it names (a
+        // claim waiting for its volume to own its plugin volume is admitted).
+        .watches(inf.owners.subscribe(), move |o: &Ownership| {
+            by_volume4(&o.spec.owner.namespace, o.spec.owner.name.as_str(), None)
         })
         .trigger(node_gc_ticks(this.clone()).boxed())
         // A conflict (our cache lagged a write) is retried soon by the runtime.

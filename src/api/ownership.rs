@@ -1,0 +1,248 @@
+//! Ownership: which moor object a plugin's id belongs to (issue 77, DESIGN.md "Trust:
+//! requests and facts").
+//!
+//! A plugin volume is named by ids that whoever writes a Volume may write: its
+//! `spec.external_id` (a registration), its `status.provisioning.external_id` (in the
+//! same key as the spec), the `metadata.uid` CreateVolume is named by. None of them
+//! proves that the Volume owns the plugin volume. An Ownership record does: it is
+//! written only by the agent leading the plugin (`owners/PLUGIN/`, a grant no
+//! requester holds), created if absent (an etcd compare on the key's creation
+//! revision) when the provisioner first learns the id (CreateVolume's answer, a
+//! registration validated), and deleted after the plugin volume is deleted or
+//! released. The controller admits a claim only on a volume that owns its id, and the
+//! provisioner calls DeleteVolume only for an id its volume owns: a second Volume
+//! naming the same id is refused ("owned by another volume").
+//!
+//! Writer: the agent leading the plugin. Readers: that agent, the controller.
+//! Key: `owners/PLUGIN/volume.<SHA-256 of the id, hex>` (the id itself is opaque: it
+//! may hold any byte a key must not).
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+
+/// What a plugin id names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OwnedResource {
+    /// A volume (CreateVolume's `volume_id`, or a registered volume's id).
+    #[default]
+    Volume,
+}
+
+impl OwnedResource {
+    /// The word in the record's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnedResource::Volume => "volume",
+        }
+    }
+}
+
+/// The object that owns a plugin id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerRef {
+    /// Its namespace.
+    pub namespace: Namespace,
+    /// Its name.
+    pub name: Name,
+    /// Its uid when the record was made: a Volume deleted and made again under the
+    /// same name is another owner.
+    pub uid: Uid,
+}
+
+impl std::fmt::Display for OwnerRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Who owns one plugin id.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OwnershipSpec {
+    /// The plugin whose id it is.
+    pub plugin_id: PluginId,
+    /// What the id names.
+    #[serde(default)]
+    pub resource: OwnedResource,
+    /// The plugin's id.
+    pub external_id: String,
+    /// Its owner.
+    pub owner: OwnerRef,
+}
+
+/// An ownership record has no observed state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OwnershipStatus {
+    /// Generation, conditions, last error.
+    #[serde(flatten)]
+    pub meta: StatusMeta,
+}
+
+impl Spec for OwnershipSpec {
+    const KIND: &'static str = "Ownership";
+    const DIR: &'static str = "owners";
+    const NAMESPACED: bool = false;
+    const ALIASES: &'static [&'static str] = &["ownerships", "owner"];
+    const PHASE: Option<&'static str> = None;
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::OwnPluginWrite;
+    const KEY_SEGMENTS: usize = 2;
+    const KEY_NAMESPACE_FIRST: bool = false;
+    type Status = OwnershipStatus;
+
+    fn key_suffix(&self, meta: &ObjectMeta) -> String {
+        format!("{}/{}", self.plugin_id, meta.name)
+    }
+
+    fn validate(&self, errors: &mut ValidationErrors) {
+        errors.check_id("plugin_id", self.plugin_id.validate());
+        if let Err(e) = ExternalVolumeId::new(self.external_id.clone()) {
+            errors.push("external_id", e.to_string());
+        }
+    }
+}
+
+/// An ownership record.
+pub type Ownership = Object<OwnershipSpec>;
+
+/// The name of the record of `resource` `id` of a plugin: the resource and the id's
+/// SHA-256, so any id makes a valid, fixed-length name.
+pub fn ownership_name(resource: OwnedResource, id: &str) -> Name {
+    let digest = ring::digest::digest(&ring::digest::SHA256, id.as_bytes());
+    let mut name = String::with_capacity(8 + 64);
+    name.push_str(resource.as_str());
+    name.push('.');
+    for b in digest.as_ref() {
+        name.push_str(&format!("{b:02x}"));
+    }
+    Name::new(name).expect("a resource word and hex digits make a valid name")
+}
+
+/// Whether a record names `volume` as the owner (namespace, name and uid).
+pub fn owned_by(record: &Ownership, volume: &Volume) -> bool {
+    let o = &record.spec.owner;
+    o.namespace == volume.metadata.namespace
+        && o.name == volume.metadata.name
+        && o.uid == volume.metadata.uid
+}
+
+/// What a reader of `volume`'s namespace may be told about the owner of an id it
+/// asked for: the owner's name when it is in the same namespace, else only that it
+/// is another volume's.
+pub fn owner_for(record: &Ownership, namespace: &Namespace) -> String {
+    if &record.spec.owner.namespace == namespace {
+        format!("owned by volume {}", record.spec.owner.name)
+    } else {
+        "owned by another volume".to_string()
+    }
+}
+
+/// The name of a plugin's record that the records of its volumes made before moor
+/// kept owners are written (by its first leader of a version that keeps them).
+pub const MIGRATED: &str = "migrated";
+
+impl Ownership {
+    /// The key of plugin `plugin`'s [`MIGRATED`] record.
+    pub fn migrated_key(plugin: &PluginId) -> ObjectKey<OwnershipSpec> {
+        ObjectKey::from_parts(&[plugin, &MIGRATED])
+    }
+
+    /// Plugin `plugin`'s [`MIGRATED`] record.
+    pub fn migrated(plugin: &PluginId) -> Ownership {
+        Ownership::new(
+            &Namespace::default(),
+            Name::new(MIGRATED).expect("a valid name"),
+            OwnershipSpec {
+                plugin_id: plugin.clone(),
+                resource: OwnedResource::Volume,
+                external_id: MIGRATED.to_string(),
+                owner: OwnerRef::default(),
+            },
+        )
+    }
+
+    /// The key of plugin `plugin`'s record of `resource` `id`.
+    pub fn key_for(
+        plugin: &PluginId,
+        resource: OwnedResource,
+        id: &str,
+    ) -> ObjectKey<OwnershipSpec> {
+        ObjectKey::from_parts(&[plugin, &ownership_name(resource, id)])
+    }
+
+    /// Plugin `plugin`'s records (what the agent leading it watches).
+    pub fn scope_for(plugin: &PluginId) -> KeyScope<OwnershipSpec> {
+        KeyScope::under(plugin)
+    }
+
+    /// The record saying `volume` owns its plugin's volume `id`.
+    pub fn of_volume(volume: &Volume, id: &ExternalVolumeId) -> Ownership {
+        Ownership::new(
+            &Namespace::default(),
+            ownership_name(OwnedResource::Volume, id.as_str()),
+            OwnershipSpec {
+                plugin_id: volume.spec.plugin_id.clone(),
+                resource: OwnedResource::Volume,
+                external_id: id.to_string(),
+                owner: OwnerRef {
+                    namespace: volume.metadata.namespace.clone(),
+                    name: volume.metadata.name.clone(),
+                    uid: volume.metadata.uid.clone(),
+                },
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume(ns: &str, name: &str) -> Volume {
+        let mut v = Volume::new(
+            &Namespace::new(ns).unwrap(),
+            Name::new(name).unwrap(),
+            VolumeSpec {
+                plugin_id: PluginId::new("p.example").unwrap(),
+                ..Default::default()
+            },
+        );
+        v.metadata.uid = Uid::random();
+        v
+    }
+
+    #[test]
+    fn a_record_is_keyed_by_the_id_and_names_one_owner() {
+        let a = volume("a", "data");
+        let id = ExternalVolumeId::new("projects/p/disks/d:1").unwrap();
+        let rec = Ownership::of_volume(&a, &id);
+        assert!(rec.validate().is_ok(), "{:?}", rec.validate());
+        assert_eq!(
+            rec.key(),
+            Ownership::key_for(&a.spec.plugin_id, OwnedResource::Volume, id.as_str()).as_str()
+        );
+        assert!(rec.key().starts_with("owners/p.example/volume."));
+        assert!(owned_by(&rec, &a));
+        // Another namespace's volume of the same name, or one made again: not the owner.
+        let b = volume("b", "data");
+        assert!(!owned_by(&rec, &b));
+        let mut again = a.clone();
+        again.metadata.uid = Uid::random();
+        assert!(!owned_by(&rec, &again));
+        // Its name is told only within its namespace.
+        assert_eq!(
+            owner_for(&rec, &a.metadata.namespace),
+            "owned by volume data"
+        );
+        assert_eq!(
+            owner_for(&rec, &b.metadata.namespace),
+            "owned by another volume"
+        );
+        // Different ids, different records.
+        assert_ne!(
+            ownership_name(OwnedResource::Volume, "x"),
+            ownership_name(OwnedResource::Volume, "y")
+        );
+    }
+}
