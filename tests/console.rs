@@ -260,7 +260,7 @@ async fn fifty_live_clients_leave_etcds_watchers_as_one_does() {
             let mut streams = Vec::new();
             for _ in 0..n {
                 let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
-                s.write_all(b"GET /live?topics=Volume HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+                s.write_all(format!("GET /live?topics=Volume HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n").as_bytes())
                     .await
                     .unwrap();
                 let mut buf = vec![0u8; 4096];
@@ -307,6 +307,114 @@ async fn fifty_live_clients_leave_etcds_watchers_as_one_does() {
     eprintln!(
         "etcd watchers, watch streams with 1 and with 50 live clients: {with_one:?} {with_fifty:?}"
     );
+}
+
+/// Issue 77, item 5: the console answered any Host, so a page of another name that
+/// resolves to 127.0.0.1 (DNS rebinding) read it from the operator's browser. It
+/// answers an address, `localhost` with its port, and nothing else unless told.
+#[tokio::test]
+async fn the_console_answers_only_its_own_host_names() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let etcd = common::Etcd::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let (_console, addr) = console_on(&etcd.client_url, tmp.path()).await;
+    let port = addr.rsplit_once(':').unwrap().1.to_string();
+    let answer = |host: String| {
+        let addr = addr.clone();
+        async move {
+            let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let req = format!("GET /volumes HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        }
+    };
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        let out = answer(host.clone()).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "Host {host}: {out}");
+    }
+    for host in [
+        format!("rebound.example:{port}"),
+        "localhost".to_string(),
+        format!("localhost.rebound.example:{port}"),
+    ] {
+        let out = answer(host.clone()).await;
+        assert!(out.starts_with("HTTP/1.1 421"), "Host {host}: {out}");
+        assert!(!out.contains("<h1>"), "Host {host} got a page: {out}");
+    }
+}
+
+/// Issue 77, item 5: moorctl hid a node's events about objects that are not on it and
+/// the console showed them (5 of 5 spoofs on another node's volume page). Both views
+/// now judge with one rule (`moor::api::event_shown`): on v1's page, the event of n1,
+/// which hosts v1's plugin's controller service, is shown; n2's is not, and the page
+/// says one was hidden.
+#[tokio::test]
+async fn a_node_s_events_show_only_about_objects_on_it() {
+    let etcd = common::Etcd::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let store = etcd.store(moor::store::DEFAULT_PREFIX).await;
+    let plugin = PluginId::new(cluster::PLUGIN).unwrap();
+    let mut vol = Volume::new(
+        &Namespace::default_ns(),
+        Name::new("v1").unwrap(),
+        VolumeSpec {
+            plugin_id: plugin.clone(),
+            capacity_min: Some(Size(1 << 20)),
+            capabilities: vec![VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            }],
+            ..Default::default()
+        },
+    );
+    vol = store.create(&vol).await.expect("v1");
+    let mut n1 = Node::new(
+        &Namespace::default(),
+        Name::new("n1").unwrap(),
+        NodeSpec::default(),
+    );
+    n1.status.plugins.insert(
+        plugin,
+        NodePluginStatus {
+            plugin_type: PluginType::Monolith,
+            ..Default::default()
+        },
+    );
+    store.create(&n1).await.expect("n1");
+    let about = ObjectRef {
+        kind: "Volume".into(),
+        namespace: vol.metadata.namespace.clone(),
+        name: vol.metadata.name.clone(),
+    };
+    for (node, text) in [
+        ("n1", "said by the plugin's controller node"),
+        ("n2", "spoofed by another node"),
+    ] {
+        moor::runtime::events::Recorder::new(store.clone(), &format!("agent/{node}"))
+            .record(
+                about.clone(),
+                EventType::Warning,
+                "Volume note",
+                text.into(),
+                Default::default(),
+            )
+            .await;
+    }
+    assert!(moor::runtime::events::flush(T).await, "events written");
+    let (_console, addr) = console_on(&etcd.client_url, tmp.path()).await;
+    let started = Instant::now();
+    let page = loop {
+        let page = common::http_get(&addr, "/volumes/default/v1").await;
+        if page.contains("said by the plugin") {
+            break page;
+        }
+        assert!(started.elapsed() < T, "n1's event never shown: {page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!page.contains("spoofed by another node"), "{page}");
+    assert!(page.contains("1 event(s) written by nodes"), "{page}");
 }
 
 /// `openssl s_client`'s exchange with the console at `port`: the answer to `request`.

@@ -365,6 +365,27 @@ async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
             .expect_err(prefix);
         assert!(denied(&e), "{prefix}: {e}");
     }
+    // Ownership records (issue 77): n1, which leads the plugin, writes its plugin's
+    // and no other plugin's; n2 none at all.
+    let record = "/moor/owners/hostpath.moor.dev/volume.00";
+    n1.put(record, "{}", None)
+        .await
+        .unwrap_or_else(|e| panic!("agent n1 may write {record}: {e}"));
+    for key in [
+        "/moor/owners/other.example.com/volume.00",
+        "/moor/owners/hostpath.moor.devx/volume.00",
+    ] {
+        let e = n1.put(key, "{}", None).await.expect_err(key);
+        assert!(denied(&e), "{key}: {e}");
+    }
+    let e = n2
+        .put(record, "{}", None)
+        .await
+        .expect_err("n2 writes an ownership record");
+    assert!(denied(&e), "{e}");
+    n1.delete(record, None)
+        .await
+        .expect("n1 removes its record");
     // Events cannot be erased by another writer, nor their lease revoked.
     let controller = s.store("moor-controller", None).await;
     let mut c = controller.client();

@@ -1,5 +1,7 @@
 //! Which writers may speak about an object: one rule for every view of events
-//! (`moorctl events`, `events --for`, `describe`).
+//! (`moorctl events`, `events --for`, `describe`, and the console's timelines), written
+//! once as `moor::api::event_shown`; this file says where objects are, as the store
+//! says when a view loads it.
 //!
 //! etcd binds an event's source to its writer's key prefix (`agent/N` was written with
 //! node N's identity), but any node may write an event about any object. A node's
@@ -124,51 +126,50 @@ impl Placement {
         }
     }
 
-    /// The object at `at` (`/spec/object` or `/spec/related`) of `event`, if the
-    /// event names one and it exists now (a deleted object's place is not known).
-    fn known(&self, event: &Value, at: &str) -> Option<(String, String, String)> {
-        event.pointer(at).filter(|o| !o.is_null())?;
-        let object = (
-            text(event, &format!("{at}/kind")),
-            text(event, &format!("{at}/namespace")),
-            text(event, &format!("{at}/name")),
-        );
-        let known = if object.0 == Kind::Plugin.name() {
-            self.hosts.contains_key(&object.2)
-        } else {
-            self.on.contains_key(&object) || self.plugin_of.contains_key(&object)
-        };
-        known.then_some(object)
+    /// Whether `event` is shown: [`moor::api::event_shown`] over what the store said
+    /// when this placement was loaded.
+    pub fn shown(&self, event: &Value) -> bool {
+        let named: Vec<(String, String, String)> = ["/spec/object", "/spec/related"]
+            .iter()
+            .filter(|at| event.pointer(at).is_some_and(|o| !o.is_null()))
+            .map(|at| {
+                (
+                    text(event, &format!("{at}/kind")),
+                    text(event, &format!("{at}/namespace")),
+                    text(event, &format!("{at}/name")),
+                )
+            })
+            .collect();
+        moor::api::event_shown(
+            self,
+            &text(event, "/spec/source"),
+            named
+                .iter()
+                .map(|(k, ns, n)| (k.as_str(), ns.as_str(), n.as_str())),
+        )
+    }
+}
+
+impl moor::api::Whereabouts for Placement {
+    fn known(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        if kind == Kind::Plugin.name() {
+            return self.hosts.contains_key(name);
+        }
+        let object = (kind.to_string(), namespace.to_string(), name.to_string());
+        self.on.contains_key(&object) || self.plugin_of.contains_key(&object)
     }
 
-    /// Whether `node` may speak about `object`.
-    fn speaks_about(&self, object: &(String, String, String), node: &str) -> bool {
-        if object.0 == Kind::Plugin.name() {
-            return self.hosts.get(&object.2).is_some_and(|n| n.contains(node));
+    fn speaks_about(&self, kind: &str, namespace: &str, name: &str, node: &str) -> bool {
+        if kind == Kind::Plugin.name() {
+            return self.hosts.get(name).is_some_and(|n| n.contains(node));
         }
-        self.on.get(object).is_some_and(|n| n.contains(node))
+        let object = (kind.to_string(), namespace.to_string(), name.to_string());
+        self.on.get(&object).is_some_and(|n| n.contains(node))
             || self
                 .plugin_of
-                .get(object)
+                .get(&object)
                 .and_then(|plugin| self.controllers.get(plugin))
                 .is_some_and(|n| n.contains(node))
-    }
-
-    /// Whether `event` is shown: written by the controller (or anyone not a node), or
-    /// by a node that every object it names (its object and its related object) is on.
-    /// Every object is judged: a node that names its own Node, claim or plugin as the
-    /// related object of its event about another node's volume speaks about that
-    /// volume all the same. Objects that no longer exist cannot be judged (an
-    /// attachment is deleted once detached): when the event names none that exists, it
-    /// is shown, with its SOURCE.
-    pub fn shown(&self, event: &Value) -> bool {
-        let Some(node) = node_source(event) else {
-            return true;
-        };
-        ["/spec/object", "/spec/related"]
-            .iter()
-            .filter_map(|at| self.known(event, at))
-            .all(|o| self.speaks_about(&o, &node))
     }
 }
 

@@ -177,6 +177,42 @@ impl EventSpec {
 /// An event object.
 pub type Event = Object<EventSpec>;
 
+/// What a reader knows of where objects are: enough to judge whether a node may speak
+/// about an object ([`event_shown`], the one rule of every view of events: moorctl's
+/// `events` and `describe`, the console's timelines).
+pub trait Whereabouts {
+    /// Whether the reader knows the object (it exists as far as it can tell); an
+    /// object it does not know (deleted) cannot be judged.
+    fn known(&self, kind: &str, namespace: &str, name: &str) -> bool;
+    /// Whether `node` may speak about the object: it is on that node (a Claim,
+    /// Mount, Allocation or Attachment of the node, the Node itself, a Volume claimed
+    /// or attached there), the node hosts the controller service of the object's
+    /// plugin (its provisioner, attacher and snapshotter act on every volume of that
+    /// plugin), or, for a Plugin, the node hosts it.
+    fn speaks_about(&self, kind: &str, namespace: &str, name: &str, node: &str) -> bool;
+}
+
+/// Whether an event written by `source` that names `objects` (its object and its
+/// related object, as kind, namespace and name) is shown: written by the controller
+/// (or anyone not a node), or by a node (`agent/NODE`) that every object it names and
+/// the reader knows is on. Every object is judged: a node that names its own Node as
+/// the related object of its event about another node's volume speaks about that
+/// volume all the same. When the event names none the reader knows, it is shown (with
+/// its source).
+pub fn event_shown<'a>(
+    reader: &impl Whereabouts,
+    source: &str,
+    objects: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>,
+) -> bool {
+    let Some(node) = source.strip_prefix("agent/") else {
+        return true;
+    };
+    objects
+        .into_iter()
+        .filter(|(k, ns, n)| reader.known(k, ns, n))
+        .all(|(k, ns, n)| reader.speaks_about(k, ns, n, node))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +232,31 @@ mod tests {
         let e = Event::new(&Namespace::default_ns(), Name::new("e1").unwrap(), spec);
         let err = e.validate().unwrap_err().to_string();
         assert!(err.contains("spec.details.volumeId"), "{err}");
+    }
+
+    /// The rule of every view of node events, over a reader that places v1 on n1.
+    #[test]
+    fn a_node_is_believed_only_about_objects_on_it() {
+        struct OnN1;
+        impl Whereabouts for OnN1 {
+            fn known(&self, _kind: &str, _ns: &str, name: &str) -> bool {
+                name != "gone"
+            }
+            fn speaks_about(&self, _kind: &str, _ns: &str, name: &str, node: &str) -> bool {
+                name == "v1" && node == "n1" || name == node
+            }
+        }
+        let v1 = ("Volume", "default", "v1");
+        assert!(event_shown(&OnN1, "controller", [v1]));
+        assert!(event_shown(&OnN1, "agent/n1", [v1]));
+        assert!(!event_shown(&OnN1, "agent/n2", [v1]));
+        // Its own Node as the related object does not make another's volume its own.
+        assert!(!event_shown(&OnN1, "agent/n2", [v1, ("Node", "", "n2")]));
+        // What the reader does not know is not judged.
+        assert!(event_shown(
+            &OnN1,
+            "agent/n2",
+            [("Volume", "default", "gone")]
+        ));
     }
 }

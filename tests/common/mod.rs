@@ -368,7 +368,7 @@ pub async fn http_get(addr: &str, path: &str) -> String {
     let mut s = tokio::net::TcpStream::connect(addr)
         .await
         .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();

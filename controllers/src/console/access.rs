@@ -36,6 +36,12 @@ pub struct ListenArgs {
     /// `Authorization: Bearer TOKEN`, or once as `?token=TOKEN`, which sets a cookie.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// A name browsers reach the console by (repeatable), matched against each
+    /// request's Host. By default: `localhost` with the console's port on loopback, the
+    /// certificate's DNS names with TLS. An address (IP literal) is always accepted: no
+    /// page of another name can send it.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub allow_hosts: Vec<String>,
 }
 
 impl ListenArgs {
@@ -124,6 +130,105 @@ impl ListenArgs {
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Some(Arc::new(config)))
     }
+}
+
+/// The Host names the console answers (DNS rebinding: a page of the attacker's name,
+/// resolved to the console's address, reaches it in the victim's browser with the
+/// attacker's name as Host, which is refused).
+#[derive(Debug, Clone)]
+pub struct Hosts {
+    /// Names accepted with any port (lowercase, no trailing dot).
+    names: Vec<String>,
+    /// `localhost` is accepted with this port, on a loopback console.
+    localhost_port: Option<u16>,
+}
+
+/// A Host header's name (lowercase, without a trailing dot) and port.
+fn split_host(host: &str) -> (String, Option<u16>) {
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((ip, after)) => (ip, after.strip_prefix(':')),
+            None => (rest, None),
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((n, p)) if !n.contains(':') => (n, Some(p)),
+            _ => (host, None),
+        }
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    (name, port.and_then(|p| p.parse().ok()))
+}
+
+impl Hosts {
+    /// What a console bound to `addr` answers, given its flags and certificate.
+    pub fn new(args: &ListenArgs, addr: SocketAddr) -> anyhow::Result<Hosts> {
+        let mut names: Vec<String> = args
+            .allow_hosts
+            .iter()
+            .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+            .collect();
+        if names.is_empty() {
+            if let Some(cert) = &args.tls_cert {
+                names = certificate_names(cert)?;
+            }
+        }
+        Ok(Hosts {
+            names,
+            localhost_port: addr.ip().is_loopback().then_some(addr.port()),
+        })
+    }
+
+    /// Whether a request with this Host (none: not a browser's) is answered.
+    pub fn admits(&self, host: Option<&str>) -> bool {
+        let Some(host) = host else {
+            return true;
+        };
+        let (name, port) = split_host(host);
+        if name.parse::<std::net::IpAddr>().is_ok() {
+            return true;
+        }
+        if name == "localhost" && self.localhost_port.is_some() && port == self.localhost_port {
+            return true;
+        }
+        self.names.contains(&name)
+    }
+}
+
+/// The DNS names of the certificate chain's first certificate.
+fn certificate_names(cert: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let Some(first) = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("reading certificates from {}", cert.display()))?
+        .next()
+    else {
+        bail!("no certificate in {}", cert.display());
+    };
+    let first = first.with_context(|| format!("reading certificates from {}", cert.display()))?;
+    let parsed = webpki::EndEntityCert::try_from(&first)
+        .map_err(|e| anyhow::anyhow!("the certificate in {} ({e:?})", cert.display()))?;
+    Ok(parsed
+        .valid_dns_names()
+        .map(|n| n.trim_end_matches('.').to_ascii_lowercase())
+        .collect())
+}
+
+/// Answers only requests whose Host is one of [`Hosts`]: 421 otherwise.
+pub async fn check_host(State(hosts): State<Arc<Hosts>>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .map(|v| v.to_str().unwrap_or("\u{0}"));
+    if hosts.admits(host) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::MISDIRECTED_REQUEST,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "moor console: this console does not answer that Host name (open it by an address, localhost with its port, or a name given with --allow-host)\n",
+    )
+        .into_response()
 }
 
 /// A TLS listener for axum: handshakes run beside the accept loop (a slow client
@@ -305,6 +410,40 @@ mod tests {
         ])
         .check()
         .is_ok());
+    }
+
+    #[test]
+    fn only_the_console_s_own_host_names_are_answered() {
+        let loopback: SocketAddr = "127.0.0.1:8480".parse().unwrap();
+        let hosts = Hosts::new(&args(&[]), loopback).unwrap();
+        for ok in [
+            None,
+            Some("127.0.0.1:8480"),
+            Some("127.0.0.1"),
+            Some("[::1]:8480"),
+            Some("localhost:8480"),
+            Some("LOCALHOST.:8480"),
+        ] {
+            assert!(hosts.admits(ok), "{ok:?} refused");
+        }
+        for bad in [
+            Some("evil.example:8480"),
+            Some("evil.example"),
+            Some("localhost"),
+            Some("localhost:80"),
+            Some("localhost.evil.example:8480"),
+            Some(""),
+        ] {
+            assert!(!hosts.admits(bad), "{bad:?} answered");
+        }
+        let named = Hosts::new(&args(&["--allow-host", "Console.Example."]), loopback).unwrap();
+        assert!(named.admits(Some("console.example:443")));
+        assert!(named.admits(Some("console.example")));
+        assert!(!named.admits(Some("other.example")));
+        // Off loopback, localhost is not the console's name.
+        let off = Hosts::new(&args(&[]), "10.0.0.1:8480".parse().unwrap()).unwrap();
+        assert!(!off.admits(Some("localhost:8480")));
+        assert!(off.admits(Some("10.0.0.1:8480")));
     }
 
     #[test]

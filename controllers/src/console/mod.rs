@@ -108,6 +108,7 @@ pub async fn serve(
         shutdown: shutdown.clone(),
         renders: Default::default(),
     });
+    let hosts = Arc::new(access::Hosts::new(listen, addr)?);
     let mut router = router(app);
     if let Some(token) = token {
         router = router.layer(axum::middleware::from_fn_with_state(
@@ -115,6 +116,11 @@ pub async fn serve(
             access::require_token,
         ));
     }
+    // Checked first (the outermost layer): a page of another name gets nothing.
+    router = router.layer(axum::middleware::from_fn_with_state(
+        hosts,
+        access::check_host,
+    ));
     let stop = async move { shutdown.cancelled().await };
     match tls {
         Some(config) => axum::serve(access::TlsListener::new(listener, config)?, router)

@@ -371,10 +371,27 @@ pub fn cordon_word(c: &Catalog, name: &str) -> String {
 /// The events about an object, newest first, as a timeline.
 pub fn timeline(h: &mut Html, c: &Catalog, about_topic: &str) {
     let mut events: Vec<Arc<EventRow>> = c.events.by(about_topic);
+    // A node's word about objects that are not on it is not shown (moorctl's rule).
+    let all = events.len();
+    events.retain(|e| {
+        moor::api::event_shown(
+            c,
+            &e.source,
+            std::iter::once(&e.object)
+                .chain(&e.related)
+                .map(|o| (o.kind.as_str(), o.namespace.as_str(), o.name.as_str())),
+        )
+    });
+    let hidden = all - events.len();
     events.sort_by_key(|e| std::cmp::Reverse(e.time));
     h.raw("<h2>Events</h2>");
     if events.is_empty() {
         h.raw("<p class=\"empty\">No events.</p>");
+        if hidden > 0 {
+            h.raw("<p class=\"empty\">")
+                .show(hidden)
+                .raw(" event(s) written by nodes their objects are not on, not shown (<code>moorctl events --all-sources</code> shows them).</p>");
+        }
         return;
     }
     h.raw("<ol class=\"timeline\">");
@@ -398,6 +415,11 @@ pub fn timeline(h: &mut Html, c: &Catalog, about_topic: &str) {
             .raw("</span></li>");
     }
     h.raw("</ol>");
+    if hidden > 0 {
+        h.raw("<p class=\"empty\">")
+            .show(hidden)
+            .raw(" event(s) written by nodes their objects are not on, not shown (<code>moorctl events --all-sources</code> shows them).</p>");
+    }
 }
 
 /// An object as stored, redacted (secrets and mount flags never reach a page).

@@ -360,6 +360,92 @@ fn follow<S: Spec, R: Row>(
     });
 }
 
+/// Where the console's tables place objects, for the one rule of node events
+/// ([`moor::api::event_shown`]). Claims and mounts are keyed by node first: one not
+/// held under the node is taken as elsewhere (a deleted one too: the console hides what
+/// moorctl shows with its source, never the reverse).
+impl moor::api::Whereabouts for Catalog {
+    fn known(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        let Ok(ns) = Namespace::new(namespace) else {
+            return kind == "Node" || kind == "Plugin";
+        };
+        match kind {
+            "Volume" => self
+                .volumes
+                .get(Volume::key_for(&ns, name).as_str())
+                .is_some(),
+            "Allocation" => self
+                .allocations
+                .get(Allocation::key_for(&ns, name).as_str())
+                .is_some(),
+            "Claim" | "Mount" => true,
+            "Snapshot" => self
+                .snapshots
+                .get(Snapshot::key_for(&ns, name).as_str())
+                .is_some(),
+            _ => true,
+        }
+    }
+
+    fn speaks_about(&self, kind: &str, namespace: &str, name: &str, node: &str) -> bool {
+        let controller_of = |plugin: &PluginId| {
+            NodeName::new(node)
+                .ok()
+                .and_then(|n| self.nodes.get(Node::key_for(&n).as_str()))
+                .and_then(|n| n.obj.status.plugins.get(plugin).map(|p| p.plugin_type))
+                .is_some_and(|t| matches!(t, PluginType::Controller | PluginType::Monolith))
+        };
+        let ns = Namespace::new(namespace).unwrap_or_default();
+        match kind {
+            "Node" => name == node,
+            "Plugin" => NodeName::new(node)
+                .ok()
+                .and_then(|n| self.nodes.get(Node::key_for(&n).as_str()))
+                .is_some_and(|n| n.obj.status.plugins.keys().any(|p| p.as_str() == name)),
+            "Claim" => NodeName::new(node).is_ok_and(|n| {
+                self.claims
+                    .get(Claim::key_for(&n, &ns, name).as_str())
+                    .is_some()
+            }),
+            "Mount" => NodeName::new(node).is_ok_and(|n| {
+                self.mounts
+                    .get(Mount::key_for(&Claim::key_for(&n, &ns, name)).as_str())
+                    .is_some()
+            }),
+            "Allocation" => self
+                .allocations
+                .get(Allocation::key_for(&ns, name).as_str())
+                .is_some_and(|a| a.node.as_str() == node),
+            "Volume" => {
+                let topic = super::rows::vol(&ns, name);
+                self.claims
+                    .by(&topic)
+                    .iter()
+                    .any(|c| c.node.as_str() == node)
+                    || self
+                        .attachments
+                        .by(&topic)
+                        .iter()
+                        .any(|a| a.node.as_str() == node)
+                    || self
+                        .volumes
+                        .get(Volume::key_for(&ns, name).as_str())
+                        .is_some_and(|v| controller_of(&v.plugin))
+            }
+            "Snapshot" => self
+                .snapshots
+                .get(Snapshot::key_for(&ns, name).as_str())
+                .and_then(|s| self.volumes.get(Volume::key_for(&ns, &s.volume).as_str()))
+                .is_some_and(|v| controller_of(&v.plugin)),
+            // Attachments are named by their volume and node.
+            "Attachment" => {
+                name.ends_with(&format!("/{node}")) || name.ends_with(&format!(".{node}"))
+            }
+            _ => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

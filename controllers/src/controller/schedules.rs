@@ -49,6 +49,60 @@ pub struct Schedules {
     schedules: reflector::Store<SnapshotSchedule>,
     snapshots: reflector::Store<Snapshot>,
     volumes: reflector::Store<VolumeView>,
+    lookahead: std::sync::Mutex<Lookahead>,
+}
+
+/// What a schedule's next slot was computed from: it is computed again only when one
+/// of these changes (a new spec, a slot acted on, the schedule made again).
+type Basis = (Uid, i64, Option<Timestamp>);
+
+/// When each schedule's next slot falls, as last computed. A cron search is costly
+/// (one that never matches, `0 0 30 2 *`, walks to year 5000 and back to year 1), so
+/// it runs once per slot and per change of the schedule, never on every tick: between
+/// slots a tick compares times, and a cadence with no next slot is not searched
+/// again until its schedule changes.
+#[derive(Default)]
+pub struct Lookahead {
+    next: HashMap<(Namespace, Name), (Basis, Option<SystemTime>)>,
+    /// Searches made (what the tests count).
+    pub searches: u64,
+}
+
+impl Lookahead {
+    /// The slot of `schedule` due at `now` (after `after`), searching only when its
+    /// next slot has come or its basis changed.
+    pub fn due(
+        &mut self,
+        schedule: &SnapshotSchedule,
+        cadence: &Cadence,
+        after: SystemTime,
+        now: SystemTime,
+    ) -> Option<Due> {
+        let id = (
+            schedule.metadata.namespace.clone(),
+            schedule.metadata.name.clone(),
+        );
+        let basis = (
+            schedule.metadata.uid.clone(),
+            schedule.metadata.generation,
+            schedule.status.last_slot,
+        );
+        if let Some((known, next)) = self.next.get(&id) {
+            if *known == basis && next.is_none_or(|t| now < t) {
+                return None;
+            }
+        }
+        self.searches += 1;
+        let due = cadence.due(after, now);
+        let next = cadence.next_after(now.max(after));
+        self.next.insert(id, (basis, next));
+        due
+    }
+
+    /// Forgets the schedules not in `live`.
+    pub fn retain(&mut self, live: &HashSet<(Namespace, Name)>) {
+        self.next.retain(|k, _| live.contains(k));
+    }
 }
 
 /// Runs the schedules until `stop`.
@@ -66,6 +120,7 @@ pub async fn run(
         schedules: schedules.reader(),
         snapshots: snapshots.reader(),
         volumes,
+        lookahead: Default::default(),
     };
     this.schedules.wait_until_ready().await;
     this.snapshots.wait_until_ready().await;
@@ -80,6 +135,14 @@ pub async fn run(
             }
         }
         export(&all, &mut exported);
+        let live: HashSet<(Namespace, Name)> = all
+            .iter()
+            .map(|s| (s.metadata.namespace.clone(), s.metadata.name.clone()))
+            .collect();
+        this.lookahead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(&live);
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(TICK) => {}
@@ -109,7 +172,12 @@ impl Schedules {
             .last_slot
             .or(schedule.metadata.creation_timestamp)
             .map_or(now, Timestamp::system);
-        if let Some(due) = cadence.due(after, now) {
+        let due = self
+            .lookahead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .due(schedule, &cadence, after, now);
+        if let Some(due) = due {
             self.cut(schedule, due).await;
         }
         if !schedule.spec.paused {
@@ -361,4 +429,71 @@ fn scheduled(schedule: &SnapshotSchedule, volume: &VolumeId, slot: SystemTime) -
         (SLOT_LABEL.to_string(), slot_label(slot)),
     ]);
     snap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schedule(cron: &str) -> SnapshotSchedule {
+        let mut s = SnapshotSchedule::new(
+            &Namespace::default_ns(),
+            Name::new("s").unwrap(),
+            SnapshotScheduleSpec {
+                cron: Some(cron.into()),
+                ..Default::default()
+            },
+        );
+        s.metadata.uid = Uid::random();
+        s.metadata.generation = 1;
+        s
+    }
+
+    /// Issue 77, item 6: 20 schedules with a cron that never matches kept the
+    /// controller at 15% CPU, every tick searching to year 5000 and back. The search
+    /// runs once until the schedule changes.
+    #[test]
+    fn a_cron_that_never_matches_is_searched_once_until_its_schedule_changes() {
+        let mut s = schedule("0 0 30 2 *");
+        let cadence = s.spec.cadence().unwrap();
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut look = Lookahead::default();
+        for tick in 0..100u64 {
+            let now = start + TICK * tick as u32;
+            assert_eq!(look.due(&s, &cadence, start, now), None);
+        }
+        assert_eq!(look.searches, 1, "searched on every tick");
+        s.metadata.generation = 2;
+        assert_eq!(look.due(&s, &cadence, start, start), None);
+        assert_eq!(look.searches, 2, "a changed schedule is searched again");
+    }
+
+    /// A cron that matches is searched when its next slot comes, and the slot is due
+    /// then, not before.
+    #[test]
+    fn a_matching_cron_is_searched_once_per_slot() {
+        let mut s = schedule("* * * * *");
+        let cadence = s.spec.cadence().unwrap();
+        // 20 s after a minute began; the slot before was acted on.
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 / 60 * 60 + 20);
+        s.status.last_slot = Some(Timestamp::from_system(start - Duration::from_secs(20)));
+        let mut look = Lookahead::default();
+        let mut cut = Vec::new();
+        // Three minutes of ticks.
+        for tick in 0..360u64 {
+            let now = start + TICK * tick as u32;
+            let after = s.status.last_slot.map(Timestamp::system).unwrap();
+            if let Some(due) = look.due(&s, &cadence, after, now) {
+                cut.push(due.slot);
+                // The cut's status write moves last_slot (a new basis).
+                s.status.last_slot = Some(Timestamp::from_system(due.slot));
+            }
+        }
+        assert_eq!(cut.len(), 3, "{cut:?}");
+        assert!(
+            look.searches <= 7,
+            "{} searches in 3 minutes",
+            look.searches
+        );
+    }
 }
