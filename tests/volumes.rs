@@ -2533,3 +2533,97 @@ async fn another_namespace_can_neither_register_use_nor_delete_a_volume_s_plugin
         .unwrap()
         .is_some_and(|r| owned_by(&r, &v1)));
 }
+
+/// Issue 77, item 4: an orphan is a node's word. A node writes, under its own
+/// `mounts/NODE/` (as its identity may), an "orphaned mount" of another namespace's
+/// volume, or of its own namespace's volume on a plugin volume that is not that
+/// volume's; `moorctl mount adopt` refuses both, says whose word it is, and writes no
+/// allocation. Before, adopt built the allocation from the Mount alone and handed the
+/// node the volume's claim and a publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_the_stored_state_does_not_bear_out_is_not_adopted() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 2, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("v1").await;
+    c.apply(c.allocation("a1", "n1", "v1", false)).await;
+    c.wait_claim("a1", "n1", ClaimPhase::Published, T).await;
+    let b = Namespace::new("b").unwrap();
+    let mut bv = c.volume("bv", AccessMode::SingleNodeWriter);
+    bv.metadata.namespace = b.clone();
+    c.apply(bv).await;
+    let bv = Volume::key_for(&b, "bv");
+    c.wait("b/bv created", T, || async {
+        c.store
+            .get(&bv)
+            .await
+            .is_ok_and(|v| v.status.provisioning.phase == VolumePhase::Ready)
+    })
+    .await;
+    let bv_ext = c
+        .store
+        .get(&bv)
+        .await
+        .unwrap()
+        .status
+        .provisioning
+        .external_id
+        .unwrap();
+    let forge = |ns: &Namespace, node: &str, claim: &str, volume: &str, ext: &ExternalVolumeId| {
+        let mut m = Mount::new(
+            ns,
+            Name::new(claim).unwrap(),
+            MountSpec {
+                claim: Name::new(claim).unwrap(),
+                allocation: AllocationId::new(claim.split('.').next().unwrap()).unwrap(),
+                volume: VolumeId::new(volume).unwrap(),
+                node: cluster::node(node),
+                claim_uid: Uid::random(),
+                staging_path: None,
+                target_path: format!("/forged/{claim}"),
+            },
+        );
+        m.status.published = true;
+        m.status.orphan = Some(Box::new(Orphan {
+            since: Timestamp::now(),
+            plugin_id: PluginId::new(cluster::PLUGIN).unwrap(),
+            external_id: ext.clone(),
+            request: Some(Name::new("data").unwrap()),
+            mode: ClaimMode::Write,
+            capability: VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            },
+        }));
+        m
+    };
+    // n2 never served namespace b.
+    c.apply(forge(&b, "n2", "x.data", "bv", &bv_ext)).await;
+    let (ok, out) = c.moorctl(&["mount", "adopt", "x.data", "-n", "b", "--timeout", "5s"]);
+    assert!(!ok, "adopted on n2's word: {out}");
+    assert!(
+        out.contains("node n2 has no claim of namespace b") && out.contains("only its word"),
+        "{out}"
+    );
+    // n1 served default, but names v1 on b/bv's plugin volume.
+    c.apply(forge(
+        &Namespace::default_ns(),
+        "n1",
+        "y.data",
+        "v1",
+        &bv_ext,
+    ))
+    .await;
+    let (ok, out) = c.moorctl(&["mount", "adopt", "y.data", "--timeout", "5s"]);
+    assert!(!ok, "adopted on n1's word: {out}");
+    assert!(out.contains("not the volume's"), "{out}");
+    for key in [
+        Allocation::key_for(&b, "x"),
+        Allocation::key_for(&Namespace::default_ns(), "y"),
+    ] {
+        assert!(
+            c.store.try_get(&key).await.unwrap().is_none(),
+            "{key} was written"
+        );
+    }
+}

@@ -40,6 +40,11 @@ pub struct Which {
     /// How long to wait for the node to adopt it (and, for release, to release it).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// Adopt it although the stored state shows its node never served the namespace
+    /// (a node's report is its own word: checked first against the volume, its plugin
+    /// volume and its owner, which this does not skip).
+    #[arg(long)]
+    pub insist: bool,
 }
 
 impl MountCmd {
@@ -116,6 +121,59 @@ async fn find(ctx: &Ctx, which: &Which) -> anyhow::Result<Mount> {
     }
 }
 
+/// Refuses an orphan the stored state does not bear out ([`Orphan::refusal`]): its
+/// volume, that volume's plugin volume and owner, and whether its node served the
+/// namespace.
+async fn checked(ctx: &Ctx, mount: &Mount, orphan: &Orphan, insist: bool) -> anyhow::Result<()> {
+    let ns = &mount.metadata.namespace;
+    let node = &mount.spec.node;
+    let volume = ctx
+        .store
+        .try_get(&Volume::key_for(ns, &mount.spec.volume))
+        .await?;
+    let owner = ctx
+        .store
+        .try_get(&Ownership::key_for(
+            &orphan.plugin_id,
+            OwnedResource::Volume,
+            orphan.external_id.as_str(),
+        ))
+        .await?;
+    let mut served = volume.as_ref().is_some_and(|v| {
+        let c = &v.status.claims;
+        c.read_claims
+            .iter()
+            .chain(&c.write_claims)
+            .chain(&c.past_claims)
+            .any(|r| &r.node == node)
+    });
+    if !served {
+        served = ctx
+            .store
+            .try_get(&Attachment::key_for(ns, &mount.spec.volume, node))
+            .await?
+            .is_some();
+    }
+    if !served {
+        served = ctx
+            .store
+            .list(&Claim::node_scope(node))
+            .await?
+            .items
+            .iter()
+            .any(|c| &c.metadata.namespace == ns);
+    }
+    if let Some(why) = orphan.refusal(mount, volume.as_ref(), owner.as_ref(), served, insist) {
+        return Err(Refused(why).into());
+    }
+    if !served {
+        eprintln!(
+            "moorctl: warning: adopting on node {node}'s word alone (--insist): nothing stored shows it served namespace {ns}"
+        );
+    }
+    Ok(())
+}
+
 /// Writes the allocation that makes the orphan's claim again (or finds it written by
 /// an earlier try) and waits until the node adopted the mount: the claim Published
 /// and the orphan's Mount gone or no longer an orphan.
@@ -124,6 +182,7 @@ async fn adopt(ctx: &Ctx, which: &Which) -> anyhow::Result<Allocation> {
     let Some(orphan) = mount.status.orphan.as_deref() else {
         return Err(Refused("the mount is no longer orphaned".into()).into());
     };
+    checked(ctx, &mount, orphan, which.insist).await?;
     let wanted = orphan.allocation(&mount);
     let started = workload::create_or_adopt(&ctx.store, &wanted, IfEnded::Refuse, false)
         .await

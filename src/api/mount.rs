@@ -150,6 +150,55 @@ impl Orphan {
     }
 }
 
+impl Orphan {
+    /// Why the orphan `mount` (a node's report, written with the node's identity) is
+    /// not taken at its word, checked against what the store says that node could
+    /// have had: the volume it names (`volume`, in the mount's namespace) must exist,
+    /// be of the orphan's plugin and have the orphan's plugin volume as its own id;
+    /// that plugin volume must be this volume's by its ownership record (`owner`, when
+    /// there is one: this volume's or one of its namespace's); and the node must have
+    /// served the namespace in the state the store holds (`served`: a claim of the
+    /// namespace on the node, or a live or past claim or attachment of the volume
+    /// there), unless the operator insists.
+    pub fn refusal(
+        &self,
+        mount: &Mount,
+        volume: Option<&Volume>,
+        owner: Option<&Ownership>,
+        served: bool,
+        insist: bool,
+    ) -> Option<String> {
+        let node = &mount.spec.node;
+        let ns = &mount.metadata.namespace;
+        let name = &mount.spec.volume;
+        let Some(volume) = volume else {
+            return Some(format!(
+                "node {node} reports a mount of volume {ns}/{name}, which does not exist"
+            ));
+        };
+        let own_id = volume.status.provisioning.external_id.as_ref();
+        if volume.spec.plugin_id != self.plugin_id || own_id != Some(&self.external_id) {
+            return Some(format!(
+                "node {node} reports a mount of volume {ns}/{name} on a plugin volume that is not the volume's: only the node's word says it is"
+            ));
+        }
+        if let Some(rec) = owner {
+            if !owned_by(rec, volume) && &rec.spec.owner.namespace != ns {
+                return Some(format!(
+                    "node {node} reports a mount of volume {ns}/{name}, whose plugin volume is {}",
+                    owner_for(rec, ns)
+                ));
+            }
+        }
+        if !served && !insist {
+            return Some(format!(
+                "node {node} has no claim of namespace {ns} and no claim or attachment of volume {name} in the stored state: the orphan is only its word (--insist adopts it anyway)"
+            ));
+        }
+        None
+    }
+}
+
 /// A mount object.
 pub type Mount = Object<MountSpec>;
 
