@@ -89,7 +89,8 @@ impl Secure {
         run(Command::new("bash")
             .arg(deploy("certs.sh"))
             .arg(&certs)
-            .args(nodes));
+            .args(nodes)
+            .env("NAMESPACE_WRITERS", "a"));
         let (client, peer) = (free_port(), free_port());
         let url = format!("https://127.0.0.1:{client}");
         let log = std::fs::File::create(tmp.path().join("etcd.log")).unwrap();
@@ -144,6 +145,8 @@ impl Secure {
             .args(nodes)
             .env("CONTROLLER_PLUGINS", controller_plugins)
             .env("VOLUME_PLUGINS", volume_plugins)
+            .env("NAMESPACE_WRITERS", "a")
+            .env("SECRET_PLUGINS", "hostpath.moor.dev")
             .env("ENDPOINT", &url)
             .env("CERTS", &certs));
         let cluster_keys = tmp.path().join("cluster.keys");
@@ -386,6 +389,50 @@ async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
     n1.delete(record, None)
         .await
         .expect("n1 removes its record");
+    // Namespace a's edit identity (issue 77): a's requests, nothing of b's, no fact.
+    let a = s.store("moor-edit-a", None).await;
+    let mut a = a.client();
+    for key in [
+        "/moor/volumes/a/v",
+        "/moor/allocations/a/x",
+        "/moor/snapshots/a/s",
+        "/moor/snapshotschedules/a/s",
+        "/moor/leases/a/x",
+        "/moor/secrets/hostpath.moor.dev/a/db",
+    ] {
+        a.put(key, "{}", None)
+            .await
+            .unwrap_or_else(|e| panic!("moor-edit-a may write {key}: {e}"));
+        a.delete(key, None).await.unwrap();
+    }
+    for key in [
+        "/moor/volumes/b/v",
+        "/moor/allocations/b/x",
+        "/moor/secrets/hostpath.moor.dev/b/db",
+        "/moor/secrets/other.example.com/a/db",
+        "/moor/claims/n1/a/x.data",
+        "/moor/mounts/n1/a/x.data",
+        "/moor/attachments/a/v/n1",
+        "/moor/owners/hostpath.moor.dev/volume.00",
+        "/moor/events/controller/a/e",
+        "/moor/volumeclasses/c",
+    ] {
+        let e = a.put(key, "{}", None).await.expect_err(key);
+        assert!(denied(&e), "{key}: {e}");
+    }
+    a.get(
+        "/moor/events/controller/a/",
+        Some(etcd_client::GetOptions::new().with_prefix()),
+    )
+    .await
+    .expect("moor-edit-a reads the controller's events about a");
+    for prefix in ["/moor/volumes/", "/moor/claims/", "/moor/secrets/"] {
+        let e = a
+            .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .expect_err(prefix);
+        assert!(denied(&e), "{prefix}: {e}");
+    }
     // Events cannot be erased by another writer, nor their lease revoked.
     let controller = s.store("moor-controller", None).await;
     let mut c = controller.client();

@@ -32,6 +32,9 @@ const HEAD: &str = r#"#!/usr/bin/env bash
 #
 # CERTS holds certs.sh's output (root's certificate does the setup). Users have no
 # password: they authenticate by their certificate's CN (etcd --client-cert-auth).
+# NAMESPACE_WRITERS (namespaces) makes moor-edit-NS for each: read and write the
+# requests of namespace NS (volumes, allocations, snapshots, group snapshots, schedules,
+# leases; its Secrets of each plugin in SECRET_PLUGINS), nothing of another namespace.
 # PREFIX (default /moor/) must match moord's and moorctl's --prefix.
 set -euo pipefail
 : "${ENDPOINT:?}" "${CERTS:?}"
@@ -159,12 +162,58 @@ for node in ${VOLUME_PLUGINS:-}; do
     ctl role grant-permission "$user" read "${PREFIX}capacities/" --prefix
 done
 
+for ns in ${NAMESPACE_WRITERS:-}; do
+    user="moor-edit-$ns"
+    ctl user add "$user" --no-password
+    ctl role add "$user"
+"#,
+    );
+    out.push_str(
+        "    # The namespace's edit identity (a team's tooling, a scheduler of one namespace):
+    # the requests of its namespace, nothing of another's and no fact (statuses
+    # written by reconcilers in these keys are requests to moor: issue 77).
+",
+    );
+    for kind in NAMESPACE_EDIT {
+        out.push_str(&format!(
+            "    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{}/$ns/\" --prefix\n",
+            kind.dir()
+        ));
+    }
+    out.push_str(
+        r#"    # Its Secrets, of the plugins named in SECRET_PLUGINS (keyed by plugin first).
+    for plugin in ${SECRET_PLUGINS:-}; do
+        ctl role grant-permission "$user" readwrite "${PREFIX}secrets/$plugin/$ns/" --prefix
+    done
+    # What its requests name or are placed by: classes, plugins, nodes, cordons.
+    ctl role grant-permission "$user" read "${PREFIX}volumeclasses/" --prefix
+    ctl role grant-permission "$user" read "${PREFIX}plugins/" --prefix
+    ctl role grant-permission "$user" read "${PREFIX}nodes/" --prefix
+    ctl role grant-permission "$user" read "${PREFIX}cordons/" --prefix
+    # The controller's events about its namespace.
+    ctl role grant-permission "$user" read "${PREFIX}events/controller/$ns/" --prefix
+    ctl user grant-role "$user" "$user"
+done
+
 ctl auth enable
-echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}"
+echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}, moor-edit-{${NAMESPACE_WRITERS:-}}"
 "#,
     );
     out
 }
+
+/// The kinds a namespace's edit identity writes (`NAMESPACE_WRITERS`): the requests a
+/// team makes in its namespace, each keyed namespace first so that one prefix grants
+/// one namespace. Claims, Mounts and Attachments are facts of the controller and the
+/// nodes (and node first): never granted.
+pub const NAMESPACE_EDIT: &[Kind] = &[
+    Kind::Volume,
+    Kind::Allocation,
+    Kind::Snapshot,
+    Kind::VolumeGroupSnapshot,
+    Kind::SnapshotSchedule,
+    Kind::Lease,
+];
 
 impl Roles {
     /// Prints the script.
@@ -203,6 +252,35 @@ mod tests {
                 !console.iter().any(|l| l.contains(never)),
                 "{never}: {console:#?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_namespace_writer_is_granted_its_namespace_s_requests_only() {
+        for kind in super::NAMESPACE_EDIT {
+            use moor::api::Spec;
+            let (namespaced, first) =
+                moor::with_spec!(*kind, S => (S::NAMESPACED, S::KEY_NAMESPACE_FIRST));
+            assert!(namespaced && first, "{kind}: not keyed namespace first");
+        }
+        let s = super::script();
+        let edit = s.split("for ns in ${NAMESPACE_WRITERS").nth(1).unwrap();
+        let edit = edit.split("ctl auth enable").next().unwrap();
+        for line in edit.lines().filter(|l| l.contains("readwrite")) {
+            assert!(
+                line.contains("$ns/\" --prefix"),
+                "not one namespace's: {line}"
+            );
+        }
+        for never in [
+            "claims/",
+            "mounts/",
+            "attachments/",
+            "owners/",
+            "leaders/",
+            "declarations/",
+        ] {
+            assert!(!edit.contains(never), "{never}: {edit}");
         }
     }
 

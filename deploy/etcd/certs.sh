@@ -6,7 +6,8 @@
 #   deploy/etcd/certs.sh DIR NODE...
 #
 # Writes DIR/ca.pem, DIR/server.pem (+ -key), and client certificates for root,
-# moor-controller, moor-console and moor-agent-NODE for each NODE. SERVER_SANS (default
+# moor-controller, moor-console and moor-agent-NODE for each NODE, and moor-edit-NS for
+# each namespace in NAMESPACE_WRITERS. SERVER_SANS (default
 # IP:127.0.0.1,DNS:localhost) names the server; add your hosts for a real cluster.
 set -euo pipefail
 DIR=${1:?directory}
@@ -32,7 +33,11 @@ issue server etcd "subjectAltName=$SANS
 basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth,clientAuth"
-for user in root moor-controller moor-console "${@/#/moor-agent-}"; do
+edit=()
+for ns in ${NAMESPACE_WRITERS:-}; do
+    edit+=("moor-edit-$ns")
+done
+for user in root moor-controller moor-console "${@/#/moor-agent-}" "${edit[@]}"; do
     issue "$user" "$user" "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"

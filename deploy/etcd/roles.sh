@@ -22,6 +22,9 @@
 #
 # CERTS holds certs.sh's output (root's certificate does the setup). Users have no
 # password: they authenticate by their certificate's CN (etcd --client-cert-auth).
+# NAMESPACE_WRITERS (namespaces) makes moor-edit-NS for each: read and write the
+# requests of namespace NS (volumes, allocations, snapshots, group snapshots, schedules,
+# leases; its Secrets of each plugin in SECRET_PLUGINS), nothing of another namespace.
 # PREFIX (default /moor/) must match moord's and moorctl's --prefix.
 set -euo pipefail
 : "${ENDPOINT:?}" "${CERTS:?}"
@@ -113,5 +116,32 @@ for node in ${VOLUME_PLUGINS:-}; do
     ctl role grant-permission "$user" read "${PREFIX}capacities/" --prefix
 done
 
+for ns in ${NAMESPACE_WRITERS:-}; do
+    user="moor-edit-$ns"
+    ctl user add "$user" --no-password
+    ctl role add "$user"
+    # The namespace's edit identity (a team's tooling, a scheduler of one namespace):
+    # the requests of its namespace, nothing of another's and no fact (statuses
+    # written by reconcilers in these keys are requests to moor: issue 77).
+    ctl role grant-permission "$user" readwrite "${PREFIX}volumes/$ns/" --prefix
+    ctl role grant-permission "$user" readwrite "${PREFIX}allocations/$ns/" --prefix
+    ctl role grant-permission "$user" readwrite "${PREFIX}snapshots/$ns/" --prefix
+    ctl role grant-permission "$user" readwrite "${PREFIX}groupsnapshots/$ns/" --prefix
+    ctl role grant-permission "$user" readwrite "${PREFIX}snapshotschedules/$ns/" --prefix
+    ctl role grant-permission "$user" readwrite "${PREFIX}leases/$ns/" --prefix
+    # Its Secrets, of the plugins named in SECRET_PLUGINS (keyed by plugin first).
+    for plugin in ${SECRET_PLUGINS:-}; do
+        ctl role grant-permission "$user" readwrite "${PREFIX}secrets/$plugin/$ns/" --prefix
+    done
+    # What its requests name or are placed by: classes, plugins, nodes, cordons.
+    ctl role grant-permission "$user" read "${PREFIX}volumeclasses/" --prefix
+    ctl role grant-permission "$user" read "${PREFIX}plugins/" --prefix
+    ctl role grant-permission "$user" read "${PREFIX}nodes/" --prefix
+    ctl role grant-permission "$user" read "${PREFIX}cordons/" --prefix
+    # The controller's events about its namespace.
+    ctl role grant-permission "$user" read "${PREFIX}events/controller/$ns/" --prefix
+    ctl user grant-role "$user" "$user"
+done
+
 ctl auth enable
-echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}"
+echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}, moor-edit-{${NAMESPACE_WRITERS:-}}"
