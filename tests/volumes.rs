@@ -2519,6 +2519,49 @@ async fn another_namespace_can_neither_register_use_nor_delete_a_volume_s_plugin
         about_ext("NodeStageVolume") + about_ext("NodePublishVolume"),
         0
     );
+
+    // (3) A clone in b of b's own volume whose status was forged to name v1's plugin
+    // volume: refused before CreateVolume (no CreateVolume names the clone).
+    let mut src = c.volume("src", AccessMode::SingleNodeWriter);
+    src.metadata.namespace = b.clone();
+    c.apply(src).await;
+    let src = Volume::key_for(&b, "src");
+    c.wait("b/src created", T, || async {
+        c.store
+            .get(&src)
+            .await
+            .is_ok_and(|v| v.status.provisioning.phase == VolumePhase::Ready)
+    })
+    .await;
+    c.store
+        .modify_status(&src, |_, st| {
+            st.provisioning.external_id = Some(ext.clone());
+            true
+        })
+        .await
+        .expect("forge b/src's status");
+    let mut clone = c.volume("clone", AccessMode::SingleNodeWriter);
+    clone.metadata.namespace = b.clone();
+    clone.spec.source = Some(VolumeSource::Volume(VolumeId::new("src").unwrap()));
+    let clone = c.apply(clone).await;
+    let clone_key = clone.object_key();
+    c.wait("b/clone refused", T, || async {
+        c.store.get(&clone_key).await.is_ok_and(|v| {
+            v.status
+                .provisioning
+                .meta
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("owned by another volume"))
+        })
+    })
+    .await;
+    let uid = clone.metadata.uid.to_string();
+    assert!(
+        !c.node("n1").calls().iter().any(|k| k.rpc == "CreateVolume"
+            && k.name.as_deref().is_some_and(|n| n.contains(&uid))),
+        "CreateVolume cloned v1's plugin volume into b"
+    );
     // v1 and its record are as they were.
     let v1_after = volume(&c, "v1").await;
     assert_eq!(v1_after.status.provisioning.phase, VolumePhase::Ready);

@@ -312,6 +312,12 @@ impl Provisioner {
             Source::Ready(source) => source,
             Source::Waiting(why) => return self.waiting_for_source(vol, why).await,
         };
+        // A clone's source is named by the source volume's status, which whoever
+        // writes that volume writes: cloned only from a plugin volume it owns.
+        if let Some(why) = self.source_not_owned(vol, source.as_ref()).await? {
+            let failed = step.fail(owners::owned_elsewhere("CreateVolume", &why));
+            return self.create_failed(vol, failed).await;
+        }
         let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
         let req = requests::create_volume(&for_call, source, self.ctx.multi_writer_cap())?;
         self.ctx

@@ -127,6 +127,40 @@ impl Provisioner {
         Ok(Err("owned by another volume".into()))
     }
 
+    /// Why a clone of `vol` may not be made from the plugin volume `source` names:
+    /// the source volume (in `vol`'s namespace) must own it by its record (or a volume
+    /// of its namespace must). `None` when it may, or when the source is no volume.
+    pub(super) async fn source_not_owned(
+        &self,
+        vol: &Volume,
+        source: Option<&requests::ContentSource>,
+    ) -> Result<Option<String>, ProvisionError> {
+        let (Some(VolumeSource::Volume(name)), Some(requests::ContentSource::Volume(id))) =
+            (&vol.spec.source, source)
+        else {
+            return Ok(None);
+        };
+        let Ok(ext) = ExternalVolumeId::new(id.clone()) else {
+            return Ok(Some("owned by no volume".into()));
+        };
+        let src = self
+            .ctx
+            .reads
+            .try_get(&Volume::key_for(&vol.metadata.namespace, name))
+            .await
+            .map_err(crate::agent::step_error::StepError::from)?;
+        let Some(src) = src else {
+            return Ok(Some(format!(
+                "named by source volume {name}, which is gone"
+            )));
+        };
+        Ok(match self.owner(&src, &ext).await?.0 {
+            Owner::Mine | Owner::Sibling => None,
+            Owner::Another(why) => Some(why),
+            Owner::Nobody => Some("owned by no volume (no ownership record names it)".into()),
+        })
+    }
+
     /// Removes `vol`'s record of `ext` once the plugin volume is deleted or left to
     /// the storage (`on_delete: retain`, registered again later by anyone); another
     /// volume's record stays.
