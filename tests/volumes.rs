@@ -2562,6 +2562,107 @@ async fn another_namespace_can_neither_register_use_nor_delete_a_volume_s_plugin
             && k.name.as_deref().is_some_and(|n| n.contains(&uid))),
         "CreateVolume cloned v1's plugin volume into b"
     );
+    // (4) Snapshots: default/s1 of v1 owns its plugin snapshot. b's own snapshot,
+    // its status forged to name s1's id, is deleted without DeleteSnapshot of it; a
+    // restore in b from s1's id as an external snapshot id is refused before
+    // CreateVolume; a snapshot in b of b/src (its status naming v1's plugin volume)
+    // is refused before CreateSnapshot.
+    let snapshot = |ns: &Namespace, name: &str, volume: &str| {
+        Snapshot::new(
+            ns,
+            Name::new(name).unwrap(),
+            SnapshotSpec {
+                volume: VolumeId::new(volume).unwrap(),
+                ..Default::default()
+            },
+        )
+    };
+    let ready = |key: ObjectKey<SnapshotSpec>| {
+        let store = c.store.clone();
+        async move {
+            store.get(&key).await.is_ok_and(|s| {
+                s.status.phase == SnapshotPhase::Ready && s.status.snapshot_id.is_some()
+            })
+        }
+    };
+    let s1 = c
+        .apply(snapshot(&Namespace::default_ns(), "s1", "v1"))
+        .await
+        .object_key();
+    c.wait("default/s1 cut", T, || ready(s1.clone())).await;
+    let s1_id = c.store.get(&s1).await.unwrap().status.snapshot_id.unwrap();
+    let mut own = c.volume("own", AccessMode::SingleNodeWriter);
+    own.metadata.namespace = b.clone();
+    c.apply(own).await;
+    let bs = c.apply(snapshot(&b, "bs", "own")).await.object_key();
+    c.wait("b/bs cut", T, || ready(bs.clone())).await;
+    c.store
+        .modify_status(&bs, |_, st| {
+            st.snapshot_id = Some(s1_id.clone());
+            true
+        })
+        .await
+        .expect("forge b/bs's status");
+    c.store.delete(&bs, None).await.expect("delete b/bs");
+    c.wait("b/bs gone", T, || async {
+        c.store.try_get(&bs).await.ok().flatten().is_none()
+    })
+    .await;
+    let about_s1 = |rpc: &str| {
+        c.node("n1")
+            .calls()
+            .iter()
+            .filter(|k| k.rpc == rpc && k.snapshot_id.as_deref() == Some(s1_id.as_str()))
+            .count()
+    };
+    assert_eq!(
+        about_s1("DeleteSnapshot"),
+        0,
+        "b deleted default/s1's snapshot"
+    );
+    let mut restored = c.volume("restored", AccessMode::SingleNodeWriter);
+    restored.metadata.namespace = b.clone();
+    restored.spec.source = Some(VolumeSource::ExternalSnapshotId(s1_id.clone()));
+    let restored = c.apply(restored).await;
+    let restored_key = restored.object_key();
+    c.wait("b/restored refused", T, || async {
+        c.store.get(&restored_key).await.is_ok_and(|v| {
+            v.status
+                .provisioning
+                .meta
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("owned by another snapshot"))
+        })
+    })
+    .await;
+    let uid = restored.metadata.uid.to_string();
+    assert!(
+        !c.node("n1").calls().iter().any(|k| k.rpc == "CreateVolume"
+            && k.name.as_deref().is_some_and(|n| n.contains(&uid))),
+        "CreateVolume restored default/s1 into b"
+    );
+    let from_src = c.apply(snapshot(&b, "from-src", "src")).await;
+    let from_src_key = from_src.object_key();
+    c.wait("b/from-src refused", T, || async {
+        c.store.get(&from_src_key).await.is_ok_and(|s| {
+            s.status
+                .meta
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("owned by another volume"))
+        })
+    })
+    .await;
+    let uid = from_src.metadata.uid.to_string();
+    assert!(
+        !c.node("n1")
+            .calls()
+            .iter()
+            .any(|k| k.rpc == "CreateSnapshot"
+                && k.name.as_deref().is_some_and(|n| n.contains(&uid))),
+        "CreateSnapshot of v1's plugin volume for b"
+    );
     // v1 and its record are as they were.
     let v1_after = volume(&c, "v1").await;
     assert_eq!(v1_after.status.provisioning.phase, VolumePhase::Ready);

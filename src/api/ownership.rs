@@ -28,6 +28,8 @@ pub enum OwnedResource {
     /// A volume (CreateVolume's `volume_id`, or a registered volume's id).
     #[default]
     Volume,
+    /// A snapshot (CreateSnapshot's `snapshot_id`, or an imported snapshot's id).
+    Snapshot,
 }
 
 impl OwnedResource {
@@ -35,6 +37,7 @@ impl OwnedResource {
     pub fn as_str(self) -> &'static str {
         match self {
             OwnedResource::Volume => "volume",
+            OwnedResource::Snapshot => "snapshot",
         }
     }
 }
@@ -97,8 +100,8 @@ impl Spec for OwnershipSpec {
 
     fn validate(&self, errors: &mut ValidationErrors) {
         errors.check_id("plugin_id", self.plugin_id.validate());
-        if let Err(e) = ExternalVolumeId::new(self.external_id.clone()) {
-            errors.push("external_id", e.to_string());
+        if self.external_id.is_empty() || self.external_id.len() > 1024 {
+            errors.push("external_id", "must be 1 to 1024 bytes");
         }
     }
 }
@@ -119,22 +122,24 @@ pub fn ownership_name(resource: OwnedResource, id: &str) -> Name {
     Name::new(name).expect("a resource word and hex digits make a valid name")
 }
 
-/// Whether a record names `volume` as the owner (namespace, name and uid).
-pub fn owned_by(record: &Ownership, volume: &Volume) -> bool {
+/// Whether a record names `object` (a Volume, or a Snapshot) as the owner
+/// (namespace, name and uid).
+pub fn owned_by<S: Spec>(record: &Ownership, object: &Object<S>) -> bool {
     let o = &record.spec.owner;
-    o.namespace == volume.metadata.namespace
-        && o.name == volume.metadata.name
-        && o.uid == volume.metadata.uid
+    o.namespace == object.metadata.namespace
+        && o.name == object.metadata.name
+        && o.uid == object.metadata.uid
 }
 
 /// What a reader of `volume`'s namespace may be told about the owner of an id it
 /// asked for: the owner's name when it is in the same namespace, else only that it
 /// is another volume's.
 pub fn owner_for(record: &Ownership, namespace: &Namespace) -> String {
+    let what = record.spec.resource.as_str();
     if &record.spec.owner.namespace == namespace {
-        format!("owned by volume {}", record.spec.owner.name)
+        format!("owned by {what} {}", record.spec.owner.name)
     } else {
-        "owned by another volume".to_string()
+        format!("owned by another {what}")
     }
 }
 
@@ -178,17 +183,32 @@ impl Ownership {
 
     /// The record saying `volume` owns its plugin's volume `id`.
     pub fn of_volume(volume: &Volume, id: &ExternalVolumeId) -> Ownership {
+        Ownership::of(
+            &volume.spec.plugin_id,
+            OwnedResource::Volume,
+            id.as_str(),
+            volume,
+        )
+    }
+
+    /// The record saying `owner` owns plugin `plugin`'s `resource` `id`.
+    pub fn of<S: Spec>(
+        plugin: &PluginId,
+        resource: OwnedResource,
+        id: &str,
+        owner: &Object<S>,
+    ) -> Ownership {
         Ownership::new(
             &Namespace::default(),
-            ownership_name(OwnedResource::Volume, id.as_str()),
+            ownership_name(resource, id),
             OwnershipSpec {
-                plugin_id: volume.spec.plugin_id.clone(),
-                resource: OwnedResource::Volume,
+                plugin_id: plugin.clone(),
+                resource,
                 external_id: id.to_string(),
                 owner: OwnerRef {
-                    namespace: volume.metadata.namespace.clone(),
-                    name: volume.metadata.name.clone(),
-                    uid: volume.metadata.uid.clone(),
+                    namespace: owner.metadata.namespace.clone(),
+                    name: owner.metadata.name.clone(),
+                    uid: owner.metadata.uid.clone(),
                 },
             },
         )

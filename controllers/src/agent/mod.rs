@@ -27,6 +27,7 @@
 //! - [`config`]: a `--plugin` option, parsed.
 //! - [`context`]: what the executors of a led controller plugin share.
 //! - [`step_error`]: what their passes fail with.
+//! - [`owners`]: the ownership records of a led plugin's ids (issue 77).
 
 pub mod attacher;
 pub mod config;
@@ -36,6 +37,7 @@ pub mod contract;
 mod executor_tests;
 pub mod group_snapshotter;
 pub mod node;
+pub mod owners;
 pub mod plugins;
 pub mod provisioner;
 pub mod snapshotter;

@@ -18,6 +18,13 @@
 //!    plugin does not list, or a snapshot of another volume than `spec.volume`'s, is
 //!    Failed with the reason (looked at again on the step's schedule). Deleted: no
 //!    DeleteSnapshot (moor did not make it), only the finalizer goes.
+//! 7. Owned ids ([`Ownership`], issue 77): the id a CreateSnapshot or an import
+//!    answers is recorded as this snapshot's if no snapshot of another namespace has
+//!    it; an import of, a CreateSnapshot from, or a DeleteSnapshot of an id another
+//!    namespace's object owns is refused before any call about it (the snapshot's
+//!    `status.snapshot_id` and `status.source_volume_id` are in the key its writer
+//!    writes). An id without a record is taken as before (group members, records
+//!    older than the owners).
 
 use moor::api::*;
 use moor::csi::policy::{Class, CsiError};
@@ -30,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+use super::owners::Owner;
 use super::volume_view::VolumeView;
 use crate::agent::context::ControllerPluginCtx;
 use crate::common::{details, object_ref};
@@ -256,6 +264,15 @@ impl Snapshotter {
         const STEP: &str = "CreateSnapshot";
         let key = snap.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(snap))?;
+        // The source is the volume's (or the recorded) plugin volume: never another
+        // namespace's.
+        if let (Owner::Another(why), _) =
+            self.ctx.owner(OwnedResource::Volume, &source, snap).await?
+        {
+            return self
+                .failed(snap, step.fail(owned_elsewhere(STEP, &why)))
+                .await;
+        }
         let first = snap.status.source_volume_id.is_none();
         if first {
             // In doubt from here on: a deletion asks again before DeleteSnapshot.
@@ -340,6 +357,12 @@ impl Snapshotter {
         const STEP: &str = "ListSnapshots";
         let key = snap.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(snap))?;
+        if let (Owner::Another(why), _) = self.ctx.owner(OwnedResource::Snapshot, &id, snap).await?
+        {
+            return self
+                .failed(snap, step.fail(owned_elsewhere(STEP, &why)))
+                .await;
+        }
         let (s, v) = self.for_calls(snap, volume).await?;
         let req = requests::list_snapshot(&s, v.as_deref(), &id)?;
         let source = volume.and_then(|v| v.status.provisioning.external_id.clone());
@@ -386,6 +409,20 @@ impl Snapshotter {
             Ok(cut) => cut,
             Err(failed) => return self.failed(snap, failed).await,
         };
+        // This snapshot's id from now on, unless a snapshot of another namespace has
+        // it (a copied uid names CreateSnapshot as it names theirs).
+        if let Err(why) = self
+            .ctx
+            .take_ownership(OwnedResource::Snapshot, &cut.snapshot_id, snap)
+            .await?
+        {
+            let failed = self
+                .ctx
+                .steps
+                .begin(&snap.key(), step, self.inputs(snap))?
+                .fail(owned_elsewhere(step, &why));
+            return self.failed(snap, failed).await;
+        }
         let ready = cut.ready_to_use;
         let generation = snap.metadata.generation;
         let plugin = &self.ctx.plugin.id;
@@ -465,19 +502,36 @@ impl Snapshotter {
                     Err(e) => return self.failed(snap, step.fail(e)).await,
                 }
             }
-            if let Some(id) = id {
-                let (s, v) = self.for_calls(snap, volume).await?;
-                let req = requests::delete_snapshot(&s, v.as_deref(), &id)?;
-                if let Err(failed) = step.call(csi.delete_snapshot(req)).await {
-                    return self.failed(snap, failed).await;
+            let owner = match &id {
+                Some(id) => self.ctx.owner(OwnedResource::Snapshot, id, snap).await?.0,
+                None => Owner::Nobody,
+            };
+            match (id, owner) {
+                (Some(_), Owner::Another(why)) => {
+                    self.not_deleted(snap, &why).await;
                 }
-                self.event(
-                    snap,
-                    "Snapshot deleted",
-                    EventType::Normal,
-                    format!("{id} deleted"),
-                )
-                .await;
+                (Some(_), Owner::Sibling) => {
+                    self.not_deleted(snap, "owned by another snapshot of this namespace")
+                        .await;
+                }
+                (Some(id), _) => {
+                    let (s, v) = self.for_calls(snap, volume).await?;
+                    let req = requests::delete_snapshot(&s, v.as_deref(), &id)?;
+                    if let Err(failed) = step.call(csi.delete_snapshot(req)).await {
+                        return self.failed(snap, failed).await;
+                    }
+                    self.ctx
+                        .drop_ownership(OwnedResource::Snapshot, &id, snap)
+                        .await?;
+                    self.event(
+                        snap,
+                        "Snapshot deleted",
+                        EventType::Normal,
+                        format!("{id} deleted"),
+                    )
+                    .await;
+                }
+                (None, _) => {}
             }
             self.ctx.steps.forget(&key);
         }
@@ -486,6 +540,18 @@ impl Snapshotter {
             .remove_finalizer(&snap.object_key(), FINALIZER)
             .await?;
         Ok(Action::AwaitChange)
+    }
+
+    /// A snapshot whose plugin id another object owns (`why`): deleted from moor with
+    /// no call about the id, said in a Warning.
+    async fn not_deleted(&self, snap: &Snapshot, why: &str) {
+        self.event(
+            snap,
+            "Snapshot not deleted from the plugin",
+            EventType::Warning,
+            format!("the plugin snapshot its status names is {why}: no DeleteSnapshot; only the snapshot is deleted"),
+        )
+        .await;
     }
 
     /// A failed step: its failure and the retry on the status, a Warning; a final
@@ -540,6 +606,17 @@ impl Snapshotter {
 }
 
 /// The snapshot an answer of `rpc` names; one without an id is an error.
+/// A final answer for a step refused because an object of another namespace owns the
+/// id it is about (`why`, [`owner_for`]).
+fn owned_elsewhere(rpc: &'static str, why: &str) -> CsiError {
+    CsiError {
+        rpc,
+        code: tonic::Code::AlreadyExists,
+        message: format!("the plugin's id is {why}: this snapshot may not use it"),
+        tries: 0,
+    }
+}
+
 fn cut(rpc: &'static str, snapshot: Option<v1::Snapshot>) -> Result<v1::Snapshot, CsiError> {
     snapshot
         .filter(|s| !s.snapshot_id.is_empty())

@@ -13,19 +13,7 @@
 
 use super::*;
 
-/// What a record says of a volume and a plugin volume.
-#[derive(Debug)]
-pub(super) enum Owner {
-    /// The volume owns it.
-    Mine,
-    /// Another volume of the same namespace owns it: the volume may be registered
-    /// and used on it (whoever writes one writes both), never delete it.
-    Sibling,
-    /// Another volume does (what the volume's namespace may be told of it).
-    Another(String),
-    /// Nobody does.
-    Nobody,
-}
+pub(super) use crate::agent::owners::Owner;
 
 /// A CSI-shaped final answer for a step refused because another volume owns the
 /// plugin volume (`why`, [`owner_for`]): the step's schedule records it as a final
@@ -40,91 +28,29 @@ pub(super) fn owned_elsewhere(rpc: &'static str, why: &str) -> CsiError {
 }
 
 impl Provisioner {
-    /// The record of plugin volume `ext`, read from the store (a destructive step
-    /// decides on it, not on a cache).
-    async fn record(&self, ext: &ExternalVolumeId) -> Result<Option<Ownership>, ProvisionError> {
-        let key = Ownership::key_for(&self.ctx.plugin.id, OwnedResource::Volume, ext.as_str());
-        Ok(self
-            .ctx
-            .reads
-            .try_get(&key)
-            .await
-            .map_err(crate::agent::step_error::StepError::from)?)
-    }
-
-    /// Whether the volume a record names is gone (deleted, or made again under the
-    /// same name): then the record is stale (a registered volume's, which has no
-    /// finalizer to remove it).
-    async fn stale(&self, rec: &Ownership) -> Result<bool, ProvisionError> {
-        let o = &rec.spec.owner;
-        let key = Volume::key_for(&o.namespace, &o.name);
-        let owner = self
-            .ctx
-            .reads
-            .try_get(&key)
-            .await
-            .map_err(crate::agent::step_error::StepError::from)?;
-        Ok(owner.is_none_or(|v| v.metadata.uid != o.uid))
-    }
-
-    /// What the record of `ext` says of `vol`; a record whose volume is gone counts
-    /// as nobody's.
+    /// What the record of plugin volume `ext` says of `vol`, and the record.
     pub(super) async fn owner(
         &self,
         vol: &Volume,
         ext: &ExternalVolumeId,
     ) -> Result<(Owner, Option<Ownership>), ProvisionError> {
-        let Some(rec) = self.record(ext).await? else {
-            return Ok((Owner::Nobody, None));
-        };
-        if owned_by(&rec, vol) {
-            return Ok((Owner::Mine, Some(rec)));
-        }
-        if self.stale(&rec).await? {
-            return Ok((Owner::Nobody, Some(rec)));
-        }
-        if rec.spec.owner.namespace == vol.metadata.namespace {
-            return Ok((Owner::Sibling, Some(rec)));
-        }
-        let why = owner_for(&rec, &vol.metadata.namespace);
-        Ok((Owner::Another(why), Some(rec)))
+        Ok(self
+            .ctx
+            .owner(OwnedResource::Volume, ext.as_str(), vol)
+            .await?)
     }
 
-    /// Records that `vol` owns `ext` unless another volume does: `Ok(Err(why))` when
-    /// that volume is in another namespace; `Ok(Ok(()))` and the record left as it is
-    /// when it is in the same one. A stale record is replaced (guarded by its
-    /// revision).
+    /// Records that `vol` owns `ext` unless a volume of another namespace does:
+    /// `Ok(Err(why))` then.
     pub(super) async fn take_ownership(
         &self,
         vol: &Volume,
         ext: &ExternalVolumeId,
     ) -> Result<Result<(), String>, ProvisionError> {
-        for _ in 0..3 {
-            let (owner, rec) = self.owner(vol, ext).await?;
-            match owner {
-                Owner::Mine | Owner::Sibling => return Ok(Ok(())),
-                Owner::Another(why) => return Ok(Err(why)),
-                Owner::Nobody => {}
-            }
-            if let Some(stale) = rec {
-                match self.ctx.writer.delete_read(&stale).await {
-                    Ok(_) | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
-                    Err(e) => return Err(crate::agent::step_error::StepError::from(e).into()),
-                }
-            }
-            match self
-                .ctx
-                .writer
-                .create(&Ownership::of_volume(vol, ext))
-                .await
-            {
-                Ok(_) => return Ok(Ok(())),
-                // Another writer's record came first: read it again.
-                Err(StoreError::AlreadyExists { .. }) => continue,
-                Err(e) => return Err(crate::agent::step_error::StepError::from(e).into()),
-            }
-        }
-        Ok(Err("owned by another volume".into()))
+        Ok(self
+            .ctx
+            .take_ownership(OwnedResource::Volume, ext.as_str(), vol)
+            .await?)
     }
 
     /// Why a clone of `vol` may not be made from the plugin volume `source` names:
@@ -135,6 +61,16 @@ impl Provisioner {
         vol: &Volume,
         source: Option<&requests::ContentSource>,
     ) -> Result<Option<String>, ProvisionError> {
+        // A restore: never from a snapshot id another namespace's snapshot owns (the
+        // source snapshot's status, or an external id, is its writer's word).
+        if let Some(requests::ContentSource::Snapshot(id)) = source {
+            return Ok(
+                match self.ctx.owner(OwnedResource::Snapshot, id, vol).await?.0 {
+                    Owner::Another(why) => Some(why),
+                    _ => None,
+                },
+            );
+        }
         let (Some(VolumeSource::Volume(name)), Some(requests::ContentSource::Volume(id))) =
             (&vol.spec.source, source)
         else {
@@ -162,20 +98,16 @@ impl Provisioner {
     }
 
     /// Removes `vol`'s record of `ext` once the plugin volume is deleted or left to
-    /// the storage (`on_delete: retain`, registered again later by anyone); another
-    /// volume's record stays.
+    /// the storage; another volume's record stays.
     pub(super) async fn drop_ownership(
         &self,
         vol: &Volume,
         ext: &ExternalVolumeId,
     ) -> Result<(), ProvisionError> {
-        if let Some(rec) = self.record(ext).await?.filter(|r| owned_by(r, vol)) {
-            match self.ctx.writer.delete_read(&rec).await {
-                Ok(_) | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
-                Err(e) => return Err(crate::agent::step_error::StepError::from(e).into()),
-            }
-        }
-        Ok(())
+        Ok(self
+            .ctx
+            .drop_ownership(OwnedResource::Volume, ext.as_str(), vol)
+            .await?)
     }
 
     /// The upgrade's records, once per plugin: every Ready volume of the plugin that
@@ -225,6 +157,31 @@ impl Provisioner {
                         ),
                     )
                     .await;
+                }
+            }
+        }
+        // The plugin's snapshots likewise (their snapshotter runs beside).
+        let snapshots = self
+            .ctx
+            .reads
+            .list(&KeyScope::<SnapshotSpec>::all())
+            .await
+            .map_err(crate::agent::step_error::StepError::from)?;
+        for snap in snapshots.items.iter().filter(|s| {
+            s.status.plugin_id.as_ref() == Some(&self.ctx.plugin.id)
+                && s.status.phase == SnapshotPhase::Ready
+        }) {
+            let Some(id) = &snap.status.snapshot_id else {
+                continue;
+            };
+            match self
+                .ctx
+                .take_ownership(OwnedResource::Snapshot, id, snap)
+                .await?
+            {
+                Ok(()) => made += 1,
+                Err(why) => {
+                    tracing::warn!(snapshot = %snap.key(), %why, "snapshot ownership refused at upgrade")
                 }
             }
         }

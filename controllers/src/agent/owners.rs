@@ -1,0 +1,138 @@
+//! The ownership records of one plugin's ids ([`Ownership`], issue 77), as the agent
+//! leading the plugin reads and writes them: its provisioner for volumes, its
+//! snapshotter for snapshots. A record is made if absent when the id is first learned
+//! (of two objects naming one id, the first recorded keeps it), read from the store
+//! (not a cache) before a step that acts on the id, and removed once the id is gone.
+
+use moor::api::*;
+use moor::store::StoreError;
+
+use super::context::ControllerPluginCtx;
+
+/// What a record says of an object and an id.
+#[derive(Debug)]
+pub enum Owner {
+    /// The object owns it.
+    Mine,
+    /// Another object of the same namespace owns it: the object may use it (whoever
+    /// writes one writes both), never delete it.
+    Sibling,
+    /// An object of another namespace owns it (what the object's namespace may be
+    /// told of it).
+    Another(String),
+    /// Nobody does (no record, or one whose object is gone).
+    Nobody,
+}
+
+impl ControllerPluginCtx {
+    /// The record of `resource` `id` of this plugin, read from the store.
+    async fn ownership(
+        &self,
+        resource: OwnedResource,
+        id: &str,
+    ) -> Result<Option<Ownership>, StoreError> {
+        self.reads
+            .try_get(&Ownership::key_for(&self.plugin.id, resource, id))
+            .await
+    }
+
+    /// Whether the object a record names is gone (deleted, or made again under the
+    /// same name): then the record is stale.
+    async fn stale(&self, rec: &Ownership) -> Result<bool, StoreError> {
+        let o = &rec.spec.owner;
+        let uid = match rec.spec.resource {
+            OwnedResource::Volume => self
+                .reads
+                .try_get(&Volume::key_for(&o.namespace, &o.name))
+                .await?
+                .map(|v| v.metadata.uid),
+            OwnedResource::Snapshot => self
+                .reads
+                .try_get(&Snapshot::key_for(&o.namespace, &o.name))
+                .await?
+                .map(|s| s.metadata.uid),
+        };
+        Ok(uid.is_none_or(|uid| uid != o.uid))
+    }
+
+    /// What the record of `resource` `id` says of `object`, and the record.
+    pub async fn owner<S: Spec>(
+        &self,
+        resource: OwnedResource,
+        id: &str,
+        object: &Object<S>,
+    ) -> Result<(Owner, Option<Ownership>), StoreError> {
+        let Some(rec) = self.ownership(resource, id).await? else {
+            return Ok((Owner::Nobody, None));
+        };
+        if owned_by(&rec, object) {
+            return Ok((Owner::Mine, Some(rec)));
+        }
+        if self.stale(&rec).await? {
+            return Ok((Owner::Nobody, Some(rec)));
+        }
+        if rec.spec.owner.namespace == object.metadata.namespace {
+            return Ok((Owner::Sibling, Some(rec)));
+        }
+        let why = owner_for(&rec, &object.metadata.namespace);
+        Ok((Owner::Another(why), Some(rec)))
+    }
+
+    /// Records that `object` owns `resource` `id` unless an object of another
+    /// namespace does (`Ok(Err(why))`); a record of its own namespace's is left as it
+    /// is. A stale record is replaced (guarded by its revision).
+    pub async fn take_ownership<S: Spec>(
+        &self,
+        resource: OwnedResource,
+        id: &str,
+        object: &Object<S>,
+    ) -> Result<Result<(), String>, StoreError> {
+        for _ in 0..3 {
+            let (owner, rec) = self.owner(resource, id, object).await?;
+            match owner {
+                Owner::Mine | Owner::Sibling => return Ok(Ok(())),
+                Owner::Another(why) => return Ok(Err(why)),
+                Owner::Nobody => {}
+            }
+            if let Some(stale) = rec {
+                match self.writer.delete_read(&stale).await {
+                    Ok(_) | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let plugin = &self.plugin.id;
+            match self
+                .writer
+                .create(&Ownership::of(plugin, resource, id, object))
+                .await
+            {
+                Ok(_) => return Ok(Ok(())),
+                // Another writer's record came first: read it again.
+                Err(StoreError::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Err(format!("owned by another {}", resource.as_str())))
+    }
+
+    /// Removes `object`'s record of `resource` `id` once the id is gone (or left to
+    /// the storage); another object's record stays.
+    pub async fn drop_ownership<S: Spec>(
+        &self,
+        resource: OwnedResource,
+        id: &str,
+        object: &Object<S>,
+    ) -> Result<(), StoreError> {
+        if let Some(rec) = self
+            .ownership(resource, id)
+            .await?
+            .filter(|r| owned_by(r, object))
+        {
+            match self.writer.delete_read(&rec).await {
+                Ok(_) | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
