@@ -174,3 +174,69 @@ async fn backup_check_reads_a_snapshot_and_refuses_a_bad_file_or_a_wrong_key() {
         "a temporary etcd's directory was left behind"
     );
 }
+
+/// Issue 77, item 6: `moord backup check` of a snapshot of a cluster with
+/// authentication on failed after 30 s ("user name is empty"), and with it off said "0
+/// in clear" while the snapshot's history held a secret in clear. The temporary etcd
+/// now serves TLS and the check connects as root by its certificate's CN; the
+/// revisions the snapshot keeps are read too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backup_check_reads_a_snapshot_with_auth_on_and_counts_secrets_in_its_history() {
+    common::need("etcdctl");
+    common::need("openssl");
+    let etcd = Etcd::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let store = etcd.store("/moor/").await;
+    // A secret in clear, then removed: the current state has none, the history one.
+    let h1 = store.create(&with_secret("h1")).await.unwrap();
+    store
+        .modify_spec(&h1.object_key(), |s| {
+            s.secrets = Default::default();
+            true
+        })
+        .await
+        .unwrap();
+    let ctl = |args: &[&str]| {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", etcd.client_url))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+    };
+    ctl(&["user", "add", "root:pw", "--interactive=false"]);
+    ctl(&["auth", "enable"]);
+    let snap = tmp.path().join("auth.db");
+    ctl(&[
+        "--user",
+        "root:pw",
+        "snapshot",
+        "save",
+        snap.to_str().unwrap(),
+    ]);
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let (code, out, err) = check(&scratch, &[snap.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let volumes = out.lines().find(|l| l.starts_with("Volume ")).unwrap();
+    assert_eq!(
+        volumes.split_whitespace().collect::<Vec<_>>(),
+        ["Volume", "1", "objects", "0", "malformed"],
+        "{out}"
+    );
+    assert!(out.contains("secrets: 0 in clear"), "{out}");
+    assert!(
+        out.contains("history: 1 value(s) with secrets in clear"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("s3cret") && !err.contains("s3cret"),
+        "a secret printed"
+    );
+    assert_eq!(
+        scratch_dirs(&scratch),
+        0,
+        "the temporary etcd's directory is left"
+    );
+}

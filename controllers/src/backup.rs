@@ -6,12 +6,19 @@
 //!    it cannot read (truncated, not a snapshot) is refused here with etcdctl's reason.
 //! 2. The snapshot is restored into a temporary directory (`etcdctl snapshot
 //!    restore`) and served by a temporary `etcd` on free loopback ports: nothing in
-//!    Rust reads etcd's database format, and the live cluster is never touched.
+//!    Rust reads etcd's database format, and the live cluster is never touched. It
+//!    serves TLS with client certificates from a throwaway CA (openssl), and the check
+//!    connects with one whose CN is `root`: a snapshot of a cluster with
+//!    authentication on (roles.sh) keeps it on, and etcd takes a client
+//!    certificate's CN as the user.
 //! 3. Every kind is listed through the store as the processes would read it: objects
 //!    and malformed values per kind, and each object's secrets: in clear, sealed with a
 //!    key the given key file holds, or sealed with one it does not (those would stay
 //!    unreadable after a restore).
-//! 4. The temporary etcd is stopped and its directory removed.
+//! 4. The history the snapshot keeps (every revision since its last compaction) is
+//!    read through a watch from the oldest kept revision: a secret written in clear and
+//!    sealed or removed since is still in the file, and is counted.
+//! 5. The temporary etcd is stopped and its directory removed.
 //!
 //! Exit code 0 when every value reads and every sealed secret opens with the key file
 //! given (or none was given); 1 otherwise; 2 when the file is not a snapshot.
@@ -144,10 +151,21 @@ async fn serve(file: &Path) -> anyhow::Result<Scratch> {
         peer_url.as_ref(),
     ])
     .context("restoring the snapshot into a temporary directory")?;
-    let url = format!("http://127.0.0.1:{client}");
+    throwaway_tls(&dir)?;
+    let url = format!("https://127.0.0.1:{client}");
     let log = std::fs::File::create(dir.join("etcd.log"))?;
     let child = Command::new("etcd")
         .arg("--name=check")
+        .arg(format!("--cert-file={}", dir.join("server.pem").display()))
+        .arg(format!(
+            "--key-file={}",
+            dir.join("server-key.pem").display()
+        ))
+        .arg(format!(
+            "--trusted-ca-file={}",
+            dir.join("ca.pem").display()
+        ))
+        .arg("--client-cert-auth")
         .arg(format!("--data-dir={}", data.display()))
         .arg(format!("--listen-client-urls={url}"))
         .arg(format!("--advertise-client-urls={url}"))
@@ -161,6 +179,148 @@ async fn serve(file: &Path) -> anyhow::Result<Scratch> {
     scratch.child = Some(child);
     scratch.url = url;
     Ok(scratch)
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate with CN `root`,
+/// in `dir`, for the temporary etcd alone (removed with it).
+fn throwaway_tls(dir: &Path) -> anyhow::Result<()> {
+    let openssl = |args: &[&str]| -> anyhow::Result<()> {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .context("running openssl (Debian: apt-get install openssl)")?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "openssl {}: {}",
+                args.first().unwrap_or(&""),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    };
+    let days = "2";
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca.pem",
+        "-days",
+        days,
+        "-subj",
+        "/CN=moord-backup-check",
+    ])?;
+    for (name, cn, usage) in [
+        (
+            "server",
+            "etcd",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+        ),
+        ("root", "root", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        let (key, csr, ext, cert) = (
+            format!("{name}-key.pem"),
+            format!("{name}.csr"),
+            format!("{name}.ext"),
+            format!("{name}.pem"),
+        );
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={cn}"),
+        ])?;
+        std::fs::write(dir.join(&ext), usage.replace("\\n", "\n"))?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            days,
+            "-extfile",
+            &ext,
+        ])?;
+    }
+    Ok(())
+}
+
+/// The values in the snapshot's history (every revision it keeps) below `prefix`
+/// holding secrets in clear: a field named `secrets` or `*_secrets` that is a
+/// non-empty map (sealed ones are strings). Read through a watch of every key from the
+/// oldest kept revision: each revision up to `current` is a change of some key, so the
+/// replay ends with an event at `current`.
+async fn history_in_clear(
+    client: &mut etcd_client::Client,
+    prefix: &str,
+    current: i64,
+) -> anyhow::Result<usize> {
+    fn plain(v: &serde_json::Value) -> usize {
+        match v {
+            serde_json::Value::Object(map) => map
+                .iter()
+                .map(|(k, v)| {
+                    let named = k == "secrets" || k.ends_with("_secrets");
+                    if named && v.as_object().is_some_and(|m| !m.is_empty()) {
+                        1
+                    } else {
+                        plain(v)
+                    }
+                })
+                .sum(),
+            serde_json::Value::Array(items) => items.iter().map(plain).sum(),
+            _ => 0,
+        }
+    }
+    let mut start = 1;
+    'replay: loop {
+        let opts = etcd_client::WatchOptions::new()
+            .with_from_key()
+            .with_start_revision(start);
+        let mut stream = client.watch(vec![0u8], Some(opts)).await?;
+        let mut found = 0;
+        let mut seen = 0;
+        while seen < current {
+            let Some(resp) = stream.message().await? else {
+                anyhow::bail!("the temporary etcd ended the history's watch");
+            };
+            if resp.compact_revision() > start {
+                // Older revisions are gone from the file: from the oldest kept.
+                start = resp.compact_revision();
+                continue 'replay;
+            }
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                seen = seen.max(kv.mod_revision());
+                if ev.event_type() == etcd_client::EventType::Put
+                    && kv.key().starts_with(prefix.as_bytes())
+                {
+                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(kv.value()) {
+                        found += plain(&v);
+                    }
+                }
+            }
+        }
+        return Ok(found);
+    }
 }
 
 /// Lists kind `S` (`moord check`'s audit) and adds its objects' secrets to `secrets`.
@@ -222,9 +382,20 @@ impl BackupCheck {
             status.total_size
         );
         let scratch = serve(&self.file).await?;
-        let client = etcd_client::Client::connect([scratch.url.as_str()], None)
-            .await
-            .context("connecting to the temporary etcd")?;
+        let read = |f: &str| std::fs::read(scratch.dir.join(f));
+        let tls = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read("ca.pem")?))
+            .identity(etcd_client::Identity::from_pem(
+                read("root.pem")?,
+                read("root-key.pem")?,
+            ));
+        let client = etcd_client::Client::connect(
+            [scratch.url.as_str()],
+            Some(etcd_client::ConnectOptions::new().with_tls(tls)),
+        )
+        .await
+        .context("connecting to the temporary etcd")?;
+        let mut history = client.clone();
         let mut store = Store::new(client, &self.prefix);
         if let Some(k) = keyring {
             store = store.with_keyring(k);
@@ -258,6 +429,22 @@ impl BackupCheck {
             } else {
                 format!(" ({})", ids(&secrets.unheld))
             },
+        );
+        let in_history = tokio::time::timeout(
+            Duration::from_secs(60),
+            history_in_clear(&mut history, &self.prefix, status.revision),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("reading the snapshot's history took over 60 s"))?
+        .context("reading the snapshot's history")?;
+        let now_plain = secrets.plain;
+        println!(
+            "history: {in_history} value(s) with secrets in clear in the revisions the snapshot keeps{}",
+            if in_history > now_plain {
+                " (more than now: a secret sealed or removed since is still in the file; compact and defragment before sharing it)"
+            } else {
+                ""
+            }
         );
         if secrets.sealed_unheld > 0 {
             match &self.encryption_key_file {
