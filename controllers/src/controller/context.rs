@@ -137,6 +137,8 @@ impl Ctx {
         self.cordons.wait_until_ready().await;
         self.classes.wait_until_ready().await;
         self.secrets.wait_until_ready().await;
+        // Before it has listed, no record would look like a plugin not migrated yet.
+        self.owners.wait_until_ready().await;
     }
 
     /// How long a node has been gone (no Node object), `None` while it is registered.
