@@ -341,6 +341,23 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
         "the old provisioner wrote v8's status back without the later field: {v8}"
     );
 
+    // A registration, by the old build, of the plugin volume v7 was created as (the
+    // same namespace: allowed before and after the owners).
+    let v7_ext = c
+        .store
+        .get(&Volume::key_for(&Namespace::default_ns(), "v7"))
+        .await
+        .unwrap()
+        .status
+        .provisioning
+        .external_id
+        .unwrap();
+    let mut r1 = c.volume("r1", AccessMode::SingleNodeWriter);
+    r1.spec.capacity_min = None;
+    r1.spec.external_id = Some(v7_ext.clone());
+    c.apply(r1).await;
+    c.volume_ready("r1").await;
+
     // Claims on both nodes, and a workload under the old alloc run.
     c.apply(c.allocation("a1", "n1", "v1", false)).await;
     c.apply(c.allocation("a2", "n2", "v2", false)).await;
@@ -408,6 +425,44 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
         live.extend(external_ids(&c, &[volume]).await);
         stage_claims.push(alloc);
     }
+    // The new leader of the plugin recorded who owns what the old build made (issue
+    // 77): every created volume its own plugin volume, v7's its creator's (not r1's,
+    // listed first), then the plugin's `migrated` record; r1 is still ready.
+    let plugin = PluginId::new(cluster::PLUGIN).unwrap();
+    wait_for("the plugin's volumes' owners recorded", T, || async {
+        c.store
+            .try_get(&Ownership::migrated_key(&plugin))
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    for v in names.iter().chain(&["v8"]) {
+        let vol = c
+            .store
+            .get(&Volume::key_for(&Namespace::default_ns(), v))
+            .await
+            .unwrap();
+        let ext = vol.status.provisioning.external_id.clone().unwrap();
+        let rec = c
+            .store
+            .get(&Ownership::key_for(
+                &plugin,
+                OwnedResource::Volume,
+                ext.as_str(),
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{v}'s plugin volume has no owner: {e}"));
+        assert!(owned_by(&rec, &vol), "{v}: {rec:?}");
+    }
+    let r1 = c
+        .store
+        .get(&Volume::key_for(&Namespace::default_ns(), "r1"))
+        .await
+        .unwrap();
+    assert_eq!(r1.status.provisioning.phase, VolumePhase::Ready, "{r1:?}");
+
     // moorctl last: the new one runs a workload beside the old one's.
     let (ok, version) = c.moorctl(&["version"]);
     assert!(ok && version.contains("controller"), "{version}");

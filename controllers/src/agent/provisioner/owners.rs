@@ -7,8 +7,9 @@
 //!
 //! Upgrade: records are made for the plugin's Ready volumes once, when a leader first
 //! starts without the plugin's [`MIGRATED`] record (what the volumes said before moor
-//! kept records; of two naming one plugin volume the first listed keeps it, the other
-//! is reported), then that record is written. Until it exists the controller admits
+//! kept records; created volumes before registrations, and of two naming one plugin
+//! volume the first keeps it, the other of another namespace is reported), then that
+//! record is written. Until it exists the controller admits
 //! claims of a volume without a record as before; after, only an owner's.
 
 use super::*;
@@ -132,11 +133,16 @@ impl Provisioner {
             .await
             .map_err(crate::agent::step_error::StepError::from)?;
         let mut made = 0usize;
-        for vol in volumes
+        // The volumes moor created first: a registration of the same plugin volume (in
+        // the same namespace) then finds it owned by its creator, whose deletion
+        // deletes it, and not the reverse.
+        let mut ours: Vec<&Volume> = volumes
             .items
             .iter()
             .filter(|v| v.spec.plugin_id == self.ctx.plugin.id)
-        {
+            .collect();
+        ours.sort_by_key(|v| v.spec.external_id.is_some());
+        for vol in ours {
             let p = &vol.status.provisioning;
             let Some(ext) = p
                 .external_id
