@@ -112,14 +112,8 @@ pub type Ownership = Object<OwnershipSpec>;
 /// The name of the record of `resource` `id` of a plugin: the resource and the id's
 /// SHA-256, so any id makes a valid, fixed-length name.
 pub fn ownership_name(resource: OwnedResource, id: &str) -> Name {
-    let digest = ring::digest::digest(&ring::digest::SHA256, id.as_bytes());
-    let mut name = String::with_capacity(8 + 64);
-    name.push_str(resource.as_str());
-    name.push('.');
-    for b in digest.as_ref() {
-        name.push_str(&format!("{b:02x}"));
-    }
-    Name::new(name).expect("a resource word and hex digits make a valid name")
+    Name::new(format!("{}.{}", resource.as_str(), sha256_hex(id, 32)))
+        .expect("a resource word and hex digits make a valid name")
 }
 
 /// Whether a record names `object` (a Volume, or a Snapshot) as the owner

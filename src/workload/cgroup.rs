@@ -53,13 +53,7 @@ pub const TAG_LEN: usize = 24;
 /// name carries. The parts are joined with a newline, which no name holds, so two
 /// different allocations never hash the same text.
 pub fn owner_tag(namespace: &str, allocation: &str, node: &str) -> String {
-    let text = format!("{namespace}\n{allocation}\n{node}");
-    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
-    let mut tag = String::with_capacity(TAG_LEN);
-    for b in &digest.as_ref()[..TAG_LEN / 2] {
-        tag.push_str(&format!("{b:02x}"));
-    }
-    tag
+    crate::api::sha256_hex(&format!("{namespace}\n{allocation}\n{node}"), TAG_LEN / 2)
 }
 
 /// Whether `path`, recorded on an allocation, is a workload cgroup made for the

@@ -84,8 +84,7 @@ impl Provisioner {
             .ctx
             .reads
             .try_get(&Volume::key_for(&vol.metadata.namespace, name))
-            .await
-            .map_err(crate::agent::step_error::StepError::from)?;
+            .await?;
         let Some(src) = src else {
             return Ok(Some(format!(
                 "named by source volume {name}, which is gone"
@@ -114,24 +113,14 @@ impl Provisioner {
     /// The upgrade's records, once per plugin: every Ready volume of the plugin that
     /// names a plugin volume gets its record unless another volume listed first has
     /// it (reported with a Warning on the volume left without); then the plugin's
-    /// [`MIGRATED`] record. Returns whether the records are complete.
+    /// [`MIGRATED`] record.
     pub(super) async fn migrate(&self) -> Result<(), ProvisionError> {
         let marker = Ownership::migrated_key(&self.ctx.plugin.id);
-        let done = self
-            .ctx
-            .reads
-            .try_get(&marker)
-            .await
-            .map_err(crate::agent::step_error::StepError::from)?;
+        let done = self.ctx.reads.try_get(&marker).await?;
         if done.is_some() {
             return Ok(());
         }
-        let volumes = self
-            .ctx
-            .reads
-            .list(&KeyScope::<VolumeSpec>::all())
-            .await
-            .map_err(crate::agent::step_error::StepError::from)?;
+        let volumes = self.ctx.reads.list(&KeyScope::<VolumeSpec>::all()).await?;
         let mut made = 0usize;
         // The volumes moor created first: a registration of the same plugin volume (in
         // the same namespace) then finds it owned by its creator, whose deletion
@@ -171,8 +160,7 @@ impl Provisioner {
             .ctx
             .reads
             .list(&KeyScope::<SnapshotSpec>::all())
-            .await
-            .map_err(crate::agent::step_error::StepError::from)?;
+            .await?;
         for snap in snapshots.items.iter().filter(|s| {
             s.status.plugin_id.as_ref() == Some(&self.ctx.plugin.id)
                 && s.status.phase == SnapshotPhase::Ready
@@ -198,7 +186,7 @@ impl Provisioner {
             .await
         {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
-            Err(e) => return Err(crate::agent::step_error::StepError::from(e).into()),
+            Err(e) => return Err(e.into()),
         }
         tracing::info!(plugin = %self.ctx.plugin.id, records = made, "volume ownership recorded for the plugin's existing volumes");
         Ok(())
