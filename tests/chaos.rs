@@ -95,7 +95,8 @@ enum Process {
 }
 
 struct Vol {
-    uid: String,
+    /// The name CreateVolume is called with ([`plugin_name_of`]).
+    plugin_name: String,
     mode: AccessMode,
     deleted: bool,
 }
@@ -299,7 +300,7 @@ impl Chaos {
         self.volumes.insert(
             name,
             Vol {
-                uid: created.metadata.uid.to_string(),
+                plugin_name: plugin_name_of(&created),
                 mode,
                 deleted: false,
             },
@@ -952,8 +953,8 @@ impl Chaos {
         self.volumes.insert(
             name.clone(),
             Vol {
-                // CreateVolume's name: how the call log names it.
-                uid: name,
+                // Never created: no CreateVolume names it.
+                plugin_name: name,
                 mode,
                 deleted: false,
             },
@@ -1261,11 +1262,11 @@ impl Chaos {
     /// agent or plugin and each new input (a claim's spec changes a few times over its
     /// life; a re-run makes a new claim) may bring one attempt forward.
     fn over_schedule(&self, calls: &[Call]) -> Vec<String> {
-        // The CSI volume id → the moor volume, through CreateVolume's name (its uid).
+        // The CSI volume id → the moor volume, through CreateVolume's name.
         let by_uid: BTreeMap<&str, &str> = self
             .volumes
             .iter()
-            .map(|(n, v)| (v.uid.as_str(), n.as_str()))
+            .map(|(n, v)| (v.plugin_name.as_str(), n.as_str()))
             .collect();
         let mut names: BTreeMap<String, String> = BTreeMap::new();
         for c in calls {

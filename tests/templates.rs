@@ -274,7 +274,7 @@ async fn a_template_too_big_for_its_node_s_segment_is_refused_by_plan_and_admiss
 /// The controller and the agent leading the plugin killed while CreateVolume has taken
 /// effect but not answered: after they restart, exactly one volume exists, in moor and
 /// in the plugin (the volume's name is the allocation's and the request's, and
-/// CreateVolume is named by the volume's uid), and the claim is published on it.
+/// CreateVolume is named by the volume's namespace, name and uid), and the claim is published on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_while_a_template_s_volume_is_made_leaves_exactly_one() {
     use moor_hostpath::faults::Command;

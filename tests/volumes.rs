@@ -1988,8 +1988,7 @@ async fn get_capacity_is_recorded_and_a_volume_that_fits_nowhere_is_not_created(
         .calls()
         .into_iter()
         .filter(|k| {
-            k.rpc == "CreateVolume"
-                && k.name.as_deref() == Some(big.metadata.uid.to_string().as_str())
+            k.rpc == "CreateVolume" && k.name.as_deref() == Some(plugin_name_of(&big).as_str())
         })
         .count();
     assert_eq!(creates, 0, "never called while it cannot fit");
@@ -2556,7 +2555,7 @@ async fn another_namespace_can_neither_register_use_nor_delete_a_volume_s_plugin
         })
     })
     .await;
-    let uid = clone.metadata.uid.to_string();
+    let uid = plugin_name_of(&clone);
     assert!(
         !c.node("n1").calls().iter().any(|k| k.rpc == "CreateVolume"
             && k.name.as_deref().is_some_and(|n| n.contains(&uid))),
@@ -2636,7 +2635,7 @@ async fn another_namespace_can_neither_register_use_nor_delete_a_volume_s_plugin
         })
     })
     .await;
-    let uid = restored.metadata.uid.to_string();
+    let uid = plugin_name_of(&restored);
     assert!(
         !c.node("n1").calls().iter().any(|k| k.rpc == "CreateVolume"
             && k.name.as_deref().is_some_and(|n| n.contains(&uid))),
@@ -2654,7 +2653,7 @@ async fn another_namespace_can_neither_register_use_nor_delete_a_volume_s_plugin
         })
     })
     .await;
-    let uid = from_src.metadata.uid.to_string();
+    let uid = plugin_name_of(&from_src);
     assert!(
         !c.node("n1")
             .calls()

@@ -28,8 +28,12 @@ pub enum OwnedResource {
     /// A volume (CreateVolume's `volume_id`, or a registered volume's id).
     #[default]
     Volume,
-    /// A snapshot (CreateSnapshot's `snapshot_id`, or an imported snapshot's id).
+    /// A snapshot (CreateSnapshot's `snapshot_id`, an imported snapshot's id, or a
+    /// group's member, owned by its group).
     Snapshot,
+    /// A group snapshot (CreateVolumeGroupSnapshot's `group_snapshot_id`, or an
+    /// imported group's).
+    GroupSnapshot,
 }
 
 impl OwnedResource {
@@ -38,6 +42,7 @@ impl OwnedResource {
         match self {
             OwnedResource::Volume => "volume",
             OwnedResource::Snapshot => "snapshot",
+            OwnedResource::GroupSnapshot => "group-snapshot",
         }
     }
 }
@@ -114,6 +119,23 @@ pub type Ownership = Object<OwnershipSpec>;
 pub fn ownership_name(resource: OwnedResource, id: &str) -> Name {
     Name::new(format!("{}.{}", resource.as_str(), sha256_hex(id, 32)))
         .expect("a resource word and hex digits make a valid name")
+}
+
+/// The name moor gives the plugin for what object `name` of namespace `ns` with uid
+/// `uid` asks to be made (CreateVolume, CreateSnapshot, CreateVolumeGroupSnapshot):
+/// `moor-` and 128 bits of SHA-256 of the three, joined with newlines (which no name
+/// holds). A repeat is idempotent; a name made again is another object. Not the bare
+/// uid, which whoever writes a key may copy: a copy in another namespace (or under
+/// another name) names another plugin object, so an idempotent create never answers
+/// with the original's.
+pub fn plugin_name(ns: &Namespace, name: &Name, uid: &Uid) -> String {
+    format!("moor-{}", sha256_hex(&format!("{ns}\n{name}\n{uid}"), 16))
+}
+
+/// [`plugin_name`] of an object.
+pub fn plugin_name_of<S: Spec>(obj: &Object<S>) -> String {
+    let m = &obj.metadata;
+    plugin_name(&m.namespace, &m.name, &m.uid)
 }
 
 /// Whether a record names `object` (a Volume, or a Snapshot) as the owner

@@ -88,8 +88,9 @@ pub enum ContentSource {
     Volume(String),
 }
 
-/// CreateVolume of a volume: named by its uid (so the call is idempotent across
-/// renames and a name made again is another volume), its capacity range (none when
+/// CreateVolume of a volume: named by [`crate::api::plugin_name`] (so the call is
+/// idempotent, a name made again is another volume, and a copied uid names nothing of
+/// another's), its capacity range (none when
 /// neither bound is set), every capability it offers as sent to a controller that
 /// advertises SINGLE_NODE_MULTI_WRITER or not ([`volume_capabilities`]), parameters,
 /// mutable parameters, secrets, content source and topology request.
@@ -105,7 +106,7 @@ pub fn create_volume(
             .unwrap_or_default()
     };
     Ok(v1::CreateVolumeRequest {
-        name: volume.metadata.uid.to_string(),
+        name: crate::api::plugin_name_of(volume),
         capacity_range: (spec.capacity_min.is_some() || spec.capacity_max.is_some()).then(|| {
             v1::CapacityRange {
                 required_bytes: bytes(spec.capacity_min),
@@ -247,8 +248,8 @@ fn own_or_volume_secrets(
     })
 }
 
-/// CreateSnapshot of the plugin's volume `source`, named by the snapshot's uid (so a
-/// repeat is idempotent), with its parameters and secrets.
+/// CreateSnapshot of the plugin's volume `source`, named by
+/// [`crate::api::plugin_name`] (so a repeat is idempotent), with its parameters and secrets.
 pub fn create_snapshot(
     snap: &Snapshot,
     volume: Option<&Volume>,
@@ -256,7 +257,7 @@ pub fn create_snapshot(
 ) -> Result<v1::CreateSnapshotRequest, SealedSecrets> {
     Ok(v1::CreateSnapshotRequest {
         source_volume_id: source.to_string(),
-        name: snap.metadata.uid.to_string(),
+        name: crate::api::plugin_name_of(snap),
         secrets: snapshot_secrets(snap, volume)?,
         parameters: snap.spec.parameters.clone(),
         accessibility_requirements: None,
@@ -308,15 +309,15 @@ pub fn group_secrets(
     own_or_volume_secrets(&group.spec.secrets, first)
 }
 
-/// CreateVolumeGroupSnapshot of the plugin's volumes `sources`, named by the group's
-/// uid (so a repeat is idempotent), with its parameters and secrets.
+/// CreateVolumeGroupSnapshot of the plugin's volumes `sources`, named by
+/// [`crate::api::plugin_name`] (so a repeat is idempotent), with its parameters and secrets.
 pub fn create_group_snapshot(
     group: &VolumeGroupSnapshot,
     first: Option<&Volume>,
     sources: &[String],
 ) -> Result<v1::CreateVolumeGroupSnapshotRequest, SealedSecrets> {
     Ok(v1::CreateVolumeGroupSnapshotRequest {
-        name: group.metadata.uid.to_string(),
+        name: crate::api::plugin_name_of(group),
         source_volume_ids: sources.to_vec(),
         secrets: group_secrets(group, first)?,
         parameters: group.spec.parameters.clone(),
@@ -573,7 +574,21 @@ mod tests {
             preferred: vec![],
         }));
         let r = create_volume(&v, Some(ContentSource::Snapshot("snap-1".into())), true).unwrap();
-        assert_eq!(r.name, "uid-7", "named by its uid");
+        assert_eq!(
+            r.name,
+            plugin_name_of(&v),
+            "named by its namespace, name and uid"
+        );
+        assert!(
+            r.name.starts_with("moor-") && r.name.len() == 37,
+            "{}",
+            r.name
+        );
+        // The same uid copied into another namespace names another plugin volume.
+        let mut copy = v.clone();
+        copy.metadata.namespace = Namespace::new("other").unwrap();
+        let other = create_volume(&copy, None, true).unwrap();
+        assert_ne!(other.name, r.name);
         let range = r.capacity_range.expect("a range");
         assert_eq!((range.required_bytes, range.limit_bytes), (1 << 20, 0));
         assert_eq!(r.parameters["tier"], "gold");

@@ -10,7 +10,7 @@
 //! 2. The plugin must advertise GROUP_CONTROLLER_SERVICE and
 //!    CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT: otherwise Failed with a Warning.
 //! 3. Add the finalizer; wait until every volume is created (its external id).
-//! 4. One CreateVolumeGroupSnapshot named by the group's uid (idempotent) of the
+//! 4. One CreateVolumeGroupSnapshot named by its namespace, name and uid (`plugin_name`, idempotent) of the
 //!    volumes' external ids, recorded before the call (in doubt from then on). The
 //!    answer must hold one snapshot of each volume asked (the contract monitor's
 //!    `group_members_mismatch` otherwise, and the group Failed with the reason);
@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::volume_view::VolumeView;
 use crate::agent::context::ControllerPluginCtx;
+use crate::agent::owners::Owner;
 use crate::common::{details, object_ref};
 
 /// The finalizer that holds a group's deletion until DeleteVolumeGroupSnapshot.
@@ -370,6 +371,13 @@ impl GroupSnapshotter {
         const STEP: &str = "CreateVolumeGroupSnapshot";
         let key = group.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(group))?;
+        // The sources are the volumes' (or the recorded) plugin volumes: never another
+        // namespace's.
+        if let Some(why) = self.not_its(group, &sources, None, &[]).await? {
+            return self
+                .failed(group, step.fail(owned_elsewhere(STEP, &why)))
+                .await;
+        }
         if group.status.source_volume_ids.is_empty() {
             // In doubt from here on: a deletion asks again before deleting.
             let plugin = self.ctx.plugin.id.clone();
@@ -410,6 +418,12 @@ impl GroupSnapshotter {
             .iter()
             .map(|m| m.snapshot_id.clone())
             .collect();
+        // The ids are the status's (or an import's) word: never another namespace's.
+        if let Some(why) = self.not_its(group, &[], Some(&id), &known).await? {
+            return self
+                .failed(group, step.fail(owned_elsewhere(STEP, &why)))
+                .await;
+        }
         let req = requests::get_group_snapshot(group, first, &id, known)?;
         let csi = self.ctx.csi()?.about(object_ref(group));
         let answer = step
@@ -437,6 +451,24 @@ impl GroupSnapshotter {
             Ok(cut) => cut,
             Err(failed) => return self.failed(group, failed).await,
         };
+        // The group's id and its members' are this group's from now on, unless an
+        // object of another namespace has one (a plugin that answered with another's).
+        let member_ids: Vec<String> = cut
+            .snapshots
+            .iter()
+            .map(|s| s.snapshot_id.clone())
+            .collect();
+        if let Err(why) = self
+            .take_ownership(group, &cut.group_snapshot_id, &member_ids)
+            .await?
+        {
+            let failed = self
+                .ctx
+                .steps
+                .begin(&group.key(), step, self.inputs(group))?
+                .fail(owned_elsewhere(step, &why));
+            return self.failed(group, failed).await;
+        }
         let ready = cut.ready_to_use;
         let generation = group.metadata.generation;
         let matched = members(group, sources, &cut);
@@ -581,6 +613,108 @@ impl GroupSnapshotter {
         Ok(Action::AwaitChange)
     }
 
+    /// What the group's namespace may be told of the first of these plugin ids that an
+    /// object of another namespace owns: source `volumes`, the group's `id`, its
+    /// `members`' snapshot ids. `None` when none is.
+    async fn not_its(
+        &self,
+        group: &VolumeGroupSnapshot,
+        volumes: &[String],
+        id: Option<&str>,
+        members: &[String],
+    ) -> Result<Option<String>, GroupError> {
+        let ids = (volumes.iter().map(|v| (OwnedResource::Volume, v.as_str())))
+            .chain(id.map(|id| (OwnedResource::GroupSnapshot, id)))
+            .chain(
+                members
+                    .iter()
+                    .map(|m| (OwnedResource::Snapshot, m.as_str())),
+            );
+        for (resource, id) in ids {
+            if let Owner::Another(why) = self.ctx.owner(resource, id, group).await?.0 {
+                return Ok(Some(why));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Why DeleteVolumeGroupSnapshot (and, in doubt, the CreateVolumeGroupSnapshot that
+    /// finds the id) may not name these ids: one is owned by an object other than this
+    /// group (of another namespace, or another of its own).
+    async fn not_deletable(
+        &self,
+        group: &VolumeGroupSnapshot,
+        in_doubt: bool,
+        id: Option<&str>,
+        members: &[String],
+    ) -> Result<Option<String>, GroupError> {
+        let sources: &[String] = if in_doubt {
+            &group.status.source_volume_ids
+        } else {
+            &[]
+        };
+        if let Some(why) = self.not_its(group, sources, None, &[]).await? {
+            return Ok(Some(why));
+        }
+        let ids = (id.map(|id| (OwnedResource::GroupSnapshot, id)).into_iter()).chain(
+            members
+                .iter()
+                .map(|m| (OwnedResource::Snapshot, m.as_str())),
+        );
+        for (resource, id) in ids {
+            match self.ctx.owner(resource, id, group).await?.0 {
+                Owner::Mine | Owner::Nobody => {}
+                Owner::Sibling => {
+                    return Ok(Some(format!(
+                        "owned by another {} of this namespace",
+                        resource.as_str()
+                    )))
+                }
+                Owner::Another(why) => return Ok(Some(why)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Records that the group owns its `id` and its members' snapshot ids; why not,
+    /// when an object of another namespace owns one.
+    pub(super) async fn take_ownership(
+        &self,
+        group: &VolumeGroupSnapshot,
+        id: &str,
+        members: &[String],
+    ) -> Result<Result<(), String>, GroupError> {
+        let ids = std::iter::once((OwnedResource::GroupSnapshot, id)).chain(
+            members
+                .iter()
+                .map(|m| (OwnedResource::Snapshot, m.as_str())),
+        );
+        for (resource, id) in ids {
+            if let Err(why) = self.ctx.take_ownership(resource, id, group).await? {
+                return Ok(Err(why));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Removes the group's records of its `id` and members once they are deleted.
+    async fn drop_ownership(
+        &self,
+        group: &VolumeGroupSnapshot,
+        id: &str,
+        members: &[String],
+    ) -> Result<(), GroupError> {
+        self.ctx
+            .drop_ownership(OwnedResource::GroupSnapshot, id, group)
+            .await?;
+        for m in members {
+            self.ctx
+                .drop_ownership(OwnedResource::Snapshot, m, group)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// DeleteVolumeGroupSnapshot with every member, on its step's schedule (asking
     /// CreateVolumeGroupSnapshot again first when the create was in doubt), or nothing
     /// for an imported group; then the member Snapshots, then the finalizer.
@@ -605,6 +739,18 @@ impl GroupSnapshotter {
                 )
                 .await;
             }
+        } else if let Some(why) = self
+            .not_deletable(group, in_doubt, id.as_deref(), &ids)
+            .await?
+        {
+            self.ctx.steps.forget(&key);
+            self.event(
+                group,
+                "Group snapshot not deleted from the plugin",
+                EventType::Warning,
+                format!("a plugin id its status names is {why}: no DeleteVolumeGroupSnapshot; only the group is deleted"),
+            )
+            .await;
         } else if id.is_some() || in_doubt {
             let step =
                 self.ctx
@@ -628,7 +774,7 @@ impl GroupSnapshotter {
                 }
             }
             if let Some(id) = id {
-                let req = requests::delete_group_snapshot(group, first, &id, ids)?;
+                let req = requests::delete_group_snapshot(group, first, &id, ids.clone())?;
                 let done = step
                     .call(async {
                         match csi.delete_group_snapshot(req).await {
@@ -647,6 +793,7 @@ impl GroupSnapshotter {
                     format!("{id} deleted"),
                 )
                 .await;
+                self.drop_ownership(group, &id, &ids).await?;
             }
             self.ctx.steps.forget(&key);
         }
@@ -742,6 +889,17 @@ fn answered(
             message: format!("{rpc} answered without a group_snapshot_id"),
             tries: 1,
         })
+}
+
+/// A CSI-shaped final answer for a step refused because an object of another namespace
+/// owns a plugin id it would name (`why`, [`owner_for`]).
+fn owned_elsewhere(rpc: &'static str, why: &str) -> CsiError {
+    CsiError {
+        rpc,
+        code: tonic::Code::AlreadyExists,
+        message: format!("a plugin id it names is {why}: this group may not use it"),
+        tries: 0,
+    }
 }
 
 #[cfg(test)]

@@ -37,22 +37,30 @@ impl ControllerPluginCtx {
     }
 
     /// Whether the object a record names is gone (deleted, or made again under the
-    /// same name): then the record is stale.
+    /// same name): then the record is stale. A snapshot id is owned by a Snapshot, or
+    /// (a member) by its VolumeGroupSnapshot: the uid tells which.
     async fn stale(&self, rec: &Ownership) -> Result<bool, StoreError> {
         let o = &rec.spec.owner;
-        let uid = match rec.spec.resource {
-            OwnedResource::Volume => self
-                .reads
-                .try_get(&Volume::key_for(&o.namespace, &o.name))
-                .await?
-                .map(|v| v.metadata.uid),
-            OwnedResource::Snapshot => self
-                .reads
-                .try_get(&Snapshot::key_for(&o.namespace, &o.name))
-                .await?
-                .map(|s| s.metadata.uid),
+        let (ns, name) = (&o.namespace, &o.name);
+        let is_owner = |uid: Option<Uid>| uid.is_some_and(|uid| uid == o.uid);
+        let group = async {
+            let key = VolumeGroupSnapshot::key_for(ns, name);
+            Ok::<_, StoreError>(is_owner(
+                self.reads.try_get(&key).await?.map(|g| g.metadata.uid),
+            ))
         };
-        Ok(uid.is_none_or(|uid| uid != o.uid))
+        let owned = match rec.spec.resource {
+            OwnedResource::Volume => {
+                let v = self.reads.try_get(&Volume::key_for(ns, name)).await?;
+                is_owner(v.map(|v| v.metadata.uid))
+            }
+            OwnedResource::Snapshot => {
+                let s = self.reads.try_get(&Snapshot::key_for(ns, name)).await?;
+                is_owner(s.map(|s| s.metadata.uid)) || group.await?
+            }
+            OwnedResource::GroupSnapshot => group.await?,
+        };
+        Ok(!owned)
     }
 
     /// What the record of `resource` `id` says of `object`, and the record.

@@ -7,7 +7,7 @@
 //! 2. The plugin must advertise CREATE_DELETE_SNAPSHOT: otherwise Failed with a
 //!    Warning, never called.
 //! 3. Add the finalizer; wait until the volume is created (its external id).
-//! 4. CreateSnapshot named by the snapshot's uid (idempotent), from the volume's
+//! 4. CreateSnapshot named by `plugin_name` (idempotent), from the volume's
 //!    external id; record the plugin's id, size, creation time and ready_to_use
 //!    (Ready); not yet ready to use: asked again until it is (Creating).
 //! 5. Deleted: DeleteSnapshot (NotFound is done; a snapshot whose CreateSnapshot was in
@@ -266,9 +266,7 @@ impl Snapshotter {
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(snap))?;
         // The source is the volume's (or the recorded) plugin volume: never another
         // namespace's.
-        if let (Owner::Another(why), _) =
-            self.ctx.owner(OwnedResource::Volume, &source, snap).await?
-        {
+        if let Some(why) = self.another_s(OwnedResource::Volume, &source, snap).await? {
             return self
                 .failed(snap, step.fail(owned_elsewhere(STEP, &why)))
                 .await;
@@ -326,6 +324,21 @@ impl Snapshotter {
         Ok((s, v))
     }
 
+    /// What `snap`'s namespace may be told of the owner of plugin `resource` `id`, when
+    /// an object of another namespace owns it; `None` when it is `snap`'s, its
+    /// namespace's or nobody's.
+    async fn another_s(
+        &self,
+        resource: OwnedResource,
+        id: &str,
+        snap: &Snapshot,
+    ) -> Result<Option<String>, SnapshotError> {
+        Ok(match self.ctx.owner(resource, id, snap).await?.0 {
+            Owner::Another(why) => Some(why),
+            _ => None,
+        })
+    }
+
     /// GetSnapshot of a snapshot cut but not yet ready to use.
     async fn poll(
         &self,
@@ -336,6 +349,12 @@ impl Snapshotter {
         const STEP: &str = "GetSnapshot";
         let key = snap.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(snap))?;
+        // The id is the status's word: never another namespace's snapshot.
+        if let Some(why) = self.another_s(OwnedResource::Snapshot, &id, snap).await? {
+            return self
+                .failed(snap, step.fail(owned_elsewhere(STEP, &why)))
+                .await;
+        }
         let (s, v) = self.for_calls(snap, volume).await?;
         let req = requests::get_snapshot(&s, v.as_deref(), &id)?;
         let csi = self.ctx.csi()?;
@@ -357,8 +376,7 @@ impl Snapshotter {
         const STEP: &str = "ListSnapshots";
         let key = snap.key();
         let step = self.ctx.steps.begin(&key, STEP, self.inputs(snap))?;
-        if let (Owner::Another(why), _) = self.ctx.owner(OwnedResource::Snapshot, &id, snap).await?
-        {
+        if let Some(why) = self.another_s(OwnedResource::Snapshot, &id, snap).await? {
             return self
                 .failed(snap, step.fail(owned_elsewhere(STEP, &why)))
                 .await;
@@ -410,7 +428,7 @@ impl Snapshotter {
             Err(failed) => return self.failed(snap, failed).await,
         };
         // This snapshot's id from now on, unless a snapshot of another namespace has
-        // it (a copied uid names CreateSnapshot as it names theirs).
+        // it (a plugin that answered with another's).
         if let Err(why) = self
             .ctx
             .take_ownership(OwnedResource::Snapshot, &cut.snapshot_id, snap)
@@ -492,7 +510,17 @@ impl Snapshotter {
                 .steps
                 .begin(&key, "DeleteSnapshot", self.inputs(snap))?;
             let csi = self.ctx.csi()?.about(object_ref(snap));
-            if let (None, Some(src)) = (&id, &snap.status.source_volume_id) {
+            // A cut in doubt is found by cutting again (idempotent by name): only of
+            // a plugin volume no other namespace owns (the source is the status's word).
+            let src = match (&id, &snap.status.source_volume_id) {
+                (None, Some(src)) => self
+                    .another_s(OwnedResource::Volume, src, snap)
+                    .await?
+                    .is_none()
+                    .then_some(src),
+                _ => None,
+            };
+            if let Some(src) = src {
                 let (s, v) = self.for_calls(snap, volume).await?;
                 let req = requests::create_snapshot(&s, v.as_deref(), src)?;
                 match csi.create_snapshot(req).await {

@@ -5,7 +5,7 @@
 //! 1. Registered (`spec.external_id`): nothing to create; provisioning is Ready with
 //!    that id, so every reader finds the id in one place.
 //! 2. To create: add the `moor.dev/provisioner` finalizer, record Creating, call
-//!    CreateVolume (named by the volume's uid, so a repeat is idempotent) with the
+//!    CreateVolume (named by `plugin_name`: namespace, name and uid, so a repeat is idempotent) with the
 //!    capability list, capacity range, parameters, secrets, source and topology; record
 //!    Ready with the plugin's id, capacity, context and accessible topology.
 //! 3. Registered, expanded or modified ([`changes`]): ValidateVolumeCapabilities (and
@@ -303,7 +303,7 @@ impl Provisioner {
         }
     }
 
-    /// CreateVolume of `vol`, named by its uid (a repeat is idempotent), on the step's
+    /// CreateVolume of `vol`, named by `plugin_name` (a repeat is idempotent), on the step's
     /// schedule, recorded `Creating` before the call; once its content source is ready.
     async fn create(&self, vol: &Volume) -> Result<Action, ProvisionError> {
         let key = vol.key();
@@ -333,8 +333,9 @@ impl Provisioner {
                 let created = created_volume(resp)?;
                 let ext = ExternalVolumeId::new(created.volume_id.clone())
                     .map_err(|_| ProvisionError::NoVolume)?;
-                // CreateVolume is named by the uid, which whoever writes the key
-                // chooses: an answer naming another volume's plugin volume is not ours.
+                // However it was named, an answer naming another volume's plugin
+                // volume (a plugin that names by parameters, a lying plugin) is not
+                // ours.
                 if let Err(why) = self.take_ownership(vol, &ext).await? {
                     let failed = self
                         .create_step(&key, vol)?

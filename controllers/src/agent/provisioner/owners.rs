@@ -5,11 +5,11 @@
 //! refuses a volume that names another's plugin volume before any call about it, and
 //! calls DeleteVolume only for a plugin volume its volume owns.
 //!
-//! Upgrade: records are made for the plugin's Ready volumes once, when a leader first
-//! starts without the plugin's [`MIGRATED`] record (what the volumes said before moor
-//! kept records; created volumes before registrations, and of two naming one plugin
-//! volume the first keeps it, the other of another namespace is reported), then that
-//! record is written. Until it exists the controller admits
+//! Upgrade: records are made for the plugin's Ready volumes, group snapshots (and their
+//! members) and snapshots once, when a leader first starts without the plugin's
+//! [`MIGRATED`] record (what the objects said before moor kept records; created volumes
+//! before registrations, and of two naming one plugin volume the first keeps it, the
+//! other of another namespace is reported), then that record is written. Until it exists the controller admits
 //! claims of a volume without a record as before; after, only an owner's.
 
 use super::*;
@@ -152,6 +152,36 @@ impl Provisioner {
                         ),
                     )
                     .await;
+                }
+            }
+        }
+        // The plugin's group snapshots, their ids and their members' (before the
+        // member Snapshots: a member's id is its group's, deleted only with it).
+        let groups = self
+            .ctx
+            .reads
+            .list(&KeyScope::<VolumeGroupSnapshotSpec>::all())
+            .await?;
+        for group in groups.items.iter().filter(|g| {
+            g.status.plugin_id.as_ref() == Some(&self.ctx.plugin.id)
+                && g.status.phase == SnapshotPhase::Ready
+        }) {
+            let Some(id) = &group.status.group_snapshot_id else {
+                continue;
+            };
+            let ids = std::iter::once((OwnedResource::GroupSnapshot, id.as_str())).chain(
+                group
+                    .status
+                    .members
+                    .iter()
+                    .map(|m| (OwnedResource::Snapshot, m.snapshot_id.as_str())),
+            );
+            for (resource, id) in ids {
+                match self.ctx.take_ownership(resource, id, group).await? {
+                    Ok(()) => made += 1,
+                    Err(why) => {
+                        tracing::warn!(group = %group.key(), %why, "group snapshot ownership refused at upgrade")
+                    }
                 }
             }
         }

@@ -1,0 +1,832 @@
+//! The hostile-writer suite (issue 77): beside ordinary workloads, seeded adversaries
+//! write forged objects into every key their grants allow, on a TLS etcd with auth on
+//! and deploy/etcd/roles.sh's roles, and a checker fails the run on any harm beyond
+//! their reach.
+//!
+//! The cluster: the controller, node n1 (hosting the hostpath controller plugin) and
+//! node n2, each under its own certificate. The victim, namespace `default`, written by
+//! an operator: two created volumes, a snapshot, and an allocation published on n1
+//! (the victim never uses n2, so any call about its ids on n2 is the adversaries').
+//! The adversaries, each with the identity roles.sh makes for it and nothing more:
+//! - `moor-edit-a`, a namespace writer (its volumes, allocations, snapshots, group
+//!   snapshots of namespace `a`);
+//! - `moor-agent-n3`, an engine-serving node (`allocations/engines/`,
+//!   `volumes/engines/`);
+//! - `moor-agent-n2`, a node agent (its own `mounts/n2/`), whose forged orphans an
+//!   operator then tries to adopt without `--insist`.
+//!
+//! Each adversary knows the victim's plugin ids, uids and names (a leak: stronger than
+//! a guess) and copies whatever it can read of its own objects (finalizers). The
+//! script of forgeries (which, in which order, naming which id) comes from the seed.
+//!
+//! The checker fails the run on: a CSI call naming a victim's plugin id that the
+//! victim's own lifecycle did not make (the plugin's call logs, after the victim
+//! settled); a victim object whose phase, plugin id or claim changed; an ownership
+//! record of a victim id naming anyone else; a forged orphan adopted; a claim on n2
+//! (whose node key the node adversary holds) carrying the victim's secret.
+//!
+//! A run prints its seed (uncaptured, so also when it passes). `CI` set: the seeds in
+//! [`CI_SEEDS`]. `MOOR_HOSTILE_SEEDS=1,2,3`: those seeds, with a table of what each
+//! adversary tried (the long mode: `MOOR_HOSTILE_SEEDS=$(seq -s, 1 20)`). Otherwise a
+//! new seed.
+
+mod common;
+#[path = "common/secure.rs"]
+mod secure;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use common::wait_for;
+use moor::api::*;
+use moor::store::Store;
+use moor_hostpath::calllog::{Call, CallLog};
+use secure::Secure;
+
+const T: Duration = Duration::from_secs(90);
+const PLUGIN: &str = "hostpath.moor.dev";
+const VICTIM_SECRET: &str = "victim-s3cret";
+
+/// The seeds CI runs: each runs every adversary.
+const CI_SEEDS: [u64; 3] = [2, 3, 4];
+
+/// Forgeries per adversary and seed.
+const OPS: usize = 7;
+
+fn seeds() -> Vec<u64> {
+    if let Ok(list) = std::env::var("MOOR_HOSTILE_SEEDS") {
+        return list
+            .split(',')
+            .map(|s| s.trim().parse().expect("MOOR_HOSTILE_SEEDS: numbers"))
+            .collect();
+    }
+    if std::env::var_os("CI").is_some() {
+        return CI_SEEDS.to_vec();
+    }
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap();
+    vec![now.as_nanos() as u64 % 1_000_000]
+}
+
+#[tokio::test]
+async fn adversaries_with_every_identity_s_grants_harm_nothing_beyond_their_reach() {
+    let mut table = Vec::new();
+    for seed in seeds() {
+        eprintln!("hostile: seed {seed} (rerun with MOOR_HOSTILE_SEEDS={seed})");
+        table.push(run(seed).await);
+    }
+    eprintln!("hostile: seed | forgeries per adversary | calls checked");
+    for row in table {
+        eprintln!("hostile: {row}");
+    }
+}
+
+/// The victim's ids and names, as the adversaries are told them.
+struct Victim {
+    volumes: Vec<(String, Uid, ExternalVolumeId)>,
+    snapshot: String,
+    snapshot_id: String,
+    /// Its group snapshot's id and its members' snapshot ids.
+    group_id: String,
+    members: Vec<String>,
+}
+
+impl Victim {
+    fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.volumes.iter().map(|(_, _, e)| e.to_string()).collect();
+        ids.push(self.snapshot_id.clone());
+        ids.push(self.group_id.clone());
+        ids.extend(self.members.iter().cloned());
+        ids
+    }
+}
+
+/// One adversary: an identity and the namespace its grants let it write.
+struct Adversary {
+    who: &'static str,
+    ns: Namespace,
+    raw: etcd_client::Client,
+    store: Store,
+    /// The finalizers its own volume and snapshot carry (copied into forgeries).
+    volume_finalizers: Vec<Term>,
+    snapshot_finalizers: Vec<Term>,
+    /// What it forged, for the table and the failure messages.
+    tried: Vec<String>,
+    /// Writes its grants refused.
+    denied: usize,
+}
+
+async fn run(seed: u64) -> String {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let s = Secure::start_nodes(&["n1", "n2", "n3"], "n1=hostpath.moor.dev", "n3", &[]).await;
+    let keys = Some(s.cluster_keys.as_path());
+    let _controller = s.controller("controller", &[]);
+    let _n1 = s.node("n1", "monolith", &s.cluster_keys);
+    let _n2 = s.node("n2", "node", &s.n2_keys);
+    let operator = s.store("moor-controller", keys).await;
+    let victim = victim(&s, &operator).await;
+
+    // Each adversary's own, ordinary objects: a volume used on n2 and (the namespace
+    // writer) a snapshot of it, whose finalizers it can read and copy.
+    let mut adversaries = Vec::new();
+    for (who, ns) in [("moor-edit-a", "a"), ("moor-agent-n3", "engines")] {
+        adversaries.push(adversary(&s, who, ns).await);
+    }
+    let own_calls = Calls::of(&s);
+    // What the victim's own lifecycle keeps calling (none expected once settled):
+    // counted from here.
+    let baseline = own_calls.marks();
+
+    // The script.
+    let mut orphans = Vec::new();
+    for _ in 0..OPS {
+        for a in adversaries.iter_mut() {
+            forge(a, &victim, &mut rng).await;
+        }
+        orphans.push(forge_orphan(&s, &victim, &mut rng).await);
+    }
+    // Every forged orphan is refused to an operator adopting it without --insist.
+    for (ns, claim) in &orphans {
+        let out = s.moorctl(
+            "moor-controller",
+            keys,
+            &["mount", "adopt", claim, "-n", ns, "--timeout", "5s"],
+        );
+        assert!(
+            !out.status.success(),
+            "seed {seed}: the forged orphan {ns}/{claim} was adopted: {out:?}"
+        );
+    }
+
+    // Settled: no CSI call that changes anything for 4 s, and at least 15 s after the
+    // script, with a deadline. (Probes, capability, capacity and health reads go on.)
+    let script_end = Instant::now();
+    let mut last = (0, Instant::now());
+    loop {
+        let acting: Vec<Call> = own_calls
+            .since(&baseline)
+            .into_iter()
+            .filter(acts)
+            .collect();
+        if acting.len() != last.0 {
+            last = (acting.len(), Instant::now());
+        }
+        if last.1.elapsed() >= Duration::from_secs(4)
+            && script_end.elapsed() >= Duration::from_secs(15)
+        {
+            break;
+        }
+        let recent = &acting[acting.len().saturating_sub(12)..];
+        assert!(
+            script_end.elapsed() < T,
+            "seed {seed}: the plugins never went quiet after the script; the last calls:\n{recent:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let calls = own_calls.since(&baseline);
+    let ids = victim.ids();
+    let harmful: Vec<&Call> = calls
+        .iter()
+        .filter(|c| {
+            [&c.volume_id, &c.snapshot_id, &c.result_volume_id]
+                .into_iter()
+                .flatten()
+                .any(|id| ids.contains(id))
+        })
+        .collect();
+    let tried: Vec<String> = adversaries
+        .iter()
+        .map(|a| format!("{}: {}", a.who, a.tried.join(", ")))
+        .collect();
+    assert!(
+        harmful.is_empty(),
+        "seed {seed}: calls about the victim's plugin ids after the adversaries wrote:\n{harmful:#?}\nthey tried:\n{}",
+        tried.join("\n")
+    );
+    if std::env::var_os("MOOR_HOSTILE_SHOW").is_some() {
+        show(&operator, &calls).await;
+    }
+    check_victim(&operator, &victim, seed).await;
+    check_secrets(&s, seed).await;
+    let counts: Vec<String> = adversaries
+        .iter()
+        .map(|a| {
+            format!(
+                "{} [{}] ({} refused by etcd)",
+                a.who,
+                a.tried.join(" "),
+                a.denied
+            )
+        })
+        .collect();
+    format!(
+        "{seed} | {}, moor-agent-n2 {} orphans | {} calls",
+        counts.join(", "),
+        orphans.len(),
+        calls.len()
+    )
+}
+
+/// Whether a call may change something (not a probe or a read of capabilities,
+/// capacity, health or lists, which go on in a settled cluster).
+fn acts(c: &Call) -> bool {
+    let rpc = c.rpc.as_str();
+    !(rpc == "Probe" || rpc.contains("Get") || rpc.starts_with("List"))
+}
+
+/// The call logs of both plugin instances.
+struct Calls(Vec<PathBuf>);
+
+impl Calls {
+    fn of(s: &Secure) -> Calls {
+        Calls(
+            ["n1", "n2"]
+                .map(|n| s.tmp.path().join(n).join("plugin/calls.jsonl"))
+                .to_vec(),
+        )
+    }
+
+    /// How many calls each log holds now.
+    fn marks(&self) -> Vec<usize> {
+        self.0
+            .iter()
+            .map(|p| CallLog::read(p).unwrap_or_default().len())
+            .collect()
+    }
+
+    /// Every call after `marks` (as [`Calls::marks`] returned), n1's then n2's: each
+    /// log only grows.
+    fn since(&self, marks: &[usize]) -> Vec<Call> {
+        let mut calls = Vec::new();
+        for (path, mark) in self.0.iter().zip(marks) {
+            let log = CallLog::read(path).unwrap_or_default();
+            calls.extend(log.into_iter().skip(*mark));
+        }
+        calls
+    }
+}
+
+/// The victim's volumes, snapshot and published allocation, applied by an operator.
+async fn victim(s: &Secure, operator: &Store) -> Victim {
+    let manifest = s.tmp.path().join("victim.yaml");
+    let volume = |name: &str| {
+        format!(
+            "apiVersion: moor/v1\nkind: Volume\nmetadata: {{name: {name}}}\nspec:\n  plugin_id: {PLUGIN}\n  capacity_min: 1MiB\n  secrets: {{token: {VICTIM_SECRET}}}\n  capabilities:\n    - {{access_mode: single-node-writer, attachment_mode: file-system}}\n---\n"
+        )
+    };
+    std::fs::write(
+        &manifest,
+        volume("vv1")
+            + &volume("vv2")
+            + "apiVersion: moor/v1\nkind: Allocation\nmetadata: {name: va1}\nspec:\n  node: n1\n  volumes:\n    - {name: data, volume: vv1}\n---\n\
+               apiVersion: moor/v1\nkind: Snapshot\nmetadata: {name: vs1}\nspec: {volume: vv2}\n",
+    )
+    .unwrap();
+    let out = s.moorctl(
+        "moor-controller",
+        Some(&s.cluster_keys),
+        &["apply", "-f", manifest.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let ns = Namespace::default_ns();
+    wait_for("the victim's claim published on n1", T, || async {
+        claim_phase(operator, "n1", &ns, "va1.data").await == Some(ClaimPhase::Published)
+    })
+    .await;
+    wait_for("the victim's snapshot ready", T, || async {
+        operator
+            .try_get(&Snapshot::key_for(&ns, "vs1"))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.status.ready_to_use)
+    })
+    .await;
+    let mut volumes = Vec::new();
+    for name in ["vv1", "vv2"] {
+        let v = operator.get(&Volume::key_for(&ns, name)).await.unwrap();
+        let ext = v.status.provisioning.external_id.clone().unwrap();
+        volumes.push((name.to_string(), v.metadata.uid.clone(), ext));
+    }
+    let out = s.moorctl(
+        "moor-controller",
+        Some(&s.cluster_keys),
+        &["volume", "snapshot", "create", "vg1", "--group", "vv1,vv2"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let group_key = VolumeGroupSnapshot::key_for(&ns, "vg1");
+    wait_for("the victim's group snapshot ready", T, || async {
+        operator
+            .try_get(&group_key)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|g| g.status.ready_to_use)
+    })
+    .await;
+    let group = operator.get(&group_key).await.unwrap();
+    let snap = operator.get(&Snapshot::key_for(&ns, "vs1")).await.unwrap();
+    Victim {
+        volumes,
+        snapshot: "vs1".into(),
+        snapshot_id: snap.status.snapshot_id.unwrap(),
+        group_id: group.status.group_snapshot_id.clone().unwrap(),
+        members: group
+            .status
+            .members
+            .iter()
+            .map(|m| m.snapshot_id.clone())
+            .collect(),
+    }
+}
+
+async fn claim_phase(store: &Store, node: &str, ns: &Namespace, name: &str) -> Option<ClaimPhase> {
+    let key = Claim::key_for(&NodeName::new(node).unwrap(), ns, name);
+    store
+        .try_get(&key)
+        .await
+        .ok()
+        .flatten()
+        .map(|c| c.status.phase)
+}
+
+fn name(n: &str) -> Name {
+    Name::new(n).unwrap()
+}
+
+fn hostpath_volume(ns: &Namespace, n: &str) -> Volume {
+    Volume::new(
+        ns,
+        name(n),
+        VolumeSpec {
+            plugin_id: PluginId::new(PLUGIN).unwrap(),
+            capacity_min: Some(Size(1 << 20)),
+            capabilities: vec![VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            }],
+            ..Default::default()
+        },
+    )
+}
+
+fn allocation_on_n2(ns: &Namespace, n: &str, volume: &str) -> Allocation {
+    Allocation::new(
+        ns,
+        name(n),
+        AllocationSpec {
+            node: NodeName::new("n2").unwrap(),
+            volumes: vec![VolumeRequest {
+                name: name("data"),
+                volume: VolumeId::new(volume).unwrap(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    )
+}
+
+/// An adversary with `who`'s identity writing namespace `ns`, once its own volume is
+/// published on n2 (and, where it may, its own snapshot is ready).
+async fn adversary(s: &Secure, who: &'static str, ns: &str) -> Adversary {
+    let ns = Namespace::new(ns).unwrap();
+    let store = s.store(who, None).await;
+    let raw = s.raw(who).await;
+    store.create(&hostpath_volume(&ns, "own")).await.unwrap();
+    store
+        .create(&allocation_on_n2(&ns, "own", "own"))
+        .await
+        .unwrap();
+    let operator = s.store("moor-controller", Some(&s.cluster_keys)).await;
+    let what = format!("{who}'s own claim published on n2");
+    wait_for(&what, T, || async {
+        claim_phase(&operator, "n2", &ns, "own.data").await == Some(ClaimPhase::Published)
+    })
+    .await;
+    let volume = store.get(&Volume::key_for(&ns, "own")).await.unwrap();
+    let mut snapshot_finalizers = Vec::new();
+    // An engine-serving node may not write snapshots.
+    let snap = Snapshot::new(
+        &ns,
+        name("own"),
+        SnapshotSpec {
+            volume: VolumeId::new("own").unwrap(),
+            ..Default::default()
+        },
+    );
+    if store.create(&snap).await.is_ok() {
+        let key = Snapshot::key_for(&ns, "own");
+        wait_for(&format!("{who}'s own snapshot ready"), T, || async {
+            store
+                .try_get(&key)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.status.ready_to_use)
+        })
+        .await;
+        snapshot_finalizers = store.get(&key).await.unwrap().metadata.finalizers;
+    }
+    Adversary {
+        who,
+        ns,
+        raw,
+        store,
+        volume_finalizers: volume.metadata.finalizers,
+        snapshot_finalizers,
+        tried: Vec::new(),
+        denied: 0,
+    }
+}
+
+impl Adversary {
+    /// Writes `obj` as it is (status, finalizers, uid and all) at its key: the raw
+    /// write any holder of the grant can make. Whether etcd allowed it.
+    async fn put<S: Spec>(&mut self, obj: &Object<S>) -> bool {
+        let key = format!("/moor/{}", obj.key());
+        // Stamped as a create would (a uid, generation 1, a creation time) unless the
+        // forgery chose its own.
+        let mut obj = obj.clone();
+        let meta = &mut obj.metadata;
+        if meta.uid.is_empty() {
+            meta.uid = Uid::random();
+        }
+        meta.generation = meta.generation.max(1);
+        meta.creation_timestamp.get_or_insert_with(Timestamp::now);
+        let value = serde_json::to_vec(&obj).unwrap();
+        match self.raw.put(key.clone(), value, None).await {
+            Ok(_) => true,
+            Err(e) => {
+                assert!(secure::denied(&e), "{}: put {key}: {e}", self.who);
+                self.denied += 1;
+                false
+            }
+        }
+    }
+
+    fn fresh(&self, what: &str) -> String {
+        format!("x{}-{what}", self.tried.len())
+    }
+}
+
+/// One forgery, chosen by `rng`, with whatever `a`'s grants allow.
+async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
+    let (vname, vuid, vext) = v.volumes[rng.usize(..v.volumes.len())].clone();
+    let ns = a.ns.clone();
+    let op = rng.usize(..11);
+    let n = a.fresh(&op.to_string());
+    let forged_volume = |status_ext: bool| {
+        let mut vol = hostpath_volume(&ns, &n);
+        if status_ext {
+            vol.status.provisioning.phase = VolumePhase::Ready;
+            vol.status.provisioning.external_id = Some(vext.clone());
+        }
+        vol
+    };
+    let what = match op {
+        // A registration of the victim's plugin volume, used on n2.
+        0 => {
+            let mut vol = forged_volume(false);
+            vol.spec.external_id = Some(vext.clone());
+            vol.spec.capacity_min = None;
+            a.put(&vol).await;
+            a.put(&allocation_on_n2(&ns, &n, &n)).await;
+            "register"
+        }
+        // A status naming the victim's plugin volume, with the provisioner's
+        // finalizers, then deleted.
+        1 => {
+            let mut vol = forged_volume(true);
+            vol.metadata.finalizers = a.volume_finalizers.clone();
+            vol.metadata.uid = Uid::random();
+            a.put(&vol).await;
+            let _ = a.store.delete(&Volume::key_for(&ns, &n), None).await;
+            "status-then-delete"
+        }
+        // The same status, used on n2.
+        2 => {
+            let mut vol = forged_volume(true);
+            vol.metadata.finalizers = a.volume_finalizers.clone();
+            a.put(&vol).await;
+            a.put(&allocation_on_n2(&ns, &n, &n)).await;
+            "status-then-use"
+        }
+        // The victim's uid, which names CreateVolume; used on n2.
+        3 => {
+            let mut vol = forged_volume(false);
+            vol.metadata.uid = vuid.clone();
+            a.put(&vol).await;
+            a.put(&allocation_on_n2(&ns, &n, &n)).await;
+            "copied-uid"
+        }
+        // A clone of a volume whose status names the victim's.
+        4 => {
+            let src = forged_volume(true);
+            a.put(&src).await;
+            let mut clone = hostpath_volume(&ns, &format!("{n}c"));
+            clone.spec.source = Some(VolumeSource::Volume(VolumeId::new(&n).unwrap()));
+            a.put(&clone).await;
+            "clone"
+        }
+        // A restore of the victim's snapshot by its plugin id.
+        5 => {
+            let mut vol = forged_volume(false);
+            vol.spec.source = Some(VolumeSource::ExternalSnapshotId(v.snapshot_id.clone()));
+            a.put(&vol).await;
+            "restore-by-id"
+        }
+        // An import of the victim's snapshot, then a restore of it.
+        6 => {
+            let snap = Snapshot::new(
+                &ns,
+                name(&n),
+                SnapshotSpec {
+                    volume: VolumeId::new("own").unwrap(),
+                    snapshot_id: Some(v.snapshot_id.clone()),
+                    ..Default::default()
+                },
+            );
+            a.put(&snap).await;
+            let mut vol = hostpath_volume(&ns, &format!("{n}r"));
+            vol.spec.source = Some(VolumeSource::Snapshot(name(&n)));
+            a.put(&vol).await;
+            "import"
+        }
+        // A snapshot whose status names the victim's, as cut (deleted) or being cut
+        // (polled).
+        7 => {
+            let mut snap = Snapshot::new(
+                &ns,
+                name(&n),
+                SnapshotSpec {
+                    volume: VolumeId::new("own").unwrap(),
+                    ..Default::default()
+                },
+            );
+            snap.metadata.finalizers = a.snapshot_finalizers.clone();
+            snap.status.plugin_id = Some(PluginId::new(PLUGIN).unwrap());
+            snap.status.snapshot_id = Some(v.snapshot_id.clone());
+            snap.status.source_volume_id = Some(vext.to_string());
+            let deleted = rng.bool();
+            if deleted {
+                snap.status.phase = SnapshotPhase::Ready;
+                snap.status.ready_to_use = true;
+            }
+            a.put(&snap).await;
+            if deleted {
+                let _ = a.store.delete(&Snapshot::key_for(&ns, &n), None).await;
+            }
+            if deleted {
+                "snapshot-status-then-delete"
+            } else {
+                "snapshot-status-polled"
+            }
+        }
+        // A snapshot of a volume whose status names the victim's.
+        8 => {
+            a.put(&forged_volume(true)).await;
+            let snap = Snapshot::new(
+                &ns,
+                name(&format!("{n}s")),
+                SnapshotSpec {
+                    volume: VolumeId::new(&n).unwrap(),
+                    ..Default::default()
+                },
+            );
+            a.put(&snap).await;
+            "snapshot-of-forged"
+        }
+        // A group snapshot whose status names the victim's group and members (the
+        // group snapshotter's finalizer is public), deleted or left to be polled; or
+        // an import of the victim's group.
+        9 => {
+            let mut group = VolumeGroupSnapshot::new(
+                &ns,
+                name(&n),
+                VolumeGroupSnapshotSpec {
+                    volumes: vec![VolumeId::new("own").unwrap()],
+                    ..Default::default()
+                },
+            );
+            let import = rng.u8(..3);
+            if import == 0 {
+                group.spec.group_snapshot_id = Some(v.group_id.clone());
+            } else {
+                group.metadata.finalizers = vec![Term::new("moor.dev/group-snapshotter")];
+                let st = &mut group.status;
+                st.plugin_id = Some(PluginId::new(PLUGIN).unwrap());
+                st.group_snapshot_id = Some(v.group_id.clone());
+                st.source_volume_ids = vec![vext.to_string()];
+                st.members = v
+                    .members
+                    .iter()
+                    .map(|id| GroupMember {
+                        volume: VolumeId::new("own").unwrap(),
+                        snapshot: name(&format!("{n}-own")),
+                        snapshot_id: id.clone(),
+                        source_volume_id: vext.to_string(),
+                        size_bytes: None,
+                    })
+                    .collect();
+                st.phase = if import == 1 {
+                    SnapshotPhase::Ready
+                } else {
+                    SnapshotPhase::Creating
+                };
+                st.ready_to_use = import == 1;
+            }
+            a.put(&group).await;
+            if import == 1 {
+                let _ = a
+                    .store
+                    .delete(&VolumeGroupSnapshot::key_for(&ns, &n), None)
+                    .await;
+            }
+            [
+                "group-import",
+                "group-status-then-delete",
+                "group-status-polled",
+            ][import as usize]
+        }
+        // Garbage where the victim's names would be, and a copy of the victim's
+        // volume under its own name (status and all).
+        _ => {
+            let key = format!("/moor/volumes/{ns}/{vname}");
+            let garbage: Vec<u8> = (0..rng.usize(1..200)).map(|_| rng.u8(..)).collect();
+            let _ = a.raw.put(key, garbage, None).await;
+            let mut copy = forged_volume(true);
+            copy.metadata.name = name(&vname);
+            copy.metadata.uid = vuid.clone();
+            copy.metadata.finalizers = a.volume_finalizers.clone();
+            a.put(&copy).await;
+            a.put(&allocation_on_n2(&ns, &n, &vname)).await;
+            "garbage-and-copy"
+        }
+    };
+    a.tried.push(what.to_string());
+}
+
+/// A Mount node n2 writes as an orphan naming one of the victim's plugin volumes, in
+/// the victim's namespace (which n2 never served) or in namespace `a` (which it did);
+/// where it is, to adopt.
+async fn forge_orphan(s: &Secure, v: &Victim, rng: &mut fastrand::Rng) -> (String, String) {
+    let (vname, _, vext) = v.volumes[rng.usize(..v.volumes.len())].clone();
+    let ns = if rng.bool() {
+        Namespace::default_ns()
+    } else {
+        Namespace::new("a").unwrap()
+    };
+    let claim = format!("o{}.data", rng.u32(..));
+    let mut m = Mount::new(
+        &ns,
+        name(&claim),
+        MountSpec {
+            claim: name(&claim),
+            allocation: AllocationId::new(claim.split('.').next().unwrap()).unwrap(),
+            volume: VolumeId::new(if rng.bool() { &vname } else { "own" }).unwrap(),
+            node: NodeName::new("n2").unwrap(),
+            claim_uid: Uid::random(),
+            staging_path: None,
+            target_path: format!("/forged/{claim}"),
+        },
+    );
+    m.status.published = true;
+    m.status.orphan = Some(Box::new(Orphan {
+        since: Timestamp::now(),
+        plugin_id: PluginId::new(PLUGIN).unwrap(),
+        external_id: vext,
+        request: Some(name("data")),
+        mode: ClaimMode::Write,
+        capability: VolumeCapability {
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+        },
+    }));
+    let mut raw = s.raw("moor-agent-n2").await;
+    let key = format!("/moor/{}", m.key());
+    raw.put(key.clone(), serde_json::to_vec(&m).unwrap(), None)
+        .await
+        .unwrap_or_else(|e| panic!("n2 writes its own mount {key}: {e}"));
+    (ns.to_string(), claim)
+}
+
+/// The victim's objects are as they were: volumes Ready with their plugin ids and
+/// owned by them, the snapshot ready with its id, the claim published on n1.
+async fn check_victim(operator: &Store, v: &Victim, seed: u64) {
+    let ns = Namespace::default_ns();
+    for (vname, uid, ext) in &v.volumes {
+        let vol = operator.get(&Volume::key_for(&ns, vname)).await.unwrap();
+        assert_eq!(
+            (
+                &vol.metadata.uid,
+                vol.status.provisioning.phase,
+                vol.status.provisioning.external_id.as_ref()
+            ),
+            (uid, VolumePhase::Ready, Some(ext)),
+            "seed {seed}: victim volume {vname}"
+        );
+        let rec = operator
+            .get(&Ownership::key_for(
+                &vol.spec.plugin_id,
+                OwnedResource::Volume,
+                ext.as_str(),
+            ))
+            .await
+            .unwrap();
+        assert!(
+            owned_by(&rec, &vol),
+            "seed {seed}: {vname}'s record: {rec:?}"
+        );
+    }
+    let snap = operator
+        .get(&Snapshot::key_for(&ns, &v.snapshot))
+        .await
+        .unwrap();
+    assert!(
+        snap.status.ready_to_use
+            && snap.status.snapshot_id.as_deref() == Some(v.snapshot_id.as_str()),
+        "seed {seed}: victim snapshot {snap:?}"
+    );
+    assert_eq!(
+        claim_phase(operator, "n1", &ns, "va1.data").await,
+        Some(ClaimPhase::Published),
+        "seed {seed}: the victim's claim"
+    );
+    // Nothing of the victim's namespace appeared on n2.
+    let on_n2 = operator
+        .list(&Claim::node_scope(&NodeName::new("n2").unwrap()))
+        .await
+        .unwrap();
+    let theirs: BTreeMap<String, ClaimPhase> = on_n2
+        .items
+        .iter()
+        .filter(|c| c.metadata.namespace == ns)
+        .map(|c| (c.key(), c.status.phase))
+        .collect();
+    assert!(
+        theirs.is_empty(),
+        "seed {seed}: victim claims on n2: {theirs:?}"
+    );
+}
+
+/// No claim n2 can open (its node key) carries the victim's secret.
+async fn check_secrets(s: &Secure, seed: u64) {
+    let n2 = s.store("moor-agent-n2", Some(&s.n2_keys)).await;
+    let claims = n2
+        .list(&Claim::node_scope(&NodeName::new("n2").unwrap()))
+        .await
+        .unwrap();
+    for c in claims.items {
+        let text = serde_json::to_string(&c.spec).unwrap();
+        assert!(
+            !text.contains(VICTIM_SECRET),
+            "seed {seed}: {} on n2 carries the victim's secret",
+            c.key()
+        );
+    }
+}
+
+/// What moor made of the forgeries (`MOOR_HOSTILE_SHOW`): each forged volume's and
+/// snapshot's phase and last condition, and the acting calls after the baseline.
+async fn show(operator: &Store, calls: &[Call]) {
+    for ns in ["a", "engines"] {
+        let ns = Namespace::new(ns).unwrap();
+        for v in operator
+            .list::<VolumeSpec>(&KeyScope::namespace(&ns).unwrap())
+            .await
+            .unwrap()
+            .items
+        {
+            let c = v.status.provisioning.meta.conditions.last();
+            eprintln!(
+                "hostile: volume {} {:?} {:?}",
+                v.key(),
+                v.status.provisioning.phase,
+                c.map(|c| (&c.reason, &c.message))
+            );
+        }
+        for sn in operator
+            .list::<SnapshotSpec>(&KeyScope::namespace(&ns).unwrap())
+            .await
+            .unwrap()
+            .items
+        {
+            let c = sn.status.meta.conditions.last();
+            eprintln!(
+                "hostile: snapshot {} {:?} {:?}",
+                sn.key(),
+                sn.status.phase,
+                c.map(|c| (&c.reason, &c.message))
+            );
+        }
+    }
+    for c in calls.iter().filter(|c| acts(c)) {
+        eprintln!(
+            "hostile: call {} {} vol={:?} snap={:?} result={:?} {:?}",
+            c.plugin_node, c.rpc, c.volume_id, c.snapshot_id, c.result_volume_id, c.message
+        );
+    }
+}
