@@ -91,6 +91,8 @@ struct Victim {
     /// Its group snapshot's id and its members' snapshot ids.
     group_id: String,
     members: Vec<String>,
+    /// Where its volumes' data is (the `path` of their plugin context).
+    paths: Vec<String>,
 }
 
 impl Victim {
@@ -195,6 +197,9 @@ async fn run(seed: u64) -> String {
                 .into_iter()
                 .flatten()
                 .any(|id| ids.contains(id))
+                || c.context_path
+                    .as_ref()
+                    .is_some_and(|p| victim.paths.contains(p))
         })
         .collect();
     let tried: Vec<String> = adversaries
@@ -306,10 +311,12 @@ async fn victim(s: &Secure, operator: &Store) -> Victim {
     })
     .await;
     let mut volumes = Vec::new();
+    let mut paths = Vec::new();
     for name in ["vv1", "vv2"] {
         let v = operator.get(&Volume::key_for(&ns, name)).await.unwrap();
         let ext = v.status.provisioning.external_id.clone().unwrap();
         volumes.push((name.to_string(), v.metadata.uid.clone(), ext));
+        paths.extend(v.status.provisioning.volume_context.get("path").cloned());
     }
     let out = s.moorctl(
         "moor-controller",
@@ -340,6 +347,7 @@ async fn victim(s: &Secure, operator: &Store) -> Victim {
             .iter()
             .map(|m| m.snapshot_id.clone())
             .collect(),
+        paths,
     }
 }
 
@@ -396,6 +404,8 @@ async fn adversary(s: &Secure, who: &'static str, ns: &str) -> Adversary {
     let store = s.store(who, None).await;
     let raw = s.raw(who).await;
     store.create(&hostpath_volume(&ns, "own")).await.unwrap();
+    // A volume of its own it has not used yet, for a forged context.
+    store.create(&hostpath_volume(&ns, "spare")).await.unwrap();
     store
         .create(&allocation_on_n2(&ns, "own", "own"))
         .await
@@ -404,6 +414,16 @@ async fn adversary(s: &Secure, who: &'static str, ns: &str) -> Adversary {
     let what = format!("{who}'s own claim published on n2");
     wait_for(&what, T, || async {
         claim_phase(&operator, "n2", &ns, "own.data").await == Some(ClaimPhase::Published)
+    })
+    .await;
+    let spare = Volume::key_for(&ns, "spare");
+    wait_for(&format!("{who}'s spare volume created"), T, || async {
+        store
+            .try_get(&spare)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|v| v.status.provisioning.phase == VolumePhase::Ready)
     })
     .await;
     let volume = store.get(&Volume::key_for(&ns, "own")).await.unwrap();
@@ -476,7 +496,7 @@ impl Adversary {
 async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
     let (vname, vuid, vext) = v.volumes[rng.usize(..v.volumes.len())].clone();
     let ns = a.ns.clone();
-    let op = rng.usize(..11);
+    let op = rng.usize(..12);
     let n = a.fresh(&op.to_string());
     let forged_volume = |status_ext: bool| {
         let mut vol = hostpath_volume(&ns, &n);
@@ -650,6 +670,22 @@ async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
                 "group-status-then-delete",
                 "group-status-polled",
             ][import as usize]
+        }
+        // Its own volume's status says the victim's data is its data (the plugin's
+        // context names the directory); then used on n2.
+        10 => {
+            let key = Volume::key_for(&ns, "spare");
+            if let Ok(mut spare) = a.store.get(&key).await {
+                let path = v.paths[rng.usize(..v.paths.len())].clone();
+                spare
+                    .status
+                    .provisioning
+                    .volume_context
+                    .insert("path".into(), path);
+                a.put(&spare).await;
+                a.put(&allocation_on_n2(&ns, &n, "spare")).await;
+            }
+            "forged-context"
         }
         // Garbage where the victim's names would be, and a copy of the victim's
         // volume under its own name (status and all).

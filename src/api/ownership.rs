@@ -77,6 +77,37 @@ pub struct OwnershipSpec {
     pub external_id: String,
     /// Its owner.
     pub owner: OwnerRef,
+    /// What CreateVolume answered of a volume moor created (none for a registration,
+    /// a snapshot or a group): the facts a node's calls are given, kept here because
+    /// no requester writes this key (the volume's `status.provisioning` shows them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioned: Option<Box<Provisioned>>,
+}
+
+/// What CreateVolume answered of a plugin volume, as its record keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Provisioned {
+    /// The capacity the plugin reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
+    /// The volume context the plugin returned: what NodeStage and NodePublish carry.
+    #[serde(default, skip_serializing_if = "StrMap::is_empty")]
+    pub volume_context: StrMap,
+    /// Where the volume is accessible from; empty means everywhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accessible_topology: Vec<Topology>,
+}
+
+impl Provisioned {
+    /// The facts a volume's status shows (what the provisioner wrote there, or, at an
+    /// upgrade, what an older version did).
+    pub fn of_status(p: &ProvisioningStatus) -> Provisioned {
+        Provisioned {
+            capacity_bytes: p.capacity_bytes,
+            volume_context: p.volume_context.clone(),
+            accessible_topology: p.accessible_topology.clone(),
+        }
+    }
 }
 
 /// An ownership record has no observed state.
@@ -179,6 +210,7 @@ impl Ownership {
                 resource: OwnedResource::Volume,
                 external_id: MIGRATED.to_string(),
                 owner: OwnerRef::default(),
+                provisioned: None,
             },
         )
     }
@@ -226,6 +258,7 @@ impl Ownership {
                     name: owner.metadata.name.clone(),
                     uid: owner.metadata.uid.clone(),
                 },
+                provisioned: None,
             },
         )
     }

@@ -730,7 +730,7 @@ mod tests {
         let r = create_snapshot(&snap, Some(&v), "vol-1").unwrap();
         assert_eq!(
             (r.source_volume_id.as_str(), r.name.as_str()),
-            ("vol-1", "uid-s1")
+            ("vol-1", plugin_name_of(&snap).as_str())
         );
         assert_eq!(r.parameters["kind"], "full");
         assert_eq!(

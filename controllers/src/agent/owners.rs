@@ -95,25 +95,53 @@ impl ControllerPluginCtx {
         id: &str,
         object: &Object<S>,
     ) -> Result<Result<(), String>, StoreError> {
+        self.take_ownership_with(resource, id, object, None).await
+    }
+
+    /// [`ControllerPluginCtx::take_ownership`], keeping what CreateVolume answered in
+    /// the record (`provisioned`; written into `object`'s own record when it differs).
+    pub async fn take_ownership_with<S: Spec>(
+        &self,
+        resource: OwnedResource,
+        id: &str,
+        object: &Object<S>,
+        provisioned: Option<Provisioned>,
+    ) -> Result<Result<(), String>, StoreError> {
         for _ in 0..3 {
             let (owner, rec) = self.owner(resource, id, object).await?;
-            match owner {
-                Owner::Mine | Owner::Sibling => return Ok(Ok(())),
-                Owner::Another(why) => return Ok(Err(why)),
-                Owner::Nobody => {}
-            }
-            if let Some(stale) = rec {
-                match self.writer.delete_read(&stale).await {
-                    Ok(_) | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
-                    Err(e) => return Err(e),
+            match (owner, rec) {
+                (Owner::Mine, Some(rec)) => {
+                    let Some(p) = provisioned
+                        .as_ref()
+                        .filter(|p| rec.spec.provisioned.as_deref() != Some(*p))
+                    else {
+                        return Ok(Ok(()));
+                    };
+                    let mut next = rec.clone();
+                    next.spec.provisioned = Some(Box::new(p.clone()));
+                    match self.writer.update(&rec, &next).await {
+                        Ok(_) => return Ok(Ok(())),
+                        // Written since: read it again.
+                        Err(StoreError::Conflict { .. }) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                (Owner::Mine | Owner::Sibling, _) => return Ok(Ok(())),
+                (Owner::Another(why), _) => return Ok(Err(why)),
+                (Owner::Nobody, stale) => {
+                    if let Some(stale) = stale {
+                        match self.writer.delete_read(&stale).await {
+                            Ok(_)
+                            | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
                 }
             }
             let plugin = &self.plugin.id;
-            match self
-                .writer
-                .create(&Ownership::of(plugin, resource, id, object))
-                .await
-            {
+            let mut record = Ownership::of(plugin, resource, id, object);
+            record.spec.provisioned = provisioned.clone().map(Box::new);
+            match self.writer.create(&record).await {
                 Ok(_) => return Ok(Ok(())),
                 // Another writer's record came first: read it again.
                 Err(StoreError::AlreadyExists { .. }) => continue,

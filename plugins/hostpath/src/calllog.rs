@@ -35,6 +35,10 @@ pub struct Call {
     /// The target path in the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_path: Option<String>,
+    /// The volume context's `path` in a node request (the data directory the request
+    /// names, where it names one): a path, not a secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_path: Option<String>,
     /// The access mode in the request's capability (CSI enum name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_mode: Option<String>,

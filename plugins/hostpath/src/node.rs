@@ -178,6 +178,7 @@ impl Node for Plugin {
             mount_group: crate::mount_group_of(req.volume_capability.as_ref()),
             selinux_context: crate::selinux_context_of(req.volume_capability.as_ref()),
             secret_keys: req.secrets.keys().cloned().collect(),
+            context_path: req.volume_context.get("path").cloned(),
             ..path_call(
                 "NodeStageVolume",
                 &req.volume_id,
@@ -298,6 +299,7 @@ impl Node for Plugin {
             mount_group: crate::mount_group_of(req.volume_capability.as_ref()),
             selinux_context: crate::selinux_context_of(req.volume_capability.as_ref()),
             secret_keys: req.secrets.keys().cloned().collect(),
+            context_path: req.volume_context.get("path").cloned(),
             ..path_call(
                 "NodePublishVolume",
                 &req.volume_id,

@@ -60,7 +60,7 @@ impl Provisioner {
         };
         // Validated: this volume's from now on, unless another volume's record came
         // first.
-        if let Err(why) = self.take_ownership(vol, &ext).await? {
+        if let Err(why) = self.take_ownership(vol, &ext, None).await? {
             let failed = self
                 .ctx
                 .steps

@@ -336,7 +336,8 @@ impl Provisioner {
                 // However it was named, an answer naming another volume's plugin
                 // volume (a plugin that names by parameters, a lying plugin) is not
                 // ours.
-                if let Err(why) = self.take_ownership(vol, &ext).await? {
+                let facts = provisioned(&created);
+                if let Err(why) = self.take_ownership(vol, &ext, Some(facts)).await? {
                     let failed = self
                         .create_step(&key, vol)?
                         .0
@@ -399,14 +400,10 @@ impl Provisioner {
                 let p = &mut st.provisioning;
                 p.phase = VolumePhase::Ready;
                 p.external_id = Some(ext.clone());
-                p.capacity_bytes =
-                    (created.capacity_bytes > 0).then_some(created.capacity_bytes as u64);
-                p.volume_context = created.volume_context.clone().into();
-                p.accessible_topology = created
-                    .accessible_topology
-                    .iter()
-                    .map(|t| t.segments.clone())
-                    .collect();
+                let facts = provisioned(&created);
+                p.capacity_bytes = facts.capacity_bytes;
+                p.volume_context = facts.volume_context;
+                p.accessible_topology = facts.accessible_topology;
                 p.meta.clear_failure();
                 p.mutable_parameters = vol.spec.mutable_parameters.clone();
                 p.meta.observed_generation = vol.metadata.generation;
@@ -473,7 +470,7 @@ impl Provisioner {
                         let created = created_volume(resp)?;
                         match ExternalVolumeId::new(created.volume_id) {
                             // Ours only if no other volume owns it.
-                            Ok(ext) => match self.take_ownership(vol, &ext).await? {
+                            Ok(ext) => match self.take_ownership(vol, &ext, None).await? {
                                 Ok(()) => Some(ext),
                                 Err(why) => return self.not_deleted(vol, &why).await,
                             },
@@ -599,6 +596,20 @@ impl Provisioner {
 }
 
 /// The volume a CreateVolume answer names; an answer without one is a plugin's lie.
+/// What CreateVolume answered of `created`, as the volume's record keeps it (and its
+/// status shows it).
+fn provisioned(created: &v1::Volume) -> Provisioned {
+    Provisioned {
+        capacity_bytes: (created.capacity_bytes > 0).then_some(created.capacity_bytes as u64),
+        volume_context: created.volume_context.clone().into(),
+        accessible_topology: created
+            .accessible_topology
+            .iter()
+            .map(|t| t.segments.clone())
+            .collect(),
+    }
+}
+
 fn created_volume(resp: v1::CreateVolumeResponse) -> Result<v1::Volume, ProvisionError> {
     resp.volume
         .filter(|v| !v.volume_id.is_empty())

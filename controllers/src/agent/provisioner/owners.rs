@@ -42,15 +42,17 @@ impl Provisioner {
     }
 
     /// Records that `vol` owns `ext` unless a volume of another namespace does:
-    /// `Ok(Err(why))` then.
+    /// `Ok(Err(why))` then. `provisioned`: what CreateVolume answered, kept in the
+    /// record (a created volume's; none for a registration).
     pub(super) async fn take_ownership(
         &self,
         vol: &Volume,
         ext: &ExternalVolumeId,
+        provisioned: Option<Provisioned>,
     ) -> Result<Result<(), String>, ProvisionError> {
         Ok(self
             .ctx
-            .take_ownership(OwnedResource::Volume, ext.as_str(), vol)
+            .take_ownership_with(OwnedResource::Volume, ext.as_str(), vol, provisioned)
             .await?)
     }
 
@@ -140,7 +142,11 @@ impl Provisioner {
             else {
                 continue;
             };
-            match self.take_ownership(vol, ext).await? {
+            // A created volume's facts as its status shows them: the best word there
+            // is at the upgrade (the status was written by the provisioner or by
+            // whoever writes the volume, as before this version).
+            let provisioned = (!vol.spec.is_registration()).then(|| Provisioned::of_status(p));
+            match self.take_ownership(vol, ext, provisioned).await? {
                 Ok(()) => made += 1,
                 Err(why) => {
                     self.event(

@@ -23,9 +23,10 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
     };
     // The plugin volume is the volume's own only if its plugin's leader recorded so:
     // what the volume's key says of it is a request.
-    if let Err(why) = owns(ctx, &volume, &admitted.external_id) {
-        return refuse(ctx, claim, Verdict::Wait(why)).await;
-    }
+    let plugin_context = match owns(ctx, &volume, &admitted.external_id) {
+        Ok(context) => context,
+        Err(why) => return refuse(ctx, claim, Verdict::Wait(why)).await,
+    };
     // What the node's calls carry, read now (a Secret created later wakes the claim).
     let node_secrets = match volume.node_secrets(|key| ctx.secrets.get(key)) {
         Ok(n) => n,
@@ -40,7 +41,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         mode: claim.spec.mode,
         access_mode: Some(admitted.capability.access_mode),
     };
-    let mut c = admitted_claim(claim, &volume, &admitted, &node_secrets);
+    let mut c = admitted_claim(claim, &volume, &admitted, &node_secrets, plugin_context);
     // The next step in the same write: the node let act when the attachment is ready
     // or not needed, else the attachment asked for (created in the admission's own
     // transaction, so an attachment never exists for a claim that was not admitted).
@@ -124,16 +125,18 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
 }
 
 /// The claim as admitted on `volume`: the capability and the plugin's id resolved at
-/// admission, the volume's and its provisioning's contexts, the secrets for the node's
-/// calls, the generation and uid admitted against; phase Admitted.
+/// admission, the volume's context and the plugin's (`plugin_context`, from the
+/// ownership record), the secrets for the node's calls, the generation and uid
+/// admitted against; phase Admitted.
 fn admitted_claim(
     claim: &Claim,
     volume: &Volume,
     admitted: &admission::Admitted,
     node_secrets: &NodeSecrets,
+    plugin_context: StrMap,
 ) -> Claim {
     let mut context = StrMap::from((*volume.spec.context).clone());
-    context.extend(volume.status.provisioning.volume_context.clone());
+    context.extend(plugin_context);
     let mut c = claim.clone();
     c.spec.access_mode = Some(admitted.capability.access_mode);
     c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
@@ -159,8 +162,10 @@ async fn refused(ctx: &Ctx, claim: &Claim, refusal: Refusal) -> Result<Action, S
 }
 
 /// Whether `volume` owns its plugin volume `ext` by the record its plugin's leader
-/// wrote; why the claim waits, when it does not (another namespace's owner unnamed).
-fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<(), String> {
+/// wrote, and then the context CreateVolume answered (the record's: a volume's status
+/// is its writer's word); why the claim waits, when it does not (another namespace's
+/// owner unnamed).
+fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<StrMap, String> {
     let key = Ownership::key_for(&volume.spec.plugin_id, OwnedResource::Volume, ext.as_str());
     match ctx.owners.get(&key) {
         // Its own, or another volume's of the same namespace (a second registration
@@ -168,7 +173,12 @@ fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<(), String
         Some(rec)
             if owned_by(&rec, volume) || rec.spec.owner.namespace == volume.metadata.namespace =>
         {
-            Ok(())
+            Ok(rec
+                .spec
+                .provisioned
+                .as_ref()
+                .map(|p| p.volume_context.clone())
+                .unwrap_or_default())
         }
         Some(rec) => Err(format!(
             "the plugin volume it names is {}: only its owner's claims are admitted",
@@ -181,7 +191,7 @@ fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<(), String
             .get(&Ownership::migrated_key(&volume.spec.plugin_id))
             .is_none() =>
         {
-            Ok(())
+            Ok(volume.status.provisioning.volume_context.clone())
         }
         None => Err(format!(
             "waiting for plugin {}'s provisioner to record that this volume owns its plugin volume",
@@ -259,7 +269,11 @@ mod tests {
         volume.spec.context = declared.into();
         let mut made = StrMap::default();
         made.insert("b".into(), "plugin".into());
-        volume.status.provisioning.volume_context = made;
+        // The status is the word of whoever writes the volume: never carried.
+        let mut forged = StrMap::default();
+        forged.insert("b".into(), "forged".into());
+        forged.insert("c".into(), "forged".into());
+        volume.status.provisioning.volume_context = forged;
         let admitted = admission::Admitted {
             capability: VolumeCapability {
                 access_mode: AccessMode::MultiNodeReaderOnly,
@@ -280,7 +294,7 @@ mod tests {
             ))),
             publish: None,
         };
-        let c = admitted_claim(&claim, &volume, &admitted, &secrets);
+        let c = admitted_claim(&claim, &volume, &admitted, &secrets, made);
         assert!(
             secrets.carried_by(&volume.spec, &c.spec),
             "the node's secrets as resolved"
@@ -303,5 +317,6 @@ mod tests {
             c.spec.volume_context.get("b").map(String::as_str),
             Some("plugin")
         );
+        assert_eq!(c.spec.volume_context.get("c"), None, "the status's context");
     }
 }
