@@ -19,6 +19,11 @@
 //! 0.2.0 already keeps the fields it does not know: an old agent and an old moorctl
 //! write back objects carrying a field of a later version, and the field survives.
 //!
+//! A second test does the same from the last turn's main ([`LAST_MAIN`], before
+//! ownership records, plugin names by namespace and the record's context), with a
+//! registered volume and a retained template volume, and then goes back to it one
+//! process at a time, as UPGRADING.md allows: nothing live is torn down either way.
+//!
 //! The old build: `git archive FROM` into `target/upgrade-from/<commit>/src`, built
 //! with its own Cargo.lock into `target/upgrade-from/<commit>/target`, seeded with a
 //! copy of this build's third-party artifacts (`target/debug`), so only moor's own
@@ -40,6 +45,11 @@ use std::time::{Duration, Instant};
 /// 0.2.0: main at the end of 2026-11-27.
 const FROM: &str = "c009100910a243aebe4fd1b17ad575f0a2f24ff1";
 const FROM_VERSION: &str = "0.2.0";
+
+/// The last turn's main (2026-12-06), before ownership records, plugin names by
+/// namespace and the record's context: what this turn's changes upgrade from, and
+/// what the version-skew policy lets an operator go back to.
+const LAST_MAIN: &str = "31fb736ecd3f84294b5514f873272276ff0a6b00";
 
 const T: Duration = Duration::from_secs(60);
 
@@ -97,14 +107,14 @@ fn seed(from: &Path, to: &Path) {
 }
 
 /// The old release's `moord` and `moorctl`, built from the clone's history once.
-fn old_build() -> PathBuf {
-    let root = repo().join("target/upgrade-from").join(&FROM[..12]);
+fn old_build(from: &str, version: &str) -> PathBuf {
+    let root = repo().join("target/upgrade-from").join(&from[..12]);
     let bin = root.join("bin");
     if bin.join("moord").exists() && bin.join("moorctl").exists() {
         return bin;
     }
     let started = Instant::now();
-    // A worktree at FROM, so that the old build names its own commit (clean).
+    // A worktree at `from`, so that the old build names its own commit (clean).
     let src = root.join("src");
     let git = |args: &[&str]| {
         Command::new("git")
@@ -122,11 +132,11 @@ fn old_build() -> PathBuf {
         "add",
         "--detach",
         &src.display().to_string(),
-        FROM,
+        from,
     ]);
     assert!(
         added.status.success(),
-        "git worktree add {FROM}: {}: the upgrade test builds the release it upgrades from out of this clone's history (a shallow clone lacks it: git fetch --unshallow)",
+        "git worktree add {from}: {}: the upgrade test builds the release it upgrades from out of this clone's history (a shallow clone lacks it: git fetch --unshallow)",
         String::from_utf8_lossy(&added.stderr)
     );
     let target = root.join("target");
@@ -149,7 +159,7 @@ fn old_build() -> PathBuf {
         .expect("run cargo");
     assert!(
         out.status.success(),
-        "building {FROM}: {}",
+        "building {from}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let compiled = String::from_utf8_lossy(&out.stderr)
@@ -158,8 +168,8 @@ fn old_build() -> PathBuf {
         .map(|l| l.trim().to_string())
         .collect::<Vec<_>>();
     eprintln!(
-        "built {FROM_VERSION} ({}) in {:.0?}; compiled: {}",
-        &FROM[..12],
+        "built {version} ({}) in {:.0?}; compiled: {}",
+        &from[..12],
         started.elapsed(),
         compiled.join("; ")
     );
@@ -299,7 +309,7 @@ async fn put_raw(c: &Cluster, key: &str, value: &serde_json::Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_unpublishing() {
-    let old = old_build();
+    let old = old_build(FROM, FROM_VERSION);
     let (old_moord, old_moorctl) = (old.join("moord"), old.join("moorctl"));
     let new_moorctl = common::bin("moorctl");
     let out = Command::new(&old_moorctl)
@@ -455,6 +465,13 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
             .await
             .unwrap_or_else(|e| panic!("{v}'s plugin volume has no owner: {e}"));
         assert!(owned_by(&rec, &vol), "{v}: {rec:?}");
+        // What CreateVolume answered, copied from the status once: the context claims
+        // carry from now on.
+        assert_eq!(
+            rec.spec.provisioned.as_ref().map(|p| &p.volume_context),
+            Some(&vol.status.provisioning.volume_context),
+            "{v}: {rec:?}"
+        );
     }
     let r1 = c
         .store
@@ -555,5 +572,181 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
             );
         }
     }
+    c.check_calls(true);
+}
+
+/// Volumes that must stay published, and how many teardowns of them the call logs
+/// held when they became live (the retained template volume was torn down once, when
+/// the allocation it was made for ended).
+#[derive(Default)]
+struct Live {
+    ids: BTreeSet<String>,
+    before: usize,
+}
+
+impl Live {
+    fn extend(&mut self, c: &Cluster, ids: BTreeSet<String>) {
+        self.ids.extend(ids);
+        self.before = teardowns(c, &self.ids).len();
+    }
+}
+
+/// The claims of allocation `alloc` on `node` published, and no `live` volume torn
+/// down since it became live (`what` names the stage).
+async fn stage(c: &Cluster, what: &str, alloc: &str, node: &str, live: &Live) {
+    c.wait_claim(alloc, node, ClaimPhase::Published, T).await;
+    let torn = teardowns(c, &live.ids);
+    assert!(torn.len() == live.before, "{what}: {torn:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_last_main_upgrades_and_goes_back_one_process_at_a_time_without_unpublishing() {
+    let old = old_build(LAST_MAIN, "the last main");
+    let (old_moord, new_moord) = (old.join("moord"), common::bin("moord"));
+    let out = Command::new(old.join("moorctl"))
+        .arg("--version")
+        .output()
+        .expect("old moorctl --version");
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(version.contains(&LAST_MAIN[..12]), "{version}");
+    let opts = PluginOpts {
+        moord: Some(old_moord.clone()),
+        ..Default::default()
+    };
+    let mut c = Cluster::start(1, 2, opts).await;
+    let names = ["v1", "v2", "v3", "v4", "v5", "v6", "v7"];
+    for v in names {
+        c.apply(c.volume(v, AccessMode::SingleNodeWriter)).await;
+    }
+    for v in names {
+        c.volume_ready(v).await;
+    }
+    // A registration of the plugin volume v7 was created as.
+    let v7_ext = external_ids(&c, &["v7"]).await.pop_first().unwrap();
+    let mut r1 = c.volume("r1", AccessMode::SingleNodeWriter);
+    r1.spec.capacity_min = None;
+    r1.spec.external_id = Some(ExternalVolumeId::new(v7_ext).unwrap());
+    c.apply(r1).await;
+    c.volume_ready("r1").await;
+    // A retained template volume: made for t1, kept after t1 ends.
+    let tpl = c.dir.path().join("t1.yaml");
+    std::fs::write(
+        &tpl,
+        format!(
+            "kind: Allocation\nmetadata: {{name: t1}}\nspec:\n  node: n1\n  volumes:\n    \
+             - name: data\n      template: {{plugin_id: {}, capacity_min: 1MiB, lifecycle: retain}}\n",
+            cluster::PLUGIN
+        ),
+    )
+    .unwrap();
+    moorctl(
+        &c,
+        &old.join("moorctl"),
+        &["apply", "-f", tpl.to_str().unwrap()],
+    );
+    c.wait_claim("t1", "n1", ClaimPhase::Published, T).await;
+    c.stop_alloc("t1").await;
+    c.wait_claim("t1", "n1", ClaimPhase::Released, T).await;
+    let retained = "t1.data";
+    c.volume_ready(retained).await;
+
+    // Live claims on both nodes throughout.
+    c.apply(c.allocation("a1", "n1", "v1", false)).await;
+    c.apply(c.allocation("a2", "n2", "v2", false)).await;
+    c.wait_claim("a1", "n1", ClaimPhase::Published, T).await;
+    c.wait_claim("a2", "n2", ClaimPhase::Published, T).await;
+    let mut live = Live::default();
+    live.extend(&c, external_ids(&c, &["v1", "v2"]).await);
+    let mut stopped_last = Vec::new();
+
+    // Up: the controller, then each agent (n1 leads the plugin), each followed by a
+    // new claim.
+    c.controllers[0].replace(new_moord.clone());
+    c.wait_nodes_healthy().await;
+    c.apply(c.allocation("a3", "n2", "v3", false)).await;
+    stage(&c, "after upgrading the controller", "a3", "n2", &live).await;
+    c.node_mut("n1").agent.replace(new_moord.clone());
+    c.wait_nodes_healthy().await;
+    c.apply(c.allocation("a4", "n1", retained, false)).await;
+    stage(&c, "after upgrading agent n1", "a4", "n1", &live).await;
+    c.node_mut("n2").agent.replace(new_moord.clone());
+    c.wait_nodes_healthy().await;
+    c.apply(c.allocation("a5", "n2", "r1", false)).await;
+    stage(&c, "after upgrading agent n2", "a5", "n2", &live).await;
+    live.extend(&c, external_ids(&c, &["v3", retained, "r1"]).await);
+    stopped_last.extend(["a3", "a4", "a5"]);
+
+    // The new leader recorded the owners, with what CreateVolume answered for the
+    // created ones (the retained template volume among them); r1 is v7's sibling.
+    let plugin = PluginId::new(cluster::PLUGIN).unwrap();
+    wait_for("the plugin's volumes' owners recorded", T, || async {
+        c.store
+            .try_get(&Ownership::migrated_key(&plugin))
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    for v in names.iter().chain(&[retained]) {
+        let vol = c
+            .store
+            .get(&Volume::key_for(&Namespace::default_ns(), v))
+            .await
+            .unwrap();
+        let ext = vol.status.provisioning.external_id.clone().unwrap();
+        let rec = c
+            .store
+            .get(&Ownership::key_for(
+                &plugin,
+                OwnedResource::Volume,
+                ext.as_str(),
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{v}'s plugin volume has no owner: {e}"));
+        assert!(owned_by(&rec, &vol), "{v}: {rec:?}");
+        assert_eq!(
+            rec.spec.provisioned.as_ref().map(|p| &p.volume_context),
+            Some(&vol.status.provisioning.volume_context),
+            "{v}: {rec:?}"
+        );
+    }
+    // A new volume made and published by this version (named by namespace, name and
+    // uid now), beside the old ones.
+    c.apply(c.volume("n9", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("n9").await;
+    c.apply(c.allocation("a6", "n1", "n9", false)).await;
+    stage(&c, "a new volume after the upgrade", "a6", "n1", &live).await;
+    live.extend(&c, external_ids(&c, &["n9"]).await);
+    stopped_last.push("a6");
+
+    // Down again, as UPGRADING.md allows: the agents, then the controller; each step
+    // followed by a new claim on a volume the records already name, and, once the old
+    // controller leads, on a volume the old agent makes.
+    c.node_mut("n2").agent.replace(old_moord.clone());
+    c.wait_nodes_healthy().await;
+    c.apply(c.allocation("b1", "n2", "v4", false)).await;
+    stage(&c, "after taking agent n2 back", "b1", "n2", &live).await;
+    c.node_mut("n1").agent.replace(old_moord.clone());
+    c.wait_nodes_healthy().await;
+    c.apply(c.allocation("b2", "n1", "v5", false)).await;
+    stage(&c, "after taking agent n1 back", "b2", "n1", &live).await;
+    c.controllers[0].replace(old_moord.clone());
+    c.wait_nodes_healthy().await;
+    c.apply(c.volume("o9", AccessMode::SingleNodeWriter)).await;
+    c.volume_ready("o9").await;
+    c.apply(c.allocation("b3", "n2", "o9", false)).await;
+    stage(&c, "after taking the controller back", "b3", "n2", &live).await;
+    live.extend(&c, external_ids(&c, &["v4", "v5", "o9"]).await);
+    stopped_last.extend(["b1", "b2", "b3"]);
+
+    // Everything released at the end, by the old build.
+    for a in ["a1", "a2"].into_iter().chain(stopped_last) {
+        c.stop_alloc(a).await;
+    }
+    wait_for("every claim released", T, || async {
+        c.all_claims_released().await
+    })
+    .await;
     c.check_calls(true);
 }

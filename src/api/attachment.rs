@@ -32,6 +32,13 @@ pub struct AttachmentSpec {
     /// Set when no live claim remains on the node: ControllerUnpublish, then delete.
     #[serde(default)]
     pub detach: bool,
+    /// The volume context ControllerPublish carries, as the claims were admitted with
+    /// it: the volume's declared context and what CreateVolume answered, taken from
+    /// the volume's ownership record (issue 77: the volume's status is its writer's
+    /// word). Absent in an attachment an older controller made: the attacher then
+    /// takes the volume's, as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_context: Option<StrMap>,
 }
 
 impl Spec for AttachmentSpec {

@@ -14,15 +14,17 @@ use crate::api::{
 /// ControllerPublishVolume of an attachment: its volume and CSI node ids, capability
 /// (as sent to a controller service that advertises SINGLE_NODE_MULTI_WRITER or not,
 /// `multi_writer_cap`: [`crate::api::AccessMode::as_sent`]) and read-only flag; the
-/// volume's mount options, secrets and context (its spec's, then what CreateVolume
-/// answered). Without the volume (deleted since), its fields are left empty. Sealed
+/// volume's mount options and secrets, and the context the attachment records (an
+/// older controller's attachment: the volume's spec's, then what its status says
+/// CreateVolume answered). Without the volume (deleted since), its fields are left
+/// empty. Sealed
 /// secrets this process cannot open are an error.
 pub fn controller_publish(
     att: &Attachment,
     volume: Option<&AttachInputs>,
     multi_writer_cap: bool,
 ) -> Result<v1::ControllerPublishVolumeRequest, SealedSecrets> {
-    let (secrets, context, mount_options) = match volume {
+    let (secrets, mut context, mount_options) = match volume {
         Some(v) => {
             let mut context = (*v.context).clone();
             context.extend(v.volume_context.clone());
@@ -34,6 +36,11 @@ pub fn controller_publish(
         }
         None => Default::default(),
     };
+    // The context the claims were admitted with, where the controller recorded it
+    // (never the volume's status, which whoever writes the volume writes).
+    if let Some(admitted) = &att.spec.volume_context {
+        context = admitted.clone().into();
+    }
     Ok(v1::ControllerPublishVolumeRequest {
         volume_id: att.spec.external_id.to_string(),
         node_id: att.spec.csi_node_id.to_string(),
@@ -471,6 +478,7 @@ mod tests {
                 },
                 read_only: true,
                 detach: false,
+                volume_context: None,
             },
         )
     }
@@ -506,6 +514,17 @@ mod tests {
             r.volume_context.len(),
             2,
             "the spec's and CreateVolume's context"
+        );
+        // An attachment that records the context its claims were admitted with sends
+        // that one, never the volume's status.
+        let mut recorded = att.clone();
+        recorded.spec.volume_context =
+            Some([("path".to_string(), "/from/record".to_string())].into());
+        let r2 = controller_publish(&recorded, Some(&v), false).unwrap();
+        assert_eq!(
+            r2.volume_context,
+            [("path".to_string(), "/from/record".to_string())].into(),
+            "the attachment's context alone"
         );
         let cap = r.volume_capability.expect("capability");
         assert_eq!(

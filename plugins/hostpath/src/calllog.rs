@@ -35,8 +35,9 @@ pub struct Call {
     /// The target path in the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_path: Option<String>,
-    /// The volume context's `path` in a node request (the data directory the request
-    /// names, where it names one): a path, not a secret.
+    /// The volume context's `path` in a ControllerPublish, NodeStage or NodePublish
+    /// request (the data directory the request names, where it names one): a path,
+    /// not a secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_path: Option<String>,
     /// The access mode in the request's capability (CSI enum name).

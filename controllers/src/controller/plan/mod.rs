@@ -150,6 +150,7 @@ pub fn attach(i: &AttachInputs) -> AttachPlan {
             },
             read_only: !access_mode.allows_write(),
             detach: false,
+            volume_context: Some(claim.spec.volume_context.clone()),
         });
     };
     if att.spec.detach {
@@ -345,6 +346,7 @@ mod tests {
                 },
                 read_only: !access.allows_write(),
                 detach: false,
+                volume_context: None,
             },
         );
         a.metadata.uid = "att-1".into();

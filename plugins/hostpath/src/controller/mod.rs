@@ -345,6 +345,7 @@ impl Controller for Plugin {
             readonly: Some(req.readonly),
             access_mode: crate::access_mode_name(req.volume_capability.as_ref()),
             secret_keys: req.secrets.keys().cloned().collect(),
+            context_path: req.volume_context.get("path").cloned(),
             ..Call::new("ControllerPublishVolume")
         };
         self.call(c, async {
