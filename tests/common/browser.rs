@@ -85,7 +85,11 @@ impl Browser {
         let port = crate::common::free_port();
         let profile = tempfile::tempdir().unwrap();
         let log = profile.path().join("chromedriver.log");
+        // In a process group of its own, which the Chromium it starts joins: dropped,
+        // the browser ends the whole group.
+        use std::os::unix::process::CommandExt;
         let driver = Command::new(driver_bin)
+            .process_group(0)
             .arg(format!("--port={port}"))
             .arg(format!("--log-path={}", log.display()))
             .stdout(Stdio::null())
@@ -204,9 +208,40 @@ impl Browser {
     }
 }
 
+/// `DELETE /session/ID` with a bounded wait, without a runtime (a drop may run in a
+/// panicking test): chromedriver then quits its Chromium.
+fn delete_session(addr: &str, session: &str) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    let bound = Duration::from_secs(10);
+    let mut s =
+        std::net::TcpStream::connect_timeout(&addr.parse().map_err(std::io::Error::other)?, bound)?;
+    s.set_read_timeout(Some(bound))?;
+    s.set_write_timeout(Some(bound))?;
+    write!(
+        s,
+        "DELETE /session/{session} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )?;
+    // The status line is enough: the session is closed before it is sent.
+    let mut head = [0u8; 64];
+    let _ = s.read(&mut head)?;
+    Ok(())
+}
+
 impl Drop for Browser {
+    /// Ends the session, then whatever is left of the driver's process group and of
+    /// this profile's Chromium (a test leaves no browser running, pass or fail).
     fn drop(&mut self) {
+        let _ = delete_session(&self.addr, &self.session);
+        let group = format!("-{}", self.driver.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        let profile = self._profile.path().display().to_string();
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f", &profile])
+            .status();
     }
 }
