@@ -23,7 +23,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
     };
     // The plugin volume is the volume's own only if its plugin's leader recorded so:
     // what the volume's key says of it is a request.
-    let plugin_context = match owns(ctx, &volume, &admitted.external_id) {
+    let context = match owns(ctx, &volume, &admitted.external_id) {
         Ok(context) => context,
         Err(why) => return refuse(ctx, claim, Verdict::Wait(why)).await,
     };
@@ -41,7 +41,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         mode: claim.spec.mode,
         access_mode: Some(admitted.capability.access_mode),
     };
-    let mut c = admitted_claim(claim, &volume, &admitted, &node_secrets, plugin_context);
+    let mut c = admitted_claim(claim, &volume, &admitted, &node_secrets, context);
     // The next step in the same write: the node let act when the attachment is ready
     // or not needed, else the attachment asked for (created in the admission's own
     // transaction, so an attachment never exists for a claim that was not admitted).
@@ -125,18 +125,16 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
 }
 
 /// The claim as admitted on `volume`: the capability and the plugin's id resolved at
-/// admission, the volume's context and the plugin's (`plugin_context`, from the
-/// ownership record), the secrets for the node's calls, the generation and uid
-/// admitted against; phase Admitted.
+/// admission, the volume context its node calls carry (`context`, as [`owns`] found
+/// it), the secrets for the node's calls, the generation and uid admitted against;
+/// phase Admitted.
 fn admitted_claim(
     claim: &Claim,
     volume: &Volume,
     admitted: &admission::Admitted,
     node_secrets: &NodeSecrets,
-    plugin_context: StrMap,
+    context: StrMap,
 ) -> Claim {
-    let mut context = StrMap::from((*volume.spec.context).clone());
-    context.extend(plugin_context);
     let mut c = claim.clone();
     c.spec.access_mode = Some(admitted.capability.access_mode);
     c.spec.attachment_mode = Some(admitted.capability.attachment_mode);
@@ -162,9 +160,11 @@ async fn refused(ctx: &Ctx, claim: &Claim, refusal: Refusal) -> Result<Action, S
 }
 
 /// Whether `volume` owns its plugin volume `ext` by the record its plugin's leader
-/// wrote, and then the context CreateVolume answered (the record's: a volume's status
-/// is its writer's word); why the claim waits, when it does not (another namespace's
-/// owner unnamed).
+/// wrote, and then the volume context its node calls carry: a created volume's is
+/// what CreateVolume answered, kept in the record (its status and its declared
+/// `spec.context` are its writer's word), a registration's the `spec.context` its
+/// ValidateVolumeCapabilities carried (which the plugin must match against the
+/// volume). Why the claim waits, when it does not (another namespace's owner unnamed).
 fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<StrMap, String> {
     let key = Ownership::key_for(&volume.spec.plugin_id, OwnedResource::Volume, ext.as_str());
     match ctx.owners.get(&key) {
@@ -173,12 +173,7 @@ fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<StrMap, St
         Some(rec)
             if owned_by(&rec, volume) || rec.spec.owner.namespace == volume.metadata.namespace =>
         {
-            Ok(rec
-                .spec
-                .provisioned
-                .as_ref()
-                .map(|p| p.volume_context.clone())
-                .unwrap_or_default())
+            Ok(node_context(volume, Some(&rec)))
         }
         Some(rec) => Err(format!(
             "the plugin volume it names is {}: only its owner's claims are admitted",
@@ -191,12 +186,36 @@ fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<StrMap, St
             .get(&Ownership::migrated_key(&volume.spec.plugin_id))
             .is_none() =>
         {
-            Ok(volume.status.provisioning.volume_context.clone())
+            Ok(node_context(volume, None))
         }
         None => Err(format!(
             "waiting for plugin {}'s provisioner to record that this volume owns its plugin volume",
             volume.spec.plugin_id
         )),
+    }
+}
+
+/// The volume context `volume`'s node calls carry, given the ownership record of its
+/// plugin volume (`None`: before its plugin's leader made records, when the volume's
+/// word is taken as older versions took it: its declared context, then its status's).
+/// A created volume's is what CreateVolume answered, from the record; a
+/// registration's is its declared `spec.context`, which its ValidateVolumeCapabilities
+/// carried for the plugin to match against the volume.
+fn node_context(volume: &Volume, rec: Option<&Ownership>) -> StrMap {
+    let declared = || StrMap::from((*volume.spec.context).clone());
+    match rec {
+        Some(_) if volume.spec.is_registration() => declared(),
+        Some(rec) => rec
+            .spec
+            .provisioned
+            .as_ref()
+            .map(|p| p.volume_context.clone())
+            .unwrap_or_default(),
+        None => {
+            let mut context = declared();
+            context.extend(volume.status.provisioning.volume_context.clone());
+            context
+        }
     }
 }
 
@@ -294,7 +313,7 @@ mod tests {
             ))),
             publish: None,
         };
-        let c = admitted_claim(&claim, &volume, &admitted, &secrets, made);
+        let c = admitted_claim(&claim, &volume, &admitted, &secrets, made.clone());
         assert!(
             secrets.carried_by(&volume.spec, &c.spec),
             "the node's secrets as resolved"
@@ -308,15 +327,58 @@ mod tests {
         assert_eq!(c.spec.volume_generation, Some(7));
         assert_eq!(c.spec.volume_uid, Some(Uid::new("vuid")));
         assert_eq!(c.status.phase, ClaimPhase::Admitted);
-        // The plugin's context wins over the declared one, key by key.
-        assert_eq!(
-            c.spec.volume_context.get("a").map(String::as_str),
-            Some("declared")
+        // The context given is the one carried, whole.
+        assert_eq!(c.spec.volume_context, made);
+    }
+
+    #[test]
+    fn node_calls_carry_the_plugin_s_context_never_a_requester_s() {
+        let map = |pairs: &[(&str, &str)]| -> StrMap {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into()
+        };
+        let mut created = Volume::new(
+            &Namespace::default_ns(),
+            Name::new("v1").unwrap(),
+            VolumeSpec::default(),
         );
+        created.spec.context = [("path".to_string(), "/declared".to_string())]
+            .into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into();
+        created.status.provisioning.volume_context = map(&[("path", "/forged"), ("x", "1")]);
+        let ext = ExternalVolumeId::new("ext-1").unwrap();
+        let mut rec = Ownership::of_volume(&created, &ext);
+        rec.spec.provisioned = Some(Box::new(Provisioned {
+            volume_context: map(&[("path", "/made")]),
+            ..Default::default()
+        }));
+        // Created: what CreateVolume answered, from the record; nothing declared or
+        // written into the status.
         assert_eq!(
-            c.spec.volume_context.get("b").map(String::as_str),
-            Some("plugin")
+            node_context(&created, Some(&rec)),
+            map(&[("path", "/made")])
         );
-        assert_eq!(c.spec.volume_context.get("c"), None, "the status's context");
+        // A record without the answer (an earlier build's): nothing rather than a
+        // requester's word.
+        let mut bare = rec.clone();
+        bare.spec.provisioned = None;
+        assert_eq!(node_context(&created, Some(&bare)), StrMap::default());
+        // A registration: its declared context, which ValidateVolumeCapabilities
+        // carried.
+        let mut registered = created.clone();
+        registered.spec.external_id = Some(ext);
+        assert_eq!(
+            node_context(&registered, Some(&rec)),
+            map(&[("path", "/declared")])
+        );
+        // Before the plugin's records exist: as older versions did.
+        assert_eq!(
+            node_context(&created, None),
+            map(&[("path", "/forged"), ("x", "1")])
+        );
     }
 }
