@@ -301,13 +301,9 @@ async fn victim(s: &Secure, operator: &Store) -> Victim {
         claim_phase(operator, "n1", &ns, "va1.data").await == Some(ClaimPhase::Published)
     })
     .await;
-    wait_for("the victim's snapshot ready", T, || async {
-        operator
-            .try_get(&Snapshot::key_for(&ns, "vs1"))
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|s| s.status.ready_to_use)
+    let vs1 = Snapshot::key_for(&ns, "vs1");
+    wait_object(operator, &vs1, "the victim's snapshot ready", |s| {
+        s.status.ready_to_use
     })
     .await;
     let mut volumes = Vec::new();
@@ -325,14 +321,12 @@ async fn victim(s: &Secure, operator: &Store) -> Victim {
     );
     assert!(out.status.success(), "{out:?}");
     let group_key = VolumeGroupSnapshot::key_for(&ns, "vg1");
-    wait_for("the victim's group snapshot ready", T, || async {
-        operator
-            .try_get(&group_key)
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|g| g.status.ready_to_use)
-    })
+    wait_object(
+        operator,
+        &group_key,
+        "the victim's group snapshot ready",
+        |g| g.status.ready_to_use,
+    )
     .await;
     let group = operator.get(&group_key).await.unwrap();
     let snap = operator.get(&Snapshot::key_for(&ns, "vs1")).await.unwrap();
@@ -349,6 +343,25 @@ async fn victim(s: &Secure, operator: &Store) -> Victim {
             .collect(),
         paths,
     }
+}
+
+/// Waits (with the deadline) until the object at `key` exists and `ok` holds of it.
+async fn wait_object<S: Spec>(
+    store: &Store,
+    key: &ObjectKey<S>,
+    what: &str,
+    ok: impl Fn(&Object<S>) -> bool,
+) {
+    let ok = &ok;
+    wait_for(what, T, || async move {
+        store
+            .try_get(key)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|o| ok(&o))
+    })
+    .await;
 }
 
 async fn claim_phase(store: &Store, node: &str, ns: &Namespace, name: &str) -> Option<ClaimPhase> {
@@ -417,14 +430,12 @@ async fn adversary(s: &Secure, who: &'static str, ns: &str) -> Adversary {
     })
     .await;
     let spare = Volume::key_for(&ns, "spare");
-    wait_for(&format!("{who}'s spare volume created"), T, || async {
-        store
-            .try_get(&spare)
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|v| v.status.provisioning.phase == VolumePhase::Ready)
-    })
+    wait_object(
+        &store,
+        &spare,
+        &format!("{who}'s spare volume created"),
+        |v| v.status.provisioning.phase == VolumePhase::Ready,
+    )
     .await;
     let volume = store.get(&Volume::key_for(&ns, "own")).await.unwrap();
     let mut snapshot_finalizers = Vec::new();
@@ -439,13 +450,8 @@ async fn adversary(s: &Secure, who: &'static str, ns: &str) -> Adversary {
     );
     if store.create(&snap).await.is_ok() {
         let key = Snapshot::key_for(&ns, "own");
-        wait_for(&format!("{who}'s own snapshot ready"), T, || async {
-            store
-                .try_get(&key)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|s| s.status.ready_to_use)
+        wait_object(&store, &key, &format!("{who}'s own snapshot ready"), |s| {
+            s.status.ready_to_use
         })
         .await;
         snapshot_finalizers = store.get(&key).await.unwrap().metadata.finalizers;

@@ -307,30 +307,77 @@ async fn put_raw(c: &Cluster, key: &str, value: &serde_json::Value) {
         .expect("put");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_unpublishing() {
-    let old = old_build(FROM, FROM_VERSION);
-    let (old_moord, old_moorctl) = (old.join("moord"), old.join("moorctl"));
-    let new_moorctl = common::bin("moorctl");
-    let out = Command::new(&old_moorctl)
+/// The old build of `from` (whose `moorctl --version` names `version` and the commit),
+/// and a cluster of one controller and two nodes running it, with single-node-writer
+/// volumes v1-v7 applied.
+async fn old_cluster(from: &str, version: &str) -> (PathBuf, Cluster, [&'static str; 7]) {
+    let old = old_build(from, version);
+    let out = Command::new(old.join("moorctl"))
         .arg("--version")
         .output()
         .expect("old moorctl --version");
-    let version = String::from_utf8_lossy(&out.stdout);
+    let said = String::from_utf8_lossy(&out.stdout);
     assert!(
-        version.contains(FROM_VERSION) && version.contains(&FROM[..12]),
-        "{version}"
+        said.contains(version) && said.contains(&from[..12]),
+        "{said}"
     );
-
     let opts = PluginOpts {
-        moord: Some(old_moord.clone()),
+        moord: Some(old.join("moord")),
         ..Default::default()
     };
-    let mut c = Cluster::start(1, 2, opts).await;
+    let c = Cluster::start(1, 2, opts).await;
     let names = ["v1", "v2", "v3", "v4", "v5", "v6", "v7"];
     for v in names {
         c.apply(c.volume(v, AccessMode::SingleNodeWriter)).await;
     }
+    (old, c, names)
+}
+
+/// Waits until the plugin's new leader has recorded the owners of what the old build
+/// made (its `migrated` record), then checks that each of the `created` volumes owns
+/// its plugin volume and that its record carries what CreateVolume answered, copied
+/// from the status once: the context claims carry from then on.
+async fn owners_recorded(c: &Cluster, created: &[&str]) {
+    let plugin = PluginId::new(cluster::PLUGIN).unwrap();
+    wait_for("the plugin's volumes' owners recorded", T, || async {
+        c.store
+            .try_get(&Ownership::migrated_key(&plugin))
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    for v in created {
+        let vol = c
+            .store
+            .get(&Volume::key_for(&Namespace::default_ns(), v))
+            .await
+            .unwrap();
+        let ext = vol.status.provisioning.external_id.clone().unwrap();
+        let rec = c
+            .store
+            .get(&Ownership::key_for(
+                &plugin,
+                OwnedResource::Volume,
+                ext.as_str(),
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{v}'s plugin volume has no owner: {e}"));
+        assert!(owned_by(&rec, &vol), "{v}: {rec:?}");
+        assert_eq!(
+            rec.spec.provisioned.as_ref().map(|p| &p.volume_context),
+            Some(&vol.status.provisioning.volume_context),
+            "{v}: {rec:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_unpublishing() {
+    let (old, mut c, names) = old_cluster(FROM, FROM_VERSION).await;
+    let old_moorctl = old.join("moorctl");
+    let new_moorctl = common::bin("moorctl");
     // A volume as a later version would write it, with a field 0.2.0 does not know:
     // the old provisioner reads it, creates it and writes its status back.
     let mut v8 = c.volume("v8", AccessMode::SingleNodeWriter);
@@ -438,41 +485,8 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
     // The new leader of the plugin recorded who owns what the old build made (issue
     // 77): every created volume its own plugin volume, v7's its creator's (not r1's,
     // listed first), then the plugin's `migrated` record; r1 is still ready.
-    let plugin = PluginId::new(cluster::PLUGIN).unwrap();
-    wait_for("the plugin's volumes' owners recorded", T, || async {
-        c.store
-            .try_get(&Ownership::migrated_key(&plugin))
-            .await
-            .ok()
-            .flatten()
-            .is_some()
-    })
-    .await;
-    for v in names.iter().chain(&["v8"]) {
-        let vol = c
-            .store
-            .get(&Volume::key_for(&Namespace::default_ns(), v))
-            .await
-            .unwrap();
-        let ext = vol.status.provisioning.external_id.clone().unwrap();
-        let rec = c
-            .store
-            .get(&Ownership::key_for(
-                &plugin,
-                OwnedResource::Volume,
-                ext.as_str(),
-            ))
-            .await
-            .unwrap_or_else(|e| panic!("{v}'s plugin volume has no owner: {e}"));
-        assert!(owned_by(&rec, &vol), "{v}: {rec:?}");
-        // What CreateVolume answered, copied from the status once: the context claims
-        // carry from now on.
-        assert_eq!(
-            rec.spec.provisioned.as_ref().map(|p| &p.volume_context),
-            Some(&vol.status.provisioning.volume_context),
-            "{v}: {rec:?}"
-        );
-    }
+    let created: Vec<&str> = names.iter().chain(&["v8"]).copied().collect();
+    owners_recorded(&c, &created).await;
     let r1 = c
         .store
         .get(&Volume::key_for(&Namespace::default_ns(), "r1"))
@@ -601,23 +615,8 @@ async fn stage(c: &Cluster, what: &str, alloc: &str, node: &str, live: &Live) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_last_main_upgrades_and_goes_back_one_process_at_a_time_without_unpublishing() {
-    let old = old_build(LAST_MAIN, "the last main");
+    let (old, mut c, names) = old_cluster(LAST_MAIN, "0.2.0").await;
     let (old_moord, new_moord) = (old.join("moord"), common::bin("moord"));
-    let out = Command::new(old.join("moorctl"))
-        .arg("--version")
-        .output()
-        .expect("old moorctl --version");
-    let version = String::from_utf8_lossy(&out.stdout);
-    assert!(version.contains(&LAST_MAIN[..12]), "{version}");
-    let opts = PluginOpts {
-        moord: Some(old_moord.clone()),
-        ..Default::default()
-    };
-    let mut c = Cluster::start(1, 2, opts).await;
-    let names = ["v1", "v2", "v3", "v4", "v5", "v6", "v7"];
-    for v in names {
-        c.apply(c.volume(v, AccessMode::SingleNodeWriter)).await;
-    }
     for v in names {
         c.volume_ready(v).await;
     }
@@ -678,39 +677,8 @@ async fn the_last_main_upgrades_and_goes_back_one_process_at_a_time_without_unpu
 
     // The new leader recorded the owners, with what CreateVolume answered for the
     // created ones (the retained template volume among them); r1 is v7's sibling.
-    let plugin = PluginId::new(cluster::PLUGIN).unwrap();
-    wait_for("the plugin's volumes' owners recorded", T, || async {
-        c.store
-            .try_get(&Ownership::migrated_key(&plugin))
-            .await
-            .ok()
-            .flatten()
-            .is_some()
-    })
-    .await;
-    for v in names.iter().chain(&[retained]) {
-        let vol = c
-            .store
-            .get(&Volume::key_for(&Namespace::default_ns(), v))
-            .await
-            .unwrap();
-        let ext = vol.status.provisioning.external_id.clone().unwrap();
-        let rec = c
-            .store
-            .get(&Ownership::key_for(
-                &plugin,
-                OwnedResource::Volume,
-                ext.as_str(),
-            ))
-            .await
-            .unwrap_or_else(|e| panic!("{v}'s plugin volume has no owner: {e}"));
-        assert!(owned_by(&rec, &vol), "{v}: {rec:?}");
-        assert_eq!(
-            rec.spec.provisioned.as_ref().map(|p| &p.volume_context),
-            Some(&vol.status.provisioning.volume_context),
-            "{v}: {rec:?}"
-        );
-    }
+    let created: Vec<&str> = names.iter().chain(&[retained]).copied().collect();
+    owners_recorded(&c, &created).await;
     // A new volume made and published by this version (named by namespace, name and
     // uid now), beside the old ones.
     c.apply(c.volume("n9", AccessMode::SingleNodeWriter)).await;

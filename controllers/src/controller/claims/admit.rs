@@ -160,11 +160,9 @@ async fn refused(ctx: &Ctx, claim: &Claim, refusal: Refusal) -> Result<Action, S
 }
 
 /// Whether `volume` owns its plugin volume `ext` by the record its plugin's leader
-/// wrote, and then the volume context its node calls carry: a created volume's is
-/// what CreateVolume answered, kept in the record (its status and its declared
-/// `spec.context` are its writer's word), a registration's the `spec.context` its
-/// ValidateVolumeCapabilities carried (which the plugin must match against the
-/// volume). Why the claim waits, when it does not (another namespace's owner unnamed).
+/// wrote, and then the volume context its node calls carry ([`node_context`]: never
+/// the volume's status, its writer's word). Why the claim waits, when it does not
+/// (another namespace's owner unnamed).
 fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<StrMap, String> {
     let key = Ownership::key_for(&volume.spec.plugin_id, OwnedResource::Volume, ext.as_str());
     match ctx.owners.get(&key) {
@@ -198,19 +196,16 @@ fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<StrMap, St
 /// The volume context `volume`'s node calls carry, given the ownership record of its
 /// plugin volume (`None`: before its plugin's leader made records, when the volume's
 /// word is taken as older versions took it: its declared context, then its status's).
-/// A created volume's is what CreateVolume answered, from the record; a
-/// registration's is its declared `spec.context`, which its ValidateVolumeCapabilities
+/// A plugin volume moor created carries what CreateVolume answered, from the record
+/// (also for a registration of it beside its creator); one only registered carries
+/// the registration's declared `spec.context`, which its ValidateVolumeCapabilities
 /// carried for the plugin to match against the volume.
 fn node_context(volume: &Volume, rec: Option<&Ownership>) -> StrMap {
     let declared = || StrMap::from((*volume.spec.context).clone());
-    match rec {
-        Some(_) if volume.spec.is_registration() => declared(),
-        Some(rec) => rec
-            .spec
-            .provisioned
-            .as_ref()
-            .map(|p| p.volume_context.clone())
-            .unwrap_or_default(),
+    match rec.map(|r| r.spec.provisioned.as_deref()) {
+        Some(Some(made)) => made.volume_context.clone(),
+        Some(None) if volume.spec.is_registration() => declared(),
+        Some(None) => StrMap::default(),
         None => {
             let mut context = declared();
             context.extend(volume.status.provisioning.volume_context.clone());
@@ -367,12 +362,17 @@ mod tests {
         let mut bare = rec.clone();
         bare.spec.provisioned = None;
         assert_eq!(node_context(&created, Some(&bare)), StrMap::default());
-        // A registration: its declared context, which ValidateVolumeCapabilities
-        // carried.
+        // A registration of a plugin volume moor created: what CreateVolume answered.
         let mut registered = created.clone();
         registered.spec.external_id = Some(ext);
         assert_eq!(
             node_context(&registered, Some(&rec)),
+            map(&[("path", "/made")])
+        );
+        // A registration of one moor did not create: its declared context, which
+        // ValidateVolumeCapabilities carried.
+        assert_eq!(
+            node_context(&registered, Some(&bare)),
             map(&[("path", "/declared")])
         );
         // Before the plugin's records exist: as older versions did.
