@@ -1263,15 +1263,15 @@ impl Chaos {
     /// life; a re-run makes a new claim) may bring one attempt forward.
     fn over_schedule(&self, calls: &[Call]) -> Vec<String> {
         // The CSI volume id → the moor volume, through CreateVolume's name.
-        let by_uid: BTreeMap<&str, &str> = self
+        let by_name: BTreeMap<&str, &str> = self
             .volumes
             .iter()
             .map(|(n, v)| (v.plugin_name.as_str(), n.as_str()))
             .collect();
         let mut names: BTreeMap<String, String> = BTreeMap::new();
         for c in calls {
-            if let (Some(id), Some(uid)) = (&c.result_volume_id, &c.name) {
-                if let Some(n) = by_uid.get(uid.as_str()) {
+            if let (Some(id), Some(name)) = (&c.result_volume_id, &c.name) {
+                if let Some(n) = by_name.get(name.as_str()) {
                     names.insert(id.clone(), n.to_string());
                 }
             }

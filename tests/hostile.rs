@@ -540,7 +540,7 @@ async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
             a.put(&allocation_on_n2(&ns, &n, &n)).await;
             "status-then-use"
         }
-        // The victim's uid, which names CreateVolume; used on n2.
+        // The victim's uid (which older versions named CreateVolume by); used on n2.
         3 => {
             let mut vol = forged_volume(false);
             vol.metadata.uid = vuid.clone();

@@ -351,7 +351,7 @@ async fn schedule(c: &Cluster, name: &str) -> SnapshotSchedule {
         .unwrap()
 }
 
-/// The names the plugin was asked to cut (CreateSnapshot's name: a Snapshot's uid).
+/// The names the plugin was asked to cut (CreateSnapshot's name: a Snapshot's `plugin_name`).
 fn cut_names(c: &Cluster) -> std::collections::BTreeSet<String> {
     c.node("n1")
         .calls()
@@ -553,12 +553,11 @@ async fn after_a_controller_outage_a_schedule_cuts_one_catch_up_snapshot() {
         Some(&catch_label)
     );
     // The plugin was asked for no snapshot moor does not hold: every CreateSnapshot
-    // name is the uid of a scheduled Snapshot (pruning is off here).
-    let uids: std::collections::BTreeSet<String> =
-        snaps.iter().map(|s| s.metadata.uid.to_string()).collect();
+    // name is a scheduled Snapshot's (`plugin_name`; pruning is off here).
+    let names: std::collections::BTreeSet<String> = snaps.iter().map(plugin_name_of).collect();
     for name in cut_names(&c) {
         assert!(
-            uids.contains(&name),
+            names.contains(&name),
             "CreateSnapshot {name} is no Snapshot's"
         );
     }
