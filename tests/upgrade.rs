@@ -414,6 +414,21 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
     r1.spec.external_id = Some(v7_ext.clone());
     c.apply(r1).await;
     c.volume_ready("r1").await;
+    // And one of another namespace (b), which the upgrade keeps working beside v7,
+    // shared, until an operator picks.
+    let b = Namespace::new("b").unwrap();
+    let mut r2 = c.volume("r2", AccessMode::SingleNodeWriter);
+    r2.metadata.namespace = b.clone();
+    r2.spec.capacity_min = None;
+    r2.spec.external_id = Some(v7_ext.clone());
+    let r2 = c.apply(r2).await.object_key();
+    c.wait("b/r2 registered", T, || async {
+        c.store
+            .get(&r2)
+            .await
+            .is_ok_and(|v| v.status.provisioning.phase == VolumePhase::Ready)
+    })
+    .await;
 
     // Claims on both nodes, and a workload under the old alloc run.
     c.apply(c.allocation("a1", "n1", "v1", false)).await;
@@ -493,6 +508,40 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
         .await
         .unwrap();
     assert_eq!(r1.status.provisioning.phase, VolumePhase::Ready, "{r1:?}");
+    // b/r2 named v7's plugin volume too: v7 owns it and shares it with b, writers
+    // included (as before), and b's new claim of it is published.
+    let plugin = PluginId::new(cluster::PLUGIN).unwrap();
+    let rec = c
+        .store
+        .get(&Ownership::key_for(
+            &plugin,
+            OwnedResource::Volume,
+            v7_ext.as_str(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(rec.spec.owner.name.as_str(), "v7", "{rec:?}");
+    assert_eq!(
+        rec.spec.shared_with(&b).map(|s| s.write),
+        Some(true),
+        "{rec:?}"
+    );
+    // On n2, where w2 claims v7 next: the plugin publishes a single-node volume to one
+    // node only.
+    let mut ab = c.allocation("ab", "n2", "r2", false);
+    ab.metadata.namespace = b.clone();
+    c.apply(ab).await;
+    let ab_claim = Claim::key_for(&cluster::node("n2"), &b, "ab.data");
+    c.wait("b's claim of r2 published after the upgrade", T, || async {
+        c.store
+            .try_get(&ab_claim)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|cl| cl.status.phase == ClaimPhase::Published)
+    })
+    .await;
+    live.extend(external_ids(&c, &["v7"]).await);
 
     // moorctl last: the new one runs a workload beside the old one's.
     let (ok, version) = c.moorctl(&["version"]);
@@ -568,6 +617,10 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
     for a in ["a1", "a2"].into_iter().chain(stage_claims) {
         c.stop_alloc(a).await;
     }
+    c.store
+        .delete(&Allocation::key_for(&b, "ab"), None)
+        .await
+        .expect("delete b/ab");
     wait_for("every claim released", T, || async {
         c.all_claims_released().await
     })

@@ -2770,3 +2770,251 @@ async fn an_orphan_the_stored_state_does_not_bear_out_is_not_adopted() {
         );
     }
 }
+
+/// Issue 77: an operator's grant over a plugin volume (`moorctl volume share`,
+/// `unshare`, `own`, which write its ownership record; no requester can). Namespace b's
+/// registration of default/v1's plugin volume is refused until v1 shares it with b;
+/// then it validates at once (the refusal's back-off does not hold it: the record is
+/// the step's input), its claims are admitted read-only only, carry what CreateVolume
+/// answered, and its deletion deletes nothing; unshared, a new registration is refused
+/// again. A plugin volume nobody owns (retained) is first come: x's registration takes
+/// it, y's is refused, and `own` makes y's the owner (x's new claims wait); a created
+/// volume's plugin volume is never handed to a registration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_shares_a_plugin_volume_across_namespaces_and_evicts_a_squatter() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    c.apply(c.volume("v1", AccessMode::MultiNodeMultiWriter))
+        .await;
+    c.volume_ready("v1").await;
+    let v1 = volume(&c, "v1").await;
+    let ext = v1.status.provisioning.external_id.clone().unwrap();
+    let plugin = PluginId::new(cluster::PLUGIN).unwrap();
+    let about = |rpc: &str, id: &ExternalVolumeId| {
+        c.node("n1")
+            .calls()
+            .iter()
+            .filter(|k| k.rpc == rpc && k.volume_id.as_deref() == Some(id.as_str()))
+            .count()
+    };
+    let ns = |n: &str| Namespace::new(n).unwrap();
+    let register = |namespace: &Namespace, name: &str, id: &ExternalVolumeId| {
+        let mut reg = c.volume(name, AccessMode::MultiNodeMultiWriter);
+        reg.metadata.namespace = namespace.clone();
+        reg.spec.capacity_min = None;
+        reg.spec.external_id = Some(id.clone());
+        reg
+    };
+    let validated = |key: ObjectKey<VolumeSpec>, ok: bool| {
+        let store = c.store.clone();
+        async move {
+            store.get(&key).await.is_ok_and(|v| {
+                let p = &v.status.provisioning;
+                if ok {
+                    p.phase == VolumePhase::Ready
+                } else {
+                    p.meta.conditions.iter().any(|k| {
+                        k.type_ == "Validated"
+                            && !k.status
+                            && k.message.contains("owned by another volume")
+                    })
+                }
+            })
+        }
+    };
+    let claim_in = |namespace: &Namespace, alloc: &str| {
+        Claim::key_for(&node("n1"), namespace, format!("{alloc}.data"))
+    };
+    let claim_reason = |key: ObjectKey<ClaimSpec>, want: &'static str| {
+        let store = c.store.clone();
+        async move {
+            store.try_get(&key).await.ok().flatten().is_some_and(|cl| {
+                cl.status.phase == ClaimPhase::Pending
+                    && cl
+                        .status
+                        .reason
+                        .as_deref()
+                        .is_some_and(|r| r.contains(want))
+            })
+        }
+    };
+    let (b, x, y) = (ns("b"), ns("x"), ns("y"));
+
+    // b's registration: refused, before any call about v1's plugin volume.
+    let reader = c.apply(register(&b, "reader", &ext)).await.object_key();
+    c.wait("b/reader refused", T, || validated(reader.clone(), false))
+        .await;
+    assert_eq!(about("ValidateVolumeCapabilities", &ext), 0);
+
+    // Only the owner shares: from b/reader it is refused, naming the owner (the
+    // operator reads everything).
+    let (ok, out) = c.moorctl(&["volume", "share", "reader", "-n", "b", "--with", "c"]);
+    assert!(
+        !ok && out.contains("does not own") && out.contains("default/v1"),
+        "{out}"
+    );
+    let (ok, out) = c.moorctl(&["volume", "share", "v1", "--with", "default"]);
+    assert!(!ok && out.contains("the volume's own"), "{out}");
+    let (ok, out) = c.moorctl(&["volume", "share", "v1", "--with", "b"]);
+    assert!(
+        ok && out.contains("shared with b (read-only claims)"),
+        "{out}"
+    );
+    let rec_key = Ownership::key_for(&plugin, OwnedResource::Volume, ext.as_str());
+    let rec = c.store.get(&rec_key).await.unwrap();
+    assert!(owned_by(&rec, &v1), "{rec:?}");
+    assert_eq!(rec.spec.shared_with(&b).map(|s| s.write), Some(false));
+    // Validated at once, not after the refusal's back-off (5 minutes at its cap).
+    c.wait("b/reader validated once shared", T, || {
+        validated(reader.clone(), true)
+    })
+    .await;
+    assert!(about("ValidateVolumeCapabilities", &ext) >= 1);
+
+    // default's own claim of v1 on n1, beside b's below.
+    let own = c
+        .apply(c.allocation("own", "n1", "v1", false))
+        .await
+        .object_key();
+    c.wait_claim("own", "n1", ClaimPhase::Published, T).await;
+    // A writing claim of it waits; a read-only one is published, with v1's context.
+    let mut writer = c.allocation("w1", "n1", "reader", false);
+    writer.metadata.namespace = b.clone();
+    let writer = c.apply(writer).await.object_key();
+    c.wait("b's writing claim waits", T, || {
+        claim_reason(claim_in(&b, "w1"), "for reading only")
+    })
+    .await;
+    c.store.delete(&writer, None).await.unwrap();
+    let mut r1 = c.allocation("r1", "n1", "reader", true);
+    r1.metadata.namespace = b.clone();
+    let r1 = c.apply(r1).await.object_key();
+    let r1_claim = claim_in(&b, "r1");
+    c.wait("b's read-only claim published", T, || async {
+        c.store
+            .try_get(&r1_claim)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|cl| cl.status.phase == ClaimPhase::Published)
+    })
+    .await;
+    let published = c.store.get(&r1_claim).await.unwrap();
+    let made = rec
+        .spec
+        .provisioned
+        .as_ref()
+        .expect("v1's record keeps its context");
+    assert_eq!(published.spec.volume_context, made.volume_context);
+    assert_eq!(published.spec.mode, ClaimMode::Read);
+    c.store.delete(&r1, None).await.unwrap();
+    c.wait("b's claim released", T, || async {
+        c.store.try_get(&r1_claim).await.ok().flatten().is_none()
+    })
+    .await;
+    // Two volumes, one plugin volume on n1: b's release left it published for
+    // default's claim (no ControllerUnpublish under it); default's release unpublishes.
+    assert_eq!(about("ControllerUnpublishVolume", &ext), 0);
+    c.store.delete(&own, None).await.unwrap();
+    c.wait(
+        "v1 unpublished from n1 once both are released",
+        T,
+        || async { about("ControllerUnpublishVolume", &ext) == 1 },
+    )
+    .await;
+    c.store.delete(&reader, None).await.unwrap();
+    c.wait("b/reader gone", T, || async {
+        c.store.try_get(&reader).await.ok().flatten().is_none()
+    })
+    .await;
+    assert_eq!(
+        about("DeleteVolume", &ext),
+        0,
+        "b's share deleted v1's data"
+    );
+    assert!(c.store.get(&rec_key).await.is_ok_and(|r| owned_by(&r, &v1)));
+
+    // Unshared: a new registration in b is refused again; `own` never hands a created
+    // volume's plugin volume to a registration.
+    let (ok, out) = c.moorctl(&["volume", "unshare", "v1", "--with", "b"]);
+    assert!(ok && out.contains("no longer shared with b"), "{out}");
+    let again = c.apply(register(&b, "again", &ext)).await.object_key();
+    c.wait("b/again refused", T, || validated(again.clone(), false))
+        .await;
+    let (ok, out) = c.moorctl(&["volume", "own", "again", "-n", "b"]);
+    assert!(!ok && out.contains("created by volume default/v1"), "{out}");
+    assert!(c
+        .store
+        .get(&rec_key)
+        .await
+        .is_ok_and(|r| owned_by(&r, &v1) && r.spec.shared_with.is_empty() && !r.spec.chosen));
+
+    // A plugin volume nobody owns: v2, retained at its deletion.
+    let mut v2 = c.volume("v2", AccessMode::MultiNodeMultiWriter);
+    v2.spec.on_delete = Some(OnDelete::Retain);
+    c.apply(v2).await;
+    c.volume_ready("v2").await;
+    let v2 = volume(&c, "v2").await;
+    let ext2 = v2.status.provisioning.external_id.clone().unwrap();
+    let rec2_key = Ownership::key_for(&plugin, OwnedResource::Volume, ext2.as_str());
+    c.store.delete(&v2.object_key(), None).await.unwrap();
+    c.wait("v2 gone, its record with it", T, || async {
+        c.store
+            .try_get(&v2.object_key())
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+            && c.store.try_get(&rec2_key).await.ok().flatten().is_none()
+    })
+    .await;
+    // First come: x registers it, then y is refused.
+    let squat = c.apply(register(&x, "squat", &ext2)).await.object_key();
+    c.wait("x/squat validated", T, || validated(squat.clone(), true))
+        .await;
+    let real = c.apply(register(&y, "real", &ext2)).await.object_key();
+    c.wait("y/real refused", T, || validated(real.clone(), false))
+        .await;
+    // The operator picks y: at once, and x's new claims wait.
+    let (ok, out) = c.moorctl(&["volume", "own", "real", "-n", "y"]);
+    assert!(
+        ok && out.contains("now owns") && out.contains("x/squat"),
+        "{out}"
+    );
+    c.wait("y/real validated once chosen", T, || {
+        validated(real.clone(), true)
+    })
+    .await;
+    let rec2 = c.store.get(&rec2_key).await.unwrap();
+    assert!(
+        rec2.spec.chosen && rec2.spec.owner.namespace == y,
+        "{rec2:?}"
+    );
+    let mut xa = c.allocation("xa", "n1", "squat", true);
+    xa.metadata.namespace = x.clone();
+    c.apply(xa).await;
+    c.wait("x's claim waits for an owner", T, || {
+        claim_reason(claim_in(&x, "xa"), "owned by another volume")
+    })
+    .await;
+    let mut ya = c.allocation("ya", "n1", "real", false);
+    ya.metadata.namespace = y.clone();
+    let ya = c.apply(ya).await.object_key();
+    let ya_claim = claim_in(&y, "ya");
+    c.wait("y's claim published", T, || async {
+        c.store
+            .try_get(&ya_claim)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|cl| cl.status.phase == ClaimPhase::Published)
+    })
+    .await;
+    c.store.delete(&ya, None).await.unwrap();
+    c.wait("y's claim released", T, || async {
+        c.store.try_get(&ya_claim).await.ok().flatten().is_none()
+    })
+    .await;
+    assert_eq!(about("DeleteVolume", &ext2), 0);
+    c.check_calls(true);
+}

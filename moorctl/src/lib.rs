@@ -102,6 +102,7 @@ mod mount;
 mod plan;
 mod plugin;
 mod run;
+mod share;
 mod snapshot;
 mod sources;
 mod status;
@@ -298,6 +299,43 @@ pub enum VolumeCmd {
     /// Snapshots of volumes: create, delete, list.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCmd),
+    /// Let registrations in other namespaces use VOLUME's plugin volume (read-only
+    /// claims unless --write), never delete it. Operators only: it writes the plugin's
+    /// ownership record.
+    Share {
+        /// The volume that owns the plugin volume.
+        volume: String,
+        /// The namespaces (repeat, or comma-separated).
+        #[arg(long, required = true)]
+        with: Vec<String>,
+        /// Admit their writing claims too (the access-mode rules count each
+        /// namespace's volume on its own: one writer is then yours to keep).
+        #[arg(long)]
+        write: bool,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Take back `share`: those namespaces' new claims of the plugin volume are refused.
+    Unshare {
+        /// The volume that owns the plugin volume.
+        volume: String,
+        /// The namespaces (repeat, or comma-separated).
+        #[arg(long, required = true)]
+        with: Vec<String>,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Make the registration VOLUME the owner of the plugin volume it names, evicting
+    /// the volume that registered it first (never its creator). Operators only.
+    Own {
+        /// The registration.
+        volume: String,
+        /// Namespace.
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
     /// Remove a volume from moor without any plugin call (a created volume's storage is
     /// kept); refused while claims hold it.
     Deregister {
@@ -393,6 +431,20 @@ impl Cli {
                     force,
                     namespace,
                 }) => volume::deregister(&ctx, &namespace, &volume, force).await,
+                Command::Volume(VolumeCmd::Share {
+                    volume,
+                    with,
+                    write,
+                    namespace,
+                }) => share::share(&ctx, &namespace, &volume, &with, write).await,
+                Command::Volume(VolumeCmd::Unshare {
+                    volume,
+                    with,
+                    namespace,
+                }) => share::unshare(&ctx, &namespace, &volume, &with).await,
+                Command::Volume(VolumeCmd::Own { volume, namespace }) => {
+                    share::own(&ctx, &namespace, &volume).await
+                }
                 Command::Plugin(PluginCmd::Status(cmd)) => cmd.run(&ctx).await,
                 Command::Node(cmd) => cmd.run(&ctx).await,
                 Command::Volume(VolumeCmd::Pause { volume, namespace }) => {

@@ -362,6 +362,26 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                     text(v, "/spec/owner/name")
                 )
             }),
+            // The namespaces an operator shared it with (`+w`: their writers too).
+            col("SHARED WITH", |v| {
+                let shares = v.pointer("/spec/shared_with").and_then(Value::as_array);
+                let list: Vec<String> = shares
+                    .into_iter()
+                    .flatten()
+                    .map(|s| {
+                        let ns = text(s, "/namespace");
+                        match s.pointer("/write").and_then(Value::as_bool) {
+                            Some(true) => format!("{ns}+w"),
+                            _ => ns,
+                        }
+                    })
+                    .collect();
+                if list.is_empty() {
+                    "-".into()
+                } else {
+                    list.join(",")
+                }
+            }),
             col("AGE", age),
         ],
         // Nomad's `volume snapshot list` columns.

@@ -82,6 +82,36 @@ pub struct OwnershipSpec {
     /// no requester writes this key (the volume's `status.provisioning` shows them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provisioned: Option<Box<Provisioned>>,
+    /// Other namespaces whose volumes may use the id (a registration of it, readers
+    /// sharing an export) and never delete it: an operator's grant (`moorctl volume
+    /// share`), or, at the upgrade, the namespace of a second volume that named the id
+    /// before moor kept owners, so that both keep working until an operator picks.
+    /// Only operators and the plugin's leader write this key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_with: Vec<Share>,
+    /// An operator chose this owner (`moorctl volume own`): the record is the
+    /// operator's word, not first come (a squatter evicted).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chosen: bool,
+}
+
+/// A namespace an id is shared with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Share {
+    /// The namespace.
+    pub namespace: Namespace,
+    /// Whether its claims may write (the access-mode rules count claims per Volume
+    /// object, so two namespaces' writers are not kept to one writer): by default
+    /// only read-only claims are admitted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub write: bool,
+}
+
+impl OwnershipSpec {
+    /// How the id is shared with volumes of namespace `ns` (not its owner's), if it is.
+    pub fn shared_with(&self, ns: &Namespace) -> Option<&Share> {
+        self.shared_with.iter().find(|s| &s.namespace == ns)
+    }
 }
 
 /// What CreateVolume answered of a plugin volume, as its record keeps it.
@@ -139,8 +169,21 @@ impl Spec for OwnershipSpec {
         if self.external_id.is_empty() || self.external_id.len() > 1024 {
             errors.push("external_id", "must be 1 to 1024 bytes");
         }
+        if self.shared_with.len() > MAX_SHARED {
+            errors.push("shared_with", format!("at most {MAX_SHARED} namespaces"));
+        }
+        if self.shared_with(&self.owner.namespace).is_some() {
+            errors.push("shared_with", "holds the owner's own namespace");
+        }
+        let mut seen = std::collections::HashSet::new();
+        if !self.shared_with.iter().all(|s| seen.insert(&s.namespace)) {
+            errors.push("shared_with", "names a namespace twice");
+        }
     }
 }
+
+/// How many namespaces one id may be shared with.
+pub const MAX_SHARED: usize = 64;
 
 /// An ownership record.
 pub type Ownership = Object<OwnershipSpec>;
@@ -211,6 +254,8 @@ impl Ownership {
                 external_id: MIGRATED.to_string(),
                 owner: OwnerRef::default(),
                 provisioned: None,
+                shared_with: Vec::new(),
+                chosen: false,
             },
         )
     }
@@ -259,6 +304,8 @@ impl Ownership {
                     uid: owner.metadata.uid.clone(),
                 },
                 provisioned: None,
+                shared_with: Vec::new(),
+                chosen: false,
             },
         )
     }

@@ -200,11 +200,16 @@ impl Attacher {
     /// an OK (or NotFound: the volume or node is gone). Any other answer keeps the
     /// Attachment, so the reverse stays owed and is retried on the step's schedule.
     async fn detach(&self, att: &Attachment) -> Result<Action, AttachError> {
-        let owed = matches!(
-            att.status.phase,
-            AttachmentPhase::Attached | AttachmentPhase::Detaching
-        ) || att.status.uncertain;
-        if !owed {
+        if !owes_unpublish(att) {
+            return self.delete(att).await;
+        }
+        // Another volume naming the same plugin volume (a second registration, one
+        // shared with another namespace) still has it published to this node, and
+        // owes that ControllerUnpublish itself: this one would pull the volume from
+        // under its claims. Only this attachment goes.
+        if self.attached_for_another(att) {
+            // "volume kept attached on node N": another volume's claims use it there.
+            self.event(att, "Volume kept attached", None).await;
             return self.delete(att).await;
         }
         let key = att.key();
@@ -240,6 +245,23 @@ impl Attacher {
         }
         self.event(att, "Detach volume", None).await;
         self.delete(att).await
+    }
+
+    /// Whether another attachment of the same plugin volume to the same node, not
+    /// itself detaching, owes a ControllerUnpublish of it.
+    fn attached_for_another(&self, att: &Attachment) -> bool {
+        let key = att.key();
+        self.attachments
+            .reader()
+            .by_index(BY_PLUGIN_VOLUME.0, &plugin_volume(att))
+            .iter()
+            .any(|other| {
+                other.key() != key
+                    && other.spec.csi_node_id == att.spec.csi_node_id
+                    && !other.spec.detach
+                    && !other.is_deleting()
+                    && owes_unpublish(other)
+            })
     }
 
     /// Deletes the attachment as last read or written here; if it changed since, as
@@ -286,4 +308,23 @@ impl Attacher {
             .record(object_ref(att), type_, reason, message, d)
             .await;
     }
+}
+
+/// The attachments of one plugin volume (its plugin and id), whichever volume object
+/// names it: the attacher detaches a plugin volume from a node only when none of them
+/// still needs it there.
+pub const BY_PLUGIN_VOLUME: moor::runtime::reflector::Index<Attachment> =
+    ("plugin-volume", |a| vec![plugin_volume(a)]);
+
+fn plugin_volume(a: &Attachment) -> String {
+    format!("{}\n{}", a.spec.plugin_id, a.spec.external_id)
+}
+
+/// Whether `att`'s plugin volume is or may be published to its node (Attached, a
+/// detach under way, or an uncertain publish): a ControllerUnpublish is owed.
+fn owes_unpublish(att: &Attachment) -> bool {
+    matches!(
+        att.status.phase,
+        AttachmentPhase::Attached | AttachmentPhase::Detaching
+    ) || att.status.uncertain
 }

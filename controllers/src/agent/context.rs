@@ -237,8 +237,12 @@ impl ControllerPluginCtx {
             VolumeView::of_provisioned,
             stop.clone(),
         );
-        let attachments =
-            Informer::<Attachment>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
+        let attachments = Informer::<Attachment>::spawn_indexed(
+            self.reads.clone(),
+            KeyScope::all(),
+            &[attacher::BY_PLUGIN_VOLUME],
+            stop.clone(),
+        );
         let snapshots =
             Informer::<Snapshot>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
         let groups = Informer::<VolumeGroupSnapshot>::spawn(
@@ -252,10 +256,17 @@ impl ControllerPluginCtx {
             .tracking(&attachments.reader())
             .tracking(&snapshots.reader())
             .tracking(&groups.reader());
+        let granted = Informer::<Ownership>::spawn_filtered(
+            self.reads.clone(),
+            Ownership::scope_for(&self.plugin.id),
+            Arc::new(|o: &Ownership| o.spec.chosen || !o.spec.shared_with.is_empty()),
+            stop.clone(),
+        );
         let prov = provisioner::Provisioner {
             ctx: self.clone(),
             volumes: volumes.clone(),
             snapshots: snapshots.clone(),
+            granted,
         };
         let group = group_snapshotter::GroupSnapshotter {
             ctx: self.clone(),

@@ -670,6 +670,12 @@ impl GroupSnapshotter {
                         resource.as_str()
                     )))
                 }
+                Owner::Shared => {
+                    return Ok(Some(format!(
+                        "a {} shared with this namespace by its owner's",
+                        resource.as_str()
+                    )))
+                }
                 Owner::Another(why) => return Ok(Some(why)),
             }
         }

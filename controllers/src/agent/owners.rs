@@ -17,6 +17,10 @@ pub enum Owner {
     /// Another object of the same namespace owns it: the object may use it (whoever
     /// writes one writes both), never delete it.
     Sibling,
+    /// An object of another namespace owns it and shares it with the object's (an
+    /// operator's grant, or two namings kept at the upgrade): the object may use it,
+    /// never delete it.
+    Shared,
     /// An object of another namespace owns it (what the object's namespace may be
     /// told of it).
     Another(String),
@@ -82,6 +86,9 @@ impl ControllerPluginCtx {
         if rec.spec.owner.namespace == object.metadata.namespace {
             return Ok((Owner::Sibling, Some(rec)));
         }
+        if rec.spec.shared_with(&object.metadata.namespace).is_some() {
+            return Ok((Owner::Shared, Some(rec)));
+        }
         let why = owner_for(&rec, &object.metadata.namespace);
         Ok((Owner::Another(why), Some(rec)))
     }
@@ -126,7 +133,7 @@ impl ControllerPluginCtx {
                         Err(e) => return Err(e),
                     }
                 }
-                (Owner::Mine | Owner::Sibling, _) => return Ok(Ok(())),
+                (Owner::Mine | Owner::Sibling | Owner::Shared, _) => return Ok(Ok(())),
                 (Owner::Another(why), _) => return Ok(Err(why)),
                 (Owner::Nobody, stale) => {
                     if let Some(stale) = stale {
@@ -148,7 +155,49 @@ impl ControllerPluginCtx {
                 Err(e) => return Err(e),
             }
         }
-        Ok(Err(format!("owned by another {}", resource.as_str())))
+        // Three writes in a row lost a race on the record: a store error, tried again
+        // like any other (not a refusal: nobody was found to own it).
+        Err(StoreError::Conflict {
+            key: Ownership::key_for(&self.plugin.id, resource, id).to_string(),
+            expected: 0,
+        })
+    }
+
+    /// Shares `resource` `id`, owned by an object of another namespace, with
+    /// `object`'s namespace (the upgrade's second naming: both keep working until an
+    /// operator picks). Nothing when the record is gone or already shares it.
+    pub async fn share_with<S: Spec>(
+        &self,
+        resource: OwnedResource,
+        id: &str,
+        object: &Object<S>,
+    ) -> Result<(), StoreError> {
+        let ns = &object.metadata.namespace;
+        for _ in 0..3 {
+            let Some(rec) = self.ownership(resource, id).await? else {
+                return Ok(());
+            };
+            if &rec.spec.owner.namespace == ns
+                || rec.spec.shared_with(ns).is_some()
+                || rec.spec.shared_with.len() >= MAX_SHARED
+            {
+                return Ok(());
+            }
+            let mut next = rec.clone();
+            // As it was before: its writers keep writing.
+            next.spec.shared_with.push(Share {
+                namespace: ns.clone(),
+                write: true,
+            });
+            match self.writer.update(&rec, &next).await {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+        Err(StoreError::Conflict {
+            key: Ownership::key_for(&self.plugin.id, resource, id).to_string(),
+            expected: 0,
+        })
     }
 
     /// Removes `object`'s record of `resource` `id` once the id is gone (or left to

@@ -538,6 +538,10 @@ impl Snapshotter {
                 (Some(_), Owner::Another(why)) => {
                     self.not_deleted(snap, &why).await;
                 }
+                (Some(_), Owner::Shared) => {
+                    self.not_deleted(snap, "shared with this namespace by its owner's")
+                        .await;
+                }
                 (Some(_), Owner::Sibling) => {
                     self.not_deleted(snap, "owned by another snapshot of this namespace")
                         .await;

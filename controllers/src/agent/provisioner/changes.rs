@@ -16,9 +16,16 @@ impl Provisioner {
             return Ok(Action::AwaitChange);
         };
         let key = vol.key();
-        let step = self.ctx.steps.begin(&key, STEP, self.inputs(vol))?;
+        // Read before the step's gate: a change of the record (an operator's share or
+        // choice, the owner gone) is a new input, tried at once.
+        let (owner, rec) = self.owner(vol, &ext).await?;
+        let inputs = steps::inputs((
+            self.inputs(vol),
+            rec.as_ref().map(|r| r.metadata.resource_version),
+        ));
+        let step = self.ctx.steps.begin(&key, STEP, inputs)?;
         // Another volume's plugin volume: refused before any call about it.
-        if let (owners::Owner::Another(why), _) = self.owner(vol, &ext).await? {
+        if let owners::Owner::Another(why) = owner {
             let failed = step.fail(owners::owned_elsewhere(STEP, &why));
             return self.failed(vol, failed, VALIDATED).await;
         }
@@ -64,7 +71,7 @@ impl Provisioner {
             let failed = self
                 .ctx
                 .steps
-                .begin(&key, STEP, self.inputs(vol))?
+                .begin(&key, STEP, inputs)?
                 .fail(owners::owned_elsewhere(STEP, &why));
             return self.failed(vol, failed, VALIDATED).await;
         }

@@ -86,6 +86,9 @@ pub struct Provisioner {
     pub volumes: Informer<VolumeView>,
     /// Snapshots (a volume restored from one waits until it is ready to use).
     pub snapshots: Informer<Snapshot>,
+    /// The plugin's ownership records an operator wrote to (shared, or an owner
+    /// chosen): few, and each wakes the registrations of its id.
+    pub granted: Informer<Ownership>,
 }
 
 impl Provisioner {
@@ -123,6 +126,8 @@ impl Provisioner {
             })
         };
         let secrets = self.ctx.secrets.subscribe();
+        let granted = self.granted.subscribe();
+        let registering = reader.clone();
         let naming = reader.clone();
         let plugin = self.ctx.plugin.id.clone();
         let this = Arc::new(self);
@@ -134,6 +139,20 @@ impl Provisioner {
                 ControllerPluginCtx::naming(&naming, &plugin, s)
             })
             .trigger(futures::StreamExt::flatten(uncreated))
+            // An operator's share or choice: the registrations of that id look again
+            // (one refused as another's may now validate).
+            .watches(granted, move |o: &Ownership| {
+                registering
+                    .state()
+                    .iter()
+                    .filter(|v| {
+                        !v.at_rest
+                            && v.registered_id().map(|id| id.as_str())
+                                == Some(o.spec.external_id.as_str())
+                    })
+                    .map(|v| v.object_key())
+                    .collect()
+            })
             // A snapshot becoming ready lets the volumes restored from it be created.
             .watches(snapshots, move |s: &Snapshot| {
                 restoring
@@ -489,6 +508,11 @@ impl Provisioner {
                 owners::Owner::Sibling => {
                     return self
                         .not_deleted(vol, "owned by another volume of this namespace")
+                        .await
+                }
+                owners::Owner::Shared => {
+                    return self
+                        .not_deleted(vol, "shared with this namespace by its owner's")
                         .await
                 }
                 owners::Owner::Another(why) => return self.not_deleted(vol, &why).await,

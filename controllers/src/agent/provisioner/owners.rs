@@ -8,8 +8,9 @@
 //! Upgrade: records are made for the plugin's Ready volumes, group snapshots (and their
 //! members) and snapshots once, when a leader first starts without the plugin's
 //! [`MIGRATED`] record (what the objects said before moor kept records; created volumes
-//! before registrations, and of two naming one plugin volume the first keeps it, the
-//! other of another namespace is reported), then that record is written. Until it exists the controller admits
+//! before registrations, and of two naming one plugin volume the first keeps it; one
+//! of another namespace is reported and shared with, so both keep working until an
+//! operator picks), then that record is written. Until it exists the controller admits
 //! claims of a volume without a record as before; after, only an owner's.
 
 use super::*;
@@ -93,7 +94,7 @@ impl Provisioner {
             )));
         };
         Ok(match self.owner(&src, &ext).await?.0 {
-            Owner::Mine | Owner::Sibling => None,
+            Owner::Mine | Owner::Sibling | Owner::Shared => None,
             Owner::Another(why) => Some(why),
             Owner::Nobody => Some("owned by no volume (no ownership record names it)".into()),
         })
@@ -148,13 +149,18 @@ impl Provisioner {
             let provisioned = (!vol.spec.is_registration()).then(|| Provisioned::of_status(p));
             match self.take_ownership(vol, ext, provisioned).await? {
                 Ok(()) => made += 1,
+                // Both named it before this version: both keep working (the record
+                // shares it with this volume's namespace) until an operator picks.
                 Err(why) => {
+                    self.ctx
+                        .share_with(OwnedResource::Volume, ext.as_str(), vol)
+                        .await?;
                     self.event(
                         vol,
-                        "Volume ownership refused",
+                        "Volume ownership shared",
                         EventType::Warning,
                         format!(
-                            "its plugin volume is {why} (both named it before this version kept owners): an operator picks by deleting or re-registering one"
+                            "its plugin volume is {why}, which also named it before this version kept owners: both keep working, this one without deleting it, until an operator picks (moorctl volume own, or moorctl volume unshare on the owner)"
                         ),
                     )
                     .await;

@@ -23,7 +23,7 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
     };
     // The plugin volume is the volume's own only if its plugin's leader recorded so:
     // what the volume's key says of it is a request.
-    let context = match owns(ctx, &volume, &admitted.external_id) {
+    let context = match owns(ctx, &volume, &admitted.external_id, claim.spec.mode) {
         Ok(context) => context,
         Err(why) => return refuse(ctx, claim, Verdict::Wait(why)).await,
     };
@@ -163,7 +163,12 @@ async fn refused(ctx: &Ctx, claim: &Claim, refusal: Refusal) -> Result<Action, S
 /// wrote, and then the volume context its node calls carry ([`node_context`]: never
 /// the volume's status, its writer's word). Why the claim waits, when it does not
 /// (another namespace's owner unnamed).
-fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<StrMap, String> {
+fn owns(
+    ctx: &Ctx,
+    volume: &Volume,
+    ext: &ExternalVolumeId,
+    mode: ClaimMode,
+) -> Result<StrMap, String> {
     let key = Ownership::key_for(&volume.spec.plugin_id, OwnedResource::Volume, ext.as_str());
     match ctx.owners.get(&key) {
         // Its own, or another volume's of the same namespace (a second registration
@@ -173,10 +178,21 @@ fn owns(ctx: &Ctx, volume: &Volume, ext: &ExternalVolumeId) -> Result<StrMap, St
         {
             Ok(node_context(volume, Some(&rec)))
         }
-        Some(rec) => Err(format!(
-            "the plugin volume it names is {}: only its owner's claims are admitted",
-            owner_for(&rec, &volume.metadata.namespace)
-        )),
+        // Shared with its namespace (an operator's grant, or two namings kept at the
+        // upgrade): for reading only, unless the grant says write.
+        Some(rec) => match rec.spec.shared_with(&volume.metadata.namespace) {
+            Some(share) if share.write || mode == ClaimMode::Read => {
+                Ok(node_context(volume, Some(&rec)))
+            }
+            Some(_) => Err(
+                "the plugin volume it names is shared with this namespace for reading only: claim it read_only"
+                    .into(),
+            ),
+            None => Err(format!(
+                "the plugin volume it names is {}: only its owner's claims are admitted",
+                owner_for(&rec, &volume.metadata.namespace)
+            )),
+        },
         // Before the plugin's leader made the records of the volumes older versions
         // made (a rolling upgrade), the volume's word is taken as it was.
         None if ctx
