@@ -11,6 +11,8 @@
 //! - `alloc`, `run`, `plan`: `alloc stop` and `paths`, `alloc run`, `alloc plan`.
 //! - `volume`, `snapshot`, `plugin`, `status`: the volume, snapshot and plugin verbs
 //!   and status views.
+//! - `share`: `volume share|unshare|own`, an operator's word on who may use a plugin
+//!   volume (its ownership record).
 //! - `mount`: `mount adopt` and `mount release` of an orphaned mount (an older etcd
 //!   snapshot restored).
 //! - `drain`: `node cordon|uncordon|drain` and `volume pause|activate|drain`.
