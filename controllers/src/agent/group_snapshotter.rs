@@ -624,12 +624,7 @@ impl GroupSnapshotter {
         members: &[String],
     ) -> Result<Option<String>, GroupError> {
         let ids = (volumes.iter().map(|v| (OwnedResource::Volume, v.as_str())))
-            .chain(id.map(|id| (OwnedResource::GroupSnapshot, id)))
-            .chain(
-                members
-                    .iter()
-                    .map(|m| (OwnedResource::Snapshot, m.as_str())),
-            );
+            .chain(group_ids(id, members.iter().map(String::as_str)));
         for (resource, id) in ids {
             if let Owner::Another(why) = self.ctx.owner(resource, id, group).await?.0 {
                 return Ok(Some(why));
@@ -656,12 +651,7 @@ impl GroupSnapshotter {
         if let Some(why) = self.not_its(group, sources, None, &[]).await? {
             return Ok(Some(why));
         }
-        let ids = (id.map(|id| (OwnedResource::GroupSnapshot, id)).into_iter()).chain(
-            members
-                .iter()
-                .map(|m| (OwnedResource::Snapshot, m.as_str())),
-        );
-        for (resource, id) in ids {
+        for (resource, id) in group_ids(id, members.iter().map(String::as_str)) {
             match self.ctx.owner(resource, id, group).await?.0 {
                 Owner::Mine | Owner::Nobody => {}
                 Owner::Sibling => {
@@ -690,12 +680,7 @@ impl GroupSnapshotter {
         id: &str,
         members: &[String],
     ) -> Result<Result<(), String>, GroupError> {
-        let ids = std::iter::once((OwnedResource::GroupSnapshot, id)).chain(
-            members
-                .iter()
-                .map(|m| (OwnedResource::Snapshot, m.as_str())),
-        );
-        for (resource, id) in ids {
+        for (resource, id) in group_ids(Some(id), members.iter().map(String::as_str)) {
             if let Err(why) = self.ctx.take_ownership(resource, id, group).await? {
                 return Ok(Err(why));
             }
@@ -710,13 +695,8 @@ impl GroupSnapshotter {
         id: &str,
         members: &[String],
     ) -> Result<(), GroupError> {
-        self.ctx
-            .drop_ownership(OwnedResource::GroupSnapshot, id, group)
-            .await?;
-        for m in members {
-            self.ctx
-                .drop_ownership(OwnedResource::Snapshot, m, group)
-                .await?;
+        for (resource, id) in group_ids(Some(id), members.iter().map(String::as_str)) {
+            self.ctx.drop_ownership(resource, id, group).await?;
         }
         Ok(())
     }
@@ -906,6 +886,19 @@ fn owned_elsewhere(rpc: &'static str, why: &str) -> CsiError {
         message: format!("a plugin id it names is {why}: this group may not use it"),
         tries: 0,
     }
+}
+
+/// The plugin ids a group owns, each with what it names: the group's `id` (when
+/// known), then its members' snapshot ids. Every ownership check, record and removal
+/// of a group goes over these.
+/// (A list, not an iterator: the callers hold it across awaits.)
+pub(crate) fn group_ids<'a>(
+    id: Option<&'a str>,
+    members: impl IntoIterator<Item = &'a str>,
+) -> Vec<(OwnedResource, &'a str)> {
+    (id.map(|id| (OwnedResource::GroupSnapshot, id)).into_iter())
+        .chain(members.into_iter().map(|m| (OwnedResource::Snapshot, m)))
+        .collect()
 }
 
 #[cfg(test)]

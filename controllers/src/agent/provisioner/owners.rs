@@ -181,14 +181,8 @@ impl Provisioner {
             let Some(id) = &group.status.group_snapshot_id else {
                 continue;
             };
-            let ids = std::iter::once((OwnedResource::GroupSnapshot, id.as_str())).chain(
-                group
-                    .status
-                    .members
-                    .iter()
-                    .map(|m| (OwnedResource::Snapshot, m.snapshot_id.as_str())),
-            );
-            for (resource, id) in ids {
+            let members = group.status.members.iter().map(|m| m.snapshot_id.as_str());
+            for (resource, id) in crate::agent::group_snapshotter::group_ids(Some(id), members) {
                 match self.ctx.take_ownership(resource, id, group).await? {
                     Ok(()) => made += 1,
                     Err(why) => {
