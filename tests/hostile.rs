@@ -5,8 +5,10 @@
 //!
 //! The cluster: the controller, node n1 (hosting the hostpath controller plugin) and
 //! node n2, each under its own certificate. The victim, namespace `default`, written by
-//! an operator: two created volumes, a snapshot, and an allocation published on n1
-//! (the victim never uses n2, so any call about its ids on n2 is the adversaries').
+//! an operator: two created volumes, a snapshot, a group snapshot, an allocation
+//! published on n1, and a workload run on n1 by `moorctl alloc run` in a cgroup of its
+//! own (the victim never uses n2, so any call about its ids on n2 is the
+//! adversaries').
 //! The adversaries, each with the identity roles.sh makes for it and nothing more:
 //! - `moor-edit-a`, a namespace writer (its volumes, allocations, snapshots, group
 //!   snapshots of namespace `a`);
@@ -15,15 +17,16 @@
 //! - `moor-agent-n2`, a node agent (its own `mounts/n2/`), whose forged orphans an
 //!   operator then tries to adopt without `--insist`.
 //!
-//! Each adversary knows the victim's plugin ids, uids and names (a leak: stronger than
-//! a guess) and copies whatever it can read of its own objects (finalizers). The
+//! Each adversary knows the victim's plugin ids, uids, names and its workload's cgroup
+//! (a leak: stronger than a guess) and copies whatever it can read of its own objects (finalizers). The
 //! script of forgeries (which, in which order, naming which id) comes from the seed.
 //!
 //! The checker fails the run on: a CSI call naming a victim's plugin id that the
 //! victim's own lifecycle did not make (the plugin's call logs, after the victim
 //! settled); a victim object whose phase, plugin id or claim changed; an ownership
 //! record of a victim id naming anyone else; a forged orphan adopted; a claim on n2
-//! (whose node key the node adversary holds) carrying the victim's secret.
+//! (whose node key the node adversary holds) carrying the victim's secret; the victim's
+//! workload signalled (an allocation of theirs on n1 naming its cgroup, then ended).
 //!
 //! A run prints its seed (uncaptured, so also when it passes). `CI` set: the seeds in
 //! [`CI_SEEDS`]. `MOOR_HOSTILE_SEEDS=1,2,3`: those seeds, with a table of what each
@@ -35,7 +38,9 @@ mod common;
 mod secure;
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::wait_for;
@@ -93,6 +98,35 @@ struct Victim {
     members: Vec<String>,
     /// Where its volumes' data is (the `path` of their plugin context).
     paths: Vec<String>,
+    /// Its workload on n1: the runner, the workload's pid and its recorded cgroup.
+    runner: Ends,
+    pid: String,
+    cgroup: String,
+    /// An operator's view, to wait on what a forgery set going.
+    operator: Store,
+}
+
+/// A runner ended (SIGTERM, then waited for) however the run ends: nothing is left
+/// running.
+struct Ends(Child);
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Whether process `pid` lives (and is no zombie).
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
 }
 
 impl Victim {
@@ -216,6 +250,19 @@ async fn run(seed: u64) -> String {
     }
     check_victim(&operator, &victim, seed).await;
     check_secrets(&s, seed).await;
+    // The victim's workload ends by its own runner's SIGTERM, with the exit it chose.
+    let mut runner = victim.runner;
+    let ok = Command::new("kill")
+        .args(["-TERM", &runner.0.id().to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "seed {seed}: SIGTERM to the victim's runner");
+    let status = runner.0.wait().expect("wait for the victim's runner");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "seed {seed}: the victim's workload chose its own exit"
+    );
     let counts: Vec<String> = adversaries
         .iter()
         .map(|a| {
@@ -330,7 +377,45 @@ async fn victim(s: &Secure, operator: &Store) -> Victim {
     .await;
     let group = operator.get(&group_key).await.unwrap();
     let snap = operator.get(&Snapshot::key_for(&ns, "vs1")).await.unwrap();
+    // The workload, on n1 with vv2, in a cgroup of its own (CI runs as root with
+    // cgroup2, as tests/workload.rs needs too).
+    let pidfile = s.tmp.path().join("victim.pid");
+    let script = format!(
+        "echo $$ > {p}; trap 'exit 0' TERM; echo started; while :; do sleep 0.1; done",
+        p = pidfile.display()
+    );
+    let mut child = s
+        .cmd("moorctl", "moor-controller", Some(&s.cluster_keys))
+        .args([
+            "alloc", "run", "vw1", "--node", "n1", "--volume", "data=vv2",
+        ])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn moorctl alloc run");
+    let stdout = child.stdout.take().expect("stdout");
+    let runner = Ends(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the workload's first line");
+    assert_eq!(line.trim(), "started", "the victim's workload runs");
+    let pid = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .to_string();
+    let cgroup = operator
+        .get(&Allocation::key_for(&ns, "vw1"))
+        .await
+        .unwrap()
+        .spec
+        .workload_cgroup
+        .expect("the victim's workload cgroup is on its allocation (root with cgroup2)");
     Victim {
+        runner,
+        pid,
+        cgroup,
+        operator: operator.clone(),
         volumes,
         snapshot: "vs1".into(),
         snapshot_id: snap.status.snapshot_id.unwrap(),
@@ -395,11 +480,15 @@ fn hostpath_volume(ns: &Namespace, n: &str) -> Volume {
 }
 
 fn allocation_on_n2(ns: &Namespace, n: &str, volume: &str) -> Allocation {
+    allocation_on(ns, n, volume, "n2")
+}
+
+fn allocation_on(ns: &Namespace, n: &str, volume: &str, node: &str) -> Allocation {
     Allocation::new(
         ns,
         name(n),
         AllocationSpec {
-            node: NodeName::new("n2").unwrap(),
+            node: NodeName::new(node).unwrap(),
             volumes: vec![VolumeRequest {
                 name: name("data"),
                 volume: VolumeId::new(volume).unwrap(),
@@ -502,7 +591,7 @@ impl Adversary {
 async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
     let (vname, vuid, vext) = v.volumes[rng.usize(..v.volumes.len())].clone();
     let ns = a.ns.clone();
-    let op = rng.usize(..12);
+    let op = rng.usize(..13);
     let n = a.fresh(&op.to_string());
     let forged_volume = |status_ext: bool| {
         let mut vol = hostpath_volume(&ns, &n);
@@ -695,7 +784,7 @@ async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
         }
         // Garbage where the victim's names would be, and a copy of the victim's
         // volume under its own name (status and all).
-        _ => {
+        11 => {
             let key = format!("/moor/volumes/{ns}/{vname}");
             let garbage: Vec<u8> = (0..rng.usize(1..200)).map(|_| rng.u8(..)).collect();
             let _ = a.raw.put(key, garbage, None).await;
@@ -706,6 +795,32 @@ async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
             a.put(&copy).await;
             a.put(&allocation_on_n2(&ns, &n, &vname)).await;
             "garbage-and-copy"
+        }
+        // An allocation on n1 (the victim's workload's node) naming the victim's
+        // workload cgroup, running until its claim is published, then ended: its
+        // release must signal nothing there.
+        _ => {
+            a.put(&forged_volume(false)).await;
+            let mut alloc = allocation_on(&ns, &n, &n, "n1");
+            alloc.spec.client_status = ClientStatus::Running;
+            alloc.spec.workload_cgroup = Some(v.cgroup.clone());
+            // One allocation, ended: the same uid, the next generation.
+            alloc.metadata.uid = Uid::random();
+            if a.put(&alloc).await {
+                // Published (or, at the deadline, not): ended either way.
+                let claim = format!("{n}.data");
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while Instant::now() < deadline
+                    && claim_phase(&v.operator, "n1", &ns, &claim).await
+                        != Some(ClaimPhase::Published)
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                alloc.spec.client_status = ClientStatus::Failed;
+                alloc.metadata.generation = 2;
+                a.put(&alloc).await;
+            }
+            "cgroup"
         }
     };
     a.tried.push(what.to_string());
@@ -792,10 +907,18 @@ async fn check_victim(operator: &Store, v: &Victim, seed: u64) {
             && snap.status.snapshot_id.as_deref() == Some(v.snapshot_id.as_str()),
         "seed {seed}: victim snapshot {snap:?}"
     );
-    assert_eq!(
-        claim_phase(operator, "n1", &ns, "va1.data").await,
-        Some(ClaimPhase::Published),
-        "seed {seed}: the victim's claim"
+    for claim in ["va1.data", "vw1.data"] {
+        assert_eq!(
+            claim_phase(operator, "n1", &ns, claim).await,
+            Some(ClaimPhase::Published),
+            "seed {seed}: the victim's claim {claim}"
+        );
+    }
+    assert!(
+        alive(&v.pid),
+        "seed {seed}: the victim's workload {} (cgroup {}) was killed",
+        v.pid,
+        v.cgroup
     );
     // Nothing of the victim's namespace appeared on n2.
     let on_n2 = operator
