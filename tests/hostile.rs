@@ -15,7 +15,10 @@
 //! - `moor-agent-n3`, an engine-serving node (`allocations/engines/`,
 //!   `volumes/engines/`);
 //! - `moor-agent-n2`, a node agent (its own `mounts/n2/`), whose forged orphans an
-//!   operator then tries to adopt without `--insist`.
+//!   operator then tries to adopt without `--insist`, and whose forged events about
+//!   the victim's objects no view may show;
+//! - `moor-console` and `moor-agent-n4` (the controller of another plugin), each
+//!   writing at every key of the victim's beyond its grants (all refused by etcd).
 //!
 //! Each adversary knows the victim's plugin ids, uids, names and its workload's cgroup
 //! (a leak: stronger than a guess) and copies whatever it can read of its own objects (finalizers). The
@@ -24,7 +27,8 @@
 //! The checker fails the run on: a CSI call naming a victim's plugin id that the
 //! victim's own lifecycle did not make (the plugin's call logs, after the victim
 //! settled); a victim object whose phase, plugin id or claim changed; an ownership
-//! record of a victim id naming anyone else; a forged orphan adopted; a claim on n2
+//! record of a victim id naming anyone else; a forged orphan adopted; an event n2
+//! forged about the victim's objects shown by `moorctl events` or `describe`; a claim on n2
 //! (whose node key the node adversary holds) carrying the victim's secret; the victim's
 //! workload signalled (an allocation of theirs on n1 naming its cgroup, then ended).
 //!
@@ -156,7 +160,14 @@ struct Adversary {
 
 async fn run(seed: u64) -> String {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let s = Secure::start_nodes(&["n1", "n2", "n3"], "n1=hostpath.moor.dev", "n3", &[]).await;
+    // n4 hosts another plugin's controller (an identity only: no agent runs there).
+    let s = Secure::start_nodes(
+        &["n1", "n2", "n3", "n4"],
+        "n1=hostpath.moor.dev n4=other.example",
+        "n3",
+        &[],
+    )
+    .await;
     let keys = Some(s.cluster_keys.as_path());
     let _controller = s.controller("controller", &[]);
     let _n1 = s.node("n1", "monolith", &s.cluster_keys);
@@ -182,6 +193,7 @@ async fn run(seed: u64) -> String {
             forge(a, &victim, &mut rng).await;
         }
         orphans.push(forge_orphan(&s, &victim, &mut rng).await);
+        forge_event(&s, &victim, &mut rng).await;
     }
     // Every forged orphan is refused to an operator adopting it without --insist.
     for (ns, claim) in &orphans {
@@ -250,6 +262,8 @@ async fn run(seed: u64) -> String {
     }
     check_victim(&operator, &victim, seed).await;
     check_secrets(&s, seed).await;
+    check_events(&s, &victim, seed);
+    let refused = confined(&s, &victim, seed).await;
     // The victim's workload ends by its own runner's SIGTERM, with the exit it chose.
     let mut runner = victim.runner;
     let ok = Command::new("kill")
@@ -275,7 +289,7 @@ async fn run(seed: u64) -> String {
         })
         .collect();
     format!(
-        "{seed} | {}, moor-agent-n2 {} orphans | {} calls",
+        "{seed} | {}, moor-agent-n2 {} orphans, {refused} writes of moor-console and moor-agent-n4 (another plugin's controller) refused | {} calls",
         counts.join(", "),
         orphans.len(),
         calls.len()
@@ -868,6 +882,142 @@ async fn forge_orphan(s: &Secure, v: &Victim, rng: &mut fastrand::Rng) -> (Strin
         .await
         .unwrap_or_else(|e| panic!("n2 writes its own mount {key}: {e}"));
     (ns.to_string(), claim)
+}
+
+/// What the identities that may write no request of the victim's try: the console
+/// (read-only) and the agent hosting another plugin's controller (n4, plugin
+/// `other.example`), each at every key of the victim's that moor acts on and is not
+/// theirs: its requests, claims, mounts, the plugin's ownership records, Secrets,
+/// election and capacity report. etcd must refuse each write (and each read of the
+/// plugin's Secrets); returns how many it refused. What n4 can still write (every
+/// plugin's volumes, attachments, snapshots and groups: docs/architecture.md, "The
+/// controller-plugin agent's reach") is not tried: it is the open half of issue 77.
+async fn confined(s: &Secure, v: &Victim, seed: u64) -> usize {
+    let (vname, _, vext) = &v.volumes[0];
+    let record = Ownership::key_for(
+        &PluginId::new(PLUGIN).unwrap(),
+        OwnedResource::Volume,
+        vext.as_str(),
+    );
+    let theirs = [
+        format!(
+            "owners/{PLUGIN}/{}",
+            record.as_str().rsplit('/').next().unwrap()
+        ),
+        format!("secrets/{PLUGIN}/default/forged"),
+        format!("leaders/plugin.{PLUGIN}"),
+        format!("capacities/{PLUGIN}"),
+        "claims/n1/default/va1.data".to_string(),
+        "mounts/n1/default/va1.data".to_string(),
+        "nodes/n1".to_string(),
+        "allocations/default/va1".to_string(),
+    ];
+    let requests = [
+        format!("volumes/default/{vname}"),
+        "snapshots/default/vs1".to_string(),
+        "groupsnapshots/default/vg1".to_string(),
+        format!("attachments/default/{vname}/n1"),
+    ];
+    let mut refused = 0;
+    for (who, keys) in [
+        (
+            "moor-console",
+            theirs.iter().chain(&requests).collect::<Vec<_>>(),
+        ),
+        ("moor-agent-n4", theirs.iter().collect()),
+    ] {
+        let mut raw = s.raw(who).await;
+        for key in keys {
+            let key = format!("/moor/{key}");
+            match raw.put(key.clone(), b"{}".to_vec(), None).await {
+                Err(e) if secure::denied(&e) => refused += 1,
+                other => panic!("seed {seed}: {who} put {key}: {other:?}"),
+            }
+        }
+        let secrets = format!("/moor/secrets/{PLUGIN}/");
+        let read = raw
+            .get(
+                secrets.clone(),
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await;
+        match read {
+            Err(e) if secure::denied(&e) => refused += 1,
+            other => panic!("seed {seed}: {who} read {secrets}: {other:?}"),
+        }
+    }
+    refused
+}
+
+/// Reasons of the events n2 forges: no view shows them.
+const FORGED_EVENT: &str = "Forged by n2";
+
+/// An event n2 writes under its own prefix about one of the victim's objects (on n1,
+/// where n2 never was): its own source, or the controller's (a lie its key belies).
+async fn forge_event(s: &Secure, v: &Victim, rng: &mut fastrand::Rng) {
+    let (vname, _, _) = v.volumes[rng.usize(..v.volumes.len())].clone();
+    let ns = Namespace::default_ns();
+    let (kind, about) = if rng.bool() {
+        ("Volume", vname)
+    } else {
+        ("Claim", "va1.data".to_string())
+    };
+    let source = if rng.bool() { "agent/n2" } else { "controller" };
+    let n = format!("e{}", rng.u32(..));
+    let mut e = Event::new(
+        &ns,
+        name(&n),
+        EventSpec {
+            reason: FORGED_EVENT.into(),
+            message: format!("{about}'s data was deleted"),
+            type_: EventType::Warning,
+            object: ObjectRef {
+                kind: kind.into(),
+                namespace: ns.clone(),
+                name: name(&about),
+            },
+            source: source.into(),
+            time: Some(Timestamp::now()),
+            ..Default::default()
+        },
+    );
+    e.metadata.uid = Uid::random();
+    e.metadata.creation_timestamp = Some(Timestamp::now());
+    let key = format!("/moor/events/node/n2/{ns}/{n}");
+    let mut raw = s.raw("moor-agent-n2").await;
+    raw.put(key.clone(), serde_json::to_vec(&e).unwrap(), None)
+        .await
+        .unwrap_or_else(|e| panic!("n2 writes its own event {key}: {e}"));
+}
+
+/// No view an operator reads shows n2's forged events about the victim's objects.
+fn check_events(s: &Secure, v: &Victim, seed: u64) {
+    let keys = Some(s.cluster_keys.as_path());
+    let mut views: Vec<Vec<String>> = vec![
+        vec!["events".into()],
+        vec!["events".into(), "--for".into(), "claim/va1.data".into()],
+    ];
+    for (vname, _, _) in &v.volumes {
+        views.push(vec![
+            "events".into(),
+            "--for".into(),
+            format!("volume/{vname}"),
+        ]);
+        views.push(vec!["describe".into(), "volume".into(), vname.clone()]);
+    }
+    for args in views {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = s.moorctl("moor-controller", keys, &args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "seed {seed}: moorctl {args:?}: {out:?}"
+        );
+        assert!(
+            !text.contains(FORGED_EVENT),
+            "seed {seed}: moorctl {args:?} shows n2's forged event:\n{text}"
+        );
+    }
 }
 
 /// The victim's objects are as they were: volumes Ready with their plugin ids and
