@@ -150,26 +150,33 @@ pub const MAX_MANIFEST_BYTES: usize = 64 << 20;
 /// The deepest nesting of `[` and `{` accepted (moor's objects need fewer than 10).
 pub const MAX_DEPTH: usize = 64;
 
-/// Whether the field at `pointer` of `input` is one `S` knows: with a non-default value
-/// there, the typed object either keeps it or refuses its shape (an unknown field is
-/// ignored by the decoder whatever it holds).
+/// Whether the field at `pointer` of `input` is one `S` knows: with some value there
+/// that is not its default, the typed object either keeps it or refuses its shape (an
+/// unknown field is ignored by the decoder whatever it holds). Two probes of each
+/// shape, since the write-back omits a field at its default whichever that is
+/// (`allow_expansion` defaults to true: a probe of `true` alone is omitted).
 fn is_known_field<S: Spec>(input: &serde_json::Value, pointer: &str) -> bool {
     use serde_json::Value;
-    let mut probe = input.clone();
-    let Some(slot) = probe.pointer_mut(pointer) else {
+    let Some(slot) = input.pointer(pointer) else {
         return false;
     };
-    *slot = match slot {
-        Value::Bool(_) => Value::Bool(true),
-        Value::String(_) => Value::String("x".into()),
-        _ => Value::from(1),
+    let probes: [Value; 2] = match slot {
+        Value::Bool(_) => [Value::Bool(true), Value::Bool(false)],
+        Value::String(_) => [Value::String("x".into()), Value::String("y".into())],
+        _ => [Value::from(1), Value::from(2)],
     };
-    match serde_json::from_value::<Object<S>>(probe) {
-        Ok(obj) => serde_json::to_value(&obj)
-            .ok()
-            .is_some_and(|kept| kept.pointer(pointer).is_some()),
-        Err(_) => true,
-    }
+    probes.into_iter().any(|value| {
+        let mut probe = input.clone();
+        if let Some(slot) = probe.pointer_mut(pointer) {
+            *slot = value;
+        }
+        match serde_json::from_value::<Object<S>>(probe) {
+            Ok(obj) => serde_json::to_value(&obj)
+                .ok()
+                .is_some_and(|kept| kept.pointer(pointer).is_some()),
+            Err(_) => true,
+        }
+    })
 }
 
 /// The first path present in `input` but absent from `kept` (the object as typed and
@@ -693,10 +700,41 @@ spec:
             "kind: Cordon\nmetadata: {name: n1}\nspec: {reason: disk swap, drain: true}\n".to_string(),
             "kind: VolumeGroupSnapshot\nmetadata: {name: g}\nspec: {volumes: [a, b]}\n".to_string(),
             "kind: VolumeClass\nmetadata: {name: fast}\nspec: {plugin_id: p, parameters: {tier: ssd}, on_delete: retain, allow_expansion: false, default: true}\n".to_string(),
+            // At its default (true), which the write-back omits: still a known field
+            // (issue 78, item 5: the README's example was refused).
+            "kind: VolumeClass\nmetadata: {name: fast}\nspec: {plugin_id: p, allow_expansion: true}\n".to_string(),
             "kind: Volume\nmetadata: {name: v}\nspec: {class: fast}\n".to_string(),
             "kind: SnapshotSchedule\nmetadata: {name: nightly}\nspec: {cron: \"0 2 * * *\", selector: {tier: gold}, retention: {keep: 7, max_age: 30d}, parameters: {kind: full}}\n".to_string(),
         ] {
             assert_eq!(errors_of(&text), "", "refused: {text:?}");
+        }
+    }
+
+    /// The README's VolumeClass example (the indented block from `kind: VolumeClass`
+    /// to the blank line) is accepted as written (issue 78, item 5).
+    #[test]
+    fn the_readme_s_volume_class_example_is_accepted() {
+        let readme = include_str!("../../README.md");
+        let lines: Vec<&str> = readme.lines().collect();
+        let start = lines
+            .iter()
+            .position(|l| l.trim() == "kind: VolumeClass")
+            .expect("README.md shows a VolumeClass");
+        let indent = lines[start].len() - lines[start].trim_start().len();
+        let block: Vec<&str> = lines[start..]
+            .iter()
+            .take_while(|l| !l.trim().is_empty())
+            .map(|l| l.get(indent..).unwrap_or_default())
+            .collect();
+        let text = block.join("\n") + "\n";
+        let parsed = parse_manifests(&text);
+        assert_eq!(parsed.len(), 1, "{text}");
+        match &parsed[0] {
+            Ok(AnyObject::VolumeClass(c)) => {
+                assert!(c.spec.allow_expansion, "{text}");
+                assert_eq!(c.spec.on_delete, Some(OnDelete::Retain), "{text}");
+            }
+            other => panic!("the README's VolumeClass: {other:?}\n{text}"),
         }
     }
 
