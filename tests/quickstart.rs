@@ -186,6 +186,20 @@ async fn moord_dev_keeps_its_state_across_a_restart() {
     );
     let (ok, out) = moorctl(port, &["get", "volume", "extra"]);
     assert!(!ok, "the good document was written: {out}");
+    // Not found names the namespace looked in, and where one of that name is (issue
+    // 78, item 7).
+    let (ok, out) = moorctl(port, &["get", "volume", "web-data", "-n", "prod"]);
+    assert!(
+        !ok && out.contains("not found in namespace prod; namespace default has one (-n default)"),
+        "{out}"
+    );
+    let (ok, out) = moorctl(port, &["get", "volume", "nowhere"]);
+    assert!(
+        !ok && out.contains(
+            "not found in namespace default (-n NAMESPACE looks in another, -A in every one)"
+        ),
+        "{out}"
+    );
     let mut stale: serde_json::Value = serde_json::from_str(&before).unwrap();
     stale["metadata"]["resource_version"] = serde_json::json!(1);
     stale["spec"]["capacity_min"] = serde_json::json!("1GiB");

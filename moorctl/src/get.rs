@@ -68,6 +68,36 @@ impl Get {
         Ok(v)
     }
 
+    /// Why a named object was not found: the namespace looked in, and the namespaces
+    /// that hold one of that name, when the identity may list them (else `-A`).
+    async fn not_found(&self, ctx: &Ctx, name: &str, ns: Option<&Namespace>) -> String {
+        let kind = self.kind;
+        let Some(ns) = ns.filter(|_| kind.namespaced()) else {
+            return format!("{kind} {name} not found");
+        };
+        let elsewhere: Vec<String> = match kind::list(ctx, kind, None).await {
+            Ok((items, _)) => items
+                .iter()
+                .filter(|v| v.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
+                .filter_map(|v| v.pointer("/metadata/namespace").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        match elsewhere.as_slice() {
+            [] => format!(
+                "{kind} {name} not found in namespace {ns} (-n NAMESPACE looks in another, -A in every one)"
+            ),
+            [one] => format!(
+                "{kind} {name} not found in namespace {ns}; namespace {one} has one (-n {one})"
+            ),
+            many => format!(
+                "{kind} {name} not found in namespace {ns}; namespaces {} have one (-n NAMESPACE, or -A)",
+                many.join(", ")
+            ),
+        }
+    }
+
     /// Prints the objects; exit code 1 when a named object does not exist.
     pub async fn run(self, ctx: &Ctx) -> anyhow::Result<i32> {
         match (self.orphaned, self.kind) {
@@ -87,7 +117,7 @@ impl Get {
         sort(self.kind, &mut items);
         if let (Some(name), true) = (&self.name, items.is_empty()) {
             if !self.watch {
-                return Err(Refused(format!("{} {name} not found", self.kind)).into());
+                return Err(Refused(self.not_found(ctx, name, ns.as_ref()).await).into());
             }
         }
         let all_ns = self.ns.all_namespaces;
