@@ -247,6 +247,20 @@ fn moorctl_refuses_bad_input_with_clear_errors() {
     assert!(!ok && out.contains("unknown kind \"pods\""), "{out}");
     let (ok, out) = moorctl(port, &["wait", "volume/x", "--for", "color=red"]);
     assert!(!ok && out.contains("phase=PHASE or delete"), "{out}");
+    // An invalid allocation given to `alloc plan` names the field (issue 78, item 7:
+    // it said only "invalid").
+    let tmp = tempfile::tempdir().unwrap();
+    let nodeless = tmp.path().join("nodeless.yaml");
+    std::fs::write(
+        &nodeless,
+        "kind: Allocation\nmetadata: {name: a}\nspec:\n  volumes:\n    - {name: d, volume: v}\n",
+    )
+    .unwrap();
+    let (ok, out) = moorctl(port, &["alloc", "plan", "-f", nodeless.to_str().unwrap()]);
+    assert!(
+        !ok && out.contains("invalid: spec.node: is required"),
+        "{out}"
+    );
     let out = Command::new(bin_dir().join("moorctl"))
         .env("MOOR_ENDPOINTS", format!("http://127.0.0.1:{port}"))
         .args(["get", "volumes"])

@@ -71,7 +71,10 @@ impl Plan {
         let text = crate::apply::read_input(&self.file)?;
         let mut alloc = None;
         for doc in parse_manifests(&text) {
-            match doc.map_err(|e| Refused(format!("{}: {e}", self.file)))? {
+            // The whole chain: an invalid document names each field and why.
+            let doc =
+                doc.map_err(|e| Refused(format!("{}: {:#}", self.file, anyhow::Error::new(e))));
+            match doc? {
                 AnyObject::Allocation(a) if alloc.is_none() => alloc = Some(*a),
                 _ => {
                     return Err(Refused(format!("{}: plan takes one Allocation", self.file)).into())
