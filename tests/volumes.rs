@@ -3018,3 +3018,52 @@ async fn an_operator_shares_a_plugin_volume_across_namespaces_and_evicts_a_squat
     assert_eq!(about("DeleteVolume", &ext2), 0);
     c.check_calls(true);
 }
+
+/// Issue 78, item 6: deleting a volume a live workload holds is refused, naming the
+/// holders, and leaves it as it was; `--when-unused` marks it, and it goes after the
+/// last release. A holder already being released (its allocation stopped) does not
+/// hold a delete back: the volume goes after that release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_volume_s_delete_is_refused_naming_its_holders_unless_when_unused() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    for v in ["v1", "v2"] {
+        c.apply(c.volume(v, AccessMode::SingleNodeWriter)).await;
+        c.volume_ready(v).await;
+    }
+    c.apply(c.allocation("a1", "n1", "v1", false)).await;
+    c.apply(c.allocation("a2", "n1", "v2", false)).await;
+    c.wait_claim("a1", "n1", ClaimPhase::Published, T).await;
+    c.wait_claim("a2", "n1", ClaimPhase::Published, T).await;
+    let (ok, out) = c.moorctl(&["delete", "volume", "v1"]);
+    assert!(
+        !ok && out.contains("volume default/v1 is in use by allocation a1 on node n1")
+            && out.contains("--when-unused"),
+        "{out}"
+    );
+    assert!(!volume(&c, "v1").await.is_deleting(), "refused, yet marked");
+    let (ok, out) = c.moorctl(&["delete", "volume", "v1", "--when-unused"]);
+    assert!(ok && out.contains("marked for deletion"), "{out}");
+    assert!(volume(&c, "v1").await.is_deleting());
+    assert_eq!(
+        c.claim("a1", "n1").await.unwrap().status.phase,
+        ClaimPhase::Published,
+        "marked, and the workload keeps it"
+    );
+    // a2 stopped: its release is under way, so v2's delete goes ahead and waits for it.
+    let (ok, out) = c.moorctl(&["alloc", "stop", "a2"]);
+    assert!(ok, "{out}");
+    let (ok, out) = c.moorctl(&["delete", "volume", "v2"]);
+    assert!(ok && out.contains("marked for deletion"), "{out}");
+    c.stop_alloc("a1").await;
+    c.wait("both volumes gone after their releases", T, || async {
+        let left = c
+            .store
+            .list::<VolumeSpec>(&KeyScope::all())
+            .await
+            .map(|l| l.items.len());
+        left.is_ok_and(|n| n == 0)
+    })
+    .await;
+    c.check_calls(true);
+}

@@ -18,6 +18,11 @@ pub struct Delete {
     /// included (their finalizers hold each until its claims are released).
     #[arg(long)]
     pub volumes: bool,
+    /// With a volume that claims hold: mark it now and delete it after the last claim
+    /// is released (without it, a claimed volume's delete is refused, naming the
+    /// holders).
+    #[arg(long)]
+    pub when_unused: bool,
 }
 
 impl Delete {
@@ -30,6 +35,9 @@ impl Delete {
         }
         if cmd.kind == Kind::Secret {
             refuse_secret_in_use(ctx, &ns, &cmd.name).await?;
+        }
+        if cmd.when_unused && cmd.kind != Kind::Volume {
+            return Err(Refused("--when-unused applies to a volume".into()).into());
         }
         // The volumes its templates made, read before the allocation goes.
         let made = if cmd.volumes {
@@ -44,6 +52,15 @@ impl Delete {
             async move {
                 let key = kind::find_key(ctx, cmd.kind, Some(ns), &cmd.name).await?;
                 match key {
+                    // A volume claims hold: refused (naming them) unless asked to wait,
+                    // decided on the version the delete is guarded by.
+                    Some(key) if cmd.kind == Kind::Volume && !cmd.when_unused => {
+                        match delete_unclaimed(ctx, &key).await {
+                            Ok(f) => Ok(Some(f)),
+                            Err(e) if retrying && is_not_found(&e) => Ok(Some(Vec::new())),
+                            Err(e) => Err(e),
+                        }
+                    }
                     Some(key) => match kind::delete(ctx, cmd.kind, &key).await {
                         Ok(f) => Ok(Some(f)),
                         Err(e) if retrying && is_not_found(&e) => Ok(Some(Vec::new())),
@@ -81,6 +98,61 @@ impl Delete {
             }
         }
         Ok(0)
+    }
+}
+
+/// Deletes the volume at `key` unless claims hold it (its live claims, as recorded in
+/// its status by the admission that counts them, whose allocations still want them:
+/// one being released lets the deletion wait for it): then refused, naming each
+/// holder. Guarded by the version read, so a claim admitted since makes it look again.
+async fn delete_unclaimed(ctx: &Ctx, key: &str) -> anyhow::Result<Vec<String>> {
+    use moor::api::{Allocation, Claim, ObjectKey, VolumeSpec};
+    use moor::store::{Deleted, StoreError};
+    let key = ObjectKey::<VolumeSpec>::parse(key)?;
+    let vol = ctx.store.get(&key).await?;
+    let ns = &vol.metadata.namespace;
+    let claims = &vol.status.claims;
+    let mut holders = Vec::new();
+    if !vol.is_deleting() {
+        for c in claims.write_claims.iter().chain(&claims.read_claims) {
+            let claim = ctx
+                .store
+                .try_get(&Claim::key_for(&c.node, ns, &c.claim))
+                .await?;
+            let alloc = ctx
+                .store
+                .try_get(&Allocation::key_for(ns, &c.allocation))
+                .await?;
+            if !moor::admission::holder_ending(claim.as_ref(), alloc.as_ref()) {
+                holders.push(format!("allocation {} on node {}", c.allocation, c.node));
+            }
+        }
+    }
+    if !holders.is_empty() {
+        let more = holders.len().saturating_sub(10);
+        return Err(Refused(format!(
+            "volume {}/{} is in use by {}{}: stop them first, or --when-unused deletes it after the last release",
+            vol.metadata.namespace,
+            vol.metadata.name,
+            holders[..holders.len().min(10)].join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() }
+        ))
+        .into());
+    }
+    match ctx
+        .store
+        .delete(&key, Some(vol.metadata.resource_version))
+        .await
+    {
+        Ok(Deleted::Gone) => Ok(Vec::new()),
+        Ok(Deleted::Finalizing(obj)) => Ok(obj
+            .metadata
+            .finalizers
+            .iter()
+            .map(|f| f.to_string())
+            .collect()),
+        Err(StoreError::Conflict { .. }) => Err(crate::LookAgain.into()),
+        Err(e) => Err(e.into()),
     }
 }
 

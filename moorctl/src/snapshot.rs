@@ -156,6 +156,7 @@ impl SnapshotCmd {
                     name,
                     namespace,
                     volumes: false,
+                    when_unused: false,
                 }
                 .run(ctx)
                 .await
