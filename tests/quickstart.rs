@@ -186,6 +186,22 @@ async fn moord_dev_keeps_its_state_across_a_restart() {
     );
     let (ok, out) = moorctl(port, &["get", "volume", "extra"]);
     assert!(!ok, "the good document was written: {out}");
+    // A size a person likely did not mean is applied with a warning (issue 78, item 7).
+    std::fs::write(
+        &bad,
+        "kind: Volume\nmetadata: {name: si}\nspec: {plugin_id: x, capacity_min: 10, capacity_max: 10GB, capabilities: [{access_mode: single-node-writer, attachment_mode: file-system}]}\n",
+    )
+    .unwrap();
+    let (ok, out) = moorctl(port, &["apply", "-f", bad.to_str().unwrap()]);
+    assert!(
+        ok && out
+            .contains("warning: volumes/default/si: spec.capacity_max is 10GB (SI: powers of 1000")
+            && out.contains("if you meant 10GiB, write that")
+            && out.contains("spec.capacity_min is 10 bytes"),
+        "{out}"
+    );
+    let (ok, out) = moorctl(port, &["delete", "volume", "si"]);
+    assert!(ok, "{out}");
     // Not found names the namespace looked in, and where one of that name is (issue
     // 78, item 7).
     let (ok, out) = moorctl(port, &["get", "volume", "web-data", "-n", "prod"]);

@@ -284,14 +284,29 @@ async fn in_clear(
 
 /// What refuses `obj` before anything is written; `Ok(Some)` is a warning to print if
 /// the file is applied.
-async fn check(ctx: &Ctx, obj: &AnyObject, plaintext_ok: bool) -> anyhow::Result<Option<String>> {
+async fn check(ctx: &Ctx, obj: &AnyObject, plaintext_ok: bool) -> anyhow::Result<Vec<String>> {
     match obj {
-        AnyObject::Volume(o) => in_clear(ctx, &o.key(), !o.spec.secrets.is_empty(), plaintext_ok).await,
-        AnyObject::Secret(o) => in_clear(ctx, &o.key(), !o.spec.secrets.is_empty(), plaintext_ok).await,
+        AnyObject::Volume(o) => {
+            let clear = in_clear(ctx, &o.key(), !o.spec.secrets.is_empty(), plaintext_ok).await?;
+            // Sizes a person likely did not mean (`10`, `10GB`): said, and applied.
+            let sizes = [
+                ("spec.capacity_min", o.spec.capacity_min),
+                ("spec.capacity_max", o.spec.capacity_max),
+            ];
+            let doubts = sizes
+                .into_iter()
+                .filter_map(|(field, size)| size?.doubt(field))
+                .map(|d| format!("{}: {d}", o.key()));
+            Ok(clear.into_iter().chain(doubts).collect())
+        }
+        AnyObject::Secret(o) => Ok(in_clear(ctx, &o.key(), !o.spec.secrets.is_empty(), plaintext_ok)
+            .await?
+            .into_iter()
+            .collect()),
         AnyObject::Allocation(_)
         | AnyObject::Snapshot(_)
         | AnyObject::SnapshotSchedule(_)
-        | AnyObject::VolumeClass(_) => Ok(None),
+        | AnyObject::VolumeClass(_) => Ok(Vec::new()),
         other => Err(Refused(format!(
             "{}: {} objects are written by moor itself; apply Volumes, VolumeClasses, Secrets, Allocations, Snapshots and SnapshotSchedules",
             other.key(),

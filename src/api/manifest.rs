@@ -9,10 +9,13 @@ use super::*;
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     /// Not YAML or JSON.
-    #[error("document {doc}: not valid YAML or JSON")]
+    #[error("document {doc}: not valid YAML or JSON{hint}")]
     Syntax {
         /// 1-based document number.
         doc: usize,
+        /// What the text holds where the parser stopped, when it is a common slip (a
+        /// tab), else empty.
+        hint: String,
         /// The parser's complaint.
         #[source]
         source: serde_yaml_ng::Error,
@@ -149,6 +152,30 @@ pub const MAX_OBJECT_BYTES: usize = 1 << 20;
 pub const MAX_MANIFEST_BYTES: usize = 64 << 20;
 /// The deepest nesting of `[` and `{` accepted (moor's objects need fewer than 10).
 pub const MAX_DEPTH: usize = 64;
+
+/// A tab where the parser stopped, or in the indentation of that line (YAML indents
+/// with spaces only; the parser's own words, "cannot start any token", do not say).
+fn syntax_hint(text: &str, e: &serde_yaml_ng::Error) -> String {
+    let Some(at) = e.location() else {
+        return String::new();
+    };
+    let Some(line) = text.lines().nth(at.line().saturating_sub(1)) else {
+        return String::new();
+    };
+    let indent: String = line.chars().take_while(|c| c.is_whitespace()).collect();
+    match indent.find('\t') {
+        Some(_) => format!(
+            " (line {} is indented with a tab: YAML indents with spaces only)",
+            at.line()
+        ),
+        None if line.chars().nth(at.column().saturating_sub(1)) == Some('\t') => format!(
+            " (line {}, column {} holds a tab: YAML indents with spaces only)",
+            at.line(),
+            at.column()
+        ),
+        None => String::new(),
+    }
+}
 
 /// Whether the field at `pointer` of `input` is one `S` knows: with some value there
 /// that is not its default, the typed object either keeps it or refuses its shape (an
@@ -367,7 +394,8 @@ pub fn parse_manifests(text: &str) -> Vec<Result<AnyObject, ManifestError>> {
             Ok(serde_json::Value::Null) => continue,
             Ok(v) => v,
             Err(source) => {
-                out.push(Err(ManifestError::Syntax { doc, source }));
+                let hint = syntax_hint(text, &source);
+                out.push(Err(ManifestError::Syntax { doc, hint, source }));
                 // A syntax error leaves the parser unable to find later documents.
                 break;
             }
@@ -857,6 +885,13 @@ metadata: {name: g}
             results.last(),
             Some(Err(ManifestError::Syntax { .. }))
         ));
+        // A tab in the indentation is named (issue 78, item 7).
+        let results = parse_manifests("kind: Volume\nmetadata:\n\tname: v\nspec: {plugin_id: p}\n");
+        let said = results.last().unwrap().as_ref().unwrap_err().to_string();
+        assert!(
+            said.contains("line 3 is indented with a tab: YAML indents with spaces only"),
+            "{said}"
+        );
     }
 
     fn moor_chain(e: &ManifestError) -> String {

@@ -40,6 +40,37 @@ impl Size {
     }
 }
 
+impl Size {
+    /// What a person likely did not mean by this size of field `field`, said before it
+    /// is applied (issue 78, item 7): under 1 MiB (a missing unit: `10` is 10 bytes),
+    /// or a whole number of SI megabytes or more that is no whole number of MiB (`10GB`
+    /// is 10^10 bytes, about 9.31 GiB). `None` for a size that reads as meant.
+    pub fn doubt(self, field: &str) -> Option<String> {
+        const MIB: u64 = 1 << 20;
+        let n = self.0;
+        if n < MIB {
+            return Some(format!(
+                "{field} is {n} bytes: a volume that small is likely a missing unit (write e.g. 512MiB or 10GiB)"
+            ));
+        }
+        let si = [
+            (1_000_000_000_000u64, "TB", "TiB"),
+            (1_000_000_000, "GB", "GiB"),
+            (1_000_000, "MB", "MiB"),
+        ]
+        .into_iter()
+        .find(|(unit, _, _)| n % unit == 0);
+        match si {
+            Some((unit, si, iec)) if n % MIB != 0 => Some(format!(
+                "{field} is {}{si} (SI: powers of 1000, {self}); if you meant {}{iec}, write that",
+                n / unit,
+                n / unit
+            )),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for Size {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", bytesize::ByteSize(self.0).display().iec())
@@ -260,5 +291,20 @@ mod tests {
             SystemTime::UNIX_EPOCH - Duration::from_millis(5)
         );
         assert_eq!(std::mem::size_of::<Option<Timestamp>>(), 8);
+    }
+
+    #[test]
+    fn sizes_a_person_likely_did_not_mean_are_doubted() {
+        let doubt = |s: &str| Size::parse(s).unwrap().doubt("spec.capacity_min");
+        assert!(doubt("10").unwrap().contains("is 10 bytes"));
+        let si = doubt("10GB").unwrap();
+        assert!(
+            si.contains("is 10GB (SI") && si.contains("write that") && si.contains("10GiB"),
+            "{si}"
+        );
+        assert!(doubt("500MB").unwrap().contains("500MiB"));
+        for meant in ["10GiB", "512MiB", "1MiB", "3TiB"] {
+            assert_eq!(doubt(meant), None, "{meant}");
+        }
     }
 }
