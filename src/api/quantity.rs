@@ -59,9 +59,9 @@ impl Size {
             (1_000_000, "MB", "MiB"),
         ]
         .into_iter()
-        .find(|(unit, _, _)| n % unit == 0);
+        .find(|(unit, _, _)| n.is_multiple_of(*unit));
         match si {
-            Some((unit, si, iec)) if n % MIB != 0 => Some(format!(
+            Some((unit, si, iec)) if !n.is_multiple_of(MIB) => Some(format!(
                 "{field} is {}{si} (SI: powers of 1000, {self}); if you meant {}{iec}, write that",
                 n / unit,
                 n / unit
