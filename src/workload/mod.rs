@@ -477,19 +477,16 @@ impl Seen {
                     if let Some(r) = &c.status.reason {
                         line.push_str(&format!(" ({})", printable(r)));
                     }
+                    // The next try's time, not a countdown: a line changes only when
+                    // where things stand does (a countdown printed one a second).
                     if let Some(f) = &c.status.meta.retry {
                         line.push_str(&format!(
-                            "; {} failed {}x with {}: {}; next try in {}",
+                            "; {} failed {}x with {}: {}; next try at {}",
                             f.step,
                             f.attempts,
                             f.code,
                             printable(&f.message),
-                            humantime::format_duration(Duration::from_secs(
-                                f.next_retry
-                                    .system()
-                                    .duration_since(std::time::SystemTime::now())
-                                    .map_or(0, |d| d.as_secs())
-                            ))
+                            humantime::format_rfc3339_seconds(f.next_retry.system())
                         ));
                     } else if let Some(e) = &c.status.meta.last_error {
                         line.push_str(&format!("; last error: {}", printable(e)));
@@ -968,6 +965,30 @@ mod tests {
         assert!(seen(vec![None], 0)
             .progress(ClaimPhase::Published)
             .contains("r0: no claim yet"));
+        // A failing step's line is the same from one second to the next (issue 78,
+        // item 7: a countdown printed a line every second of a back-off).
+        let mut failing = claim(ClaimPhase::Admitted, Some("waiting for node n1 to publish"));
+        failing.status.meta.retry = Some(Box::new(StepFailure {
+            step: "NodeStageVolume".into(),
+            since: Timestamp::now(),
+            attempts: 3,
+            code: "Unavailable".into(),
+            message: "the disk is busy".into(),
+            final_answer: false,
+            next_retry: Timestamp::from_system(
+                std::time::SystemTime::now() + Duration::from_secs(90),
+            ),
+        }));
+        let waiting = seen(vec![Some(failing)], 0);
+        let first = waiting.progress(ClaimPhase::Published);
+        std::thread::sleep(Duration::from_millis(1100));
+        assert_eq!(waiting.progress(ClaimPhase::Published), first);
+        assert!(
+            first.contains(
+                "NodeStageVolume failed 3x with Unavailable: the disk is busy; next try at "
+            ),
+            "{first}"
+        );
     }
 
     #[test]
