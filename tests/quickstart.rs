@@ -291,5 +291,11 @@ fn moorctl_refuses_bad_input_with_clear_errors() {
         .args(["completion", "bash"])
         .output()
         .unwrap();
-    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("moorctl"));
+    let script = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && script.contains("moorctl"));
+    // It completes kinds (issue 78, item 7: it completed none).
+    assert!(
+        script.contains("volumeclasses") && script.contains("snapshotschedules"),
+        "no kinds in the bash completion"
+    );
 }

@@ -8,6 +8,7 @@ use crate::{is_not_found, parse_ns, ride_out, Ctx, Refused};
 #[derive(Debug, clap::Args)]
 pub struct Delete {
     /// The kind.
+    #[arg(value_parser = crate::kind::KindParser, hide_possible_values = true)]
     pub kind: Kind,
     /// The name.
     pub name: String,

@@ -12,6 +12,7 @@ use moor::api::{printable, Allocation, Namespace};
 #[derive(Debug, clap::Args)]
 pub struct Describe {
     /// The kind.
+    #[arg(value_parser = crate::kind::KindParser, hide_possible_values = true)]
     pub kind: Kind,
     /// The name.
     pub name: String,

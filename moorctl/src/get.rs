@@ -26,6 +26,7 @@ pub enum Output {
 #[derive(Debug, clap::Args)]
 pub struct Get {
     /// The kind (volume, allocation, claim, attachment, mount, node, plugin, event).
+    #[arg(value_parser = crate::kind::KindParser, hide_possible_values = true)]
     pub kind: Kind,
     /// One object's name.
     pub name: Option<String>,

@@ -12,6 +12,39 @@ use moor::store::Deleted;
 pub use moor::api::Kind;
 pub(crate) use moor::with_spec;
 
+/// The KIND argument of `get`, `describe` and `delete`: parsed as `Kind` parses (any
+/// case, singular, plural or alias, with moor's own error), and offering every name
+/// a kind goes by to shell completion (issue 78, item 7: `completion bash` completed
+/// no kinds). Hidden from `--help`, where the list would drown the verb.
+#[derive(Debug, Clone, Copy)]
+pub struct KindParser;
+
+impl clap::builder::TypedValueParser for KindParser {
+    type Value = Kind;
+
+    fn parse_ref(
+        &self,
+        _cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Kind, clap::Error> {
+        let text = value.to_string_lossy();
+        text.parse::<Kind>()
+            .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e}\n")))
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        let names = Kind::ALL.iter().flat_map(|k| {
+            std::iter::once(k.dir())
+                .chain(k.aliases().iter().copied())
+                .map(clap::builder::PossibleValue::new)
+        });
+        Some(Box::new(names))
+    }
+}
+
 /// Objects of a kind, as JSON, in one namespace (or all); malformed values are
 /// reported on stderr and skipped. Also returns the revision the list is at.
 pub async fn list(
