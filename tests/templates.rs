@@ -419,3 +419,40 @@ async fn alloc_run_says_why_a_template_is_blocked_and_does_not_wait_for_its_time
     assert!(!stderr.contains("timed out"), "{stderr}");
     assert!(c.all_claims_released().await);
 }
+
+/// Issue 78, item 7: `alloc run --volume REQ=new:SIZE` without `plugin=` takes the
+/// default VolumeClass (its plugin and parameters), as an applied template does; it
+/// took the node's plugin and ignored the class.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alloc_run_s_new_volume_takes_the_default_class() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = Cluster::start(1, 1, PluginOpts::default()).await;
+    apply_yaml(
+        &c,
+        "std",
+        &format!(
+            "kind: VolumeClass\nmetadata: {{name: std}}\nspec: {{plugin_id: {}, parameters: {{tier: ssd}}, default: true}}\n",
+            cluster::PLUGIN
+        ),
+    );
+    let out = std::process::Command::new(common::bin("moorctl"))
+        .arg(format!("--endpoints={}", c.etcd.client_url))
+        .args(["alloc", "run", "k", "--node", "n1"])
+        .args(["--volume", "scratch=new:1MiB,retain", "--", "true"])
+        .output()
+        .expect("run moorctl alloc run");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let made = volume(&c, "k.scratch").await.expect("the retained volume");
+    assert_eq!(
+        made.spec.parameters.get("tier").map(String::as_str),
+        Some("ssd"),
+        "{:?}",
+        made.spec
+    );
+    assert_eq!(made.spec.plugin_id.as_str(), cluster::PLUGIN);
+}

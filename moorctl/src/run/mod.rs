@@ -350,6 +350,10 @@ async fn template_request(
     }
     tpl.plugin_id = match plugin {
         Some(p) => p,
+        // A default class fills what the template leaves (its plugin, parameters and
+        // the rest), as an applied template's does, where the leading controller
+        // knows classes in templates (issue 78, item 7: new:SIZE ignored it).
+        None if default_class_applies(ctx).await? => PluginId::default(),
         None => {
             // The node's only node plugin.
             let found = ride_out(ctx, |_| {
@@ -388,6 +392,24 @@ async fn template_request(
         template: Some(Box::new(tpl)),
         ..Default::default()
     })
+}
+
+/// Whether a default VolumeClass exists and the leading controller fills templates
+/// from classes (`FEATURE_TEMPLATE_CLASS`).
+async fn default_class_applies(ctx: &Ctx) -> anyhow::Result<bool> {
+    let classes = ride_out(ctx, |_| async move {
+        Ok(ctx
+            .store
+            .list(&KeyScope::<VolumeClassSpec>::all())
+            .await?
+            .items)
+    })
+    .await?;
+    if !classes.iter().any(|c| c.spec.default && !c.is_deleting()) {
+        return Ok(false);
+    }
+    let leader = moor::runtime::leader::holder(&ctx.store, "controller").await?;
+    Ok(leader.is_some_and(|r| r.features.iter().any(|f| f == moor::FEATURE_TEMPLATE_CLASS)))
 }
 
 /// One `REQ=VOLUME[:ro]`, with the volume's first capability.
