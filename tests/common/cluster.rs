@@ -893,28 +893,9 @@ impl Drop for Cluster {
                 .status();
         }
         // The bind mounts the plugins made and did not undo (a test that ends with
-        // claims published, or killed a process mid-step): unmounted, deepest first,
-        // so that the directory goes and nothing accumulates on the machine.
-        for m in mounts_below(self.dir.path()).iter().rev() {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(m)
-                .status();
-        }
+        // claims published, or killed a process mid-step).
+        crate::common::unmount_below(self.dir.path());
     }
-}
-
-/// The mount points at or below `dir` (this process's mount namespace), sorted.
-pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut points: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    points.sort();
-    points
 }
 
 pub use moor_hostpath::mounts::can_mount;

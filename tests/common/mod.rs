@@ -484,3 +484,28 @@ pub fn dechunk(body: &str) -> String {
     }
     out
 }
+
+/// The mount points at or below `dir` (this process's mount namespace), sorted.
+pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort();
+    points
+}
+
+/// Unmounts (lazily, deepest first) every mount at or below `dir`: what a test's
+/// plugins made and did not undo, so that the directory goes and nothing accumulates
+/// on the machine, pass or fail.
+pub fn unmount_below(dir: &Path) {
+    for m in mounts_below(dir).iter().rev() {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(m)
+            .status();
+    }
+}
