@@ -531,3 +531,250 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
         "{units:?}: {err}"
     );
 }
+
+/// Every leaf of moorctl's command tree, read from its own `--help` (the "Commands:"
+/// section of each command, recursively), so a verb added later is found here too.
+fn moorctl_verbs() -> Vec<Vec<String>> {
+    fn walk(path: Vec<String>, out: &mut Vec<Vec<String>>) {
+        let help = Command::new(common::bin("moorctl"))
+            .args(&path)
+            .arg("--help")
+            .output()
+            .expect("moorctl --help");
+        let text = String::from_utf8_lossy(&help.stdout).into_owned();
+        let subs: Vec<String> = text
+            .split("\nCommands:\n")
+            .nth(1)
+            .map(|rest| {
+                rest.lines()
+                    .take_while(|l| !l.trim().is_empty())
+                    .filter_map(|l| l.split_whitespace().next().map(String::from))
+                    .filter(|c| c != "help")
+                    .collect()
+            })
+            .unwrap_or_default();
+        if subs.is_empty() {
+            out.push(path.clone());
+        }
+        for sub in subs {
+            let mut p = path.clone();
+            p.push(sub);
+            walk(p, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(Vec::new(), &mut out);
+    out
+}
+
+/// How each verb is run against an etcd that cannot answer (the arguments after the
+/// verb, with every wait of its own set to `VERB_TIMEOUT`); `None` for the verbs that
+/// never talk to the store. A verb missing here fails the test.
+fn unreachable_args(verb: &[String]) -> Option<Option<Vec<String>>> {
+    let alloc = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/examples/web-1.yaml")
+        .display()
+        .to_string();
+    let t = "4s";
+    let args: &[&str] = match verb.join(" ").as_str() {
+        "validate" | "completion" => return Some(None),
+        "apply" => &["-f", &alloc],
+        "get" => &["volumes"],
+        "describe" => &["volume", "v1"],
+        "delete" => &["volume", "v1"],
+        "alloc run" => &["a1", "--node", "n1", "--timeout", t, "--", "true"],
+        "alloc plan" => &["-f", &alloc],
+        "alloc paths" => &["a1"],
+        "alloc stop" => &["a1"],
+        "volume detach" => &["v1", "--node", "n1"],
+        "volume status" => &[],
+        "volume pause" | "volume activate" | "volume own" | "volume deregister" => &["v1"],
+        "volume drain" => &["v1", "--timeout", t],
+        "volume snapshot create" => &["v1", "s1"],
+        "volume snapshot import" => &["s1", "--source-volume", "v1", "--snapshot-id", "x"],
+        "volume snapshot delete" => &["s1"],
+        "volume snapshot list" => &[],
+        "volume share" | "volume unshare" => &["v1", "--with", "b"],
+        "plugin status" => &[],
+        "plugin deregister" => &["p1", "--node", "n1"],
+        "node cordon" | "node uncordon" => &["n1"],
+        "node drain" => &["n1", "--timeout", t],
+        "mount adopt" | "mount release" => &["c1", "--node", "n1", "--timeout", t],
+        "events" => &[],
+        "wait" => &["volume/v1", "--for", "delete", "--timeout", t],
+        "version" => &[],
+        _ => return None,
+    };
+    Some(Some(args.iter().map(|a| a.to_string()).collect()))
+}
+
+/// Issue 78 item 2: against a paused etcd (SIGSTOP: the kernel still completes the
+/// handshake, nothing answers) and then a stopped one, every moorctl verb that talks to
+/// the store ends within the bounds it names (`--request-timeout`, `--retry-for`, its
+/// own `--timeout`) and says why in one line: "did not answer within 2s" for the
+/// paused etcd, "connection refused" for the stopped one. The verbs come from
+/// moorctl's command tree (`moorctl_verbs`); `get -w` and `events -w` are run too. Then
+/// a watch open on a live etcd: quiet but answering (progress), it says nothing; paused
+/// under it, it says the store went silent.
+#[tokio::test]
+async fn every_verb_ends_within_its_named_bound_against_a_paused_or_stopped_etcd() {
+    let mut runs: Vec<(String, Vec<String>)> = Vec::new();
+    let mut missing = Vec::new();
+    for verb in moorctl_verbs() {
+        match unreachable_args(&verb) {
+            None => missing.push(verb.join(" ")),
+            Some(None) => {}
+            Some(Some(args)) => {
+                let mut all = verb.clone();
+                all.extend(args);
+                runs.push((verb.join(" "), all));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "moorctl verbs with no entry in unreachable_args: {missing:?}"
+    );
+    assert!(runs.len() >= 30, "too few verbs found: {runs:?}");
+    for watch in ["get", "events"] {
+        let mut all = vec![watch.to_string()];
+        all.extend(if watch == "get" {
+            vec!["volumes".to_string()]
+        } else {
+            vec![]
+        });
+        all.push("-w".into());
+        runs.push((format!("{watch} -w"), all));
+    }
+
+    let mut etcd = common::Etcd::start().await;
+    // The bounds every run names: a request 2 s, a write's retries 3 s, a verb's own
+    // wait 4 s. A run may take their sum plus process start-up on a loaded machine.
+    let bound = Duration::from_secs(2 + 2 + 3 + 4 + 20);
+    for (state, cause) in [
+        ("paused", "etcd did not answer within 2s"),
+        ("stopped", "connection refused"),
+    ] {
+        match state {
+            "paused" => etcd.pause(true),
+            _ => {
+                etcd.pause(false);
+                etcd.kill();
+            }
+        }
+        let started = std::time::Instant::now();
+        let children: Vec<_> = runs
+            .iter()
+            .map(|(name, args)| {
+                let child = moorctl(&etcd.endpoints)
+                    .args(["--request-timeout", "2s", "--retry-for", "3s"])
+                    .args(args)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("run moorctl");
+                (name.clone(), child)
+            })
+            .collect();
+        let mut failures = Vec::new();
+        for (name, mut child) in children {
+            // Every run has ended by the bound or is a failure (killed there).
+            let end = started + bound;
+            let status = loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    break Some(status);
+                }
+                if std::time::Instant::now() >= end {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break None;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            let out = child.wait_with_output().unwrap();
+            let said = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            let expected_ok = name == "version";
+            match status {
+                None => failures.push(format!("{name}: still running after {bound:?}: {said}")),
+                Some(s) if s.success() != expected_ok => {
+                    failures.push(format!("{name}: exit {s}: {said}"))
+                }
+                Some(_) if !said.contains(cause) => {
+                    failures.push(format!("{name}: does not say {cause:?}: {said}"))
+                }
+                Some(_) if !expected_ok && !said.contains("cannot reach etcd at") => {
+                    failures.push(format!("{name}: names no endpoint: {said}"))
+                }
+                Some(_) => {}
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{state} etcd:\n{}",
+            failures.join("\n")
+        );
+    }
+}
+
+/// Issue 78 item 2: a watch tells an idle store from a silent one. On a live etcd with
+/// nothing changing, `get -w` says nothing on stderr for several request deadlines (its
+/// progress requests are answered); with the server paused under it, it says in one
+/// line that etcd sent nothing and did not answer a progress request, and follows
+/// again once the server resumes (a volume written then is shown).
+#[tokio::test]
+async fn a_watch_says_when_etcd_goes_silent_and_nothing_while_it_is_idle() {
+    let etcd = common::Etcd::start().await;
+    let stderr_file = tempfile::NamedTempFile::new().unwrap();
+    let stdout_file = tempfile::NamedTempFile::new().unwrap();
+    let mut watch = moorctl(&etcd.endpoints)
+        .args(["--request-timeout", "1s", "get", "volumes", "-w"])
+        .stdout(stdout_file.reopen().unwrap())
+        .stderr(stderr_file.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let stderr = || std::fs::read_to_string(stderr_file.path()).unwrap_or_default();
+    let stdout = || std::fs::read_to_string(stdout_file.path()).unwrap_or_default();
+    wait_for(
+        "the watch to print its header",
+        Duration::from_secs(30),
+        || async { stdout().contains("NAME") },
+    )
+    .await;
+    // Idle: four deadlines, each one progress request answered.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let idle = stderr();
+    etcd.pause(true);
+    wait_for(
+        "the watch to say etcd is silent",
+        Duration::from_secs(30),
+        || async { stderr().contains("etcd sent nothing on a watch") },
+    )
+    .await;
+    etcd.pause(false);
+    let store = Store::connect(&etcd.endpoints, moor::store::DEFAULT_PREFIX)
+        .await
+        .unwrap();
+    store.create(&volume("after-pause")).await.unwrap();
+    let followed = tokio::time::timeout(Duration::from_secs(30), async {
+        while !stdout().contains("after-pause") {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(idle.is_empty(), "an idle watch said: {idle}");
+    assert!(
+        followed.is_ok(),
+        "the watch did not follow after the pause: {}\n{}",
+        stdout(),
+        stderr()
+    );
+    let said = stderr();
+    assert!(
+        said.contains("cannot reach etcd at") && said.contains("watching again"),
+        "{said}"
+    );
+}

@@ -118,6 +118,7 @@ impl Events {
             ctx.store.clone(),
             moor::api::KeyScope::all(),
         ));
+        let mut trouble = crate::Trouble::default();
         while let Some(item) = stream.next().await {
             let new: Vec<Value> = match item {
                 Ok(Event::Applied(obj)) => vec![serde_json::to_value(&*obj)?],
@@ -128,7 +129,7 @@ impl Events {
                     .collect::<Result<_, _>>()?,
                 Ok(Event::Deleted { .. }) => continue,
                 Err(e) => {
-                    eprintln!("watch: {}", moor::api::printable(&e.to_string()));
+                    trouble.say(ctx, "watch: ", &e.into(), "watching again");
                     continue;
                 }
             };

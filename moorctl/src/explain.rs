@@ -129,6 +129,20 @@ pub fn explain(e: &anyhow::Error, endpoints: &[String]) -> String {
         words.push_str(&format!("{cause} {cause:?} ").to_lowercase());
     }
     let at = endpoints.join(",");
+    // A request etcd never answered names the bound it waited (send.rs, watch.rs).
+    if let Some(silent) = e.chain().find_map(|c| {
+        let text = c.to_string();
+        let start = text
+            .find("etcd did not answer")
+            .or(text.find("etcd sent nothing"))?;
+        let said = &text[start..];
+        Some(said.split('"').next().unwrap_or(said).to_string())
+    }) {
+        return format!(
+            "cannot reach etcd at {at}: {silent}; it accepts connections but does not answer: \
+             is it paused or overloaded, or its quorum gone? (--request-timeout sets the bound)"
+        );
+    }
     for (needles, reason) in REASONS {
         if needles.iter().any(|n| words.contains(n)) {
             return if reason.refused {

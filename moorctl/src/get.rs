@@ -214,6 +214,7 @@ impl Get {
         ns: Option<&Namespace>,
     ) -> anyhow::Result<i32> {
         let mut stream = Box::pin(watcher::<S>(ctx.store.clone(), scope));
+        let mut trouble = crate::Trouble::default();
         let mut first = true;
         while let Some(item) = stream.next().await {
             let (obj, deleted) = match item {
@@ -237,7 +238,7 @@ impl Get {
                     continue;
                 }
                 Err(e) => {
-                    eprintln!("watch: {}", printable(&e.to_string()));
+                    trouble.say(ctx, "watch: ", &e.into(), "watching again");
                     continue;
                 }
             };

@@ -146,6 +146,12 @@ pub struct Cli {
     /// quorum gone) is retried before the verb gives up on the object.
     #[arg(long, env = "MOOR_RETRY_FOR", default_value = "60s", value_parser = humantime::parse_duration, global = true)]
     pub retry_for: std::time::Duration,
+    /// How long one request to etcd may take (connecting included): a paused or
+    /// overloaded etcd that accepts the connection and never answers fails the verb
+    /// with this bound named. A watch (`-w`, `events -w`, `wait`) asks a quiet etcd
+    /// for progress after it and says so when no answer comes in as long again.
+    #[arg(long, env = "MOOR_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
+    pub request_timeout: std::time::Duration,
     /// On failure, print every cause under the one-line explanation.
     #[arg(short = 'v', long, global = true)]
     pub verbose: bool,
@@ -391,15 +397,24 @@ impl Cli {
             if matches!(self.command, Command::Version) {
                 // This build's line first: it answers without etcd.
                 outln!("moorctl {LONG_VERSION}");
-                return match self.auth.connect(&self.endpoints, &self.prefix).await {
-                    Ok(store) => controller_version(&store).await,
+                let connecting =
+                    self.auth
+                        .connect_within(&self.endpoints, &self.prefix, self.request_timeout);
+                return match connecting.await {
+                    Ok(store) => controller_version(&store, &self.endpoints).await,
                     Err(e) => {
-                        outln!("controller: cannot tell ({e:#})");
+                        outln!(
+                            "controller: cannot tell ({})",
+                            explain::explain(&e, &self.endpoints)
+                        );
                         Ok(0)
                     }
                 };
             }
-            let store = self.auth.connect(&self.endpoints, &self.prefix).await?;
+            let store = self
+                .auth
+                .connect_within(&self.endpoints, &self.prefix, self.request_timeout)
+                .await?;
             let ctx = Ctx {
                 store,
                 endpoints: self.endpoints.clone(),
@@ -534,10 +549,16 @@ where
     );
     let mut retrying = false;
     let mut races = moor::store::ConflictRetry::default();
+    let mut trouble = Trouble::default();
     loop {
         match step(retrying).await {
             Err(e) if is_transient(&e) && tokio::time::Instant::now() < deadline => {
                 tracing::debug!(error = format!("{e:#}"), "outcome unknown; trying again");
+                let next = format!(
+                    "trying again for up to {} (--retry-for)",
+                    humantime::format_duration(ctx.retry_for)
+                );
+                trouble.say(ctx, "", &e, &next);
                 tokio::time::sleep(backoff.next_delay()).await;
                 retrying = true;
             }
@@ -550,6 +571,25 @@ where
             }
             Err(e) if e.is::<LookAgain>() => return Err(Refused(e.to_string()).into()),
             other => return other,
+        }
+    }
+}
+
+/// What a verb that waits through etcd's trouble says about it on stderr: the cause in
+/// one line ([`explain::explain`]) and what the verb does meanwhile, once per cause in
+/// a row, so that a wait is never silent and never floods.
+#[derive(Default)]
+pub(crate) struct Trouble {
+    said: String,
+}
+
+impl Trouble {
+    /// Says `e` (after `what`, e.g. `watch: `) and `next`, unless it was the last said.
+    pub(crate) fn say(&mut self, ctx: &Ctx, what: &str, e: &anyhow::Error, next: &str) {
+        let why = explain::explain(e, &ctx.endpoints);
+        if why != self.said {
+            eprintln!("moorctl: {what}{}; {next}", out::terminal_safe(&why));
+            self.said = why;
         }
     }
 }
@@ -572,7 +612,7 @@ const SKEW_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The second line of `moorctl version`: the leading controller's version as its
 /// election record says (older controllers say none).
-async fn controller_version(store: &Store) -> anyhow::Result<i32> {
+async fn controller_version(store: &Store, endpoints: &[String]) -> anyhow::Result<i32> {
     match moor::runtime::leader::holder(store, "controller").await {
         Ok(Some(rec)) => {
             let v = if rec.version.is_empty() {
@@ -588,6 +628,12 @@ async fn controller_version(store: &Store) -> anyhow::Result<i32> {
             warn_if_skewed(&rec);
         }
         Ok(None) => outln!("controller: none is leading"),
+        // Unreachable: why, in the words every verb uses; anything else (a malformed
+        // record) cut short, as it may be large or hostile.
+        Err(e) if e.is_transient() => outln!(
+            "controller: cannot tell ({})",
+            explain::explain(&e.into(), endpoints)
+        ),
         Err(e) => outln!(
             "controller: cannot tell ({})",
             moor::store::bounded_chain(&e)

@@ -49,11 +49,17 @@ impl Wait {
         let live = std::io::stderr().is_terminal();
         let start = Instant::now();
         let mut last_line = String::new();
+        let mut trouble = super::Trouble::default();
         loop {
             let found = match kind::find(ctx, kind, Some(&ns), name).await {
                 Ok(found) => found,
                 // etcd unavailable (a member dying): keep looking until the timeout.
                 Err(e) if super::is_transient(&e) && start.elapsed() < self.timeout => {
+                    let next = format!(
+                        "looking again until --timeout ({}) has passed",
+                        humantime::format_duration(self.timeout)
+                    );
+                    trouble.say(ctx, "", &e, &next);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
-use super::{Keyring, Store};
+use super::{Keyring, Store, StoreError};
 
 /// The client options every connection uses: a bounded connect, keep-alives that
 /// notice a dead etcd while a watch is idle, and every request marked "requires a
@@ -65,6 +65,19 @@ impl std::fmt::Debug for EtcdAuth {
 impl EtcdAuth {
     /// Connects to `endpoints` under `prefix` with these credentials.
     pub async fn connect(&self, endpoints: &[String], prefix: &str) -> anyhow::Result<Store> {
+        self.connect_within(endpoints, prefix, super::DEFAULT_REQUEST_DEADLINE)
+            .await
+    }
+
+    /// [`EtcdAuth::connect`], the connection (and etcd's authentication of `--user`)
+    /// bounded by `deadline`, which also bounds each request of the store returned
+    /// ([`Store::with_deadline`]).
+    pub async fn connect_within(
+        &self,
+        endpoints: &[String],
+        prefix: &str,
+        deadline: Duration,
+    ) -> anyhow::Result<Store> {
         // The key file first: a bad one is an error before any connection is tried.
         let keyring = match &self.encryption_key_file {
             Some(path) => Some(Keyring::load(path)?),
@@ -92,10 +105,16 @@ impl EtcdAuth {
             }
             opts = opts.with_tls(tls);
         }
-        let client = Client::connect(endpoints, Some(opts))
-            .await
+        let started = tokio::time::Instant::now();
+        let client =
+            match tokio::time::timeout(deadline, Client::connect(endpoints, Some(opts))).await {
+                Ok(connected) => connected.map_err(StoreError::from_etcd),
+                Err(_) => Err(StoreError::Unavailable(super::send::no_answer(
+                    started.elapsed(),
+                ))),
+            }
             .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
-        let store = Store::new(client, prefix);
+        let store = Store::new(client, prefix).with_deadline(deadline);
         Ok(match keyring {
             Some(k) => store.with_keyring(k),
             None => store,

@@ -108,6 +108,13 @@ where
 /// 0.45 s at 10k per page and 3.5 s at 500).
 pub const DEFAULT_PAGE_SIZE: i64 = 5_000;
 
+/// How long one request to etcd (every attempt of it, see `send.rs`) may take before it
+/// fails as unavailable: a paused or wedged member accepts connections (the kernel
+/// completes the handshake) and never answers, and without a bound the caller would
+/// wait for ever. Long enough for a page of [`DEFAULT_PAGE_SIZE`] objects from a loaded
+/// etcd; moorctl sets its own (`--request-timeout`).
+pub const DEFAULT_REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// At most about this many pages per list, whatever its length. Every etcd release to
 /// date walks the whole rest of the range on each limited request, to count it
 /// (etcd-io/etcd#11057; the limit's push-down was reverted in #13060), so N keys in
@@ -194,6 +201,8 @@ pub struct Store {
     client: Client,
     prefix: String,
     page_size: i64,
+    /// See [`DEFAULT_REQUEST_DEADLINE`].
+    deadline: std::time::Duration,
     fence: Option<Fence>,
     codec: Codec,
     /// The committer its guarded writes go through (see [`group`]); `None` for the
@@ -231,11 +240,25 @@ impl Store {
             client,
             prefix,
             page_size: DEFAULT_PAGE_SIZE,
+            deadline: DEFAULT_REQUEST_DEADLINE,
             fence: None,
             codec: Codec::default(),
             group: Some(Arc::default()),
             riders: Arc::default(),
         }
+    }
+
+    /// The same store bounding each request by `deadline` (at least 100 ms) instead of
+    /// [`DEFAULT_REQUEST_DEADLINE`]; a watch that hears nothing, not even the answer to
+    /// a progress request, for about twice as long fails the same way.
+    pub fn with_deadline(mut self, deadline: std::time::Duration) -> Store {
+        self.deadline = deadline.max(std::time::Duration::from_millis(100));
+        self
+    }
+
+    /// How long a request may take (see [`Store::with_deadline`]).
+    pub fn deadline(&self) -> std::time::Duration {
+        self.deadline
     }
 
     /// The same store sealing secrets at rest with `keyring` (and opening them).

@@ -34,7 +34,10 @@ fn failure(e: &etcd_client::Error) -> Option<bool> {
     use etcd_client::Error as E;
     let status = match e {
         E::GRpcStatus(s)
-            if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Cancelled) =>
+            if matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+            ) =>
         {
             s
         }
@@ -69,7 +72,11 @@ fn connect_refused(e: &(dyn std::error::Error + 'static)) -> bool {
 
 impl Store {
     /// Runs `call` on the client, again (up to [`RETRIES`] times, backing off from
-    /// 5 ms) while it fails in a way `repeat` allows.
+    /// 5 ms) while it fails in a way `repeat` allows, all within the store's deadline
+    /// ([`Store::with_deadline`]). Each attempt gets a third of it (at least a second):
+    /// a read that a paused member never answers is sent again and lands on another
+    /// member; a write it never answered may have been applied, so it fails as
+    /// unavailable (its outcome unknown) for the caller to read again.
     pub(crate) async fn send<T, F, Fut>(
         &self,
         repeat: Repeat,
@@ -79,11 +86,23 @@ impl Store {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        let start = tokio::time::Instant::now();
+        let end = start + self.deadline();
+        let per_attempt = (self.deadline() / 3).max(Duration::from_secs(1));
         let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
         let mut attempt = 0;
         loop {
-            match call(self.client()).await {
-                Err(e) if attempt < RETRIES && retryable(&e, repeat) => {
+            let bound = end.min(tokio::time::Instant::now() + per_attempt);
+            let outcome = match tokio::time::timeout_at(bound, call(self.client())).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(no_answer(start.elapsed())),
+            };
+            match outcome {
+                Err(e)
+                    if attempt < RETRIES
+                        && retryable(&e, repeat)
+                        && tokio::time::Instant::now() < end =>
+                {
                     tracing::debug!(error = %e, attempt, "etcd request failed, sending it again");
                     tokio::time::sleep(backoff.next_delay()).await;
                     attempt += 1;
@@ -92,6 +111,21 @@ impl Store {
             }
         }
     }
+}
+
+/// The error of a request etcd did not answer in time: DEADLINE_EXCEEDED (unavailable,
+/// outcome unknown), naming how long it waited.
+pub(crate) fn no_answer(waited: Duration) -> etcd_client::Error {
+    // Whole seconds past one (the bound a person set), milliseconds below.
+    let waited = if waited >= Duration::from_secs(1) {
+        Duration::from_secs(waited.as_secs())
+    } else {
+        Duration::from_millis(waited.as_millis() as u64)
+    };
+    etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(format!(
+        "etcd did not answer within {}",
+        humantime::format_duration(waited)
+    )))
 }
 
 fn retryable(e: &etcd_client::Error, repeat: Repeat) -> bool {

@@ -3,7 +3,20 @@
 
 use etcd_client::{EventType, WatchOptions};
 
+use std::time::Duration;
+
+use tokio::time::Instant;
+
 use super::{Repeat, Store, StoreError};
+
+/// The error of a watch silent for `quiet`, a progress request included.
+fn no_answer_on_watch(quiet: Duration) -> etcd_client::Error {
+    let quiet = Duration::from_secs(quiet.as_secs().max(1));
+    etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(format!(
+        "etcd sent nothing on a watch for {} and did not answer a progress request",
+        humantime::format_duration(quiet)
+    )))
+}
 
 /// Put or delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,12 +68,49 @@ impl WatchBatch {
 pub struct WatchStream {
     inner: etcd_client::WatchStream,
     prefix_len: usize,
+    /// How long the stream may be quiet before it is asked for progress, and how long
+    /// the answer may take: the store's request deadline.
+    quiet: Duration,
+    /// When progress was asked for and not yet answered.
+    asked: Option<Instant>,
 }
 
 impl WatchStream {
     /// The next response; `Ok(None)` when etcd closed the stream.
+    ///
+    /// A quiet watch is asked for progress (etcd's WatchProgressRequest) after the
+    /// store's deadline: an idle etcd answers at once, with its revision, so a watch
+    /// that stays silent for another deadline is on a member that no longer answers
+    /// (paused, wedged) and fails as unavailable, for the caller to open it again.
+    /// Cancel-safe: a call dropped while waiting keeps the question asked.
     pub async fn next(&mut self) -> Result<Option<WatchBatch>, StoreError> {
-        let Some(resp) = self.inner.message().await.map_err(StoreError::from_etcd)? else {
+        let resp = loop {
+            let until = match self.asked {
+                Some(at) => at + self.quiet,
+                None => Instant::now() + self.quiet,
+            };
+            match tokio::time::timeout_at(until, self.inner.message()).await {
+                Ok(resp) => {
+                    self.asked = None;
+                    break resp.map_err(StoreError::from_etcd)?;
+                }
+                Err(_) => match self.asked {
+                    None => {
+                        self.inner
+                            .request_progress()
+                            .await
+                            .map_err(StoreError::from_etcd)?;
+                        self.asked = Some(Instant::now());
+                    }
+                    Some(at) => {
+                        return Err(StoreError::Unavailable(no_answer_on_watch(
+                            at.elapsed() + self.quiet,
+                        )))
+                    }
+                },
+            }
+        };
+        let Some(resp) = resp else {
             return Ok(None);
         };
         // A watch etcd cancelled for any reason but compaction (which the caller
@@ -155,6 +205,8 @@ impl Store {
         Ok(WatchStream {
             inner,
             prefix_len: self.prefix().len(),
+            quiet: self.deadline(),
+            asked: None,
         })
     }
 }
