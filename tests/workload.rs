@@ -862,3 +862,171 @@ async fn a_cgroup_named_by_another_namespace_s_allocation_is_never_signalled() {
     c.wait_claim("k9", "n2", ClaimPhase::Released, T).await;
     c.check_calls(true);
 }
+
+/// Issue 78, item 1: a stop is graceful. `moorctl alloc stop` makes the runner send the
+/// workload SIGTERM once; its trap runs with the volume still mounted (the claims stay
+/// until the runner records the end) and the exit it chose is recorded. A trap that
+/// sleeps past the allocation's kill timeout is killed (SIGKILL) at it: one SIGTERM
+/// counted, the end no sooner than the timeout. Both with the workload in a cgroup of
+/// its own and without (the runner in a mount namespace whose /sys/fs/cgroup is not
+/// cgroup2, where it falls back to the process group).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_sends_sigterm_keeps_the_volume_until_the_end_and_kills_at_the_kill_timeout() {
+    let _slot = SLOTS.acquire().await.unwrap();
+    let c = cluster().await;
+    let no_children = NoChildren::new();
+    for cgroup in [true, false] {
+        for (slow, name) in [(false, "g"), (true, "s")] {
+            let name = format!("{name}{}", if cgroup { "c" } else { "p" });
+            let log = c.dir.path().join(format!("{name}.log"));
+            let trap = if slow {
+                format!("echo TERM >> {l}; sleep 100", l = log.display())
+            } else {
+                format!(
+                    "echo TERM >> {l}; sleep 1; test -f \"$MOOR_VOLUME_DATA/mark-{name}\" && echo mounted >> {l}; exit 7",
+                    l = log.display()
+                )
+            };
+            let script = format!(
+                "echo x > \"$MOOR_VOLUME_DATA/mark-{name}\"; trap '{trap}' TERM; echo started; while :; do sleep 0.1; done"
+            );
+            let moorctl = common::bin("moorctl");
+            let mut cmd = if cgroup {
+                Command::new(&moorctl)
+            } else {
+                // The runner in a cgroup that may have no child (max.descendants 0):
+                // it cannot make the workload's, and falls back to the process group.
+                let mut cmd = Command::new("sh");
+                cmd.args([
+                    "-c",
+                    "echo $$ > \"$1/cgroup.procs\" && shift && exec \"$@\"",
+                    "sh",
+                ])
+                .arg(no_children.path())
+                .arg(&moorctl);
+                cmd
+            };
+            cmd.arg(format!("--endpoints={}", c.etcd.client_url))
+                .args(["alloc", "run", &name, "--node", "n1", "--volume", "data=v1"])
+                .args(["--kill-timeout", "2s", "--", "sh", "-c", &script])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let mut child = cmd.spawn().expect("spawn moorctl alloc run");
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line.trim(), "started", "{name}: the workload runs");
+            let (ok, out) = c.moorctl(&["alloc", "stop", &name]);
+            assert!(ok && out.contains("SIGTERM"), "{out}");
+            let stopped = std::time::Instant::now();
+            let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+                .await
+                .unwrap();
+            let took = stopped.elapsed();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                stderr.contains("without a cgroup of its own"),
+                !cgroup,
+                "{name}: {stderr}"
+            );
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            assert_eq!(
+                said.matches("TERM").count(),
+                1,
+                "{name}: one SIGTERM: {said:?}"
+            );
+            let a = allocation(&c, &name).await;
+            let exit = a.spec.exit.clone().unwrap_or_default();
+            if slow {
+                assert_eq!(out.status.code(), Some(137), "{name}: {stderr}");
+                assert_eq!(exit.signal.as_deref(), Some("SIGKILL"), "{name}");
+                assert!(
+                    took >= Duration::from_secs(2),
+                    "{name}: killed after {took:?}"
+                );
+                assert!(
+                    stderr.contains("did not end within its kill timeout"),
+                    "{stderr}"
+                );
+            } else {
+                assert_eq!(out.status.code(), Some(7), "{name}: {stderr}");
+                assert_eq!(exit.code, Some(7), "{name}");
+                assert!(
+                    said.contains("mounted"),
+                    "{name}: the trap ran without its volume: {said:?}"
+                );
+            }
+            assert_eq!(a.spec.client_status, ClientStatus::Failed, "{name}");
+            assert_eq!(
+                c.claim(&name, "n1").await.unwrap().status.phase,
+                ClaimPhase::Released,
+                "{name}"
+            );
+        }
+    }
+    // A stop nobody carries out (no runner: the allocation says `running` itself, with
+    // no lease): its claims stay for its kill timeout, then go, with a Warning.
+    let mut a = c.allocation("nr", "n1", "v1", false);
+    a.spec.client_status = ClientStatus::Running;
+    a.spec.kill_timeout = Some("6s".into());
+    c.apply(a).await;
+    c.wait_claim("nr", "n1", ClaimPhase::Published, T).await;
+    let (ok, out) = c.moorctl(&["alloc", "stop", "nr"]);
+    assert!(ok, "{out}");
+    let stopped = std::time::Instant::now();
+    common::wait_for("the stop seen", T, || async {
+        allocation(&c, "nr").await.status.stop_seen_at.is_some()
+    })
+    .await;
+    assert_eq!(
+        c.claim("nr", "n1").await.unwrap().status.phase,
+        ClaimPhase::Published,
+        "released before the kill timeout"
+    );
+    c.wait_claim("nr", "n1", ClaimPhase::Released, T).await;
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(6),
+        "{:?}",
+        stopped.elapsed()
+    );
+    assert!(allocation(&c, "nr").await.status.stop_expired);
+    let (ok, out) = c.moorctl(&["describe", "allocation", "nr"]);
+    assert!(
+        ok && out.contains("Allocation stopping") && out.contains("Allocation stop expired"),
+        "{out}"
+    );
+    c.check_calls(true);
+}
+
+/// A cgroup2 cgroup that may have no child cgroup (`cgroup.max.descendants` 0), removed
+/// when dropped (its processes have ended by then).
+struct NoChildren(std::path::PathBuf);
+
+impl NoChildren {
+    fn new() -> NoChildren {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let root = mounts
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_string())
+            })
+            .expect("a cgroup2 hierarchy (CI runs as root with one)");
+        let dir =
+            std::path::Path::new(&root).join(format!("moor-test-nochild-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.max.descendants"), "0").unwrap();
+        NoChildren(dir)
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for NoChildren {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}

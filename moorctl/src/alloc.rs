@@ -21,7 +21,9 @@ pub(crate) async fn stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Resu
     })
     .await;
     match outcome {
-        Ok(true) => outln!("allocation {name} stopped; its claims will be released"),
+        Ok(true) => outln!(
+            "allocation {name} stopped; its runner ends the workload (SIGTERM, then SIGKILL after its kill timeout) and its claims are released once it has ended"
+        ),
         Ok(false) => outln!("allocation {name} already stopped"),
         Err(e) if is_not_found(&e) => {
             return Err(Refused(format!("allocation {ns}/{name} not found")).into())

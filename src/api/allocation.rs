@@ -127,6 +127,13 @@ pub struct AllocationSpec {
     /// request, never proof that the cgroup is this allocation's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload_cgroup: Option<String>,
+    /// How long the workload has between SIGTERM and SIGKILL when it is asked to stop
+    /// (`desired_status: stop` while it runs), as Nomad's `kill_timeout` and Kubernetes'
+    /// `terminationGracePeriodSeconds`: e.g. `30s`; [`DEFAULT_KILL_TIMEOUT`] when
+    /// absent, at most [`MAX_KILL_TIMEOUT`]. Its claims stay until its runner records
+    /// the end, or this plus its lease's duration has passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_timeout: Option<String>,
     /// The volumes it needs.
     #[serde(
         default,
@@ -136,8 +143,39 @@ pub struct AllocationSpec {
     pub volumes: Vec<VolumeRequest>,
 }
 
+/// A stopped workload's time between SIGTERM and SIGKILL when its allocation says none.
+pub const DEFAULT_KILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The longest `kill_timeout` an allocation may ask for: with its lease's duration
+/// (at most a day), the longest a stopped allocation keeps its claims.
+pub const MAX_KILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Parses a `kill_timeout`: a duration from 0 to [`MAX_KILL_TIMEOUT`].
+pub fn parse_kill_timeout(s: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{:?} is not a duration (e.g. 30s): {e}", printable(s)))?;
+    if d > MAX_KILL_TIMEOUT {
+        return Err(format!(
+            "{:?} is longer than {}",
+            printable(s),
+            humantime::format_duration(MAX_KILL_TIMEOUT)
+        ));
+    }
+    Ok(d)
+}
+
 impl AllocationSpec {
-    /// Whether its claims should be released: stopped, or finished for good.
+    /// Its `kill_timeout`, or [`DEFAULT_KILL_TIMEOUT`] (also for one that does not
+    /// parse: validation refuses it on every write, this is for a stored garbage value).
+    pub fn kill_timeout(&self) -> std::time::Duration {
+        self.kill_timeout
+            .as_deref()
+            .and_then(|s| parse_kill_timeout(s).ok())
+            .unwrap_or(DEFAULT_KILL_TIMEOUT)
+    }
+
+    /// Whether it is over or asked to be (the runner's view: stop the workload, or do
+    /// not start it). [`Allocation::is_terminal`] says when its claims go.
     pub fn is_terminal(&self) -> bool {
         self.desired_status == DesiredStatus::Stop
             || matches!(
@@ -159,6 +197,9 @@ impl Spec for AllocationSpec {
 
     fn validate(&self, errors: &mut ValidationErrors) {
         errors.check_id("node", self.node.validate());
+        if let Some(Err(e)) = self.kill_timeout.as_deref().map(parse_kill_timeout) {
+            errors.push("kill_timeout", e);
+        }
         if let Some(Err(e)) = self
             .workload_cgroup
             .as_deref()
@@ -253,6 +294,16 @@ pub struct AllocationStatus {
     /// (`moord controller --retention`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<Timestamp>,
+    /// When the controller first saw it asked to stop while its workload ran: its
+    /// claims stay while the runner ends the workload (SIGTERM, SIGKILL after the
+    /// kill timeout) and records the end, at most the kill timeout plus its lease's
+    /// duration from then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_seen_at: Option<Timestamp>,
+    /// Set by the controller when that bound passed without a recorded end: its claims
+    /// are released (the node's agent kills what is left of the workload first).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stop_expired: bool,
     /// Generation, conditions, last error.
     #[serde(flatten)]
     pub meta: StatusMeta,
@@ -267,9 +318,22 @@ impl Allocation {
         ObjectKey::from_parts(&[ns, &name])
     }
 
-    /// Whether its claims should be released: stopped, finished, or lost.
+    /// Whether its claims should be released: finished, lost, or stopped (one stopped
+    /// while its workload runs once that workload's end is recorded or the stop's bound
+    /// passed: [`Allocation::is_stopping`]).
     pub fn is_terminal(&self) -> bool {
-        self.spec.is_terminal() || self.status.lost
+        (self.spec.is_terminal() || self.status.lost) && !self.is_stopping()
+    }
+
+    /// Asked to stop while its workload runs, and neither ended nor past the stop's
+    /// bound: its runner is ending the workload (SIGTERM, then SIGKILL after the kill
+    /// timeout), and its claims stay until the end is recorded, so that nothing is
+    /// unmounted under it. No new claim is made for it meanwhile.
+    pub fn is_stopping(&self) -> bool {
+        self.spec.desired_status == DesiredStatus::Stop
+            && self.spec.client_status == ClientStatus::Running
+            && !self.status.lost
+            && !self.status.stop_expired
     }
 
     /// Whether this allocation still wants its claim named `claim`: neither deleting nor

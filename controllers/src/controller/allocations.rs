@@ -174,7 +174,19 @@ async fn reconcile(ctx: Arc<Ctx>, key: ObjectKey<AllocationSpec>) -> Result<Acti
             .await;
         return Ok(Action::AwaitChange);
     }
+    let stop_left = match stop_bound(ctx, &alloc, lease.as_ref().map(|(l, _)| l.duration())).await?
+    {
+        StopBound::Wrote => return Ok(Action::AwaitChange),
+        StopBound::Conflict => return Ok(Action::Requeue(Duration::from_millis(50))),
+        StopBound::Left(left) => left,
+    };
     let action = converge(ctx, &alloc).await?;
+    // A stop in progress is looked at again when its bound passes.
+    let action = match (stop_left, action) {
+        (None, action) => action,
+        (Some(left), Action::Requeue(d)) => Action::Requeue(d.min(left)),
+        (Some(left), _) => Action::Requeue(left),
+    };
     // Ended and released: collected after the retention (read again from the cache,
     // as converge may just have written the time it counts from).
     let current = ctx.allocations.get(&key).unwrap_or(alloc.clone());
@@ -192,6 +204,100 @@ async fn reconcile(ctx: Arc<Ctx>, key: ObjectKey<AllocationSpec>) -> Result<Acti
         (Liveness::Live(left), Action::Requeue(d)) => Action::Requeue(d.min(left)),
         (_, action) => action,
     })
+}
+
+/// What [`stop_bound`] did.
+enum StopBound {
+    /// Wrote the allocation's status (the write brings the next pass).
+    Wrote,
+    /// Lost a race with another write: looked at again.
+    Conflict,
+    /// Nothing to write; a stop in progress has this long left.
+    Left(Option<Duration>),
+}
+
+/// A stop while the workload runs (issue 78, item 1): its first sight is recorded, and
+/// the claims stay ([`Allocation::is_stopping`]) while the runner ends the workload
+/// (SIGTERM, SIGKILL after the kill timeout) and records the end. Once the kill timeout
+/// plus the lease's duration (`lease`, none without one) has passed from that sight with
+/// no end recorded, `stop_expired` is set: the claims are released, and the node's
+/// agent kills what is left of the workload before it unpublishes. A stop taken back
+/// (`desired_status: run` again) forgets the sight.
+async fn stop_bound(
+    ctx: &Ctx,
+    alloc: &Arc<Allocation>,
+    lease: Option<Duration>,
+) -> Result<StopBound, StoreError> {
+    let now = Timestamp::now();
+    let bound = alloc.spec.kill_timeout() + lease.unwrap_or_default();
+    let mut next = (**alloc).clone();
+    let event = match alloc.status.stop_seen_at {
+        _ if alloc.is_deleting() => return Ok(StopBound::Left(None)),
+        Some(_) if !alloc.is_stopping() && !alloc.spec.is_terminal() => {
+            next.status.stop_seen_at = None;
+            next.status
+                .meta
+                .conditions
+                .retain(|c| c.type_ != "Stopping");
+            None
+        }
+        Some(seen) if alloc.is_stopping() => {
+            let elapsed = now
+                .system()
+                .duration_since(seen.system())
+                .unwrap_or_default();
+            if elapsed < bound {
+                return Ok(StopBound::Left(Some(bound - elapsed)));
+            }
+            let why = format!(
+                "its workload's end was not recorded within {} of the stop (kill timeout {}, lease {})",
+                humantime::format_duration(bound),
+                humantime::format_duration(alloc.spec.kill_timeout()),
+                humantime::format_duration(lease.unwrap_or_default()),
+            );
+            next.status.stop_expired = true;
+            next.status
+                .meta
+                .set_condition("Stopping", false, "StopExpired", &why);
+            Some((
+                EventType::Warning,
+                "Allocation stop expired",
+                format!(
+                    "allocation {}: {why}; releasing its claims (the node's agent ends what is left of it first)",
+                    alloc.metadata.name
+                ),
+            ))
+        }
+        None if alloc.is_stopping() => {
+            next.status.stop_seen_at = Some(now);
+            let why = format!(
+                "its runner ends the workload (SIGTERM, SIGKILL after {}); its claims stay until the end is recorded, at most {}",
+                humantime::format_duration(alloc.spec.kill_timeout()),
+                humantime::format_duration(bound),
+            );
+            next.status
+                .meta
+                .set_condition("Stopping", true, "StopRequested", &why);
+            Some((
+                EventType::Normal,
+                "Allocation stopping",
+                format!("allocation {} asked to stop: {why}", alloc.metadata.name),
+            ))
+        }
+        _ => return Ok(StopBound::Left(None)),
+    };
+    match ctx.writer.update(alloc, &next).await {
+        Ok(_) => {}
+        Err(StoreError::Conflict { .. }) => return Ok(StopBound::Conflict),
+        Err(e) => return Err(e),
+    }
+    if let Some((kind, reason, message)) = event {
+        let d = details([("allocation", alloc.metadata.name.to_string())]);
+        ctx.recorder
+            .record(object_ref(&**alloc), kind, reason, message, d)
+            .await;
+    }
+    Ok(StopBound::Wrote)
 }
 
 /// Deletes an ended allocation whose retention is over ([`plan::allocation::collect`]).

@@ -20,7 +20,10 @@
 //!    `--cgroup`): every process it starts stays there, also one that left the process
 //!    group (`setsid`), and the guard ends and waits for the cgroup too; elsewhere it
 //!    relies on the process group.
-//! 5. The guard exits as CMD did: the same code, or killed by the same signal.
+//! 5. A stop (SIGUSR2 from the runner: its allocation was asked to stop) sends SIGTERM
+//!    to CMD's group once, and SIGKILL to the group and cgroup at `--kill-timeout`
+//!    (the allocation's) if CMD has not exited by then.
+//! 6. The guard exits as CMD did: the same code, or killed by the same signal.
 
 use std::time::Duration;
 
@@ -41,6 +44,10 @@ pub struct Guard {
     /// The workload's cgroup, made by the runner (none: the process group alone).
     #[arg(long)]
     pub cgroup: Option<std::path::PathBuf>,
+    /// On the runner's stop (SIGUSR2: its allocation was asked to stop), how long the
+    /// workload has after SIGTERM before SIGKILL: the allocation's kill timeout.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub kill_timeout: Duration,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     pub command: Vec<String>,
@@ -102,6 +109,10 @@ impl Guard {
             forwarded.push((signal(kind)?, sig));
         }
         let mut children = signal(SignalKind::child())?;
+        let mut stop = signal(SignalKind::user_defined2())?;
+        // When a stop's SIGTERM turns into SIGKILL.
+        let mut kill_at: Option<tokio::time::Instant> = None;
+        let mut stopping = false;
         let foreground = is_foreground();
         let workload = match spawn(&self.command, foreground, join.as_ref()) {
             Ok(pid) => pid,
@@ -122,16 +133,42 @@ impl Guard {
                     })
                 });
                 let any_signal = futures::future::select_all(waits);
+                let tick = match kill_at {
+                    Some(at) => at.min(tokio::time::Instant::now() + Duration::from_secs(1)),
+                    None => tokio::time::Instant::now() + Duration::from_secs(1),
+                };
                 tokio::select! {
                     (sig, _, _) = any_signal => Some(sig),
+                    _ = stop.recv() => {
+                        // The allocation was asked to stop: SIGTERM once, to the
+                        // workload's group; SIGKILL at the kill timeout.
+                        if !stopping {
+                            stopping = true;
+                            kill_at = Some(tokio::time::Instant::now() + self.kill_timeout);
+                            Some(Signal::TERM)
+                        } else {
+                            None
+                        }
+                    }
                     _ = children.recv() => None,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => None,
+                    _ = tokio::time::sleep_until(tick) => None,
                 }
             };
             ended = reap(Some(workload)).or(ended);
             runner_gone = orphaned();
             if let (Some(sig), false) = (sig, runner_gone) {
                 let _ = rustix::process::kill_process_group(workload, sig);
+            }
+            if ended.is_none() && kill_at.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                eprintln!(
+                    "moorctl: the workload did not end within its kill timeout ({}) after SIGTERM; killing it",
+                    humantime::format_duration(self.kill_timeout)
+                );
+                let _ = rustix::process::kill_process_group(workload, Signal::KILL);
+                if let Some(c) = &cgroup {
+                    c.kill();
+                }
+                kill_at = None;
             }
         }
         if runner_gone && ended.is_none() {

@@ -53,7 +53,7 @@ mod lease;
 mod process;
 
 use lease::{renew, take_lease};
-use process::{grace, interrupted, outcome, spawn_and_wait};
+use process::{grace, interrupted, outcome, spawn_and_wait, Stop};
 
 use crate::{parse_name, parse_ns, ride_out, Ctx, Refused};
 
@@ -84,6 +84,11 @@ pub struct Run {
     /// How long the allocation counts as alive without a renewal of its lease.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub lease_ttl: Duration,
+    /// How long CMD has between SIGTERM and SIGKILL when the allocation is asked to
+    /// stop (`moorctl alloc stop`, a drain): the allocation's `kill_timeout` (default
+    /// 10s, at most 10m).
+    #[arg(long, value_name = "DURATION")]
+    pub kill_timeout: Option<String>,
     /// Do not wait for the claims to be released after CMD exits.
     #[arg(long)]
     pub no_wait: bool,
@@ -207,11 +212,16 @@ impl Run {
             }
         };
         set_running(ctx, &key, cgroup.as_ref().map(|c| c.recorded().to_string())).await?;
+        let stop = Stop {
+            asked: Box::pin(stop_asked(ctx.store.clone(), key.clone())),
+            kill_timeout: alloc.alloc.spec.kill_timeout(),
+        };
         let exit = spawn_and_wait(
             &self.command,
             &env,
             grace(self.lease_ttl),
             cgroup.as_ref().map(Cgroup::path),
+            stop,
         )
         .await;
         // Empty by now (the guard waited for it): removed.
@@ -253,10 +263,14 @@ impl Run {
             ))
             .into());
         }
-        let alloc = match &self.file {
+        let mut alloc = match &self.file {
             Some(path) => allocation_from_file(path, ns, name, node)?,
             None => self.flags_allocation(ctx, ns, name, node).await?,
         };
+        if let Some(timeout) = &self.kill_timeout {
+            parse_kill_timeout(timeout).map_err(|e| Refused(format!("--kill-timeout: {e}")))?;
+            alloc.spec.kill_timeout = Some(timeout.clone());
+        }
         distinct_variables(&alloc)?;
         Ok(alloc)
     }
@@ -284,6 +298,47 @@ impl Run {
             .validate()
             .map_err(|e| Refused(format!("allocation {name}: {e}")))?;
         Ok(alloc)
+    }
+}
+
+/// Resolves when the allocation at `key` is asked to stop (`desired_status: stop`,
+/// `moorctl alloc stop`, a drain) or is deleted, with what happened; read, then
+/// watched from that revision (one key: no polling), again after a failure.
+async fn stop_asked(store: moor::store::Store, key: ObjectKey<AllocationSpec>) -> String {
+    let mut backoff =
+        moor::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    let asked = |a: &Allocation| a.spec.desired_status == DesiredStatus::Stop || a.is_deleting();
+    loop {
+        let revision = match store.try_get(&key).await {
+            Ok(None) => return format!("allocation {} was deleted", key.name()),
+            Ok(Some(a)) if asked(&a) => {
+                return format!("allocation {} was asked to stop", key.name())
+            }
+            Ok(Some(a)) => a.metadata.resource_version,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the allocation for a stop");
+                tokio::time::sleep(backoff.next_delay()).await;
+                continue;
+            }
+        };
+        if let Ok(mut watch) = store.watch_key(key.as_str(), revision + 1, false).await {
+            while let Ok(Some(batch)) = watch.next().await {
+                for ev in batch.events {
+                    if ev.kind == moor::store::RawEventKind::Delete {
+                        return format!("allocation {} was deleted", key.name());
+                    }
+                    let decoded =
+                        store
+                            .codec()
+                            .decode::<AllocationSpec>(&ev.key, &ev.value, ev.mod_revision);
+                    if decoded.is_ok_and(|a| asked(&a)) {
+                        return format!("allocation {} was asked to stop", key.name());
+                    }
+                }
+                backoff.reset();
+            }
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 

@@ -38,12 +38,17 @@ pub(super) async fn spawn_and_wait(
     env: &BTreeMap<String, String>,
     grace: Duration,
     cgroup: Option<&std::path::Path>,
+    stop: Stop,
 ) -> std::io::Result<std::process::ExitStatus> {
     use futures::StreamExt;
     let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
     cmd.arg("__workload-guard")
         .arg(format!("--runner={}", std::process::id()))
-        .arg(format!("--grace={}ms", grace.as_millis()));
+        .arg(format!("--grace={}ms", grace.as_millis()))
+        .arg(format!(
+            "--kill-timeout={}ms",
+            stop.kill_timeout.as_millis()
+        ));
     if let Some(dir) = cgroup {
         cmd.arg("--cgroup").arg(dir);
     }
@@ -73,6 +78,8 @@ pub(super) async fn spawn_and_wait(
         );
     }
     let mut signals = futures::stream::select_all(signals);
+    let mut asked = std::pin::pin!(stop.asked);
+    let mut stopping = false;
     loop {
         tokio::select! {
             st = child.wait() => return st,
@@ -81,8 +88,26 @@ pub(super) async fn spawn_and_wait(
                     let _ = rustix::process::kill_process(pid, sig);
                 }
             }
+            why = &mut asked, if !stopping => {
+                stopping = true;
+                eprintln!(
+                    "moorctl: {why}: SIGTERM to the workload, SIGKILL after its kill timeout ({})",
+                    humantime::format_duration(stop.kill_timeout)
+                );
+                if let Some(pid) = pid {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::USR2);
+                }
+            }
         }
     }
+}
+
+/// A stop of the workload by its allocation: `asked` resolves (with what asked) when
+/// the allocation says stop; the guard then gives the workload `kill_timeout` between
+/// SIGTERM and SIGKILL.
+pub(super) struct Stop {
+    pub asked: futures::future::BoxFuture<'static, String>,
+    pub kill_timeout: Duration,
 }
 
 /// The client status, the recorded exit and moorctl's own exit code for a workload's

@@ -185,7 +185,7 @@ pub(super) async fn end_workload(recorded: &str, tag: &str) -> Result<(), NodeEr
         tracing::warn!(
             cgroup = recorded,
             pids = ?cgroup.pids(),
-            "the workload's runner is gone and left processes; killing them before NodeUnpublish"
+            "the workload left processes (its runner is gone, or its stop outlived the kill timeout and lease); killing them before NodeUnpublish"
         );
     }
     cgroup

@@ -74,6 +74,8 @@ pub fn converge(
     made: impl Fn(&VolumeRequest, &VolumeTemplate, Option<&Volume>) -> Made,
 ) -> AllocationPlan {
     let terminal = alloc.is_terminal() || alloc.is_deleting();
+    // Stopping (its runner ends the workload): the claims it has stay, nothing new.
+    let frozen = terminal || alloc.is_stopping();
     let mut pass = Pass::default();
     let looks = Looks {
         claim: &claim,
@@ -82,7 +84,7 @@ pub fn converge(
         made: &made,
     };
     for req in &alloc.spec.volumes {
-        request(alloc, req, terminal, &looks, &mut pass);
+        request(alloc, req, terminal, frozen, &looks, &mut pass);
     }
     settle(alloc, now, terminal, pass)
 }
@@ -107,11 +109,12 @@ struct Pass {
 }
 
 /// One request: its claim as found (ours, another allocation's, or none), or the claim
-/// (and, from a template, the volume) to make.
+/// (and, from a template, the volume) to make; nothing made or run again when `frozen`.
 fn request(
     alloc: &Allocation,
     req: &VolumeRequest,
     terminal: bool,
+    frozen: bool,
     looks: &Looks<'_>,
     pass: &mut Pass,
 ) {
@@ -150,7 +153,7 @@ fn request(
         return;
     }
     if let Some(c) = ours {
-        if !terminal && c.spec.release && c.status.phase == ClaimPhase::Released {
+        if !frozen && c.spec.release && c.status.phase == ClaimPhase::Released {
             pass.plan.delete.push(c);
             pass.phases.push(ClaimPhase::Pending);
         } else {
@@ -165,7 +168,7 @@ fn request(
         }
         return;
     }
-    if terminal {
+    if frozen {
         return;
     }
     let found = (looks.volume)(&volume_id);
@@ -558,6 +561,35 @@ mod tests {
             plan(&a, &claims, &["v1", "v2"]).status.unwrap().phase,
             AllocationPhase::Released
         );
+    }
+
+    #[test]
+    fn a_stopping_allocation_keeps_its_claims_and_makes_or_reruns_none() {
+        let mut a = alloc_with(&[("data", "v1", false), ("logs", "v2", false)]);
+        let made = plan(&a, &Claims::new(), &["v1", "v2"]).create;
+        a.spec.client_status = ClientStatus::Running;
+        a.spec.desired_status = DesiredStatus::Stop;
+        assert!(a.is_stopping() && !a.is_terminal());
+        // One claim published, one released by an earlier run: the first stays (the
+        // allocation still wants it), the second is not run again, none is made.
+        let published = with_phase(&made[0], ClaimPhase::Published, false);
+        let released = with_phase(&made[1], ClaimPhase::Released, true);
+        assert!(a.wants(&published));
+        let claims: Claims = [(published.key(), published), (released.key(), released)]
+            .into_iter()
+            .collect();
+        let p = plan(&a, &claims, &["v1", "v2"]);
+        assert!(p.create.is_empty() && p.delete.is_empty(), "{p:?}");
+        // Past the stop's bound (the controller's stop_expired), or with its end
+        // recorded, it is terminal: its claims go.
+        a.status.stop_expired = true;
+        assert!(a.is_terminal() && !a.is_stopping());
+        a.status.stop_expired = false;
+        a.spec.client_status = ClientStatus::Failed;
+        assert!(a.is_terminal() && !a.is_stopping());
+        // Never started: a stop is terminal at once.
+        a.spec.client_status = ClientStatus::Pending;
+        assert!(a.is_terminal());
     }
 
     #[test]
