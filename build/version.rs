@@ -34,6 +34,13 @@ fn emit_version() {
         Some(_) => "dirty",
         None => "unknown",
     };
+    // As moor_csi::version::VERSION writes it: `~` for `-` (Debian's order).
+    println!(
+        "cargo:rustc-env=MOOR_VERSION={}",
+        std::env::var("CARGO_PKG_VERSION")
+            .unwrap_or_default()
+            .replace('-', "~")
+    );
     println!(
         "cargo:rustc-env=MOOR_COMMIT={}",
         commit.as_deref().unwrap_or("unknown")

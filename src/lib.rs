@@ -49,7 +49,7 @@ pub use moor_csi::{journal, process};
 macro_rules! long_version {
     () => {
         concat!(
-            env!("CARGO_PKG_VERSION"),
+            env!("MOOR_VERSION"),
             " (commit ",
             env!("MOOR_COMMIT"),
             ", ",
@@ -59,8 +59,9 @@ macro_rules! long_version {
     };
 }
 
-/// This build's version (the workspace's: every moor crate has the same).
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// This build's version (the workspace's: every moor crate has the same), as printed
+/// and recorded: `0.3.0~dev` for a development build (`moor_csi::version`).
+pub use moor_csi::version::VERSION;
 
 /// What this build's controller knows that an older one of the same version number
 /// may not, written in its election record (`LeaderRecord::features`): a client
@@ -71,14 +72,7 @@ pub const FEATURES: &[&str] = &[FEATURE_TEMPLATE_CLASS];
 /// older controller refuses the field, so the allocation would never start).
 pub const FEATURE_TEMPLATE_CLASS: &str = "template-class";
 
-/// The `major.minor` of a version string (`0.2.0`, `0.2.0-rc.1`): while 0.x, a minor
-/// version is a release whose stored objects or flags users may have to act on.
-pub fn minor_of(version: &str) -> Option<(u64, u64)> {
-    let mut parts = version.split(['.', '-', '+']);
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((major, minor))
-}
+pub use moor_csi::version::minor_of;
 
 /// What a client of version `ours` says about a controller of version `theirs` (empty:
 /// a controller older than versions in the election record): `None` when they are

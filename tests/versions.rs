@@ -187,3 +187,48 @@ async fn fields_of_a_newer_version_survive_this_version_s_writes() {
     assert_eq!(written["status"]["future_status"], "x", "{written}");
     c.check_calls(true);
 }
+
+/// Issue 78, item 4: an agent whose journal a later minor version wrote (its stamp,
+/// `state.jsonl.version`) refuses to start, naming both versions, and leaves the
+/// journal and its stamp as they were; a 0.2 agent called such a journal corrupt. The
+/// versions printed are Debian-ordered (`~`, never `-`).
+#[test]
+fn an_agent_refuses_a_later_minor_s_journal_naming_both_versions() {
+    assert!(!moor::VERSION.contains('-'), "{}", moor::VERSION);
+    let dir = tempfile::tempdir().unwrap();
+    let (major, minor) = moor::minor_of(moor::VERSION).unwrap();
+    let later = format!("{major}.{}.0", minor + 1);
+    let journal = dir.path().join("state.jsonl");
+    std::fs::write(&journal, "").unwrap();
+    std::fs::write(dir.path().join("state.jsonl.version"), format!("{later}\n")).unwrap();
+    let out = Command::new(common::bin("moord"))
+        .args([
+            "agent",
+            "--node",
+            "n1",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .arg("--plugin")
+        .arg(format!(
+            "id=x,type=node,endpoint=unix://{}/x.sock,mount-dir={}/m",
+            dir.path().display(),
+            dir.path().display()
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("was written by moor {later}"))
+            && stderr.contains(&format!("this one ({})", moor::VERSION))
+            && !stderr.contains("corrupt"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("state.jsonl.version")).unwrap(),
+        format!("{later}\n")
+    );
+}

@@ -252,7 +252,7 @@ pub async fn start_store(backend: Backend, bins: &Bins, dir: &Path) -> anyhow::R
                 .arg(format!("127.0.0.1:{client}"))
                 .arg("--data-dir")
                 .arg(dir.join("moor-store"));
-            (cmd, format!("moor-store {}", env!("CARGO_PKG_VERSION")))
+            (cmd, format!("moor-store {}", moor::VERSION))
         }
     };
     let proc = Proc::spawn(backend.name(), &mut cmd, &dir.join("store.log"))?;

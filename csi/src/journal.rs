@@ -60,6 +60,19 @@ pub enum JournalError {
         #[source]
         source: serde_json::Error,
     },
+    /// The journal was written by a later minor version than this build, whose
+    /// records this one may misread: refused, naming both.
+    #[error(
+        "journal {path} was written by moor {written_by}, a later minor version than this one ({}); \
+         downgrading across a minor version is not supported: run {written_by} or later (UPGRADING.md)",
+        crate::version::VERSION
+    )]
+    Newer {
+        /// The file.
+        path: PathBuf,
+        /// The version its stamp names.
+        written_by: String,
+    },
     /// A line names a table the state does not have.
     #[error("journal {path} line {line} names an unknown table {table:?}")]
     UnknownTable {
@@ -451,6 +464,22 @@ impl<S: Tables> Journal<S> {
             path: path.to_path_buf(),
             source,
         };
+        // The version that last wrote it, beside it (`<file>.version`: an older build
+        // that knows no stamp reads the journal as before): a later minor's is refused.
+        let stamp = stamp_path(path);
+        let written_by = match std::fs::read_to_string(&stamp) {
+            Ok(v) => Some(v.trim().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io(e)),
+        };
+        if let Some(v) = written_by.as_deref() {
+            if crate::version::is_newer_minor(v) == Some(true) {
+                return Err(JournalError::Newer {
+                    path: path.to_path_buf(),
+                    written_by: v.chars().take(64).collect(),
+                });
+            }
+        }
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
@@ -489,6 +518,9 @@ impl<S: Tables> Journal<S> {
         }
         if complete < bytes.len() {
             file.set_len(complete as u64).map_err(io)?;
+        }
+        if written_by.as_deref() != Some(crate::version::VERSION) {
+            write_stamp(&stamp).map_err(io)?;
         }
         let file = Arc::new(file);
         Ok(Journal {
@@ -635,6 +667,25 @@ impl<S: Tables> Journal<S> {
     }
 }
 
+/// Where the version that last wrote the journal at `path` is kept.
+pub fn stamp_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".version");
+    PathBuf::from(name)
+}
+
+/// Writes this build's version to `stamp`, whole or not at all (a temp file, synced,
+/// renamed over).
+fn write_stamp(stamp: &Path) -> std::io::Result<()> {
+    let mut tmp = stamp.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = File::create(&tmp)?;
+    f.write_all(format!("{}\n", crate::version::VERSION).as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, stamp)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -653,6 +704,39 @@ mod tests {
 
     fn open(path: &Path) -> Journal<State> {
         Journal::open(path, true).unwrap()
+    }
+
+    #[test]
+    fn a_journal_carries_its_writer_s_version_and_a_later_minor_s_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let mut j = open(&path);
+        j.state_mut().names.insert("a".into(), 1);
+        j.commit().unwrap();
+        drop(j);
+        let stamp = std::fs::read_to_string(stamp_path(&path)).unwrap();
+        assert_eq!(stamp.trim(), crate::version::VERSION);
+        // An older stamp (or none, as before stamps) is read and taken over.
+        std::fs::write(stamp_path(&path), "0.1.0\n").unwrap();
+        assert_eq!(open(&path).names.get("a"), Some(&1));
+        let stamp = std::fs::read_to_string(stamp_path(&path)).unwrap();
+        assert_eq!(stamp.trim(), crate::version::VERSION);
+        // A later minor's is refused, naming both versions, and left as it is.
+        let (major, minor) = crate::version::minor_of(crate::version::VERSION).unwrap();
+        let later = format!("{major}.{}.0", minor + 1);
+        std::fs::write(stamp_path(&path), format!("{later}\n")).unwrap();
+        let e = Journal::<State>::open(&path, true)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&format!("written by moor {later}")) && e.contains(crate::version::VERSION),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(stamp_path(&path)).unwrap().trim(),
+            later
+        );
     }
 
     #[test]

@@ -7,9 +7,11 @@
 //! - [`v1`]: the CSI v1 protocol, generated, and `channel` to a plugin's unix socket.
 //! - [`journal`]: a durable state of keyed tables, kept as a journal of changes.
 //! - [`process`]: log setup, graceful shutdown, error chains.
+//! - [`version`]: this build's version as printed and recorded (`0.3.0~dev`).
 
 pub mod journal;
 pub mod process;
+pub mod version;
 
 use std::path::PathBuf;
 use std::time::Duration;

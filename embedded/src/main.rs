@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Serve the subset of the etcd v3 API that moor uses, durable in DIR.
 #[derive(Debug, Parser)]
-#[command(name = "moor-store", version, about)]
+#[command(name = "moor-store", version = moor_csi::version::VERSION, about)]
 struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:2379")]

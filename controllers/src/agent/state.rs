@@ -296,8 +296,17 @@ impl LocalState {
     pub fn load(dir: &Path) -> anyhow::Result<Journal<LocalState>> {
         let path = dir.join(FILE);
         let advice = "move it away to start empty (mounts it records will not be cleaned up)";
-        let mut journal = Journal::<LocalState>::open(&path, true)
-            .with_context(|| format!("{} is not a valid agent state; {advice}", path.display()))?;
+        let mut journal = match Journal::<LocalState>::open(&path, true) {
+            Ok(j) => j,
+            // A later version's journal is valid, and not this build's to read.
+            Err(e @ moor::journal::JournalError::Newer { .. }) => return Err(e.into()),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "{} is not a valid agent state; {advice}",
+                    path.display()
+                )))
+            }
+        };
         let legacy = dir.join(LEGACY_FILE);
         let bytes = match std::fs::read(&legacy) {
             Ok(bytes) => bytes,

@@ -27,7 +27,7 @@ impl Identity for Plugin {
         self.call(Call::new("GetPluginInfo"), async {
             Ok(GetPluginInfoResponse {
                 name: self.cfg().driver_name.clone(),
-                vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+                vendor_version: moor_csi::version::VERSION.to_string(),
                 manifest: Default::default(),
             })
         })

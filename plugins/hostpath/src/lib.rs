@@ -81,7 +81,7 @@ pub enum HealthApi {
 
 /// How the plugin runs (the command line).
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "moor-hostpath", version, about = "moor's reference CSI plugin")]
+#[command(name = "moor-hostpath", version = moor_csi::version::VERSION, about = "moor's reference CSI plugin")]
 pub struct Config {
     /// How log lines are written: text, or json (one object per line).
     #[arg(long, env = "MOOR_LOG_FORMAT", default_value = "text")]
