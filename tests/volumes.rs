@@ -473,6 +473,16 @@ async fn raising_capacity_min_expands_the_volume_and_the_node_online_and_shrinki
     assert!(field(&out, "Conditions").contains("Expanded=true"), "{out}");
     wait_events(&c, "Volume expanded", 1).await;
 
+    // A capacity_min below the capacity asks for nothing: applied, and said (issue 78,
+    // item 5: it was accepted without a word).
+    let path = c.dir.path().join("v1-min2.yaml");
+    std::fs::write(&path, created("v1", "capacity_min: 2MiB")).unwrap();
+    let (ok, out) = c.moorctl(&["apply", "-f", path.to_str().unwrap()]);
+    assert!(
+        ok && out.contains("spec.capacity_min 2.0 MiB is below the volume's capacity 4.0 MiB")
+            && out.contains("volumes do not shrink"),
+        "{out}"
+    );
     // Shrinking: refused once, with a Warning, and no call.
     apply_yaml(&c, "v1-2", &created("v1", "capacity_max: 2MiB"));
     wait_refused(&c, "v1", "ShrinkRefused").await;

@@ -5,7 +5,7 @@ use std::io::Read;
 use anyhow::Context;
 
 use super::{ride_out, Ctx, LookAgain, Refused};
-use moor::api::{parse_manifests, AnyObject, Object, Spec};
+use moor::api::{parse_manifests, AnyObject, Object, Size, Spec, Volume};
 use moor::store::StoreError;
 use std::cell::Cell;
 
@@ -282,6 +282,28 @@ async fn in_clear(
     )))
 }
 
+/// A `capacity_min` below what the stored volume has: applied (it asks for nothing the
+/// volume lacks, and is how an expansion the plugin refused is withdrawn), but volumes
+/// do not shrink, so said (issue 78, item 5).
+async fn shrink_asked(ctx: &Ctx, o: &Volume) -> anyhow::Result<Option<String>> {
+    let Some(min) = o.spec.capacity_min else {
+        return Ok(None);
+    };
+    let stored = ride_out(ctx, |_| async move {
+        Ok(ctx.store.try_get(&o.object_key()).await?)
+    })
+    .await?;
+    let has = stored.and_then(|v| v.status.provisioning.capacity_bytes);
+    Ok(has.filter(|has| *has > min.0).map(|has| {
+        format!(
+            "{}: spec.capacity_min {min} is below the volume's capacity {}: volumes do not shrink, it keeps {}",
+            o.key(),
+            Size(has),
+            Size(has)
+        )
+    }))
+}
+
 /// What refuses `obj` before anything is written; `Ok(Some)` is a warning to print if
 /// the file is applied.
 async fn check(ctx: &Ctx, obj: &AnyObject, plaintext_ok: bool) -> anyhow::Result<Vec<String>> {
@@ -297,7 +319,8 @@ async fn check(ctx: &Ctx, obj: &AnyObject, plaintext_ok: bool) -> anyhow::Result
                 .into_iter()
                 .filter_map(|(field, size)| size?.doubt(field))
                 .map(|d| format!("{}: {d}", o.key()));
-            Ok(clear.into_iter().chain(doubts).collect())
+            let shrink = shrink_asked(ctx, o).await?;
+            Ok(clear.into_iter().chain(doubts).chain(shrink).collect())
         }
         AnyObject::Secret(o) => Ok(in_clear(ctx, &o.key(), !o.spec.secrets.is_empty(), plaintext_ok)
             .await?
