@@ -871,6 +871,7 @@ async fn forge_orphan(s: &Secure, v: &Victim, rng: &mut fastrand::Rng) -> (Strin
         external_id: vext,
         request: Some(name("data")),
         mode: ClaimMode::Write,
+        holders: Vec::new(),
         capability: VolumeCapability {
             access_mode: AccessMode::SingleNodeWriter,
             attachment_mode: AttachmentMode::FileSystem,

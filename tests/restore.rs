@@ -208,6 +208,45 @@ async fn an_older_snapshot_restored_keeps_live_mounts_and_the_operator_adopts_or
         "{mount:?}"
     );
 
+    // A process works in v4's mount (issue 78, item 3): its node reports it on the
+    // orphan's Mount, and the release is refused naming it; once it ends, the release
+    // goes on.
+    let a4 = orphans(&c)
+        .await
+        .into_iter()
+        .find(|m| m.spec.claim.as_str() == "a4.data")
+        .expect("a4's orphan");
+    let mut holder = std::process::Command::new("sleep")
+        .arg("300")
+        .current_dir(&a4.spec.target_path)
+        .spawn()
+        .unwrap();
+    let pid = holder.id();
+    let held = |m: &Mount| {
+        m.status
+            .orphan
+            .as_deref()
+            .is_some_and(|o| o.holders.iter().any(|h| h.pid == pid))
+    };
+    let mut waited = wait_for_holders(&c, "a4.data", T, |m| held(m)).await;
+    let (ok, out) = c.moorctl(&["mount", "release", "a4.data"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(
+        !ok && out.contains(&format!("in use by process {pid} (sleep)")) && out.contains("--force"),
+        "{out}"
+    );
+    assert!(waited, "the holder was never reported");
+    waited = wait_for_holders(&c, "a4.data", T, |m| !held(m)).await;
+    assert!(waited, "the holder's end was never reported");
+    for e in &ext {
+        assert_eq!(
+            calls_of(&c, TEARDOWN, e),
+            0,
+            "the refused release tore down"
+        );
+    }
+
     // Released: NodeUnpublish, NodeUnstage and ControllerUnpublish of v4 on n2.
     let (ok, out) = c.moorctl(&["mount", "release", "a4.data"]);
     assert!(ok, "{out}");
@@ -245,4 +284,26 @@ async fn an_older_snapshot_restored_keeps_live_mounts_and_the_operator_adopts_or
         "v5 was never deleted"
     );
     c.check_calls(true);
+}
+
+/// Waits until the orphaned Mount of `claim` satisfies `cond`; whether it did by the
+/// deadline.
+async fn wait_for_holders(
+    c: &Cluster,
+    claim: &str,
+    timeout: Duration,
+    cond: impl Fn(&Mount) -> bool,
+) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        let found = orphans(c)
+            .await
+            .into_iter()
+            .find(|m| m.spec.claim.as_str() == claim);
+        if found.as_ref().is_some_and(&cond) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
 }

@@ -2743,6 +2743,7 @@ async fn an_orphan_the_stored_state_does_not_bear_out_is_not_adopted() {
             external_id: ext.clone(),
             request: Some(Name::new("data").unwrap()),
             mode: ClaimMode::Write,
+            holders: Vec::new(),
             capability: VolumeCapability {
                 access_mode: AccessMode::SingleNodeWriter,
                 attachment_mode: AttachmentMode::FileSystem,

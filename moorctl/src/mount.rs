@@ -22,8 +22,21 @@ pub enum MountCmd {
     /// its allocation was, on its node); the node keeps the mount as it is.
     Adopt(Which),
     /// Release an orphaned mount: adopted, then its allocation stopped, so the volume
-    /// is unpublished and detached as for any release.
-    Release(Which),
+    /// is unpublished and detached as for any release. Refused while its node reports
+    /// processes using it, unless --force.
+    Release(Release),
+}
+
+/// `moorctl mount release`.
+#[derive(Debug, clap::Args)]
+pub struct Release {
+    /// Which mount.
+    #[command(flatten)]
+    pub which: Which,
+    /// Release it although its node reports processes using it (they lose the volume
+    /// under them).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Which orphaned mount.
@@ -60,7 +73,8 @@ impl MountCmd {
                 );
                 Ok(0)
             }
-            MountCmd::Release(which) => {
+            MountCmd::Release(Release { which, force }) => {
+                in_use(ctx, &which, force).await?;
                 let alloc = adopt(ctx, &which).await?;
                 let key = alloc.object_key();
                 workload::end(&ctx.store, &key, End::Stop).await?;
@@ -80,6 +94,42 @@ impl MountCmd {
             }
         }
     }
+}
+
+/// Refuses the release of a mount its node reports in use (issue 78, item 3: a
+/// release unmounted a restored orphan under its live workload), naming each holder;
+/// with `force`, says whom it releases it under.
+async fn in_use(ctx: &Ctx, which: &Which, force: bool) -> anyhow::Result<()> {
+    let mount = find(ctx, which).await?;
+    let holders = mount
+        .status
+        .orphan
+        .as_deref()
+        .map(|o| o.holders.as_slice())
+        .unwrap_or_default();
+    if holders.is_empty() {
+        return Ok(());
+    }
+    let named: Vec<String> = holders
+        .iter()
+        .map(|h| format!("{} ({})", h.pid, printable(&h.command)))
+        .collect();
+    let what = format!(
+        "node {} reports the mount of claim {} at {} in use by process{} {}",
+        mount.spec.node,
+        mount.spec.claim,
+        printable(&mount.spec.target_path),
+        if named.len() == 1 { "" } else { "es" },
+        named.join(", ")
+    );
+    if force {
+        eprintln!("moorctl: warning: {what}; releasing it under them (--force)");
+        return Ok(());
+    }
+    Err(Refused(format!(
+        "{what}: end them first (the node looks again every few seconds), adopt the mount instead (moorctl mount adopt), or release it under them with --force"
+    ))
+    .into())
 }
 
 /// The orphaned Mount `which` names.

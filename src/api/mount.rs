@@ -118,6 +118,28 @@ pub struct Orphan {
     pub mode: ClaimMode,
     /// The capability it was published with.
     pub capability: VolumeCapability,
+    /// The processes its node found using the mount (their working or root
+    /// directory, executable or an open file is below the target path, or on the
+    /// volume's own file system), at most [`MAX_HOLDERS`], refreshed while it is
+    /// orphaned: `moorctl mount release` refuses while any is listed, unless `--force`.
+    #[serde(
+        default,
+        deserialize_with = "crate::api::tight_vec",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub holders: Vec<MountHolder>,
+}
+
+/// The most holders an orphaned Mount lists.
+pub const MAX_HOLDERS: usize = 16;
+
+/// A process that uses a mount, as its node saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountHolder {
+    /// Its process id on the node.
+    pub pid: u32,
+    /// Its command name (`/proc/PID/comm`).
+    pub command: String,
 }
 
 impl Orphan {

@@ -34,6 +34,7 @@ use crate::backoff::Backoff;
 use crate::store::{ConflictRetry, Store, StoreError};
 
 pub mod cgroup;
+pub mod holders;
 
 /// What [`create_or_adopt`] does with a stored allocation of the name that ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

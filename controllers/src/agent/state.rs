@@ -224,6 +224,7 @@ impl PublishRecord {
             request: self.made_for.as_ref().map(|m| m.request.clone()),
             mode: made.mode,
             capability: made.capability,
+            holders: Vec::new(),
         })
     }
 }

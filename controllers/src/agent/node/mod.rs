@@ -66,6 +66,10 @@ use super::step_error::StepError;
 use crate::common::{details, KeyedLocks};
 use moor::runtime::writer::Writer;
 
+/// How often an orphaned mount is looked at again, its holders refreshed on its Mount
+/// (written only when they changed).
+const ORPHAN_HOLDERS_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Why a claim could not be brought to its desired state on this node: what every
 /// executor's pass fails with ([`StepError`]), and the node's own cases.
 #[derive(Debug, thiserror::Error)]
@@ -443,7 +447,8 @@ impl Reconcile {
     async fn gone(&self, key: &str, rec: &PublishRecord) -> Result<Action, NodeError> {
         if self.missing(key, rec).await? == plan::Missing::Orphan {
             self.orphaned(key, rec).await?;
-            return Ok(Action::AwaitChange);
+            // Looked at again while orphaned: its holders are refreshed on its Mount.
+            return Ok(Action::Requeue(ORPHAN_HOLDERS_REFRESH));
         }
         self.teardown(key, rec).await?;
         self.forget(key).await?;

@@ -133,6 +133,13 @@ impl Reconcile {
             Some(p) => self.r.local.lock().await.stages.get(p).map(|s| s.step),
             None => None,
         };
+        // Who uses it now (issue 78, item 3): `moorctl mount release` refuses while
+        // anyone does. Read from /proc off the runtime's workers.
+        let target = rec.target_path.clone();
+        let holders =
+            tokio::task::spawn_blocking(move || moor::workload::holders::holders(&target))
+                .await
+                .unwrap_or_default();
         let spec = MountSpec {
             claim: rec.claim.clone(),
             claim_uid: Uid::new(&rec.claim_uid),
@@ -148,7 +155,10 @@ impl Reconcile {
             published: rec.steps.get(plan::PUBLISH) == Step::Done,
             publish_uncertain: rec.steps.get(plan::PUBLISH) == Step::Uncertain,
             expanded_bytes: rec.expanded_bytes,
-            orphan: rec.orphan(since).map(Box::new),
+            orphan: rec
+                .orphan(since)
+                .map(|o| Orphan { holders, ..o })
+                .map(Box::new),
             ..Default::default()
         };
         self.put_mount(&mount_key, (&rec.namespace, &rec.claim), spec, None, |_| {
