@@ -396,10 +396,53 @@ async fn a_denied_or_timed_out_run_leaves_nothing_claimed() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("timed out"), "{err}");
     assert!(!err.contains("etcd"), "a timeout is not etcd's: {err}");
+    // Its claim says why it waits.
+    assert!(err.contains("node nowhere is not registered"), "{err}");
     assert_eq!(
         allocation(&c, "w3").await.spec.desired_status,
         DesiredStatus::Stop
     );
+    c.wait_claim("w3", "nowhere", ClaimPhase::Released, T).await;
+    // Without --timeout: the node's own bound (issue 78, item 2: it waited 5 minutes),
+    // named.
+    let out = run(
+        &c,
+        &[
+            "w5",
+            "--node",
+            "nowhere",
+            "--node-timeout",
+            "3s",
+            "--volume",
+            "data=v1:ro",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("node nowhere has not been registered for 3s")
+            && err.contains("--node-timeout"),
+        "{err}"
+    );
+    // A volume whose plugin no node runs a controller of: its claim says so.
+    let mut orphan_plugin = c.volume("nv", AccessMode::SingleNodeWriter);
+    orphan_plugin.spec.plugin_id = PluginId::new("nobody.example").unwrap();
+    c.apply(orphan_plugin).await;
+    let mut a = c.allocation("w6", "n1", "nv", false);
+    a.spec.volumes[0].name = Name::new("data").unwrap();
+    c.apply(a).await;
+    c.wait("w6's claim to say why it waits", T, || async {
+        c.claim("w6", "n1").await.is_some_and(|cl| {
+            cl.status.reason.as_deref().is_some_and(|r| {
+                r.contains("no node runs a healthy controller of plugin nobody.example")
+            })
+        })
+    })
+    .await;
+    let (ok, _) = c.moorctl(&["alloc", "stop", "w6"]);
+    assert!(ok);
     // Interrupted while it waits: the same.
     let waiting = runner(
         &c,

@@ -81,6 +81,11 @@ pub struct Run {
     /// How long the claims may take to be published.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// How long the node may stay unregistered (no agent has registered it) before
+    /// the run gives up, naming it: within --timeout, and long enough for an agent
+    /// started beside this command to register.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    pub node_timeout: Duration,
     /// How long the allocation counts as alive without a renewal of its lease.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub lease_ttl: Duration,
@@ -172,6 +177,9 @@ impl Run {
         let created = adopt_or_create(ctx, &wanted).await?;
         let waited = tokio::select! {
             r = wait_published(ctx, &key, self.timeout) => r,
+            why = node_never_registered(ctx, &wanted.spec.node, self.node_timeout) => {
+                Err(Refused(why).into())
+            }
             _ = interrupted() => Err(Refused(
                 "interrupted before the workload started".into(),
             )
@@ -298,6 +306,30 @@ impl Run {
             .validate()
             .map_err(|e| Refused(format!("allocation {name}: {e}")))?;
         Ok(alloc)
+    }
+}
+
+/// Resolves, with why, once `node` has gone unregistered (no Node object: no agent
+/// registered it, or it expired) for `bound` in a row; never while it is registered. A
+/// read that fails counts as neither.
+async fn node_never_registered(ctx: &Ctx, node: &NodeName, bound: Duration) -> String {
+    let key = Node::key_for(node);
+    let mut absent_since: Option<tokio::time::Instant> = None;
+    loop {
+        match ctx.store.try_get(&key).await {
+            Ok(Some(_)) => absent_since = None,
+            Ok(None) => {
+                let since = *absent_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() >= bound {
+                    return format!(
+                        "node {node} has not been registered for {}: no agent runs for it (start `moord agent --node {node}`, or give --node another; --node-timeout sets this bound)",
+                        humantime::format_duration(bound)
+                    );
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "reading the node"),
+        }
+        tokio::time::sleep(Duration::from_secs(1).min(bound)).await;
     }
 }
 
