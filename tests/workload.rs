@@ -441,6 +441,11 @@ async fn a_denied_or_timed_out_run_leaves_nothing_claimed() {
         })
     })
     .await;
+    let (ok, out) = c.moorctl(&["describe", "allocation", "w6"]);
+    assert!(
+        ok && out.contains("Waiting:    data: Pending (volume nv is being created, but no node runs a healthy controller"),
+        "{out}"
+    );
     let (ok, _) = c.moorctl(&["alloc", "stop", "w6"]);
     assert!(ok);
     // Interrupted while it waits: the same.

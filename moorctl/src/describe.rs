@@ -131,7 +131,26 @@ async fn allocation(ctx: &Ctx, ns: &Namespace, name: &str, wide: bool) -> anyhow
         None => format!("{:?}", alloc.client_status()),
     };
     outln!("Client:     {}", client.to_lowercase());
-    let paths = super::run::paths(ctx, &alloc).await?;
+    // What it waits for, in the words `alloc run` prints (issue 78, item 2: a claim
+    // pending on a node nobody registered showed no reason here).
+    let seen = moor::workload::seen(&ctx.store, alloc.clone(), true).await?;
+    let goal = if alloc.is_terminal() || alloc.is_deleting() {
+        moor::api::ClaimPhase::Released
+    } else {
+        moor::api::ClaimPhase::Published
+    };
+    let line = seen.progress(goal);
+    let done = seen
+        .claims
+        .iter()
+        .all(|(_, c)| c.as_ref().is_some_and(|c| c.status.phase == goal));
+    if !done {
+        let waiting = line.split_once("; ").map_or("", |(_, rest)| rest);
+        if !waiting.is_empty() {
+            outln!("Waiting:    {waiting}");
+        }
+    }
+    let paths = seen.paths;
     outln!("\nVolumes:");
     let mut headers = vec!["REQUEST", "VOLUME", "MODE", "TARGET PATH"];
     if wide {

@@ -186,7 +186,20 @@ impl ClaimRow {
             mode: word(&c.spec.mode),
             phase: word(&c.status.phase),
             release: c.spec.release,
-            waiting: waiting(&c.status.meta),
+            // A claim not admitted yet waits for the reason its admission gave (a node
+            // not registered, a volume being created), with no step failing.
+            waiting: waiting(&c.status.meta).or_else(|| {
+                let admitting = matches!(c.status.phase, ClaimPhase::Pending | ClaimPhase::Denied);
+                let reason = c.status.reason.as_deref().filter(|_| admitting)?;
+                Some(Box::new(Waiting {
+                    step: Term::new("-"),
+                    since: None,
+                    attempts: 0,
+                    message: reason.into(),
+                    final_answer: false,
+                    next_retry: None,
+                }))
+            }),
             namespace: c.metadata.namespace,
             name: c.metadata.name,
             node: c.spec.node,
@@ -451,3 +464,27 @@ row!(Whole<PluginSpec>, "Plugin", |_r| Vec::new());
 row!(Whole<CordonSpec>, "Cordon", |r| vec![node(
     &r.obj.metadata.name
 )]);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_not_admitted_yet_waits_for_its_admission_s_reason() {
+        let mut c = Claim::new(
+            &Namespace::default_ns(),
+            Name::new("a1.data").unwrap(),
+            ClaimSpec {
+                node: NodeName::new("nowhere").unwrap(),
+                ..Default::default()
+            },
+        );
+        c.status.reason = Some("node nowhere is not registered".into());
+        let row = ClaimRow::project(c.clone());
+        let w = row.waiting.expect("a pending claim with a reason waits");
+        assert_eq!(&*w.message, "node nowhere is not registered");
+        // Past admission, a reason (waiting for the node) is no failure.
+        c.status.phase = ClaimPhase::Published;
+        assert!(ClaimRow::project(c).waiting.is_none());
+    }
+}
