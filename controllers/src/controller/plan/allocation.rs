@@ -178,8 +178,12 @@ fn request(
         }
     }
     let Some(volume) = found else {
-        pass.waiting
-            .push(format!("volume {volume_id} does not exist"));
+        // Named by request, as every reason here: `alloc run`, `mount adopt` and
+        // describe show each request's own (they said "no claim yet").
+        pass.waiting.push(format!(
+            "request {}: volume {volume_id} does not exist",
+            req.name
+        ));
         return;
     };
     if let Some(c) = alloc.claim_for(req, &volume) {
@@ -227,7 +231,8 @@ fn template(
                 spec,
             ));
             pass.waiting.push(format!(
-                "volume {volume_id} is being made from its template"
+                "request {}: volume {volume_id} is being made from its template",
+                req.name
             ));
             return false;
         }
@@ -533,7 +538,16 @@ mod tests {
         assert_eq!(st.phase, AllocationPhase::Pending);
         assert_eq!(
             st.meta.last_error.as_deref(),
-            Some("volume v1 does not exist")
+            Some("request data: volume v1 does not exist")
+        );
+        // What `alloc run`, `mount adopt` and describe show for the request (issue 78,
+        // item 2: "no claim yet").
+        assert_eq!(
+            moor::workload::reason_for(
+                st.meta.last_error.as_deref().unwrap(),
+                &Name::new("data").unwrap()
+            ),
+            Some("volume v1 does not exist".to_string())
         );
         assert_eq!(p.requeue, Some(Duration::from_secs(2)));
     }
