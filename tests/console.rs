@@ -415,6 +415,15 @@ async fn a_node_s_events_show_only_about_objects_on_it() {
     };
     assert!(!page.contains("spoofed by another node"), "{page}");
     assert!(page.contains("1 event(s) written by nodes"), "{page}");
+    // The overview's "Last seen" of n1 is when the console last received its Node (an
+    // agent rewrites it at each renewal), not its plugins' report time, which n1's
+    // report lacks (issue 78, item 7: it counted from registration, or showed "-").
+    let overview = common::http_get(&addr, "/").await;
+    let row = overview
+        .split("<tr>")
+        .find(|r| r.contains("href=\"/nodes/n1\""))
+        .unwrap_or_default();
+    assert!(row.contains(" ago</td>"), "{row}\n{overview}");
 }
 
 /// `openssl s_client`'s exchange with the console at `port`: the answer to `request`.

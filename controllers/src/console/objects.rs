@@ -176,7 +176,7 @@ pub fn node_page(c: &Catalog, name: &str) -> Page {
         "Message",
         "Version",
         "Max volumes",
-        "Last seen",
+        "Report changed",
     ]);
     for (id, p) in &n.obj.status.plugins {
         h.raw("<tr>")

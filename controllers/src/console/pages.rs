@@ -327,13 +327,10 @@ pub fn nodes_table(h: &mut Html, c: &Catalog) {
     c.nodes.scan(None, |n| {
         let name = n.obj.metadata.name.to_string();
         let (word, line) = node_health(&n.obj);
-        let seen = n
-            .obj
-            .status
-            .plugins
-            .values()
-            .filter_map(|p| p.last_seen)
-            .max();
+        // Its agent's last renewal as this console saw it (issue 78, item 7: a
+        // plugin's `last_seen` changes only with its report, so it counted from
+        // registration).
+        let seen = Some(n.seen);
         h.raw("<tr>")
             .cell_link(&Href::to("/nodes").seg(&name), &name)
             .cell_phase(word)

@@ -446,6 +446,10 @@ impl EventRow {
 pub struct Whole<S: Spec> {
     pub key: Arc<str>,
     pub obj: Object<S>,
+    /// When the console received this version of it (a Node's is rewritten at each of
+    /// its agent's renewals, and exists only while they go on: the node's last sign of
+    /// life the console saw).
+    pub seen: Timestamp,
 }
 
 impl<S: Spec> Whole<S> {
@@ -453,6 +457,7 @@ impl<S: Spec> Whole<S> {
         Whole {
             key: obj.object_key().as_str().into(),
             obj,
+            seen: Timestamp::now(),
         }
     }
 }
