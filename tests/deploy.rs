@@ -719,17 +719,17 @@ async fn every_verb_ends_within_its_named_bound_against_a_paused_or_stopped_etcd
 }
 
 /// Issue 78 item 2: a watch tells an idle store from a silent one. On a live etcd with
-/// nothing changing, `get -w` says nothing on stderr for several request deadlines (its
-/// progress requests are answered); with the server paused under it, it says in one
-/// line that etcd sent nothing and did not answer a progress request, and follows
-/// again once the server resumes (a volume written then is shown).
+/// nothing changing, `get -w` says nothing on stderr for over two request deadlines
+/// (3 s each: its progress requests are answered); with the server paused under it, it
+/// says in one line that etcd sent nothing and did not answer a progress request, and
+/// follows again once the server resumes (a volume written then is shown).
 #[tokio::test]
 async fn a_watch_says_when_etcd_goes_silent_and_nothing_while_it_is_idle() {
     let etcd = common::Etcd::start().await;
     let stderr_file = tempfile::NamedTempFile::new().unwrap();
     let stdout_file = tempfile::NamedTempFile::new().unwrap();
     let mut watch = moorctl(&etcd.endpoints)
-        .args(["--request-timeout", "1s", "get", "volumes", "-w"])
+        .args(["--request-timeout", "3s", "get", "volumes", "-w"])
         .stdout(stdout_file.reopen().unwrap())
         .stderr(stderr_file.reopen().unwrap())
         .spawn()
@@ -742,8 +742,8 @@ async fn a_watch_says_when_etcd_goes_silent_and_nothing_while_it_is_idle() {
         || async { stdout().contains("NAME") },
     )
     .await;
-    // Idle: four deadlines, each one progress request answered.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Idle: two quiet spells of a deadline, each ended by an answered progress request.
+    tokio::time::sleep(Duration::from_secs(8)).await;
     let idle = stderr();
     etcd.pause(true);
     wait_for(

@@ -73,9 +73,10 @@ fn connect_refused(e: &(dyn std::error::Error + 'static)) -> bool {
 impl Store {
     /// Runs `call` on the client, again (up to [`RETRIES`] times, backing off from
     /// 5 ms) while it fails in a way `repeat` allows, all within the store's deadline
-    /// ([`Store::with_deadline`]). Each attempt gets a third of it (at least a second):
-    /// a read that a paused member never answers is sent again and lands on another
-    /// member; a write it never answered may have been applied, so it fails as
+    /// ([`Store::with_deadline`]). A read's attempt gets half of it (at least a
+    /// second): one that a paused member never answers is sent again and may land on
+    /// another member. A write's gets all of it (a slow fsync under load is not a
+    /// paused member): one never answered may have been applied, so it fails as
     /// unavailable (its outcome unknown) for the caller to read again.
     pub(crate) async fn send<T, F, Fut>(
         &self,
@@ -88,7 +89,10 @@ impl Store {
     {
         let start = tokio::time::Instant::now();
         let end = start + self.deadline();
-        let per_attempt = (self.deadline() / 3).max(Duration::from_secs(1));
+        let per_attempt = match repeat {
+            Repeat::Idempotent => (self.deadline() / 2).max(Duration::from_secs(1)),
+            Repeat::OnlyUnsent => self.deadline(),
+        };
         let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
         let mut attempt = 0;
         loop {
