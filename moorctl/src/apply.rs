@@ -284,15 +284,31 @@ async fn in_clear(
 
 /// A `capacity_min` below what the stored volume has: applied (it asks for nothing the
 /// volume lacks, and is how an expansion the plugin refused is withdrawn), but volumes
-/// do not shrink, so said (issue 78, item 5).
+/// do not shrink, so said (issue 78, item 5). Best effort: one read, and no warning
+/// when it fails (the write says what is wrong with the store; a check must not turn
+/// an unavailable etcd into a refused document).
 async fn shrink_asked(ctx: &Ctx, o: &Volume) -> anyhow::Result<Option<String>> {
     let Some(min) = o.spec.capacity_min else {
         return Ok(None);
     };
-    let stored = ride_out(ctx, |_| async move {
-        Ok(ctx.store.try_get(&o.object_key()).await?)
-    })
-    .await?;
+    // After one failed read, none more: a file of many volumes must not wait a
+    // deadline for each before its writes say what is wrong.
+    static UNREADABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if UNREADABLE.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(None);
+    }
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        ctx.store.try_get(&o.object_key()),
+    )
+    .await;
+    let stored = match read {
+        Ok(Ok(stored)) => stored,
+        _ => {
+            UNREADABLE.store(true, std::sync::atomic::Ordering::Relaxed);
+            None
+        }
+    };
     let has = stored.and_then(|v| v.status.provisioning.capacity_bytes);
     Ok(has.filter(|has| *has > min.0).map(|has| {
         format!(
