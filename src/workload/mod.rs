@@ -25,6 +25,8 @@
 //!   the workload in it, records it on the allocation (`spec.workload_cgroup`), and the
 //!   node's agent ends what is left in it before it unpublishes the allocation's
 //!   volumes, also when both moorctl processes were killed.
+//! - `holders`: which processes use a mount (from /proc, as `fuser -m`), listed on an
+//!   orphaned Mount so that `moorctl mount release` refuses while any does.
 
 use std::future::Future;
 use std::time::Duration;
