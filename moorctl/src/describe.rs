@@ -139,16 +139,11 @@ async fn allocation(ctx: &Ctx, ns: &Namespace, name: &str, wide: bool) -> anyhow
     } else {
         moor::api::ClaimPhase::Published
     };
+    // The line names only the requests short of the goal, after the allocation's
+    // phase: nothing after it when every claim is there.
     let line = seen.progress(goal);
-    let done = seen
-        .claims
-        .iter()
-        .all(|(_, c)| c.as_ref().is_some_and(|c| c.status.phase == goal));
-    if !done {
-        let waiting = line.split_once("; ").map_or("", |(_, rest)| rest);
-        if !waiting.is_empty() {
-            outln!("Waiting:    {waiting}");
-        }
+    if let Some((_, waiting)) = line.split_once("; ") {
+        outln!("Waiting:    {waiting}");
     }
     let paths = seen.paths;
     outln!("\nVolumes:");

@@ -38,16 +38,21 @@ pub fn waiting(meta: &StatusMeta) -> Option<Box<Waiting>> {
             next_retry: (!r.final_answer).then_some(r.next_retry),
         }));
     }
-    meta.last_error.as_ref().map(|e| {
+    meta.last_error.as_deref().map(Waiting::message)
+}
+
+impl Waiting {
+    /// A waiting on `message` alone, with no step failing.
+    pub fn message(message: &str) -> Box<Waiting> {
         Box::new(Waiting {
             step: Term::new("-"),
             since: None,
             attempts: 0,
-            message: e.as_str().into(),
+            message: message.into(),
             final_answer: false,
             next_retry: None,
         })
-    })
+    }
 }
 
 /// A unit enum's name as its manifests spell it (`published`), interned: 100,000
@@ -190,15 +195,11 @@ impl ClaimRow {
             // not registered, a volume being created), with no step failing.
             waiting: waiting(&c.status.meta).or_else(|| {
                 let admitting = matches!(c.status.phase, ClaimPhase::Pending | ClaimPhase::Denied);
-                let reason = c.status.reason.as_deref().filter(|_| admitting)?;
-                Some(Box::new(Waiting {
-                    step: Term::new("-"),
-                    since: None,
-                    attempts: 0,
-                    message: reason.into(),
-                    final_answer: false,
-                    next_retry: None,
-                }))
+                c.status
+                    .reason
+                    .as_deref()
+                    .filter(|_| admitting)
+                    .map(Waiting::message)
             }),
             namespace: c.metadata.namespace,
             name: c.metadata.name,

@@ -4,20 +4,19 @@
 
 use super::*;
 
-/// A wait for the volume's plugin (its creation or validation) says when no node runs
-/// that plugin's controller (issue 78, item 2: such a claim waited with no reason
-/// while `alloc run` said the volume was being created).
-fn why_not_yet(ctx: &Ctx, claim: &Claim, verdict: Verdict) -> Verdict {
+/// A wait while the volume has no plugin id a claim can use yet (`awaits_plugin`: it
+/// is being created or validated) says when no node runs that plugin's controller
+/// (issue 78, item 2: such a claim waited with no reason while `alloc run` said the
+/// volume was being created).
+fn why_not_yet(ctx: &Ctx, claim: &Claim, awaits_plugin: bool, verdict: Verdict) -> Verdict {
     let Verdict::Wait(why) = verdict else {
         return verdict;
     };
-    let for_the_plugin =
-        why.ends_with("is being created") || why.ends_with("validated by its plugin");
     let plugin = ctx.plugins.get(&Plugin::key_for(&claim.spec.plugin_id));
     let no_controller = plugin
         .as_ref()
         .is_none_or(|p| p.status.controllers_healthy == 0);
-    if for_the_plugin && no_controller {
+    if awaits_plugin && no_controller {
         return Verdict::Wait(format!(
             "{why}, but no node runs a healthy controller of plugin {} (moorctl plugin status {})",
             claim.spec.plugin_id, claim.spec.plugin_id
@@ -38,9 +37,14 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
             ctx.claims.by_index(BY_NODE, claim.spec.node.as_str())
         })
     });
+    let awaits_plugin = volume
+        .as_deref()
+        .is_some_and(|v| admission::external_id(v).is_none());
     let (admitted, volume) = match (checked, volume) {
         (Ok(a), Some(v)) => (a, v),
-        (Err(verdict), _) => return refuse(ctx, claim, why_not_yet(ctx, claim, verdict)).await,
+        (Err(verdict), _) => {
+            return refuse(ctx, claim, why_not_yet(ctx, claim, awaits_plugin, verdict)).await
+        }
         (Ok(_), None) => return Ok(Action::AwaitChange),
     };
     // The plugin volume is the volume's own only if its plugin's leader recorded so:
