@@ -42,11 +42,31 @@ struct Cluster3(PathBuf);
 impl Cluster3 {
     /// Starts cluster3.sh's three members in `dir`; returns it and their endpoints.
     fn start(dir: &Path) -> (Cluster3, Vec<String>) {
-        let out = run(Command::new("bash")
+        let started = Command::new("bash")
             .arg(deploy("cluster3.sh"))
             .arg("start")
             .arg(dir)
-            .arg(free_base().to_string()));
+            .arg(free_base().to_string())
+            .output()
+            .expect("cluster3.sh runs");
+        let out = String::from_utf8_lossy(&started.stdout).into_owned()
+            + &String::from_utf8_lossy(&started.stderr);
+        if !started.status.success() {
+            // The members' own words go with the temp dir: said here, so a start that
+            // failed (once, under load) can be told from a port taken under it.
+            let logs: String = (1..=3)
+                .map(|i| {
+                    let log =
+                        std::fs::read_to_string(dir.join(format!("m{i}.log"))).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    format!("--- m{i}.log (last lines)\n{}\n", tail.join("\n"))
+                })
+                .collect();
+            // Members that did start are stopped (its drop), not left running.
+            drop(Cluster3(dir.to_path_buf()));
+            panic!("cluster3.sh start failed:\n{out}\n{logs}");
+        }
         let endpoints: Vec<String> = out
             .trim()
             .lines()
