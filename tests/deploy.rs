@@ -26,8 +26,10 @@ fn run(cmd: &mut Command) -> String {
 
 /// Ports `base`, `base+1`, `base+10`, ... `base+21` all free (cluster3.sh's layout).
 fn free_base() -> u16 {
+    // Below the kernel's ephemeral range (32768 up), where any connection's source port
+    // and every other test's `free_port` land.
     loop {
-        let base = 20000 + fastrand::u16(0..20000);
+        let base = 20000 + fastrand::u16(0..12000);
         let free = [0, 1, 10, 11, 20, 21]
             .iter()
             .all(|o| std::net::TcpListener::bind(("127.0.0.1", base + o)).is_ok());
@@ -42,18 +44,29 @@ struct Cluster3(PathBuf);
 impl Cluster3 {
     /// Starts cluster3.sh's three members in `dir`; returns it and their endpoints.
     fn start(dir: &Path) -> (Cluster3, Vec<String>) {
-        let started = Command::new("bash")
-            .arg(deploy("cluster3.sh"))
-            .arg("start")
-            .arg(dir)
-            .arg(free_base().to_string())
-            .output()
-            .expect("cluster3.sh runs");
-        let out = String::from_utf8_lossy(&started.stdout).into_owned()
-            + &String::from_utf8_lossy(&started.stderr);
-        if !started.status.success() {
-            // The members' own words go with the temp dir: said here, so a start that
-            // failed (once, under load) can be told from a port taken under it.
+        let mut tries = 0;
+        let out = loop {
+            tries += 1;
+            let started = Command::new("bash")
+                .arg(deploy("cluster3.sh"))
+                .arg("start")
+                .arg(dir)
+                .arg(free_base().to_string())
+                .output()
+                .expect("cluster3.sh runs");
+            let out = String::from_utf8_lossy(&started.stdout).into_owned()
+                + &String::from_utf8_lossy(&started.stderr);
+            if started.status.success() {
+                break out;
+            }
+            // A port can be taken between free_base's check and etcd's bind: the script
+            // names the member that exited and why; only that cause gets another base.
+            if out.contains("address already in use") && tries < 3 {
+                std::fs::remove_dir_all(dir).unwrap();
+                continue;
+            }
+            // The members' own words go with the temp dir: said here. The script has
+            // stopped the members it started.
             let logs: String = (1..=3)
                 .map(|i| {
                     let log =
@@ -63,10 +76,8 @@ impl Cluster3 {
                     format!("--- m{i}.log (last lines)\n{}\n", tail.join("\n"))
                 })
                 .collect();
-            // Members that did start are stopped (its drop), not left running.
-            drop(Cluster3(dir.to_path_buf()));
             panic!("cluster3.sh start failed:\n{out}\n{logs}");
-        }
+        };
         let endpoints: Vec<String> = out
             .trim()
             .lines()
