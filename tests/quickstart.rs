@@ -4,10 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
+use common::dev::Dev;
 use common::{bin, free_port, wait_for};
 
 fn root() -> PathBuf {
@@ -73,55 +74,6 @@ fn the_readme_quickstart_runs_workloads_on_a_volume() {
             stdout.contains(expected),
             "missing {expected:?} in\n{stdout}\n--- moord.log\n{log}"
         );
-    }
-}
-
-struct Dev {
-    child: Child,
-    data: PathBuf,
-}
-
-impl Dev {
-    fn start(data: &Path, port: u16) -> Dev {
-        use std::os::unix::process::CommandExt;
-        let log = std::fs::File::create(data.with_extension("log")).unwrap();
-        // A process group of its own: dropped, the whole of it goes (moord dev and the
-        // moor-hostpath it supervises, which a kill of moord alone left running).
-        let child = Command::new(bin("moord"))
-            .args(["dev", "--listen", &format!("127.0.0.1:{port}")])
-            .arg("--data-dir")
-            .arg(data)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        Dev {
-            child,
-            data: data.to_path_buf(),
-        }
-    }
-
-    /// SIGTERM, as an operator's Ctrl-C, and wait for it to finish.
-    fn stop(mut self) {
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "moord dev exited with {status}");
-    }
-}
-
-impl Drop for Dev {
-    /// Kills the group (a test that failed midway: the plugin and the agent's mounts
-    /// would otherwise outlive it), waits, and unmounts what the dev node mounted.
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        common::unmount_below(&self.data);
     }
 }
 

@@ -100,6 +100,17 @@ impl Drop for Scratch {
     }
 }
 
+/// Drops the operator's `PREFIX*` variables from `cmd`'s environment: etcd and etcdctl
+/// refuse a setting given both by a variable and by a flag (ETCDCTL_ENDPOINTS set in a
+/// shell, say), and this scratch server's settings are all flags.
+fn without_settings(cmd: &mut Command, prefix: &str) {
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with(prefix) {
+            cmd.env_remove(name);
+        }
+    }
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -108,7 +119,9 @@ fn free_port() -> anyhow::Result<u16> {
 
 /// Runs etcdctl (API v3) with `args`; its stdout, or its stderr as the error.
 fn etcdctl(args: &[&std::ffi::OsStr]) -> anyhow::Result<String> {
-    let out = Command::new("etcdctl")
+    let mut cmd = Command::new("etcdctl");
+    without_settings(&mut cmd, "ETCDCTL_");
+    let out = cmd
         .env("ETCDCTL_API", "3")
         .args(args)
         .output()
@@ -154,7 +167,9 @@ async fn serve(file: &Path) -> anyhow::Result<Scratch> {
     throwaway_tls(&dir)?;
     let url = format!("https://127.0.0.1:{client}");
     let log = std::fs::File::create(dir.join("etcd.log"))?;
-    let child = Command::new("etcd")
+    let mut etcd = Command::new("etcd");
+    without_settings(&mut etcd, "ETCD_");
+    let child = etcd
         .arg("--name=check")
         .arg(format!("--cert-file={}", dir.join("server.pem").display()))
         .arg(format!(

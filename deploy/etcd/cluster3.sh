@@ -12,6 +12,9 @@ set -euo pipefail
 CMD=${1:?start|stop}
 DIR=${2:?data directory}
 BASE=${3:-2379}
+# etcd and etcdctl refuse a setting given both by a variable and a flag (ETCD_NAME,
+# ETCDCTL_ENDPOINTS set in the caller's shell): the flags below decide.
+unset $(compgen -e | grep -E '^ETCD(CTL)?_' || true)
 
 endpoints() {
     local out=""

@@ -25,15 +25,29 @@
 # NAMESPACE_WRITERS (namespaces) makes moor-edit-NS for each: read and write the
 # requests of namespace NS (volumes, allocations, snapshots, group snapshots, schedules,
 # leases; its Secrets of each plugin in SECRET_PLUGINS), nothing of another namespace.
-# PREFIX (default /moor/) must match moord's and moorctl's --prefix.
+# PREFIX (default /moor/) must match moord's and moorctl's --prefix. WAIT (default 30)
+# bounds the wait for etcd to answer first.
 set -euo pipefail
 : "${ENDPOINT:?}" "${CERTS:?}"
+# etcdctl refuses a setting given both by a variable and a flag: the flags below decide.
+unset $(compgen -e | grep '^ETCDCTL_' || true)
 PREFIX=${PREFIX:-/moor/}
 VOLUME_PLUGIN_NAMESPACE=${VOLUME_PLUGIN_NAMESPACE:-engines}
 ctl() {
     ETCDCTL_API=3 etcdctl --endpoints "$ENDPOINT" --cacert "$CERTS/ca.pem" \
         --cert "$CERTS/root.pem" --key "$CERTS/root-key.pem" "$@" >/dev/null
 }
+
+# An etcd started just before (as deploy/README.md does) gets WAIT seconds to answer.
+deadline=$((SECONDS + ${WAIT:-30}))
+until ctl endpoint health 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+        echo "etcd at $ENDPOINT did not answer within ${WAIT:-30}s:" >&2
+        ctl endpoint health
+        exit 1
+    fi
+    sleep 0.5
+done
 
 ctl user add root --no-password
 ctl role add root

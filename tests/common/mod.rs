@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use moor::store::Store;
 
+pub mod dev;
 pub mod members;
 pub mod proxy;
 
