@@ -177,6 +177,16 @@ async fn the_console_shows_what_waits_and_follows_the_claim_live() {
         )
         .await;
     eprintln!("console: the picture turned published {published:?} after the fault was lifted (NodeStage's next retry included)");
+    // Its timeline holds what `moorctl describe volume` shows: the events about its
+    // claims and attachments too (issue 78, item 7: only the volume's own, before).
+    browser
+        .wait(
+            "the volume's timeline to show its claim's and its attachment's events",
+            T,
+            "const t = document.querySelector('ol.timeline'); \
+             return !!t && t.innerText.includes('Claim published') && t.innerText.includes('Attach volume');",
+        )
+        .await;
     assert_eq!(
         browser.eval("return window.__same_page;").await,
         43,

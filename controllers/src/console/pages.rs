@@ -367,7 +367,21 @@ pub fn cordon_word(c: &Catalog, name: &str) -> String {
 
 /// The events about an object, newest first, as a timeline.
 pub fn timeline(h: &mut Html, c: &Catalog, about_topic: &str) {
-    let mut events: Vec<Arc<EventRow>> = c.events.by(about_topic);
+    timeline_of(h, c, &[about_topic.to_string()])
+}
+
+/// The events about any of several objects (each about-topic, [`super::rows::about`]),
+/// each once, newest first, as one timeline.
+pub fn timeline_of(h: &mut Html, c: &Catalog, about_topics: &[String]) {
+    let mut events: Vec<Arc<EventRow>> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for topic in about_topics {
+        for e in c.events.by(topic) {
+            if seen.insert(e.key.clone()) {
+                events.push(e);
+            }
+        }
+    }
     // A node's word about objects that are not on it is not shown (moorctl's rule).
     let all = events.len();
     events.retain(|e| {

@@ -284,6 +284,7 @@ impl AllocationRow {
 pub struct AttachmentRow {
     pub key: Arc<str>,
     pub namespace: Namespace,
+    pub name: Name,
     pub volume: VolumeId,
     pub node: NodeName,
     pub phase: Term,
@@ -305,6 +306,7 @@ impl AttachmentRow {
             detach: a.spec.detach,
             waiting: waiting(&a.status.meta),
             namespace: a.metadata.namespace,
+            name: a.metadata.name,
             volume: a.spec.volume,
             node: a.spec.node,
         }

@@ -76,7 +76,26 @@ pub async fn detail(c: &Catalog, ns: Namespace, name: &str) -> anyhow::Result<Pa
     let Some(volume) = c.store.try_get(&key).await? else {
         return Ok(Page::not_found("Volume", name, topics(&ns, name)));
     };
-    let mut page = Page::new(format!("Volume {ns}/{name}"), topics(&ns, name));
+    // Events about the volume and about its claims and attachments, as `moorctl
+    // describe volume` shows them; the page follows each.
+    let related: Vec<String> = c
+        .claims
+        .by(&vol(&ns, name))
+        .iter()
+        .map(|r| about("Claim", &ns, &r.name))
+        .chain(
+            c.attachments
+                .by(&vol(&ns, name))
+                .iter()
+                .map(|r| about("Attachment", &ns, &r.name)),
+        )
+        .collect();
+    let mut about_topics = vec![about("Volume", &ns, name)];
+    about_topics.extend(related.iter().cloned());
+    let mut page = Page::new(
+        format!("Volume {ns}/{name}"),
+        topics(&ns, name).into_iter().chain(related).collect(),
+    );
     let h = &mut page.body;
     let row = VolumeRow::project(volume.clone());
     h.raw("<h1>Volume ")
@@ -115,7 +134,7 @@ pub async fn detail(c: &Catalog, ns: Namespace, name: &str) -> anyhow::Result<Pa
     picture(h, c, &ns, name);
     claims(h, c, &ns, name);
     snapshots(h, c, &ns, name);
-    timeline(h, c, &about("Volume", &ns, name));
+    timeline_of(h, c, &about_topics);
     h.raw("<h2>Stored</h2>");
     stored(h, &volume);
     h.cli(&format!(
