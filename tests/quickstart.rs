@@ -108,6 +108,31 @@ fn wait_claim(port: u16, phase: &str) {
     assert_eq!(out.matches(&result).count(), 1, "{out}");
 }
 
+/// What bash's completion offers for `moorctl WORDS` (the last word the one under the
+/// cursor), with moorctl's completion script loaded.
+fn complete(port: u16, words: &str) -> String {
+    let script = format!(
+        "source <(moorctl completion bash)\n\
+         COMP_WORDS=(moorctl {words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))\n\
+         COMP_LINE=\"${{COMP_WORDS[*]}}\"; COMP_POINT=${{#COMP_LINE}}\n\
+         _moorctl_objects moorctl \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\n\
+         echo \"${{COMPREPLY[*]}}\""
+    );
+    let path = format!(
+        "{}:{}",
+        bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("bash")
+        .args(["-c", &script])
+        .env("PATH", path)
+        .env("MOOR_ENDPOINTS", format!("http://127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 #[tokio::test]
 async fn moord_dev_keeps_its_state_across_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
@@ -128,6 +153,16 @@ async fn moord_dev_keeps_its_state_across_a_restart() {
     assert!(ok, "{out}");
     wait_claim(port, "published");
     let (_, before) = moorctl(port, &["get", "volume", "web-data", "-o", "json"]);
+
+    // bash completes object names from the store (issue 78, item 7), as a shell asks:
+    // the completion script sourced, its function called with the line's words.
+    assert_eq!(complete(port, "get volumes ''"), "web-data");
+    assert_eq!(complete(port, "describe volume -n default web"), "web-data");
+    // None in that namespace: clap's own offer, without the other namespace's name.
+    assert!(!complete(port, "get volumes -n other ''").contains("web-data"));
+    // Not a name: clap's completion, as before (kinds, an option's values).
+    assert!(complete(port, "get volumec").contains("volumeclasses"));
+    assert_eq!(complete(port, "get volumes -o ''"), "table wide json yaml");
 
     // Bad input loses nothing: a manifest with a typo is refused whole with the field
     // named, and a copy older than the stored object is not applied over it.

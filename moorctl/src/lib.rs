@@ -18,6 +18,8 @@
 //! - `drain`: `node cordon|uncordon|drain` and `volume pause|activate|drain`.
 //! - `kind`, `table`: the generic operations on any kind, and each kind's columns.
 //! - `sources`: which writers may speak about an object (every view of events).
+//! - `complete`: `completion SHELL`, and the object names bash's completion asks
+//!   `__complete` for.
 
 /// `println!` to stdout, ending the process quietly (exit 0) when the reader went away
 /// (`moorctl get volumes | head -1`): a closed pipe is not an error of ours.
@@ -93,6 +95,7 @@ pub mod out {
 
 mod alloc;
 mod apply;
+mod complete;
 mod delete;
 mod describe;
 mod drain;
@@ -113,7 +116,7 @@ mod validate;
 mod volume;
 mod wait;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 use moor::api::{Name, Namespace};
 use moor::store::{EtcdAuth, Store, StoreError};
@@ -222,6 +225,13 @@ pub enum Command {
     Completion {
         /// The shell.
         shell: clap_complete::Shell,
+    },
+    /// Internal: the names of stored objects the last word may be (shell completion).
+    #[command(name = "__complete", hide = true)]
+    Complete {
+        /// What follows `moorctl` on the line, the word being completed last.
+        #[arg(num_args = 0.., allow_hyphen_values = true, trailing_var_arg = true)]
+        words: Vec<String>,
     },
     /// Internal: the process `alloc run` puts between itself and CMD.
     #[command(name = "__workload-guard", hide = true)]
@@ -382,12 +392,10 @@ impl Cli {
             Command::Validate(cmd) => return cmd.run(),
             Command::WorkloadGuard(guard) => return guard.run(),
             Command::Completion { shell } => {
-                let mut cmd = Cli::command();
-                let mut script = Vec::new();
-                clap_complete::generate(shell, &mut cmd, "moorctl", &mut script);
-                out!("{}", String::from_utf8_lossy(&script));
+                out!("{}", complete::script(shell));
                 return Ok(0);
             }
+            Command::Complete { words } => return complete::names(words),
             _ => {}
         }
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -488,6 +496,7 @@ impl Cli {
                 Command::Wait(cmd) => cmd.run(&ctx).await,
                 Command::Validate(_)
                 | Command::Completion { .. }
+                | Command::Complete { .. }
                 | Command::WorkloadGuard(_)
                 | Command::Version => {
                     unreachable!()
