@@ -923,9 +923,23 @@ async fn a_stop_sends_sigterm_keeps_the_volume_until_the_end_and_kills_at_the_ki
     let _slot = SLOTS.acquire().await.unwrap();
     let c = cluster().await;
     let no_children = NoChildren::new();
-    for cgroup in [true, false] {
-        for (slow, name) in [(false, "g"), (true, "s")] {
-            let name = format!("{name}{}", if cgroup { "c" } else { "p" });
+    // (in a cgroup, the trap too slow, stopped by SIGTERM to the runner as `systemctl
+    // stop` does rather than by `alloc stop`)
+    for (cgroup, slow, by_signal) in [
+        (true, false, false),
+        (true, true, false),
+        (false, false, false),
+        (false, true, false),
+        (true, false, true),
+        (true, true, true),
+    ] {
+        {
+            let name = format!(
+                "{}{}{}",
+                if slow { "s" } else { "g" },
+                if cgroup { "c" } else { "p" },
+                if by_signal { "t" } else { "" }
+            );
             let log = c.dir.path().join(format!("{name}.log"));
             let trap = if slow {
                 format!("echo TERM >> {l}; sleep 100", l = log.display())
@@ -965,12 +979,28 @@ async fn a_stop_sends_sigterm_keeps_the_volume_until_the_end_and_kills_at_the_ki
                 .read_line(&mut line)
                 .unwrap();
             assert_eq!(line.trim(), "started", "{name}: the workload runs");
-            let (ok, out) = c.moorctl(&["alloc", "stop", &name]);
-            assert!(ok && out.contains("SIGTERM"), "{out}");
+            if by_signal {
+                let runner = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+                rustix::process::kill_process(runner, rustix::process::Signal::TERM).unwrap();
+            } else {
+                let (ok, out) = c.moorctl(&["alloc", "stop", &name]);
+                assert!(ok && out.contains("SIGTERM"), "{out}");
+            }
             let stopped = std::time::Instant::now();
-            let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-                .await
-                .unwrap();
+            let runner = child.id();
+            let ended = tokio::time::timeout(
+                T,
+                tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()),
+            )
+            .await;
+            let Ok(out) = ended else {
+                // Its guard ends the workload when the runner dies.
+                let _ = Command::new("kill")
+                    .args(["-KILL", &runner.to_string()])
+                    .status();
+                panic!("{name}: the runner did not end within {T:?} of the stop");
+            };
+            let out = out.unwrap();
             let took = stopped.elapsed();
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(

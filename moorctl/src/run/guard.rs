@@ -22,7 +22,8 @@
 //!    relies on the process group.
 //! 5. A stop (SIGUSR2 from the runner: its allocation was asked to stop) sends SIGTERM
 //!    to CMD's group once, and SIGKILL to the group and cgroup at `--kill-timeout`
-//!    (the allocation's) if CMD has not exited by then.
+//!    (the allocation's) if CMD has not exited by then. The first SIGTERM the runner
+//!    passes on (`systemctl stop`) starts the same kill timeout.
 //! 6. The guard exits as CMD did: the same code, or killed by the same signal.
 
 use std::time::Duration;
@@ -138,7 +139,15 @@ impl Guard {
                     None => tokio::time::Instant::now() + Duration::from_secs(1),
                 };
                 tokio::select! {
-                    (sig, _, _) = any_signal => Some(sig),
+                    (sig, _, _) = any_signal => {
+                        // A SIGTERM passed on (`systemctl stop`, a supervisor) is a stop
+                        // too: the kill timeout bounds it as it bounds an asked one.
+                        if sig == Signal::TERM && !stopping {
+                            stopping = true;
+                            kill_at = Some(tokio::time::Instant::now() + self.kill_timeout);
+                        }
+                        Some(sig)
+                    }
                     _ = stop.recv() => {
                         // The allocation was asked to stop: SIGTERM once, to the
                         // workload's group; SIGKILL at the kill timeout.
