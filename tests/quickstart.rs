@@ -154,6 +154,26 @@ async fn moord_dev_keeps_its_state_across_a_restart() {
     wait_claim(port, "published");
     let (_, before) = moorctl(port, &["get", "volume", "web-data", "-o", "json"]);
 
+    // An engine's hold is not stopped under its containers unless forced (issue 78,
+    // item 1: moor cannot signal a container; its volumes would go under it).
+    let hold = tmp.path().join("hold.yaml");
+    std::fs::write(
+        &hold,
+        "kind: Allocation\nmetadata: {name: hold-1, labels: {moor.dev/hold: docker}}\nspec: {node: local}\n",
+    )
+    .unwrap();
+    let (ok, out) = moorctl(port, &["apply", "-f", hold.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let (ok, out) = moorctl(port, &["alloc", "stop", "hold-1"]);
+    assert!(
+        !ok && out.contains("docker's hold") && out.contains("--force"),
+        "{out}"
+    );
+    let (_, desired) = moorctl(port, &["get", "allocation", "hold-1", "-o", "json"]);
+    assert!(desired.contains("\"desired_status\": \"run\""), "{desired}");
+    let (ok, out) = moorctl(port, &["alloc", "stop", "hold-1", "--force"]);
+    assert!(ok && out.contains("stopped"), "{out}");
+
     // bash completes object names from the store (issue 78, item 7), as a shell asks:
     // the completion script sourced, its function called with the line's words.
     assert_eq!(complete(port, "get volumes ''"), "web-data");

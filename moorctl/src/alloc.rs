@@ -1,16 +1,40 @@
 //! `moorctl alloc stop NAME`: sets an allocation's desired status to stop; the controller
 //! then releases its claims. `moorctl alloc paths NAME`: where its volumes are.
 
-use moor::api::Allocation;
+use moor::api::{Allocation, ENGINE_HOLD_LABEL};
 use moor::workload::{self, End};
 
 use crate::{is_not_found, parse_name, parse_ns, ride_out, Ctx, Refused};
 
 /// Stops the allocation `name` in `namespace`.
-pub(crate) async fn stop(ctx: &Ctx, namespace: &str, name: &str) -> anyhow::Result<i32> {
+pub(crate) async fn stop(
+    ctx: &Ctx,
+    namespace: &str,
+    name: &str,
+    force: bool,
+) -> anyhow::Result<i32> {
     let ns = parse_ns(namespace)?;
     let name = parse_name("allocation", name)?;
     let key = Allocation::key_for(&ns, &name);
+    // An engine's hold has no runner to signal its containers: stopped, its volumes
+    // would be released under them once the kill timeout passed (issue 78, item 1).
+    if !force {
+        let key = &key;
+        let alloc = ride_out(ctx, |_| async move { Ok(ctx.store.try_get(key).await?) }).await?;
+        if let Some(engine) = alloc
+            .as_ref()
+            .and_then(|a| a.metadata.labels.get(ENGINE_HOLD_LABEL))
+        {
+            let node = alloc
+                .as_ref()
+                .map(|a| a.spec.node.to_string())
+                .unwrap_or_default();
+            return Err(Refused(format!(
+                "allocation {ns}/{name} is {engine}'s hold of its containers' volumes on node {node}: moor cannot stop a container, so it is not stopped under them; stop the containers with {engine} (the hold ends after their last unmount), or --force to release the volumes under them after the kill timeout"
+            ))
+            .into());
+        }
+    }
     let outcome = ride_out(ctx, |retrying| {
         let key = &key;
         async move {

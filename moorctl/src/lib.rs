@@ -266,6 +266,10 @@ pub enum AllocCmd {
         /// Namespace.
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
+        /// Also an engine's hold: its volumes are released under its live containers
+        /// after the kill timeout (moor cannot stop a container).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -434,9 +438,11 @@ impl Cli {
                 Command::Get(cmd) => cmd.run(&ctx).await,
                 Command::Describe(cmd) => cmd.run(&ctx).await,
                 Command::Delete(cmd) => cmd.run(&ctx).await,
-                Command::Alloc(AllocCmd::Stop { name, namespace }) => {
-                    alloc::stop(&ctx, &namespace, &name).await
-                }
+                Command::Alloc(AllocCmd::Stop {
+                    name,
+                    namespace,
+                    force,
+                }) => alloc::stop(&ctx, &namespace, &name, force).await,
                 Command::Alloc(AllocCmd::Run(cmd)) => cmd.run(&ctx).await,
                 Command::Alloc(AllocCmd::Plan(cmd)) => cmd.run(&ctx).await,
                 Command::Alloc(AllocCmd::Paths {
