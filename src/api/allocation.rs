@@ -533,6 +533,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_kill_timeout_a_raw_writer_stored_past_validation_is_the_default() {
+        for (stored, want) in [
+            (None, DEFAULT_KILL_TIMEOUT),
+            (Some("30s"), std::time::Duration::from_secs(30)),
+            (Some("10m"), MAX_KILL_TIMEOUT),
+            // What validation refuses, written raw into etcd: never longer than the cap.
+            (Some("8760h"), DEFAULT_KILL_TIMEOUT),
+            (Some("lots"), DEFAULT_KILL_TIMEOUT),
+            (Some("-5s"), DEFAULT_KILL_TIMEOUT),
+        ] {
+            let spec = AllocationSpec {
+                node: NodeName::new("n1").unwrap(),
+                kill_timeout: stored.map(String::from),
+                ..Default::default()
+            };
+            assert_eq!(spec.kill_timeout(), want, "{stored:?}");
+            let mut errors = ValidationErrors::default();
+            spec.validate(&mut errors);
+            assert_eq!(
+                errors.is_empty(),
+                want != DEFAULT_KILL_TIMEOUT || stored.is_none(),
+                "{stored:?}: {errors:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_workload_cgroup_that_is_not_a_workload_s_is_refused() {
         let mut spec = AllocationSpec {
             node: NodeName::new("n1").unwrap(),
