@@ -205,6 +205,11 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Where the test's binaries are (`target/debug` to a page).
+fn bin_dir() -> PathBuf {
+    bin("moorctl").parent().unwrap().to_path_buf()
+}
+
 /// Pairs of a page's name and the test's own.
 type Names = Vec<(String, String)>;
 
@@ -232,7 +237,7 @@ fn run_script(scratch: &Path, script: &str, store: &str, stdin: Option<&str>) ->
     let out = std::fs::File::create(&log).unwrap();
     let path = format!(
         "{}:{}",
-        bin("moorctl").parent().unwrap().display(),
+        bin_dir().display(),
         std::env::var("PATH").unwrap_or_default()
     );
     let endpoint = format!("http://{store}");
@@ -287,11 +292,7 @@ fn scratch_dir(tmp: &Path) -> PathBuf {
     let scratch = tmp.join("reader");
     std::fs::create_dir_all(scratch.join("target")).unwrap();
     std::os::unix::fs::symlink(root().join("deploy"), scratch.join("deploy")).unwrap();
-    std::os::unix::fs::symlink(
-        bin("moorctl").parent().unwrap(),
-        scratch.join("target/debug"),
-    )
-    .unwrap();
+    std::os::unix::fs::symlink(bin_dir(), scratch.join("target/debug")).unwrap();
     scratch
 }
 

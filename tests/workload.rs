@@ -933,115 +933,113 @@ async fn a_stop_sends_sigterm_keeps_the_volume_until_the_end_and_kills_at_the_ki
         (true, false, true),
         (true, true, true),
     ] {
-        {
-            let name = format!(
-                "{}{}{}",
-                if slow { "s" } else { "g" },
-                if cgroup { "c" } else { "p" },
-                if by_signal { "t" } else { "" }
-            );
-            let log = c.dir.path().join(format!("{name}.log"));
-            let trap = if slow {
-                format!("echo TERM >> {l}; sleep 100", l = log.display())
-            } else {
-                format!(
-                    "echo TERM >> {l}; sleep 1; test -f \"$MOOR_VOLUME_DATA/mark-{name}\" && echo mounted >> {l}; exit 7",
-                    l = log.display()
-                )
-            };
-            let script = format!(
-                "echo x > \"$MOOR_VOLUME_DATA/mark-{name}\"; trap '{trap}' TERM; echo started; while :; do sleep 0.1; done"
-            );
-            let moorctl = common::bin("moorctl");
-            let mut cmd = if cgroup {
-                Command::new(&moorctl)
-            } else {
-                // The runner in a cgroup that may have no child (max.descendants 0):
-                // it cannot make the workload's, and falls back to the process group.
-                let mut cmd = Command::new("sh");
-                cmd.args([
-                    "-c",
-                    "echo $$ > \"$1/cgroup.procs\" && shift && exec \"$@\"",
-                    "sh",
-                ])
-                .arg(no_children.path())
-                .arg(&moorctl);
-                cmd
-            };
-            cmd.arg(format!("--endpoints={}", c.etcd.client_url))
-                .args(["alloc", "run", &name, "--node", "n1", "--volume", "data=v1"])
-                .args(["--kill-timeout", "2s", "--", "sh", "-c", &script])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            let mut child = cmd.spawn().expect("spawn moorctl alloc run");
-            let mut line = String::new();
-            BufReader::new(child.stdout.take().unwrap())
-                .read_line(&mut line)
-                .unwrap();
-            assert_eq!(line.trim(), "started", "{name}: the workload runs");
-            if by_signal {
-                let runner = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-                rustix::process::kill_process(runner, rustix::process::Signal::TERM).unwrap();
-            } else {
-                let (ok, out) = c.moorctl(&["alloc", "stop", &name]);
-                assert!(ok && out.contains("SIGTERM"), "{out}");
-            }
-            let stopped = std::time::Instant::now();
-            let runner = child.id();
-            let ended = tokio::time::timeout(
-                T,
-                tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()),
+        let name = format!(
+            "{}{}{}",
+            if slow { "s" } else { "g" },
+            if cgroup { "c" } else { "p" },
+            if by_signal { "t" } else { "" }
+        );
+        let log = c.dir.path().join(format!("{name}.log"));
+        let trap = if slow {
+            format!("echo TERM >> {l}; sleep 100", l = log.display())
+        } else {
+            format!(
+                "echo TERM >> {l}; sleep 1; test -f \"$MOOR_VOLUME_DATA/mark-{name}\" && echo mounted >> {l}; exit 7",
+                l = log.display()
             )
-            .await;
-            let Ok(out) = ended else {
-                // Its guard ends the workload when the runner dies.
-                let _ = Command::new("kill")
-                    .args(["-KILL", &runner.to_string()])
-                    .status();
-                panic!("{name}: the runner did not end within {T:?} of the stop");
-            };
-            let out = out.unwrap();
-            let took = stopped.elapsed();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(
-                stderr.contains("without a cgroup of its own"),
-                !cgroup,
-                "{name}: {stderr}"
+        };
+        let script = format!(
+            "echo x > \"$MOOR_VOLUME_DATA/mark-{name}\"; trap '{trap}' TERM; echo started; while :; do sleep 0.1; done"
+        );
+        let moorctl = common::bin("moorctl");
+        let mut cmd = if cgroup {
+            Command::new(&moorctl)
+        } else {
+            // The runner in a cgroup that may have no child (max.descendants 0):
+            // it cannot make the workload's, and falls back to the process group.
+            let mut cmd = Command::new("sh");
+            cmd.args([
+                "-c",
+                "echo $$ > \"$1/cgroup.procs\" && shift && exec \"$@\"",
+                "sh",
+            ])
+            .arg(no_children.path())
+            .arg(&moorctl);
+            cmd
+        };
+        cmd.arg(format!("--endpoints={}", c.etcd.client_url))
+            .args(["alloc", "run", &name, "--node", "n1", "--volume", "data=v1"])
+            .args(["--kill-timeout", "2s", "--", "sh", "-c", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn moorctl alloc run");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "started", "{name}: the workload runs");
+        if by_signal {
+            let runner = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+            rustix::process::kill_process(runner, rustix::process::Signal::TERM).unwrap();
+        } else {
+            let (ok, out) = c.moorctl(&["alloc", "stop", &name]);
+            assert!(ok && out.contains("SIGTERM"), "{out}");
+        }
+        let stopped = std::time::Instant::now();
+        let runner = child.id();
+        let ended = tokio::time::timeout(
+            T,
+            tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()),
+        )
+        .await;
+        let Ok(out) = ended else {
+            // Its guard ends the workload when the runner dies.
+            let _ = Command::new("kill")
+                .args(["-KILL", &runner.to_string()])
+                .status();
+            panic!("{name}: the runner did not end within {T:?} of the stop");
+        };
+        let out = out.unwrap();
+        let took = stopped.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr.contains("without a cgroup of its own"),
+            !cgroup,
+            "{name}: {stderr}"
+        );
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        assert_eq!(
+            said.matches("TERM").count(),
+            1,
+            "{name}: one SIGTERM: {said:?}"
+        );
+        let a = allocation(&c, &name).await;
+        let exit = a.spec.exit.clone().unwrap_or_default();
+        if slow {
+            assert_eq!(out.status.code(), Some(137), "{name}: {stderr}");
+            assert_eq!(exit.signal.as_deref(), Some("SIGKILL"), "{name}");
+            assert!(
+                took >= Duration::from_secs(2),
+                "{name}: killed after {took:?}"
             );
-            let said = std::fs::read_to_string(&log).unwrap_or_default();
-            assert_eq!(
-                said.matches("TERM").count(),
-                1,
-                "{name}: one SIGTERM: {said:?}"
+            assert!(
+                stderr.contains("did not end within its kill timeout"),
+                "{stderr}"
             );
-            let a = allocation(&c, &name).await;
-            let exit = a.spec.exit.clone().unwrap_or_default();
-            if slow {
-                assert_eq!(out.status.code(), Some(137), "{name}: {stderr}");
-                assert_eq!(exit.signal.as_deref(), Some("SIGKILL"), "{name}");
-                assert!(
-                    took >= Duration::from_secs(2),
-                    "{name}: killed after {took:?}"
-                );
-                assert!(
-                    stderr.contains("did not end within its kill timeout"),
-                    "{stderr}"
-                );
-            } else {
-                assert_eq!(out.status.code(), Some(7), "{name}: {stderr}");
-                assert_eq!(exit.code, Some(7), "{name}");
-                assert!(
-                    said.contains("mounted"),
-                    "{name}: the trap ran without its volume: {said:?}"
-                );
-            }
-            assert_eq!(a.spec.client_status, ClientStatus::Failed, "{name}");
-            assert_eq!(
-                c.claim(&name, "n1").await.unwrap().status.phase,
-                ClaimPhase::Released,
-                "{name}"
+        } else {
+            assert_eq!(out.status.code(), Some(7), "{name}: {stderr}");
+            assert_eq!(exit.code, Some(7), "{name}");
+            assert!(
+                said.contains("mounted"),
+                "{name}: the trap ran without its volume: {said:?}"
             );
         }
+        assert_eq!(a.spec.client_status, ClientStatus::Failed, "{name}");
+        assert_eq!(
+            c.claim(&name, "n1").await.unwrap().status.phase,
+            ClaimPhase::Released,
+            "{name}"
+        );
     }
     // A stop nobody carries out (no runner: the allocation says `running` itself, with
     // no lease): its claims stay for its kill timeout, then go, with a Warning.

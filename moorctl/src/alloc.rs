@@ -21,14 +21,10 @@ pub(crate) async fn stop(
     if !force {
         let key = &key;
         let alloc = ride_out(ctx, |_| async move { Ok(ctx.store.try_get(key).await?) }).await?;
-        if let Some(engine) = alloc
+        let hold = alloc
             .as_ref()
-            .and_then(|a| a.metadata.labels.get(ENGINE_HOLD_LABEL))
-        {
-            let node = alloc
-                .as_ref()
-                .map(|a| a.spec.node.to_string())
-                .unwrap_or_default();
+            .and_then(|a| Some((a.metadata.labels.get(ENGINE_HOLD_LABEL)?, &a.spec.node)));
+        if let Some((engine, node)) = hold {
             return Err(Refused(format!(
                 "allocation {ns}/{name} is {engine}'s hold of its containers' volumes on node {node}: moor cannot stop a container, so it is not stopped under them; stop the containers with {engine} (the hold ends after their last unmount), or --force to release the volumes under them after the kill timeout"
             ))

@@ -56,34 +56,28 @@ fn failure(e: &etcd_client::Error) -> Option<bool> {
     Some(unsent)
 }
 
+/// The I/O errors in `e`'s source chain, itself included.
+fn io_errors<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a std::io::Error> {
+    std::iter::successors(Some(e), |err| err.source())
+        .filter_map(|err| err.downcast_ref::<std::io::Error>())
+}
+
 /// Whether the error's source chain holds an I/O error (of the connection).
 fn io_failure(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = e.source();
-    while let Some(err) = cause {
-        if err.downcast_ref::<std::io::Error>().is_some() {
-            return true;
-        }
-        cause = err.source();
-    }
-    false
+    io_errors(e).next().is_some()
 }
 
 /// Whether the error's source chain holds a failed connection attempt.
 fn connect_refused(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(e);
-    while let Some(err) = cause {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind as K;
-            if matches!(
-                io.kind(),
-                K::ConnectionRefused | K::HostUnreachable | K::NetworkUnreachable
-            ) {
-                return true;
-            }
-        }
-        cause = err.source();
-    }
-    false
+    use std::io::ErrorKind as K;
+    io_errors(e).any(|io| {
+        matches!(
+            io.kind(),
+            K::ConnectionRefused | K::HostUnreachable | K::NetworkUnreachable
+        )
+    })
 }
 
 impl Store {

@@ -7,8 +7,8 @@ use super::bin;
 
 /// `moord dev` (embedded store, controller, agent for node `local`, moor-hostpath).
 pub struct Dev {
-    pub child: Child,
-    pub data: PathBuf,
+    child: Child,
+    data: PathBuf,
 }
 
 impl Dev {

@@ -78,11 +78,13 @@ pub async fn detail(c: &Catalog, ns: Namespace, name: &str) -> anyhow::Result<Pa
     };
     // Events about the volume and about its claims and attachments, as `moorctl
     // describe volume` shows them; the page follows each.
-    let related: Vec<String> = c
-        .claims
-        .by(&vol(&ns, name))
-        .iter()
-        .map(|r| about("Claim", &ns, &r.name))
+    let about_topics: Vec<String> = std::iter::once(about("Volume", &ns, name))
+        .chain(
+            c.claims
+                .by(&vol(&ns, name))
+                .iter()
+                .map(|r| about("Claim", &ns, &r.name)),
+        )
         .chain(
             c.attachments
                 .by(&vol(&ns, name))
@@ -90,11 +92,13 @@ pub async fn detail(c: &Catalog, ns: Namespace, name: &str) -> anyhow::Result<Pa
                 .map(|r| about("Attachment", &ns, &r.name)),
         )
         .collect();
-    let mut about_topics = vec![about("Volume", &ns, name)];
-    about_topics.extend(related.iter().cloned());
+    // `topics` has the volume's own already.
     let mut page = Page::new(
         format!("Volume {ns}/{name}"),
-        topics(&ns, name).into_iter().chain(related).collect(),
+        topics(&ns, name)
+            .into_iter()
+            .chain(about_topics[1..].iter().cloned())
+            .collect(),
     );
     let h = &mut page.body;
     let row = VolumeRow::project(volume.clone());
