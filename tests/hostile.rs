@@ -889,10 +889,11 @@ async fn forge_orphan(s: &Secure, v: &Victim, rng: &mut fastrand::Rng) -> (Strin
 /// (read-only) and the agent hosting another plugin's controller (n4, plugin
 /// `other.example`), each at every key of the victim's that moor acts on and is not
 /// theirs: its requests, claims, mounts, the plugin's ownership records, Secrets,
-/// election and capacity report. etcd must refuse each write (and each read of the
-/// plugin's Secrets); returns how many it refused. What n4 can still write (every
-/// plugin's volumes, attachments, snapshots and groups: docs/architecture.md, "The
-/// controller-plugin agent's reach") is not tried: it is the open half of issue 77.
+/// election and capacity report, its attachments and the plugin's reports on them.
+/// etcd must refuse each write (and each read of the plugin's Secrets); returns how
+/// many it refused. What n4 can still write (every plugin's volumes, snapshots and
+/// groups: docs/architecture.md, "The controller-plugin agent's reach") is not tried:
+/// it is the open half of issue 77.
 async fn confined(s: &Secure, v: &Victim, seed: u64) -> usize {
     let (vname, _, vext) = &v.volumes[0];
     let record = Ownership::key_for(
@@ -912,12 +913,16 @@ async fn confined(s: &Secure, v: &Victim, seed: u64) -> usize {
         "mounts/n1/default/va1.data".to_string(),
         "nodes/n1".to_string(),
         "allocations/default/va1".to_string(),
+        // The victim's attachment (which the controller alone writes: a rewrite
+        // would publish its volume to a node of n4's choosing) and the victim
+        // plugin's report on it (which would say it is attached, or detached).
+        format!("attachments/default/{vname}/n1"),
+        format!("attachment-reports/{PLUGIN}/default/{vname}/n1"),
     ];
     let requests = [
         format!("volumes/default/{vname}"),
         "snapshots/default/vs1".to_string(),
         "groupsnapshots/default/vg1".to_string(),
-        format!("attachments/default/{vname}/n1"),
     ];
     let mut refused = 0;
     for (who, keys) in [

@@ -145,6 +145,43 @@ async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
     n1.delete(record, None)
         .await
         .expect("n1 removes its record");
+    // Attachments (issue 77): the controller writes them; n1, which leads the plugin,
+    // reads them and writes its plugin's reports on them, not another plugin's (so it
+    // can neither publish a volume of another plugin to a node of its choosing nor
+    // say one is attached); n2 neither.
+    let att = "/moor/attachments/default/v/n2";
+    n1.get(att, None)
+        .await
+        .unwrap_or_else(|e| panic!("agent n1 may read {att}: {e}"));
+    let e = n1
+        .put(att, "{}", None)
+        .await
+        .expect_err("n1 writes an attachment");
+    assert!(denied(&e), "{e}");
+    let e = n1
+        .delete(att, None)
+        .await
+        .expect_err("n1 deletes an attachment");
+    assert!(denied(&e), "{e}");
+    let report = "/moor/attachment-reports/hostpath.moor.dev/default/v/n2";
+    n1.put(report, "{}", None)
+        .await
+        .unwrap_or_else(|e| panic!("agent n1 may write {report}: {e}"));
+    n1.delete(report, None)
+        .await
+        .expect("n1 removes its report");
+    for key in [
+        "/moor/attachment-reports/other.example.com/default/v/n2",
+        "/moor/attachment-reports/hostpath.moor.devx/default/v/n2",
+    ] {
+        let e = n1.put(key, "{}", None).await.expect_err(key);
+        assert!(denied(&e), "{key}: {e}");
+    }
+    let e = n2
+        .put(report, "{}", None)
+        .await
+        .expect_err("n2 writes a report");
+    assert!(denied(&e), "{e}");
     // Namespace a's edit identity (issue 77): a's requests, nothing of b's, no fact.
     let a = s.store("moor-edit-a", None).await;
     let mut a = a.client();

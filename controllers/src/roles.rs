@@ -19,12 +19,13 @@ const HEAD: &str = r#"#!/usr/bin/env bash
 # nothing else: no volumes, allocations, other nodes' keys or other writers' events
 # (only the force-detach declarations about its node).
 # The controller, and agents that host a controller plugin (CONTROLLER_PLUGINS, pairs
-# NODE=PLUGIN_ID: their provisioner and attacher write volumes and attachments, and
-# they campaign in that plugin's election only), get more; so do agents that serve
-# Docker and Podman (VOLUME_PLUGINS, node names: their --volume-plugin endpoint writes
-# allocations for its callers, and volumes on Create and Remove, in the engines'
-# namespace only: VOLUME_PLUGIN_NAMESPACE, default `engines`, which their agents name
-# with --volume-plugin-namespace).
+# NODE=PLUGIN_ID: their provisioner writes volumes, their attacher reads attachments
+# and reports on its own plugin's only, and they campaign in that plugin's election
+# only), get more; so do agents that serve Docker and Podman (VOLUME_PLUGINS, node
+# names: their --volume-plugin endpoint writes allocations for its callers, and
+# volumes on Create and Remove, in the engines' namespace only:
+# VOLUME_PLUGIN_NAMESPACE, default `engines`, which their agents name with
+# --volume-plugin-namespace).
 #
 #   ENDPOINT=https://127.0.0.1:2379 CERTS=DIR \
 #   CONTROLLER_PLUGINS="n1=hostpath.moor.dev" VOLUME_PLUGINS="n1 n2" \
@@ -112,6 +113,7 @@ for node in "$@"; do
             )),
             AgentAccess::None
             | AgentAccess::ControllerPlugin
+            | AgentAccess::ControllerPluginRead
             | AgentAccess::OwnPlugin
             | AgentAccess::OwnPluginWrite => {}
         }
@@ -139,13 +141,18 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
                 "    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{}/\" --prefix\n",
                 kind.dir()
             )),
+            AgentAccess::ControllerPluginRead => out.push_str(&format!(
+                "    # The {} of every plugin (read only: the controller writes them).\n    ctl role grant-permission \"$user\" read \"${{PREFIX}}{}/\" --prefix\n",
+                kind.dir(),
+                kind.dir()
+            )),
             AgentAccess::OwnPlugin => out.push_str(&format!(
                 "    # Its plugin's {} (read only; not another plugin's).\n    ctl role grant-permission \"$user\" read \"${{PREFIX}}{}/$plugin/\" --prefix\n",
                 kind.dir(),
                 kind.dir()
             )),
             AgentAccess::OwnPluginWrite => out.push_str(&format!(
-                "    # Its plugin's {} (read and write; not another plugin's): only the\n    # plugin's leader records who owns its ids.\n    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{}/$plugin/\" --prefix\n",
+                "    # Its plugin's {} (read and write; not another plugin's): facts\n    # only the plugin's leader writes.\n    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{}/$plugin/\" --prefix\n",
                 kind.dir(),
                 kind.dir()
             )),

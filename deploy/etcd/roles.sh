@@ -9,12 +9,13 @@
 # nothing else: no volumes, allocations, other nodes' keys or other writers' events
 # (only the force-detach declarations about its node).
 # The controller, and agents that host a controller plugin (CONTROLLER_PLUGINS, pairs
-# NODE=PLUGIN_ID: their provisioner and attacher write volumes and attachments, and
-# they campaign in that plugin's election only), get more; so do agents that serve
-# Docker and Podman (VOLUME_PLUGINS, node names: their --volume-plugin endpoint writes
-# allocations for its callers, and volumes on Create and Remove, in the engines'
-# namespace only: VOLUME_PLUGIN_NAMESPACE, default `engines`, which their agents name
-# with --volume-plugin-namespace).
+# NODE=PLUGIN_ID: their provisioner writes volumes, their attacher reads attachments
+# and reports on its own plugin's only, and they campaign in that plugin's election
+# only), get more; so do agents that serve Docker and Podman (VOLUME_PLUGINS, node
+# names: their --volume-plugin endpoint writes allocations for its callers, and
+# volumes on Create and Remove, in the engines' namespace only:
+# VOLUME_PLUGIN_NAMESPACE, default `engines`, which their agents name with
+# --volume-plugin-namespace).
 #
 #   ENDPOINT=https://127.0.0.1:2379 CERTS=DIR \
 #   CONTROLLER_PLUGINS="n1=hostpath.moor.dev" VOLUME_PLUGINS="n1 n2" \
@@ -99,13 +100,17 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     fi
     user="moor-agent-$node"
     ctl role grant-permission "$user" readwrite "${PREFIX}volumes/" --prefix
-    ctl role grant-permission "$user" readwrite "${PREFIX}attachments/" --prefix
+    # The attachments of every plugin (read only: the controller writes them).
+    ctl role grant-permission "$user" read "${PREFIX}attachments/" --prefix
+    # Its plugin's attachment-reports (read and write; not another plugin's): facts
+    # only the plugin's leader writes.
+    ctl role grant-permission "$user" readwrite "${PREFIX}attachment-reports/$plugin/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}snapshots/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}groupsnapshots/" --prefix
     # Its plugin's secrets (read only; not another plugin's).
     ctl role grant-permission "$user" read "${PREFIX}secrets/$plugin/" --prefix
-    # Its plugin's owners (read and write; not another plugin's): only the
-    # plugin's leader records who owns its ids.
+    # Its plugin's owners (read and write; not another plugin's): facts
+    # only the plugin's leader writes.
     ctl role grant-permission "$user" readwrite "${PREFIX}owners/$plugin/" --prefix
     # The election of the controller plugin it hosts (that key only: not another
     # plugin's, not the controller's).

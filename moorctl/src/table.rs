@@ -278,6 +278,14 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             col("DETACH", |v| yes_no(v, "/spec/detach")),
             col("AGE", age),
         ],
+        Kind::AttachmentReport => vec![
+            col("PLUGIN", |v| text(v, "/spec/plugin_id")),
+            col("NAME", name),
+            col("VOLUME", |v| text(v, "/spec/volume")),
+            col("NODE", |v| text(v, "/spec/node")),
+            col("PHASE", |v| text(v, "/status/phase")),
+            col("AGE", age),
+        ],
         Kind::Mount => vec![
             col("NAME", name),
             col("VOLUME", |v| text(v, "/spec/volume")),

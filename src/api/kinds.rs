@@ -37,14 +37,18 @@ pub enum AgentAccess {
     /// writer records under its own prefix and cannot touch another's).
     OwnWriter,
     /// Read and write, on the nodes that host a controller plugin (their provisioner
-    /// and attacher); nothing elsewhere.
+    /// and snapshotters); nothing elsewhere.
     ControllerPlugin,
+    /// Read, on the nodes that host a controller plugin (attachments, which the
+    /// controller writes and the attacher reads; it reports below its own plugin's
+    /// prefix); nothing elsewhere.
+    ControllerPluginRead,
     /// Read the objects of the plugin it hosts as a controller plugin, keyed by plugin
     /// first (its Secrets); nothing elsewhere, and nothing on node-only agents.
     OwnPlugin,
     /// Read and write the objects of the plugin it hosts as a controller plugin, keyed
-    /// by plugin first (its ownership records, which only its leader writes); nothing
-    /// elsewhere, and nothing on node-only agents.
+    /// by plugin first (its ownership records and reports, which only its leader
+    /// writes); nothing elsewhere, and nothing on node-only agents.
     OwnPluginWrite,
 }
 
@@ -59,6 +63,7 @@ macro_rules! for_each_kind {
             Allocation(AllocationSpec),
             Claim(ClaimSpec),
             Attachment(AttachmentSpec),
+            AttachmentReport(AttachmentReportSpec),
             Mount(MountSpec),
             Node(NodeSpec),
             Cordon(CordonSpec),

@@ -8,11 +8,15 @@
 //!    what was known before.
 //! 2. `spec.detach` (set by the controller once no claim on the node needs it):
 //!    ControllerUnpublish if it is or may be attached (Attached, Detaching, or an
-//!    uncertain publish); the Attachment is deleted only after it returned OK or
-//!    NotFound.
-//! 3. A failed call is recorded on the Attachment (`last_error`, `retry`) and tried
-//!    again on its step's schedule ([`moor::runtime::steps`]): the status write does not
-//!    bring the retry forward.
+//!    uncertain publish); Detached is reported only after it returned OK or NotFound,
+//!    and the controller then deletes the Attachment.
+//! 3. A failed call is recorded (`last_error`, `retry`) and tried again on its step's
+//!    schedule ([`moor::runtime::steps`]): the status write does not bring the retry
+//!    forward.
+//!
+//! What is recorded goes to this plugin's report on the attachment
+//! ([`AttachmentReport`], [`super::reports`]), never to the Attachment, which the
+//! controller alone writes (it copies the report into the Attachment's status).
 //!
 //! One controller call per volume at a time (a lock shared with the provisioner); with
 //! the plugin's `serialize-per-node`, also one ControllerPublish/Unpublish per node at a
@@ -24,7 +28,6 @@ use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
 use moor::runtime::steps;
-use moor::store::StoreError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -43,6 +46,8 @@ pub struct Attacher {
     pub volumes: Informer<VolumeView>,
     /// Attachments.
     pub attachments: Informer<Attachment>,
+    /// This plugin's reports on them.
+    pub reports: super::reports::Reports,
 }
 
 impl Attacher {
@@ -51,12 +56,21 @@ impl Attacher {
         let reader = self.attachments.reader();
         let events = self.attachments.subscribe();
         let secrets = self.ctx.secrets.subscribe();
+        let reports = self.reports.cache.subscribe();
         let (volumes, attachments) = (self.volumes.reader(), reader.clone());
         let plugin = self.ctx.plugin.id.clone();
         let this = Arc::new(self);
         Controller::new("attacher", reader, Config::default())
             .with_metrics(metrics)
             .owns(events)
+            // A report whose attachment is gone is deleted by the attachment's pass.
+            .watches(reports, |r: &AttachmentReport| {
+                vec![Attachment::key_for(
+                    &r.metadata.namespace,
+                    &r.spec.volume,
+                    &r.spec.node,
+                )]
+            })
             // A Secret made or rotated: the attachments of the volumes that name it.
             .watches(secrets, move |s: &Secret| {
                 let named: std::collections::HashSet<ObjectKey<VolumeSpec>> =
@@ -88,10 +102,15 @@ impl Attacher {
     async fn reconcile(&self, key: ObjectKey<AttachmentSpec>) -> Result<Action, AttachError> {
         let reader = self.attachments.reader();
         reader.wait_until_ready().await;
+        self.reports.cache.reader().wait_until_ready().await;
         let Some(att) = reader.get(key.as_str()) else {
+            self.reports.forget(&self.ctx.plugin.id, &key).await?;
             return Ok(Action::AwaitChange);
         };
         if att.spec.plugin_id != self.ctx.plugin.id {
+            // Edited onto another plugin (only an older build's agent could): this
+            // plugin's report on it, if any, is no longer about it.
+            self.reports.forget(&self.ctx.plugin.id, &key).await?;
             return Ok(Action::AwaitChange);
         }
         let _guard = self
@@ -103,6 +122,7 @@ impl Attacher {
         let Some(att) = self.ctx.writer.fresh(&reader, &att.object_key()).await? else {
             return Ok(Action::AwaitChange);
         };
+        let att = self.reports.reported(&att).await?;
         // A step of the trace of the claim the attachment was made for.
         let span = moor::telemetry::step_span(
             "attach",
@@ -151,11 +171,7 @@ impl Attacher {
             .await?;
         let req = requests::controller_publish(att, vol.as_ref(), self.ctx.multi_writer_cap())?;
         // Checkpoint: from here on the volume may be attached.
-        let att = &self
-            .ctx
-            .writer
-            .write_status(att, |st| st.uncertain = true)
-            .await?;
+        let att = &self.reports.write(att, |st| st.uncertain = true).await?;
         let csi = self.ctx.csi()?;
         let call = step.call(csi.controller_publish(req));
         match self
@@ -164,9 +180,8 @@ impl Attacher {
             .await
         {
             Ok(resp) => {
-                self.ctx
-                    .writer
-                    .write_status(att, |st| {
+                self.reports
+                    .write(att, |st| {
                         st.phase = AttachmentPhase::Attached;
                         st.publish_context = resp.publish_context.clone().into();
                         st.uncertain = false;
@@ -180,9 +195,8 @@ impl Attacher {
             Err(failed) => {
                 let uncertain = was_uncertain || failed.is_uncertain();
                 let msg = failed.message();
-                self.ctx
-                    .writer
-                    .write_status(att, |st| {
+                self.reports
+                    .write(att, |st| {
                         st.uncertain = uncertain;
                         failed.record(&mut st.meta);
                         st.meta
@@ -201,7 +215,7 @@ impl Attacher {
     /// Attachment, so the reverse stays owed and is retried on the step's schedule.
     async fn detach(&self, att: &Attachment) -> Result<Action, AttachError> {
         if !owes_unpublish(att) {
-            return self.delete(att).await;
+            return self.detached(att).await;
         }
         // Another volume naming the same plugin volume (a second registration, one
         // shared with another namespace) still has it published to this node, and
@@ -210,7 +224,7 @@ impl Attacher {
         if self.attached_for_another(att) {
             // "volume kept attached on node N": another volume's claims use it there.
             self.event(att, "Volume kept attached", None).await;
-            return self.delete(att).await;
+            return self.detached(att).await;
         }
         let key = att.key();
         let step = self
@@ -232,9 +246,8 @@ impl Attacher {
             .in_node_turn(att.spec.csi_node_id.as_str(), call)
             .await
         {
-            self.ctx
-                .writer
-                .write_status(att, |st| {
+            self.reports
+                .write(att, |st| {
                     st.phase = AttachmentPhase::Detaching;
                     failed.record(&mut st.meta);
                 })
@@ -244,7 +257,7 @@ impl Attacher {
             return Ok(Action::Requeue(failed.retry_in));
         }
         self.event(att, "Detach volume", None).await;
-        self.delete(att).await
+        self.detached(att).await
     }
 
     /// Whether another attachment of the same plugin volume to the same node, not
@@ -260,26 +273,22 @@ impl Attacher {
                     && other.spec.csi_node_id == att.spec.csi_node_id
                     && !other.spec.detach
                     && !other.is_deleting()
-                    && owes_unpublish(other)
+                    && owes_unpublish_status(&self.reports.cached(other))
             })
     }
 
-    /// Deletes the attachment as last read or written here; if it changed since, as
-    /// stored now.
-    async fn delete(&self, att: &Attachment) -> Result<Action, AttachError> {
+    /// Reports the attachment detached (nothing of it is published to its node any
+    /// more, or another attachment keeps what is): the controller deletes it.
+    async fn detached(&self, att: &Attachment) -> Result<Action, AttachError> {
         self.ctx.steps.forget(&att.key());
-        // Recorded: until the cache shows it gone, a reconcile reads the store instead
-        // of detaching again.
-        match self.ctx.writer.delete_read(att).await {
-            Ok(_) => Ok(Action::AwaitChange),
-            Err(StoreError::Conflict { .. }) => {
-                match self.ctx.writer.delete(&att.object_key(), None).await {
-                    Ok(_) | Err(StoreError::NotFound { .. }) => Ok(Action::AwaitChange),
-                    Err(e) => Err(e.into()),
-                }
-            }
-            Err(e) => Err(e.into()),
-        }
+        self.reports
+            .write(att, |st| {
+                st.phase = AttachmentPhase::Detached;
+                st.uncertain = false;
+                st.meta.clear_failure();
+            })
+            .await?;
+        Ok(Action::AwaitChange)
     }
 
     async fn event(&self, att: &Attachment, reason: &str, error: Option<String>) {
@@ -323,8 +332,12 @@ fn plugin_volume(a: &Attachment) -> String {
 /// Whether `att`'s plugin volume is or may be published to its node (Attached, a
 /// detach under way, or an uncertain publish): a ControllerUnpublish is owed.
 fn owes_unpublish(att: &Attachment) -> bool {
+    owes_unpublish_status(&att.status)
+}
+
+fn owes_unpublish_status(st: &AttachmentStatus) -> bool {
     matches!(
-        att.status.phase,
+        st.phase,
         AttachmentPhase::Attached | AttachmentPhase::Detaching
-    ) || att.status.uncertain
+    ) || st.uncertain
 }

@@ -250,10 +250,18 @@ impl ControllerPluginCtx {
             KeyScope::all(),
             stop.clone(),
         );
+        // This plugin's reports on its attachments: what the attacher keeps of their
+        // status, since the controller alone writes attachments (`reports`).
+        let reports = Informer::<AttachmentReport>::spawn(
+            self.reads.clone(),
+            AttachmentReport::scope_for(&self.plugin.id),
+            stop.clone(),
+        );
         self.writer = self
             .writer
             .tracking_as::<VolumeSpec, _>(&volumes.reader())
             .tracking(&attachments.reader())
+            .tracking(&reports.reader())
             .tracking(&snapshots.reader())
             .tracking(&groups.reader());
         let granted = Informer::<Ownership>::spawn_filtered(
@@ -279,10 +287,15 @@ impl ControllerPluginCtx {
             snapshots,
             volumes: volumes.clone(),
         };
+        let reports = super::reports::Reports {
+            cache: reports,
+            writer: self.writer.clone(),
+        };
         let survey = survey::Survey {
             ctx: self.clone(),
             volumes: volumes.clone(),
             attachments: attachments.clone(),
+            reports: reports.clone(),
             every: self.survey_interval,
             unpublish_unknown: self.unpublish_unknown,
         };
@@ -290,6 +303,7 @@ impl ControllerPluginCtx {
             ctx: self,
             volumes,
             attachments,
+            reports,
         };
         tokio::join!(
             prov.run(metrics.controller("provisioner"), stop.clone()),

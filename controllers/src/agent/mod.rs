@@ -40,6 +40,7 @@ pub mod node;
 pub mod owners;
 pub mod plugins;
 pub mod provisioner;
+pub mod reports;
 pub mod snapshotter;
 pub mod state;
 pub mod step_error;

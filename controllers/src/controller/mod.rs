@@ -17,6 +17,8 @@
 //! - [`allocations`]: allocation → claims (and template volumes), the allocation's
 //!   phase.
 //! - [`claims`]: admission, attach requests, the node's permission, release.
+//! - [`attachments`]: what the agents leading plugins report of their attachments,
+//!   copied into them; a detached one deleted.
 //! - [`volumes`]: the claims finalizer, ephemeral volumes, `schedulable`, health on
 //!   nodes.
 //! - [`plugins`]: one Plugin per plugin id, aggregated from the Nodes.
@@ -30,6 +32,7 @@
 //!   next step needs it).
 
 pub mod allocations;
+pub mod attachments;
 pub mod claims;
 pub mod context;
 pub mod gauges;
@@ -174,6 +177,7 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     let schedules =
         Informer::<SnapshotSchedule>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let snapshots = Informer::<Snapshot>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let reports = Informer::<AttachmentReport>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let ctx = shared(reads, fenced, &informers, &args);
     let config = moor::runtime::controller::Config {
         concurrency: args.concurrency,
@@ -220,6 +224,14 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
             &informers,
             config.clone(),
             metrics.controller("allocations"),
+            stop.clone()
+        ),
+        attachments::run(
+            ctx.clone(),
+            &informers,
+            reports,
+            config.clone(),
+            metrics.controller("attachment-reports"),
             stop.clone()
         ),
         volumes::run(

@@ -30,6 +30,8 @@ impl Survey {
             return absent;
         }
         for att in self.attachments.reader().state() {
+            let mut att = (*att).clone();
+            att.status = self.reports.cached(&att);
             if !held(&att, &self.ctx.plugin.id) {
                 continue;
             }
@@ -60,7 +62,11 @@ impl Survey {
             .lock(Volume::key_for(&att.metadata.namespace, &att.spec.volume).as_str())
             .await;
         let reader = self.attachments.reader();
-        let att = match self.ctx.writer.fresh(&reader, &att.object_key()).await {
+        let stored = match self.ctx.writer.fresh(&reader, &att.object_key()).await {
+            Ok(Some(att)) => self.reports.reported(&att).await.map(Some),
+            other => other.map(|_| None),
+        };
+        let att = match stored {
             Ok(Some(att)) if held(&att, &self.ctx.plugin.id) => att,
             Ok(_) => return,
             Err(e) => {
@@ -73,9 +79,8 @@ impl Survey {
             self.ctx.plugin.id, att.spec.external_id, att.spec.node, att.spec.csi_node_id
         );
         let r = self
-            .ctx
-            .writer
-            .write_status(&att, |st| {
+            .reports
+            .write(&att, |st| {
                 st.phase = AttachmentPhase::Pending;
                 st.meta
                     .set_condition("Attached", false, "NotListedByPlugin", &msg);
@@ -102,7 +107,7 @@ impl Survey {
                 self.ctx
                     .recorder
                     .record(
-                        crate::common::object_ref(&*att),
+                        crate::common::object_ref(&att),
                         EventType::Warning,
                         "Detached behind moor's back",
                         msg,

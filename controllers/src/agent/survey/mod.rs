@@ -79,6 +79,8 @@ pub struct Survey {
     pub volumes: Informer<VolumeView>,
     /// Attachments.
     pub attachments: Informer<Attachment>,
+    /// This plugin's reports on them (their status as the attacher keeps it).
+    pub reports: crate::agent::reports::Reports,
     /// How often.
     pub every: Duration,
     /// `--unpublish-unknown-attachments`.
