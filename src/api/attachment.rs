@@ -152,7 +152,7 @@ impl Spec for AttachmentReportSpec {
     const KIND: &'static str = "AttachmentReport";
     const DIR: &'static str = "attachment-reports";
     const NAMESPACED: bool = true;
-    const ALIASES: &'static [&'static str] = &["attachmentreport"];
+    const ALIASES: &'static [&'static str] = &["attachmentreports"];
     const PHASE: Option<&'static str> = Some("/status/phase");
     const CHECKED: bool = true;
     const AGENT: AgentAccess = AgentAccess::OwnPluginWrite;
