@@ -287,6 +287,18 @@ fn teardowns(c: &Cluster, live: &BTreeSet<String>) -> Vec<String> {
         .collect()
 }
 
+/// How many ControllerPublishVolume calls of `ids` every plugin's log holds.
+fn publishes(c: &Cluster, ids: &BTreeSet<String>) -> usize {
+    c.nodes
+        .iter()
+        .flat_map(|n| n.calls())
+        .filter(|call| {
+            call.rpc == "ControllerPublishVolume"
+                && call.volume_id.as_ref().is_some_and(|v| ids.contains(v))
+        })
+        .count()
+}
+
 /// The raw JSON stored at `key` (below the cluster's prefix).
 async fn raw(c: &Cluster, key: &str) -> serde_json::Value {
     let (bytes, _) = c
@@ -475,6 +487,7 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
     );
 
     let mut live = external_ids(&c, &["v1", "v2", "v3"]).await;
+    let published_by_old = publishes(&c, &live);
     let mut stage_claims = Vec::new();
     // Each stage: one process replaced, then a new claim published beside the live
     // ones, and nothing live torn down.
@@ -497,6 +510,14 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
         live.extend(external_ids(&c, &[volume]).await);
         stage_claims.push(alloc);
     }
+    // The new attacher took the old one's attachments as they were stored (it has no
+    // report about them): attached, so no ControllerPublish of them again.
+    let first = external_ids(&c, &["v1", "v2", "v3"]).await;
+    assert_eq!(
+        publishes(&c, &first),
+        published_by_old,
+        "ControllerPublishVolume of a volume the old agent had attached"
+    );
     // The new leader of the plugin recorded who owns what the old build made (issue
     // 77): every created volume its own plugin volume, v7's its creator's (not r1's,
     // listed first), then the plugin's `migrated` record; r1 is still ready.
@@ -627,11 +648,17 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
     .await;
     // The old agent's records were read as the steps they say: releasing their claims
     // unpublished and unstaged what 0.2.0 had done (a record read as nothing done
-    // would be released without a call, and leave the mounts).
+    // would be released without a call, and leave the mounts). And the attachments
+    // the old agent attached, of which the new one has no report, were detached by
+    // their stored status (read as Pending, they would be deleted without a call).
     let old_records = external_ids(&c, &["v1", "v3"]).await;
     let torn = teardowns(&c, &old_records);
     for id in &old_records {
-        for rpc in ["NodeUnpublishVolume", "NodeUnstageVolume"] {
+        for rpc in [
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "ControllerUnpublishVolume",
+        ] {
             assert!(
                 torn.iter()
                     .any(|t| t.starts_with(rpc) && t.contains(id.as_str())),
