@@ -195,6 +195,7 @@ async fn run(seed: u64) -> String {
         orphans.push(forge_orphan(&s, &victim, &mut rng).await);
         forge_event(&s, &victim, &mut rng).await;
     }
+    let reported = forge_report(&s, &victim, &operator, &mut rng).await;
     // Every forged orphan is refused to an operator adopting it without --insist.
     for (ns, claim) in &orphans {
         let out = s.moorctl(
@@ -261,6 +262,12 @@ async fn run(seed: u64) -> String {
         show(&operator, &calls).await;
     }
     check_victim(&operator, &victim, seed).await;
+    let now = operator.get(&reported.object_key()).await;
+    assert!(
+        now.as_ref()
+            .is_ok_and(|a| a.metadata.uid == reported.metadata.uid && a.status == reported.status),
+        "seed {seed}: the victim's attachment after n4's report: {now:?}, was {reported:?}"
+    );
     check_secrets(&s, seed).await;
     check_events(&s, &victim, seed);
     let refused = confined(&s, &victim, seed).await;
@@ -953,6 +960,46 @@ async fn confined(s: &Secure, v: &Victim, seed: u64) -> usize {
         }
     }
     refused
+}
+
+/// n4 (another plugin's controller) reports on the victim's attachment on n1 under its
+/// own plugin's prefix, which its grant allows: Detached, with a publish context of its
+/// own. The controller takes only the report of the attachment's own plugin: the attachment
+/// must stay as it was (returned, as read before).
+async fn forge_report(
+    s: &Secure,
+    v: &Victim,
+    operator: &Store,
+    rng: &mut fastrand::Rng,
+) -> Attachment {
+    let (vname, _, _) = &v.volumes[0];
+    let n1 = NodeName::new("n1").unwrap();
+    let key = Attachment::key_for(&Namespace::default_ns(), vname, &n1);
+    let att = operator
+        .get(&key)
+        .await
+        .expect("the victim's attachment on n1");
+    assert_eq!(att.status.phase, AttachmentPhase::Attached, "{att:?}");
+    let status = AttachmentStatus {
+        phase: AttachmentPhase::Detached,
+        publish_context: [("forged".to_string(), "by n4".to_string())].into(),
+        ..Default::default()
+    };
+    // Its spec names n4's plugin, as its key does (a spec naming the victim's plugin
+    // under n4's key is malformed: decoding checks an object's key).
+    let mut report = AttachmentReport::of(&att, status);
+    report.spec.plugin_id = PluginId::new("other.example").unwrap();
+    report.metadata.uid = "0b4c2f7e-3d1a-4e5b-9c6d-7a8b9c0d1e2f".into();
+    if rng.bool() {
+        // Or about an attachment it only guesses the uid of.
+        report.spec.attachment_uid = "5f1e2d3c-4b5a-4697-8887-a6b5c4d3e2f1".into();
+    }
+    let at = format!("/moor/attachment-reports/other.example/default/{vname}/n1");
+    let mut raw = s.raw("moor-agent-n4").await;
+    raw.put(at.clone(), serde_json::to_vec(&report).unwrap(), None)
+        .await
+        .unwrap_or_else(|e| panic!("n4 writes its own plugin's report {at}: {e}"));
+    att
 }
 
 /// Reasons of the events n2 forges: no view shows them.
