@@ -987,12 +987,12 @@ async fn forge_report(
     };
     // Its spec names n4's plugin, as its key does (a spec naming the victim's plugin
     // under n4's key is malformed: decoding checks an object's key).
-    let mut report = AttachmentReport::of(&att, status);
+    let mut report = AttachmentReport::of(&att, status, false);
     report.spec.plugin_id = PluginId::new("other.example").unwrap();
     report.metadata.uid = "0b4c2f7e-3d1a-4e5b-9c6d-7a8b9c0d1e2f".into();
     if rng.bool() {
         // Or about an attachment it only guesses the uid of.
-        report.spec.attachment_uid = "5f1e2d3c-4b5a-4697-8887-a6b5c4d3e2f1".into();
+        report.spec.uid = "5f1e2d3c-4b5a-4697-8887-a6b5c4d3e2f1".into();
     }
     let at = format!("/moor/attachment-reports/other.example/default/{vname}/n1");
     let mut raw = s.raw("moor-agent-n4").await;

@@ -116,115 +116,31 @@ impl Attachment {
     }
 }
 
-/// What the agent leading a plugin observed of one of its Attachments: the
-/// attachment's status as that agent keeps it (issue 77, "The controller-plugin agent's
-/// reach" in docs/architecture.md).
-///
-/// An Attachment is written by the controller alone; its status used to be written by
-/// the agent leading its plugin, which therefore held a grant on every attachment of
-/// every plugin and namespace. The agent writes its observations here instead, below
-/// `attachment-reports/PLUGIN/`, a prefix only that plugin's controller nodes may
-/// write; the controller copies a report into its Attachment's status (for every
-/// reader, itself included) and deletes an Attachment whose report says it is
-/// detached. A report counts only for the attachment it names (`attachment_uid`) and
-/// only under the key of that attachment's own plugin.
-///
-/// Writer: the agent leading the plugin. Readers: that agent, the controller.
-/// Key: `attachment-reports/PLUGIN/NS/VOLUME/NODE` (the attachment's key, under its
-/// plugin).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AttachmentReportSpec {
-    /// The plugin whose leader reports.
-    #[serde(default)]
-    pub plugin_id: PluginId,
-    /// The attachment's volume.
-    #[serde(default)]
-    pub volume: VolumeId,
-    /// The attachment's node.
-    #[serde(default)]
-    pub node: NodeName,
-    /// The attachment reported on: one made again under the same key is another.
-    #[serde(default)]
-    pub attachment_uid: Uid,
-}
+impl Reported for AttachmentSpec {
+    type Section = AttachmentStatus;
+    const REPORT_KIND: &'static str = "AttachmentReport";
+    const REPORT_DIR: &'static str = "attachment-reports";
+    const REPORT_ALIASES: &'static [&'static str] = &["attachmentreports"];
+    const REPORT_PHASE: Option<&'static str> = Some("/status/phase");
 
-impl Spec for AttachmentReportSpec {
-    const KIND: &'static str = "AttachmentReport";
-    const DIR: &'static str = "attachment-reports";
-    const NAMESPACED: bool = true;
-    const ALIASES: &'static [&'static str] = &["attachmentreports"];
-    const PHASE: Option<&'static str> = Some("/status/phase");
-    const CHECKED: bool = true;
-    const AGENT: AgentAccess = AgentAccess::OwnPluginWrite;
-    const KEY_SEGMENTS: usize = 4;
-    const KEY_NAMESPACE_FIRST: bool = false;
-    type Status = AttachmentStatus;
-
-    fn key_suffix(&self, meta: &ObjectMeta) -> String {
-        format!(
-            "{}/{}/{}/{}",
-            self.plugin_id, meta.namespace, self.volume, self.node
-        )
+    fn plugin(&self) -> &PluginId {
+        &self.plugin_id
     }
 
-    fn validate(&self, errors: &mut ValidationErrors) {
-        errors.check_id("plugin_id", self.plugin_id.validate());
-        errors.check_id("volume", self.volume.validate());
-        errors.check_id("node", self.node.validate());
+    fn section(status: &AttachmentStatus) -> &AttachmentStatus {
+        status
+    }
+
+    fn section_mut(status: &mut AttachmentStatus) -> &mut AttachmentStatus {
+        status
     }
 }
+
+/// What the agent leading a plugin reports of one of its Attachments (its status as
+/// that agent keeps it): written below `attachment-reports/PLUGIN/`, copied into the
+/// Attachment by the controller, which deletes an Attachment asked to detach once its
+/// report says Detached. See [`ReportSpec`].
+pub type AttachmentReportSpec = ReportSpec<AttachmentSpec>;
 
 /// A report on an attachment.
 pub type AttachmentReport = Object<AttachmentReportSpec>;
-
-impl AttachmentReport {
-    /// The key of plugin `plugin`'s report on the attachment at `att` (that
-    /// attachment's key, whichever plugin it names).
-    pub fn key_for(
-        plugin: &PluginId,
-        att: &ObjectKey<AttachmentSpec>,
-    ) -> ObjectKey<AttachmentReportSpec> {
-        ObjectKey::from_parts(&[plugin, &att.suffix()])
-    }
-
-    /// The report of `att`'s own plugin on it: the only one that counts.
-    pub fn key_of(att: &Attachment) -> ObjectKey<AttachmentReportSpec> {
-        AttachmentReport::key_for(&att.spec.plugin_id, &att.object_key())
-    }
-
-    /// Plugin `plugin`'s reports (what the agent leading it watches).
-    pub fn scope_for(plugin: &PluginId) -> KeyScope<AttachmentReportSpec> {
-        KeyScope::under(plugin)
-    }
-
-    /// A report on `att` with status `status`.
-    pub fn of(att: &Attachment, status: AttachmentStatus) -> AttachmentReport {
-        let spec = AttachmentReportSpec {
-            plugin_id: att.spec.plugin_id.clone(),
-            volume: att.spec.volume.clone(),
-            node: att.spec.node.clone(),
-            attachment_uid: att.metadata.uid.clone(),
-        };
-        let mut r = AttachmentReport::new(&att.metadata.namespace, att.metadata.name.clone(), spec);
-        r.status = status;
-        r
-    }
-
-    /// Whether this report is about `att` (the same object, under its own plugin).
-    pub fn is_about(&self, att: &Attachment) -> bool {
-        self.spec.attachment_uid == att.metadata.uid
-            && self.spec.plugin_id == att.spec.plugin_id
-            && self.key() == AttachmentReport::key_of(att).as_str()
-    }
-}
-
-impl Attachment {
-    /// Its status as `report` says it, when the report is about it; as stored
-    /// otherwise (an attachment no agent of this version reported on yet).
-    pub fn reported(&self, report: Option<&AttachmentReport>) -> AttachmentStatus {
-        match report {
-            Some(r) if r.is_about(self) => r.status.clone(),
-            _ => self.status.clone(),
-        }
-    }
-}

@@ -249,7 +249,7 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 16);
+        assert_eq!(Kind::ALL.len(), 17);
     }
 
     #[test]

@@ -30,6 +30,8 @@
 //!   references per RPC family that volumes, classes and snapshots make to it.
 //! - `ownership`: the Ownership kind: which volume owns each plugin volume, written
 //!   only by the plugin's leader (issue 77).
+//! - `report`: reports, what the plugin's leader observed of an object others write
+//!   (an attachment, a volume), which the controller copies into it (issue 77).
 //! - `status`: what every status shares (conditions, observed generation, last error,
 //!   retry).
 //! - `quantity`: sizes with units, and timestamps.
@@ -60,6 +62,7 @@ mod ownership;
 mod plugin;
 mod quantity;
 mod rare;
+mod report;
 mod schedule;
 mod secret;
 mod secrets;
@@ -94,6 +97,7 @@ pub use ownership::*;
 pub use plugin::*;
 pub use quantity::*;
 pub use rare::*;
+pub use report::*;
 pub use schedule::*;
 pub use secret::*;
 pub use secrets::*;

@@ -47,7 +47,7 @@ pub struct Attacher {
     /// Attachments.
     pub attachments: Informer<Attachment>,
     /// This plugin's reports on them.
-    pub reports: super::reports::Reports,
+    pub reports: super::reports::Reports<AttachmentSpec>,
 }
 
 impl Attacher {
@@ -65,11 +65,7 @@ impl Attacher {
             .owns(events)
             // A report whose attachment is gone is deleted by the attachment's pass.
             .watches(reports, |r: &AttachmentReport| {
-                vec![Attachment::key_for(
-                    &r.metadata.namespace,
-                    &r.spec.volume,
-                    &r.spec.node,
-                )]
+                r.about_key().into_iter().collect()
             })
             // A Secret made or rotated: the attachments of the volumes that name it.
             .watches(secrets, move |s: &Secret| {
@@ -122,7 +118,7 @@ impl Attacher {
         let Some(att) = self.ctx.writer.fresh(&reader, &att.object_key()).await? else {
             return Ok(Action::AwaitChange);
         };
-        let att = self.reports.reported(&att).await?;
+        let (att, _) = self.reports.reported(&att).await?;
         // A step of the trace of the claim the attachment was made for.
         let span = moor::telemetry::step_span(
             "attach",
@@ -171,7 +167,10 @@ impl Attacher {
             .await?;
         let req = requests::controller_publish(att, vol.as_ref(), self.ctx.multi_writer_cap())?;
         // Checkpoint: from here on the volume may be attached.
-        let att = &self.reports.write(att, |st| st.uncertain = true).await?;
+        let att = &self
+            .reports
+            .write(att, false, |st| st.uncertain = true)
+            .await?;
         let csi = self.ctx.csi()?;
         let call = step.call(csi.controller_publish(req));
         match self
@@ -181,7 +180,7 @@ impl Attacher {
         {
             Ok(resp) => {
                 self.reports
-                    .write(att, |st| {
+                    .write(att, false, |st| {
                         st.phase = AttachmentPhase::Attached;
                         st.publish_context = resp.publish_context.clone().into();
                         st.uncertain = false;
@@ -196,7 +195,7 @@ impl Attacher {
                 let uncertain = was_uncertain || failed.is_uncertain();
                 let msg = failed.message();
                 self.reports
-                    .write(att, |st| {
+                    .write(att, false, |st| {
                         st.uncertain = uncertain;
                         failed.record(&mut st.meta);
                         st.meta
@@ -247,7 +246,7 @@ impl Attacher {
             .await
         {
             self.reports
-                .write(att, |st| {
+                .write(att, false, |st| {
                     st.phase = AttachmentPhase::Detaching;
                     failed.record(&mut st.meta);
                 })
@@ -282,7 +281,7 @@ impl Attacher {
     async fn detached(&self, att: &Attachment) -> Result<Action, AttachError> {
         self.ctx.steps.forget(&att.key());
         self.reports
-            .write(att, |st| {
+            .write(att, false, |st| {
                 st.phase = AttachmentPhase::Detached;
                 st.uncertain = false;
                 st.meta.clear_failure();

@@ -1,12 +1,13 @@
-//! The attacher's reports ([`AttachmentReport`]): what the agent leading a plugin keeps
-//! of each of its attachments' status, below its own plugin's prefix, since the
-//! Attachment itself is the controller's to write (issue 77).
+//! The agent's reports ([`ReportSpec`]): what the agent leading a plugin keeps of the
+//! status of each of its attachments (and, with the same rules, of any kind whose
+//! objects others write), below its own plugin's prefix, since the objects themselves
+//! are not its to write (issue 77).
 //!
-//! The status the attacher acts on is its report's, when the report is about the
-//! attachment (the same uid); else the attachment's stored status: one no agent of this
-//! version reported on yet (made before the upgrade, or just made), which only the
-//! controller writes. A report is written with a compare on the revision read (created
-//! if absent), and deleted once its attachment is gone.
+//! The status the agent acts on is its report's, when the report is about the object
+//! (the same uid); else the object's stored status: one no agent of this version
+//! reported on yet (made before the upgrade, or just made). A report is written with a
+//! compare on the revision read (created if absent), and deleted once its object is
+//! gone.
 
 use moor::api::*;
 use moor::runtime::informer::Informer;
@@ -14,55 +15,67 @@ use moor::runtime::writer::Writer;
 use moor::store::StoreError;
 use std::sync::Arc;
 
-/// One plugin's reports, and the writer they are written with.
-#[derive(Clone)]
-pub struct Reports {
-    /// This plugin's reports (`attachment-reports/PLUGIN/`).
-    pub cache: Informer<AttachmentReport>,
+/// One plugin's reports on objects of kind `K`, and the writer they are written with.
+pub struct Reports<K: Reported> {
+    /// This plugin's reports (`REPORT_DIR/PLUGIN/`).
+    pub cache: Informer<Report<K>>,
     /// The plugin leader's fenced writer, tracking the cache.
     pub writer: Writer,
 }
 
-impl Reports {
-    /// The report on `att` as this process last wrote or read it.
-    async fn current(&self, att: &Attachment) -> Result<Option<Arc<AttachmentReport>>, StoreError> {
+impl<K: Reported> Clone for Reports<K> {
+    fn clone(&self) -> Self {
+        Reports {
+            cache: self.cache.clone(),
+            writer: self.writer.clone(),
+        }
+    }
+}
+
+impl<K: Reported> Reports<K> {
+    /// The report on `obj` as this process last wrote or read it.
+    async fn current(&self, obj: &Object<K>) -> Result<Option<Arc<Report<K>>>, StoreError> {
         (self.writer)
-            .fresh(&self.cache.reader(), &AttachmentReport::key_of(att))
+            .fresh(&self.cache.reader(), &Report::key_of(obj))
             .await
     }
 
-    /// `att` with the status its report gives it (see the module's doc).
-    pub async fn reported(&self, att: &Attachment) -> Result<Attachment, StoreError> {
-        let report = self.current(att).await?;
-        let mut a = att.clone();
-        a.status = att.reported(report.as_deref());
-        Ok(a)
+    /// `obj` with the status its report gives it (see the module's doc), and whether
+    /// the report holds the plugin's finalizer.
+    pub async fn reported(&self, obj: &Object<K>) -> Result<(Object<K>, bool), StoreError> {
+        let report = self.current(obj).await?;
+        let mut o = obj.clone();
+        *K::section_mut(&mut o.status) = obj.reported(report.as_deref());
+        Ok((o, obj.held_by(report.as_deref())))
     }
 
-    /// `att`'s status as the cache shows its report (for a look across attachments,
-    /// which an action checks again on the one it acts on).
-    pub fn cached(&self, att: &Attachment) -> AttachmentStatus {
-        let report = self.cache.reader().get(&AttachmentReport::key_of(att));
-        att.reported(report.as_deref())
+    /// `obj`'s reported section as the cache shows its report (for a look across
+    /// objects, which an action checks again on the one it acts on).
+    pub fn cached(&self, obj: &Object<K>) -> K::Section {
+        let report = self.cache.reader().get(&Report::key_of(obj));
+        obj.reported(report.as_deref())
     }
 
-    /// Writes `f` onto the status of `att` (as [`Reports::reported`] gave it) into its
-    /// report; no write when `f` changes nothing. Returns `att` with the new status.
+    /// Writes `f` onto the reported section of `obj` (as [`Reports::reported`] gave
+    /// it) into its report, holding the plugin's finalizer or not (`held`); no write
+    /// when nothing changes. Returns `obj` with the new section.
     pub async fn write(
         &self,
-        att: &Attachment,
-        f: impl Fn(&mut AttachmentStatus),
-    ) -> Result<Attachment, StoreError> {
-        let mut next = att.clone();
-        f(&mut next.status);
-        let mut report = self.current(att).await?;
+        obj: &Object<K>,
+        held: bool,
+        f: impl Fn(&mut K::Section),
+    ) -> Result<Object<K>, StoreError> {
+        let mut next = obj.clone();
+        f(K::section_mut(&mut next.status));
+        let section = K::section(&next.status).clone();
+        let mut report = self.current(obj).await?;
         let mut retry = moor::store::ConflictRetry::default();
         loop {
-            let about = report.as_deref().filter(|r| r.is_about(att));
-            if about.is_some_and(|r| r.status == next.status) {
+            let about = report.as_deref().filter(|r| r.is_about(obj));
+            if about.is_some_and(|r| r.status == section && r.spec.held == held) {
                 return Ok(next);
             }
-            let mut wanted = AttachmentReport::of(att, next.status.clone());
+            let mut wanted = Report::of(obj, section.clone(), held);
             let written = match report.as_deref() {
                 None => self.writer.create(&wanted).await,
                 Some(stored) => {
@@ -75,9 +88,8 @@ impl Reports {
                 Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. })
                     if retry.again().await =>
                 {
-                    // Read again: the base of `f` stays the status it was given,
-                    // which its caller decided on.
-                    let key = AttachmentReport::key_of(att);
+                    // Read again; what is written stays what the caller decided on.
+                    let key = Report::key_of(obj);
                     report = self.writer.store().try_get(&key).await?.map(Arc::new);
                 }
                 Err(e) => return Err(e),
@@ -85,13 +97,10 @@ impl Reports {
         }
     }
 
-    /// Deletes this plugin's report at the key of an attachment that is gone.
-    pub async fn forget(
-        &self,
-        plugin: &PluginId,
-        att: &ObjectKey<AttachmentSpec>,
-    ) -> Result<(), StoreError> {
-        let key = AttachmentReport::key_for(plugin, att);
+    /// Deletes this plugin's report at the key of an object that is gone (or no
+    /// longer its plugin's).
+    pub async fn forget(&self, plugin: &PluginId, key: &ObjectKey<K>) -> Result<(), StoreError> {
+        let key = Report::key_for(plugin, key);
         let Some(report) = self.writer.fresh(&self.cache.reader(), &key).await? else {
             return Ok(());
         };

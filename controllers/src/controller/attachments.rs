@@ -65,11 +65,7 @@ pub async fn run(
         .with_metrics(metrics)
         .owns(inf.attachments.subscribe())
         .watches(reports.subscribe(), |r: &AttachmentReport| {
-            vec![Attachment::key_for(
-                &r.metadata.namespace,
-                &r.spec.volume,
-                &r.spec.node,
-            )]
+            r.about_key().into_iter().collect()
         })
         .run(
             |this: Arc<(Ctx, moor::runtime::reflector::Store<AttachmentReport>)>, key| async move {
@@ -146,7 +142,7 @@ mod tests {
     #[test]
     fn a_report_is_copied_once() {
         let att = attachment("p.example");
-        let report = AttachmentReport::of(&att, attached());
+        let report = AttachmentReport::of(&att, attached(), false);
         assert_eq!(decide(&att, Some(&report)), Mirror::Status(attached()));
         let mut copied = att.clone();
         copied.status = attached();
@@ -160,12 +156,12 @@ mod tests {
         // Another plugin's leader reporting on it, at its own plugin's prefix.
         let mut other = att.clone();
         other.spec.plugin_id = PluginId::new("other.example").unwrap();
-        let forged = AttachmentReport::of(&other, attached());
+        let forged = AttachmentReport::of(&other, attached(), false);
         assert_eq!(decide(&att, Some(&forged)), Mirror::Nothing);
         // A report on an earlier attachment under the same key.
         let mut earlier = att.clone();
         earlier.metadata.uid = "att-0".into();
-        let stale = AttachmentReport::of(&earlier, attached());
+        let stale = AttachmentReport::of(&earlier, attached(), false);
         assert_eq!(decide(&att, Some(&stale)), Mirror::Nothing);
     }
 
@@ -176,7 +172,7 @@ mod tests {
             phase: AttachmentPhase::Detached,
             ..Default::default()
         };
-        let report = AttachmentReport::of(&att, detached.clone());
+        let report = AttachmentReport::of(&att, detached.clone(), false);
         assert_eq!(decide(&att, Some(&report)), Mirror::Status(detached));
         att.spec.detach = true;
         assert_eq!(decide(&att, Some(&report)), Mirror::Delete);

@@ -80,7 +80,7 @@ pub struct Survey {
     /// Attachments.
     pub attachments: Informer<Attachment>,
     /// This plugin's reports on them (their status as the attacher keeps it).
-    pub reports: crate::agent::reports::Reports,
+    pub reports: crate::agent::reports::Reports<AttachmentSpec>,
     /// How often.
     pub every: Duration,
     /// `--unpublish-unknown-attachments`.

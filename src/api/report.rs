@@ -1,0 +1,225 @@
+//! Reports: what the agent leading a plugin observed of one object of a kind whose
+//! request others write (issue 77, "The controller-plugin agent's reach" in
+//! docs/architecture.md).
+//!
+//! An Attachment is the controller's, a Volume its requester's; their status used to be
+//! written by the agent leading their plugin too, which therefore held a grant on every
+//! object of every plugin and namespace. The agent writes what it observes in a report
+//! instead, below `REPORT_DIR/PLUGIN/`, a prefix only that plugin's controller nodes may
+//! write; the controller copies a report into its object (for every reader, itself
+//! included) and acts on what the report asks of the object (a finalizer kept or
+//! dropped, an attachment deleted). A report counts only under the key of the object's
+//! own plugin and only for the object it names by uid: another plugin's agent cannot
+//! report on it, and a report left from an object made again under the same key is not
+//! about the new one.
+//!
+//! Writer: the agent leading the plugin. Readers: that agent, the controller.
+//! Key: `REPORT_DIR/PLUGIN/` and the object's key below its kind's directory.
+
+use serde::{Deserialize, Serialize};
+use std::marker::PhantomData;
+
+use super::*;
+
+/// A kind whose status (or a section of it) the agent leading its plugin reports.
+pub trait Reported: Spec {
+    /// The reported part of the kind's status.
+    type Section: Serialize
+        + serde::de::DeserializeOwned
+        + Clone
+        + Default
+        + PartialEq
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static;
+    /// The report kind's name, e.g. `AttachmentReport`.
+    const REPORT_KIND: &'static str;
+    /// Its key directory, e.g. `attachment-reports`.
+    const REPORT_DIR: &'static str;
+    /// Other names the tools accept for it.
+    const REPORT_ALIASES: &'static [&'static str];
+    /// Where its phase is, if anywhere.
+    const REPORT_PHASE: Option<&'static str>;
+    /// The plugin whose leader reports on the object.
+    fn plugin(&self) -> &PluginId;
+    /// The reported part of a status.
+    fn section(status: &Self::Status) -> &Self::Section;
+    /// The same, to write.
+    fn section_mut(status: &mut Self::Status) -> &mut Self::Section;
+}
+
+/// A report on one object of kind `K`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportSpec<K> {
+    /// The plugin whose leader reports.
+    #[serde(default)]
+    pub plugin_id: PluginId,
+    /// The object's key below its kind's directory (`NS/NAME`; an attachment's
+    /// `NS/VOLUME/NODE`).
+    #[serde(default)]
+    pub object: String,
+    /// The object reported on: one made again under the same key is another.
+    #[serde(default)]
+    pub uid: Uid,
+    /// The plugin's finalizer is to stay on the object (a volume the provisioner is
+    /// creating or has created); false once what it made is gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
+    #[serde(skip)]
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K: Reported> Spec for ReportSpec<K> {
+    const KIND: &'static str = K::REPORT_KIND;
+    const DIR: &'static str = K::REPORT_DIR;
+    const NAMESPACED: bool = true;
+    const ALIASES: &'static [&'static str] = K::REPORT_ALIASES;
+    const PHASE: Option<&'static str> = K::REPORT_PHASE;
+    const CHECKED: bool = true;
+    const AGENT: AgentAccess = AgentAccess::OwnPluginWrite;
+    const KEY_SEGMENTS: usize = 1 + K::KEY_SEGMENTS;
+    const KEY_NAMESPACE_FIRST: bool = false;
+    type Status = K::Section;
+
+    fn key_suffix(&self, _meta: &ObjectMeta) -> String {
+        format!("{}/{}", self.plugin_id, self.object)
+    }
+
+    fn validate(&self, errors: &mut ValidationErrors) {
+        errors.check_id("plugin_id", self.plugin_id.validate());
+        if ObjectKey::<K>::parse(&format!("{}/{}", K::DIR, self.object)).is_err() {
+            errors.push(
+                "object",
+                format!("must be the key of a {} below {}/", K::KIND, K::DIR),
+            );
+        }
+    }
+}
+
+/// A report on an object of kind `K`.
+pub type Report<K> = Object<ReportSpec<K>>;
+
+impl<K: Reported> Object<ReportSpec<K>> {
+    /// The key of plugin `plugin`'s report on the object at `key` (whichever plugin
+    /// that object names).
+    pub fn key_for(plugin: &PluginId, key: &ObjectKey<K>) -> ObjectKey<ReportSpec<K>> {
+        ObjectKey::from_parts(&[plugin, &key.suffix()])
+    }
+
+    /// The report of `obj`'s own plugin on it: the only one that counts.
+    pub fn key_of(obj: &Object<K>) -> ObjectKey<ReportSpec<K>> {
+        Self::key_for(obj.spec.plugin(), &obj.object_key())
+    }
+
+    /// Plugin `plugin`'s reports (what the agent leading it watches).
+    pub fn scope_for(plugin: &PluginId) -> KeyScope<ReportSpec<K>> {
+        KeyScope::under(plugin)
+    }
+
+    /// A report on `obj` saying `section`, holding its finalizer or not.
+    pub fn of(obj: &Object<K>, section: K::Section, held: bool) -> Self {
+        let spec = ReportSpec {
+            plugin_id: obj.spec.plugin().clone(),
+            object: obj.object_key().suffix().to_string(),
+            uid: obj.metadata.uid.clone(),
+            held,
+            kind: PhantomData,
+        };
+        let mut r = Object::new(&obj.metadata.namespace, obj.metadata.name.clone(), spec);
+        r.status = section;
+        r
+    }
+
+    /// The key of the object reported on.
+    pub fn about_key(&self) -> Option<ObjectKey<K>> {
+        ObjectKey::parse(&format!("{}/{}", K::DIR, self.spec.object)).ok()
+    }
+
+    /// Whether this report is about `obj` (the same object, under its own plugin).
+    pub fn is_about(&self, obj: &Object<K>) -> bool {
+        self.spec.uid == obj.metadata.uid
+            && &self.spec.plugin_id == obj.spec.plugin()
+            && self.key() == Self::key_of(obj).as_str()
+    }
+}
+
+impl<K: Reported> Object<K> {
+    /// The reported part of its status as `report` says it, when the report is about
+    /// it; as stored otherwise (an object no agent of this version reported on yet).
+    pub fn reported(&self, report: Option<&Report<K>>) -> K::Section {
+        match report {
+            Some(r) if r.is_about(self) => r.status.clone(),
+            _ => K::section(&self.status).clone(),
+        }
+    }
+
+    /// Whether its plugin's report on it asks that the plugin's finalizer stay.
+    pub fn held_by(&self, report: Option<&Report<K>>) -> bool {
+        report.is_some_and(|r| r.is_about(self) && r.spec.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attachment(plugin: &str, uid: &str) -> Attachment {
+        let spec = AttachmentSpec {
+            volume: VolumeId::new("v").unwrap(),
+            node: NodeName::new("n1").unwrap(),
+            plugin_id: PluginId::new(plugin).unwrap(),
+            external_id: ExternalVolumeId::new("ext").unwrap(),
+            csi_node_id: CsiNodeId::new("n1").unwrap(),
+            capability: VolumeCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            },
+            read_only: false,
+            detach: false,
+            volume_context: None,
+        };
+        let mut a = Attachment::new(&Namespace::default_ns(), Name::new("v.n1").unwrap(), spec);
+        a.metadata.uid = uid.into();
+        a
+    }
+
+    #[test]
+    fn a_report_sits_under_its_plugin_at_its_object_s_key_and_reads_back() {
+        let att = attachment("p.example", "u1");
+        let st = AttachmentStatus {
+            phase: AttachmentPhase::Attached,
+            ..Default::default()
+        };
+        let r = AttachmentReport::of(&att, st.clone(), false);
+        assert_eq!(r.key(), "attachment-reports/p.example/default/v/n1");
+        assert_eq!(r.about_key(), Some(att.object_key()));
+        assert!(r.is_about(&att));
+        assert_eq!(att.reported(Some(&r)), st);
+        assert!(r.validate_stored().is_ok());
+        // Stored and decoded: the same report.
+        let json = serde_json::to_vec(&r).unwrap();
+        let back: AttachmentReport = serde_json::from_slice(&json).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn a_report_on_another_object_or_by_another_plugin_is_not_about_it() {
+        let att = attachment("p.example", "u1");
+        let st = AttachmentStatus {
+            phase: AttachmentPhase::Detached,
+            ..Default::default()
+        };
+        // Made again under the same key.
+        let earlier = AttachmentReport::of(&attachment("p.example", "u0"), st.clone(), false);
+        assert!(!earlier.is_about(&att));
+        assert_eq!(att.reported(Some(&earlier)), att.status);
+        // Another plugin's, under its own prefix.
+        let other = AttachmentReport::of(&attachment("q.example", "u1"), st, true);
+        assert!(!other.is_about(&att) && !att.held_by(Some(&other)));
+        // An object field that is no key of the kind is refused.
+        let mut bad = other.clone();
+        bad.spec.object = "default/v".into();
+        assert!(bad.validate_stored().is_err());
+    }
+}
