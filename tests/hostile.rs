@@ -896,11 +896,11 @@ async fn forge_orphan(s: &Secure, v: &Victim, rng: &mut fastrand::Rng) -> (Strin
 /// (read-only) and the agent hosting another plugin's controller (n4, plugin
 /// `other.example`), each at every key of the victim's that moor acts on and is not
 /// theirs: its requests, claims, mounts, the plugin's ownership records, Secrets,
-/// election and capacity report, its attachments and the plugin's reports on them.
-/// etcd must refuse each write (and each read of the plugin's Secrets); returns how
-/// many it refused. What n4 can still write (every plugin's volumes, snapshots and
+/// election and capacity report, its attachments and volumes and the plugin's reports
+/// on them. etcd must refuse each write (and each read of the plugin's Secrets);
+/// returns how many it refused. What n4 can still write (every plugin's snapshots and
 /// groups: docs/architecture.md, "The controller-plugin agent's reach") is not tried:
-/// it is the open half of issue 77.
+/// it is the open part of issue 77.
 async fn confined(s: &Secure, v: &Victim, seed: u64) -> usize {
     let (vname, _, vext) = &v.volumes[0];
     let record = Ownership::key_for(
@@ -925,9 +925,12 @@ async fn confined(s: &Secure, v: &Victim, seed: u64) -> usize {
         // plugin's report on it (which would say it is attached, or detached).
         format!("attachments/default/{vname}/n1"),
         format!("attachment-reports/{PLUGIN}/default/{vname}/n1"),
+        // The victim's volume (marked deleted, its leader would delete the data) and
+        // the victim plugin's report on it.
+        format!("volumes/default/{vname}"),
+        format!("volume-reports/{PLUGIN}/default/{vname}"),
     ];
     let requests = [
-        format!("volumes/default/{vname}"),
         "snapshots/default/vs1".to_string(),
         "groupsnapshots/default/vg1".to_string(),
     ];
@@ -987,7 +990,7 @@ async fn forge_report(
     };
     // Its spec names n4's plugin, as its key does (a spec naming the victim's plugin
     // under n4's key is malformed: decoding checks an object's key).
-    let mut report = AttachmentReport::of(&att, status, false);
+    let mut report = AttachmentReport::of(&att, status, FinalizerAsk::Unasked);
     report.spec.plugin_id = PluginId::new("other.example").unwrap();
     report.metadata.uid = "0b4c2f7e-3d1a-4e5b-9c6d-7a8b9c0d1e2f".into();
     if rng.bool() {

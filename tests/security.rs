@@ -182,6 +182,36 @@ async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
         .await
         .expect_err("n2 writes a report");
     assert!(denied(&e), "{e}");
+    // Volumes likewise: n1 reads them and reports on its plugin's, writing none (so it
+    // can neither mark another plugin's volume deleted, nor rewrite its spec, nor
+    // add or drop its finalizers).
+    let vol = "/moor/volumes/default/v";
+    n1.get(vol, None)
+        .await
+        .unwrap_or_else(|e| panic!("agent n1 may read {vol}: {e}"));
+    let e = n1
+        .put(vol, "{}", None)
+        .await
+        .expect_err("n1 writes a volume");
+    assert!(denied(&e), "{e}");
+    let e = n1.delete(vol, None).await.expect_err("n1 deletes a volume");
+    assert!(denied(&e), "{e}");
+    let report = "/moor/volume-reports/hostpath.moor.dev/default/v";
+    n1.put(report, "{}", None)
+        .await
+        .unwrap_or_else(|e| panic!("agent n1 may write {report}: {e}"));
+    n1.delete(report, None)
+        .await
+        .expect("n1 removes its report");
+    let e = n1
+        .put(
+            "/moor/volume-reports/other.example.com/default/v",
+            "{}",
+            None,
+        )
+        .await
+        .expect_err("n1 writes another plugin's volume report");
+    assert!(denied(&e), "{e}");
     // Namespace a's edit identity (issue 77): a's requests, nothing of b's, no fact.
     let a = s.store("moor-edit-a", None).await;
     let mut a = a.client();

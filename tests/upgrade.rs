@@ -666,6 +666,31 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
             );
         }
     }
+    // A volume the old agent created (its finalizer added by that agent, no report of
+    // it yet) is deleted through the new one: DeleteVolume, then the controller drops
+    // the finalizer the new agent's report releases.
+    let v1_id = external_ids(&c, &["v1"])
+        .await
+        .into_iter()
+        .next()
+        .expect("v1's id");
+    let key = Volume::key_for(&Namespace::default_ns(), "v1");
+    c.store.delete(&key, None).await.expect("delete v1");
+    wait_for("v1 deleted", T, || async {
+        c.store.try_get(&key).await.unwrap().is_none()
+    })
+    .await;
+    let deleted: Vec<String> = c
+        .nodes
+        .iter()
+        .flat_map(|n| n.calls())
+        .filter(|call| call.rpc == "DeleteVolume")
+        .filter_map(|call| call.volume_id)
+        .collect();
+    assert!(
+        deleted.contains(&v1_id),
+        "DeleteVolume of {v1_id}: {deleted:?}"
+    );
     c.check_calls(true);
 }
 

@@ -99,7 +99,11 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
         exit 1
     fi
     user="moor-agent-$node"
-    ctl role grant-permission "$user" readwrite "${PREFIX}volumes/" --prefix
+    # The volumes of every plugin (read only: the controller writes them).
+    ctl role grant-permission "$user" read "${PREFIX}volumes/" --prefix
+    # Its plugin's volume-reports (read and write; not another plugin's): facts
+    # only the plugin's leader writes.
+    ctl role grant-permission "$user" readwrite "${PREFIX}volume-reports/$plugin/" --prefix
     # The attachments of every plugin (read only: the controller writes them).
     ctl role grant-permission "$user" read "${PREFIX}attachments/" --prefix
     # Its plugin's attachment-reports (read and write; not another plugin's): facts

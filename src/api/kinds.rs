@@ -59,6 +59,7 @@ macro_rules! for_each_kind {
     ($m:ident) => {
         $m! {
             Volume(VolumeSpec),
+            VolumeReport(VolumeReportSpec),
             VolumeClass(VolumeClassSpec),
             Allocation(AllocationSpec),
             Claim(ClaimSpec),
@@ -249,7 +250,7 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 17);
+        assert_eq!(Kind::ALL.len(), 18);
     }
 
     #[test]

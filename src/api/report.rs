@@ -49,6 +49,29 @@ pub trait Reported: Spec {
     fn section_mut(status: &mut Self::Status) -> &mut Self::Section;
 }
 
+/// What a report asks of the plugin's finalizer on its object, which the controller
+/// alone adds and removes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinalizerAsk {
+    /// Nothing: the finalizer stays as it is (an attachment; a volume an older agent
+    /// made, whose finalizer that agent added).
+    #[default]
+    Unasked,
+    /// Add it, before the plugin makes anything (a volume about to be created).
+    Hold,
+    /// What the plugin made is gone (or kept on purpose): remove it from the object
+    /// being deleted.
+    Released,
+}
+
+impl FinalizerAsk {
+    /// Whether nothing is asked.
+    pub fn is_unasked(&self) -> bool {
+        *self == FinalizerAsk::Unasked
+    }
+}
+
 /// A report on one object of kind `K`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReportSpec<K> {
@@ -62,10 +85,9 @@ pub struct ReportSpec<K> {
     /// The object reported on: one made again under the same key is another.
     #[serde(default)]
     pub uid: Uid,
-    /// The plugin's finalizer is to stay on the object (a volume the provisioner is
-    /// creating or has created); false once what it made is gone.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub held: bool,
+    /// What the plugin asks of its finalizer on the object.
+    #[serde(default, skip_serializing_if = "FinalizerAsk::is_unasked")]
+    pub finalizer: FinalizerAsk,
     #[serde(skip)]
     kind: PhantomData<fn() -> K>,
 }
@@ -117,13 +139,14 @@ impl<K: Reported> Object<ReportSpec<K>> {
         KeyScope::under(plugin)
     }
 
-    /// A report on `obj` saying `section`, holding its finalizer or not.
-    pub fn of(obj: &Object<K>, section: K::Section, held: bool) -> Self {
+    /// A report on `obj` saying `section`, asking `finalizer` of the plugin's
+    /// finalizer.
+    pub fn of(obj: &Object<K>, section: K::Section, finalizer: FinalizerAsk) -> Self {
         let spec = ReportSpec {
             plugin_id: obj.spec.plugin().clone(),
             object: obj.object_key().suffix().to_string(),
             uid: obj.metadata.uid.clone(),
-            held,
+            finalizer,
             kind: PhantomData,
         };
         let mut r = Object::new(&obj.metadata.namespace, obj.metadata.name.clone(), spec);
@@ -154,9 +177,12 @@ impl<K: Reported> Object<K> {
         }
     }
 
-    /// Whether its plugin's report on it asks that the plugin's finalizer stay.
-    pub fn held_by(&self, report: Option<&Report<K>>) -> bool {
-        report.is_some_and(|r| r.is_about(self) && r.spec.held)
+    /// What its plugin's report on it asks of the plugin's finalizer.
+    pub fn finalizer_asked(&self, report: Option<&Report<K>>) -> FinalizerAsk {
+        match report {
+            Some(r) if r.is_about(self) => r.spec.finalizer,
+            _ => FinalizerAsk::Unasked,
+        }
     }
 }
 
@@ -191,7 +217,7 @@ mod tests {
             phase: AttachmentPhase::Attached,
             ..Default::default()
         };
-        let r = AttachmentReport::of(&att, st.clone(), false);
+        let r = AttachmentReport::of(&att, st.clone(), FinalizerAsk::Unasked);
         assert_eq!(r.key(), "attachment-reports/p.example/default/v/n1");
         assert_eq!(r.about_key(), Some(att.object_key()));
         assert!(r.is_about(&att));
@@ -211,12 +237,18 @@ mod tests {
             ..Default::default()
         };
         // Made again under the same key.
-        let earlier = AttachmentReport::of(&attachment("p.example", "u0"), st.clone(), false);
+        let earlier = AttachmentReport::of(
+            &attachment("p.example", "u0"),
+            st.clone(),
+            FinalizerAsk::Unasked,
+        );
         assert!(!earlier.is_about(&att));
         assert_eq!(att.reported(Some(&earlier)), att.status);
         // Another plugin's, under its own prefix.
-        let other = AttachmentReport::of(&attachment("q.example", "u1"), st, true);
-        assert!(!other.is_about(&att) && !att.held_by(Some(&other)));
+        let other =
+            AttachmentReport::of(&attachment("q.example", "u1"), st, FinalizerAsk::Released);
+        assert!(!other.is_about(&att));
+        assert_eq!(att.finalizer_asked(Some(&other)), FinalizerAsk::Unasked);
         // An object field that is no key of the kind is refused.
         let mut bad = other.clone();
         bad.spec.object = "default/v".into();

@@ -231,7 +231,7 @@ impl Spec for VolumeSpec {
     const ALIASES: &'static [&'static str] = &["vol", "vols"];
     const PHASE: Option<&'static str> = Some("/status/provisioning/phase");
     const CHECKED: bool = true;
-    const AGENT: AgentAccess = AgentAccess::ControllerPlugin;
+    const AGENT: AgentAccess = AgentAccess::ControllerPluginRead;
     type Status = VolumeStatus;
 
     fn deletion_refused(&self) -> Option<&'static str> {
@@ -452,6 +452,36 @@ pub struct VolumeClaimsStatus {
 
 /// A volume object.
 pub type Volume = Object<VolumeSpec>;
+
+impl Reported for VolumeSpec {
+    type Section = ProvisioningStatus;
+    const REPORT_KIND: &'static str = "VolumeReport";
+    const REPORT_DIR: &'static str = "volume-reports";
+    const REPORT_ALIASES: &'static [&'static str] = &["volumereports"];
+    const REPORT_PHASE: Option<&'static str> = Some("/status/phase");
+
+    fn plugin(&self) -> &PluginId {
+        &self.plugin_id
+    }
+
+    fn section(status: &VolumeStatus) -> &ProvisioningStatus {
+        &status.provisioning
+    }
+
+    fn section_mut(status: &mut VolumeStatus) -> &mut ProvisioningStatus {
+        &mut status.provisioning
+    }
+}
+
+/// What the agent leading a plugin reports of one of its Volumes: the provisioner's
+/// section of its status (`status.provisioning`) and what it asks of its finalizer,
+/// written below `volume-reports/PLUGIN/`; the controller copies the section into the
+/// Volume and adds or removes the `moor.dev/provisioner` finalizer as asked. See
+/// [`ReportSpec`].
+pub type VolumeReportSpec = ReportSpec<VolumeSpec>;
+
+/// A report on a volume.
+pub type VolumeReport = Object<VolumeReportSpec>;
 
 impl Volume {
     /// The key of volume `name` in `ns`.

@@ -118,7 +118,7 @@ impl Attacher {
         let Some(att) = self.ctx.writer.fresh(&reader, &att.object_key()).await? else {
             return Ok(Action::AwaitChange);
         };
-        let (att, _) = self.reports.reported(&att).await?;
+        let att = self.reports.reported(&att).await?;
         // A step of the trace of the claim the attachment was made for.
         let span = moor::telemetry::step_span(
             "attach",
@@ -169,7 +169,7 @@ impl Attacher {
         // Checkpoint: from here on the volume may be attached.
         let att = &self
             .reports
-            .write(att, false, |st| st.uncertain = true)
+            .write(att, None, |st| st.uncertain = true)
             .await?;
         let csi = self.ctx.csi()?;
         let call = step.call(csi.controller_publish(req));
@@ -180,7 +180,7 @@ impl Attacher {
         {
             Ok(resp) => {
                 self.reports
-                    .write(att, false, |st| {
+                    .write(att, None, |st| {
                         st.phase = AttachmentPhase::Attached;
                         st.publish_context = resp.publish_context.clone().into();
                         st.uncertain = false;
@@ -195,7 +195,7 @@ impl Attacher {
                 let uncertain = was_uncertain || failed.is_uncertain();
                 let msg = failed.message();
                 self.reports
-                    .write(att, false, |st| {
+                    .write(att, None, |st| {
                         st.uncertain = uncertain;
                         failed.record(&mut st.meta);
                         st.meta
@@ -246,7 +246,7 @@ impl Attacher {
             .await
         {
             self.reports
-                .write(att, false, |st| {
+                .write(att, None, |st| {
                     st.phase = AttachmentPhase::Detaching;
                     failed.record(&mut st.meta);
                 })
@@ -281,7 +281,7 @@ impl Attacher {
     async fn detached(&self, att: &Attachment) -> Result<Action, AttachError> {
         self.ctx.steps.forget(&att.key());
         self.reports
-            .write(att, false, |st| {
+            .write(att, None, |st| {
                 st.phase = AttachmentPhase::Detached;
                 st.uncertain = false;
                 st.meta.clear_failure();

@@ -257,11 +257,17 @@ impl ControllerPluginCtx {
             AttachmentReport::scope_for(&self.plugin.id),
             stop.clone(),
         );
+        let volume_reports = Informer::<VolumeReport>::spawn(
+            self.reads.clone(),
+            VolumeReport::scope_for(&self.plugin.id),
+            stop.clone(),
+        );
         self.writer = self
             .writer
             .tracking_as::<VolumeSpec, _>(&volumes.reader())
             .tracking(&attachments.reader())
             .tracking(&reports.reader())
+            .tracking(&volume_reports.reader())
             .tracking(&snapshots.reader())
             .tracking(&groups.reader());
         let granted = Informer::<Ownership>::spawn_filtered(
@@ -270,11 +276,16 @@ impl ControllerPluginCtx {
             Arc::new(|o: &Ownership| o.spec.chosen || !o.spec.shared_with.is_empty()),
             stop.clone(),
         );
+        let volume_reports = super::reports::Reports {
+            cache: volume_reports,
+            writer: self.writer.clone(),
+        };
         let prov = provisioner::Provisioner {
             ctx: self.clone(),
             volumes: volumes.clone(),
             snapshots: snapshots.clone(),
             granted,
+            reports: volume_reports.clone(),
         };
         let group = group_snapshotter::GroupSnapshotter {
             ctx: self.clone(),
@@ -296,6 +307,7 @@ impl ControllerPluginCtx {
             volumes: volumes.clone(),
             attachments: attachments.clone(),
             reports: reports.clone(),
+            volume_reports,
             every: self.survey_interval,
             unpublish_unknown: self.unpublish_unknown,
         };
@@ -305,12 +317,14 @@ impl ControllerPluginCtx {
             attachments,
             reports,
         };
+        // Each on the heap: together they outgrow a worker thread's stack (debug
+        // builds keep every await point's locals).
         tokio::join!(
-            prov.run(metrics.controller("provisioner"), stop.clone()),
-            snap.run(metrics.controller("snapshotter"), stop.clone()),
-            group.run(metrics.controller("group-snapshotter"), stop.clone()),
-            survey.run(stop.clone()),
-            att.run(metrics.controller("attacher"), stop)
+            Box::pin(prov.run(metrics.controller("provisioner"), stop.clone())),
+            Box::pin(snap.run(metrics.controller("snapshotter"), stop.clone())),
+            Box::pin(group.run(metrics.controller("group-snapshotter"), stop.clone())),
+            Box::pin(survey.run(stop.clone())),
+            Box::pin(att.run(metrics.controller("attacher"), stop))
         );
     }
 }

@@ -40,13 +40,20 @@ impl<K: Reported> Reports<K> {
             .await
     }
 
-    /// `obj` with the status its report gives it (see the module's doc), and whether
-    /// the report holds the plugin's finalizer.
-    pub async fn reported(&self, obj: &Object<K>) -> Result<(Object<K>, bool), StoreError> {
+    /// `obj` with the status its report gives it (see the module's doc).
+    pub async fn reported(&self, obj: &Object<K>) -> Result<Object<K>, StoreError> {
+        Ok(self.reported_asking(obj).await?.0)
+    }
+
+    /// [`Reports::reported`], and what the report asks of the plugin's finalizer.
+    pub async fn reported_asking(
+        &self,
+        obj: &Object<K>,
+    ) -> Result<(Object<K>, FinalizerAsk), StoreError> {
         let report = self.current(obj).await?;
         let mut o = obj.clone();
         *K::section_mut(&mut o.status) = obj.reported(report.as_deref());
-        Ok((o, obj.held_by(report.as_deref())))
+        Ok((o, obj.finalizer_asked(report.as_deref())))
     }
 
     /// `obj`'s reported section as the cache shows its report (for a look across
@@ -56,26 +63,29 @@ impl<K: Reported> Reports<K> {
         obj.reported(report.as_deref())
     }
 
-    /// Writes `f` onto the reported section of `obj` (as [`Reports::reported`] gave
-    /// it) into its report, holding the plugin's finalizer or not (`held`); no write
-    /// when nothing changes. Returns `obj` with the new section.
+    /// Writes `f` onto the reported section of `obj` as its report holds it now (a
+    /// read-modify-write: the survey and the step reconcilers write the same report),
+    /// asking `finalizer` of the plugin's finalizer (`None`: what the report asks
+    /// already); no write when nothing changes. Returns `obj` with the new section.
     pub async fn write(
         &self,
         obj: &Object<K>,
-        held: bool,
-        f: impl Fn(&mut K::Section),
+        finalizer: Option<FinalizerAsk>,
+        mut f: impl FnMut(&mut K::Section),
     ) -> Result<Object<K>, StoreError> {
-        let mut next = obj.clone();
-        f(K::section_mut(&mut next.status));
-        let section = K::section(&next.status).clone();
         let mut report = self.current(obj).await?;
         let mut retry = moor::store::ConflictRetry::default();
         loop {
+            let mut section = obj.reported(report.as_deref());
+            f(&mut section);
+            let asked = finalizer.unwrap_or_else(|| obj.finalizer_asked(report.as_deref()));
+            let mut next = obj.clone();
+            *K::section_mut(&mut next.status) = section.clone();
             let about = report.as_deref().filter(|r| r.is_about(obj));
-            if about.is_some_and(|r| r.status == section && r.spec.held == held) {
+            if about.is_some_and(|r| r.status == section && r.spec.finalizer == asked) {
                 return Ok(next);
             }
-            let mut wanted = Report::of(obj, section.clone(), held);
+            let mut wanted = Report::of(obj, section, asked);
             let written = match report.as_deref() {
                 None => self.writer.create(&wanted).await,
                 Some(stored) => {
@@ -88,7 +98,6 @@ impl<K: Reported> Reports<K> {
                 Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. })
                     if retry.again().await =>
                 {
-                    // Read again; what is written stays what the caller decided on.
                     let key = Report::key_of(obj);
                     report = self.writer.store().try_get(&key).await?.map(Arc::new);
                 }

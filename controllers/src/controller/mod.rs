@@ -17,8 +17,9 @@
 //! - [`allocations`]: allocation → claims (and template volumes), the allocation's
 //!   phase.
 //! - [`claims`]: admission, attach requests, the node's permission, release.
-//! - [`attachments`]: what the agents leading plugins report of their attachments,
-//!   copied into them; a detached one deleted.
+//! - [`reports`]: what the agents leading plugins report of their attachments and
+//!   volumes, copied into them (a finalizer added or removed, a detached attachment
+//!   deleted).
 //! - [`volumes`]: the claims finalizer, ephemeral volumes, `schedulable`, health on
 //!   nodes.
 //! - [`plugins`]: one Plugin per plugin id, aggregated from the Nodes.
@@ -32,13 +33,13 @@
 //!   next step needs it).
 
 pub mod allocations;
-pub mod attachments;
 pub mod claims;
 pub mod context;
 pub mod gauges;
 pub mod nodes;
 pub mod plan;
 pub mod plugins;
+pub mod reports;
 pub mod reseal;
 pub mod schedules;
 pub mod volume_view;
@@ -177,7 +178,10 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
     let schedules =
         Informer::<SnapshotSchedule>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let snapshots = Informer::<Snapshot>::spawn(reads.clone(), KeyScope::all(), stop.clone());
-    let reports = Informer::<AttachmentReport>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let attachment_reports =
+        Informer::<AttachmentReport>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let volume_reports =
+        Informer::<VolumeReport>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let ctx = shared(reads, fenced, &informers, &args);
     let config = moor::runtime::controller::Config {
         concurrency: args.concurrency,
@@ -226,14 +230,24 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
             metrics.controller("allocations"),
             stop.clone()
         ),
-        attachments::run(
+        Box::pin(reports::run(
             ctx.clone(),
-            &informers,
-            reports,
+            attachment_reports,
+            |ctx: Ctx, key| async move { ctx.writer.fresh(&ctx.attachments, &key).await },
+            reports::attachment,
             config.clone(),
             metrics.controller("attachment-reports"),
             stop.clone()
-        ),
+        )),
+        Box::pin(reports::run(
+            ctx.clone(),
+            volume_reports,
+            |ctx: Ctx, key| async move { ctx.whole_volume(&key).await },
+            reports::volume,
+            config.clone(),
+            metrics.controller("volume-reports"),
+            stop.clone()
+        )),
         volumes::run(
             ctx.clone(),
             &informers,

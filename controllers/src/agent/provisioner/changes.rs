@@ -176,18 +176,14 @@ impl Provisioner {
             "the request is met by the volume's capacity {}: no expansion is owed",
             Size(capacity)
         );
-        self.ctx
-            .writer
-            .modify_status(&vol.object_key(), |_, st| {
-                let p = &mut st.provisioning;
-                if p.meta.retry.as_ref().is_some_and(|r| r.step == STEP) {
-                    p.meta.clear_failure();
-                }
-                p.meta
-                    .set_condition(EXPANDED, true, "ExpansionWithdrawn", &message);
-                true
-            })
-            .await?;
+        self.provisioning(vol, |p| {
+            if p.meta.retry.as_ref().is_some_and(|r| r.step == STEP) {
+                p.meta.clear_failure();
+            }
+            p.meta
+                .set_condition(EXPANDED, true, "ExpansionWithdrawn", &message);
+        })
+        .await?;
         self.event(
             vol,
             "Volume expansion withdrawn",
@@ -238,17 +234,13 @@ impl Provisioner {
         mut f: impl FnMut(&mut ProvisioningStatus),
     ) -> Result<(), ProvisionError> {
         let generation = vol.metadata.generation;
-        self.ctx
-            .writer
-            .modify_status(&vol.object_key(), |_, st| {
-                let p = &mut st.provisioning;
-                f(p);
-                p.meta.clear_failure();
-                p.meta.observed_generation = generation;
-                p.meta.set_condition(condition, true, step, message);
-                true
-            })
-            .await?;
+        self.provisioning(vol, |p| {
+            f(p);
+            p.meta.clear_failure();
+            p.meta.observed_generation = generation;
+            p.meta.set_condition(condition, true, step, message);
+        })
+        .await?;
         Ok(())
     }
 
@@ -264,18 +256,14 @@ impl Provisioner {
         let msg = failed.message();
         let refused = condition == VALIDATED && failed.is_final();
         let reason = format!("{}Failed", failed.failure.step);
-        self.ctx
-            .writer
-            .modify_status(&vol.object_key(), |_, st| {
-                let p = &mut st.provisioning;
-                if refused {
-                    p.phase = VolumePhase::Failed;
-                }
-                failed.record(&mut p.meta);
-                p.meta.set_condition(condition, false, &reason, &msg);
-                true
-            })
-            .await?;
+        self.provisioning(vol, |p| {
+            if refused {
+                p.phase = VolumePhase::Failed;
+            }
+            failed.record(&mut p.meta);
+            p.meta.set_condition(condition, false, &reason, &msg);
+        })
+        .await?;
         let reason = match condition {
             VALIDATED => "Volume validation failed",
             EXPANDED => "Volume expansion failed",

@@ -89,6 +89,9 @@ pub struct Provisioner {
     /// The plugin's ownership records an operator wrote to (shared, or an owner
     /// chosen): few, and each wakes the registrations of its id.
     pub granted: Informer<Ownership>,
+    /// This plugin's reports on its volumes: what it writes of their provisioning
+    /// (the Volume is its requester's, and the controller's to copy into).
+    pub reports: crate::agent::reports::Reports<VolumeSpec>,
 }
 
 impl Provisioner {
@@ -127,6 +130,7 @@ impl Provisioner {
         };
         let secrets = self.ctx.secrets.subscribe();
         let granted = self.granted.subscribe();
+        let reports = self.reports.cache.subscribe();
         let registering = reader.clone();
         let naming = reader.clone();
         let plugin = self.ctx.plugin.id.clone();
@@ -134,6 +138,10 @@ impl Provisioner {
         Controller::new("provisioner", reader, Config::default())
             .with_metrics(metrics)
             .owns(events)
+            // A report whose volume is gone is deleted by the volume's pass.
+            .watches(reports, |r: &VolumeReport| {
+                r.about_key().into_iter().collect()
+            })
             // A Secret made or rotated: the volumes that name it (one waiting for it).
             .watches(secrets, move |s: &Secret| {
                 ControllerPluginCtx::naming(&naming, &plugin, s)
@@ -184,10 +192,15 @@ impl Provisioner {
     async fn reconcile(&self, key: ObjectKey<VolumeSpec>) -> Result<Action, ProvisionError> {
         let reader = self.volumes.reader();
         reader.wait_until_ready().await;
+        self.reports.cache.reader().wait_until_ready().await;
         // A volume at rest owes nothing whatever the plugin says.
         let vol_key = match reader.get(&key) {
             Some(v) if !v.at_rest => v.object_key(),
-            _ => return Ok(Action::AwaitChange),
+            Some(_) => return Ok(Action::AwaitChange),
+            None => {
+                self.reports.forget(&self.ctx.plugin.id, &key).await?;
+                return Ok(Action::AwaitChange);
+            }
         };
         let _guard = self.ctx.locks.lock(vol_key.as_str()).await;
         // Something may be owed: decide on the whole volume its view holds, unless the
@@ -196,8 +209,18 @@ impl Provisioner {
         let held = reader.get(&vol_key).and_then(|v| v.whole.clone());
         let vol = match self.ctx.writer.current(&reader, &vol_key, held).await? {
             Some(v) if v.spec.plugin_id == self.ctx.plugin.id => v,
-            _ => return Ok(Action::AwaitChange),
+            _ => {
+                self.reports.forget(&self.ctx.plugin.id, &key).await?;
+                return Ok(Action::AwaitChange);
+            }
         };
+        // What this plugin reported of it, not what its key says (its requester's).
+        let (vol, asked) = self.reports.reported_asking(&vol).await?;
+        if vol.is_deleting() && asked == FinalizerAsk::Released {
+            // Released: the controller drops the finalizer.
+            return Ok(Action::AwaitChange);
+        }
+        let vol = Arc::new(vol);
         let caps = self.ctx.supervisor.status(&self.ctx.plugin.id);
         let known = caps
             .as_ref()
@@ -213,9 +236,10 @@ impl Provisioner {
             Step::Nothing => Ok(Action::AwaitChange),
             Step::Validate => self.validate(&vol).await,
             Step::AddFinalizer => {
-                let mut v = (*vol).clone();
-                v.metadata.finalizers.push(FINALIZER.into());
-                self.ctx.writer.replace(&v).await?;
+                // The controller adds it; created only once it is there.
+                (self.reports)
+                    .write(&vol, Some(FinalizerAsk::Hold), |_| {})
+                    .await?;
                 Ok(Action::AwaitChange)
             }
             Step::Create => self.create(&vol).await,
@@ -251,15 +275,10 @@ impl Provisioner {
         reason: &'static str,
         message: String,
     ) -> Result<Action, ProvisionError> {
-        self.ctx
-            .writer
-            .modify_status(&vol.object_key(), |_, st| {
-                st.provisioning
-                    .meta
-                    .set_condition(condition, false, reason, &message);
-                true
-            })
-            .await?;
+        self.provisioning(vol, |p| {
+            p.meta.set_condition(condition, false, reason, &message);
+        })
+        .await?;
         self.event(vol, reason, EventType::Warning, message).await;
         Ok(Action::AwaitChange)
     }
@@ -339,12 +358,7 @@ impl Provisioner {
         }
         let for_call = self.ctx.for_family(vol, SecretFamily::Controller).await?;
         let req = requests::create_volume(&for_call, source, self.ctx.multi_writer_cap())?;
-        self.ctx
-            .writer
-            .modify_status(&vol.object_key(), |_, st| {
-                st.provisioning.phase = VolumePhase::Creating;
-                true
-            })
+        self.provisioning(vol, |p| p.phase = VolumePhase::Creating)
             .await?;
         let csi = self.ctx.csi()?.about(object_ref(vol));
         match step.call(csi.create_volume(req)).await {
@@ -395,15 +409,11 @@ impl Provisioner {
                 c.type_ == "Created" && c.reason == "WaitingForSource" && c.message == why
             });
         if !shown {
-            self.ctx
-                .writer
-                .modify_status(&vol.object_key(), |_, st| {
-                    st.provisioning
-                        .meta
-                        .set_condition("Created", false, "WaitingForSource", &why);
-                    true
-                })
-                .await?;
+            self.provisioning(vol, |p| {
+                p.meta
+                    .set_condition("Created", false, "WaitingForSource", &why);
+            })
+            .await?;
         }
         Ok(Action::Requeue(std::time::Duration::from_secs(2)))
     }
@@ -413,23 +423,19 @@ impl Provisioner {
     async fn created(&self, vol: &Volume, created: v1::Volume) -> Result<Action, ProvisionError> {
         let ext = ExternalVolumeId::new(created.volume_id.clone())
             .map_err(|_| ProvisionError::NoVolume)?;
-        self.ctx
-            .writer
-            .modify_status(&vol.object_key(), |_, st| {
-                let p = &mut st.provisioning;
-                p.phase = VolumePhase::Ready;
-                p.external_id = Some(ext.clone());
-                let facts = provisioned(&created);
-                p.capacity_bytes = facts.capacity_bytes;
-                p.volume_context = facts.volume_context;
-                p.accessible_topology = facts.accessible_topology;
-                p.meta.clear_failure();
-                p.mutable_parameters = vol.spec.mutable_parameters.clone();
-                p.meta.observed_generation = vol.metadata.generation;
-                p.meta.set_condition("Created", true, "CreateVolume", "");
-                true
-            })
-            .await?;
+        self.provisioning(vol, |p| {
+            p.phase = VolumePhase::Ready;
+            p.external_id = Some(ext.clone());
+            let facts = provisioned(&created);
+            p.capacity_bytes = facts.capacity_bytes;
+            p.volume_context = facts.volume_context;
+            p.accessible_topology = facts.accessible_topology;
+            p.meta.clear_failure();
+            p.mutable_parameters = vol.spec.mutable_parameters.clone();
+            p.meta.observed_generation = vol.metadata.generation;
+            p.meta.set_condition("Created", true, "CreateVolume", "");
+        })
+        .await?;
         self.event(
             vol,
             "Volume created",
@@ -447,20 +453,16 @@ impl Provisioner {
         let msg = moor::process::error_chain(&crate::agent::step_error::StepError::Csi(
             failed.error.clone(),
         ));
-        self.ctx
-            .writer
-            .modify_status(&vol.object_key(), |_, st| {
-                if failed.is_final() {
-                    st.provisioning.phase = VolumePhase::Failed;
-                }
-                failed.record(&mut st.provisioning.meta);
-                st.provisioning.meta.last_error = Some(msg.clone());
-                st.provisioning
-                    .meta
-                    .set_condition("Created", false, "CreateVolumeFailed", &msg);
-                true
-            })
-            .await?;
+        self.provisioning(vol, |p| {
+            if failed.is_final() {
+                p.phase = VolumePhase::Failed;
+            }
+            failed.record(&mut p.meta);
+            p.meta.last_error = Some(msg.clone());
+            p.meta
+                .set_condition("Created", false, "CreateVolumeFailed", &msg);
+        })
+        .await?;
         self.event(vol, "Volume create failed", EventType::Warning, msg)
             .await;
         Ok(Action::Requeue(failed.retry_in))
@@ -564,13 +566,8 @@ impl Provisioner {
         if let Some(ext) = &ext {
             self.drop_ownership(vol, ext).await?;
         }
-        // The volume is gone from the plugin: drop our finalizer even if the object
-        // changed meanwhile, rather than calling DeleteVolume again after a conflict.
-        // (Its deletion: the cache still shows it until the watch says so.)
-        self.ctx
-            .writer
-            .remove_finalizer(&vol.object_key(), FINALIZER)
-            .await?;
+        // The volume is gone from the plugin: the controller drops our finalizer.
+        self.released(vol).await?;
         Ok(Action::AwaitChange)
     }
 
@@ -585,22 +582,14 @@ impl Provisioner {
             format!("the plugin volume its status names is {why}: no DeleteVolume; only the volume is deleted"),
         )
         .await;
-        self.ctx
-            .writer
-            .remove_finalizer(&vol.object_key(), FINALIZER)
-            .await?;
+        self.released(vol).await?;
         Ok(Action::AwaitChange)
     }
 
     /// A step of the deletion failed: shown on the status (its step, attempts and next
     /// retry) and in a Warning; looked at again when its schedule says.
     async fn delete_failed(&self, vol: &Volume, failed: Failed) -> Result<Action, ProvisionError> {
-        self.ctx
-            .writer
-            .modify_status(&vol.object_key(), |_, st| {
-                failed.record(&mut st.provisioning.meta);
-                true
-            })
+        self.provisioning(vol, |p| failed.record(&mut p.meta))
             .await?;
         self.event(
             vol,
@@ -610,6 +599,25 @@ impl Provisioner {
         )
         .await;
         Ok(Action::Requeue(failed.retry_in))
+    }
+
+    /// Writes `f` onto the volume's provisioning, into this plugin's report on it.
+    pub(super) async fn provisioning(
+        &self,
+        vol: &Volume,
+        f: impl FnMut(&mut ProvisioningStatus),
+    ) -> Result<Volume, StoreError> {
+        self.reports.write(vol, None, f).await
+    }
+
+    /// Reports what this plugin made of the volume gone (or kept on purpose): the
+    /// controller drops the provisioner's finalizer. Read again first: the step
+    /// that led here may have written the report since `vol` was read.
+    async fn released(&self, vol: &Volume) -> Result<(), StoreError> {
+        self.reports
+            .write(vol, Some(FinalizerAsk::Released), |_| {})
+            .await?;
+        Ok(())
     }
 
     async fn event(&self, vol: &Volume, reason: &str, type_: EventType, message: String) {

@@ -63,7 +63,7 @@ impl Survey {
             .await;
         let reader = self.attachments.reader();
         let stored = match self.ctx.writer.fresh(&reader, &att.object_key()).await {
-            Ok(Some(att)) => self.reports.reported(&att).await.map(|(a, _)| Some(a)),
+            Ok(Some(att)) => self.reports.reported(&att).await.map(Some),
             other => other.map(|_| None),
         };
         let att = match stored {
@@ -80,7 +80,7 @@ impl Survey {
         );
         let r = self
             .reports
-            .write(&att, false, |st| {
+            .write(&att, None, |st| {
                 st.phase = AttachmentPhase::Pending;
                 st.meta
                     .set_condition("Attached", false, "NotListedByPlugin", &msg);

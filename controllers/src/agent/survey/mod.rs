@@ -81,6 +81,9 @@ pub struct Survey {
     pub attachments: Informer<Attachment>,
     /// This plugin's reports on them (their status as the attacher keeps it).
     pub reports: crate::agent::reports::Reports<AttachmentSpec>,
+    /// This plugin's reports on its volumes (the conditions it finds are written
+    /// there).
+    pub volume_reports: crate::agent::reports::Reports<VolumeSpec>,
     /// How often.
     pub every: Duration,
     /// `--unpublish-unknown-attachments`.
@@ -178,16 +181,22 @@ impl Survey {
         normal: Vec<(&'static str, String)>,
     ) {
         if !set.is_empty() {
-            let r = self
-                .ctx
-                .writer
-                .modify_status(&vol.object_key(), |_, st| {
-                    for (t, status, reason, msg) in &set {
-                        st.provisioning.meta.set_condition(t, *status, reason, msg);
-                    }
-                    true
-                })
-                .await;
+            // Into this plugin's report on the volume (read whole: a view is not a
+            // base to write from).
+            let key = vol.object_key();
+            let r = match self.ctx.writer.store().try_get(&key).await {
+                Ok(Some(whole)) if whole.spec.plugin_id == self.ctx.plugin.id => self
+                    .volume_reports
+                    .write(&whole, None, |p| {
+                        for (t, status, reason, msg) in &set {
+                            p.meta.set_condition(t, *status, reason, msg);
+                        }
+                    })
+                    .await
+                    .map(|_| ()),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            };
             if let Err(e) = r {
                 tracing::warn!(volume = %vol.key(), error = %e, "survey write");
             }
