@@ -28,6 +28,8 @@
 //! - [`context`]: what the executors of a led controller plugin share.
 //! - [`step_error`]: what their passes fail with.
 //! - [`owners`]: the ownership records of a led plugin's ids (issue 77).
+//! - [`reports`]: what a led plugin observes of its attachments and volumes, written
+//!   in its reports (issue 77).
 
 pub mod attacher;
 pub mod config;

@@ -6,7 +6,8 @@
 //!    one [`moor::runtime::writer::Writer`] over the leader's fenced store, and deciding
 //!    through the pure functions of [`plan`]: [`allocations`] (allocation → claims,
 //!    allocation status), [`claims`] (admission, attach requests, publish permission,
-//!    release), [`volumes`] (the claims finalizer, schedulable), [`plugins`]
+//!    release), [`reports`] (what the plugins' leaders report of attachments and
+//!    volumes, copied into them), [`volumes`] (the claims finalizer, schedulable), [`plugins`]
 //!    (aggregation), [`reseal`] (secrets stored in plain text or under an old key,
 //!    rewritten sealed), [`nodes`] (a Node its agent stopped renewing is removed), and
 //!    [`gauges`] (the cluster's claims and plugins as metrics, for alerts).
