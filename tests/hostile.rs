@@ -965,9 +965,9 @@ async fn confined(s: &Secure, v: &Victim, seed: u64) -> usize {
     refused
 }
 
-/// n4 (another plugin's controller) reports on the victim's attachment on n1 under its
-/// own plugin's prefix, which its grant allows: Detached, with a publish context of its
-/// own. The controller takes only the report of the attachment's own plugin: the attachment
+/// n4 (another plugin's controller) reports on the victim's attachment on n1 and on its
+/// volume under its own plugin's prefix, which its grant allows: Detached, with a
+/// publish context of its own; Failed, another id, released. The controller takes only the report of the attachment's own plugin: the attachment
 /// must stay as it was (returned, as read before).
 async fn forge_report(
     s: &Secure,
@@ -999,6 +999,25 @@ async fn forge_report(
     }
     let at = format!("/moor/attachment-reports/other.example/default/{vname}/n1");
     let mut raw = s.raw("moor-agent-n4").await;
+    raw.put(at.clone(), serde_json::to_vec(&report).unwrap(), None)
+        .await
+        .unwrap_or_else(|e| panic!("n4 writes its own plugin's report {at}: {e}"));
+    // And on the victim's volume: failed, naming another plugin volume, released (the
+    // controller would drop the provisioner's finalizer). `check_victim` finds the
+    // volume Ready with its own id and record.
+    let vol = operator
+        .get(&Volume::key_for(&Namespace::default_ns(), vname))
+        .await
+        .expect("the victim's volume");
+    let forged = ProvisioningStatus {
+        phase: VolumePhase::Failed,
+        external_id: Some(ExternalVolumeId::new("forged-by-n4").unwrap()),
+        ..Default::default()
+    };
+    let mut report = VolumeReport::of(&vol, forged, FinalizerAsk::Released);
+    report.spec.plugin_id = PluginId::new("other.example").unwrap();
+    report.metadata.uid = "1c5d3e8f-4e2b-4f6c-8d7e-8b9cad1e2f30".into();
+    let at = format!("/moor/volume-reports/other.example/default/{vname}");
     raw.put(at.clone(), serde_json::to_vec(&report).unwrap(), None)
         .await
         .unwrap_or_else(|e| panic!("n4 writes its own plugin's report {at}: {e}"));

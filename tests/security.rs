@@ -145,73 +145,43 @@ async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
     n1.delete(record, None)
         .await
         .expect("n1 removes its record");
-    // Attachments (issue 77): the controller writes them; n1, which leads the plugin,
-    // reads them and writes its plugin's reports on them, not another plugin's (so it
-    // can neither publish a volume of another plugin to a node of its choosing nor
-    // say one is attached); n2 neither.
-    let att = "/moor/attachments/default/v/n2";
-    n1.get(att, None)
-        .await
-        .unwrap_or_else(|e| panic!("agent n1 may read {att}: {e}"));
-    let e = n1
-        .put(att, "{}", None)
-        .await
-        .expect_err("n1 writes an attachment");
-    assert!(denied(&e), "{e}");
-    let e = n1
-        .delete(att, None)
-        .await
-        .expect_err("n1 deletes an attachment");
-    assert!(denied(&e), "{e}");
-    let report = "/moor/attachment-reports/hostpath.moor.dev/default/v/n2";
-    n1.put(report, "{}", None)
-        .await
-        .unwrap_or_else(|e| panic!("agent n1 may write {report}: {e}"));
-    n1.delete(report, None)
-        .await
-        .expect("n1 removes its report");
-    for key in [
-        "/moor/attachment-reports/other.example.com/default/v/n2",
-        "/moor/attachment-reports/hostpath.moor.devx/default/v/n2",
+    // Attachments and volumes (issue 77): the controller writes them; n1, which leads
+    // the plugin, reads them and writes its plugin's reports on them, not another
+    // plugin's (so it can neither publish another plugin's volume to a node of its
+    // choosing, nor say one is attached, nor mark one deleted, rewrite its spec or
+    // drop its finalizers); n2 none of it.
+    for (object, report) in [
+        (
+            "attachments/default/v/n2",
+            "attachment-reports/PLUGIN/default/v/n2",
+        ),
+        ("volumes/default/v", "volume-reports/PLUGIN/default/v"),
     ] {
-        let e = n1.put(key, "{}", None).await.expect_err(key);
-        assert!(denied(&e), "{key}: {e}");
+        let object = format!("/moor/{object}");
+        n1.get(object.clone(), None)
+            .await
+            .unwrap_or_else(|e| panic!("agent n1 may read {object}: {e}"));
+        let put = n1.put(object.clone(), "{}", None).await;
+        let delete = n1.delete(object.clone(), None).await;
+        for refused in [put.map(|_| ()), delete.map(|_| ())] {
+            let e = refused.expect_err(&object);
+            assert!(denied(&e), "{object}: {e}");
+        }
+        let mine = format!("/moor/{}", report.replace("PLUGIN", "hostpath.moor.dev"));
+        n1.put(mine.clone(), "{}", None)
+            .await
+            .unwrap_or_else(|e| panic!("agent n1 may write {mine}: {e}"));
+        n1.delete(mine.clone(), None)
+            .await
+            .expect("n1 removes its report");
+        for other in ["other.example.com", "hostpath.moor.devx"] {
+            let key = format!("/moor/{}", report.replace("PLUGIN", other));
+            let e = n1.put(key.clone(), "{}", None).await.expect_err(&key);
+            assert!(denied(&e), "{key}: {e}");
+        }
+        let e = n2.put(mine.clone(), "{}", None).await.expect_err(&mine);
+        assert!(denied(&e), "n2 writes {mine}: {e}");
     }
-    let e = n2
-        .put(report, "{}", None)
-        .await
-        .expect_err("n2 writes a report");
-    assert!(denied(&e), "{e}");
-    // Volumes likewise: n1 reads them and reports on its plugin's, writing none (so it
-    // can neither mark another plugin's volume deleted, nor rewrite its spec, nor
-    // add or drop its finalizers).
-    let vol = "/moor/volumes/default/v";
-    n1.get(vol, None)
-        .await
-        .unwrap_or_else(|e| panic!("agent n1 may read {vol}: {e}"));
-    let e = n1
-        .put(vol, "{}", None)
-        .await
-        .expect_err("n1 writes a volume");
-    assert!(denied(&e), "{e}");
-    let e = n1.delete(vol, None).await.expect_err("n1 deletes a volume");
-    assert!(denied(&e), "{e}");
-    let report = "/moor/volume-reports/hostpath.moor.dev/default/v";
-    n1.put(report, "{}", None)
-        .await
-        .unwrap_or_else(|e| panic!("agent n1 may write {report}: {e}"));
-    n1.delete(report, None)
-        .await
-        .expect("n1 removes its report");
-    let e = n1
-        .put(
-            "/moor/volume-reports/other.example.com/default/v",
-            "{}",
-            None,
-        )
-        .await
-        .expect_err("n1 writes another plugin's volume report");
-    assert!(denied(&e), "{e}");
     // Namespace a's edit identity (issue 77): a's requests, nothing of b's, no fact.
     let a = s.store("moor-edit-a", None).await;
     let mut a = a.client();

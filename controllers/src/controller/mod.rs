@@ -243,7 +243,11 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         Box::pin(reports::run(
             ctx.clone(),
             volume_reports,
-            |ctx: Ctx, key| async move { ctx.whole_volume(&key).await },
+            // Read from the store, never the cache: the report was written after
+            // its agent saw the volume (made, or marked deleted), which this
+            // process's cache may not show yet, and no later report would bring the
+            // pass again (the agent waits for the finalizer's change).
+            |ctx: Ctx, key| async move { Ok(ctx.writer.store().try_get(&key).await?.map(Arc::new)) },
             reports::volume,
             config.clone(),
             metrics.controller("volume-reports"),

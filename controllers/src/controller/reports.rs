@@ -102,7 +102,12 @@ struct Copier<K: Reported, R> {
 }
 
 /// Runs the copy of `K`'s reports until `stop`: `read` gives an object as stored now
-/// (or as this process last wrote it), `decide` what its report asks of it.
+/// (or as this process last wrote it), `decide` what its report asks of it. `read`
+/// must not take an object its cache lacks or shows older for gone or unchanged: a
+/// report is written after its agent saw the object as stored, and nothing but the
+/// next report brings the pass again (attachments: only this process writes them, so
+/// its own last write is as new as anything an agent saw; volumes: read from the
+/// store).
 pub async fn run<K, R, Fut>(
     ctx: Ctx,
     reports: Informer<Report<K>>,
@@ -167,22 +172,8 @@ mod tests {
     use super::*;
 
     fn attachment_of(plugin: &str) -> Attachment {
-        let spec = AttachmentSpec {
-            volume: VolumeId::new("v").unwrap(),
-            node: NodeName::new("n1").unwrap(),
-            plugin_id: PluginId::new(plugin).unwrap(),
-            external_id: ExternalVolumeId::new("ext").unwrap(),
-            csi_node_id: CsiNodeId::new("n1").unwrap(),
-            capability: VolumeCapability {
-                access_mode: AccessMode::SingleNodeWriter,
-                attachment_mode: AttachmentMode::FileSystem,
-            },
-            read_only: false,
-            detach: false,
-            volume_context: None,
-        };
-        let mut a = Attachment::new(&Namespace::default_ns(), Name::new("v.n1").unwrap(), spec);
-        a.metadata.uid = "att-1".into();
+        let mut a = crate::controller::plan::tests::attachment(AccessMode::SingleNodeWriter, false);
+        a.spec.plugin_id = PluginId::new(plugin).unwrap();
         a
     }
 

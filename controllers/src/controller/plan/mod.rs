@@ -284,7 +284,7 @@ pub fn node_done(i: &NodeInputs) -> NodeDone {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn claim(mode: ClaimMode, access: AccessMode) -> Claim {
@@ -330,7 +330,8 @@ mod tests {
         n
     }
 
-    fn attachment(access: AccessMode, attached: bool) -> Attachment {
+    /// An attachment of volume v1 to n1 (plugin `p`, uid `att-1`), Attached or not.
+    pub(crate) fn attachment(access: AccessMode, attached: bool) -> Attachment {
         let mut a = Attachment::new(
             &Namespace::default_ns(),
             Name::new("v1.n1").unwrap(),
