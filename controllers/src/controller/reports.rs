@@ -133,6 +133,12 @@ pub async fn run<K, R, Fut>(
         .owns(reports.subscribe())
         .run(
             |this: Arc<Copier<K, R>>, key: ObjectKey<ReportSpec<K>>| async move {
+                // Every cache listed first: a read of an attachment through a cache
+                // not listed yet finds nothing, and the pass would end there (seen in
+                // the benchmark's controller restart: 70 of 300 attachments never
+                // copied).
+                this.ctx.ready().await;
+                this.cache.wait_until_ready().await;
                 let Some(report) = this.cache.get(&key) else {
                     return Ok(Action::AwaitChange);
                 };
