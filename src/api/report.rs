@@ -171,18 +171,21 @@ impl<K: Reported> Object<K> {
     /// The reported part of its status as `report` says it, when the report is about
     /// it; as stored otherwise (an object no agent of this version reported on yet).
     pub fn reported(&self, report: Option<&Report<K>>) -> K::Section {
-        match report {
-            Some(r) if r.is_about(self) => r.status.clone(),
-            _ => K::section(&self.status).clone(),
+        match self.about(report) {
+            Some(r) => r.status.clone(),
+            None => K::section(&self.status).clone(),
         }
     }
 
     /// What its plugin's report on it asks of the plugin's finalizer.
     pub fn finalizer_asked(&self, report: Option<&Report<K>>) -> FinalizerAsk {
-        match report {
-            Some(r) if r.is_about(self) => r.spec.finalizer,
-            _ => FinalizerAsk::Unasked,
-        }
+        self.about(report)
+            .map_or(FinalizerAsk::Unasked, |r| r.spec.finalizer)
+    }
+
+    /// `report`, if it is about this object.
+    fn about<'r>(&self, report: Option<&'r Report<K>>) -> Option<&'r Report<K>> {
+        report.filter(|r| r.is_about(self))
     }
 }
 

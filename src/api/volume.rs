@@ -453,6 +453,11 @@ pub struct VolumeClaimsStatus {
 /// A volume object.
 pub type Volume = Object<VolumeSpec>;
 
+/// The finalizer that holds a created volume's deletion until its plugin's leader
+/// reports it released (after DeleteVolume): the controller adds and removes it as
+/// that leader's [`VolumeReport`] asks.
+pub const PROVISIONER_FINALIZER: &str = "moor.dev/provisioner";
+
 impl Reported for VolumeSpec {
     type Section = ProvisioningStatus;
     const REPORT_KIND: &'static str = "VolumeReport";

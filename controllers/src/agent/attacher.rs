@@ -213,7 +213,7 @@ impl Attacher {
     /// an OK (or NotFound: the volume or node is gone). Any other answer keeps the
     /// Attachment, so the reverse stays owed and is retried on the step's schedule.
     async fn detach(&self, att: &Attachment) -> Result<Action, AttachError> {
-        if !owes_unpublish(att) {
+        if !owes_unpublish(&att.status) {
             return self.detached(att).await;
         }
         // Another volume naming the same plugin volume (a second registration, one
@@ -272,7 +272,7 @@ impl Attacher {
                     && other.spec.csi_node_id == att.spec.csi_node_id
                     && !other.spec.detach
                     && !other.is_deleting()
-                    && owes_unpublish_status(&self.reports.cached(other))
+                    && owes_unpublish(&self.reports.cached(other))
             })
     }
 
@@ -328,13 +328,10 @@ fn plugin_volume(a: &Attachment) -> String {
     format!("{}\n{}", a.spec.plugin_id, a.spec.external_id)
 }
 
-/// Whether `att`'s plugin volume is or may be published to its node (Attached, a
-/// detach under way, or an uncertain publish): a ControllerUnpublish is owed.
-fn owes_unpublish(att: &Attachment) -> bool {
-    owes_unpublish_status(&att.status)
-}
-
-fn owes_unpublish_status(st: &AttachmentStatus) -> bool {
+/// Whether an attachment with status `st` has its plugin volume (or may) published to
+/// its node (Attached, a detach under way, or an uncertain publish): a
+/// ControllerUnpublish is owed.
+fn owes_unpublish(st: &AttachmentStatus) -> bool {
     matches!(
         st.phase,
         AttachmentPhase::Attached | AttachmentPhase::Detaching

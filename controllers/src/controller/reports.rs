@@ -50,10 +50,6 @@ pub fn attachment(att: &Attachment, report: &AttachmentReport) -> Mirror<Attachm
     copied(att, report)
 }
 
-/// The provisioner's finalizer on a created volume, which the controller adds and
-/// removes as the plugin's report asks.
-pub const PROVISIONER_FINALIZER: &str = "moor.dev/provisioner";
-
 /// What a Volume takes from its report: `status.provisioning`, and the provisioner's
 /// finalizer added before a creation (never to a volume being deleted) or removed
 /// once released (only from a volume being deleted).

@@ -39,7 +39,7 @@ use crate::agent::context::ControllerPluginCtx;
 use crate::common::object_ref;
 
 /// The finalizer that holds a created volume's deletion until DeleteVolume.
-pub const FINALIZER: &str = "moor.dev/provisioner";
+pub const FINALIZER: &str = PROVISIONER_FINALIZER;
 /// The controller's finalizer (held while claims remain).
 pub const CLAIMS_FINALIZER: &str = "moor.dev/claims";
 

@@ -181,10 +181,12 @@ impl Survey {
         normal: Vec<(&'static str, String)>,
     ) {
         if !set.is_empty() {
-            // Into this plugin's report on the volume (read whole: a view is not a
-            // base to write from).
-            let key = vol.object_key();
-            let r = match self.ctx.writer.store().try_get(&key).await {
+            // Into this plugin's report on the volume, written from the whole volume
+            // (a view is not a base to write from): the view's own while it keeps
+            // it, else this process's last write or a read.
+            let (reader, key) = (self.volumes.reader(), vol.object_key());
+            let whole = self.ctx.writer.current(&reader, &key, vol.whole.clone());
+            let r = match whole.await {
                 Ok(Some(whole)) if whole.spec.plugin_id == self.ctx.plugin.id => self
                     .volume_reports
                     .write(&whole, None, |p| {
