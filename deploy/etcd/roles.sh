@@ -109,8 +109,16 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     # Its plugin's attachment-reports (read and write; not another plugin's): facts
     # only the plugin's leader writes.
     ctl role grant-permission "$user" readwrite "${PREFIX}attachment-reports/$plugin/" --prefix
-    ctl role grant-permission "$user" readwrite "${PREFIX}snapshots/" --prefix
-    ctl role grant-permission "$user" readwrite "${PREFIX}groupsnapshots/" --prefix
+    # The snapshots of every plugin (read only: the controller writes them).
+    ctl role grant-permission "$user" read "${PREFIX}snapshots/" --prefix
+    # Its plugin's snapshot-reports (read and write; not another plugin's): facts
+    # only the plugin's leader writes.
+    ctl role grant-permission "$user" readwrite "${PREFIX}snapshot-reports/$plugin/" --prefix
+    # The groupsnapshots of every plugin (read only: the controller writes them).
+    ctl role grant-permission "$user" read "${PREFIX}groupsnapshots/" --prefix
+    # Its plugin's groupsnapshot-reports (read and write; not another plugin's): facts
+    # only the plugin's leader writes.
+    ctl role grant-permission "$user" readwrite "${PREFIX}groupsnapshot-reports/$plugin/" --prefix
     # Its plugin's secrets (read only; not another plugin's).
     ctl role grant-permission "$user" read "${PREFIX}secrets/$plugin/" --prefix
     # Its plugin's owners (read and write; not another plugin's): facts

@@ -286,6 +286,22 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
             col("FINALIZER", |v| text(v, "/spec/finalizer")),
             col("AGE", age),
         ],
+        Kind::SnapshotReport => vec![
+            col("PLUGIN", |v| text(v, "/spec/plugin_id")),
+            col("SNAPSHOT", |v| text(v, "/spec/object")),
+            col("PHASE", |v| text(v, "/status/phase")),
+            col("SNAPSHOT ID", |v| text(v, "/status/snapshot_id")),
+            col("FINALIZER", |v| text(v, "/spec/finalizer")),
+            col("AGE", age),
+        ],
+        Kind::VolumeGroupSnapshotReport => vec![
+            col("PLUGIN", |v| text(v, "/spec/plugin_id")),
+            col("GROUP", |v| text(v, "/spec/object")),
+            col("PHASE", |v| text(v, "/status/phase")),
+            col("GROUP ID", |v| text(v, "/status/group_snapshot_id")),
+            col("FINALIZER", |v| text(v, "/spec/finalizer")),
+            col("AGE", age),
+        ],
         Kind::AttachmentReport => vec![
             col("PLUGIN", |v| text(v, "/spec/plugin_id")),
             col("ATTACHMENT", |v| text(v, "/spec/object")),

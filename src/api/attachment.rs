@@ -123,10 +123,6 @@ impl Reported for AttachmentSpec {
     const REPORT_ALIASES: &'static [&'static str] = &["attachmentreports"];
     const REPORT_PHASE: Option<&'static str> = Some("/status/phase");
 
-    fn plugin(&self) -> &PluginId {
-        &self.plugin_id
-    }
-
     fn section(status: &AttachmentStatus) -> &AttachmentStatus {
         status
     }

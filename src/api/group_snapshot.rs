@@ -9,9 +9,10 @@
 //! Snapshot, which of N objects owns the call, and when the set is complete, would be
 //! decided by coordination across objects; here one object owns both.
 //!
-//! Writers: the user owns `spec`; the group snapshotter (run by the agent leading the
-//! volumes' controller plugin) owns `status`, the `moor.dev/group-snapshotter`
-//! finalizer and the member Snapshots it creates.
+//! Writers: the user owns `spec`; the controller owns `status`, the
+//! `moor.dev/group-snapshotter` finalizer and the member Snapshots, copied from, asked
+//! by and listed in the report of the group snapshotter (run by the agent leading the
+//! volumes' controller plugin), [`VolumeGroupSnapshotReport`].
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,7 +48,7 @@ impl Spec for VolumeGroupSnapshotSpec {
     const ALIASES: &'static [&'static str] = &["vgs", "groupsnapshot", "groupsnap"];
     const PHASE: Option<&'static str> = Some("/status/phase");
     const CHECKED: bool = true;
-    const AGENT: AgentAccess = AgentAccess::ControllerPlugin;
+    const AGENT: AgentAccess = AgentAccess::ControllerPluginRead;
     type Status = VolumeGroupSnapshotStatus;
 
     fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
@@ -194,3 +195,38 @@ mod tests {
         assert!(g.member_name(&long).is_err());
     }
 }
+
+/// The finalizer that holds a group's deletion until its plugin let it go
+/// (DeleteVolumeGroupSnapshot, or the id kept): the controller adds and removes it as
+/// the group snapshotter's report asks, and deletes the group's member Snapshots
+/// before removing it.
+pub const GROUP_SNAPSHOTTER_FINALIZER: &str = "moor.dev/group-snapshotter";
+
+/// The condition the controller sets on a group once it made its member Snapshots.
+pub const MEMBERS_CREATED: &str = "MembersCreated";
+
+impl Reported for VolumeGroupSnapshotSpec {
+    type Section = VolumeGroupSnapshotStatus;
+    const REPORT_KIND: &'static str = "VolumeGroupSnapshotReport";
+    const REPORT_DIR: &'static str = "groupsnapshot-reports";
+    const REPORT_ALIASES: &'static [&'static str] = &["groupsnapshotreports"];
+    const REPORT_PHASE: Option<&'static str> = Some("/status/phase");
+
+    fn section(status: &VolumeGroupSnapshotStatus) -> &VolumeGroupSnapshotStatus {
+        status
+    }
+
+    fn section_mut(status: &mut VolumeGroupSnapshotStatus) -> &mut VolumeGroupSnapshotStatus {
+        status
+    }
+}
+
+/// What the agent leading a group's plugin reports of it (its status, what it asks of
+/// the group snapshotter's finalizer): written below `groupsnapshot-reports/PLUGIN/`,
+/// copied into the group by the controller when PLUGIN is the group's (the one its
+/// status records, else its first volume's), which then makes the member Snapshots
+/// the status lists. See [`ReportSpec`].
+pub type VolumeGroupSnapshotReportSpec = ReportSpec<VolumeGroupSnapshotSpec>;
+
+/// A report on a group snapshot.
+pub type VolumeGroupSnapshotReport = Object<VolumeGroupSnapshotReportSpec>;

@@ -71,7 +71,9 @@ macro_rules! for_each_kind {
             Plugin(PluginSpec),
             Event(EventSpec),
             Snapshot(SnapshotSpec),
+            SnapshotReport(SnapshotReportSpec),
             VolumeGroupSnapshot(VolumeGroupSnapshotSpec),
+            VolumeGroupSnapshotReport(VolumeGroupSnapshotReportSpec),
             SnapshotSchedule(SnapshotScheduleSpec),
             Secret(SecretSpec),
             Lease(LeaseSpec),
@@ -250,7 +252,7 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 18);
+        assert_eq!(Kind::ALL.len(), 20);
     }
 
     #[test]

@@ -41,8 +41,6 @@ pub trait Reported: Spec {
     const REPORT_ALIASES: &'static [&'static str];
     /// Where its phase is, if anywhere.
     const REPORT_PHASE: Option<&'static str>;
-    /// The plugin whose leader reports on the object.
-    fn plugin(&self) -> &PluginId;
     /// The reported part of a status.
     fn section(status: &Self::Status) -> &Self::Section;
     /// The same, to write.
@@ -123,15 +121,9 @@ impl<K: Reported> Spec for ReportSpec<K> {
 pub type Report<K> = Object<ReportSpec<K>>;
 
 impl<K: Reported> Object<ReportSpec<K>> {
-    /// The key of plugin `plugin`'s report on the object at `key` (whichever plugin
-    /// that object names).
+    /// The key of plugin `plugin`'s report on the object at `key`.
     pub fn key_for(plugin: &PluginId, key: &ObjectKey<K>) -> ObjectKey<ReportSpec<K>> {
         ObjectKey::from_parts(&[plugin, &key.suffix()])
-    }
-
-    /// The report of `obj`'s own plugin on it: the only one that counts.
-    pub fn key_of(obj: &Object<K>) -> ObjectKey<ReportSpec<K>> {
-        Self::key_for(obj.spec.plugin(), &obj.object_key())
     }
 
     /// Plugin `plugin`'s reports (what the agent leading it watches).
@@ -139,11 +131,16 @@ impl<K: Reported> Object<ReportSpec<K>> {
         KeyScope::under(plugin)
     }
 
-    /// A report on `obj` saying `section`, asking `finalizer` of the plugin's
-    /// finalizer.
-    pub fn of(obj: &Object<K>, section: K::Section, finalizer: FinalizerAsk) -> Self {
+    /// Plugin `plugin`'s report on `obj` saying `section`, asking `finalizer` of the
+    /// plugin's finalizer.
+    pub fn of(
+        plugin: &PluginId,
+        obj: &Object<K>,
+        section: K::Section,
+        finalizer: FinalizerAsk,
+    ) -> Self {
         let spec = ReportSpec {
-            plugin_id: obj.spec.plugin().clone(),
+            plugin_id: plugin.clone(),
             object: obj.object_key().suffix().to_string(),
             uid: obj.metadata.uid.clone(),
             finalizer,
@@ -159,33 +156,33 @@ impl<K: Reported> Object<ReportSpec<K>> {
         ObjectKey::parse(&format!("{}/{}", K::DIR, self.spec.object)).ok()
     }
 
-    /// Whether this report is about `obj` (the same object, under its own plugin).
-    pub fn is_about(&self, obj: &Object<K>) -> bool {
+    /// Whether this is plugin `plugin`'s report on `obj` (the same object, under that
+    /// plugin's key). It counts only when `plugin` is the object's own, which its
+    /// reader knows: an attachment and a volume name it, a snapshot and a group are
+    /// their volumes' plugin's until their status records the plugin that holds them.
+    pub fn is_about(&self, obj: &Object<K>, plugin: &PluginId) -> bool {
         self.spec.uid == obj.metadata.uid
-            && &self.spec.plugin_id == obj.spec.plugin()
-            && self.key() == Self::key_of(obj).as_str()
+            && &self.spec.plugin_id == plugin
+            && self.key() == Self::key_for(plugin, &obj.object_key()).as_str()
     }
 }
 
 impl<K: Reported> Object<K> {
-    /// The reported part of its status as `report` says it, when the report is about
-    /// it; as stored otherwise (an object no agent of this version reported on yet).
-    pub fn reported(&self, report: Option<&Report<K>>) -> K::Section {
-        match self.about(report) {
+    /// The reported part of its status as plugin `plugin`'s `report` says it, when the
+    /// report is about it; as stored otherwise (an object no agent of this version
+    /// reported on yet).
+    pub fn reported(&self, plugin: &PluginId, report: Option<&Report<K>>) -> K::Section {
+        match report.filter(|r| r.is_about(self, plugin)) {
             Some(r) => r.status.clone(),
             None => K::section(&self.status).clone(),
         }
     }
 
-    /// What its plugin's report on it asks of the plugin's finalizer.
-    pub fn finalizer_asked(&self, report: Option<&Report<K>>) -> FinalizerAsk {
-        self.about(report)
+    /// What plugin `plugin`'s report on it asks of the plugin's finalizer.
+    pub fn finalizer_asked(&self, plugin: &PluginId, report: Option<&Report<K>>) -> FinalizerAsk {
+        report
+            .filter(|r| r.is_about(self, plugin))
             .map_or(FinalizerAsk::Unasked, |r| r.spec.finalizer)
-    }
-
-    /// `report`, if it is about this object.
-    fn about<'r>(&self, report: Option<&'r Report<K>>) -> Option<&'r Report<K>> {
-        report.filter(|r| r.is_about(self))
     }
 }
 
@@ -220,11 +217,12 @@ mod tests {
             phase: AttachmentPhase::Attached,
             ..Default::default()
         };
-        let r = AttachmentReport::of(&att, st.clone(), FinalizerAsk::Unasked);
+        let p = att.spec.plugin_id.clone();
+        let r = AttachmentReport::of(&p, &att, st.clone(), FinalizerAsk::Unasked);
         assert_eq!(r.key(), "attachment-reports/p.example/default/v/n1");
         assert_eq!(r.about_key(), Some(att.object_key()));
-        assert!(r.is_about(&att));
-        assert_eq!(att.reported(Some(&r)), st);
+        assert!(r.is_about(&att, &p));
+        assert_eq!(att.reported(&p, Some(&r)), st);
         assert!(r.validate_stored().is_ok());
         // Stored and decoded: the same report.
         let json = serde_json::to_vec(&r).unwrap();
@@ -239,19 +237,21 @@ mod tests {
             phase: AttachmentPhase::Detached,
             ..Default::default()
         };
+        let p = att.spec.plugin_id.clone();
         // Made again under the same key.
         let earlier = AttachmentReport::of(
+            &p,
             &attachment("p.example", "u0"),
             st.clone(),
             FinalizerAsk::Unasked,
         );
-        assert!(!earlier.is_about(&att));
-        assert_eq!(att.reported(Some(&earlier)), att.status);
+        assert!(!earlier.is_about(&att, &p));
+        assert_eq!(att.reported(&p, Some(&earlier)), att.status);
         // Another plugin's, under its own prefix.
-        let other =
-            AttachmentReport::of(&attachment("q.example", "u1"), st, FinalizerAsk::Released);
-        assert!(!other.is_about(&att));
-        assert_eq!(att.finalizer_asked(Some(&other)), FinalizerAsk::Unasked);
+        let q = PluginId::new("q.example").unwrap();
+        let other = AttachmentReport::of(&q, &att, st, FinalizerAsk::Released);
+        assert!(!other.is_about(&att, &p));
+        assert_eq!(att.finalizer_asked(&p, Some(&other)), FinalizerAsk::Unasked);
         // An object field that is no key of the kind is refused.
         let mut bad = other.clone();
         bad.spec.object = "default/v".into();

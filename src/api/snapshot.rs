@@ -2,8 +2,11 @@
 //! (CreateSnapshot) and deleted through it (DeleteSnapshot). A Volume restores one with
 //! `spec.source: {snapshot: NAME}`.
 //!
-//! Writers: the user owns `spec`; the snapshotter (run by the agent leading the
-//! volume's controller plugin) owns `status` and the `moor.dev/snapshotter` finalizer.
+//! Writers: the user owns `spec`; the controller owns `status` and the
+//! `moor.dev/snapshotter` finalizer, copied from and asked by the report of the
+//! snapshotter (run by the agent leading the volume's controller plugin),
+//! [`SnapshotReport`]; the controller also makes and deletes a group's member
+//! Snapshots.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -62,7 +65,7 @@ impl Spec for SnapshotSpec {
     const ALIASES: &'static [&'static str] = &["snap", "snaps"];
     const PHASE: Option<&'static str> = Some("/status/phase");
     const CHECKED: bool = true;
-    const AGENT: AgentAccess = AgentAccess::ControllerPlugin;
+    const AGENT: AgentAccess = AgentAccess::ControllerPluginRead;
     type Status = SnapshotStatus;
 
     fn secret_fields(&mut self) -> Vec<SecretField<'_>> {
@@ -146,3 +149,34 @@ impl Snapshot {
         ObjectKey::from_parts(&[ns, &name])
     }
 }
+
+/// The finalizer that holds a snapshot's deletion until its plugin let it go
+/// (DeleteSnapshot, or the id kept): the controller adds and removes it as the
+/// snapshotter's report asks.
+pub const SNAPSHOTTER_FINALIZER: &str = "moor.dev/snapshotter";
+
+impl Reported for SnapshotSpec {
+    type Section = SnapshotStatus;
+    const REPORT_KIND: &'static str = "SnapshotReport";
+    const REPORT_DIR: &'static str = "snapshot-reports";
+    const REPORT_ALIASES: &'static [&'static str] = &["snapshotreports"];
+    const REPORT_PHASE: Option<&'static str> = Some("/status/phase");
+
+    fn section(status: &SnapshotStatus) -> &SnapshotStatus {
+        status
+    }
+
+    fn section_mut(status: &mut SnapshotStatus) -> &mut SnapshotStatus {
+        status
+    }
+}
+
+/// What the agent leading a snapshot's plugin reports of it (its status as that agent
+/// keeps it, and what it asks of the snapshotter's finalizer): written below
+/// `snapshot-reports/PLUGIN/`, copied into the Snapshot by the controller when PLUGIN
+/// is the snapshot's (the one its status records, else its volume's). See
+/// [`ReportSpec`].
+pub type SnapshotReportSpec = ReportSpec<SnapshotSpec>;
+
+/// A report on a snapshot.
+pub type SnapshotReport = Object<SnapshotReportSpec>;

@@ -465,10 +465,6 @@ impl Reported for VolumeSpec {
     const REPORT_ALIASES: &'static [&'static str] = &["volumereports"];
     const REPORT_PHASE: Option<&'static str> = Some("/status/phase");
 
-    fn plugin(&self) -> &PluginId {
-        &self.plugin_id
-    }
-
     fn section(status: &VolumeStatus) -> &ProvisioningStatus {
         &status.provisioning
     }

@@ -100,13 +100,13 @@ impl Attacher {
         reader.wait_until_ready().await;
         self.reports.cache.reader().wait_until_ready().await;
         let Some(att) = reader.get(key.as_str()) else {
-            self.reports.forget(&self.ctx.plugin.id, &key).await?;
+            self.reports.forget(&key).await?;
             return Ok(Action::AwaitChange);
         };
         if att.spec.plugin_id != self.ctx.plugin.id {
             // Edited onto another plugin (only an older build's agent could): this
             // plugin's report on it, if any, is no longer about it.
-            self.reports.forget(&self.ctx.plugin.id, &key).await?;
+            self.reports.forget(&key).await?;
             return Ok(Action::AwaitChange);
         }
         let _guard = self

@@ -262,12 +262,24 @@ impl ControllerPluginCtx {
             VolumeReport::scope_for(&self.plugin.id),
             stop.clone(),
         );
+        let snapshot_reports = Informer::<SnapshotReport>::spawn(
+            self.reads.clone(),
+            SnapshotReport::scope_for(&self.plugin.id),
+            stop.clone(),
+        );
+        let group_reports = Informer::<VolumeGroupSnapshotReport>::spawn(
+            self.reads.clone(),
+            VolumeGroupSnapshotReport::scope_for(&self.plugin.id),
+            stop.clone(),
+        );
         self.writer = self
             .writer
             .tracking_as::<VolumeSpec, _>(&volumes.reader())
             .tracking(&attachments.reader())
             .tracking(&reports.reader())
             .tracking(&volume_reports.reader())
+            .tracking(&snapshot_reports.reader())
+            .tracking(&group_reports.reader())
             .tracking(&snapshots.reader())
             .tracking(&groups.reader());
         let granted = Informer::<Ownership>::spawn_filtered(
@@ -276,10 +288,8 @@ impl ControllerPluginCtx {
             Arc::new(|o: &Ownership| o.spec.chosen || !o.spec.shared_with.is_empty()),
             stop.clone(),
         );
-        let volume_reports = super::reports::Reports {
-            cache: volume_reports,
-            writer: self.writer.clone(),
-        };
+        use super::reports::Reports;
+        let volume_reports = Reports::new(&self.plugin.id, volume_reports, &self.writer);
         let prov = provisioner::Provisioner {
             ctx: self.clone(),
             volumes: volumes.clone(),
@@ -290,18 +300,16 @@ impl ControllerPluginCtx {
         let group = group_snapshotter::GroupSnapshotter {
             ctx: self.clone(),
             groups,
-            snapshots: snapshots.clone(),
             volumes: volumes.clone(),
+            reports: Reports::new(&self.plugin.id, group_reports, &self.writer),
         };
         let snap = snapshotter::Snapshotter {
             ctx: self.clone(),
             snapshots,
             volumes: volumes.clone(),
+            reports: Reports::new(&self.plugin.id, snapshot_reports, &self.writer),
         };
-        let reports = super::reports::Reports {
-            cache: reports,
-            writer: self.writer.clone(),
-        };
+        let reports = Reports::new(&self.plugin.id, reports, &self.writer);
         let survey = survey::Survey {
             ctx: self.clone(),
             volumes: volumes.clone(),

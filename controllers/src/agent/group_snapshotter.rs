@@ -1,31 +1,36 @@
 //! The group snapshotter: CreateVolumeGroupSnapshot / DeleteVolumeGroupSnapshot /
 //! GetVolumeGroupSnapshot for the VolumeGroupSnapshots of one plugin's volumes, run by
-//! the agent leading that plugin's election beside the snapshotter. It owns a group's
-//! `status`, the `moor.dev/group-snapshotter` finalizer, and the member Snapshots it
-//! creates.
+//! the agent leading that plugin's election beside the snapshotter. It writes what it
+//! observes of a group in its report ([`VolumeGroupSnapshotReport`],
+//! [`super::reports`]): the status, and what it asks of the
+//! `moor.dev/group-snapshotter` finalizer; the controller copies it, adds or removes
+//! the finalizer, and makes and deletes the member Snapshots the status lists (issue
+//! 77: the agent writes no group and no Snapshot). Its own report's status is the one
+//! it acts on.
 //!
 //! Expected flow for a group (decided by [`next`], pure and unit tested):
 //! 1. Its volumes' plugin is this one (or, once cut, `status.plugin_id` is); volumes of
 //!    more than one plugin are Failed, never called.
 //! 2. The plugin must advertise GROUP_CONTROLLER_SERVICE and
 //!    CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT: otherwise Failed with a Warning.
-//! 3. Add the finalizer; wait until every volume is created (its external id).
+//! 3. Ask for the finalizer (`Hold`) and wait until the controller added it; wait
+//!    until every volume is created (its external id).
 //! 4. One CreateVolumeGroupSnapshot named by its namespace, name and uid (`plugin_name`, idempotent) of the
 //!    volumes' external ids, recorded before the call (in doubt from then on). The
 //!    answer must hold one snapshot of each volume asked (the contract monitor's
 //!    `group_members_mismatch` otherwise, and the group Failed with the reason);
 //!    recorded as the group's id and members. Not yet ready to use: asked again
 //!    (GetVolumeGroupSnapshot) until it is.
-//! 5. Ready: each member becomes a Snapshot `GROUP-VOLUME` (`spec.group`, its
-//!    `snapshot_id` and a Ready status), once (condition `MembersCreated`): one the
+//! 5. Ready: the controller makes each member a Snapshot `GROUP-VOLUME` (`spec.group`,
+//!    its `snapshot_id` and a Ready status), once (condition `MembersCreated`): one the
 //!    user deletes later is not made again, and its snapshot stays in the plugin until
 //!    the group goes.
 //! 6. Imported (`spec.group_snapshot_id`): GetVolumeGroupSnapshot of that id instead of
 //!    a cut; its members must be of the volumes named, as above.
 //! 7. Deleted: DeleteVolumeGroupSnapshot with every member's id (NotFound is done; a
 //!    group whose create was in doubt is asked for again first, so it is not leaked),
-//!    an imported group kept in the plugin; then its member Snapshots and the
-//!    finalizer go.
+//!    an imported group kept in the plugin; then the finalizer is reported `Released`
+//!    and the controller deletes the member Snapshots and removes it.
 
 use moor::api::*;
 use moor::csi::policy::{Class, CsiError};
@@ -39,16 +44,14 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::reports::Reports;
 use super::volume_view::VolumeView;
 use crate::agent::context::ControllerPluginCtx;
 use crate::agent::owners::Owner;
 use crate::common::{details, object_ref};
 
 /// The finalizer that holds a group's deletion until DeleteVolumeGroupSnapshot.
-pub const FINALIZER: &str = "moor.dev/group-snapshotter";
-
-/// The condition set once the member Snapshots are made.
-pub const MEMBERS_CREATED: &str = "MembersCreated";
+pub const FINALIZER: &str = GROUP_SNAPSHOTTER_FINALIZER;
 
 /// Why a group could not be converged.
 pub type GroupError = crate::agent::step_error::StepError;
@@ -69,12 +72,20 @@ pub enum Step {
     /// GetVolumeGroupSnapshot of this group id, made outside moor (imported), whose
     /// members must be of these external volume ids.
     Import(String, Vec<String>),
-    /// Make the member Snapshots.
-    Members,
     /// DeleteVolumeGroupSnapshot.
     Delete,
     /// Failed with this message, never called.
     Refuse(String),
+}
+
+/// Whether `group` is plugin `plugin`'s: the one its status records (once cut), else
+/// its first existing volume's (`first`).
+pub fn ours(group: &VolumeGroupSnapshot, first: Option<&Volume>, plugin: &PluginId) -> bool {
+    match (&group.status.plugin_id, first) {
+        (Some(p), _) => p == plugin,
+        (None, Some(v)) => &v.spec.plugin_id == plugin,
+        (None, None) => false,
+    }
 }
 
 /// The step owed for `group`, given its volumes (in `spec.volumes` order, `None` for
@@ -87,12 +98,7 @@ pub fn next(
     caps: &PluginCapabilities,
 ) -> Step {
     let first = volumes.iter().flatten().next();
-    let ours = match (&group.status.plugin_id, first) {
-        (Some(p), _) => p == plugin,
-        (None, Some(v)) => &v.spec.plugin_id == plugin,
-        (None, None) => false,
-    };
-    if !ours {
+    if !ours(group, first.copied(), plugin) {
         return Step::Nothing;
     }
     let has = |f: &str| group.metadata.finalizers.iter().any(|x| x == f);
@@ -105,12 +111,8 @@ pub fn next(
     }
     let st = &group.status;
     if st.phase == SnapshotPhase::Ready && st.ready_to_use {
-        let made = st
-            .meta
-            .conditions
-            .iter()
-            .any(|c| c.type_ == MEMBERS_CREATED && c.status);
-        return if made { Step::Nothing } else { Step::Members };
+        // The controller makes the members.
+        return Step::Nothing;
     }
     let refuse = |msg: String| {
         if st.phase == SnapshotPhase::Failed && st.meta.last_error.as_deref() == Some(&msg) {
@@ -220,11 +222,11 @@ pub struct GroupSnapshotter {
     pub ctx: ControllerPluginCtx,
     /// Group snapshots.
     pub groups: Informer<VolumeGroupSnapshot>,
-    /// Snapshots (the members).
-    pub snapshots: Informer<Snapshot>,
     /// Volumes, as viewed (a group's volumes are taken whole through
     /// `ControllerPluginCtx::read_volume`).
     pub volumes: Informer<VolumeView>,
+    /// This plugin's reports on its groups.
+    pub reports: Reports<VolumeGroupSnapshotSpec>,
 }
 
 impl GroupSnapshotter {
@@ -236,6 +238,11 @@ impl GroupSnapshotter {
         Controller::new("group-snapshotter", reader, Config::default())
             .with_metrics(metrics)
             .owns(this.groups.subscribe())
+            // A report whose group is gone is deleted by the group's pass.
+            .watches(
+                this.reports.cache.subscribe(),
+                |r: &VolumeGroupSnapshotReport| r.about_key().into_iter().collect(),
+            )
             // A volume becoming ready lets the groups waiting for it be cut.
             .watches(this.volumes.subscribe(), move |v: &VolumeView| {
                 groups
@@ -266,15 +273,23 @@ impl GroupSnapshotter {
         let reader = self.groups.reader();
         reader.wait_until_ready().await;
         self.volumes.reader().wait_until_ready().await;
-        self.snapshots.reader().wait_until_ready().await;
+        self.reports.cache.reader().wait_until_ready().await;
         let Some(cached) = reader.get(key.as_str()) else {
+            self.reports.forget(&key).await?;
             return Ok(Action::AwaitChange);
         };
         let group_key = cached.object_key();
         let _guard = self.ctx.locks.lock(group_key.as_str()).await;
         let Some(group) = self.ctx.writer.fresh(&reader, &group_key).await? else {
+            self.reports.forget(&key).await?;
             return Ok(Action::AwaitChange);
         };
+        // What this plugin reported of it, not what its key says (its requester's).
+        let (group, asked) = self.reports.reported_asking(&group).await?;
+        if group.is_deleting() && asked == FinalizerAsk::Released {
+            // Released: the controller deletes the members and drops the finalizer.
+            return Ok(Action::AwaitChange);
+        }
         let mut volumes: Vec<Option<Arc<Volume>>> = Vec::new();
         for v in &group.spec.volumes {
             let key = Volume::key_for(&group.metadata.namespace, v);
@@ -292,12 +307,17 @@ impl GroupSnapshotter {
             return Ok(Action::Requeue(Duration::from_secs(1)));
         };
         let first = refs.iter().flatten().next().copied();
+        if !ours(&group, first, &self.ctx.plugin.id) {
+            self.reports.forget(&key).await?;
+            return Ok(Action::AwaitChange);
+        }
         match next(&group, &refs, &self.ctx.plugin.id, &caps) {
             Step::Nothing | Step::WaitForVolumes => Ok(Action::AwaitChange),
             Step::AddFinalizer => {
-                let mut g = (*group).clone();
-                g.metadata.finalizers.push(FINALIZER.into());
-                self.ctx.writer.replace(&g).await?;
+                // The controller adds it; cut only once it is there.
+                (self.reports)
+                    .write(&group, Some(FinalizerAsk::Hold), |_| {})
+                    .await?;
                 Ok(Action::AwaitChange)
             }
             Step::Refuse(msg) => {
@@ -330,7 +350,6 @@ impl GroupSnapshotter {
                 let first = self.for_calls(&group, first).await?;
                 self.get(&group, first.as_deref(), id, sources).await
             }
-            Step::Members => self.members(&group).await,
             Step::Delete => {
                 let first = self.for_calls(&group, first).await?;
                 self.delete(&group, first.as_deref()).await
@@ -536,80 +555,7 @@ impl GroupSnapshotter {
             ),
         )
         .await;
-        // The members, from the status just written.
-        match self
-            .ctx
-            .writer
-            .fresh(&self.groups.reader(), &group.object_key())
-            .await?
-        {
-            Some(now) => self.members(&now).await,
-            None => Ok(Action::AwaitChange),
-        }
-    }
-
-    /// Makes each member's Snapshot, once: Ready, with its id and `spec.group`. A name
-    /// held by a Snapshot of something else is left alone and said (a Warning).
-    async fn members(&self, group: &VolumeGroupSnapshot) -> Result<Action, GroupError> {
-        let ns = &group.metadata.namespace;
-        let mut taken = Vec::new();
-        for m in &group.status.members {
-            let existing = self
-                .snapshots
-                .reader()
-                .get(&Snapshot::key_for(ns, &m.snapshot));
-            if let Some(s) = existing {
-                if s.spec.group.as_ref() != Some(&group.metadata.name) {
-                    taken.push(m.snapshot.to_string());
-                }
-                continue;
-            }
-            let mut snap = Snapshot::new(
-                ns,
-                m.snapshot.clone(),
-                SnapshotSpec {
-                    volume: m.volume.clone(),
-                    snapshot_id: Some(m.snapshot_id.clone()),
-                    group: Some(group.metadata.name.clone()),
-                    ..Default::default()
-                },
-            );
-            snap.status = SnapshotStatus {
-                phase: SnapshotPhase::Ready,
-                plugin_id: group.status.plugin_id.clone(),
-                snapshot_id: Some(m.snapshot_id.clone()),
-                source_volume_id: Some(m.source_volume_id.clone()).filter(|s| !s.is_empty()),
-                size_bytes: m.size_bytes,
-                creation_time: group.status.creation_time,
-                ready_to_use: true,
-                ..Default::default()
-            };
-            snap.status
-                .meta
-                .set_condition("Created", true, "VolumeGroupSnapshot", "");
-            match self.ctx.writer.create(&snap).await {
-                Ok(_) => {}
-                Err(moor::store::StoreError::AlreadyExists { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let msg = if taken.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "snapshot name(s) {} are held by Snapshots not of this group: those members have no Snapshot of their own",
-                taken.join(", ")
-            )
-        };
-        self.write_status(group, |st| {
-            st.meta
-                .set_condition(MEMBERS_CREATED, true, "Created", &msg);
-        })
-        .await?;
-        if !taken.is_empty() {
-            self.event(group, "Group snapshot members", EventType::Warning, msg)
-                .await;
-        }
+        // The controller makes the members once it copied this.
         Ok(Action::AwaitChange)
     }
 
@@ -783,19 +729,9 @@ impl GroupSnapshotter {
             }
             self.ctx.steps.forget(&key);
         }
-        // Its member Snapshots go with it (they hold no finalizer).
-        let ns = &group.metadata.namespace;
-        for s in self.snapshots.reader().state() {
-            if &s.metadata.namespace == ns && s.spec.group.as_ref() == Some(&group.metadata.name) {
-                match self.ctx.writer.delete(&s.object_key(), None).await {
-                    Ok(_) | Err(moor::store::StoreError::NotFound { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        self.ctx
-            .writer
-            .remove_finalizer(&group.object_key(), FINALIZER)
+        // The controller deletes its member Snapshots and removes the finalizer.
+        (self.reports)
+            .write(group, Some(FinalizerAsk::Released), |_| {})
             .await?;
         Ok(Action::AwaitChange)
     }
@@ -836,13 +772,7 @@ impl GroupSnapshotter {
         group: &VolumeGroupSnapshot,
         mut f: impl FnMut(&mut VolumeGroupSnapshotStatus),
     ) -> Result<(), GroupError> {
-        self.ctx
-            .writer
-            .modify_status(&group.object_key(), |_, st| {
-                f(st);
-                true
-            })
-            .await?;
+        self.reports.write(group, None, |st| f(st)).await?;
         Ok(())
     }
 
@@ -1017,10 +947,7 @@ mod tests {
         );
         g.status.phase = SnapshotPhase::Ready;
         g.status.ready_to_use = true;
-        assert_eq!(next(&g, &vols, &plugin(), &caps(true)), Step::Members);
-        g.status
-            .meta
-            .set_condition(MEMBERS_CREATED, true, "Created", "");
+        // Cut: the members are the controller's to make.
         assert_eq!(next(&g, &vols, &plugin(), &caps(true)), Step::Nothing);
         g.metadata.deletion_timestamp = Some(Timestamp::now());
         assert_eq!(next(&g, &vols, &plugin(), &caps(true)), Step::Delete);

@@ -17,6 +17,8 @@ use std::sync::Arc;
 
 /// One plugin's reports on objects of kind `K`, and the writer they are written with.
 pub struct Reports<K: Reported> {
+    /// The plugin whose leader writes them.
+    pub plugin: PluginId,
     /// This plugin's reports (`REPORT_DIR/PLUGIN/`).
     pub cache: Informer<Report<K>>,
     /// The plugin leader's fenced writer, tracking the cache.
@@ -26,6 +28,7 @@ pub struct Reports<K: Reported> {
 impl<K: Reported> Clone for Reports<K> {
     fn clone(&self) -> Self {
         Reports {
+            plugin: self.plugin.clone(),
             cache: self.cache.clone(),
             writer: self.writer.clone(),
         }
@@ -33,11 +36,24 @@ impl<K: Reported> Clone for Reports<K> {
 }
 
 impl<K: Reported> Reports<K> {
+    /// Plugin `plugin`'s reports in `cache`, written with `writer`.
+    pub fn new(plugin: &PluginId, cache: Informer<Report<K>>, writer: &Writer) -> Self {
+        Reports {
+            plugin: plugin.clone(),
+            cache,
+            writer: writer.clone(),
+        }
+    }
+
     /// The report on `obj` as this process last wrote or read it.
     async fn current(&self, obj: &Object<K>) -> Result<Option<Arc<Report<K>>>, StoreError> {
         (self.writer)
-            .fresh(&self.cache.reader(), &Report::key_of(obj))
+            .fresh(&self.cache.reader(), &self.key(obj))
             .await
+    }
+
+    fn key(&self, obj: &Object<K>) -> ObjectKey<ReportSpec<K>> {
+        Report::key_for(&self.plugin, &obj.object_key())
     }
 
     /// `obj` with the status its report gives it (see the module's doc).
@@ -52,15 +68,16 @@ impl<K: Reported> Reports<K> {
     ) -> Result<(Object<K>, FinalizerAsk), StoreError> {
         let report = self.current(obj).await?;
         let mut o = obj.clone();
-        *K::section_mut(&mut o.status) = obj.reported(report.as_deref());
-        Ok((o, obj.finalizer_asked(report.as_deref())))
+        let p = &self.plugin;
+        *K::section_mut(&mut o.status) = obj.reported(p, report.as_deref());
+        Ok((o, obj.finalizer_asked(p, report.as_deref())))
     }
 
     /// `obj`'s reported section as the cache shows its report (for a look across
     /// objects, which an action checks again on the one it acts on).
     pub fn cached(&self, obj: &Object<K>) -> K::Section {
-        let report = self.cache.reader().get(&Report::key_of(obj));
-        obj.reported(report.as_deref())
+        let report = self.cache.reader().get(&self.key(obj));
+        obj.reported(&self.plugin, report.as_deref())
     }
 
     /// Writes `f` onto the reported section of `obj` as its report holds it now (a
@@ -73,19 +90,20 @@ impl<K: Reported> Reports<K> {
         finalizer: Option<FinalizerAsk>,
         mut f: impl FnMut(&mut K::Section),
     ) -> Result<Object<K>, StoreError> {
+        let p = &self.plugin;
         let mut report = self.current(obj).await?;
         let mut retry = moor::store::ConflictRetry::default();
         loop {
-            let mut section = obj.reported(report.as_deref());
+            let mut section = obj.reported(p, report.as_deref());
             f(&mut section);
-            let asked = finalizer.unwrap_or_else(|| obj.finalizer_asked(report.as_deref()));
+            let asked = finalizer.unwrap_or_else(|| obj.finalizer_asked(p, report.as_deref()));
             let mut next = obj.clone();
             *K::section_mut(&mut next.status) = section.clone();
-            let about = report.as_deref().filter(|r| r.is_about(obj));
+            let about = report.as_deref().filter(|r| r.is_about(obj, p));
             if about.is_some_and(|r| r.status == section && r.spec.finalizer == asked) {
                 return Ok(next);
             }
-            let mut wanted = Report::of(obj, section, asked);
+            let mut wanted = Report::of(p, obj, section, asked);
             let written = match report.as_deref() {
                 None => self.writer.create(&wanted).await,
                 Some(stored) => {
@@ -98,8 +116,12 @@ impl<K: Reported> Reports<K> {
                 Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. })
                     if retry.again().await =>
                 {
-                    let key = Report::key_of(obj);
-                    report = self.writer.store().try_get(&key).await?.map(Arc::new);
+                    report = self
+                        .writer
+                        .store()
+                        .try_get(&self.key(obj))
+                        .await?
+                        .map(Arc::new);
                 }
                 Err(e) => return Err(e),
             }
@@ -108,8 +130,8 @@ impl<K: Reported> Reports<K> {
 
     /// Deletes this plugin's report at the key of an object that is gone (or no
     /// longer its plugin's).
-    pub async fn forget(&self, plugin: &PluginId, key: &ObjectKey<K>) -> Result<(), StoreError> {
-        let key = Report::key_for(plugin, key);
+    pub async fn forget(&self, key: &ObjectKey<K>) -> Result<(), StoreError> {
+        let key = Report::key_for(&self.plugin, key);
         let Some(report) = self.writer.fresh(&self.cache.reader(), &key).await? else {
             return Ok(());
         };

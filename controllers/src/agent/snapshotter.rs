@@ -1,23 +1,28 @@
 //! The snapshotter: CreateSnapshot / DeleteSnapshot for the Snapshots of one plugin's
 //! volumes, run by the agent leading that plugin's election beside the provisioner. It
-//! owns a Snapshot's `status` and the `moor.dev/snapshotter` finalizer.
+//! writes what it observes of a Snapshot in its report ([`SnapshotReport`],
+//! [`super::reports`]): the status, and what it asks of the `moor.dev/snapshotter`
+//! finalizer, which the controller copies and adds or removes (issue 77: the agent
+//! does not write Snapshots). Its own report's status is the one it acts on.
 //!
 //! Expected flow for a Snapshot (decided by [`next`], pure and unit tested):
 //! 1. Its volume's plugin is this one (or, once cut, `status.plugin_id` is).
 //! 2. The plugin must advertise CREATE_DELETE_SNAPSHOT: otherwise Failed with a
 //!    Warning, never called.
-//! 3. Add the finalizer; wait until the volume is created (its external id).
+//! 3. Ask for the finalizer (`Hold`) and wait until the controller added it; wait
+//!    until the volume is created (its external id).
 //! 4. CreateSnapshot named by `plugin_name` (idempotent), from the volume's
 //!    external id; record the plugin's id, size, creation time and ready_to_use
 //!    (Ready); not yet ready to use: asked again until it is (Creating).
 //! 5. Deleted: DeleteSnapshot (NotFound is done; a snapshot whose CreateSnapshot was in
-//!    doubt is asked for again first, so it is not leaked), then drop the finalizer.
+//!    doubt is asked for again first, so it is not leaked), then report the finalizer
+//!    `Released` (the controller removes it).
 //! 6. Imported (`spec.snapshot_id`, a snapshot made outside moor): the plugin must
 //!    advertise LIST_SNAPSHOTS (else Failed, never called); ListSnapshots by that id
 //!    instead of CreateSnapshot, asked again until it is ready to use; an id the
 //!    plugin does not list, or a snapshot of another volume than `spec.volume`'s, is
 //!    Failed with the reason (looked at again on the step's schedule). Deleted: no
-//!    DeleteSnapshot (moor did not make it), only the finalizer goes.
+//!    DeleteSnapshot (moor did not make it), only the finalizer is released.
 //! 7. Owned ids ([`Ownership`], issue 77): the id a CreateSnapshot or an import
 //!    answers is recorded as this snapshot's if no snapshot of another namespace has
 //!    it; an import of, a CreateSnapshot from, or a DeleteSnapshot of an id another
@@ -38,13 +43,14 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::owners::Owner;
+use super::reports::Reports;
 use super::volume_view::VolumeView;
 use crate::agent::context::ControllerPluginCtx;
 use crate::common::{details, object_ref};
 use std::borrow::Cow;
 
 /// The finalizer that holds a snapshot's deletion until DeleteSnapshot.
-pub const FINALIZER: &str = "moor.dev/snapshotter";
+pub const FINALIZER: &str = SNAPSHOTTER_FINALIZER;
 
 /// Why a snapshot could not be converged.
 pub type SnapshotError = crate::agent::step_error::StepError;
@@ -71,6 +77,16 @@ pub enum Step {
     Refuse(String),
 }
 
+/// Whether `snap` is plugin `plugin`'s: the one its status records (once cut), else
+/// its volume's.
+pub fn ours(snap: &Snapshot, volume: Option<&Volume>, plugin: &PluginId) -> bool {
+    match (&snap.status.plugin_id, volume) {
+        (Some(p), _) => p == plugin,
+        (None, Some(v)) => &v.spec.plugin_id == plugin,
+        (None, None) => false,
+    }
+}
+
 /// The step owed for `snap`, given its volume (if it exists) and the plugin's
 /// controller capabilities; `plugin` is this snapshotter's plugin.
 pub fn next(
@@ -79,12 +95,7 @@ pub fn next(
     plugin: &PluginId,
     controller: &CapabilitySet<ControllerRpc>,
 ) -> Step {
-    let ours = match (&snap.status.plugin_id, volume) {
-        (Some(p), _) => p == plugin,
-        (None, Some(v)) => &v.spec.plugin_id == plugin,
-        (None, None) => false,
-    };
-    if !ours {
+    if !ours(snap, volume, plugin) {
         return Step::Nothing;
     }
     let has = |f: &str| snap.metadata.finalizers.iter().any(|x| x == f);
@@ -156,6 +167,8 @@ pub struct Snapshotter {
     /// Volumes, as viewed (a snapshot's volume is taken whole through
     /// `ControllerPluginCtx::read_volume`).
     pub volumes: Informer<VolumeView>,
+    /// This plugin's reports on its snapshots.
+    pub reports: Reports<SnapshotSpec>,
 }
 
 impl Snapshotter {
@@ -167,6 +180,10 @@ impl Snapshotter {
         Controller::new("snapshotter", reader, Config::default())
             .with_metrics(metrics)
             .owns(this.snapshots.subscribe())
+            // A report whose snapshot is gone is deleted by the snapshot's pass.
+            .watches(this.reports.cache.subscribe(), |r: &SnapshotReport| {
+                r.about_key().into_iter().collect()
+            })
             // A volume becoming ready lets its waiting snapshots be cut (snapshots are
             // few: a scan per volume change is cheap).
             .watches(this.volumes.subscribe(), move |v: &VolumeView| {
@@ -198,14 +215,23 @@ impl Snapshotter {
         let reader = self.snapshots.reader();
         reader.wait_until_ready().await;
         self.volumes.reader().wait_until_ready().await;
+        self.reports.cache.reader().wait_until_ready().await;
         let Some(cached) = reader.get(&key) else {
+            self.reports.forget(&key).await?;
             return Ok(Action::AwaitChange);
         };
         let snap_key = cached.object_key();
         let _guard = self.ctx.locks.lock(snap_key.as_str()).await;
         let Some(snap) = self.ctx.writer.fresh(&reader, &snap_key).await? else {
+            self.reports.forget(&key).await?;
             return Ok(Action::AwaitChange);
         };
+        // What this plugin reported of it, not what its key says (its requester's).
+        let (snap, asked) = self.reports.reported_asking(&snap).await?;
+        if snap.is_deleting() && asked == FinalizerAsk::Released {
+            // Released: the controller drops the finalizer.
+            return Ok(Action::AwaitChange);
+        }
         let volume_key = Volume::key_for(&snap.metadata.namespace, &snap.spec.volume);
         let volume = (self.ctx)
             .read_volume(&self.volumes.reader(), &volume_key)
@@ -220,12 +246,17 @@ impl Snapshotter {
             // Not fingerprinted yet: decide once the capabilities are known.
             return Ok(Action::Requeue(Duration::from_secs(1)));
         };
+        if !ours(&snap, volume.as_deref(), &self.ctx.plugin.id) {
+            self.reports.forget(&key).await?;
+            return Ok(Action::AwaitChange);
+        }
         match next(&snap, volume.as_deref(), &self.ctx.plugin.id, &controller) {
             Step::Nothing | Step::WaitForVolume => Ok(Action::AwaitChange),
             Step::AddFinalizer => {
-                let mut s = (*snap).clone();
-                s.metadata.finalizers.push(FINALIZER.into());
-                self.ctx.writer.replace(&s).await?;
+                // The controller adds it; cut only once it is there.
+                (self.reports)
+                    .write(&snap, Some(FinalizerAsk::Hold), |_| {})
+                    .await?;
                 Ok(Action::AwaitChange)
             }
             Step::Refuse(msg) => {
@@ -567,9 +598,9 @@ impl Snapshotter {
             }
             self.ctx.steps.forget(&key);
         }
-        self.ctx
-            .writer
-            .remove_finalizer(&snap.object_key(), FINALIZER)
+        // The controller removes the finalizer.
+        (self.reports)
+            .write(snap, Some(FinalizerAsk::Released), |_| {})
             .await?;
         Ok(Action::AwaitChange)
     }
@@ -618,13 +649,7 @@ impl Snapshotter {
         snap: &Snapshot,
         mut f: impl FnMut(&mut SnapshotStatus),
     ) -> Result<(), SnapshotError> {
-        self.ctx
-            .writer
-            .modify_status(&snap.object_key(), |_, st| {
-                f(st);
-                true
-            })
-            .await?;
+        self.reports.write(snap, None, |st| f(st)).await?;
         Ok(())
     }
 

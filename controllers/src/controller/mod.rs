@@ -183,6 +183,10 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         Informer::<AttachmentReport>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let volume_reports =
         Informer::<VolumeReport>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let snapshot_reports =
+        Informer::<SnapshotReport>::spawn(reads.clone(), KeyScope::all(), stop.clone());
+    let group_reports =
+        Informer::<VolumeGroupSnapshotReport>::spawn(reads.clone(), KeyScope::all(), stop.clone());
     let ctx = shared(reads, fenced, &informers, &args);
     let config = moor::runtime::controller::Config {
         concurrency: args.concurrency,
@@ -234,8 +238,6 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         Box::pin(reports::run(
             ctx.clone(),
             attachment_reports,
-            |ctx: Ctx, key| async move { ctx.writer.fresh(&ctx.attachments, &key).await },
-            reports::attachment,
             config.clone(),
             metrics.controller("attachment-reports"),
             stop.clone()
@@ -243,14 +245,22 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         Box::pin(reports::run(
             ctx.clone(),
             volume_reports,
-            // Read from the store, never the cache: the report was written after
-            // its agent saw the volume (made, or marked deleted), which this
-            // process's cache may not show yet, and no later report would bring the
-            // pass again (the agent waits for the finalizer's change).
-            |ctx: Ctx, key| async move { Ok(ctx.writer.store().try_get(&key).await?.map(Arc::new)) },
-            reports::volume,
             config.clone(),
             metrics.controller("volume-reports"),
+            stop.clone()
+        )),
+        Box::pin(reports::run(
+            ctx.clone(),
+            snapshot_reports,
+            config.clone(),
+            metrics.controller("snapshot-reports"),
+            stop.clone()
+        )),
+        Box::pin(reports::run(
+            ctx.clone(),
+            group_reports,
+            config.clone(),
+            metrics.controller("groupsnapshot-reports"),
             stop.clone()
         )),
         volumes::run(

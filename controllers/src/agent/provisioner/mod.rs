@@ -198,7 +198,7 @@ impl Provisioner {
             Some(v) if !v.at_rest => v.object_key(),
             Some(_) => return Ok(Action::AwaitChange),
             None => {
-                self.reports.forget(&self.ctx.plugin.id, &key).await?;
+                self.reports.forget(&key).await?;
                 return Ok(Action::AwaitChange);
             }
         };
@@ -210,7 +210,7 @@ impl Provisioner {
         let vol = match self.ctx.writer.current(&reader, &vol_key, held).await? {
             Some(v) if v.spec.plugin_id == self.ctx.plugin.id => v,
             _ => {
-                self.reports.forget(&self.ctx.plugin.id, &key).await?;
+                self.reports.forget(&key).await?;
                 return Ok(Action::AwaitChange);
             }
         };
