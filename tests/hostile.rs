@@ -896,11 +896,9 @@ async fn forge_orphan(s: &Secure, v: &Victim, rng: &mut fastrand::Rng) -> (Strin
 /// (read-only) and the agent hosting another plugin's controller (n4, plugin
 /// `other.example`), each at every key of the victim's that moor acts on and is not
 /// theirs: its requests, claims, mounts, the plugin's ownership records, Secrets,
-/// election and capacity report, its attachments and volumes and the plugin's reports
-/// on them. etcd must refuse each write (and each read of the plugin's Secrets);
-/// returns how many it refused. What n4 can still write (every plugin's snapshots and
-/// groups: docs/architecture.md, "The controller-plugin agent's reach") is not tried:
-/// it is the open part of issue 77.
+/// election and capacity report, its attachments, volumes, snapshots and groups and the
+/// plugin's reports on them. etcd must refuse each write (and each read of the plugin's
+/// Secrets); returns how many it refused.
 async fn confined(s: &Secure, v: &Victim, seed: u64) -> usize {
     let (vname, _, vext) = &v.volumes[0];
     let record = Ownership::key_for(
@@ -929,21 +927,19 @@ async fn confined(s: &Secure, v: &Victim, seed: u64) -> usize {
         // the victim plugin's report on it.
         format!("volumes/default/{vname}"),
         format!("volume-reports/{PLUGIN}/default/{vname}"),
-    ];
-    let requests = [
-        "snapshots/default/vs1".to_string(),
+        // The victim's snapshot and group (marked deleted, their leader would delete
+        // them in the plugin; a group's members made by hand would name any ids) and
+        // the victim plugin's reports on them.
+        format!("snapshots/default/{}", v.snapshot),
+        format!("snapshot-reports/{PLUGIN}/default/{}", v.snapshot),
         "groupsnapshots/default/vg1".to_string(),
+        format!("groupsnapshot-reports/{PLUGIN}/default/vg1"),
+        "snapshots/default/vg1-forged".to_string(),
     ];
     let mut refused = 0;
-    for (who, keys) in [
-        (
-            "moor-console",
-            theirs.iter().chain(&requests).collect::<Vec<_>>(),
-        ),
-        ("moor-agent-n4", theirs.iter().collect()),
-    ] {
+    for who in ["moor-console", "moor-agent-n4"] {
         let mut raw = s.raw(who).await;
-        for key in keys {
+        for key in &theirs {
             let key = format!("/moor/{key}");
             match raw.put(key.clone(), b"{}".to_vec(), None).await {
                 Err(e) if secure::denied(&e) => refused += 1,
@@ -965,10 +961,13 @@ async fn confined(s: &Secure, v: &Victim, seed: u64) -> usize {
     refused
 }
 
-/// n4 (another plugin's controller) reports on the victim's attachment on n1 and on its
-/// volume under its own plugin's prefix, which its grant allows: Detached, with a
-/// publish context of its own; Failed, another id, released. The controller takes only the report of the attachment's own plugin: the attachment
-/// must stay as it was (returned, as read before).
+/// n4 (another plugin's controller) reports on the victim's attachment on n1, its
+/// volume, its snapshot and its group under its own plugin's prefix, which its grant
+/// allows: Detached, with a publish context of its own; Failed, another id, released;
+/// another snapshot id; another group id with a member of its choosing, released. The
+/// controller takes only the report of the object's own plugin: the attachment must
+/// stay as it was (returned, as read before), and `check_victim` finds the volume,
+/// snapshot and group as they were and no member made.
 async fn forge_report(
     s: &Secure,
     v: &Victim,
@@ -990,8 +989,8 @@ async fn forge_report(
     };
     // Its spec names n4's plugin, as its key does (a spec naming the victim's plugin
     // under n4's key is malformed: decoding checks an object's key).
-    let mut report = AttachmentReport::of(&att, status, FinalizerAsk::Unasked);
-    report.spec.plugin_id = PluginId::new("other.example").unwrap();
+    let other = PluginId::new("other.example").unwrap();
+    let mut report = AttachmentReport::of(&other, &att, status, FinalizerAsk::Unasked);
     report.metadata.uid = "0b4c2f7e-3d1a-4e5b-9c6d-7a8b9c0d1e2f".into();
     if rng.bool() {
         // Or about an attachment it only guesses the uid of.
@@ -1014,10 +1013,49 @@ async fn forge_report(
         external_id: Some(ExternalVolumeId::new("forged-by-n4").unwrap()),
         ..Default::default()
     };
-    let mut report = VolumeReport::of(&vol, forged, FinalizerAsk::Released);
-    report.spec.plugin_id = PluginId::new("other.example").unwrap();
+    let mut report = VolumeReport::of(&other, &vol, forged, FinalizerAsk::Released);
     report.metadata.uid = "1c5d3e8f-4e2b-4f6c-8d7e-8b9cad1e2f30".into();
     let at = format!("/moor/volume-reports/other.example/default/{vname}");
+    raw.put(at.clone(), serde_json::to_vec(&report).unwrap(), None)
+        .await
+        .unwrap_or_else(|e| panic!("n4 writes its own plugin's report {at}: {e}"));
+    let ns = Namespace::default_ns();
+    let snap = operator
+        .get(&Snapshot::key_for(&ns, &v.snapshot))
+        .await
+        .expect("the victim's snapshot");
+    let forged = SnapshotStatus {
+        phase: SnapshotPhase::Ready,
+        plugin_id: Some(other.clone()),
+        snapshot_id: Some("forged-by-n4".into()),
+        ready_to_use: true,
+        ..Default::default()
+    };
+    let report = SnapshotReport::of(&other, &snap, forged, FinalizerAsk::Released);
+    let at = format!(
+        "/moor/snapshot-reports/other.example/default/{}",
+        v.snapshot
+    );
+    raw.put(at.clone(), serde_json::to_vec(&report).unwrap(), None)
+        .await
+        .unwrap_or_else(|e| panic!("n4 writes its own plugin's report {at}: {e}"));
+    let group = operator
+        .get(&VolumeGroupSnapshot::key_for(&ns, "vg1"))
+        .await
+        .expect("the victim's group");
+    let mut forged = group.status.clone();
+    forged.plugin_id = Some(other.clone());
+    forged.group_snapshot_id = Some("forged-by-n4".into());
+    forged.members = vec![GroupMember {
+        volume: VolumeId::new(vname).unwrap(),
+        snapshot: Name::new("vg1-forged").unwrap(),
+        snapshot_id: "forged-by-n4".into(),
+        source_volume_id: "forged-by-n4".into(),
+        size_bytes: None,
+    }];
+    forged.meta.conditions.clear();
+    let report = VolumeGroupSnapshotReport::of(&other, &group, forged, FinalizerAsk::Released);
+    let at = "/moor/groupsnapshot-reports/other.example/default/vg1".to_string();
     raw.put(at.clone(), serde_json::to_vec(&report).unwrap(), None)
         .await
         .unwrap_or_else(|e| panic!("n4 writes its own plugin's report {at}: {e}"));
@@ -1129,8 +1167,33 @@ async fn check_victim(operator: &Store, v: &Victim, seed: u64) {
         .unwrap();
     assert!(
         snap.status.ready_to_use
-            && snap.status.snapshot_id.as_deref() == Some(v.snapshot_id.as_str()),
+            && snap.status.snapshot_id.as_deref() == Some(v.snapshot_id.as_str())
+            && snap.status.plugin_id.as_ref().map(|p| p.as_str()) == Some(PLUGIN)
+            && !snap.is_deleting(),
         "seed {seed}: victim snapshot {snap:?}"
+    );
+    let group = operator
+        .get(&VolumeGroupSnapshot::key_for(&ns, "vg1"))
+        .await
+        .unwrap();
+    assert!(
+        group.status.ready_to_use
+            && group.status.group_snapshot_id.as_deref() == Some(v.group_id.as_str())
+            && group.status.plugin_id.as_ref().map(|p| p.as_str()) == Some(PLUGIN)
+            && group
+                .metadata
+                .finalizers
+                .iter()
+                .any(|f| f == GROUP_SNAPSHOTTER_FINALIZER),
+        "seed {seed}: victim group {group:?}"
+    );
+    let forged_member = operator
+        .try_get(&Snapshot::key_for(&ns, "vg1-forged"))
+        .await
+        .unwrap();
+    assert!(
+        forged_member.is_none(),
+        "seed {seed}: a member named by n4's report was made: {forged_member:?}"
     );
     for claim in ["va1.data", "vw1.data"] {
         assert_eq!(

@@ -145,17 +145,22 @@ async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
     n1.delete(record, None)
         .await
         .expect("n1 removes its record");
-    // Attachments and volumes (issue 77): the controller writes them; n1, which leads
-    // the plugin, reads them and writes its plugin's reports on them, not another
-    // plugin's (so it can neither publish another plugin's volume to a node of its
-    // choosing, nor say one is attached, nor mark one deleted, rewrite its spec or
-    // drop its finalizers); n2 none of it.
+    // Attachments, volumes, snapshots and groups (issue 77): the controller writes
+    // them; n1, which leads the plugin, reads them and writes its plugin's reports on
+    // them, not another plugin's (so it can neither publish another plugin's volume to
+    // a node of its choosing, nor say one is attached or cut, nor mark one deleted,
+    // rewrite its spec, drop its finalizers or make a group's members); n2 none of it.
     for (object, report) in [
         (
             "attachments/default/v/n2",
             "attachment-reports/PLUGIN/default/v/n2",
         ),
         ("volumes/default/v", "volume-reports/PLUGIN/default/v"),
+        ("snapshots/default/s", "snapshot-reports/PLUGIN/default/s"),
+        (
+            "groupsnapshots/default/g",
+            "groupsnapshot-reports/PLUGIN/default/g",
+        ),
     ] {
         let object = format!("/moor/{object}");
         n1.get(object.clone(), None)

@@ -442,6 +442,22 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
     })
     .await;
 
+    // A snapshot the old snapshotter cuts (its status and finalizer in its own key, no
+    // report of it): deleted after the upgrade, through the new one.
+    let s1 = Snapshot::new(
+        &Namespace::default_ns(),
+        Name::new("s1").unwrap(),
+        SnapshotSpec {
+            volume: VolumeId::new("v6").unwrap(),
+            ..Default::default()
+        },
+    );
+    let s1 = c.apply(s1).await.object_key();
+    c.wait("s1 cut by the old snapshotter", T, || async {
+        c.store.get(&s1).await.is_ok_and(|s| s.status.ready_to_use)
+    })
+    .await;
+
     // Claims on both nodes, and a workload under the old alloc run.
     c.apply(c.allocation("a1", "n1", "v1", false)).await;
     c.apply(c.allocation("a2", "n2", "v2", false)).await;
@@ -690,6 +706,25 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
     assert!(
         deleted.contains(&v1_id),
         "DeleteVolume of {v1_id}: {deleted:?}"
+    );
+    // So is the snapshot the old snapshotter cut: DeleteSnapshot, then the controller
+    // drops the finalizer the new agent's report releases.
+    let s1_id = (c.store.get(&s1).await.unwrap().status.snapshot_id).expect("s1's id");
+    c.store.delete(&s1, None).await.expect("delete s1");
+    wait_for("s1 deleted", T, || async {
+        c.store.try_get(&s1).await.unwrap().is_none()
+    })
+    .await;
+    let deleted: Vec<String> = c
+        .nodes
+        .iter()
+        .flat_map(|n| n.calls())
+        .filter(|call| call.rpc == "DeleteSnapshot")
+        .filter_map(|call| call.snapshot_id)
+        .collect();
+    assert!(
+        deleted.contains(&s1_id),
+        "DeleteSnapshot of {s1_id}: {deleted:?}"
     );
     c.check_calls(true);
 }

@@ -112,7 +112,6 @@ for node in "$@"; do
                 "    ctl role grant-permission \"$user\" read \"${{PREFIX}}{dir}/\" --prefix\n"
             )),
             AgentAccess::None
-            | AgentAccess::ControllerPlugin
             | AgentAccess::ControllerPluginRead
             | AgentAccess::OwnPlugin
             | AgentAccess::OwnPluginWrite => {}
@@ -137,10 +136,6 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     );
     for &kind in Kind::ALL {
         match kind.agent_access() {
-            AgentAccess::ControllerPlugin => out.push_str(&format!(
-                "    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{}/\" --prefix\n",
-                kind.dir()
-            )),
             AgentAccess::ControllerPluginRead => out.push_str(&format!(
                 "    # The {} of every plugin (read only: the controller writes them).\n    ctl role grant-permission \"$user\" read \"${{PREFIX}}{}/\" --prefix\n",
                 kind.dir(),

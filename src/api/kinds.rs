@@ -36,12 +36,9 @@ pub enum AgentAccess {
     /// Read and write what it wrote itself, below `DIR/node/NODE/` (events: each
     /// writer records under its own prefix and cannot touch another's).
     OwnWriter,
-    /// Read and write, on the nodes that host a controller plugin (their provisioner
-    /// and snapshotters); nothing elsewhere.
-    ControllerPlugin,
-    /// Read, on the nodes that host a controller plugin (attachments, which the
-    /// controller writes and the attacher reads; it reports below its own plugin's
-    /// prefix); nothing elsewhere.
+    /// Read, on the nodes that host a controller plugin (attachments, volumes,
+    /// snapshots and groups, which the controller writes and the plugin's leader reads;
+    /// it reports below its own plugin's prefix); nothing elsewhere.
     ControllerPluginRead,
     /// Read the objects of the plugin it hosts as a controller plugin, keyed by plugin
     /// first (its Secrets); nothing elsewhere, and nothing on node-only agents.
