@@ -155,6 +155,41 @@ impl VolumeGroupSnapshot {
     }
 }
 
+/// The finalizer that holds a group's deletion until its plugin let it go
+/// (DeleteVolumeGroupSnapshot, or the id kept): the controller adds and removes it as
+/// the group snapshotter's report asks, and deletes the group's member Snapshots
+/// before removing it.
+pub const GROUP_SNAPSHOTTER_FINALIZER: &str = "moor.dev/group-snapshotter";
+
+/// The condition the controller sets on a group once it made its member Snapshots.
+pub const MEMBERS_CREATED: &str = "MembersCreated";
+
+impl Reported for VolumeGroupSnapshotSpec {
+    type Section = VolumeGroupSnapshotStatus;
+    const REPORT_KIND: &'static str = "VolumeGroupSnapshotReport";
+    const REPORT_DIR: &'static str = "groupsnapshot-reports";
+    const REPORT_ALIASES: &'static [&'static str] = &["groupsnapshotreports"];
+    const REPORT_PHASE: Option<&'static str> = Some("/status/phase");
+
+    fn section(status: &VolumeGroupSnapshotStatus) -> &VolumeGroupSnapshotStatus {
+        status
+    }
+
+    fn section_mut(status: &mut VolumeGroupSnapshotStatus) -> &mut VolumeGroupSnapshotStatus {
+        status
+    }
+}
+
+/// What the agent leading a group's plugin reports of it (its status, what it asks of
+/// the group snapshotter's finalizer): written below `groupsnapshot-reports/PLUGIN/`,
+/// copied into the group by the controller when PLUGIN is the group's (the one its
+/// status records, else its first volume's), which then makes the member Snapshots
+/// the status lists. See [`ReportSpec`].
+pub type VolumeGroupSnapshotReportSpec = ReportSpec<VolumeGroupSnapshotSpec>;
+
+/// A report on a group snapshot.
+pub type VolumeGroupSnapshotReport = Object<VolumeGroupSnapshotReportSpec>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,38 +230,3 @@ mod tests {
         assert!(g.member_name(&long).is_err());
     }
 }
-
-/// The finalizer that holds a group's deletion until its plugin let it go
-/// (DeleteVolumeGroupSnapshot, or the id kept): the controller adds and removes it as
-/// the group snapshotter's report asks, and deletes the group's member Snapshots
-/// before removing it.
-pub const GROUP_SNAPSHOTTER_FINALIZER: &str = "moor.dev/group-snapshotter";
-
-/// The condition the controller sets on a group once it made its member Snapshots.
-pub const MEMBERS_CREATED: &str = "MembersCreated";
-
-impl Reported for VolumeGroupSnapshotSpec {
-    type Section = VolumeGroupSnapshotStatus;
-    const REPORT_KIND: &'static str = "VolumeGroupSnapshotReport";
-    const REPORT_DIR: &'static str = "groupsnapshot-reports";
-    const REPORT_ALIASES: &'static [&'static str] = &["groupsnapshotreports"];
-    const REPORT_PHASE: Option<&'static str> = Some("/status/phase");
-
-    fn section(status: &VolumeGroupSnapshotStatus) -> &VolumeGroupSnapshotStatus {
-        status
-    }
-
-    fn section_mut(status: &mut VolumeGroupSnapshotStatus) -> &mut VolumeGroupSnapshotStatus {
-        status
-    }
-}
-
-/// What the agent leading a group's plugin reports of it (its status, what it asks of
-/// the group snapshotter's finalizer): written below `groupsnapshot-reports/PLUGIN/`,
-/// copied into the group by the controller when PLUGIN is the group's (the one its
-/// status records, else its first volume's), which then makes the member Snapshots
-/// the status lists. See [`ReportSpec`].
-pub type VolumeGroupSnapshotReportSpec = ReportSpec<VolumeGroupSnapshotSpec>;
-
-/// A report on a group snapshot.
-pub type VolumeGroupSnapshotReport = Object<VolumeGroupSnapshotReportSpec>;
