@@ -36,6 +36,7 @@ mod common;
 use cluster::{Cluster, PluginOpts};
 use common::wait_for;
 use moor::api::*;
+use moor_hostpath::calllog::Call;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -696,13 +697,7 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
         c.store.try_get(&key).await.unwrap().is_none()
     })
     .await;
-    let deleted: Vec<String> = c
-        .nodes
-        .iter()
-        .flat_map(|n| n.calls())
-        .filter(|call| call.rpc == "DeleteVolume")
-        .filter_map(|call| call.volume_id)
-        .collect();
+    let deleted = called(&c, "DeleteVolume", |call| call.volume_id);
     assert!(
         deleted.contains(&v1_id),
         "DeleteVolume of {v1_id}: {deleted:?}"
@@ -715,18 +710,20 @@ async fn a_cluster_of_the_last_release_upgrades_one_process_at_a_time_without_un
         c.store.try_get(&s1).await.unwrap().is_none()
     })
     .await;
-    let deleted: Vec<String> = c
-        .nodes
-        .iter()
-        .flat_map(|n| n.calls())
-        .filter(|call| call.rpc == "DeleteSnapshot")
-        .filter_map(|call| call.snapshot_id)
-        .collect();
+    let deleted = called(&c, "DeleteSnapshot", |call| call.snapshot_id);
     assert!(
         deleted.contains(&s1_id),
         "DeleteSnapshot of {s1_id}: {deleted:?}"
     );
     c.check_calls(true);
+}
+
+/// What `pick` takes from each call of `rpc` the plugins logged.
+fn called(c: &Cluster, rpc: &str, pick: fn(Call) -> Option<String>) -> Vec<String> {
+    (c.nodes.iter().flat_map(|n| n.calls()))
+        .filter(|call| call.rpc == rpc)
+        .filter_map(pick)
+        .collect()
 }
 
 /// Volumes that must stay published, and how many teardowns of them the call logs
@@ -808,6 +805,14 @@ async fn the_last_main_upgrades_and_goes_back_one_process_at_a_time_without_unpu
     c.wait_nodes_healthy().await;
     c.apply(c.allocation("a4", "n1", retained, false)).await;
     stage(&c, "after upgrading agent n1", "a4", "n1", &live).await;
+    // The new leader recorded the owners, with what CreateVolume answered for the
+    // created ones (the retained template volume among them); r1 is v7's sibling. Its
+    // claim on n2 below carries v7's context from that record: admitted before it (on
+    // r1's own word, which names no context, as the old build took it) it would be
+    // staged on n2, whose plugin instance did not make v7, without the path
+    // (NodeStageVolume NotFound, seen once under load).
+    let created: Vec<&str> = names.iter().chain(&[retained]).copied().collect();
+    owners_recorded(&c, &created).await;
     c.node_mut("n2").agent.replace(new_moord.clone());
     c.wait_nodes_healthy().await;
     c.apply(c.allocation("a5", "n2", "r1", false)).await;
@@ -815,10 +820,6 @@ async fn the_last_main_upgrades_and_goes_back_one_process_at_a_time_without_unpu
     live.extend(&c, external_ids(&c, &["v3", retained, "r1"]).await);
     stopped_last.extend(["a3", "a4", "a5"]);
 
-    // The new leader recorded the owners, with what CreateVolume answered for the
-    // created ones (the retained template volume among them); r1 is v7's sibling.
-    let created: Vec<&str> = names.iter().chain(&[retained]).copied().collect();
-    owners_recorded(&c, &created).await;
     // A new volume made and published by this version (named by namespace, name and
     // uid now), beside the old ones.
     c.apply(c.volume("n9", AccessMode::SingleNodeWriter)).await;

@@ -234,15 +234,26 @@ impl Copied for VolumeSpec {
     }
 }
 
-/// The plugin of the first of `volumes` (in `ns`) that exists, read from the store.
-async fn volumes_plugin<'a>(
+/// The object at `key` from the store, as a volume, and its plugin: the one
+/// `recorded` gives once cut, else the first existing of its `volumes`' (read from the
+/// store too); `None` when it is gone or no plugin can be told.
+async fn of_volumes<K: Spec>(
     ctx: &Ctx,
-    ns: &Namespace,
-    volumes: impl IntoIterator<Item = &'a VolumeId>,
-) -> Result<Option<PluginId>, StoreError> {
-    for v in volumes {
-        if let Some(vol) = ctx.writer.store().try_get(&Volume::key_for(ns, v)).await? {
-            return Ok(Some(vol.spec.plugin_id));
+    key: ObjectKey<K>,
+    recorded: fn(&Object<K>) -> Option<&PluginId>,
+    volumes: fn(&Object<K>) -> &[VolumeId],
+) -> Result<Option<Found<K>>, StoreError> {
+    let Some(obj) = ctx.writer.store().try_get(&key).await? else {
+        return Ok(None);
+    };
+    if let Some(p) = recorded(&obj) {
+        let p = p.clone();
+        return Ok(Some((Arc::new(obj), p)));
+    }
+    for v in volumes(&obj) {
+        let vol = Volume::key_for(&obj.metadata.namespace, v);
+        if let Some(vol) = ctx.writer.store().try_get(&vol).await? {
+            return Ok(Some((Arc::new(obj), vol.spec.plugin_id)));
         }
     }
     Ok(None)
@@ -253,17 +264,12 @@ impl Copied for SnapshotSpec {
         ctx: &Ctx,
         key: ObjectKey<Self>,
     ) -> BoxFuture<'_, Result<Option<Found<Self>>, StoreError>> {
-        // From the store, as a volume.
-        Box::pin(async move {
-            let Some(snap) = ctx.writer.store().try_get(&key).await? else {
-                return Ok(None);
-            };
-            let plugin = match &snap.status.plugin_id {
-                Some(p) => Some(p.clone()),
-                None => volumes_plugin(ctx, &snap.metadata.namespace, [&snap.spec.volume]).await?,
-            };
-            Ok(plugin.map(|p| (Arc::new(snap), p)))
-        })
+        Box::pin(of_volumes(
+            ctx,
+            key,
+            |s| s.status.plugin_id.as_ref(),
+            |s| std::slice::from_ref(&s.spec.volume),
+        ))
     }
 
     fn decide(obj: &Object<Self>, plugin: &PluginId, report: &Report<Self>) -> Mirror<Self> {
@@ -276,16 +282,12 @@ impl Copied for VolumeGroupSnapshotSpec {
         ctx: &Ctx,
         key: ObjectKey<Self>,
     ) -> BoxFuture<'_, Result<Option<Found<Self>>, StoreError>> {
-        Box::pin(async move {
-            let Some(g) = ctx.writer.store().try_get(&key).await? else {
-                return Ok(None);
-            };
-            let plugin = match &g.status.plugin_id {
-                Some(p) => Some(p.clone()),
-                None => volumes_plugin(ctx, &g.metadata.namespace, &g.spec.volumes).await?,
-            };
-            Ok(plugin.map(|p| (Arc::new(g), p)))
-        })
+        Box::pin(of_volumes(
+            ctx,
+            key,
+            |g| g.status.plugin_id.as_ref(),
+            |g| &g.spec.volumes,
+        ))
     }
 
     fn decide(obj: &Object<Self>, plugin: &PluginId, report: &Report<Self>) -> Mirror<Self> {
