@@ -129,6 +129,19 @@ pub fn explain(e: &anyhow::Error, endpoints: &[String]) -> String {
         words.push_str(&format!("{cause} {cause:?} ").to_lowercase());
     }
     let at = endpoints.join(",");
+    // A refusal that knows who asked what: said whole, with what to do.
+    if let Some(denied) = e.chain().find_map(|c| match c.downcast_ref() {
+        Some(d @ moor::store::StoreError::Denied { .. }) => Some(d),
+        _ => None,
+    }) {
+        let said = denied.to_string();
+        let said = said.strip_prefix("permission denied: ").unwrap_or(&said);
+        return format!(
+            "etcd at {at} {}; ask an operator for a role that does (deploy/etcd/roles.sh), \
+             or use an identity that has one (--cert, --key)",
+            said.strip_prefix("etcd ").unwrap_or(said)
+        );
+    }
     // A request etcd never answered names the bound it waited (send.rs, watch.rs).
     if let Some(silent) = e.chain().find_map(|c| {
         let text = c.to_string();
@@ -207,6 +220,24 @@ mod tests {
     fn a_refusal_by_etcd_is_not_called_unreachable() {
         let e = anyhow::anyhow!("message: \"etcdserver: permission denied\"");
         assert!(at(e).starts_with("etcd at http://127.0.0.1:2379 refused: permission denied"));
+    }
+
+    #[test]
+    fn a_refusal_names_the_identity_and_what_it_lacked() {
+        let e = moor::store::StoreError::Denied {
+            identity: Some("moor-view-a".into()),
+            access: moor::store::Access::Write,
+            what: "/moor/volumes/b/v1".into(),
+            source: etcd_client::Error::GRpcStatus(tonic::Status::permission_denied(
+                "etcdserver: permission denied",
+            )),
+        };
+        assert_eq!(
+            at(anyhow::Error::new(e).context("deleting volume b/v1")),
+            "etcd at http://127.0.0.1:2379 refused identity moor-view-a a write of \
+             /moor/volumes/b/v1; its etcd role does not grant it; ask an operator for a role \
+             that does (deploy/etcd/roles.sh), or use an identity that has one (--cert, --key)"
+        );
     }
 
     #[test]

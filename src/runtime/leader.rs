@@ -324,7 +324,13 @@ async fn try_acquire(
                         }
                     }
                 }
-                None => return Err(StoreError::watch_cancelled("etcd closed the election watch")),
+                None => {
+                    return Err(StoreError::watch_cancelled(
+                        "etcd closed the election watch",
+                        store.identity(),
+                        &key,
+                    ))
+                }
             },
         }
     }

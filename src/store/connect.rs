@@ -84,6 +84,7 @@ impl EtcdAuth {
             None => None,
         };
         let mut opts = options();
+        let mut cert_pem = None;
         if let Some(user) = &self.user {
             let (name, password) = user
                 .split_once(':')
@@ -97,11 +98,12 @@ impl EtcdAuth {
                 tls = tls.ca_certificate(Certificate::from_pem(pem));
             }
             if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
-                let cert_pem =
+                let pem =
                     std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
                 let key_pem =
                     std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
-                tls = tls.identity(Identity::from_pem(cert_pem, key_pem));
+                tls = tls.identity(Identity::from_pem(pem.clone(), key_pem));
+                cert_pem = Some(pem);
             }
             opts = opts.with_tls(tls);
         }
@@ -114,7 +116,10 @@ impl EtcdAuth {
                 ))),
             }
             .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
-        let store = Store::new(client, prefix).with_deadline(deadline);
+        let identity = super::identity::of(self.user.as_deref(), cert_pem.as_deref());
+        let store = Store::new(client, prefix)
+            .with_deadline(deadline)
+            .with_identity(identity);
         Ok(match keyring {
             Some(k) => store.with_keyring(k),
             None => store,

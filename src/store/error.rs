@@ -86,9 +86,66 @@ pub enum StoreError {
     /// A lease that etcd does not know (expired or revoked).
     #[error("lease {0:x} has expired or been revoked")]
     LeaseGone(i64),
+    /// etcd refused the request: the identity's role does not grant that access to
+    /// those keys (etcd's PERMISSION_DENIED, which names neither).
+    #[error("permission denied: etcd refused {} {access} {what}; its etcd role does not grant it", who(.identity))]
+    Denied {
+        /// The etcd user the connection is (a certificate's CN, a `--user` name).
+        identity: Option<String>,
+        /// What was asked.
+        access: Access,
+        /// The full key, keys or range (`below PREFIX`) asked about.
+        what: String,
+        /// etcd's answer.
+        #[source]
+        source: etcd_client::Error,
+    },
     /// Any other failure etcd reported.
     #[error("etcd request failed")]
     Etcd(#[source] etcd_client::Error),
+}
+
+/// What a request asked of etcd, as a refusal words it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// A range read.
+    Read,
+    /// A write (a transaction's compares read too).
+    Write,
+    /// A watch.
+    Watch,
+}
+
+impl std::fmt::Display for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Access::Read => "a read of",
+            Access::Write => "a write of",
+            Access::Watch => "a watch of",
+        })
+    }
+}
+
+fn who(identity: &Option<String>) -> String {
+    match identity {
+        Some(name) => format!("identity {}", crate::api::printable(name)),
+        None => "this connection (no etcd identity)".to_string(),
+    }
+}
+
+/// Keys as a refusal names them: the first three, then how many more.
+pub(super) fn keys_named(keys: &[String]) -> String {
+    const SHOWN: usize = 3;
+    let mut out = keys
+        .iter()
+        .take(SHOWN)
+        .map(|k| crate::api::printable(k))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if keys.len() > SHOWN {
+        out.push_str(&format!(" and {} more", keys.len() - SHOWN));
+    }
+    out
 }
 
 /// What an operator does about etcd's NOSPACE alarm, for the processes that report it.
@@ -137,8 +194,31 @@ impl StoreError {
     /// Whether etcd refused the request for this identity (its role lacks the key):
     /// etcd answered, so it is up.
     pub fn is_permission_denied(&self) -> bool {
-        matches!(self, StoreError::Etcd(etcd_client::Error::GRpcStatus(s))
-            if s.code() == tonic::Code::PermissionDenied)
+        match self {
+            StoreError::Denied { .. } => true,
+            StoreError::Etcd(e) => denied(e),
+            _ => false,
+        }
+    }
+
+    /// `e` as a refusal of `access` to `what` by `identity` when etcd denied it,
+    /// otherwise classified as [`StoreError::from_etcd`] does.
+    pub(crate) fn refused(
+        e: etcd_client::Error,
+        identity: Option<&str>,
+        access: Access,
+        what: impl FnOnce() -> String,
+    ) -> StoreError {
+        if denied(&e) {
+            StoreError::Denied {
+                identity: identity.map(str::to_string),
+                access,
+                what: what(),
+                source: e,
+            }
+        } else {
+            StoreError::from_etcd(e)
+        }
     }
 
     /// The store unavailable because it gave no answer within `after` (a paused or
@@ -160,7 +240,7 @@ impl StoreError {
     /// A watch etcd cancelled, with its reason: permission denied when the reason says
     /// so (the identity's role does not cover the range), otherwise unavailable (the
     /// watch may be opened again).
-    pub(crate) fn watch_cancelled(reason: &str) -> StoreError {
+    pub(crate) fn watch_cancelled(reason: &str, identity: Option<&str>, what: &str) -> StoreError {
         let reason = if reason.is_empty() {
             "watch cancelled by etcd"
         } else {
@@ -171,10 +251,12 @@ impl StoreError {
         } else {
             tonic::Code::Aborted
         };
-        StoreError::from_etcd(etcd_client::Error::GRpcStatus(tonic::Status::new(
-            code,
-            reason.to_string(),
-        )))
+        StoreError::refused(
+            etcd_client::Error::GRpcStatus(tonic::Status::new(code, reason.to_string())),
+            identity,
+            Access::Watch,
+            || what.to_string(),
+        )
     }
 
     /// Classifies an etcd client error.
@@ -204,6 +286,11 @@ impl StoreError {
             _ => StoreError::Etcd(e),
         }
     }
+}
+
+/// Whether etcd answered PERMISSION_DENIED.
+fn denied(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::PermissionDenied)
 }
 
 /// How much of a malformed value's error a log line shows.

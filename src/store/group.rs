@@ -241,7 +241,9 @@ async fn commit_loop(store: Store, mut queue: mpsc::UnboundedReceiver<Pending>) 
 
 struct Batch {
     writes: Vec<Pending>,
-    keys: HashSet<String>,
+    /// The hashes of the keys its writes touch: a collision only defers a write to
+    /// the next batch, and the keys stay with their writes (a refusal names them).
+    keys: HashSet<u64>,
     ops: usize,
     bytes: usize,
 }
@@ -261,14 +263,13 @@ impl Batch {
     fn fits(&self, w: &Write) -> bool {
         self.ops + w.size() <= MAX_OPS
             && self.bytes + w.bytes <= MAX_BYTES
-            && !w.keys.iter().any(|k| self.keys.contains(k))
+            && !w.keys.iter().any(|k| self.keys.contains(&key_hash(k)))
     }
 
-    fn push(&mut self, mut p: Pending) {
+    fn push(&mut self, p: Pending) {
         self.ops += p.write.size();
         self.bytes += p.write.bytes;
-        // The keys serve only to keep a batch free of repeats: moved, not copied.
-        self.keys.extend(std::mem::take(&mut p.write.keys));
+        self.keys.extend(p.write.keys.iter().map(|k| key_hash(k)));
         self.writes.push(p);
     }
 
@@ -310,6 +311,12 @@ impl Batch {
             Ok(Err(_)) => alone(store, writes).await,
         }
     }
+}
+
+/// A key's hash, to keep a batch free of repeats without copying the key.
+fn key_hash(key: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(key)
 }
 
 /// Sends each write as its own transaction, all at once.

@@ -18,6 +18,8 @@
 //! - `lease`: leases: grant, keep alive, revoke.
 //! - `seal`: secrets at rest: the keyring that seals and opens them.
 //! - `connect`: how a process reaches etcd (endpoints, prefix, TLS, user).
+//! - `identity`: who the connection is to etcd (a certificate's CN, a user), for
+//!   refusals that name it.
 //! - `error`: every etcd failure classified.
 
 mod batch;
@@ -25,6 +27,7 @@ mod codec;
 mod connect;
 mod error;
 mod group;
+mod identity;
 mod lease;
 mod raw;
 mod seal;
@@ -35,7 +38,8 @@ mod watch;
 pub use batch::Batch;
 pub use codec::Codec;
 pub use connect::EtcdAuth;
-pub use error::{bounded_chain, MalformedCause, StoreError, NOSPACE_HELP};
+pub use error::{bounded_chain, Access, MalformedCause, StoreError, NOSPACE_HELP};
+pub use identity::common_name_of_pem;
 pub use lease::{KeepAlive, LeaseId};
 pub use raw::{Declared, SEALING_KEY};
 pub use seal::{Keyring, KeyringError, OpenError, SealError};
@@ -46,7 +50,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::api::{KeyScope, Object, ObjectKey, Spec, Timestamp};
+use crate::api::{self, KeyScope, Object, ObjectKey, Spec, Timestamp};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "/moor/";
@@ -210,6 +214,8 @@ pub struct Store {
     group: Option<Arc<group::Group>>,
     /// Writes waiting to ride with another write of this connection (see [`group`]).
     riders: Arc<group::Riders>,
+    /// The etcd user it is, when known (see [`identity`]): refusals name it.
+    identity: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -245,7 +251,31 @@ impl Store {
             codec: Codec::default(),
             group: Some(Arc::default()),
             riders: Arc::default(),
+            identity: None,
         }
+    }
+
+    /// The same store known to be the etcd user `name` (its refusals say so).
+    pub fn with_identity(mut self, name: Option<String>) -> Store {
+        self.identity = name.map(Arc::from);
+        self
+    }
+
+    /// The etcd user it connects as, when known: a `--user` name or its client
+    /// certificate's CN.
+    pub fn identity(&self) -> Option<&str> {
+        self.identity.as_deref()
+    }
+
+    /// `e` as [`StoreError::refused`] words a refusal of `access` to `what` by this
+    /// store's identity.
+    pub(crate) fn refusal(
+        &self,
+        e: etcd_client::Error,
+        access: Access,
+        what: impl FnOnce() -> String,
+    ) -> StoreError {
+        StoreError::refused(e, self.identity(), access, what)
     }
 
     /// The same store bounding each request by `deadline` (at least 100 ms) instead of
@@ -360,7 +390,7 @@ impl Store {
                 async move { c.get(full, None).await }
             })
             .await
-            .map_err(StoreError::from_etcd)?;
+            .map_err(|e| self.refusal(e, Access::Read, || api::printable(&full)))?;
         Ok(resp
             .kvs()
             .first()
@@ -376,7 +406,7 @@ impl Store {
             async move { c.put(full, value, None).await }
         })
         .await
-        .map_err(StoreError::from_etcd)?;
+        .map_err(|e| self.refusal(e, Access::Write, || api::printable(&full)))?;
         Ok(())
     }
 
@@ -456,13 +486,14 @@ impl Store {
                     continue;
                 }
                 Err(e) => {
-                    return Err(match StoreError::from_etcd(e) {
+                    let below = || format!("keys below {}", api::printable(&self.full_key(scope)));
+                    return Err(match self.refusal(e, Access::Read, below) {
                         StoreError::Compacted { .. } => StoreError::Compacted {
                             requested: revision,
                             compact_revision: 0,
                         },
                         other => other,
-                    })
+                    });
                 }
             };
             if revision == 0 {

@@ -99,6 +99,7 @@ impl Store {
             mut compares,
             ops,
             fetch,
+            keys,
             ..
         } = write;
         let mut otherwise: Vec<TxnOp> = fetch.into_iter().map(|k| TxnOp::get(k, None)).collect();
@@ -122,7 +123,7 @@ impl Store {
                 async move { c.txn(txn).await }
             })
             .await
-            .map_err(StoreError::from_etcd)?;
+            .map_err(|e| self.refusal(e, Access::Write, || error::keys_named(&keys)))?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
         if resp.succeeded() {
             return Ok(Ok(revision));

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Repeat, Store, StoreError};
+use super::{Access, Repeat, Store, StoreError};
 
 /// The error of a watch silent for `quiet`, a progress request included.
 fn no_answer_on_watch(quiet: Duration) -> etcd_client::Error {
@@ -64,9 +64,25 @@ impl WatchBatch {
     }
 }
 
+/// How a refusal names a watch of `key`.
+fn watched(key: &str, prefix: bool) -> String {
+    if prefix {
+        format!("keys below {}", crate::api::printable(key))
+    } else {
+        crate::api::printable(key)
+    }
+}
+
+/// Who watches what, for a cancellation that is a refusal.
+struct Refused {
+    identity: Option<String>,
+    what: String,
+}
+
 /// An open watch.
 pub struct WatchStream {
     inner: etcd_client::WatchStream,
+    refused: Refused,
     prefix_len: usize,
     /// How long the stream may be quiet before it is asked for progress, and how long
     /// the answer may take: the store's request deadline.
@@ -118,7 +134,11 @@ impl WatchStream {
         // identity's role does not cover the watched range. Never an empty batch that a
         // caller could take for "the watch ended, start again at once".
         if resp.canceled() && resp.compact_revision() == 0 {
-            return Err(StoreError::watch_cancelled(resp.cancel_reason()));
+            return Err(StoreError::watch_cancelled(
+                resp.cancel_reason(),
+                self.refused.identity.as_deref(),
+                &self.refused.what,
+            ));
         }
         let key_of =
             |k: &[u8]| String::from_utf8_lossy(k.get(self.prefix_len..).unwrap_or(k)).into_owned();
@@ -201,9 +221,13 @@ impl Store {
                 async move { c.watch(key, Some(opts)).await }
             })
             .await
-            .map_err(StoreError::from_etcd)?;
+            .map_err(|e| self.refusal(e, Access::Watch, || watched(&key, prefix)))?;
         Ok(WatchStream {
             inner,
+            refused: Refused {
+                identity: self.identity().map(str::to_string),
+                what: watched(&key, prefix),
+            },
             prefix_len: self.prefix().len(),
             quiet: self.deadline(),
             asked: None,
