@@ -278,12 +278,14 @@ async fn each_identity_is_granted_its_own_keys_and_refused_the_rest() {
         &["volume", "detach", "v1", "--node", "n1"],
     );
     assert!(!out.status.success(), "an agent must not edit volumes");
+    // It names the identity and what it lacked, never etcd's bare words.
+    let said = String::from_utf8_lossy(&out.stderr);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains(&format!(
-            "moorctl: etcd at {} refused: permission denied; this identity's etcd role \
-             does not allow it (see deploy/etcd/roles.sh)",
+        said.contains(&format!(
+            "moorctl: etcd at {} refused identity moor-agent-n2 a ",
             s.url
-        )),
+        )) && said.contains(" /moor/")
+            && said.contains("its etcd role does not grant it; ask an operator"),
         "{out:?}"
     );
     let out = Command::new(bin("moorctl"))
@@ -1575,4 +1577,172 @@ async fn the_console_reads_with_an_identity_of_its_own_and_nothing_more() {
             .unwrap_err();
         assert!(denied(&e), "the console read {prefix}: {e}");
     }
+}
+
+/// moorctl's stderr.
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn people_have_their_role_s_access_and_a_refusal_names_who_and_what_it_lacked() {
+    let s = Secure::start().await;
+    let admin = s.store("moor-controller", Some(&s.cluster_keys)).await;
+    let in_ns = |ns: &str, name: &str| {
+        let mut v = volume(name);
+        v.metadata.namespace = Namespace::new(ns).unwrap();
+        v
+    };
+    admin.create(&in_ns("a", "va")).await.unwrap();
+    admin.create(&in_ns("b", "vb")).await.unwrap();
+    let refusal = |who: &str, access: &str, what: &str| {
+        format!(
+            "moorctl: etcd at {} refused identity {who} {access} {what}; its etcd role does \
+             not grant it; ask an operator for a role that does (deploy/etcd/roles.sh), or use \
+             an identity that has one (--cert, --key)",
+            s.url
+        )
+    };
+
+    // ann views namespace a: she reads it, nothing of b, and writes nothing.
+    let out = s.moorctl("ann", None, &["get", "volumes", "-n", "a"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("va"),
+        "{out:?}"
+    );
+    let out = s.moorctl("ann", None, &["get", "volumes", "-n", "b"]);
+    assert!(!out.status.success(), "{out:?}");
+    assert_eq!(
+        stderr(&out).trim_end(),
+        refusal("ann", "a read of", "keys below /moor/volumes/b/"),
+        "{out:?}"
+    );
+    let out = s.moorctl("ann", None, &["get", "volumes", "-A"]);
+    assert!(
+        stderr(&out).contains(&refusal("ann", "a read of", "keys below /moor/volumes/")),
+        "{out:?}"
+    );
+    let out = s.moorctl("ann", None, &["delete", "volume", "va", "-n", "a"]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        stderr(&out).contains("refused identity ann a write of /moor/volumes/a/va"),
+        "{out:?}"
+    );
+    let out = s.moorctl("ann", None, &["get", "secrets", "-n", "a"]);
+    assert!(
+        stderr(&out).contains("refused identity ann a read of keys below /moor/secrets/"),
+        "a viewer reads no Secret: {out:?}"
+    );
+
+    // bo edits namespace a: he writes its requests, not b's, and no cluster object.
+    let manifest = s.tmp.path().join("bo.yaml");
+    let write = |ns: &str, name: &str| {
+        std::fs::write(
+            &manifest,
+            format!(
+                "kind: Volume\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  \
+                 plugin_id: hostpath.moor.dev\n  capacity_min: 1Mi\n  capabilities:\n  - \
+                 {{access_mode: single-node-writer, attachment_mode: file-system}}\n"
+            ),
+        )
+        .unwrap();
+        s.moorctl("bo", None, &["apply", "-f", manifest.to_str().unwrap()])
+    };
+    let out = write("a", "made-by-bo");
+    assert!(out.status.success(), "{out:?}");
+    admin
+        .get(&Volume::key_for(
+            &Namespace::new("a").unwrap(),
+            Name::new("made-by-bo").unwrap(),
+        ))
+        .await
+        .unwrap();
+    let out = write("b", "made-by-bo");
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("refused identity bo a "), "{out:?}");
+    assert!(
+        admin
+            .try_get(&Volume::key_for(
+                &Namespace::new("b").unwrap(),
+                Name::new("made-by-bo").unwrap()
+            ))
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing written in b"
+    );
+    let out = s.moorctl("bo", None, &["node", "cordon", "n1"]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(stderr(&out).contains("refused identity bo a "), "{out:?}");
+    assert!(admin
+        .list(&KeyScope::<CordonSpec>::all())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+
+    // cy operates the cluster: every namespace, cordons.
+    let out = s.moorctl("cy", None, &["get", "volumes", "-A"]);
+    assert!(out.status.success(), "{out:?}");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains("va") && listed.contains("vb"), "{out:?}");
+    let out = s.moorctl("cy", None, &["node", "cordon", "n1"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        admin
+            .list(&KeyScope::<CordonSpec>::all())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+
+    // On-boarding a new person on the running cluster: certs.sh and roles.sh run again
+    // keep what they made (the CA, the users, their grants) and add dee.
+    let people = format!("{} dee=view:b", secure::PEOPLE);
+    run(Command::new("bash")
+        .arg(deploy("certs.sh"))
+        .arg(&s.certs)
+        .args(["n1", "n2"])
+        .env("NAMESPACE_WRITERS", "a")
+        .env("PEOPLE", &people));
+    run(Command::new("bash")
+        .arg(deploy("roles.sh"))
+        .args(["n1", "n2"])
+        .env("CONTROLLER_PLUGINS", "n1=hostpath.moor.dev")
+        .env("VOLUME_PLUGINS", "")
+        .env("NAMESPACE_WRITERS", "a")
+        .env("PEOPLE", &people)
+        .env("SECRET_PLUGINS", "hostpath.moor.dev")
+        .env("ENDPOINT", &s.url)
+        .env("CERTS", &s.certs));
+    let out = s.moorctl("dee", None, &["get", "volumes", "-n", "b"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("vb"),
+        "{out:?}"
+    );
+    // The first people keep working with their old certificates.
+    let out = s.moorctl("ann", None, &["get", "volumes", "-n", "a"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = s.moorctl("dee", None, &["get", "volumes", "-n", "a"]);
+    assert!(
+        stderr(&out).contains(&refusal("dee", "a read of", "keys below /moor/volumes/a/")),
+        "{out:?}"
+    );
+    // A malformed entry is refused before anything is made.
+    let bad = Command::new("bash")
+        .arg(deploy("roles.sh"))
+        .env("PEOPLE", "eve=admin:a")
+        .env("ENDPOINT", &s.url)
+        .env("CERTS", &s.certs)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("PEOPLE: eve=admin:a: the role is view, edit or operator"),
+        "{bad:?}"
+    );
 }

@@ -33,11 +33,26 @@ const HEAD: &str = r#"#!/usr/bin/env bash
 #
 # CERTS holds certs.sh's output (root's certificate does the setup). Users have no
 # password: they authenticate by their certificate's CN (etcd --client-cert-auth).
-# NAMESPACE_WRITERS (namespaces) makes moor-edit-NS for each: read and write the
-# requests of namespace NS (volumes, allocations, snapshots, group snapshots, schedules,
-# leases; its Secrets of each plugin in SECRET_PLUGINS), nothing of another namespace.
-# PREFIX (default /moor/) must match moord's and moorctl's --prefix. WAIT (default 30)
-# bounds the wait for etcd to answer first.
+# NAMESPACE_WRITERS (namespaces) makes the user moor-edit-NS for each (a team's
+# tooling, a scheduler of one namespace), with the role of the same name: read and write
+# the requests of namespace NS (volumes, allocations, snapshots, group snapshots,
+# schedules, leases; its Secrets of each plugin in SECRET_PLUGINS), nothing of another
+# namespace.
+# PEOPLE (entries NAME=ROLE[:NS,...]; a person may have several) makes a user per
+# person, named as the CN of the certificate certs.sh makes for NAME, granted:
+#   view:NS,...  moor-view-NS: read the namespaces' requests and the controller's events
+#                about them, and the classes, plugins, nodes and cordons they are placed
+#                by; never a Secret;
+#   edit:NS,...  moor-edit-NS: view, and write those requests and the namespaces'
+#                Secrets (the role NAMESPACE_WRITERS' users have);
+#   operator     moor-operator: every object of every namespace and the cluster's
+#                (cordons, classes, plugins, ownership records, force-detach
+#                declarations); reads the elections and the plugins' reports, writes
+#                neither.
+# The script can be run again on a cluster it set up: users and roles that exist are
+# kept, grants are added (a grant a newer version withdraws is revoked as UPGRADING.md
+# says). PREFIX (default /moor/) must match moord's and moorctl's --prefix. WAIT
+# (default 30) bounds the wait for etcd to answer first.
 set -euo pipefail
 : "${ENDPOINT:?}" "${CERTS:?}"
 # etcdctl refuses a setting given both by a variable and a flag: the flags below decide.
@@ -60,19 +75,23 @@ until ctl endpoint health 2>/dev/null; do
     sleep 0.5
 done
 
-ctl user add root --no-password
-ctl role add root
+# A user or role is added unless it exists (a second run keeps what the first made).
+add_user() { ctl user get "$1" 2>/dev/null || ctl user add "$1" --no-password; }
+add_role() { ctl role get "$1" 2>/dev/null || ctl role add "$1"; }
+
+add_user root
+add_role root
 ctl user grant-role root root
 
-ctl user add moor-controller --no-password
-ctl role add moor-controller
+add_user moor-controller
+add_role moor-controller
 ctl role grant-permission moor-controller readwrite "$PREFIX" --prefix
 ctl user grant-role moor-controller moor-controller
 
 # The web console (moord console): reads what its pages show, writes nothing, and
 # never reads Secrets (sealed or not), leases or elections.
-ctl user add moor-console --no-password
-ctl role add moor-console
+add_user moor-console
+add_role moor-console
 "#;
 
 /// The script.
@@ -89,8 +108,8 @@ pub fn script() -> String {
         r#"
 for node in "$@"; do
     user="moor-agent-$node"
-    ctl user add "$user" --no-password
-    ctl role add "$user"
+    add_user "$user"
+    add_role "$user"
 "#,
     );
     for &kind in Kind::ALL {
@@ -178,41 +197,147 @@ for node in ${VOLUME_PLUGINS:-}; do
     ctl role grant-permission "$user" read "${PREFIX}capacities/" --prefix
 done
 
-for ns in ${NAMESPACE_WRITERS:-}; do
-    user="moor-edit-$ns"
-    ctl user add "$user" --no-password
-    ctl role add "$user"
 "#,
     );
-    out.push_str(
-        "    # The namespace's edit identity (a team's tooling, a scheduler of one namespace):
-    # the requests of its namespace, nothing of another's and no fact (statuses
-    # written by reconcilers in these keys are requests to moor: issue 77).
-",
+    out.push_str(&people());
+    out
+}
+
+/// The namespace roles (view and edit), the operator's, and the users that have them:
+/// NAMESPACE_WRITERS' identities and PEOPLE.
+fn people() -> String {
+    let mut out = String::from(
+        r#"# What a namespace's requests are placed by (classes, plugins, nodes, cordons),
+# the controller's events about the namespace, and the controller's election record
+# (moorctl compares its version with its own): read by its view and edit roles.
+placement_reads() { # ROLE NS
+    ctl role grant-permission "$1" read "${PREFIX}volumeclasses/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}plugins/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}nodes/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}cordons/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}events/controller/$2/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}leaders/controller"
+}
+
+# Each role is defined once per run, whoever needs it.
+declare -A defined=()
+
+# moor-view-NS: read namespace NS's requests; never a Secret.
+view_role() { # NS
+    local role="moor-view-$1"
+    [ -n "${defined[$role]:-}" ] && return 0
+    defined[$role]=1
+    add_role "$role"
+"#,
     );
     for kind in NAMESPACE_EDIT {
         out.push_str(&format!(
-            "    ctl role grant-permission \"$user\" readwrite \"${{PREFIX}}{}/$ns/\" --prefix\n",
+            "    ctl role grant-permission \"$role\" read \"${{PREFIX}}{}/$1/\" --prefix\n",
+            kind.dir()
+        ));
+    }
+    out.push_str(
+        r#"    placement_reads "$role" "$1"
+}
+
+# moor-edit-NS: the namespace's edit identity (a team's tooling, a scheduler of one
+# namespace, its people): the requests of its namespace, nothing of another's and no
+# fact (statuses written by reconcilers in these keys are requests to moor: issue 77).
+edit_role() { # NS
+    local role="moor-edit-$1"
+    [ -n "${defined[$role]:-}" ] && return 0
+    defined[$role]=1
+    add_role "$role"
+"#,
+    );
+    for kind in NAMESPACE_EDIT {
+        out.push_str(&format!(
+            "    ctl role grant-permission \"$role\" readwrite \"${{PREFIX}}{}/$1/\" --prefix\n",
             kind.dir()
         ));
     }
     out.push_str(
         r#"    # Its Secrets, of the plugins named in SECRET_PLUGINS (keyed by plugin first).
+    local plugin
     for plugin in ${SECRET_PLUGINS:-}; do
-        ctl role grant-permission "$user" readwrite "${PREFIX}secrets/$plugin/$ns/" --prefix
+        ctl role grant-permission "$role" readwrite "${PREFIX}secrets/$plugin/$1/" --prefix
     done
-    # What its requests name or are placed by: classes, plugins, nodes, cordons.
-    ctl role grant-permission "$user" read "${PREFIX}volumeclasses/" --prefix
-    ctl role grant-permission "$user" read "${PREFIX}plugins/" --prefix
-    ctl role grant-permission "$user" read "${PREFIX}nodes/" --prefix
-    ctl role grant-permission "$user" read "${PREFIX}cordons/" --prefix
-    # The controller's events about its namespace.
-    ctl role grant-permission "$user" read "${PREFIX}events/controller/$ns/" --prefix
-    ctl user grant-role "$user" "$user"
+    placement_reads "$role" "$1"
+}
+
+# moor-operator: every object of every namespace and the cluster's, and the
+# force-detach declarations; the elections and the plugins' own reports (capacity,
+# snapshot lists, unknown volumes) read only: an operator cannot pose as a leader.
+operator_role() {
+    local role="moor-operator"
+    [ -n "${defined[$role]:-}" ] && return 0
+    defined[$role]=1
+    add_role "$role"
+"#,
+    );
+    for &kind in Kind::ALL {
+        out.push_str(&format!(
+            "    ctl role grant-permission \"$role\" readwrite \"${{PREFIX}}{}/\" --prefix\n",
+            kind.dir()
+        ));
+    }
+    out.push_str(
+        r#"    ctl role grant-permission "$role" readwrite "${PREFIX}declarations/" --prefix
+    local dir
+    for dir in leaders capacities snapshot-lists unknown-volumes; do
+        ctl role grant-permission "$role" read "${PREFIX}$dir/" --prefix
+    done
+}
+
+name_ok() { [[ "$1" =~ ^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$ ]]; }
+
+for ns in ${NAMESPACE_WRITERS:-}; do
+    name_ok "$ns" || { echo "NAMESPACE_WRITERS: $ns is not a namespace name" >&2; exit 1; }
+    add_user "moor-edit-$ns"
+    edit_role "$ns"
+    ctl user grant-role "moor-edit-$ns" "moor-edit-$ns"
+done
+
+people=()
+for entry in ${PEOPLE:-}; do
+    name=${entry%%=*}
+    grant=${entry#*=}
+    role=${grant%%:*}
+    if [ "$name" = "$entry" ] || ! name_ok "$name" || [ "$name" = root ] \
+        || [[ "$name" == moor-* ]]; then
+        echo "PEOPLE: $entry: NAME=ROLE[:NS,...], NAME a user name that is not root or moor-*" >&2
+        exit 1
+    fi
+    case "$role" in
+        view | edit)
+            namespaces=${grant#*:}
+            if [ "$namespaces" = "$grant" ] || [ -z "$namespaces" ]; then
+                echo "PEOPLE: $entry: $role needs namespaces ($name=$role:NS,...)" >&2
+                exit 1
+            fi
+            add_user "$name"
+            for ns in ${namespaces//,/ }; do
+                name_ok "$ns" || { echo "PEOPLE: $entry: $ns is not a namespace name" >&2; exit 1; }
+                "${role}_role" "$ns"
+                ctl user grant-role "$name" "moor-$role-$ns"
+            done
+            ;;
+        operator)
+            [ "$grant" = operator ] || { echo "PEOPLE: $entry: operator is cluster-wide (no namespaces)" >&2; exit 1; }
+            add_user "$name"
+            operator_role
+            ctl user grant-role "$name" moor-operator
+            ;;
+        *)
+            echo "PEOPLE: $entry: the role is view, edit or operator" >&2
+            exit 1
+            ;;
+    esac
+    [[ " ${people[*]} " == *" $name "* ]] || people+=("$name")
 done
 
 ctl auth enable
-echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}, moor-edit-{${NAMESPACE_WRITERS:-}}"
+echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}, moor-edit-{${NAMESPACE_WRITERS:-}}, people {${people[*]}}"
 "#,
     );
     out
@@ -280,11 +405,14 @@ mod tests {
             assert!(namespaced && first, "{kind}: not keyed namespace first");
         }
         let s = super::script();
-        let edit = s.split("for ns in ${NAMESPACE_WRITERS").nth(1).unwrap();
-        let edit = edit.split("ctl auth enable").next().unwrap();
+        let edit = function(&s, "edit_role");
+        assert!(
+            edit.contains("readwrite \"${PREFIX}volumes/$1/\" --prefix"),
+            "{edit}"
+        );
         for line in edit.lines().filter(|l| l.contains("readwrite")) {
             assert!(
-                line.contains("$ns/\" --prefix"),
+                line.contains("$1/\" --prefix"),
                 "not one namespace's: {line}"
             );
         }
@@ -293,11 +421,68 @@ mod tests {
             "mounts/",
             "attachments/",
             "owners/",
-            "leaders/",
             "declarations/",
         ] {
             assert!(!edit.contains(never), "{never}: {edit}");
         }
+        // What it reads beyond its namespace: placement, and the controller's record.
+        let reads = function(&s, "placement_reads");
+        for line in reads.lines().filter(|l| l.contains("grant-permission")) {
+            assert!(line.contains(" read \""), "{line}");
+            assert!(!line.contains("secrets/"), "{line}");
+        }
+        assert!(
+            reads.contains("events/controller/$2/\" --prefix"),
+            "{reads}"
+        );
+    }
+
+    /// The body of shell function `name` in the script.
+    fn function<'a>(script: &'a str, name: &str) -> &'a str {
+        let start = script
+            .find(&format!("\n{name}() {{"))
+            .unwrap_or_else(|| panic!("no function {name}"));
+        let body = &script[start..];
+        &body[..body.find("\n}\n").unwrap()]
+    }
+
+    #[test]
+    fn a_viewer_reads_one_namespace_s_requests_and_never_a_secret() {
+        let s = super::script();
+        let view = function(&s, "view_role");
+        let grants: Vec<&str> = view
+            .lines()
+            .filter(|l| l.contains("grant-permission"))
+            .collect();
+        assert_eq!(grants.len(), super::NAMESPACE_EDIT.len(), "{view}");
+        for line in grants {
+            assert!(
+                line.contains(" read \"") && line.contains("/$1/\" --prefix"),
+                "{line}"
+            );
+        }
+        assert!(
+            !view.contains("secrets/") && !view.contains("readwrite"),
+            "{view}"
+        );
+        assert!(view.contains("placement_reads \"$role\" \"$1\""), "{view}");
+    }
+
+    #[test]
+    fn an_operator_writes_every_kind_and_no_election() {
+        let s = super::script();
+        let op = function(&s, "operator_role");
+        for kind in moor::api::Kind::ALL {
+            assert!(
+                op.contains(&format!(
+                    "readwrite \"${{PREFIX}}{}/\" --prefix",
+                    kind.dir()
+                )),
+                "{kind}: {op}"
+            );
+        }
+        assert!(!op.contains("readwrite \"${PREFIX}leaders"), "{op}");
+        assert!(!op.contains("readwrite \"$PREFIX\""), "{op}");
     }
 
     #[test]
@@ -329,6 +514,7 @@ mod tests {
         assert!(!node_loop.contains("\"${PREFIX}events/\""), "{s}");
         // An engine-serving agent writes its engines' namespace only.
         let engines = s.split("for node in ${VOLUME_PLUGINS").nth(1).unwrap();
+        let engines = engines.split("\ndone\n").next().unwrap();
         assert!(
             !engines.contains("\"${PREFIX}allocations/\" --prefix"),
             "{s}"

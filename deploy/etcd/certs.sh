@@ -6,8 +6,9 @@
 #   deploy/etcd/certs.sh DIR NODE...
 #
 # Writes DIR/ca.pem, DIR/server.pem (+ -key), and client certificates for root,
-# moor-controller, moor-console and moor-agent-NODE for each NODE, and moor-edit-NS for
-# each namespace in NAMESPACE_WRITERS. SERVER_SANS (default
+# moor-controller, moor-console and moor-agent-NODE for each NODE, moor-edit-NS for
+# each namespace in NAMESPACE_WRITERS, and NAME for each person in PEOPLE (entries
+# NAME=ROLE[:NS,...], as roles.sh takes them). SERVER_SANS (default
 # IP:127.0.0.1,DNS:localhost) names the server; add your hosts for a real cluster.
 set -euo pipefail
 DIR=${1:?directory}
@@ -17,11 +18,16 @@ DAYS=${DAYS:-825}
 mkdir -p "$DIR"
 cd "$DIR"
 
-openssl req -x509 -newkey rsa:2048 -nodes -keyout ca-key.pem -out ca.pem -days "$DAYS" \
-    -subj "/CN=moor-etcd-ca" -addext "basicConstraints=critical,CA:TRUE" \
-    -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+# Run again on the same DIR, it keeps the CA and every certificate there and issues
+# only the missing ones (a new node, namespace or person).
+if [ ! -e ca.pem ]; then
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca-key.pem -out ca.pem -days "$DAYS" \
+        -subj "/CN=moor-etcd-ca" -addext "basicConstraints=critical,CA:TRUE" \
+        -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+fi
 
 issue() { # NAME CN EXTENSIONS
+    [ -e "$1.pem" ] && return 0
     openssl req -newkey rsa:2048 -nodes -keyout "$1-key.pem" -out "$1.csr" -subj "/CN=$2" 2>/dev/null
     printf '%s\n' "$3" >"$1.ext"
     openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca-key.pem -CAcreateserial \
@@ -37,7 +43,11 @@ edit=()
 for ns in ${NAMESPACE_WRITERS:-}; do
     edit+=("moor-edit-$ns")
 done
-for user in root moor-controller moor-console "${@/#/moor-agent-}" "${edit[@]}"; do
+declare -A person=()
+for entry in ${PEOPLE:-}; do
+    person[${entry%%=*}]=1
+done
+for user in root moor-controller moor-console "${@/#/moor-agent-}" "${edit[@]}" "${!person[@]}"; do
     issue "$user" "$user" "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"

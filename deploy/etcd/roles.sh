@@ -23,11 +23,26 @@
 #
 # CERTS holds certs.sh's output (root's certificate does the setup). Users have no
 # password: they authenticate by their certificate's CN (etcd --client-cert-auth).
-# NAMESPACE_WRITERS (namespaces) makes moor-edit-NS for each: read and write the
-# requests of namespace NS (volumes, allocations, snapshots, group snapshots, schedules,
-# leases; its Secrets of each plugin in SECRET_PLUGINS), nothing of another namespace.
-# PREFIX (default /moor/) must match moord's and moorctl's --prefix. WAIT (default 30)
-# bounds the wait for etcd to answer first.
+# NAMESPACE_WRITERS (namespaces) makes the user moor-edit-NS for each (a team's
+# tooling, a scheduler of one namespace), with the role of the same name: read and write
+# the requests of namespace NS (volumes, allocations, snapshots, group snapshots,
+# schedules, leases; its Secrets of each plugin in SECRET_PLUGINS), nothing of another
+# namespace.
+# PEOPLE (entries NAME=ROLE[:NS,...]; a person may have several) makes a user per
+# person, named as the CN of the certificate certs.sh makes for NAME, granted:
+#   view:NS,...  moor-view-NS: read the namespaces' requests and the controller's events
+#                about them, and the classes, plugins, nodes and cordons they are placed
+#                by; never a Secret;
+#   edit:NS,...  moor-edit-NS: view, and write those requests and the namespaces'
+#                Secrets (the role NAMESPACE_WRITERS' users have);
+#   operator     moor-operator: every object of every namespace and the cluster's
+#                (cordons, classes, plugins, ownership records, force-detach
+#                declarations); reads the elections and the plugins' reports, writes
+#                neither.
+# The script can be run again on a cluster it set up: users and roles that exist are
+# kept, grants are added (a grant a newer version withdraws is revoked as UPGRADING.md
+# says). PREFIX (default /moor/) must match moord's and moorctl's --prefix. WAIT
+# (default 30) bounds the wait for etcd to answer first.
 set -euo pipefail
 : "${ENDPOINT:?}" "${CERTS:?}"
 # etcdctl refuses a setting given both by a variable and a flag: the flags below decide.
@@ -50,19 +65,23 @@ until ctl endpoint health 2>/dev/null; do
     sleep 0.5
 done
 
-ctl user add root --no-password
-ctl role add root
+# A user or role is added unless it exists (a second run keeps what the first made).
+add_user() { ctl user get "$1" 2>/dev/null || ctl user add "$1" --no-password; }
+add_role() { ctl role get "$1" 2>/dev/null || ctl role add "$1"; }
+
+add_user root
+add_role root
 ctl user grant-role root root
 
-ctl user add moor-controller --no-password
-ctl role add moor-controller
+add_user moor-controller
+add_role moor-controller
 ctl role grant-permission moor-controller readwrite "$PREFIX" --prefix
 ctl user grant-role moor-controller moor-controller
 
 # The web console (moord console): reads what its pages show, writes nothing, and
 # never reads Secrets (sealed or not), leases or elections.
-ctl user add moor-console --no-password
-ctl role add moor-console
+add_user moor-console
+add_role moor-console
 ctl role grant-permission moor-console read "${PREFIX}volumes/" --prefix
 ctl role grant-permission moor-console read "${PREFIX}claims/" --prefix
 ctl role grant-permission moor-console read "${PREFIX}allocations/" --prefix
@@ -77,8 +96,8 @@ ctl user grant-role moor-console moor-console
 
 for node in "$@"; do
     user="moor-agent-$node"
-    ctl user add "$user" --no-password
-    ctl role add "$user"
+    add_user "$user"
+    add_role "$user"
     ctl role grant-permission "$user" read "${PREFIX}volumeclasses/" --prefix
     ctl role grant-permission "$user" read "${PREFIX}claims/$node/" --prefix
     ctl role grant-permission "$user" readwrite "${PREFIX}mounts/$node/" --prefix
@@ -147,32 +166,139 @@ for node in ${VOLUME_PLUGINS:-}; do
     ctl role grant-permission "$user" read "${PREFIX}capacities/" --prefix
 done
 
-for ns in ${NAMESPACE_WRITERS:-}; do
-    user="moor-edit-$ns"
-    ctl user add "$user" --no-password
-    ctl role add "$user"
-    # The namespace's edit identity (a team's tooling, a scheduler of one namespace):
-    # the requests of its namespace, nothing of another's and no fact (statuses
-    # written by reconcilers in these keys are requests to moor: issue 77).
-    ctl role grant-permission "$user" readwrite "${PREFIX}volumes/$ns/" --prefix
-    ctl role grant-permission "$user" readwrite "${PREFIX}allocations/$ns/" --prefix
-    ctl role grant-permission "$user" readwrite "${PREFIX}snapshots/$ns/" --prefix
-    ctl role grant-permission "$user" readwrite "${PREFIX}groupsnapshots/$ns/" --prefix
-    ctl role grant-permission "$user" readwrite "${PREFIX}snapshotschedules/$ns/" --prefix
-    ctl role grant-permission "$user" readwrite "${PREFIX}leases/$ns/" --prefix
+# What a namespace's requests are placed by (classes, plugins, nodes, cordons),
+# the controller's events about the namespace, and the controller's election record
+# (moorctl compares its version with its own): read by its view and edit roles.
+placement_reads() { # ROLE NS
+    ctl role grant-permission "$1" read "${PREFIX}volumeclasses/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}plugins/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}nodes/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}cordons/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}events/controller/$2/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}leaders/controller"
+}
+
+# Each role is defined once per run, whoever needs it.
+declare -A defined=()
+
+# moor-view-NS: read namespace NS's requests; never a Secret.
+view_role() { # NS
+    local role="moor-view-$1"
+    [ -n "${defined[$role]:-}" ] && return 0
+    defined[$role]=1
+    add_role "$role"
+    ctl role grant-permission "$role" read "${PREFIX}volumes/$1/" --prefix
+    ctl role grant-permission "$role" read "${PREFIX}allocations/$1/" --prefix
+    ctl role grant-permission "$role" read "${PREFIX}snapshots/$1/" --prefix
+    ctl role grant-permission "$role" read "${PREFIX}groupsnapshots/$1/" --prefix
+    ctl role grant-permission "$role" read "${PREFIX}snapshotschedules/$1/" --prefix
+    ctl role grant-permission "$role" read "${PREFIX}leases/$1/" --prefix
+    placement_reads "$role" "$1"
+}
+
+# moor-edit-NS: the namespace's edit identity (a team's tooling, a scheduler of one
+# namespace, its people): the requests of its namespace, nothing of another's and no
+# fact (statuses written by reconcilers in these keys are requests to moor: issue 77).
+edit_role() { # NS
+    local role="moor-edit-$1"
+    [ -n "${defined[$role]:-}" ] && return 0
+    defined[$role]=1
+    add_role "$role"
+    ctl role grant-permission "$role" readwrite "${PREFIX}volumes/$1/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}allocations/$1/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}snapshots/$1/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}groupsnapshots/$1/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}snapshotschedules/$1/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}leases/$1/" --prefix
     # Its Secrets, of the plugins named in SECRET_PLUGINS (keyed by plugin first).
+    local plugin
     for plugin in ${SECRET_PLUGINS:-}; do
-        ctl role grant-permission "$user" readwrite "${PREFIX}secrets/$plugin/$ns/" --prefix
+        ctl role grant-permission "$role" readwrite "${PREFIX}secrets/$plugin/$1/" --prefix
     done
-    # What its requests name or are placed by: classes, plugins, nodes, cordons.
-    ctl role grant-permission "$user" read "${PREFIX}volumeclasses/" --prefix
-    ctl role grant-permission "$user" read "${PREFIX}plugins/" --prefix
-    ctl role grant-permission "$user" read "${PREFIX}nodes/" --prefix
-    ctl role grant-permission "$user" read "${PREFIX}cordons/" --prefix
-    # The controller's events about its namespace.
-    ctl role grant-permission "$user" read "${PREFIX}events/controller/$ns/" --prefix
-    ctl user grant-role "$user" "$user"
+    placement_reads "$role" "$1"
+}
+
+# moor-operator: every object of every namespace and the cluster's, and the
+# force-detach declarations; the elections and the plugins' own reports (capacity,
+# snapshot lists, unknown volumes) read only: an operator cannot pose as a leader.
+operator_role() {
+    local role="moor-operator"
+    [ -n "${defined[$role]:-}" ] && return 0
+    defined[$role]=1
+    add_role "$role"
+    ctl role grant-permission "$role" readwrite "${PREFIX}volumes/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}volume-reports/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}volumeclasses/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}allocations/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}claims/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}attachments/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}attachment-reports/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}mounts/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}nodes/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}cordons/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}plugins/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}events/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}snapshots/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}snapshot-reports/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}groupsnapshots/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}groupsnapshot-reports/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}snapshotschedules/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}secrets/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}leases/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}owners/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}declarations/" --prefix
+    local dir
+    for dir in leaders capacities snapshot-lists unknown-volumes; do
+        ctl role grant-permission "$role" read "${PREFIX}$dir/" --prefix
+    done
+}
+
+name_ok() { [[ "$1" =~ ^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$ ]]; }
+
+for ns in ${NAMESPACE_WRITERS:-}; do
+    name_ok "$ns" || { echo "NAMESPACE_WRITERS: $ns is not a namespace name" >&2; exit 1; }
+    add_user "moor-edit-$ns"
+    edit_role "$ns"
+    ctl user grant-role "moor-edit-$ns" "moor-edit-$ns"
+done
+
+people=()
+for entry in ${PEOPLE:-}; do
+    name=${entry%%=*}
+    grant=${entry#*=}
+    role=${grant%%:*}
+    if [ "$name" = "$entry" ] || ! name_ok "$name" || [ "$name" = root ] \
+        || [[ "$name" == moor-* ]]; then
+        echo "PEOPLE: $entry: NAME=ROLE[:NS,...], NAME a user name that is not root or moor-*" >&2
+        exit 1
+    fi
+    case "$role" in
+        view | edit)
+            namespaces=${grant#*:}
+            if [ "$namespaces" = "$grant" ] || [ -z "$namespaces" ]; then
+                echo "PEOPLE: $entry: $role needs namespaces ($name=$role:NS,...)" >&2
+                exit 1
+            fi
+            add_user "$name"
+            for ns in ${namespaces//,/ }; do
+                name_ok "$ns" || { echo "PEOPLE: $entry: $ns is not a namespace name" >&2; exit 1; }
+                "${role}_role" "$ns"
+                ctl user grant-role "$name" "moor-$role-$ns"
+            done
+            ;;
+        operator)
+            [ "$grant" = operator ] || { echo "PEOPLE: $entry: operator is cluster-wide (no namespaces)" >&2; exit 1; }
+            add_user "$name"
+            operator_role
+            ctl user grant-role "$name" moor-operator
+            ;;
+        *)
+            echo "PEOPLE: $entry: the role is view, edit or operator" >&2
+            exit 1
+            ;;
+    esac
+    [[ " ${people[*]} " == *" $name "* ]] || people+=("$name")
 done
 
 ctl auth enable
-echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}, moor-edit-{${NAMESPACE_WRITERS:-}}"
+echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}, moor-edit-{${NAMESPACE_WRITERS:-}}, people {${people[*]}}"

@@ -49,6 +49,10 @@ pub fn denied(e: &etcd_client::Error) -> bool {
     e.to_string().contains("permission denied")
 }
 
+/// The people roles.sh and certs.sh make: a viewer and an editor of namespace `a`, and
+/// an operator.
+pub const PEOPLE: &str = "ann=view:a bo=edit:a cy=operator";
+
 /// A TLS etcd with auth on and roles for nodes n1 and n2 (n1 hosts the hostpath
 /// controller plugin), the cluster's key file and n2's.
 pub struct Secure {
@@ -85,7 +89,8 @@ impl Secure {
             .arg(deploy("certs.sh"))
             .arg(&certs)
             .args(nodes)
-            .env("NAMESPACE_WRITERS", "a"));
+            .env("NAMESPACE_WRITERS", "a")
+            .env("PEOPLE", PEOPLE));
         let (client, peer) = (free_port(), free_port());
         let url = format!("https://127.0.0.1:{client}");
         let log = std::fs::File::create(tmp.path().join("etcd.log")).unwrap();
@@ -141,6 +146,7 @@ impl Secure {
             .env("CONTROLLER_PLUGINS", controller_plugins)
             .env("VOLUME_PLUGINS", volume_plugins)
             .env("NAMESPACE_WRITERS", "a")
+            .env("PEOPLE", PEOPLE)
             .env("SECRET_PLUGINS", "hostpath.moor.dev")
             .env("ENDPOINT", &url)
             .env("CERTS", &certs));
