@@ -1746,3 +1746,107 @@ async fn people_have_their_role_s_access_and_a_refusal_names_who_and_what_it_lac
         "{bad:?}"
     );
 }
+
+#[tokio::test]
+async fn a_person_runs_a_workload_in_their_namespace_and_their_viewer_follows_it() {
+    let s = Secure::start().await;
+    let _controller = s.controller("controller", &[]);
+    let _n1 = s.node("n1", "monolith", &s.cluster_keys);
+    // Bo (edit:a) makes a volume in his namespace and runs a workload on it.
+    let manifest = s.tmp.path().join("wv.yaml");
+    std::fs::write(
+        &manifest,
+        "kind: Volume\nmetadata: {name: wv, namespace: a}\nspec:\n  plugin_id: \
+         hostpath.moor.dev\n  capacity_min: 1Mi\n  capabilities:\n  - {access_mode: \
+         single-node-writer, attachment_mode: file-system}\n",
+    )
+    .unwrap();
+    let out = s.moorctl("bo", None, &["apply", "-f", manifest.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let stop = s.tmp.path().join("stop-job");
+    let said = s.tmp.path().join("job.out");
+    // Ended (killed) by the guard whatever the outcome. It writes nothing into the
+    // volume: this harness's moor-hostpath publishes a plain directory, which a file
+    // left in it keeps from being unpublished.
+    let mut runner = Proc(
+        s.cmd("moorctl", "bo", None)
+            .args(["alloc", "run", "job", "-n", "a", "--node", "n1", "--volume"])
+            .args(["data=wv", "--timeout", "2m", "--", "sh", "-c"])
+            .arg(format!(
+                "test -d \"$MOOR_VOLUME_DATA\" && echo by-bo && \
+                 while [ ! -e {} ]; do sleep 0.1; done",
+                stop.display()
+            ))
+            .stdout(std::fs::File::create(&said).unwrap())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let admin = s.store("moor-controller", None).await;
+    let claim = Claim::key_for(
+        &NodeName::new("n1").unwrap(),
+        &Namespace::new("a").unwrap(),
+        "job.data",
+    );
+    wait_for("bo's claim published", T, || async {
+        admin
+            .try_get(&claim)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|c| c.status.phase == ClaimPhase::Published)
+    })
+    .await;
+
+    // Ann (view:a) follows it: the claim, its events and the volume's page.
+    let out = s.moorctl("ann", None, &["get", "claims", "-n", "a"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("job.data"),
+        "{out:?}"
+    );
+    let out = s.moorctl("ann", None, &["describe", "volume", "wv", "-n", "a"]);
+    assert!(out.status.success(), "{out:?}");
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        page.contains("Claims:") && page.contains("job.data"),
+        "{page}"
+    );
+    let out = s.moorctl("ann", None, &["events", "-n", "a"]);
+    assert!(out.status.success(), "{out:?}");
+    let events = String::from_utf8_lossy(&out.stdout);
+    assert!(events.contains("job.data"), "{events}");
+    // She may not run one: refused before anything is written, naming her.
+    let out = s
+        .cmd("moorctl", "ann", None)
+        .args([
+            "alloc", "run", "hers", "-n", "a", "--node", "n1", "--volume",
+        ])
+        .args(["data=wv", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        stderr(&out).contains("refused identity ann a write of /moor/"),
+        "{out:?}"
+    );
+    let hers = Allocation::key_for(&Namespace::new("a").unwrap(), Name::new("hers").unwrap());
+    assert!(admin.try_get(&hers).await.unwrap().is_none());
+    // Nor read another namespace's progress.
+    let out = s.moorctl("ann", None, &["get", "claims", "-n", "default"]);
+    assert!(
+        stderr(&out).contains("refused identity ann a read of keys below /moor/claims/"),
+        "{out:?}"
+    );
+    // Bo's workload ends as he asked: its output, exit 0, its claim released.
+    std::fs::write(&stop, "").unwrap();
+    wait_for("bo's alloc run to end", T, || {
+        let ended = runner.0.try_wait().unwrap();
+        async move { ended.is_some() }
+    })
+    .await;
+    let status = runner.0.wait().unwrap();
+    assert!(status.success(), "bo's alloc run: {status:?}");
+    let out = std::fs::read_to_string(&said).unwrap();
+    assert!(out.contains("by-bo"), "{out}");
+}

@@ -207,16 +207,29 @@ done
 /// NAMESPACE_WRITERS' identities and PEOPLE.
 fn people() -> String {
     let mut out = String::from(
-        r#"# What a namespace's requests are placed by (classes, plugins, nodes, cordons),
-# the controller's events about the namespace, and the controller's election record
-# (moorctl compares its version with its own): read by its view and edit roles.
-placement_reads() { # ROLE NS
+        r#"NODES=("$@")
+
+# What a namespace's people read beside its requests: what the requests are placed by
+# (classes, plugins, nodes, cordons), the controller's election record (moorctl
+# compares its version with its own), and the namespace's progress: its attachments,
+# and on each NODE its claims, mounts and the node's events about them (keyed by node
+# first: a node added later needs this script run again with it). With secrets sealed
+# at rest (--encryption-key-file), a claim's node secrets are sealed for its node's key:
+# a reader of the namespace cannot open them.
+namespace_reads() { # ROLE NS
     ctl role grant-permission "$1" read "${PREFIX}volumeclasses/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}plugins/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}nodes/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}cordons/" --prefix
-    ctl role grant-permission "$1" read "${PREFIX}events/controller/$2/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}leaders/controller"
+    ctl role grant-permission "$1" read "${PREFIX}events/controller/$2/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}attachments/$2/" --prefix
+    local node
+    for node in "${NODES[@]}"; do
+        ctl role grant-permission "$1" read "${PREFIX}claims/$node/$2/" --prefix
+        ctl role grant-permission "$1" read "${PREFIX}mounts/$node/$2/" --prefix
+        ctl role grant-permission "$1" read "${PREFIX}events/node/$node/$2/" --prefix
+    done
 }
 
 # Each role is defined once per run, whoever needs it.
@@ -237,7 +250,7 @@ view_role() { # NS
         ));
     }
     out.push_str(
-        r#"    placement_reads "$role" "$1"
+        r#"    namespace_reads "$role" "$1"
 }
 
 # moor-edit-NS: the namespace's edit identity (a team's tooling, a scheduler of one
@@ -262,7 +275,7 @@ edit_role() { # NS
     for plugin in ${SECRET_PLUGINS:-}; do
         ctl role grant-permission "$role" readwrite "${PREFIX}secrets/$plugin/$1/" --prefix
     done
-    placement_reads "$role" "$1"
+    namespace_reads "$role" "$1"
 }
 
 # moor-operator: every object of every namespace and the cluster's, and the
@@ -425,16 +438,22 @@ mod tests {
         ] {
             assert!(!edit.contains(never), "{never}: {edit}");
         }
-        // What it reads beyond its namespace: placement, and the controller's record.
-        let reads = function(&s, "placement_reads");
+        // What it reads beside its requests: placement, the controller's record, and
+        // its namespace's progress (node first: one grant per node); nothing written.
+        let reads = function(&s, "namespace_reads");
         for line in reads.lines().filter(|l| l.contains("grant-permission")) {
             assert!(line.contains(" read \""), "{line}");
             assert!(!line.contains("secrets/"), "{line}");
         }
-        assert!(
-            reads.contains("events/controller/$2/\" --prefix"),
-            "{reads}"
-        );
+        for progress in [
+            "events/controller/$2/\" --prefix",
+            "attachments/$2/\" --prefix",
+            "claims/$node/$2/\" --prefix",
+            "mounts/$node/$2/\" --prefix",
+            "events/node/$node/$2/\" --prefix",
+        ] {
+            assert!(reads.contains(progress), "{progress}: {reads}");
+        }
     }
 
     /// The body of shell function `name` in the script.
@@ -465,7 +484,7 @@ mod tests {
             !view.contains("secrets/") && !view.contains("readwrite"),
             "{view}"
         );
-        assert!(view.contains("placement_reads \"$role\" \"$1\""), "{view}");
+        assert!(view.contains("namespace_reads \"$role\" \"$1\""), "{view}");
     }
 
     #[test]

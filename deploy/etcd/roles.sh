@@ -166,16 +166,29 @@ for node in ${VOLUME_PLUGINS:-}; do
     ctl role grant-permission "$user" read "${PREFIX}capacities/" --prefix
 done
 
-# What a namespace's requests are placed by (classes, plugins, nodes, cordons),
-# the controller's events about the namespace, and the controller's election record
-# (moorctl compares its version with its own): read by its view and edit roles.
-placement_reads() { # ROLE NS
+NODES=("$@")
+
+# What a namespace's people read beside its requests: what the requests are placed by
+# (classes, plugins, nodes, cordons), the controller's election record (moorctl
+# compares its version with its own), and the namespace's progress: its attachments,
+# and on each NODE its claims, mounts and the node's events about them (keyed by node
+# first: a node added later needs this script run again with it). With secrets sealed
+# at rest (--encryption-key-file), a claim's node secrets are sealed for its node's key:
+# a reader of the namespace cannot open them.
+namespace_reads() { # ROLE NS
     ctl role grant-permission "$1" read "${PREFIX}volumeclasses/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}plugins/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}nodes/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}cordons/" --prefix
-    ctl role grant-permission "$1" read "${PREFIX}events/controller/$2/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}leaders/controller"
+    ctl role grant-permission "$1" read "${PREFIX}events/controller/$2/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}attachments/$2/" --prefix
+    local node
+    for node in "${NODES[@]}"; do
+        ctl role grant-permission "$1" read "${PREFIX}claims/$node/$2/" --prefix
+        ctl role grant-permission "$1" read "${PREFIX}mounts/$node/$2/" --prefix
+        ctl role grant-permission "$1" read "${PREFIX}events/node/$node/$2/" --prefix
+    done
 }
 
 # Each role is defined once per run, whoever needs it.
@@ -193,7 +206,7 @@ view_role() { # NS
     ctl role grant-permission "$role" read "${PREFIX}groupsnapshots/$1/" --prefix
     ctl role grant-permission "$role" read "${PREFIX}snapshotschedules/$1/" --prefix
     ctl role grant-permission "$role" read "${PREFIX}leases/$1/" --prefix
-    placement_reads "$role" "$1"
+    namespace_reads "$role" "$1"
 }
 
 # moor-edit-NS: the namespace's edit identity (a team's tooling, a scheduler of one
@@ -215,7 +228,7 @@ edit_role() { # NS
     for plugin in ${SECRET_PLUGINS:-}; do
         ctl role grant-permission "$role" readwrite "${PREFIX}secrets/$plugin/$1/" --prefix
     done
-    placement_reads "$role" "$1"
+    namespace_reads "$role" "$1"
 }
 
 # moor-operator: every object of every namespace and the cluster's, and the

@@ -229,8 +229,8 @@ async fn print_events(
     ns: &Namespace,
     all_sources: bool,
 ) -> anyhow::Result<()> {
-    let (events, _) = kind::list(ctx, Kind::Event, None).await?;
-    let placement = super::sources::Placement::load(ctx).await?;
+    let (events, _) = kind::list_readable(ctx, Kind::Event, Some(ns)).await?;
+    let placement = super::sources::Placement::load(ctx, Some(ns)).await?;
     let mut elsewhere = 0;
     let mut events: Vec<Value> = events
         .into_iter()

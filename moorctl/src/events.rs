@@ -81,13 +81,14 @@ impl Events {
             }
             None => (None, None),
         };
+        let ns = self.ns.filter()?;
         let filter = Filter {
             kind,
             name,
-            ns: self.ns.filter()?.map(|n| n.to_string()),
+            ns: ns.as_ref().map(|n| n.to_string()),
         };
-        let (events, _) = kind::list(ctx, Kind::Event, None).await?;
-        let mut placement = Placement::load(ctx).await?;
+        let (events, _) = kind::list_readable(ctx, Kind::Event, ns.as_ref()).await?;
+        let mut placement = Placement::load(ctx, ns.as_ref()).await?;
         let mut hidden = 0;
         let mut events: Vec<Value> = events
             .into_iter()
@@ -142,7 +143,7 @@ impl Events {
                 // most every 2 s, so a node writing many such events costs few reads).
                 if !self.all_sources && node_source(v).is_some() && !placement.shown(v) {
                     if loaded.elapsed() >= std::time::Duration::from_secs(2) {
-                        placement = Placement::load(ctx).await?;
+                        placement = Placement::load(ctx, ns.as_ref()).await?;
                         loaded = std::time::Instant::now();
                     }
                     if !placement.shown(v) {

@@ -63,21 +63,134 @@ async fn list_typed<S: Spec>(
     let scope = ns
         .and_then(KeyScope::<S>::namespace)
         .unwrap_or_else(KeyScope::all);
-    let list = ctx.store.list(&scope).await?;
-    for bad in &list.malformed {
+    let (items, malformed, revision) = match ctx.store.list(&scope).await {
+        Ok(list) => (list.items, list.malformed, list.revision),
+        // The kind is keyed by node, writer or plugin first, and this identity may read
+        // only the namespace's part under each (a person's view or edit role): those.
+        Err(e) if e.is_permission_denied() => match ns {
+            Some(ns) => namespace_parts::<S>(ctx, ns, e).await?,
+            None => return Err(e.into()),
+        },
+        Err(e) => return Err(e.into()),
+    };
+    for bad in &malformed {
         eprintln!(
             "warning: skipped a malformed value: {}",
             moor::api::printable_bounded(&bad.to_string(), 300)
         );
     }
-    let mut out = Vec::with_capacity(list.items.len());
-    for obj in list.items {
+    let mut out = Vec::with_capacity(items.len());
+    for obj in items {
         if S::NAMESPACED && ns.is_some_and(|ns| &obj.metadata.namespace != ns) {
             continue;
         }
         out.push(serde_json::to_value(&obj)?);
     }
-    Ok((out, list.revision))
+    Ok((out, revision))
+}
+
+/// Objects of a kind in every namespace; for an identity that may not read them all
+/// (a person's role), those of `ns` when one is given, which is all it may be shown.
+pub async fn list_readable(
+    ctx: &Ctx,
+    kind: Kind,
+    ns: Option<&Namespace>,
+) -> anyhow::Result<(Vec<Value>, i64)> {
+    match list(ctx, kind, None).await {
+        Err(e) if ns.is_some() && denied(&e) => list(ctx, kind, ns).await,
+        other => other,
+    }
+}
+
+/// Whether etcd refused the request for this identity.
+pub fn denied(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<moor::store::StoreError>()
+            .is_some_and(moor::store::StoreError::is_permission_denied)
+    })
+}
+
+/// What [`list_typed`] returns: the objects, the malformed values, the revision.
+type Listed<S> = (Vec<Object<S>>, Vec<moor::store::StoreError>, i64);
+
+/// Namespace `ns`'s objects of a kind keyed by node, writer or plugin first, one part
+/// at a time (`claims/NODE/NS/` for each node, `events/controller/NS/` and
+/// `events/node/NODE/NS/`, `secrets/PLUGIN/NS/` for each plugin), for an identity
+/// refused the whole kind (`denied`). Parts it may not read either (a node or plugin
+/// its role does not name) are left out, said once on stderr; `denied` when it reads
+/// none. The revision is the oldest of the parts' (a watch from it misses none).
+async fn namespace_parts<S: Spec>(
+    ctx: &Ctx,
+    ns: &Namespace,
+    denied: moor::store::StoreError,
+) -> anyhow::Result<Listed<S>> {
+    let firsts: Vec<Vec<String>> = match S::KIND {
+        "Claim" | "Mount" => names::<NodeSpec>(ctx)
+            .await?
+            .into_iter()
+            .map(|n| vec![n])
+            .collect(),
+        "Event" => std::iter::once(vec!["controller".to_string()])
+            .chain(
+                names::<NodeSpec>(ctx)
+                    .await?
+                    .into_iter()
+                    .map(|n| vec!["node".to_string(), n]),
+            )
+            .collect(),
+        _ if S::NAMESPACED && !S::KEY_NAMESPACE_FIRST => names::<PluginSpec>(ctx)
+            .await?
+            .into_iter()
+            .map(|p| vec![p])
+            .collect(),
+        _ => return Err(denied.into()),
+    };
+    let (mut items, mut malformed, mut revision, mut refused) = (Vec::new(), Vec::new(), 0, 0);
+    let mut read_any = false;
+    for first in &firsts {
+        let mut parts: Vec<&dyn std::fmt::Display> =
+            first.iter().map(|p| p as &dyn std::fmt::Display).collect();
+        parts.push(ns);
+        match ctx.store.list(&KeyScope::<S>::below(&parts)).await {
+            Ok(list) => {
+                read_any = true;
+                items.extend(list.items);
+                malformed.extend(list.malformed);
+                revision = if revision == 0 {
+                    list.revision
+                } else {
+                    revision.min(list.revision)
+                };
+            }
+            Err(e) if e.is_permission_denied() => refused += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // No part read (none it may read, or no node or plugin to read under): the
+    // refusal of the whole stands; "none found" would not be true.
+    if !read_any {
+        return Err(denied.into());
+    }
+    if refused > 0 {
+        eprintln!(
+            "warning: {refused} of {} parts of namespace {ns}'s {} not readable by this identity (a node or plugin its role does not name): not shown",
+            firsts.len(),
+            S::DIR
+        );
+    }
+    Ok((items, malformed, revision))
+}
+
+/// The names of the stored objects of a cluster-wide kind (nodes, plugins).
+async fn names<S: Spec>(ctx: &Ctx) -> anyhow::Result<Vec<String>> {
+    Ok(ctx
+        .store
+        .list(&KeyScope::<S>::all())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.metadata.name.to_string())
+        .collect())
 }
 
 /// The object of `kind` named `name` (in `ns` when namespaced), as JSON.

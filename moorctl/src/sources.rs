@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use super::kind::{self, text, Kind};
 use super::Ctx;
+use moor::api::Namespace;
 
 /// The node an event was written by, if a node wrote it.
 pub fn node_source(event: &Value) -> Option<String> {
@@ -50,8 +51,9 @@ fn id(kind: Kind, v: &Value) -> (String, String, String) {
 }
 
 impl Placement {
-    /// Reads the objects the rule needs, in every namespace.
-    pub async fn load(ctx: &Ctx) -> anyhow::Result<Placement> {
+    /// Reads the objects the rule needs, in every namespace (in `ns` only for an
+    /// identity that may read no other: [`kind::list_readable`]).
+    pub async fn load(ctx: &Ctx, ns: Option<&Namespace>) -> anyhow::Result<Placement> {
         let mut p = Placement::default();
         let (nodes, _) = kind::list(ctx, Kind::Node, None).await?;
         for n in &nodes {
@@ -75,7 +77,7 @@ impl Placement {
                 }
             }
         }
-        let (volumes, _) = kind::list(ctx, Kind::Volume, None).await?;
+        let (volumes, _) = kind::list_readable(ctx, Kind::Volume, ns).await?;
         let mut volume_plugin = HashMap::new();
         for v in &volumes {
             let plugin = text(v, "/spec/plugin_id");
@@ -91,7 +93,7 @@ impl Placement {
                 .cloned()
         };
         for kind in [Kind::Claim, Kind::Attachment, Kind::Allocation, Kind::Mount] {
-            let (items, _) = kind::list(ctx, kind, None).await?;
+            let (items, _) = kind::list_readable(ctx, kind, ns).await?;
             for item in &items {
                 let node = text(item, "/spec/node");
                 p.place(id(kind, item), &node);
@@ -111,7 +113,7 @@ impl Placement {
                 }
             }
         }
-        let (snapshots, _) = kind::list(ctx, Kind::Snapshot, None).await?;
+        let (snapshots, _) = kind::list_readable(ctx, Kind::Snapshot, ns).await?;
         for s in &snapshots {
             if let Some(plugin) = plugin_of_volume(s) {
                 p.plugin_of.insert(id(Kind::Snapshot, s), plugin);

@@ -159,6 +159,20 @@ impl<S: Spec> KeyScope<S> {
         }
     }
 
+    /// The objects whose keys start with `parts`, for kinds keyed by node, writer or
+    /// plugin first: e.g. a namespace's claims on one node (`claims/n1/team-a/`), which
+    /// an identity that may read only that namespace's lists one node at a time.
+    pub fn below(parts: &[&dyn fmt::Display]) -> Self {
+        let mut prefix = format!("{}/", S::DIR);
+        for part in parts {
+            prefix.push_str(&format!("{part}/"));
+        }
+        KeyScope {
+            prefix,
+            kind: PhantomData,
+        }
+    }
+
     /// The scope's key prefix, e.g. `claims/n1/`.
     pub fn as_str(&self) -> &str {
         &self.prefix
