@@ -1766,8 +1766,8 @@ async fn a_person_runs_a_workload_in_their_namespace_and_their_viewer_follows_it
     let stop = s.tmp.path().join("stop-job");
     let said = s.tmp.path().join("job.out");
     // Ended (killed) by the guard whatever the outcome. It writes nothing into the
-    // volume: this harness's moor-hostpath publishes a plain directory, which a file
-    // left in it keeps from being unpublished.
+    // volume: this harness runs moor-hostpath with --no-mount (a plain directory),
+    // which a file left in it keeps from being unpublished.
     let mut runner = Proc(
         s.cmd("moorctl", "bo", None)
             .args(["alloc", "run", "job", "-n", "a", "--node", "n1", "--volume"])
