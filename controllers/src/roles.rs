@@ -235,20 +235,20 @@ namespace_reads() { # ROLE NS
 # Each role is defined once per run, whoever needs it.
 declare -A defined=()
 
+# Whether this run has not defined ROLE yet (and now counts it defined).
+first_time() { # ROLE
+    [ -z "${defined[$1]:-}" ] || return 1
+    defined[$1]=1
+}
+
 # moor-view-NS: read namespace NS's requests; never a Secret.
 view_role() { # NS
     local role="moor-view-$1"
-    [ -n "${defined[$role]:-}" ] && return 0
-    defined[$role]=1
+    first_time "$role" || return 0
     add_role "$role"
 "#,
     );
-    for kind in NAMESPACE_EDIT {
-        out.push_str(&format!(
-            "    ctl role grant-permission \"$role\" read \"${{PREFIX}}{}/$1/\" --prefix\n",
-            kind.dir()
-        ));
-    }
+    out.push_str(&namespace_grants("read"));
     out.push_str(
         r#"    namespace_reads "$role" "$1"
 }
@@ -258,17 +258,11 @@ view_role() { # NS
 # fact (statuses written by reconcilers in these keys are requests to moor: issue 77).
 edit_role() { # NS
     local role="moor-edit-$1"
-    [ -n "${defined[$role]:-}" ] && return 0
-    defined[$role]=1
+    first_time "$role" || return 0
     add_role "$role"
 "#,
     );
-    for kind in NAMESPACE_EDIT {
-        out.push_str(&format!(
-            "    ctl role grant-permission \"$role\" readwrite \"${{PREFIX}}{}/$1/\" --prefix\n",
-            kind.dir()
-        ));
-    }
+    out.push_str(&namespace_grants("readwrite"));
     out.push_str(
         r#"    # Its Secrets, of the plugins named in SECRET_PLUGINS (keyed by plugin first).
     local plugin
@@ -283,8 +277,7 @@ edit_role() { # NS
 # snapshot lists, unknown volumes) read only: an operator cannot pose as a leader.
 operator_role() {
     local role="moor-operator"
-    [ -n "${defined[$role]:-}" ] && return 0
-    defined[$role]=1
+    first_time "$role" || return 0
     add_role "$role"
 "#,
     );
@@ -354,6 +347,20 @@ echo "auth enabled: root, moor-controller, moor-console, moor-agent-{$*}, moor-e
 "#,
     );
     out
+}
+
+/// `$role`'s `access` (read, readwrite) to the requests of namespace `$1`, one grant
+/// per kind of [`NAMESPACE_EDIT`], as a shell function's lines.
+fn namespace_grants(access: &str) -> String {
+    NAMESPACE_EDIT
+        .iter()
+        .map(|kind| {
+            format!(
+                "    ctl role grant-permission \"$role\" {access} \"${{PREFIX}}{}/$1/\" --prefix\n",
+                kind.dir()
+            )
+        })
+        .collect()
 }
 
 /// The kinds a namespace's edit identity writes (`NAMESPACE_WRITERS`): the requests a

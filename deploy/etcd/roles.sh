@@ -194,11 +194,16 @@ namespace_reads() { # ROLE NS
 # Each role is defined once per run, whoever needs it.
 declare -A defined=()
 
+# Whether this run has not defined ROLE yet (and now counts it defined).
+first_time() { # ROLE
+    [ -z "${defined[$1]:-}" ] || return 1
+    defined[$1]=1
+}
+
 # moor-view-NS: read namespace NS's requests; never a Secret.
 view_role() { # NS
     local role="moor-view-$1"
-    [ -n "${defined[$role]:-}" ] && return 0
-    defined[$role]=1
+    first_time "$role" || return 0
     add_role "$role"
     ctl role grant-permission "$role" read "${PREFIX}volumes/$1/" --prefix
     ctl role grant-permission "$role" read "${PREFIX}allocations/$1/" --prefix
@@ -214,8 +219,7 @@ view_role() { # NS
 # fact (statuses written by reconcilers in these keys are requests to moor: issue 77).
 edit_role() { # NS
     local role="moor-edit-$1"
-    [ -n "${defined[$role]:-}" ] && return 0
-    defined[$role]=1
+    first_time "$role" || return 0
     add_role "$role"
     ctl role grant-permission "$role" readwrite "${PREFIX}volumes/$1/" --prefix
     ctl role grant-permission "$role" readwrite "${PREFIX}allocations/$1/" --prefix
@@ -236,8 +240,7 @@ edit_role() { # NS
 # snapshot lists, unknown volumes) read only: an operator cannot pose as a leader.
 operator_role() {
     local role="moor-operator"
-    [ -n "${defined[$role]:-}" ] && return 0
-    defined[$role]=1
+    first_time "$role" || return 0
     add_role "$role"
     ctl role grant-permission "$role" readwrite "${PREFIX}volumes/" --prefix
     ctl role grant-permission "$role" readwrite "${PREFIX}volume-reports/" --prefix
