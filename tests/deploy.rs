@@ -563,41 +563,6 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
     );
 }
 
-/// Every leaf of moorctl's command tree, read from its own `--help` (the "Commands:"
-/// section of each command, recursively), so a verb added later is found here too.
-fn moorctl_verbs() -> Vec<Vec<String>> {
-    fn walk(path: Vec<String>, out: &mut Vec<Vec<String>>) {
-        let help = Command::new(common::bin("moorctl"))
-            .args(&path)
-            .arg("--help")
-            .output()
-            .expect("moorctl --help");
-        let text = String::from_utf8_lossy(&help.stdout).into_owned();
-        let subs: Vec<String> = text
-            .split("\nCommands:\n")
-            .nth(1)
-            .map(|rest| {
-                rest.lines()
-                    .take_while(|l| !l.trim().is_empty())
-                    .filter_map(|l| l.split_whitespace().next().map(String::from))
-                    .filter(|c| c != "help")
-                    .collect()
-            })
-            .unwrap_or_default();
-        if subs.is_empty() {
-            out.push(path.clone());
-        }
-        for sub in subs {
-            let mut p = path.clone();
-            p.push(sub);
-            walk(p, out);
-        }
-    }
-    let mut out = Vec::new();
-    walk(Vec::new(), &mut out);
-    out
-}
-
 /// How each verb is run against an etcd that cannot answer (the arguments after the
 /// verb, with every wait of its own set to `VERB_TIMEOUT`); `None` for the verbs that
 /// never talk to the store. A verb missing here fails the test.
@@ -651,7 +616,7 @@ fn unreachable_args(verb: &[String]) -> Option<Option<Vec<String>>> {
 async fn every_verb_ends_within_its_named_bound_against_a_paused_or_stopped_etcd() {
     let mut runs: Vec<(String, Vec<String>)> = Vec::new();
     let mut missing = Vec::new();
-    for verb in moorctl_verbs() {
+    for verb in common::moorctl_verbs() {
         match unreachable_args(&verb) {
             None => missing.push(verb.join(" ")),
             Some(None) => {}

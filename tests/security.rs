@@ -1850,3 +1850,410 @@ async fn a_person_runs_a_workload_in_their_namespace_and_their_viewer_follows_it
     let out = std::fs::read_to_string(&said).unwrap();
     assert!(out.contains("by-bo"), "{out}");
 }
+
+/// What a verb reaches, which decides who may run it: a namespace's requests (read or
+/// written), its Secrets, or the cluster's objects (read or written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    Read,
+    Write,
+    Secrets,
+    ClusterRead,
+    ClusterWrite,
+}
+
+/// Whether `role` (secure::PEOPLE: ann views a, bo edits a, cy operates) may do what
+/// `reach` names in namespace `ns`.
+fn granted(person: &str, reach: Reach, ns: &str) -> bool {
+    match (person, reach) {
+        ("cy", _) => true,
+        (_, Reach::ClusterRead) => true,
+        (_, Reach::ClusterWrite) => false,
+        ("ann", Reach::Read) => ns == "a",
+        ("ann", _) => false,
+        ("bo", _) => ns == "a",
+        _ => unreachable!("{person}"),
+    }
+}
+
+/// One run of a verb: its arguments in namespace `ns` on objects named `name` (which
+/// the case's fixture made), what it reaches, and whether it must exit 0 when allowed
+/// (a verb that waits for a node or controller, none of which runs here, only must not
+/// be refused). `Some(vec![])` for a verb that never talks to the store; `None` for a
+/// verb with no entry, which fails the test.
+fn verb_cases(verb: &[String], ns: &str, name: &str, files: &CaseFiles) -> Option<Vec<VerbCase>> {
+    use Reach::*;
+    // `-n NS` right after the verb's words (before a `--`), for the verbs that take
+    // one: the cluster's verbs and those reading a manifest's own namespace do not.
+    let case = |args: &[&str], reach, exits_0| {
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let words = verb.len().max(1);
+        let takes_n = !matches!(verb[0].as_str(), "apply" | "plugin" | "node" | "version")
+            && verb.join(" ") != "alloc plan";
+        if takes_n {
+            args.splice(words..words, ["-n".to_string(), ns.to_string()]);
+        }
+        VerbCase {
+            args,
+            reach,
+            exits_0,
+            fixture: Fixture::Plain,
+        }
+    };
+    let t = "1s";
+    let cases = match verb.join(" ").as_str() {
+        "validate" | "completion" => vec![],
+        "apply" => vec![case(&["apply", "-f", &files.new], Write, true)],
+        "get" => vec![
+            case(&["get", "volumes"], Read, true),
+            case(&["get", "volume", name], Read, true),
+            case(&["get", "allocations"], Read, true),
+            case(&["get", "claims"], Read, true),
+            case(&["get", "mounts"], Read, true),
+            case(&["get", "attachments"], Read, true),
+            case(&["get", "snapshots"], Read, true),
+            case(&["get", "events"], Read, true),
+            case(&["get", "secrets"], Secrets, true),
+            case(&["get", "nodes"], ClusterRead, true),
+            case(&["get", "plugins"], ClusterRead, true),
+            case(&["get", "cordons"], ClusterRead, true),
+        ],
+        "describe" => vec![
+            case(&["describe", "volume", name], Read, true),
+            case(&["describe", "allocation", name], Read, true),
+        ],
+        "delete" => vec![
+            case(&["delete", "allocation", name], Write, true),
+            case(&["delete", "volume", name], Write, true),
+        ],
+        "alloc run" => vec![case(
+            &[
+                "alloc",
+                "run",
+                name,
+                "--node",
+                "n1",
+                "--timeout",
+                t,
+                "--",
+                "true",
+            ],
+            Write,
+            false,
+        )],
+        "alloc plan" => vec![case(&["alloc", "plan", "-f", &files.plan], Read, false)],
+        "alloc paths" => vec![case(&["alloc", "paths", name], Read, false)],
+        "alloc stop" => vec![case(&["alloc", "stop", name], Write, true)],
+        "volume detach" => vec![case(
+            &["volume", "detach", name, "--node", "n1"],
+            ClusterWrite,
+            true,
+        )],
+        "volume status" => vec![case(&["volume", "status"], Read, true)],
+        "volume pause" => vec![case(&["volume", "pause", name], Write, true)],
+        "volume activate" => vec![VerbCase {
+            fixture: Fixture::Paused,
+            ..case(&["volume", "activate", name], Write, true)
+        }],
+        "volume drain" => vec![case(
+            &["volume", "drain", name, "--timeout", t],
+            Write,
+            true,
+        )],
+        "volume own" => vec![VerbCase {
+            fixture: Fixture::Registered,
+            ..case(&["volume", "own", name], ClusterWrite, false)
+        }],
+        "volume deregister" => vec![case(&["volume", "deregister", name], ClusterWrite, true)],
+        "volume share" => vec![VerbCase {
+            fixture: Fixture::Registered,
+            ..case(
+                &["volume", "share", name, "--with", "c"],
+                ClusterWrite,
+                false,
+            )
+        }],
+        "volume unshare" => vec![VerbCase {
+            fixture: Fixture::Registered,
+            ..case(
+                &["volume", "unshare", name, "--with", "c"],
+                ClusterWrite,
+                false,
+            )
+        }],
+        "volume snapshot create" => vec![case(
+            &["volume", "snapshot", "create", name, &format!("{name}-s")],
+            Write,
+            true,
+        )],
+        "volume snapshot import" => vec![case(
+            &[
+                "volume",
+                "snapshot",
+                "import",
+                &format!("{name}-i"),
+                "--source-volume",
+                name,
+                "--snapshot-id",
+                "x",
+            ],
+            Write,
+            true,
+        )],
+        "volume snapshot delete" => vec![VerbCase {
+            fixture: Fixture::Snapshot,
+            ..case(&["volume", "snapshot", "delete", name], Write, true)
+        }],
+        "volume snapshot list" => vec![case(&["volume", "snapshot", "list"], Read, true)],
+        "plugin status" => vec![case(&["plugin", "status"], ClusterRead, true)],
+        "plugin deregister" => vec![VerbCase {
+            fixture: Fixture::Instance,
+            ..case(
+                &["plugin", "deregister", "hostpath.moor.dev", "--node", name],
+                ClusterWrite,
+                true,
+            )
+        }],
+        "node cordon" => vec![case(&["node", "cordon", name], ClusterWrite, true)],
+        "node uncordon" => vec![VerbCase {
+            fixture: Fixture::Cordoned,
+            ..case(&["node", "uncordon", name], ClusterWrite, true)
+        }],
+        "node drain" => vec![case(
+            &["node", "drain", name, "--timeout", t],
+            ClusterWrite,
+            true,
+        )],
+        "mount adopt" => vec![case(
+            &["mount", "adopt", name, "--node", "n1", "--timeout", t],
+            ClusterWrite,
+            false,
+        )],
+        "mount release" => vec![case(
+            &["mount", "release", name, "--node", "n1", "--timeout", t],
+            ClusterWrite,
+            false,
+        )],
+        "events" => vec![case(&["events"], Read, true)],
+        "wait" => vec![case(
+            &[
+                "wait",
+                &format!("volume/{name}"),
+                "--for",
+                "phase=pending",
+                "--timeout",
+                t,
+            ],
+            Read,
+            true,
+        )],
+        "version" => vec![case(&["version"], ClusterRead, false)],
+        _ => return None,
+    };
+    Some(cases)
+}
+
+#[derive(Debug)]
+struct VerbCase {
+    args: Vec<String>,
+    reach: Reach,
+    exits_0: bool,
+    fixture: Fixture,
+}
+
+/// What a case's objects are, beyond its volume and allocation NAME.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fixture {
+    Plain,
+    /// A snapshot NAME of the volume.
+    Snapshot,
+    /// The volume paused.
+    Paused,
+    /// The volume a registration of the plugin volume `ext-NAME`.
+    Registered,
+    /// Node NAME cordoned.
+    Cordoned,
+    /// The plugin's instance on node NAME, a node gone (no Node object).
+    Instance,
+}
+
+/// A case's manifests: `new` a volume and an allocation NAME-new (which no fixture
+/// makes), `plan` the allocation NAME alone.
+struct CaseFiles {
+    new: String,
+    plan: String,
+}
+
+/// A manifest of volume `name` in `ns` (of `source`: its size, or the plugin volume it
+/// registers) and allocation `name` claiming it on n1 (not with `volume_only`).
+fn case_manifest(ns: &str, name: &str, source: &str, volume: bool, alloc: bool) -> String {
+    let mut docs = Vec::new();
+    if volume {
+        docs.push(format!(
+            "kind: Volume\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  plugin_id: \
+             hostpath.moor.dev\n  {source}\n  capabilities:\n  - {{access_mode: \
+             single-node-writer, attachment_mode: file-system}}\n"
+        ));
+    }
+    if alloc {
+        docs.push(format!(
+            "kind: Allocation\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  node: n1\n  \
+             volumes:\n  - {{name: data, volume: {name}, access_mode: single-node-writer, \
+             attachment_mode: file-system}}\n"
+        ));
+    }
+    docs.join("---\n")
+}
+
+/// Every leaf of moorctl's command tree, run by each person in their namespace and in
+/// another, each on objects of its own: what the person's role grants is not refused
+/// (and exits 0 where nothing else is needed), what it does not grant is refused
+/// naming the person, and a refused verb writes nothing (etcd's revision is where it
+/// was before the verb). So a grant missing from roles.sh, or one too many, or a verb
+/// of several writes that makes some before one is refused, fails here.
+#[tokio::test]
+async fn every_verb_is_granted_or_refused_to_each_role_as_its_grants_say_and_a_refusal_writes_nothing(
+) {
+    let s = Secure::start().await;
+    let mut raw = s.raw("root").await;
+    // The cluster's nodes and the plugin, as their agents would have registered them.
+    let root = s.store("root", None).await;
+    for node in ["n1", "n2"] {
+        let mut n = Node::new(
+            &Namespace::default(),
+            Name::new(node).unwrap(),
+            NodeSpec::default(),
+        );
+        n.status.plugins.insert(
+            PluginId::new("hostpath.moor.dev").unwrap(),
+            NodePluginStatus {
+                plugin_type: PluginType::Monolith,
+                ..Default::default()
+            },
+        );
+        root.create(&n).await.unwrap();
+    }
+    root.create(&Plugin::new(
+        &Namespace::default(),
+        Name::new("hostpath.moor.dev").unwrap(),
+        PluginSpec::default(),
+    ))
+    .await
+    .unwrap();
+    let mut missing = Vec::new();
+    let mut wrong = Vec::new();
+    let mut id = 0;
+    for verb in common::moorctl_verbs() {
+        for person in ["ann", "bo", "cy"] {
+            for ns in ["a", "b"] {
+                id += 1;
+                let name = format!("c{id}");
+                let manifest = s.tmp.path().join(format!("{name}.yaml"));
+                let files = CaseFiles {
+                    new: s
+                        .tmp
+                        .path()
+                        .join(format!("{name}-new.yaml"))
+                        .display()
+                        .to_string(),
+                    plan: s
+                        .tmp
+                        .path()
+                        .join(format!("{name}-plan.yaml"))
+                        .display()
+                        .to_string(),
+                };
+                let new = format!("{name}-new");
+                std::fs::write(
+                    &files.new,
+                    case_manifest(ns, &new, "capacity_min: 1Mi", true, true),
+                )
+                .unwrap();
+                std::fs::write(&files.plan, case_manifest(ns, &name, "", false, true)).unwrap();
+                let Some(cases) = verb_cases(&verb, ns, &name, &files) else {
+                    missing.push(verb.join(" "));
+                    break;
+                };
+                for case in cases {
+                    // The case's own objects, made by root (its verb may delete them).
+                    let source = match case.fixture {
+                        Fixture::Registered => format!("external_id: ext-{name}"),
+                        _ => "capacity_min: 1Mi".to_string(),
+                    };
+                    std::fs::write(&manifest, case_manifest(ns, &name, &source, true, true))
+                        .unwrap();
+                    let out = s.moorctl("root", None, &["apply", "-f", manifest.to_str().unwrap()]);
+                    assert!(out.status.success(), "{out:?}");
+                    if case.fixture == Fixture::Paused {
+                        let out = s.moorctl("root", None, &["volume", "pause", &name, "-n", ns]);
+                        assert!(out.status.success(), "{out:?}");
+                    }
+                    if case.fixture == Fixture::Cordoned {
+                        let out = s.moorctl("root", None, &["node", "cordon", &name]);
+                        assert!(out.status.success(), "{out:?}");
+                    }
+                    if case.fixture == Fixture::Instance {
+                        let key = Plugin::key_for(&PluginId::new("hostpath.moor.dev").unwrap());
+                        let mut p = root.get(&key).await.unwrap();
+                        p.status.instances.insert(
+                            NodeName::new(&name).unwrap(),
+                            PluginInstance {
+                                plugin_type: PluginType::Monolith,
+                                node_uid: format!("uid-{name}"),
+                                ..Default::default()
+                            },
+                        );
+                        root.replace_status(&p).await.unwrap();
+                    }
+                    if case.fixture == Fixture::Snapshot {
+                        let out = s.moorctl(
+                            "root",
+                            None,
+                            &["volume", "snapshot", "create", &name, &name, "-n", ns],
+                        );
+                        assert!(out.status.success(), "{out:?}");
+                    }
+                    if case.reach == Reach::ClusterRead && ns == "b" {
+                        continue;
+                    }
+                    let before = revision(&mut raw).await;
+                    let args: Vec<&str> = case.args.iter().map(String::as_str).collect();
+                    let out = s.moorctl(person, None, &args);
+                    let err = stderr(&out);
+                    let refused = err.contains(&format!("refused identity {person} "));
+                    let expect = granted(person, case.reach, ns);
+                    let what = format!("{person} `moorctl {}` ({:?})", args.join(" "), case.reach);
+                    if expect && (refused || err.contains("permission denied")) {
+                        wrong.push(format!("{what}: refused, should be granted: {err}"));
+                    } else if expect && case.exits_0 && !out.status.success() {
+                        wrong.push(format!("{what}: granted but failed: {err}"));
+                    } else if !expect && !refused {
+                        wrong.push(format!("{what}: granted, should be refused: {out:?}"));
+                    } else if !expect && revision(&mut raw).await != before {
+                        wrong.push(format!("{what}: refused after writing: {err}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "verbs with no entry in verb_cases: {missing:?}"
+    );
+    assert!(
+        wrong.is_empty(),
+        "{} wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
+
+/// etcd's current revision: it moves with every write.
+async fn revision(raw: &mut etcd_client::Client) -> i64 {
+    raw.get("/moor/", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision()
+}

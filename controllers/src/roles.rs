@@ -41,8 +41,8 @@ const HEAD: &str = r#"#!/usr/bin/env bash
 # PEOPLE (entries NAME=ROLE[:NS,...]; a person may have several) makes a user per
 # person, named as the CN of the certificate certs.sh makes for NAME, granted:
 #   view:NS,...  moor-view-NS: read the namespaces' requests and the controller's events
-#                about them, and the classes, plugins, nodes and cordons they are placed
-#                by; never a Secret;
+#                about them, and the classes, plugins, nodes, cordons and capacity
+#                reports they are placed by; never a Secret;
 #   edit:NS,...  moor-edit-NS: view, and write those requests and the namespaces'
 #                Secrets (the role NAMESPACE_WRITERS' users have);
 #   operator     moor-operator: every object of every namespace and the cluster's
@@ -221,6 +221,7 @@ namespace_reads() { # ROLE NS
     ctl role grant-permission "$1" read "${PREFIX}plugins/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}nodes/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}cordons/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}capacities/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}leaders/controller"
     ctl role grant-permission "$1" read "${PREFIX}events/controller/$2/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}attachments/$2/" --prefix

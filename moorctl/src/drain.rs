@@ -168,7 +168,6 @@ pub async fn volume(
     if !matches!(cmd, VolumeAvailabilityCmd::Drain) {
         return Ok(0);
     }
-    let allocs = live_allocations(ctx).await?;
     let holding = |v: &Volume| -> Vec<String> {
         let c = &v.status.claims;
         c.read_claims
@@ -177,10 +176,14 @@ pub async fn volume(
             .map(|r| r.allocation.to_string())
             .collect()
     };
+    // The holders are allocations of the volume's namespace, read one by one: a
+    // person's role may read that namespace's allocations and no other's.
     if let Some(v) = ctx.store.try_get(&key).await? {
         for a in holding(&v) {
-            if let Some(alloc) = allocs.get(&(ns.to_string(), a)) {
-                stop_or_report(ctx, alloc).await?;
+            let Ok(a) = Name::new(&a) else { continue };
+            match ctx.store.try_get(&Allocation::key_for(&ns, &a)).await? {
+                Some(alloc) if !alloc.spec.is_terminal() => stop_or_report(ctx, &alloc).await?,
+                _ => {}
             }
         }
     }

@@ -102,6 +102,26 @@ pub async fn list_readable(
     }
 }
 
+/// Every object of a kind, typed; for an identity that may not read them all (a
+/// person's role), namespace `ns`'s part of it. The flag says which was read: `true`
+/// for every namespace.
+pub async fn typed_readable<S: Spec>(
+    ctx: &Ctx,
+    ns: &Namespace,
+) -> anyhow::Result<(Vec<Object<S>>, bool)> {
+    match ctx.store.list(&KeyScope::<S>::all()).await {
+        Ok(list) => Ok((list.items, true)),
+        Err(e) if e.is_permission_denied() => {
+            let items = match KeyScope::<S>::namespace(ns) {
+                Some(scope) => ctx.store.list(&scope).await?.items,
+                None => namespace_parts::<S>(ctx, ns, e).await?.0,
+            };
+            Ok((items, false))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Whether etcd refused the request for this identity.
 pub fn denied(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
@@ -117,32 +137,29 @@ type Listed<S> = (Vec<Object<S>>, Vec<moor::store::StoreError>, i64);
 /// at a time (`claims/NODE/NS/` for each node, `events/controller/NS/` and
 /// `events/node/NODE/NS/`, `secrets/PLUGIN/NS/` for each plugin), for an identity
 /// refused the whole kind (`denied`). Parts it may not read either (a node or plugin
-/// its role does not name) are left out, said once on stderr; `denied` when it reads
-/// none. The revision is the oldest of the parts' (a watch from it misses none).
+/// its role does not name) are left out, said once on stderr; `denied` when every
+/// part is refused. The revision is the oldest of the parts' (a watch from it misses none).
 async fn namespace_parts<S: Spec>(
     ctx: &Ctx,
     ns: &Namespace,
     denied: moor::store::StoreError,
 ) -> anyhow::Result<Listed<S>> {
-    let firsts: Vec<Vec<String>> = match S::KIND {
-        "Claim" | "Mount" => names::<NodeSpec>(ctx)
-            .await?
-            .into_iter()
-            .map(|n| vec![n])
-            .collect(),
-        "Event" => std::iter::once(vec!["controller".to_string()])
-            .chain(
-                names::<NodeSpec>(ctx)
-                    .await?
-                    .into_iter()
-                    .map(|n| vec!["node".to_string(), n]),
-            )
-            .collect(),
-        _ if S::NAMESPACED && !S::KEY_NAMESPACE_FIRST => names::<PluginSpec>(ctx)
-            .await?
-            .into_iter()
-            .map(|p| vec![p])
-            .collect(),
+    let (firsts, empty_at): (Vec<Vec<String>>, i64) = match S::KIND {
+        "Claim" | "Mount" => {
+            let (nodes, at) = names::<NodeSpec>(ctx).await?;
+            (nodes.into_iter().map(|n| vec![n]).collect(), at)
+        }
+        "Event" => {
+            let (nodes, at) = names::<NodeSpec>(ctx).await?;
+            let parts = std::iter::once(vec!["controller".to_string()])
+                .chain(nodes.into_iter().map(|n| vec!["node".to_string(), n]))
+                .collect();
+            (parts, at)
+        }
+        _ if S::NAMESPACED && !S::KEY_NAMESPACE_FIRST => {
+            let (plugins, at) = names::<PluginSpec>(ctx).await?;
+            (plugins.into_iter().map(|p| vec![p]).collect(), at)
+        }
         _ => return Err(denied.into()),
     };
     let (mut items, mut malformed, mut revision, mut refused) = (Vec::new(), Vec::new(), 0, 0);
@@ -166,10 +183,27 @@ async fn namespace_parts<S: Spec>(
             Err(e) => return Err(e.into()),
         }
     }
-    // No part read (none it may read, or no node or plugin to read under): the
-    // refusal of the whole stands; "none found" would not be true.
-    if !read_any {
+    // Parts refused, none read: the refusal of the whole stands ("none found" would
+    // not be true).
+    if !read_any && refused > 0 {
         return Err(denied.into());
+    }
+    if firsts.is_empty() {
+        // No node yet: no claim, mount or node event of the namespace to show, to an
+        // identity that reads the namespace (its volumes: every namespace role does).
+        // A Secret is read under its plugin: with none registered, the refusal stands.
+        let reads_namespace = match (S::KIND, KeyScope::<VolumeSpec>::namespace(ns)) {
+            ("Claim" | "Mount", Some(scope)) => match ctx.store.list(&scope).await {
+                Ok(_) => true,
+                Err(e) if e.is_permission_denied() => false,
+                Err(e) => return Err(e.into()),
+            },
+            _ => false,
+        };
+        if !reads_namespace {
+            return Err(denied.into());
+        }
+        revision = empty_at;
     }
     if refused > 0 {
         eprintln!(
@@ -181,16 +215,16 @@ async fn namespace_parts<S: Spec>(
     Ok((items, malformed, revision))
 }
 
-/// The names of the stored objects of a cluster-wide kind (nodes, plugins).
-async fn names<S: Spec>(ctx: &Ctx) -> anyhow::Result<Vec<String>> {
-    Ok(ctx
-        .store
-        .list(&KeyScope::<S>::all())
-        .await?
+/// The names of the stored objects of a cluster-wide kind (nodes, plugins), and the
+/// revision they were read at.
+async fn names<S: Spec>(ctx: &Ctx) -> anyhow::Result<(Vec<String>, i64)> {
+    let list = ctx.store.list(&KeyScope::<S>::all()).await?;
+    let names = list
         .items
         .iter()
         .map(|o| o.metadata.name.to_string())
-        .collect())
+        .collect();
+    Ok((names, list.revision))
 }
 
 /// The object of `kind` named `name` (in `ns` when namespaced), as JSON.

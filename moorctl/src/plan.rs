@@ -101,27 +101,36 @@ impl Plan {
             }
             None => ctx.store.list::<NodeSpec>(&KeyScope::all()).await?.items,
         };
+        // The allocation's namespace only: a person's role reads no other.
+        let in_ns = |what| anyhow::anyhow!("{what} are not keyed by namespace");
         let volumes: BTreeMap<VolumeId, Volume> = ctx
             .store
-            .list::<VolumeSpec>(&KeyScope::all())
+            .list::<VolumeSpec>(&KeyScope::namespace(&ns).ok_or_else(|| in_ns("volumes"))?)
             .await?
             .items
             .into_iter()
-            .filter(|v| v.metadata.namespace == ns)
             .filter_map(|v| Some((VolumeId::new(v.metadata.name.as_str()).ok()?, v)))
             .collect();
         // Holders being released make a request wait, not fail: what tells them.
         let allocations: BTreeMap<String, Allocation> = ctx
             .store
-            .list::<AllocationSpec>(&KeyScope::all())
+            .list::<AllocationSpec>(&KeyScope::namespace(&ns).ok_or_else(|| in_ns("allocations"))?)
             .await?
             .items
             .into_iter()
-            .filter(|a| a.metadata.namespace == ns)
             .map(|a| (a.metadata.name.to_string(), a))
             .collect();
         let mut claims_by_node: BTreeMap<NodeName, Vec<Arc<Claim>>> = BTreeMap::new();
-        for c in ctx.store.list::<ClaimSpec>(&KeyScope::all()).await?.items {
+        // Every namespace's claims on a node count against it (its volume limit); an
+        // identity that reads only its own namespace's plans with those.
+        let (claims, whole) = crate::kind::typed_readable::<ClaimSpec>(ctx, &ns).await?;
+        if !whole {
+            eprintln!(
+                "warning: this identity reads only namespace {ns}'s claims: other \
+                 namespaces' claims on a node (its volume limit) are not counted"
+            );
+        }
+        for c in claims {
             claims_by_node
                 .entry(c.spec.node.clone())
                 .or_default()

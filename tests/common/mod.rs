@@ -410,6 +410,41 @@ pub async fn count_puts(
     counts
 }
 
+/// Every leaf of moorctl's command tree, read from its own `--help` (the "Commands:"
+/// section of each command, recursively), so a verb added later is found here too.
+pub fn moorctl_verbs() -> Vec<Vec<String>> {
+    fn walk(path: Vec<String>, out: &mut Vec<Vec<String>>) {
+        let help = Command::new(bin("moorctl"))
+            .args(&path)
+            .arg("--help")
+            .output()
+            .expect("moorctl --help");
+        let text = String::from_utf8_lossy(&help.stdout).into_owned();
+        let subs: Vec<String> = text
+            .split("\nCommands:\n")
+            .nth(1)
+            .map(|rest| {
+                rest.lines()
+                    .take_while(|l| !l.trim().is_empty())
+                    .filter_map(|l| l.split_whitespace().next().map(String::from))
+                    .filter(|c| c != "help")
+                    .collect()
+            })
+            .unwrap_or_default();
+        if subs.is_empty() {
+            out.push(path.clone());
+        }
+        for sub in subs {
+            let mut p = path.clone();
+            p.push(sub);
+            walk(p, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(Vec::new(), &mut out);
+    out
+}
+
 pub mod fixtures {
     use moor::api::*;
 
