@@ -2257,3 +2257,262 @@ async fn revision(raw: &mut etcd_client::Client) -> i64 {
         .unwrap()
         .revision()
 }
+
+/// Volumes of 10 MiB named `prefix-1` .. `prefix-N` in namespace a, one manifest.
+fn volumes_manifest(prefix: &str, n: usize) -> String {
+    (1..=n)
+        .map(|i| {
+            format!(
+                "kind: Volume\nmetadata: {{name: {prefix}-{i}, namespace: a}}\nspec:\n  plugin_id: \
+                 hostpath.moor.dev\n  capacity_min: 10Mi\n  capabilities:\n  - {{access_mode: \
+                 single-node-writer, attachment_mode: file-system}}\n"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// The CreateVolume calls moor-hostpath of node `node` logged.
+fn create_volume_calls(s: &Secure, node: &str) -> usize {
+    std::fs::read_to_string(s.tmp.path().join(node).join("plugin/calls.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("\"CreateVolume\""))
+        .count()
+}
+
+/// A namespace's quota, set by its operator, holds under concurrent creates by two of
+/// the namespace's writers: the controller charges volumes in order until the limit,
+/// the rest wait with the quota and its usage named and are never created (counted in
+/// the plugin's own call log and in every version of the quota etcd kept), a deleted
+/// volume frees its charge for a waiting one, and an allocation past the count waits
+/// to be admitted. The namespace's people read the usage and may not write the quota.
+#[tokio::test]
+async fn a_quota_holds_under_concurrent_creates_and_its_usage_is_the_controller_s_alone() {
+    let s = Secure::start().await;
+    let _controller = s.controller("controller", &[]);
+    let _n1 = s.node("n1", "monolith", &s.cluster_keys);
+    let admin = s.store("moor-controller", None).await;
+    let a = Namespace::new("a").unwrap();
+    let quota_yaml = s.tmp.path().join("quota.yaml");
+    std::fs::write(
+        &quota_yaml,
+        "kind: Quota\nmetadata: {name: team, namespace: a}\nspec:\n  volumes: 5\n  capacity: \
+         30Mi\n  allocations: 1\n",
+    )
+    .unwrap();
+    // Bo (edit:a) may not set his own namespace's quota; Cy (operator) does.
+    let out = s.moorctl("bo", None, &["apply", "-f", quota_yaml.to_str().unwrap()]);
+    assert!(
+        stderr(&out).contains("refused identity bo a write of /moor/quotas/a/team"),
+        "{out:?}"
+    );
+    let out = s.moorctl("cy", None, &["apply", "-f", quota_yaml.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let quota_key = Quota::key_for(&a, "team");
+
+    // Two writers of namespace a create four volumes each at once.
+    let writers: Vec<_> = [("bo", "by-bo"), ("moor-edit-a", "by-team")]
+        .into_iter()
+        .map(|(who, prefix)| {
+            let file = s.tmp.path().join(format!("{prefix}.yaml"));
+            std::fs::write(&file, volumes_manifest(prefix, 4)).unwrap();
+            s.cmd("moorctl", who, None)
+                .args(["apply", "-f", file.to_str().unwrap()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for w in writers {
+        let out = w.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let names: Vec<String> = ["by-bo", "by-team"]
+        .iter()
+        .flat_map(|p| (1..=4).map(move |i| format!("{p}-{i}")))
+        .collect();
+    // Three fit (30 MiB); five wait, saying which quota and how much is used.
+    let volumes = || async {
+        let mut out = Vec::new();
+        for n in &names {
+            if let Some(v) = admin
+                .try_get(&Volume::key_for(&a, n.as_str()))
+                .await
+                .unwrap()
+            {
+                out.push(v);
+            }
+        }
+        out
+    };
+    wait_for(
+        "three volumes made and five waiting on the quota",
+        T,
+        || async {
+            let vs = volumes().await;
+            let ready = vs
+                .iter()
+                .filter(|v| v.status.provisioning.phase == VolumePhase::Ready)
+                .count();
+            let waiting = vs
+                .iter()
+                .filter(|v| {
+                    v.status.provisioning.meta.conditions.iter().any(|c| {
+                        c.reason == "QuotaExceeded"
+                            && c.message
+                                .starts_with("quota team: capacity 30.0 MiB of 30.0 MiB used")
+                    })
+                })
+                .count();
+            ready == 3 && waiting == 5
+        },
+    )
+    .await;
+    let q = admin.get(&quota_key).await.unwrap();
+    assert_eq!(q.status.used.volumes, 3, "{:?}", q.status);
+    assert_eq!(q.status.used.capacity, Size(30 << 20));
+    assert_eq!(q.status.waiting_count, 5);
+    assert_eq!(
+        create_volume_calls(&s, "n1"),
+        3,
+        "CreateVolume only for what was charged"
+    );
+
+    // Ann (view:a) reads the usage.
+    let out = s.moorctl("ann", None, &["get", "quota", "-n", "a"]);
+    assert!(out.status.success(), "{out:?}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("3/5") && table.contains("30.0 MiB/30.0 MiB") && table.contains(" 5 "),
+        "{table}"
+    );
+
+    // A made volume deleted: its charge goes to the oldest waiting one, which is made.
+    let made: Vec<String> = volumes()
+        .await
+        .iter()
+        .filter(|v| v.status.provisioning.phase == VolumePhase::Ready)
+        .map(|v| v.metadata.name.to_string())
+        .collect();
+    let out = s.moorctl("bo", None, &["delete", "volume", &made[0], "-n", "a"]);
+    assert!(out.status.success(), "{out:?}");
+    wait_for("a waiting volume made in the freed room", T, || async {
+        let vs = volumes().await;
+        vs.len() == 7
+            && vs
+                .iter()
+                .filter(|v| v.status.provisioning.phase == VolumePhase::Ready)
+                .count()
+                == 3
+    })
+    .await;
+    assert_eq!(create_volume_calls(&s, "n1"), 4);
+
+    // One allocation is admitted; a second waits for the quota.
+    let ready: Vec<String> = volumes()
+        .await
+        .iter()
+        .filter(|v| v.status.provisioning.phase == VolumePhase::Ready)
+        .map(|v| v.metadata.name.to_string())
+        .collect();
+    let allocs = s.tmp.path().join("allocs.yaml");
+    std::fs::write(
+        &allocs,
+        format!(
+            "kind: Allocation\nmetadata: {{name: first, namespace: a}}\nspec:\n  node: n1\n  \
+             volumes:\n  - {{name: data, volume: {}, access_mode: single-node-writer, \
+             attachment_mode: file-system}}\n",
+            ready[0]
+        ),
+    )
+    .unwrap();
+    let out = s.moorctl("bo", None, &["apply", "-f", allocs.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let claim_of =
+        |alloc: &str| Claim::key_for(&NodeName::new("n1").unwrap(), &a, format!("{alloc}.data"));
+    wait_for("the first allocation's claim published", T, || async {
+        admin
+            .try_get(&claim_of("first"))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|c| c.status.phase == ClaimPhase::Published)
+    })
+    .await;
+    std::fs::write(
+        &allocs,
+        format!(
+            "kind: Allocation\nmetadata: {{name: second, namespace: a}}\nspec:\n  node: n1\n  \
+             volumes:\n  - {{name: data, volume: {}, access_mode: single-node-writer, \
+             attachment_mode: file-system}}\n",
+            ready[1]
+        ),
+    )
+    .unwrap();
+    let out = s.moorctl("bo", None, &["apply", "-f", allocs.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    wait_for(
+        "the second allocation's claim waits on the quota",
+        T,
+        || async {
+            admin
+                .try_get(&claim_of("second"))
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|c| {
+                    c.status.phase == ClaimPhase::Pending
+                        && c.status.reason.as_deref().is_some_and(|r| {
+                            r == "allocation second: quota team: allocations 1 of 1 used"
+                        })
+                })
+        },
+    )
+    .await;
+    // The first ends: its charge goes, and the second is admitted.
+    let out = s.moorctl("bo", None, &["alloc", "stop", "first", "-n", "a"]);
+    assert!(out.status.success(), "{out:?}");
+    wait_for(
+        "the second allocation admitted once the first ended",
+        T,
+        || async {
+            admin
+                .try_get(&claim_of("second"))
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|c| c.status.phase == ClaimPhase::Published)
+        },
+    )
+    .await;
+
+    // No version of the quota etcd kept ever charged past a limit.
+    let mut raw = s.raw("root").await;
+    let now = revision(&mut raw).await;
+    let mut versions = 0;
+    for rev in 1..=now {
+        let got = raw
+            .get(
+                format!("/moor/{}", quota_key.as_str()),
+                Some(etcd_client::GetOptions::new().with_revision(rev)),
+            )
+            .await
+            .unwrap();
+        let Some(kv) = got.kvs().first() else {
+            continue;
+        };
+        if kv.mod_revision() != rev {
+            continue;
+        }
+        versions += 1;
+        let v: serde_json::Value = serde_json::from_slice(kv.value()).unwrap();
+        let used = |f: &str| v["status"]["used"][f].as_u64().unwrap_or(0);
+        assert!(
+            used("volumes") <= 5 && used("capacity") <= 30 << 20 && used("allocations") <= 1,
+            "version at revision {rev} charged past a limit: {v}"
+        );
+    }
+    assert!(versions >= 3, "the quota's versions were read: {versions}");
+}

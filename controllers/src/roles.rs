@@ -156,7 +156,7 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
     for &kind in Kind::ALL {
         match kind.agent_access() {
             AgentAccess::ControllerPluginRead => out.push_str(&format!(
-                "    # The {} of every plugin (read only: the controller writes them).\n    ctl role grant-permission \"$user\" read \"${{PREFIX}}{}/\" --prefix\n",
+                "    # All {}, of every plugin and namespace (read only: the controller writes them).\n    ctl role grant-permission \"$user\" read \"${{PREFIX}}{}/\" --prefix\n",
                 kind.dir(),
                 kind.dir()
             )),
@@ -222,6 +222,7 @@ namespace_reads() { # ROLE NS
     ctl role grant-permission "$1" read "${PREFIX}nodes/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}cordons/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}capacities/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}quotas/$2/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}leaders/controller"
     ctl role grant-permission "$1" read "${PREFIX}events/controller/$2/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}attachments/$2/" --prefix

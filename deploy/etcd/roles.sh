@@ -118,26 +118,28 @@ for pair in ${CONTROLLER_PLUGINS:-}; do
         exit 1
     fi
     user="moor-agent-$node"
-    # The volumes of every plugin (read only: the controller writes them).
+    # All volumes, of every plugin and namespace (read only: the controller writes them).
     ctl role grant-permission "$user" read "${PREFIX}volumes/" --prefix
     # Its plugin's volume-reports (read and write; not another plugin's): facts
     # only the plugin's leader writes.
     ctl role grant-permission "$user" readwrite "${PREFIX}volume-reports/$plugin/" --prefix
-    # The attachments of every plugin (read only: the controller writes them).
+    # All attachments, of every plugin and namespace (read only: the controller writes them).
     ctl role grant-permission "$user" read "${PREFIX}attachments/" --prefix
     # Its plugin's attachment-reports (read and write; not another plugin's): facts
     # only the plugin's leader writes.
     ctl role grant-permission "$user" readwrite "${PREFIX}attachment-reports/$plugin/" --prefix
-    # The snapshots of every plugin (read only: the controller writes them).
+    # All snapshots, of every plugin and namespace (read only: the controller writes them).
     ctl role grant-permission "$user" read "${PREFIX}snapshots/" --prefix
     # Its plugin's snapshot-reports (read and write; not another plugin's): facts
     # only the plugin's leader writes.
     ctl role grant-permission "$user" readwrite "${PREFIX}snapshot-reports/$plugin/" --prefix
-    # The groupsnapshots of every plugin (read only: the controller writes them).
+    # All groupsnapshots, of every plugin and namespace (read only: the controller writes them).
     ctl role grant-permission "$user" read "${PREFIX}groupsnapshots/" --prefix
     # Its plugin's groupsnapshot-reports (read and write; not another plugin's): facts
     # only the plugin's leader writes.
     ctl role grant-permission "$user" readwrite "${PREFIX}groupsnapshot-reports/$plugin/" --prefix
+    # All quotas, of every plugin and namespace (read only: the controller writes them).
+    ctl role grant-permission "$user" read "${PREFIX}quotas/" --prefix
     # Its plugin's secrets (read only; not another plugin's).
     ctl role grant-permission "$user" read "${PREFIX}secrets/$plugin/" --prefix
     # Its plugin's owners (read and write; not another plugin's): facts
@@ -181,6 +183,7 @@ namespace_reads() { # ROLE NS
     ctl role grant-permission "$1" read "${PREFIX}nodes/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}cordons/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}capacities/" --prefix
+    ctl role grant-permission "$1" read "${PREFIX}quotas/$2/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}leaders/controller"
     ctl role grant-permission "$1" read "${PREFIX}events/controller/$2/" --prefix
     ctl role grant-permission "$1" read "${PREFIX}attachments/$2/" --prefix
@@ -260,6 +263,7 @@ operator_role() {
     ctl role grant-permission "$role" readwrite "${PREFIX}groupsnapshots/" --prefix
     ctl role grant-permission "$role" readwrite "${PREFIX}groupsnapshot-reports/" --prefix
     ctl role grant-permission "$role" readwrite "${PREFIX}snapshotschedules/" --prefix
+    ctl role grant-permission "$role" readwrite "${PREFIX}quotas/" --prefix
     ctl role grant-permission "$role" readwrite "${PREFIX}secrets/" --prefix
     ctl role grant-permission "$role" readwrite "${PREFIX}leases/" --prefix
     ctl role grant-permission "$role" readwrite "${PREFIX}owners/" --prefix

@@ -345,9 +345,10 @@ async fn check(ctx: &Ctx, obj: &AnyObject, plaintext_ok: bool) -> anyhow::Result
         AnyObject::Allocation(_)
         | AnyObject::Snapshot(_)
         | AnyObject::SnapshotSchedule(_)
+        | AnyObject::Quota(_)
         | AnyObject::VolumeClass(_) => Ok(Vec::new()),
         other => Err(Refused(format!(
-            "{}: {} objects are written by moor itself; apply Volumes, VolumeClasses, Secrets, Allocations, Snapshots and SnapshotSchedules",
+            "{}: {} objects are written by moor itself; apply Volumes, VolumeClasses, Secrets, Allocations, Snapshots, SnapshotSchedules and Quotas",
             other.key(),
             other.kind().dir()
         ))
@@ -362,6 +363,7 @@ async fn apply_any(ctx: &Ctx, obj: AnyObject) -> anyhow::Result<String> {
         AnyObject::Allocation(o) => apply_one(ctx, *o).await,
         AnyObject::Snapshot(o) => apply_one(ctx, *o).await,
         AnyObject::SnapshotSchedule(o) => apply_one(ctx, *o).await,
+        AnyObject::Quota(o) => apply_one(ctx, *o).await,
         AnyObject::VolumeClass(o) => apply_one(ctx, *o).await,
         AnyObject::Secret(o) => apply_one(ctx, *o).await,
         other => Err(Refused(format!("{}: not applied", other.key())).into()),

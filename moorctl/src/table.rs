@@ -211,6 +211,48 @@ fn event_object(v: &Value) -> String {
     )
 }
 
+/// A quota's usage of `field` against its limit (`3/10`, `-` when not limited), sizes
+/// in IEC units when `size`.
+fn used_of(v: &Value, field: &str, size: bool) -> String {
+    let shown = |n: u64| {
+        if size {
+            moor::api::Size(n).to_string()
+        } else {
+            n.to_string()
+        }
+    };
+    let used = v
+        .pointer(&format!("/status/used/{field}"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    match v.pointer(&format!("/spec/{field}")).and_then(Value::as_u64) {
+        Some(limit) => format!("{}/{}", shown(used), shown(limit)),
+        None => "-".into(),
+    }
+}
+
+/// A quota's per-class capacity used against each limit (`fast 1.0 GiB/5.0 GiB`).
+fn quota_classes(v: &Value) -> String {
+    let Some(limits) = v.pointer("/spec/classes").and_then(Value::as_object) else {
+        return "-".into();
+    };
+    limits
+        .iter()
+        .map(|(class, limit)| {
+            let used = v
+                .pointer(&format!("/status/used/classes/{class}"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+            format!(
+                "{class} {}/{}",
+                moor::api::Size(used),
+                moor::api::Size(limit.as_u64().unwrap_or(0))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The columns of a kind (`wide` adds some).
 pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
     let mut cols = match kind {
@@ -490,6 +532,21 @@ pub fn columns(kind: Kind, wide: bool) -> Vec<Column> {
                 }
             }),
             col("PAUSED", |v| yes_no(v, "/spec/paused")),
+            col("AGE", age),
+        ],
+        Kind::Quota => vec![
+            col("NAME", name),
+            col("VOLUMES", |v| used_of(v, "volumes", false)),
+            col("CAPACITY", |v| used_of(v, "capacity", true)),
+            col("ALLOCATIONS", |v| used_of(v, "allocations", false)),
+            col("SNAPSHOTS", |v| used_of(v, "snapshots", false)),
+            col("CLASSES", quota_classes),
+            col("WAITING", |v| {
+                match text(v, "/status/waiting_count").as_str() {
+                    "" => "0".into(),
+                    n => n.to_string(),
+                }
+            }),
             col("AGE", age),
         ],
         Kind::Event => vec![

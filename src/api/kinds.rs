@@ -72,6 +72,7 @@ macro_rules! for_each_kind {
             VolumeGroupSnapshot(VolumeGroupSnapshotSpec),
             VolumeGroupSnapshotReport(VolumeGroupSnapshotReportSpec),
             SnapshotSchedule(SnapshotScheduleSpec),
+            Quota(QuotaSpec),
             Secret(SecretSpec),
             Lease(LeaseSpec),
             Ownership(OwnershipSpec),
@@ -249,7 +250,7 @@ mod tests {
             let (name, dir) = with_spec!(kind, S => (S::KIND, S::DIR));
             assert_eq!((kind.name(), kind.dir()), (name, dir));
         }
-        assert_eq!(Kind::ALL.len(), 20);
+        assert_eq!(Kind::ALL.len(), 21);
     }
 
     #[test]

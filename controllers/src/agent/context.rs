@@ -288,6 +288,8 @@ impl ControllerPluginCtx {
             Arc::new(|o: &Ownership| o.spec.chosen || !o.spec.shared_with.is_empty()),
             stop.clone(),
         );
+        // Quotas: what the controller charged of each namespace (few objects).
+        let quotas = Informer::<Quota>::spawn(self.reads.clone(), KeyScope::all(), stop.clone());
         use super::reports::Reports;
         let volume_reports = Reports::new(&self.plugin.id, volume_reports, &self.writer);
         let prov = provisioner::Provisioner {
@@ -296,6 +298,7 @@ impl ControllerPluginCtx {
             snapshots: snapshots.clone(),
             granted,
             reports: volume_reports.clone(),
+            quotas: quotas.clone(),
         };
         let group = group_snapshotter::GroupSnapshotter {
             ctx: self.clone(),
@@ -308,6 +311,7 @@ impl ControllerPluginCtx {
             snapshots,
             volumes: volumes.clone(),
             reports: Reports::new(&self.plugin.id, snapshot_reports, &self.writer),
+            quotas,
         };
         let reports = Reports::new(&self.plugin.id, reports, &self.writer);
         let survey = survey::Survey {

@@ -169,6 +169,9 @@ pub struct Snapshotter {
     pub volumes: Informer<VolumeView>,
     /// This plugin's reports on its snapshots.
     pub reports: Reports<SnapshotSpec>,
+    /// Quotas: a snapshot is cut or imported only once every quota of its namespace
+    /// charged it (the controller's charges).
+    pub quotas: Informer<Quota>,
 }
 
 impl Snapshotter {
@@ -176,6 +179,7 @@ impl Snapshotter {
     pub async fn run(self, metrics: ControllerMetrics, stop: CancellationToken) {
         let reader = self.snapshots.reader();
         let snapshots = reader.clone();
+        let quoted = reader.clone();
         let this = Arc::new(self);
         Controller::new("snapshotter", reader, Config::default())
             .with_metrics(metrics)
@@ -193,6 +197,18 @@ impl Snapshotter {
                     .filter(|s| {
                         s.metadata.namespace == v.namespace
                             && s.spec.volume.as_str() == v.name.as_str()
+                            && s.status.snapshot_id.is_none()
+                    })
+                    .map(|s| s.object_key())
+                    .collect()
+            })
+            // A quota's charges changed: its namespace's snapshots not cut yet.
+            .watches(this.quotas.subscribe(), move |q: &Quota| {
+                quoted
+                    .state()
+                    .iter()
+                    .filter(|s| {
+                        s.metadata.namespace == q.metadata.namespace
                             && s.status.snapshot_id.is_none()
                     })
                     .map(|s| s.object_key())
@@ -250,7 +266,14 @@ impl Snapshotter {
             self.reports.forget(&key).await?;
             return Ok(Action::AwaitChange);
         }
-        match next(&snap, volume.as_deref(), &self.ctx.plugin.id, &controller) {
+        let step = next(&snap, volume.as_deref(), &self.ctx.plugin.id, &controller);
+        // Cut or imported only once every quota of the namespace charged it.
+        if matches!(step, Step::Create(_) | Step::Import(_)) {
+            if let Some(why) = self.over_quota(&snap).await? {
+                return self.waiting_for_quota(&snap, why).await;
+            }
+        }
+        match step {
             Step::Nothing | Step::WaitForVolume => Ok(Action::AwaitChange),
             Step::AddFinalizer => {
                 // The controller adds it; cut only once it is there.
@@ -276,6 +299,47 @@ impl Snapshotter {
             Step::Import(id) => self.import(&snap, volume.as_deref(), id).await,
             Step::Delete => self.delete(&snap, volume.as_deref()).await,
         }
+    }
+
+    /// Waiting for a quota: the `Created` condition false with why, and a Warning,
+    /// each once for the same why; the quota's next change looks again.
+    async fn waiting_for_quota(
+        &self,
+        snap: &Snapshot,
+        why: String,
+    ) -> Result<Action, SnapshotError> {
+        let shown = snap
+            .status
+            .meta
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Created" && c.reason == "QuotaExceeded" && c.message == why);
+        if !shown {
+            self.write_status(snap, |st| {
+                st.meta
+                    .set_condition("Created", false, "QuotaExceeded", &why);
+            })
+            .await?;
+            self.event(snap, "QuotaExceeded", EventType::Warning, why)
+                .await;
+        }
+        Ok(Action::AwaitChange)
+    }
+
+    /// Why the namespace's quotas keep `snap` from being cut: a quota that has not
+    /// charged it (read from etcd: a quota set just before is seen).
+    async fn over_quota(&self, snap: &Snapshot) -> Result<Option<String>, SnapshotError> {
+        let quotas =
+            super::provisioner::namespace_quotas(&self.ctx.reads, &snap.metadata.namespace)
+                .await
+                .map_err(crate::agent::step_error::StepError::from)?;
+        Ok(quota_wait(
+            &quotas,
+            Charged::Snapshot,
+            snap.metadata.name.as_str(),
+            &snap.metadata.uid,
+            0,
+        ))
     }
 
     fn inputs(&self, snap: &Snapshot) -> u64 {

@@ -43,6 +43,8 @@ pub struct Informers {
     pub secrets: Informer<Secret>,
     /// Ownership records (which volume owns each plugin volume; admission reads them).
     pub owners: Informer<Ownership>,
+    /// Quotas (admission lets in only what they charged).
+    pub quotas: Informer<Quota>,
 }
 
 impl Informers {
@@ -74,6 +76,7 @@ impl Informers {
             classes: Informer::spawn(all(), KeyScope::all(), stop.clone()),
             secrets: Informer::spawn(all(), KeyScope::all(), stop.clone()),
             owners: Informer::spawn(all(), KeyScope::all(), stop.clone()),
+            quotas: Informer::spawn(all(), KeyScope::all(), stop.clone()),
         }
     }
 }
@@ -109,6 +112,9 @@ pub struct Ctx {
     /// Ownership records: a claim is admitted only on a volume that owns its plugin
     /// volume ([`Ownership`]).
     pub owners: reflector::Store<Ownership>,
+    /// Quotas: a claim is admitted only of a volume, and by an allocation, every quota
+    /// of its namespace charged.
+    pub quotas: reflector::Store<Quota>,
     /// When each lease was last seen to change, by this process's clock.
     pub lease_observer: Arc<Mutex<LeaseObserver>>,
     /// Events.
@@ -139,6 +145,17 @@ impl Ctx {
         self.secrets.wait_until_ready().await;
         // Before it has listed, no record would look like a plugin not migrated yet.
         self.owners.wait_until_ready().await;
+        // Before it has listed, a namespace's quotas would look absent.
+        self.quotas.wait_until_ready().await;
+    }
+
+    /// Namespace `ns`'s quotas.
+    pub fn quotas_of(&self, ns: &Namespace) -> Vec<Arc<Quota>> {
+        self.quotas
+            .state()
+            .into_iter()
+            .filter(|q| &q.metadata.namespace == ns)
+            .collect()
     }
 
     /// How long a node has been gone (no Node object), `None` while it is registered.
@@ -204,7 +221,9 @@ pub const CLAIM_INDEXES: &[reflector::Index<Claim>] = &[
     (BY_NODE, |c| vec![c.spec.node.to_string()]),
     (BY_WAITING, |c| {
         if waiting_for_admission(c) {
-            waiting_index(c).to_vec()
+            let mut values = waiting_index(c).to_vec();
+            values.push(waiting_in(&c.metadata.namespace));
+            values
         } else {
             Vec::new()
         }
@@ -236,6 +255,12 @@ pub fn waiting_index(c: &Claim) -> [String; 3] {
         format!("node:{}", c.spec.node),
         format!("plugin:{}", c.spec.plugin_id),
     ]
+}
+
+/// The [`BY_WAITING`] value of the claims waiting in namespace `ns` (what a quota's
+/// change may let in).
+pub fn waiting_in(ns: &Namespace) -> String {
+    format!("namespace:{ns}")
 }
 
 /// A claim with steps left that depend on its plugin: not Released, and not Published

@@ -26,6 +26,7 @@
 //! - [`plugins`]: one Plugin per plugin id, aggregated from the Nodes.
 //! - [`nodes`]: a Node its agent stopped renewing is removed.
 //! - [`schedules`]: snapshot schedules' cuts, missed slots and retention.
+//! - [`quotas`]: what each namespace's quotas charge; admission lets in only that.
 //! - [`reseal`]: secrets in plain text or under an old key, rewritten sealed.
 //! - [`gauges`]: the cluster's claims and plugins as metrics.
 //! - [`plan`]: the reconcilers' decisions as pure functions.
@@ -40,6 +41,7 @@ pub mod gauges;
 pub mod nodes;
 pub mod plan;
 pub mod plugins;
+pub mod quotas;
 pub mod reports;
 pub mod reseal;
 pub mod schedules;
@@ -213,11 +215,19 @@ async fn lead(reads: Store, fenced: Store, metrics: Metrics, args: Args, stop: C
         ),
         reseal::run(ctx.writer.clone(), claims.clone(), stop.clone()),
         reseal::run(ctx.writer.clone(), secrets, stop.clone()),
+        quotas::run(
+            ctx.clone(),
+            &informers,
+            &snapshots,
+            config.clone(),
+            metrics.controller("quotas"),
+            stop.clone()
+        ),
         schedules::run(
             ctx.writer.clone(),
             ctx.recorder.clone(),
             schedules,
-            snapshots,
+            snapshots.clone(),
             volumes.reader(),
             stop.clone()
         ),
@@ -301,6 +311,7 @@ fn shared(reads: Store, fenced: Store, informers: &Informers, args: &Args) -> Ct
         classes: informers.classes.reader(),
         secrets: informers.secrets.reader(),
         owners: informers.owners.reader(),
+        quotas: informers.quotas.reader(),
         lease_observer: Arc::default(),
         recorder: args.events.recorder(reads, "controller"),
         volume_locks: KeyedLocks::default(),

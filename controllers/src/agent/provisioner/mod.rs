@@ -92,6 +92,9 @@ pub struct Provisioner {
     /// This plugin's reports on its volumes: what it writes of their provisioning
     /// (the Volume is its requester's, and the controller's to copy into).
     pub reports: crate::agent::reports::Reports<VolumeSpec>,
+    /// Quotas: a volume is created, or expanded, only once every quota of its
+    /// namespace charged its capacity (the controller's charges).
+    pub quotas: Informer<Quota>,
 }
 
 impl Provisioner {
@@ -133,6 +136,8 @@ impl Provisioner {
         let reports = self.reports.cache.subscribe();
         let registering = reader.clone();
         let naming = reader.clone();
+        let quoted = reader.clone();
+        let quotas = self.quotas.subscribe();
         let plugin = self.ctx.plugin.id.clone();
         let this = Arc::new(self);
         Controller::new("provisioner", reader, Config::default())
@@ -147,6 +152,16 @@ impl Provisioner {
                 ControllerPluginCtx::naming(&naming, &plugin, s)
             })
             .trigger(futures::StreamExt::flatten(uncreated))
+            // A quota's charges changed: its namespace's volumes with a step owed (one
+            // waiting to be created or expanded).
+            .watches(quotas, move |q: &Quota| {
+                quoted
+                    .state()
+                    .iter()
+                    .filter(|v| !v.at_rest && v.namespace == q.metadata.namespace)
+                    .map(|v| v.object_key())
+                    .collect()
+            })
             // An operator's share or choice: the registrations of that id look again
             // (one refused as another's may now validate).
             .watches(granted, move |o: &Ownership| {
@@ -242,7 +257,13 @@ impl Provisioner {
                     .await?;
                 Ok(Action::AwaitChange)
             }
-            Step::Create => self.create(&vol).await,
+            Step::Create => match self
+                .over_quota(&vol, vol.spec.capacity_min.map_or(0, |s| s.0))
+                .await?
+            {
+                Some(why) => self.waiting_for_quota(&vol, why).await,
+                None => self.create(&vol).await,
+            },
             Step::Delete => self.delete(&vol).await,
             // What the plugin advertises is not known yet: decide once it is.
             Step::Expand { .. } | Step::Modify | Step::Refuse { .. } if !known => {
@@ -254,7 +275,10 @@ impl Provisioner {
                     self.refuse(&vol, EXPANDED, "ExpansionNotAllowed", message)
                         .await
                 }
-                None => self.expand(&vol, required, limit).await,
+                None => match self.over_quota(&vol, required).await? {
+                    Some(why) => self.waiting_for_quota(&vol, why).await,
+                    None => self.expand(&vol, required, limit).await,
+                },
             },
             Step::ExpansionWithdrawn { capacity } => self.expansion_withdrawn(&vol, capacity).await,
             Step::Modify => self.modify(&vol).await,
@@ -264,6 +288,43 @@ impl Provisioner {
                 message,
             } => self.refuse(&vol, condition, reason, message).await,
         }
+    }
+
+    /// Why the namespace's quotas keep `vol` from being made (or grown) to `bytes`:
+    /// a quota that has not charged it that much. Read from etcd, not the cache: a
+    /// quota set just before the volume was written is seen (one read per creation
+    /// or expansion; the cache only wakes the volumes a quota's change concerns).
+    async fn over_quota(&self, vol: &Volume, bytes: u64) -> Result<Option<String>, ProvisionError> {
+        let quotas = namespace_quotas(&self.ctx.reads, &vol.metadata.namespace).await?;
+        Ok(quota_wait(
+            &quotas,
+            Charged::Volume,
+            vol.metadata.name.as_str(),
+            &vol.metadata.uid,
+            bytes,
+        ))
+    }
+
+    /// Waiting for a quota: the `Created` (or, once created, `Expanded`) condition
+    /// false with why, and a Warning, each once for the same why; the quota's next
+    /// change looks again.
+    async fn waiting_for_quota(&self, vol: &Volume, why: String) -> Result<Action, ProvisionError> {
+        let condition = if vol.status.provisioning.external_id.is_some() {
+            EXPANDED
+        } else {
+            "Created"
+        };
+        let shown = vol
+            .status
+            .provisioning
+            .meta
+            .conditions
+            .iter()
+            .any(|c| c.type_ == condition && c.reason == "QuotaExceeded" && c.message == why);
+        if !shown {
+            self.refuse(vol, condition, "QuotaExceeded", why).await?;
+        }
+        Ok(Action::AwaitChange)
     }
 
     /// A step refused: its condition false with the reason, and a Warning; looked at
@@ -624,6 +685,17 @@ impl Provisioner {
         self.ctx
             .volume_event(&object_ref(vol), reason, type_, message)
             .await;
+    }
+}
+
+/// Namespace `ns`'s quotas, read from etcd.
+pub(crate) async fn namespace_quotas(
+    reads: &moor::store::Store,
+    ns: &Namespace,
+) -> Result<Vec<Quota>, StoreError> {
+    match KeyScope::<QuotaSpec>::namespace(ns) {
+        Some(scope) => Ok(reads.list(&scope).await?.items),
+        None => Ok(Vec::new()),
     }
 }
 

@@ -25,6 +25,38 @@ fn why_not_yet(ctx: &Ctx, claim: &Claim, awaits_plugin: bool, verdict: Verdict) 
     Verdict::Wait(why)
 }
 
+/// Why namespace quotas keep `claim` of `volume` waiting: the volume, or the
+/// claim's allocation, not charged by one of them.
+fn over_quota(ctx: &Ctx, claim: &Claim, volume: &Volume) -> Option<String> {
+    let quotas = ctx.quotas_of(&claim.metadata.namespace);
+    if quotas.is_empty() {
+        return None;
+    }
+    let quotas = quotas.iter().map(|q| &**q);
+    let vol = quota_wait(
+        quotas.clone(),
+        Charged::Volume,
+        volume.metadata.name.as_str(),
+        &volume.metadata.uid,
+        0,
+    );
+    vol.map(|why| format!("volume {}: {why}", volume.metadata.name))
+        .or_else(|| {
+            let alloc = ctx.allocations.get(&Allocation::key_for(
+                &claim.metadata.namespace,
+                &claim.spec.allocation,
+            ))?;
+            quota_wait(
+                quotas,
+                Charged::Allocation,
+                alloc.metadata.name.as_str(),
+                &alloc.metadata.uid,
+                0,
+            )
+            .map(|why| format!("allocation {}: {why}", alloc.metadata.name))
+        })
+}
+
 pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError> {
     // Decided on the whole volume (the view keeps it until the volume's first claim;
     // a further claim of a settled volume reads it).
@@ -47,6 +79,11 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         }
         (Ok(_), None) => return Ok(Action::AwaitChange),
     };
+    // Only a volume, and by an allocation, every quota of the namespace charged (the
+    // charges are the quota reconciler's: controller/quotas.rs).
+    if let Some(why) = over_quota(ctx, claim, &volume) {
+        return refuse(ctx, claim, Verdict::Wait(why)).await;
+    }
     // The plugin volume is the volume's own only if its plugin's leader recorded so:
     // what the volume's key says of it is a request.
     let context = match owns(ctx, &volume, &admitted.external_id, claim.spec.mode) {

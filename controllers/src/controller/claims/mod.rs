@@ -48,7 +48,9 @@ use publish::{attachment_state, create_attachment, publish, waiting_for_node, At
 use release::{node_gc_ticks, release, released_frees, waiting_for_unpublish};
 
 use super::context::BY_SECRET;
-use super::context::{volume_index, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING};
+use super::context::{
+    volume_index, waiting_in, Ctx, Informers, BY_NODE, BY_UNSETTLED, BY_VOLUME, BY_WAITING,
+};
 use super::context::{waiting_index, MountView};
 use super::plan::{self, AttachPlan, NodeDone};
 use super::volume_view::VolumeView;
@@ -83,6 +85,7 @@ pub async fn run(
     let claims3 = claims.clone();
     let claims4 = claims.clone();
     let claims5 = claims.clone();
+    let claims6 = claims.clone();
     let (volumes, by_volume3) = (ctx.volumes.clone(), by_volume.clone());
     let by_volume4 = by_volume.clone();
     let this = Arc::new(ctx);
@@ -151,6 +154,14 @@ pub async fn run(
         // claim waiting for its volume to own its plugin volume is admitted).
         .watches(inf.owners.subscribe(), move |o: &Ownership| {
             by_volume4(&o.spec.owner.namespace, o.spec.owner.name.as_str(), None)
+        })
+        // A quota's charges changed: the claims waiting in its namespace.
+        .watches(inf.quotas.subscribe(), move |q: &Quota| {
+            claims6
+                .by_index(BY_WAITING, &waiting_in(&q.metadata.namespace))
+                .iter()
+                .map(|c| c.object_key())
+                .collect()
         })
         .trigger(node_gc_ticks(this.clone()).boxed())
         // A conflict (our cache lagged a write) is retried soon by the runtime.
