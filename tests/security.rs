@@ -2389,6 +2389,22 @@ async fn a_quota_holds_under_concurrent_creates_and_its_usage_is_the_controller_
         "{table}"
     );
 
+    // The console, under its own identity, shows the usage on its overview.
+    let port = free_port();
+    let mut cmd = s.cmd("moord", "moor-console", None);
+    cmd.args(["console", "--etcd", &s.url])
+        .arg(format!("--listen=127.0.0.1:{port}"));
+    let _console = s.spawn(cmd, "console");
+    let addr = format!("127.0.0.1:{port}");
+    wait_for("the console shows the quota's usage", T, || async {
+        if tokio::net::TcpStream::connect(&addr).await.is_err() {
+            return false;
+        }
+        let page = common::http_get(&addr, "/").await;
+        page.contains("<td>team</td><td>3/5</td><td>30.0 MiB/30.0 MiB</td>")
+    })
+    .await;
+
     // A made volume deleted: its charge goes to the oldest waiting one, which is made.
     let made: Vec<String> = volumes()
         .await

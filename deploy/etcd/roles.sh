@@ -92,6 +92,7 @@ ctl role grant-permission moor-console read "${PREFIX}events/" --prefix
 ctl role grant-permission moor-console read "${PREFIX}nodes/" --prefix
 ctl role grant-permission moor-console read "${PREFIX}plugins/" --prefix
 ctl role grant-permission moor-console read "${PREFIX}cordons/" --prefix
+ctl role grant-permission moor-console read "${PREFIX}quotas/" --prefix
 ctl user grant-role moor-console moor-console
 
 for node in "$@"; do

@@ -52,10 +52,10 @@ use std::collections::HashMap;
 
 /// The kinds the console watches (its etcd role reads these, and nothing else: never
 /// Secrets, leases or elections). [`state::Catalog::spawn`] follows exactly these.
-pub const READS: [moor::api::Kind; 10] = {
+pub const READS: [moor::api::Kind; 11] = {
     use moor::api::Kind::*;
     [
-        Volume, Claim, Allocation, Attachment, Mount, Snapshot, Event, Node, Plugin, Cordon,
+        Volume, Claim, Allocation, Attachment, Mount, Snapshot, Event, Node, Plugin, Cordon, Quota,
     ]
 };
 

@@ -200,6 +200,10 @@ pub fn overview(c: &Catalog) -> Page {
     counts(h, "Claims", &c.claims, |r| &r.phase);
     counts(h, "Allocations", &c.allocations, |r| &r.phase);
     h.raw("</div>");
+    if c.quotas.len() > 0 {
+        h.raw("<h2 id=\"quotas\">Quotas</h2>");
+        quotas_table(h, c);
+    }
     let waiting = everything_waiting(c);
     h.raw("<h2 id=\"waiting\">Waiting (")
         .show(waiting.len())
@@ -266,6 +270,53 @@ fn counts<R: Row>(h: &mut Html, title: &'static str, table: &Table<R>, phase: fn
             .raw("</li>");
     }
     h.raw("</ul></div>");
+}
+
+/// The quotas, with what each charged against its limits and how many objects wait.
+pub fn quotas_table(h: &mut Html, c: &Catalog) {
+    fn of(used: u64, limit: Option<u64>) -> String {
+        limit.map_or("-".into(), |l| format!("{used}/{l}"))
+    }
+    h.head(&[
+        "Namespace",
+        "Quota",
+        "Volumes",
+        "Capacity",
+        "Classes",
+        "Allocations",
+        "Snapshots",
+        "Waiting",
+    ]);
+    c.quotas.scan(None, |q| {
+        let (spec, used) = (&q.obj.spec, &q.obj.status.used);
+        let classes: Vec<String> = spec
+            .classes
+            .iter()
+            .map(|(class, limit)| {
+                let u = used.classes.get(class).copied().unwrap_or_default();
+                format!("{class} {u}/{limit}")
+            })
+            .collect();
+        h.raw("<tr>")
+            .cell(q.obj.metadata.namespace.as_str())
+            .cell(q.obj.metadata.name.as_str())
+            .cell(of(used.volumes, spec.volumes))
+            .cell(
+                spec.capacity
+                    .map_or("-".into(), |l| format!("{}/{l}", used.capacity)),
+            )
+            .cell(if classes.is_empty() {
+                "-".into()
+            } else {
+                classes.join(", ")
+            })
+            .cell(of(used.allocations, spec.allocations))
+            .cell(of(used.snapshots, spec.snapshots))
+            .cell(q.obj.status.waiting_count.to_string())
+            .raw("</tr>");
+        true
+    });
+    h.raw("</tbody></table>");
 }
 
 /// The plugins, with their healthy and expected controllers and nodes.

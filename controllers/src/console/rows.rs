@@ -444,7 +444,8 @@ impl EventRow {
     }
 }
 
-/// A cluster-wide object kept whole (nodes, plugins, cordons: a few per node).
+/// An object kept whole (nodes, plugins, cordons: a few per node; quotas: a few per
+/// namespace).
 #[derive(Debug, Clone)]
 pub struct Whole<S: Spec> {
     pub key: Arc<str>,
@@ -472,6 +473,7 @@ row!(Whole<PluginSpec>, "Plugin", |_r| Vec::new());
 row!(Whole<CordonSpec>, "Cordon", |r| vec![node(
     &r.obj.metadata.name
 )]);
+row!(Whole<QuotaSpec>, "Quota", |_r| Vec::new());
 
 #[cfg(test)]
 mod tests {

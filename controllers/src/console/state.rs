@@ -235,6 +235,7 @@ pub struct Catalog {
     pub nodes: Table<Whole<NodeSpec>>,
     pub plugins: Table<Whole<PluginSpec>>,
     pub cordons: Table<Whole<CordonSpec>>,
+    pub quotas: Table<Whole<QuotaSpec>>,
     /// What changed, for the live streams.
     pub changes: broadcast::Sender<Arc<Change>>,
     /// The store, for detail pages (one read of the object shown).
@@ -260,6 +261,7 @@ impl Catalog {
             nodes: Table::default(),
             plugins: Table::default(),
             cordons: Table::default(),
+            quotas: Table::default(),
             changes: broadcast::channel(CHANGES).0,
             store,
             applied: Default::default(),
@@ -284,6 +286,7 @@ impl Catalog {
         follow(&catalog, |c| &c.nodes, Whole::project, &shutdown);
         follow(&catalog, |c| &c.plugins, Whole::project, &shutdown);
         follow(&catalog, |c| &c.cordons, Whole::project, &shutdown);
+        follow(&catalog, |c| &c.quotas, Whole::project, &shutdown);
         catalog
     }
 
@@ -304,6 +307,7 @@ impl Catalog {
             && self.nodes.ready()
             && self.plugins.ready()
             && self.cordons.ready()
+            && self.quotas.ready()
     }
 }
 
