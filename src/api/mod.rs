@@ -11,6 +11,8 @@
 //!   `snapshot`, `volume`: one file per kind: its spec, status, key layout and
 //!   validation.
 //! - `group_snapshot`: the VolumeGroupSnapshot kind (one cut of several volumes).
+//! - `quota`: the Quota kind (a namespace's limits, and the charges the controller
+//!   records against them), and the gate every step that makes something reads.
 //! - `schedule`: the SnapshotSchedule kind (snapshots on a cadence, pruned), its slots
 //!   and its retention rule.
 //! - `class`: the VolumeClass kind and how a class fills a volume or a template
