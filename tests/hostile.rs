@@ -18,7 +18,10 @@
 //!   operator then tries to adopt without `--insist`, and whose forged events about
 //!   the victim's objects no view may show;
 //! - `moor-console` and `moor-agent-n4` (the controller of another plugin), each
-//!   writing at every key of the victim's beyond its grants (all refused by etcd).
+//!   writing at every key of the victim's beyond its grants (all refused by etcd);
+//! - the people of namespace `a` (issue 79): `bo` (`edit:a`, moor-edit-a's role under
+//!   another user, with objects of its own) and `ann` (`view:a`: every forgery must be
+//!   refused). An operator is not an adversary: its reach is the cluster.
 //!
 //! Each adversary knows the victim's plugin ids, uids, names and its workload's cgroup
 //! (a leak: stronger than a guess) and copies whatever it can read of its own objects (finalizers). The
@@ -147,6 +150,12 @@ impl Victim {
 struct Adversary {
     who: &'static str,
     ns: Namespace,
+    /// Its own volume (and allocation, and snapshot) and its spare volume: named
+    /// apart from another adversary's of the same namespace.
+    own: String,
+    spare: String,
+    /// What its forgeries' names start with.
+    tag: &'static str,
     raw: etcd_client::Client,
     store: Store,
     /// The finalizers its own volume and snapshot carry (copied into forgeries).
@@ -154,8 +163,9 @@ struct Adversary {
     snapshot_finalizers: Vec<Term>,
     /// What it forged, for the table and the failure messages.
     tried: Vec<String>,
-    /// Writes its grants refused.
+    /// Writes its grants refused, of all it tried.
     denied: usize,
+    puts: usize,
 }
 
 async fn run(seed: u64) -> String {
@@ -178,8 +188,16 @@ async fn run(seed: u64) -> String {
     // Each adversary's own, ordinary objects: a volume used on n2 and (the namespace
     // writer) a snapshot of it, whose finalizers it can read and copy.
     let mut adversaries = Vec::new();
-    for (who, ns) in [("moor-edit-a", "a"), ("moor-agent-n3", "engines")] {
-        adversaries.push(adversary(&s, who, ns).await);
+    // The people of namespace a too (secure::PEOPLE): Bo edits it as moor-edit-a does
+    // (the same role, another user), Ann views it (every write refused; her objects
+    // are moor-edit-a's, made first).
+    for (who, ns, tag) in [
+        ("moor-edit-a", "a", ""),
+        ("moor-agent-n3", "engines", ""),
+        ("bo", "a", "bo-"),
+        ("ann", "a", "ann-"),
+    ] {
+        adversaries.push(adversary(&s, who, ns, tag).await);
     }
     let own_calls = Calls::of(&s);
     // What the victim's own lifecycle keeps calling (none expected once settled):
@@ -260,6 +278,15 @@ async fn run(seed: u64) -> String {
     );
     if std::env::var_os("MOOR_HOSTILE_SHOW").is_some() {
         show(&operator, &calls).await;
+    }
+    // A viewer writes nothing: every forgery of Ann's was refused by etcd.
+    for a in adversaries.iter().filter(|a| a.who == "ann") {
+        assert_eq!(
+            (a.denied, a.puts > 0),
+            (a.puts, true),
+            "seed {seed}: ann (view:a) wrote; she tried {:?}",
+            a.tried
+        );
     }
     check_victim(&operator, &victim, seed).await;
     let now = operator.get(&reported.object_key()).await;
@@ -521,60 +548,81 @@ fn allocation_on(ns: &Namespace, n: &str, volume: &str, node: &str) -> Allocatio
 }
 
 /// An adversary with `who`'s identity writing namespace `ns`, once its own volume is
-/// published on n2 (and, where it may, its own snapshot is ready).
-async fn adversary(s: &Secure, who: &'static str, ns: &str) -> Adversary {
+/// published on n2 (its own objects named with `tag`). An identity that may write
+/// nothing there (a viewer) takes the namespace's untagged objects as its own.
+async fn adversary(s: &Secure, who: &'static str, ns: &str, tag: &'static str) -> Adversary {
     let ns = Namespace::new(ns).unwrap();
     let store = s.store(who, None).await;
     let raw = s.raw(who).await;
-    store.create(&hostpath_volume(&ns, "own")).await.unwrap();
-    // A volume of its own it has not used yet, for a forged context.
-    store.create(&hostpath_volume(&ns, "spare")).await.unwrap();
-    store
-        .create(&allocation_on_n2(&ns, "own", "own"))
-        .await
-        .unwrap();
+    let (own, spare) = (format!("{tag}own"), format!("{tag}spare"));
+    let writes = match store.create(&hostpath_volume(&ns, &own)).await {
+        Ok(_) => true,
+        Err(e) if e.is_permission_denied() => false,
+        Err(e) => panic!("{who}: its own volume: {e}"),
+    };
+    let (own, spare) = if writes {
+        // A volume of its own it has not used yet, for a forged context.
+        store.create(&hostpath_volume(&ns, &spare)).await.unwrap();
+        store
+            .create(&allocation_on_n2(&ns, &own, &own))
+            .await
+            .unwrap();
+        (own, spare)
+    } else {
+        ("own".to_string(), "spare".to_string())
+    };
     let operator = s.store("moor-controller", Some(&s.cluster_keys)).await;
     let what = format!("{who}'s own claim published on n2");
     wait_for(&what, T, || async {
-        claim_phase(&operator, "n2", &ns, "own.data").await == Some(ClaimPhase::Published)
+        claim_phase(&operator, "n2", &ns, &format!("{own}.data")).await
+            == Some(ClaimPhase::Published)
     })
     .await;
-    let spare = Volume::key_for(&ns, "spare");
+    let spare_key = Volume::key_for(&ns, spare.as_str());
     wait_object(
         &store,
-        &spare,
+        &spare_key,
         &format!("{who}'s spare volume created"),
         |v| v.status.provisioning.phase == VolumePhase::Ready,
     )
     .await;
-    let volume = store.get(&Volume::key_for(&ns, "own")).await.unwrap();
+    let volume = store
+        .get(&Volume::key_for(&ns, own.as_str()))
+        .await
+        .unwrap();
     let mut snapshot_finalizers = Vec::new();
-    // An engine-serving node may not write snapshots.
+    // An engine-serving node may not write snapshots, nor a viewer.
     let snap = Snapshot::new(
         &ns,
-        name("own"),
+        name(&own),
         SnapshotSpec {
-            volume: VolumeId::new("own").unwrap(),
+            volume: VolumeId::new(&own).unwrap(),
             ..Default::default()
         },
     );
-    if store.create(&snap).await.is_ok() {
-        let key = Snapshot::key_for(&ns, "own");
-        wait_object(&store, &key, &format!("{who}'s own snapshot ready"), |s| {
-            s.status.ready_to_use
-        })
-        .await;
-        snapshot_finalizers = store.get(&key).await.unwrap().metadata.finalizers;
+    let key = Snapshot::key_for(&ns, own.as_str());
+    if !writes || store.create(&snap).await.is_ok() {
+        if let Ok(Some(_)) = store.try_get(&key).await {
+            wait_object(&store, &key, &format!("{who}'s own snapshot ready"), |s| {
+                s.status.ready_to_use
+            })
+            .await;
+            snapshot_finalizers = store.get(&key).await.unwrap().metadata.finalizers;
+        }
     }
     Adversary {
         who,
         ns,
+        own,
+        spare,
+        tag,
         raw,
         store,
         volume_finalizers: volume.metadata.finalizers,
         snapshot_finalizers,
         tried: Vec::new(),
         denied: 0,
+        puts: 0,
     }
 }
 
@@ -593,6 +641,7 @@ impl Adversary {
         meta.generation = meta.generation.max(1);
         meta.creation_timestamp.get_or_insert_with(Timestamp::now);
         let value = serde_json::to_vec(&obj).unwrap();
+        self.puts += 1;
         match self.raw.put(key.clone(), value, None).await {
             Ok(_) => true,
             Err(e) => {
@@ -604,7 +653,7 @@ impl Adversary {
     }
 
     fn fresh(&self, what: &str) -> String {
-        format!("x{}-{what}", self.tried.len())
+        format!("{}x{}-{what}", self.tag, self.tried.len())
     }
 }
 
@@ -612,6 +661,7 @@ impl Adversary {
 async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
     let (vname, vuid, vext) = v.volumes[rng.usize(..v.volumes.len())].clone();
     let ns = a.ns.clone();
+    let (own, spare) = (a.own.clone(), a.spare.clone());
     let op = rng.usize(..13);
     let n = a.fresh(&op.to_string());
     let forged_volume = |status_ext: bool| {
@@ -680,7 +730,7 @@ async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
                 &ns,
                 name(&n),
                 SnapshotSpec {
-                    volume: VolumeId::new("own").unwrap(),
+                    volume: VolumeId::new(&own).unwrap(),
                     snapshot_id: Some(v.snapshot_id.clone()),
                     ..Default::default()
                 },
@@ -698,7 +748,7 @@ async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
                 &ns,
                 name(&n),
                 SnapshotSpec {
-                    volume: VolumeId::new("own").unwrap(),
+                    volume: VolumeId::new(&own).unwrap(),
                     ..Default::default()
                 },
             );
@@ -743,7 +793,7 @@ async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
                 &ns,
                 name(&n),
                 VolumeGroupSnapshotSpec {
-                    volumes: vec![VolumeId::new("own").unwrap()],
+                    volumes: vec![VolumeId::new(&own).unwrap()],
                     ..Default::default()
                 },
             );
@@ -760,7 +810,7 @@ async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
                     .members
                     .iter()
                     .map(|id| GroupMember {
-                        volume: VolumeId::new("own").unwrap(),
+                        volume: VolumeId::new(&own).unwrap(),
                         snapshot: name(&format!("{n}-own")),
                         snapshot_id: id.clone(),
                         source_volume_id: vext.to_string(),
@@ -790,16 +840,16 @@ async fn forge(a: &mut Adversary, v: &Victim, rng: &mut fastrand::Rng) {
         // Its own volume's status says the victim's data is its data (the plugin's
         // context names the directory); then used on n2.
         10 => {
-            let key = Volume::key_for(&ns, "spare");
-            if let Ok(mut spare) = a.store.get(&key).await {
+            let key = Volume::key_for(&ns, spare.as_str());
+            if let Ok(mut forged) = a.store.get(&key).await {
                 let path = v.paths[rng.usize(..v.paths.len())].clone();
-                spare
+                forged
                     .status
                     .provisioning
                     .volume_context
                     .insert("path".into(), path);
-                a.put(&spare).await;
-                a.put(&allocation_on_n2(&ns, &n, "spare")).await;
+                a.put(&forged).await;
+                a.put(&allocation_on_n2(&ns, &n, &spare)).await;
             }
             "forged-context"
         }
