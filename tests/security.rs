@@ -1838,6 +1838,26 @@ async fn a_person_runs_a_workload_in_their_namespace_and_their_viewer_follows_it
         stderr(&out).contains("refused identity ann a read of keys below /moor/claims/"),
         "{out:?}"
     );
+    // Ann follows the claim and the namespace's events as they change (a watch per
+    // node, and the controller's, under her role).
+    let follow = |args: &[&str], file: &str| {
+        Proc(
+            s.cmd("moorctl", "ann", None)
+                .args(args)
+                .stdout(std::fs::File::create(s.tmp.path().join(file)).unwrap())
+                .stderr(std::fs::File::create(s.tmp.path().join(format!("{file}.err"))).unwrap())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let _claims_w = follow(&["get", "claims", "-n", "a", "-w"], "claims-w");
+    let _events_w = follow(&["events", "-n", "a", "-w"], "events-w");
+    let printed = |file: &str| std::fs::read_to_string(s.tmp.path().join(file)).unwrap_or_default();
+    wait_for("ann's watches list the claim", T, || async {
+        printed("claims-w").contains("job.data") && printed("events-w").contains("job.data")
+    })
+    .await;
+    let (claims_before, events_before) = (printed("claims-w"), printed("events-w"));
     // Bo's workload ends as he asked: its output, exit 0, its claim released.
     std::fs::write(&stop, "").unwrap();
     wait_for("bo's alloc run to end", T, || {
@@ -1849,6 +1869,31 @@ async fn a_person_runs_a_workload_in_their_namespace_and_their_viewer_follows_it
     assert!(status.success(), "bo's alloc run: {status:?}");
     let out = std::fs::read_to_string(&said).unwrap();
     assert!(out.contains("by-bo"), "{out}");
+    // Her watches saw the release: the claim's new phase and new events about it.
+    let released = || {
+        let (claims, events) = (printed("claims-w"), printed("events-w"));
+        claims.len() > claims_before.len()
+            && claims[claims_before.len()..].contains("released")
+            && events.len() > events_before.len()
+            && events[events_before.len()..].contains("job.data")
+    };
+    let deadline = std::time::Instant::now() + T;
+    while !released() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        released(),
+        "ann's watches did not follow the release:\n--- get claims -w\n{}\n--- events -w\n{}",
+        printed("claims-w"),
+        printed("events-w")
+    );
+    for file in ["claims-w.err", "events-w.err"] {
+        assert!(
+            !printed(file).contains("refused"),
+            "{file}: {}",
+            printed(file)
+        );
+    }
 }
 
 /// What a verb reaches, which decides who may run it: a namespace's requests (read or

@@ -115,13 +115,25 @@ impl Events {
         let seen: std::collections::HashSet<String> =
             events.iter().map(|v| text(v, "/metadata/uid")).collect();
         let mut loaded = std::time::Instant::now();
-        let mut stream = Box::pin(watcher::<EventSpec>(
+        let mut stream: kind::Watch<EventSpec> = Box::pin(watcher::<EventSpec>(
             ctx.store.clone(),
             moor::api::KeyScope::all(),
         ));
         let mut trouble = crate::Trouble::default();
+        let mut whole = true;
         while let Some(item) = stream.next().await {
             let new: Vec<Value> = match item {
+                // Refused every writer's events (a person's role): the namespace's
+                // parts, the controller's and each node's (their first lists show
+                // only what was not shown).
+                Err(e) if whole => {
+                    whole = false;
+                    match kind::part_watch::<EventSpec>(ctx, ns.as_ref(), e).await? {
+                        Ok((parts, _)) => stream = parts,
+                        Err(e) => trouble.say(ctx, "watch: ", &e.into(), "watching again"),
+                    }
+                    continue;
+                }
                 Ok(Event::Applied(obj)) => vec![serde_json::to_value(&*obj)?],
                 Ok(Event::Restarted(objs)) => objs
                     .iter()

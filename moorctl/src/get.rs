@@ -213,15 +213,29 @@ impl Get {
         scope: KeyScope<S>,
         ns: Option<&Namespace>,
     ) -> anyhow::Result<i32> {
-        let mut stream = Box::pin(watcher::<S>(ctx.store.clone(), scope));
+        let mut stream: kind::Watch<S> = Box::pin(watcher::<S>(ctx.store.clone(), scope));
         let mut trouble = crate::Trouble::default();
-        let mut first = true;
+        // The first lists (printed already): one, or one per part followed.
+        let mut first = 1;
+        let mut whole = true;
         while let Some(item) = stream.next().await {
             let (obj, deleted) = match item {
-                Ok(Event::Restarted(_)) if first => {
-                    first = false;
+                Ok(Event::Restarted(_)) if first > 0 => {
+                    first -= 1;
                     continue;
                 }
+                // Refused the whole kind (a person's role): the namespace's parts.
+                Err(e) if whole => match kind::part_watch::<S>(ctx, ns, e).await? {
+                    Ok((parts, n)) => {
+                        (stream, first, whole) = (parts, n, false);
+                        continue;
+                    }
+                    Err(e) => {
+                        whole = false;
+                        trouble.say(ctx, "watch: ", &e.into(), "watching again");
+                        continue;
+                    }
+                },
                 // After a relist the full set is printed again.
                 Ok(Event::Restarted(objs)) => {
                     for obj in objs {

@@ -144,7 +144,63 @@ async fn namespace_parts<S: Spec>(
     ns: &Namespace,
     denied: moor::store::StoreError,
 ) -> anyhow::Result<Listed<S>> {
-    let (firsts, empty_at): (Vec<Vec<String>>, i64) = match S::KIND {
+    let (items, malformed, revision, _) = read_parts::<S>(ctx, ns, denied).await?;
+    Ok((items, malformed, revision))
+}
+
+/// The scopes of namespace `ns`'s parts of a kind keyed by node, writer or plugin
+/// first that this identity reads (`denied`: the refusal of the whole kind, which
+/// stands when it reads none): what a watch of the namespace follows, one part each
+/// (the nodes and plugins as they are now; one added later is not followed).
+pub async fn readable_parts<S: Spec>(
+    ctx: &Ctx,
+    ns: &Namespace,
+    denied: moor::store::StoreError,
+) -> anyhow::Result<Vec<KeyScope<S>>> {
+    Ok(read_parts::<S>(ctx, ns, denied).await?.3)
+}
+
+/// A watch of a kind's objects, as `moorctl get -w` and `events -w` follow them.
+pub type Watch<S> = std::pin::Pin<
+    Box<
+        dyn futures::Stream<
+                Item = Result<
+                    moor::runtime::watcher::Event<Object<S>>,
+                    moor::runtime::watcher::WatchError,
+                >,
+            > + Send,
+    >,
+>;
+
+/// When `failed` is etcd refusing this identity a watch of a whole kind keyed by
+/// node, writer or plugin first, and a namespace is given: a watch of each part of
+/// it the identity reads ([`readable_parts`]), merged, and how many first lists it
+/// yields (each part's). Otherwise `failed`, as it was.
+pub async fn part_watch<S: Spec>(
+    ctx: &Ctx,
+    ns: Option<&Namespace>,
+    failed: moor::runtime::watcher::WatchError,
+) -> anyhow::Result<Result<(Watch<S>, usize), moor::runtime::watcher::WatchError>> {
+    use moor::runtime::watcher::WatchError;
+    let (ns, denied) = match (ns, failed) {
+        (Some(ns), WatchError::List(e)) if e.is_permission_denied() && !S::KEY_NAMESPACE_FIRST => {
+            (ns, e)
+        }
+        (_, failed) => return Ok(Err(failed)),
+    };
+    let parts = readable_parts::<S>(ctx, ns, denied).await?;
+    let n = parts.len();
+    let watches = parts
+        .into_iter()
+        .map(|scope| Box::pin(moor::runtime::watcher::watcher(ctx.store.clone(), scope)));
+    Ok(Ok((Box::pin(futures::stream::select_all(watches)), n)))
+}
+
+/// The first key segments of a kind keyed by node, writer or plugin first (each node;
+/// the controller and each node for events; each plugin), and the revision they were
+/// read at; `None` for a kind keyed by namespace first.
+async fn firsts<S: Spec>(ctx: &Ctx) -> anyhow::Result<Option<(Vec<Vec<String>>, i64)>> {
+    Ok(Some(match S::KIND {
         "Claim" | "Mount" => {
             let (nodes, at) = names::<NodeSpec>(ctx).await?;
             (nodes.into_iter().map(|n| vec![n]).collect(), at)
@@ -160,17 +216,34 @@ async fn namespace_parts<S: Spec>(
             let (plugins, at) = names::<PluginSpec>(ctx).await?;
             (plugins.into_iter().map(|p| vec![p]).collect(), at)
         }
-        _ => return Err(denied.into()),
+        _ => return Ok(None),
+    }))
+}
+
+/// [`namespace_parts`], with the scopes of the parts read.
+async fn read_parts<S: Spec>(
+    ctx: &Ctx,
+    ns: &Namespace,
+    denied: moor::store::StoreError,
+) -> anyhow::Result<(
+    Vec<Object<S>>,
+    Vec<moor::store::StoreError>,
+    i64,
+    Vec<KeyScope<S>>,
+)> {
+    let Some((firsts, empty_at)) = firsts::<S>(ctx).await? else {
+        return Err(denied.into());
     };
     let (mut items, mut malformed, mut revision, mut refused) = (Vec::new(), Vec::new(), 0, 0);
-    let mut read_any = false;
+    let mut read = Vec::new();
     for first in &firsts {
         let mut parts: Vec<&dyn std::fmt::Display> =
             first.iter().map(|p| p as &dyn std::fmt::Display).collect();
         parts.push(ns);
-        match ctx.store.list(&KeyScope::<S>::below(&parts)).await {
+        let scope = KeyScope::<S>::below(&parts);
+        match ctx.store.list(&scope).await {
             Ok(list) => {
-                read_any = true;
+                read.push(scope);
                 items.extend(list.items);
                 malformed.extend(list.malformed);
                 revision = if revision == 0 {
@@ -185,7 +258,7 @@ async fn namespace_parts<S: Spec>(
     }
     // Parts refused, none read: the refusal of the whole stands ("none found" would
     // not be true).
-    if !read_any && refused > 0 {
+    if read.is_empty() && refused > 0 {
         return Err(denied.into());
     }
     if firsts.is_empty() {
@@ -212,7 +285,7 @@ async fn namespace_parts<S: Spec>(
             S::DIR
         );
     }
-    Ok((items, malformed, revision))
+    Ok((items, malformed, revision, read))
 }
 
 /// The names of the stored objects of a cluster-wide kind (nodes, plugins), and the
