@@ -2549,6 +2549,43 @@ async fn a_quota_holds_under_concurrent_creates_and_its_usage_is_the_controller_
     )
     .await;
 
+    // A claim of a volume the quota keeps from being made waits for the quota, named
+    // (not for the volume's creation).
+    let waiting_volume = volumes()
+        .await
+        .into_iter()
+        .find(|v| v.status.provisioning.phase != VolumePhase::Ready)
+        .expect("a volume still waiting")
+        .metadata
+        .name
+        .to_string();
+    std::fs::write(
+        &allocs,
+        format!(
+            "kind: Allocation\nmetadata: {{name: third, namespace: a}}\nspec:\n  node: n1\n  \
+             volumes:\n  - {{name: data, volume: {waiting_volume}, access_mode: \
+             single-node-writer, attachment_mode: file-system}}\n"
+        ),
+    )
+    .unwrap();
+    let out = s.moorctl("bo", None, &["apply", "-f", allocs.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let want = format!("volume {waiting_volume}: quota team: capacity 30.0 MiB of 30.0 MiB used");
+    wait_for("a claim of a waiting volume says the quota", T, || async {
+        admin
+            .try_get(&claim_of("third"))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|c| {
+                c.status
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with(&want))
+            })
+    })
+    .await;
+
     // No version of the quota etcd kept ever charged past a limit.
     let mut raw = s.raw("root").await;
     let now = revision(&mut raw).await;

@@ -62,6 +62,12 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
     // a further claim of a settled volume reads it).
     let key = Volume::key_for(&claim.metadata.namespace, &claim.spec.volume);
     let volume = ctx.whole_volume(&key).await?;
+    // Only a volume, and by an allocation, every quota of the namespace charged (the
+    // charges are the quota reconciler's: controller/quotas.rs). Said first: a
+    // volume a quota keeps from being created waits for that, not for its creation.
+    if let Some(why) = volume.as_deref().and_then(|v| over_quota(ctx, claim, v)) {
+        return refuse(ctx, claim, Verdict::Wait(why)).await;
+    }
     let node = ctx.nodes.get(&Node::key_for(&claim.spec.node));
     let cordon = ctx.cordons.get(&Cordon::key_for(&claim.spec.node));
     let checked = admission::cordoned(cordon.as_deref()).and_then(|()| {
@@ -79,11 +85,6 @@ pub(super) async fn admit(ctx: &Ctx, claim: &Claim) -> Result<Action, StoreError
         }
         (Ok(_), None) => return Ok(Action::AwaitChange),
     };
-    // Only a volume, and by an allocation, every quota of the namespace charged (the
-    // charges are the quota reconciler's: controller/quotas.rs).
-    if let Some(why) = over_quota(ctx, claim, &volume) {
-        return refuse(ctx, claim, Verdict::Wait(why)).await;
-    }
     // The plugin volume is the volume's own only if its plugin's leader recorded so:
     // what the volume's key says of it is a request.
     let context = match owns(ctx, &volume, &admitted.external_id, claim.spec.mode) {
