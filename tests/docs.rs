@@ -230,7 +230,16 @@ fn places(scratch: &Path, store: &str) -> Names {
 }
 
 /// Runs `script` with bash in `scratch`, in a process group killed when it ends.
-fn run_script(scratch: &Path, script: &str, store: &str, stdin: Option<&str>) -> (bool, String) {
+/// A block that starts its own etcd (`own`) runs as in a newcomer's shell: no
+/// MOOR_ENDPOINTS or ETCDCTL_ENDPOINTS (its commands name their endpoints, or their
+/// moorctl configuration does).
+fn run_script(
+    scratch: &Path,
+    script: &str,
+    store: &str,
+    stdin: Option<&str>,
+    own: bool,
+) -> (bool, String) {
     use std::io::Write;
     use std::os::unix::process::CommandExt;
     let log = scratch.join("block.log");
@@ -241,12 +250,18 @@ fn run_script(scratch: &Path, script: &str, store: &str, stdin: Option<&str>) ->
         std::env::var("PATH").unwrap_or_default()
     );
     let endpoint = format!("http://{store}");
-    let mut child = Command::new("bash")
-        .args(["-e", "-o", "pipefail", "-c", script])
+    let mut cmd = Command::new("bash");
+    cmd.args(["-e", "-o", "pipefail", "-c", script])
         .current_dir(scratch)
-        .env("PATH", path)
-        .env("MOOR_ENDPOINTS", &endpoint)
-        .env("ETCDCTL_ENDPOINTS", &endpoint)
+        .env("PATH", path);
+    if own {
+        cmd.env_remove("MOOR_ENDPOINTS")
+            .env_remove("ETCDCTL_ENDPOINTS");
+    } else {
+        cmd.env("MOOR_ENDPOINTS", &endpoint)
+            .env("ETCDCTL_ENDPOINTS", &endpoint);
+    }
+    let mut child = cmd
         .env("ETCDCTL_API", "3")
         .env_remove("KEEP")
         .stdin(if stdin.is_some() {
@@ -364,7 +379,7 @@ async fn every_block_of_the_operator_s_pages_runs_or_says_why_not() {
             let scratch = scratch.clone();
             let store = dev_store.clone();
             async move {
-                let (_, out) = run_script(&scratch, "moorctl plugin status", &store, None);
+                let (_, out) = run_script(&scratch, "moorctl plugin status", &store, None, false);
                 out.contains("1/1")
             }
         },
@@ -418,13 +433,14 @@ async fn every_block_of_the_operator_s_pages_runs_or_says_why_not() {
                     _ => dev_store.clone(),
                 };
                 let names = places(&scratch, &store);
+                let own = matches!(marker, Some(Marker::OwnEtcd));
                 let (ok, out) = if is_manifest(&b.text) {
-                    run_script(&scratch, "moorctl apply -f -", &store, Some(&b.text))
+                    run_script(&scratch, "moorctl apply -f -", &store, Some(&b.text), own)
                 } else {
                     let script = names
                         .iter()
                         .fold(b.text.clone(), |t, (from, to)| t.replace(from, to));
-                    run_script(&scratch, &script, &store, None)
+                    run_script(&scratch, &script, &store, None, own)
                 };
                 ran += 1;
                 if !ok {

@@ -10,6 +10,10 @@
 # each namespace in NAMESPACE_WRITERS, and NAME for each person in PEOPLE (entries
 # NAME=ROLE[:NS,...], as roles.sh takes them). SERVER_SANS (default
 # IP:127.0.0.1,DNS:localhost) names the server; add your hosts for a real cluster.
+# Each person also gets DIR/NAME.env, their moorctl's configuration (moorctl reads
+# MOOR_CONFIG, or ~/.config/moor/moorctl.env): ENDPOINT (default
+# https://127.0.0.1:2379), ca.pem and their pair beside it, and the first namespace
+# of their entry; hand them the four files.
 set -euo pipefail
 DIR=${1:?directory}
 shift
@@ -44,8 +48,13 @@ for ns in ${NAMESPACE_WRITERS:-}; do
     edit+=("moor-edit-$ns")
 done
 declare -A person=()
+declare -A home=()
 for entry in ${PEOPLE:-}; do
     person[${entry%%=*}]=1
+    # The first namespace named (none for an operator).
+    case "$entry" in
+    *:*) namespaces=${entry#*:}; home[${entry%%=*}]=${home[${entry%%=*}]:-${namespaces%%,*}} ;;
+    esac
 done
 for user in root moor-controller moor-console "${@/#/moor-agent-}" "${edit[@]}" "${!person[@]}"; do
     issue "$user" "$user" "basicConstraints=CA:FALSE
@@ -53,4 +62,19 @@ keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
 done
 chmod 600 ./*-key.pem
+# A person's moorctl configuration, kept if it exists (edit it freely).
+for name in "${!person[@]}"; do
+    [ -e "$name.env" ] && continue
+    {
+        echo "# moorctl's configuration for $name (deploy/etcd/certs.sh): MOOR_CONFIG=$name.env,"
+        echo "# or this file as ~/.config/moor/moorctl.env beside ca.pem, $name.pem, $name-key.pem."
+        echo "MOOR_ENDPOINTS=${ENDPOINT:-https://127.0.0.1:2379}"
+        echo "MOOR_CACERT=ca.pem"
+        echo "MOOR_CERT=$name.pem"
+        echo "MOOR_KEY=$name-key.pem"
+        if [ -n "${home[$name]:-}" ]; then
+            echo "MOOR_NAMESPACE=${home[$name]}"
+        fi
+    } > "$name.env"
+done
 echo "certificates in $DIR"

@@ -13,7 +13,7 @@ pub struct Delete {
     /// The name.
     pub name: String,
     /// Namespace.
-    #[arg(short = 'n', long, default_value = "default")]
+    #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
     pub namespace: String,
     /// With an allocation: also delete the volumes its templates made, retained ones
     /// included (their finalizers hold each until its claims are released).

@@ -17,7 +17,7 @@ pub struct Describe {
     /// The name.
     pub name: String,
     /// Namespace.
-    #[arg(short = 'n', long, default_value = "default")]
+    #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
     pub namespace: String,
     /// Print secrets and mount flags instead of `[redacted]`.
     #[arg(long)]

@@ -96,6 +96,7 @@ pub mod out {
 mod alloc;
 mod apply;
 mod complete;
+pub mod config;
 mod delete;
 mod describe;
 mod drain;
@@ -167,10 +168,10 @@ pub struct Cli {
 #[derive(Debug, Clone, clap::Args)]
 pub struct NsArgs {
     /// Namespace.
-    #[arg(short = 'n', long, default_value = "default")]
+    #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
     pub namespace: String,
-    /// Every namespace.
-    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    /// Every namespace (over `-n` and MOOR_NAMESPACE).
+    #[arg(short = 'A', long)]
     pub all_namespaces: bool,
 }
 
@@ -253,7 +254,7 @@ pub enum AllocCmd {
         /// The allocation.
         name: String,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
         /// Print `export MOOR_VOLUME_<REQ>=PATH` lines, for `eval`.
         #[arg(long)]
@@ -264,7 +265,7 @@ pub enum AllocCmd {
         /// The allocation.
         name: String,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
         /// Also an engine's hold: its volumes are released under its live containers
         /// after the kill timeout (moor cannot stop a container).
@@ -284,7 +285,7 @@ pub enum VolumeCmd {
         #[arg(long)]
         node: String,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
     /// Volumes with their plugin, schedulability, access mode and claims.
@@ -294,7 +295,7 @@ pub enum VolumeCmd {
         /// The volume.
         volume: String,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
     /// Admit claims of VOLUME again (undoes pause and drain).
@@ -302,7 +303,7 @@ pub enum VolumeCmd {
         /// The volume.
         volume: String,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
     /// Pause VOLUME, stop the allocations holding it whose runner can stop their
@@ -315,7 +316,7 @@ pub enum VolumeCmd {
         #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
     /// Snapshots of volumes: create, delete, list.
@@ -335,7 +336,7 @@ pub enum VolumeCmd {
         #[arg(long)]
         write: bool,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
     /// Take back `share`: those namespaces' new claims of the plugin volume are refused.
@@ -346,7 +347,7 @@ pub enum VolumeCmd {
         #[arg(long, required = true)]
         with: Vec<String>,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
     /// Make the registration VOLUME the owner of the plugin volume it names, evicting
@@ -355,7 +356,7 @@ pub enum VolumeCmd {
         /// The registration.
         volume: String,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
     /// Remove a volume from moor without any plugin call (a created volume's storage is
@@ -368,7 +369,7 @@ pub enum VolumeCmd {
         #[arg(long)]
         force: bool,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
 }

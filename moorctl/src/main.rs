@@ -3,6 +3,11 @@
 use clap::Parser;
 
 fn main() {
+    // The configuration file's settings, under the environment's and the flags'.
+    if let Err(e) = moorctl::config::load() {
+        eprintln!("moorctl: {}", moorctl::out::terminal_safe(&e));
+        std::process::exit(2);
+    }
     let cli = moorctl::Cli::parse();
     let (endpoints, verbose) = (cli.endpoints.clone(), cli.verbose);
     match cli.run() {

@@ -45,7 +45,7 @@ pub struct Which {
     /// The claim the mount served (as `get mounts --orphaned` lists it).
     pub claim: String,
     /// Namespace.
-    #[arg(short = 'n', long, default_value = "default")]
+    #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
     pub namespace: String,
     /// The node, when mounts of that claim name are orphaned on several.
     #[arg(long)]

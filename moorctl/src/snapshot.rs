@@ -26,7 +26,7 @@ pub enum SnapshotCmd {
         #[arg(long = "parameter", value_parser = parse_kv)]
         parameters: Vec<(String, String)>,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
     /// Import a snapshot made outside moor: a Snapshot object naming the plugin's id of
@@ -48,7 +48,7 @@ pub enum SnapshotCmd {
         #[arg(long, value_delimiter = ',', required = true)]
         source_volume: Vec<String>,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
     /// Delete a snapshot (DeleteSnapshot; its finalizer holds it until the plugin did).
@@ -60,7 +60,7 @@ pub enum SnapshotCmd {
         #[arg(long)]
         group: bool,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
     },
     /// Snapshots with Nomad's columns (Snapshot ID, Volume ID, Size, Create Time, Ready).
@@ -70,7 +70,7 @@ pub enum SnapshotCmd {
         /// Only this volume's.
         volume: Option<String>,
         /// Namespace.
-        #[arg(short = 'n', long, default_value = "default")]
+        #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
         namespace: String,
         /// List what this plugin holds instead.
         #[arg(long, conflicts_with = "volume")]

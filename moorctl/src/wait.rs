@@ -19,7 +19,7 @@ pub struct Wait {
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
     /// Namespace.
-    #[arg(short = 'n', long, default_value = "default")]
+    #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
     pub namespace: String,
 }
 

@@ -63,7 +63,7 @@ pub struct Run {
     /// The allocation's name.
     pub name: String,
     /// Namespace.
-    #[arg(short = 'n', long, default_value = "default")]
+    #[arg(short = 'n', long, env = "MOOR_NAMESPACE", default_value = "default")]
     pub namespace: String,
     /// The node the workload runs on (default: MOOR_NODE, then the host name).
     #[arg(long, env = "MOOR_NODE")]
