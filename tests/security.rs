@@ -2586,6 +2586,50 @@ async fn a_quota_holds_under_concurrent_creates_and_its_usage_is_the_controller_
     })
     .await;
 
+    // An agent whose etcd role does not let it read quotas (an older roles.sh) makes
+    // nothing, and says why.
+    run(Command::new(common::need("etcdctl"))
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", s.url))
+        .arg(format!("--cacert={}", s.certs.join("ca.pem").display()))
+        .arg(format!("--cert={}", s.certs.join("root.pem").display()))
+        .arg(format!("--key={}", s.certs.join("root-key.pem").display()))
+        .args([
+            "role",
+            "revoke-permission",
+            "moor-agent-n1",
+            "/moor/quotas/",
+            "--prefix",
+        ]));
+    let unseen = s.tmp.path().join("unseen.yaml");
+    std::fs::write(&unseen, volumes_manifest("unseen", 1)).unwrap();
+    let out = s.moorctl("cy", None, &["apply", "-f", unseen.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    wait_for(
+        "a volume the agent cannot check against the quota waits, saying so",
+        T,
+        || async {
+            admin
+                .try_get(&Volume::key_for(&a, "unseen-1"))
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|v| {
+                    v.status.provisioning.meta.conditions.iter().any(|c| {
+                        c.reason == "QuotaExceeded"
+                            && c.message
+                                .contains("does not let it read the namespace's quotas")
+                    })
+                })
+        },
+    )
+    .await;
+    assert_eq!(
+        create_volume_calls(&s, "n1"),
+        4,
+        "nothing made past an unseen quota"
+    );
+
     // No version of the quota etcd kept ever charged past a limit.
     let mut raw = s.raw("root").await;
     let now = revision(&mut raw).await;

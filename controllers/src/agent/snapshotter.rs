@@ -330,9 +330,15 @@ impl Snapshotter {
     /// charged it (read from etcd: a quota set just before is seen).
     async fn over_quota(&self, snap: &Snapshot) -> Result<Option<String>, SnapshotError> {
         let quotas =
-            super::provisioner::namespace_quotas(&self.ctx.reads, &snap.metadata.namespace)
+            match super::provisioner::namespace_quotas(&self.ctx.reads, &snap.metadata.namespace)
                 .await
-                .map_err(crate::agent::step_error::StepError::from)?;
+            {
+                Ok(quotas) => quotas,
+                Err(e) if e.is_permission_denied() => {
+                    return Ok(Some(super::provisioner::QUOTAS_REFUSED.into()))
+                }
+                Err(e) => return Err(crate::agent::step_error::StepError::from(e).into()),
+            };
         Ok(quota_wait(
             &quotas,
             Charged::Snapshot,

@@ -295,7 +295,11 @@ impl Provisioner {
     /// quota set just before the volume was written is seen (one read per creation
     /// or expansion; the cache only wakes the volumes a quota's change concerns).
     async fn over_quota(&self, vol: &Volume, bytes: u64) -> Result<Option<String>, ProvisionError> {
-        let quotas = namespace_quotas(&self.ctx.reads, &vol.metadata.namespace).await?;
+        let quotas = match namespace_quotas(&self.ctx.reads, &vol.metadata.namespace).await {
+            Ok(quotas) => quotas,
+            Err(e) if e.is_permission_denied() => return Ok(Some(QUOTAS_REFUSED.into())),
+            Err(e) => return Err(e.into()),
+        };
         Ok(quota_wait(
             &quotas,
             Charged::Volume,
@@ -687,6 +691,12 @@ impl Provisioner {
             .await;
     }
 }
+
+/// Why nothing is made while this agent may not read the quotas (an etcd role of an
+/// older roles.sh): nothing is made past a quota it cannot see.
+pub(crate) const QUOTAS_REFUSED: &str = "this agent's etcd role does not let it read the \
+     namespace's quotas (quotas/): nothing is created until it does (run \
+     deploy/etcd/roles.sh of this version)";
 
 /// Namespace `ns`'s quotas, read from etcd.
 pub(crate) async fn namespace_quotas(
