@@ -337,7 +337,7 @@ impl Snapshotter {
                 Err(e) if e.is_permission_denied() => {
                     return Ok(Some(super::provisioner::QUOTAS_REFUSED.into()))
                 }
-                Err(e) => return Err(crate::agent::step_error::StepError::from(e).into()),
+                Err(e) => return Err(crate::agent::step_error::StepError::from(e)),
             };
         Ok(quota_wait(
             &quotas,
