@@ -1958,6 +1958,7 @@ fn verb_cases(verb: &[String], ns: &str, name: &str, files: &CaseFiles) -> Optio
             case(&["get", "attachments"], Read, true),
             case(&["get", "snapshots"], Read, true),
             case(&["get", "events"], Read, true),
+            case(&["get", "quotas"], Read, true),
             case(&["get", "secrets"], Secrets, true),
             case(&["get", "nodes"], ClusterRead, true),
             case(&["get", "plugins"], ClusterRead, true),
