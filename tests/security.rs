@@ -2587,6 +2587,36 @@ async fn a_quota_holds_under_concurrent_creates_and_its_usage_is_the_controller_
     })
     .await;
 
+    // A quota that is not a valid Quota (an operator's bad write) lets nothing more be
+    // made in its namespace, saying so.
+    let mut root = s.raw("root").await;
+    root.put("/moor/quotas/a/broken", "{not a quota", None)
+        .await
+        .unwrap();
+    let broken = s.tmp.path().join("broken.yaml");
+    std::fs::write(&broken, volumes_manifest("broken", 1)).unwrap();
+    let out = s.moorctl("cy", None, &["apply", "-f", broken.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    wait_for(
+        "a volume under a malformed quota waits, saying so",
+        T,
+        || async {
+            admin
+                .try_get(&Volume::key_for(&a, "broken-1"))
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|v| {
+                    v.status.provisioning.meta.conditions.iter().any(|c| {
+                        c.reason == "QuotaExceeded" && c.message.contains("is not a valid Quota")
+                    })
+                })
+        },
+    )
+    .await;
+    root.delete("/moor/quotas/a/broken", None).await.unwrap();
+    assert_eq!(create_volume_calls(&s, "n1"), 4);
+
     // An agent whose etcd role does not let it read quotas (an older roles.sh) makes
     // nothing, and says why.
     run(Command::new(common::need("etcdctl"))

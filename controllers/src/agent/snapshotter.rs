@@ -329,23 +329,16 @@ impl Snapshotter {
     /// Why the namespace's quotas keep `snap` from being cut: a quota that has not
     /// charged it (read from etcd: a quota set just before is seen).
     async fn over_quota(&self, snap: &Snapshot) -> Result<Option<String>, SnapshotError> {
-        let quotas =
-            match super::provisioner::namespace_quotas(&self.ctx.reads, &snap.metadata.namespace)
-                .await
-            {
-                Ok(quotas) => quotas,
-                Err(e) if e.is_permission_denied() => {
-                    return Ok(Some(super::provisioner::QUOTAS_REFUSED.into()))
-                }
-                Err(e) => return Err(crate::agent::step_error::StepError::from(e)),
-            };
-        Ok(quota_wait(
-            &quotas,
+        super::provisioner::quota_gate(
+            &self.ctx.reads,
+            &snap.metadata.namespace,
             Charged::Snapshot,
             snap.metadata.name.as_str(),
             &snap.metadata.uid,
             0,
-        ))
+        )
+        .await
+        .map_err(|e| crate::agent::step_error::StepError::from(e).into())
     }
 
     fn inputs(&self, snap: &Snapshot) -> u64 {

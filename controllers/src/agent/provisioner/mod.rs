@@ -295,18 +295,15 @@ impl Provisioner {
     /// quota set just before the volume was written is seen (one read per creation
     /// or expansion; the cache only wakes the volumes a quota's change concerns).
     async fn over_quota(&self, vol: &Volume, bytes: u64) -> Result<Option<String>, ProvisionError> {
-        let quotas = match namespace_quotas(&self.ctx.reads, &vol.metadata.namespace).await {
-            Ok(quotas) => quotas,
-            Err(e) if e.is_permission_denied() => return Ok(Some(QUOTAS_REFUSED.into())),
-            Err(e) => return Err(e.into()),
-        };
-        Ok(quota_wait(
-            &quotas,
+        Ok(quota_gate(
+            &self.ctx.reads,
+            &vol.metadata.namespace,
             Charged::Volume,
             vol.metadata.name.as_str(),
             &vol.metadata.uid,
             bytes,
-        ))
+        )
+        .await?)
     }
 
     /// Waiting for a quota: the `Created` (or, once created, `Expanded`) condition
@@ -694,19 +691,38 @@ impl Provisioner {
 
 /// Why nothing is made while this agent may not read the quotas (an etcd role of an
 /// older roles.sh): nothing is made past a quota it cannot see.
-pub(crate) const QUOTAS_REFUSED: &str = "this agent's etcd role does not let it read the \
+const QUOTAS_REFUSED: &str = "this agent's etcd role does not let it read the \
      namespace's quotas (quotas/): nothing is created until it does (run \
      deploy/etcd/roles.sh of this version)";
 
-/// Namespace `ns`'s quotas, read from etcd.
-pub(crate) async fn namespace_quotas(
+/// Why namespace `ns`'s quotas keep `kind`'s object `name` of uid `uid` from being made
+/// (or grown to `bytes`): a quota that has not charged it so much, read from etcd (a
+/// quota set just before the object is seen); also a quota this agent may not read,
+/// or one that is not a valid Quota (nothing is made past a quota it cannot see).
+pub(crate) async fn quota_gate(
     reads: &moor::store::Store,
     ns: &Namespace,
-) -> Result<Vec<Quota>, StoreError> {
-    match KeyScope::<QuotaSpec>::namespace(ns) {
-        Some(scope) => Ok(reads.list(&scope).await?.items),
-        None => Ok(Vec::new()),
+    kind: Charged,
+    name: &str,
+    uid: &Uid,
+    bytes: u64,
+) -> Result<Option<String>, StoreError> {
+    let Some(scope) = KeyScope::<QuotaSpec>::namespace(ns) else {
+        return Ok(None);
+    };
+    let list = match reads.list(&scope).await {
+        Ok(list) => list,
+        Err(e) if e.is_permission_denied() => return Ok(Some(QUOTAS_REFUSED.into())),
+        Err(e) => return Err(e),
+    };
+    if let Some(bad) = list.malformed.first() {
+        return Ok(Some(format!(
+            "a quota of namespace {ns} is not a valid Quota ({}): nothing is created \
+             until an operator fixes or deletes it",
+            moor::api::printable_bounded(&bad.to_string(), 200)
+        )));
     }
+    Ok(quota_wait(&list.items, kind, name, uid, bytes))
 }
 
 /// The volume a CreateVolume answer names; an answer without one is a plugin's lie.
