@@ -338,7 +338,7 @@ impl Snapshotter {
             0,
         )
         .await
-        .map_err(|e| crate::agent::step_error::StepError::from(e).into())
+        .map_err(crate::agent::step_error::StepError::from)
     }
 
     fn inputs(&self, snap: &Snapshot) -> u64 {
