@@ -23,6 +23,7 @@ use moor::api::*;
 use moor::runtime::controller::{Action, Config, Controller};
 use moor::runtime::informer::Informer;
 use moor::runtime::metrics::ControllerMetrics;
+use moor::runtime::watcher::Event;
 use moor::store::StoreError;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,20 +47,83 @@ pub async fn run(
         this.quotas.clone(),
         this.quotas.clone(),
     );
+    // Only what may change a charge wakes a quota: an object made, deleted, or whose
+    // spec, deletion or end changed, in a namespace with a quota (not the status
+    // writes a claim's progress makes).
+    let volumes = charging(
+        inf.volumes.subscribe(),
+        this.quotas.clone(),
+        |v: &VolumeView| (v.namespace.clone(), (v.generation, v.deleting, false)),
+    );
+    let allocations = charging(
+        inf.allocations.subscribe(),
+        this.quotas.clone(),
+        |a: &Allocation| {
+            let basis = (a.metadata.generation, a.is_deleting(), a.is_terminal());
+            (a.metadata.namespace.clone(), basis)
+        },
+    );
+    let snapshots = charging(
+        snapshots.subscribe(),
+        this.quotas.clone(),
+        |s: &Snapshot| {
+            let basis = (s.metadata.generation, s.is_deleting(), false);
+            (s.metadata.namespace.clone(), basis)
+        },
+    );
     Controller::new("quotas", this.quotas.clone(), config)
         .with_metrics(metrics)
         .owns(inf.quotas.subscribe())
-        .watches(inf.volumes.subscribe(), move |v: &VolumeView| {
+        .watches(volumes, move |v: &VolumeView| {
             in_namespace(&q1, &v.namespace)
         })
-        .watches(inf.allocations.subscribe(), move |a: &Allocation| {
+        .watches(allocations, move |a: &Allocation| {
             in_namespace(&q2, &a.metadata.namespace)
         })
-        .watches(snapshots.subscribe(), move |s: &Snapshot| {
+        .watches(snapshots, move |s: &Snapshot| {
             in_namespace(&q3, &s.metadata.namespace)
         })
         .run(reconcile, this, stop)
         .await;
+}
+
+/// What of an object a charge depends on: its generation (its spec), whether it is
+/// being deleted, whether it ended (an allocation).
+type Basis = (i64, bool, bool);
+
+/// `events`, keeping only what may change a charge: an object applied in a namespace
+/// with a quota whose [`Basis`] (`basis`) is new or changed, every deletion and relist.
+fn charging<K, E>(
+    events: impl futures::Stream<Item = Result<Event<K>, E>> + Send + 'static,
+    quotas: moor::runtime::reflector::Store<Quota>,
+    basis: fn(&K) -> (Namespace, Basis),
+) -> impl futures::Stream<Item = Result<Event<K>, E>> + Send + 'static
+where
+    K: moor::runtime::Resource,
+    E: Send + 'static,
+{
+    use futures::StreamExt;
+    let seen: std::sync::Mutex<std::collections::HashMap<String, Basis>> = Default::default();
+    events.filter(move |event| {
+        let keep = match event {
+            Ok(Event::Applied(obj)) => {
+                let (ns, now) = basis(obj);
+                let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                if quotas.state().iter().any(|q| q.metadata.namespace == ns) {
+                    seen.insert(obj.key(), now) != Some(now)
+                } else {
+                    seen.remove(&obj.key());
+                    false
+                }
+            }
+            Ok(Event::Deleted { key, .. }) => {
+                seen.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+                true
+            }
+            _ => true,
+        };
+        std::future::ready(keep)
+    })
 }
 
 /// The keys of namespace `ns`'s quotas (few: most namespaces have none).
@@ -457,6 +521,57 @@ mod tests {
             st4.waiting["volume/n"],
             "capacity is limited: the volume must ask capacity_min"
         );
+    }
+
+    #[tokio::test]
+    async fn only_what_may_change_a_charge_wakes_a_quota() {
+        use futures::StreamExt;
+        let (quotas, mut writer) = moor::runtime::reflector::store::<Quota>();
+        let a = Namespace::new("a").unwrap();
+        writer.apply(&Event::restarted(vec![Quota::new(
+            &a,
+            Name::new("q").unwrap(),
+            QuotaSpec {
+                volumes: Some(1),
+                ..Default::default()
+            },
+        )]));
+        let vol = |ns: &str, generation: i64, claimed: bool| {
+            let mut v = Volume::new(
+                &Namespace::new(ns).unwrap(),
+                Name::new("v").unwrap(),
+                VolumeSpec::default(),
+            );
+            v.metadata.generation = generation;
+            v.status.claims.schedulable = claimed;
+            Arc::new(VolumeView::of(v))
+        };
+        let events: Vec<Result<Event<VolumeView>, std::convert::Infallible>> = vec![
+            Ok(Event::Applied(vol("a", 1, false))),
+            // A status write (a claim's progress): nothing to charge anew.
+            Ok(Event::Applied(vol("a", 1, true))),
+            // Its spec changed.
+            Ok(Event::Applied(vol("a", 2, true))),
+            // A namespace without a quota.
+            Ok(Event::Applied(vol("b", 1, false))),
+            Ok(Event::Deleted {
+                key: "volumes/a/v".into(),
+                last: None,
+            }),
+            // Made again: new to the filter.
+            Ok(Event::Applied(vol("a", 1, false))),
+        ];
+        let kept: Vec<String> = charging(futures::stream::iter(events), quotas, |v| {
+            (v.namespace.clone(), (v.generation, v.deleting, false))
+        })
+        .map(|e| match e.unwrap() {
+            Event::Applied(v) => format!("{}/{}", v.namespace, v.generation),
+            Event::Deleted { key, .. } => format!("deleted {key}"),
+            Event::Restarted(_) => "relist".into(),
+        })
+        .collect()
+        .await;
+        assert_eq!(kept, ["a/1", "a/2", "deleted volumes/a/v", "a/1"]);
     }
 
     #[test]
