@@ -2689,3 +2689,104 @@ async fn a_quota_holds_under_concurrent_creates_and_its_usage_is_the_controller_
     }
     assert!(versions >= 3, "the quota's versions were read: {versions}");
 }
+
+/// `GET path` from the console on `port` with `token`: the status code and the body.
+async fn console_get_as(port: u16, path: &str, token: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("the console listens");
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\
+         Connection: close\r\n\r\n"
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut body = Vec::new();
+    conn.read_to_end(&mut body).await.unwrap();
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
+}
+
+/// The console serves people (`--people`, `--token-file` lines `TOKEN NAME`): each sees
+/// in its pages exactly the namespaces their etcd role reads (checked against etcd
+/// with their own certificate), the cluster's nodes and plugins, and nothing of
+/// another namespace, not even by its address; anyone else is refused.
+#[tokio::test]
+async fn the_console_shows_each_person_what_their_etcd_role_reads() {
+    let s = Secure::start().await;
+    let admin = s.store("moor-controller", Some(&s.cluster_keys)).await;
+    for ns in ["a", "b"] {
+        let mut v = volume(&format!("vol-in-{ns}"));
+        v.metadata.namespace = Namespace::new(ns).unwrap();
+        admin.create(&v).await.unwrap();
+    }
+    let people = s.tmp.path().join("people");
+    std::fs::write(&people, format!("# who sees what\n{}\n", secure::PEOPLE)).unwrap();
+    let tokens = s.tmp.path().join("tokens");
+    let token = |who: &str| format!("{who}-token-0123456789abcdef");
+    std::fs::write(
+        &tokens,
+        format!(
+            "{} ann\n{} bo\n{} cy\n",
+            token("ann"),
+            token("bo"),
+            token("cy")
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let mut cmd = s.cmd("moord", "moor-console", None);
+    cmd.args(["console", "--etcd", &s.url])
+        .arg(format!("--listen=127.0.0.1:{port}"))
+        .arg(format!("--token-file={}", tokens.display()))
+        .arg(format!("--people={}", people.display()));
+    let _console = s.spawn(cmd, "console");
+    wait_for("the console lists the volumes", T, || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+            && console_get_as(port, "/volumes", &token("cy"))
+                .await
+                .1
+                .contains("vol-in-b")
+    })
+    .await;
+    for who in ["ann", "bo", "cy"] {
+        let (code, page) = console_get_as(port, "/volumes", &token(who)).await;
+        assert_eq!(code, 200, "{who}: {page}");
+        let (_, overview) = console_get_as(port, "/", &token(who)).await;
+        for ns in ["a", "b"] {
+            // What etcd lets this person read, with their own certificate.
+            let reads = s
+                .moorctl(who, None, &["get", "volumes", "-n", ns])
+                .status
+                .success();
+            let name = format!("vol-in-{ns}");
+            assert_eq!(
+                page.contains(&name),
+                reads,
+                "{who} reads namespace {ns} in etcd: {reads}; the console's /volumes: {page}"
+            );
+            let (code, _) =
+                console_get_as(port, &format!("/volumes/{ns}/{name}"), &token(who)).await;
+            assert_eq!(
+                code == 200,
+                reads,
+                "{who}: /volumes/{ns}/{name} answered {code}"
+            );
+        }
+        let count = if who == "cy" { 2 } else { 1 };
+        assert!(
+            overview.contains(&format!("Volumes <span>{count}</span>")),
+            "{who}'s overview counts {count} volumes: {overview}"
+        );
+    }
+    // Nobody else: no token, or one the file does not hold.
+    let (code, _) = console_get_as(port, "/volumes", "not-a-token-0123456789").await;
+    assert_eq!(code, 401);
+}

@@ -281,6 +281,7 @@ async fn start_console(
         tls_key: None,
         client_ca: None,
         token_file: None,
+        people: None,
         allow_hosts: Vec::new(),
     };
     let task = tokio::spawn(async move {

@@ -16,6 +16,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls;
 use tokio_rustls::server::TlsStream;
 
+use super::state::{Scope, SCOPE};
+
 /// The console's listening flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ListenArgs {
@@ -34,8 +36,16 @@ pub struct ListenArgs {
     pub client_ca: Option<PathBuf>,
     /// Admit only requests carrying the token this file holds (its first line): as
     /// `Authorization: Bearer TOKEN`, or once as `?token=TOKEN`, which sets a cookie.
+    /// With --people: a line `TOKEN NAME` per person.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Serve people, each shown only what their role reads (issue 79): entries
+    /// `NAME=ROLE[:NS,...]` as roles.sh's PEOPLE takes them (`view:NS`, `edit:NS`: those
+    /// namespaces' objects and the cluster's nodes, plugins and cordons; `operator`:
+    /// everything), one or more per line, `#` comments. Each person is named by their
+    /// token (--token-file lines `TOKEN NAME`); anyone else is refused.
+    #[arg(long, requires = "token_file")]
+    pub people: Option<PathBuf>,
     /// A name browsers reach the console by (repeatable), matched against each
     /// request's Host. By default: `localhost` with the console's port on loopback, the
     /// certificate's DNS names with TLS. An address (IP literal) is always accepted: no
@@ -67,21 +77,50 @@ impl ListenArgs {
         Ok(())
     }
 
-    /// The token, if the console asks for one.
-    pub fn token(&self) -> anyhow::Result<Option<Arc<str>>> {
+    /// The tokens the console admits and what each may see, if it asks for one.
+    pub fn tokens(&self) -> anyhow::Result<Option<Arc<Tokens>>> {
         let Some(path) = &self.token_file else {
             return Ok(None);
         };
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the token file {}", path.display()))?;
-        let token = text.lines().next().unwrap_or("").trim();
-        if token.len() < 16 {
-            bail!(
-                "the token in {} is shorter than 16 characters",
-                path.display()
-            );
+        let Some(people_file) = &self.people else {
+            let token = text.lines().next().unwrap_or("").trim();
+            if token.len() < 16 {
+                bail!(
+                    "the token in {} is shorter than 16 characters",
+                    path.display()
+                );
+            }
+            return Ok(Some(Arc::new(Tokens(vec![(token.into(), Scope::All)]))));
+        };
+        let people = std::fs::read_to_string(people_file)
+            .with_context(|| format!("reading the people file {}", people_file.display()))?;
+        let people = parse_people(&people)
+            .with_context(|| format!("the people file {}", people_file.display()))?;
+        let mut tokens = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let at = format!("{}:{}", path.display(), i + 1);
+            let (token, name) = line
+                .split_once(char::is_whitespace)
+                .map(|(t, n)| (t, n.trim()))
+                .with_context(|| format!("{at}: with --people, each line is TOKEN NAME"))?;
+            if token.len() < 16 {
+                bail!("{at}: the token is shorter than 16 characters");
+            }
+            let scope = people
+                .get(name)
+                .with_context(|| format!("{at}: {name} is not in the people file"))?;
+            tokens.push((token.into(), scope.clone()));
         }
-        Ok(Some(token.into()))
+        if tokens.is_empty() {
+            bail!("{}: no token", path.display());
+        }
+        Ok(Some(Arc::new(Tokens(tokens))))
     }
 
     /// The TLS configuration, if the console serves HTTPS.
@@ -298,10 +337,68 @@ impl axum::serve::Listener for TlsListener {
 /// The cookie a `?token=` visit sets.
 const COOKIE: &str = "moor_console_token";
 
+/// The tokens the console admits, each with what its holder may see.
+pub struct Tokens(Vec<(Arc<str>, Scope)>);
+
+impl Tokens {
+    /// What the holder of `given` may see, if it is a token (each compared in time
+    /// that does not depend on where they differ).
+    fn scope(&self, given: &str) -> Option<Scope> {
+        let mut found = None;
+        for (token, scope) in &self.0 {
+            if same(given, token) && found.is_none() {
+                found = Some(scope.clone());
+            }
+        }
+        found
+    }
+}
+
+/// The people of a `--people` file: each name's scope (the union of its entries').
+pub fn parse_people(text: &str) -> anyhow::Result<std::collections::HashMap<String, Scope>> {
+    let mut people: std::collections::HashMap<String, Scope> = Default::default();
+    for entry in text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .flat_map(str::split_whitespace)
+    {
+        let Some((name, role)) = entry.split_once('=') else {
+            bail!("{entry}: not NAME=ROLE[:NS,...]");
+        };
+        let (role, namespaces) = match role.split_once(':') {
+            Some((r, ns)) => (r, ns.split(',').filter(|n| !n.is_empty()).collect()),
+            None => (role, Vec::new()),
+        };
+        let scope = match (role, namespaces.is_empty()) {
+            ("operator", true) => Scope::All,
+            ("view" | "edit", false) => {
+                for ns in &namespaces {
+                    moor::api::Namespace::new(*ns)
+                        .map_err(|e| anyhow::anyhow!("{entry}: namespace {ns:?}: {e}"))?;
+                }
+                Scope::Namespaces(namespaces.iter().map(|n| n.to_string()).collect())
+            }
+            ("operator", false) => bail!("{entry}: operator takes no namespaces"),
+            ("view" | "edit", true) => bail!("{entry}: {role} needs namespaces (:NS,...)"),
+            _ => bail!("{entry}: the role is view, edit or operator"),
+        };
+        let merged = match (people.remove(name), scope) {
+            (Some(Scope::All), _) | (_, Scope::All) => Scope::All,
+            (Some(Scope::Namespaces(mut a)), Scope::Namespaces(b)) => {
+                a.extend(b);
+                Scope::Namespaces(a)
+            }
+            (None, s) => s,
+        };
+        people.insert(name.to_string(), merged);
+    }
+    Ok(people)
+}
+
 /// Admits a request carrying the token (header or cookie); a `?token=` visit with the
 /// right token gets the cookie and is sent on without it in its address.
 pub async fn require_token(
-    State(token): State<Arc<str>>,
+    State(tokens): State<Arc<Tokens>>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -316,13 +413,14 @@ pub async fn require_token(
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .find_map(|c| c.trim().strip_prefix(COOKIE)?.strip_prefix('='));
-    if bearer.or(cookie).is_some_and(|t| same(t, &token)) {
-        return next.run(request).await;
+    // Served within the holder's scope: every table read of the request sees only it.
+    if let Some(scope) = bearer.or(cookie).and_then(|t| tokens.scope(t)) {
+        return SCOPE.scope(scope, next.run(request)).await;
     }
     let uri = request.uri();
     let params = super::html::query(uri.query());
     if let Some((_, given)) = params.iter().find(|(k, _)| k == "token") {
-        if same(given, &token) {
+        if tokens.scope(given).is_some() {
             let rest: Vec<String> = params
                 .iter()
                 .filter(|(k, _)| k != "token")
@@ -363,6 +461,64 @@ fn same(given: &str, token: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn people_are_read_as_roles_sh_takes_them_and_bad_entries_refused() {
+        let p =
+            parse_people("ann=view:a # a comment\nbo=edit:a,b ann=view:c\ncy=operator").unwrap();
+        let ns = |list: &[&str]| Scope::Namespaces(list.iter().map(|s| s.to_string()).collect());
+        assert_eq!(p["ann"], ns(&["a", "c"]));
+        assert_eq!(p["bo"], ns(&["a", "b"]));
+        assert_eq!(p["cy"], Scope::All);
+        for bad in [
+            "eve=admin:a",
+            "eve=view",
+            "eve=operator:a",
+            "eve",
+            "eve=view:A/b",
+        ] {
+            assert!(parse_people(bad).is_err(), "{bad}");
+        }
+        let tokens = Tokens(vec![("t".repeat(16).into(), ns(&["a"]))]);
+        assert_eq!(tokens.scope(&"t".repeat(16)), Some(ns(&["a"])));
+        assert_eq!(tokens.scope(&"t".repeat(15)), None);
+    }
+
+    #[test]
+    fn a_namespace_scope_shows_its_keys_topics_and_the_cluster_s_only() {
+        let s = Scope::Namespaces(["a".to_string()].into());
+        for (key, shown) in [
+            ("volumes/a/v", true),
+            ("volumes/b/v", false),
+            ("claims/n1/a/c.data", true),
+            ("claims/n1/b/c.data", false),
+            ("mounts/n1/b/c.data", false),
+            ("events/controller/a/e1", true),
+            ("events/node/n1/b/e1", false),
+            ("events/node/n1/a/e1", true),
+            ("attachments/b/v/n1", false),
+            ("quotas/a/q", true),
+            ("nodes/n1", true),
+            ("plugins/p", true),
+            ("secrets/p/a/s", false),
+            ("leases/a/x", false),
+        ] {
+            assert_eq!(s.shows_key(key), shown, "{key}");
+        }
+        for (topic, shown) in [
+            ("v:a/v", true),
+            ("v:b/v", false),
+            ("a:b/x", false),
+            ("o:Volume/b/v", false),
+            ("o:Node//n1", true),
+            ("n:n1", true),
+            ("Volume", true),
+            ("volumes/b/v", false),
+        ] {
+            assert_eq!(s.shows_topic(topic), shown, "{topic}");
+        }
+        assert!(Scope::All.shows_key("secrets/p/b/s"));
+    }
     use clap::Parser;
 
     #[derive(Parser)]

@@ -98,7 +98,10 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let tls = listen.tls()?;
-    let token = listen.token()?;
+    let token = listen.tokens()?;
+    if listen.people.is_some() {
+        state::PEOPLE.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let addr = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     tracing::info!(url = %format!("{scheme}://{addr}/"), "serving the console");
@@ -159,6 +162,11 @@ impl App {
     /// Writes are one at a time: browsers woken by one change wait for the first
     /// render and share it.
     fn cached(&self, key: String, write: impl FnOnce() -> Page) -> Arc<Cached> {
+        // A page is one person's scope's: never served to another scope.
+        let key = format!(
+            "{}|{key}",
+            state::Scope::current().map_or_else(|| "-".to_string(), |s| s.cache_key())
+        );
         let version = self.catalog.version();
         let mut renders = self.renders.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = renders.get(&key) {
@@ -181,6 +189,12 @@ impl App {
 
 type Shared = State<Arc<App>>;
 
+/// Whether the request's person may see namespace `ns` (a detail page reads the store,
+/// not the scoped tables).
+fn shown(ns: &Namespace) -> bool {
+    state::Scope::current().is_some_and(|s| s.shows_namespace(ns.as_str()))
+}
+
 fn router(app: Arc<App>) -> axum::Router {
     axum::Router::new()
         .route("/", get(|State(a): Shared, RawQuery(q): RawQuery, h: HeaderMap| async move {
@@ -196,8 +210,8 @@ fn router(app: Arc<App>) -> axum::Router {
         .route("/volumes/{ns}/{name}", get(|State(a): Shared, Path((ns, name)): Path<(String, String)>, h: HeaderMap| async move {
             let t = Instant::now();
             match Namespace::new(&ns) {
-                Ok(ns) => respond_read(volumes::detail(&a.catalog, ns, &name).await, &h, t),
-                Err(_) => respond(Page::not_found("Volume", &name, Vec::new()), &h, t),
+                Ok(ns) if shown(&ns) => respond_read(volumes::detail(&a.catalog, ns, &name).await, &h, t),
+                _ => respond(Page::not_found("Volume", &name, Vec::new()), &h, t),
             }
         }))
         .route("/allocations", get(|State(a): Shared, RawQuery(q): RawQuery, h: HeaderMap| async move {
@@ -208,8 +222,8 @@ fn router(app: Arc<App>) -> axum::Router {
         .route("/allocations/{ns}/{name}", get(|State(a): Shared, Path((ns, name)): Path<(String, String)>, h: HeaderMap| async move {
             let t = Instant::now();
             match Namespace::new(&ns) {
-                Ok(ns) => respond_read(objects::allocation(&a.catalog, ns, &name).await, &h, t),
-                Err(_) => respond(Page::not_found("Allocation", &name, Vec::new()), &h, t),
+                Ok(ns) if shown(&ns) => respond_read(objects::allocation(&a.catalog, ns, &name).await, &h, t),
+                _ => respond(Page::not_found("Allocation", &name, Vec::new()), &h, t),
             }
         }))
         .route("/nodes", get(|State(a): Shared, h: HeaderMap| async move {
@@ -350,6 +364,8 @@ async fn live(
         .map(|(_, v)| {
             v.split(',')
                 .filter(|t| !t.is_empty())
+                // Only what the person may see wakes their page.
+                .filter(|t| state::Scope::current().is_some_and(|s| s.shows_topic(t)))
                 .map(str::to_string)
                 .collect()
         })

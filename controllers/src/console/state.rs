@@ -68,6 +68,117 @@ impl<R: Row> Default for Table<R> {
     }
 }
 
+/// What one person may see (issue 79): every object, or the objects of some
+/// namespaces and the cluster's (nodes, plugins, cordons), as their etcd role reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Everything (the console without `--people`, or an operator).
+    All,
+    /// These namespaces' objects, and the cluster-wide ones.
+    Namespaces(std::collections::BTreeSet<String>),
+}
+
+tokio::task_local! {
+    /// The scope of the request being served (set by the access layer).
+    pub static SCOPE: Scope;
+}
+
+/// Whether the console serves people (`--people`): then a request without a scope
+/// sees nothing, so a path that lost it fails closed.
+pub static PEOPLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Scope {
+    /// The current request's scope: `All` without `--people`; with it, nothing
+    /// outside a request's scope.
+    pub fn current() -> Option<Scope> {
+        SCOPE
+            .try_with(Scope::clone)
+            .ok()
+            .or_else(|| (!PEOPLE.load(std::sync::atomic::Ordering::Relaxed)).then_some(Scope::All))
+    }
+
+    /// Whether the object at `key` (below the prefix) is shown.
+    pub fn shows_key(&self, key: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Namespaces(set) => match key_namespace(key) {
+                Some(ns) => set.contains(ns),
+                None => cluster_key(key),
+            },
+        }
+    }
+
+    /// Whether namespace `ns` is shown.
+    pub fn shows_namespace(&self, ns: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Namespaces(set) => set.contains(ns),
+        }
+    }
+
+    /// Whether a live page may follow `topic` (`v:NS/VOLUME`, `a:NS/ALLOCATION`,
+    /// `o:KIND/NS/NAME`, `n:NODE`, a key, a kind).
+    pub fn shows_topic(&self, topic: &str) -> bool {
+        if let Some(rest) = topic
+            .strip_prefix("v:")
+            .or_else(|| topic.strip_prefix("a:"))
+        {
+            return self.shows_namespace(rest.split('/').next().unwrap_or(""));
+        }
+        if let Some(rest) = topic.strip_prefix("o:") {
+            return match rest.split('/').nth(1) {
+                Some("") | None => true,
+                Some(ns) => self.shows_namespace(ns),
+            };
+        }
+        if topic.starts_with("n:") || !topic.contains('/') {
+            return true;
+        }
+        self.shows_key(topic)
+    }
+
+    /// What the render cache keys a page by, beside its address.
+    pub fn cache_key(&self) -> String {
+        match self {
+            Scope::All => "*".into(),
+            Scope::Namespaces(ns) => ns.iter().cloned().collect::<Vec<_>>().join(","),
+        }
+    }
+}
+
+/// The namespace in a stored key of a kind the console shows, `None` for a
+/// cluster-wide kind's (or a key it does not know).
+fn key_namespace(key: &str) -> Option<&str> {
+    let parts: Vec<&str> = key.split('/').collect();
+    let at = match parts.first().copied()? {
+        "volumes" | "allocations" | "attachments" | "snapshots" | "quotas" => 1,
+        "claims" | "mounts" => 2,
+        "events" if parts.get(1) == Some(&"controller") => 2,
+        "events" if parts.get(1) == Some(&"node") => 3,
+        _ => return None,
+    };
+    parts.get(at).copied()
+}
+
+/// Whether `key` is of a cluster-wide kind a namespace's people read.
+fn cluster_key(key: &str) -> bool {
+    matches!(key.split('/').next(), Some("nodes" | "plugins" | "cordons"))
+}
+
+/// Whether the current request may see the row at `key`.
+fn visible(key: &str) -> bool {
+    SCOPE
+        .try_with(|s| s.shows_key(key))
+        .unwrap_or_else(|_| !PEOPLE.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Whether the current request sees every row (no filtering to do).
+fn sees_all() -> bool {
+    SCOPE
+        .try_with(|s| *s == Scope::All)
+        .unwrap_or_else(|_| !PEOPLE.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 impl<R: Row> Table<R> {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner<R>> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
@@ -82,13 +193,20 @@ impl<R: Row> Table<R> {
         self.read().ready
     }
 
-    /// How many rows.
+    /// How many rows (that the current request may see).
     pub fn len(&self) -> usize {
-        self.read().rows.len()
+        let inner = self.read();
+        if sees_all() {
+            return inner.rows.len();
+        }
+        inner.rows.keys().filter(|k| visible(k)).count()
     }
 
     /// One row.
     pub fn get(&self, key: &str) -> Option<Arc<R>> {
+        if !visible(key) {
+            return None;
+        }
         self.read().rows.get(key).cloned()
     }
 
@@ -100,6 +218,7 @@ impl<R: Row> Table<R> {
             .get(&hash(value))
             .map(|keys| {
                 keys.iter()
+                    .filter(|k| visible(k))
                     .filter_map(|k| inner.rows.get(k))
                     .filter(|r| r.related().iter().any(|t| t == value))
                     .cloned()
@@ -111,6 +230,9 @@ impl<R: Row> Table<R> {
     /// How many rows hold `value` (as its hash: two values of one 64-bit hash, about
     /// one chance in 10^8 at a million values, would be counted together).
     pub fn count_by(&self, value: &str) -> usize {
+        if !sees_all() {
+            return self.by(value).len();
+        }
         self.read().index.get(&hash(value)).map_or(0, Keys::len)
     }
 
@@ -125,7 +247,11 @@ impl<R: Row> Table<R> {
                 .range::<str, _>((Bound::Excluded(a), Bound::Unbounded)),
             None => inner.rows.range::<str, _>(..),
         };
-        for (_, row) in range {
+        let all = sees_all();
+        for (key, row) in range {
+            if !all && !visible(key) {
+                continue;
+            }
             if !f(row) {
                 return;
             }
@@ -137,11 +263,15 @@ impl<R: Row> Table<R> {
     pub fn scan_back(&self, before: &str, mut f: impl FnMut(&Arc<R>) -> bool) {
         use std::ops::Bound;
         let inner = self.read();
-        for (_, row) in inner
+        let all = sees_all();
+        for (key, row) in inner
             .rows
             .range::<str, _>((Bound::Unbounded, Bound::Excluded(before)))
             .rev()
         {
+            if !all && !visible(key) {
+                continue;
+            }
             if !f(row) {
                 return;
             }
