@@ -109,7 +109,7 @@ impl Get {
             }
         }
         let ns = self.ns.filter()?;
-        let (items, _) = kind::list(ctx, self.kind, ns.as_ref()).await?;
+        let (items, listed_at) = kind::list(ctx, self.kind, ns.as_ref()).await?;
         let mut items: Vec<Value> = items
             .into_iter()
             .filter(|v| self.wanted(v))
@@ -151,7 +151,7 @@ impl Get {
                 .as_ref()
                 .and_then(KeyScope::<S>::namespace)
                 .unwrap_or_else(KeyScope::all);
-            self.follow::<S>(ctx, scope, ns.as_ref()).await
+            self.follow::<S>(ctx, scope, ns.as_ref(), listed_at).await
         })
     }
 
@@ -207,11 +207,13 @@ impl Get {
         Ok(0)
     }
 
+    /// Prints each change after the list printed (at revision `listed_at`).
     async fn follow<S: Spec>(
         &self,
         ctx: &Ctx,
         scope: KeyScope<S>,
         ns: Option<&Namespace>,
+        listed_at: i64,
     ) -> anyhow::Result<i32> {
         let mut stream: kind::Watch<S> = Box::pin(watcher::<S>(ctx.store.clone(), scope));
         let mut trouble = crate::Trouble::default();
@@ -220,8 +222,16 @@ impl Get {
         let mut whole = true;
         while let Some(item) = stream.next().await {
             let (obj, deleted) = match item {
-                Ok(Event::Restarted(_)) if first > 0 => {
+                // The watch's own first list (one per part followed): what changed
+                // since the printed list was read is printed, the rest was.
+                Ok(Event::Restarted(objs)) if first > 0 => {
                     first -= 1;
+                    for obj in objs
+                        .iter()
+                        .filter(|o| o.metadata.resource_version > listed_at)
+                    {
+                        self.print_change(obj, false, ns)?;
+                    }
                     continue;
                 }
                 // Refused the whole kind (a person's role): the namespace's parts.
