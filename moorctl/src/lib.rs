@@ -20,6 +20,8 @@
 //! - `sources`: which writers may speak about an object (every view of events).
 //! - `complete`: `completion SHELL`, and the object names bash's completion asks
 //!   `__complete` for.
+//! - [`config`]: the configuration file (`MOOR_CONFIG`, `~/.config/moor/moorctl.env`)
+//!   read before the flags.
 
 /// `println!` to stdout, ending the process quietly (exit 0) when the reader went away
 /// (`moorctl get volumes | head -1`): a closed pipe is not an error of ours.
