@@ -2318,6 +2318,28 @@ fn volumes_manifest(prefix: &str, n: usize) -> String {
         .join("---\n")
 }
 
+/// Waits until volume `name` of `ns` waits on a quota (its condition QuotaExceeded)
+/// with a message containing `why`.
+async fn waits_on_quota(store: &Store, ns: &Namespace, name: &str, why: &str) {
+    let what = format!("volume {name} waits on a quota, saying {why:?}");
+    wait_for(&what, T, || async {
+        store
+            .try_get(&Volume::key_for(ns, name))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|v| {
+                v.status
+                    .provisioning
+                    .meta
+                    .conditions
+                    .iter()
+                    .any(|c| c.reason == "QuotaExceeded" && c.message.contains(why))
+            })
+    })
+    .await;
+}
+
 /// The CreateVolume calls moor-hostpath of node `node` logged.
 fn create_volume_calls(s: &Secure, node: &str) -> usize {
     std::fs::read_to_string(s.tmp.path().join(node).join("plugin/calls.jsonl"))
@@ -2597,23 +2619,7 @@ async fn a_quota_holds_under_concurrent_creates_and_its_usage_is_the_controller_
     std::fs::write(&broken, volumes_manifest("broken", 1)).unwrap();
     let out = s.moorctl("cy", None, &["apply", "-f", broken.to_str().unwrap()]);
     assert!(out.status.success(), "{out:?}");
-    wait_for(
-        "a volume under a malformed quota waits, saying so",
-        T,
-        || async {
-            admin
-                .try_get(&Volume::key_for(&a, "broken-1"))
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|v| {
-                    v.status.provisioning.meta.conditions.iter().any(|c| {
-                        c.reason == "QuotaExceeded" && c.message.contains("is not a valid Quota")
-                    })
-                })
-        },
-    )
-    .await;
+    waits_on_quota(&admin, &a, "broken-1", "is not a valid Quota").await;
     root.delete("/moor/quotas/a/broken", None).await.unwrap();
     assert_eq!(create_volume_calls(&s, "n1"), 4);
 
@@ -2636,23 +2642,11 @@ async fn a_quota_holds_under_concurrent_creates_and_its_usage_is_the_controller_
     std::fs::write(&unseen, volumes_manifest("unseen", 1)).unwrap();
     let out = s.moorctl("cy", None, &["apply", "-f", unseen.to_str().unwrap()]);
     assert!(out.status.success(), "{out:?}");
-    wait_for(
-        "a volume the agent cannot check against the quota waits, saying so",
-        T,
-        || async {
-            admin
-                .try_get(&Volume::key_for(&a, "unseen-1"))
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|v| {
-                    v.status.provisioning.meta.conditions.iter().any(|c| {
-                        c.reason == "QuotaExceeded"
-                            && c.message
-                                .contains("does not let it read the namespace's quotas")
-                    })
-                })
-        },
+    waits_on_quota(
+        &admin,
+        &a,
+        "unseen-1",
+        "does not let it read the namespace's quotas",
     )
     .await;
     assert_eq!(
